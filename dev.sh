@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The README's two set-up commands:
+#   ./dev.sh train   install flowgrad into .venv and train models/mlp.flow on the digits data
+#   ./dev.sh test    also install lavapipe (CPU Vulkan), glslc and the Vulkan validation layers,
+#                    then run the whole test suite
+# Extra arguments go to `flowgrad train` / `pytest`.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {  # install the Debian packages that are missing, if any
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "dev.sh: installing Debian packages: ${missing[*]}" >&2
+    as_root apt-get update -q >/dev/null
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}
+
+venv() {  # .venv with flowgrad (editable) and its dev extra; reinstalled when pyproject.toml changes
+    python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    local stamp=.venv/.flowgrad-installed want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        .venv/bin/python -m pip install -q --upgrade pip
+        .venv/bin/python -m pip install -q -e ".[dev]"
+        echo "$want" >"$stamp"
+    fi
+}
+
+case "${1:-}" in
+    train)
+        shift
+        venv
+        .venv/bin/flowgrad train models/mlp.flow --out runs/mlp "$@"
+        ;;
+    test)
+        shift
+        apt_install glslc mesa-vulkan-drivers vulkan-validationlayers libvulkan1
+        venv
+        set +e
+        .venv/bin/python -m pytest "$@"
+        rc=$?
+        set -e
+        if [ $rc -eq 5 ]; then echo "dev.sh: pytest collected no tests; that is a failure" >&2; exit 1; fi
+        exit $rc
+        ;;
+    *)
+        echo "usage: ./dev.sh train|test [args...]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,7 @@
+"""flowgrad: train neural networks written in the `.flow` language."""
+from flowgrad.api import Model, Session, StepResult, load, loads
+from flowgrad.errors import DeviceError, FlowError, FlowWarning, GraphPathRefused
+
+__version__ = "0.1.0"
+__all__ = ["DeviceError", "FlowError", "FlowWarning", "GraphPathRefused", "Model", "Session", "StepResult",
+           "load", "loads"]

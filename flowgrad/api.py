@@ -1,0 +1,180 @@
+"""The Python API: load a model, compile it into a session, step it."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from flowgrad import dsl
+from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
+from flowgrad.graph import NUMPY_DTYPE, Graph, dtype_of
+from flowgrad.initializers import init_params
+from flowgrad.planner import Plan, make_plan
+
+
+@attrs.frozen
+class StepResult:
+    outputs: dict[str, np.ndarray]
+    grads: dict[str, np.ndarray]
+    loss: float | None = None
+
+
+class Model:
+    """A parsed `.flow` program plus config overrides. Graphs are built per dtype."""
+
+    def __init__(self, program, config: dict | None = None):
+        self.program = program
+        self.overrides = dict(config or {})
+        self.graph = dsl.build(program, self.overrides, dtype="f32")  # validates the overrides
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def config(self) -> dict:
+        return dict(self.graph.config)
+
+    def build(self, dtype: str = "f32") -> Graph:
+        return self.graph if dtype == "f32" else dsl.build(self.program, self.overrides, dtype=dtype)
+
+    def with_config(self, **overrides) -> Model:
+        return Model(self.program, {**self.overrides, **overrides})
+
+    def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None):
+        if dtype not in ("f32", "f16"):
+            raise FlowError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+        graph = self.build(dtype)
+        dev = open_device(device)
+        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype)
+        if plan.path != "graph" and backward == "graph":
+            raise GraphPathRefused(
+                "backward='graph' was asked for, but the planner refused the graph path:\n"
+                + "\n".join(f"  [{r.code}] {r.headline()}" for r in plan.refusals),
+                plan.refusals,
+            )
+        if seed is None:
+            seed = int(graph.config.get("seed", 0))
+        return Session(self, graph, plan, dev, init_params(graph, seed))
+
+
+def open_device(spec: str):
+    """"cpu" -> None (numpy); "auto" -> a GPU's Vulkan device, else None;
+    "vulkan" -> any Vulkan device (lavapipe too); "vulkan:N" -> device N."""
+    if spec == "cpu":
+        return None
+    if spec != "auto" and not str(spec).startswith("vulkan"):
+        raise FlowError(f"unknown device {spec!r}: use 'auto', 'cpu', 'vulkan' or 'vulkan:N'")
+    from flowgrad.exec_vulkan import select_device
+
+    return select_device(spec)
+
+
+class Session:
+    """A compiled model: params, a plan, and the executor that carries it out."""
+
+    def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray]):
+        self.model = model
+        self.graph = graph
+        self.plan = plan
+        self.device = device
+        self._warned = False
+        self.runner = self._make_runner(params)
+
+    def _make_runner(self, params):
+        from flowgrad.exec_closure import ClosureSession
+
+        if self.plan.path == "graph":
+            from flowgrad.exec_vulkan import GraphSession
+
+            return GraphSession(self.graph, self.plan, self.device, params)
+        kernels = None
+        if self.device is not None:
+            from flowgrad.exec_vulkan import VulkanKernels
+
+            kernels = VulkanKernels(self.device)
+        return ClosureSession(self.graph, params, kernels)
+
+    @property
+    def last_path(self) -> str:
+        return self.plan.last_path
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return self.runner.get_params()
+
+    def set_params(self, values: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            if name not in self.graph.params:
+                raise FlowError(f"set_params: {self.graph.name} has no param {name!r}")
+            want = self.graph.nodes[self.graph.params[name]].type
+            if tuple(np.shape(value)) != want.shape:
+                raise FlowError(f"set_params: param {name!r} is {want}, got shape {list(np.shape(value))}")
+        self.runner.set_params(values)
+
+    def check_feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = self.graph
+        unknown = sorted(set(feeds) - set(g.inputs))
+        if unknown:
+            raise FlowError(f"feed {unknown[0]!r} is not an input of {g.name} (inputs: {', '.join(g.inputs)})")
+        out = {}
+        for name, nid in g.inputs.items():
+            node = g.nodes[nid]
+            if name not in feeds:
+                raise FlowError(f"missing feed for input {name!r} ({node.type})", node.span)
+            arr = np.asarray(feeds[name])
+            if arr.shape != node.shape:
+                raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
+                                node.span)
+            want = NUMPY_DTYPE[node.dtype]
+            if node.dtype == "i32":
+                if not np.issubdtype(arr.dtype, np.integer):
+                    raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}",
+                                    node.span)
+            elif not np.issubdtype(arr.dtype, np.floating):
+                raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
+            out[name] = np.ascontiguousarray(arr, dtype=want)
+        return out
+
+    def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
+             grad_inputs: bool = False) -> StepResult:
+        """Forward (and backward, and an optimizer update when given)."""
+        if (grads or optimizer is not None) and self.graph.loss is None:
+            raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
+                            "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
+        self._warn_fallback()
+        outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
+                                                    optimizer=optimizer, grad_inputs=grad_inputs)
+        return StepResult(outputs, out_grads, None if loss is None else float(loss))
+
+    def _warn_fallback(self):
+        if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":
+            return
+        self._warned = True
+        if self.plan.device is not None:
+            listed = "\n".join(f"  [{r.code}] {r.headline()}" for r in self.plan.refusals)
+            warnings.warn(f"{self.graph.name}: backward falls back to closures:\n{listed}", FlowWarning,
+                          stacklevel=3)
+
+    def explain(self, analyze: bool = False):
+        from flowgrad.planner.explain import explain
+
+        return explain(self, analyze=analyze)
+
+
+def load(path, config: dict | None = None) -> Model:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FlowError(f"cannot read model file {str(path)!r}: {e.strerror}") from None
+    return Model(dsl.parse(text, str(path)), config)
+
+
+def loads(text: str, config: dict | None = None, file: str = "<string>") -> Model:
+    return Model(dsl.parse(text, file), config)
+
+
+__all__ = ["Model", "Session", "StepResult", "load", "loads", "dtype_of"]

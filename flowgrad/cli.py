@@ -1,0 +1,143 @@
+"""`flowgrad check|explain|run|train|bench|devices`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from flowgrad.errors import FlowError
+
+
+def parse_sets(items: list[str]) -> dict:
+    """`--set hidden=256 --set lr=1e-3` -> {"hidden": "256", ...}; values stay
+    strings here and are typed against the model's config by the DSL."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FlowError(f"--set {item!r}: expected key=value, e.g. --set hidden=256")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a .flow model file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+
+
+def cmd_check(args) -> int:
+    import flowgrad as fg
+
+    model = fg.load(args.file, parse_sets(args.set))
+    print(summary(model.graph))
+    return 0
+
+
+def summary(graph) -> str:
+    lines = [f"model {graph.name}   ({graph.file}, {len(graph.nodes)} nodes)", "inputs"]
+    lines += [f"  {name:<16} {graph.nodes[i].type}" for name, i in graph.inputs.items()]
+    lines.append(f"params ({graph.param_count():,} values)")
+    for name, i in graph.params.items():
+        node = graph.nodes[i]
+        lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {node.attrs['init'][0]}()")
+    lines.append("outputs")
+    lines += [f"  {name:<16} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
+    if graph.loss is not None:
+        lines.append(f"minimize {graph.nodes[graph.loss].label}")
+    return "\n".join(lines)
+
+
+def cmd_explain(args) -> int:
+    import flowgrad as fg
+
+    model = fg.load(args.file, parse_sets(args.set))
+    sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
+    report = sess.explain(analyze=args.analyze)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    return 0
+
+
+def cmd_train(args) -> int:
+    from flowgrad.train.loop import train_cli
+
+    return train_cli(args)
+
+
+def cmd_run(args) -> int:
+    from flowgrad.train.infer import run_cli
+
+    return run_cli(args)
+
+
+def cmd_devices(args) -> int:
+    from flowgrad.exec_vulkan import list_devices_text
+
+    print(list_devices_text())
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from flowgrad.exec_vulkan.bench import bench_cli
+
+    return bench_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrad", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="parse and type-check a model, print a summary")
+    add_model_args(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("explain", help="show the execution plan and why")
+    add_model_args(p)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
+    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+    p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
+    p.add_argument("--analyze", action="store_true", help="run a few steps and add measured times")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("train", help="train a model on the data named in its train section")
+    add_model_args(p)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
+    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("run", help="inference from a checkpoint")
+    add_model_args(p)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--out", default=None, help="write outputs to this .npz")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("devices", help="list Vulkan devices")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("bench", help="graph vs closures step time on one device")
+    p.add_argument("--device", default="vulkan")
+    p.add_argument("--repeats", type=int, default=20)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FlowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Forward builds a tape of VJP closures; backward walks it in reverse.
+
+The executor never looks at op names: each node's forward and VJP come from
+its Op record, run by a kernel backend (numpy here; exec_vulkan supplies one
+that runs each op's lowering on the device, one op at a time)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from flowgrad.graph import NUMPY_DTYPE, Graph, Node
+from flowgrad.ops import get_op
+
+
+class NumpyKernels:
+    name = "numpy"
+
+    def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
+        out = get_op(node.op).forward(ins, node.attrs)
+        return np.asarray(out, dtype=NUMPY_DTYPE[node.dtype])
+
+    def vjp(self, node: Node, g, ins, out) -> list:
+        grads = get_op(node.op).vjp(g, ins, out, node.attrs)
+        return [None if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+
+
+class ClosureExecutor:
+    """Runs a graph node by node. `timings`, when a dict, collects wall time
+    per node (for explain --analyze)."""
+
+    path = "closures"
+
+    def __init__(self, graph: Graph, kernels=None):
+        self.graph = graph
+        self.kernels = kernels or NumpyKernels()
+        self.timings: dict[int, list[float]] | None = None
+
+    def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> tuple[dict, list]:
+        """Evaluate what `roots` need. Returns (values by node id, tape)."""
+        g = self.graph
+        values: dict[int, np.ndarray] = {}
+        tape: list[tuple[Node, Callable]] = []
+        for node in g.needed_for(roots):
+            if node.op == "input":
+                values[node.id] = feeds[node.name]
+            elif node.op == "param":
+                values[node.id] = params[node.name]
+            elif node.op == "const":
+                values[node.id] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
+            else:
+                ins = [values[i] for i in node.inputs]
+                t0 = time.perf_counter()
+                out = self.kernels.forward(node, ins)
+                self._time(node, t0)
+                values[node.id] = out
+                tape.append((node, self._closure(node, ins, out)))
+        return values, tape
+
+    def _closure(self, node, ins, out):
+        def backward(g):
+            return self.kernels.vjp(node, g, ins, out)
+        return backward
+
+    def backward(self, values: dict, tape: list, loss_id: int) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for every node on the tape."""
+        loss = values[loss_id]
+        grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
+        for node, closure in reversed(tape):
+            g = grads.pop(node.id, None)  # intermediates are freed as we go
+            if g is None:
+                continue
+            t0 = time.perf_counter()
+            nondiff = get_op(node.op).nondiff
+            for pos, (i, d) in enumerate(zip(node.inputs, closure(g))):
+                if d is None or pos in nondiff:
+                    continue
+                # a value used twice gets the sum of both gradients
+                grads[i] = grads[i] + d if i in grads else d
+            self._time(node, t0, backward=True)
+        return grads
+
+    def _time(self, node, t0, backward=False):
+        if self.timings is not None:
+            self.timings.setdefault((node.id, backward), []).append(time.perf_counter() - t0)
+
+
+class ClosureSession:
+    """Owns the params (numpy) and runs steps through a ClosureExecutor.
+    The graph executor offers the same methods with everything resident."""
+
+    path = "closures"
+
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None):
+        self.graph = graph
+        self.executor = ClosureExecutor(graph, kernels)
+        self.params = {k: v.copy() for k, v in params.items()}
+        self.opt_state: dict = {}
+        self.opt_step = 0
+
+    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
+        g = self.graph
+        roots = list(g.outputs.values()) + ([g.loss] if g.loss is not None else [])
+        values, tape = self.executor.forward(feeds, self.params, roots)
+        outputs = {name: values[i] for name, i in g.outputs.items()}
+        loss = None if g.loss is None else values[g.loss]
+        out_grads = {}
+        if grads or optimizer is not None:
+            by_id = self.executor.backward(values, tape, g.loss)
+            for name, i in g.params.items():
+                out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
+            if grad_inputs:
+                for name, i in g.inputs.items():
+                    if i in by_id:
+                        out_grads[name] = by_id[i]
+        if optimizer is not None:
+            if not self.opt_state:
+                self.opt_state = optimizer.init_state(self.params)
+            self.opt_step += 1
+            optimizer.update(self.params, out_grads, self.opt_state, self.opt_step)
+        return outputs, loss, out_grads
+
+    def get_params(self):
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def set_params(self, values):
+        for k, v in values.items():
+            self.params[k] = np.array(v, dtype=self.params[k].dtype)

@@ -1,0 +1,89 @@
+"""The op record type and the registry. Each op is ONE `Op` object, declared
+in its family's module beside its rules: signature, shape/dtype rule, numpy
+forward, numpy VJP, and (if it has one) its graph lowering."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+REQUIRED = "<required>"
+
+
+class OpTypeError(Exception):
+    """Raised by an op's shape/dtype rule; the DSL adds the source span."""
+
+
+@attrs.frozen
+class Arg:
+    """One argument of an op's signature.
+
+    kind: "tensor" (one input node; default None makes it optional),
+    "tensors" (variadic inputs, e.g. concat), or "attr" (a literal stored in
+    node.attrs; `types` lists the accepted Python types, "dtype" for a dtype)."""
+
+    name: str
+    kind: str = "tensor"
+    default: Any = REQUIRED
+    types: tuple = ()
+
+
+@attrs.frozen
+class Lowering:
+    """How an op runs on a Vulkan device.
+
+    forward(rec, node, ins, out): record the dispatches that compute `out`.
+    backward(rec, node, g, ins, out, grads): record the dispatches that write
+    (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
+    `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
+    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
+
+    forward: Callable
+    backward: Callable | None
+    dtypes: frozenset = frozenset({"f32"})
+    bwd_dtypes: frozenset = frozenset({"f32"})
+
+
+@attrs.define
+class Op:
+    """infer(in_types, attrs) -> TensorType   (raise OpTypeError on bad input)
+    forward(ins, attrs) -> np.ndarray
+    vjp(g, ins, out, attrs) -> list of np.ndarray | None, one per input, each
+        shaped like its input (broadcasting already summed out)
+    expand(builder, ins, attrs) -> (ins, attrs): optional hook run when the
+        node is built, to add implicit inputs (e.g. attention's causal mask
+        becomes a const node, so forward and backward read the same tensor).
+    nondiff: input positions that never get a gradient (indices, targets)."""
+
+    name: str
+    args: tuple[Arg, ...]
+    infer: Callable
+    forward: Callable
+    vjp: Callable | None
+    lowering: Lowering | None = None
+    expand: Callable | None = None
+    nondiff: frozenset = frozenset()
+    doc: str = ""
+
+    @property
+    def attr_names(self) -> list[str]:
+        return [a.name for a in self.args if a.kind == "attr"]
+
+
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} is already registered")
+    OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> Op:
+    return OPS[name]
+
+
+def set_lowering(name: str, lowering: Lowering) -> None:
+    """Attach a lowering to an op after the fact (used by user code / tests)."""
+    OPS[name].lowering = lowering

@@ -1,0 +1,46 @@
+"""Shape helpers shared by the op families: broadcasting and axis handling."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.registry import OpTypeError
+
+
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcasting rule, with an error that shows both shapes."""
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        raise OpTypeError(f"shapes {list(a)} and {list(b)} do not broadcast") from None
+
+
+def same_dtype(types: list[TensorType], what: str = "operands") -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        shown = " and ".join(str(t) for t in types)
+        raise OpTypeError(f"dtype mismatch: {what} are {shown} (use cast(x, dtype) to convert)")
+    return dtypes.pop()
+
+
+def float_dtype(t: TensorType, what: str = "input") -> str:
+    if t.dtype not in ("f32", "f16"):
+        raise OpTypeError(f"{what} must be a float tensor (f32 or f16), got {t}")
+    return t.dtype
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum a gradient over the axes that broadcasting added or stretched."""
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if stretched:
+        grad = grad.sum(axis=stretched, keepdims=True)
+    return grad.reshape(shape)
+
+
+def norm_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < max(ndim, 1):
+        raise OpTypeError(f"axis {axis} is out of range for a tensor of rank {ndim}")
+    return axis % max(ndim, 1)

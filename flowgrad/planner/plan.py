@@ -1,0 +1,114 @@
+"""Validate every node and choose graph or closures for the WHOLE backward.
+
+All or nothing: splitting one backward between a resident graph and per-op
+closures puts the per-op host round trip back, so a single refusal sends the
+whole step to closures. Every refusal is collected and reported, never only
+the first, and never silently."""
+from __future__ import annotations
+
+import attrs
+
+from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.ops import OPS
+
+
+@attrs.frozen
+class Refusal:
+    """Why one node (or the device, when node is None) can't take the graph path.
+    code is stable and documented in docs/explain.md."""
+
+    code: str
+    message: str
+    hint: str = ""
+    node: Node | None = None
+
+    def where(self) -> str:
+        return self.node.span.short() if self.node is not None and self.node.span else ""
+
+    def headline(self) -> str:
+        if self.node is None:
+            return self.message
+        return f"{self.node.label} = {self.node.op}(...) at {self.where() or '?'}: {self.message}"
+
+
+@attrs.define
+class Plan:
+    graph: Graph
+    path: str                  # "graph" or "closures"
+    backward: str              # what was asked: auto, graph, closures
+    refusals: list[Refusal]
+    device: object | None      # exec_vulkan DeviceInfo, or None for numpy
+    dtype: str
+    grad_nodes: frozenset      # ids of nodes the backward runs through
+    reason: str = ""           # why this path, one line
+
+    @property
+    def last_path(self) -> str:
+        return "graph" if self.path == "graph" else f"closures ({self.reason})"
+
+
+def grad_nodes(graph: Graph) -> frozenset:
+    """Nodes that lie on a path from a param to the loss: the backward's work."""
+    if graph.loss is None:
+        return frozenset()
+    from_params = set(graph.params.values())
+    for node in graph.nodes:
+        if any(i in from_params for i in node.inputs):
+            from_params.add(node.id)
+    to_loss = {n.id for n in graph.needed_for([graph.loss])}
+    return frozenset(i for i in from_params & to_loss if graph.nodes[i].op not in LEAF_OPS)
+
+
+def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
+    out = []
+    for node in graph.nodes:
+        if node.op in LEAF_OPS:
+            continue
+        op = OPS.get(node.op)
+        if op is None:
+            out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
+                               "register the op with flowgrad.register_op", node))
+            continue
+        low = op.lowering
+        if low is None:
+            out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering (it runs on closures only)",
+                               f"register a Vulkan lowering for op {op.name!r}, or replace it with built-in ops", node))
+            continue
+        dtypes = {node.dtype} | {graph.nodes[i].dtype for i in node.inputs}
+        if not dtypes <= low.dtypes:
+            bad = ", ".join(sorted(dtypes - low.dtypes))
+            out.append(Refusal("dtype", f"{op.name} forward has no {bad} lowering (accepts {', '.join(sorted(low.dtypes))})",
+                               "compute this op in f32 (`--dtype f32`, or cast its inputs with cast(x, f32))", node))
+            continue
+        if node.id in backward_ids:
+            if low.backward is None:
+                out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering for its backward",
+                                   f"register a backward lowering for op {op.name!r}", node))
+            elif node.dtype not in low.bwd_dtypes:
+                accepts = ", ".join(sorted(low.bwd_dtypes))
+                out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
+                                   f"compute {op.name} in f32 (`--dtype f32`, or cast its inputs with cast(x, f32))",
+                                   node))
+    return out
+
+
+def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32") -> Plan:
+    """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU."""
+    if backward not in ("auto", "graph", "closures"):
+        raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
+    bwd = grad_nodes(graph)
+    refusals = []
+    if device is None:
+        refusals.append(Refusal("device", "no Vulkan device: the session runs on numpy (CPU)",
+                                "compile with device='vulkan' (or --device vulkan) to use the graph path"))
+    refusals += node_refusals(graph, bwd)
+    if backward == "closures":
+        path, reason = "closures", "backward='closures' was asked for"
+    elif refusals:
+        path = "closures"
+        first = refusals[0]
+        more = f"; {len(refusals) - 1} more" if len(refusals) > 1 else ""
+        reason = (f"{first.node.label}: {first.message}" if first.node else first.message) + more
+    else:
+        path, reason = "graph", "every node has a graph lowering for its dtype"
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, reason)
