@@ -55,7 +55,8 @@ class _Signature:
         elif not self.min_inputs <= n <= self.max_inputs:
             want = (str(self.min_inputs) if self.min_inputs == self.max_inputs
                     else f"{self.min_inputs} to {self.max_inputs}")
-            raise OpTypeError(f"takes {want} tensor inputs, got {n}")
+            plural = "" if want == "1" else "s"
+            raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
 
     def complete(self, attrs):
         unknown = sorted(set(attrs) - set(self.attrs))
