@@ -17,6 +17,12 @@ from flowgrad.planner.memory import ALIGN, plan_memory
 from tests import vk_test_ops
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _test_ops():
+    with vk_test_ops.registered():
+        yield
+
+
 def chain_graph(dtype="f32", n=5):
     """x -> a = x + w1 -> b = 2a -> c = b + a (a used twice) -> d = c + w2 -> e = d + w1 (w1 used twice)."""
     vk_test_ops.ensure_registered()

@@ -3,6 +3,8 @@ Vulkan runtime and the graph executor can be tested without the kernel
 authors' lowerings. Registered once, under names no real op uses."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from flowgrad.graph import TensorType
@@ -97,3 +99,16 @@ class ConstantSGD:
         for name, p in params.items():
             rec.dispatch("axpy", [p, grads[name]], push=[p.size, -self.lr], groups=grid(p.size),
                          variant="f16" if p.dtype == "f16" else None)
+
+
+@contextlib.contextmanager
+def registered():
+    """The test ops, for the duration of a test module: other modules check
+    that every registered op is a documented one."""
+    ensure_registered()
+    ensure_add3()
+    try:
+        yield
+    finally:
+        for name in [n for n in OPS if n.startswith("vk_test_")]:
+            del OPS[name]
