@@ -185,6 +185,7 @@ class _Program:
                 optimizer.record(rec, params, grads, state, hyper)
         self.rec = Recorder(device)
         record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record)
+        self.dispatches = self.rec.counts()["dispatches"]
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
@@ -207,6 +208,10 @@ class _Program:
         return out
 
     def run(self, feeds, hyper=None) -> dict[str, np.ndarray]:
+        stats = self.device.stats
+        stats["dispatches"] += self.dispatches
+        stats["uploads"] += len(self.layout.io.uploads)
+        stats["downloads"] += len(self.layout.io.downloads)
         self.write_inputs(feeds, hyper)
         self.device.submit_and_wait(self.cmd, "running a graph step")
         return self.read_outputs()

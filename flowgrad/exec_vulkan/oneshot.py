@@ -49,6 +49,7 @@ class OneShot:
     def write(self, view: BufView, array) -> None:
         """Fill an existing device view with `array` by the time the commands run."""
         data = np.ascontiguousarray(array, dtype=NUMPY[view.dtype]).reshape(view.shape)
+        self.device.stats["uploads"] += 1
         if view.buffer.mapped:
             view.buffer.write(data, view.offset)
         else:
@@ -68,6 +69,8 @@ class OneShot:
 
     def run(self) -> list[np.ndarray]:
         device = self.device
+        device.stats["dispatches"] += self.rec.counts()["dispatches"]
+        device.stats["downloads"] += len(self._downloads)
         if self.rec.commands:
             self.rec.arena.materialize(device)
             cmd = device.command_buffer()

@@ -8,6 +8,7 @@ them returns (a struct passed inline can be freed before Vulkan reads it)."""
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import hashlib
 import os
@@ -425,6 +426,8 @@ class Device:
         self._set_layouts: dict[int, tuple] = {}
         self._create_pool_and_cache(vk)
         self.pool = BufferPool(self)
+        # what reached the device: submits, dispatches, host uploads and downloads (for bench / explain)
+        self.stats: collections.Counter = collections.Counter()
         atexit.register(self.save_pipeline_cache)
 
     # -- creation
@@ -610,6 +613,7 @@ class Device:
     def submit_and_wait(self, cmd, what: str = "running commands") -> None:
         """One submission of a recorded command buffer; returns when it is done."""
         vk = _vk()
+        self.stats["submits"] += 1
         with vk_errors(f"{what} on {self.info.name}"):
             fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
             try:
