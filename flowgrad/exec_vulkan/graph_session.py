@@ -389,11 +389,17 @@ class GraphSession:
 
     # -- profiling and teardown
 
-    def profile(self, feeds, steps: int = 3, optimizer=None) -> list[tuple[str, str, float]]:
+    @property
+    def timer(self) -> str:
+        """How profile() measures: GPU timestamps, or wall time where the device has none."""
+        return "gpu timestamps" if self.device.info.timestamps else "wall clock per section"
+
+    def profile(self, feeds, steps: int = 3, grads: bool = True, optimizer=None) -> list[tuple[str, str, float]]:
         """[(node label, direction, seconds)], one entry per recorded section
         in step order (medians over `steps` runs): GPU timestamps where the
-        device has them, else wall time of each section submitted alone."""
-        prog = self._program(True, False, optimizer)
+        device has them, else wall time of each section submitted alone.
+        Directions: forward, backward, optimizer, and transfer (feeds in, read-back)."""
+        prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
         if self.device.info.timestamps:
             runs = self._profile_timestamps(prog, feeds, hyper, steps)
