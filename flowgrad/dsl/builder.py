@@ -352,7 +352,8 @@ class Builder:
             if isinstance(b, Tensor):
                 raise self.error("the exponent of ** must be a constant number", e.right.pos, scope)
             return self.apply_op("pow", [(a, e.left.pos), (b, e.right.pos)], {}, e.pos, scope)
-        return self.apply_op(BINARY_OPS[e.op], [(a, e.left.pos), (b, e.right.pos)], {}, e.pos, scope)
+        return self.apply_op(BINARY_OPS[e.op], [(a, e.left.pos), (b, e.right.pos)], {}, e.pos, scope,
+                             shown=f"'{e.op}'")
 
     def call(self, c: ast.Call, scope: Scope):
         if c.func in self.blocks:
@@ -411,7 +412,8 @@ class Builder:
             slots[arg.name] = (arg.default, None)
         return slots
 
-    def apply_op(self, op_name: str, pos_args, kwargs, call_pos, scope) -> Tensor:
+    def apply_op(self, op_name: str, pos_args, kwargs, call_pos, scope, shown: str | None = None) -> Tensor:
+        """shown: how messages name the callee, e.g. "'*'" for an infix operator."""
         op = OPS.get(op_name)
         if op is None:
             raise self.error(f"unknown op {op_name!r}{suggest(op_name, OPS)}", call_pos, scope)
@@ -427,14 +429,14 @@ class Builder:
             elif arg.kind == "tensor":
                 if value is None and arg.default is None:
                     continue  # an optional tensor that was not given
-                ins.append(self.as_tensor(op_name, arg.name, value, like, pos, scope).id)
+                ins.append(self.as_tensor(shown or f"{op_name}()", arg.name, value, like, pos, scope).id)
             else:
                 items = value if value is not None else []
                 if isinstance(items, list) and len(items) == 1 and isinstance(items[0], list):
                     items = items[0]  # concat([a, b]) as well as concat(a, b)
                 if not isinstance(items, (list, tuple)):
                     items = [items]
-                ins += [self.as_tensor(op_name, arg.name, v, like, pos, scope).id for v in items]
+                ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
         if op.expand is not None:
             nb = NodeBuilder(self, span)
@@ -461,13 +463,13 @@ class Builder:
         other operand's dtype (`x * 0.5`, `1 - p`)."""
         if isinstance(value, Tensor):
             return value
+        what = f"an operand of {callee}" if callee.startswith("'") else f"{callee}: argument {arg_name!r}"
         if not is_number(value):
-            raise self.error(f"{callee}(): argument {arg_name!r} must be a tensor, got {self.show_value(value)}",
-                             pos, scope)
+            raise self.error(f"{what} must be a tensor or a number, got {self.show_value(value)}", pos, scope)
         dtype = like or (self.dtype if isinstance(value, float) else "i32")
         if dtype == "i32" and not isinstance(value, numbers.Integral):
-            raise self.error(f"{callee}(): the number {show(value)} meets an i32 tensor; "
-                             "cast the tensor to a float dtype first", pos, scope)
+            raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
+                             pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
         return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
@@ -484,7 +486,7 @@ class Builder:
             ok = _accepts(t, value)
             if ok is not _NO:
                 return ok
-        want = " or ".join(_type_word(t) for t in arg.types)
+        want = " or ".join(dict.fromkeys(_type_word(t) for t in arg.types))
         raise self.error(f"{callee}(): argument {arg.name!r} must be {want}, got {self.show_value(value)}",
                          pos, scope)
 

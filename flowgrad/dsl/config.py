@@ -36,6 +36,10 @@ def evaluate_static(expr: ast.Expr, lookup: Callable, on_call: Callable, error: 
     return ev(expr)
 
 
+TYPE_WORDS = {"int": "an int", "float": "a float", "bool": "a bool (true or false)", "str": "a string",
+              "dtype": "a dtype (f32, f16, i32)"}
+
+
 class ConfigEvaluator:
     """Evaluates config items in order (a value may use the keys above it, so
     `ff = 4*d` follows an override of d) and applies the overrides."""
@@ -82,10 +86,10 @@ class ConfigEvaluator:
         try:
             return coerce(given, want)
         except ValueError:
-            shown = repr(given) if isinstance(given, str) else f"{show(given)} ({type_name(given)})"
-            raise self.error(f"config override {key}={given if isinstance(given, str) else show(given)}: "
-                             f"{key} is {want} (declared {show(declared)} here), got {shown}",
-                             item.pos) from None
+            text = given if isinstance(given, str) else show(given)
+            shown = repr(given) if isinstance(given, str) else f"{type_name(given)} {show(given)}"
+            raise self.error(f"config override {key}={text}: {key} is {TYPE_WORDS[want]} "
+                             f"(declared as {show(declared)} here), got {shown}", item.pos) from None
 
     def _check_unknown(self, overrides: dict):
         unknown = [k for k in overrides if k not in self.values]
