@@ -393,6 +393,11 @@ param g: f32[3] = normal(0.0, 2)
 
 # ---------------------------------------------------------------- outputs, minimize, train
 
+def test_minimized_value_is_an_output_once():
+    g = build("input x: f32[2]\nloss = mean(x * x)\nminimize loss\noutput loss, x\n")
+    assert g.outputs == {"loss": g.loss, "x": g.inputs["x"]}
+
+
 def test_train_section_items_as_written():
     g = build("""
 config { lr = 0.01 }

@@ -2,6 +2,8 @@
 a user can act on, and never a traceback from inside the parser."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -102,6 +104,10 @@ CASES = [
      ["block 'b' calls itself (b -> b)"]),
     ("block-arity", "block b(x, y) {\n  return x + y\n}\ninput x: f32[2]\ny = b(x)\n", None, "5:5",
      ["b() is missing its argument 'y'"]),
+    ("block-parameter-is-config-key", "config { d = 2 }\nblock b(d) {\n  return d\n}\n", None, "2:9",
+     ["block 'b': parameter 'd' is a config key"]),
+    ("output-name-rebound", "input x: f32[2]\ny = x * 2.0\noutput y\ny = y + x\noutput y\n", None, "5:8",
+     ["'y' is already an output, of another value"]),
     ("block-without-return", "block b(x) {\n  y = x\n}\n", None, "1:7", ["block 'b' has no `return`"]),
     ("block-sees-no-globals", "input x: f32[2]\nblock b(y) {\n  return y + x\n}\nz = b(x)\n", None, "3:14",
      ["unknown name 'x'", "hint: a block sees only its arguments"]),
@@ -222,3 +228,39 @@ def test_step_with_an_unknown_feed():
     sess = fg.loads(SMALL, file=FILE).compile(device="cpu")
     with pytest.raises(FlowError, match="feed 'z' is not an input of bad"):
         sess.step({"x": np.ones((2, 3)), "k": np.zeros(2, np.int32), "z": 1}, grads=False)
+
+
+# ---------------------------------------------------------------- fuzz: nothing but FlowError
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+SOURCES = [(MODELS / name).read_text() for name in ("mlp.flow", "tiny_gpt.flow")]
+PIECES = list("()[]{},=:+-*/@#\"'\n .0123456789") + ["**", "model", "input", "param", "block", "return",
+                                                     "output", "minimize", "train", "config", "f32", "i32",
+                                                     "split", "repeat", "decoder", "x", "1e-3", "true"]
+
+
+@st.composite
+def mutated_source(draw):
+    text = draw(st.sampled_from(SOURCES))
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(text)))
+        j = min(len(text), i + draw(st.integers(0, 6)))
+        text = text[:i] + draw(st.sampled_from(PIECES + [""])) + text[j:]
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated_source())
+def test_mutated_models_build_or_raise_flow_error(src):
+    try:
+        fg.loads(src, file=FILE)
+    except FlowError as err:
+        text = str(err)
+        assert text and "Traceback" not in text
+        if err.span is not None:
+            assert err.span.file == FILE and err.span.line >= 1 and err.span.col >= 1
+        assert_no_traceback_chain(err)

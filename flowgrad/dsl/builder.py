@@ -125,6 +125,9 @@ class Builder:
             for p in b.params:
                 if p.id in seen:
                     raise self.error(f"block {name!r} has two parameters named {p.id!r}", p.pos)
+                if p.id in self.config or p.id in CONSTANT_NAMES:
+                    what = "a config key" if p.id in self.config else "a reserved name"
+                    raise self.error(f"block {name!r}: parameter {p.id!r} is {what}", p.pos)
                 seen.add(p.id)
             blocks[name] = b
         return blocks
@@ -195,9 +198,7 @@ class Builder:
 
     def param_decl(self, s: ast.ParamDecl, scope: Scope):
         self.check_new_name(s.name, "param", scope)
-        full = scope.prefix + s.name.id
-        if full in self.graph.params:  # a block param colliding with a top-level dotted name cannot happen,
-            raise self.error(f"redefined param {full!r}", s.name.pos, scope)  # but keep params unique anyway
+        full = scope.prefix + s.name.id   # unique: instance prefixes are, and a scope's names are
         ttype = self.tensor_type(s.type, scope)
         if ttype.dtype not in FLOAT_DTYPES:
             raise self.error(f"param {s.name.id} is {ttype}: params are float tensors (f32 or f16)",
@@ -271,8 +272,8 @@ class Builder:
     def output(self, s: ast.Output, scope: Scope):
         for name in s.names:
             t = self.tensor_named(name, scope, "output")
-            if name.id in self.graph.outputs:
-                raise self.error(f"{name.id!r} is already an output", name.pos, scope)
+            if self.graph.outputs.get(name.id, t.id) != t.id:
+                raise self.error(f"{name.id!r} is already an output, of another value", name.pos, scope)
             self.graph.outputs[name.id] = t.id
 
     def minimize(self, s: ast.Minimize, scope: Scope):
