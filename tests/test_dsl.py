@@ -22,10 +22,6 @@ def build(src: str, config=None, dtype="f32", file="t.flow"):
     return dsl.build(dsl.parse(src, file), config, dtype)
 
 
-def node(graph, name):
-    return graph.node(name)
-
-
 # ---------------------------------------------------------------- the example models
 
 @pytest.mark.parametrize("path", sorted(MODELS.glob("*.flow")), ids=lambda p: p.name)
