@@ -13,6 +13,7 @@ lowering, recorded inside a section labelled with the node, so profiling
 same commands."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import weakref
@@ -71,14 +72,14 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":
-            with rec.section(node.label, "forward"):
+            with rec.section(node.label, "forward"), _lowering_errors(node, "forward"):
                 low.forward(rec, node, ins, out)
             continue
         writes = mem.grad_writes[node.id]
         grads = [None] * len(node.inputs)
         for w in writes:
             grads[w.pos] = view(w.key)
-        with rec.section(node.label, "backward"):
+        with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
             low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
             for w in writes:
                 if w.accumulate_into is not None:
@@ -89,6 +90,16 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
+
+
+@contextlib.contextmanager
+def _lowering_errors(node, direction):
+    """A lowering that rejects its node (ValueError) becomes a FlowError at the node's source line."""
+    try:
+        yield
+    except ValueError as e:
+        raise FlowError(f"{node.label} = {node.op}(...): the Vulkan {direction} lowering cannot run it: {e}",
+                        node.span, hint="compile with backward='closures' to run it on closures") from e
 
 
 class _Layout:
