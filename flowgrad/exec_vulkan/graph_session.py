@@ -300,7 +300,7 @@ class GraphSession:
     def _write_leaves(self, arrays: dict):
         with OneShot(self.device) as s:
             for key, (value, dtype) in arrays.items():
-                data = np.ascontiguousarray(value, dtype=NUMPY[dtype])
+                data = np.ascontiguousarray(value, dtype=NUMPY[dtype]).reshape(np.shape(value))
                 s.write(BufView(self.leaves[key], 0, data.shape, dtype), data)
             s.run()
 
@@ -323,7 +323,7 @@ class GraphSession:
                 for pname, entries in state.items():
                     bufs[pname] = {}
                     for k, arr in entries.items():
-                        arr = np.ascontiguousarray(arr)
+                        arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
                         dtype = "f16" if arr.dtype == np.float16 else "i32" if arr.dtype.kind in "iu" else "f32"
                         buf = self.device.buffer(max(arr.nbytes, 4), "device")
                         view = BufView(buf, 0, arr.shape, dtype)
