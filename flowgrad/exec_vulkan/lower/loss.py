@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, variant
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused, variant
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})
@@ -33,36 +33,40 @@ MSE_LOSS = Lowering(_mse_forward, _mse_backward, FLOATS, FLOATS)
 ROW_LOSS, MEAN, GRAD = 0, 1, 2
 
 
-def _xent(rec, mode, logits, targets, g, o, row_loss):
+def _classes(logits):
+    """(rows, classes) of logits [..., C]."""
     c = logits.shape[-1]
-    n = math.prod(logits.shape) // c if c else 0
+    return (math.prod(logits.shape) // c if c else 0), c
+
+
+def _xent(rec, mode, n, c, logits, targets, g, o, row_loss):
     if mode == MEAN:
         lanes, groups = WG, 1
     else:
         lanes = segment_lanes(c)
         groups = segment_groups(n, lanes)
     rec.dispatch("xent", [logits, targets, g, o, row_loss], push=[n, c, lanes, mode, 1.0 / n if n else math.nan],
-                 groups=(groups, 1, 1), variant=variant(logits.dtype))
+                 groups=(groups, 1, 1), variant=variant(o.dtype))
 
 
 def _ce_forward(rec, node, ins, out):
     """Row losses (logsumexp - picked logit) into an f32 scratch, then their
     mean. A target outside [0, C) makes the loss NaN (numpy raises)."""
     logits, targets = ins
-    c = logits.shape[-1]
-    n = math.prod(logits.shape) // c if c else 0
+    n, c = _classes(logits)
     row_loss = rec.scratch((max(n, 1),), "f32")
+    t = logits.dtype
     if n:
-        _xent(rec, ROW_LOSS, logits, targets, logits, out, row_loss)
-    _xent(rec, MEAN, logits, targets, logits, out, row_loss)
+        _xent(rec, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss)
+    _xent(rec, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss)
 
 
 def _ce_backward(rec, node, g, ins, out, grads):
     logits, targets = ins
-    if grads[0] is None or math.prod(logits.shape) == 0:
+    n, c = _classes(logits)
+    if grads[0] is None or not (n and c):
         return
-    # the f32 row-loss binding is unused here: it gets the gradient buffer
-    _xent(rec, GRAD, logits, targets, g, grads[0], grads[0])
+    _xent(rec, GRAD, n, c, logits, targets, g, grads[0], unused(rec, "f32"))
 
 
 CROSS_ENTROPY = Lowering(_ce_forward, _ce_backward, frozenset({"f32", "f16", "i32"}), FLOATS)

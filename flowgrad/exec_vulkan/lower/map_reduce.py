@@ -62,6 +62,14 @@ def variant(dtype: str) -> str | None:
     return "f16" if dtype == "f16" else None
 
 
+def unused(rec, dtype: str):
+    """A stand-in for a binding this dispatch's mode never touches. A fresh
+    aligned scratch word, never a real tensor: the recorder would copy an
+    unaligned view in (and, for a writable binding, back out over the real
+    result)."""
+    return rec.scratch((1,), dtype)
+
+
 def segment_lanes(n: int) -> int:
     """Lanes per output: a power of two covering n, at most a workgroup."""
     return 1 if n <= 1 else min(WG, 1 << (n - 1).bit_length())
@@ -142,7 +150,7 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     push = [n_out, R, lanes, int(op) | REDUCE_OPS[reduce] << 8, len(dims), redmask,
             float(scale), float(param), *shape, *per_input[0], *per_input[1], *per_input[2]]
-    bufs = list(ins) + [ins[0]] * (3 - len(ins)) + [out]
+    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out, lanes), 1, 1),
                  variant=variant(out.dtype))
 

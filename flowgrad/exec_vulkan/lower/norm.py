@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import segment_groups, segment_lanes, variant
+from flowgrad.exec_vulkan.lower.map_reduce import segment_groups, segment_lanes, unused, variant
 from flowgrad.exec_vulkan.lower.op_attrs import op_attrs
 from flowgrad.ops.registry import Lowering
 
@@ -33,29 +33,33 @@ def _norm(kind: str):
 
     def forward(rec, node, ins, out):
         x, w = ins[0], ins[1]
-        b = w if rms else ins[2]
+        t = x.dtype
+        b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x)
         if n and d:
-            # unused bindings (g, dw, db, stats) get `out`, never read
-            _dispatch(rec, fwd, n, d, n, d, op_attrs(node)["eps"], x, w, b, out, out, out, out, out)
+            _dispatch(rec, fwd, n, d, n, d, op_attrs(node)["eps"], x, w, b, unused(rec, t), out,
+                      unused(rec, t), unused(rec, t), unused(rec, "f32"))
 
     def backward(rec, node, g, ins, out, grads):
         x, w = ins[0], ins[1]
-        b = w if rms else ins[2]
+        t = x.dtype
+        b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x)
         eps = op_attrs(node)["eps"]
         if not (n and d):
+            for grad in grads:
+                if grad is not None:
+                    rec.fill(grad, 0)  # no rows: the column sums are empty
             return
-        dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), x.dtype)
+        dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), t)
         stats = rec.scratch((n, 2), "f32")
-        _dispatch(rec, bwd_dx, n, d, n, d, eps, x, w, b, g, dx, dx, dx, stats)
+        _dispatch(rec, bwd_dx, n, d, n, d, eps, x, w, b, g, dx, unused(rec, t), unused(rec, t), stats)
         dw = grads[1]
         db = None if rms else grads[2]
         if dw is None and db is None:
             return
-        spare = dw if dw is not None else db
-        _dispatch(rec, bwd_w, d, n, n, d, eps, x, w, b, g, dx,
-                  spare if dw is None else dw, spare if db is None else db, stats)
+        _dispatch(rec, bwd_w, d, n, n, d, eps, x, w, b, g, unused(rec, t),
+                  unused(rec, t) if dw is None else dw, unused(rec, t) if db is None else db, stats)
 
     return Lowering(forward, backward, FLOATS, FLOATS)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused, variant
 from flowgrad.exec_vulkan.lower.op_attrs import op_attrs
 from flowgrad.ops.registry import Lowering
 
@@ -89,7 +89,7 @@ def _softmax(kind: str):
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
-        _rows(rec, fwd_mode, ins[0], ins[0], out, op_attrs(node)["axis"])
+        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, op_attrs(node)["axis"])
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
