@@ -280,3 +280,18 @@ def test_cast_to_i32_truncates_and_has_zero_gradient():
     np.testing.assert_array_equal(out, [-1, 0, 2])
     np.testing.assert_array_equal(op.vjp(np.ones(3), [x], out, {"dtype": "i32"})[0], 0)
     assert op.forward([x], {"dtype": "f16"}).dtype == np.float16
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_results_never_alias_inputs_or_the_gradient(case):
+    """Executors may accumulate into or update any result in place."""
+    name, _, attrs = case
+    op = get_op(name)
+    ins = make(case)
+    out = op.forward(ins, attrs)
+    g = np.ones(np.shape(out))
+    results = [out] + [d for d in op.vjp(g, ins, out, attrs) if d is not None]
+    for i, a in enumerate(results):
+        assert a.flags.writeable and a.flags.c_contiguous, f"{name} result {i}"
+        for other in ins + [g] + results[:i]:
+            assert not np.shares_memory(a, other), f"{name} result {i} shares memory"
