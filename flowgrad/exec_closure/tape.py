@@ -127,3 +127,16 @@ class ClosureSession:
     def set_params(self, values):
         for k, v in values.items():
             self.params[k] = np.array(v, dtype=self.params[k].dtype)
+
+    def profile(self, feeds, steps: int, grads: bool = True) -> list[tuple[str, str, float]]:
+        """Median wall time per op and direction over `steps` steps."""
+        self.executor.timings = {}
+        try:
+            for _ in range(steps):
+                self.step(feeds, grads=grads)
+            timings = self.executor.timings
+        finally:
+            self.executor.timings = None
+        nodes = self.graph.nodes
+        return [(nodes[i].label, "backward" if bwd else "forward", float(np.median(ts)))
+                for (i, bwd), ts in timings.items()]

@@ -3,8 +3,15 @@
 The op's own rules (infer, forward, vjp, expand) receive attrs already
 completed with the signature's defaults, so each default lives in one place:
 its `Arg`. `infer` also checks the tensor count and each attr's type against
-the signature, and prefixes every OpTypeError with the op's name."""
+the signature, and prefixes every OpTypeError with the op's name.
+
+Results own their memory: forward and VJP never hand back a view of an
+input, of the output or of the incoming gradient (reshape, transpose and
+add's (g, g) would), so executors and optimizers may update them in place.
+Gradients come back in their input's dtype."""
 from __future__ import annotations
+
+import numpy as np
 
 from flowgrad.graph import DTYPES
 from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, register
@@ -25,10 +32,12 @@ def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
             raise OpTypeError(f"{name}: {e}") from None
 
     def full_forward(ins, attrs):
-        return forward(ins, sig.defaults | attrs)
+        return _own(forward(ins, sig.defaults | attrs), ins)
 
     def full_vjp(g, ins, out, attrs):
-        return vjp(g, ins, out, sig.defaults | attrs)
+        grads = vjp(g, ins, out, sig.defaults | attrs)
+        return [None if d is None else _own(np.asarray(d, dtype=x.dtype), (g, out, *ins))
+                for d, x in zip(grads, ins)]
 
     def full_expand(builder, ins, attrs):
         return expand(builder, ins, sig.defaults | attrs)
@@ -55,7 +64,8 @@ class _Signature:
         elif not self.min_inputs <= n <= self.max_inputs:
             want = (str(self.min_inputs) if self.min_inputs == self.max_inputs
                     else f"{self.min_inputs} to {self.max_inputs}")
-            raise OpTypeError(f"takes {want} tensor inputs, got {n}")
+            plural = "" if want == "1" else "s"
+            raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
 
     def complete(self, attrs):
         unknown = sorted(set(attrs) - set(self.attrs))
@@ -85,3 +95,11 @@ def _is(value, t, accepted) -> bool:
     if t is float and isinstance(value, int):
         return True
     return isinstance(value, t)
+
+
+def _own(a, others) -> np.ndarray:
+    """a itself when it owns its memory and is none of `others`, else a copy."""
+    a = np.asarray(a)
+    if a.base is None and a.flags.writeable and a.flags.c_contiguous and not any(a is o for o in others):
+        return a
+    return np.array(a, order="C")

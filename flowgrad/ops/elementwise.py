@@ -45,23 +45,17 @@ div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a /
 # ---------------------------------------------------------------- unary
 
 
-def _same_infer(what):
-    def infer(ins, attrs):
-        (x,) = ins
-        if what == "float":
-            float_dtype(x)
-        return x
-    return infer
+def _float_infer(ins, attrs):
+    float_dtype(ins[0])
+    return ins[0]
 
 
 def _unary(name, f, df, doc, extra_args=(), check=None):
     """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
-    base = _same_infer("float")
-
     def infer(ins, attrs):
         if check:
             check(attrs)
-        return base(ins, attrs)
+        return _float_infer(ins, attrs)
 
     def forward(ins, attrs):
         (x,) = ins
@@ -75,7 +69,7 @@ def _unary(name, f, df, doc, extra_args=(), check=None):
     return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc)
 
 
-neg = defop("neg", (Arg("x"),), _same_infer("any"), lambda ins, at: np.negative(ins[0]),
+neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
             lambda g, ins, out, at: [np.negative(g)], doc="-x")
 
 exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x")
