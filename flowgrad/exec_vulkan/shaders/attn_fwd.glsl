@@ -3,7 +3,7 @@
 // max m and sum l) and an unnormalised output accumulator, so no [seq, seq]
 // score matrix exists beyond one tile. A fully masked row gives 0/0 = NaN,
 // as the numpy reference does.
-#include "storage_type.glsl"
+#include "common.glsl"
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };

@@ -5,7 +5,7 @@
 // element has exactly one writer: race-free without float atomics, and the
 // sum order is fixed (deterministic). The ids are staged through shared
 // memory, one tile per workgroup pass.
-#include "storage_type.glsl"
+#include "common.glsl"
 #define TILE 64
 
 layout(local_size_x = TILE) in;

@@ -2,7 +2,7 @@
 #version 450
 // out[n, d] = table[ids[n], d]; an id outside [0, rows) gives a zero row (a
 // shader cannot raise; the numpy path reports the bad id).
-#include "storage_type.glsl"
+#include "common.glsl"
 
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) readonly buffer Ids { int ids[]; };

@@ -6,7 +6,7 @@
 // The r loop sums over broadcast batch dims inside the kernel (matmul's
 // backward), z runs over the output batch (stride 0 = broadcast operand).
 // 64x64 output tile per workgroup of 16x16 threads, 4x4 outputs each.
-#include "storage_type.glsl"
+#include "common.glsl"
 #define BM 64
 #define BN 64
 #define BK 16

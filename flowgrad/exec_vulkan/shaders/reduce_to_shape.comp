@@ -4,7 +4,7 @@
 // (row-major over the kept dims) sums the input over the reduced dims.
 // Output contiguous; input addressed by strides (kept dims: kstride,
 // reduced dims: rstride). One invocation per output element: no atomics.
-#include "storage_type.glsl"
+#include "common.glsl"
 #define MAXR 6
 
 layout(local_size_x = 256) in;
