@@ -34,12 +34,15 @@ NP = {"f32": np.float32, "f16": np.float16}
 
 
 @pytest.fixture
-def kernels(vk_device, monkeypatch):
+def kernels(vk_device):
     from flowgrad.exec_vulkan import VulkanKernels
 
-    for name, low in LOWERINGS.items():
-        monkeypatch.setattr(get_op(name), "lowering", low)
     return VulkanKernels(vk_device)
+
+
+@pytest.mark.parametrize("name", sorted(LOWERINGS))
+def test_op_records_carry_their_lowering(name):
+    assert get_op(name).lowering is LOWERINGS[name]
 
 
 def rand(rng, shape, dtype="f32"):
