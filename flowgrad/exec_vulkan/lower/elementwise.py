@@ -6,8 +6,8 @@ index space; a backward is one map per input, fused with the sum over the
 axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce, variant
-from flowgrad.exec_vulkan.lower.op_attrs import op_attrs
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})
@@ -54,12 +54,12 @@ def _unary(pick, param=lambda attrs: 0.0):
     """pick(attrs) -> (forward map op, backward map op reading g, x, y)."""
 
     def forward(rec, node, ins, out):
-        attrs = op_attrs(node)
+        attrs = full_attrs(node)
         map_reduce(rec, pick(attrs)[0], ins, out, param=param(attrs))
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
-            attrs = op_attrs(node)
+            attrs = full_attrs(node)
             map_reduce(rec, pick(attrs)[1], [g, ins[0], out], grads[0], param=param(attrs))
 
     return Lowering(forward, backward, FLOATS, FLOATS)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused, variant
+from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})

@@ -13,6 +13,7 @@ import enum
 import math
 
 from flowgrad.errors import FlowError
+from flowgrad.exec_vulkan.lower.generic import variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
@@ -56,10 +57,6 @@ class M(enum.IntEnum):
 
 
 REDUCE_OPS = {"sum": 0, "max": 1}
-
-
-def variant(dtype: str) -> str | None:
-    return "f16" if dtype == "f16" else None
 
 
 def unused(rec, dtype: str):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import segment_groups, segment_lanes, unused, variant
-from flowgrad.exec_vulkan.lower.op_attrs import op_attrs
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import segment_groups, segment_lanes, unused
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})
@@ -37,7 +37,7 @@ def _norm(kind: str):
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x)
         if n and d:
-            _dispatch(rec, fwd, n, d, n, d, op_attrs(node)["eps"], x, w, b, unused(rec, t), out,
+            _dispatch(rec, fwd, n, d, n, d, full_attrs(node)["eps"], x, w, b, unused(rec, t), out,
                       unused(rec, t), unused(rec, t), unused(rec, "f32"))
 
     def backward(rec, node, g, ins, out, grads):
@@ -45,7 +45,7 @@ def _norm(kind: str):
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x)
-        eps = op_attrs(node)["eps"]
+        eps = full_attrs(node)["eps"]
         if not (n and d):
             for grad in grads:
                 if grad is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused, variant
-from flowgrad.exec_vulkan.lower.op_attrs import op_attrs
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})
@@ -13,7 +13,7 @@ FLOATS = frozenset({"f32", "f16"})
 
 def _axes(node, x) -> tuple[int, ...]:
     from flowgrad.ops.reduce import reduce_axes  # the op's own rule; imported late (ops import us)
-    return reduce_axes(op_attrs(node)["axis"], len(x.shape))
+    return reduce_axes(full_attrs(node)["axis"], len(x.shape))
 
 
 def _kept_shape(x, axes):
@@ -89,11 +89,11 @@ def _softmax(kind: str):
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
-        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, op_attrs(node)["axis"])
+        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, full_attrs(node)["axis"])
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
-            _rows(rec, bwd_mode, out, g, grads[0], op_attrs(node)["axis"])
+            _rows(rec, bwd_mode, out, g, grads[0], full_attrs(node)["axis"])
 
     return Lowering(forward, backward, FLOATS, FLOATS)
 
