@@ -145,7 +145,11 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     while len(per_input) < 3:
         per_input.append([0] * MAX_RANK)
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
-    push = [n_out, R, lanes, int(op) | REDUCE_OPS[reduce] << 8, len(dims), redmask,
+    # innermost axis kept: neighbouring outputs are neighbours in memory, so
+    # interleave the lanes (coalesced column sums, e.g. a bias gradient)
+    interleaved = bool(dims) and not dims[-1][1]
+    code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 16
+    push = [n_out, R, lanes, code, len(dims), redmask,
             float(scale), float(param), *shape, *per_input[0], *per_input[1], *per_input[2]]
     bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out, lanes), 1, 1),

@@ -8,7 +8,8 @@
 // the same loop. Axes in `redmask` are reduced (R = their size product); the
 // others (n_out = their size product) index the contiguous output, in order.
 // A workgroup is cut into segments of S lanes (S = 1: one output per thread,
-// plain elementwise; S = 256: one output per workgroup, a long reduction).
+// plain elementwise; S = 256: one output per workgroup, a long reduction;
+// see segment_reduce.glsl for the lane layout bit).
 #include "common.glsl"
 
 #define FG_WG 256
@@ -26,7 +27,7 @@ layout(push_constant) uniform Push {
     uint n_out;     // outputs
     uint R;         // reduced elements per output (1: no reduction)
     uint S;         // lanes per output (power of two)
-    uint code;      // map op | reduce op << 8
+    uint code;      // map op | reduce op << 8 | interleaved lanes << 16
     uint rank;
     uint redmask;   // bit d set: axis d is reduced
     float scale;    // applied to each output
@@ -115,8 +116,8 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
 
 void main() {
     uint S = pc.S;
-    uint lid = gl_LocalInvocationID.x;
-    uint lane = lid & (S - 1u);
+    bool il = ((pc.code >> 16) & 1u) != 0u;
+    uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     uint mop = pc.code & 0xffu;
     uint rop = (pc.code >> 8) & 0xffu;  // 0 sum, 1 max
@@ -125,7 +126,7 @@ void main() {
     // as the barriers in fg_seg_reduce2 require
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.n_out;
          base += gl_NumWorkGroups.x * per_group) {
-        uint o = base + lid / S;
+        uint o = base + fg_seg_slot(S, il);
         float acc = identity;
         if (o < pc.n_out) {
             uint k0 = 0u, k1 = 0u, k2 = 0u, rest = o;
@@ -153,7 +154,7 @@ void main() {
                 acc = rop == 1u ? max(acc, v) : acc + v;
             }
         }
-        acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop).x;
+        acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
         if (lane == 0u && o < pc.n_out) y[o] = T(acc * pc.scale);
     }
 }

@@ -44,7 +44,7 @@ vec2 row_stats(uint row, bool live, uint lane, uint S, bool rms) {
         float s = 0.0;
         if (live)
             for (uint j = lane; j < pc.D; j += S) s += float(x[start + j]);
-        mean = fg_seg_sum(s, S) / float(pc.D);
+        mean = fg_seg_sum(s, S, false) / float(pc.D);
     }
     float v = 0.0;
     if (live)
@@ -52,20 +52,20 @@ vec2 row_stats(uint row, bool live, uint lane, uint S, bool rms) {
             float d = float(x[start + j]) - mean;
             v += d * d;
         }
-    v = fg_seg_sum(v, S) / float(pc.D);
+    v = fg_seg_sum(v, S, false) / float(pc.D);
     return vec2(mean, inversesqrt(v + pc.eps));
 }
 
 void main() {
     uint S = pc.S;
-    uint lid = gl_LocalInvocationID.x;
-    uint lane = lid & (S - 1u);
-    uint per_group = FG_WG / S;
     uint mode = pc.mode;
+    bool il = mode >= 4u;  // columns: consecutive threads take consecutive columns
+    uint lane = fg_seg_lane(S, il);
+    uint per_group = FG_WG / S;
     bool rms = mode == 1u || mode == 3u || mode == 5u;
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.rows;
          base += gl_NumWorkGroups.x * per_group) {
-        uint item = base + lid / S;
+        uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.rows;
         if (mode < 4u) {
             uint row = item;
@@ -86,7 +86,7 @@ void main() {
                         float xhat = (float(x[start + j]) - mean) * rstd;
                         acc += vec2(gw, gw * xhat);
                     }
-                acc = fg_seg_reduce2(acc, S, 0u) / float(pc.D);
+                acc = fg_seg_reduce2(acc, S, 0u, false) / float(pc.D);
                 if (live) {
                     for (uint j = lane; j < pc.D; j += S) {
                         float gw = float(g[start + j]) * float(w[j]);
@@ -110,7 +110,7 @@ void main() {
                     float xhat = (float(x[i]) - stats[2u * r]) * stats[2u * r + 1u];
                     acc += vec2(gi * xhat, gi);
                 }
-            acc = fg_seg_reduce2(acc, S, 0u);
+            acc = fg_seg_reduce2(acc, S, 0u, true);
             if (live && lane == 0u) {
                 dw[col] = T(acc.x);
                 if (!rms) db[col] = T(acc.y);

@@ -28,13 +28,13 @@ layout(push_constant) uniform Push {
 
 void main() {
     uint S = pc.S;
-    uint lid = gl_LocalInvocationID.x;
-    uint lane = lid & (S - 1u);
+    bool il = pc.inner > 1u;  // rows interleave in memory: so do the lanes
+    uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     uint mode = pc.mode;
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.rows;
          base += gl_NumWorkGroups.x * per_group) {
-        uint row = base + lid / S;
+        uint row = base + fg_seg_slot(S, il);
         bool live = row < pc.rows;
         uint start = live ? (row / pc.inner) * pc.L * pc.inner + row % pc.inner : 0u;
         uint step = pc.inner;
@@ -42,11 +42,11 @@ void main() {
             float m = -uintBitsToFloat(0x7f800000u);
             if (live)
                 for (uint j = lane; j < pc.L; j += S) m = max(m, float(a[start + j * step]));
-            m = fg_seg_max(m, S);
+            m = fg_seg_max(m, S, il);
             float s = 0.0;
             if (live)
                 for (uint j = lane; j < pc.L; j += S) s += exp(float(a[start + j * step]) - m);
-            s = fg_seg_sum(s, S);
+            s = fg_seg_sum(s, S, il);
             if (live) {
                 float ls = log(s);
                 for (uint j = lane; j < pc.L; j += S) {
@@ -62,7 +62,7 @@ void main() {
                     uint i = start + j * step;
                     d += mode == 2u ? float(g[i]) * float(a[i]) : float(g[i]);
                 }
-            d = fg_seg_sum(d, S);
+            d = fg_seg_sum(d, S, il);
             if (live)
                 for (uint j = lane; j < pc.L; j += S) {
                     uint i = start + j * step;

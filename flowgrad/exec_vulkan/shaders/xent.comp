@@ -31,28 +31,28 @@ layout(push_constant) uniform Push {
 void main() {
     uint S = pc.S;
     uint lid = gl_LocalInvocationID.x;
-    uint lane = lid & (S - 1u);
+    uint lane = fg_seg_lane(S, false);
     if (pc.mode == 1u) {
         float s = 0.0;
         for (uint r = lid; r < pc.N; r += FG_WG) s += rl[r];
-        s = fg_seg_sum(s, FG_WG);
+        s = fg_seg_sum(s, FG_WG, false);
         if (lid == 0u) o[0] = T(s * pc.scale);
         return;
     }
     uint per_group = FG_WG / S;
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.N;
          base += gl_NumWorkGroups.x * per_group) {
-        uint row = base + lid / S;
+        uint row = base + fg_seg_slot(S, false);
         bool live = row < pc.N;
         uint start = row * pc.C;
         float m = -uintBitsToFloat(0x7f800000u);
         if (live)
             for (uint j = lane; j < pc.C; j += S) m = max(m, float(x[start + j]));
-        m = fg_seg_max(m, S);
+        m = fg_seg_max(m, S, false);
         float s = 0.0;
         if (live)
             for (uint j = lane; j < pc.C; j += S) s += exp(float(x[start + j]) - m);
-        s = fg_seg_sum(s, S);
+        s = fg_seg_sum(s, S, false);
         if (live) {
             int t = tgt[row];
             bool ok = t >= 0 && uint(t) < pc.C;
