@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.exec_vulkan.lower import linalg as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -51,5 +52,5 @@ def _vjp(g, ins, out, attrs):
     return [narrow(da, a), narrow(db, b)]
 
 
-matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp,
+matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp, lowering=vk.MATMUL,
                doc="a @ b; batch dims broadcast; 1-D operands follow numpy")

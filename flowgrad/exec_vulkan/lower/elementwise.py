@@ -1,0 +1,128 @@
+"""Vulkan lowerings of the elementwise ops: add sub mul div (numpy
+broadcasting), neg, the unary math functions, pow, and cast.
+
+All but cast run on map_reduce.comp: a forward is one map over the output's
+index space; a backward is one map per input, fused with the sum over the
+axes that input was broadcast along. Unary backward maps read (g, x, y)."""
+from __future__ import annotations
+
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
+from flowgrad.ops.registry import Lowering
+
+FLOATS = frozenset({"f32", "f16"})
+
+# ---------------------------------------------------------------- binary
+
+
+def _binary_forward(op: M):
+    def forward(rec, node, ins, out):
+        map_reduce(rec, op, ins, out)
+    return forward
+
+
+def _sum_to(rec, op, ins, target, space):
+    """target = op(ins) summed over the axes where target was broadcast."""
+    map_reduce(rec, op, ins, target, space=space, reduce_axes=broadcast_axes(target.shape, space))
+
+
+def _binary_backward(grad_a, grad_b):
+    """grad_x(g, a, b) -> (map op, its inputs) for each operand."""
+
+    def backward(rec, node, g, ins, out, grads):
+        a, b = ins
+        for target, rule in zip(grads, (grad_a, grad_b)):
+            if target is not None:
+                op, args = rule(g, a, b)
+                _sum_to(rec, op, args, target, tuple(out.shape))
+    return backward
+
+
+def _binary(op, grad_a, grad_b):
+    return Lowering(_binary_forward(op), _binary_backward(grad_a, grad_b), FLOATS, FLOATS)
+
+
+ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]))
+SUB = _binary(M.SUB, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.NEG, [g]))
+MUL = _binary(M.MUL, lambda g, a, b: (M.MUL, [g, b]), lambda g, a, b: (M.MUL, [g, a]))
+DIV = _binary(M.DIV, lambda g, a, b: (M.DIV, [g, b]), lambda g, a, b: (M.DIV_DB, [g, a, b]))
+
+# ---------------------------------------------------------------- unary
+
+
+def _unary(pick, param=lambda attrs: 0.0):
+    """pick(attrs) -> (forward map op, backward map op reading g, x, y)."""
+
+    def forward(rec, node, ins, out):
+        attrs = full_attrs(node)
+        map_reduce(rec, pick(attrs)[0], ins, out, param=param(attrs))
+
+    def backward(rec, node, g, ins, out, grads):
+        if grads[0] is not None:
+            attrs = full_attrs(node)
+            map_reduce(rec, pick(attrs)[1], [g, ins[0], out], grads[0], param=param(attrs))
+
+    return Lowering(forward, backward, FLOATS, FLOATS)
+
+
+def _fixed(fwd: M, bwd: M):
+    return _unary(lambda attrs: (fwd, bwd))
+
+
+def _neg_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        map_reduce(rec, M.NEG, [g], grads[0])
+
+
+NEG = Lowering(_binary_forward(M.NEG), _neg_backward, FLOATS, FLOATS)
+EXP = _fixed(M.EXP, M.EXP_B)
+LOG = _fixed(M.LOG, M.LOG_B)
+SQRT = _fixed(M.SQRT, M.SQRT_B)
+TANH = _fixed(M.TANH, M.TANH_B)
+SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B)
+RELU = _fixed(M.RELU, M.RELU_B)
+SILU = _fixed(M.SILU, M.SILU_B)
+GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
+              else (M.GELU, M.GELU_B))
+POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
+
+# ---------------------------------------------------------------- cast
+
+
+def _convert(rec, src, dst):
+    """dst = src converted to dst's dtype (same shape)."""
+    if src.dtype == dst.dtype:
+        rec.copy(src, dst)
+        return
+    n = 1
+    for d in src.shape:
+        n *= d
+    if n == 0:
+        return
+    groups = (max(1, min(65535, -(-n // 256))), 1, 1)
+    if "i32" in (src.dtype, dst.dtype):
+        to_int = dst.dtype == "i32"
+        flt, ints = (src, dst) if to_int else (dst, src)
+        rec.dispatch("cast", [flt, ints], push=[n, 0 if to_int else 1], groups=groups,
+                     variant=variant(flt.dtype))
+    else:
+        to_half = dst.dtype == "f16"
+        wide, half = (src, dst) if to_half else (dst, src)
+        rec.dispatch("cast_f16", [wide, half], push=[n, 0 if to_half else 1], groups=groups)
+
+
+def _cast_forward(rec, node, ins, out):
+    _convert(rec, ins[0], out)
+
+
+def _cast_backward(rec, node, g, ins, out, grads):
+    if grads[0] is None:
+        return
+    if out.dtype == "i32":
+        rec.fill(grads[0], 0)  # rounding to an integer is flat: zero gradient
+    else:
+        _convert(rec, g, grads[0])
+
+
+CAST = Lowering(_cast_forward, _cast_backward, frozenset({"f32", "f16", "i32"}),
+                frozenset({"f32", "f16", "i32"}))

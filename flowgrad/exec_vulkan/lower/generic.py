@@ -1,0 +1,101 @@
+"""Helpers shared by the lowerings: variants, strides, group counts,
+and the generic kernels other lowerings build on:
+
+    strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off, dst_off)
+    reduce_to_shape(rec, src, dst)     sum src down to the shape dst broadcasts from
+
+Views are contiguous row-major tensors; sub-windows are addressed with
+element offsets in push constants (a descriptor offset has alignment rules a
+window inside a tensor rarely meets)."""
+from __future__ import annotations
+
+import math
+
+MAX_GROUPS = 65535  # per axis, the limit Vulkan guarantees
+COPY_RANK = 8       # strided_copy.comp MAXR
+REDUCE_RANK = 6     # reduce_to_shape.comp MAXR
+
+
+def variant(dtype: str) -> str | None:
+    """The shader build for a storage dtype (i32 moves through the 32-bit build)."""
+    return "f16" if dtype == "f16" else None
+
+
+def strides(shape) -> tuple[int, ...]:
+    """Row-major element strides."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+def groups_1d(n: int, local: int = 256) -> tuple[int, int, int]:
+    """Group count for a grid-stride loop over n items."""
+    return (max(1, min(math.ceil(n / local), MAX_GROUPS)), 1, 1)
+
+
+def coalesce(shape, *stride_lists):
+    """Drop size-1 dims and merge neighbours that every stride list steps
+    through as one dim. Returns (shape, stride_list, ...) as lists."""
+    dims = [(n, *(s[i] for s in stride_lists)) for i, n in enumerate(shape) if n != 1]
+    merged: list[list[int]] = []
+    for n, *st in dims:
+        if merged and all(prev == cur * n for prev, cur in zip(merged[-1][1:], st)):
+            merged[-1] = [merged[-1][0] * n, *st]
+        else:
+            merged.append([n, *st])
+    return ([d[0] for d in merged],) + tuple([d[1 + k] for d in merged] for k in range(len(stride_lists)))
+
+
+def _padded(values, n):
+    return list(values) + [0] * (n - len(values))
+
+
+def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 0, dst_off: int = 0) -> None:
+    """dst[dst_off + idx.dst_strides] = src[src_off + idx.src_strides] for every idx in shape."""
+    n = math.prod(shape)
+    if n == 0:
+        return
+    dims, ss, ds = coalesce(shape, src_strides, dst_strides)
+    if len(dims) <= 1 and all(s == 1 for s in ss + ds):
+        # one contiguous run: a plain buffer copy
+        rec.copy(src.view(src_off, (n,)), dst.view(dst_off, (n,)))
+        return
+    if len(dims) > COPY_RANK:
+        raise ValueError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
+    push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
+    rec.dispatch("strided_copy", [src, dst], push, groups_1d(n), variant(src.dtype))
+
+
+def reduce_to_shape(rec, src, dst) -> None:
+    """dst = src summed over the axes broadcasting stretched dst to src.shape."""
+    big, small = tuple(src.shape), tuple(dst.shape)
+    small = (1,) * (len(big) - len(small)) + small
+    st = strides(big)
+    keep = [(n, s) for n, m, s in zip(big, small, st) if n == m]
+    red = [(n, s) for n, m, s in zip(big, small, st) if n != m]
+    if any(m != 1 for n, m, _ in zip(big, small, st) if n != m):
+        raise ValueError(f"shape {list(dst.shape)} does not broadcast to {list(src.shape)}")
+    kdims, kst = coalesce([n for n, _ in keep], [s for _, s in keep])
+    rdims, rst = coalesce([n for n, _ in red], [s for _, s in red])
+    n_out, n_red = math.prod(kdims), math.prod(rdims)
+    if n_out == 0:
+        return
+    if not rdims:
+        strided_copy(rec, src, dst, kdims, kst, strides(kdims))
+        return
+    if len(kdims) > REDUCE_RANK or len(rdims) > REDUCE_RANK:
+        raise ValueError(f"reduction of {list(src.shape)} to {list(dst.shape)} has too many dims after merging")
+    push = ([n_out, len(kdims), n_red, len(rdims)] + _padded(kdims, REDUCE_RANK) + _padded(kst, REDUCE_RANK)
+            + _padded(rdims, REDUCE_RANK) + _padded(rst, REDUCE_RANK))
+    rec.dispatch("reduce_to_shape", [src, dst], push, groups_1d(n_out), variant(src.dtype))
+
+
+def full_attrs(node) -> dict:
+    """node.attrs completed with the op signature's defaults (as the op's own
+    rules see them)."""
+    from flowgrad.ops.registry import REQUIRED, get_op  # lazy: op modules import the lowerings
+
+    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
+    return defaults | dict(node.attrs)

@@ -1,0 +1,162 @@
+"""Glue for map_reduce.comp, the one kernel behind every elementwise op and
+every axis reduction:
+
+    out[o] = scale * REDUCE_{reduced axes} MAP(x0, x1, x2)
+
+over a logical index space (the broadcast output shape, or the shape being
+reduced). Each input is read through its own strides in that space, 0 on an
+axis it is broadcast along, so numpy broadcasting, sum-to-shape and fused
+`g * b` gradients are one dispatch each."""
+from __future__ import annotations
+
+import enum
+import math
+
+from flowgrad.errors import FlowError
+from flowgrad.exec_vulkan.lower.generic import variant
+
+WG = 256            # map_reduce.comp's local size
+MAX_RANK = 6        # its push block holds 6 axes
+MAX_GROUPS = 65535  # the shader loops over outputs, so the grid may be capped
+
+
+class M(enum.IntEnum):
+    """Map ops; keep in sync with the M_* defines in map_reduce.comp."""
+
+    COPY = 0
+    ADD = 1
+    SUB = 2
+    MUL = 3
+    DIV = 4
+    NEG = 5
+    EXP = 6
+    LOG = 7
+    SQRT = 8
+    TANH = 9
+    SIGMOID = 10
+    RELU = 11
+    GELU = 12
+    GELU_TANH = 13
+    SILU = 14
+    POW = 15
+    SQDIFF = 16
+    EQ = 17
+    DIV_DB = 20
+    EXP_B = 21
+    LOG_B = 22
+    SQRT_B = 23
+    TANH_B = 24
+    SIGMOID_B = 25
+    RELU_B = 26
+    GELU_B = 27
+    GELU_TANH_B = 28
+    SILU_B = 29
+    POW_B = 30
+    MAX_B = 31
+    DIFF_MUL = 32
+
+
+REDUCE_OPS = {"sum": 0, "max": 1}
+
+
+def unused(rec, dtype: str):
+    """A stand-in for a binding this dispatch's mode never touches. A fresh
+    aligned scratch word, never a real tensor: the recorder would copy an
+    unaligned view in (and, for a writable binding, back out over the real
+    result)."""
+    return rec.scratch((1,), dtype)
+
+
+def segment_lanes(n: int) -> int:
+    """Lanes per output: a power of two covering n, at most a workgroup."""
+    return 1 if n <= 1 else min(WG, 1 << (n - 1).bit_length())
+
+
+def segment_groups(items: int, lanes: int) -> int:
+    return max(1, min(MAX_GROUPS, math.ceil(items / (WG // lanes))))
+
+
+def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
+    """Element strides of a contiguous tensor of `shape` seen in `space`
+    (numpy's right-aligned broadcasting): 0 where it is broadcast."""
+    if len(shape) > len(space):
+        raise ValueError(f"shape {shape} has more axes than the index space {space}")
+    pad = (1,) * (len(space) - len(shape)) + tuple(shape)
+    strides, step = [0] * len(space), 1
+    for d in reversed(range(len(space))):
+        if pad[d] != 1:
+            if pad[d] != space[d]:
+                raise ValueError(f"shape {shape} does not broadcast to {space}")
+            strides[d] = step
+            step *= pad[d]
+    return strides
+
+
+def broadcast_axes(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
+    """Axes of `space` that a tensor of `shape` is broadcast along: where its
+    gradient must be summed."""
+    pad = (1,) * (len(space) - len(shape)) + tuple(shape)
+    return tuple(d for d in range(len(space)) if pad[d] == 1 and space[d] != 1)
+
+
+def collapse(space, reduced, strides):
+    """Merge neighbouring axes that every input walks contiguously and that
+    are both kept or both reduced; drop size-1 axes. Elementwise ops on whole
+    tensors become rank 1, and ranks above 6 often fit."""
+    dims = [(n, d in reduced, [s[d] for s in strides]) for d, n in enumerate(space) if n != 1]
+    out: list[tuple[int, bool, list[int]]] = []
+    for n, red, st in dims:
+        if out:
+            pn, pred, pst = out[-1]
+            if pred == red and all(a == b * n for a, b in zip(pst, st)):
+                out[-1] = (pn * n, red, st)
+                continue
+        out.append((n, red, st))
+    return out
+
+
+def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
+               scale: float = 1.0, param: float = 0.0, reduce: str = "sum") -> None:
+    """Record `out = scale * reduce(op(ins...))`.
+
+    ins: 1 to 3 BufViews of one float dtype (out's). space: the index space
+    (default out.shape). shapes: how each input sits in the space (default its
+    own shape; e.g. a keepdims shape for a reduction's output gradient).
+    reduce_axes: axes of space summed (or maxed) away; out holds the kept
+    axes in order."""
+    space = tuple(out.shape if space is None else space)
+    shapes = [tuple(v.shape) for v in ins] if shapes is None else [tuple(s) for s in shapes]
+    reduced = frozenset(reduce_axes)
+    strides = [broadcast_strides(s, space) for s in shapes]
+    dims = collapse(space, reduced, strides)
+    if len(dims) > MAX_RANK:
+        raise FlowError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
+                        f"{len(dims)} axes after merging contiguous ones; the Vulkan kernel takes at most "
+                        f"{MAX_RANK}", hint="reshape the tensor to fewer axes")
+    n_out = math.prod(n for n, red, _ in dims if not red)
+    total = math.prod(n for n, _, _ in dims)
+    if n_out == 0 or (total == 0 and reduce == "max"):
+        return _empty(rec, out, n_out)
+    R = total // n_out if n_out else 0
+    lanes = segment_lanes(R)
+    pad = [0] * (MAX_RANK - len(dims))
+    shape = [n for n, _, _ in dims] + pad
+    per_input = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
+    while len(per_input) < 3:
+        per_input.append([0] * MAX_RANK)
+    redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
+    # innermost axis kept: neighbouring outputs are neighbours in memory, so
+    # interleave the lanes (coalesced column sums, e.g. a bias gradient)
+    interleaved = bool(dims) and not dims[-1][1]
+    code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 16
+    push = [n_out, R, lanes, code, len(dims), redmask,
+            float(scale), float(param), *shape, *per_input[0], *per_input[1], *per_input[2]]
+    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
+    rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out, lanes), 1, 1),
+                 variant=variant(out.dtype))
+
+
+def _empty(rec, out, n_out):
+    """Nothing to compute (an empty output), or a max over nothing."""
+    if n_out:
+        raise FlowError(f"max over an empty axis has no value (output shape {list(out.shape)})")

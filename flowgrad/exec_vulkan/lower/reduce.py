@@ -1,0 +1,102 @@
+"""Vulkan lowerings of sum mean max (over axes, keepdims) on map_reduce.comp,
+and of softmax / log_softmax along any axis on softmax.comp."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
+from flowgrad.ops.registry import Lowering
+
+FLOATS = frozenset({"f32", "f16"})
+
+
+def _axes(node, x) -> tuple[int, ...]:
+    from flowgrad.ops.reduce import reduce_axes  # the op's own rule; imported late (ops import us)
+    return reduce_axes(full_attrs(node)["axis"], len(x.shape))
+
+
+def _kept_shape(x, axes):
+    """The output's shape with keepdims: how it sits in x's index space."""
+    return tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+
+
+def _count(x, axes) -> int:
+    return math.prod(x.shape[d] for d in axes)
+
+
+def _reducer(reduce: str, mean: bool = False):
+    def forward(rec, node, ins, out):
+        (x,) = ins
+        axes = _axes(node, x)
+        n = _count(x, axes)
+        scale = (1.0 / n if n else math.nan) if mean else 1.0
+        map_reduce(rec, M.COPY, [x], out, space=x.shape, reduce_axes=axes, scale=scale, reduce=reduce)
+    return forward
+
+
+def _spread_backward(mean: bool):
+    """sum / mean: dx = g (/ count) broadcast back over the reduced axes."""
+
+    def backward(rec, node, g, ins, out, grads):
+        (x,) = ins
+        if grads[0] is None:
+            return
+        axes = _axes(node, x)
+        n = _count(x, axes)
+        scale = 1.0 / n if mean and n else 1.0
+        map_reduce(rec, M.COPY, [g], grads[0], shapes=[_kept_shape(x, axes)], scale=scale)
+    return backward
+
+
+def _max_backward(rec, node, g, ins, out, grads):
+    """Ties share the gradient evenly (as torch.amax): count the maxima,
+    divide g by the count, hand it to every maximum."""
+    (x,) = ins
+    if grads[0] is None:
+        return
+    axes = _axes(node, x)
+    kept = _kept_shape(x, axes)
+    ties = rec.scratch(tuple(out.shape), out.dtype)
+    map_reduce(rec, M.EQ, [x, out], ties, space=x.shape, reduce_axes=axes, shapes=[x.shape, kept])
+    share = rec.scratch(tuple(out.shape), out.dtype)
+    map_reduce(rec, M.DIV, [g, ties], share)
+    map_reduce(rec, M.MAX_B, [share, x, out], grads[0], shapes=[kept, x.shape, kept])
+
+
+SUM = Lowering(_reducer("sum"), _spread_backward(mean=False), FLOATS, FLOATS)
+MEAN = Lowering(_reducer("sum", mean=True), _spread_backward(mean=True), FLOATS, FLOATS)
+MAX = Lowering(_reducer("max"), _max_backward, FLOATS, FLOATS)
+
+# ---------------------------------------------------------------- softmax
+
+SOFTMAX_MODES = {"softmax": (0, 2), "log_softmax": (1, 3)}  # (forward, backward) in softmax.comp
+
+
+def _rows(rec, mode, src, grad, dst, axis):
+    shape = tuple(src.shape)
+    if math.prod(shape) == 0:
+        return
+    axis %= len(shape)
+    length, inner = shape[axis], math.prod(shape[axis + 1:])
+    rows = math.prod(shape) // length
+    lanes = segment_lanes(length)
+    rec.dispatch("softmax", [src, grad, dst], push=[rows, length, inner, lanes, mode],
+                 groups=(segment_groups(rows, lanes), 1, 1), variant=variant(dst.dtype))
+
+
+def _softmax(kind: str):
+    fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
+
+    def forward(rec, node, ins, out):
+        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, full_attrs(node)["axis"])
+
+    def backward(rec, node, g, ins, out, grads):
+        if grads[0] is not None:
+            _rows(rec, bwd_mode, out, g, grads[0], full_attrs(node)["axis"])
+
+    return Lowering(forward, backward, FLOATS, FLOATS)
+
+
+SOFTMAX = _softmax("softmax")
+LOG_SOFTMAX = _softmax("log_softmax")

@@ -1,0 +1,136 @@
+"""Lowerings of the data-movement ops: reshape, transpose, permute, slice,
+concat (all through the generic strided copy) and embedding (a gather, and a
+race-free scatter-add for the table gradient)."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, groups_1d, strided_copy, strides, variant
+from flowgrad.ops.registry import Lowering
+
+ANY = frozenset({"f32", "f16", "i32"})
+FLOAT = frozenset({"f32", "f16"})
+
+# ---------------------------------------------------------------- reshape
+
+
+def reshape_forward(rec, node, ins, out):
+    rec.copy(ins[0], out)  # same elements, same order
+
+
+def reshape_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        rec.copy(g, grads[0])
+
+
+RESHAPE = Lowering(reshape_forward, reshape_backward, ANY, FLOAT)
+
+# ---------------------------------------------------------------- transpose / permute
+
+
+def _perm(node, ndim):
+    from flowgrad.ops import shape as rules  # lazy: the op module imports this one
+
+    perm_of = rules._transpose_perm if node.op == "transpose" else rules._permute_perm
+    return perm_of(ndim, full_attrs(node))
+
+
+def permute_forward(rec, node, ins, out):
+    (x,) = ins
+    perm = _perm(node, len(x.shape))
+    xs = strides(x.shape)
+    # output axis i walks input axis perm[i]
+    strided_copy(rec, x, out, out.shape, [xs[p] for p in perm], strides(out.shape))
+
+
+def permute_backward(rec, node, g, ins, out, grads):
+    dx = grads[0]
+    if dx is None:
+        return
+    perm = _perm(node, len(dx.shape))
+    xs = strides(dx.shape)
+    strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
+
+
+PERMUTE = Lowering(permute_forward, permute_backward, ANY, FLOAT)  # transpose and permute
+
+# ---------------------------------------------------------------- slice / concat
+
+
+def _window(node, shape):
+    """(shape of the window, row-major strides of the full tensor, offset of the window)."""
+    from flowgrad.ops import shape as rules
+
+    axis, lo, hi = rules._slice_bounds(tuple(shape), full_attrs(node))
+    st = strides(shape)
+    return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
+
+
+def slice_forward(rec, node, ins, out):
+    (x,) = ins
+    win, xs, off = _window(node, tuple(x.shape))
+    strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
+
+
+def slice_backward(rec, node, g, ins, out, grads):
+    dx = grads[0]
+    if dx is None:
+        return
+    win, xs, off = _window(node, tuple(dx.shape))
+    rec.fill(dx, 0)  # outside the window the gradient is zero
+    strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
+
+
+SLICE = Lowering(slice_forward, slice_backward, ANY, FLOAT)
+
+
+def _parts(node, shape, sizes):
+    """(offset along the whole tensor, part shape) of each concatenated part."""
+    axis = full_attrs(node)["axis"] % len(shape)
+    step = strides(shape)[axis]
+    out, at = [], 0
+    for n in sizes:
+        out.append((at * step, shape[:axis] + (n,) + shape[axis + 1:]))
+        at += n
+    return out
+
+
+def concat_forward(rec, node, ins, out):
+    axis = full_attrs(node)["axis"] % len(out.shape)
+    os_ = strides(out.shape)
+    for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
+        strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
+
+
+def concat_backward(rec, node, g, ins, out, grads):
+    axis = full_attrs(node)["axis"] % len(g.shape)
+    gs = strides(g.shape)
+    for dx, (off, shape) in zip(grads, _parts(node, tuple(g.shape), [x.shape[axis] for x in ins])):
+        if dx is not None:
+            strided_copy(rec, g, dx, shape, gs, strides(shape), src_off=off)
+
+
+CONCAT = Lowering(concat_forward, concat_backward, ANY, FLOAT)
+
+# ---------------------------------------------------------------- embedding
+
+EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
+
+
+def embedding_forward(rec, node, ins, out):
+    ids, table = ins
+    n, (rows, d) = math.prod(ids.shape), table.shape
+    rec.dispatch("embedding_fwd", [ids, table, out], (n, d, rows), groups_1d(n * d), variant(table.dtype))
+
+
+def embedding_backward(rec, node, g, ins, out, grads):
+    ids, table = ins
+    dtable = grads[1]
+    if dtable is None:
+        return
+    n, (rows, d) = math.prod(ids.shape), table.shape
+    groups = (math.ceil(d / EMBED_COLS), max(1, min(rows, MAX_GROUPS)), 1)
+    rec.dispatch("embedding_bwd", [ids, g, dtable], (n, d, rows), groups, variant(table.dtype))
+
+
+EMBEDDING = Lowering(embedding_forward, embedding_backward, ANY, FLOAT)

@@ -1,0 +1,22 @@
+// variants: f32 f16
+#version 450
+// Float <-> i32 casts (the float side is T): dir 0 float -> i32 (truncates
+// toward zero, like numpy's astype), dir 1 i32 -> float.
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) buffer F { T f[]; };
+layout(std430, set = 0, binding = 1) buffer I { int iv[]; };
+
+layout(push_constant) uniform Push {
+    uint n;
+    uint dir;
+} pc;
+
+void main() {
+    uint stride = gl_NumWorkGroups.x * 256u;
+    for (uint k = gl_GlobalInvocationID.x; k < pc.n; k += stride) {
+        if (pc.dir == 0u) iv[k] = int(float(f[k]));
+        else f[k] = T(float(iv[k]));
+    }
+}

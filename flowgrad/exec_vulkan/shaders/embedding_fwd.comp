@@ -1,0 +1,21 @@
+// variants: f32 f16
+#version 450
+// out[n, d] = table[ids[n], d]; an id outside [0, rows) gives a zero row (a
+// shader cannot raise; the numpy path reports the bad id).
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer Ids { int ids[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Table { T table[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Out { T outv[]; };
+layout(push_constant, std430) uniform Push { uint n, d, rows; } p;
+
+void main() {
+    uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint i = gl_GlobalInvocationID.x; i < p.n * p.d; i += step) {
+        int id = ids[i / p.d];
+        T val = T(0.0);
+        if (id >= 0 && uint(id) < p.rows) val = table[uint(id) * p.d + i % p.d];
+        outv[i] = val;
+    }
+}

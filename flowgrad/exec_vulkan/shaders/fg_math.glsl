@@ -1,0 +1,112 @@
+// Accurate f32 math the GLSL builtins lack (erf, erfc) or give no error bound
+// for over the whole range (tanh overflows to inf/inf on some drivers).
+// Shared by the elementwise kernels (map_reduce.comp).
+
+const float FG_SQRT1_2 = 0.70710678118654752;
+const float FG_INV_SQRT_2PI = 0.39894228040143268;
+const float FG_SQRT_2_OVER_PI = 0.79788456080286536;
+const float FG_GELU_C = 0.044715;
+
+float fg_nan() { return uintBitsToFloat(0x7fc00000u); }
+float fg_inf() { return uintBitsToFloat(0x7f800000u); }
+
+// erf: rational fit x*P(x^2)/Q(x^2) on [-4, 4] (the one XLA uses for f32);
+// max error 4.2e-7 absolute and relative (Abramowitz-Stegun 7.1.26 is 1.5e-7
+// only in absolute terms and loses all relative accuracy near 0).
+float fg_erf(float x) {
+    x = clamp(x, -4.0, 4.0);
+    float x2 = x * x;
+    float p = -2.72614225801306e-10;
+    p = p * x2 + 2.77068142495902e-08;
+    p = p * x2 - 2.10102402082508e-06;
+    p = p * x2 - 5.69250639462346e-05;
+    p = p * x2 - 7.34990630326855e-04;
+    p = p * x2 - 2.95459980854025e-03;
+    p = p * x2 - 1.60960333262415e-02;
+    float q = -1.45660718464996e-05;
+    q = q * x2 - 2.13374055278905e-04;
+    q = q * x2 - 1.68282697438203e-03;
+    q = q * x2 - 7.37332916720468e-03;
+    q = q * x2 - 1.42647390514189e-02;
+    return x * p / q;
+}
+
+// erfc for z >= 0 (Numerical Recipes' Chebyshev fit, relative error < 1.2e-7
+// in exact arithmetic, < 1e-5 in f32 out to z = 9): keeps RELATIVE accuracy
+// in the tail, where 1 - erf(z) would cancel to nothing.
+float fg_erfc_pos(float z) {
+    float t = 1.0 / (1.0 + 0.5 * z);
+    float p = 0.17087277;
+    p = p * t - 0.82215223;
+    p = p * t + 1.48851587;
+    p = p * t - 1.13520398;
+    p = p * t + 0.27886807;
+    p = p * t - 0.18628806;
+    p = p * t + 0.09678418;
+    p = p * t + 0.37409196;
+    p = p * t + 1.00002368;
+    p = p * t - 1.26551223;
+    return t * exp(p - z * z);
+}
+
+// Standard normal CDF, accurate in both tails.
+float fg_phi(float x) {
+    float e = 0.5 * fg_erfc_pos(abs(x) * FG_SQRT1_2);
+    return x >= 0.0 ? 1.0 - e : e;
+}
+
+float fg_tanh(float x) {
+    float a = abs(x);
+    float r;
+    if (a < 0.125) {
+        // series: (1 - t)/(1 + t) below would lose relative accuracy here
+        float a2 = a * a;
+        r = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0))));
+    } else {
+        float t = exp(-2.0 * a);  // <= 1: never overflows
+        r = (1.0 - t) / (1.0 + t);
+    }
+    return x < 0.0 ? -r : r;
+}
+
+float fg_sigmoid(float x) {
+    float e = exp(-abs(x));  // <= 1: never overflows
+    return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+
+float fg_gelu(float x) { return x * fg_phi(x); }
+
+float fg_gelu_grad(float x) {
+    return fg_phi(x) + x * FG_INV_SQRT_2PI * exp(-0.5 * x * x);
+}
+
+float fg_gelu_tanh(float x) {
+    float u = FG_SQRT_2_OVER_PI * (x + FG_GELU_C * x * x * x);
+    return 0.5 * x * (1.0 + fg_tanh(u));
+}
+
+float fg_gelu_tanh_grad(float x) {
+    float u = FG_SQRT_2_OVER_PI * (x + FG_GELU_C * x * x * x);
+    float t = fg_tanh(u);
+    float du = FG_SQRT_2_OVER_PI * (1.0 + 3.0 * FG_GELU_C * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+
+// x^p with numpy's answers where GLSL's pow is undefined (x < 0, x == 0);
+// integer exponents by repeated squaring, exact for small ones.
+float fg_pow(float x, float p) {
+    if (p == 0.0) return 1.0;
+    if (p == floor(p) && abs(p) <= 64.0) {
+        int n = int(abs(p));
+        float b = x, r = 1.0;
+        while (n > 0) {
+            if ((n & 1) != 0) r *= b;
+            b *= b;
+            n >>= 1;
+        }
+        return p < 0.0 ? 1.0 / r : r;
+    }
+    if (x < 0.0) return fg_nan();
+    if (x == 0.0) return p > 0.0 ? 0.0 : fg_inf();
+    return pow(x, p);
+}

@@ -1,0 +1,160 @@
+// variants: f32 f16
+#version 450
+// One kernel for every elementwise op and every axis reduction:
+//   y[o] = scale * REDUCE_{r < R} MAP(x0[i0], x1[i1], x2[i2])
+// over a logical index space of rank <= 6. Each input is addressed by its own
+// strides in that space (0 on a broadcast axis), so numpy broadcasting,
+// keepdims gradients and "sum the gradient over the broadcast axes" are all
+// the same loop. Axes in `redmask` are reduced (R = their size product); the
+// others (n_out = their size product) index the contiguous output, in order.
+// A workgroup is cut into segments of S lanes (S = 1: one output per thread,
+// plain elementwise; S = 256: one output per workgroup, a long reduction;
+// see segment_reduce.glsl for the lane layout bit).
+#include "common.glsl"
+
+#define FG_WG 256
+layout(local_size_x = FG_WG) in;
+
+#include "fg_math.glsl"
+#include "segment_reduce.glsl"
+
+layout(std430, set = 0, binding = 0) readonly buffer In0 { T x0[]; };
+layout(std430, set = 0, binding = 1) readonly buffer In1 { T x1[]; };
+layout(std430, set = 0, binding = 2) readonly buffer In2 { T x2[]; };
+layout(std430, set = 0, binding = 3) writeonly buffer Out { T y[]; };
+
+layout(push_constant) uniform Push {
+    uint n_out;     // outputs
+    uint R;         // reduced elements per output (1: no reduction)
+    uint S;         // lanes per output (power of two)
+    uint code;      // map op | reduce op << 8 | interleaved lanes << 16
+    uint rank;
+    uint redmask;   // bit d set: axis d is reduced
+    float scale;    // applied to each output
+    float param;    // the map op's scalar (pow's exponent)
+    uint shape[6];
+    uint st0[6];
+    uint st1[6];
+    uint st2[6];
+} pc;
+
+// map ops; keep in sync with flowgrad/exec_vulkan/lower/map_reduce.py
+#define M_COPY 0u
+#define M_ADD 1u
+#define M_SUB 2u
+#define M_MUL 3u
+#define M_DIV 4u
+#define M_NEG 5u
+#define M_EXP 6u
+#define M_LOG 7u
+#define M_SQRT 8u
+#define M_TANH 9u
+#define M_SIGMOID 10u
+#define M_RELU 11u
+#define M_GELU 12u
+#define M_GELU_TANH 13u
+#define M_SILU 14u
+#define M_POW 15u
+#define M_SQDIFF 16u
+#define M_EQ 17u          // 1 where x0 equals x1, else 0
+// backward maps: x0 = upstream gradient g, x1 = x (input), x2 = y (output)
+#define M_DIV_DB 20u      // x1 = a, x2 = b: -g * a / b^2
+#define M_EXP_B 21u
+#define M_LOG_B 22u
+#define M_SQRT_B 23u
+#define M_TANH_B 24u
+#define M_SIGMOID_B 25u
+#define M_RELU_B 26u
+#define M_GELU_B 27u
+#define M_GELU_TANH_B 28u
+#define M_SILU_B 29u
+#define M_POW_B 30u
+#define M_MAX_B 31u       // g where x equals the max y, else 0 (g pre-divided by the tie count)
+#define M_DIFF_MUL 32u    // x0 = a, x1 = b, x2 = g: g * (a - b)
+
+float map_value(uint op, uint i0, uint i1, uint i2) {
+    float a = float(x0[i0]);
+    switch (op) {
+    case M_COPY: return a;
+    case M_ADD: return a + float(x1[i1]);
+    case M_SUB: return a - float(x1[i1]);
+    case M_MUL: return a * float(x1[i1]);
+    case M_DIV: return a / float(x1[i1]);
+    case M_NEG: return -a;
+    case M_EXP: return exp(a);
+    case M_LOG: return log(a);
+    case M_SQRT: return sqrt(a);
+    case M_TANH: return fg_tanh(a);
+    case M_SIGMOID: return fg_sigmoid(a);
+    case M_RELU: return a > 0.0 ? a : 0.0;
+    case M_GELU: return fg_gelu(a);
+    case M_GELU_TANH: return fg_gelu_tanh(a);
+    case M_SILU: return a * fg_sigmoid(a);
+    case M_POW: return fg_pow(a, pc.param);
+    case M_SQDIFF: { float d = a - float(x1[i1]); return d * d; }
+    case M_EQ: return a == float(x1[i1]) ? 1.0 : 0.0;
+    case M_DIV_DB: { float b = float(x2[i2]); return -a * (float(x1[i1]) / b) / b; }
+    case M_EXP_B: return a * float(x2[i2]);
+    case M_LOG_B: return a / float(x1[i1]);
+    case M_SQRT_B: return a * 0.5 / float(x2[i2]);
+    case M_TANH_B: { float t = float(x2[i2]); return a * (1.0 - t * t); }
+    case M_SIGMOID_B: { float s = float(x2[i2]); return a * s * (1.0 - s); }
+    case M_RELU_B: return float(x1[i1]) > 0.0 ? a : 0.0;
+    case M_GELU_B: return a * fg_gelu_grad(float(x1[i1]));
+    case M_GELU_TANH_B: return a * fg_gelu_tanh_grad(float(x1[i1]));
+    case M_SILU_B: {
+        float x = float(x1[i1]);
+        float s = fg_sigmoid(x);
+        return a * s * (1.0 + x * (1.0 - s));
+    }
+    case M_POW_B: return a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);
+    case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
+    case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
+    }
+    return fg_nan();
+}
+
+void main() {
+    uint S = pc.S;
+    bool il = ((pc.code >> 16) & 1u) != 0u;
+    uint lane = fg_seg_lane(S, il);
+    uint per_group = FG_WG / S;
+    uint mop = pc.code & 0xffu;
+    uint rop = (pc.code >> 8) & 0xffu;  // 0 sum, 1 max
+    float identity = rop == 1u ? -fg_inf() : 0.0;
+    // grid-stride over outputs; the trip count is uniform in a workgroup,
+    // as the barriers in fg_seg_reduce2 require
+    for (uint base = gl_WorkGroupID.x * per_group; base < pc.n_out;
+         base += gl_NumWorkGroups.x * per_group) {
+        uint o = base + fg_seg_slot(S, il);
+        float acc = identity;
+        if (o < pc.n_out) {
+            uint k0 = 0u, k1 = 0u, k2 = 0u, rest = o;
+            for (int d = int(pc.rank) - 1; d >= 0; --d) {
+                if (((pc.redmask >> d) & 1u) == 0u) {
+                    uint c = rest % pc.shape[d];
+                    rest /= pc.shape[d];
+                    k0 += c * pc.st0[d];
+                    k1 += c * pc.st1[d];
+                    k2 += c * pc.st2[d];
+                }
+            }
+            for (uint r = lane; r < pc.R; r += S) {
+                uint i0 = k0, i1 = k1, i2 = k2, rr = r;
+                for (int d = int(pc.rank) - 1; d >= 0; --d) {
+                    if (((pc.redmask >> d) & 1u) != 0u) {
+                        uint c = rr % pc.shape[d];
+                        rr /= pc.shape[d];
+                        i0 += c * pc.st0[d];
+                        i1 += c * pc.st1[d];
+                        i2 += c * pc.st2[d];
+                    }
+                }
+                float v = map_value(mop, i0, i1, i2);
+                acc = rop == 1u ? max(acc, v) : acc + v;
+            }
+        }
+        acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
+        if (lane == 0u && o < pc.n_out) y[o] = T(acc * pc.scale);
+    }
+}
