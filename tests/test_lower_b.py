@@ -187,6 +187,11 @@ def test_attention_wide_heads(kernels):
     _attention(kernels, np.random.default_rng(4), (2, 37, 80), (2, 37, 80), heads=2, causal=True)
 
 
+def test_attention_fewer_keys_than_lanes(kernels):
+    # 3 keys for the 4 threads that share a query row: one lane sees none
+    _attention(kernels, np.random.default_rng(15), (2, 5, 8), (2, 3, 8), heads=2)
+
+
 def test_attention_explicit_mask(kernels):
     rng = np.random.default_rng(5)
     mask = rng.uniform(-2, 2, size=(6, 9)).astype(np.float32)
