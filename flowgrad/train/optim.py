@@ -49,7 +49,7 @@ class Optimizer:
     shader = ""
 
     def __init__(self, *args, total_steps: int = 0, span=None, **kwargs):
-        a = spec.bind("optimizer", self.name, args, kwargs, self.signature(), span)
+        a = spec.bind("optimizer", self.name, args, kwargs, self.signature(), span, positional=len(self.ARGS))
         what = f"optimizer {self.name}()"
         self.lr = spec.number(what, "lr", a["lr"], span, low=0.0, low_open=True)
         clip = a["clip"]

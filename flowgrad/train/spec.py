@@ -49,13 +49,16 @@ def did_you_mean(name: str, choices) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
-def bind(what: str, name: str, args: tuple, kwargs: dict, params: dict[str, Any], span=None) -> dict:
+def bind(what: str, name: str, args: tuple, kwargs: dict, params: dict[str, Any], span=None,
+         positional: int | None = None) -> dict:
     """Bind positional and keyword args to `params` (name -> default, or
-    REQUIRED), in order. `what` names the callee kind for messages
+    REQUIRED), in order; only the first `positional` params (default: all)
+    may be given by position. `what` names the callee kind for messages
     ("optimizer", "data source")."""
     names = list(params)
-    if len(args) > len(names):
-        raise FlowError(f"{what} {name}() takes at most {len(names)} positional argument(s), got {len(args)}",
+    limit = len(names) if positional is None else positional
+    if len(args) > limit:
+        raise FlowError(f"{what} {name}() takes at most {limit} positional argument(s), got {len(args)}",
                         span, hint=f"{name}({', '.join(names)})")
     out = dict(zip(names, args))
     for key, value in kwargs.items():

@@ -1,0 +1,81 @@
+"""Inference: `flowgrad run FILE --checkpoint CKPT --feed name=file.npy ... [--out out.npz]`.
+
+Inputs that no output depends on (the targets, when only the logits are
+asked for) may be left out: they are fed zeros, and the loss is then not
+reported (it would be meaningless)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import NUMPY_DTYPE
+
+
+def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not file:
+            raise FlowError(f"--feed {item!r}: expected name=file.npy, e.g. --feed x=batch.npy")
+        if name in feeds:
+            raise FlowError(f"--feed {name} is given twice")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            raise FlowError(f"--feed {name}: no such file {file!r}") from None
+        except (OSError, ValueError) as e:
+            raise FlowError(f"--feed {name}: cannot read {file!r} as a .npy array: {e}") from None
+        if not isinstance(feeds[name], np.ndarray):
+            raise FlowError(f"--feed {name}: {file!r} holds several arrays (an .npz); give one .npy per input")
+    return feeds
+
+
+def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
+    """Add zeros for inputs no output needs. Returns (feeds, all inputs given)."""
+    needed = {n.id for n in graph.needed_for(list(graph.outputs.values()))}
+    out = dict(feeds)
+    for name, nid in graph.inputs.items():
+        if name in out:
+            continue
+        node = graph.nodes[nid]
+        if nid in needed:
+            raise FlowError(f"missing --feed {name}=FILE.npy: outputs of {graph.name} need input {name} "
+                            f"({node.type})", node.span)
+        out[name] = np.zeros(node.shape, NUMPY_DTYPE[node.dtype])
+    return out, len(out) == len(feeds)
+
+
+def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs (and the loss, when every input was fed) of one forward pass."""
+    full, complete = complete_feeds(sess.graph, feeds)
+    res = sess.step(full, grads=False)
+    outputs = dict(res.outputs)
+    if complete and res.loss is not None and "loss" not in outputs:
+        outputs["loss"] = np.asarray(res.loss, np.float32)
+    return outputs
+
+
+def run_cli(args) -> int:
+    import flowgrad as fg
+    from flowgrad.cli import parse_sets
+
+    model = fg.load(args.file, parse_sets(args.set))
+    feeds = parse_feeds(args.feed)
+    sess = model.compile(device=args.device)
+    ckpt = sess.load_checkpoint(args.checkpoint)
+    outputs = run(sess, feeds)
+    if args.out:
+        try:
+            np.savez(args.out, **outputs)
+        except OSError as e:
+            raise FlowError(f"cannot write {args.out!r}: {e.strerror or e}") from None
+        print(f"wrote {', '.join(outputs)} to {args.out}  (checkpoint step {ckpt.step})")
+    else:
+        with np.printoptions(threshold=64, edgeitems=3, precision=4, suppress=True):
+            for name, value in outputs.items():
+                print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+    sys.stdout.flush()
+    return 0
