@@ -136,3 +136,16 @@ class ClosureSession:
         """Restore what get_opt_state returned (resume): the next update is step + 1."""
         self.opt_step = int(step)
         self.opt_state = {p: {k: np.array(v, dtype=np.float32) for k, v in s.items()} for p, s in state.items()}
+
+    def profile(self, feeds, steps: int, grads: bool = True) -> list[tuple[str, str, float]]:
+        """Median wall time per op and direction over `steps` steps."""
+        self.executor.timings = {}
+        try:
+            for _ in range(steps):
+                self.step(feeds, grads=grads)
+            timings = self.executor.timings
+        finally:
+            self.executor.timings = None
+        nodes = self.graph.nodes
+        return [(nodes[i].label, "backward" if bwd else "forward", float(np.median(ts)))
+                for (i, bwd), ts in timings.items()]

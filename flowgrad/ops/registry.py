@@ -53,6 +53,10 @@ class Op:
     expand(builder, ins, attrs) -> (ins, attrs): optional hook run when the
         node is built, to add implicit inputs (e.g. attention's causal mask
         becomes a const node, so forward and backward read the same tensor).
+        ins are input node ids; builder.type(id) -> TensorType,
+        builder.const(array, dtype) -> id, builder.apply(op, ids, attrs) -> id.
+    Optional tensor args that were not given are left out of the inputs
+    (attention's mask is its 4th input only when present).
     nondiff: input positions that never get a gradient (indices, targets)."""
 
     name: str

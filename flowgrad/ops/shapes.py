@@ -41,6 +41,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def norm_axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < max(ndim, 1):
+    """axis in [-ndim, ndim) as a non-negative index (a scalar has no axes)."""
+    if not -ndim <= axis < ndim:
         raise OpTypeError(f"axis {axis} is out of range for a tensor of rank {ndim}")
-    return axis % max(ndim, 1)
+    return axis % ndim

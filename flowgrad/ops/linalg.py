@@ -1,0 +1,55 @@
+"""matmul, with numpy's rules: batch dims broadcast, a 1-D operand is a
+vector (promoted for the product, its dim dropped from the result)."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.shapes import float_dtype, same_dtype, unbroadcast
+
+
+def _infer(ins, attrs):
+    a, b = ins
+    dtype = same_dtype(ins)
+    float_dtype(a, "operands")
+    if not a.shape or not b.shape:
+        raise OpTypeError(f"operands must have rank >= 1, got a: {a} and b: {b}")
+    sa = a.shape if len(a.shape) > 1 else (1,) + a.shape
+    sb = b.shape if len(b.shape) > 1 else b.shape + (1,)
+    if sa[-1] != sb[-2]:
+        raise OpTypeError(f"inner dimensions differ: a is {a}, b is {b} "
+                          f"(a's last dim {sa[-1]} != b's {'only' if len(b.shape) == 1 else 'second-to-last'}"
+                          f" dim {sb[-2]})")
+    try:
+        batch = tuple(np.broadcast_shapes(sa[:-2], sb[:-2]))
+    except ValueError:
+        raise OpTypeError(f"batch dims {list(sa[:-2])} and {list(sb[:-2])} do not broadcast "
+                          f"(a is {a}, b is {b})") from None
+    out = batch + (sa[-2] if len(a.shape) > 1 else None, sb[-1] if len(b.shape) > 1 else None)
+    return TensorType(tuple(d for d in out if d is not None), dtype)
+
+
+def _forward(ins, attrs):
+    a, b = ins
+    return narrow(np.matmul(wide(a), wide(b)), a)
+
+
+def _vjp(g, ins, out, attrs):
+    a, b = ins
+    a2 = wide(a) if a.ndim > 1 else wide(a)[None, :]
+    b2 = wide(b) if b.ndim > 1 else wide(b)[:, None]
+    g2 = wide(g)
+    if b.ndim == 1:
+        g2 = g2[..., None]
+    if a.ndim == 1:
+        g2 = g2[..., None, :]
+    da = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+    db = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
+    return [narrow(da, a), narrow(db, b)]
+
+
+matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp,
+               doc="a @ b; batch dims broadcast; 1-D operands follow numpy")

@@ -1,0 +1,135 @@
+"""Reductions (sum mean max over axes) and softmax / log_softmax.
+
+f16 reductions accumulate in f32. softmax and log_softmax subtract the max
+first, so large logits never overflow."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.shapes import float_dtype, norm_axis
+
+REDUCE_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
+               Arg("keepdims", "attr", False, (bool,)))
+
+
+def reduce_axes(axis, ndim: int) -> tuple[int, ...]:
+    """axis (None, an int or a list of ints) as sorted non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    listed = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in listed):
+        raise OpTypeError(f"axis={axis!r} must be an int, a list of ints or None")
+    axes = [norm_axis(a, ndim) for a in listed]
+    if len(set(axes)) != len(axes):
+        raise OpTypeError(f"axis={axis!r} names the same axis twice")
+    return tuple(sorted(axes))
+
+
+def _reduced_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _reduce_infer(floats_only):
+    def infer(ins, attrs):
+        (x,) = ins
+        if floats_only:
+            float_dtype(x)
+        axes = reduce_axes(attrs["axis"], len(x.shape))
+        if attrs["keepdims"] not in (True, False):
+            raise OpTypeError(f"keepdims={attrs['keepdims']!r} must be true or false")
+        return TensorType(_reduced_shape(x.shape, axes, attrs["keepdims"]), x.dtype)
+    return infer
+
+
+def _spread(g, x, attrs):
+    """The output gradient, broadcast back to x's shape."""
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    return np.broadcast_to(np.reshape(wide(g), _reduced_shape(x.shape, axes, True)), x.shape)
+
+
+def _sum_forward(ins, attrs):
+    (x,) = ins
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    acc = np.float32 if x.dtype == np.float16 else x.dtype
+    return narrow(np.sum(x, axis=axes, keepdims=attrs["keepdims"], dtype=acc), x)
+
+
+def _mean_forward(ins, attrs):
+    (x,) = ins
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    return narrow(np.mean(wide(x), axis=axes, keepdims=attrs["keepdims"]), x)
+
+
+def _mean_vjp(g, ins, out, attrs):
+    (x,) = ins
+    count = int(np.prod([x.shape[a] for a in reduce_axes(attrs["axis"], x.ndim)]))
+    return [narrow(_spread(g, x, attrs) / count, x)]
+
+
+def _max_forward(ins, attrs):
+    (x,) = ins
+    return np.max(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
+
+
+def _max_vjp(g, ins, out, attrs):
+    """Ties split the gradient evenly between the maxima (as torch.amax)."""
+    (x,) = ins
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    top = np.max(x, axis=axes, keepdims=True)
+    hit = (x == top).astype(wide(x).dtype)
+    return [narrow(_spread(g, x, attrs) * hit / hit.sum(axis=axes, keepdims=True), x)]
+
+
+reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
+            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])],
+            doc="sum over axis (None: all)")
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp,
+             doc="mean over axis (None: all)")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp,
+            doc="max over axis (None: all); tied maxima share the gradient evenly")
+
+# ---------------------------------------------------------------- softmax
+
+SOFTMAX_ARGS = (Arg("x"), Arg("axis", "attr", -1, (int,)))
+
+
+def _softmax_infer(ins, attrs):
+    (x,) = ins
+    float_dtype(x)
+    norm_axis(attrs["axis"], len(x.shape))
+    return x
+
+
+def log_softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
+    """Stable log-softmax of an already-widened array."""
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _softmax_vjp(g, ins, out, attrs):
+    y, gw, ax = wide(out), wide(g), attrs["axis"]
+    return [narrow(y * (gw - np.sum(gw * y, axis=ax, keepdims=True)), ins[0])]
+
+
+def _log_softmax_vjp(g, ins, out, attrs):
+    y, gw, ax = wide(out), wide(g), attrs["axis"]
+    return [narrow(gw - np.exp(y) * np.sum(gw, axis=ax, keepdims=True), ins[0])]
+
+
+softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
+                lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), _softmax_vjp,
+                doc="exp(x) / sum(exp(x)) along axis, computed stably")
+log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
+                    lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
+                    _log_softmax_vjp, doc="x - logsumexp(x) along axis, computed stably")

@@ -1,0 +1,187 @@
+"""Ops that move data without arithmetic: reshape transpose permute slice
+concat, and embedding (a row gather)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import TensorType
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.shapes import float_dtype, norm_axis, same_dtype
+
+INT = (int,)
+INTS = (list, tuple)
+
+
+def _ints(name, value):
+    values = list(value)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise OpTypeError(f"{name}={value!r} must be a list of ints")
+    return values
+
+
+# ---------------------------------------------------------------- reshape
+
+
+def reshape_target(shape: tuple[int, ...], want) -> tuple[int, ...]:
+    dims = _ints("shape", want)
+    size = math.prod(shape)
+    if dims.count(-1) > 1:
+        raise OpTypeError(f"shape={dims} may hold at most one -1")
+    if any(d < -1 for d in dims):
+        raise OpTypeError(f"shape={dims} has a negative size")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise OpTypeError(f"cannot reshape {list(shape)} ({size} elements) to {dims}: "
+                              f"{size} is not a multiple of {known}")
+        dims[dims.index(-1)] = size // known
+    if math.prod(dims) != size:
+        raise OpTypeError(f"cannot reshape {list(shape)} ({size} elements) to {dims} ({math.prod(dims)} elements)")
+    return tuple(dims)
+
+
+reshape = defop(
+    "reshape", (Arg("x"), Arg("shape", "attr", types=INTS)),
+    lambda ins, at: TensorType(reshape_target(ins[0].shape, at["shape"]), ins[0].dtype),
+    lambda ins, at: np.reshape(ins[0], reshape_target(ins[0].shape, at["shape"])),
+    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)],
+    doc="same elements, new shape (row-major); one -1 is inferred")
+
+# ---------------------------------------------------------------- transpose / permute
+
+
+def _transpose_perm(ndim, at):
+    d0, d1 = norm_axis(at["dim0"], ndim), norm_axis(at["dim1"], ndim)
+    perm = list(range(ndim))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return perm
+
+
+def _permute_perm(ndim, at):
+    dims = _ints("dims", at["dims"])
+    if len(dims) != ndim:
+        raise OpTypeError(f"dims={dims} must list all {ndim} axes of the input")
+    perm = [norm_axis(d, ndim) for d in dims]
+    if sorted(perm) != list(range(ndim)):
+        raise OpTypeError(f"dims={dims} is not a permutation of the axes 0..{ndim - 1}")
+    return perm
+
+
+def _perm_op(name, args, perm_of, doc):
+    def infer(ins, at):
+        (x,) = ins
+        return TensorType(tuple(x.shape[p] for p in perm_of(len(x.shape), at)), x.dtype)
+
+    def vjp(g, ins, out, at):
+        return [np.transpose(g, np.argsort(perm_of(ins[0].ndim, at)))]
+
+    return defop(name, (Arg("x"),) + args, infer,
+                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp, doc=doc)
+
+
+transpose = _perm_op("transpose", (Arg("dim0", "attr", -2, INT), Arg("dim1", "attr", -1, INT)),
+                     _transpose_perm, "swap axes dim0 and dim1 (as torch.transpose)")
+permute = _perm_op("permute", (Arg("dims", "attr", types=INTS),), _permute_perm,
+                   "reorder the axes: output axis i is input axis dims[i]")
+
+# ---------------------------------------------------------------- slice / concat
+
+
+def _slice_bounds(shape, at):
+    ndim = len(shape)
+    axis = norm_axis(at["axis"], ndim)
+    n = shape[axis]
+    start, stop = at["start"], at["stop"]
+    lo = start + n if start < 0 else start
+    hi = stop + n if stop < 0 else stop
+    if not 0 <= lo < hi <= n:
+        raise OpTypeError(f"start={start}, stop={stop} do not select a non-empty range of axis {at['axis']} "
+                          f"(size {n}) of a tensor shaped {list(shape)}")
+    return axis, lo, hi
+
+
+def _slice_infer(ins, at):
+    (x,) = ins
+    axis, lo, hi = _slice_bounds(x.shape, at)
+    return TensorType(x.shape[:axis] + (hi - lo,) + x.shape[axis + 1:], x.dtype)
+
+
+def _slice_index(shape, at):
+    axis, lo, hi = _slice_bounds(shape, at)
+    return (slice(None),) * axis + (slice(lo, hi),)
+
+
+def _slice_vjp(g, ins, out, at):
+    (x,) = ins
+    dx = np.zeros(x.shape, dtype=np.result_type(g.dtype, x.dtype))
+    dx[_slice_index(x.shape, at)] = g
+    return [dx]
+
+
+slice_ = defop("slice", (Arg("x"), Arg("axis", "attr", types=INT), Arg("start", "attr", types=INT),
+                         Arg("stop", "attr", types=INT)),
+               _slice_infer, lambda ins, at: ins[0][_slice_index(ins[0].shape, at)], _slice_vjp,
+               doc="x[start:stop] along axis (negative indices count from the end)")
+
+
+def _concat_infer(ins, at):
+    dtype = same_dtype(ins, "the tensors")
+    first = ins[0]
+    ndim = len(first.shape)
+    axis = norm_axis(at["axis"], ndim)
+    shown = ", ".join(str(t) for t in ins)
+    for t in ins[1:]:
+        if len(t.shape) != ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+            raise OpTypeError(f"tensors must agree on every axis but axis {at['axis']}: got {shown}")
+    size = sum(t.shape[axis] for t in ins)
+    return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], dtype)
+
+
+def _concat_vjp(g, ins, out, at):
+    axis = norm_axis(at["axis"], g.ndim)
+    cuts = np.cumsum([x.shape[axis] for x in ins])[:-1]
+    return list(np.split(g, cuts, axis=axis))
+
+
+concat = defop("concat", (Arg("xs", "tensors"), Arg("axis", "attr", -1, INT)), _concat_infer,
+               lambda ins, at: np.concatenate(ins, axis=at["axis"]), _concat_vjp,
+               doc="join tensors along axis")
+
+# ---------------------------------------------------------------- embedding
+
+
+def _embedding_infer(ins, at):
+    ids, table = ins
+    if ids.dtype != "i32":
+        raise OpTypeError(f"ids must be i32, got {ids} (use cast(ids, i32))")
+    float_dtype(table, "table")
+    if len(table.shape) != 2:
+        raise OpTypeError(f"table must be [rows, d], got {table}")
+    return TensorType(ids.shape + table.shape[1:], table.dtype)
+
+
+def _checked_ids(ids, rows):
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        bad = ids[(ids < 0) | (ids >= rows)].flat[0]
+        raise FlowError(f"embedding: id {bad} is out of range for a table of {rows} rows")
+    return ids
+
+
+def _embedding_vjp(g, ins, out, at):
+    ids, table = ins
+    d = table.shape[1]
+    dtable = np.zeros(table.shape, dtype=wide(table).dtype)
+    # ids repeat: np.add.at accumulates where a plain += would keep one
+    np.add.at(dtable, _checked_ids(ids, table.shape[0]).reshape(-1), wide(g).reshape(-1, d))
+    return [None, narrow(dtable, table)]
+
+
+embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
+                  lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])], _embedding_vjp,
+                  nondiff=(0,), doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")

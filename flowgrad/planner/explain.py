@@ -1,0 +1,307 @@
+"""`explain`: the plan a session carries out, and why, like a database's EXPLAIN.
+
+The JSON form (`to_dict`) is the source of truth; the text form renders it.
+Its schema is docs/explain.schema.json, described in docs/explain.md; the
+top-level "version" changes only on breaking changes."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import attrs
+import numpy as np
+
+from flowgrad.graph import LEAF_OPS, NUMPY_DTYPE, Graph, Node
+from flowgrad.planner.plan import Plan, Refusal
+
+EXPLAIN_VERSION = 1
+
+
+@attrs.define
+class Explain:
+    data: dict
+
+    def to_dict(self) -> dict:
+        return self.data
+
+    def text(self) -> str:
+        return render_text(self.data)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
+    plan, graph = sess.plan, sess.graph
+    refused = {r.node.id: r for r in plan.refusals if r.node is not None}
+    data = {
+        "version": EXPLAIN_VERSION,
+        "model": graph.name,
+        "file": graph.file,
+        "device": device_dict(plan.device),
+        "dtype": plan.dtype,
+        "backward_asked": plan.backward,
+        "path": plan.path,
+        "last_path": plan.last_path,
+        "reason": plan.reason,
+        "counts": {
+            "nodes": len(graph.nodes),
+            "ops": sum(n.op not in LEAF_OPS for n in graph.nodes),
+            "backward_nodes": len(plan.grad_nodes),
+            "refused_nodes": len(refused),
+            "refusals": len(plan.refusals),
+        },
+        "refusals": [refusal_dict(r) for r in plan.refusals],
+        "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
+        "saved_for_backward": saved_dict(graph, plan),
+        "graph_plan": graph_plan_dict(graph, plan),
+        "closure_plan": closure_plan_dict(graph, plan),
+        "analyze": run_analyze(sess, steps) if analyze else None,
+    }
+    return Explain(data)
+
+
+def device_dict(info) -> dict:
+    if info is None:
+        return {"kind": "cpu", "name": "numpy (CPU)"}
+    return {"kind": "vulkan", "name": info.name, "type": info.type, "memory_bytes": int(info.memory)}
+
+
+def where_dict(span) -> dict | None:
+    if span is None:
+        return None
+    return {"file": span.file, "line": span.line, "col": span.col,
+            "via": [{"file": s.file, "line": s.line, "col": s.col} for s in span.via]}
+
+
+def refusal_dict(r: Refusal) -> dict:
+    node = r.node
+    return {
+        "code": r.code,
+        "node": None if node is None else node.label,
+        "node_id": None if node is None else node.id,
+        "op": None if node is None else node.op,
+        "where": None if node is None else where_dict(node.span),
+        "message": r.message,
+        "hint": r.hint,
+    }
+
+
+def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
+    if node.op in LEAF_OPS:
+        verdict = node.op
+    elif node.id in refused:
+        verdict = f"refused:{refused[node.id].code}"
+    else:
+        verdict = "ok"
+    return {
+        "id": node.id,
+        "name": node.label,
+        "op": node.op,
+        "inputs": [graph.nodes[i].label for i in node.inputs],
+        "shape": list(node.shape),
+        "dtype": node.dtype,
+        "where": where_dict(node.span),
+        "backward": node.id in plan.grad_nodes,
+        "verdict": verdict,
+    }
+
+
+def saved_values(graph: Graph, plan: Plan) -> list[Node]:
+    """What the backward keeps from the forward: each backward node's VJP is
+    handed its inputs and its output. Params and consts are resident anyway."""
+    keep = set()
+    for i in plan.grad_nodes:
+        keep.add(i)
+        keep.update(graph.nodes[i].inputs)
+    return [graph.nodes[i] for i in sorted(keep) if graph.nodes[i].op not in ("param", "const")]
+
+
+def saved_dict(graph: Graph, plan: Plan) -> dict:
+    nodes = saved_values(graph, plan)
+    return {
+        "bytes": sum(n.type.nbytes for n in nodes),
+        "tensors": [{"name": n.label, "op": n.op, "shape": list(n.shape), "dtype": n.dtype,
+                     "bytes": n.type.nbytes, "where": where_dict(n.span)} for n in nodes],
+    }
+
+
+def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
+    """Dispatches and memory of the graph path, planned without a device.
+    Nodes that have no lowering can't be counted: they are listed as refused."""
+    from flowgrad.exec_vulkan import count_dispatches
+    from flowgrad.planner.memory import plan_memory
+
+    uncountable = [r.node.label for r in plan.refusals if r.node is not None and r.code in
+                   ("no-op-record", "no-lowering")]
+    out = {"chosen": plan.path == "graph", "uncounted_nodes": uncountable}
+    if uncountable:
+        out.update(dispatches=None, submits=None, transfers_in=None, transfers_out=None, memory=None)
+        return out
+    counts = count_dispatches(graph, plan)
+    mem = plan_memory(graph, plan)
+    out.update(
+        submits=1,
+        dispatches=counts["forward"] + counts["backward"],
+        dispatches_forward=counts["forward"],
+        dispatches_backward=counts["backward"],
+        transfers_in=counts["transfers_in"],
+        transfers_out=counts["transfers_out"],
+        memory={"buffers": len(mem.buffers), "total_bytes": mem.total_bytes, "naive_bytes": mem.naive_bytes,
+                "peak_bytes": mem.peak_bytes, "reuse": mem.reuse},
+    )
+    return out
+
+
+def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
+    """One kernel call per op forward and per backward node; on a Vulkan
+    device each is its own submit, uploading its inputs and reading back."""
+    roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
+    fwd = [n for n in graph.needed_for(roots) if n.op not in LEAF_OPS]
+    bwd = [graph.nodes[i] for i in sorted(plan.grad_nodes)]
+    on_device = plan.device is not None
+    calls = len(fwd) + len(bwd)
+    # a VJP is handed g, its inputs and its output; it returns one grad per input
+    ins = sum(len(n.inputs) for n in fwd) + sum(len(n.inputs) + 2 for n in bwd)
+    outs = len(fwd) + sum(len(n.inputs) for n in bwd)
+    return {
+        "chosen": plan.path != "graph",
+        "kernel_calls": calls,
+        "submits": calls if on_device else None,
+        "transfers_in": ins if on_device else None,
+        "transfers_out": outs if on_device else None,
+    }
+
+
+def synthetic_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds for --analyze: floats N(0, 1); integers 0, valid for any index op."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, i in graph.inputs.items():
+        t = graph.nodes[i].type
+        value = np.zeros(t.shape) if t.dtype == "i32" else rng.standard_normal(t.shape)
+        feeds[name] = value.astype(NUMPY_DTYPE[t.dtype])
+    return feeds
+
+
+def run_analyze(sess, steps: int) -> dict:
+    feeds = synthetic_feeds(sess.graph)
+    grads = sess.graph.loss is not None
+    sess.step(feeds, grads=grads)  # warm-up: pipelines built, command buffer recorded
+    step_times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        sess.step(feeds, grads=grads)
+        step_times.append(time.perf_counter() - t0)
+    per_op = sess.runner.profile(feeds, steps, grads=grads)
+    total = sum(t for _, _, t in per_op) or 1.0
+    top = sorted(per_op, key=lambda r: -r[2])
+    return {
+        "steps": steps,
+        "step_seconds_median": statistics.median(step_times),
+        "timer": "gpu timestamps" if sess.plan.path == "graph" else "wall clock per op",
+        "ops": [{"node": label, "direction": direction, "seconds": t, "share": t / total}
+                for label, direction, t in top],
+    }
+
+
+# ---------------------------------------------------------------- text form
+
+def render_text(d: dict) -> str:
+    c = d["counts"]
+    dev = d["device"]["name"]
+    if d["path"] == "graph":
+        head = f"{d['model']}: backward on GRAPH, 0 of {c['ops']} ops refused (device: {dev}, {d['dtype']})"
+    else:
+        head = (f"{d['model']}: backward on CLOSURES, {c['refused_nodes']} of {c['ops']} ops refused, "
+                f"{c['refusals']} refusal{'s' * (c['refusals'] != 1)} (device: {dev}, {d['dtype']})")
+    lines = [head, f"why: {d['reason']}", ""]
+    if d["refusals"]:
+        lines += ["refusals", *render_refusals(d["refusals"]), ""]
+    lines += [*render_plans(d), ""]
+    lines += ["nodes", *render_nodes(d), ""]
+    if d["analyze"]:
+        lines += render_analyze(d["analyze"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def where_text(w: dict | None, file: str | None = None) -> str:
+    if w is None:
+        return ""
+    text = f"{w['file']}:{w['line']}:{w['col']}"
+    for site in w["via"]:
+        prefix = "" if site["file"] == w["file"] else site["file"]
+        text += f" (via {prefix}:{site['line']}:{site['col']})"
+    return text
+
+
+def render_refusals(refusals: list[dict]) -> list[str]:
+    lines, seen = [], set()
+    for r in refusals:
+        lines.append(f"  [{r['code']}] " + (f"{r['node']} = {r['op']}   {where_text(r['where'])}"
+                                              if r["node"] else r["message"]))
+        key = (r["code"], r["message"], r["hint"])
+        if key in seen:
+            lines.append("          (same reason)")
+            continue
+        seen.add(key)
+        if r["node"]:
+            lines.append(f"          {r['message']}")
+        if r["hint"]:
+            lines.append(f"          hint: {r['hint']}")
+    return lines
+
+
+def mib(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def render_plans(d: dict) -> list[str]:
+    g, c = d["graph_plan"], d["closure_plan"]
+    g_title = "graph (chosen)" if g["chosen"] else "graph (refused)"
+    c_title = "closures (chosen)" if c["chosen"] else "closures"
+    if g["dispatches"] is None:
+        g_disp = g_io = g_mem = f"not planned: {len(g['uncounted_nodes'])} node(s) without a lowering"
+    else:
+        g_disp = f"1 submit / {g['dispatches']} dispatches"
+        g_io = f"{g['transfers_in']} in, {g['transfers_out']} out"
+        m = g["memory"]
+        g_mem = f"{mib(m['peak_bytes'])} in {m['buffers']} buffers (reuse {m['reuse']:.0%})"
+    if c["submits"] is None:
+        c_disp, c_io = f"{c['kernel_calls']} numpy kernel calls", "none (host memory)"
+    else:
+        c_disp, c_io = f"{c['submits']} submits", f"{c['transfers_in']} in, {c['transfers_out']} out"
+    s = d["saved_for_backward"]
+    rows = [("plan", g_title, c_title), ("dispatches", g_disp, c_disp), ("host transfers", g_io, c_io),
+            ("memory", g_mem, "n/a (allocated per op)")]
+    out = [f"{a:<16}{b:<44}{c_}" for a, b, c_ in rows]
+    out.append(f"{'saved for bwd':<16}{mib(s['bytes'])} in {len(s['tensors'])} tensors")
+    return out
+
+
+def render_nodes(d: dict) -> list[str]:
+    width = max(len(f"{n['dtype']}[{','.join(map(str, n['shape']))}]") for n in d["nodes"])
+    lines = []
+    for n in d["nodes"]:
+        ty = f"{n['dtype']}[{','.join(map(str, n['shape']))}]"
+        if n["op"] in LEAF_OPS:
+            rhs = f"{n['op']} {n['name']}"
+        else:
+            rhs = f"{n['op']} {' '.join(n['inputs'])}"
+            if not n["name"].startswith("%"):
+                rhs = f"{n['name']} = {rhs}"
+        line = f"  {'%' + str(n['id']):<5}: {ty:<{width}} = {rhs}"
+        where = f":{n['where']['line']}" if n["where"] else ""
+        verdict = "" if n["verdict"] in LEAF_OPS else n["verdict"] + (" +bwd" if n["backward"] else "")
+        lines.append(f"{line:<64} {where:<6} {verdict}".rstrip())
+    return lines
+
+
+def render_analyze(a: dict) -> list[str]:
+    lines = [f"analyze ({a['steps']} steps, {a['timer']}): step median {a['step_seconds_median'] * 1e3:.2f} ms",
+             "  top ops by time"]
+    for op in a["ops"][:10]:
+        lines.append(f"    {op['node']:<28} {op['direction']:<9} {op['seconds'] * 1e3:9.3f} ms  {op['share']:6.1%}")
+    return lines

@@ -1,0 +1,125 @@
+"""explain: golden text and JSON for the example models, the JSON schema,
+the CLI, --analyze, and the fallback warning (on a Vulkan device).
+
+Refresh the golden files after an intended change with
+FLOWGRAD_UPDATE_GOLDEN=1 python -m pytest tests/test_explain.py  (review the diff)."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import flowgrad as fg
+from flowgrad.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+SCHEMA = json.loads((ROOT / "docs" / "explain.schema.json").read_text())
+MODELS = ["mlp", "tiny_gpt"]
+
+
+@pytest.fixture(autouse=True)
+def in_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # explain shows the model path as given: keep it relative
+
+
+def check_golden(name: str, text: str):
+    path = GOLDEN / name
+    if os.environ.get("FLOWGRAD_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; run with FLOWGRAD_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"explain output changed; see docs/explain.md to refresh {path.name}"
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_explain_golden_and_schema(name, dtype):
+    sess = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=dtype)
+    report = sess.explain()
+    data = report.to_dict()
+    jsonschema.validate(data, SCHEMA)
+    check_golden(f"{name}.{dtype}.cpu.txt", report.text())
+    check_golden(f"{name}.{dtype}.cpu.json", json.dumps(data, indent=2) + "\n")
+
+
+def test_text_leads_with_a_one_line_summary_and_fits_a_terminal():
+    text = fg.load("models/tiny_gpt.flow").compile(device="cpu").explain().text()
+    first = text.splitlines()[0]
+    assert first.startswith("tiny_gpt: backward on CLOSURES") and "numpy (CPU)" in first
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_f16_tiny_gpt_lists_each_attention_node_with_its_block_chain():
+    data = fg.load("models/tiny_gpt.flow").compile(device="cpu", dtype="f16").explain().to_dict()
+    attn = [r for r in data["refusals"] if r["code"] == "dtype"]
+    assert [r["node"] for r in attn] == ["decoder.0.a", "decoder.1.a"]
+    assert all(r["op"] == "attention" and r["where"]["via"] for r in attn)
+    assert data["counts"]["refused_nodes"] == 2
+
+
+def test_cli_explain_json_validates(capsys):
+    assert main(["explain", "models/mlp.flow", "--device", "cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    jsonschema.validate(data, SCHEMA)
+    assert data["version"] == 1 and data["path"] == "closures"
+
+
+def test_cli_explain_bad_set_is_an_error(capsys):
+    assert main(["explain", "models/mlp.flow", "--device", "cpu", "--set", "hiden=3"]) == 1
+    assert "hidden" in capsys.readouterr().err
+
+
+def test_analyze_on_closures_times_each_op():
+    report = fg.load("models/mlp.flow").compile(device="cpu").explain(analyze=True)
+    a = report.to_dict()["analyze"]
+    jsonschema.validate(report.to_dict(), SCHEMA)
+    assert a["timer"] == "wall clock per op" and a["step_seconds_median"] > 0
+    assert {op["direction"] for op in a["ops"]} == {"forward", "backward"}
+    assert "top ops by time" in report.text()
+
+
+USER_OP_MODEL = """
+model userop
+input x: f32[4, 8]
+param w: f32[8, 8] = normal(std=0.3)
+h = py_tanh(x @ w)
+loss = mean(h * h)
+minimize loss
+"""
+
+
+def register_py_tanh():
+    import numpy as np
+
+    fg.register_op("py_tanh", shape=lambda s: s, forward=np.tanh,
+                   vjp=lambda g, out, x: (g * (1 - out * out),), replace=True)
+
+
+@pytest.mark.vulkan
+def test_fallback_warns_once_per_session_with_the_reasons(vk_device):
+    import numpy as np
+
+    register_py_tanh()
+    sess = fg.loads(USER_OP_MODEL, file="userop.flow").compile(device="vulkan")
+    assert sess.last_path.startswith("closures (h: op 'py_tanh' has no graph lowering")
+    feeds = {"x": np.ones((4, 8), np.float32)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            sess.step(feeds)
+    fallbacks = [w for w in caught if issubclass(w.category, fg.FlowWarning)]
+    assert len(fallbacks) == 1
+    assert "py_tanh" in str(fallbacks[0].message) and "userop.flow:5:5" in str(fallbacks[0].message)
+
+
+@pytest.mark.vulkan
+def test_backward_graph_on_a_refused_model_raises_listing_the_refusal(vk_device):
+    register_py_tanh()
+    with pytest.raises(fg.GraphPathRefused) as e:
+        fg.loads(USER_OP_MODEL, file="userop.flow").compile(device="vulkan", backward="graph")
+    assert "[no-lowering] h = py_tanh(...) at userop.flow:5:5" in str(e.value)

@@ -1,0 +1,148 @@
+"""The planner's verdicts: the reference's regressions, as planner tests.
+
+These need no device: the planner decides from op records, dtypes and a
+DeviceInfo, so a stand-in DeviceInfo says "there is a Vulkan device"."""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.planner import make_plan
+
+
+@attrs.frozen
+class FakeDevice:
+    name: str = "test device"
+    type: str = "discrete"
+    memory: int = 8 << 30
+    f16: bool = True
+
+
+ATTN = """
+model attn
+config {
+  seq = 4
+  d = 8
+  heads = 2
+}
+input x: f32[seq, d]
+param wq: f32[d, d] = normal(std=0.5)
+param wk: f32[d, d] = normal(std=0.5)
+param wv: f32[d, d] = normal(std=0.5)
+a = attention(x @ wq, x @ wk, x @ wv, heads=heads, causal=true)
+out = {tail}
+loss = mean(out * out)
+output out
+minimize loss
+"""
+
+
+def attn_model(tail="a", config=None):
+    return fg.loads(ATTN.replace("{tail}", tail), config, file="attn.flow")
+
+
+def plan_of(model, dtype="f32", device=FakeDevice(), backward="auto"):
+    return make_plan(model.build(dtype), device, backward, dtype)
+
+
+def test_attention_is_planned_graph():
+    plan = plan_of(attn_model())
+    assert plan.refusals == []
+    assert plan.last_path == "graph"
+
+
+def test_attention_mixed_with_other_ops_stays_graph():
+    plan = plan_of(attn_model("relu(a) @ wv"))
+    assert plan.last_path == "graph"
+    ops = {n.op for n in plan.graph.nodes}
+    assert {"attention", "relu", "matmul"} <= ops
+
+
+def test_no_device_is_a_refusal():
+    plan = plan_of(attn_model(), device=None)
+    assert plan.path == "closures"
+    assert [r.code for r in plan.refusals] == ["device"]
+    assert plan.last_path.startswith("closures (no Vulkan device")
+
+
+def test_python_op_refuses_the_whole_backward_and_names_op_and_line():
+    fg.register_op("py_scale", shape=lambda s: s, forward=lambda x: 2 * x,
+                   vjp=lambda g, out, x: (2 * g,), replace=True)
+    model = attn_model("py_scale(a) @ wv")
+    plan = plan_of(model)
+    assert plan.path == "closures"
+    (r,) = plan.refusals
+    assert r.code == "no-lowering" and r.node.op == "py_scale"
+    assert r.node.span.where() == "attn.flow:13:7"
+    assert "py_scale" in plan.last_path and plan.last_path.startswith("closures (")
+    # the rest of the model still has its lowerings: one node cost the whole path
+    others = [n for n in plan.graph.nodes if n.op in ("matmul", "attention")]
+    assert others and all(fg.ops.get_op(n.op).lowering is not None for n in others)
+
+
+def test_f16_attention_is_refused_with_the_dtype_reason():
+    plan = plan_of(attn_model(), dtype="f16")
+    assert plan.path == "closures"
+    (r,) = plan.refusals
+    assert r.code == "dtype" and r.node.op == "attention"
+    assert "f32 only" in r.message and "f16" in r.message
+    assert "cast" in r.hint
+    text = explain_text(plan)
+    assert "[dtype] a = attention" in text and "attn.flow:12:5" in text
+
+
+def test_several_different_refusals_are_all_listed():
+    fg.register_op("py_twice", shape=lambda s: s, forward=lambda x: 2 * x,
+                   vjp=lambda g, out, x: (2 * g,), replace=True)
+    plan = plan_of(attn_model("py_twice(a)"), dtype="f16", device=None)
+    codes = sorted(r.code for r in plan.refusals)
+    assert codes == ["device", "dtype", "no-lowering"]
+
+
+def test_memory_plan_that_does_not_fit_is_refused_with_bytes():
+    plan = plan_of(attn_model(), device=FakeDevice(memory=1024))
+    (r,) = plan.refusals
+    assert r.code == "memory"
+    assert "1024 bytes available" in r.message and "needs" in r.message
+
+
+def test_backward_closures_is_a_choice_not_a_refusal():
+    plan = plan_of(attn_model(), backward="closures")
+    assert plan.refusals == []
+    assert plan.last_path == "closures (backward='closures' was asked for)"
+
+
+def test_graph_asked_on_cpu_raises_with_every_refusal():
+    fg.register_op("py_neg", shape=lambda s: s, forward=lambda x: -x, vjp=lambda g, out, x: (-g,), replace=True)
+    with pytest.raises(fg.GraphPathRefused) as e:
+        attn_model("py_neg(a)").compile(device="cpu", backward="graph")
+    msg = str(e.value)
+    assert "[device]" in msg and "[no-lowering]" in msg and "py_neg" in msg and "attn.flow:13:7" in msg
+    assert len(e.value.refusals) == 2
+
+
+def test_user_op_runs_on_closures_with_its_vjp():
+    fg.register_op("py_cube", shape=lambda s: s, forward=lambda x: x**3,
+                   vjp=lambda g, out, x: (3 * g * x * x,), replace=True)
+    model = fg.loads("""
+model cube
+input x: f32[3]
+param w: f32[3] = ones()
+loss = sum(py_cube(x * w))
+minimize loss
+""")
+    sess = model.compile(device="cpu")
+    x = np.array([1.0, 2.0, -1.0], np.float32)
+    res = sess.step({"x": x})
+    assert sess.last_path.startswith("closures (")
+    np.testing.assert_allclose(res.grads["w"], 3 * x**3, rtol=1e-6)
+
+
+def explain_text(plan):
+    from types import SimpleNamespace
+
+    from flowgrad.planner.explain import explain
+
+    return explain(SimpleNamespace(plan=plan, graph=plan.graph)).text()
