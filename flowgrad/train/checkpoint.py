@@ -200,9 +200,9 @@ def save_session(sess, path, optimizer=None) -> None:
     """Session.save_checkpoint: params, and the optimizer state the session's
     runner holds (with the optimizer that made it, when known)."""
     step, state = sess.runner.get_opt_state()
-    optimizer = optimizer or getattr(sess, "optimizer", None)
-    save(path, sess.params, state, step, sess.graph.name, sess.graph.config,
-         optimizer.describe() if optimizer is not None else None)
+    optimizer = optimizer or sess.optimizer
+    describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
+    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, describe)
 
 
 def load_into_session(sess, path) -> Checkpoint:
@@ -213,4 +213,6 @@ def load_into_session(sess, path) -> Checkpoint:
     sess.runner.set_params(ckpt.params)
     if ckpt.optimizer is not None:
         sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+        if sess.optimizer is None:
+            sess.optimizer = ckpt.optimizer  # its description: saving again keeps it
     return ckpt

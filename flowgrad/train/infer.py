@@ -1,8 +1,7 @@
 """Inference: `flowgrad run FILE --checkpoint CKPT --feed name=file.npy ... [--out out.npz]`.
 
-Inputs that no output depends on (the targets, when only the logits are
-asked for) may be left out: they are fed zeros, and the loss is then not
-reported (it would be meaningless)."""
+Inputs that only the loss depends on (the targets) may be left out: they are
+fed zeros, and the outputs that depend on them (the loss) are not reported."""
 from __future__ import annotations
 
 import sys
@@ -33,29 +32,37 @@ def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
-    """Add zeros for inputs no output needs. Returns (feeds, all inputs given)."""
-    needed = {n.id for n in graph.needed_for(list(graph.outputs.values()))}
-    out = dict(feeds)
+def uses_inputs(graph, nid) -> set[str]:
+    ids = {n.id for n in graph.needed_for([nid])}
+    return {name for name, i in graph.inputs.items() if i in ids}
+
+
+def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Add zeros for inputs that only the loss needs. Returns (feeds, the
+    names of the inputs filled with zeros)."""
+    wanted = [i for i in graph.outputs.values() if i != graph.loss] or list(graph.outputs.values())
+    needed = set().union(*(uses_inputs(graph, i) for i in wanted)) if wanted else set()
+    out, filled = dict(feeds), set()
     for name, nid in graph.inputs.items():
         if name in out:
             continue
         node = graph.nodes[nid]
-        if nid in needed:
-            raise FlowError(f"missing --feed {name}=FILE.npy: outputs of {graph.name} need input {name} "
+        if name in needed:
+            raise FlowError(f"missing --feed {name}=FILE.npy: the outputs of {graph.name} need input {name} "
                             f"({node.type})", node.span)
         out[name] = np.zeros(node.shape, NUMPY_DTYPE[node.dtype])
-    return out, len(out) == len(feeds)
+        filled.add(name)
+    return out, filled
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Outputs (and the loss, when every input was fed) of one forward pass."""
-    full, complete = complete_feeds(sess.graph, feeds)
+    """The outputs of one forward pass, leaving out those that depend on an
+    input that was not fed."""
+    graph = sess.graph
+    full, filled = complete_feeds(graph, feeds)
     res = sess.step(full, grads=False)
-    outputs = dict(res.outputs)
-    if complete and res.loss is not None and "loss" not in outputs:
-        outputs["loss"] = np.asarray(res.loss, np.float32)
-    return outputs
+    return {name: value for name, value in res.outputs.items()
+            if not uses_inputs(graph, graph.outputs[name]) & filled}
 
 
 def run_cli(args) -> int:

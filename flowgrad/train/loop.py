@@ -356,13 +356,13 @@ def _show(bar, rec, metrics, metric):
 def summary(result: TrainResult) -> str:
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
              f"({result.steps_per_second:.1f} steps/s)"]
-    if result.loss is not None:
-        lines.append(f"final train loss  {result.loss:.4f}")
-    for k, v in result.metrics.items():
-        lines.append(f"test {k:<13}{v:.2%}")
-    lines.append(f"path              {result.path}")
+    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
+    rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
+    rows.append(("path", result.path))
     if result.out is not None:
-        lines.append(f"wrote             {result.out / checkpoint.FILENAME}, metrics.jsonl, loss.png")
+        rows.append(("wrote", f"{result.out / checkpoint.FILENAME}, metrics.jsonl, loss.png"))
+    width = max(len(k) for k, _ in rows) + 2
+    lines += [f"{k:<{width}}{v}" for k, v in rows]
     return "\n".join(lines)
 
 

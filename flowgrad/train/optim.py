@@ -58,8 +58,6 @@ class Optimizer:
         warmup = spec.number(what, "warmup", a["warmup"], span, low=0, integer=True)
         min_lr = spec.number(what, "min_lr", a["min_lr"], span, low=0.0, high=self.lr)
         total = spec.number(what, "total steps", total_steps, span, low=0, integer=True)
-        if kind != "constant" and total <= warmup:
-            raise FlowError(f"{what}: schedule {kind!r} needs more steps ({total}) than warmup ({warmup})", span)
         self.schedule = Schedule(kind, warmup, total, min_lr / self.lr)
         self._configure(a, what, span)
 
