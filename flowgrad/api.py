@@ -81,7 +81,9 @@ class Session:
         self.plan = plan
         self.device = device
         self._warned = False
-        self.optimizer = None  # the last one step() was given: save_checkpoint records it
+        # the last optimizer step() was given (or its description, loaded from a
+        # checkpoint): save_checkpoint records it
+        self.optimizer = None
         self.runner = self._make_runner(params)
 
     def _make_runner(self, params):
