@@ -2,12 +2,18 @@
 
 Vulkan tests take the `vk_device` fixture. Without a device they skip on a
 developer's machine, and FAIL when CI=true: CI installs lavapipe, so a missing
-device there is a broken set-up, not a reason to pass."""
+device there is a broken set-up, not a reason to pass.
+
+The whole suite runs with the Khronos validation layer on
+(FLOWGRAD_VK_VALIDATION=1, unless set otherwise), and any validation error
+reported during a test fails that test."""
 from __future__ import annotations
 
 import os
 
 import pytest
+
+os.environ.setdefault("FLOWGRAD_VK_VALIDATION", "1")
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +27,15 @@ def vk_device():
             pytest.fail(f"CI=true but no Vulkan device could be opened: {e}")
         pytest.skip(f"no Vulkan device: {e}")
     return dev
+
+
+@pytest.fixture(autouse=True)
+def _no_validation_errors():
+    from flowgrad.exec_vulkan import runtime
+
+    runtime.clear_validation_messages()
+    yield
+    errors = runtime.validation_errors()
+    runtime.clear_validation_messages()
+    if errors:
+        pytest.fail(f"{len(errors)} Vulkan validation error(s); first: {errors[0]}", pytrace=False)

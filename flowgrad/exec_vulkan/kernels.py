@@ -1,0 +1,83 @@
+"""The closure executor's kernels on a Vulkan device: each op's lowering, one
+op at a time (upload the inputs, record, submit, wait, read back).
+
+An op without a lowering runs on numpy. A node whose dtype its lowering does
+not take (f16 attention backward: f32 only) is computed in f32 and cast back,
+which is how f16 attention trains on closures instead of failing."""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from flowgrad.exec_closure import NumpyKernels
+from flowgrad.graph import NUMPY_DTYPE, Node, TensorType
+from flowgrad.exec_vulkan.oneshot import OneShot, _dtype_name
+from flowgrad.ops import get_op
+
+_PROMOTE = {"f16": "f32"}
+
+
+def run_dtypes(present: set, accepted) -> dict | None:
+    """{} to run as is, {"f16": "f32"} to run f16 as f32, None if neither is accepted."""
+    if present <= set(accepted):
+        return {}
+    if {_PROMOTE.get(d, d) for d in present} <= set(accepted):
+        return dict(_PROMOTE)
+    return None
+
+
+class VulkanKernels:
+    name = "vulkan"
+
+    def __init__(self, device):
+        self.device = device
+        self.numpy = NumpyKernels()
+        self.on_numpy: set[str] = set()     # ops that ran on numpy for want of a lowering (explain shows it)
+
+    def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
+        low = get_op(node.op).lowering
+        dtypes = [_dtype_name(x) for x in ins]
+        promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
+        if promote is None:
+            self.on_numpy.add(node.op)
+            return self.numpy.forward(node, ins)
+        run_node = _retyped(node, promote)
+        with OneShot(self.device) as s:
+            views = [s.upload(x, promote.get(d, d)) for x, d in zip(ins, dtypes)]
+            out = s.empty(node.shape, run_node.dtype)
+            with s.rec.section(node.label, "forward"):
+                low.forward(s.rec, run_node, views, out)
+            s.download(out)
+            (result,) = s.run()
+        return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
+
+    def vjp(self, node: Node, g, ins, out) -> list:
+        op = get_op(node.op)
+        low = op.lowering
+        dtypes = [_dtype_name(x) for x in ins]
+        floats = {d for d in dtypes if d != "i32"}
+        promote = None
+        if low is not None and low.backward is not None:
+            promote = run_dtypes({node.dtype, *floats}, low.bwd_dtypes)
+        if promote is None:
+            self.on_numpy.add(node.op)
+            return self.numpy.vjp(node, g, ins, out)
+        run_node = _retyped(node, promote)
+        wanted = [i not in op.nondiff and d != "i32" for i, d in enumerate(dtypes)]
+        with OneShot(self.device) as s:
+            views = [s.upload(x, promote.get(d, d)) for x, d in zip(ins, dtypes)]
+            out_view = s.upload(out, run_node.dtype)
+            g_view = s.upload(g, run_node.dtype)
+            grads = [s.empty(v.shape, v.dtype) if want else None for v, want in zip(views, wanted)]
+            with s.rec.section(node.label, "backward"):
+                low.backward(s.rec, run_node, g_view, views, out_view, grads)
+            for v in grads:
+                if v is not None:
+                    s.download(v)
+            results = iter(s.run())
+        return [next(results).astype(x.dtype, copy=False) if want else None for x, want in zip(ins, wanted)]
+
+
+def _retyped(node: Node, promote: dict) -> Node:
+    dtype = promote.get(node.dtype, node.dtype)
+    return node if dtype == node.dtype else attrs.evolve(node, type=TensorType(node.shape, dtype))

@@ -1,0 +1,100 @@
+"""Record, submit, wait: one command buffer for a few commands, with buffers
+from the device's pool. The closure path on Vulkan runs each op this way."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.exec_vulkan.recorder import ITEMSIZE, NUMPY, BufView, Recorder, encode
+
+
+class OneShot:
+    """with OneShot(device) as s:
+           x = s.upload(array); y = s.empty(shape, "f32")
+           s.rec.dispatch(...)           # or a lowering: low.forward(s.rec, node, [x], y)
+           i = s.download(y)
+           results = s.run()             # numpy arrays, by download index
+    Buffers go back to the pool when the block ends, whatever happened."""
+
+    def __init__(self, device):
+        self.device = device
+        self.rec = Recorder(device)
+        self._pooled = []
+        self._downloads = []       # (view, staging BufView or None when read straight from mapped memory)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def _acquire(self, nbytes: int, kind: str):
+        buf = self.device.pool.acquire(max(nbytes, 4), kind)
+        self._pooled.append(buf)
+        return buf
+
+    def empty(self, shape, dtype: str) -> BufView:
+        shape = tuple(int(d) for d in shape)
+        view = BufView(None, 0, shape, dtype)
+        return BufView(self._acquire(view.nbytes, "device"), 0, shape, dtype)
+
+    def upload(self, array, dtype: str | None = None) -> BufView:
+        """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
+        dtype = dtype or _dtype_name(array)
+        data = np.ascontiguousarray(array, dtype=NUMPY[dtype])
+        view = self.empty(data.shape, dtype)
+        if view.buffer.mapped:
+            view.buffer.write(data)       # nothing is in flight: the previous submission was waited for
+        else:
+            staging = BufView(self._acquire(view.nbytes, "upload"), 0, data.shape, dtype)
+            staging.buffer.write(data)
+            self.rec.copy(staging, view)
+        return view
+
+    def download(self, view: BufView) -> int:
+        """Ask for `view` back after run(); returns its index in run()'s list."""
+        if getattr(view.buffer, "mapped", False):
+            self._downloads.append((view, None))
+        else:
+            staging = BufView(self._acquire(view.nbytes, "download"), 0, view.shape, view.dtype)
+            self.rec.copy(view, staging)
+            self._downloads.append((view, staging))
+        return len(self._downloads) - 1
+
+    def run(self) -> list[np.ndarray]:
+        device = self.device
+        if self.rec.commands:
+            self.rec.arena.materialize(device)
+            cmd = device.command_buffer()
+            try:
+                enc = encode(device, cmd, self.rec.commands)
+                try:
+                    device.submit_and_wait(cmd)
+                finally:
+                    enc.free()
+            finally:
+                device.free_command_buffer(cmd)
+        out = []
+        for view, staging in self._downloads:
+            src = staging or view
+            raw = src.buffer.read(src.offset, src.nbytes) if src.nbytes else np.zeros(0, np.uint8)
+            out.append(raw.view(NUMPY[view.dtype]).reshape(view.shape).copy())
+        return out
+
+    def release(self) -> None:
+        for buf in self._pooled:
+            self.device.pool.release(buf)
+        self._pooled.clear()
+        self.rec.arena.free()
+
+
+def _dtype_name(array) -> str:
+    kind = np.asarray(array).dtype
+    if kind == np.float16:
+        return "f16"
+    if np.issubdtype(kind, np.integer):
+        return "i32"
+    return "f32"
+
+
+__all__ = ["OneShot", "ITEMSIZE"]

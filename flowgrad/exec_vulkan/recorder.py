@@ -1,0 +1,471 @@
+"""What a lowering sees: BufView (a typed window into a device buffer) and the
+Recorder (dispatch, fill, copy, scratch).
+
+The Recorder only builds a list of commands; `encode` turns that list into a
+Vulkan command buffer. So the same lowering code runs against a real device
+or a dry run without one (Recorder(device=None), used by `explain` to count
+dispatches), and the executors can encode one list with or without timestamp
+queries. Barriers are inserted at encode time, only where a command reads or
+overwrites a byte range that an earlier command since the last barrier wrote
+(or overwrites one it read): a lowering may chain dispatches that read each
+other's output, and independent dispatches stay free to overlap."""
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+
+import attrs
+import numpy as np
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.spirv import shader_info
+
+ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4}
+NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
+ALIGN = 256               # packing alignment: >= any device's minStorageBufferOffsetAlignment
+PUSH_LIMIT = 128
+DRY_MAX_GROUPS = (65535, 65535, 65535)   # the minimum every Vulkan device supports
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def grid(n: int, local: int = 256) -> tuple[int, int, int]:
+    """Group counts for a 1-D launch over n items with `local` invocations
+    per group; spills into y past 65535 groups (the shader computes its flat
+    index as common.glsl's flat_index() and checks it against n)."""
+    groups = max(1, -(-int(n) // local))
+    x = min(groups, DRY_MAX_GROUPS[0])
+    return x, -(-groups // x), 1
+
+
+@attrs.frozen
+class BufView:
+    """A typed window into a buffer: `offset` bytes in, `shape` of `dtype`."""
+
+    buffer: object
+    offset: int
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * ITEMSIZE[self.dtype]
+
+    def view(self, elem_offset: int, shape) -> BufView:
+        """The same buffer, `elem_offset` elements further in, with `shape`."""
+        shape = tuple(int(d) for d in shape)
+        if elem_offset < 0 or elem_offset + math.prod(shape) > self.size:
+            raise ValueError(f"view of {list(shape)} at element {elem_offset} does not fit in a "
+                             f"{self.dtype}{list(self.shape)} view")
+        return BufView(self.buffer, self.offset + elem_offset * ITEMSIZE[self.dtype], shape, self.dtype)
+
+    def reshape(self, shape) -> BufView:
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape a {self.dtype}{list(self.shape)} view to {list(shape)}")
+        return BufView(self.buffer, self.offset, shape, self.dtype)
+
+
+@attrs.frozen
+class Dispatch:
+    shader: str
+    variant: str | None
+    views: tuple[BufView, ...]
+    readonly: tuple[bool, ...]
+    push: bytes
+    groups: tuple[int, int, int]
+    label: tuple | None
+
+
+@attrs.frozen
+class Fill:
+    view: BufView
+    value: int
+    label: tuple | None
+
+
+@attrs.frozen
+class Copy:
+    src: BufView
+    dst: BufView
+    label: tuple | None
+
+
+def pack_push(values) -> bytes:
+    """ints as int32 (uint32 above 2**31-1), floats as float32."""
+    out = bytearray()
+    for v in values:
+        if isinstance(v, (bool, np.bool_)):
+            out += struct.pack("<i", int(v))
+        elif isinstance(v, (int, np.integer)):
+            v = int(v)
+            if not -2**31 <= v < 2**32:
+                raise DeviceError(f"push constant {v} does not fit in 32 bits")
+            out += struct.pack("<I" if v > 2**31 - 1 else "<i", v)
+        elif isinstance(v, (float, np.floating)):
+            out += struct.pack("<f", float(v))
+        else:
+            raise DeviceError(f"push constants are ints or floats, got {type(v).__name__} {v!r}")
+    if len(out) > PUSH_LIMIT:
+        raise DeviceError(f"{len(out)} bytes of push constants; the limit is {PUSH_LIMIT} (32 values)")
+    return bytes(out)
+
+
+class Arena:
+    """Scratch memory for lowerings: bump allocation in one buffer that is
+    created (at its high-water size) only after recording. Each lowering
+    call's scratch is released when the call returns, so calls reuse it."""
+
+    def __init__(self):
+        self.top = 0
+        self.high = 0
+        self.buffer = None   # the runtime Buffer, once materialized
+
+    def alloc(self, nbytes: int) -> int:
+        offset = self.top
+        self.top = align_up(offset + max(int(nbytes), 1))
+        self.high = max(self.high, self.top)
+        return offset
+
+    def materialize(self, device) -> None:
+        if self.buffer is None and self.high:
+            self.buffer = device.buffer(self.high, "device")
+
+    @property
+    def handle(self):
+        if self.buffer is None:
+            raise DeviceError("internal error: scratch arena used before it was allocated")
+        return self.buffer.handle
+
+    def free(self) -> None:
+        if self.buffer is not None:
+            self.buffer.free()
+            self.buffer = None
+
+
+class FakeBuffer:
+    """Stands in for a device buffer in a dry run."""
+
+    def __init__(self, nbytes: int, name: str = ""):
+        self.nbytes = nbytes
+        self.name = name
+
+
+class Recorder:
+    """Collects the commands lowerings record. device=None is a dry run: the
+    same checks, no Vulkan (explain counts dispatches with it)."""
+
+    def __init__(self, device=None, arena: Arena | None = None):
+        self.device = device
+        self.align = device.min_align if device is not None else ALIGN
+        self.max_groups = device.max_groups if device is not None else DRY_MAX_GROUPS
+        self.commands: list = []
+        self.arena = arena or Arena()
+        self.label: tuple | None = None
+
+    # -- the lowering API
+
+    def dispatch(self, shader: str, bufs, push=(), groups=(1, 1, 1), variant: str | None = None) -> None:
+        info = shader_info(shader, variant)
+        bufs = list(bufs)
+        if len(bufs) != info.bindings:
+            raise DeviceError(f"shader {info.name} has {info.bindings} buffer bindings, but the dispatch passed "
+                              f"{len(bufs)} buffers")
+        for i, b in enumerate(bufs):
+            if not isinstance(b, BufView):
+                raise DeviceError(f"dispatch of {info.name}: buffer {i} is a {type(b).__name__}, not a BufView")
+        groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
+        if len(groups) != 3 or any(g < 0 or g > m for g, m in zip(groups, self.max_groups)):
+            raise DeviceError(f"dispatch of {info.name}: group counts {groups} exceed the device's limit "
+                              f"{self.max_groups}; use recorder.grid(n) for long 1-D launches")
+        packed = pack_push(push)
+        # a view whose offset the device cannot bind goes through an aligned scratch copy
+        moved = []
+        for i, b in enumerate(bufs):
+            if b.offset % self.align:
+                tmp = self.scratch(b.shape, b.dtype)
+                self.copy(b, tmp)
+                moved.append((i, b, tmp))
+                bufs[i] = tmp
+        self.commands.append(Dispatch(shader, variant, tuple(bufs), info.readonly, packed, groups, self.label))
+        for i, original, tmp in moved:
+            if not info.readonly[i]:
+                self.copy(tmp, original)
+
+    def fill(self, view: BufView, value: int = 0) -> None:
+        """Set every 32-bit word of `view` to `value` (vkCmdFillBuffer). An f16
+        view with half-word ends takes value's low 16 bits for those ends, so
+        the value must repeat per half word (0 does)."""
+        value = int(value) & 0xFFFFFFFF
+        lo, hi = view.offset, view.offset + view.nbytes
+        a, b = align_up(lo, 4), hi // 4 * 4
+        if a < b:
+            self.commands.append(Fill(BufView(view.buffer, a, ((b - a) // 4,), "i32"), value, self.label))
+        ends = sorted({x for x, odd in ((lo, lo % 4), (hi - 2, hi % 4)) if odd and lo < hi})
+        for start in ends:
+            if (value & 0xFFFF) != (value >> 16):
+                raise DeviceError(f"fill of an f16 view with half-word ends needs a value that repeats per half "
+                                  f"word, got {value:#x}")
+            self._fill_half_word(view.buffer, start, value)
+
+    def _fill_half_word(self, buffer, byte_offset: int, value: int) -> None:
+        word = byte_offset // 4
+        base = word * 4 // self.align * self.align      # a bindable offset at or below the word
+        keep = 0xFFFF0000 if byte_offset % 4 == 0 else 0x0000FFFF
+        window = BufView(buffer, base, ((word * 4 - base) // 4 + 1,), "i32")
+        self.commands.append(Dispatch("fill_word", None, (window,), (False,),
+                                      pack_push([(word * 4 - base) // 4, keep, value]), (1, 1, 1), self.label))
+
+    def copy(self, src: BufView, dst: BufView) -> None:
+        if src.nbytes != dst.nbytes:
+            raise DeviceError(f"copy of {src.nbytes} bytes into a {dst.nbytes}-byte view")
+        if src.nbytes:
+            self.commands.append(Copy(src, dst, self.label))
+
+    def scratch(self, shape, dtype: str) -> BufView:
+        shape = tuple(int(d) for d in shape)
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
+
+    grid = staticmethod(grid)
+
+    # -- for executors
+
+    @contextlib.contextmanager
+    def section(self, label: str, direction: str):
+        """Commands recorded inside are tagged (label, direction) for
+        profiling; scratch taken inside is released at the end."""
+        saved, top = self.label, self.arena.top
+        self.label = (label, direction)
+        try:
+            yield self
+        finally:
+            self.label, self.arena.top = saved, top
+
+    def counts(self) -> dict:
+        out = {"dispatches": 0, "fills": 0, "copies": 0}
+        for c in self.commands:
+            out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
+        return out
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _ranges(cmd):
+    """(reads, writes): lists of (buffer, lo, hi) a command touches."""
+    if isinstance(cmd, Dispatch):
+        reads = [(v.buffer, v.offset, v.offset + v.nbytes) for v in cmd.views]
+        writes = [r for r, ro in zip(reads, cmd.readonly) if not ro]
+        return reads, writes
+    if isinstance(cmd, Fill):
+        return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]
+    return ([(cmd.src.buffer, cmd.src.offset, cmd.src.offset + cmd.src.nbytes)],
+            [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
+
+
+class Hazards:
+    """Byte ranges read and written since the last barrier."""
+
+    def __init__(self):
+        self.reads: dict[int, list] = {}
+        self.writes: dict[int, list] = {}
+        self.barriers = 0
+
+    @staticmethod
+    def _hit(table, ranges) -> bool:
+        for buf, lo, hi in ranges:
+            for a, b in table.get(id(buf), ()):
+                if a < hi and lo < b:
+                    return True
+        return False
+
+    def needs_barrier(self, cmd) -> bool:
+        reads, writes = _ranges(cmd)
+        return self._hit(self.writes, reads) or self._hit(self.writes, writes) or self._hit(self.reads, writes)
+
+    def note(self, cmd) -> None:
+        reads, writes = _ranges(cmd)
+        for table, ranges in ((self.reads, reads), (self.writes, writes)):
+            for buf, lo, hi in ranges:
+                table.setdefault(id(buf), []).append((lo, hi))
+
+    def clear(self) -> None:
+        self.reads.clear()
+        self.writes.clear()
+        self.barriers += 1
+
+
+def count_barriers(commands) -> int:
+    h = Hazards()
+    for cmd in commands:
+        if h.needs_barrier(cmd):
+            h.clear()
+        h.note(cmd)
+    return h.barriers
+
+
+def _handle(buffer):
+    return buffer.handle
+
+
+class Encoding:
+    """Vulkan objects an encoded command list holds (descriptor pool, query
+    pool); free() when its command buffer is no longer used."""
+
+    def __init__(self, device):
+        self.device = device
+        self.descriptor_pool = None
+        self.query_pool = None
+        self.query_labels: list = []   # labels of the intervals between timestamps
+
+    def free(self) -> None:
+        from flowgrad.exec_vulkan.runtime import _vk
+
+        vk = _vk()
+        if self.device.handle is None:
+            return
+        if self.descriptor_pool is not None:
+            vk.vkDestroyDescriptorPool(self.device.handle, self.descriptor_pool, None)
+            self.descriptor_pool = None
+        if self.query_pool is not None:
+            vk.vkDestroyQueryPool(self.device.handle, self.query_pool, None)
+            self.query_pool = None
+
+
+def encode(device, cmd, commands, timestamps: bool = False) -> Encoding:
+    """Record `commands` into the command buffer `cmd` (begun and ended here).
+    With timestamps=True a timestamp is written at every change of label
+    (node, direction), for per-node GPU times (see read_timestamps)."""
+    from flowgrad.exec_vulkan.runtime import PUSH_BYTES, _vk, vk_errors
+
+    vk = _vk()
+    enc = Encoding(device)
+    try:
+        with vk_errors("recording a command buffer"):
+            _encode(vk, device, cmd, commands, timestamps, enc, PUSH_BYTES)
+    except BaseException:
+        enc.free()
+        raise
+    return enc
+
+
+def _descriptor_sets(vk, device, dispatches, enc):
+    if not dispatches:
+        return []
+    pipelines = [device.pipeline(d.shader, d.variant) for d in dispatches]
+    total = sum(max(1, p.bindings) for p in pipelines)
+    sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=total)]
+    info = vk.VkDescriptorPoolCreateInfo(maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=sizes)
+    enc.descriptor_pool = vk.vkCreateDescriptorPool(device.handle, info, None)
+    layouts = [p.set_layout for p in pipelines]
+    alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=enc.descriptor_pool, descriptorSetCount=len(layouts),
+                                           pSetLayouts=layouts)
+    sets = vk.vkAllocateDescriptorSets(device.handle, alloc)
+    writes, keep = [], []
+    for d, s in zip(dispatches, sets):
+        if not d.views:
+            continue
+        infos = [vk.VkDescriptorBufferInfo(buffer=_handle(v.buffer), offset=v.offset, range=max(v.nbytes, 4))
+                 for v in d.views]
+        keep.append(infos)
+        writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=0, descriptorCount=len(infos),
+                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              pBufferInfo=infos))
+    if writes:
+        vk.vkUpdateDescriptorSets(device.handle, len(writes), writes, 0, None)
+    return list(zip(pipelines, sets))
+
+
+def _barrier(vk, cmd, dst_host: bool = False):
+    src = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+    wrote = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+    if dst_host:
+        dst, access = vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT
+    else:
+        dst = src
+        access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
+                  | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+    barrier = [vk.VkMemoryBarrier(srcAccessMask=wrote, dstAccessMask=access)]
+    vk.vkCmdPipelineBarrier(cmd, src, dst, 0, 1, barrier, 0, None, 0, None)
+
+
+def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
+    dispatches = [c for c in commands if isinstance(c, Dispatch)]
+    bound = iter(_descriptor_sets(vk, device, dispatches, enc))
+    labels = _label_runs(commands) if timestamps else []
+    if timestamps:
+        qinfo = vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(labels) + 1)
+        enc.query_pool = vk.vkCreateQueryPool(device.handle, qinfo, None)
+        enc.query_labels = [label for label, _ in labels]
+    starts = {start: n for n, (_, start) in enumerate(labels)}
+    begin = vk.VkCommandBufferBeginInfo()
+    vk.vkBeginCommandBuffer(cmd, begin)
+    if timestamps:
+        vk.vkCmdResetQueryPool(cmd, enc.query_pool, 0, len(labels) + 1)
+    # what earlier submissions (or the host) wrote is visible to this one
+    _barrier(vk, cmd)
+    hazards = Hazards()
+    pipeline = None
+    stage = vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT
+    for i, c in enumerate(commands):
+        if i in starts:
+            # serialize at each node boundary so each interval is that node's work alone
+            _barrier(vk, cmd)
+            hazards.clear()
+            vk.vkCmdWriteTimestamp(cmd, stage, enc.query_pool, starts[i])
+        if hazards.needs_barrier(c):
+            _barrier(vk, cmd)
+            hazards.clear()
+        hazards.note(c)
+        if isinstance(c, Dispatch):
+            pipe, dset = next(bound)
+            if pipe.handle is not pipeline:
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.handle)
+                pipeline = pipe.handle
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, [dset], 0, None)
+            data = vk.ffi.from_buffer(c.push.ljust(push_bytes, b"\0"))
+            vk.vkCmdPushConstants(cmd, pipe.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, data)
+            vk.vkCmdDispatch(cmd, *c.groups)
+        elif isinstance(c, Fill):
+            vk.vkCmdFillBuffer(cmd, _handle(c.view.buffer), c.view.offset, c.view.nbytes, c.value)
+        else:
+            region = [vk.VkBufferCopy(srcOffset=c.src.offset, dstOffset=c.dst.offset, size=c.src.nbytes)]
+            vk.vkCmdCopyBuffer(cmd, _handle(c.src.buffer), _handle(c.dst.buffer), 1, region)
+    if timestamps:
+        _barrier(vk, cmd)
+        vk.vkCmdWriteTimestamp(cmd, stage, enc.query_pool, len(labels))
+    _barrier(vk, cmd, dst_host=True)
+    vk.vkEndCommandBuffer(cmd)
+
+
+def _label_runs(commands) -> list[tuple]:
+    """[(label, index of its first command)] for each run of equal labels."""
+    runs = []
+    for i, c in enumerate(commands):
+        if not runs or runs[-1][0] != c.label:
+            runs.append((c.label, i))
+    return runs
+
+
+def read_timestamps(device, enc: Encoding) -> list[tuple]:
+    """[(label, seconds)] for an encoding made with timestamps=True, after its
+    submission has finished."""
+    from flowgrad.exec_vulkan.runtime import _vk, vk_errors
+
+    vk = _vk()
+    n = len(enc.query_labels) + 1
+    data = vk.ffi.new("uint64_t[]", n)
+    with vk_errors("reading timestamp queries"):
+        vk.vkGetQueryPoolResults(device.handle, enc.query_pool, 0, n, n * 8, data, 8,
+                                 vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+    ticks = [int(data[i]) for i in range(n)]
+    scale = device.timestamp_period * 1e-9
+    return [(label, max(0, ticks[i + 1] - ticks[i]) * scale) for i, label in enumerate(enc.query_labels)]

@@ -1,0 +1,42 @@
+"""The shipped SPIR-V is what the shipped GLSL compiles to: every .comp is
+recompiled (each variant) and compared byte for byte with shaders/spv/."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_shaders.py"
+
+
+def _build_shaders():
+    spec = importlib.util.spec_from_file_location("build_shaders", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shipped_spirv_is_current():
+    if shutil.which("glslc") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but glslc is not installed")
+        pytest.skip("glslc is not installed")
+    build = _build_shaders()
+    assert list(build.SHADER_DIR.glob("*.comp")), "no shaders found"
+    problems = build.stale()
+    assert not problems, "stale SPIR-V (run `python scripts/build_shaders.py`):\n" + "\n".join(problems)
+
+
+def test_variants_line_selects_builds(tmp_path):
+    build = _build_shaders()
+    src = tmp_path / "x.comp"
+    src.write_text("// variants: f32 f16\n#version 450\nvoid main() {}\n")
+    assert build.outputs(src) == {"x.spv": [], "x.f16.spv": ["-DF16=1"]}
+    src.write_text("#version 450\nvoid main() {}\n")
+    assert build.outputs(src) == {"x.spv": []}
+    src.write_text("// variants: f16\n")
+    with pytest.raises(build.BuildError):
+        build.outputs(src)

@@ -1,0 +1,62 @@
+"""Tiny ops with lowerings over the runtime's own accumulate shader, so the
+Vulkan runtime and the graph executor can be tested without the kernel
+authors' lowerings. Registered once, under names no real op uses."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops import OPS, Arg, Lowering, Op, OpTypeError, register
+from flowgrad.exec_vulkan.recorder import grid
+
+
+def _acc(rec, dst, src):
+    rec.dispatch("accumulate", [dst, src], push=[dst.size], groups=grid(dst.size),
+                 variant="f16" if dst.dtype == "f16" else None)
+
+
+def _same(ins, attrs):
+    if len({t.shape for t in ins}) != 1 or len({t.dtype for t in ins}) != 1:
+        raise OpTypeError("vk_test ops take inputs of one shape and dtype")
+    return TensorType(ins[0].shape, ins[0].dtype)
+
+
+def _add_fwd(rec, node, ins, out):
+    rec.copy(ins[0], out)
+    _acc(rec, out, ins[1])
+
+
+def _add_bwd(rec, node, g, ins, out, grads):
+    for d in grads:
+        if d is not None:
+            rec.copy(g, d)
+
+
+def _twice_fwd(rec, node, ins, out):
+    rec.copy(ins[0], out)
+    _acc(rec, out, ins[0])
+
+
+def _twice_bwd(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        rec.copy(g, grads[0])
+        _acc(rec, grads[0], g)
+
+
+def _sumsq_infer(ins, attrs):
+    return TensorType((), ins[0].dtype)
+
+
+def ensure_registered():
+    if "vk_test_add" in OPS:
+        return
+    both = frozenset({"f32", "f16"})
+    register(Op("vk_test_add", (Arg("a"), Arg("b")), _same, lambda ins, at: ins[0] + ins[1],
+                lambda g, ins, out, at: [g, g], Lowering(_add_fwd, _add_bwd, both, frozenset({"f32"})),
+                doc="test op: a + b, same shapes"))
+    register(Op("vk_test_twice", (Arg("x"),), _same, lambda ins, at: ins[0] * 2,
+                lambda g, ins, out, at: [g * 2], Lowering(_twice_fwd, _twice_bwd, both, both),
+                doc="test op: 2 x"))
+    # no lowering: the Vulkan kernels run it on numpy, and the planner refuses the graph path for it
+    register(Op("vk_test_sumsq", (Arg("x"),), _sumsq_infer, lambda ins, at: np.sum(ins[0] * ins[0]),
+                lambda g, ins, out, at: [2 * g * ins[0]], doc="test op: sum of squares, numpy only"))
