@@ -45,6 +45,10 @@ def test_array_batches_depend_only_on_seed_and_step():
     assert a.train_batch(3)["x"].shape == (32, 64) and a.train_batch(3)["y"].shape == (32,)
 
 
+def test_float_data_feeds_an_f16_model():
+    make_data(call("digits"), SPAN).bind(model_graph(x=("f16", (32, 64)), y=("i32", (32,))))
+
+
 def test_an_epoch_visits_each_training_row_once():
     x = np.arange(10, dtype=np.float32)[:, None]
     d = ArrayData(x, np.zeros(10), x[:2], np.zeros(2), seed=0).bind(model_graph(x=("f32", (3, 1)), y=("i32", (3,))))

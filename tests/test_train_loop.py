@@ -266,6 +266,7 @@ def test_run_cli_writes_outputs(trained, tmp_path, capsys):
     ("truncate", "truncated or corrupt"),
     ("missing-feed", "missing --feed x=FILE.npy"),
     ("bad-feed", "expected name=file.npy"),
+    ("empty-feed", "cannot read"),
     ("wrong-shape", "feed 'x' has shape [3, 64]"),
 ])
 def test_run_cli_errors_are_messages(trained, tmp_path, capsys, damage, message):
@@ -279,6 +280,8 @@ def test_run_cli_errors_are_messages(trained, tmp_path, capsys, damage, message)
         feeds = []
     elif damage == "bad-feed":
         feeds = ["--feed", "x"]
+    elif damage == "empty-feed":
+        (tmp_path / "x.npy").write_bytes(b"")
     else:
         np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
     rc = cli_main(["run", str(MODELS / "logreg.flow"), "--checkpoint", str(ckpt), "--device", "cpu", *feeds])

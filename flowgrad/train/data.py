@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import Graph
+from flowgrad.graph import FLOAT_DTYPES, Graph
 from flowgrad.train import spec
 
 SEP = 0
@@ -69,7 +69,9 @@ class Dataset:
         self.batch = batches.pop()
         for f, t in shapes.items():
             want_shape, want_dtype = self.feed_type(f)
-            if t.dtype != want_dtype or t.shape[1:] != want_shape:
+            # float data feeds f32 or f16 inputs alike (the session casts feeds to the model's dtype)
+            same_kind = t.dtype == want_dtype or (want_dtype == "f32" and t.dtype in FLOAT_DTYPES)
+            if not same_kind or t.shape[1:] != want_shape:
                 want = f"{want_dtype}[batch{''.join(f', {d}' for d in want_shape)}]"
                 raise FlowError(f"data {self.describe} makes {f} as {want}, but the model declares "
                                 f"input {f}: {t}", span, hint=self.shape_hint(f))
@@ -285,7 +287,7 @@ def npz(path=spec.REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test
     except FileNotFoundError:
         raise FlowError(f"{what}: no such file {str(full)!r}", span,
                         hint="a relative path is relative to the model file's directory") from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:
         raise FlowError(f"{what}: cannot read {str(full)!r} as .npz: {e}", span) from None
     keys = {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
     for arg, key in keys.items():

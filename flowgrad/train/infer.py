@@ -10,6 +10,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import NUMPY_DTYPE
+from flowgrad.train import checkpoint
 
 
 def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
@@ -25,7 +26,7 @@ def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
             feeds[name] = np.load(file, allow_pickle=False)
         except FileNotFoundError:
             raise FlowError(f"--feed {name}: no such file {file!r}") from None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError) as e:
             raise FlowError(f"--feed {name}: cannot read {file!r} as a .npy array: {e}") from None
         if not isinstance(feeds[name], np.ndarray):
             raise FlowError(f"--feed {name}: {file!r} holds several arrays (an .npz); give one .npy per input")
@@ -71,8 +72,12 @@ def run_cli(args) -> int:
 
     model = fg.load(args.file, parse_sets(args.set))
     feeds = parse_feeds(args.feed)
-    sess = model.compile(device=args.device)
-    ckpt = sess.load_checkpoint(args.checkpoint)
+    ckpt = checkpoint.load(args.checkpoint)
+    # a model trained with --dtype f16 runs in f16: the checkpoint says which
+    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
+    sess = model.compile(device=args.device, dtype=dtype)
+    checkpoint.check_matches(ckpt, sess.graph)
+    sess.set_params(ckpt.params)
     outputs = run(sess, feeds)
     if args.out:
         try:
