@@ -113,7 +113,7 @@ def test_npz_errors(tmp_path, kwargs, message):
 
 
 def test_reverse_layout():
-    d = make_data(call("reverse", seq=4, vocab=8, test=20), SPAN, seed=0)
+    d = make_data(call("reverse", seq=8, vocab=8, test=20), SPAN, seed=0)
     d.bind(model_graph(tokens=("i32", (5, 8)), targets=("i32", (5, 8))))
     b = d.train_batch(0)
     tok, tgt = b["tokens"], b["targets"]
@@ -123,13 +123,13 @@ def test_reverse_layout():
     assert (tok[:, 4] == SEP).all()
     np.testing.assert_array_equal(tgt[:, :-1], tok[:, 1:])       # targets are tokens shifted by one
     np.testing.assert_array_equal(tgt[:, 4:], x[:, ::-1])        # answer positions hold x reversed
-    c = make_data(call("copy", seq=4, vocab=8, test=20), SPAN, seed=0)
+    c = make_data(call("copy", seq=8, vocab=8, test=20), SPAN, seed=0)
     c.bind(model_graph(tokens=("i32", (5, 8)), targets=("i32", (5, 8))))
     np.testing.assert_array_equal(c.train_batch(0)["targets"][:, 4:], c.train_batch(0)["tokens"][:, :4])
 
 
 def test_held_out_sequences_never_appear_in_training():
-    d = make_data(call("reverse", seq=3, vocab=5, test=30), SPAN, seed=0)  # 64 possible sequences
+    d = make_data(call("reverse", seq=6, vocab=5, test=30), SPAN, seed=0)  # 64 possible sequences
     d.bind(model_graph(tokens=("i32", (16, 6)), targets=("i32", (16, 6))))
     held = {r.tobytes() for r in d._test_x}
     assert len(held) == 30
@@ -139,7 +139,7 @@ def test_held_out_sequences_never_appear_in_training():
 
 
 def test_token_accuracy_reads_answer_positions_only():
-    d = make_data(call("reverse", seq=3, vocab=6, test=4), SPAN, seed=0)
+    d = make_data(call("reverse", seq=6, vocab=6, test=4), SPAN, seed=0)
     d.bind(model_graph(tokens=("i32", (4, 6)), targets=("i32", (4, 6))))
     feeds = d.layout(d._test_x)
     logits = np.eye(6, dtype=np.float32)[feeds["targets"]]      # perfect everywhere ...
@@ -165,17 +165,18 @@ def test_data_that_does_not_fit_the_model(inputs, message):
 
 def test_sequence_length_hint():
     with pytest.raises(FlowError) as e:
-        make_data(call("reverse", seq=8), SPAN).bind(model_graph(tokens=("i32", (4, 8)), targets=("i32", (4, 8))),
-                                                     SPAN)
-    assert "2*seq = 16 tokens" in str(e.value)
+        make_data(call("reverse", seq=16), SPAN).bind(model_graph(tokens=("i32", (4, 8)), targets=("i32", (4, 8))),
+                                                      SPAN)
+    assert "makes rows of 16 tokens" in str(e.value)
 
 
 @pytest.mark.parametrize("value, message", [
     (call("digts"), "did you mean 'digits'"),
     (call("digits", test_fraction=1.5), "test_fraction must be"),
     (call("digits", frac=0.1), "has no argument 'frac'"),
-    (call("reverse", seq=0), "seq must be >= 1"),
-    (call("reverse", seq=2, vocab=4, test=8), "too few to hold out"),
+    (call("reverse", seq=0), "seq must be >= 2"),
+    (call("reverse", seq=7), "seq must be even"),
+    (call("reverse", seq=4, vocab=4, test=8), "too few to hold out"),
     (call("npz"), "needs argument 'path'"),
 ])
 def test_bad_data_settings(value, message):

@@ -63,7 +63,7 @@ def falls(history, k=5):
 @pytest.mark.parametrize("file, config, steps", [
     ("logreg.flow", {}, 40),
     ("mlp.flow", {"hidden": 32}, 40),
-    ("tiny_gpt.flow", {"d": 32, "layers": 1, "n": 4, "batch": 16}, 60),
+    ("tiny_gpt.flow", {"d": 32, "layers": 1, "seq": 8, "batch": 16}, 60),
 ])
 def test_each_model_trains_a_little(file, config, steps):
     res = fg.train(fg.load(MODELS / file, config), steps=steps, device="cpu", progress=False)

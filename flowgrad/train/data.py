@@ -6,15 +6,17 @@
     npz(path, x="x", y="y", test_fraction=0.2, x_test=none, y_test=none)
                                       arrays from a .npz file (a relative path
                                       is relative to the model file); feeds x, y
-    reverse(seq=8, vocab=16, test=512)   synthetic sequence tasks for a causal
-    copy(seq=8, vocab=16, test=512)      decoder; feeds tokens, targets
+    reverse(seq=16, vocab=16, test=512)  synthetic sequence tasks for a causal
+    copy(seq=16, vocab=16, test=512)     decoder; feeds tokens, targets
 
-Sequence layout (n = seq, SEP = token 0, symbols drawn from 1..vocab-1, so
-the model's vocabulary is `vocab` including SEP):
+Sequence layout: `seq` is the decoder's sequence length (even), the same
+number as the model's `tokens: i32[batch, seq]`; each row holds n = seq/2
+symbols and their answer. SEP = token 0; symbols are drawn from 1..vocab-1,
+so the model's vocabulary is `vocab` including SEP:
 
     full    = x_1 .. x_n  SEP  y_1 .. y_n          (2n + 1 tokens)
-    tokens  = full[:-1]      i32[batch, 2n]
-    targets = full[1:]       i32[batch, 2n]
+    tokens  = full[:-1]      i32[batch, seq]
+    targets = full[1:]       i32[batch, seq]
 
 y is x reversed (reverse) or x itself (copy). Targets at positions n..2n-1
 (0-based) are the answer y_1..y_n: token accuracy is measured there only. The
@@ -204,18 +206,21 @@ class SequenceTask(Dataset):
     feeds = ("tokens", "targets")
     metric = "token_accuracy"
 
-    def __init__(self, task: str, seq: int = 8, vocab: int = 16, test: int = 512, seed: int = 0, span=None):
+    def __init__(self, task: str, seq: int = 16, vocab: int = 16, test: int = 512, seed: int = 0, span=None):
         super().__init__(seed)
         what = f"data {task}()"
         self.task = task
-        self.n = spec.number(what, "seq", seq, span, low=1, integer=True)
+        seq = spec.number(what, "seq", seq, span, low=2, integer=True)
+        if seq % 2:
+            raise FlowError(f"{what}: seq must be even (seq/2 symbols, then their answer), got {seq}", span)
+        self.n = seq // 2
         self.vocab = spec.number(what, "vocab", vocab, span, low=3, integer=True)
         self.test = spec.number(what, "test", test, span, low=1, integer=True)
         space = (self.vocab - 1) ** self.n
         if self.test * 2 > space:
             raise FlowError(f"{what}: only {space} distinct sequences exist, too few to hold out {self.test}",
                             span, hint="raise seq or vocab, or lower test")
-        self.describe = f"{task}(seq={self.n}, vocab={self.vocab})"
+        self.describe = f"{task}(seq={seq}, vocab={self.vocab})"
         self._test_x = self._draw_unique(np.random.default_rng([self.seed, 2]), self.test)
         self._held_out = {row.tobytes() for row in self._test_x}
 
@@ -223,7 +228,7 @@ class SequenceTask(Dataset):
         return (2 * self.n,), "i32"
 
     def shape_hint(self, name):
-        return f"{self.task}(seq={self.n}) makes 2*seq = {2 * self.n} tokens: set the model's sequence length to it"
+        return f"{self.describe} makes rows of {2 * self.n} tokens: give the data the model's sequence length"
 
     def _draw_unique(self, rng, count):
         rows: dict[bytes, np.ndarray] = {}
@@ -307,11 +312,11 @@ def npz(path=spec.REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test
     return ArrayData.split(arrays[x], arrays[y], _fraction(what, test_fraction, span), seed, describe, span)
 
 
-def reverse(seq=8, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
+def reverse(seq=16, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
     return SequenceTask("reverse", seq, vocab, test, seed, span)
 
 
-def copy(seq=8, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
+def copy(seq=16, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
     return SequenceTask("copy", seq, vocab, test, seed, span)
 
 
