@@ -14,6 +14,12 @@ from flowgrad.exec_vulkan.spirv import shader_info
 from flowgrad.graph import Graph, TensorType
 from tests import vk_test_ops
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_ops():
+    with vk_test_ops.registered():
+        yield
+
 # ---------------------------------------------------------------- no device needed
 
 
