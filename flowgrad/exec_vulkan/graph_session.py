@@ -262,6 +262,8 @@ class GraphSession:
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`
         self.opt_step = 0
+        self.last_opt_key = None                   # the optimizer state get_opt_state reads
+        self.loaded_opt_state: dict | None = None  # from set_opt_state, for optimizers not seen yet
         self.leaves: dict[tuple, object] = {}      # ("val", id) / ("seed",) -> Buffer
         self._upload_leaves(params)
 
@@ -303,6 +305,8 @@ class GraphSession:
         key = id(optimizer)
         if key not in self.opt_state:
             state = optimizer.init_state(self.get_params())
+            for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
+                state.get(pname, {}).update({k: v for k, v in entries.items() if k in state.get(pname, {})})
             bufs = {}
             with OneShot(self.device) as s:
                 for pname, entries in state.items():
@@ -342,6 +346,8 @@ class GraphSession:
         g = self.graph
         prog = self._program(grads, grad_inputs, optimizer)
         hyper = None
+        if optimizer is not None:
+            self.last_opt_key = id(optimizer) if prog.optimizer is not None else "host"
         if prog.optimizer is not None:
             self.opt_step += 1
             hyper = np.asarray(optimizer.hyper(self.opt_step), np.float32)
@@ -367,6 +373,8 @@ class GraphSession:
         params = self.get_params()
         if not self.host_opt_state:
             self.host_opt_state = optimizer.init_state(params)
+            for pname, entries in (self.loaded_opt_state or {}).items():
+                self.host_opt_state.get(pname, {}).update(entries)
         self.opt_step += 1
         optimizer.update(params, grads, self.host_opt_state, self.opt_step)
         self.set_params(params)
@@ -386,6 +394,40 @@ class GraphSession:
             i = self.graph.params[name]
             arrays[("val", i)] = (value, self.graph.nodes[i].dtype)
         self._write_leaves(arrays)
+
+    # -- optimizer state (checkpoints)
+
+    def get_opt_state(self):
+        """(optimizer steps taken, {param: {state name: array}}) of the optimizer
+        last stepped with, read back from the device: for checkpoints."""
+        entry = self.opt_state.get(self.last_opt_key)
+        if entry is None:
+            host = self.host_opt_state if self.last_opt_key == "host" else (self.loaded_opt_state or {})
+            return self.opt_step, {p: {k: np.array(v) for k, v in st.items()} for p, st in host.items()}
+        bufs = entry[1]
+        keys = [(p, k) for p, st in bufs.items() for k in st]
+        with OneShot(self.device) as s:
+            for p, k in keys:
+                s.download(bufs[p][k])
+            arrays = s.run()
+        out = {p: {} for p in bufs}
+        for (p, k), a in zip(keys, arrays):
+            out[p][k] = a
+        return self.opt_step, out
+
+    def set_opt_state(self, step: int, state) -> None:
+        """Restore what get_opt_state returned (resume): the next update is
+        step + 1, starting from these state arrays."""
+        self.opt_step = int(step)
+        self.loaded_opt_state = {p: {k: np.array(v, np.float32) for k, v in st.items()} for p, st in state.items()}
+        self.host_opt_state = {}
+        with OneShot(self.device) as s:
+            for _opt, bufs in self.opt_state.values():
+                for p, entries in self.loaded_opt_state.items():
+                    for k, arr in entries.items():
+                        if k in bufs.get(p, {}):
+                            s.write(bufs[p][k], arr)
+            s.run()
 
     # -- profiling and teardown
 
