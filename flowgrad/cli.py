@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run", help="inference from a checkpoint")
