@@ -13,6 +13,7 @@ lowering, recorded inside a section labelled with the node, so profiling
 same commands."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import weakref
@@ -71,14 +72,14 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":
-            with rec.section(node.label, "forward"):
+            with rec.section(node.label, "forward"), _lowering_errors(node, "forward"):
                 low.forward(rec, node, ins, out)
             continue
         writes = mem.grad_writes[node.id]
         grads = [None] * len(node.inputs)
         for w in writes:
             grads[w.pos] = view(w.key)
-        with rec.section(node.label, "backward"):
+        with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
             low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
             for w in writes:
                 if w.accumulate_into is not None:
@@ -89,6 +90,16 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
+
+
+@contextlib.contextmanager
+def _lowering_errors(node, direction):
+    """A lowering that rejects its node (ValueError) becomes a FlowError at the node's source line."""
+    try:
+        yield
+    except ValueError as e:
+        raise FlowError(f"{node.label} = {node.op}(...): the Vulkan {direction} lowering cannot run it: {e}",
+                        node.span, hint="compile with backward='closures' to run it on closures") from e
 
 
 class _Layout:
@@ -289,7 +300,7 @@ class GraphSession:
     def _write_leaves(self, arrays: dict):
         with OneShot(self.device) as s:
             for key, (value, dtype) in arrays.items():
-                data = np.ascontiguousarray(value, dtype=NUMPY[dtype])
+                data = np.ascontiguousarray(value, dtype=NUMPY[dtype]).reshape(np.shape(value))
                 s.write(BufView(self.leaves[key], 0, data.shape, dtype), data)
             s.run()
 
@@ -312,7 +323,7 @@ class GraphSession:
                 for pname, entries in state.items():
                     bufs[pname] = {}
                     for k, arr in entries.items():
-                        arr = np.ascontiguousarray(arr)
+                        arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
                         dtype = "f16" if arr.dtype == np.float16 else "i32" if arr.dtype.kind in "iu" else "f32"
                         buf = self.device.buffer(max(arr.nbytes, 4), "device")
                         view = BufView(buf, 0, arr.shape, dtype)

@@ -41,7 +41,8 @@ class OneShot:
     def upload(self, array, dtype: str | None = None) -> BufView:
         """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
         dtype = dtype or _dtype_name(array)
-        data = np.ascontiguousarray(array, dtype=NUMPY[dtype])
+        # reshape: ascontiguousarray turns a 0-d array into shape (1,)
+        data = np.ascontiguousarray(array, dtype=NUMPY[dtype]).reshape(np.shape(array))
         view = self.empty(data.shape, dtype)
         self.write(view, data)     # mapped: written now (nothing is in flight), else through staging
         return view
