@@ -141,6 +141,12 @@ def test_a_fresh_run_does_not_replace_a_checkpoint(tmp_path):
     assert fg.train.checkpoint.load(tmp_path / "checkpoint.safetensors").step == 3
 
 
+def test_unwritable_output_directory_is_a_flow_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FlowError, match="cannot write"):
+        fg.train(small(), steps=2, device="cpu", progress=False, out=tmp_path / "file" / "run")
+
+
 def test_resume_errors(tmp_path):
     with pytest.raises(FlowError, match="nothing to resume"):
         fg.train(small(), device="cpu", progress=False, out=tmp_path, resume=True)

@@ -236,9 +236,10 @@ def list_devices() -> list[DeviceInfo]:
 def list_devices_text() -> str:
     """What `flowgrad devices` prints."""
     try:
-        devices = list_devices() if _try_instance() else []
+        instance()     # a loader or validation-layer problem is worth showing as such
     except DeviceError as e:
         return f"no Vulkan devices: {e}"
+    devices = list_devices()
     if not devices:
         return ("no Vulkan devices (install a Vulkan driver; Debian: mesa-vulkan-drivers gives lavapipe, "
                 "a CPU device usable with --device vulkan)")
@@ -252,11 +253,6 @@ def list_devices_text() -> str:
     if _first_gpu(devices) is None:
         lines.append("device='auto' runs on numpy (no GPU); --device vulkan uses vulkan:0")
     return "\n".join(lines)
-
-
-def _try_instance() -> bool:
-    instance()
-    return True
 
 
 def _first_gpu(devices) -> int | None:

@@ -98,10 +98,11 @@ class Dataset:
         count = 0
         for feeds, n_valid in self.eval_batches():
             res = sess.step(feeds, grads=False)
-            for k, v in self.batch_metrics(res.outputs[name][:n_valid], {f: a[:n_valid] for f, a in feeds.items()}).items():
+            valid = {f: a[:n_valid] for f, a in feeds.items()}
+            for k, v in self.batch_metrics(res.outputs[name][:n_valid], valid).items():
                 totals[k] = totals.get(k, 0.0) + v
             count += n_valid
-        return {k: v / count for k, v in totals.items()}
+        return {k: v / count for k, v in totals.items()} if count else {}
 
     def logits_output(self, graph: Graph) -> str:
         """The output the metric reads: the first one shaped targets + [C]."""

@@ -134,7 +134,9 @@ class MetricsLog:
 
     def start(self, header: dict) -> None:
         if self.path is not None:
-            self.path.write_text(json.dumps({"version": METRICS_VERSION, **header}) + "\n")
+            with _writing(self.path):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.write_text(json.dumps({"version": METRICS_VERSION, **header}, default=str) + "\n")
 
     def resume(self, step: int, header: dict) -> list[dict]:
         """Keep the records up to `step` (a run killed after its last
@@ -150,14 +152,23 @@ class MetricsLog:
                     continue  # a line cut short by a kill
                 if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
                     kept.append(rec)
-        lines = [json.dumps({"version": METRICS_VERSION, **header})] + [json.dumps(r) for r in kept]
-        checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+        lines = [json.dumps({"version": METRICS_VERSION, **header}, default=str)] + [json.dumps(r) for r in kept]
+        with _writing(self.path):
+            checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
         return kept
 
     def write(self, rec: dict) -> None:
         if self.path is not None:
-            with self.path.open("a") as f:
+            with _writing(self.path), self.path.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    try:
+        yield
+    except OSError as e:
+        raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
 def plot(history: list[dict], path: Path, title: str, metric: str) -> bool:
@@ -244,8 +255,6 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         if ckpt_path is not None and ckpt_path.exists() and not overwrite:
             raise FlowError(f"{out} already holds a checkpoint: pass --resume to continue that run, or "
                             "--overwrite to start again (or choose another --out)")
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
         log.start(header)
 
     metrics = next((_metrics_of(r) for r in reversed(history) if _metrics_of(r)), {})
@@ -282,7 +291,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if step == start and not metrics:  # resumed a finished run: still report its metrics
         metrics = ts.data.evaluate(sess)
     if out is not None:
-        plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
+        with _writing(out / "loss.png"):
+            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
     return TrainResult(sess, step, history[-1]["loss"] if history else None, metrics, ts.data.metric, seconds,
                        step - start, sess.last_path, history, out)
 
@@ -360,7 +370,8 @@ def summary(result: TrainResult) -> str:
     rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
     rows.append(("path", result.path))
     if result.out is not None:
-        rows.append(("wrote", f"{result.out / checkpoint.FILENAME}, metrics.jsonl, loss.png"))
+        written = [p.name for p in (result.out / "metrics.jsonl", result.out / "loss.png") if p.exists()]
+        rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
     return "\n".join(lines)
