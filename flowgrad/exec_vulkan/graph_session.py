@@ -453,7 +453,7 @@ class GraphSession:
         in step order (medians over `steps` runs): GPU timestamps where the
         device has them, else (or with timer="wall") wall time of each section
         submitted alone. Directions: forward, backward, optimizer, and transfer
-        (feeds in, read-back). Runs steps without counting them as optimizer steps."""
+        (feeds in, read-back). With an optimizer, each profiled step updates the params too."""
         prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
         if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
