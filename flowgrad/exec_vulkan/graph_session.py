@@ -209,6 +209,10 @@ class _Program:
     def write_inputs(self, feeds: dict, hyper) -> None:
         for name, staging, _dev in self.layout.io.uploads:
             data = hyper if name == "@hyper" else feeds[name]
+            if tuple(np.shape(data)) != staging.shape:
+                what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
+                raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
+                                f"{list(staging.shape)}")
             self.staging_up.write(np.ascontiguousarray(data, dtype=NUMPY[staging.dtype]), staging.offset)
 
     def read_outputs(self) -> dict[str, np.ndarray]:
