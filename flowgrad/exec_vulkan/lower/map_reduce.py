@@ -158,9 +158,7 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     axes in order."""
     space = tuple(out.shape if space is None else space)
     shapes = [tuple(v.shape) for v in ins] if shapes is None else [tuple(s) for s in shapes]
-    reduced = frozenset(reduce_axes)
-    strides = [broadcast_strides(s, space) for s in shapes]
-    dims = collapse(space, reduced, strides)
+    dims = collapse(space, frozenset(reduce_axes), [broadcast_strides(s, space) for s in shapes])
     if len(dims) > MAX_RANK:
         raise FlowError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
                         f"{len(dims)} axes after merging contiguous ones; the Vulkan kernel takes at most "
@@ -168,32 +166,35 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     n_out = math.prod(n for n, red, _ in dims if not red)
     total = math.prod(n for n, _, _ in dims)
     if n_out == 0 or (total == 0 and reduce == "max"):
-        return _empty(rec, out, n_out)
-    R = total // n_out if n_out else 0
+        return _empty(out, n_out)
+    R = total // n_out
     # innermost axis kept: neighbouring outputs are neighbours in memory, so
     # interleave the lanes (coalesced column sums, e.g. a bias gradient)
     interleaved = bool(dims) and not dims[-1][1]
     lanes = segment_lanes(R, n_out, interleaved)
     chunks = reduce_chunks(R, n_out, lanes)
-    target = out if chunks == 1 else rec.scratch((chunks, n_out), out.dtype)
+    if chunks == 1:
+        _dispatch(rec, op, ins, out, dims, n_out, R, lanes, 1, interleaved, scale, param, reduce)
+        return
+    pieces = rec.scratch((chunks, n_out), out.dtype)
+    _dispatch(rec, op, ins, pieces, dims, n_out, R, lanes, chunks, interleaved, 1.0, param, reduce)
+    map_reduce(rec, M.COPY, [pieces], out, space=(chunks, n_out), reduce_axes=(0,), scale=scale, reduce=reduce)
+
+
+def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce):
     pad = [0] * (MAX_RANK - len(dims))
-    shape = [n for n, _, _ in dims] + pad
-    per_input = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
-    while len(per_input) < 3:
-        per_input.append([0] * MAX_RANK)
+    strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
+    strides += [[0] * MAX_RANK] * (3 - len(ins))
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
-    push = [n_out * chunks, R, lanes, code, chunks, float(scale if chunks == 1 else 1.0), float(param),
-            *shape, *per_input[0], *per_input[1], *per_input[2]]
-    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [target]
+    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
+            *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
+    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
-    if chunks > 1:
-        map_reduce(rec, M.COPY, [target], out, space=(chunks, n_out), reduce_axes=(0,), scale=scale,
-                   reduce=reduce)
 
 
-def _empty(rec, out, n_out):
+def _empty(out, n_out):
     """Nothing to compute (an empty output), or a max over nothing."""
     if n_out:
         raise FlowError(f"max over an empty axis has no value (output shape {list(out.shape)})")
