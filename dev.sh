@@ -36,7 +36,7 @@ case "${1:-}" in
     train)
         shift
         venv
-        .venv/bin/flowgrad train models/mlp.flow --out runs/mlp "$@"
+        .venv/bin/flowgrad train models/mlp.flow --out runs/mlp --overwrite "$@"
         ;;
     test)
         shift

@@ -1,8 +1,9 @@
 """flowgrad: train neural networks written in the `.flow` language."""
 from flowgrad.api import Model, Session, StepResult, load, loads
 from flowgrad.errors import DeviceError, FlowError, FlowWarning, GraphPathRefused
+from flowgrad import train  # noqa: E402  callable: fg.train(model, ...) runs flowgrad.train.loop.train
 from flowgrad.ops.user import register_op
 
 __version__ = "0.1.0"
 __all__ = ["DeviceError", "FlowError", "FlowWarning", "GraphPathRefused", "Model", "Session", "StepResult",
-           "load", "loads", "register_op"]
+           "load", "loads", "register_op", "train"]

@@ -81,6 +81,9 @@ class Session:
         self.plan = plan
         self.device = device
         self._warned = False
+        # the last optimizer step() was given (or its description, loaded from a
+        # checkpoint): save_checkpoint records it
+        self.optimizer = None
         self.runner = self._make_runner(params)
 
     def _make_runner(self, params):
@@ -145,6 +148,8 @@ class Session:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         self._warn_fallback()
+        if optimizer is not None:
+            self.optimizer = optimizer
         outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
                                                     optimizer=optimizer, grad_inputs=grad_inputs)
         return StepResult(outputs, out_grads, None if loss is None else float(loss))
@@ -157,6 +162,19 @@ class Session:
             listed = "\n".join(f"  [{r.code}] {r.headline()}" for r in self.plan.refusals)
             warnings.warn(f"{self.graph.name}: backward falls back to closures:\n{listed}", FlowWarning,
                           stacklevel=3)
+
+    def save_checkpoint(self, path) -> None:
+        """Params and optimizer state to a safetensors file (atomically)."""
+        from flowgrad.train.checkpoint import save_session
+
+        save_session(self, path)
+
+    def load_checkpoint(self, path):
+        """Load params (and optimizer state) saved by save_checkpoint or
+        `flowgrad train`; a mismatch with this model is a FlowError listing each."""
+        from flowgrad.train.checkpoint import load_into_session
+
+        return load_into_session(self, path)
 
     def explain(self, analyze: bool = False):
         from flowgrad.planner.explain import explain

@@ -39,3 +39,14 @@ def _no_validation_errors():
     runtime.clear_validation_messages()
     if errors:
         pytest.fail(f"{len(errors)} Vulkan validation error(s); first: {errors[0]}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_op_registry():
+    """Ops registered from Python by a test (fg.register_op) stay in that test."""
+    from flowgrad.ops import OPS
+
+    saved = dict(OPS)
+    yield
+    OPS.clear()
+    OPS.update(saved)

@@ -97,6 +97,8 @@ MATMUL_SHAPES = [
     ((5,), (5, 7)),               # 1-D lhs
     ((3, 5), (5,)),               # 1-D rhs
     ((2, 3, 5), (5,)),
+    ((3, 600), (600, 5)),         # deep K, one output tile: split-K (forward and da)
+    ((600, 7), (7, 5)),           # db = a^T @ g is the deep one here
 ]
 
 
@@ -106,7 +108,8 @@ def test_matmul_f32(kernels, sa, sb):
     run_op(kernels, "matmul", [rand(rng, sa), rand(rng, sb)], {}, rng)
 
 
-@pytest.mark.parametrize("sa,sb", [((2, 3, 5), (5, 7)), ((4, 5), (2, 5, 3)), ((2, 1, 3, 5), (1, 3, 5, 4))])
+@pytest.mark.parametrize("sa,sb", [((2, 3, 5), (5, 7)), ((4, 5), (2, 5, 3)), ((2, 1, 3, 5), (1, 3, 5, 4)),
+                                   ((600, 7), (7, 5))])
 def test_matmul_f16(kernels, sa, sb):
     rng = np.random.default_rng(1)
     run_op(kernels, "matmul", [rand(rng, sa, "f16"), rand(rng, sb, "f16")], {}, rng, "f16")
@@ -131,6 +134,24 @@ def test_matmul_common_case_is_one_gemm_per_direction(vk_device):
     pushes = [np.frombuffer(c.push, np.uint32) for c in rec.commands]
     assert [tuple(p[:3]) for p in pushes] == [(12, 5, 6), (12, 6, 5), (6, 5, 12)]  # (M, N, K)
     assert all(p[8] == 1 and p[12] == 1 for p in pushes)  # no batch, no in-kernel sum
+
+
+def test_matmul_deep_k_splits_then_sums(vk_device):
+    """A weight gradient's GEMM (few output tiles, K = every row) splits K
+    into chunks written to scratch, then sums them: two dispatches."""
+    from flowgrad.exec_vulkan import Recorder
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer
+
+    def view(shape):
+        return BufView(FakeBuffer(4 * math.prod(shape)), 0, shape, "f32")
+
+    a, b = view((4, 300, 8)), view((8, 6))
+    node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
+    rec = Recorder(None)
+    linalg.MATMUL.backward(rec, node, view((4, 300, 6)), [a, b], view((4, 300, 6)), [None, view(b.shape)])
+    assert [c.shader for c in rec.commands] == ["matmul", "reduce_to_shape"]
+    push = np.frombuffer(rec.commands[0].push, np.uint32)
+    assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200  # chunks of K = 1200 rows, klimit = K
 
 
 # ---------------------------------------------------------------- attention
@@ -164,6 +185,11 @@ def test_attention_batched_seq_not_a_tile_multiple(kernels, causal):
 def test_attention_wide_heads(kernels):
     # head width 40 selects the MAXD 64 build (32-key tiles); seq 37 is no multiple of it
     _attention(kernels, np.random.default_rng(4), (2, 37, 80), (2, 37, 80), heads=2, causal=True)
+
+
+def test_attention_fewer_keys_than_lanes(kernels):
+    # 3 keys for the 4 threads that share a query row: one lane sees none
+    _attention(kernels, np.random.default_rng(15), (2, 5, 8), (2, 3, 8), heads=2)
 
 
 def test_attention_explicit_mask(kernels):

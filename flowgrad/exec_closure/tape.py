@@ -128,6 +128,15 @@ class ClosureSession:
         for k, v in values.items():
             self.params[k] = np.array(v, dtype=self.params[k].dtype)
 
+    def get_opt_state(self):
+        """(optimizer steps taken, {param: {state name: array}}), copies: for checkpoints."""
+        return self.opt_step, {p: {k: v.copy() for k, v in s.items()} for p, s in self.opt_state.items()}
+
+    def set_opt_state(self, step: int, state) -> None:
+        """Restore what get_opt_state returned (resume): the next update is step + 1."""
+        self.opt_step = int(step)
+        self.opt_state = {p: {k: np.array(v, dtype=np.float32) for k, v in s.items()} for p, s in state.items()}
+
     def profile(self, feeds, steps: int, grads: bool = True) -> list[tuple[str, str, float]]:
         """Median wall time per op and direction over `steps` steps."""
         self.executor.timings = {}

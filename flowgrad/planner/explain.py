@@ -53,7 +53,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         },
         "refusals": [refusal_dict(r) for r in plan.refusals],
         "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
-        "saved_for_backward": saved_dict(graph, plan),
+        "saved_for_backward": saved_dict(graph),
         "graph_plan": graph_plan_dict(graph, plan),
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
@@ -107,22 +107,16 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
     }
 
 
-def saved_values(graph: Graph, plan: Plan) -> list[Node]:
-    """What the backward keeps from the forward: each backward node's VJP is
-    handed its inputs and its output. Params and consts are resident anyway."""
-    keep = set()
-    for i in plan.grad_nodes:
-        keep.add(i)
-        keep.update(graph.nodes[i].inputs)
-    return [graph.nodes[i] for i in sorted(keep) if graph.nodes[i].op not in ("param", "const")]
+def saved_dict(graph: Graph) -> dict:
+    """What the backward keeps from the forward (each backward node's VJP reads
+    its inputs and output); params and consts are resident anyway."""
+    from flowgrad.planner.memory import plan_memory
 
-
-def saved_dict(graph: Graph, plan: Plan) -> dict:
-    nodes = saved_values(graph, plan)
+    saved = plan_memory(graph).saved
     return {
-        "bytes": sum(n.type.nbytes for n in nodes),
-        "tensors": [{"name": n.label, "op": n.op, "shape": list(n.shape), "dtype": n.dtype,
-                     "bytes": n.type.nbytes, "where": where_dict(n.span)} for n in nodes],
+        "bytes": sum(s.nbytes for s in saved),
+        "tensors": [{"name": s.node.label, "op": s.node.op, "shape": list(s.shape), "dtype": s.dtype,
+                     "bytes": s.nbytes, "where": where_dict(s.node.span)} for s in saved],
     }
 
 

@@ -48,15 +48,21 @@ class Plan:
 
 
 def grad_nodes(graph: Graph) -> frozenset:
-    """Nodes that lie on a path from a param to the loss: the backward's work."""
-    if graph.loss is None:
-        return frozenset()
-    from_params = set(graph.params.values())
-    for node in graph.nodes:
-        if any(i in from_params for i in node.inputs):
-            from_params.add(node.id)
-    to_loss = {n.id for n in graph.needed_for([graph.loss])}
-    return frozenset(i for i in from_params & to_loss if graph.nodes[i].op not in LEAF_OPS)
+    """Nodes whose backward runs: on a differentiable path from a param to the loss."""
+    from flowgrad.planner.memory import backward_nodes
+
+    return backward_nodes(graph)[0]
+
+
+def memory_refusal(graph: Graph, device) -> list[Refusal]:
+    from flowgrad.planner.memory import plan_memory
+
+    need = plan_memory(graph).total_bytes
+    if need <= device.memory:
+        return []
+    return [Refusal("memory", f"the graph path needs {need} bytes of device memory; "
+                              f"{device.name} has {device.memory} bytes available",
+                    "use a smaller batch or model (--set batch=...), or backward='closures'")]
 
 
 def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
@@ -101,6 +107,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     if device is None:
         refusals.append(Refusal("device", "no Vulkan device: the session runs on numpy (CPU)",
                                 "compile with device='vulkan' (or --device vulkan) to use the graph path"))
+    else:
+        refusals += memory_refusal(graph, device)
     refusals += node_refusals(graph, bwd)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"

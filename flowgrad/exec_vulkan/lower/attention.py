@@ -16,7 +16,7 @@ from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
 from flowgrad.ops.registry import Lowering
 
 HEAD_BOUNDS = (32, 64, 128, 256)  # MAXD of the compiled kernels
-ROWS = 64                         # attn_common.glsl ROWS: rows per workgroup
+ROWS = 32                         # attn_common.glsl ROWS: rows per workgroup
 
 
 def _geometry(node, q, k):

@@ -21,6 +21,11 @@ from flowgrad.exec_vulkan.lower.generic import (MAX_GROUPS, coalesce, reduce_to_
 from flowgrad.ops.registry import Lowering
 
 TILE_M = TILE_N = 64  # matmul.comp BM, BN
+# Split-K: a GEMM of fewer output tiles than this (a weight gradient: small
+# M x N, K = every row of the batch) splits K so a big GPU has work for each
+# of its cores; each chunk is at least MIN_CHUNK deep (multiple of BK = 16).
+SPLIT_TARGET = 256
+MIN_CHUNK = 256
 
 
 @attrs.frozen
@@ -78,12 +83,30 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         return True
     nz, za, zb, zc = (kd[0], kza[0], kzb[0], kzc[0]) if kd else (1, 0, 0, 0)
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
-    push = (m, n, k, a.rs, a.cs, b.rs, b.cs, c.rs, nz, za, zb, zc, nr, ra, rb, 0, 0, 0)
-    groups = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), min(nz, MAX_GROUPS))
-    if groups[0] > MAX_GROUPS or groups[1] > MAX_GROUPS:
+    tiles = math.ceil(n / TILE_N) * math.ceil(m / TILE_M)
+    if math.ceil(n / TILE_N) > MAX_GROUPS or math.ceil(m / TILE_M) > MAX_GROUPS:
         raise ValueError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
-    rec.dispatch("matmul", [a.view, b.view, c.view], push, groups, variant(c.view.dtype))
+    chunks = min(math.ceil(SPLIT_TARGET / tiles), k // MIN_CHUNK)
+    if nz == 1 and nr == 1 and chunks > 1:
+        _split_k(rec, a, b, c, m, n, k, chunks)
+        return True
+    push = (m, n, k, a.rs, a.cs, b.rs, b.cs, c.rs, nz, za, zb, zc, nr, ra, rb, 0, 0, 0, 0)
+    rec.dispatch("matmul", [a.view, b.view, c.view], push, _groups(m, n, nz), variant(c.view.dtype))
     return True
+
+
+def _groups(m, n, nz):
+    return (math.ceil(n / TILE_N), math.ceil(m / TILE_M), min(nz, MAX_GROUPS))
+
+
+def _split_k(rec, a: Operand, b: Operand, c: Operand, m, n, k, chunks):
+    """C = sum over K-chunks of the chunk products: partials into scratch, then one sum."""
+    kc = math.ceil(k / chunks / 16) * 16
+    chunks = math.ceil(k / kc)
+    parts = rec.scratch((chunks, m, n), c.view.dtype)
+    push = (m, n, kc, a.rs, a.cs, b.rs, b.cs, n, chunks, kc * a.cs, kc * b.rs, m * n, 1, 0, 0, 0, 0, 0, k)
+    rec.dispatch("matmul", [a.view, b.view, parts], push, _groups(m, n, chunks), variant(c.view.dtype))
+    reduce_to_shape(rec, parts, c.view.reshape((m, n)))
 
 
 def _expanded(rec, view, shape2, full):

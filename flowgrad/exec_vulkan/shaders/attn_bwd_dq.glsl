@@ -1,9 +1,10 @@
-// Flash-attention backward, pass 1 of 2 (f32): one thread per query row.
-// Recomputes the row's log-sum-exp over all keys (first sweep), then
+// Flash-attention backward, pass 1 of 2 (f32): the LANES threads of a query
+// row split the keys. A first sweep recomputes the row's log-sum-exp; the
+// second accumulates
 //   p_ij = exp(s_ij - lse_i), dp_ij = g_i . v_j, ds_ij = p_ij (dp_ij - D_i)
 //   dq_i = scale * sum_j ds_ij k_j        with D_i = g_i . out_i
-// (second sweep), and saves lse_i and D_i for the dk/dv pass. Keys stream
-// through shared memory; nothing [seq, seq] is stored.
+// and lse_i, D_i are saved for the dk/dv pass. Keys stream through shared
+// memory; nothing [seq, seq] is stored.
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
@@ -15,36 +16,36 @@ layout(std430, set = 0, binding = 5) readonly buffer Mask { float mask[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { float dq[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Stats { float stats[]; };  // lse then D
 
-shared vec4 Ks[TILE][NC];
-shared vec4 Vs[TILE][NC];
+shared vec4 Ks[TILE * PAD];
+shared vec4 Vs[TILE * PAD];
 
-void load_tile(uint t, uint b, uint h, uint j0, uint cnt, uint nc, bool with_v) {
-    for (uint e = t; e < TILE * 4u * nc; e += ROWS) {
+void load_tile(uint b, uint h, uint j0, uint cnt, uint nc, bool with_v) {
+    for (uint e = gl_LocalInvocationID.x; e < TILE * 4u * nc; e += ROWS * LANES) {
         uint r = e / (4u * nc), col = e % (4u * nc);
-        float kv = 0.0, vv = 0.0;
+        float kx = 0.0, vx = 0.0;
         if (r < cnt && col < p.dh) {
             uint kb = row_base(b, p.sk, j0 + r, h) + col;
-            kv = k[kb];
-            if (with_v) vv = v[kb];
+            kx = k[kb];
+            if (with_v) vx = v[kb];
         }
-        Ks[r][col / 4u][col % 4u] = kv;
-        Vs[r][col / 4u][col % 4u] = vv;
+        Ks[r * PAD + col / 4u][col % 4u] = kx;
+        Vs[r * PAD + col / 4u][col % 4u] = vx;
     }
 }
 
 float score(vec4 qv[NC], uint jj, uint i, uint j, uint nc) {
     float dotp = 0.0;
     for (uint c = 0u; c < NC; ++c)
-        if (c < nc) dotp += dot(qv[c], Ks[jj][c]);
+        if (c < nc) dotp += dot(qv[c], Ks[jj * PAD + c]);
     float sv = dotp * p.scale;
     if (p.has_mask != 0u) sv += mask[i * p.msi + j * p.msj];
     return sv;
 }
 
 void main() {
-    uint t = gl_LocalInvocationID.x;
+    uint row = gl_LocalInvocationID.x / LANES, lane = gl_LocalInvocationID.x % LANES;
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i = gl_WorkGroupID.x * ROWS + t;
+    uint i = gl_WorkGroupID.x * ROWS + row;
     bool live = i < p.sq;
     uint nc = (p.dh + 3u) / 4u;
 
@@ -69,10 +70,11 @@ void main() {
     for (uint j0 = 0u; j0 < p.sk; j0 += TILE) {
         uint cnt = min(uint(TILE), p.sk - j0);
         barrier();
-        load_tile(t, b, h, j0, cnt, nc, false);
+        load_tile(b, h, j0, cnt, nc, false);
         barrier();
         if (!live) continue;
-        for (uint jj = 0u; jj < TILE; ++jj) {
+        for (uint x = 0u; x < PER_LANE; ++x) {
+            uint jj = x * LANES + lane;
             if (jj < cnt) {
                 float sv = score(qv, jj, i, j0 + jj, nc);
                 float mnew = max(m, sv);
@@ -82,32 +84,38 @@ void main() {
             }
         }
     }
+    lanes_softmax(m, l, row, lane);
     float lse = m + log(l);  // -inf for a fully masked row: NaN below, as numpy
 
     // sweep 2: dq
     for (uint j0 = 0u; j0 < p.sk; j0 += TILE) {
         uint cnt = min(uint(TILE), p.sk - j0);
         barrier();
-        load_tile(t, b, h, j0, cnt, nc, true);
+        load_tile(b, h, j0, cnt, nc, true);
         barrier();
         if (!live) continue;
-        for (uint jj = 0u; jj < TILE; ++jj) {
+        for (uint x = 0u; x < PER_LANE; ++x) {
+            uint jj = x * LANES + lane;
             if (jj < cnt) {
                 float pij = exp(score(qv, jj, i, j0 + jj, nc) - lse);
                 float dp = 0.0;
                 for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) dp += dot(gv[c], Vs[jj][c]);
+                    if (c < nc) dp += dot(gv[c], Vs[jj * PAD + c]);
                 float ds = pij * (dp - drow);
                 for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) acc[c] += ds * Ks[jj][c];
+                    if (c < nc) acc[c] += ds * Ks[jj * PAD + c];
             }
         }
     }
+    lanes_sum(acc, p.scale, nc, row, lane);
     if (!live) return;
     for (uint c = 0u; c < NC; ++c)
-        for (uint e = 0u; e < 4u; ++e)
-            if (4u * c + e < p.dh) dq[qb + 4u * c + e] = acc[c][e] * p.scale;
-    uint si = (b * gl_NumWorkGroups.y + h) * p.sq + i;
-    stats[si] = lse;
-    stats[p.nstat + si] = drow;
+        if (c % LANES == lane)
+            for (uint e = 0u; e < 4u; ++e)
+                if (4u * c + e < p.dh) dq[qb + 4u * c + e] = acc[c][e];
+    if (lane == 0u) {
+        uint si = (b * gl_NumWorkGroups.y + h) * p.sq + i;
+        stats[si] = lse;
+        stats[p.nstat + si] = drow;
+    }
 }

@@ -5,6 +5,8 @@
 //   C[z](m, n) = sum_{r < R} sum_k A[z, r](m, k) * B[z, r](k, n)
 // The r loop sums over broadcast batch dims inside the kernel (matmul's
 // backward), z runs over the output batch (stride 0 = broadcast operand).
+// Split-K: with klimit != 0, z instead runs over K-chunks of length K (the
+// last one shorter), each writing a partial product for a later sum.
 // 64x64 output tile per workgroup of 16x16 threads, 4x4 outputs each.
 #include "common.glsl"
 #define BM 64
@@ -23,13 +25,14 @@ layout(push_constant, std430) uniform Push {
     uint nz, za, zb, zc;  // output batch: count and per-operand strides
     uint R, ra, rb;       // summed batch: count and strides of A and B
     uint offa, offb, offc;
+    uint klimit;          // split-K: the full K (0: no split)
 } p;
 
 // +1 padding: the k-fast tile loads store down columns without bank conflicts
 shared float As[BK][BM + 1];
 shared float Bs[BK][BN + 1];
 
-void load_tiles(uint tid, uint abase, uint bbase, uint m0, uint n0, uint k0) {
+void load_tiles(uint tid, uint abase, uint bbase, uint m0, uint n0, uint k0, uint kend) {
     bool a_kfast = p.sak == 1u;
     bool b_nfast = p.sbn == 1u;
     for (uint e = 0u; e < 4u; ++e) {
@@ -38,13 +41,13 @@ void load_tiles(uint tid, uint abase, uint bbase, uint m0, uint n0, uint k0) {
         uint mm = a_kfast ? l / BK : l % BM;
         uint ka = a_kfast ? l % BK : l / BM;
         float va = 0.0;
-        if (m0 + mm < p.M && k0 + ka < p.K)
+        if (m0 + mm < p.M && k0 + ka < kend)
             va = float(a[abase + (m0 + mm) * p.sam + (k0 + ka) * p.sak]);
         As[ka][mm] = va;
         uint nn = b_nfast ? l % BN : l / BK;
         uint kb = b_nfast ? l / BN : l % BK;
         float vb = 0.0;
-        if (n0 + nn < p.N && k0 + kb < p.K)
+        if (n0 + nn < p.N && k0 + kb < kend)
             vb = float(b[bbase + (k0 + kb) * p.sbk + (n0 + nn) * p.sbn]);
         Bs[kb][nn] = vb;
     }
@@ -58,11 +61,12 @@ void main() {
         float acc[4][4];
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+        uint kend = p.klimit == 0u ? p.K : min(p.K, p.klimit - z * p.K);
         for (uint r = 0u; r < p.R; ++r) {
             uint abase = p.offa + z * p.za + r * p.ra;
             uint bbase = p.offb + z * p.zb + r * p.rb;
-            for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-                load_tiles(tid, abase, bbase, m0, n0, k0);
+            for (uint k0 = 0u; k0 < kend; k0 += BK) {
+                load_tiles(tid, abase, bbase, m0, n0, k0, kend);
                 barrier();
                 for (uint kk = 0u; kk < BK; ++kk) {
                     float av[4], bv[4];

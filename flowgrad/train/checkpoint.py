@@ -1,0 +1,218 @@
+"""Checkpoints: params AND optimizer state in one safetensors file.
+
+Tensors: `param/<name>` for each param, `optim/<name>/<state>` for each
+optimizer state array. Metadata (all strings, as safetensors wants):
+format, version, model, step, config (JSON), optimizer (JSON), sha256 (over
+the tensors, so a flipped byte is caught, not only a truncated file).
+
+Writes are atomic: a temp file in the same directory, fsync, os.replace,
+fsync of the directory. A write killed half-way leaves the previous checkpoint
+as it was (and a stray `.<name>.*.tmp` that the next save removes)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import Graph, dtype_of
+
+FORMAT = "flowgrad-checkpoint"
+VERSION = "1"
+FILENAME = "checkpoint.safetensors"
+
+
+@attrs.frozen
+class Checkpoint:
+    params: dict[str, np.ndarray]
+    opt_state: dict[str, dict[str, np.ndarray]]
+    step: int
+    model: str
+    config: dict
+    optimizer: dict | None
+    path: str = ""
+
+
+def _digest(tensors: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        h.update(f"{name}:{arr.dtype.str}:{arr.shape};".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None) -> bytes:
+    from safetensors.numpy import save
+
+    tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in params.items()}
+    for pname, states in (opt_state or {}).items():
+        for sname, arr in states.items():
+            tensors[f"optim/{pname}/{sname}"] = np.ascontiguousarray(arr)
+    meta = {"format": FORMAT, "version": VERSION, "model": model, "step": str(int(step)),
+            "config": json.dumps(config, sort_keys=True, default=str),
+            "optimizer": json.dumps(optimizer), "sha256": _digest(tensors)}
+    return save(tensors, metadata=meta)
+
+
+def write_atomic(path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)  # left by a write that was killed
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_all(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_all(f, data: bytes) -> None:
+    # its own function so a test can slow it down and kill the writer mid-write
+    f.write(data)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # e.g. a platform without directory fds: the replace is still atomic
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(path, params, opt_state, step: int, model: str, config: dict, optimizer: dict | None = None) -> None:
+    try:
+        write_atomic(path, to_bytes(params, opt_state, step, model, config, optimizer))
+    except OSError as e:
+        raise FlowError(f"cannot write checkpoint {str(path)!r}: {e.strerror or e}") from None
+
+
+def load(path) -> Checkpoint:
+    """Read and verify a checkpoint; any defect is a FlowError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    path = str(path)
+    bad = f"{path!r} is not a usable flowgrad checkpoint"
+    if not os.path.isfile(path):
+        raise FlowError(f"no checkpoint file {path!r}")
+    try:
+        with safe_open(path, framework="np") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise FlowError(f"{bad}: the file is truncated or corrupt ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise FlowError(f"{bad}: it is a safetensors file, but not one flowgrad wrote (no format={FORMAT} metadata)")
+    if meta.get("version") != VERSION:
+        raise FlowError(f"{bad}: format version {meta.get('version')!r}; this flowgrad reads version {VERSION}")
+    if meta.get("sha256") != _digest(tensors):
+        raise FlowError(f"{bad}: its tensors do not match their checksum (the file is corrupt)")
+    try:
+        step = int(meta["step"])
+        config = json.loads(meta["config"])
+        optimizer = json.loads(meta["optimizer"])
+        model = meta["model"]
+    except (KeyError, ValueError) as e:
+        raise FlowError(f"{bad}: bad metadata ({e})") from None
+    params, opt_state = {}, {}
+    for name, arr in tensors.items():
+        kind, _, rest = name.partition("/")
+        if kind == "param":
+            params[rest] = arr
+        elif kind == "optim" and "/" in rest:
+            pname, _, sname = rest.rpartition("/")
+            opt_state.setdefault(pname, {})[sname] = arr
+        else:
+            raise FlowError(f"{bad}: unexpected tensor {name!r}")
+    return Checkpoint(params, opt_state, step, model, config, optimizer, path)
+
+
+def mismatches(ckpt: Checkpoint, graph: Graph) -> list[str]:
+    """Every way the checkpoint's params differ from the model's: missing,
+    unexpected, wrong shape, wrong dtype (one line each)."""
+    out = []
+    want = {name: graph.nodes[i].type for name, i in graph.params.items()}
+    for name, t in want.items():
+        arr = ckpt.params.get(name)
+        if arr is None:
+            out.append(f"param {name} ({t}) is missing from the checkpoint")
+            continue
+        if tuple(arr.shape) != t.shape:
+            out.append(f"param {name}: the model has shape {list(t.shape)}, the checkpoint {list(arr.shape)}")
+        try:
+            got = dtype_of(arr)
+        except TypeError:
+            got = str(arr.dtype)
+        if got != t.dtype:
+            out.append(f"param {name}: the model has dtype {t.dtype}, the checkpoint {got}")
+    for name in ckpt.params:
+        if name not in want:
+            out.append(f"param {name} is in the checkpoint but not in the model")
+    return out
+
+
+def check_matches(ckpt: Checkpoint, graph: Graph) -> None:
+    problems = mismatches(ckpt, graph)
+    if problems:
+        raise FlowError(f"checkpoint {ckpt.path!r} (model {ckpt.model}) does not match model {graph.name} "
+                        f"({len(problems)} mismatch{'es' if len(problems) > 1 else ''}):\n"
+                        + "\n".join(f"  - {p}" for p in problems))
+
+
+def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) -> None:
+    """The saved optimizer state must be what `optimizer` keeps for `params`."""
+    saved = (ckpt.optimizer or {}).get("name")
+    if saved != optimizer.describe()["name"]:
+        raise FlowError(f"checkpoint {ckpt.path!r} was trained with optimizer {saved}, not {optimizer.name}; "
+                        "resuming needs the same optimizer")
+    problems = []
+    for pname, p in params.items():
+        have = ckpt.opt_state.get(pname, {})
+        for sname in optimizer.STATE:
+            arr = have.get(sname)
+            if arr is None:
+                problems.append(f"optimizer state {pname}/{sname} is missing")
+            elif arr.shape != p.shape or arr.dtype != np.float32:
+                problems.append(f"optimizer state {pname}/{sname} is {arr.dtype}{list(arr.shape)}, "
+                                f"expected float32{list(p.shape)}")
+        problems += [f"optimizer state {pname}/{s} is not kept by {optimizer.name}"
+                     for s in have if s not in optimizer.STATE]
+    if problems:
+        raise FlowError(f"checkpoint {ckpt.path!r}: its optimizer state does not fit:\n"
+                        + "\n".join(f"  - {p}" for p in problems))
+
+
+def save_session(sess, path, optimizer=None) -> None:
+    """Session.save_checkpoint: params, and the optimizer state the session's
+    runner holds (with the optimizer that made it, when known)."""
+    step, state = sess.runner.get_opt_state()
+    optimizer = optimizer or sess.optimizer
+    describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
+    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, describe)
+
+
+def load_into_session(sess, path) -> Checkpoint:
+    """Session.load_checkpoint: refuse a mismatch (listing each), then set the
+    params and, when the checkpoint has them, the optimizer state and step."""
+    ckpt = load(path)
+    check_matches(ckpt, sess.graph)
+    sess.runner.set_params(ckpt.params)
+    if ckpt.optimizer is not None:
+        sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+        if sess.optimizer is None:
+            sess.optimizer = ckpt.optimizer  # its description: saving again keeps it
+    return ckpt

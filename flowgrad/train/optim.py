@@ -1,0 +1,241 @@
+"""Optimizers: sgd (momentum, dampening, nesterov, weight_decay), adam and
+adamw, with PyTorch's semantics and defaults; global-norm gradient clipping
+(`clip=` on any of them) and learning-rate schedules (`schedule=`, `warmup=`).
+
+Each implements the Optimizer protocol both sessions use:
+
+    init_state(params) -> {param: {state name: f32 array}}
+    hyper(step) -> f32 array          per-step scalars, laid out as HYPER
+    update(params, grads, state, step)   numpy, in place (closure path)
+    record(rec, params, grads, state, hyper)   the same update recorded into
+                                      the graph path's command buffer
+
+The numpy update and the shaders read the SAME hyper array, so the two paths
+differ only in arithmetic order. Updates are computed in f32 (f16 params are
+upcast, updated, and cast back); optimizer state is always f32.
+
+Clipping follows torch.nn.utils.clip_grad_norm_: grads are scaled by
+min(1, clip / (norm + 1e-6)) where norm is the L2 norm over ALL grads. It
+scales the gradient the update sees, not the gradients a step returns."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.train import spec
+from flowgrad.train.schedules import SCHEDULES, Schedule
+
+GROUP = 256           # local size of every optimizer shader
+MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS
+CLIP_EPS = 1e-6       # torch.nn.utils.clip_grad_norm_'s
+
+
+def groups_for(n: int) -> int:
+    return max(1, min(MAX_GROUPS, -(-n // GROUP)))
+
+
+class Optimizer:
+    """Shared parts: argument checks, lr schedule, clipping, the f32 update
+    loop, recording. Subclasses list their own arguments in ARGS (name ->
+    PyTorch's default, in PyTorch's order); COMMON ones follow."""
+
+    name = ""
+    ARGS: dict = {}
+    COMMON = {"clip": None, "schedule": "constant", "warmup": 0, "min_lr": 0.0}
+    HYPER: tuple[str, ...] = ()
+    STATE: tuple[str, ...] = ()
+    shader = ""
+
+    def __init__(self, *args, total_steps: int = 0, span=None, **kwargs):
+        a = spec.bind("optimizer", self.name, args, kwargs, self.signature(), span, positional=len(self.ARGS))
+        what = f"optimizer {self.name}()"
+        self.lr = spec.number(what, "lr", a["lr"], span, low=0.0, low_open=True)
+        clip = a["clip"]
+        self.clip = None if clip is None else spec.number(what, "clip", clip, span, low=0.0, low_open=True)
+        kind = spec.string(what, "schedule", a["schedule"], span, SCHEDULES)
+        warmup = spec.number(what, "warmup", a["warmup"], span, low=0, integer=True)
+        min_lr = spec.number(what, "min_lr", a["min_lr"], span, low=0.0, high=self.lr)
+        total = spec.number(what, "total steps", total_steps, span, low=0, integer=True)
+        self.schedule = Schedule(kind, warmup, total, min_lr / self.lr)
+        self._configure(a, what, span)
+
+    @classmethod
+    def signature(cls) -> dict:
+        return {**cls.ARGS, **cls.COMMON}
+
+    # -- the protocol -------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        return self.lr * self.schedule.factor(step)
+
+    def hyper(self, step: int) -> np.ndarray:
+        values = self._hyper(step, self.lr_at(step))
+        return np.array([values[k] for k in self.HYPER], dtype=np.float32)
+
+    def init_state(self, params: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+        return {name: {k: np.zeros(p.shape, np.float32) for k in self.STATE} for name, p in params.items()}
+
+    def update(self, params, grads, state, step: int) -> None:
+        h = dict(zip(self.HYPER, self.hyper(step)))
+        scale = np.float32(self.clip_scale(grads))
+        for name, p in params.items():
+            g = grads[name].astype(np.float32)
+            if scale != 1:
+                g = g * scale
+            new = self._update_one(p.astype(np.float32), g, state[name], h)
+            p[...] = new.astype(p.dtype)
+
+    def clip_scale(self, grads) -> float:
+        if self.clip is None:
+            return 1.0
+        total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+        return min(1.0, self.clip / (total + CLIP_EPS))
+
+    def record(self, rec, params, grads, state, hyper) -> None:
+        scale = self._record_clip_scale(rec, grads)
+        for name, p in params.items():
+            n = math.prod(p.shape)
+            bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [hyper, scale]
+            rec.dispatch(self.shader, bufs, push=(n,), groups=(groups_for(n), 1, 1),
+                         variant="f16" if p.dtype == "f16" else None)
+
+    def _record_clip_scale(self, rec, grads):
+        """A 1-element f32 buffer holding the clip factor, computed on the
+        device: per-workgroup partial sums of squares for every grad, then one
+        workgroup that sums the partials (a fixed order: deterministic)."""
+        scale = rec.scratch((1,), "f32")
+        if self.clip is None:
+            rec.fill(scale, int(np.float32(1.0).view(np.uint32)))
+            return scale
+        counts = {name: groups_for(math.prod(g.shape)) for name, g in grads.items()}
+        partials = rec.scratch((sum(counts.values()),), "f32")
+        offset = 0
+        for name, g in grads.items():
+            rec.dispatch("sumsq", [g, partials], push=(math.prod(g.shape), offset),
+                         groups=(counts[name], 1, 1), variant="f16" if g.dtype == "f16" else None)
+            offset += counts[name]
+        rec.dispatch("clip_scale", [partials, scale], push=(offset, float(self.clip), CLIP_EPS), groups=(1, 1, 1))
+        return scale
+
+    def describe(self) -> dict:
+        """What a checkpoint records, to refuse resuming with another optimizer."""
+        return {"name": self.name, "state": list(self.STATE)}
+
+    # -- per optimizer ------------------------------------------------------
+    def _configure(self, a: dict, what: str, span) -> None:
+        raise NotImplementedError
+
+    def _hyper(self, step: int, lr: float) -> dict:
+        raise NotImplementedError
+
+    def _update_one(self, p, g, st, h) -> np.ndarray:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: with weight decay d, momentum m, dampening τ:
+    g += d·p;  buf = g on the first step, else m·buf + (1-τ)·g;
+    g = g + m·buf (nesterov) or buf;  p -= lr·g."""
+
+    name = "sgd"
+    ARGS = {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
+    HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "first")
+
+    def _configure(self, a, what, span):
+        self.momentum = spec.number(what, "momentum", a["momentum"], span, low=0.0)
+        self.dampening = spec.number(what, "dampening", a["dampening"], span)
+        self.weight_decay = spec.number(what, "weight_decay", a["weight_decay"], span, low=0.0)
+        self.nesterov = spec.boolean(what, "nesterov", a["nesterov"], span)
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise FlowError(f"{what}: nesterov momentum needs momentum > 0 and dampening = 0", span)
+        # plain SGD keeps no state, as in PyTorch
+        self.STATE = ("momentum_buffer",) if self.momentum else ()
+        self.shader = "sgd_momentum" if self.momentum else "sgd"
+
+    def _hyper(self, step, lr):
+        return {"lr": lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": float(self.nesterov), "first": float(step == 1)}
+
+    def _update_one(self, p, g, st, h):
+        if h["weight_decay"]:
+            g = g + h["weight_decay"] * p
+        if "momentum_buffer" in st:
+            buf = st["momentum_buffer"]
+            if h["first"]:
+                buf[...] = g
+            else:
+                buf *= h["momentum"]
+                buf += (1 - h["dampening"]) * g
+            g = g + h["momentum"] * buf if h["nesterov"] else buf
+        return p - h["lr"] * g
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam; AdamW when decoupled:
+    p *= 1 - lr·d (AdamW) | g += d·p (Adam);  m = β1·m + (1-β1)·g;
+    v = β2·v + (1-β2)·g²;  p -= lr/(1-β1ᵗ) · m / (sqrt(v)/sqrt(1-β2ᵗ) + eps)."""
+
+    name = "adam"
+    ARGS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+    HYPER = ("lr", "beta1", "beta2", "eps", "grad_decay", "param_decay", "step_size", "inv_sqrt_bc2")
+    STATE = ("exp_avg", "exp_avg_sq")
+    shader = "adam"
+    decoupled = False
+
+    def _configure(self, a, what, span):
+        betas = a["betas"]
+        if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+            raise FlowError(f"{what}: betas must be a list of two numbers, e.g. betas=[0.9, 0.999], "
+                            f"got {spec.show(betas)}", span)
+        self.betas = tuple(spec.number(what, "betas", b, span, low=0.0, high=1.0, high_open=True) for b in betas)
+        self.eps = spec.number(what, "eps", a["eps"], span, low=0.0)
+        self.weight_decay = spec.number(what, "weight_decay", a["weight_decay"], span, low=0.0)
+
+    def _hyper(self, step, lr):
+        b1, b2 = self.betas
+        wd = self.weight_decay
+        return {"lr": lr, "beta1": b1, "beta2": b2, "eps": self.eps,
+                "grad_decay": 0.0 if self.decoupled else wd,
+                "param_decay": 1.0 - lr * wd if self.decoupled else 1.0,
+                "step_size": lr / (1.0 - b1 ** step), "inv_sqrt_bc2": 1.0 / math.sqrt(1.0 - b2 ** step)}
+
+    def _update_one(self, p, g, st, h):
+        if h["grad_decay"]:
+            g = g + h["grad_decay"] * p
+        p = p * h["param_decay"]
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        m *= h["beta1"]
+        m += (1 - h["beta1"]) * g
+        v *= h["beta2"]
+        v += (1 - h["beta2"]) * g * g
+        return p - h["step_size"] * m / (np.sqrt(v) * h["inv_sqrt_bc2"] + h["eps"])
+
+
+class AdamW(Adam):
+    name = "adamw"
+    ARGS = {**Adam.ARGS, "weight_decay": 1e-2}
+    decoupled = True
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+
+
+def make_optimizer(value, span=None, total_steps: int = 0, extra: dict | None = None) -> Optimizer:
+    """Build an optimizer from a train-section value, e.g.
+    ("call", "adam", (), {"lr": 1e-3}). `extra`: Optimizer.COMMON keys given
+    on their own train-section lines (`schedule = cosine`), {key: (value, span)}."""
+    parts = spec.call_parts(value)
+    if parts is None:
+        raise FlowError(f"optimizer must be a call like adam(lr=1e-3), got {spec.show(value)}", span,
+                        hint=f"optimizers: {', '.join(OPTIMIZERS)}")
+    name, args, kwargs = parts
+    cls = OPTIMIZERS.get(name)
+    if cls is None:
+        raise FlowError(f"unknown optimizer {name!r} (one of: {', '.join(OPTIMIZERS)})", span,
+                        hint=spec.did_you_mean(name, OPTIMIZERS))
+    for key, (val, key_span) in (extra or {}).items():
+        if key in kwargs:
+            raise FlowError(f"{key} is given both in the optimizer call and on its own line", key_span)
+        kwargs[key] = val
+    return cls(*args, total_steps=total_steps, span=span, **kwargs)

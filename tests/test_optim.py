@@ -1,0 +1,202 @@
+"""Optimizer updates against values worked out by hand (PyTorch's formulas),
+clipping, schedules, and the errors for bad optimizer settings. No device."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import Span
+from flowgrad.train.optim import SGD, Adam, AdamW, make_optimizer
+from flowgrad.train.schedules import Schedule
+
+
+def run(opt, grads_per_step, p0=1.0):
+    """Apply the optimizer to one scalar param for the given grads; returns p after each step."""
+    params = {"w": np.array([p0], np.float32)}
+    state = opt.init_state(params)
+    out = []
+    for step, g in enumerate(grads_per_step, start=1):
+        opt.update(params, {"w": np.array([g], np.float32)}, state, step)
+        out.append(float(params["w"][0]))
+    return out
+
+
+def test_sgd_plain():
+    assert run(SGD(lr=0.1), [0.5, 0.5]) == pytest.approx([0.95, 0.90], abs=1e-7)
+
+
+def test_sgd_weight_decay():
+    # g' = 0.5 + 0.1 * 1.0 = 0.6  ->  1 - 0.1 * 0.6
+    assert run(SGD(lr=0.1, weight_decay=0.1), [0.5]) == pytest.approx([0.94], abs=1e-7)
+
+
+def test_sgd_momentum():
+    # buf: 0.5, 0.9*0.5+0.5=0.95, 0.9*0.95+0.5=1.355; p -= 0.1*buf
+    assert run(SGD(lr=0.1, momentum=0.9), [0.5] * 3) == pytest.approx([0.95, 0.855, 0.7195], abs=1e-6)
+
+
+def test_sgd_dampening_not_on_first_step():
+    # buf1 = g = 0.5 (PyTorch copies the first grad), buf2 = 0.9*0.5 + 0.5*0.5 = 0.7
+    assert run(SGD(lr=0.1, momentum=0.9, dampening=0.5), [0.5, 0.5]) == pytest.approx([0.95, 0.88], abs=1e-6)
+
+
+def test_sgd_nesterov():
+    # step 1: buf=0.5, d = 0.5 + 0.9*0.5 = 0.95; step 2: buf=0.95, d = 0.5 + 0.855 = 1.355
+    assert run(SGD(lr=0.1, momentum=0.9, nesterov=True), [0.5, 0.5]) == pytest.approx([0.905, 0.7695], abs=1e-6)
+
+
+def adam_by_hand(grads, lr, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, decoupled=False, p=1.0):
+    m = v = 0.0
+    out = []
+    for t, g in enumerate(grads, start=1):
+        if decoupled:
+            p *= 1 - lr * wd
+        else:
+            g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        p -= lr * m_hat / (math.sqrt(v_hat) + eps)
+        out.append(p)
+    return out
+
+
+def test_adam_first_steps():
+    got = run(Adam(lr=0.1), [0.5, -1.0, 0.25])
+    # step 1 by hand: m_hat = 0.5, v_hat = 0.25 -> p = 1 - 0.1 * 0.5 / 0.5 = 0.9
+    assert got[0] == pytest.approx(0.9, abs=1e-6)
+    # step 2 by hand: m = -0.055, v = 0.00124975, m_hat = -0.2894737, v_hat = 0.6251876 -> p = 0.9366101
+    assert got[1] == pytest.approx(0.9366101, abs=1e-6)
+    assert got == pytest.approx(adam_by_hand([0.5, -1.0, 0.25], 0.1), abs=1e-6)
+
+
+def test_adam_weight_decay_is_added_to_the_gradient():
+    got = run(Adam(lr=0.1, weight_decay=0.1), [0.5, -1.0, 0.25])
+    assert got == pytest.approx(adam_by_hand([0.5, -1.0, 0.25], 0.1, wd=0.1), abs=1e-6)
+
+
+def test_adamw_decays_the_param_itself():
+    got = run(AdamW(lr=0.1, weight_decay=0.1), [0.5, -1.0, 0.25])
+    # step 1: p = 1 * (1 - 0.01) = 0.99, then - 0.1 * 0.5/0.5 -> 0.89
+    assert got[0] == pytest.approx(0.89, abs=1e-6)
+    assert got == pytest.approx(adam_by_hand([0.5, -1.0, 0.25], 0.1, wd=0.1, decoupled=True), abs=1e-6)
+
+
+def test_pytorch_defaults():
+    assert (SGD().lr, SGD().momentum, SGD().nesterov) == (1e-3, 0.0, False)
+    a, w = Adam(), AdamW()
+    assert (a.lr, a.betas, a.eps, a.weight_decay) == (1e-3, (0.9, 0.999), 1e-8, 0.0)
+    assert (w.lr, w.betas, w.eps, w.weight_decay) == (1e-3, (0.9, 0.999), 1e-8, 1e-2)
+
+
+def test_clip_by_global_norm():
+    # grads (3, 4) have norm 5: with clip=1 each is scaled by 1 / (5 + 1e-6)
+    opt = SGD(lr=1.0, clip=1.0)
+    params = {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)}
+    grads = {"a": np.array([3.0], np.float32), "b": np.array([4.0], np.float32)}
+    opt.update(params, grads, opt.init_state(params), 1)
+    assert params["a"][0] == pytest.approx(-3 / (5 + 1e-6), rel=1e-6)
+    assert params["b"][0] == pytest.approx(-4 / (5 + 1e-6), rel=1e-6)
+    assert grads["a"][0] == 3.0  # the caller's gradients are not modified
+
+
+def test_clip_leaves_small_gradients_alone():
+    opt = SGD(lr=1.0, clip=10.0)
+    params = {"a": np.zeros(2, np.float32)}
+    opt.update(params, {"a": np.array([3.0, 4.0], np.float32)}, {"a": {}}, 1)
+    np.testing.assert_allclose(params["a"], [-3.0, -4.0])
+
+
+def test_clip_applies_before_adam():
+    opt = Adam(lr=0.1, clip=0.1)
+    got = run(opt, [0.5, -1.0])
+    scaled = [0.5 * 0.1 / (0.5 + 1e-6), -1.0 * 0.1 / (1.0 + 1e-6)]
+    assert got == pytest.approx(adam_by_hand(scaled, 0.1), abs=1e-6)
+
+
+def test_f16_params_update_in_f32_and_keep_their_dtype():
+    opt = Adam(lr=1e-3)
+    params = {"w": np.ones(4, np.float16)}
+    state = opt.init_state(params)
+    opt.update(params, {"w": np.full(4, 0.5, np.float16)}, state, 1)
+    assert params["w"].dtype == np.float16 and state["w"]["exp_avg"].dtype == np.float32
+    np.testing.assert_allclose(params["w"].astype(np.float32), np.float16(0.999), rtol=1e-3)
+
+
+def test_hyper_layout_matches_names():
+    opt = Adam(lr=0.01)
+    h = opt.hyper(2)
+    assert h.dtype == np.float32 and len(h) == len(opt.HYPER)
+    named = dict(zip(opt.HYPER, h))
+    assert named["step_size"] == pytest.approx(0.01 / (1 - 0.9 ** 2))
+    assert named["inv_sqrt_bc2"] == pytest.approx(1 / math.sqrt(1 - 0.999 ** 2))
+
+
+# -- schedules -------------------------------------------------------------------
+
+def test_cosine_with_warmup():
+    s = Schedule("cosine", warmup=2, total=6)
+    got = [s.factor(t) for t in range(1, 7)]
+    # warmup: 1/2, 2/2; then cos over the 4 remaining steps at progress 0, 1/4, 2/4, 3/4
+    want = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
+    assert got == pytest.approx(want)
+
+
+def test_constant_and_linear_and_min_lr():
+    assert [Schedule("constant", warmup=4).factor(t) for t in (1, 2, 4, 100)] == [0.25, 0.5, 1.0, 1.0]
+    assert [Schedule("linear", total=4).factor(t) for t in (1, 2, 3, 4)] == pytest.approx([1, 0.75, 0.5, 0.25])
+    assert Schedule("cosine", total=3, min_factor=0.1).factor(3) == pytest.approx(0.1 + 0.9 * 0.25)
+    # a run shorter than its warmup (--steps 5) just stays in the warmup
+    assert [Schedule("cosine", warmup=10, total=5).factor(t) for t in (1, 5)] == pytest.approx([0.1, 0.5])
+
+
+def test_schedule_drives_the_lr_of_updates():
+    opt = make_optimizer(("call", "sgd", (), {"lr": 1.0, "schedule": "cosine", "warmup": 2}), None, total_steps=6)
+    assert [opt.lr_at(t) for t in (1, 2, 3)] == pytest.approx([0.5, 1.0, 1.0])
+    assert run(opt, [1.0, 1.0]) == pytest.approx([0.5, -0.5])
+
+
+# -- built from the train section ----------------------------------------------------
+
+SPAN = Span("m.flow", 30, 15, "  optimizer = adma(lr=1e-3)", 41)
+
+
+def test_make_optimizer_from_train_value():
+    opt = make_optimizer(("call", "adamw", (), {"lr": 3e-4, "betas": [0.9, 0.95], "clip": 1.0}), SPAN, 100)
+    assert isinstance(opt, AdamW) and opt.lr == 3e-4 and opt.betas == (0.9, 0.95) and opt.clip == 1.0
+    assert make_optimizer(("call", "sgd", (0.5,), {}), SPAN).lr == 0.5  # positional lr, as in PyTorch
+
+
+def test_schedule_on_its_own_line():
+    opt = make_optimizer(("call", "adam", (), {}), SPAN, 50, {"schedule": ("cosine", SPAN), "warmup": (5, SPAN)})
+    assert opt.schedule == Schedule("cosine", 5, 50, 0.0)
+
+
+@pytest.mark.parametrize("value, message", [
+    (("call", "adma", (), {}), "unknown optimizer 'adma'"),
+    (("call", "adam", (), {"betas1": 0.9}), "has no argument 'betas1'"),
+    (("call", "adam", (), {"lr": -1.0}), "lr must be > 0"),
+    (("call", "adam", (), {"lr": "fast"}), "lr must be a number"),
+    (("call", "adam", (), {"betas": [0.9]}), "betas must be a list of two numbers"),
+    (("call", "sgd", (), {"nesterov": True}), "nesterov momentum needs momentum > 0"),
+    (("call", "sgd", (), {"schedule": "cosin"}), "unknown schedule 'cosin'"),
+    (("call", "sgd", (1, 2, 3, 4, 5, 6), {}), "at most 5 positional"),
+    (1e-3, "optimizer must be a call"),
+])
+def test_bad_optimizer_is_a_flow_error_at_the_span(value, message):
+    with pytest.raises(FlowError) as e:
+        make_optimizer(value, SPAN, total_steps=10)
+    assert message in str(e.value)
+    assert str(e.value).startswith("m.flow:30:15:")  # points at the train-section line
+
+
+def test_did_you_mean():
+    with pytest.raises(FlowError) as e:
+        make_optimizer(("call", "adma", (), {}), SPAN)
+    assert "did you mean 'adam'" in str(e.value)
+    with pytest.raises(FlowError) as e:
+        make_optimizer(("call", "adam", (), {"weight_decya": 0.1}), SPAN)
+    assert "did you mean 'weight_decay'" in str(e.value)
