@@ -252,6 +252,37 @@ def test_packed_gradients_are_each_non_zero_on_the_device(device):
         np.testing.assert_allclose(grads[n], np.full(3, 2.0))
 
 
+def test_consts_are_uploaded_once_and_only_feeds_travel_per_step(device):
+    from flowgrad.exec_vulkan import GraphSession
+
+    vk_test_ops.ensure_registered()
+    t = TensorType((4,), "f32")
+    g = Graph("c")
+    x = g.add("input", [], t, name="x")
+    w = g.add("param", [], t, name="w", attrs={"init": ("zeros", {})})
+    c = g.add("const", [], t, attrs={"value": np.arange(4, dtype=np.float32)})
+    g.inputs["x"], g.params["w"] = x.id, w.id
+    a = g.add("vk_test_add", [x.id, c.id], t, name="a")       # the const read in the forward...
+    b = g.add("vk_test_add", [a.id, w.id], t, name="b")
+    e = g.add("vk_test_add", [b.id, c.id], t, name="e")       # ...and again later, same buffer
+    g.loss = e.id
+    plan = make_plan(g, device.info)
+    assert plan.path == "graph"
+    gs = GraphSession(g, plan, device, {"w": np.ones(4, np.float32)})
+    feeds = {"x": np.full(4, 10, np.float32)}
+    gs.step(feeds)
+    (prog,) = gs.programs.values()
+    const_buf = gs.leaves[("val", c.id)]
+    bound = [v.buffer for cmd in prog.rec.commands if hasattr(cmd, "views") for v in cmd.views]
+    assert bound.count(const_buf) >= 2
+    before = dict(device.stats)
+    _o, loss, _g = gs.step(feeds)
+    assert device.stats["submits"] - before["submits"] == 1
+    assert device.stats["uploads"] - before["uploads"] == 1          # x; never the const or the param
+    assert device.stats["downloads"] - before["downloads"] == 2      # the loss and w's gradient
+    np.testing.assert_allclose(loss, 10 + 2 * np.arange(4) + 1)
+
+
 def test_profile_times_every_node_in_both_directions(device):
     g, _plan, gs, _cs, feeds = _sessions(device)
     rows = gs.profile(feeds, steps=2)
@@ -259,6 +290,10 @@ def test_profile_times_every_node_in_both_directions(device):
     for name in ("a", "b", "c", "d", "e"):
         assert (name, "forward") in seen and (name, "backward") in seen
     assert all(s >= 0 for _l, _d, s in rows)
+    # the fallback for devices without timestamp queries: each section submitted alone, wall-timed
+    wall = gs.profile(feeds, steps=1, timer="wall")
+    assert [(label, d) for label, d, _s in wall] == [(label, d) for label, d, _s in rows]
+    assert all(s > 0 for _l, _d, s in wall)
 
 
 def test_f16_graph_with_f16_lowerings(device):

@@ -209,6 +209,10 @@ class _Program:
     def write_inputs(self, feeds: dict, hyper) -> None:
         for name, staging, _dev in self.layout.io.uploads:
             data = hyper if name == "@hyper" else feeds[name]
+            if tuple(np.shape(data)) != staging.shape:
+                what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
+                raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
+                                f"{list(staging.shape)}")
             self.staging_up.write(np.ascontiguousarray(data, dtype=NUMPY[staging.dtype]), staging.offset)
 
     def read_outputs(self) -> dict[str, np.ndarray]:
@@ -447,14 +451,16 @@ class GraphSession:
         """How profile() measures: GPU timestamps, or wall time where the device has none."""
         return "gpu timestamps" if self.device.info.timestamps else "wall clock per section"
 
-    def profile(self, feeds, steps: int = 3, grads: bool = True, optimizer=None) -> list[tuple[str, str, float]]:
+    def profile(self, feeds, steps: int = 3, grads: bool = True, optimizer=None,
+                timer: str | None = None) -> list[tuple[str, str, float]]:
         """[(node label, direction, seconds)], one entry per recorded section
         in step order (medians over `steps` runs): GPU timestamps where the
-        device has them, else wall time of each section submitted alone.
-        Directions: forward, backward, optimizer, and transfer (feeds in, read-back)."""
+        device has them, else (or with timer="wall") wall time of each section
+        submitted alone. Directions: forward, backward, optimizer, and transfer
+        (feeds in, read-back). With an optimizer, each profiled step updates the params too."""
         prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
-        if self.device.info.timestamps:
+        if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
             runs = self._profile_timestamps(prog, feeds, hyper, steps)
         else:
             runs = self._profile_wall(prog, feeds, hyper, steps)

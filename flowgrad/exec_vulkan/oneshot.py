@@ -73,7 +73,7 @@ class OneShot:
         device.stats["dispatches"] += self.rec.counts()["dispatches"]
         device.stats["downloads"] += len(self._downloads)
         if self.rec.commands:
-            self.rec.arena.materialize(device)
+            self.rec.arena.materialize(device, device.pool)   # one-shots reuse scratch memory too
             cmd = device.command_buffer()
             try:
                 enc = encode(device, cmd, self.rec.commands)

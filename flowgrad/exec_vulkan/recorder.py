@@ -127,6 +127,7 @@ class Arena:
         self.top = 0
         self.high = 0
         self.buffer = None   # the runtime Buffer, once materialized
+        self.pool = None     # the BufferPool it came from, if any
 
     def alloc(self, nbytes: int) -> int:
         offset = self.top
@@ -134,9 +135,11 @@ class Arena:
         self.high = max(self.high, self.top)
         return offset
 
-    def materialize(self, device) -> None:
+    def materialize(self, device, pool=None) -> None:
+        """Allocate the buffer: from `pool` (returned to it by free) or its own."""
         if self.buffer is None and self.high:
-            self.buffer = device.buffer(self.high, "device")
+            self.pool = pool
+            self.buffer = pool.acquire(self.high, "device") if pool is not None else device.buffer(self.high, "device")
 
     @property
     def handle(self):
@@ -146,7 +149,10 @@ class Arena:
 
     def free(self) -> None:
         if self.buffer is not None:
-            self.buffer.free()
+            if self.pool is not None:
+                self.pool.release(self.buffer)
+            else:
+                self.buffer.free()
             self.buffer = None
 
 

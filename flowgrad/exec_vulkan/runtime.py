@@ -414,6 +414,7 @@ class Device:
             raise DeviceError(f"{self.info.name} has no compute queue")
         self.family = family[0]
         self.handle = None
+        self._fence = None
         self._create_device(vk)
         self.live_bytes = 0
         self.unified = self._device_memory_is_mappable()
@@ -604,14 +605,19 @@ class Device:
         vk = _vk()
         self.stats["submits"] += 1
         with vk_errors(f"{what} on {self.info.name}"):
-            fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
+            if self._fence is None:
+                self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
+            fences = [self._fence]
+            cmds = [cmd]
+            submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
+            vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
             try:
-                cmds = [cmd]
-                submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
-                vk.vkQueueSubmit(self.queue, 1, [submit], fence)
-                vk.vkWaitForFences(self.handle, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
-            finally:
-                vk.vkDestroyFence(self.handle, fence, None)
+                vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+            except vk.VkTimeout:
+                # the fence may still signal later: never reuse it
+                self._fence = None
+                raise
+            vk.vkResetFences(self.handle, 1, fences)
 
     def wait_idle(self) -> None:
         with vk_errors("waiting for the device"):
