@@ -34,17 +34,41 @@ def cmd_check(args) -> int:
 
 
 def summary(graph) -> str:
-    lines = [f"model {graph.name}   ({graph.file}, {len(graph.nodes)} nodes)", "inputs"]
-    lines += [f"  {name:<16} {graph.nodes[i].type}" for name, i in graph.inputs.items()]
+    """One screen: inputs, params (a block's instances on one line), outputs."""
+    lines = [f"model {graph.name}   ({graph.file}, {len(graph.nodes)} nodes)"]
+    if graph.config:
+        lines.append("config  " + "  ".join(f"{k}={v}" for k, v in graph.config.items()))
+    lines.append("inputs")
+    lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.inputs.items()]
     lines.append(f"params ({graph.param_count():,} values)")
-    for name, i in graph.params.items():
-        node = graph.nodes[i]
-        lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {node.attrs['init'][0]}()")
+    for name, nodes in grouped_params(graph):
+        node = nodes[0]
+        count = f"  x{len(nodes)}" if len(nodes) > 1 else ""
+        lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {node.attrs['init'][0]}(){count}")
     lines.append("outputs")
-    lines += [f"  {name:<16} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
+    lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
     if graph.loss is not None:
         lines.append(f"minimize {graph.nodes[graph.loss].label}")
     return "\n".join(lines)
+
+
+def grouped_params(graph):
+    """decoder.0.wqkv, decoder.1.wqkv, ... -> ("decoder.0-1.wqkv", [nodes])."""
+    import re
+
+    groups: dict[tuple, list] = {}
+    for name, i in graph.params.items():
+        node = graph.nodes[i]
+        key = (re.sub(r"\.\d+\.", ".#.", name), node.type, node.attrs["init"][0])
+        groups.setdefault(key, []).append((name, node))
+    out = []
+    for (pattern, _, _), members in groups.items():
+        if len(members) == 1:
+            out.append((members[0][0], [members[0][1]]))
+            continue
+        first, last = (re.search(r"\.(\d+)\.", n).group(1) for n in (members[0][0], members[-1][0]))
+        out.append((pattern.replace(".#.", f".{first}-{last}.", 1), [node for _, node in members]))
+    return out
 
 
 def cmd_explain(args) -> int:

@@ -14,6 +14,12 @@ from flowgrad.exec_vulkan.spirv import shader_info
 from flowgrad.graph import Graph, TensorType
 from tests import vk_test_ops
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _test_ops():
+    with vk_test_ops.registered():
+        yield
+
 # ---------------------------------------------------------------- no device needed
 
 
@@ -29,6 +35,18 @@ def test_missing_spirv_is_a_device_error_naming_the_build_script():
         shader_info("no_such_shader")
     with pytest.raises(DeviceError, match="variants"):
         shader_info("fill_word", "f16")
+
+
+def test_malformed_spirv_is_a_device_error_before_any_driver_sees_it():
+    from pathlib import Path
+
+    from flowgrad.exec_vulkan.spirv import _reflect
+
+    with pytest.raises(DeviceError, match="not SPIR-V"):
+        _reflect("bad", Path("bad.spv"), b"\0" * 20)
+    good = shader_info("accumulate").code
+    with pytest.raises(DeviceError, match="malformed"):
+        _reflect("cut", Path("cut.spv"), good[:20] + b"\0" * 8)
 
 
 def test_grid_covers_long_launches():
@@ -86,6 +104,13 @@ def test_list_devices_and_select(vk_device):
     auto = runtime.select_device("auto")
     assert (auto is None) == (not any(d.is_gpu for d in infos))
     assert f"vulkan:{info.index}" in runtime.list_devices_text()
+
+
+def test_cli_devices_lists_the_device(vk_device, capsys):
+    from flowgrad.cli import main
+
+    assert main(["devices"]) == 0
+    assert vk_device.info.name in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("spec", ["vulkan:99", "vulkan:x", "metal"])

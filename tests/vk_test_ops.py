@@ -3,6 +3,8 @@ Vulkan runtime and the graph executor can be tested without the kernel
 authors' lowerings. Registered once, under names no real op uses."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from flowgrad.graph import TensorType
@@ -60,3 +62,53 @@ def ensure_registered():
     # no lowering: the Vulkan kernels run it on numpy, and the planner refuses the graph path for it
     register(Op("vk_test_sumsq", (Arg("x"),), _sumsq_infer, lambda ins, at: np.sum(ins[0] * ins[0]),
                 lambda g, ins, out, at: [2 * g * ins[0]], doc="test op: sum of squares, numpy only"))
+
+
+def _add3_fwd(rec, node, ins, out):
+    rec.copy(ins[0], out)
+    _acc(rec, out, ins[1])
+    _acc(rec, out, ins[2])
+
+
+def ensure_add3():
+    """a + b + c: one backward writing three gradients (a packed buffer)."""
+    ensure_registered()
+    if "vk_test_add3" not in OPS:
+        register(Op("vk_test_add3", (Arg("a"), Arg("b"), Arg("c")), _same, lambda ins, at: ins[0] + ins[1] + ins[2],
+                    lambda g, ins, out, at: [g, g, g], Lowering(_add3_fwd, _add_bwd), doc="test op: a + b + c"))
+
+
+class ConstantSGD:
+    """The optimizer protocol with a constant learning rate: the numpy update
+    and the graph-path update (axpy: p += -lr * g) must agree."""
+
+    def __init__(self, lr=0.1):
+        self.lr = lr
+
+    def init_state(self, params):
+        return {name: {} for name in params}
+
+    def update(self, params, grads, state, step):
+        for name in params:
+            params[name] -= self.lr * grads[name]
+
+    def hyper(self, step):
+        return np.array([self.lr], np.float32)
+
+    def record(self, rec, params, grads, state, hyper):
+        for name, p in params.items():
+            rec.dispatch("axpy", [p, grads[name]], push=[p.size, -self.lr], groups=grid(p.size),
+                         variant="f16" if p.dtype == "f16" else None)
+
+
+@contextlib.contextmanager
+def registered():
+    """The test ops, for the duration of a test module: other modules check
+    that every registered op is a documented one."""
+    ensure_registered()
+    ensure_add3()
+    try:
+        yield
+    finally:
+        for name in [n for n in OPS if n.startswith("vk_test_")]:
+            del OPS[name]

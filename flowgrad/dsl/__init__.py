@@ -1,7 +1,26 @@
 """The `.flow` language: Lark grammar (flowgrad/grammars/flow.lark) -> parse
-tree -> Graph (a Lark Transformer), with source spans on every node.
+tree -> syntax tree (a Lark Transformer) -> Graph, with source spans on every node.
 
     parse(text, file) -> Program      syntax only; raises FlowError
     build(program, config, dtype)     -> Graph; config overrides are validated,
                                       declared f32 tensors become `dtype`
 """
+from __future__ import annotations
+
+from flowgrad.dsl.ast import Program
+from flowgrad.dsl.builder import Builder
+from flowgrad.dsl.parser import grammar_path, parse_program
+from flowgrad.graph import Graph
+
+
+def parse(text: str, file: str = "<string>") -> Program:
+    """Syntax only: a Program (statements with positions), or a FlowError."""
+    return parse_program(text, file)
+
+
+def build(program: Program, config: dict | None = None, dtype: str = "f32") -> Graph:
+    """Config overrides typed and applied, every node's type inferred; a checked Graph."""
+    return Builder(program, config, dtype).build()
+
+
+__all__ = ["Program", "build", "grammar_path", "parse"]

@@ -18,12 +18,13 @@ def __getattr__(name):
         from flowgrad.exec_vulkan.kernels import VulkanKernels
 
         return VulkanKernels
-    if name == "GraphSession":
-        from flowgrad.exec_vulkan.graph_session import GraphSession
+    if name in ("GraphSession", "count_dispatches"):
+        from flowgrad.exec_vulkan import graph_session
 
-        return GraphSession
+        return getattr(graph_session, name)
     raise AttributeError(name)
 
 
-__all__ = ["BufView", "DeviceError", "DeviceInfo", "GraphSession", "Recorder", "VulkanKernels", "grid",
+__all__ = ["BufView", "DeviceError", "DeviceInfo", "GraphSession", "Recorder", "VulkanKernels", "count_dispatches",
+           "grid",
            "list_devices", "list_devices_text", "select_device", "validation_errors"]

@@ -41,15 +41,22 @@ class OneShot:
     def upload(self, array, dtype: str | None = None) -> BufView:
         """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
         dtype = dtype or _dtype_name(array)
-        data = np.ascontiguousarray(array, dtype=NUMPY[dtype])
+        # reshape: ascontiguousarray turns a 0-d array into shape (1,)
+        data = np.ascontiguousarray(array, dtype=NUMPY[dtype]).reshape(np.shape(array))
         view = self.empty(data.shape, dtype)
+        self.write(view, data)     # mapped: written now (nothing is in flight), else through staging
+        return view
+
+    def write(self, view: BufView, array) -> None:
+        """Fill an existing device view with `array` by the time the commands run."""
+        data = np.ascontiguousarray(array, dtype=NUMPY[view.dtype]).reshape(view.shape)
+        self.device.stats["uploads"] += 1
         if view.buffer.mapped:
-            view.buffer.write(data)       # nothing is in flight: the previous submission was waited for
+            view.buffer.write(data, view.offset)
         else:
-            staging = BufView(self._acquire(view.nbytes, "upload"), 0, data.shape, dtype)
+            staging = BufView(self._acquire(view.nbytes, "upload"), 0, view.shape, view.dtype)
             staging.buffer.write(data)
             self.rec.copy(staging, view)
-        return view
 
     def download(self, view: BufView) -> int:
         """Ask for `view` back after run(); returns its index in run()'s list."""
@@ -63,6 +70,8 @@ class OneShot:
 
     def run(self) -> list[np.ndarray]:
         device = self.device
+        device.stats["dispatches"] += self.rec.counts()["dispatches"]
+        device.stats["downloads"] += len(self._downloads)
         if self.rec.commands:
             self.rec.arena.materialize(device)
             cmd = device.command_buffer()

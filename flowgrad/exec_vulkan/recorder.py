@@ -178,9 +178,14 @@ class Recorder:
         if len(bufs) != info.bindings:
             raise DeviceError(f"shader {info.name} has {info.bindings} buffer bindings, but the dispatch passed "
                               f"{len(bufs)} buffers")
+        limit = self.device.max_storage_range if self.device is not None else None
         for i, b in enumerate(bufs):
             if not isinstance(b, BufView):
                 raise DeviceError(f"dispatch of {info.name}: buffer {i} is a {type(b).__name__}, not a BufView")
+            if limit is not None and b.nbytes > limit:
+                raise DeviceError(f"dispatch of {info.name}: buffer {i} is {b.nbytes} bytes, more than one shader "
+                                  f"binding may address on {self.device.info.name} ({limit} bytes)",
+                                  hint="use a smaller batch or model")
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if len(groups) != 3 or any(g < 0 or g > m for g, m in zip(groups, self.max_groups)):
             raise DeviceError(f"dispatch of {info.name}: group counts {groups} exceed the device's limit "

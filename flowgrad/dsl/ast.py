@@ -1,0 +1,169 @@
+"""The syntax tree of a `.flow` file, as the parser's Transformer builds it.
+
+Every node carries `pos` = (line, col, end_line, end_col), 1-based, end
+exclusive, straight from Lark's propagated positions; spans with the source
+text are made from it only when the builder needs one."""
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+Pos = tuple[int, int, int, int]
+
+
+@attrs.frozen
+class Number:
+    value: int | float
+    pos: Pos
+
+
+@attrs.frozen
+class String:
+    value: str
+    pos: Pos
+
+
+@attrs.frozen
+class Name:
+    id: str
+    pos: Pos
+
+
+@attrs.frozen
+class BinOp:
+    """`left op right` with op one of + - * / @ **."""
+
+    op: str
+    left: Expr
+    right: Expr
+    pos: Pos
+
+
+@attrs.frozen
+class Neg:
+    operand: Expr
+    pos: Pos
+
+
+@attrs.frozen
+class Kwarg:
+    name: str
+    value: Expr
+    pos: Pos
+
+
+@attrs.frozen
+class Call:
+    func: str
+    func_pos: Pos
+    args: tuple[Expr, ...]
+    kwargs: tuple[Kwarg, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class ListLit:
+    items: tuple[Expr, ...]
+    pos: Pos
+
+
+Expr = Union[Number, String, Name, BinOp, Neg, Call, ListLit]
+
+
+@attrs.frozen
+class TensorTypeExpr:
+    """`f32[batch, 3*d]`: dtype is a Name (a dtype literal or a config key)."""
+
+    dtype: Name
+    dims: tuple[Expr, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class ModelDecl:
+    name: Name
+    pos: Pos
+
+
+@attrs.frozen
+class Item:
+    """`key = value` inside config { } or train { }."""
+
+    name: Name
+    value: Expr
+    pos: Pos
+
+
+@attrs.frozen
+class ConfigBlock:
+    items: tuple[Item, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class TrainBlock:
+    items: tuple[Item, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class InputDecl:
+    name: Name
+    type: TensorTypeExpr
+    pos: Pos
+
+
+@attrs.frozen
+class ParamDecl:
+    name: Name
+    type: TensorTypeExpr
+    init: Call
+    pos: Pos
+
+
+@attrs.frozen
+class Assign:
+    """`a = expr` or `a, b, c = expr` (a tuple from split or a block)."""
+
+    targets: tuple[Name, ...]
+    value: Expr
+    pos: Pos
+
+
+@attrs.frozen
+class Return:
+    values: tuple[Expr, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class BlockDef:
+    name: Name
+    params: tuple[Name, ...]
+    body: tuple[Union[ParamDecl, Assign, Return], ...]
+    pos: Pos
+
+
+@attrs.frozen
+class Output:
+    names: tuple[Name, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class Minimize:
+    name: Name
+    pos: Pos
+
+
+Stmt = Union[ModelDecl, ConfigBlock, TrainBlock, InputDecl, ParamDecl, Assign, BlockDef, Output, Minimize]
+
+
+@attrs.frozen
+class Program:
+    """A parsed file: its statements plus what spans need (file name, lines)."""
+
+    file: str
+    lines: tuple[str, ...]
+    stmts: tuple[Stmt, ...]

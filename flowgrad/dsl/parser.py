@@ -1,0 +1,291 @@
+"""Text -> syntax tree: the Lark parser (built once, lazily), a Transformer
+that turns Lark's parse tree into flowgrad.dsl.ast nodes, and syntax errors
+in words a user reads ("expected one of: ')' ','")."""
+from __future__ import annotations
+
+import ast as pyast
+import functools
+import importlib.resources
+import re
+import warnings
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lark import PostLex
+from lark.lexer import PatternStr
+
+from flowgrad.dsl import ast
+from flowgrad.dsl.source import make_span
+from flowgrad.errors import FlowError
+
+OPEN, CLOSE = {"LPAR": "RPAR", "LSQB": "RSQB"}, {"RPAR", "RSQB"}
+
+
+class JoinBracketedLines(PostLex):
+    """Drop line ends inside ( ) and [ ], as Python does, so a call or a list
+    may span lines while statements elsewhere end at a newline."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream):
+        depth = 0
+        for tok in stream:
+            if tok.type in OPEN:
+                depth += 1
+            elif tok.type in CLOSE:
+                depth = max(0, depth - 1)
+            elif tok.type == "_NL" and depth:
+                continue
+            yield tok
+
+
+@functools.cache
+def lark_parser() -> Lark:
+    # No cache=True: Lark's default cache file is a predictable temp path it unpickles.
+    grammar = importlib.resources.files("flowgrad").joinpath("grammars/flow.lark").read_text()
+    return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
+                postlex=JoinBracketedLines(), maybe_placeholders=False)
+
+
+def grammar_path() -> str:
+    """Where the grammar was loaded from (tests check an installed wheel uses its own)."""
+    return str(importlib.resources.files("flowgrad").joinpath("grammars/flow.lark"))
+
+
+def parse_program(text: str, file: str) -> ast.Program:
+    lines = tuple(text.splitlines())
+    try:
+        tree = lark_parser().parse(text)
+    except UnexpectedInput as e:
+        raise syntax_error(e, text, file, lines) from None
+    try:
+        stmts = ToAst(file, lines).transform(tree)
+    except VisitError as e:
+        if isinstance(e.orig_exc, FlowError):
+            raise e.orig_exc from None
+        raise
+    return ast.Program(file, lines, tuple(stmts))
+
+
+# ---------------------------------------------------------------- parse tree -> AST
+
+def tok_pos(tok: Token) -> ast.Pos:
+    return (tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+def meta_pos(meta) -> ast.Pos:
+    return (meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def tok_name(tok: Token) -> ast.Name:
+    return ast.Name(str(tok), tok_pos(tok))
+
+
+@v_args(meta=True)
+class ToAst(Transformer):
+    def __init__(self, file: str, lines):
+        super().__init__()
+        self.file, self.lines = file, lines
+
+    def error(self, message, pos):
+        return FlowError(message, make_span(self.file, self.lines, pos))
+
+    def start(self, meta, children):
+        return children
+
+    def model_decl(self, meta, ch):
+        return ast.ModelDecl(tok_name(ch[0]), meta_pos(meta))
+
+    def config_block(self, meta, items):
+        return ast.ConfigBlock(tuple(items), meta_pos(meta))
+
+    def train_block(self, meta, items):
+        return ast.TrainBlock(tuple(items), meta_pos(meta))
+
+    def config_item(self, meta, ch):
+        return ast.Item(tok_name(ch[0]), ch[1], meta_pos(meta))
+
+    train_item = config_item
+
+    def input_decl(self, meta, ch):
+        return ast.InputDecl(tok_name(ch[0]), ch[1], meta_pos(meta))
+
+    def param_decl(self, meta, ch):
+        return ast.ParamDecl(tok_name(ch[0]), ch[1], ch[2], meta_pos(meta))
+
+    def tensor_type(self, meta, ch):
+        return ast.TensorTypeExpr(tok_name(ch[0]), ch[1], meta_pos(meta))
+
+    def dims(self, meta, ch):
+        return tuple(ch)
+
+    def assign(self, meta, ch):
+        return ast.Assign(ch[0], ch[1], meta_pos(meta))
+
+    def targets(self, meta, toks):
+        return tuple(tok_name(t) for t in toks)
+
+    block_params = targets
+
+    def block_def(self, meta, ch):
+        return ast.BlockDef(tok_name(ch[0]), ch[1], tuple(ch[2:]), meta_pos(meta))
+
+    def return_stmt(self, meta, ch):
+        return ast.Return(tuple(ch), meta_pos(meta))
+
+    def output_stmt(self, meta, toks):
+        return ast.Output(tuple(tok_name(t) for t in toks), meta_pos(meta))
+
+    def minimize_stmt(self, meta, ch):
+        return ast.Minimize(tok_name(ch[0]), meta_pos(meta))
+
+    def _binop(op):  # noqa: N805 - a helper that builds methods
+        def method(self, meta, ch):
+            return ast.BinOp(op, ch[0], ch[1], meta_pos(meta))
+        return method
+
+    add, sub, mul, div, matmul, pow = _binop("+"), _binop("-"), _binop("*"), _binop("/"), _binop("@"), _binop("**")
+    del _binop
+
+    def neg(self, meta, ch):
+        return ast.Neg(ch[0], meta_pos(meta))
+
+    def number(self, meta, ch):
+        text = str(ch[0])
+        value = int(text) if text.isdigit() else float(text)
+        return ast.Number(value, meta_pos(meta))
+
+    def string(self, meta, ch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "\q" is kept as backslash-q, as Python does
+            return ast.String(pyast.literal_eval(str(ch[0])), meta_pos(meta))
+
+    def name(self, meta, ch):
+        return tok_name(ch[0])
+
+    def list(self, meta, ch):
+        return ast.ListLit(ch[0], meta_pos(meta))
+
+    def items(self, meta, ch):
+        return tuple(ch)
+
+    def args(self, meta, ch):
+        return tuple(ch)
+
+    def kwarg(self, meta, ch):
+        return ast.Kwarg(str(ch[0]), ch[1], meta_pos(meta))
+
+    def call(self, meta, ch):
+        positional, keywords = [], {}
+        for arg in ch[1]:
+            if isinstance(arg, ast.Kwarg):
+                if arg.name in keywords:
+                    raise self.error(f"keyword argument {arg.name!r} is given twice", arg.pos)
+                keywords[arg.name] = arg
+            elif keywords:
+                raise self.error("positional argument after a keyword argument", arg.pos)
+            else:
+                positional.append(arg)
+        return ast.Call(str(ch[0]), tok_pos(ch[0]), tuple(positional), tuple(keywords.values()),
+                        meta_pos(meta))
+
+
+# ---------------------------------------------------------------- syntax errors
+
+WORDS = {"NAME": "a name", "NUMBER": "a number", "STRING": "a string", "_NL": "a new line",
+         "$END": "end of file"}
+EXPRESSION_START = {"NAME", "NUMBER", "STRING", "LPAR", "LSQB", "MINUS"}
+OPERATORS = {"+", "-", "*", "/", "@", "**"}
+
+
+def terminal_text(name: str) -> str | None:
+    """The literal a terminal matches ('(' or 'model'), None for a pattern."""
+    for term in lark_parser().terminals:
+        if term.name == name and isinstance(term.pattern, PatternStr):
+            return term.pattern.value
+    return None
+
+
+def describe_expected(names) -> str:
+    names = set(names)
+    words = []
+    if EXPRESSION_START <= names:
+        names -= EXPRESSION_START
+        words.append("an expression")
+    literal = {n: terminal_text(n) for n in names}
+    if OPERATORS <= {v for v in literal.values() if v}:
+        names -= {n for n, v in literal.items() if v in OPERATORS}
+        words.append("an operator")
+    words += sorted(WORDS.get(n, f"'{literal[n]}'" if literal[n] else n.lower()) for n in names)
+    if not words:
+        return ""
+    return f", expected {words[0]}" if len(words) == 1 else f", expected one of: {' '.join(words)}"
+
+
+def describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    if tok.type == "_NL":
+        return "end of line"
+    if tok.type == "NAME":
+        return f"name '{tok}'"
+    if tok.type == "NUMBER":
+        return f"number {tok}"
+    if tok.type == "STRING":
+        return f"string {tok}"
+    text = terminal_text(tok.type)
+    if text and text.isalpha():
+        return f"keyword '{text}'"
+    return f"'{tok}'"
+
+
+def syntax_error(e: UnexpectedInput, text: str, file: str, lines) -> FlowError:
+    if isinstance(e, UnexpectedCharacters):
+        message = f"syntax error: unexpected character {e.char!r}"
+        line, col, width, offset = e.line, e.column, 1, e.pos_in_stream
+    else:
+        assert isinstance(e, UnexpectedToken)
+        tok = e.token
+        expected = e.accepts or e.expected
+        message = f"syntax error: unexpected {describe_token(tok)}{describe_expected(expected)}"
+        if tok.type == "$END":
+            line, col, offset = end_of_text(lines), None, len(text)
+            col = len(lines[line - 1]) + 1 if lines else 1
+            width = 1
+        else:
+            line, col, offset = tok.line, tok.column, tok.start_pos
+            width = max(1, len(str(tok).split("\n")[0]))
+    span = make_span(file, lines, (line, col, line, col + width))
+    return FlowError(message, span, hint=unclosed_hint(text, offset, line))
+
+
+def end_of_text(lines) -> int:
+    for i in range(len(lines), 0, -1):
+        if lines[i - 1].strip():
+            return i
+    return max(1, len(lines))
+
+
+BRACKET_RE = re.compile(r"""#[^\n]*|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|[()\[\]{}]""")
+
+
+def unclosed_hint(text: str, offset: int | None, line: int) -> str | None:
+    """When a bracket opened on an earlier line is still open where the error
+    is, say so: the error itself shows up only at the next statement."""
+    if offset is None:
+        return None
+    stack = []
+    for m in BRACKET_RE.finditer(text, 0, offset):
+        c = m.group()
+        if c in "([{":
+            stack.append(m.start())
+        elif c in ")]}" and stack:
+            stack.pop()
+    if not stack:
+        return None
+    start = stack[-1]
+    open_line = text.count("\n", 0, start) + 1
+    if open_line == line:
+        return None
+    open_col = start - (text.rfind("\n", 0, start) + 1) + 1
+    return f"the '{text[start]}' at line {open_line}, column {open_col} is never closed"

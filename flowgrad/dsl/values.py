@@ -1,0 +1,130 @@
+"""Compile-time values: what config entries, shape dimensions, op attributes
+and train items evaluate to (ints, floats, bools, strings, dtypes, lists,
+None), and the arithmetic on them. Integer division must be exact: shapes
+are built from it (`d/heads`), and a silent floor would build a wrong model."""
+from __future__ import annotations
+
+import numbers
+
+from flowgrad.graph import DTYPES
+
+
+class DType(str):
+    """A dtype literal (`f32`): a str, so it compares equal to "f32", but
+    told apart from the string "f32" when a config value's type is checked."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+CONSTANT_NAMES = {"true": True, "false": False, "none": None, "None": None,
+                  **{d: DType(d) for d in DTYPES}}
+
+
+class StaticError(Exception):
+    """Bad compile-time arithmetic; the caller adds the span."""
+
+
+def is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def type_name(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, DType):
+        return "dtype"
+    if isinstance(v, numbers.Integral):
+        return "int"
+    if isinstance(v, numbers.Real):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if v is None:
+        return "none"
+    return type(v).__name__
+
+
+def show(v) -> str:
+    """A value as the user would write it: true, f32, "text", [1, 2]."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    if isinstance(v, DType):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(show(x) for x in v) + "]"
+    return repr(v)
+
+
+def static_binop(op: str, a, b):
+    if isinstance(a, str) and isinstance(b, str) and op == "+" and not isinstance(a, DType):
+        return a + b
+    if not (is_number(a) and is_number(b)):
+        raise StaticError(f"cannot apply '{op}' to {type_name(a)} {show(a)} and {type_name(b)} {show(b)}")
+    both_int = isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral)
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        if b == 0:
+            raise StaticError(f"division by zero: {show(a)} / {show(b)}")
+        if both_int:
+            if a % b:
+                raise StaticError(f"{a} / {b} is not an exact integer division (remainder {a % b}); "
+                                  "integer division must be exact, write a float (e.g. 1.0) for a fraction")
+            return a // b
+        return a / b
+    if op == "**":
+        if b < 0 and a == 0:
+            raise StaticError(f"0 ** {show(b)} is undefined")
+        return a**b if both_int and b >= 0 else float(a) ** float(b)
+    raise StaticError(f"'{op}' needs tensor operands, got {show(a)} and {show(b)}")
+
+
+def static_neg(a):
+    if not is_number(a):
+        raise StaticError(f"cannot negate {type_name(a)} {show(a)}")
+    return -a
+
+
+CONFIG_TYPES = ("int", "float", "bool", "str", "dtype")
+
+
+def coerce(value, want: str):
+    """An override (a Python value from the API, or a string from `--set`)
+    as a config value of type `want`; ValueError when it is not one."""
+    if want == "bool":
+        if isinstance(value, bool) or type(value).__name__ == "bool_":
+            return bool(value)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif want == "int":
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+    elif want == "float":
+        if is_number(value):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+    elif want == "dtype":
+        if isinstance(value, str) and value.strip() in DTYPES:
+            return DType(value.strip())
+    elif want == "str":
+        if isinstance(value, str) and not isinstance(value, DType):
+            return str(value)
+    raise ValueError(want)

@@ -1,0 +1,298 @@
+"""The graph executor's memory plan, computed without a device.
+
+A step is a schedule: the forward nodes in topological order, then the
+backward nodes in reverse, then the optimizer. Every tensor the step makes
+(activations, gradients) has a lifetime on that schedule; tensors whose
+lifetimes do not overlap share a buffer. Leaves (params, consts, inputs) and
+the loss seed live in their own buffers for the whole session.
+
+Where one node's backward writes several input gradients (matmul's da and db,
+attention's dq, dk, dv), they are packed as views at aligned offsets of one
+buffer (gradients that outlive the step, i.e. params', are packed apart from
+those that die inside it, so a param's gradient does not pin its neighbours). A value that feeds several nodes gets its gradient written by the
+first backward that reaches it, and each later one writes a temporary that is
+accumulated into it."""
+from __future__ import annotations
+
+import attrs
+
+from flowgrad.graph import LEAF_OPS, Graph
+
+ALIGN = 256   # bytes; >= every device's minStorageBufferOffsetAlignment
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@attrs.frozen
+class Step:
+    kind: str            # "forward", "backward", "optimizer"
+    node: int | None = None
+
+
+@attrs.frozen
+class Slot:
+    """Where one tensor lives: `offset` bytes into buffer `buffer`."""
+
+    buffer: int
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@attrs.frozen
+class PlannedBuffer:
+    index: int
+    nbytes: int
+    values: tuple            # keys of the groups assigned to it over the step
+    kind: str                # "param", "const", "input", "seed", "step" (reused within a step), "grad" (persists)
+
+
+@attrs.frozen
+class Saved:
+    """A forward tensor the backward reads: it stays alive into the backward."""
+
+    node: object
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@attrs.frozen
+class GradWrite:
+    """Backward of one node writes input `pos`'s gradient into `key`; when
+    `accumulate_into` is set, `key` is a temporary added into that gradient."""
+
+    pos: int
+    key: tuple
+    accumulate_into: tuple | None = None
+
+
+@attrs.define
+class MemoryPlan:
+    schedule: list[Step]
+    buffers: list[PlannedBuffer]
+    slots: dict[tuple, Slot]
+    grad_writes: dict[int, list[GradWrite]]
+    backward_nodes: frozenset
+    parts: dict[tuple, tuple]      # group key (what a buffer holds) -> the slot keys packed in it
+    total_bytes: int
+    naive_bytes: int
+    peak_bytes: int
+    saved: list[Saved]
+
+    @property
+    def reuse(self) -> float:
+        """Fraction of the no-reuse footprint saved by sharing buffers."""
+        return 0.0 if not self.naive_bytes else 1.0 - self.total_bytes / self.naive_bytes
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.nbytes for s in self.saved)
+
+    def grad_key(self, node_id: int) -> tuple | None:
+        key = ("grad", node_id)
+        return key if key in self.slots else None
+
+    def to_dict(self) -> dict:
+        return {"buffers": len(self.buffers), "total_bytes": self.total_bytes, "naive_bytes": self.naive_bytes,
+                "peak_bytes": self.peak_bytes, "reuse": round(self.reuse, 4),
+                "saved": {"tensors": len(self.saved), "bytes": self.saved_bytes}}
+
+
+def _nbytes(node) -> int:
+    return max(node.type.nbytes, 1)
+
+
+def backward_nodes(graph: Graph, grad_inputs: bool = False) -> tuple[frozenset, dict]:
+    """The nodes whose backward runs, and for each, the input positions that
+    get a gradient: the planner's backward set (param -> loss) less what only
+    reaches the loss through non-differentiable inputs; with grad_inputs,
+    float inputs are differentiated too."""
+    from flowgrad.ops import get_op
+
+    if graph.loss is None:
+        return frozenset(), {}
+    needs: set[int] = {i for i in graph.params.values() if graph.nodes[i].dtype != "i32"}
+    if grad_inputs:
+        needs |= {i for i in graph.inputs.values() if graph.nodes[i].dtype != "i32"}
+    diff_pos: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        if node.op in LEAF_OPS or node.dtype == "i32":
+            continue
+        nondiff = get_op(node.op).nondiff
+        pos = [p for p, i in enumerate(node.inputs) if p not in nondiff and i in needs]
+        if pos:
+            needs.add(node.id)
+            diff_pos[node.id] = pos
+    # only what the loss depends on through differentiable positions gets a gradient
+    has_grad = {graph.loss} if graph.loss in needs else set()
+    for node in reversed(graph.nodes):
+        if node.id in has_grad and node.id in diff_pos:
+            has_grad.update(node.inputs[p] for p in diff_pos[node.id])
+    nodes = frozenset(n for n in has_grad if n in diff_pos)
+    return nodes, {n: diff_pos[n] for n in nodes}
+
+
+def plan_memory(graph: Graph, plan=None, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
+    """The memory plan of one step; backward=False plans a forward-only step.
+    `plan` (the planner's Plan) is accepted for symmetry with the executors;
+    the backward set is derived from the graph exactly as the planner's."""
+    roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
+    forward = [n for n in graph.needed_for(roots) if n.op not in LEAF_OPS]
+    bwd, positions = (backward_nodes(graph, grad_inputs) if backward and graph.loss is not None
+                      else (frozenset(), {}))
+    schedule = [Step("forward", n.id) for n in forward]
+    schedule += [Step("backward", n.id) for n in reversed(forward) if n.id in bwd]
+    if bwd:
+        schedule.append(Step("optimizer"))
+    return _Planner(graph, schedule, positions, bwd, grad_inputs).run()
+
+
+class _Planner:
+    def __init__(self, graph, schedule, positions, bwd, grad_inputs):
+        self.graph = graph
+        self.schedule = schedule
+        self.positions = positions
+        self.bwd = bwd
+        self.grad_inputs = grad_inputs
+        self.last = len(schedule)                 # "until the end of the step"
+        # group key -> [start, end, kind, [(part key, node, offset)], size]
+        self.groups: dict[tuple, list] = {}
+        self.part_group: dict[tuple, tuple] = {}
+        self.grad_writes: dict[int, list[GradWrite]] = {}
+
+    def group(self, key, start, kind, parts):
+        """parts: [(part key, node)] packed at aligned offsets."""
+        offset, laid = 0, []
+        for part, node in parts:
+            laid.append((part, node, offset))
+            self.part_group[part] = key
+            offset = _align(offset + _nbytes(node))
+        self.groups[key] = [start, start, kind, laid, offset]
+
+    def use(self, part, at):
+        g = self.groups[self.part_group[part]]
+        g[1] = max(g[1], at)
+
+    def run(self) -> MemoryPlan:
+        g = self.graph
+        nodes = g.nodes
+        roots = set(g.outputs.values()) | ({g.loss} if g.loss is not None else set())
+        leaves = {n.id for n in g.needed_for(list(roots)) if n.op in LEAF_OPS}
+        for i in sorted(leaves | set(g.params.values())):
+            kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]
+            self.group(("val", i), -1, kind, [(("val", i), nodes[i])])
+        if self.bwd:
+            self.group(("seed",), -1, "seed", [(("grad", g.loss), nodes[g.loss])])
+        saved_ids = set()
+        for t, step in enumerate(self.schedule):
+            if step.kind == "forward":
+                node = nodes[step.node]
+                for i in node.inputs:
+                    self.use(("val", i), t)
+                self.group(("val", node.id), t, "step", [(("val", node.id), node)])
+                if node.id in roots:
+                    self.use(("val", node.id), self.last)
+            elif step.kind == "backward":
+                self.backward_step(t, nodes[step.node], saved_ids)
+        return self.assign(saved_ids)
+
+    def backward_step(self, t, node, saved_ids):
+        for i in (*node.inputs, node.id):
+            self.use(("val", i), t)
+            if nodes_is_activation(self.graph, i):
+                saved_ids.add(i)
+        self.use(("grad", node.id), t)
+        canonical, temps, writes = [], [], []
+        for pos in self.positions[node.id]:
+            i = node.inputs[pos]
+            if ("grad", i) in self.part_group or any(("grad", i) == k for k, _ in canonical):
+                key = ("tmp", node.id, pos)
+                temps.append((key, self.graph.nodes[i]))
+                writes.append(GradWrite(pos, key, ("grad", i)))
+            else:
+                canonical.append((("grad", i), self.graph.nodes[i]))
+                writes.append(GradWrite(pos, ("grad", i)))
+        self.grad_writes[node.id] = writes
+        # gradients the host or the optimizer reads after the step persist; the others
+        # die with their last reader, so the two kinds are packed apart
+        kept = [p for p in canonical if self.persistent_grad(p[0][1])]
+        passing = [p for p in canonical if not self.persistent_grad(p[0][1])]
+        if passing:
+            self.group(("bwd", node.id), t, "step", passing)
+        if kept:
+            self.group(("pgrad", node.id), t, "grad", kept)
+            self.use(kept[0][0], self.last)
+        if temps:
+            self.group(("tmp", node.id), t, "step", temps)
+        for w in writes:
+            if w.accumulate_into is not None:
+                self.use(w.accumulate_into, t)
+
+    def persistent_grad(self, i) -> bool:
+        node = self.graph.nodes[i]
+        return node.op == "param" or (self.grad_inputs and node.op == "input")
+
+    def assign(self, saved_ids) -> MemoryPlan:
+        """Greedy interval packing: each step-scoped group takes the free
+        buffer that fits best (growing the largest free one if none fits)."""
+        buffers: list[list] = []        # [size, [group keys], kind]
+        where: dict[tuple, int] = {}
+        free: list[int] = []
+        busy: list[tuple[int, int]] = []  # (end, buffer)
+        order = sorted(self.groups.items(), key=lambda kv: (kv[1][0], -kv[1][4]))
+        for key, (start, end, kind, _parts, size) in order:
+            if kind != "step":
+                buffers.append([size, [key], kind])
+                where[key] = len(buffers) - 1
+                continue
+            for item in [b for b in busy if b[0] < start]:
+                busy.remove(item)
+                free.append(item[1])
+            fits = [b for b in free if buffers[b][0] >= size]
+            if fits:
+                b = min(fits, key=lambda x: buffers[x][0])
+            elif free:
+                b = max(free, key=lambda x: buffers[x][0])
+                buffers[b][0] = size
+            else:
+                buffers.append([size, [], "step"])
+                b = len(buffers) - 1
+            if b in free:
+                free.remove(b)
+            buffers[b][1].append(key)
+            busy.append((end, b))
+            where[key] = b
+        slots = {}
+        for key, (_s, _e, _k, parts, _size) in self.groups.items():
+            for part, node, offset in parts:
+                slots[part] = Slot(where[key], offset, node.shape, node.dtype, node.type.nbytes)
+        planned = [PlannedBuffer(i, size, tuple(keys), kind) for i, (size, keys, kind) in enumerate(buffers)]
+        sizes = [grp[4] for grp in self.groups.values()]
+        saved = [Saved(self.graph.nodes[i], self.graph.nodes[i].shape, self.graph.nodes[i].dtype,
+                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)]
+        parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
+        return MemoryPlan(self.schedule, planned, slots, self.grad_writes, self.bwd, parts,
+                          total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),
+                          peak_bytes=self.peak(), saved=saved)
+
+    def peak(self) -> int:
+        """The most bytes live at once: a lower bound for any buffer sharing."""
+        always = sum(g[4] for g in self.groups.values() if g[2] != "step")
+        events: dict[int, int] = {}
+        for start, end, kind, _parts, size in self.groups.values():
+            if kind == "step":
+                events[start] = events.get(start, 0) + size
+                events[end + 1] = events.get(end + 1, 0) - size
+        live = best = 0
+        for t in sorted(events):
+            live += events[t]
+            best = max(best, live)
+        return always + best
+
+
+def nodes_is_activation(graph: Graph, i: int) -> bool:
+    return graph.nodes[i].op not in LEAF_OPS

@@ -1,0 +1,77 @@
+"""`flowgrad check FILE [--set k=v]`: a one-screen summary and exit 0, or the
+error on stderr and exit 1, without a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from flowgrad.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = str(ROOT / "models" / "mlp.flow")
+GPT = str(ROOT / "models" / "tiny_gpt.flow")
+
+
+def run_main(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_check_prints_a_summary(capsys):
+    rc, out, err = run_main(capsys, "check", MLP)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("model mlp") and "12 nodes" in lines[0]
+    assert "hidden=128" in out
+    assert any(line.split()[:2] == ["x", "f32[64,64]"] for line in lines)
+    assert any(line.split()[:3] == ["w1", "f32[64,128]", "8,192"] for line in lines)
+    assert "params (9,610 values)" in out
+    assert lines[-1] == "minimize loss"
+    assert len(lines) < 40
+
+
+def test_check_with_overrides_groups_block_instances(capsys):
+    rc, out, _ = run_main(capsys, "check", GPT, "--set", "layers=3", "--set", "d=32")
+    assert rc == 0
+    assert "layers=3" in out and "d=32" in out
+    assert any(line.split()[:2] == ["decoder.0-2.wqkv", "f32[32,96]"] and line.endswith("x3")
+               for line in out.splitlines())
+    assert len(out.splitlines()) < 40
+
+
+def test_check_reports_a_model_error(capsys, tmp_path):
+    bad = tmp_path / "bad.flow"
+    bad.write_text("input x: f32[2]\ny = relo(x)\n")
+    rc, out, err = run_main(capsys, "check", str(bad))
+    assert rc == 1 and out == ""
+    assert err.startswith(f"error: {bad}:2:5: unknown op or block 'relo' (did you mean relu?)")
+    assert "    y = relo(x)\n        ^^^^" in err
+
+
+def test_check_reports_bad_overrides(capsys):
+    rc, _, err = run_main(capsys, "check", MLP, "--set", "hiden=3")
+    assert rc == 1 and "unknown config key 'hiden' (did you mean hidden?)" in err
+    rc, _, err = run_main(capsys, "check", MLP, "--set", "hidden=lots")
+    assert rc == 1 and err.startswith(f"error: {MLP}:6:3: config override hidden=lots: hidden is an int")
+    rc, _, err = run_main(capsys, "check", MLP, "--set", "hidden")
+    assert rc == 1 and "expected key=value" in err
+
+
+def test_check_missing_file(capsys, tmp_path):
+    rc, _, err = run_main(capsys, "check", str(tmp_path / "nope.flow"))
+    assert rc == 1 and "cannot read model file" in err
+
+
+def test_check_as_a_process_has_no_traceback(tmp_path):
+    bad = tmp_path / "bad.flow"
+    bad.write_text("input x: f32[2]\ny = (x +\n")
+    proc = subprocess.run([sys.executable, "-m", "flowgrad.cli", "check", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {bad}:2:9: syntax error: unexpected end of file")
+    assert "Traceback" not in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "flowgrad.cli", "check", MLP], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("model mlp") and ok.stderr == ""

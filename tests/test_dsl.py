@@ -1,0 +1,444 @@
+"""The .flow language: parse -> build -> Graph (no device needed).
+
+Errors are in test_errors.py; the `flowgrad check` command in test_cli_check.py."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad import dsl
+from flowgrad.dsl.parser import lark_parser
+from flowgrad.graph import TrainSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+
+
+def build(src: str, config=None, dtype="f32", file="t.flow"):
+    return dsl.build(dsl.parse(src, file), config, dtype)
+
+
+# ---------------------------------------------------------------- the example models
+
+@pytest.mark.parametrize("path", sorted(MODELS.glob("*.flow")), ids=lambda p: p.name)
+def test_every_model_file_builds_and_checks(path):
+    graph = fg.load(path).graph
+    graph.check()
+    assert graph.loss is not None and graph.nodes[graph.loss].shape == ()
+    assert graph.params and graph.inputs and graph.outputs
+
+
+def test_mlp_graph():
+    g = fg.load(MODELS / "mlp.flow").graph
+    assert g.name == "mlp"
+    assert g.config == {"inputs": 64, "hidden": 128, "classes": 10, "batch": 64}
+    assert list(g.inputs) == ["x", "y"]
+    assert str(g.nodes[g.inputs["x"]].type) == "f32[64,64]"
+    assert str(g.nodes[g.inputs["y"]].type) == "i32[64]"
+    assert list(g.params) == ["w1", "b1", "w2", "b2"]
+    assert g.nodes[g.params["w1"]].attrs["init"] == ("xavier", {})
+    h = g.node("h")
+    assert (h.op, str(h.type)) == ("relu", "f32[64,128]")
+    assert g.node("logits").op == "add"
+    assert g.node("loss").op == "cross_entropy"
+    assert set(g.outputs) == {"logits", "loss"} and g.outputs["loss"] == g.loss
+
+
+def test_tiny_gpt_graph():
+    g = fg.load(MODELS / "tiny_gpt.flow").graph
+    layers = g.config["layers"]
+    assert layers >= 2
+    for k in range(layers):
+        assert f"decoder.{k}.wqkv" in g.params
+        attn = g.node(f"decoder.{k}.a")
+        assert attn.op == "attention" and attn.attrs["heads"] == g.config["heads"]
+        # causal=true was expanded into a const mask input shared by forward and backward
+        mask = g.nodes[attn.inputs[3]]
+        assert mask.op == "const" and mask.shape == (g.config["seq"], g.config["seq"])
+        assert [g.nodes[i].op for i in attn.inputs[:3]] == ["slice"] * 3
+    assert f"decoder.{layers}.wqkv" not in g.params
+    assert g.nodes[g.inputs["tokens"]].dtype == "i32"
+    assert g.nodes[g.outputs["logits"]].shape == (g.config["batch"], g.config["seq"], g.config["vocab"])
+    assert g.train.items["data"] == ("call", "reverse", [], {"seq": g.config["seq"], "vocab": g.config["vocab"]})
+    assert g.train.items["optimizer"][:2] == ("call", "adamw")
+
+
+@pytest.mark.parametrize("name", ["mlp.flow", "tiny_gpt.flow"])
+def test_model_files_step_with_finite_nonzero_grads(name):
+    model = fg.load(MODELS / name, {"batch": 4})
+    g = model.graph
+    sess = model.compile(device="cpu", seed=1)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for inp, i in g.inputs.items():
+        n = g.nodes[i]
+        if n.dtype == "i32":
+            high = g.config.get("vocab", g.config.get("classes"))
+            feeds[inp] = rng.integers(0, high, n.shape)
+        else:
+            feeds[inp] = rng.normal(size=n.shape)
+    res = sess.step(feeds)
+    assert np.isfinite(res.loss) and res.loss > 0
+    assert set(res.grads) == set(g.params)
+    for pname, grad in res.grads.items():
+        assert grad.shape == g.nodes[g.params[pname]].shape
+        assert np.all(np.isfinite(grad)), pname
+        assert np.any(grad != 0), f"gradient of {pname} is all zeros"
+
+
+# ---------------------------------------------------------------- parser
+
+def test_parser_is_built_once_without_lark_cache():
+    assert lark_parser() is lark_parser()
+    assert lark_parser().options.cache is False
+    assert lark_parser().options.parser == "lalr"
+
+
+def test_grammar_is_package_data():
+    path = Path(dsl.grammar_path())
+    assert path.name == "flow.lark" and path.parent.name == "grammars" and path.parent.parent.name == "flowgrad"
+    assert (ROOT / "grammars" / "flow.lark").resolve() == path.resolve()
+
+
+def test_parse_is_syntax_only():
+    # unknown ops and names are the builder's business, not the parser's
+    prog = dsl.parse("y = nosuchop(undefined_name)\n", "p.flow")
+    assert prog.file == "p.flow" and len(prog.stmts) == 1
+    with pytest.raises(fg.FlowError):
+        dsl.build(prog)
+
+
+def test_layout_comments_blank_lines_and_continuations():
+    g = build("""# leading comment
+
+model  layout   # trailing comment
+config { n = 3 }
+config {
+
+  # a comment inside a block
+  m = 2   # and after a value
+}
+input x: f32[n,
+             m,]          # newlines inside [ ] are joined
+y = add(x,
+        x,                # and inside ( ), with a trailing comma
+        )
+output y""")
+    assert g.name == "layout" and g.config == {"n": 3, "m": 2}
+    assert g.node("y").op == "add" and g.node("y").shape == (3, 2)
+
+
+def test_empty_file_and_model_name_from_file():
+    g = build("# nothing here\n", file="dir/my_model.flow")
+    assert g.name == "my_model" and g.nodes == []
+
+
+# ---------------------------------------------------------------- spans
+
+def test_spans_have_file_line_col_text_and_end():
+    src = "input x: f32[2]\n\ny = x  +  x * 2.0\n"
+    g = build(src, file="s.flow")
+    y = g.node("y")
+    assert (y.span.file, y.span.line, y.span.col) == ("s.flow", 3, 5)
+    assert y.span.text == "y = x  +  x * 2.0"
+    assert y.span.end_col == len("y = x  +  x * 2.0") + 1
+    mul = g.nodes[y.inputs[1]]
+    assert (mul.op, mul.span.col, mul.span.end_col) == ("mul", 11, 18)
+    assert y.span.via == ()
+
+
+def test_block_nodes_carry_the_call_sites_that_expanded_them():
+    src = """\
+block inner(x) {
+  y = x * 2.0
+  return y
+}
+block outer(x) {
+  return inner(x)
+}
+input a: f32[3]
+b = outer(a)
+c = repeat(2, inner, b)
+"""
+    g = build(src, file="v.flow")
+    deep = g.node("outer.0.inner.0.y")
+    assert deep.span.line == 2
+    assert [(s.line, s.col) for s in deep.span.via] == [(6, 10), (9, 5)]   # innermost first
+    assert deep.span.via[0].text == "  return inner(x)"
+    rep = g.node("inner.1.y")
+    assert [(s.line, s.col) for s in rep.span.via] == [(10, 5)]
+    assert g.node("inner.0.y").span.via[0].line == 10
+
+
+# ---------------------------------------------------------------- config
+
+CFG = """
+config {
+  n = 4
+  half = n / 2
+  rate = 0.5
+  flag = true
+  label = "hello"
+  kind = f16
+  neg = -3
+}
+input x: f32[n, half]
+"""
+
+
+def test_config_values_of_every_type():
+    g = build(CFG)
+    assert g.config == {"n": 4, "half": 2, "rate": 0.5, "flag": True, "label": "hello", "kind": "f16", "neg": -3}
+    assert type(g.config["half"]) is int and type(g.config["flag"]) is bool
+    assert g.nodes[0].shape == (4, 2)
+
+
+def test_config_overrides_are_typed_against_the_declaration():
+    # strings (as from `--set`) are parsed by the declared type
+    g = build(CFG, {"n": "8", "rate": "1e-3", "flag": "false", "label": "bye", "kind": "i32"})
+    assert g.config["n"] == 8 and g.config["half"] == 4        # later keys follow the override
+    assert g.config["rate"] == 1e-3 and g.config["flag"] is False
+    assert g.config["label"] == "bye" and g.config["kind"] == "i32"
+    assert g.nodes[0].shape == (8, 4)
+    # Python values from the API: an int is fine for a float key
+    g = build(CFG, {"n": 6, "rate": 2, "flag": True, "half": 5})
+    assert g.config["rate"] == 2.0 and type(g.config["rate"]) is float
+    assert g.config["half"] == 5 and g.nodes[0].shape == (6, 5)
+
+
+def test_config_dtype_in_a_declaration():
+    g = build("config { t = f16 }\ninput x: t[2]\n")
+    assert g.nodes[0].dtype == "f16"
+    g = build("config { t = f16 }\ninput x: t[2]\n", {"t": "f32"}, dtype="f16")
+    assert g.nodes[0].dtype == "f16"   # an f32 declaration follows the compile dtype
+
+
+def test_shape_arithmetic():
+    g = build("config {\n d = 12\n heads = 3\n}\ninput x: f32[3*d, d/heads, (d - 2) * 2, 2**3]\n")
+    assert g.nodes[0].shape == (36, 4, 20, 8)
+
+
+# ---------------------------------------------------------------- dtypes and literals
+
+POLICY = """
+input x: f32[2, 3]
+input i: i32[2]
+input h: f16[3]
+param w: f32[3] = ones()
+y = x * w + 1.5
+z = cast(x, f32)
+k = i + 1
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_dtype_policy(dtype):
+    g = build(POLICY, dtype=dtype)
+    assert g.node("x").dtype == dtype and g.nodes[g.params["w"]].dtype == dtype
+    assert g.node("i").dtype == "i32" and g.node("h").dtype == "f16"
+    y = g.node("y")
+    const = g.nodes[y.inputs[1]]
+    assert const.op == "const" and const.shape == () and const.dtype == dtype
+    assert const.attrs["value"] == np.float32(1.5) and const.attrs["value"].dtype == np.dtype(dtype.replace("f", "float"))
+    assert g.node("z").dtype == "f32"          # an explicit cast keeps its dtype
+    k_const = g.nodes[g.node("k").inputs[1]]
+    assert k_const.dtype == "i32" and k_const.attrs["value"] == 1
+
+
+def test_literal_on_either_side_and_constant_folding():
+    g = build("input x: f32[2]\na = 2.0 - x\nb = x / (1.0 / 4 + 0.25)\n")
+    a = g.node("a")
+    assert a.op == "sub" and g.nodes[a.inputs[0]].op == "const" and g.nodes[a.inputs[1]].name == "x"
+    b = g.node("b")
+    assert float(g.nodes[b.inputs[1]].attrs["value"]) == 0.5
+
+
+def test_unary_minus_and_power():
+    g = build("input x: f32[2]\na = -x\nb = -x ** 2\nc = x ** -1\n")
+    assert g.node("a").op == "neg"
+    b = g.node("b")
+    assert b.op == "neg" and g.nodes[b.inputs[0]].op == "pow"        # -x**2 == -(x**2)
+    assert g.node("c").attrs["exponent"] == -1
+
+
+# ---------------------------------------------------------------- calls
+
+def test_calls_positional_keyword_and_defaults():
+    g = build("""
+input x: f32[2, 3, 4]
+a = sum(x, 1)
+b = sum(x, axis=[0, 2], keepdims=true)
+c = softmax(x)
+d = gelu(x, approximate="tanh")
+e = reshape(x, [2, 3*4])
+f = transpose(x)
+g = concat(x, x, axis=0)
+h = concat([x, x])
+""")
+    assert g.node("a").attrs == {"axis": 1, "keepdims": False}
+    assert g.node("b").attrs == {"axis": [0, 2], "keepdims": True} and g.node("b").shape == (1, 3, 1)
+    assert g.node("c").attrs == {"axis": -1}
+    assert g.node("d").attrs == {"approximate": "tanh"}
+    assert g.node("e").shape == (2, 12) and list(g.node("e").attrs["shape"]) == [2, 12]
+    assert g.node("f").shape == (2, 4, 3)
+    assert g.node("g").shape == (4, 3, 4) and len(g.node("g").inputs) == 2
+    assert g.node("h").shape == (2, 3, 8)
+
+
+def test_optional_tensor_keyword():
+    src = """
+input q: f32[4, 8]
+input m: f32[4, 4]
+a = attention(q, q, q, heads=2)
+b = attention(q, q, q, heads=2, mask=m)
+c = attention(q, q, q, 2, true, m)
+"""
+    g = build(src)
+    assert len(g.node("a").inputs) == 3
+    assert g.nodes[g.node("b").inputs[3]].name == "m"
+    c = g.node("c")
+    # causal plus a user mask: the expand hook adds them into one mask input
+    assert g.nodes[c.inputs[3]].op == "add" and c.attrs["heads"] == 2
+
+
+def test_split_emits_slices():
+    g = build("input x: f32[2, 9]\na, b, c = split(x, 3)\nd, e = split(x, [1, 1], axis=0)\n")
+    assert [(g.node(n).op, g.node(n).attrs["start"], g.node(n).attrs["stop"]) for n in "abc"] == [
+        ("slice", 0, 3), ("slice", 3, 6), ("slice", 6, 9)]
+    assert g.node("a").attrs["axis"] == -1 and g.node("a").shape == (2, 3)
+    assert g.node("d").shape == (1, 9) and g.node("e").attrs["start"] == 1
+
+
+# ---------------------------------------------------------------- names, blocks, repeat
+
+def test_named_values_and_rebinding():
+    g = build("input x: f32[2]\nh = x * 2.0\nh = h + x\nalias = h\noutput alias\n")
+    names = [n.name for n in g.nodes if n.op == "mul" or n.op == "add"]
+    assert names == ["h", "h"]                    # both bindings keep the source name
+    assert g.outputs["alias"] == g.nodes[-1].id   # an alias does not rename a named node
+
+
+BLOCKS = """
+config { d = 4 }
+block lin(x, scale) {
+  param w: f32[d, d] = normal(std=0.1)
+  y = x @ w * scale
+  return y
+}
+block two(a, b) {
+  return b, a + b
+}
+input x: f32[2, d]
+p = lin(x, 0.5)
+q = lin(p, 2)
+r = repeat(3, lin, q, 1.0)
+s, t = repeat(2, two, x, x)
+u = repeat(0, lin, x, 1.0)
+output p, r, s, t, u
+"""
+
+
+def test_blocks_and_repeat():
+    g = build(BLOCKS)
+    out = {name: g.nodes[i] for name, i in g.outputs.items()}
+    assert list(g.params) == [f"lin.{k}.w" for k in range(5)]   # direct calls 0, 1; repeat continues 2..4
+    assert out["p"].name == "lin.0.y"              # p aliases the block's named result
+    assert out["r"].name == "lin.4.y"              # the last of the three repeated instances
+    # each instance reads the previous instance's output
+    assert g.nodes[g.nodes[g.node("lin.3.y").inputs[0]].inputs[0]].name == "lin.2.y"
+    assert out["u"].name == "x"                    # repeat 0 times is the identity
+    assert (out["s"].op, out["s"].name, out["t"].name) == ("add", "s", "t")
+    assert g.nodes[out["t"].inputs[1]].id == out["s"].id
+
+
+def test_nested_blocks_prefix_params():
+    g = build("""
+block leaf(x) {
+  param w: f32[2] = ones()
+  return x * w
+}
+block pair(x) {
+  return leaf(leaf(x))
+}
+input x: f32[2]
+y = repeat(2, pair, x)
+""")
+    assert list(g.params) == ["pair.0.leaf.0.w", "pair.0.leaf.1.w", "pair.1.leaf.0.w", "pair.1.leaf.1.w"]
+
+
+def test_initialisers():
+    g = build("""
+param a: f32[2, 3] = zeros()
+param b: f32[2, 3] = ones()
+param c: f32[2, 3] = normal(mean=1, std=0.5)
+param d: f32[2, 3] = uniform(low=-1, high=1.0)
+param e: f32[2, 3] = xavier()
+param f: f32[2, 3] = kaiming()
+param g: f32[3] = normal(0.0, 2)
+""")
+    inits = {n: g.nodes[i].attrs["init"] for n, i in g.params.items()}
+    assert inits["c"] == ("normal", {"mean": 1.0, "std": 0.5})
+    assert inits["d"] == ("uniform", {"low": -1.0, "high": 1.0})
+    assert inits["g"] == ("normal", {"mean": 0.0, "std": 2.0})
+    assert [inits[k][0] for k in "abef"] == ["zeros", "ones", "xavier", "kaiming"]
+
+
+# ---------------------------------------------------------------- outputs, minimize, train
+
+def test_minimized_value_is_an_output_once():
+    g = build("input x: f32[2]\nloss = mean(x * x)\nminimize loss\noutput loss, x\n")
+    assert g.outputs == {"loss": g.loss, "x": g.inputs["x"]}
+
+
+def test_train_section_items_as_written():
+    g = build("""
+config { lr = 0.01 }
+input x: f32[2]
+train {
+  data = digits(test_fraction=0.2)
+  optimizer = adam(lr=lr, betas=[0.9, 0.99])
+  steps = 400
+  name = "run"
+  flag = false
+  schedule = cosine(warmup(10), 0.1)
+}
+""")
+    assert isinstance(g.train, TrainSpec)
+    assert g.train.items == {
+        "data": ("call", "digits", [], {"test_fraction": 0.2}),
+        "optimizer": ("call", "adam", [], {"lr": 0.01, "betas": [0.9, 0.99]}),
+        "steps": 400, "name": "run", "flag": False,
+        "schedule": ("call", "cosine", [("call", "warmup", [10], {}), 0.1], {}),
+    }
+    assert g.train.spans["steps"].line == 7 and g.train.spans["steps"].text == "  steps = 400"
+    assert build("input x: f32[2]\n").train is None
+
+
+def test_train_values_follow_config_overrides():
+    g = fg.load(MODELS / "tiny_gpt.flow", {"seq": 8}).graph
+    assert g.train.items["data"][3]["seq"] == 8
+
+
+# ---------------------------------------------------------------- docs
+
+def flow_blocks(path: Path):
+    text = path.read_text()
+    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in
+            re.finditer(r"```flow\n(.*?)```", text, re.S)]
+
+
+def test_language_doc_examples_parse_and_whole_models_build():
+    doc = ROOT / "docs" / "language.md"
+    blocks = flow_blocks(doc)
+    assert len(blocks) >= 6
+    built = 0
+    for line, code in blocks:
+        prog = dsl.parse(code, f"language.md:{line}")
+        if code.startswith("model "):   # a whole model: it must build, too
+            dsl.build(prog).check()
+            built += 1
+    assert built >= 6

@@ -1,0 +1,266 @@
+"""Bad inputs: each is a FlowError at the right `file:line:col` with a message
+a user can act on, and never a traceback from inside the parser."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.errors import FlowError
+
+FILE = "bad.flow"
+
+# (id, source, config overrides, "line:col" or None for no span, message fragments)
+CASES = [
+    ("syntax-expected-list", "input x: f32[2]\noutput x y\n", None, "2:10",
+     ["syntax error: unexpected name 'y', expected one of: ',' a new line"]),
+    ("syntax-expected-one", "input x f32[2]\n", None, "1:9",
+     ["syntax error: unexpected name 'f32', expected ':'"]),
+    ("syntax-in-call", "y = f(1 2)\n", None, "1:9",
+     ["syntax error: unexpected number 2, expected one of: an operator ')' ','"]),
+    ("syntax-missing-operand", "input x: f32[2]\ny = x +* 2\n", None, "2:8",
+     ["syntax error: unexpected '*', expected an expression"]),
+    ("syntax-end-of-file", "input x: f32[2]\ny = relu(x", None, "2:11",
+     ["syntax error: unexpected end of file, expected one of:", "')' ','"]),
+    ("syntax-unclosed-paren", "input x: f32[2]\ny = relu(x\noutput y\n", None, "3:1",
+     ["syntax error: unexpected keyword 'output'", "hint: the '(' at line 2, column 9 is never closed"]),
+    ("unexpected-character", "input x: f32[2]\ny = x $ 2\n", None, "2:7",
+     ["syntax error: unexpected character '$'"]),
+    ("positional-after-keyword", "input x: f32[2]\ny = sum(x=x, 0)\n", None, "2:14",
+     ["positional argument after a keyword argument"]),
+    ("keyword-twice", "input x: f32[2]\ny = sum(x, axis=0, axis=0)\n", None, "2:20",
+     ["keyword argument 'axis' is given twice"]),
+    ("unknown-op", "input x: f32[2]\ny = relo(x)\n", None, "2:5",
+     ["unknown op or block 'relo' (did you mean relu?)"]),
+    ("unknown-name", "input x: f32[2]\ninput mask: f32[2]\ny = relu(x) * mask2\n", None, "3:15",
+     ["unknown name 'mask2' (did you mean mask?)"]),
+    ("unknown-keyword", "input x: f32[2, 3]\ny = sum(x, axes=0)\n", None, "2:12",
+     ["sum() has no argument 'axes' (did you mean axis?)", "hint: signature: sum(x, axis=none, keepdims=false)"]),
+    ("missing-argument", "input x: f32[2, 3]\nparam g: f32[3] = ones()\ny = layernorm(x, g)\n", None, "3:5",
+     ["layernorm() is missing its argument 'bias'"]),
+    ("too-many-positional", "input x: f32[2]\ny = relu(x, x)\n", None, "2:13",
+     ["relu() takes 1 positional argument but 2 were given"]),
+    ("bad-attribute-type", "input x: f32[2, 3]\ny = softmax(x, axis=0.5)\n", None, "2:16",
+     ["softmax(): argument 'axis' must be an int, got float 0.5"]),
+    ("tensor-as-attribute", "input x: f32[2, 3]\ny = softmax(x, axis=x)\n", None, "2:16",
+     ["softmax(): argument 'axis' must be a constant, not a tensor"]),
+    ("matmul-shapes", "input x: f32[2, 3]\nparam w: f32[4, 5] = xavier()\ny = x @ w\n", None, "3:5",
+     ["matmul:", "f32[2,3]", "f32[4,5]"]),
+    ("broadcast-shapes", "input x: f32[2, 3]\ninput b: f32[4]\ny = x + b\n", None, "3:5",
+     ["add: shapes [2, 3] and [4] do not broadcast"]),
+    ("dtype-mismatch", "input x: f32[2, 3]\ninput i: i32[2, 3]\ny = x * i\n", None, "3:5",
+     ["mul: dtype mismatch", "f32[2,3]", "i32[2,3]"]),
+    ("float-literal-with-i32", "input i: i32[2]\ny = i * 0.5\n", None, "2:9",
+     ["an operand of '*' is the float 0.5, but the tensor it meets is i32"]),
+    ("redefined-input-by-assignment", "input x: f32[2]\nx = x * 2.0\n", None, "2:1",
+     ["redefined name 'x': 'x' is already an input (line 1, column 7)"]),
+    ("redefined-input", "input x: f32[2]\ninput x: f32[3]\n", None, "2:7",
+     ["redefined input 'x': 'x' is already an input"]),
+    ("redefined-param", "param w: f32[2] = zeros()\nparam w: f32[3] = ones()\n", None, "2:7",
+     ["redefined param 'w': 'w' is already a param (line 1, column 7)"]),
+    ("assign-to-config-key", "config { d = 2 }\nd = 3\n", None, "2:1",
+     ["redefined name 'd': it is a config key (line 1)"]),
+    ("minimize-non-scalar", "input x: f32[4, 2]\nminimize x\n", None, "2:10",
+     ["minimize needs a scalar, but x is f32[4,2]", "hint: reduce it first"]),
+    ("minimize-unknown", "input x: f32[2]\nloss = mean(x)\nminimize los\n", None, "3:10",
+     ["unknown name 'los' (did you mean loss?)"]),
+    ("output-unknown", "input x: f32[2]\nlogits = x * 2.0\noutput logit\n", None, "3:8",
+     ["unknown name 'logit' (did you mean logits?)"]),
+    ("minimize-twice", "input x: f32[2]\nl = mean(x)\nminimize l\nminimize l\n", None, "4:1",
+     ["a model has one `minimize`"]),
+    ("unknown-initialiser", "param w: f32[2, 2] = xavir()\n", None, "1:22",
+     ["unknown initialiser 'xavir' (did you mean xavier?)"]),
+    ("initialiser-bad-keyword", "param w: f32[2] = normal(sd=0.1)\n", None, "1:26",
+     ["normal() has no argument 'sd' (did you mean std?)"]),
+    ("integer-param", "param w: i32[2] = zeros()\n", None, "1:10",
+     ["params are float tensors"]),
+    ("unknown-dtype", "input x: f64[2]\n", None, "1:10",
+     ["'f64' is not a dtype (did you mean f16?)"]),
+    ("non-exact-division", "config {\n  d = 64\n  heads = 3\n}\ninput x: f32[2, d/heads]\n", None, "5:17",
+     ["64 / 3 is not an exact integer division (remainder 1)"]),
+    ("non-exact-division-in-config", "config {\n  d = 10\n  half = d / 4\n}\n", None, "3:10",
+     ["10 / 4 is not an exact integer division"]),
+    ("unknown-config-name-in-shape", "config { hidden = 8 }\ninput x: f32[2, hiden]\n", None, "2:17",
+     ["unknown name 'hiden' (did you mean hidden?)"]),
+    ("bad-dimension", "config { rate = 0.5 }\ninput x: f32[rate]\n", None, "2:14",
+     ["a shape dimension must be a positive integer, got float 0.5"]),
+    ("override-unknown-key", "config {\n  hidden = 8\n}\n", {"hiden": "3"}, None,
+     ["config override hiden=3: unknown config key 'hiden' (did you mean hidden?)", "config keys: hidden"]),
+    ("override-wrong-type", "config {\n  hidden = 8\n}\n", {"hidden": "2.5"}, "2:3",
+     ["config override hidden=2.5: hidden is an int (declared as 8 here), got '2.5'"]),
+    ("override-wrong-type-python", "config {\n  on = true\n}\n", {"on": 3}, "2:3",
+     ["config override on=3: on is a bool (true or false) (declared as true here), got int 3"]),
+    ("override-bad-dtype", "config {\n  t = f32\n}\n", {"t": "f64"}, "2:3",
+     ["t is a dtype (f32, f16, i32)", "got 'f64'"]),
+    ("split-not-divisible", "input x: f32[2, 10]\na, b, c = split(x, 3)\n", None, "2:20",
+     ["split(): axis -1 has size 10, which does not split into 3 equal parts"]),
+    ("tuple-arity", "input x: f32[2, 9]\na, b = split(x, 3)\n", None, "2:1",
+     ["the right side gives 3 values, but 2 names are assigned"]),
+    ("repeat-not-a-block", "block layer(x) {\n  return x\n}\ninput x: f32[2]\ny = repeat(2, layr, x)\n", None,
+     "5:15", ["repeat(): 'layr' is not a block (did you mean layer?)"]),
+    ("block-recursion", "block b(x) {\n  return b(x)\n}\ninput x: f32[2]\ny = b(x)\n", None, "2:10",
+     ["block 'b' calls itself (b -> b)"]),
+    ("block-arity", "block b(x, y) {\n  return x + y\n}\ninput x: f32[2]\ny = b(x)\n", None, "5:5",
+     ["b() is missing its argument 'y'"]),
+    ("block-parameter-is-config-key", "config { d = 2 }\nblock b(d) {\n  return d\n}\n", None, "2:9",
+     ["block 'b': parameter 'd' is a config key"]),
+    ("output-name-rebound", "input x: f32[2]\ny = x * 2.0\noutput y\ny = y + x\noutput y\n", None, "5:8",
+     ["'y' is already an output, of another value"]),
+    ("block-without-return", "block b(x) {\n  y = x\n}\n", None, "1:7", ["block 'b' has no `return`"]),
+    ("block-sees-no-globals", "input x: f32[2]\nblock b(y) {\n  return y + x\n}\nz = b(x)\n", None, "3:14",
+     ["unknown name 'x'", "hint: a block sees only its arguments"]),
+    ("initialiser-as-op", "input x: f32[2]\ny = xavier()\n", None, "2:5",
+     ["xavier() is an initialiser"]),
+    ("train-unknown-name", "config { lr = 0.1 }\ntrain {\n  optimizer = adam(lr=lrr)\n}\n", None, "3:23",
+     ["unknown name 'lrr' in train section (did you mean lr?)"]),
+]
+
+
+def error_of(src: str, config=None) -> FlowError:
+    with pytest.raises(FlowError) as info:
+        fg.loads(src, config, file=FILE)
+    return info.value
+
+
+def assert_no_traceback_chain(err: BaseException):
+    # raised as itself: no "During handling of the above exception" chain from Lark or the builder
+    assert err.__cause__ is None
+    assert err.__context__ is None or err.__suppress_context__
+
+
+@pytest.mark.parametrize("case_id, src, config, where, fragments", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case_id, src, config, where, fragments):
+    err = error_of(src, config)
+    text = str(err)
+    first = text.splitlines()[0]
+    if where is None:
+        assert err.span is None and not first.startswith(FILE)
+    else:
+        line, col = map(int, where.split(":"))
+        assert first.startswith(f"{FILE}:{line}:{col}: "), text
+        assert (err.span.file, err.span.line, err.span.col) == (FILE, line, col)
+        # the source line and a caret under the column
+        src_line = src.splitlines()[line - 1]
+        assert f"    {src_line}\n    {' ' * (col - 1)}^" in text, text
+    for fragment in fragments:
+        assert fragment in text, text
+    assert_no_traceback_chain(err)
+
+
+def test_at_least_twenty_distinct_bad_inputs():
+    assert len({c[1] + repr(c[2]) for c in CASES}) >= 20
+
+
+def test_error_inside_a_block_notes_the_repeat_line():
+    src = """\
+config { d = 4 }
+block lin(x) {
+  param w: f32[d, 3] = xavier()
+  return x @ w
+}
+input x: f32[2, d]
+y = repeat(2, lin, x)
+"""
+    err = error_of(src)
+    text = str(err)
+    assert text.startswith(f"{FILE}:4:10: matmul:"), text
+    assert "f32[2,3]" in text and "f32[4,3]" in text          # instance 1 gets instance 0's [2, 3]
+    assert f"  note: expanded from {FILE}:7:5\n    y = repeat(2, lin, x)\n        ^" in text
+    assert [(s.line, s.col) for s in err.span.via] == [(7, 5)]
+
+
+def test_error_in_a_nested_block_notes_every_call_site():
+    src = """\
+block inner(x) {
+  return x + nothing
+}
+block outer(x) {
+  return inner(x)
+}
+input x: f32[2]
+y = outer(x)
+"""
+    err = error_of(src)
+    text = str(err)
+    assert text.startswith(f"{FILE}:2:14: unknown name 'nothing'")
+    assert text.index(f"note: expanded from {FILE}:5:10") < text.index(f"note: expanded from {FILE}:8:5")
+
+
+# ---------------------------------------------------------------- errors at step time (api.py)
+
+SMALL = """
+input x: f32[2, 3]
+input k: i32[2]
+param w: f32[3] = ones()
+y = x * w
+output y
+"""
+
+
+def test_step_without_minimize_when_gradients_are_asked_for():
+    sess = fg.loads(SMALL, file=FILE).compile(device="cpu")
+    feeds = {"x": np.ones((2, 3)), "k": np.zeros(2, dtype=np.int32)}
+    with pytest.raises(FlowError, match=r"has no `minimize` statement.*grads=False"):
+        sess.step(feeds)
+    out = sess.step(feeds, grads=False)          # forward only is fine
+    assert out.outputs["y"].shape == (2, 3) and out.grads == {}
+
+
+@pytest.mark.parametrize("feeds, where, message", [
+    ({"x": np.ones((3, 2)), "k": np.zeros(2, np.int32)}, "2:1",
+     "feed 'x' has shape [3, 2], but input x is f32[2,3]"),
+    ({"x": np.ones((2, 3)), "k": np.zeros(2, np.float32)}, "3:1",
+     "feed 'k' has dtype float32, but input k is i32[2]"),
+    ({"x": np.ones((2, 3), dtype=np.int64), "k": np.zeros(2, np.int32)}, "2:1",
+     "feed 'x' has dtype int64, but input x is f32[2,3]"),
+    ({"x": np.ones((2, 3))}, "3:1", "missing feed for input 'k' (i32[2])"),
+])
+def test_step_with_a_bad_feed(feeds, where, message):
+    sess = fg.loads(SMALL, file=FILE).compile(device="cpu")
+    with pytest.raises(FlowError) as info:
+        sess.step(feeds, grads=False)
+    assert str(info.value).startswith(f"{FILE}:{where}: {message}"), str(info.value)
+
+
+def test_step_with_an_unknown_feed():
+    sess = fg.loads(SMALL, file=FILE).compile(device="cpu")
+    with pytest.raises(FlowError, match="feed 'z' is not an input of bad"):
+        sess.step({"x": np.ones((2, 3)), "k": np.zeros(2, np.int32), "z": 1}, grads=False)
+
+
+# ---------------------------------------------------------------- fuzz: nothing but FlowError
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+SOURCES = [(MODELS / name).read_text() for name in ("mlp.flow", "tiny_gpt.flow")]
+PIECES = list("()[]{},=:+-*/@#\"'\n .0123456789") + ["**", "model", "input", "param", "block", "return",
+                                                     "output", "minimize", "train", "config", "f32", "i32",
+                                                     "split", "repeat", "decoder", "x", "1e-3", "true"]
+
+
+@st.composite
+def mutated_source(draw):
+    text = draw(st.sampled_from(SOURCES))
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(text)))
+        j = min(len(text), i + draw(st.integers(0, 6)))
+        text = text[:i] + draw(st.sampled_from(PIECES + [""])) + text[j:]
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(mutated_source())
+def test_mutated_models_build_or_raise_flow_error(src):
+    try:
+        fg.loads(src, file=FILE)
+    except FlowError as err:
+        text = str(err)
+        assert text and "Traceback" not in text
+        if err.span is not None:
+            assert err.span.file == FILE and err.span.line >= 1 and err.span.col >= 1
+        assert_no_traceback_chain(err)
