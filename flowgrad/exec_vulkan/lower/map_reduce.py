@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 
-from flowgrad.errors import FlowError
+from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import variant
 
 WG = 256            # map_reduce.comp's local size
@@ -160,7 +160,7 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     shapes = [tuple(v.shape) for v in ins] if shapes is None else [tuple(s) for s in shapes]
     dims = collapse(space, frozenset(reduce_axes), [broadcast_strides(s, space) for s in shapes])
     if len(dims) > MAX_RANK:
-        raise FlowError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
+        raise DeviceError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
                         f"{len(dims)} axes after merging contiguous ones; the Vulkan kernel takes at most "
                         f"{MAX_RANK}", hint="reshape the tensor to fewer axes")
     n_out = math.prod(n for n, red, _ in dims if not red)
@@ -197,4 +197,4 @@ def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, sca
 def _empty(out, n_out):
     """Nothing to compute (an empty output), or a max over nothing."""
     if n_out:
-        raise FlowError(f"max over an empty axis has no value (output shape {list(out.shape)})")
+        raise DeviceError(f"max over an empty axis has no value (output shape {list(out.shape)})")
