@@ -15,6 +15,7 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.lower import elementwise, loss, norm, reduce
+from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 from flowgrad.graph import Node, TensorType, dtype_of
 from flowgrad.ops import get_op
@@ -247,6 +248,23 @@ def test_reduce_long_and_strided(kernels, op, shape, axis):
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("shape,axis", [((2, 4099), -1), ((4099, 3), 0), ((4099,), None)], ids=str)
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_reduce_in_pieces(kernels, op, shape, axis, dtype):
+    """Few outputs, long reductions: each is cut into pieces summed by a
+    second dispatch (a full sum must not run on one workgroup)."""
+    assert reduce_chunks(shape[-1] if axis == -1 else shape[0], 3, 256) > 1  # the path under test
+    rng = np.random.default_rng(18)
+    run_op(kernels, op, [uniform(rng, shape, dtype=dtype)], {"axis": axis, "keepdims": False}, rng)
+
+
+def test_scalar_operand_gradient_in_pieces(kernels):
+    rng = np.random.default_rng(19)
+    run_op(kernels, "mul", [uniform(rng, (4099,)), np.float32(rng.uniform(0.5, 1.5)) * np.ones((), np.float32)], {},
+           rng)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
 def test_reduce_f16(kernels, op):
     rng = np.random.default_rng(9)
     x = uniform(rng, (3, 4, 33), dtype="f16")
@@ -283,7 +301,7 @@ def test_softmax_f16_and_large_logits(kernels, op):
 # ---------------------------------------------------------------- norms
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300), (1, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300), (1, 1), (4099, 3)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_layernorm(kernels, shape, dtype):
     rng = np.random.default_rng(13)
@@ -293,7 +311,7 @@ def test_layernorm(kernels, shape, dtype):
     run_op(kernels, "layernorm", [x, w, b], {"eps": 1e-5}, rng)
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300), (4099, 3)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_rmsnorm(kernels, shape, dtype):
     rng = np.random.default_rng(14)
@@ -313,7 +331,7 @@ def test_norm_eps_is_read_from_the_node(kernels):
 # ---------------------------------------------------------------- losses
 
 
-@pytest.mark.parametrize("shape", [(3, 7), (301,)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 7), (301,), (4099,)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_mse_loss(kernels, shape, dtype):
     rng = np.random.default_rng(16)

@@ -232,6 +232,27 @@ def test_attention_f16_forward_and_f32_backward(kernels):
         assert np.all(np.isfinite(d)) and np.max(np.abs(d)) > 0
 
 
+def test_attention_limits_are_flow_errors():
+    """What the kernels cannot run is a DeviceError (a FlowError) at record
+    time, never a crash: head width past the largest build, and a causal node
+    that lost its mask input."""
+    from flowgrad.errors import DeviceError
+    from flowgrad.exec_vulkan import Recorder
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer
+
+    def view(shape):
+        return BufView(FakeBuffer(4 * math.prod(shape)), 0, shape, "f32")
+
+    wide = [np.zeros((4, 600), np.float32)] * 3
+    with pytest.raises(DeviceError, match="head width"):
+        attn_low.ATTENTION.forward(Recorder(None), make_node("attention", wide, {"heads": 2}),
+                                   [view((4, 600))] * 3, view((4, 600)))
+    small = [np.zeros((4, 8), np.float32)] * 3
+    with pytest.raises(DeviceError, match="mask input"):
+        attn_low.ATTENTION.forward(Recorder(None), make_node("attention", small, {"heads": 2, "causal": True}),
+                                   [view((4, 8))] * 3, view((4, 8)))
+
+
 def test_attention_grads_at_offsets_of_one_packed_buffer(vk_device):
     """dq, dk, dv as views into ONE buffer, at offsets (one not even
     aligned): each must land in its own window, the gaps untouched."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
 from flowgrad.ops.registry import Lowering
 
@@ -27,10 +28,10 @@ def _geometry(node, q, k):
     dh = d // heads
     bound = next((b for b in HEAD_BOUNDS if dh <= b), None)
     if bound is None:
-        raise ValueError(f"attention head width d/heads = {dh} exceeds the Vulkan kernels' maximum "
-                         f"{HEAD_BOUNDS[-1]}; use more heads")
+        raise DeviceError(f"attention head width d/heads = {dh} exceeds the Vulkan kernels' maximum "
+                          f"{HEAD_BOUNDS[-1]}", hint="use more heads, or run on closures (backward=\"closures\")")
     if batch > MAX_GROUPS or heads > MAX_GROUPS or math.ceil(max(sq, sk) / ROWS) > MAX_GROUPS:
-        raise ValueError(f"attention of shape {list(q.shape)} is too large for one dispatch")
+        raise DeviceError(f"attention of shape {list(q.shape)} is too large for one dispatch")
     return batch, sq, sk, d, heads, dh, bound
 
 
@@ -39,8 +40,8 @@ def _mask(node, ins, sq, sk):
     the dims the mask broadcasts over."""
     if len(ins) < 4:
         if full_attrs(node)["causal"]:
-            raise ValueError("attention(causal=true) reached the Vulkan lowering without its mask input: "
-                             "the node was built without the op's expand hook")
+            raise DeviceError("attention(causal=true) reached the Vulkan lowering without its mask input: "
+                              "the node was built without the op's expand hook")
         return None, 0, 0
     m = ins[3]
     rows, cols = ((1, 1) + tuple(m.shape))[-2:]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.errors import DeviceError
+
 MAX_GROUPS = 65535  # per axis, the limit Vulkan guarantees
 COPY_RANK = 8       # strided_copy.comp MAXR
 REDUCE_RANK = 6     # reduce_to_shape.comp MAXR
@@ -63,7 +65,7 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         rec.copy(src.view(src_off, (n,)), dst.view(dst_off, (n,)))
         return
     if len(dims) > COPY_RANK:
-        raise ValueError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
+        raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
     push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
     rec.dispatch("strided_copy", [src, dst], push, groups_1d(n), variant(src.dtype))
 
@@ -76,7 +78,7 @@ def reduce_to_shape(rec, src, dst) -> None:
     keep = [(n, s) for n, m, s in zip(big, small, st) if n == m]
     red = [(n, s) for n, m, s in zip(big, small, st) if n != m]
     if any(m != 1 for n, m, _ in zip(big, small, st) if n != m):
-        raise ValueError(f"shape {list(dst.shape)} does not broadcast to {list(src.shape)}")
+        raise DeviceError(f"shape {list(dst.shape)} does not broadcast to {list(src.shape)}")
     kdims, kst = coalesce([n for n, _ in keep], [s for _, s in keep])
     rdims, rst = coalesce([n for n, _ in red], [s for _, s in red])
     n_out, n_red = math.prod(kdims), math.prod(rdims)
@@ -86,7 +88,7 @@ def reduce_to_shape(rec, src, dst) -> None:
         strided_copy(rec, src, dst, kdims, kst, strides(kdims))
         return
     if len(kdims) > REDUCE_RANK or len(rdims) > REDUCE_RANK:
-        raise ValueError(f"reduction of {list(src.shape)} to {list(dst.shape)} has too many dims after merging")
+        raise DeviceError(f"reduction of {list(src.shape)} to {list(dst.shape)} has too many dims after merging")
     push = ([n_out, len(kdims), n_red, len(rdims)] + _padded(kdims, REDUCE_RANK) + _padded(kst, REDUCE_RANK)
             + _padded(rdims, REDUCE_RANK) + _padded(rst, REDUCE_RANK))
     rec.dispatch("reduce_to_shape", [src, dst], push, groups_1d(n_out), variant(src.dtype))

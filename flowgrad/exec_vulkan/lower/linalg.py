@@ -16,6 +16,7 @@ import math
 
 import attrs
 
+from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import (MAX_GROUPS, coalesce, reduce_to_shape, strided_copy, strides,
                                                 variant)
 from flowgrad.ops.registry import Lowering
@@ -85,7 +86,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
     tiles = math.ceil(n / TILE_N) * math.ceil(m / TILE_M)
     if math.ceil(n / TILE_N) > MAX_GROUPS or math.ceil(m / TILE_M) > MAX_GROUPS:
-        raise ValueError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
+        raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     chunks = min(math.ceil(SPLIT_TARGET / tiles), k // MIN_CHUNK)
     if nz == 1 and nr == 1 and chunks > 1:
         _split_k(rec, a, b, c, m, n, k, chunks)

@@ -44,7 +44,7 @@ def _xent(rec, mode, n, c, logits, targets, g, o, row_loss):
     if mode == MEAN:
         lanes, groups = WG, 1
     else:
-        lanes = segment_lanes(c)
+        lanes = segment_lanes(c, n)
         groups = segment_groups(n, lanes)
     rec.dispatch("xent", [logits, targets, g, o, row_loss], push=[n, c, lanes, mode, 1.0 / n if n else math.nan],
                  groups=(groups, 1, 1), variant=variant(o.dtype))

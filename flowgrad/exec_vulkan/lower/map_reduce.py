@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 
-from flowgrad.errors import FlowError
+from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import variant
 
 WG = 256            # map_reduce.comp's local size
@@ -67,9 +67,41 @@ def unused(rec, dtype: str):
     return rec.scratch((1,), dtype)
 
 
-def segment_lanes(n: int) -> int:
-    """Lanes per output: a power of two covering n, at most a workgroup."""
-    return 1 if n <= 1 else min(WG, 1 << (n - 1).bit_length())
+# Lane heuristic. Each lane of a segment takes about ELEMS_PER_LANE elements
+# (fewer lanes: fewer tree-reduction barriers per element), unless the whole
+# dispatch would then have fewer than BUSY_THREADS threads (a large GPU's
+# worth), in which case lanes are added up to a workgroup.
+ELEMS_PER_LANE = 8
+BUSY_THREADS = 1 << 17
+MAX_CHUNKS = 4096
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def segment_lanes(n: int, items: int = 1, interleaved: bool = False) -> int:
+    """Lanes (a power of two <= WG) for each of `items` segments reducing n
+    elements. Interleaved segments (a column reduction) keep at least 32
+    consecutive outputs per workgroup, so a warp's loads stay contiguous."""
+    if n <= 1:
+        return 1
+    full = min(WG, _pow2(n))
+    lanes = min(full, _pow2(-(-n // ELEMS_PER_LANE)))
+    if items * lanes < BUSY_THREADS:
+        lanes = min(full, max(lanes, _pow2(-(-BUSY_THREADS // max(items, 1)))))
+    if interleaved and items >= 32:
+        lanes = min(lanes, WG // 32)
+    return lanes
+
+
+def reduce_chunks(n: int, items: int, lanes: int) -> int:
+    """Pieces to cut each n-element reduction into (each summed by its own
+    segment, then the pieces summed by a second dispatch) when `items`
+    segments alone cannot keep the device busy: a full sum of a big tensor
+    must not run on one workgroup."""
+    want = -(-BUSY_THREADS // (max(items, 1) * lanes))
+    return max(1, min(want, n // (lanes * ELEMS_PER_LANE), MAX_CHUNKS))
 
 
 def segment_groups(items: int, lanes: int) -> int:
@@ -126,37 +158,43 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     axes in order."""
     space = tuple(out.shape if space is None else space)
     shapes = [tuple(v.shape) for v in ins] if shapes is None else [tuple(s) for s in shapes]
-    reduced = frozenset(reduce_axes)
-    strides = [broadcast_strides(s, space) for s in shapes]
-    dims = collapse(space, reduced, strides)
+    dims = collapse(space, frozenset(reduce_axes), [broadcast_strides(s, space) for s in shapes])
     if len(dims) > MAX_RANK:
-        raise FlowError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
+        raise DeviceError(f"{op.name.lower()} over a rank-{len(space)} index space {list(space)} needs "
                         f"{len(dims)} axes after merging contiguous ones; the Vulkan kernel takes at most "
                         f"{MAX_RANK}", hint="reshape the tensor to fewer axes")
     n_out = math.prod(n for n, red, _ in dims if not red)
     total = math.prod(n for n, _, _ in dims)
     if n_out == 0 or (total == 0 and reduce == "max"):
-        return _empty(rec, out, n_out)
-    R = total // n_out if n_out else 0
-    lanes = segment_lanes(R)
-    pad = [0] * (MAX_RANK - len(dims))
-    shape = [n for n, _, _ in dims] + pad
-    per_input = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
-    while len(per_input) < 3:
-        per_input.append([0] * MAX_RANK)
-    redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
+        return _empty(out, n_out)
+    R = total // n_out
     # innermost axis kept: neighbouring outputs are neighbours in memory, so
     # interleave the lanes (coalesced column sums, e.g. a bias gradient)
     interleaved = bool(dims) and not dims[-1][1]
-    code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 16
-    push = [n_out, R, lanes, code, len(dims), redmask,
-            float(scale), float(param), *shape, *per_input[0], *per_input[1], *per_input[2]]
+    lanes = segment_lanes(R, n_out, interleaved)
+    chunks = reduce_chunks(R, n_out, lanes)
+    if chunks == 1:
+        _dispatch(rec, op, ins, out, dims, n_out, R, lanes, 1, interleaved, scale, param, reduce)
+        return
+    pieces = rec.scratch((chunks, n_out), out.dtype)
+    _dispatch(rec, op, ins, pieces, dims, n_out, R, lanes, chunks, interleaved, 1.0, param, reduce)
+    map_reduce(rec, M.COPY, [pieces], out, space=(chunks, n_out), reduce_axes=(0,), scale=scale, reduce=reduce)
+
+
+def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce):
+    pad = [0] * (MAX_RANK - len(dims))
+    strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
+    strides += [[0] * MAX_RANK] * (3 - len(ins))
+    redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
+    code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
+    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
+            *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
     bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
-    rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out, lanes), 1, 1),
+    rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
 
 
-def _empty(rec, out, n_out):
+def _empty(out, n_out):
     """Nothing to compute (an empty output), or a max over nothing."""
     if n_out:
-        raise FlowError(f"max over an empty axis has no value (output shape {list(out.shape)})")
+        raise DeviceError(f"max over an empty axis has no value (output shape {list(out.shape)})")

@@ -2,24 +2,24 @@
 
 The backward recomputes each row's mean and rstd while it writes dx, keeps
 them in an f32 scratch, and a second dispatch reduces the weight (and bias)
-gradients down the columns from them."""
+gradients down the columns from them: in pieces of rows when there are too
+few columns to fill the device, then a third dispatch adds the pieces."""
 from __future__ import annotations
 
 import math
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
-from flowgrad.exec_vulkan.lower.map_reduce import segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks, segment_groups, segment_lanes, unused
 from flowgrad.ops.registry import Lowering
 
 FLOATS = frozenset({"f32", "f16"})
-# norm.comp modes: (forward, backward dx, backward weight/bias)
-MODES = {"layernorm": (0, 2, 4), "rmsnorm": (1, 3, 5)}
+# norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
+MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
 
 
-def _dispatch(rec, mode, items, length, n, d, eps, x, w, b, g, y, dw, db, stats):
-    lanes = segment_lanes(length)
-    rec.dispatch("norm", [x, w, b, g, y, dw, db, stats], push=[items, n, d, lanes, mode, float(eps)],
-                 groups=(segment_groups(items, lanes), 1, 1), variant=variant(x.dtype))
+def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1):
+    rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks],
+                 groups=(segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
 
 def _rows(x):
@@ -28,7 +28,7 @@ def _rows(x):
 
 
 def _norm(kind: str):
-    fwd, bwd_dx, bwd_w = MODES[kind]
+    fwd, bwd_dx, bwd_w, bwd_sum = MODES[kind]
     rms = kind == "rmsnorm"
 
     def forward(rec, node, ins, out):
@@ -37,8 +37,9 @@ def _norm(kind: str):
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x)
         if n and d:
-            _dispatch(rec, fwd, n, d, n, d, full_attrs(node)["eps"], x, w, b, unused(rec, t), out,
-                      unused(rec, t), unused(rec, t), unused(rec, "f32"))
+            bufs = [x, w, b, unused(rec, t), out, unused(rec, t), unused(rec, t), unused(rec, "f32"),
+                    unused(rec, "f32")]
+            _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, full_attrs(node)["eps"], bufs)
 
     def backward(rec, node, g, ins, out, grads):
         x, w = ins[0], ins[1]
@@ -53,13 +54,20 @@ def _norm(kind: str):
             return
         dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), t)
         stats = rec.scratch((n, 2), "f32")
-        _dispatch(rec, bwd_dx, n, d, n, d, eps, x, w, b, g, dx, unused(rec, t), unused(rec, t), stats)
-        dw = grads[1]
-        db = None if rms else grads[2]
-        if dw is None and db is None:
+        _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
+                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")])
+        dw = grads[1] if grads[1] is not None else unused(rec, t)
+        db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
+        if grads[1] is None and (rms or grads[2] is None):
             return
-        _dispatch(rec, bwd_w, d, n, n, d, eps, x, w, b, g, unused(rec, t),
-                  unused(rec, t) if dw is None else dw, unused(rec, t) if db is None else db, stats)
+        lanes = segment_lanes(n, d, interleaved=True)
+        chunks = reduce_chunks(n, d, lanes)
+        part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else unused(rec, "f32")
+        _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps,
+                  [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
+        if chunks > 1:
+            _dispatch(rec, bwd_sum, d, 1, n, d, eps,
+                      [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
 
     return Lowering(forward, backward, FLOATS, FLOATS)
 

@@ -80,7 +80,7 @@ def _rows(rec, mode, src, grad, dst, axis):
     axis %= len(shape)
     length, inner = shape[axis], math.prod(shape[axis + 1:])
     rows = math.prod(shape) // length
-    lanes = segment_lanes(length)
+    lanes = segment_lanes(length, rows, interleaved=inner > 1)
     rec.dispatch("softmax", [src, grad, dst], push=[rows, length, inner, lanes, mode],
                  groups=(segment_groups(rows, lanes), 1, 1), variant=variant(dst.dtype))
 

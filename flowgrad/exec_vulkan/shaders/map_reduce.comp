@@ -24,12 +24,13 @@ layout(std430, set = 0, binding = 2) readonly buffer In2 { T x2[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { T y[]; };
 
 layout(push_constant) uniform Push {
-    uint n_out;     // outputs
-    uint R;         // reduced elements per output (1: no reduction)
+    uint n_out;     // outputs written: kept elements x chunks
+    uint R;         // reduced elements per kept element (1: no reduction)
     uint S;         // lanes per output (power of two)
-    uint code;      // map op | reduce op << 8 | interleaved lanes << 16
-    uint rank;
-    uint redmask;   // bit d set: axis d is reduced
+    uint code;      // map op | reduce op << 8 | interleaved lanes << 12 | rank << 13 | redmask << 16
+    uint chunks;    // the reduced range is cut in this many pieces, each summed
+                    // to its own output, chunk-major (y[c * n_kept + o]); a
+                    // second dispatch then reduces the pieces
     float scale;    // applied to each output
     float param;    // the map op's scalar (pow's exponent)
     uint shape[6];
@@ -116,22 +117,29 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
 
 void main() {
     uint S = pc.S;
-    bool il = ((pc.code >> 16) & 1u) != 0u;
+    bool il = ((pc.code >> 12) & 1u) != 0u;
+    int rank = int((pc.code >> 13) & 7u);
+    uint redmask = (pc.code >> 16) & 0x3fu;
+    uint n_kept = pc.n_out / pc.chunks;
+    uint piece = (pc.R + pc.chunks - 1u) / pc.chunks;
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     uint mop = pc.code & 0xffu;
-    uint rop = (pc.code >> 8) & 0xffu;  // 0 sum, 1 max
+    uint rop = (pc.code >> 8) & 0xfu;  // 0 sum, 1 max
     float identity = rop == 1u ? -fg_inf() : 0.0;
     // grid-stride over outputs; the trip count is uniform in a workgroup,
     // as the barriers in fg_seg_reduce2 require
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.n_out;
          base += gl_NumWorkGroups.x * per_group) {
-        uint o = base + fg_seg_slot(S, il);
+        uint slot_out = base + fg_seg_slot(S, il);
         float acc = identity;
-        if (o < pc.n_out) {
+        if (slot_out < pc.n_out) {
+            uint chunk = slot_out / n_kept;
+            uint o = slot_out - chunk * n_kept;
+            uint r_end = min(pc.R, (chunk + 1u) * piece);
             uint k0 = 0u, k1 = 0u, k2 = 0u, rest = o;
-            for (int d = int(pc.rank) - 1; d >= 0; --d) {
-                if (((pc.redmask >> d) & 1u) == 0u) {
+            for (int d = rank - 1; d >= 0; --d) {
+                if (((redmask >> d) & 1u) == 0u) {
                     uint c = rest % pc.shape[d];
                     rest /= pc.shape[d];
                     k0 += c * pc.st0[d];
@@ -139,10 +147,10 @@ void main() {
                     k2 += c * pc.st2[d];
                 }
             }
-            for (uint r = lane; r < pc.R; r += S) {
+            for (uint r = chunk * piece + lane; r < r_end; r += S) {
                 uint i0 = k0, i1 = k1, i2 = k2, rr = r;
-                for (int d = int(pc.rank) - 1; d >= 0; --d) {
-                    if (((pc.redmask >> d) & 1u) != 0u) {
+                for (int d = rank - 1; d >= 0; --d) {
+                    if (((redmask >> d) & 1u) != 0u) {
                         uint c = rr % pc.shape[d];
                         rr /= pc.shape[d];
                         i0 += c * pc.st0[d];
@@ -155,6 +163,6 @@ void main() {
             }
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
-        if (lane == 0u && o < pc.n_out) y[o] = T(acc * pc.scale);
+        if (lane == 0u && slot_out < pc.n_out) y[slot_out] = T(acc * pc.scale);
     }
 }
