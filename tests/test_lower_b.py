@@ -300,10 +300,10 @@ def test_embedding(kernels, dtype):
 
 
 def test_embedding_wide_rows_and_many_ids(kernels):
-    # 70 columns (two workgroups' worth) and 150 ids (three 64-id tiles)
+    # 70 columns (two workgroups' worth), 150 ids (three 64-id tiles), 19 rows (three 8-row blocks)
     rng = np.random.default_rng(11)
-    ids = rng.integers(0, 9, size=(150,)).astype(np.int32)
-    run_op(kernels, "embedding", [ids, rand(rng, (9, 70))], {}, rng)
+    ids = rng.integers(0, 19, size=(150,)).astype(np.int32)
+    run_op(kernels, "embedding", [ids, rand(rng, (19, 70))], {}, rng)
 
 
 # ---------------------------------------------------------------- data movement

@@ -115,6 +115,7 @@ CONCAT = Lowering(concat_forward, concat_backward, ANY, FLOAT)
 # ---------------------------------------------------------------- embedding
 
 EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
+EMBED_ROWS = 8   # embedding_bwd.comp RB: table rows per workgroup
 
 
 def embedding_forward(rec, node, ins, out):
@@ -129,7 +130,7 @@ def embedding_backward(rec, node, g, ins, out, grads):
     if dtable is None:
         return
     n, (rows, d) = math.prod(ids.shape), table.shape
-    groups = (math.ceil(d / EMBED_COLS), max(1, min(rows, MAX_GROUPS)), 1)
+    groups = (math.ceil(d / EMBED_COLS), max(1, min(math.ceil(rows / EMBED_ROWS), MAX_GROUPS)), 1)
     rec.dispatch("embedding_bwd", [ids, g, dtable], (n, d, rows), groups, variant(table.dtype))
 
 
