@@ -82,7 +82,8 @@ def _perm_op(name, args, perm_of, doc):
         return [np.transpose(g, np.argsort(perm_of(ins[0].ndim, at)))]
 
     return defop(name, (Arg("x"),) + args, infer,
-                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp, lowering=vk.PERMUTE, doc=doc)
+                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp,
+                 lowering=vk.permuting(perm_of), doc=doc)
 
 
 transpose = _perm_op("transpose", (Arg("dim0", "attr", -2, INT), Arg("dim1", "attr", -1, INT)),

@@ -132,8 +132,8 @@ def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
     n = rs[-2] if t_rhs else rs[-1]
 
     def operand(view, shape2, trans):
-        rows, cols = shape2[-1], 1
-        return Operand(view, 1 if trans else rows, rows if trans else cols, _batch_strides(shape2, full))
+        width = shape2[-1]  # the row stride of the contiguous [.., r, c] view
+        return Operand(view, 1 if trans else width, width if trans else 1, _batch_strides(shape2, full))
 
     own = (1,) * (len(full) - len(dst_shape2[:-2])) + tuple(dst_shape2[:-2])
     summed = tuple(o == 1 and f != 1 for o, f in zip(own, full))
@@ -149,9 +149,10 @@ def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
     tmp = dst if tuple(dst_shape2) == target else rec.scratch(target, dst.dtype)
     no_sum = (False,) * len(full)
     c = Operand(tmp, target[-1], 1, _batch_strides(target, full))
-    assert gemm(rec, operand(lfull, ls_, t_lhs), operand(rfull, rs_, t_rhs), c, m, n, k, full, no_sum)
+    if not gemm(rec, operand(lfull, ls_, t_lhs), operand(rfull, rs_, t_rhs), c, m, n, k, full, no_sum):
+        raise DeviceError(f"internal error: matmul batch {list(full)} did not reduce to one dim once expanded")
     if tmp is not dst:
-        reduce_to_shape(rec, tmp.view(0, target), dst.view(0, tuple(dst_shape2)))
+        reduce_to_shape(rec, tmp, dst.reshape(dst_shape2))
 
 
 def matmul_forward(rec, node, ins, out):

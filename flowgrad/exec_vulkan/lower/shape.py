@@ -28,31 +28,26 @@ RESHAPE = Lowering(reshape_forward, reshape_backward, ANY, FLOAT)
 # ---------------------------------------------------------------- transpose / permute
 
 
-def _perm(node, ndim):
-    from flowgrad.ops import shape as rules  # lazy: the op module imports this one
+def permuting(perm_of) -> Lowering:
+    """The lowering of an axis permutation; perm_of(ndim, attrs) is the op's
+    own rule (transpose and permute each pass theirs)."""
 
-    perm_of = rules._transpose_perm if node.op == "transpose" else rules._permute_perm
-    return perm_of(ndim, full_attrs(node))
+    def forward(rec, node, ins, out):
+        (x,) = ins
+        perm = perm_of(len(x.shape), full_attrs(node))
+        xs = strides(x.shape)
+        # output axis i walks input axis perm[i]
+        strided_copy(rec, x, out, out.shape, [xs[p] for p in perm], strides(out.shape))
 
+    def backward(rec, node, g, ins, out, grads):
+        dx = grads[0]
+        if dx is not None:
+            perm = perm_of(len(dx.shape), full_attrs(node))
+            xs = strides(dx.shape)
+            strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
 
-def permute_forward(rec, node, ins, out):
-    (x,) = ins
-    perm = _perm(node, len(x.shape))
-    xs = strides(x.shape)
-    # output axis i walks input axis perm[i]
-    strided_copy(rec, x, out, out.shape, [xs[p] for p in perm], strides(out.shape))
+    return Lowering(forward, backward, ANY, FLOAT)
 
-
-def permute_backward(rec, node, g, ins, out, grads):
-    dx = grads[0]
-    if dx is None:
-        return
-    perm = _perm(node, len(dx.shape))
-    xs = strides(dx.shape)
-    strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
-
-
-PERMUTE = Lowering(permute_forward, permute_backward, ANY, FLOAT)  # transpose and permute
 
 # ---------------------------------------------------------------- slice / concat
 
@@ -115,6 +110,7 @@ CONCAT = Lowering(concat_forward, concat_backward, ANY, FLOAT)
 # ---------------------------------------------------------------- embedding
 
 EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
+EMBED_ROWS = 8   # embedding_bwd.comp RB: table rows per workgroup
 
 
 def embedding_forward(rec, node, ins, out):
@@ -129,7 +125,7 @@ def embedding_backward(rec, node, g, ins, out, grads):
     if dtable is None:
         return
     n, (rows, d) = math.prod(ids.shape), table.shape
-    groups = (math.ceil(d / EMBED_COLS), max(1, min(rows, MAX_GROUPS)), 1)
+    groups = (math.ceil(d / EMBED_COLS), max(1, min(math.ceil(rows / EMBED_ROWS), MAX_GROUPS)), 1)
     rec.dispatch("embedding_bwd", [ids, g, dtable], (n, d, rows), groups, variant(table.dtype))
 
 
