@@ -25,6 +25,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
 
 
+def add_session_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
+    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+
+
 def cmd_check(args) -> int:
     import flowgrad as fg
 
@@ -116,18 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="show the execution plan and why")
     add_model_args(p)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
-    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+    add_session_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
     p.add_argument("--analyze", action="store_true", help="run a few steps and add measured times")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("train", help="train a model on the data named in its train section")
     add_model_args(p)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
-    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+    add_session_args(p)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
