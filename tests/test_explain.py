@@ -123,3 +123,16 @@ def test_backward_graph_on_a_refused_model_raises_listing_the_refusal(vk_device)
     with pytest.raises(fg.GraphPathRefused) as e:
         fg.loads(USER_OP_MODEL, file="userop.flow").compile(device="vulkan", backward="graph")
     assert "[no-lowering] h = py_tanh(...) at userop.flow:5:5" in str(e.value)
+
+
+@pytest.mark.vulkan
+def test_analyze_on_the_graph_path_uses_gpu_timestamps(vk_device):
+    sess = fg.load("models/mlp.flow").compile(device="vulkan")
+    assert sess.last_path == "graph"
+    data = sess.explain(analyze=True).to_dict()
+    jsonschema.validate(data, SCHEMA)
+    a = data["analyze"]
+    assert a["step_seconds_median"] > 0 and a["timer"] in ("gpu timestamps", "wall clock per section")
+    timed = {(op["node"], op["direction"]) for op in a["ops"]}
+    assert ("h", "forward") in timed and ("h", "backward") in timed
+    assert all(op["op"] for op in a["ops"])

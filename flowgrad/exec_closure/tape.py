@@ -91,6 +91,7 @@ class ClosureSession:
     The graph executor offers the same methods with everything resident."""
 
     path = "closures"
+    timer = "wall clock per op"
 
     def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None):
         self.graph = graph

@@ -190,11 +190,12 @@ def run_analyze(sess, steps: int) -> dict:
     per_op = sess.runner.profile(feeds, steps, grads=grads)
     total = sum(t for _, _, t in per_op) or 1.0
     top = sorted(per_op, key=lambda r: -r[2])
+    op_of = {n.label: n.op for n in sess.graph.nodes}
     return {
         "steps": steps,
         "step_seconds_median": statistics.median(step_times),
-        "timer": "gpu timestamps" if sess.plan.path == "graph" else "wall clock per op",
-        "ops": [{"node": label, "direction": direction, "seconds": t, "share": t / total}
+        "timer": sess.runner.timer,
+        "ops": [{"node": label, "op": op_of.get(label, direction), "direction": direction, "seconds": t, "share": t / total}
                 for label, direction, t in top],
     }
 
@@ -297,5 +298,6 @@ def render_analyze(a: dict) -> list[str]:
     lines = [f"analyze ({a['steps']} steps, {a['timer']}): step median {a['step_seconds_median'] * 1e3:.2f} ms",
              "  top ops by time"]
     for op in a["ops"][:10]:
-        lines.append(f"    {op['node']:<28} {op['direction']:<9} {op['seconds'] * 1e3:9.3f} ms  {op['share']:6.1%}")
+        lines.append(f"    {op['node'] + ' ' + op['op']:<34} {op['direction']:<9} {op['seconds'] * 1e3:9.3f} ms"
+                     f"  {op['share']:6.1%}")
     return lines
