@@ -239,8 +239,8 @@ def test_reduce_f32(kernels, op, axis, keepdims):
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
-@pytest.mark.parametrize("shape,axis", [((3, 700), -1), ((700, 3), 0), ((2, 300, 3), 1), ((5, 7, 9), [0, 2])],
-                         ids=str)
+@pytest.mark.parametrize("shape,axis", [((3, 700), -1), ((700, 3), 0), ((2, 300, 3), 1), ((5, 7, 9), [0, 2]),
+                                        ((65, 40), 0)], ids=str)
 def test_reduce_long_and_strided(kernels, op, shape, axis):
     """Reductions longer than a workgroup, and over non-contiguous axes."""
     rng = np.random.default_rng(8)
@@ -301,7 +301,7 @@ def test_softmax_f16_and_large_logits(kernels, op):
 # ---------------------------------------------------------------- norms
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300), (1, 1), (4099, 3)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 37), (2, 300), (1, 1), (4099, 3), (600, 40)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_layernorm(kernels, shape, dtype):
     rng = np.random.default_rng(13)
