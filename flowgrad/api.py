@@ -9,7 +9,7 @@ import numpy as np
 
 from flowgrad import dsl
 from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
-from flowgrad.graph import NUMPY_DTYPE, Graph, dtype_of
+from flowgrad.graph import LEAF_OPS, NUMPY_DTYPE, Graph, dtype_of
 from flowgrad.initializers import init_params
 from flowgrad.planner import Plan, make_plan
 
@@ -81,6 +81,7 @@ class Session:
         self.plan = plan
         self.device = device
         self._warned = False
+        self._index_uses = index_uses(graph)
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
@@ -139,6 +140,7 @@ class Session:
             elif not np.issubdtype(arr.dtype, np.floating):
                 raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
             out[name] = np.ascontiguousarray(arr, dtype=want)
+            check_indices(node, out[name], self._index_uses.get(nid, ()))
         return out
 
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
@@ -180,6 +182,34 @@ class Session:
         from flowgrad.planner.explain import explain
 
         return explain(self, analyze=analyze)
+
+
+def index_uses(graph: Graph) -> dict[int, list]:
+    """Inputs that ops read as indices (embedding ids, cross_entropy targets):
+    input id -> [(n, user node)], each index valid in [0, n)."""
+    from flowgrad.ops import get_op
+
+    uses: dict[int, list] = {}
+    for user in graph.nodes:
+        bounds_of = None if user.op in LEAF_OPS else get_op(user.op).index_bounds
+        if bounds_of is None:
+            continue
+        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs]).items():
+            if graph.nodes[user.inputs[pos]].op == "input":
+                uses.setdefault(user.inputs[pos], []).append((n, user))
+    return uses
+
+
+def check_indices(node, values: np.ndarray, uses: list) -> None:
+    """Range-check a feed used as indices on the host: a device kernel would
+    read garbage or give NaN instead of raising."""
+    for n, user in uses:
+        bad = np.flatnonzero((values < 0) | (values >= n))
+        if bad.size:
+            at = np.unravel_index(bad[0], values.shape)
+            raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "
+                            f"{user.op} at {user.span.where() if user.span else '?'} (valid: 0..{n - 1})",
+                            node.span)
 
 
 def load(path, config: dict | None = None) -> Model:

@@ -264,3 +264,21 @@ def test_mutated_models_build_or_raise_flow_error(src):
         if err.span is not None:
             assert err.span.file == FILE and err.span.line >= 1 and err.span.col >= 1
         assert_no_traceback_chain(err)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
+def test_out_of_range_indices_in_a_feed_are_refused_before_the_step(device, request):
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    sess = fg.load(MODELS / "tiny_gpt.flow").compile(device=device)
+    tokens = np.zeros((32, 16), np.int32)
+    targets = np.zeros((32, 16), np.int32)
+    tokens[2, 3] = 16
+    with pytest.raises(fg.FlowError) as e:
+        sess.step({"tokens": tokens, "targets": targets})
+    assert "feed 'tokens' holds 16 at [2, 3], out of range for embedding at" in str(e.value)
+    assert "tiny_gpt.flow:43:5 (valid: 0..15)" in str(e.value)
+    tokens[2, 3] = 0
+    targets[0, 0] = -1
+    with pytest.raises(fg.FlowError, match=r"feed 'targets' holds -1 at \[0, 0\], out of range for cross_entropy"):
+        sess.step({"tokens": tokens, "targets": targets})

@@ -68,4 +68,5 @@ def _ce_vjp(g, ins, out, at):
 
 
 cross_entropy = defop("cross_entropy", (Arg("logits"), Arg("targets")), _ce_infer, _ce_forward, _ce_vjp,
-                      nondiff=(1,), lowering=vk.CROSS_ENTROPY, doc="mean over targets of -log_softmax(logits)[target]; targets i32")
+                      nondiff=(1,), index_bounds=lambda ins: {1: ins[0].shape[-1]}, lowering=vk.CROSS_ENTROPY,
+                      doc="mean over targets of -log_softmax(logits)[target]; targets i32")

@@ -57,7 +57,10 @@ class Op:
         builder.const(array, dtype) -> id, builder.apply(op, ids, attrs) -> id.
     Optional tensor args that were not given are left out of the inputs
     (attention's mask is its 4th input only when present).
-    nondiff: input positions that never get a gradient (indices, targets)."""
+    nondiff: input positions that never get a gradient (indices, targets).
+    index_bounds(in_types) -> {position: n}: inputs that hold indices, each
+        valid in [0, n); a feed reaching one is range-checked on the host,
+        since a device kernel can't raise."""
 
     name: str
     args: tuple[Arg, ...]
@@ -67,6 +70,7 @@ class Op:
     lowering: Lowering | None = None
     expand: Callable | None = None
     nondiff: frozenset = frozenset()
+    index_bounds: Callable | None = None
     doc: str = ""
 
     @property
