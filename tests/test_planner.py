@@ -146,3 +146,13 @@ def explain_text(plan):
     from flowgrad.planner.explain import explain
 
     return explain(SimpleNamespace(plan=plan, graph=plan.graph)).text()
+
+
+def test_a_shape_the_lowering_cannot_take_is_refused_at_plan_time():
+    # head width d/heads = 512 is beyond the attention kernels' 256
+    model = attn_model(config={"d": 512, "heads": 1})
+    plan = plan_of(model)
+    (r,) = plan.refusals
+    assert r.code == "limit" and r.node.op == "attention"
+    assert "head width d/heads = 512" in r.message
+    assert plan.last_path.startswith("closures (a: the attention lowering can't take this node")

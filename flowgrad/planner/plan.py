@@ -90,12 +90,40 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
             if low.backward is None:
                 out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering for its backward",
                                    f"register a backward lowering for op {op.name!r}", node))
-            elif node.dtype not in low.bwd_dtypes:
+                continue
+            if node.dtype not in low.bwd_dtypes:
                 accepts = ", ".join(sorted(low.bwd_dtypes))
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
                                    f"compute {op.name} in f32 (`--dtype f32`, or cast its inputs with cast(x, f32))",
                                    node))
+                continue
+        limit = limit_refusal(graph, node, op, node.id in backward_ids)
+        if limit is not None:
+            out.append(limit)
     return out
+
+
+def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | None:
+    """Record the node's lowering on a dry-run Recorder (no device): a lowering
+    that can't take this node's shapes (attention's head width, a rank its
+    kernel can't index) says so now, not when the step is recorded."""
+    from flowgrad.errors import FlowError
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    def view(t):
+        return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
+
+    ins = [view(graph.nodes[i].type) for i in node.inputs]
+    out = view(node.type)
+    grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
+    try:
+        op.lowering.forward(Recorder(None), node, ins, out)
+        if backward:
+            op.lowering.backward(Recorder(None), node, view(node.type), ins, out, grads)
+    except (FlowError, ValueError) as e:
+        return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
+                       getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
+    return None
 
 
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32") -> Plan:
