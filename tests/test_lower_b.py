@@ -153,7 +153,7 @@ def test_matmul_deep_k_splits_then_sums(vk_device):
     node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
     rec = Recorder(None)
     linalg.MATMUL.backward(rec, node, view((4, 300, 6)), [a, b], view((4, 300, 6)), [None, view(b.shape)])
-    assert [c.shader for c in rec.commands] == ["matmul", "reduce_to_shape"]
+    assert [c.shader for c in rec.commands] == ["matmul", "map_reduce"]
     push = np.frombuffer(rec.commands[0].push, np.uint32)
     assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200  # chunks of K = 1200 rows, klimit = K
 
@@ -350,10 +350,10 @@ def test_i32_moves_are_exact(kernels, op, attrs):
     np.testing.assert_array_equal(out, NumpyKernels().forward(node, [x]))
 
 
-def test_reduce_to_shape(vk_device):
-    """The generic reduce kernel other lowerings use (bias-style and
-    middle-axis broadcasts)."""
-    from flowgrad.exec_vulkan.lower.generic import reduce_to_shape
+def test_sum_to_shape(vk_device):
+    """The sum matmul's backward uses over broadcast batch dims and split-K
+    chunks (bias-style and middle-axis broadcasts)."""
+    from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(14)
@@ -361,7 +361,7 @@ def test_reduce_to_shape(vk_device):
     for target in [(5, 2), (4, 1, 2), (3, 1, 5, 1), (1,), (3, 4, 5, 2)]:
         with OneShot(vk_device) as s:
             out = s.empty(target, "f32")
-            reduce_to_shape(s.rec, s.upload(x), out)
+            sum_to_shape(s.rec, s.upload(x), out)
             s.download(out)
             (got,) = s.run()
         extra = x.ndim - len(target)

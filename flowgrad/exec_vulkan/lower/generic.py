@@ -2,7 +2,6 @@
 and the generic kernels other lowerings build on:
 
     strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off, dst_off)
-    reduce_to_shape(rec, src, dst)     sum src down to the shape dst broadcasts from
 
 Views are contiguous row-major tensors; sub-windows are addressed with
 element offsets in push constants (a descriptor offset has alignment rules a
@@ -15,7 +14,6 @@ from flowgrad.errors import DeviceError
 
 MAX_GROUPS = 65535  # per axis, the limit Vulkan guarantees
 COPY_RANK = 8       # strided_copy.comp MAXR
-REDUCE_RANK = 6     # reduce_to_shape.comp MAXR
 
 
 def variant(dtype: str) -> str | None:
@@ -68,30 +66,6 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
     push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
     rec.dispatch("strided_copy", [src, dst], push, groups_1d(n), variant(src.dtype))
-
-
-def reduce_to_shape(rec, src, dst) -> None:
-    """dst = src summed over the axes broadcasting stretched dst to src.shape."""
-    big, small = tuple(src.shape), tuple(dst.shape)
-    small = (1,) * (len(big) - len(small)) + small
-    st = strides(big)
-    keep = [(n, s) for n, m, s in zip(big, small, st) if n == m]
-    red = [(n, s) for n, m, s in zip(big, small, st) if n != m]
-    if any(m != 1 for n, m, _ in zip(big, small, st) if n != m):
-        raise DeviceError(f"shape {list(dst.shape)} does not broadcast to {list(src.shape)}")
-    kdims, kst = coalesce([n for n, _ in keep], [s for _, s in keep])
-    rdims, rst = coalesce([n for n, _ in red], [s for _, s in red])
-    n_out, n_red = math.prod(kdims), math.prod(rdims)
-    if n_out == 0:
-        return
-    if not rdims:
-        strided_copy(rec, src, dst, kdims, kst, strides(kdims))
-        return
-    if len(kdims) > REDUCE_RANK or len(rdims) > REDUCE_RANK:
-        raise DeviceError(f"reduction of {list(src.shape)} to {list(dst.shape)} has too many dims after merging")
-    push = ([n_out, len(kdims), n_red, len(rdims)] + _padded(kdims, REDUCE_RANK) + _padded(kst, REDUCE_RANK)
-            + _padded(rdims, REDUCE_RANK) + _padded(rst, REDUCE_RANK))
-    rec.dispatch("reduce_to_shape", [src, dst], push, groups_1d(n_out), variant(src.dtype))
 
 
 def full_attrs(node) -> dict:

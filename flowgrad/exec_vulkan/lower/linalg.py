@@ -17,8 +17,8 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import (MAX_GROUPS, coalesce, reduce_to_shape, strided_copy, strides,
-                                                variant)
+from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, coalesce, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.ops.registry import Lowering
 
 TILE_M = TILE_N = 64  # matmul.comp BM, BN
@@ -107,7 +107,7 @@ def _split_k(rec, a: Operand, b: Operand, c: Operand, m, n, k, chunks):
     parts = rec.scratch((chunks, m, n), c.view.dtype)
     push = (m, n, kc, a.rs, a.cs, b.rs, b.cs, n, chunks, kc * a.cs, kc * b.rs, m * n, 1, 0, 0, 0, 0, 0, k)
     rec.dispatch("matmul", [a.view, b.view, parts], push, _groups(m, n, chunks), variant(c.view.dtype))
-    reduce_to_shape(rec, parts, c.view.reshape((m, n)))
+    sum_to_shape(rec, parts, c.view.reshape((m, n)))
 
 
 def _expanded(rec, view, shape2, full):
@@ -152,7 +152,7 @@ def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
     if not gemm(rec, operand(lfull, ls_, t_lhs), operand(rfull, rs_, t_rhs), c, m, n, k, full, no_sum):
         raise DeviceError(f"internal error: matmul batch {list(full)} did not reduce to one dim once expanded")
     if tmp is not dst:
-        reduce_to_shape(rec, tmp, dst.reshape(dst_shape2))
+        sum_to_shape(rec, tmp, dst.reshape(dst_shape2))
 
 
 def matmul_forward(rec, node, ins, out):

@@ -181,6 +181,12 @@ def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
     map_reduce(rec, M.COPY, [pieces], out, space=(chunks, n_out), reduce_axes=(0,), scale=scale, reduce=reduce)
 
 
+def sum_to_shape(rec, src, dst) -> None:
+    """dst = src summed over the axes broadcasting stretched dst's shape to src's."""
+    space = tuple(src.shape)
+    map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=broadcast_axes(tuple(dst.shape), space))
+
+
 def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce):
     pad = [0] * (MAX_RANK - len(dims))
     strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
