@@ -147,8 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list Vulkan devices")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("bench", help="graph vs closures step time on one device")
+    p = sub.add_parser("bench", help="graph vs closures step time on one device (the DESIGN's decoder example)")
+    p.add_argument("file", nargs="?", default=None, help="a .flow model (default: tiny_gpt at d=64, seq=64)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
     p.add_argument("--repeats", type=int, default=20)
     p.set_defaults(func=cmd_bench)
     return parser

@@ -26,7 +26,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import softmax_of
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, same_dtype
 
 
 def causal_mask(seq_q: int, seq_k: int, dtype=np.float32) -> np.ndarray:

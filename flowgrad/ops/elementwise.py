@@ -14,7 +14,7 @@ from flowgrad.graph import NUMPY_DTYPE, TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import broadcast_shape, float_dtype, same_dtype, unbroadcast
+from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroadcast
 
 # ---------------------------------------------------------------- binary
 

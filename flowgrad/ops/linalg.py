@@ -9,7 +9,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, same_dtype, unbroadcast
+from flowgrad.ops.rules import float_dtype, same_dtype, unbroadcast
 
 
 def _infer(ins, attrs):

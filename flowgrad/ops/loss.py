@@ -10,7 +10,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import log_softmax_of, softmax_of
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, same_dtype
 
 
 def _mse_infer(ins, at):

@@ -8,7 +8,7 @@ from flowgrad.exec_vulkan.lower import norm as vk
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, same_dtype
 
 
 def _norm_infer(ins, attrs):

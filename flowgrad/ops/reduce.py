@@ -11,7 +11,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, norm_axis
+from flowgrad.ops.rules import float_dtype, norm_axis
 
 REDUCE_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
                Arg("keepdims", "attr", False, (bool,)))

@@ -12,7 +12,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.shapes import float_dtype, norm_axis, same_dtype
+from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
 
 INT = (int,)
 INTS = (list, tuple)

@@ -1,4 +1,4 @@
-"""Shape helpers shared by the op families: broadcasting and axis handling."""
+"""Shape and dtype rule helpers shared by the op families: broadcasting, axes, dtype checks."""
 from __future__ import annotations
 
 import numpy as np
