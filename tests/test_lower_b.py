@@ -368,3 +368,25 @@ def test_sum_to_shape(vk_device):
         want = x.sum(axis=tuple(range(extra)))
         want = want.sum(axis=tuple(i for i, n in enumerate(target) if n == 1 and want.shape[i] != 1), keepdims=True)
         close(got, want.reshape(target), "f32", f"reduce to {target}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_embedding_backward_splits_many_ids_into_chunks(kernels, dtype):
+    # 1000 ids into a 5-row table: the ids are split into chunks (each at least
+    # 256 ids, the last one short) whose partial tables are summed
+    from flowgrad.exec_vulkan.lower import shape as lower_shape
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    rng = np.random.default_rng(12)
+    ids = rng.integers(0, 5, size=(10, 100)).astype(np.int32)
+    run_op(kernels, "embedding", [ids, rand(rng, (5, 6), dtype)], {}, rng, dtype)
+
+    def view(shape, dt="f32"):
+        return BufView(FakeBuffer(4 * math.prod(shape)), 0, shape, dt)
+
+    rec = Recorder(None)
+    node = make_node("embedding", [ids, np.zeros((5, 6), np.float32)], {})
+    lower_shape.EMBEDDING.backward(rec, node, view((10, 100, 6)), [view((10, 100), "i32"), view((5, 6))],
+                                   view((10, 100, 6)), [None, view((5, 6))])
+    assert [c.shader for c in rec.commands] == ["embedding_bwd", "map_reduce"]
+    assert rec.commands[0].groups[2] == 3   # chunks of 334 ids

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, groups_1d, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.ops.registry import Lowering
 
 ANY = frozenset({"f32", "f16", "i32"})
@@ -111,6 +112,8 @@ CONCAT = Lowering(concat_forward, concat_backward, ANY, FLOAT)
 
 EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
 EMBED_ROWS = 8   # embedding_bwd.comp RB: table rows per workgroup
+EMBED_BUSY = 256  # workgroups that keep a large GPU busy
+EMBED_MIN_IDS = 256  # ids per chunk, at least: fewer and the chunk sum costs more than it saves
 
 
 def embedding_forward(rec, node, ins, out):
@@ -125,8 +128,16 @@ def embedding_backward(rec, node, g, ins, out, grads):
     if dtable is None:
         return
     n, (rows, d) = math.prod(ids.shape), table.shape
-    groups = (math.ceil(d / EMBED_COLS), max(1, min(math.ceil(rows / EMBED_ROWS), MAX_GROUPS)), 1)
-    rec.dispatch("embedding_bwd", [ids, g, dtable], (n, d, rows), groups, variant(table.dtype))
+    gx, gy = math.ceil(d / EMBED_COLS), max(1, min(math.ceil(rows / EMBED_ROWS), MAX_GROUPS))
+    # a small table leaves most of the GPU idle: split the ids into chunks
+    # whose partial tables are summed afterwards
+    chunks = max(1, min(math.ceil(EMBED_BUSY / (gx * gy)), n // EMBED_MIN_IDS, MAX_GROUPS))
+    chunk = math.ceil(n / chunks)
+    chunks = math.ceil(n / chunk) if n else 1
+    dst = dtable if chunks == 1 else rec.scratch((chunks, rows, d), dtable.dtype)
+    rec.dispatch("embedding_bwd", [ids, g, dst], (n, d, rows, chunk), (gx, gy, chunks), variant(table.dtype))
+    if chunks > 1:
+        sum_to_shape(rec, dst, dtable)
 
 
 EMBEDDING = Lowering(embedding_forward, embedding_backward, ANY, FLOAT)
