@@ -54,9 +54,6 @@ class Span:
         width = max(1, (self.end_col or self.col + 1) - self.col)
         return f"    {self.text}\n    {' ' * (self.col - 1)}{'^' * width}"
 
-    def expanded_from(self, site: Span) -> Span:
-        return attrs.evolve(self, via=self.via + (site,))
-
 
 def _check_shape(_inst, _attr, shape):
     if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):

@@ -73,10 +73,6 @@ class Op:
     index_bounds: Callable | None = None
     doc: str = ""
 
-    @property
-    def attr_names(self) -> list[str]:
-        return [a.name for a in self.args if a.kind == "attr"]
-
 
 OPS: dict[str, Op] = {}
 
@@ -91,7 +87,3 @@ def register(op: Op) -> Op:
 def get_op(name: str) -> Op:
     return OPS[name]
 
-
-def set_lowering(name: str, lowering: Lowering) -> None:
-    """Attach a lowering to an op after the fact (used by user code / tests)."""
-    OPS[name].lowering = lowering
