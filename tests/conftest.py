@@ -16,6 +16,12 @@ import pytest
 os.environ.setdefault("FLOWGRAD_VK_VALIDATION", "1")
 
 
+def env_with_path(first) -> dict:
+    """os.environ with `first` put at the head of PYTHONPATH (kept, not
+    replaced: the packages may live on the PYTHONPATH, as on a device machine)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.fixture(scope="session")
 def vk_device():
     from flowgrad.exec_vulkan import select_device

@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import env_with_path
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
@@ -139,7 +140,7 @@ def test_a_write_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
     save(path, step=7)
     before = path.read_bytes()
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True,
-                            cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+                            cwd=os.getcwd(), env=env_with_path(os.getcwd()))
     try:
         assert proc.stdout.readline().strip() == "writing"
         os.kill(proc.pid, signal.SIGKILL)

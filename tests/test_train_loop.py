@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import env_with_path
 
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
@@ -163,7 +164,7 @@ def test_ctrl_c_from_the_cli_saves_and_exits_130(tmp_path):
     cmd = [sys.executable, "-m", "flowgrad.cli", "train", str(MODELS / "logreg.flow"), "--device", "cpu",
            "--steps", "1000000", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env=env_with_path(ROOT))
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until it is training

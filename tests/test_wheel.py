@@ -10,6 +10,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from conftest import env_with_path
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                               ".hypothesis", "runs", ".whl", ".gl")
@@ -49,7 +51,7 @@ def test_installed_wheel_parses_and_checks_a_model(tmp_path):
     pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    env = env_with_path(target)
     probe = subprocess.run(
         [sys.executable, "-c", "import flowgrad, flowgrad.dsl as d; print(flowgrad.__file__); print(d.grammar_path());"
          "print(d.parse(open(d.grammar_path()).read() and 'model m\\n', 'm.flow').stmts[0].name.id)"],
