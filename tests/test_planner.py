@@ -156,3 +156,10 @@ def test_a_shape_the_lowering_cannot_take_is_refused_at_plan_time():
     assert r.code == "limit" and r.node.op == "attention"
     assert "head width d/heads = 512" in r.message
     assert plan.last_path.startswith("closures (a: the attention lowering can't take this node")
+
+
+def test_f16_on_a_device_without_16_bit_storage_is_a_device_refusal():
+    plan = plan_of(attn_model("relu(a)"), dtype="f16", device=FakeDevice(f16=False))
+    codes = [r.code for r in plan.refusals]
+    assert codes[0] == "device" and "16-bit storage" in plan.refusals[0].message
+    assert plan_of(attn_model("relu(a)"), dtype="f32", device=FakeDevice(f16=False)).path == "graph"

@@ -137,6 +137,9 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
                                 "compile with device='vulkan' (or --device vulkan) to use the graph path"))
     else:
         refusals += memory_refusal(graph, device)
+        if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
+            refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
+                                              "for this model's f16 tensors", "compile with dtype='f32'"))
     refusals += node_refusals(graph, bwd)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
