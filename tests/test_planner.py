@@ -163,3 +163,14 @@ def test_f16_on_a_device_without_16_bit_storage_is_a_device_refusal():
     codes = [r.code for r in plan.refusals]
     assert codes[0] == "device" and "16-bit storage" in plan.refusals[0].message
     assert plan_of(attn_model("relu(a)"), dtype="f32", device=FakeDevice(f16=False)).path == "graph"
+
+
+def test_an_f32_island_in_an_f16_model_keeps_the_graph_path():
+    island = ATTN.replace("a = attention(x @ wq, x @ wk, x @ wv, heads=heads, causal=true)",
+                          "a = cast(attention(cast(x @ wq, f32), cast(x @ wk, f32), cast(x @ wv, f32), "
+                          "heads=heads, causal=true), float)").replace("{tail}", "a")
+    model = fg.loads(island, file="island.flow")
+    assert model.build("f16").node("a").dtype == "f16"
+    assert next(n for n in model.build("f16").nodes if n.op == "attention").dtype == "f32"
+    assert plan_of(model, dtype="f16").last_path == "graph"
+    assert "cast(result, float)" in plan_of(attn_model(), dtype="f16").refusals[0].hint

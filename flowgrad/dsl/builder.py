@@ -306,6 +306,8 @@ class Builder:
             return self.config[name.id]
         if name.id in CONSTANT_NAMES:
             return CONSTANT_NAMES[name.id]
+        if name.id == "float":  # the compile dtype, so `cast(a, float)` returns to it from an f32 island
+            return DType(self.dtype)
         if name.id in self.blocks or name.id in OPS or name.id in BUILTINS:
             raise self.error(f"{name.id} is {'a block' if name.id in self.blocks else 'an op'}; "
                              f"call it: {name.id}(...)", name.pos, scope)

@@ -65,6 +65,11 @@ def memory_refusal(graph: Graph, device) -> list[Refusal]:
                     "use a smaller batch or model (--set batch=...), or backward='closures'")]
 
 
+def f32_hint(op_name: str) -> str:
+    return (f"compute {op_name} in f32: `--dtype f32`, or cast(x, f32) its inputs and cast(result, float) "
+            "back to the model's dtype")
+
+
 def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
     out = []
     for node in graph.nodes:
@@ -83,8 +88,8 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
         dtypes = {node.dtype} | {graph.nodes[i].dtype for i in node.inputs}
         if not dtypes <= low.dtypes:
             bad = ", ".join(sorted(dtypes - low.dtypes))
-            out.append(Refusal("dtype", f"{op.name} forward has no {bad} lowering (accepts {', '.join(sorted(low.dtypes))})",
-                               "compute this op in f32 (`--dtype f32`, or cast its inputs with cast(x, f32))", node))
+            out.append(Refusal("dtype", f"{op.name} forward has no {bad} lowering "
+                                        f"(accepts {', '.join(sorted(low.dtypes))})", f32_hint(op.name), node))
             continue
         if node.id in backward_ids:
             if low.backward is None:
@@ -94,8 +99,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
             if node.dtype not in low.bwd_dtypes:
                 accepts = ", ".join(sorted(low.bwd_dtypes))
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
-                                   f"compute {op.name} in f32 (`--dtype f32`, or cast its inputs with cast(x, f32))",
-                                   node))
+                                   f32_hint(op.name), node))
                 continue
         limit = limit_refusal(graph, node, op, node.id in backward_ids)
         if limit is not None:
