@@ -1,7 +1,7 @@
 """flowgrad: train neural networks written in the `.flow` language."""
 from flowgrad.api import Model, Session, StepResult, load, loads
 from flowgrad.errors import DeviceError, FlowError, FlowWarning, GraphPathRefused
-from flowgrad import train  # noqa: E402  callable: fg.train(model, ...) runs flowgrad.train.loop.train
+from flowgrad.training.loop import train
 from flowgrad.ops.user import register_op
 
 __version__ = "0.1.0"

@@ -9,7 +9,8 @@ import numpy as np
 
 from flowgrad import dsl
 from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
-from flowgrad.graph import LEAF_OPS, NUMPY_DTYPE, Graph, dtype_of
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.initializers import init_params
 from flowgrad.planner import Plan, make_plan
 
@@ -167,14 +168,14 @@ class Session:
 
     def save_checkpoint(self, path) -> None:
         """Params and optimizer state to a safetensors file (atomically)."""
-        from flowgrad.train.checkpoint import save_session
+        from flowgrad.training.checkpoint import save_session
 
         save_session(self, path)
 
     def load_checkpoint(self, path):
         """Load params (and optimizer state) saved by save_checkpoint or
         `flowgrad train`; a mismatch with this model is a FlowError listing each."""
-        from flowgrad.train.checkpoint import load_into_session
+        from flowgrad.training.checkpoint import load_into_session
 
         return load_into_session(self, path)
 

@@ -88,13 +88,13 @@ def cmd_explain(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from flowgrad.train.loop import train_cli
+    from flowgrad.training.loop import train_cli
 
     return train_cli(args)
 
 
 def cmd_run(args) -> int:
-    from flowgrad.train.infer import run_cli
+    from flowgrad.training.infer import run_cli
 
     return run_cli(args)
 

@@ -5,20 +5,11 @@ import math
 from typing import Any
 
 import attrs
-import numpy as np
 
-DTYPES = ("f32", "f16", "i32")
-FLOAT_DTYPES = ("f32", "f16")
-NUMPY_DTYPE = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
+from flowgrad.dtypes import DTYPES, ITEMSIZE
+
 # Node ops that are not computations: they have no forward/VJP of their own.
 LEAF_OPS = ("input", "param", "const")
-
-
-def dtype_of(array: np.ndarray) -> str:
-    for name, np_dtype in NUMPY_DTYPE.items():
-        if array.dtype == np_dtype:
-            return name
-    raise TypeError(f"unsupported array dtype {array.dtype}")
 
 
 @attrs.frozen
@@ -76,7 +67,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(NUMPY_DTYPE[self.dtype]).itemsize
+        return self.size * ITEMSIZE[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"

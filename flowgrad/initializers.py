@@ -8,7 +8,8 @@ import zlib
 
 import numpy as np
 
-from flowgrad.graph import NUMPY_DTYPE, Graph
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import Graph
 
 
 def _fans(shape):

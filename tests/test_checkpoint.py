@@ -14,8 +14,8 @@ from conftest import env_with_path
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
-from flowgrad.train import checkpoint
-from flowgrad.train.optim import Adam
+from flowgrad.training import checkpoint
+from flowgrad.training.optim import Adam
 
 
 def params():
@@ -81,7 +81,7 @@ def test_each_mismatch_is_listed(tmp_path):
 
 
 def test_optimizer_state_must_fit(tmp_path):
-    from flowgrad.train.optim import SGD
+    from flowgrad.training.optim import SGD
 
     save(tmp_path / "c.safetensors")
     ck = checkpoint.load(tmp_path / "c.safetensors")
@@ -120,7 +120,7 @@ def test_missing_file(tmp_path):
 KILLED_WRITER = textwrap.dedent("""
     import sys, time
     import numpy as np
-    from flowgrad.train import checkpoint
+    from flowgrad.training import checkpoint
 
     def slow_write(f, data):
         f.write(data[: len(data) // 2])

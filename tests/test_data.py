@@ -7,7 +7,7 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
-from flowgrad.train.data import SEP, ArrayData, make_data
+from flowgrad.training.data import SEP, ArrayData, make_data
 
 SPAN = Span("m.flow", 27, 10, "  data = digits()", 18)
 

@@ -13,7 +13,8 @@ import pytest
 from flowgrad.exec_closure import ClosureSession
 from flowgrad.graph import Graph, TensorType
 from flowgrad.planner import make_plan
-from flowgrad.planner.memory import ALIGN, plan_memory
+from flowgrad.exec_vulkan.limits import ALIGN
+from flowgrad.planner.memory import plan_memory
 from tests import vk_test_ops
 
 

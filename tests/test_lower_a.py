@@ -17,7 +17,8 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.lower import elementwise, loss, norm, reduce
 from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
-from flowgrad.graph import Node, TensorType, dtype_of
+from flowgrad.dtypes import dtype_of
+from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
 
 LOWERINGS = {

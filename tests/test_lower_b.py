@@ -15,7 +15,8 @@ import pytest
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import linalg, shape
-from flowgrad.graph import Node, TensorType, dtype_of
+from flowgrad.dtypes import dtype_of
+from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
 from flowgrad.ops.attention import causal_mask
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flowgrad.exec_closure.tape import ClosureExecutor
-from flowgrad.graph import NUMPY_DTYPE, Graph, TensorType
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import Graph, TensorType
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp, numeric_grad
 

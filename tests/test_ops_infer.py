@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import NUMPY_DTYPE, TensorType
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import TensorType
 from flowgrad.ops import OPS, OpTypeError, get_op
 from flowgrad.ops.registry import REQUIRED
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowgrad.graph import NUMPY_DTYPE, TensorType, dtype_of
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.graph import TensorType
 from flowgrad.ops import OPS, get_op
 from flowgrad.ops.gradcheck import check_vjp
 

@@ -9,8 +9,8 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Span
-from flowgrad.train.optim import SGD, Adam, AdamW, make_optimizer
-from flowgrad.train.schedules import Schedule
+from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
+from flowgrad.training.schedules import Schedule
 
 
 def run(opt, grads_per_step, p0=1.0):

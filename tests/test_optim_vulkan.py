@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowgrad.train.optim import MAX_GROUPS, SGD, Adam, AdamW
+from flowgrad.training.optim import MAX_GROUPS, SGD, Adam, AdamW
 
 pytestmark = pytest.mark.vulkan
 

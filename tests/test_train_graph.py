@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
-from flowgrad.train.loop import TrainInterrupted
+from flowgrad.training import checkpoint
+from flowgrad.training.loop import TrainInterrupted
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -45,7 +46,7 @@ def test_graph_and_closures_agree_after_20_steps(vk_device, name):
 
 
 def test_clipped_adamw_with_a_schedule_on_the_graph_path(vk_device):
-    from flowgrad.train.optim import AdamW
+    from flowgrad.training.optim import AdamW
 
     def opt():
         return AdamW(lr=3e-3, clip=0.5, schedule="cosine", warmup=5, total_steps=20)
@@ -66,7 +67,7 @@ def test_graph_path_resume_equals_uninterrupted(vk_device, tmp_path):
 
     with pytest.raises(TrainInterrupted):
         run("mlp", "graph", out=tmp_path / "b", callback=stop)
-    ck = fg.train.checkpoint.load(tmp_path / "b" / "checkpoint.safetensors")
+    ck = checkpoint.load(tmp_path / "b" / "checkpoint.safetensors")
     assert ck.step == 7 and np.abs(ck.opt_state["w1"]["exp_avg"]).max() > 0  # state read back from the device
     resumed = run("mlp", "graph", out=tmp_path / "b", resume=True)
     assert resumed.path == "graph" and resumed.steps_run == 13

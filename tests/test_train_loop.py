@@ -16,9 +16,10 @@ import pytest
 from conftest import env_with_path
 
 import flowgrad as fg
+from flowgrad.training import checkpoint
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
-from flowgrad.train.loop import TrainInterrupted
+from flowgrad.training.loop import TrainInterrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -97,7 +98,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(tmp_path):
     with pytest.raises(TrainInterrupted) as e:
         fg.train(small(), device="cpu", progress=False, out=tmp_path / "b", callback=stop_at(13))
     assert e.value.step == 13 and "saved step 13" in str(e.value)
-    assert fg.train.checkpoint.load(tmp_path / "b" / "checkpoint.safetensors").step == 13
+    assert checkpoint.load(tmp_path / "b" / "checkpoint.safetensors").step == 13
     resumed = fg.train(small(), device="cpu", progress=False, out=tmp_path / "b", resume=True)
     assert resumed.steps_run == 40 - 13
     assert resumed.history == full.history[:13] + resumed.history[13:]
@@ -113,7 +114,7 @@ def test_resume_after_a_crash_restarts_from_the_last_checkpoint(tmp_path):
     full = fg.train(small(), device="cpu", progress=False)
     with pytest.raises(ZeroDivisionError):  # not Ctrl-C: nothing is saved at step 13
         fg.train(small(), device="cpu", progress=False, out=tmp_path, callback=stop_at(13, ZeroDivisionError))
-    assert fg.train.checkpoint.load(tmp_path / "checkpoint.safetensors").step == 10
+    assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 10
     resumed = fg.train(small(), device="cpu", progress=False, out=tmp_path, resume=True)
     assert resumed.steps_run == 30
     assert [r["loss"] for r in resumed.history] == [r["loss"] for r in full.history]
@@ -128,7 +129,7 @@ def test_output_files(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()[1:]]
     evals = [r["step"] for r in records if "test_accuracy" in r]
     assert evals == [10, 20, 30, 40]
-    ck = fg.train.checkpoint.load(tmp_path / "checkpoint.safetensors")
+    ck = checkpoint.load(tmp_path / "checkpoint.safetensors")
     assert ck.step == 40 and ck.model == "small" and ck.config == {"hidden": 32, "batch": 32}
     assert ck.optimizer["name"] == "adamw" and set(ck.opt_state["w1"]) == {"exp_avg", "exp_avg_sq"}
     assert res.loss == records[-1]["loss"]
@@ -139,7 +140,7 @@ def test_a_fresh_run_does_not_replace_a_checkpoint(tmp_path):
     with pytest.raises(FlowError, match="already holds a checkpoint"):
         fg.train(small(), steps=5, device="cpu", progress=False, out=tmp_path)
     fg.train(small(), steps=3, device="cpu", progress=False, out=tmp_path, overwrite=True)
-    assert fg.train.checkpoint.load(tmp_path / "checkpoint.safetensors").step == 3
+    assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 3
 
 
 def test_unwritable_output_directory_is_a_flow_error(tmp_path):
@@ -178,7 +179,7 @@ def test_ctrl_c_from_the_cli_saves_and_exits_130(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted: saved step" in err and "--resume" in err and "Traceback" not in err
-    step = fg.train.checkpoint.load(out / "checkpoint.safetensors").step
+    step = checkpoint.load(out / "checkpoint.safetensors").step
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert step == last["step"] > 0
 
@@ -230,7 +231,7 @@ def test_session_load_and_save_checkpoint(trained, tmp_path):
     assert ck.step == 30
     np.testing.assert_array_equal(sess.params["w"], ck.params["w"])
     sess.save_checkpoint(tmp_path / "again.safetensors")
-    again = fg.train.checkpoint.load(tmp_path / "again.safetensors")
+    again = checkpoint.load(tmp_path / "again.safetensors")
     assert again.step == 30 and again.optimizer["name"] == "sgd"
     np.testing.assert_array_equal(again.opt_state["w"]["momentum_buffer"], ck.opt_state["w"]["momentum_buffer"])
 
@@ -264,7 +265,7 @@ def test_run_cli_writes_outputs(trained, tmp_path, capsys):
     with np.load(tmp_path / "out.npz") as f:
         logits = f["logits"]
         assert "loss" not in f.files  # y was not fed: no loss
-    ck = fg.train.checkpoint.load(trained)
+    ck = checkpoint.load(trained)
     np.testing.assert_allclose(logits, x @ ck.params["w"] + ck.params["b"], rtol=1e-5, atol=1e-5)
     assert (np.argmax(logits, 1) == load_digits().target[:64]).mean() > 0.8
 

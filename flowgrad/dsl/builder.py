@@ -21,7 +21,8 @@ from flowgrad.dsl.values import (
     CONSTANT_NAMES, DType, StaticError, is_number, show, static_binop, static_neg, type_name,
 )
 from flowgrad.errors import FlowError
-from flowgrad.graph import DTYPES, FLOAT_DTYPES, NUMPY_DTYPE, Graph, Span, TensorType
+from flowgrad.dtypes import DTYPES, FLOAT_DTYPES, NUMPY_DTYPE
+from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.initializers import INITIALISERS
 from flowgrad.ops import OPS, Arg, OpTypeError
 from flowgrad.ops.registry import REQUIRED

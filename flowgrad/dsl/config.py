@@ -102,7 +102,7 @@ class ConfigEvaluator:
 
 def evaluate_train(blocks: list[ast.TrainBlock], config: dict, error: Callable, span: Callable) -> TrainSpec:
     """Items as written: literals (config names replaced by their values) and
-    calls as ("call", name, args, kwargs). Interpreted by flowgrad.train."""
+    calls as ("call", name, args, kwargs). Interpreted by flowgrad.training."""
     spec = TrainSpec()
 
     def lookup(name: ast.Name):

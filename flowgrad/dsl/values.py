@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numbers
 
-from flowgrad.graph import DTYPES
+from flowgrad.dtypes import DTYPES
 
 
 class DType(str):

@@ -10,7 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-from flowgrad.graph import NUMPY_DTYPE, Graph, Node
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 
-MODEL = Path(__file__).resolve().parent.parent.parent / "models" / "tiny_gpt.flow"
+MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny_gpt.flow"
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}   # the DESIGN's decoder example
 
 

@@ -10,7 +10,8 @@ import attrs
 import numpy as np
 
 from flowgrad.exec_closure import NumpyKernels
-from flowgrad.graph import NUMPY_DTYPE, Node, TensorType
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.oneshot import OneShot, _dtype_name
 from flowgrad.ops import get_op
 

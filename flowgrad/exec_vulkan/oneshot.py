@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.recorder import ITEMSIZE, NUMPY, BufView, Recorder, encode
+from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
+from flowgrad.exec_vulkan.recorder import BufView, Recorder, encode
 
 
 class OneShot:

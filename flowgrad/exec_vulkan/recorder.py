@@ -19,27 +19,9 @@ import attrs
 import numpy as np
 
 from flowgrad.errors import DeviceError
+from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
+from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, PUSH_LIMIT, align_up, grid
 from flowgrad.exec_vulkan.spirv import shader_info
-
-ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4}
-NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
-ALIGN = 256               # packing alignment: >= any device's minStorageBufferOffsetAlignment
-PUSH_LIMIT = 128
-DRY_MAX_GROUPS = (65535, 65535, 65535)   # the minimum every Vulkan device supports
-
-
-def align_up(n: int, a: int = ALIGN) -> int:
-    return -(-n // a) * a
-
-
-def grid(n: int, local: int = 256) -> tuple[int, int, int]:
-    """Group counts for a 1-D launch over n items with `local` invocations
-    per group; spills into y past 65535 groups (the shader computes its flat
-    index as common.glsl's flat_index() and checks it against n)."""
-    groups = max(1, -(-int(n) // local))
-    x = min(groups, DRY_MAX_GROUPS[0])
-    return x, -(-groups // x), 1
-
 
 @attrs.frozen
 class BufView:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from flowgrad.exec_vulkan.lower import attention as vk
-from flowgrad.graph import NUMPY_DTYPE
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import softmax_of

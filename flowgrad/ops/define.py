@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.graph import DTYPES
+from flowgrad.dtypes import DTYPES
 from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, register
 
 _TYPE_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a string",

@@ -10,7 +10,8 @@ import numpy as np
 from scipy.special import erf, expit  # scipy comes with scikit-learn, a dependency
 
 from flowgrad.exec_vulkan.lower import elementwise as vk
-from flowgrad.graph import NUMPY_DTYPE, TensorType
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError

@@ -11,7 +11,8 @@ import time
 import attrs
 import numpy as np
 
-from flowgrad.graph import LEAF_OPS, NUMPY_DTYPE, Graph, Node
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.planner.plan import Plan, Refusal
 
 EXPLAIN_VERSION = 1

@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import attrs
 
+from flowgrad.exec_vulkan.limits import ALIGN, align_up
 from flowgrad.graph import LEAF_OPS, Graph
 
-ALIGN = 256   # bytes; >= every device's minStorageBufferOffsetAlignment
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @attrs.frozen
@@ -170,7 +166,7 @@ class _Planner:
         for part, node in parts:
             laid.append((part, node, offset))
             self.part_group[part] = key
-            offset = _align(offset + _nbytes(node))
+            offset = align_up(offset + _nbytes(node))
         self.groups[key] = [start, start, kind, laid, offset]
 
     def use(self, part, at):

@@ -6,7 +6,7 @@ index space; a backward is one map per input, fused with the sum over the
 axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
 from flowgrad.ops.registry import Lowering
 
@@ -99,7 +99,7 @@ def _convert(rec, src, dst):
         n *= d
     if n == 0:
         return
-    groups = (max(1, min(65535, -(-n // 256))), 1, 1)
+    groups = groups_1d(n)
     if "i32" in (src.dtype, dst.dtype):
         to_int = dst.dtype == "i32"
         flt, ints = (src, dst) if to_int else (dst, src)

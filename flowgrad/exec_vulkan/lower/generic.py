@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d  # noqa: F401  (lowerings import them from here)
 
-MAX_GROUPS = 65535  # per axis, the limit Vulkan guarantees
 COPY_RANK = 8       # strided_copy.comp MAXR
 
 
@@ -28,11 +28,6 @@ def strides(shape) -> tuple[int, ...]:
         out.append(acc)
         acc *= n
     return tuple(reversed(out))
-
-
-def groups_1d(n: int, local: int = 256) -> tuple[int, int, int]:
-    """Group count for a grid-stride loop over n items."""
-    return (max(1, min(math.ceil(n / local), MAX_GROUPS)), 1, 1)
 
 
 def coalesce(shape, *stride_lists):

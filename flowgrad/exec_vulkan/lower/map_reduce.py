@@ -13,11 +13,11 @@ import enum
 import math
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
-MAX_GROUPS = 65535  # the shader loops over outputs, so the grid may be capped
 
 
 class M(enum.IntEnum):

@@ -2,7 +2,7 @@
 
 Reads the model's `train { ... }` section:
 
-    data = digits(test_fraction=0.2)     a source from flowgrad.train.data (required)
+    data = digits(test_fraction=0.2)     a source from flowgrad.training.data (required)
     optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
     steps = 400                          (required; --steps overrides)
     eval_every = 50                      default steps // 10
@@ -32,9 +32,9 @@ import attrs
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
-from flowgrad.train import checkpoint, spec
-from flowgrad.train.data import Dataset, make_data
-from flowgrad.train.optim import Optimizer, make_optimizer
+from flowgrad.training import checkpoint, spec
+from flowgrad.training.data import Dataset, make_data
+from flowgrad.training.optim import Optimizer, make_optimizer
 
 TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed",
               "schedule", "warmup", "clip", "min_lr")

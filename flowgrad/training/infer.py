@@ -9,8 +9,8 @@ import sys
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import NUMPY_DTYPE
-from flowgrad.train import checkpoint
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.training import checkpoint
 
 
 def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:

@@ -24,8 +24,8 @@ import math
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.train import spec
-from flowgrad.train.schedules import SCHEDULES, Schedule
+from flowgrad.training import spec
+from flowgrad.training.schedules import SCHEDULES, Schedule
 
 GROUP = 256           # local size of every optimizer shader
 MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS

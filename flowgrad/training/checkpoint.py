@@ -20,7 +20,8 @@ import attrs
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import Graph, dtype_of
+from flowgrad.dtypes import dtype_of
+from flowgrad.graph import Graph
 
 FORMAT = "flowgrad-checkpoint"
 VERSION = "1"

@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import FLOAT_DTYPES, Graph
-from flowgrad.train import spec
+from flowgrad.dtypes import FLOAT_DTYPES
+from flowgrad.graph import Graph
+from flowgrad.training import spec
 
 SEP = 0
 
