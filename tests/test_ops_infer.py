@@ -38,6 +38,13 @@ SIGNATURES = {
     "attention": "q, k, v, heads, causal=False, mask=<tensor>",
     "mse_loss": "pred, target",
     "cross_entropy": "logits, targets",
+    **{n: "x, weight, bias=<tensor>, stride=1, padding=0, dilation=1, groups=1" for n in ("conv1d", "conv2d")},
+    "conv_transpose2d": "x, weight, bias=<tensor>, stride=1, padding=0, output_padding=0, groups=1, dilation=1",
+    "maxpool2d": "x, kernel_size, stride=None, padding=0",
+    "avgpool2d": "x, kernel_size, stride=None, padding=0, count_include_pad=True",
+    "adaptive_avgpool2d": "x, output_size",
+    "flatten": "x, start_dim=0, end_dim=-1",
+    "pad": "x, pad, value=0.0",
 }
 
 
@@ -152,6 +159,17 @@ TYPES = [
     ("layernorm", [T(2, 3, 8), T(8), T(8)], {}, T(2, 3, 8)),
     ("cross_entropy", [T(2, 3, 5), T(2, 3, dtype="i32")], {}, T()),
     ("mse_loss", [T(2, 3), T(2, 3)], {}, T()),
+    ("conv2d", [T(2, 4, 7, 6), T(6, 2, 3, 2), T(6)], {"stride": 2, "padding": 1, "groups": 2}, T(2, 6, 4, 4)),
+    ("conv2d", [T(1, 3, 5, 5, dtype="f16"), T(2, 3, 3, 3, dtype="f16")], {"padding": "same"},
+     T(1, 2, 5, 5, dtype="f16")),
+    ("conv1d", [T(2, 3, 9), T(4, 3, 3)], {"stride": 2}, T(2, 4, 4)),
+    ("conv_transpose2d", [T(1, 4, 3, 3), T(4, 2, 3, 3)], {"stride": 2, "padding": 1, "output_padding": 1},
+     T(1, 2, 6, 6)),
+    ("maxpool2d", [T(2, 3, 7, 6)], {"kernel_size": 2}, T(2, 3, 3, 3)),
+    ("avgpool2d", [T(2, 3, 7, 6)], {"kernel_size": 3, "stride": 2, "padding": 1}, T(2, 3, 4, 3)),
+    ("adaptive_avgpool2d", [T(2, 3, 7, 6)], {"output_size": 1}, T(2, 3, 1, 1)),
+    ("flatten", [T(2, 3, 4)], {"start_dim": 1}, T(2, 12)),
+    ("pad", [T(2, 3, dtype="i32")], {"pad": [1, 2]}, T(2, 6, dtype="i32")),
 ]
 
 
@@ -185,6 +203,18 @@ ATTR_VALUES = {
     "dtype": ["f32", "f16", "i32", "f64"],
     "heads": [1, 2, 3, 0, -1],
     "causal": [False, True],
+    "stride": [None, 1, 2, [1, 2], [0, 1], "2"],
+    "padding": [0, 1, [1, 0], "same", "valid", "full", -1],
+    "dilation": [1, 2, [2, 1], 0],
+    "groups": [1, 2, 3, 0],
+    "output_padding": [0, 1, [1, 0], 3],
+    "kernel_size": [1, 2, 3, [2, 1], 0],
+    "count_include_pad": [True, False],
+    "output_size": [1, 2, [2, 3], 0],
+    "start_dim": [0, 1, -1, 5],
+    "end_dim": [0, -1, 1, 5],
+    "pad": [[1, 1], [0, 1, 2, 0], [1], [-1, 0], []],
+    "value": [0.0, 1.5, -2],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

@@ -92,6 +92,14 @@ CASES = [
     ("mse_loss", [normal(3, 4), normal(3, 4)], {}),
     ("cross_entropy", [normal(4, 5), ints(5, 4)], {}),
     ("cross_entropy", [normal(2, 3, 4), ints(4, 2, 3)], {}),
+    ("conv2d", [normal(2, 4, 5, 4), normal(6, 2, 3, 2), normal(6)], {"stride": 2, "padding": 1, "groups": 2}),
+    ("conv1d", [normal(2, 3, 7), normal(4, 3, 3)], {"padding": "same"}),
+    ("conv_transpose2d", [normal(1, 2, 3, 3), normal(2, 3, 2, 2), normal(3)], {"stride": 2}),
+    ("maxpool2d", [distinct(2, 3, 4, 5)], {"kernel_size": 2, "stride": 1}),
+    ("avgpool2d", [normal(2, 3, 4, 5)], {"kernel_size": 3, "padding": 1}),
+    ("adaptive_avgpool2d", [normal(2, 3, 5, 4)], {"output_size": [2, 3]}),
+    ("flatten", [normal(2, 3, 4)], {"start_dim": 1}),
+    ("pad", [normal(2, 3)], {"pad": [1, 0, 2, 1], "value": 1.0}),
 ]
 
 
