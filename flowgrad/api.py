@@ -12,6 +12,7 @@ from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.initializers import init_params
+from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.planner import Plan, make_plan
 
 
@@ -58,7 +59,7 @@ class Model:
             )
         if seed is None:
             seed = int(graph.config.get("seed", 0))
-        return Session(self, graph, plan, dev, init_params(graph, seed))
+        return Session(self, graph, plan, dev, init_params(graph, seed), seed=seed)
 
 
 def open_device(spec: str):
@@ -76,13 +77,18 @@ def open_device(spec: str):
 class Session:
     """A compiled model: params, a plan, and the executor that carries it out."""
 
-    def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray]):
+    def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
+                 seed: int = 0):
         self.model = model
+        self.seed = seed
+        # training steps taken, for the random ops' counter (see flowgrad.ops.random)
+        self.train_steps = 0
         self.graph = graph
         self.plan = plan
         self.device = device
         self._warned = False
         self._index_uses = index_uses(graph)
+        self._hidden = {n.name for n in graph.nodes if n.op == "input" and n.name not in graph.inputs}
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
@@ -145,17 +151,31 @@ class Session:
         return out
 
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
-             grad_inputs: bool = False) -> StepResult:
-        """Forward (and backward, and an optimizer update when given)."""
+             grad_inputs: bool = False, train: bool | None = None) -> StepResult:
+        """Forward (and backward, and an optimizer update when given).
+
+        train: whether this is a training step (dropout active, batch norm
+        on batch statistics); by default, a step that computes gradients or
+        updates is one, a forward-only step is an evaluation."""
         if (grads or optimizer is not None) and self.graph.loss is None:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
+        feeds = self.check_feeds(feeds)
+        if RNG_INPUT in self._hidden:
+            feeds[RNG_INPUT] = self._random_state(grads or optimizer is not None if train is None else train)
+        outputs, loss, out_grads = self.runner.step(feeds, grads=grads,
                                                     optimizer=optimizer, grad_inputs=grad_inputs)
         return StepResult(outputs, out_grads, None if loss is None else float(loss))
+
+    def _random_state(self, training: bool) -> np.ndarray:
+        """[training, step, seed, 0]. A training step's counter continues from
+        the optimizer's step, so a resumed run draws the masks it would have."""
+        if training:
+            self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
+        return rng_feed(training, self.train_steps, self.seed)
 
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":

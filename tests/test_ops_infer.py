@@ -45,6 +45,7 @@ SIGNATURES = {
     "adaptive_avgpool2d": "x, output_size",
     "flatten": "x, start_dim=0, end_dim=-1",
     "pad": "x, pad, value=0.0",
+    "dropout": "x, p=0.5, stream=None, rng=<tensor>",
 }
 
 
@@ -68,7 +69,7 @@ def test_signatures_are_the_documented_ones():
 
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
-        "embedding": {0}, "cross_entropy": {1}, "attention": {3}}
+        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "dropout": {1}}
 
 
 def T(*shape, dtype="f32"):
@@ -170,6 +171,7 @@ TYPES = [
     ("adaptive_avgpool2d", [T(2, 3, 7, 6)], {"output_size": 1}, T(2, 3, 1, 1)),
     ("flatten", [T(2, 3, 4)], {"start_dim": 1}, T(2, 12)),
     ("pad", [T(2, 3, dtype="i32")], {"pad": [1, 2]}, T(2, 6, dtype="i32")),
+    ("dropout", [T(2, 3, dtype="f16"), T(4, dtype="i32")], {"p": 0.1}, T(2, 3, dtype="f16")),
 ]
 
 
@@ -215,6 +217,8 @@ ATTR_VALUES = {
     "end_dim": [0, -1, 1, 5],
     "pad": [[1, 1], [0, 1, 2, 0], [1], [-1, 0], []],
     "value": [0.0, 1.5, -2],
+    "p": [0.0, 0.5, 1, 1.5, -0.1],
+    "stream": [None, 0, 7],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

@@ -100,6 +100,8 @@ CASES = [
     ("adaptive_avgpool2d", [normal(2, 3, 5, 4)], {"output_size": [2, 3]}),
     ("flatten", [normal(2, 3, 4)], {"start_dim": 1}),
     ("pad", [normal(2, 3)], {"pad": [1, 0, 2, 1], "value": 1.0}),
+    ("dropout", [normal(3, 5), lambda r: np.array([1, 3, 7, 0], np.int32)], {"p": 0.4, "stream": 2}),
+    ("dropout", [normal(3, 5), lambda r: np.array([0, 3, 7, 0], np.int32)], {"p": 0.4}),
 ]
 
 

@@ -595,6 +595,18 @@ class NodeBuilder:
     def const(self, array, dtype: str) -> int:
         return self._b.const(array, dtype, self.span)
 
+    def hidden_input(self, name: str, type: TensorType) -> int:
+        """The graph's input `name` that the session feeds itself (not a
+        user input: not in graph.inputs), created on first use."""
+        for node in self.graph.nodes:
+            if node.op == "input" and node.name == name:
+                return node.id
+        return self.graph.add("input", [], type, name=name, span=self.span).id
+
+    def next_id(self) -> int:
+        """The id the node being built will get."""
+        return len(self.graph.nodes)
+
     def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
         op = OPS[op_name]
         given = dict(attrs or {})

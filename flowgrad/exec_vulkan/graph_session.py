@@ -115,7 +115,8 @@ class _Layout:
                 self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
         self.io = StepIO()
         up, down = staging
-        for name, i in graph.inputs.items():
+        # every input node: the user's and those the session feeds itself (the random state)
+        for name, i in {n.name: n.id for n in graph.nodes if n.op == "input"}.items():
             if ("val", i) in mem.slots:
                 node = graph.nodes[i]
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))

@@ -1,0 +1,34 @@
+"""dropout's lowering: dropout.comp draws the mask from the step's random
+state (a buffer the host writes every step), forward and backward alike."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.ops.registry import Lowering
+
+FLOAT = frozenset({"f32", "f16"})
+
+
+def _masked(rec, node, src, rng, dst):
+    from flowgrad.ops.random import drop_threshold, keep_scale  # lazy: the op module imports this one
+
+    n = math.prod(dst.shape)
+    if n == 0:
+        return
+    attrs = full_attrs(node)
+    push = [n, drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF, keep_scale(attrs["p"])]
+    rec.dispatch("dropout", [src, rng, dst], push, groups_1d(n), variant(dst.dtype))
+
+
+def dropout_forward(rec, node, ins, out):
+    _masked(rec, node, ins[0], ins[1], out)
+
+
+def dropout_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        _masked(rec, node, g, ins[1], grads[0])
+
+
+# the forward also reads the i32 random state
+DROPOUT = Lowering(dropout_forward, dropout_backward, FLOAT | {"i32"}, FLOAT)
