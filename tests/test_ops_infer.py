@@ -46,6 +46,8 @@ SIGNATURES = {
     "flatten": "x, start_dim=0, end_dim=-1",
     "pad": "x, pad, value=0.0",
     "dropout": "x, p=0.5, stream=None, rng=<tensor>",
+    "batchnorm": "x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-05, rng=<tensor>",
+    "groupnorm": "x, weight, bias, groups, eps=1e-05",
 }
 
 
@@ -69,7 +71,8 @@ def test_signatures_are_the_documented_ones():
 
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
-        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "dropout": {1}}
+        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "dropout": {1},
+        "batchnorm": {3, 4, 5}}
 
 
 def T(*shape, dtype="f32"):
@@ -172,6 +175,8 @@ TYPES = [
     ("flatten", [T(2, 3, 4)], {"start_dim": 1}, T(2, 12)),
     ("pad", [T(2, 3, dtype="i32")], {"pad": [1, 2]}, T(2, 6, dtype="i32")),
     ("dropout", [T(2, 3, dtype="f16"), T(4, dtype="i32")], {"p": 0.1}, T(2, 3, dtype="f16")),
+    ("batchnorm", [T(2, 3, 4, 4), T(3), T(3), T(3), T(3), T(4, dtype="i32")], {}, T(2, 3, 4, 4)),
+    ("groupnorm", [T(2, 4, 5), T(4), T(4)], {"groups": 2}, T(2, 4, 5)),
 ]
 
 
@@ -219,6 +224,7 @@ ATTR_VALUES = {
     "value": [0.0, 1.5, -2],
     "p": [0.0, 0.5, 1, 1.5, -0.1],
     "stream": [None, 0, 7],
+    "momentum": [0.1, 0.0, 1.5],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

@@ -77,6 +77,8 @@ CASES = [
     ("layernorm", [normal(3, 6), normal(6), normal(6)], {}),
     ("layernorm", [normal(2, 2, 5), normal(5), normal(5)], {"eps": 1e-3}),
     ("rmsnorm", [normal(3, 6), normal(6)], {}),
+    ("layernorm", [normal(2, 3, 4), normal(3, 4), normal(3, 4)], {}),
+    ("rmsnorm", [normal(2, 3, 2), normal(2, 3, 2)], {}),
     ("reshape", [normal(2, 6)], {"shape": [3, -1, 2]}),
     ("transpose", [normal(2, 3, 4)], {}),
     ("transpose", [normal(2, 3, 4)], {"dim0": 0, "dim1": 2}),
@@ -102,6 +104,11 @@ CASES = [
     ("pad", [normal(2, 3)], {"pad": [1, 0, 2, 1], "value": 1.0}),
     ("dropout", [normal(3, 5), lambda r: np.array([1, 3, 7, 0], np.int32)], {"p": 0.4, "stream": 2}),
     ("dropout", [normal(3, 5), lambda r: np.array([0, 3, 7, 0], np.int32)], {"p": 0.4}),
+    ("batchnorm", [normal(4, 3, 2), positive(3), normal(3), normal(3), positive(3),
+                   lambda r: np.array([1, 1, 0, 0], np.int32)], {"momentum": 0.2}),
+    ("batchnorm", [normal(4, 3), positive(3), normal(3), normal(3), positive(3),
+                   lambda r: np.array([0, 1, 0, 0], np.int32)], {}),
+    ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
 ]
 
 

@@ -110,17 +110,18 @@ class ClosureSession:
         out_grads = {}
         if grads or optimizer is not None:
             by_id = self.executor.backward(values, tape, g.loss)
-            for name, i in g.params.items():
+            for name, i in g.trainable().items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
             if grad_inputs:
                 for name, i in g.inputs.items():
                     if i in by_id:
                         out_grads[name] = by_id[i]
         if optimizer is not None:
+            trained = {name: self.params[name] for name in g.trainable()}  # the same arrays: updated in place
             if not self.opt_state:
-                self.opt_state = optimizer.init_state(self.params)
+                self.opt_state = optimizer.init_state(trained)
             self.opt_step += 1
-            optimizer.update(self.params, out_grads, self.opt_state, self.opt_step)
+            optimizer.update(trained, out_grads, self.opt_state, self.opt_step)
         return outputs, loss, out_grads
 
     def get_params(self):

@@ -150,7 +150,7 @@ class _Layout:
     def param_grads(self, make_buffer) -> dict[str, BufView]:
         """Each param's gradient view; a param the loss does not reach gets a zeroed buffer."""
         out = {}
-        for name, i in self.graph.params.items():
+        for name, i in self.graph.trainable().items():
             if ("grad", i) in self.mem.slots:
                 out[name] = self.view(("grad", i))
             else:
@@ -187,7 +187,7 @@ class _Program:
         if optimizer is not None and hasattr(optimizer, "record"):
             grads = self.layout.param_grads(make_buffer)
             state = sess.optimizer_state_views(optimizer)
-            params = {name: sess.param_view(name) for name in graph.params}
+            params = {name: sess.param_view(name) for name in graph.trainable()}
             hyper = self.layout.hyper
             zero = dict(self.layout.zero_grads)
 
@@ -320,7 +320,8 @@ class GraphSession:
     def optimizer_state_views(self, optimizer) -> dict:
         key = id(optimizer)
         if key not in self.opt_state:
-            state = optimizer.init_state(self.get_params())
+            trained = self.graph.trainable()
+            state = optimizer.init_state({k: v for k, v in self.get_params().items() if k in trained})
             for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
                 state.get(pname, {}).update({k: v for k, v in entries.items() if k in state.get(pname, {})})
             bufs = {}
@@ -372,7 +373,7 @@ class GraphSession:
         loss = got.get("@loss")
         out_grads = {}
         if grads or (optimizer is not None and prog.optimizer is None):
-            for name, i in g.params.items():
+            for name, i in g.trainable().items():
                 out_grads[name] = got.get(f"@grad:{name}")
                 if out_grads[name] is None:
                     out_grads[name] = np.zeros(g.nodes[i].shape, NUMPY[g.nodes[i].dtype])
@@ -386,7 +387,8 @@ class GraphSession:
 
     def _host_update(self, optimizer, grads):
         """An optimizer without a graph-path `record`: update on the host (a round trip per step)."""
-        params = self.get_params()
+        trained = self.graph.trainable()
+        params = {k: v for k, v in self.get_params().items() if k in trained}
         if not self.host_opt_state:
             self.host_opt_state = optimizer.init_state(params)
             for pname, entries in (self.loaded_opt_state or {}).items():
@@ -541,7 +543,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     opt_record = None
     if on_device is not None:
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
-                  for name, i in graph.params.items()}
+                  for name, i in graph.trainable().items()}
         zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
         state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
                                 "f16" if np.asarray(a).dtype == np.float16 else "f32")

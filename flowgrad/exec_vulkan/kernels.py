@@ -36,7 +36,8 @@ class VulkanKernels:
         self.on_numpy: set[str] = set()     # ops that ran on numpy for want of a lowering (explain shows it)
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
-        low = get_op(node.op).lowering
+        op = get_op(node.op)
+        low = op.lowering
         dtypes = [_dtype_name(x) for x in ins]
         promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
         if promote is None:
@@ -49,7 +50,12 @@ class VulkanKernels:
             with s.rec.section(node.label, "forward"):
                 low.forward(s.rec, run_node, views, out)
             s.download(out)
-            (result,) = s.run()
+            updated = sorted(op.updates)
+            for pos in updated:  # state the forward wrote in place (running statistics)
+                s.download(views[pos])
+            result, *new = s.run()
+        for pos, value in zip(updated, new):
+            ins[pos][...] = value
         return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
 
     def vjp(self, node: Node, g, ins, out) -> list:

@@ -21,7 +21,7 @@ _TYPE_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a string",
 
 
 def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
-          nondiff=(), index_bounds=None, lowering=None, doc: str = "") -> Op:
+          nondiff=(), index_bounds=None, updates=(), lowering=None, doc: str = "") -> Op:
     sig = _Signature(args)
 
     def checked_infer(in_types, attrs):
@@ -44,7 +44,7 @@ def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
 
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp, lowering=lowering,
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
-            doc=doc)
+            updates=frozenset(updates), doc=doc)
     return register(op)
 
 

@@ -60,7 +60,9 @@ class Op:
     nondiff: input positions that never get a gradient (indices, targets).
     index_bounds(in_types) -> {position: n}: inputs that hold indices, each
         valid in [0, n); a feed reaching one is range-checked on the host,
-        since a device kernel can't raise."""
+        since a device kernel can't raise.
+    updates: input positions the forward updates in place (state: batch
+        norm's running statistics); every executor keeps what it writes."""
 
     name: str
     args: tuple[Arg, ...]
@@ -71,6 +73,7 @@ class Op:
     expand: Callable | None = None
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None
+    updates: frozenset = frozenset()
     doc: str = ""
 
 

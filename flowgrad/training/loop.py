@@ -313,7 +313,8 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
                         + (f" with another config ({what})" if changed else f", not {graph.name}"),
                         hint="resume with the same model and --set values, or start a new --out")
     checkpoint.check_matches(ckpt, graph)
-    checkpoint.check_opt_state(ckpt, ts.optimizer, ckpt.params)
+    trained = graph.trainable()
+    checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
     sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
     return ckpt.step
