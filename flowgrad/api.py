@@ -163,12 +163,18 @@ class Session:
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        feeds = self.check_feeds(feeds)
-        if RNG_INPUT in self._hidden:
-            feeds[RNG_INPUT] = self._random_state(grads or optimizer is not None if train is None else train)
+        feeds = self.runner_feeds(feeds, grads or optimizer is not None if train is None else train)
         outputs, loss, out_grads = self.runner.step(feeds, grads=grads,
                                                     optimizer=optimizer, grad_inputs=grad_inputs)
         return StepResult(outputs, out_grads, None if loss is None else float(loss))
+
+    def runner_feeds(self, feeds: dict[str, np.ndarray], training: bool) -> dict[str, np.ndarray]:
+        """The checked feeds plus the inputs the session feeds itself (the
+        random state), for one step of the given kind."""
+        feeds = self.check_feeds(feeds)
+        if RNG_INPUT in self._hidden:
+            feeds[RNG_INPUT] = self._random_state(training)
+        return feeds
 
     def _random_state(self, training: bool) -> np.ndarray:
         """[training, step, seed, 0]. A training step's counter continues from
@@ -215,7 +221,7 @@ def index_uses(graph: Graph) -> dict[int, list]:
         bounds_of = None if user.op in LEAF_OPS else get_op(user.op).index_bounds
         if bounds_of is None:
             continue
-        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs]).items():
+        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs], user.attrs).items():
             if graph.nodes[user.inputs[pos]].op == "input":
                 uses.setdefault(user.inputs[pos], []).append((n, user))
     return uses
@@ -225,7 +231,8 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
     """Range-check a feed used as indices on the host: a device kernel would
     read garbage or give NaN instead of raising."""
     for n, user in uses:
-        bad = np.flatnonzero((values < 0) | (values >= n))
+        ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
+        bad = np.flatnonzero(((values < 0) | (values >= n)) & ~ignored)
         if bad.size:
             at = np.unravel_index(bad[0], values.shape)
             raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "

@@ -37,7 +37,7 @@ SIGNATURES = {
     "cast": "x, dtype",
     "attention": "q, k, v, heads, causal=False, mask=<tensor>",
     "mse_loss": "pred, target",
-    "cross_entropy": "logits, targets",
+    "cross_entropy": "logits, targets, weight=<tensor>, ignore_index=-100, label_smoothing=0.0, axis=-1",
     **{n: "x, weight, bias=<tensor>, stride=1, padding=0, dilation=1, groups=1" for n in ("conv1d", "conv2d")},
     "conv_transpose2d": "x, weight, bias=<tensor>, stride=1, padding=0, output_padding=0, groups=1, dilation=1",
     "maxpool2d": "x, kernel_size, stride=None, padding=0",
@@ -71,7 +71,7 @@ def test_signatures_are_the_documented_ones():
 
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
-        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "dropout": {1},
+        "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
         "batchnorm": {3, 4, 5}}
 
 
@@ -162,6 +162,7 @@ TYPES = [
     ("attention", [T(2, 4, 6), T(2, 5, 6), T(2, 5, 6)], {"heads": 3, "causal": True}, T(2, 4, 6)),
     ("layernorm", [T(2, 3, 8), T(8), T(8)], {}, T(2, 3, 8)),
     ("cross_entropy", [T(2, 3, 5), T(2, 3, dtype="i32")], {}, T()),
+    ("cross_entropy", [T(2, 5, 3), T(2, 3, dtype="i32"), T(5)], {"axis": 1, "label_smoothing": 0.1}, T()),
     ("mse_loss", [T(2, 3), T(2, 3)], {}, T()),
     ("conv2d", [T(2, 4, 7, 6), T(6, 2, 3, 2), T(6)], {"stride": 2, "padding": 1, "groups": 2}, T(2, 6, 4, 4)),
     ("conv2d", [T(1, 3, 5, 5, dtype="f16"), T(2, 3, 3, 3, dtype="f16")], {"padding": "same"},
@@ -225,6 +226,8 @@ ATTR_VALUES = {
     "p": [0.0, 0.5, 1, 1.5, -0.1],
     "stream": [None, 0, 7],
     "momentum": [0.1, 0.0, 1.5],
+    "ignore_index": [-100, 0, 3],
+    "label_smoothing": [0.0, 0.1, 1.5],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

@@ -94,6 +94,8 @@ CASES = [
     ("mse_loss", [normal(3, 4), normal(3, 4)], {}),
     ("cross_entropy", [normal(4, 5), ints(5, 4)], {}),
     ("cross_entropy", [normal(2, 3, 4), ints(4, 2, 3)], {}),
+    ("cross_entropy", [normal(2, 4, 3), ints(4, 2, 3), positive(4)], {"axis": 1, "label_smoothing": 0.2,
+                                                                      "ignore_index": 1}),
     ("conv2d", [normal(2, 4, 5, 4), normal(6, 2, 3, 2), normal(6)], {"stride": 2, "padding": 1, "groups": 2}),
     ("conv1d", [normal(2, 3, 7), normal(4, 3, 3)], {"padding": "same"}),
     ("conv_transpose2d", [normal(1, 2, 3, 3), normal(2, 3, 2, 2), normal(3)], {"stride": 2}),

@@ -1,9 +1,8 @@
 """Convolutions in NCHW (as PyTorch): conv1d, conv2d and conv_transpose2d.
 
 conv1d is conv2d over a height of 1, in the numpy rules and on the device,
-so there is one implementation. The numpy forward and VJP loop over the
-kernel's taps (a strided window of the padded input per tap, contracted with
-that tap's weights): memory stays at the input's size, unlike a full im2col.
+so there is one implementation. The numpy rules are im2col and one matrix
+product per group (BLAS), forward and both gradients.
 
 conv_transpose2d is the gradient of conv2d with respect to its input, so its
 forward and VJP are conv2d's own pieces in other roles."""
@@ -92,44 +91,53 @@ def _padded(x, geo):
     return np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
 
 
-def _grouped(a, groups):
-    """[N, C, ...] as [N, G, C/G, ...]."""
-    return a.reshape(a.shape[0], groups, a.shape[1] // groups, *a.shape[2:])
+def _cols(x, geo):
+    """im2col: x [N, C, H, W] as [G, N*OH*OW, C/G*KH*KW], one row per output pixel."""
+    G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
+    xp = _padded(x, geo)
+    n, c = xp.shape[:2]
+    cols = np.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
+    for r, s, (hs, ws) in _taps(geo):
+        cols[..., r, s] = xp[:, :, hs, ws].transpose(0, 2, 3, 1)
+    cols = cols.reshape(n * oh * ow, G, c // G * kh * kw)
+    return cols.transpose(1, 0, 2)
+
+
+def _weights(w, groups):
+    """w [O, C/G, KH, KW] as [G, O/G, C/G*KH*KW]."""
+    return w.reshape(groups, w.shape[0] // groups, -1)
+
+
+def _pixels(g, groups):
+    """g [N, O, OH, OW] as [G, O/G, N*OH*OW]."""
+    n, o = g.shape[:2]
+    return g.reshape(n, groups, o // groups, -1).transpose(1, 2, 0, 3).reshape(groups, o // groups, -1)
 
 
 def conv_forward(x, w, geo):
-    """x [N, C, H, W] * w [O, C/G, R, S] -> [N, O, OH, OW]."""
+    """x [N, C, H, W] * w [O, C/G, R, S] -> [N, O, OH, OW]: one GEMM per group."""
     G = geo["groups"]
-    xg = _grouped(_padded(x, geo), G)
-    wg = w.reshape(G, w.shape[0] // G, *w.shape[1:])
-    out = np.zeros((x.shape[0], G, wg.shape[1], *geo["out"]), dtype=np.result_type(x, w))
-    for r, s, (hs, ws) in _taps(geo):
-        out += np.einsum("ngchw,goc->ngohw", xg[..., hs, ws], wg[..., r, s], optimize=True)
-    return out.reshape(x.shape[0], w.shape[0], *geo["out"])
+    out = _weights(w, G) @ _cols(x, geo).transpose(0, 2, 1)          # [G, O/G, N*OH*OW]
+    n = x.shape[0]
+    return out.reshape(G, -1, n, *geo["out"]).transpose(2, 0, 1, 3, 4).reshape(n, w.shape[0], *geo["out"])
 
 
 def conv_input_grad(g, w, x_shape, geo):
-    """d conv / d x: g [N, O, OH, OW] back through w onto x's shape."""
-    G = geo["groups"]
+    """d conv / d x: g [N, O, OH, OW] back through w onto x's shape (col2im)."""
+    G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
     (pt, pb), (pl, pr) = geo["pads"]
     n, c, h, wd = x_shape
-    dxp = np.zeros((n, G, c // G, h + pt + pb, wd + pl + pr), dtype=np.result_type(g, w))
-    gg = _grouped(g, G)
-    wg = w.reshape(G, w.shape[0] // G, *w.shape[1:])
+    dcols = _pixels(g, G).transpose(0, 2, 1) @ _weights(w, G)         # [G, N*OH*OW, C/G*R*S]
+    dcols = dcols.reshape(G, n, oh, ow, c // G, kh, kw).transpose(1, 0, 4, 5, 6, 2, 3).reshape(n, c, kh, kw, oh, ow)
+    dxp = np.zeros((n, c, h + pt + pb, wd + pl + pr), dtype=dcols.dtype)
     for r, s, (hs, ws) in _taps(geo):
-        dxp[..., hs, ws] += np.einsum("ngohw,goc->ngchw", gg, wg[..., r, s], optimize=True)
-    return dxp[..., pt:pt + h, pl:pl + wd].reshape(x_shape)
+        dxp[:, :, hs, ws] += dcols[:, :, r, s]
+    return dxp[..., pt:pt + h, pl:pl + wd]
 
 
 def conv_weight_grad(g, x, w_shape, geo):
     """d conv / d w: g [N, O, OH, OW] against the windows of x."""
-    G = geo["groups"]
-    xg = _grouped(_padded(x, geo), G)
-    gg = _grouped(g, G)
-    dw = np.zeros((G, w_shape[0] // G, *w_shape[1:]), dtype=np.result_type(g, x))
-    for r, s, (hs, ws) in _taps(geo):
-        dw[..., r, s] = np.einsum("ngohw,ngchw->goc", gg, xg[..., hs, ws], optimize=True)
-    return dw.reshape(w_shape)
+    return (_pixels(g, geo["groups"]) @ _cols(x, geo)).reshape(w_shape)
 
 
 # ---------------------------------------------------------------- conv1d / conv2d
