@@ -8,7 +8,7 @@ the per-op kernels the closure executor uses on a Vulkan device.
 """
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.recorder import BufView, Recorder, grid
-from flowgrad.exec_vulkan.runtime import (DeviceInfo, list_devices, list_devices_text, select_device,
+from flowgrad.exec_vulkan.runtime import (DeviceInfo, list_devices, select_device,
                                           validation_errors)
 
 
@@ -27,4 +27,4 @@ def __getattr__(name):
 
 __all__ = ["BufView", "DeviceError", "DeviceInfo", "GraphSession", "Recorder", "VulkanKernels", "count_dispatches",
            "grid",
-           "list_devices", "list_devices_text", "select_device", "validation_errors"]
+           "list_devices", "select_device", "validation_errors"]

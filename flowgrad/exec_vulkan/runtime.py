@@ -233,29 +233,8 @@ def list_devices() -> list[DeviceInfo]:
         return [_describe(vk, i, p) for i, p in enumerate(physicals)]
 
 
-def list_devices_text() -> str:
-    """What `flowgrad devices` prints."""
-    try:
-        instance()     # a loader or validation-layer problem is worth showing as such
-    except DeviceError as e:
-        return f"no Vulkan devices: {e}"
-    devices = list_devices()
-    if not devices:
-        return ("no Vulkan devices (install a Vulkan driver; Debian: mesa-vulkan-drivers gives lavapipe, "
-                "a CPU device usable with --device vulkan)")
-    lines = []
-    for d in devices:
-        caps = ", ".join(x for x, ok in (("f16", d.f16), ("cooperative matrix", d.coopmat),
-                                          ("timestamps", d.timestamps)) if ok) or "f32 only"
-        auto = "  <- auto" if d.is_gpu and d.index == _first_gpu(devices) else ""
-        lines.append(f"vulkan:{d.index}  {d.name}  [{d.type}]  {d.memory / 2**30:.1f} GiB  "
-                     f"Vulkan {d.api_version}  ({caps}){auto}")
-    if _first_gpu(devices) is None:
-        lines.append("device='auto' runs on numpy (no GPU); --device vulkan uses vulkan:0")
-    return "\n".join(lines)
-
-
-def _first_gpu(devices) -> int | None:
+def first_gpu(devices) -> int | None:
+    """The index of the device "auto" picks, if any."""
     return next((d.index for d in devices if d.is_gpu), None)
 
 
@@ -272,14 +251,14 @@ def select_device(spec: str = "auto") -> Device | None:
             devices = list_devices()
         except DeviceError:
             return None
-        index = _first_gpu(devices)
+        index = first_gpu(devices)
         return None if index is None else open_device(index)
     if spec == "vulkan":
         devices = list_devices()
         if not devices:
             raise DeviceError("device='vulkan' but no Vulkan device was found",
                               hint="install a Vulkan driver (Debian: mesa-vulkan-drivers for lavapipe)")
-        index = _first_gpu(devices)
+        index = first_gpu(devices)
         return open_device(devices[0].index if index is None else index)
     if spec.startswith("vulkan:"):
         try:
