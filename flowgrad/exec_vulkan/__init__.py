@@ -18,10 +18,14 @@ def __getattr__(name):
         from flowgrad.exec_vulkan.kernels import VulkanKernels
 
         return VulkanKernels
-    if name in ("GraphSession", "count_dispatches"):
-        from flowgrad.exec_vulkan import graph_session
+    if name == "GraphSession":
+        from flowgrad.exec_vulkan.graph_session import GraphSession
 
-        return getattr(graph_session, name)
+        return GraphSession
+    if name == "count_dispatches":
+        from flowgrad.exec_vulkan.program import count_dispatches
+
+        return count_dispatches
     raise AttributeError(name)
 
 
