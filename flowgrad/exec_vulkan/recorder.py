@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import struct
 
 import attrs
-import numpy as np
 
 from flowgrad.errors import DeviceError
 from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
-from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, PUSH_LIMIT, align_up, grid
+from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
+from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
 @attrs.frozen
@@ -79,26 +78,6 @@ class Copy:
     src: BufView
     dst: BufView
     label: tuple | None
-
-
-def pack_push(values) -> bytes:
-    """ints as int32 (uint32 above 2**31-1), floats as float32."""
-    out = bytearray()
-    for v in values:
-        if isinstance(v, (bool, np.bool_)):
-            out += struct.pack("<i", int(v))
-        elif isinstance(v, (int, np.integer)):
-            v = int(v)
-            if not -2**31 <= v < 2**32:
-                raise DeviceError(f"push constant {v} does not fit in 32 bits")
-            out += struct.pack("<I" if v > 2**31 - 1 else "<i", v)
-        elif isinstance(v, (float, np.floating)):
-            out += struct.pack("<f", float(v))
-        else:
-            raise DeviceError(f"push constants are ints or floats, got {type(v).__name__} {v!r}")
-    if len(out) > PUSH_LIMIT:
-        raise DeviceError(f"{len(out)} bytes of push constants; the limit is {PUSH_LIMIT} (32 values)")
-    return bytes(out)
 
 
 class Arena:
@@ -179,7 +158,7 @@ class Recorder:
         if len(groups) != 3 or any(g < 0 or g > m for g, m in zip(groups, self.max_groups)):
             raise DeviceError(f"dispatch of {info.name}: group counts {groups} exceed the device's limit "
                               f"{self.max_groups}; use recorder.grid(n) for long 1-D launches")
-        packed = pack_push(push)
+        packed = push_spec(shader).pack(push)   # checked against the shader's declared block
         # a view whose offset the device cannot bind goes through an aligned scratch copy
         moved = []
         for i, b in enumerate(bufs):
@@ -214,8 +193,8 @@ class Recorder:
         base = word * 4 // self.align * self.align      # a bindable offset at or below the word
         keep = 0xFFFF0000 if byte_offset % 4 == 0 else 0x0000FFFF
         window = BufView(buffer, base, ((word * 4 - base) // 4 + 1,), "i32")
-        self.commands.append(Dispatch("fill_word", None, (window,), (False,),
-                                      pack_push([(word * 4 - base) // 4, keep, value]), (1, 1, 1), self.label))
+        push = push_spec("fill_word").pack([(word * 4 - base) // 4, keep, value])
+        self.commands.append(Dispatch("fill_word", None, (window,), (False,), push, (1, 1, 1), self.label))
 
     def copy(self, src: BufView, dst: BufView) -> None:
         if src.nbytes != dst.nbytes:
