@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("bench", help="graph vs closures step time on one device (a small decoder)")
-    p.add_argument("file", nargs="?", default=None, help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])

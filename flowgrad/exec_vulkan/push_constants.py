@@ -114,7 +114,8 @@ def parse_spec(shader: str, text: str) -> PushSpec:
         offset += 4 * count
     spec = PushSpec(shader, tuple(fields))
     if spec.size > PUSH_LIMIT:
-        raise ValueError(f"push-constant spec of {shader}: {spec.size} bytes, over the {PUSH_LIMIT} every device offers")
+        raise ValueError(f"push-constant spec of {shader}: {spec.size} bytes, over the {PUSH_LIMIT} "
+                         "every device offers")
     return spec
 
 

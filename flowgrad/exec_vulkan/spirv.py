@@ -5,8 +5,9 @@ Reading the bindings from the SPIR-V itself (no device needed) lets the
 recorder check a dispatch's buffer count before Vulkan sees it, and tells
 which bindings a shader only reads (GLSL `readonly`), so barriers go only
 where one command reads or overwrites what an earlier one wrote. The
-push-constant members (name, type, array length, byte offset) are what the
-Python push-constant specs are checked against."""
+push-constant members (type, array length, byte offset) are what the Python
+push-constant specs are checked against; the shipped SPIR-V is optimized and
+carries no member names."""
 from __future__ import annotations
 
 import functools
@@ -21,7 +22,6 @@ SHADER_DIR = Path(__file__).parent / "shaders"
 SPV_DIR = SHADER_DIR / "spv"
 
 _MAGIC = 0x07230203
-_OP_MEMBER_NAME = 6
 _OP_EXECUTION_MODE = 16
 _OP_TYPE_INT = 21
 _OP_TYPE_FLOAT = 22
@@ -45,7 +45,6 @@ _STORAGE_PUSH_CONSTANT = 9
 class PushMember:
     """One member of a shader's push-constant block, as the SPIR-V lays it out."""
 
-    name: str          # "" when the SPIR-V carries no member names
     type: str          # u32, i32, f32, or another scalar as "int64", "float16", ...; "?" for vectors etc.
     count: int         # array length (1: a scalar)
     offset: int        # bytes into the block
@@ -130,8 +129,6 @@ def _reflect(name: str, path: Path, code: bytes) -> ShaderInfo:
                 member_nonwritable[struct_id] = member_nonwritable.get(struct_id, True)
             elif dec == _DEC_OFFSET:
                 types.offsets[(struct_id, member)] = args[3]
-        elif op == _OP_MEMBER_NAME:
-            types.names[(args[0], args[1])] = _string(args[2:])
         elif op == _OP_TYPE_POINTER:
             pointee[args[0]] = args[2]
         elif op == _OP_VARIABLE:
@@ -159,11 +156,6 @@ def _reflect(name: str, path: Path, code: bytes) -> ShaderInfo:
     return ShaderInfo(name, path, code, tuple(by_binding[b] for b in range(n)), local, push)
 
 
-def _string(words) -> str:
-    raw = struct.pack(f"<{len(words)}I", *words)
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-
 class _Types:
     """The SPIR-V types a push-constant block is built from."""
 
@@ -174,7 +166,6 @@ class _Types:
         self.constant: dict[int, int] = {}              # constant id -> value (first word)
         self.stride: dict[int, int] = {}                # array type id -> ArrayStride
         self.offsets: dict[tuple[int, int], int] = {}   # (struct id, member) -> Offset
-        self.names: dict[tuple[int, int], str] = {}     # (struct id, member) -> name
 
     def add(self, op, args) -> None:
         if op == _OP_TYPE_INT:
@@ -193,11 +184,7 @@ class _Types:
         for k, t in enumerate(self.struct.get(struct_id, ())):
             count, stride = 1, 0
             if t in self.array:
-                t, length = self.array[t][0], self.constant.get(self.array[t][1], 0)
-                count, stride = length, self.stride.get(self.array_id(struct_id, k), 0)
-            out.append(PushMember(self.names.get((struct_id, k), ""), self.scalar.get(t, "?"), count,
-                                  self.offsets.get((struct_id, k), -1), stride))
+                count, stride = self.constant.get(self.array[t][1], 0), self.stride.get(t, 0)
+                t = self.array[t][0]
+            out.append(PushMember(self.scalar.get(t, "?"), count, self.offsets.get((struct_id, k), -1), stride))
         return tuple(out)
-
-    def array_id(self, struct_id: int, member: int) -> int:
-        return self.struct[struct_id][member]
