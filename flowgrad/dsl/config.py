@@ -13,6 +13,18 @@ from flowgrad.errors import FlowError
 from flowgrad.graph import TrainSpec
 
 
+def parse_sets(items: list[str]) -> dict:
+    """`--set hidden=256 --set lr=1e-3` -> {"hidden": "256", ...}; values stay
+    strings here and are typed against the model's declared config values."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FlowError(f"--set {item!r}: expected key=value, e.g. --set hidden=256")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def evaluate_static(expr: ast.Expr, lookup: Callable, on_call: Callable, error: Callable):
     """A compile-time value. lookup(Name) and on_call(Call) give names and
     calls their meaning; error(message, pos) makes the FlowError to raise."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
-from flowgrad.exec_vulkan.recorder import BufView, Recorder, encode
+from flowgrad.exec_vulkan.encoder import encode
+from flowgrad.exec_vulkan.recorder import BufView, Recorder
 
 
 class OneShot:
