@@ -532,8 +532,7 @@ class Builder:
         op = OPS.get("slice")
         if op is None:
             raise FlowError("split() needs the op 'slice', which is not registered")
-        given = {"axis": axis, "start": start, "stop": stop}
-        return {a.name: given.get(a.name, a.default) for a in op.args if a.kind == "attr"}
+        return op.with_defaults({"axis": axis, "start": start, "stop": stop})
 
     def repeat(self, c: ast.Call, scope: Scope):
         if c.kwargs or len(c.args) < 3:
@@ -596,12 +595,7 @@ class NodeBuilder:
         return self._b.const(array, dtype, self.span)
 
     def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
-        op = OPS[op_name]
-        given = dict(attrs or {})
-        full = {a.name: given.pop(a.name, a.default) for a in op.args if a.kind == "attr"}
-        if given:
-            raise TypeError(f"{op_name} has no attribute(s) {sorted(given)}")
-        return self._b.add_node(op_name, list(input_ids), full, self.span).id
+        return self._b.add_node(op_name, list(input_ids), OPS[op_name].with_defaults(attrs), self.span).id
 
 
 # ---------------------------------------------------------------- attr typing

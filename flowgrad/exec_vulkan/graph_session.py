@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from flowgrad.dtypes import dtype_of
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.recorder import (ALIGN, NUMPY, BufView, FakeBuffer, Recorder, align_up, count_barriers,
@@ -328,7 +329,7 @@ class GraphSession:
                     bufs[pname] = {}
                     for k, arr in entries.items():
                         arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
-                        dtype = "f16" if arr.dtype == np.float16 else "i32" if arr.dtype.kind in "iu" else "f32"
+                        dtype = dtype_of(arr, narrow=True)
                         buf = self.device.buffer(max(arr.nbytes, 4), "device")
                         view = BufView(buf, 0, arr.shape, dtype)
                         s.write(view, arr)
@@ -543,7 +544,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
                   for name, i in graph.params.items()}
         zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
         state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
-                                "f16" if np.asarray(a).dtype == np.float16 else "f32")
+                                dtype_of(np.asarray(a), narrow=True))
                      for k, a in entries.items()} for p, entries in on_device.init_state(zeros).items()}
         grads_views = layout.param_grads(make_buffer)
 

@@ -73,6 +73,15 @@ class Op:
     index_bounds: Callable | None = None
     doc: str = ""
 
+    def with_defaults(self, attrs) -> dict:
+        """attrs completed with the signature's defaults; TypeError names an
+        attr the op does not have. The IR stores every node's attrs complete."""
+        given = dict(attrs or {})
+        full = {a.name: given.pop(a.name, a.default) for a in self.args if a.kind == "attr"}
+        if given:
+            raise TypeError(f"{self.name} has no attribute(s) {sorted(given)}")
+        return {k: v for k, v in full.items() if v is not REQUIRED}
+
 
 OPS: dict[str, Op] = {}
 
