@@ -170,7 +170,7 @@ class _Program:
         self.device = device
         self.optimizer = optimizer
         backward = want_grads or optimizer is not None
-        self.mem = plan_memory(graph, sess.plan, backward=backward, grad_inputs=grad_inputs)
+        self.mem = sess.plan.memory_for(backward, grad_inputs)
         sess.check_backward(self.mem)
         owned = []
 
@@ -525,7 +525,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
-    mem = plan_memory(graph, plan, backward=backward)
+    mem = plan.memory_for(backward) if plan is not None else plan_memory(graph, backward=backward)
     leaf = {}
 
     def make_buffer(nbytes, name):

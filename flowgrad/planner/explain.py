@@ -54,7 +54,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         },
         "refusals": [refusal_dict(r) for r in plan.refusals],
         "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
-        "saved_for_backward": saved_dict(graph),
+        "saved_for_backward": saved_dict(plan),
         "graph_plan": graph_plan_dict(graph, plan),
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
@@ -108,12 +108,10 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
     }
 
 
-def saved_dict(graph: Graph) -> dict:
+def saved_dict(plan: Plan) -> dict:
     """What the backward keeps from the forward (each backward node's VJP reads
     its inputs and output); params and consts are resident anyway."""
-    from flowgrad.planner.memory import plan_memory
-
-    saved = plan_memory(graph).saved
+    saved = plan.memory.saved
     return {
         "bytes": sum(s.nbytes for s in saved),
         "tensors": [{"name": s.node.label, "op": s.node.op, "shape": list(s.shape), "dtype": s.dtype,
@@ -125,7 +123,6 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
     """Dispatches and memory of the graph path, planned without a device.
     Nodes that have no lowering can't be counted: they are listed as refused."""
     from flowgrad.exec_vulkan import count_dispatches
-    from flowgrad.planner.memory import plan_memory
 
     uncountable = [r.node.label for r in plan.refusals if r.node is not None and r.code in
                    ("no-op-record", "no-lowering")]
@@ -134,7 +131,7 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
         out.update(dispatches=None, submits=None, transfers_in=None, transfers_out=None, memory=None)
         return out
     counts = count_dispatches(graph, plan)
-    mem = plan_memory(graph, plan)
+    mem = plan.memory
     out.update(
         submits=1,
         dispatches=counts["forward"] + counts["backward"],
@@ -151,8 +148,7 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
 def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     """One kernel call per op forward and per backward node; on a Vulkan
     device each is its own submit, uploading its inputs and reading back."""
-    roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
-    fwd = [n for n in graph.needed_for(roots) if n.op not in LEAF_OPS]
+    fwd = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
     bwd = [graph.nodes[i] for i in sorted(plan.grad_nodes)]
     on_device = plan.device is not None
     calls = len(fwd) + len(bwd)
