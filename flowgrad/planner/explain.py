@@ -9,9 +9,8 @@ import statistics
 import time
 
 import attrs
-import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.feeds import random_feeds
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.planner.plan import Plan, Refusal
 
@@ -164,19 +163,8 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     }
 
 
-def synthetic_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds for --analyze: floats N(0, 1); integers 0, valid for any index op."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name, i in graph.inputs.items():
-        t = graph.nodes[i].type
-        value = np.zeros(t.shape) if t.dtype == "i32" else rng.standard_normal(t.shape)
-        feeds[name] = value.astype(NUMPY_DTYPE[t.dtype])
-    return feeds
-
-
 def run_analyze(sess, steps: int) -> dict:
-    feeds = synthetic_feeds(sess.graph)
+    feeds = random_feeds(sess.graph)
     grads = sess.graph.loss is not None
     sess.step(feeds, grads=grads)  # warm-up: pipelines built, command buffer recorded
     step_times = []
