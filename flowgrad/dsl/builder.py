@@ -16,7 +16,7 @@ import numpy as np
 
 from flowgrad.dsl import ast
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
-from flowgrad.dsl.source import make_span, suggest
+from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import (
     CONSTANT_NAMES, DType, StaticError, is_number, show, static_binop, static_neg, type_name,
 )
@@ -25,7 +25,7 @@ from flowgrad.dtypes import DTYPES, FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.initializers import INITIALISERS
 from flowgrad.ops import OPS, Arg, OpTypeError
-from flowgrad.ops.registry import REQUIRED
+from flowgrad.binder import REQUIRED, BindError, Signature, suggest
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 BUILTINS = ("split", "repeat")
@@ -215,18 +215,22 @@ class Builder:
             raise self.error(f"unknown initialiser {call.func!r}{suggest(call.func, INITIALISERS)}", call.func_pos,
                              scope, hint=f"initialisers: {', '.join(f'{n}()' for n in INITIALISERS)}")
         names = list(inspect.signature(fn).parameters)[2:]  # after (rng, shape)
-        if len(call.args) > len(names):
-            raise self.error(f"{call.func}() takes {len(names)} argument{'s' * (len(names) != 1)}, "
-                             f"got {len(call.args)}", call.args[len(names)].pos, scope)
-        given = list(zip(names, call.args)) + [(k.name, k.value) for k in call.kwargs]
+        try:
+            given = Signature([(n, None) for n in names]).bind(call.args, {k.name: k.value for k in call.kwargs})
+        except BindError as err:
+            if err.kind == "too-many":
+                raise self.error(f"{call.func}() takes {len(names)} argument{'s' * (len(names) != 1)}, "
+                                 f"got {len(call.args)}", call.args[err.index].pos, scope) from None
+            if err.kind == "unknown":
+                raise self.error(f"{call.func}() has no argument {err.name!r}{suggest(err.name, names)}",
+                                 self.kwarg_pos(call, err.name), scope,
+                                 hint=f"{call.func}() takes: {', '.join(names) or 'no arguments'}") from None
+            raise self.error(f"{call.func}() got two values for {err.name!r}", self.kwarg_pos(call, err.name),
+                             scope) from None
         kwargs = {}
-        for name, expr in given:
-            if name not in names:
-                raise self.error(f"{call.func}() has no argument {name!r}{suggest(name, names)}",
-                                 self.kwarg_pos(call, name), scope,
-                                 hint=f"{call.func}() takes: {', '.join(names) or 'no arguments'}")
-            if name in kwargs:
-                raise self.error(f"{call.func}() got two values for {name!r}", self.kwarg_pos(call, name), scope)
+        for name, expr in given.items():
+            if expr is None:
+                continue  # not given: the initialiser's own default
             v = self.value(expr, scope)
             if not is_number(v):
                 raise self.error(f"{call.func}(): {name} must be a number, got {self.show_value(v)}", expr.pos, scope)
@@ -384,36 +388,35 @@ class Builder:
 
     def bind(self, callee: str, args: tuple[Arg, ...], pos_args, kwargs, call_pos, scope) -> dict:
         """Match a call's arguments to a signature, Python-style. Returns
-        {arg name: (value, pos)} with defaults filled in as (default, None)."""
-        slots: dict = {}
-        i = 0
-        for value, pos in pos_args:
-            if i >= len(args):
-                n = len(args)
+        {arg name: (value, pos)} with defaults filled in as (default, None);
+        a variadic arg gets ([values], pos of the first)."""
+        variadic = next((a.name for a in args if a.kind == "tensors"), None)
+        sig = Signature([(a.name, REQUIRED if a.default is REQUIRED else (a.default, None)) for a in args],
+                        variadic=variadic)
+        try:
+            slots = sig.bind(pos_args, kwargs)
+        except BindError as err:
+            names = [a.name for a in args]
+            shown = f"signature: {signature(callee, args)}"
+            if err.kind == "too-many":
+                n = err.limit
                 raise self.error(f"{callee}() takes {n} positional argument{'s' * (n != 1)} "
-                                 f"but {len(pos_args)} were given", pos, scope,
+                                 f"but {len(pos_args)} were given", pos_args[err.index][1], scope,
+                                 hint=shown) from None
+            if err.kind == "unknown":
+                raise self.error(f"{callee}() has no argument {err.name!r}{suggest(err.name, names)}",
+                                 kwargs[err.name][1], scope, hint=shown) from None
+            if err.kind == "twice":
+                raise self.error(f"{callee}() got two values for argument {err.name!r}", kwargs[err.name][1],
+                                 scope) from None
+            raise self.error(f"{callee}() is missing its argument {err.name!r}", call_pos, scope,
+                             hint=shown) from None
+        if variadic is not None:
+            items = slots[variadic]
+            if not items:
+                raise self.error(f"{callee}() is missing its argument {variadic!r}", call_pos, scope,
                                  hint=f"signature: {signature(callee, args)}")
-            arg = args[i]
-            if arg.kind == "tensors":
-                slots.setdefault(arg.name, ([], pos))[0].append(value)
-                continue
-            slots[arg.name] = (value, pos)
-            i += 1
-        names = [a.name for a in args]
-        for name, (value, pos) in kwargs.items():
-            if name not in names:
-                raise self.error(f"{callee}() has no argument {name!r}{suggest(name, names)}", pos, scope,
-                                 hint=f"signature: {signature(callee, args)}")
-            if name in slots:
-                raise self.error(f"{callee}() got two values for argument {name!r}", pos, scope)
-            slots[name] = (value, pos)
-        for arg in args:
-            if arg.name in slots:
-                continue
-            if arg.default is REQUIRED:
-                raise self.error(f"{callee}() is missing its argument {arg.name!r}", call_pos, scope,
-                                 hint=f"signature: {signature(callee, args)}")
-            slots[arg.name] = (arg.default, None)
+            slots[variadic] = ([v for v, _ in items], items[0][1])
         return slots
 
     def apply_op(self, op_name: str, pos_args, kwargs, call_pos, scope, shown: str | None = None) -> Tensor:

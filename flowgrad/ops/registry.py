@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import attrs
 
-REQUIRED = "<required>"
+from flowgrad.binder import REQUIRED  # noqa: F401  (re-exported: op modules spell a required Arg with it)
 
 
 class OpTypeError(Exception):
