@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
+
+from flowgrad.dtypes import DTYPES
 
 
 class _Required:
@@ -87,6 +90,45 @@ class Signature:
                     and self.defaults[name] is REQUIRED:
                 return BindError("missing", name)
         raise RuntimeError(f"inspect refused a call the diagnosis accepts: {args!r} {kwargs!r}")
+
+
+NO = object()   # what `accept` returns for a value none of the types takes
+
+
+def accept(types, value):
+    """The one attr checker: `value` as the first of an op argument's `types`
+    that takes it (an int is a float, a list is a tuple; True is never an
+    int), or NO. types hold Python types, None, and "dtype" for a dtype name."""
+    for t in types:
+        if t == "dtype":
+            ok = isinstance(value, str) and value in DTYPES
+        elif t is None or t is type(None):
+            ok = value is None
+        elif t is bool:
+            ok = isinstance(value, bool)
+        elif t is int:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            value = int(value) if ok else value
+        elif t is float:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif t is str:
+            ok = type(value) is str   # not a dtype literal, a str subclass
+        elif t in (list, tuple):
+            ok = isinstance(value, (list, tuple))
+            value = t(value) if ok else value
+        else:
+            ok = isinstance(t, type) and isinstance(value, t)
+        if ok:
+            return value
+    return NO
+
+
+def type_words(types) -> str:
+    """'an int or a float', for `must be ...` messages."""
+    words = {int: "an int", float: "a float", bool: "true or false", str: "a string", list: "a list",
+             tuple: "a list", None: "none", type(None): "none", "dtype": "a dtype (f32, f16, i32)"}
+    return " or ".join(dict.fromkeys(words.get(t) or getattr(t, "__name__", str(t)) for t in types))
 
 
 def did_you_mean(word: str, choices) -> str | None:

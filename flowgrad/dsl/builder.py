@@ -25,7 +25,7 @@ from flowgrad.dtypes import DTYPES, FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.initializers import INITIALISERS
 from flowgrad.ops import OPS, Arg, OpTypeError
-from flowgrad.binder import REQUIRED, BindError, Signature, suggest
+from flowgrad.binder import NO, REQUIRED, BindError, Signature, accept, suggest, type_words
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 BUILTINS = ("split", "repeat")
@@ -489,13 +489,11 @@ class Builder:
             raise self.error(f"{callee}(): argument {arg.name!r} must be a constant, not a tensor", pos, scope)
         if not arg.types:
             return _plain(value)
-        for t in arg.types:
-            ok = _accepts(t, value)
-            if ok is not _NO:
-                return ok
-        want = " or ".join(dict.fromkeys(_type_word(t) for t in arg.types))
-        raise self.error(f"{callee}(): argument {arg.name!r} must be {want}, got {self.show_value(value)}",
-                         pos, scope)
+        ok = accept(arg.types, value)
+        if ok is NO:
+            raise self.error(f"{callee}(): argument {arg.name!r} must be {type_words(arg.types)}, "
+                             f"got {self.show_value(value)}", pos, scope)
+        return _plain(ok)
 
     # ------------------------------------------------------------ builtins and blocks
 
@@ -603,45 +601,14 @@ class NodeBuilder:
 
 # ---------------------------------------------------------------- attr typing
 
-_NO = object()
-
-
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _accepts(t, v):
-    """v converted to type t, or _NO."""
-    if t == "dtype":
-        return str(v) if isinstance(v, str) and v in DTYPES else _NO
-    if t is None or t is type(None):
-        return None if v is None else _NO
-    if t is bool:
-        return v if isinstance(v, bool) else _NO
-    if t is int:
-        return int(v) if _is_int(v) else _NO
-    if t is float:
-        return float(v) if is_number(v) else _NO
-    if t is str:
-        return str(v) if isinstance(v, str) and not isinstance(v, DType) else _NO
-    if t in (list, tuple):
-        return t(_plain(v)) if isinstance(v, list) else _NO
-    return v if isinstance(t, type) and isinstance(v, t) else _NO
-
-
-def _type_word(t) -> str:
-    if t is None or t is type(None):
-        return "none"
-    if t == "dtype":
-        return "a dtype (f32, f16, i32)"
-    return {int: "an int", float: "a number", bool: "true or false", str: "a string",
-            list: "a list", tuple: "a list"}.get(t, getattr(t, "__name__", str(t)))
-
-
 def _plain(v):
     """Attrs hold plain Python values: DType -> str, lists of those."""
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
     if isinstance(v, DType):
         return str(v)
     return v

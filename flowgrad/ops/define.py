@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import DTYPES
+from flowgrad.binder import NO, accept, type_words
 from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, register
-
-_TYPE_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a string",
-               list: "a list", tuple: None, type(None): "None", "dtype": "a dtype (f32, f16, i32)"}
 
 
 def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
@@ -81,21 +78,8 @@ class _Signature:
 
 
 def _check_type(arg: Arg, value) -> None:
-    if not arg.types or any(_is(value, t, arg.types) for t in arg.types):
-        return
-    names = [n for n in (_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in arg.types) if n]
-    shown = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-    raise OpTypeError(f"attribute {arg.name}={value!r} must be {shown}")
-
-
-def _is(value, t, accepted) -> bool:
-    if t == "dtype":
-        return isinstance(value, str) and value in DTYPES
-    if isinstance(value, bool) and bool not in accepted:
-        return False  # True is an int to Python, never to a user
-    if t is float and isinstance(value, int):
-        return True
-    return isinstance(value, t)
+    if arg.types and accept(arg.types, value) is NO:
+        raise OpTypeError(f"attribute {arg.name}={value!r} must be {type_words(arg.types)}")
 
 
 def _own(a, others) -> np.ndarray:
