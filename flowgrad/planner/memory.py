@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowgrad.exec_vulkan.limits import ALIGN, align_up
+from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.graph import LEAF_OPS, Graph
 
 
