@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import attrs
@@ -151,7 +152,7 @@ def format_node(node: Node) -> str:
     leaf_name = node.name if node.op in LEAF_OPS else ""
     rhs = " ".join(x for x in (node.op, leaf_name, args, attr_text) if x)
     named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
-    where = f"   # {node.span.file}:{node.span.line}" if node.span else ""
+    where = f"   # {os.path.basename(node.span.file)}:{node.span.line}" if node.span else ""
     return f"%{node.id}:{node.type} = {rhs}{named}{where}"
 
 

@@ -93,3 +93,10 @@ def test_check_is_not_an_assert():
             "try:\n    g.check()\nexcept fg.FlowError as e:\n    print(type(e).__name__)\n")
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "IRError"
+
+
+def test_explain_prints_nodes_with_the_graph_printer():
+    sess = fg.loads(SRC, file="m.flow").compile(device="cpu")
+    table = sess.explain().text().split("\nnodes\n")[1]
+    for node, line in zip(sess.graph.nodes, table.splitlines()):
+        assert line.strip().startswith(str(node))

@@ -1,6 +1,8 @@
 """`explain`: the plan a session carries out, and why, like a database's EXPLAIN.
 
-The JSON form (`to_dict`) is the source of truth; the text form renders it.
+The JSON form (`to_dict`) is the source of truth; the text form renders it,
+its node table with the graph's own printer (one line per node, as
+`str(graph)` prints it) and each node's verdict.
 Its schema is docs/explain.schema.json, described in docs/explain.md; the
 top-level "version" changes only on breaking changes."""
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 import attrs
 
 from flowgrad.feeds import random_feeds
-from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.graph import LEAF_OPS, Graph, Node, format_node
 from flowgrad.planner.plan import Plan, Refusal
 
 EXPLAIN_VERSION = 1
@@ -20,12 +22,13 @@ EXPLAIN_VERSION = 1
 @attrs.define
 class Explain:
     data: dict
+    graph: Graph
 
     def to_dict(self) -> dict:
         return self.data
 
     def text(self) -> str:
-        return render_text(self.data)
+        return render_text(self.data, self.graph)
 
     def __str__(self) -> str:
         return self.text()
@@ -58,7 +61,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
-    return Explain(data)
+    return Explain(data, graph)
 
 
 def device_dict(info) -> dict:
@@ -187,7 +190,7 @@ def run_analyze(sess, steps: int) -> dict:
 
 # ---------------------------------------------------------------- text form
 
-def render_text(d: dict) -> str:
+def render_text(d: dict, graph: Graph) -> str:
     c = d["counts"]
     dev = d["device"]["name"]
     if d["path"] == "graph":
@@ -199,7 +202,7 @@ def render_text(d: dict) -> str:
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]
-    lines += ["nodes", *render_nodes(d), ""]
+    lines += ["nodes", *render_nodes(d, graph), ""]
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
     return "\n".join(lines).rstrip() + "\n"
@@ -261,21 +264,13 @@ def render_plans(d: dict) -> list[str]:
     return out
 
 
-def render_nodes(d: dict) -> list[str]:
-    width = max(len(f"{n['dtype']}[{','.join(map(str, n['shape']))}]") for n in d["nodes"])
+def render_nodes(d: dict, graph: Graph) -> list[str]:
+    printed = [format_node(node) for node in graph.nodes]
+    width = max(map(len, printed), default=0)
     lines = []
-    for n in d["nodes"]:
-        ty = f"{n['dtype']}[{','.join(map(str, n['shape']))}]"
-        if n["op"] in LEAF_OPS:
-            rhs = f"{n['op']} {n['name']}"
-        else:
-            rhs = f"{n['op']} {' '.join(n['inputs'])}"
-            if not n["name"].startswith("%"):
-                rhs = f"{n['name']} = {rhs}"
-        line = f"  {'%' + str(n['id']):<5}: {ty:<{width}} = {rhs}"
-        where = f":{n['where']['line']}" if n["where"] else ""
+    for text, n in zip(printed, d["nodes"]):
         verdict = "" if n["verdict"] in LEAF_OPS else n["verdict"] + (" +bwd" if n["backward"] else "")
-        lines.append(f"{line:<64} {where:<6} {verdict}".rstrip())
+        lines.append(f"  {text:<{width}}  {verdict}".rstrip())
     return lines
 
 
