@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.binder import NO, accept, type_words
-from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, register
+from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, complete_attrs, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
@@ -66,20 +65,7 @@ class _Signature:
             raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
 
     def complete(self, attrs):
-        unknown = sorted(set(attrs) - set(self.attrs))
-        if unknown:
-            raise OpTypeError(f"unknown attribute {unknown[0]!r} (accepts: {', '.join(self.attrs) or 'none'})")
-        full = self.defaults | attrs
-        for arg in self.attrs.values():
-            if arg.name not in full:
-                raise OpTypeError(f"missing required attribute {arg.name!r}")
-            _check_type(arg, full[arg.name])
-        return full
-
-
-def _check_type(arg: Arg, value) -> None:
-    if arg.types and accept(arg.types, value) is NO:
-        raise OpTypeError(f"attribute {arg.name}={value!r} must be {type_words(arg.types)}")
+        return complete_attrs(self.attrs.values(), attrs)
 
 
 def _own(a, others) -> np.ndarray:
