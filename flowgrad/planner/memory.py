@@ -175,7 +175,7 @@ class _Planner:
     def run(self) -> MemoryPlan:
         g = self.graph
         nodes = g.nodes
-        roots = set(g.outputs.values()) | ({g.loss} if g.loss is not None else set())
+        roots = set(g.roots())
         leaves = {n.id for n in g.needed_for(list(roots)) if n.op in LEAF_OPS}
         for i in sorted(leaves | set(g.params.values())):
             kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]
