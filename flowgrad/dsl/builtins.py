@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numbers
 
+from flowgrad.binder import suggest
 from flowgrad.dsl import ast
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import show
 from flowgrad.errors import FlowError
-from flowgrad.binder import suggest
 from flowgrad.ops import OPS, Arg
 
 BUILTINS = ("split", "repeat")

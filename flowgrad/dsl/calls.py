@@ -29,7 +29,6 @@ class Calls:
         kwargs = {k.name: (self.single(k.value, scope), k.pos) for k in c.kwargs}
         return pos_args, kwargs
 
-
     def initialiser(self, call: ast.Call, scope: Scope) -> tuple[str, dict]:
         fn = INITIALISERS.get(call.func)
         if fn is None:
@@ -65,7 +64,6 @@ class Calls:
     @staticmethod
     def kwarg_pos(call: ast.Call, name: str) -> ast.Pos:
         return next((k.pos for k in call.kwargs if k.name == name), call.pos)
-
 
     def bind(self, callee: str, args: tuple[Arg, ...], pos_args, kwargs, call_pos, scope) -> dict:
         """Match a call's arguments to a signature, Python-style. Returns
