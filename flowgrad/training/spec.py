@@ -45,7 +45,7 @@ def show(value) -> str:
 def bind(what: str, name: str, args: tuple, kwargs: dict, params: dict[str, Any], span=None,
          positional: int | None = None) -> dict:
     """Bind positional and keyword args to `params` (name -> default, or
-    REQUIRED), in order; only the first `positional` params (default: all)
+    binder.REQUIRED), in order; only the first `positional` params (default: all)
     may be given by position. `what` names the callee kind for messages
     ("optimizer", "data source")."""
     names = list(params)
