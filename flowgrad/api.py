@@ -140,14 +140,13 @@ class Session:
             if arr.shape != node.shape:
                 raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
                                 node.span)
-            want = NUMPY_DTYPE[node.dtype]
-            if node.dtype == "i32":
-                if not np.issubdtype(arr.dtype, np.integer):
-                    raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}",
-                                    node.span)
-            elif not np.issubdtype(arr.dtype, np.floating):
+            try:
+                narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
+            except TypeError:
+                narrowed = None
+            if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
                 raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
-            out[name] = np.ascontiguousarray(arr, dtype=want)
+            out[name] = np.ascontiguousarray(arr, dtype=NUMPY_DTYPE[node.dtype])
             check_indices(node, out[name], self._index_uses.get(nid, ()))
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from flowgrad.dsl import ast
-from flowgrad.dsl.source import suggest
+from flowgrad.binder import suggest
 from flowgrad.dsl.values import (
     CONFIG_TYPES, CONSTANT_NAMES, StaticError, coerce, show, static_binop, static_neg, type_name,
 )

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.feeds import random_feeds
 
 MODEL = "tiny_gpt"      # a shipped model: resolved by fg.load wherever flowgrad is installed
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
@@ -19,16 +20,8 @@ DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
 
 def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds of the right shapes; integer inputs (token ids, targets) below config `vocab`."""
-    rng = np.random.default_rng(seed)
     high = int(graph.config.get("vocab", graph.config.get("classes", 2)))
-    out = {}
-    for name, i in graph.inputs.items():
-        node = graph.nodes[i]
-        if node.dtype == "i32":
-            out[name] = rng.integers(0, high, node.shape, dtype=np.int32)
-        else:
-            out[name] = rng.normal(size=node.shape).astype(np.float16 if node.dtype == "f16" else np.float32)
-    return out
+    return random_feeds(graph, seed, high)
 
 
 def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]:

@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
@@ -93,7 +93,7 @@ class GraphSession:
                     bufs[pname] = {}
                     for k, arr in entries.items():
                         arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
-                        dtype = "f16" if arr.dtype == np.float16 else "i32" if arr.dtype.kind in "iu" else "f32"
+                        dtype = dtype_of(arr, narrow=True)
                         buf = self.device.buffer(max(arr.nbytes, 4), "device")
                         view = BufView(buf, 0, arr.shape, dtype)
                         s.write(view, arr)

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
@@ -165,7 +165,7 @@ class StepProgram:
         self.device = device
         self.optimizer = optimizer
         backward = want_grads or optimizer is not None
-        self.mem = plan_memory(graph, sess.plan, backward=backward, grad_inputs=grad_inputs)
+        self.mem = sess.plan.memory_for(backward, grad_inputs)
         sess.check_backward(self.mem)
         owned = []
 
@@ -261,7 +261,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
-    mem = plan_memory(graph, plan, backward=backward)
+    mem = plan.memory_for(backward) if plan is not None else plan_memory(graph, backward=backward)
     leaf = {}
 
     def make_buffer(nbytes, name):
@@ -280,7 +280,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
                   for name, i in graph.trainable().items()}
         zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
         state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
-                                "f16" if np.asarray(a).dtype == np.float16 else "f32")
+                                dtype_of(np.asarray(a), narrow=True))
                      for k, a in entries.items()} for p, entries in on_device.init_state(zeros).items()}
         grads_views = layout.param_grads(make_buffer)
 

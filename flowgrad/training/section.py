@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 
+from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.training import spec
@@ -43,7 +44,7 @@ def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> Tra
     for key in items:
         if key not in TRAIN_KEYS:
             raise FlowError(f"unknown train setting {key!r}", spans.get(key),
-                            hint=spec.did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}")
+                            hint=did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}")
     where = spans.get  # the span of one setting, for messages
 
     if seed is None:
