@@ -48,6 +48,13 @@ SIGNATURES = {
     "dropout": "x, p=0.5, stream=None, rng=<tensor>",
     "batchnorm": "x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-05, rng=<tensor>",
     "groupnorm": "x, weight, bias, groups, eps=1e-05",
+    "erf": "x",
+    "softplus": "x, beta=1.0, threshold=20.0",
+    "leaky_relu": "x, negative_slope=0.01",
+    "elu": "x, alpha=1.0",
+    "l1_loss": "input, target",
+    "huber_loss": "input, target, delta=1.0",
+    "bce_with_logits": "input, target",
 }
 
 
@@ -178,6 +185,10 @@ TYPES = [
     ("dropout", [T(2, 3, dtype="f16"), T(4, dtype="i32")], {"p": 0.1}, T(2, 3, dtype="f16")),
     ("batchnorm", [T(2, 3, 4, 4), T(3), T(3), T(3), T(3), T(4, dtype="i32")], {}, T(2, 3, 4, 4)),
     ("groupnorm", [T(2, 4, 5), T(4), T(4)], {"groups": 2}, T(2, 4, 5)),
+    ("erf", [T(3)], {}, T(3)), ("softplus", [T(2, 3)], {"beta": 2}, T(2, 3)),
+    ("leaky_relu", [T(3, dtype="f16")], {}, T(3, dtype="f16")), ("elu", [T(3)], {"alpha": 0.5}, T(3)),
+    ("l1_loss", [T(2, 3), T(2, 3)], {}, T()), ("huber_loss", [T(3), T(3)], {"delta": 2}, T()),
+    ("bce_with_logits", [T(4), T(4)], {}, T()),
 ]
 
 
@@ -228,6 +239,11 @@ ATTR_VALUES = {
     "momentum": [0.1, 0.0, 1.5],
     "ignore_index": [-100, 0, 3],
     "label_smoothing": [0.0, 0.1, 1.5],
+    "beta": [1.0, 2, 0, -1.0],
+    "threshold": [20.0, 1, -3.0],
+    "negative_slope": [0.01, 0.5, -1],
+    "alpha": [1.0, 0.3],
+    "delta": [1.0, 0.5, 0, -1],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

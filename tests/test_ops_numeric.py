@@ -111,6 +111,13 @@ CASES = [
     ("batchnorm", [normal(4, 3), positive(3), normal(3), normal(3), positive(3),
                    lambda r: np.array([0, 1, 0, 0], np.int32)], {}),
     ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
+    ("erf", [normal(2, 3)], {}),
+    ("softplus", [normal(2, 3)], {"beta": 2.0, "threshold": 1.0}),
+    ("leaky_relu", [away_from_zero(2, 3)], {"negative_slope": 0.1}),
+    ("elu", [away_from_zero(2, 3)], {}),
+    ("l1_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {}),
+    ("huber_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {"delta": 0.1}),
+    ("bce_with_logits", [normal(2, 3), lambda r: r.uniform(0, 1, (2, 3))], {}),
 ]
 
 

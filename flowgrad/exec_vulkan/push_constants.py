@@ -51,6 +51,7 @@ SPECS_TEXT = {
     "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
             "mode: u32, include_pad: u32",
     "dropout": "n: u32, thr: u32, stream: u32, scale: f32",
+    "pointwise": "n: u32, op: u32, p0: f32, p1: f32, scale: f32, g_scalar: u32",
     "bnorm": "N: u32, C: u32, S: u32, inner: u32, segments: u32, seg_len: u32, outer_stride: u32, seg_stride: u32, "
              "mode: u32, flags: u32, eps: f32, momentum: f32",
     **{f"attn_{kind}_d{d}": ATTENTION for kind in ("fwd", "bwd_dq", "bwd_dkdv") for d in (32, 64, 128, 256)},
