@@ -55,6 +55,7 @@ SIGNATURES = {
     "l1_loss": "input, target",
     "huber_loss": "input, target, delta=1.0",
     "bce_with_logits": "input, target",
+    "nll_loss": "log_probs, targets, weight=<tensor>, ignore_index=-100, axis=-1",
 }
 
 
@@ -79,7 +80,7 @@ def test_signatures_are_the_documented_ones():
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
-        "batchnorm": {3, 4, 5}}
+        "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}}
 
 
 def T(*shape, dtype="f32"):
@@ -189,6 +190,7 @@ TYPES = [
     ("leaky_relu", [T(3, dtype="f16")], {}, T(3, dtype="f16")), ("elu", [T(3)], {"alpha": 0.5}, T(3)),
     ("l1_loss", [T(2, 3), T(2, 3)], {}, T()), ("huber_loss", [T(3), T(3)], {"delta": 2}, T()),
     ("bce_with_logits", [T(4), T(4)], {}, T()),
+    ("nll_loss", [T(4, 3), T(4, dtype="i32")], {}, T()),
 ]
 
 

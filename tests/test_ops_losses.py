@@ -103,3 +103,47 @@ def test_lowering_matches_numpy(kernels, shape, axis, attrs, weighted):
         assert np.abs(grads[0]).max() > 0
     close(grads[0], want[0], "f32", "cross_entropy grad")
     assert all(d is None for d in grads[1:])
+
+
+@pytest.mark.parametrize("attrs, weighted", [({}, False), ({"ignore_index": 1}, True), ({"axis": 1}, True)], ids=str)
+def test_nll_loss_is_cross_entropy_of_log_softmax(attrs, weighted):
+    from flowgrad.ops.reduce import log_softmax_of
+
+    axis = attrs.get("axis", -1)
+    z, t, w = case(5, axis=axis)
+    lp = log_softmax_of(z, axis)
+    extra = [w] if weighted else []
+    got = get_op("nll_loss").forward([lp, t] + extra, attrs)
+    np.testing.assert_allclose(got, get_op("cross_entropy").forward([z, t] + extra, attrs), rtol=1e-12)
+    check_vjp("nll_loss", [lp, t] + extra, attrs)
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.nll_loss(torch.from_numpy(np.moveaxis(lp, axis, 1)), torch.from_numpy(t.astype(np.int64)),
+                                       weight=torch.from_numpy(w) if weighted else None,
+                                       ignore_index=attrs.get("ignore_index", -100))
+    np.testing.assert_allclose(got, ref.item(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape, axis, attrs", [((3, 65), -1, {"ignore_index": 4}), ((2, 5, 3), 1, {})], ids=str)
+def test_nll_loss_lowering(kernels, shape, axis, attrs):
+    from tests.test_ops_conv import _run_on_device
+
+    z, t, w = case(6, shape, axis)
+    from flowgrad.ops.reduce import log_softmax_of
+
+    lp = log_softmax_of(z, axis).astype(np.float32)
+    if "ignore_index" in attrs:
+        t.flat[0] = attrs["ignore_index"]
+    node_attrs = dict(attrs, axis=axis)
+    from tests.test_lower_a import close, make_node
+
+    ins = [lp, t, w.astype(np.float32)]
+    node = make_node("nll_loss", ins, node_attrs)
+    out = kernels.forward(node, ins)
+    assert "nll_loss" not in kernels.on_numpy
+    ref_ins = [lp.astype(np.float64), t, w.astype(np.float32).astype(np.float64)]
+    ref = get_op("nll_loss").forward(ref_ins, node_attrs)
+    close(out, ref, "f32", "nll_loss forward")
+    g = np.float32(0.7)
+    grads = kernels.vjp(node, np.array(g), ins, out)
+    want = get_op("nll_loss").vjp(np.float64(g), ref_ins, ref, node_attrs)
+    close(grads[0], want[0], "f32", "nll_loss grad")

@@ -112,6 +112,7 @@ CASES = [
                    lambda r: np.array([0, 1, 0, 0], np.int32)], {}),
     ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
     ("erf", [normal(2, 3)], {}),
+    ("nll_loss", [normal(4, 3), ints(3, 4), positive(3)], {"ignore_index": 2}),
     ("softplus", [normal(2, 3)], {"beta": 2.0, "threshold": 1.0}),
     ("leaky_relu", [away_from_zero(2, 3)], {"negative_slope": 0.1}),
     ("elu", [away_from_zero(2, 3)], {}),

@@ -54,58 +54,63 @@ def _classes(logits):
     return (math.prod(logits.shape) // c if c else 0), c
 
 
-def _xent(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
-    attrs = full_attrs(node)
-    if mode in (MEAN, DENOMINATOR):
-        lanes, groups = WG, 1
-    else:
-        lanes = segment_lanes(c, n)
-        groups = segment_groups(n, lanes)
-    push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs["label_smoothing"]), int(weight is not None)]
-    t = o.dtype
-    rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t)],
-                 push=push, groups=(groups, 1, 1), variant=variant(t))
+def _xent_lowering(log_probs: bool) -> Lowering:
+    """cross_entropy's lowering, or nll_loss's (log_probs: the input already
+    holds log-probabilities): one kernel, told which."""
 
+    def dispatch(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
+        attrs = full_attrs(node)
+        if mode in (MEAN, DENOMINATOR):
+            lanes, groups = WG, 1
+        else:
+            lanes = segment_lanes(c, n)
+            groups = segment_groups(n, lanes)
+        push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
+                int(weight is not None), int(log_probs)]
+        t = o.dtype
+        rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t)],
+                     push=push, groups=(groups, 1, 1), variant=variant(t))
 
-def _row_losses(rec, node, logits, targets, weight):
-    n, c = _classes(logits)
-    row_loss = rec.scratch((2 * n + 1,), "f32")
-    if n:
+    def row_losses(rec, node, logits, targets, weight):
+        n, c = _classes(logits)
+        row_loss = rec.scratch((2 * n + 1,), "f32")
+        if n:
+            t = logits.dtype
+            dispatch(rec, node, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss, weight)
+        return row_loss
+
+    def forward(rec, node, ins, out):
+        """Row losses and weights into an f32 scratch, then their weighted
+        mean. A target outside [0, C) that is not ignore_index makes the
+        loss NaN (numpy raises; feeds are range-checked on the host)."""
+        logits, targets, *weight = ins
+        logits, _ = _class_last(rec, node, logits)
+        n, c = _classes(logits)
+        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None)
         t = logits.dtype
-        _xent(rec, node, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss, weight)
-    return row_loss
+        dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
+
+    def backward(rec, node, g, ins, out, grads):
+        logits, targets, *weight = ins
+        if grads[0] is None:
+            return
+        w = weight[0] if weight else None
+        moved, perm = _class_last(rec, node, logits)
+        n, c = _classes(moved)
+        if not (n and c):
+            return
+        row_loss = row_losses(rec, node, moved, targets, w)
+        t = logits.dtype
+        dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
+                 row_loss, None)
+        dx = grads[0] if perm is None else rec.scratch(moved.shape, t)
+        dispatch(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
+        if perm is not None:  # back to the class axis the logits have
+            ds = strides(logits.shape)
+            strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
+
+    return Lowering(forward, backward, frozenset({"f32", "f16", "i32"}), FLOATS)
 
 
-def _ce_forward(rec, node, ins, out):
-    """Row losses and weights into an f32 scratch, then their weighted mean.
-    A target outside [0, C) that is not ignore_index makes the loss NaN
-    (numpy raises; feeds are range-checked on the host)."""
-    logits, targets, *weight = ins
-    logits, _ = _class_last(rec, node, logits)
-    n, c = _classes(logits)
-    row_loss = _row_losses(rec, node, logits, targets, weight[0] if weight else None)
-    t = logits.dtype
-    _xent(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
-
-
-def _ce_backward(rec, node, g, ins, out, grads):
-    logits, targets, *weight = ins
-    if grads[0] is None:
-        return
-    w = weight[0] if weight else None
-    moved, perm = _class_last(rec, node, logits)
-    n, c = _classes(moved)
-    if not (n and c):
-        return
-    row_loss = _row_losses(rec, node, moved, targets, w)
-    t = logits.dtype
-    _xent(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
-          row_loss, None)
-    dx = grads[0] if perm is None else rec.scratch(moved.shape, t)
-    _xent(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
-    if perm is not None:  # back to the class axis the logits have
-        ds = strides(logits.shape)
-        strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
-
-
-CROSS_ENTROPY = Lowering(_ce_forward, _ce_backward, frozenset({"f32", "f16", "i32"}), FLOATS)
+CROSS_ENTROPY = _xent_lowering(log_probs=False)
+NLL_LOSS = _xent_lowering(log_probs=True)

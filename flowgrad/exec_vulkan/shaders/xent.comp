@@ -13,6 +13,7 @@
 //   2 backward:    dx[r, c] = g / rl[2N] * ((1-eps) tw_r (p_c - [c == t_r])
 //                                            + eps/C valid_r (W p_c - w_c)),  W = sum w
 // A segment of S lanes handles one row (modes 0 and 2). has_weight == 0: w is all ones.
+// log_probs != 0 (nll_loss): x holds log-probabilities, so lse is 0 and p is not used.
 #include "common.glsl"
 
 #define FG_WG 256
@@ -35,6 +36,7 @@ layout(push_constant) uniform Push {
     int ignore_index;
     float eps;
     uint has_weight;
+    uint log_probs;  // nll_loss: x already holds log-probabilities
 } pc;
 
 float weight(uint c) { return pc.has_weight != 0u ? float(w[c]) : 1.0; }
@@ -83,7 +85,7 @@ void main() {
         int t = tgt[row];
         bool ignored = t == pc.ignore_index;
         bool ok = ignored || (t >= 0 && uint(t) < pc.C);
-        float lse = m + log(s);
+        float lse = pc.log_probs != 0u ? 0.0 : m + log(s);
         float tw = ignored || !ok ? 0.0 : weight(uint(t));
         float valid = ignored ? 0.0 : 1.0;
         float sm = pc.eps / float(pc.C) * valid;
@@ -97,7 +99,7 @@ void main() {
         } else {
             float k = float(g[0]) / rl[2u * pc.N];
             for (uint j = lane; j < pc.C; j += S) {
-                float p = exp(float(x[start + j]) - lse);
+                float p = pc.log_probs != 0u ? 0.0 : exp(float(x[start + j]) - lse);
                 float d = (1.0 - pc.eps) * tw * (p - (int(j) == t ? 1.0 : 0.0)) + sm * (wsum * p - weight(j));
                 o[start + j] = T(ok ? k * d : nan);
             }
