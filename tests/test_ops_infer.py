@@ -56,6 +56,8 @@ SIGNATURES = {
     "huber_loss": "input, target, delta=1.0",
     "bce_with_logits": "input, target",
     "nll_loss": "log_probs, targets, weight=<tensor>, ignore_index=-100, axis=-1",
+    "argmax": "x, axis=-1, keepdims=False",
+    **{n: "a, b" for n in ("eq", "ne", "lt", "le", "gt", "ge")},
 }
 
 
@@ -80,7 +82,8 @@ def test_signatures_are_the_documented_ones():
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
-        "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}}
+        "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0},
+        **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}}
 
 
 def T(*shape, dtype="f32"):
@@ -191,6 +194,11 @@ TYPES = [
     ("l1_loss", [T(2, 3), T(2, 3)], {}, T()), ("huber_loss", [T(3), T(3)], {"delta": 2}, T()),
     ("bce_with_logits", [T(4), T(4)], {}, T()),
     ("nll_loss", [T(4, 3), T(4, dtype="i32")], {}, T()),
+    ("argmax", [T(4, 3)], {}, T(4, dtype="i32")), ("argmax", [T(4, 3, dtype="i32")], {"axis": 0, "keepdims": True},
+                                                  T(1, 3, dtype="i32")),
+    ("eq", [T(4, dtype="i32"), T(4, dtype="i32")], {}, T(4, dtype="i32")), ("ne", [T(2, 1), T(3)], {}, T(2, 3)),
+    ("lt", [T(3), T()], {}, T(3)), ("le", [T(3), T(3)], {}, T(3)), ("gt", [T(3), T(3)], {}, T(3)),
+    ("ge", [T(3, dtype="f16"), T(3, dtype="f16")], {}, T(3, dtype="f16")),
 ]
 
 

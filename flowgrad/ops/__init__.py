@@ -1,6 +1,6 @@
 """All ops. Importing this package registers every op family."""
 from flowgrad.ops import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401  (register ops)
-from flowgrad.ops import activations, batchnorm, conv, elementwise_loss, pool, random, spatial  # noqa: F401  (register ops)
+from flowgrad.ops import activations, batchnorm, compare, conv, elementwise_loss, pool, random, spatial  # noqa: F401  (register ops)
 from flowgrad.ops.registry import OPS, Arg, Lowering, Op, OpTypeError, get_op, register
 
 __all__ = ["OPS", "Arg", "Lowering", "Op", "OpTypeError", "get_op", "register"]

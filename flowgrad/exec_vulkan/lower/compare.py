@@ -1,0 +1,54 @@
+"""Lowerings of argmax (argmax.comp) and the comparisons (compare.comp).
+No gradients flow through them: their backward records nothing."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse
+from flowgrad.ops.registry import Lowering
+
+ANY = frozenset({"f32", "f16", "i32"})
+MAX_RANK = 6
+
+
+def _no_backward(rec, node, g, ins, out, grads):
+    """Nothing to record: the inputs are non-differentiable positions."""
+
+
+def argmax_forward(rec, node, ins, out):
+    (x,) = ins
+    axis = full_attrs(node)["axis"] % len(x.shape)
+    n_out, length = math.prod(out.shape), x.shape[axis]
+    if n_out == 0:
+        return
+    inner = math.prod(x.shape[axis + 1:])
+    rec.dispatch("argmax", [x, out], [n_out, length, inner, int(x.dtype == "i32")], groups_1d(n_out),
+                 variant(x.dtype))
+
+
+def compare_op(code: int) -> Lowering:
+    def forward(rec, node, ins, out):
+        a, b = ins
+        space = tuple(out.shape)
+        n = math.prod(space)
+        if n == 0:
+            return
+        dims = collapse(space, frozenset(), [broadcast_strides(tuple(a.shape), space),
+                                             broadcast_strides(tuple(b.shape), space)])
+        if len(dims) > MAX_RANK:
+            raise DeviceError(f"comparison over {len(dims)} axes after merging; the kernel takes {MAX_RANK}",
+                              hint="reshape to fewer axes")
+        pad = [0] * (MAX_RANK - len(dims))
+        shape = [d for d, _, _ in dims] + pad
+        sa = [st[0] for _, _, st in dims] + pad
+        sb = [st[1] for _, _, st in dims] + pad
+        rec.dispatch("compare", [a, b, out], [n, code, len(dims), int(a.dtype == "i32"), *shape, *sa, *sb],
+                     groups_1d(n), variant(a.dtype))
+
+    return Lowering(forward, _no_backward, ANY, ANY)
+
+
+ARGMAX = Lowering(argmax_forward, _no_backward, ANY, ANY)
+EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
