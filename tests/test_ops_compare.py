@@ -85,3 +85,35 @@ def test_a_metric_in_the_model_stays_on_the_graph_path(vk_device):
     got, want = sess.step(feeds), model.compile(device="cpu").step(feeds)
     assert got.outputs["accuracy"] == want.outputs["accuracy"]
     np.testing.assert_allclose(got.grads["w"], want.grads["w"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("at", [{"k": 2}, {"k": 3, "axis": 1}, {"k": 1, "axis": 0}], ids=str)
+def test_topk_rules_and_pytorch(at):
+    from flowgrad.ops.gradcheck import check_vjp
+
+    x = np.random.default_rng(3).permutation(60).reshape(3, 4, 5) * 0.1
+    v, i = get_op("topk").forward([x], at), get_op("topk_indices").forward([x], at)
+    np.testing.assert_array_equal(v, np.take_along_axis(x, i, axis=at.get("axis", -1)))
+    assert (np.diff(v, axis=at.get("axis", -1)) < 0).all()  # largest first
+    check_vjp("topk", [x], at)
+    torch = pytest.importorskip("torch")
+    tv, ti = torch.topk(torch.from_numpy(x), at["k"], dim=at.get("axis", -1))
+    np.testing.assert_array_equal(v, tv.numpy())
+    np.testing.assert_array_equal(i, ti.numpy())
+
+
+@pytest.mark.parametrize("shape, at", [((1,), {"k": 1}), ((3, 17), {"k": 5}), ((65, 3), {"k": 2, "axis": 0})],
+                         ids=str)
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_topk_lowering(kernels, shape, at, dtype):
+    from tests.test_lower_a import make_node
+    from tests.test_ops_conv import _run_on_device
+
+    np_dtype = np.float16 if dtype == "f16" else np.float32
+    x = (np.random.default_rng(4).permutation(int(np.prod(shape))).reshape(shape) * 0.25).astype(np_dtype)
+    x.flat[-1] = x.flat[0]  # a tie: the lower index goes first on both paths
+    node = make_node("topk_indices", [x], at)
+    got = kernels.forward(node, [x])
+    assert "topk_indices" not in kernels.on_numpy
+    np.testing.assert_array_equal(got, get_op("topk_indices").forward([x], at))
+    _run_on_device(kernels, "topk", [x], at, dtype)

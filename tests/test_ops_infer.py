@@ -58,6 +58,7 @@ SIGNATURES = {
     "nll_loss": "log_probs, targets, weight=<tensor>, ignore_index=-100, axis=-1",
     "argmax": "x, axis=-1, keepdims=False",
     **{n: "a, b" for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{n: "x, k, axis=-1" for n in ("topk", "topk_indices")},
 }
 
 
@@ -83,7 +84,7 @@ def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
         "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0},
-        **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}}
+        **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}, "topk_indices": {0}}
 
 
 def T(*shape, dtype="f32"):
@@ -199,6 +200,7 @@ TYPES = [
     ("eq", [T(4, dtype="i32"), T(4, dtype="i32")], {}, T(4, dtype="i32")), ("ne", [T(2, 1), T(3)], {}, T(2, 3)),
     ("lt", [T(3), T()], {}, T(3)), ("le", [T(3), T(3)], {}, T(3)), ("gt", [T(3), T(3)], {}, T(3)),
     ("ge", [T(3, dtype="f16"), T(3, dtype="f16")], {}, T(3, dtype="f16")),
+    ("topk", [T(2, 7)], {"k": 3}, T(2, 3)), ("topk_indices", [T(5, 2)], {"k": 2, "axis": 0}, T(2, 2, dtype="i32")),
 ]
 
 
@@ -254,6 +256,7 @@ ATTR_VALUES = {
     "negative_slope": [0.01, 0.5, -1],
     "alpha": [1.0, 0.3],
     "delta": [1.0, 0.5, 0, -1],
+    "k": [1, 2, 0, 9],
 }
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 

@@ -113,6 +113,8 @@ CASES = [
     ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
     ("erf", [normal(2, 3)], {}),
     ("argmax", [distinct(2, 3, 4)], {"axis": 1}),
+    ("topk", [distinct(2, 3, 4)], {"k": 2, "axis": 1}),
+    ("topk_indices", [distinct(2, 5)], {"k": 3}),
     *[(n, [normal(2, 3), normal(3)], {}) for n in ("eq", "ne", "lt", "le", "gt", "ge")],
     ("nll_loss", [normal(4, 3), ints(3, 4), positive(3)], {"ignore_index": 2}),
     ("softplus", [normal(2, 3)], {"beta": 2.0, "threshold": 1.0}),
@@ -163,8 +165,8 @@ def test_low_precision_agrees_with_float64(case, dtype, rtol):
     low = [x.astype(dtype) if x.dtype == np.float64 else x for x in make(case)]
     ref = [x.astype(np.float64) if x.dtype == dtype else x for x in low]
     out, out64 = op.forward(low, attrs), op.forward(ref, attrs)
-    # cast and argmax (indices) are the ops that change it
-    want = NUMPY_DTYPE[attrs["dtype"]] if name == "cast" else np.int32 if name == "argmax" else dtype
+    # cast and the index ops are the ones that change it
+    want = NUMPY_DTYPE[attrs["dtype"]] if name == "cast" else np.int32 if name in ("argmax", "topk_indices") else dtype
     assert out.dtype == want, f"{name} turned {np.dtype(dtype)} into {out.dtype}"
     _close(out, out64, rtol, f"{name} forward")
     g = np.random.default_rng(1).standard_normal(np.shape(out64))

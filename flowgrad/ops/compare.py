@@ -49,3 +49,41 @@ lt = _compare("lt", np.less, "<", vk.LT)
 le = _compare("le", np.less_equal, "<=", vk.LE)
 gt = _compare("gt", np.greater, ">", vk.GT)
 ge = _compare("ge", np.greater_equal, ">=", vk.GE)
+
+
+# ---------------------------------------------------------------- topk
+
+
+def _topk_infer(ins, at, dtype=None):
+    (x,) = ins
+    if x.dtype not in ("f32", "f16"):
+        raise OpTypeError(f"x must be a float tensor (f32 or f16), got {x}")
+    if not x.shape:
+        raise OpTypeError(f"x must have an axis to pick from, got {x}")
+    axis = norm_axis(at["axis"], len(x.shape))
+    if not 1 <= at["k"] <= x.shape[axis]:
+        raise OpTypeError(f"k={at['k']} must be in 1..{x.shape[axis]} (the size of axis {at['axis']})")
+    return TensorType(x.shape[:axis] + (at["k"],) + x.shape[axis + 1:], dtype or x.dtype)
+
+
+def topk_order(x, at):
+    """Indices of the k largest along axis, largest first; ties to the lower index."""
+    order = np.argsort(-np.asarray(x, np.float64), axis=at["axis"], kind="stable")
+    return np.take(order, np.arange(at["k"]), axis=at["axis"])
+
+
+def _topk_vjp(g, ins, out, at):
+    (x,) = ins
+    dx = np.zeros(x.shape, dtype=g.dtype)
+    np.put_along_axis(dx, topk_order(x, at), g, axis=at["axis"])
+    return [dx]
+
+
+_TOPK_ARGS = (Arg("x"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,)))
+topk = defop("topk", _TOPK_ARGS, _topk_infer,
+             lambda ins, at: np.take_along_axis(ins[0], topk_order(ins[0], at), axis=at["axis"]), _topk_vjp,
+             lowering=vk.TOPK, doc="the k largest values along axis, largest first (topk_indices: where they are)")
+topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins, at, "i32"),
+                     lambda ins, at: topk_order(ins[0], at).astype(np.int32), lambda g, ins, out, at: [None],
+                     nondiff=(0,), lowering=vk.TOPK_INDICES,
+                     doc="i32 indices of the k largest values along axis, largest first; ties to the lower index")

@@ -6,7 +6,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
-from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse
+from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse, unused
 from flowgrad.ops.registry import Lowering
 
 ANY = frozenset({"f32", "f16", "i32"})
@@ -52,3 +52,33 @@ def compare_op(code: int) -> Lowering:
 
 ARGMAX = Lowering(argmax_forward, _no_backward, ANY, ANY)
 EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
+
+
+def _topk(rec, node, mode, x, g, vals, idx, out_shape):
+    attrs = full_attrs(node)
+    axis = attrs["axis"] % len(x.shape)
+    rows = math.prod(out_shape) // attrs["k"] if attrs["k"] else 0
+    if rows == 0:
+        return
+    inner = math.prod(x.shape[axis + 1:])
+    rec.dispatch("topk", [x, g, vals, idx], [rows, x.shape[axis], inner, attrs["k"], mode],
+                 groups_1d(rows, 64), variant(x.dtype))
+
+
+def _topk_values_forward(rec, node, ins, out):
+    _topk(rec, node, 0, ins[0], unused(rec, out.dtype), out, unused(rec, "i32"), out.shape)
+
+
+def _topk_values_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        _topk(rec, node, 2, ins[0], g, grads[0], unused(rec, "i32"), g.shape)
+
+
+def _topk_indices_forward(rec, node, ins, out):
+    t = ins[0].dtype
+    _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
+
+
+FLOAT = frozenset({"f32", "f16"})
+TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOAT, FLOAT)
+TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ANY, ANY)
