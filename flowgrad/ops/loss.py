@@ -8,7 +8,7 @@ from flowgrad.exec_vulkan.lower import loss as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.reduce import log_softmax_of, softmax_of
+from flowgrad.ops.reduce import log_softmax_of
 from flowgrad.ops.registry import Arg, OpTypeError
 from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
 
