@@ -18,11 +18,11 @@ FLOAT = frozenset({"f32", "f16"})
 HAS_RUNNING, UPDATE = 1, 2
 
 
-def _geometry(node, x_shape):
+def _geometry(node, x_shape, running: bool):
     """(N, C, S, inner, segments, seg_len, outer_stride, seg_stride)."""
     n, c = x_shape[0], x_shape[1]
     s = math.prod(x_shape[2:])
-    if node.op == "batchnorm":
+    if running:  # batchnorm: a segment is a channel
         return n, c, s, s, c, n * s, c * s, s
     groups = full_attrs(node)["groups"]
     length = c // groups * s
@@ -35,7 +35,7 @@ class _Call:
     def __init__(self, rec, node, x, w, b, running, rng):
         self.rec, self.node = rec, node
         t = x.dtype
-        self.geo = _geometry(node, tuple(x.shape))
+        self.geo = _geometry(node, tuple(x.shape), bool(running))
         self.attrs = full_attrs(node)
         self.x, self.w, self.b, self.rng = x, w, b, rng if rng is not None else unused(rec, "i32")
         self.rm, self.rv = running if running else (unused(rec, t), unused(rec, t))
@@ -54,43 +54,47 @@ class _Call:
         rec.dispatch("bnorm", bufs, push, groups, variant(t))
 
 
-def _parts(node, ins):
-    """(x, w, b, running stats or None, rng or None)."""
-    if node.op == "batchnorm":
-        x, w, b, rm, rv, rng = ins
-        return x, w, b, (rm, rv), rng
-    x, w, b = ins
-    return x, w, b, None, None
+def _norm(running: bool) -> Lowering:
+    """batchnorm's lowering (running statistics and the random state as
+    inputs 3 to 5) or groupnorm's."""
+
+    def parts(ins):
+        """(x, w, b, running stats or None, rng or None)."""
+        if running:
+            x, w, b, rm, rv, rng = ins
+            return x, w, b, (rm, rv), rng
+        x, w, b = ins
+        return x, w, b, None, None
+
+    def forward(rec, node, ins, out):
+        x, w, b, stats, rng = parts(ins)
+        if x.size == 0:
+            return
+        call = _Call(rec, node, x, w, b, stats, rng)
+        call.run(0, update=True)
+        call.run(1, out=out)
+
+    def backward(rec, node, g, ins, out, grads):
+        x, w, b, stats, rng = parts(ins)
+        c = x.shape[1]
+        if x.size == 0:
+            for grad in grads[1:3]:
+                if grad is not None:
+                    rec.fill(grad, 0)
+            return
+        call = _Call(rec, node, x, w, b, stats, rng)
+        call.run(0)
+        if grads[1] is not None or grads[2] is not None:
+            dw = grads[1] if grads[1] is not None else rec.scratch((c,), x.dtype)
+            db = grads[2] if grads[2] is not None else rec.scratch((c,), x.dtype)
+            call.run(3, g=g, out=dw, db=db)
+        if grads[0] is not None:
+            call.run(2, g=g)
+            call.run(4, g=g, out=grads[0])
+
+    # batchnorm's forward also reads the i32 random state
+    return Lowering(forward, backward, FLOAT | {"i32"} if running else FLOAT, FLOAT)
 
 
-def norm_forward(rec, node, ins, out):
-    x, w, b, running, rng = _parts(node, ins)
-    if x.size == 0:
-        return
-    call = _Call(rec, node, x, w, b, running, rng)
-    call.run(0, update=True)
-    call.run(1, out=out)
-
-
-def norm_backward(rec, node, g, ins, out, grads):
-    x, w, b, running, rng = _parts(node, ins)
-    c = x.shape[1]
-    if x.size == 0:
-        for grad in grads[1:3]:
-            if grad is not None:
-                rec.fill(grad, 0)
-        return
-    call = _Call(rec, node, x, w, b, running, rng)
-    call.run(0)
-    if grads[1] is not None or grads[2] is not None:
-        dw = grads[1] if grads[1] is not None else rec.scratch((c,), x.dtype)
-        db = grads[2] if grads[2] is not None else rec.scratch((c,), x.dtype)
-        call.run(3, g=g, out=dw, db=db)
-    if grads[0] is not None:
-        call.run(2, g=g)
-        call.run(4, g=g, out=grads[0])
-
-
-# batchnorm's forward also reads the i32 random state
-BATCHNORM = Lowering(norm_forward, norm_backward, FLOAT | {"i32"}, FLOAT)
-GROUPNORM = Lowering(norm_forward, norm_backward, FLOAT, FLOAT)
+BATCHNORM = _norm(running=True)
+GROUPNORM = _norm(running=False)

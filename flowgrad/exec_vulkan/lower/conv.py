@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, variant
+from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.ops.registry import Lowering
 
@@ -20,12 +20,14 @@ TILE = 64  # conv.comp BM = BN
 
 def _conv_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
-    from flowgrad.exec_vulkan.lower.generic import full_attrs
 
-    attrs = full_attrs(node)
-    if node.op == "conv_transpose2d":
-        return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), attrs)
-    return conv.geometry(tuple(x_shape), tuple(w_shape), attrs, len(x_shape) - 2)
+    return conv.geometry(tuple(x_shape), tuple(w_shape), full_attrs(node), len(x_shape) - 2)
+
+
+def _transpose_geometry(node, x_shape, w_shape):
+    from flowgrad.ops import conv  # lazy: the op module imports this one
+
+    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), full_attrs(node))
 
 
 def _run(rec, mode, a, b, bias, dst, image, weight, geo):
@@ -80,14 +82,14 @@ def conv_backward(rec, node, g, ins, out, grads):
 
 def transpose_forward(rec, node, ins, out):
     x, w, *b = ins
-    geo = _conv_geometry(node, x.shape, w.shape)
+    geo = _transpose_geometry(node, x.shape, w.shape)
     # the conv whose input gradient this is: input shaped like our output
     _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
 
 
 def transpose_backward(rec, node, g, ins, out, grads):
     x, w, *_ = ins
-    geo = _conv_geometry(node, x.shape, w.shape)
+    geo = _transpose_geometry(node, x.shape, w.shape)
     image, weight = tuple(g.shape), tuple(w.shape)
     if grads[0] is not None:
         _run(rec, 0, g, w, None, grads[0], image, weight, geo)

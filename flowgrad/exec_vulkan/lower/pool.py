@@ -13,10 +13,10 @@ FLOAT = frozenset({"f32", "f16"})
 MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
 
 
-def _geometry(node, x_shape, out_shape):
+def _geometry(node, x_shape, adaptive: bool):
     """(kernel, stride, pad, include_pad) as pool.comp reads them."""
     attrs = full_attrs(node)
-    if node.op == "adaptive_avgpool2d":
+    if adaptive:  # the bins come from the sizes alone
         return (1, 1), (1, 1), (0, 0), 0
     from flowgrad.ops.pool import window  # lazy: the op module imports this one
 
@@ -28,7 +28,7 @@ def _dispatch(rec, node, mode, x, g, dst, x_shape, out_shape):
     items = math.prod(dst.shape)
     if items == 0:
         return
-    (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, out_shape)
+    (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode >= MODES["adaptive_avgpool2d"][0])
     push = [items, x_shape[2], x_shape[3], out_shape[2], out_shape[3], kh, kw, sh, sw, ph, pw, mode, inc]
     rec.dispatch("pool", [x, g, dst], push, groups_1d(items), variant(dst.dtype))
 
