@@ -107,6 +107,9 @@ def cmd_devices(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.file == "matmul":
+        from flowgrad.exec_vulkan.matmul_bench import bench_cli as matmul_bench
+        return matmul_bench(args)
     from flowgrad.exec_vulkan.bench import bench_cli
 
     return bench_cli(args)
@@ -148,11 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("bench", help="graph vs closures step time on one device (the DESIGN's decoder example)")
-    p.add_argument("file", nargs="?", default=None, help="a .flow model (default: tiny_gpt at d=64, seq=64)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="a .flow model (default: tiny_gpt at d=64, seq=64), or `matmul` for the GEMM kernels' TFLOP/s")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
+                   help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
+    p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")
     p.set_defaults(func=cmd_bench)
     return parser
 

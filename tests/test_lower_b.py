@@ -135,7 +135,7 @@ def test_matmul_common_case_is_one_gemm_per_direction(vk_device):
     linalg.MATMUL.forward(rec, node, [a, b], out)
     linalg.MATMUL.backward(rec, node, view(out.shape), [a, b], out, [view(a.shape), view(b.shape)])
     shaders = [c.shader for c in rec.commands]
-    assert shaders == ["matmul"] * 3
+    assert len(shaders) == 3 and all(s.startswith("matmul_") for s in shaders)
     pushes = [np.frombuffer(c.push, np.uint32) for c in rec.commands]
     assert [tuple(p[:3]) for p in pushes] == [(12, 5, 6), (12, 6, 5), (6, 5, 12)]  # (M, N, K)
     assert all(p[8] == 1 and p[12] == 1 for p in pushes)  # no batch, no in-kernel sum
@@ -154,7 +154,7 @@ def test_matmul_deep_k_splits_then_sums(vk_device):
     node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
     rec = Recorder(None)
     linalg.MATMUL.backward(rec, node, view((4, 300, 6)), [a, b], view((4, 300, 6)), [None, view(b.shape)])
-    assert [c.shader for c in rec.commands] == ["matmul", "map_reduce"]
+    assert [c.shader.split("_")[0] for c in rec.commands] == ["matmul", "map"]
     push = np.frombuffer(rec.commands[0].push, np.uint32)
     assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200  # chunks of K = 1200 rows, klimit = K
 

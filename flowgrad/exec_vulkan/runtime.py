@@ -158,6 +158,7 @@ class DeviceInfo:
     driver: str = ""
     timestamps: bool = False   # timestamp queries on the compute queue
     max_allocation: int = 0    # bytes, maxMemoryAllocationSize
+    coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
 
     @property
     def is_gpu(self) -> bool:
@@ -182,6 +183,47 @@ def _features(vk, physical):
 
 def _extensions(vk, physical) -> set[str]:
     return {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+
+
+COOPMAT_EXT = "VK_NV_cooperative_matrix"   # what glslc's GL_NV_cooperative_matrix shaders need
+_F16, _F32, _SUBGROUP = 0, 1, 3            # VkComponentTypeNV / VkScopeNV values (the binding leaves them None)
+
+
+def _coopmat_f16(vk, physical, exts: set[str]) -> bool:
+    """The device runs matmul_coop: the NV cooperative-matrix extension, its
+    feature, and a 16x16x16 f16 x f16 + f32 shape in subgroup scope. A
+    query the binding cannot make counts as no (the plain kernels run)."""
+    if COOPMAT_EXT not in exts:
+        return False
+    try:
+        return _coopmat_f16_query(vk, physical)
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return False
+
+
+def _coopmat_f16_query(vk, physical) -> bool:
+    feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV()
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
+    vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
+    if not feat.cooperativeMatrix:
+        return False
+    try:
+        raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    except AttributeError:
+        return False
+    if raw == vk.ffi.NULL:
+        return False
+    query = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", raw)
+    count = vk.ffi.new("uint32_t*")
+    if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+        return False
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
+    if query(physical, count, props) != vk.VK_SUCCESS:
+        return False
+    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope)
+               == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
 
 
 def _compute_family(vk, physical) -> tuple[int, int] | None:
@@ -212,7 +254,8 @@ def _describe(vk, index: int, physical) -> DeviceInfo:
         coopmat=bool({"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix"} & exts),
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
-        max_allocation=int(m3.maxMemoryAllocationSize))
+        max_allocation=int(m3.maxMemoryAllocationSize),
+        coopmat_f16=bool(s16.storageBuffer16BitAccess and f16.shaderFloat16) and _coopmat_f16(vk, physical, exts))
 
 
 def _physical_devices():
@@ -434,10 +477,13 @@ class Device:
         want_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=f16.shaderFloat16)
         want_s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=want_f16,
                                                            storageBuffer16BitAccess=s16.storageBuffer16BitAccess)
-        # Cooperative matrices are reported (DeviceInfo.coopmat) but not enabled: no shipped shader
-        # uses them yet, and Debian's validation layer (1.3.239) rejects their feature struct.
+        # cooperative matrices only where matmul_coop can use them (their feature struct is
+        # chained nowhere else: Debian's validation layer, 1.3.239, rejects it)
         exts = []
         chain = want_s16
+        if self.info.coopmat_f16:
+            exts.append(COOPMAT_EXT)
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=want_s16, cooperativeMatrix=1)
         core = vk.VkPhysicalDeviceFeatures()
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=core)
         priority = vk.ffi.new("float[1]", [1.0])

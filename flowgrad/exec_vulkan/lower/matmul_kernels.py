@@ -1,0 +1,121 @@
+"""Which kernel runs a GEMM: the tile shapes the shipped shaders offer, the
+shape classes, and per device the tile measured fastest for each class.
+
+A GEMM is classified by its sizes alone (M x N outputs, K deep, nz batched
+products); the table maps (device family, class) to a tile. The tables come
+from `flowgrad bench matmul --sweep` on the device named beside them; a
+device with no table of its own gets the default one, tuned for no device in
+particular (64x64 tiles keep a small GPU busy and a CPU device fast enough).
+Split-K (partial products over K-chunks, then one sum) applies to any
+unbatched GEMM whose output has too few tiles to fill the device.
+
+f16 operands on a device with cooperative matrices (16x16x16 f16 products
+with f32 accumulation, in subgroup scope) run `matmul_coop` instead, when
+its alignment rules hold (see COOP_ALIGN)."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import attrs
+
+
+@attrs.frozen
+class Tile:
+    shader: str
+    bm: int
+    bn: int
+    bk: int
+    coop: bool = False  # cooperative matrices, f16 only
+
+
+TILES = {t.shader: t for t in (
+    Tile("matmul_128x128_k8", 128, 128, 8), Tile("matmul_128x128_k16", 128, 128, 16),
+    Tile("matmul_128x64_k8", 128, 64, 8), Tile("matmul_128x64_k16", 128, 64, 16),
+    Tile("matmul_64x128_k8", 64, 128, 8), Tile("matmul_64x128_k16", 64, 128, 16),
+    Tile("matmul_64x64_k8", 64, 64, 8), Tile("matmul_64x64_k16", 64, 64, 16),
+)}
+COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_w4", 128, 128, 32, True))}
+COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
+COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
+
+CLASSES = ("square", "tall", "deep", "batched")
+
+# device family -> class -> tile shader; plus split-K's target group count
+TABLES = {
+    "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
+                "batched": "matmul_64x64_k16"},
+    # NVIDIA H200 (132 SMs), from `flowgrad bench matmul --sweep`
+    "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x64_k8", "deep": "matmul_64x64_k16",
+               "batched": "matmul_64x64_k16"},
+}
+SPLIT_TARGET = {"default": 256, "nvidia": 264}
+MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple of the tile's BK)
+
+
+@attrs.frozen
+class Choice:
+    tile: Tile
+    chunks: int = 1     # split-K chunks (1: no split)
+    klass: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.tile.shader + (f" split-K x{self.chunks}" if self.chunks > 1 else "")
+
+
+_FORCED: contextvars.ContextVar = contextvars.ContextVar("matmul_forced", default=None)
+
+
+@contextlib.contextmanager
+def forced(shader: str | None = None, chunks: int | None = None):
+    """Within the block every GEMM uses this tile shader and/or split count
+    (benchmarks and tests reach each variant this way)."""
+    token = _FORCED.set((shader, chunks))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def device_family(info) -> str:
+    name = getattr(info, "name", "") or ""
+    return "nvidia" if "NVIDIA" in name.upper() else "default"
+
+
+def shape_class(m: int, n: int, k: int, nz: int) -> str:
+    if nz > 1 and m * n <= 256 * 256:
+        return "batched"
+    if k >= 2 * max(m, n):
+        return "deep"
+    if max(m, n) >= 4 * min(m, n):
+        return "tall"
+    return "square"
+
+
+def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
+    return bool(dtype == "f16" and getattr(info, "coopmat_f16", False) and aligned
+                and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0)
+
+
+def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False) -> Choice:
+    """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K only
+    when nz == 1 (the caller passes nz > 1 for summed batches too)."""
+    shader, want_chunks = _FORCED.get() or (None, None)
+    klass = shape_class(m, n, k, nz)
+    family = device_family(info)
+    if shader is not None:
+        tile = TILES.get(shader) or COOPS[shader]
+    elif coop_ok(info, dtype, m, n, k, coop_aligned):
+        tile = COOP
+    else:
+        tile = TILES[TABLES[family][klass]]
+    if want_chunks is not None:
+        chunks = max(1, min(want_chunks, math.ceil(k / tile.bk)))
+    elif nz == 1:
+        tiles = math.ceil(m / tile.bm) * math.ceil(n / tile.bn)
+        chunks = max(1, min(math.ceil(SPLIT_TARGET[family] / tiles), k // MIN_CHUNK))
+    else:
+        chunks = 1
+    return Choice(tile, chunks if nz == 1 else 1, klass)

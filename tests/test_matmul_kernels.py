@@ -1,0 +1,150 @@
+"""The GEMM kernels one by one: each tile shader, split-K, batched and summed
+batches, transposed operands (the backward's products read them through
+strides), vector and scalar loads, odd sizes; against float64 numpy,
+relative error ||got - want|| / ||want||. The kernel each case runs is
+asserted from the recorded dispatches before numbers are compared. Kernel
+selection per shape class is checked as a pure function of the sizes."""
+from __future__ import annotations
+
+import os
+
+import attrs
+import numpy as np
+import pytest
+
+from flowgrad.dtypes import dtype_of
+from flowgrad.exec_vulkan.lower import linalg
+from flowgrad.exec_vulkan.lower import matmul_kernels as mk
+from flowgrad.graph import Node, TensorType
+from flowgrad.ops import get_op
+
+TOL = {"f32": 1e-4, "f16": 2e-2}
+NP = {"f32": np.float32, "f16": np.float16}
+
+
+def products(device, a, b, shader=None, chunks=None, seed=0):
+    """(out, da, db, shaders dispatched) for a @ b and its backward with a random g."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    dtype = dtype_of(a)
+    types = [TensorType(tuple(x.shape), dtype) for x in (a, b)]
+    node = Node(2, "matmul", (0, 1), get_op("matmul").infer(types, {}))
+    g = np.random.default_rng(seed).uniform(-1, 1, node.shape).astype(a.dtype)
+    with OneShot(device) as s, mk.forced(shader, chunks):
+        av, bv, gv = s.upload(a), s.upload(b), s.upload(g)
+        out, da, db = s.empty(node.shape, dtype), s.empty(a.shape, dtype), s.empty(b.shape, dtype)
+        linalg.MATMUL.forward(s.rec, node, [av, bv], out)
+        linalg.MATMUL.backward(s.rec, node, gv, [av, bv], out, [da, db])
+        shaders = [c.shader for c in s.rec.commands if hasattr(c, "shader")]
+        for v in (out, da, db):
+            s.download(v)
+        got = s.run()
+    a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
+    want = get_op("matmul").vjp(g64, [a64, b64], None, {})
+    return got, [a64 @ b64, *want], shaders
+
+
+def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, sa).astype(NP[dtype])
+    b = rng.uniform(-1, 1, sb).astype(NP[dtype])
+    got, want, shaders = products(device, a, b, shader, chunks, seed)
+    gemms = [s for s in shaders if s.startswith("matmul_")]
+    if shader is not None:
+        assert gemms and set(gemms) == {shader}, shaders
+    for name, x, y in zip(("out", "da", "db"), got, want):
+        assert x.shape == y.shape and np.isfinite(x).all(), name
+        err = np.linalg.norm(x.astype(np.float64) - y) / max(np.linalg.norm(y), 1e-30)
+        assert err < TOL[dtype], f"{name} of {sa}@{sb} ({dtype}, {shader}, chunks {chunks}): relative error {err:.2e}"
+    return shaders
+
+
+# aligned (vector loads and stores) and odd (scalar) shapes, each with a batch
+VARIANT_SHAPES = [((2, 68, 20), (20, 132)), ((3, 17, 19), (19, 65))]
+
+
+@pytest.mark.parametrize("shader", sorted(mk.TILES))
+def test_every_tile_shader(vk_device, shader):
+    for sa, sb in VARIANT_SHAPES:
+        check(vk_device, sa, sb, shader=shader)
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 65, 257, 513])
+def test_odd_sizes_in_each_position(vk_device, size):
+    for sa, sb in [((size, 5), (5, 7)), ((3, size), (size, 4)), ((4, 6), (6, size))]:
+        check(vk_device, sa, sb, shader="matmul_128x64_k8")
+
+
+@pytest.mark.parametrize("sa,sb", [((17, 600), (600, 9)), ((16, 640), (640, 8))])
+def test_split_k(vk_device, sa, sb):
+    shaders = check(vk_device, sa, sb, shader="matmul_64x64_k16", chunks=3)
+    assert any(s.startswith("map_reduce") for s in shaders)   # the partials are summed
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 17, 9), (3, 9, 5)), ((2, 4, 8, 12), (2, 4, 12, 16)),
+                                   ((9, 6), (3, 6, 5))])   # shared lhs: da sums over the batch in the kernel
+def test_batched(vk_device, sa, sb):
+    check(vk_device, sa, sb, shader="matmul_64x128_k16")
+
+
+@pytest.mark.parametrize("shader", ["matmul_128x128_k8", "matmul_64x64_k16"])
+def test_f16_storage(vk_device, shader):
+    if not vk_device.info.f16:
+        pytest.skip(f"{vk_device.info.name} has no f16 storage")
+    for sa, sb in VARIANT_SHAPES:
+        check(vk_device, sa, sb, "f16", shader=shader)
+
+
+def test_default_selection_is_checked_too(vk_device):
+    check(vk_device, (2, 33, 40), (40, 24))
+
+
+def test_coop_kernel_when_offered(vk_device):
+    info = vk_device.info
+    if not getattr(info, "coopmat_f16", False):
+        if os.environ.get("CI") == "true" and "llvmpipe" not in info.name:
+            pytest.fail(f"{info.name}: expected cooperative matrices to be detected")
+        pytest.skip(f"{info.name} offers no cooperative matrices with 16x16x16 f16 products")
+    shaders = check(vk_device, (2, 64, 96), (96, 136), "f16")
+    assert "matmul_coop" in shaders
+    check(vk_device, (256, 128), (128, 264), "f16", shader="matmul_coop")
+
+
+# ---------------------------------------------------------------- selection (no device)
+
+@attrs.frozen
+class FakeInfo:
+    name: str
+    coopmat_f16: bool = False
+
+
+H200 = FakeInfo("NVIDIA H200")
+
+
+@pytest.mark.parametrize("m,n,k,nz,klass", [
+    (4096, 4096, 4096, 1, "square"), (4096, 1536, 512, 1, "square"),
+    (4096, 512, 512, 1, "tall"), (4096, 256, 512, 1, "tall"),
+    (512, 1536, 4096, 1, "deep"), (512, 512, 4096, 1, "deep"),
+    (64, 64, 32, 128, "batched"), (256, 256, 64, 16, "batched"),
+])
+def test_shape_classes_pick_the_table_tile(m, n, k, nz, klass):
+    choice = mk.choose(H200, "f32", m, n, k, nz)
+    assert mk.shape_class(m, n, k, nz) == klass == choice.klass
+    assert choice.tile.shader == mk.TABLES["nvidia"][klass]
+    default = mk.choose(FakeInfo("llvmpipe (LLVM 15)"), "f32", m, n, k, nz)
+    assert default.tile.shader == mk.TABLES["default"][klass]
+
+
+def test_split_k_only_when_the_output_is_small_and_unbatched():
+    assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
+    assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1
+    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1
+
+
+def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
+    coop = FakeInfo("NVIDIA H200", coopmat_f16=True)
+    assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP
+    assert mk.choose(coop, "f32", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
+    assert mk.choose(coop, "f16", 512, 500, 512, 1, coop_aligned=True).tile is not mk.COOP
+    assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=False).tile is not mk.COOP
+    assert mk.choose(H200, "f16", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
