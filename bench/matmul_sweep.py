@@ -3,7 +3,10 @@ in f16) at 4096^3 and gpt_small's shapes, beside torch.matmul on the same GPU;
 the measured table in flowgrad/exec_vulkan/lower/matmul_kernels.py comes from
 this. Full rows go to $OUT/matmul_sweep.json (or ./matmul_sweep.json).
 
-    python bench/matmul_sweep.py [--quick]"""
+    python bench/matmul_sweep.py [--quick] [--confirm]
+
+--confirm times only the kernels the table picks (f32) and the
+cooperative-matrix variants (f16), beside torch."""
 from __future__ import annotations
 
 import json
@@ -23,6 +26,7 @@ def best(rows):
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    confirm = "--confirm" in sys.argv
     try:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False   # cuBLAS in true f32, as our kernels
@@ -40,16 +44,17 @@ def main() -> int:
     shapes = mb.SQUARE + (mb.GPT_SMALL[:2] if quick else mb.GPT_SMALL)
     summary = []
     for shape in shapes:
-        rows = mb.run(device, "f32", [shape], [(s, None) for s in sorted(mk.TILES)] + [(None, None)])
+        tiles = [] if confirm else [(s, None) for s in sorted(mk.TILES)]
+        rows = mb.run(device, "f32", [shape], tiles + [(None, None)])
         out["f32"] += rows
-        b = best(rows[:-1])
+        b = best(rows[:-1] or rows)
         auto = rows[-1]
         summary.append(("f32", shape, b, auto))
         print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
     for shape in [s for s in shapes if s[3] == "tn"]:
-        tile = best([r for r in out["f32"] if r["shape"] == shape and r["asked"] != "auto"])["kernel"].split("+")[0]
-        for t in sorted({tile, "matmul_64x64_k16", "matmul_128x64_k8"}):
-            rows = mb.run(device, "f32", [shape], [(t, c) for c in (1, 2, 4, 8, 16)])
+        tile = best([r for r in out["f32"] if r["shape"] == shape])["kernel"].split("+")[0]
+        for t in sorted({tile, "matmul_64x64_k16", "matmul_128x64_k8"}) if not confirm else [tile]:
+            rows = mb.run(device, "f32", [shape], [(t, c) for c in ((1, 2, 4, 8, 16) if not confirm else (2, 3, 4))])
             out["splitk"] += rows
             print(mb.report(rows, device.info.name, "f32 split-K").split("\n", 2)[-1], flush=True)
     f16_shapes = mb.SQUARE + [(4096, 1536, 512, "nn"), (4096, 512, 1536, "nt"), (512, 1536, 4096, "tn"),

@@ -3,7 +3,7 @@ shape classes, and per device the tile measured fastest for each class.
 
 A GEMM is classified by its sizes alone (M x N outputs, K deep, nz batched
 products); the table maps (device family, class) to a tile. The tables come
-from `flowgrad bench matmul --sweep` on the device named beside them; a
+from bench/matmul_sweep.py on the device named beside them; a
 device with no table of its own gets the default one, tuned for no device in
 particular (64x64 tiles keep a small GPU busy and a CPU device fast enough).
 Split-K (partial products over K-chunks, then one sum) applies to any
@@ -36,7 +36,11 @@ TILES = {t.shader: t for t in (
     Tile("matmul_64x128_k8", 64, 128, 8), Tile("matmul_64x128_k16", 64, 128, 16),
     Tile("matmul_64x64_k8", 64, 64, 8), Tile("matmul_64x64_k16", 64, 64, 16),
 )}
-COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_w4", 128, 128, 32, True))}
+COOPS = {t.shader: t for t in (
+    Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_w4", 128, 128, 32, True),
+    Tile("matmul_coop_w4_k64", 128, 128, 64, True), Tile("matmul_coop_128x256", 128, 256, 16, True),
+    Tile("matmul_coop_256x128", 256, 128, 16, True), Tile("matmul_coop_128x256_k32", 128, 256, 32, True),
+)}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 
@@ -46,8 +50,9 @@ CLASSES = ("square", "tall", "deep", "batched")
 TABLES = {
     "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
                 "batched": "matmul_64x64_k16"},
-    # NVIDIA H200 (132 SMs), from `flowgrad bench matmul --sweep`
-    "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x64_k8", "deep": "matmul_64x64_k16",
+    # NVIDIA H200 (132 SMs), measured by bench/matmul_sweep.py at 4096^3 and gpt_small's shapes
+    # (the tile with the best mean share of cuBLAS over each class's shapes); batched is unmeasured
+    "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k16", "deep": "matmul_128x128_k16",
                "batched": "matmul_64x64_k16"},
 }
 SPLIT_TARGET = {"default": 256, "nvidia": 264}

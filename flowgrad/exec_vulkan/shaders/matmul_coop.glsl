@@ -7,7 +7,9 @@
 // its own memory order (k-fast or m-fast for A, n-fast or k-fast for B) and
 // loaded into fragments row- or column-major to match: a transposed operand
 // costs nothing. The including .comp defines WGM x WGN subgroups (of 32) per
-// workgroup, each computing FM x FN 16x16 fragments; BK deep per step.
+// workgroup, each computing FM x FN 16x16 fragments; BK deep per step; NBUF
+// shared buffers (2: the next step's tiles land in the other buffer, one
+// barrier per step; 1: deeper steps fit, two barriers per step).
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
@@ -44,8 +46,11 @@ layout(push_constant, std430) uniform Push {
     uint amode, bmode, cvec;   // unused here: vectors always
 } p;
 
-shared uvec4 As[2 * ASZ];
-shared uvec4 Bs[2 * BSZ];
+#ifndef NBUF
+#define NBUF 2
+#endif
+shared uvec4 As[NBUF * ASZ];
+shared uvec4 Bs[NBUF * BSZ];
 uvec4 ra_[AL], rb_[BL];
 
 void load_a(uint base, uint m0, uint k0, uint kend) {
@@ -113,7 +118,7 @@ void main() {
             store_tiles(0u);
             barrier();
             for (uint s = 0u; s < steps; ++s) {
-                uint cur = s & 1u;
+                uint cur = NBUF == 1 ? 0u : s & 1u;
                 bool more = s + 1u < steps;
                 if (more) {
                     load_a(abase, m0, (s + 1u) * BK, kend);
@@ -134,7 +139,10 @@ void main() {
                     [[unroll]] for (uint i = 0u; i < FM; ++i)
                         [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
                 }
-                if (more) store_tiles(cur ^ 1u);
+                if (more) {
+                    if (NBUF == 1) barrier();
+                    store_tiles(NBUF == 1 ? 0u : cur ^ 1u);
+                }
                 barrier();
             }
         }
