@@ -51,10 +51,10 @@ def main() -> int:
         auto = rows[-1]
         summary.append(("f32", shape, b, auto))
         print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
-    for shape in [s for s in shapes if s[3] == "tn"]:
+    for shape in [s for s in shapes if s[3] == "tn" and not confirm]:
         tile = best([r for r in out["f32"] if r["shape"] == shape])["kernel"].split("+")[0]
-        for t in sorted({tile, "matmul_64x64_k16", "matmul_128x64_k8"}) if not confirm else [tile]:
-            rows = mb.run(device, "f32", [shape], [(t, c) for c in ((1, 2, 4, 8, 16) if not confirm else (2, 3, 4))])
+        for t in sorted({tile, "matmul_64x64_k16", "matmul_128x128_k8"}):
+            rows = mb.run(device, "f32", [shape], [(t, c) for c in (1, 2, 4, 8, 16)])
             out["splitk"] += rows
             print(mb.report(rows, device.info.name, "f32 split-K").split("\n", 2)[-1], flush=True)
     f16_shapes = mb.SQUARE + [(4096, 1536, 512, "nn"), (4096, 512, 1536, "nt"), (512, 1536, 4096, "tn"),

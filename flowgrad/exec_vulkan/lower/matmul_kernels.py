@@ -30,17 +30,14 @@ class Tile:
     coop: bool = False  # cooperative matrices, f16 only
 
 
+# The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
+# (128x64, 64x128, 64x64 with 8 deep; more cooperative-matrix shapes): add a
+# .comp of a few defines to try one.
 TILES = {t.shader: t for t in (
     Tile("matmul_128x128_k8", 128, 128, 8), Tile("matmul_128x128_k16", 128, 128, 16),
-    Tile("matmul_128x64_k8", 128, 64, 8), Tile("matmul_128x64_k16", 128, 64, 16),
-    Tile("matmul_64x128_k8", 64, 128, 8), Tile("matmul_64x128_k16", 64, 128, 16),
-    Tile("matmul_64x64_k8", 64, 64, 8), Tile("matmul_64x64_k16", 64, 64, 16),
+    Tile("matmul_64x64_k16", 64, 64, 16),
 )}
-COOPS = {t.shader: t for t in (
-    Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_w4", 128, 128, 32, True),
-    Tile("matmul_coop_w4_k64", 128, 128, 64, True), Tile("matmul_coop_128x256", 128, 256, 16, True),
-    Tile("matmul_coop_256x128", 256, 128, 16, True), Tile("matmul_coop_128x256_k32", 128, 256, 32, True),
-)}
+COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_h", 128, 128, 32, True))}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 
@@ -55,6 +52,8 @@ TABLES = {
     "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k16", "deep": "matmul_128x128_k16",
                "batched": "matmul_64x64_k16"},
 }
+# Split-K fills whole waves: at most this many workgroups (H200: two per SM on
+# 132 SMs; measured, 1.5 waves ran as slowly as 1 and 2.4 slower than 2)
 SPLIT_TARGET = {"default": 256, "nvidia": 264}
 MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple of the tile's BK)
 
@@ -120,7 +119,7 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
         chunks = max(1, min(want_chunks, math.ceil(k / tile.bk)))
     elif nz == 1:
         tiles = math.ceil(m / tile.bm) * math.ceil(n / tile.bn)
-        chunks = max(1, min(math.ceil(SPLIT_TARGET[family] / tiles), k // MIN_CHUNK))
+        chunks = max(1, min(SPLIT_TARGET[family] // tiles, k // MIN_CHUNK))
     else:
         chunks = 1
     return Choice(tile, chunks if nz == 1 else 1, klass)

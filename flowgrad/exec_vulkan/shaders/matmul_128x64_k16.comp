@@ -1,9 +1,0 @@
-// variants: f32 f16
-#version 450
-// 128x64 output tile, 16 deep per step, 8x4 outputs per invocation (see matmul_tiled.glsl).
-#define BM 128
-#define BN 64
-#define BK 16
-#define TM 8
-#define TN 4
-#include "matmul_tiled.glsl"
