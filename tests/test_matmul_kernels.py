@@ -107,8 +107,8 @@ def test_coop_kernel_when_offered(vk_device):
         pytest.skip(f"{info.name} offers no cooperative matrices with 16x16x16 f16 products")
     shaders = check(vk_device, (2, 64, 96), (96, 144), "f16")
     assert mk.COOP.shader in shaders
-    for shader in sorted(mk.COOPS):       # K of 136: a last step that is part zeros
-        check(vk_device, (256, 136), (136, 272), "f16", shader=shader)
+    for shader in sorted(mk.COOPS):       # K of 144: a last step that is part zeros
+        check(vk_device, (256, 144), (144, 272), "f16", shader=shader)
         check(vk_device, (3, 48, 64), (3, 64, 32), "f16", shader=shader)
 
 
@@ -141,6 +141,13 @@ def test_split_k_only_when_the_output_is_small_and_unbatched():
     assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
     assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1
     assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1
+
+
+def test_forcing_coop_on_sizes_it_cannot_take_is_an_error():
+    from flowgrad.errors import DeviceError
+
+    with mk.forced(mk.COOP.shader), pytest.raises(DeviceError, match="multiples of 16"):
+        mk.choose(H200, "f16", 256, 136, 272, 1, coop_aligned=True)
 
 
 def test_coop_only_for_aligned_f16_on_a_device_that_has_it():

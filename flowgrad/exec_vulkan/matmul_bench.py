@@ -172,12 +172,12 @@ def run(device, dtype="f32", shapes=None, kernels=((None, None),), torch=True) -
 
 def report(rows, device_name: str, dtype: str) -> str:
     lines = [f"matmul on {device_name}, {dtype}: TFLOP/s (median), PyTorch = torch.matmul on CUDA, same process",
-             f"{'M,N,K layout':<22}{'asked':<22}{'kernel':<34}{'TFLOP/s':>9}{'torch':>9}{'ratio':>8}{'max err':>10}"]
+             f"{'M,N,K layout':<22}{'asked':<26}{'kernel':<30}{'TFLOP/s':>9}{'torch':>9}{'ratio':>8}{'max err':>10}"]
     for r in rows:
         m, n, k, layout = r["shape"]
         t = r["torch"]
         torch_col, ratio = (f"{t:.2f}", f"{r['tflops'] / t:.2f}") if t else ("n/a", "")
-        lines.append(f"{f'{m},{n},{k} {layout}':<22}{r['asked']:<22}{r['kernel']:<34}{r['tflops']:>9.3f}{torch_col:>9}{ratio:>8}"
+        lines.append(f"{f'{m},{n},{k} {layout}':<22}{r['asked']:<26}{r['kernel']:<30}{r['tflops']:>9.3f}{torch_col:>9}{ratio:>8}"
                      f"{r['err']:>10.1e}")
     return "\n".join(lines)
 

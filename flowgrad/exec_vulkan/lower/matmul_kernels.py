@@ -20,6 +20,8 @@ import math
 
 import attrs
 
+from flowgrad.errors import DeviceError
+
 
 @attrs.frozen
 class Tile:
@@ -37,7 +39,7 @@ TILES = {t.shader: t for t in (
     Tile("matmul_128x128_k8", 128, 128, 8), Tile("matmul_128x128_k16", 128, 128, 16),
     Tile("matmul_64x64_k16", 64, 64, 16),
 )}
-COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_h", 128, 128, 32, True))}
+COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),)}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 
@@ -52,8 +54,9 @@ TABLES = {
     "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k16", "deep": "matmul_128x128_k16",
                "batched": "matmul_64x64_k16"},
 }
-# Split-K fills whole waves: at most this many workgroups (H200: two per SM on
-# 132 SMs; measured, 1.5 waves ran as slowly as 1 and 2.4 slower than 2)
+# Split-K fills whole waves: the most chunks that keep the grid at or under this
+# many workgroups (H200: two waves of 132 SMs; measured, 128 or 256 workgroups
+# ran well and 192 slower than either)
 SPLIT_TARGET = {"default": 256, "nvidia": 264}
 MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple of the tile's BK)
 
@@ -81,6 +84,12 @@ def forced(shader: str | None = None, chunks: int | None = None):
         yield
     finally:
         _FORCED.reset(token)
+
+
+class _Any:
+    """A device with every capability (a forced kernel is checked against the sizes only)."""
+
+    coopmat_f16 = True
 
 
 def device_family(info) -> str:
@@ -111,6 +120,9 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     family = device_family(info)
     if shader is not None:
         tile = TILES.get(shader) or COOPS[shader]
+        if tile.coop and not coop_ok(_Any(), dtype, m, n, k, coop_aligned):
+            raise DeviceError(f"{shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
+                              f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
         tile = COOP
     else:

@@ -49,20 +49,8 @@ layout(push_constant, std430) uniform Push {
 #ifndef NBUF
 #define NBUF 2
 #endif
-#ifdef SHALF
-// tiles kept as f16 scalars (fragment loads from a scalar array; 2-byte stores)
-shared float16_t As[NBUF * ASZ * 8];
-shared float16_t Bs[NBUF * BSZ * 8];
-#define U 8u                      // array elements per 16-byte vector
-#define PUT(arr, at, v) [[unroll]] for (uint q = 0u; q < 4u; ++q) { \
-        vec2 f = unpackHalf2x16((v)[q]); \
-        arr[(at) * 8u + 2u * q] = float16_t(f.x); arr[(at) * 8u + 2u * q + 1u] = float16_t(f.y); }
-#else
 shared uvec4 As[NBUF * ASZ];
 shared uvec4 Bs[NBUF * BSZ];
-#define U 1u
-#define PUT(arr, at, v) arr[at] = (v)
-#endif
 uvec4 ra_[AL], rb_[BL];
 
 void load_a(uint base, uint m0, uint k0, uint kend) {
@@ -101,13 +89,13 @@ void store_tiles(uint buf) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= AV) continue;
         uint at = kfast ? (e / (BK / 8)) * KROW + e % (BK / 8) : (e / (BM / 8)) * AROW + e % (BM / 8);
-        PUT(As, buf * ASZ + at, ra_[l]);
+        As[buf * ASZ + at] = ra_[l];
     }
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= BV) continue;
         uint at = nfast ? (e / (BN / 8)) * BROW + e % (BN / 8) : (e / (BK / 8)) * KROW + e % (BK / 8);
-        PUT(Bs, buf * BSZ + at, rb_[l]);
+        Bs[buf * BSZ + at] = rb_[l];
     }
 }
 
@@ -140,13 +128,13 @@ void main() {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN];
                     [[unroll]] for (uint i = 0u; i < FM; ++i) {
                         uint row = (wm * FM + i) * 16u;
-                        if (kfast) coopMatLoadNV(fa[i], As, (cur * ASZ + row * KROW + kk / 8u) * U, KROW * U, false);
-                        else coopMatLoadNV(fa[i], As, (cur * ASZ + kk * AROW + row / 8u) * U, AROW * U, true);
+                        if (kfast) coopMatLoadNV(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW, false);
+                        else coopMatLoadNV(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW, true);
                     }
                     [[unroll]] for (uint j = 0u; j < FN; ++j) {
                         uint col = (wn * FN + j) * 16u;
-                        if (nfast) coopMatLoadNV(fb[j], Bs, (cur * BSZ + kk * BROW + col / 8u) * U, BROW * U, false);
-                        else coopMatLoadNV(fb[j], Bs, (cur * BSZ + col * KROW + kk / 8u) * U, KROW * U, true);
+                        if (nfast) coopMatLoadNV(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW, false);
+                        else coopMatLoadNV(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW, true);
                     }
                     [[unroll]] for (uint i = 0u; i < FM; ++i)
                         [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
