@@ -35,9 +35,9 @@ def main() -> int:
     device = select_device("vulkan")
     print(f"device: {device.info}  coopmat={device.info.coopmat}  coopmat_f16={device.info.coopmat_f16}", flush=True)
     if device.info.coopmat and not device.info.coopmat_f16:
-        from flowgrad.exec_vulkan import runtime
+        from flowgrad.exec_vulkan import discovery, instance
         try:
-            print("coopmat query:", runtime._coopmat_f16_query(runtime._vk(), device.physical))
+            print("coopmat query:", discovery.coopmat_f16_query(instance.load_vulkan(), device.physical))
         except Exception:  # noqa: BLE001 - diagnosis only
             traceback.print_exc()
     out = {"device": device.info.name, "f32": [], "splitk": [], "f16": []}

@@ -182,17 +182,13 @@ def report(rows, device_name: str, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def bench_cli(args) -> int:
-    from flowgrad.exec_vulkan import select_device
+def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
+    """(tile shader, split chunks) to time: what the lowering picks, and with
+    `every` each shipped tile too (and the cooperative-matrix ones in f16)."""
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 
-    device = select_device(args.device)
-    if device is None:
-        raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
-    shapes = [parse_shape(s) for s in args.shape] or None
     kernels = [(None, None)]
-    if args.all:
-        coops = sorted(mk.COOPS) if args.dtype == "f16" and device.info.coopmat_f16 else []
+    if every:
+        coops = sorted(mk.COOPS) if dtype == "f16" and device.info.coopmat_f16 else []
         kernels += [(shader, None) for shader in (*sorted(mk.TILES), *coops)]
-    print(report(run(device, args.dtype, shapes, kernels), device.info.name, args.dtype))
-    return 0
+    return kernels
