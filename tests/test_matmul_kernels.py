@@ -157,3 +157,28 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
     assert mk.choose(coop, "f16", 512, 500, 512, 1, coop_aligned=True).tile is not mk.COOP
     assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=False).tile is not mk.COOP
     assert mk.choose(H200, "f16", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
+
+
+def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
+    from flowgrad.cli import main
+    from flowgrad.exec_vulkan import matmul_bench
+
+    monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)   # one product per submit: lavapipe is slow
+    monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
+    assert main(["bench", "matmul", "--device", "vulkan", "--shape", "17,9,33,nt", "--all"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("17,9,33 nt")]
+    assert len(rows) == 1 + len(mk.TILES) and "auto" in rows[0]
+    assert all(float(r.split()[-1]) < 1e-5 for r in rows)    # the spot check's error, f32
+    assert main(["bench", "matmul", "--device", "vulkan", "--shape", "1,2"]) == 1
+    assert "bad --shape '1,2'" in capsys.readouterr().err
+
+
+def test_bench_matmul_shape_errors():
+    from flowgrad.errors import FlowError
+    from flowgrad.exec_vulkan.matmul_bench import parse_shape
+
+    assert parse_shape("4,5,6,tn") == (4, 5, 6, "tn") and parse_shape("4, 5, 6") == (4, 5, 6, "nn")
+    for bad in ("1,2", "a,b,c", "0,4,4", "4,4,4,xx"):
+        with pytest.raises(FlowError):
+            parse_shape(bad)

@@ -97,7 +97,7 @@ def time_shape(device, dtype, shape, kernels=((None, None),), seed=0) -> list[di
 def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
     from flowgrad.exec_vulkan.oneshot import OneShot
-    from flowgrad.exec_vulkan.recorder import encode
+    from flowgrad.exec_vulkan.encoder import encode
 
     m, n, k, layout = shape
     flop = 2.0 * m * n * k
