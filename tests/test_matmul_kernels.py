@@ -182,3 +182,28 @@ def test_bench_matmul_shape_errors():
     for bad in ("1,2", "a,b,c", "0,4,4", "4,4,4,xx"):
         with pytest.raises(FlowError):
             parse_shape(bad)
+
+
+def test_the_plan_records_each_matmuls_kernels_and_explain_shows_them(vk_device):
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    import flowgrad as fg
+
+    sess = fg.load("tiny_gpt").compile(device="vulkan")
+    matmuls = [n for n in sess.graph.nodes if n.op == "matmul"]
+    assert matmuls and sess.plan.path == "graph"
+    for node in matmuls:
+        k = sess.plan.kernels[node.id]
+        assert k["forward"] and all(s in mk.TILES for s in k["forward"])
+        assert mk.TILES.keys() & set(k["backward"])
+    report = sess.explain()
+    data = report.to_dict()
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "explain.schema.json").read_text())
+    jsonschema.validate(data, schema)
+    assert {n["id"]: n["kernels"] for n in data["nodes"] if n["op"] == "matmul"} == \
+        {n.id: sess.plan.kernels[n.id] for n in matmuls}
+    line = next(x for x in report.text().splitlines() if " = matmul " in x)
+    assert f"kernels: fwd {sess.plan.kernels[matmuls[0].id]['forward'][0]}" in line

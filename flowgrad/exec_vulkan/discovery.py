@@ -51,6 +51,7 @@ def _extensions(vk, physical) -> set[str]:
 
 COOPMAT_EXT = "VK_NV_cooperative_matrix"   # what glslc's GL_NV_cooperative_matrix shaders need
 _F16, _F32, _SUBGROUP = 0, 1, 3            # VkComponentTypeNV / VkScopeNV values (the binding leaves them None)
+COOP_SHARED_BYTES = 40960                  # matmul_coop's shared tiles (two 128x32 f16 buffers per operand, padded)
 
 
 def coopmat_f16(vk, physical, exts: set[str]) -> bool:
@@ -117,7 +118,9 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
         max_allocation=int(m3.maxMemoryAllocationSize),
-        coopmat_f16=bool(s16.storageBuffer16BitAccess and f16.shaderFloat16) and coopmat_f16(vk, physical, exts))
+        coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
+                     and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
+                     and coopmat_f16(vk, physical, exts)))
 
 
 def physical_devices():
