@@ -56,7 +56,7 @@ def main() -> int:
         for t in sorted({tile, "matmul_64x64_k16", "matmul_128x128_k8"}):
             rows = mb.run(device, "f32", [shape], [(t, c) for c in (1, 2, 4, 8, 16)])
             out["splitk"] += rows
-            print(mb.report(rows, device.info.name, "f32 split-K").split("\n", 2)[-1], flush=True)
+            print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
     f16_shapes = mb.SQUARE + [(4096, 1536, 512, "nn"), (4096, 512, 1536, "nt"), (512, 1536, 4096, "tn"),
                               (4096, 2048, 512, "nn")]
     kernels = [("matmul_128x128_k8", None), (None, None)]

@@ -7,7 +7,8 @@ the backward's da = g @ W^T) or "tn" (A^T @ B, the backward's db = X^T @ g);
 transposed operands are read through strides, as the training step does.
 Each timing is the median over several submits of one command buffer that
 runs the product `reps` times (barriers between them, as between a step's
-dispatches); every result is spot-checked against float64 first."""
+dispatches); every result is spot-checked against float64 first (max err;
+a row over tolerance is marked WRONG)."""
 from __future__ import annotations
 
 import math
@@ -29,6 +30,7 @@ GPT_SMALL = [
 SQUARE = [(4096, 4096, 4096, "nn")]
 FLOP_PER_SUBMIT = 5e10      # enough work per submit that host overhead is noise
 SUBMITS = 5
+CHECK_TOL = {"f32": 1e-4, "f16": 2e-2}   # spot-check error above this marks a row WRONG
 
 
 def parse_shape(text: str) -> tuple[int, int, int, str]:
@@ -177,8 +179,9 @@ def report(rows, device_name: str, dtype: str) -> str:
         m, n, k, layout = r["shape"]
         t = r["torch"]
         torch_col, ratio = (f"{t:.2f}", f"{r['tflops'] / t:.2f}") if t else ("n/a", "")
-        lines.append(f"{f'{m},{n},{k} {layout}':<22}{r['asked']:<26}{r['kernel']:<30}{r['tflops']:>9.3f}{torch_col:>9}{ratio:>8}"
-                     f"{r['err']:>10.1e}")
+        wrong = "  WRONG" if not r["err"] < CHECK_TOL[dtype] else ""
+        lines.append(f"{f'{m},{n},{k} {layout}':<22}{r['asked']:<26}{r['kernel']:<30}{r['tflops']:>9.3f}"
+                     f"{torch_col:>9}{ratio:>8}{r['err']:>10.1e}{wrong}")
     return "\n".join(lines)
 
 

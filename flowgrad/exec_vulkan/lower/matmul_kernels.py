@@ -43,14 +43,12 @@ COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),)}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 
-CLASSES = ("square", "tall", "deep", "batched")
-
-# device family -> class -> tile shader; plus split-K's target group count
+# device family -> shape class -> tile shader
 TABLES = {
     "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
                 "batched": "matmul_64x64_k16"},
-    # NVIDIA H200 (132 SMs), measured by bench/matmul_sweep.py at 4096^3 and gpt_small's shapes
-    # (the tile with the best mean share of cuBLAS over each class's shapes); batched is unmeasured
+    # any NVIDIA GPU; measured on an H200 (132 SMs) by bench/matmul_sweep.py at 4096^3 and gpt_small's
+    # shapes (per class, the tile with the best mean share of cuBLAS); batched is unmeasured
     "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k16", "deep": "matmul_128x128_k16",
                "batched": "matmul_64x64_k16"},
 }
@@ -67,10 +65,6 @@ class Choice:
     chunks: int = 1     # split-K chunks (1: no split)
     klass: str = ""
 
-    @property
-    def name(self) -> str:
-        return self.tile.shader + (f" split-K x{self.chunks}" if self.chunks > 1 else "")
-
 
 _FORCED: contextvars.ContextVar = contextvars.ContextVar("matmul_forced", default=None)
 
@@ -84,12 +78,6 @@ def forced(shader: str | None = None, chunks: int | None = None):
         yield
     finally:
         _FORCED.reset(token)
-
-
-class _Any:
-    """A device with every capability (a forced kernel is checked against the sizes only)."""
-
-    coopmat_f16 = True
 
 
 def device_family(info) -> str:
@@ -107,9 +95,13 @@ def shape_class(m: int, n: int, k: int, nz: int) -> str:
     return "square"
 
 
+def coop_fits(dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
+    """matmul_coop can compute this GEMM (whatever the device)."""
+    return dtype == "f16" and aligned and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0
+
+
 def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
-    return bool(dtype == "f16" and getattr(info, "coopmat_f16", False) and aligned
-                and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0)
+    return bool(getattr(info, "coopmat_f16", False)) and coop_fits(dtype, m, n, k, aligned)
 
 
 def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False) -> Choice:
@@ -120,7 +112,7 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     family = device_family(info)
     if shader is not None:
         tile = TILES.get(shader) or COOPS[shader]
-        if tile.coop and not coop_ok(_Any(), dtype, m, n, k, coop_aligned):
+        if tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
             raise DeviceError(f"{shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
                               f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
