@@ -59,7 +59,7 @@ def main() -> int:
             print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
     f16_shapes = mb.SQUARE + [(4096, 1536, 512, "nn"), (4096, 512, 1536, "nt"), (512, 1536, 4096, "tn"),
                               (4096, 2048, 512, "nn")]
-    kernels = [("matmul_128x128_k8", None), (None, None)]
+    kernels = [(mk.F16_TILE, None), (None, None)]
     if device.info.coopmat_f16:
         kernels = [(s, None) for s in sorted(mk.COOPS)] + kernels
     for shape in f16_shapes[:2] if quick else f16_shapes:

@@ -87,12 +87,13 @@ def test_batched(vk_device, sa, sb):
     check(vk_device, sa, sb, shader="matmul_128x128_k16")
 
 
-@pytest.mark.parametrize("shader", ["matmul_128x128_k8", "matmul_64x64_k16"])
-def test_f16_storage(vk_device, shader):
+def test_f16_storage(vk_device):
     if not vk_device.info.f16:
         pytest.skip(f"{vk_device.info.name} has no f16 storage")
+    f16_tiles = [name for name, t in mk.TILES.items() if t.f16]
+    assert f16_tiles == [mk.F16_TILE]
     for sa, sb in VARIANT_SHAPES:
-        check(vk_device, sa, sb, "f16", shader=shader)
+        check(vk_device, sa, sb, "f16", shader=mk.F16_TILE)
 
 
 def test_default_selection_is_checked_too(vk_device):
@@ -143,11 +144,18 @@ def test_split_k_only_when_the_output_is_small_and_unbatched():
     assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1
 
 
-def test_forcing_coop_on_sizes_it_cannot_take_is_an_error():
+def test_forcing_a_kernel_onto_what_it_cannot_take_is_an_error():
     from flowgrad.errors import DeviceError
 
     with mk.forced(mk.COOP.shader), pytest.raises(DeviceError, match="multiples of 16"):
         mk.choose(H200, "f16", 256, 136, 272, 1, coop_aligned=True)
+    with mk.forced("matmul_128x128_k8"), pytest.raises(DeviceError, match="no f16 build"):
+        mk.choose(H200, "f16", 256, 128, 256, 1)
+
+
+def test_f16_without_cooperative_matrices_uses_the_f16_tile():
+    for m, n, k, nz in [(4096, 4096, 4096, 1), (512, 512, 4096, 1), (64, 64, 32, 8)]:
+        assert mk.choose(H200, "f16", m, n, k, nz).tile.shader == mk.F16_TILE
 
 
 def test_coop_only_for_aligned_f16_on_a_device_that_has_it():

@@ -192,6 +192,7 @@ def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
 
     kernels = [(None, None)]
     if every:
+        tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
         coops = sorted(mk.COOPS) if dtype == "f16" and device.info.coopmat_f16 else []
-        kernels += [(shader, None) for shader in (*sorted(mk.TILES), *coops)]
+        kernels += [(shader, None) for shader in (*tiles, *coops)]
     return kernels

@@ -30,6 +30,7 @@ class Tile:
     bn: int
     bk: int
     coop: bool = False  # cooperative matrices, f16 only
+    f16: bool = False   # has an f16-storage build
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
@@ -37,8 +38,11 @@ class Tile:
 # .comp of a few defines to try one.
 TILES = {t.shader: t for t in (
     Tile("matmul_128x128_k8", 128, 128, 8), Tile("matmul_128x128_k16", 128, 128, 16),
-    Tile("matmul_64x64_k16", 64, 64, 16),
+    Tile("matmul_64x64_k16", 64, 64, 16, f16=True),
 )}
+# f16 GEMMs that cooperative matrices cannot take (odd sizes, or no device
+# support) are rare enough that one f16-storage tile serves them all
+F16_TILE = "matmul_64x64_k16"
 COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),)}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
@@ -112,11 +116,15 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     family = device_family(info)
     if shader is not None:
         tile = TILES.get(shader) or COOPS[shader]
+        if dtype == "f16" and not (tile.coop or tile.f16):
+            raise DeviceError(f"{shader} has no f16 build (f16 GEMMs use {F16_TILE} or matmul_coop)")
         if tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
             raise DeviceError(f"{shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
                               f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
         tile = COOP
+    elif dtype == "f16":
+        tile = TILES[F16_TILE]
     else:
         tile = TILES[TABLES[family][klass]]
     if want_chunks is not None:

@@ -1,4 +1,3 @@
-// variants: f32 f16
 #version 450
 // 128x128 output tile, 16 deep per step, 8x8 outputs per invocation (see matmul_tiled.glsl).
 #define BM 128
