@@ -19,6 +19,7 @@ from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Node, TensorType
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import get_op
 
 LOWERINGS = {
@@ -46,7 +47,7 @@ def kernels(vk_device):
 
 @pytest.mark.parametrize("name", sorted(LOWERINGS))
 def test_op_records_carry_their_lowering(name):
-    low = get_op(name).lowering
+    low = lowering_for(name)
     assert low is LOWERINGS[name]
     assert {"f32", "f16"} <= low.dtypes and {"f32", "f16"} <= low.bwd_dtypes
 
@@ -384,11 +385,11 @@ def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     ins = [_dry_view(s, d) for s, d in specs]
     out = _dry_view(node.shape, node.dtype)
     rec = Recorder()
-    get_op(op).lowering.forward(rec, node, ins, out)
+    lowering_for(op).forward(rec, node, ins, out)
     assert rec.counts()["dispatches"] == n_fwd
     rec = Recorder()
     grads = [None if i in get_op(op).nondiff else _dry_view(s, d) for i, (s, d) in enumerate(specs)]
-    get_op(op).lowering.backward(rec, node, _dry_view(node.shape, node.dtype), ins, out, grads)
+    lowering_for(op).backward(rec, node, _dry_view(node.shape, node.dtype), ins, out, grads)
     assert rec.counts()["dispatches"] == n_bwd
 
 

@@ -17,6 +17,7 @@ from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import linalg, shape
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Node, TensorType
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
 from flowgrad.ops import get_op
 from flowgrad.ops.attention import causal_mask
 
@@ -41,13 +42,13 @@ def kernels(vk_device):
 
 @pytest.mark.parametrize("name", sorted(LOWERINGS))
 def test_op_records_carry_their_lowering(name):
-    assert get_op(name).lowering is LOWERINGS[name]
+    assert lowering_for(name) is LOWERINGS[name]
 
 
 @pytest.mark.parametrize("name", ["transpose", "permute"])
 def test_permutations_carry_a_lowering(name):
-    low = get_op(name).lowering
-    assert low is not None and low.dtypes == shape.ANY and low.bwd_dtypes == shape.FLOAT
+    low = lowering_for(name)
+    assert low is not None and low.dtypes == ALL_DTYPES and low.bwd_dtypes == FLOATS
 
 
 def rand(rng, shape, dtype="f32"):

@@ -21,11 +21,11 @@ import weakref
 import numpy as np
 
 from flowgrad.errors import DeviceError, FlowError
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.recorder import (ALIGN, NUMPY, BufView, FakeBuffer, Recorder, align_up, count_barriers,
                                            encode, grid, read_timestamps)
 from flowgrad.graph import Graph
-from flowgrad.ops import get_op
 from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory
 
 
@@ -68,7 +68,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         if step.kind == "optimizer":
             continue
         node = nodes[step.node]
-        low = get_op(node.op).lowering
+        low = lowering_for(node.op)
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":
@@ -342,7 +342,7 @@ class GraphSession:
         here rather than fail inside a lowering."""
         for nid in mem.backward_nodes:
             node = self.graph.nodes[nid]
-            low = get_op(node.op).lowering
+            low = lowering_for(node.op)
             if low is None or low.backward is None or node.dtype not in low.bwd_dtypes:
                 raise FlowError(f"{node.label} = {node.op}(...) has no graph backward for {node.dtype}; "
                                 "compile with backward='closures' to differentiate it", node.span)

@@ -1,5 +1,5 @@
 """All ops. Importing this package registers every op family."""
 from flowgrad.ops import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401  (register ops)
-from flowgrad.ops.registry import OPS, Arg, Lowering, Op, OpTypeError, get_op, register
+from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 
-__all__ = ["OPS", "Arg", "Lowering", "Op", "OpTypeError", "get_op", "register"]
+__all__ = ["OPS", "Arg", "Op", "OpTypeError", "get_op", "register"]

@@ -21,7 +21,7 @@ _TYPE_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a string",
 
 
 def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
-          nondiff=(), index_bounds=None, lowering=None, doc: str = "") -> Op:
+          nondiff=(), index_bounds=None, doc: str = "") -> Op:
     sig = _Signature(args)
 
     def checked_infer(in_types, attrs):
@@ -42,7 +42,7 @@ def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
     def full_expand(builder, ins, attrs):
         return expand(builder, ins, sig.defaults | attrs)
 
-    op = Op(name, tuple(args), checked_infer, full_forward, full_vjp, lowering=lowering,
+    op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
             doc=doc)
     return register(op)

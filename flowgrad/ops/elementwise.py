@@ -9,7 +9,6 @@ import math
 import numpy as np
 from scipy.special import erf, expit  # scipy comes with scikit-learn, a dependency
 
-from flowgrad.exec_vulkan.lower import elementwise as vk
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
@@ -20,7 +19,7 @@ from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroad
 # ---------------------------------------------------------------- binary
 
 
-def _binary(name, forward, grads, doc, floats_only=False, lowering=None):
+def _binary(name, forward, grads, doc, floats_only=False):
     """grads(g, a, b, out) -> (da, db) before un-broadcasting."""
 
     def infer(ins, attrs):
@@ -35,15 +34,14 @@ def _binary(name, forward, grads, doc, floats_only=False, lowering=None):
         da, db = grads(g, a, b, out)
         return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
 
-    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, lowering=lowering,
-                 doc=doc)
+    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc)
 
 
-add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b", lowering=vk.ADD)
-sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b", lowering=vk.SUB)
-mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b", lowering=vk.MUL)
+add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b")
+sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b")
+mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b")
 div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a / b (floats)",
-              floats_only=True, lowering=vk.DIV)
+              floats_only=True)
 
 # ---------------------------------------------------------------- unary
 
@@ -53,7 +51,7 @@ def _float_infer(ins, attrs):
     return ins[0]
 
 
-def _unary(name, f, df, doc, extra_args=(), check=None, lowering=None):
+def _unary(name, f, df, doc, extra_args=(), check=None):
     """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
     def infer(ins, attrs):
         if check:
@@ -69,20 +67,19 @@ def _unary(name, f, df, doc, extra_args=(), check=None, lowering=None):
         xw, yw = wide(x), wide(out)
         return [narrow(wide(g) * df(xw, yw, attrs), x)]
 
-    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, lowering=lowering, doc=doc)
+    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc)
 
 
 neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
-            lambda g, ins, out, at: [np.negative(g)], lowering=vk.NEG, doc="-x")
+            lambda g, ins, out, at: [np.negative(g)], doc="-x")
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", lowering=vk.EXP)
-log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log", lowering=vk.LOG)
-sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root", lowering=vk.SQRT)
-tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh", lowering=vk.TANH)
-sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)",
-                 lowering=vk.SIGMOID)
+exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x")
+log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log")
+sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root")
+tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh")
+sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)")
 relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
-              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", lowering=vk.RELU)
+              "max(x, 0); gradient 0 at x = 0 (as PyTorch)")
 
 
 def _silu_grad(x, y, at):
@@ -90,7 +87,7 @@ def _silu_grad(x, y, at):
     return s * (1.0 + x * (1.0 - s))
 
 
-silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", lowering=vk.SILU)
+silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)")
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -114,12 +111,11 @@ def _gelu_check(at):
 
 
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
-              extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check, lowering=vk.GELU)
+              extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
 power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
              lambda x, y, at: at["exponent"] * np.power(x, at["exponent"] - 1),
-             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),),
-             lowering=vk.POW)
+             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
 
 # ---------------------------------------------------------------- cast
 
@@ -146,4 +142,4 @@ def _cast_vjp(g, ins, out, attrs):
 
 
 cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             _cast_vjp, lowering=vk.CAST, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero")
+             _cast_vjp, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero")

@@ -1,6 +1,7 @@
 """The op record type and the registry. Each op is ONE `Op` object, declared
 in its family's module beside its rules: signature, shape/dtype rule, numpy
-forward, numpy VJP, and (if it has one) its graph lowering."""
+forward and numpy VJP. A backend keeps its own table of lowerings by op
+name (the Vulkan one: flowgrad/exec_vulkan/lowering.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -28,22 +29,6 @@ class Arg:
     types: tuple = ()
 
 
-@attrs.frozen
-class Lowering:
-    """How an op runs on a Vulkan device.
-
-    forward(rec, node, ins, out): record the dispatches that compute `out`.
-    backward(rec, node, g, ins, out, grads): record the dispatches that write
-    (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
-    `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
-    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
-
-    forward: Callable
-    backward: Callable | None
-    dtypes: frozenset = frozenset({"f32"})
-    bwd_dtypes: frozenset = frozenset({"f32"})
-
-
 @attrs.define
 class Op:
     """infer(in_types, attrs) -> TensorType   (raise OpTypeError on bad input)
@@ -67,7 +52,6 @@ class Op:
     infer: Callable
     forward: Callable
     vjp: Callable | None
-    lowering: Lowering | None = None
     expand: Callable | None = None
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None

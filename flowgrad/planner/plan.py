@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import OPS
 
 
@@ -80,7 +81,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
             out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
                                "register the op with flowgrad.register_op", node))
             continue
-        low = op.lowering
+        low = lowering_for(node.op)
         if low is None:
             out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering (it runs on closures only)",
                                f"register a Vulkan lowering for op {op.name!r}, or replace it with built-in ops", node))
@@ -121,9 +122,10 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | Non
     out = view(node.type)
     grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
     try:
-        op.lowering.forward(Recorder(None), node, ins, out)
+        low = lowering_for(node.op)
+        low.forward(Recorder(None), node, ins, out)
         if backward:
-            op.lowering.backward(Recorder(None), node, view(node.type), ins, out, grads)
+            low.backward(Recorder(None), node, view(node.type), ins, out, grads)
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)

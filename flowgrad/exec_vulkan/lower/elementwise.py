@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
-from flowgrad.ops.registry import Lowering
-
-FLOATS = frozenset({"f32", "f16"})
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
 # ---------------------------------------------------------------- binary
 
@@ -124,5 +122,20 @@ def _cast_backward(rec, node, g, ins, out, grads):
         _convert(rec, g, grads[0])
 
 
-CAST = Lowering(_cast_forward, _cast_backward, frozenset({"f32", "f16", "i32"}),
-                frozenset({"f32", "f16", "i32"}))
+CAST = Lowering(_cast_forward, _cast_backward, ALL_DTYPES, ALL_DTYPES)
+
+register_lowering("add", ADD)
+register_lowering("sub", SUB)
+register_lowering("mul", MUL)
+register_lowering("div", DIV)
+register_lowering("neg", NEG)
+register_lowering("exp", EXP)
+register_lowering("log", LOG)
+register_lowering("sqrt", SQRT)
+register_lowering("tanh", TANH)
+register_lowering("sigmoid", SIGMOID)
+register_lowering("relu", RELU)
+register_lowering("silu", SILU)
+register_lowering("gelu", GELU)
+register_lowering("pow", POW)
+register_lowering("cast", CAST)

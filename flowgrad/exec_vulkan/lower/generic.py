@@ -12,6 +12,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d  # noqa: F401  (lowerings import them from here)
+from flowgrad.ops.registry import REQUIRED, get_op
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -66,7 +67,5 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
 def full_attrs(node) -> dict:
     """node.attrs completed with the op signature's defaults (as the op's own
     rules see them)."""
-    from flowgrad.ops.registry import REQUIRED, get_op  # lazy: op modules import the lowerings
-
     defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
     return defaults | dict(node.attrs)

@@ -19,7 +19,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 TILE_M = TILE_N = 64  # matmul.comp BM, BN
 # Split-K: a GEMM of fewer output tiles than this (a weight gradient: small
@@ -172,4 +172,6 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}))
+MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS)
+
+register_lowering("matmul", MATMUL)
