@@ -7,13 +7,18 @@ axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
+from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, broadcast_axes, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+
+# map ops: forward (reads x) and backward (reads g, x, y)
+M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
+          EXP_B=21, LOG_B=22, SQRT_B=23, TANH_B=24, SIGMOID_B=25, RELU_B=26, GELU_B=27, GELU_TANH_B=28,
+          SILU_B=29, POW_B=30)
 
 # ---------------------------------------------------------------- binary
 
 
-def _binary_forward(op: M):
+def _binary_forward(op: MapOp):
     def forward(rec, node, ins, out):
         map_reduce(rec, op, ins, out)
     return forward
@@ -63,7 +68,7 @@ def _unary(pick, param=lambda attrs: 0.0):
     return Lowering(forward, backward, FLOATS, FLOATS)
 
 
-def _fixed(fwd: M, bwd: M):
+def _fixed(fwd: MapOp, bwd: MapOp):
     return _unary(lambda attrs: (fwd, bwd))
 
 
