@@ -87,9 +87,9 @@ def _max_vjp(g, ins, out, attrs):
 
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
-            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (None: all)")
-reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (None: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (None: all); tied maxima share the gradient evenly")
+            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (none: all); tied maxima share the gradient evenly")
 
 # ---------------------------------------------------------------- softmax
 
