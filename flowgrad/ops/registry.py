@@ -29,6 +29,18 @@ class Arg:
     types: tuple = ()
 
 
+@attrs.frozen
+class Sample:
+    """A valid call of an op, for its tests: one (shape, kind) per input and
+    the attrs. kind says how the test draws the values, away from the op's
+    kinks: "normal", "positive" (in [0.5, 2]), "nonzero" (|x| in [0.2, 2]),
+    "distinct" (no two within 0.1: no ties), "mask" (0.0 or 1.0), or
+    "ints:N" (i32 in [0, N))."""
+
+    ins: tuple
+    attrs: dict = attrs.field(factory=dict)
+
+
 @attrs.define
 class Op:
     """infer(in_types, attrs) -> TensorType   (raise OpTypeError on bad input)
@@ -45,7 +57,13 @@ class Op:
     nondiff: input positions that never get a gradient (indices, targets).
     index_bounds(in_types) -> {position: n}: inputs that hold indices, each
         valid in [0, n); a feed reaching one is range-checked on the host,
-        since a device kernel can't raise."""
+        since a device kernel can't raise.
+    decompose(emit, ins, attrs) -> value: the op as a composition of other
+        ops, emit(op_name, values, attrs) -> value. The builder puts the
+        composition in the graph instead of one node, so the op needs no
+        kernel or lowering of its own; its numpy forward, VJP and shape rule
+        are those of the composition.
+    samples: valid calls, for the op tests (see `Sample`)."""
 
     name: str
     args: tuple[Arg, ...]
@@ -56,6 +74,8 @@ class Op:
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None
     doc: str = ""
+    decompose: Callable | None = None
+    samples: tuple = ()
 
 
 OPS: dict[str, Op] = {}
