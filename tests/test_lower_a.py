@@ -21,6 +21,7 @@ from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import get_op
+from tests import op_samples
 
 LOWERINGS = {
     "add": elementwise.ADD, "sub": elementwise.SUB, "mul": elementwise.MUL, "div": elementwise.DIV,
@@ -100,6 +101,21 @@ def run_op(kernels, op, ins, attrs, rng, backward=True):
             continue
         assert d.dtype == ins[i].dtype
         close(d, r, dtype, f"{op} grad of input {i}")
+
+
+# ---------------------------------------------------------------- the records' samples
+
+SAMPLED = [c for c in op_samples.cases() if lowering_for(c[0]) is not None]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("case", SAMPLED, ids=[f"{c[0]}-{i}" for i, c in enumerate(SAMPLED)])
+def test_record_samples_on_vulkan(kernels, case, dtype):
+    """Every lowered op's own samples, forward and backward, against its numpy rules."""
+    name, makers, attrs = case
+    rng = np.random.default_rng(3)
+    ins = [x.astype(NP[dtype]) if x.dtype.kind == "f" else x for x in (m(rng) for m in makers)]
+    run_op(kernels, name, ins, attrs, rng)
 
 
 # ---------------------------------------------------------------- elementwise

@@ -13,7 +13,7 @@ from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroadcast
 
 # ---------------------------------------------------------------- binary
@@ -51,7 +51,7 @@ def _float_infer(ins, attrs):
     return ins[0]
 
 
-def _unary(name, f, df, doc, extra_args=(), check=None):
+def _unary(name, f, df, doc, extra_args=(), check=None, samples=()):
     """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
     def infer(ins, attrs):
         if check:
@@ -67,19 +67,19 @@ def _unary(name, f, df, doc, extra_args=(), check=None):
         xw, yw = wide(x), wide(out)
         return [narrow(wide(g) * df(xw, yw, attrs), x)]
 
-    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc)
+    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc, samples=samples)
 
 
 neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
-            lambda g, ins, out, at: [np.negative(g)], doc="-x")
+            lambda g, ins, out, at: [np.negative(g)], doc="-x", samples=[Sample((((2, 3), "normal"),))])
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x")
+exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", samples=[Sample((((2, 3), "normal"),))])
 log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log")
 sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root")
 tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh")
 sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)")
 relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
-              "max(x, 0); gradient 0 at x = 0 (as PyTorch)")
+              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))])
 
 
 def _silu_grad(x, y, at):
