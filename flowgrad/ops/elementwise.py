@@ -81,6 +81,9 @@ sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - 
 relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
               "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))])
 
+abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: np.sign(x), "|x|; gradient sign(x), 0 at x = 0 (as PyTorch)",
+              samples=[Sample((((2, 3), "nonzero"),))])
+
 
 def _silu_grad(x, y, at):
     s = expit(x)

@@ -13,7 +13,7 @@ from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register
 # map ops: forward (reads x) and backward (reads g, x, y)
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           EXP_B=21, LOG_B=22, SQRT_B=23, TANH_B=24, SIGMOID_B=25, RELU_B=26, GELU_B=27, GELU_TANH_B=28,
-          SILU_B=29, POW_B=30)
+          SILU_B=29, POW_B=30, ABS=33, ABS_B=34)
 
 # ---------------------------------------------------------------- binary
 
@@ -85,6 +85,7 @@ TANH = _fixed(M.TANH, M.TANH_B)
 SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B)
 RELU = _fixed(M.RELU, M.RELU_B)
 SILU = _fixed(M.SILU, M.SILU_B)
+ABS = _fixed(M.ABS, M.ABS_B)
 GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
               else (M.GELU, M.GELU_B))
 POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
@@ -141,6 +142,7 @@ register_lowering("tanh", TANH)
 register_lowering("sigmoid", SIGMOID)
 register_lowering("relu", RELU)
 register_lowering("silu", SILU)
+register_lowering("abs", ABS)
 register_lowering("gelu", GELU)
 register_lowering("pow", POW)
 register_lowering("cast", CAST)

@@ -31,3 +31,5 @@
 #define M_POW_B 30u
 #define M_MAX_B 31u
 #define M_DIFF_MUL 32u
+#define M_ABS 33u
+#define M_ABS_B 34u

@@ -79,6 +79,8 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
     case M_POW_B: return a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);
     case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
     case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
+    case M_ABS: return abs(a);
+    case M_ABS_B: return a * sign(float(x1[i1]));
     }
     return fg_nan();
 }
