@@ -32,7 +32,7 @@ def test_the_docs_op_table_shows_every_builtin_op_once():
 
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
-        "embedding": {0}, "cross_entropy": {1}, "attention": {3}}
+        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "where": {0}}
 
 
 def T(*shape, dtype="f32"):
@@ -157,6 +157,7 @@ ATTR_VALUES = {
     "heads": [1, 2, 3, 0, -1],
     "causal": [False, True],
 }
+ANY_ATTR_VALUES = [None, 0, 1.5, -2, "x", [1], True]  # for an attr not listed above
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]
 
 
@@ -202,7 +203,7 @@ def op_call(draw, name):
             names = [a.name for a in get_op(name).args if a.kind == "attr"]
             if names:
                 key = draw(st.sampled_from(names))
-                attrs[key] = draw(st.sampled_from(ATTR_VALUES[key]))
+                attrs[key] = draw(st.sampled_from(ATTR_VALUES.get(key, ANY_ATTR_VALUES)))
         elif kind == "drop_attr" and attrs:
             del attrs[draw(st.sampled_from(sorted(attrs)))]
         elif kind == "tensors":

@@ -19,7 +19,7 @@ from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroad
 # ---------------------------------------------------------------- binary
 
 
-def _binary(name, forward, grads, doc, floats_only=False):
+def _binary(name, forward, grads, doc, floats_only=False, samples=()):
     """grads(g, a, b, out) -> (da, db) before un-broadcasting."""
 
     def infer(ins, attrs):
@@ -34,7 +34,7 @@ def _binary(name, forward, grads, doc, floats_only=False):
         da, db = grads(g, a, b, out)
         return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
 
-    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc)
+    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples)
 
 
 add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b")
@@ -42,6 +42,49 @@ sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b")
 mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b")
 div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a / b (floats)",
               floats_only=True)
+
+
+def _pick_grads(wins):
+    """maximum / minimum: the gradient goes to the operand that wins, split
+    evenly at a tie (as PyTorch)."""
+    def grads(g, a, b, out):
+        tie = 0.5 * g * (a == b)
+        return g * wins(a, b) + tie, g * wins(b, a) + tie
+    return grads
+
+
+_PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
+maximum = _binary("maximum", np.maximum, _pick_grads(np.greater), "elementwise max; a tie splits the gradient evenly",
+                  samples=_PAIR)
+minimum = _binary("minimum", np.minimum, _pick_grads(np.less), "elementwise min; a tie splits the gradient evenly",
+                  samples=_PAIR)
+
+
+def _where_infer(ins, attrs):
+    cond, a, b = ins
+    return TensorType(broadcast_shape(broadcast_shape(cond.shape, a.shape), b.shape), same_dtype([a, b]))
+
+
+def _where_vjp(g, ins, out, attrs):
+    cond, a, b = ins
+    picked = np.broadcast_to(cond != 0, g.shape)
+    zero = np.zeros_like(g)
+    return [None, unbroadcast(np.where(picked, g, zero), a.shape), unbroadcast(np.where(picked, zero, g), b.shape)]
+
+
+def _where_expand(builder, ins, attrs):
+    # cond is read in its operands' dtype, so one kernel serves any cond dtype
+    cond, a, b = ins
+    want = builder.type(a).dtype
+    if builder.type(cond).dtype != want:
+        cond = builder.apply("cast", [cond], {"dtype": want})
+    return [cond, a, b], attrs
+
+
+where = defop("where", (Arg("cond"), Arg("a"), Arg("b")), _where_infer,
+              lambda ins, at: np.where(ins[0] != 0, ins[1], ins[2]), _where_vjp, expand=_where_expand, nondiff=(0,),
+              doc="a where cond is nonzero, else b (broadcasting); cond (any dtype, e.g. a 0/1 mask) gets no gradient",
+              samples=[Sample((((2, 3), "mask"), ((2, 3), "normal"), ((3,), "normal")))])
 
 # ---------------------------------------------------------------- unary
 
@@ -119,6 +162,39 @@ gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approxi
 power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
              lambda x, y, at: at["exponent"] * np.power(x, at["exponent"] - 1),
              "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+
+_BOUND = (int, float)
+clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]),
+                   lambda x, y, at: (x >= at["min"]).astype(x.dtype), "max(x, min); gradient 1 where x >= min",
+                   extra_args=(Arg("min", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"min": 0.1})])
+clamp_max = _unary("clamp_max", lambda x, at: np.minimum(x, at["max"]),
+                   lambda x, y, at: (x <= at["max"]).astype(x.dtype), "min(x, max); gradient 1 where x <= max",
+                   extra_args=(Arg("max", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"max": 0.1})])
+
+
+def _clamp_check(ins, attrs):
+    float_dtype(ins[0])
+    if attrs["min"] is None and attrs["max"] is None:
+        raise OpTypeError("give min, max or both")
+
+
+def _clamp(emit, ins, attrs):
+    (x,) = ins
+    if attrs["min"] is not None:
+        x = emit("clamp_min", [x], {"min": attrs["min"]})
+    if attrs["max"] is not None:
+        x = emit("clamp_max", [x], {"max": attrs["max"]})
+    return x
+
+
+# clamp_max(clamp_min(x)) has clamp's gradient (1 where min <= x <= max), and
+# when min > max both give max with a zero gradient, as PyTorch
+clamp = defop("clamp", (Arg("x"), Arg("min", "attr", None, _BOUND + (type(None),)),
+                        Arg("max", "attr", None, _BOUND + (type(None),))),
+              decompose=_clamp, check=_clamp_check,
+              doc="x limited to [min, max] (either may be none); gradient 1 inside, 0 outside (as PyTorch)",
+              samples=[Sample((((3, 4), "normal"),), {"min": -0.5, "max": 0.6}),
+                       Sample((((3, 4), "normal"),), {"max": 0.2})])
 
 # ---------------------------------------------------------------- cast
 

@@ -13,7 +13,12 @@ from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register
 # map ops: forward (reads x) and backward (reads g, x, y)
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           EXP_B=21, LOG_B=22, SQRT_B=23, TANH_B=24, SIGMOID_B=25, RELU_B=26, GELU_B=27, GELU_TANH_B=28,
-          SILU_B=29, POW_B=30, ABS=33, ABS_B=34)
+          SILU_B=29, POW_B=30, ABS=33, ABS_B=34,
+          MAXIMUM=35, MINIMUM=36,
+          MAXIMUM_DA=37, MINIMUM_DA=38,   # x0 = g, x1 = this operand, x2 = the other
+          WHERE=39,                       # x0 = cond, x1 = a, x2 = b
+          WHERE_DA=40, WHERE_DB=41,       # x0 = g, x1 = cond
+          CLAMP_MIN=42, CLAMP_MIN_B=43, CLAMP_MAX=44, CLAMP_MAX_B=45)
 
 # ---------------------------------------------------------------- binary
 
@@ -49,6 +54,22 @@ ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]
 SUB = _binary(M.SUB, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.NEG, [g]))
 MUL = _binary(M.MUL, lambda g, a, b: (M.MUL, [g, b]), lambda g, a, b: (M.MUL, [g, a]))
 DIV = _binary(M.DIV, lambda g, a, b: (M.DIV, [g, b]), lambda g, a, b: (M.DIV_DB, [g, a, b]))
+MAXIMUM = _binary(M.MAXIMUM, lambda g, a, b: (M.MAXIMUM_DA, [g, a, b]), lambda g, a, b: (M.MAXIMUM_DA, [g, b, a]))
+MINIMUM = _binary(M.MINIMUM, lambda g, a, b: (M.MINIMUM_DA, [g, a, b]), lambda g, a, b: (M.MINIMUM_DA, [g, b, a]))
+
+
+def _where_forward(rec, node, ins, out):
+    map_reduce(rec, M.WHERE, ins, out)
+
+
+def _where_backward(rec, node, g, ins, out, grads):
+    cond = ins[0]
+    for target, op in zip(grads[1:], (M.WHERE_DA, M.WHERE_DB)):
+        if target is not None:
+            _sum_to(rec, op, [g, cond], target, tuple(out.shape))
+
+
+WHERE = Lowering(_where_forward, _where_backward, FLOATS, FLOATS)
 
 # ---------------------------------------------------------------- unary
 
@@ -86,6 +107,8 @@ SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B)
 RELU = _fixed(M.RELU, M.RELU_B)
 SILU = _fixed(M.SILU, M.SILU_B)
 ABS = _fixed(M.ABS, M.ABS_B)
+CLAMP_MIN = _unary(lambda attrs: (M.CLAMP_MIN, M.CLAMP_MIN_B), param=lambda attrs: float(attrs["min"]))
+CLAMP_MAX = _unary(lambda attrs: (M.CLAMP_MAX, M.CLAMP_MAX_B), param=lambda attrs: float(attrs["max"]))
 GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
               else (M.GELU, M.GELU_B))
 POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
@@ -143,6 +166,11 @@ register_lowering("sigmoid", SIGMOID)
 register_lowering("relu", RELU)
 register_lowering("silu", SILU)
 register_lowering("abs", ABS)
+register_lowering("maximum", MAXIMUM)
+register_lowering("minimum", MINIMUM)
+register_lowering("where", WHERE)
+register_lowering("clamp_min", CLAMP_MIN)
+register_lowering("clamp_max", CLAMP_MAX)
 register_lowering("gelu", GELU)
 register_lowering("pow", POW)
 register_lowering("cast", CAST)

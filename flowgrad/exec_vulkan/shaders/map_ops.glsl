@@ -33,3 +33,14 @@
 #define M_DIFF_MUL 32u
 #define M_ABS 33u
 #define M_ABS_B 34u
+#define M_MAXIMUM 35u
+#define M_MINIMUM 36u
+#define M_MAXIMUM_DA 37u
+#define M_MINIMUM_DA 38u
+#define M_WHERE 39u
+#define M_WHERE_DA 40u
+#define M_WHERE_DB 41u
+#define M_CLAMP_MIN 42u
+#define M_CLAMP_MIN_B 43u
+#define M_CLAMP_MAX 44u
+#define M_CLAMP_MAX_B 45u

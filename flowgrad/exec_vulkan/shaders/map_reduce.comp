@@ -81,6 +81,17 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
     case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
     case M_ABS: return abs(a);
     case M_ABS_B: return a * sign(float(x1[i1]));
+    case M_MAXIMUM: return max(a, float(x1[i1]));
+    case M_MINIMUM: return min(a, float(x1[i1]));
+    case M_MAXIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s > o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_MINIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s < o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_WHERE: return a != 0.0 ? float(x1[i1]) : float(x2[i2]);
+    case M_WHERE_DA: return float(x1[i1]) != 0.0 ? a : 0.0;
+    case M_WHERE_DB: return float(x1[i1]) != 0.0 ? 0.0 : a;
+    case M_CLAMP_MIN: return max(a, pc.param);
+    case M_CLAMP_MIN_B: return float(x1[i1]) >= pc.param ? a : 0.0;
+    case M_CLAMP_MAX: return min(a, pc.param);
+    case M_CLAMP_MAX_B: return float(x1[i1]) <= pc.param ? a : 0.0;
     }
     return fg_nan();
 }
