@@ -11,8 +11,10 @@ from typing import Callable
 
 import attrs
 
-FLOATS = frozenset({"f32", "f16"})
-ALL_DTYPES = frozenset({"f32", "f16", "i32"})
+from flowgrad.dtypes import DTYPES, FLOAT_DTYPES
+
+FLOATS = frozenset(FLOAT_DTYPES)
+ALL_DTYPES = frozenset(DTYPES)
 
 
 @attrs.frozen

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 HEAD_BOUNDS = (32, 64, 128, 256)  # MAXD of the compiled kernels

@@ -6,7 +6,8 @@ index space; a backward is one map per input, fused with the sum over the
 axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, broadcast_axes, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 

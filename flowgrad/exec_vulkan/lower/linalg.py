@@ -17,7 +17,8 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, coalesce, strided_copy, strides, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 

@@ -14,8 +14,8 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.limits import MAX_GROUPS
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import collapse, variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
@@ -107,7 +107,7 @@ def reduce_chunks(n: int, items: int, lanes: int) -> int:
 
 
 def segment_groups(items: int, lanes: int) -> int:
-    return max(1, min(MAX_GROUPS, math.ceil(items / (WG // lanes))))
+    return groups_1d(items, WG // lanes)[0]
 
 
 def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
@@ -131,22 +131,6 @@ def broadcast_axes(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int,
     gradient must be summed."""
     pad = (1,) * (len(space) - len(shape)) + tuple(shape)
     return tuple(d for d in range(len(space)) if pad[d] == 1 and space[d] != 1)
-
-
-def collapse(space, reduced, strides):
-    """Merge neighbouring axes that every input walks contiguously and that
-    are both kept or both reduced; drop size-1 axes. Elementwise ops on whole
-    tensors become rank 1, and ranks above 6 often fit."""
-    dims = [(n, d in reduced, [s[d] for s in strides]) for d, n in enumerate(space) if n != 1]
-    out: list[tuple[int, bool, list[int]]] = []
-    for n, red, st in dims:
-        if out:
-            pn, pred, pst = out[-1]
-            if pred == red and all(a == b * n for a, b in zip(pst, st)):
-                out[-1] = (pn * n, red, st)
-                continue
-        out.append((n, red, st))
-    return out
 
 
 def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None,

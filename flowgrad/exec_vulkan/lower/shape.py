@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, groups_1d, strided_copy, strides, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 from flowgrad.ops import shape as rules
