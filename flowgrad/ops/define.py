@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, complete_attrs, get_op, register
+from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults, complete_attrs, get_op, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
@@ -95,7 +95,7 @@ def _composed(decompose, check, nondiff):
 class _Signature:
     def __init__(self, args):
         self.attrs = {a.name: a for a in args if a.kind == "attr"}
-        self.defaults = {a.name: a.default for a in self.attrs.values() if a.default is not REQUIRED}
+        self.defaults = attr_defaults(args)
         tensors = [a for a in args if a.kind == "tensor"]
         self.min_inputs = sum(a.default is REQUIRED for a in tensors)
         self.variadic = any(a.kind == "tensors" for a in args)

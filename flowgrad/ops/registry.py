@@ -83,6 +83,13 @@ class Op:
         return complete_attrs(self.args, attrs or {})
 
 
+def attr_defaults(args) -> dict:
+    """{attr name: default} of a signature: the one place defaults are read
+    from (the op's own rules and the lowerings both see attrs completed with
+    these)."""
+    return {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
+
+
 def complete_attrs(args, attrs) -> dict:
     """attrs completed with the defaults of `args`, each checked against its
     Arg's types; OpTypeError names an unknown, missing or mistyped one."""

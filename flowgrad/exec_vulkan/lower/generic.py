@@ -12,7 +12,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.ops.registry import REQUIRED, get_op
+from flowgrad.ops.registry import attr_defaults, get_op
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -76,5 +76,4 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
 def full_attrs(node) -> dict:
     """node.attrs completed with the op signature's defaults (as the op's own
     rules see them)."""
-    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
-    return defaults | dict(node.attrs)
+    return attr_defaults(get_op(node.op).args) | dict(node.attrs)
