@@ -17,10 +17,10 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.lower import elementwise, loss, norm, reduce
 from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
-from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import get_op
+from tests.op_harness import NP, close, make_node, wide64
 from tests import op_samples
 
 LOWERINGS = {
@@ -33,10 +33,6 @@ LOWERINGS = {
     "layernorm": norm.LAYERNORM, "rmsnorm": norm.RMSNORM,
     "mse_loss": loss.MSE_LOSS, "cross_entropy": loss.CROSS_ENTROPY,
 }
-# f32 results are compared far tighter than the brief's 2e-3: these kernels
-# compute in f32 what numpy computes in float64
-TOL = {"f32": 1e-4, "f16": 1e-2}
-NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
 
 
 @pytest.fixture
@@ -60,22 +56,10 @@ def uniform(rng, shape, lo=-1.0, hi=1.0, dtype="f32"):
     return rng.uniform(lo, hi, size=shape).astype(NP[dtype])
 
 
-def make_node(op, ins, attrs):
-    types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
 
 
-def wide64(x):
-    return x.astype(np.float64) if x.dtype.kind == "f" else x
 
 
-def close(got, want, dtype, what):
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.all(np.isfinite(got)), f"{what}: non-finite values"
-    tol = TOL[dtype]
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 def run_op(kernels, op, ins, attrs, rng, backward=True):

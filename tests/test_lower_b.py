@@ -15,10 +15,9 @@ import pytest
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import linalg, shape
-from flowgrad.dtypes import dtype_of
-from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
 from flowgrad.ops import get_op
+from tests.op_harness import NP, close, make_node
 from flowgrad.ops.attention import causal_mask
 
 LOWERINGS = {
@@ -29,8 +28,6 @@ LOWERINGS = {
     "slice": shape.SLICE,
     "concat": shape.CONCAT,
 }
-TOL = {"f32": 2e-3, "f16": 1e-2}
-NP = {"f32": np.float32, "f16": np.float16}
 
 
 @pytest.fixture
@@ -55,17 +52,8 @@ def rand(rng, shape, dtype="f32"):
     return rng.uniform(-1, 1, size=shape).astype(NP[dtype])
 
 
-def make_node(op, ins, attrs):
-    types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
 
 
-def close(got, want, dtype, what):
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    tol = TOL[dtype]
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 def run_op(kernels, op, ins, attrs, rng, dtype="f32", backward=True):
@@ -171,7 +159,7 @@ def _attention(kernels, rng, q_shape, k_shape, heads, mask=None, causal=False):
         ins.append(mask)
     grads = run_op(kernels, "attention", ins, {"heads": heads, "causal": causal}, rng)
     for name, d in zip("qkv", grads[:3]):
-        # each gradient on its own: a wrong view offset reads zeros (DESIGN lesson 6)
+        # each gradient on its own: a wrong view offset reads zeros
         assert np.all(np.isfinite(d)), f"d{name} has non-finite values"
         assert np.max(np.abs(d)) > 0, f"d{name} is all zeros"
     return grads
