@@ -380,3 +380,14 @@ def test_embedding_backward_splits_many_ids_into_chunks(kernels, dtype):
                                    view((10, 100, 6)), [None, view((5, 6))])
     assert [c.shader for c in rec.commands] == ["embedding_bwd", "map_reduce"]
     assert rec.commands[0].groups[2] == 3   # chunks of 334 ids
+
+
+@pytest.mark.parametrize("name, want", [("mlp", (16, 7, 9)), ("tiny_gpt", (123, 36, 87))])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_model_dispatch_counts(name, want, dtype):
+    """The example models' step, counted on the dry-run recorder (explain's
+    figures); the explain goldens leave these numbers to this test."""
+    import flowgrad as fg
+
+    plan = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=dtype).explain().to_dict()["graph_plan"]
+    assert (plan["dispatches"], plan["dispatches_forward"], plan["dispatches_backward"]) == want
