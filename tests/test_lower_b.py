@@ -15,9 +15,9 @@ import pytest
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import linalg, shape
-from flowgrad.dtypes import dtype_of
-from flowgrad.graph import Node, TensorType
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
 from flowgrad.ops import get_op
+from tests.op_harness import NP, close, make_node
 from flowgrad.ops.attention import causal_mask
 
 LOWERINGS = {
@@ -28,8 +28,6 @@ LOWERINGS = {
     "slice": shape.SLICE,
     "concat": shape.CONCAT,
 }
-TOL = {"f32": 2e-3, "f16": 1e-2}
-NP = {"f32": np.float32, "f16": np.float16}
 
 
 @pytest.fixture
@@ -41,30 +39,21 @@ def kernels(vk_device):
 
 @pytest.mark.parametrize("name", sorted(LOWERINGS))
 def test_op_records_carry_their_lowering(name):
-    assert get_op(name).lowering is LOWERINGS[name]
+    assert lowering_for(name) is LOWERINGS[name]
 
 
 @pytest.mark.parametrize("name", ["transpose", "permute"])
 def test_permutations_carry_a_lowering(name):
-    low = get_op(name).lowering
-    assert low is not None and low.dtypes == shape.ANY and low.bwd_dtypes == shape.FLOAT
+    low = lowering_for(name)
+    assert low is not None and low.dtypes == ALL_DTYPES and low.bwd_dtypes == FLOATS
 
 
 def rand(rng, shape, dtype="f32"):
     return rng.uniform(-1, 1, size=shape).astype(NP[dtype])
 
 
-def make_node(op, ins, attrs):
-    types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
 
 
-def close(got, want, dtype, what):
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    tol = TOL[dtype]
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 def run_op(kernels, op, ins, attrs, rng, dtype="f32", backward=True):
@@ -170,7 +159,7 @@ def _attention(kernels, rng, q_shape, k_shape, heads, mask=None, causal=False):
         ins.append(mask)
     grads = run_op(kernels, "attention", ins, {"heads": heads, "causal": causal}, rng)
     for name, d in zip("qkv", grads[:3]):
-        # each gradient on its own: a wrong view offset reads zeros (DESIGN lesson 6)
+        # each gradient on its own: a wrong view offset reads zeros
         assert np.all(np.isfinite(d)), f"d{name} has non-finite values"
         assert np.max(np.abs(d)) > 0, f"d{name} is all zeros"
     return grads
@@ -391,3 +380,14 @@ def test_embedding_backward_splits_many_ids_into_chunks(kernels, dtype):
                                    view((10, 100, 6)), [None, view((5, 6))])
     assert [c.shader for c in rec.commands] == ["embedding_bwd", "map_reduce"]
     assert rec.commands[0].groups[2] == 3   # chunks of 334 ids
+
+
+@pytest.mark.parametrize("name, want", [("mlp", (16, 7, 9)), ("tiny_gpt", (123, 36, 87))])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_model_dispatch_counts(name, want, dtype):
+    """The example models' step, counted on the dry-run recorder (explain's
+    figures); the explain goldens leave these numbers to this test."""
+    import flowgrad as fg
+
+    plan = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=dtype).explain().to_dict()["graph_plan"]
+    assert (plan["dispatches"], plan["dispatches_forward"], plan["dispatches_backward"]) == want

@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import OPS
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
@@ -85,7 +86,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: d
             out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
                                "register the op with flowgrad.register_op", node))
             continue
-        low = op.lowering
+        low = lowering_for(node.op)
         if low is None:
             out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering (it runs on closures only)",
                                f"register a Vulkan lowering for op {op.name!r}, or replace it with built-in ops", node))
@@ -132,10 +133,11 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     out = view(node.type)
     grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
     try:
+        low = lowering_for(node.op)
         fwd, bwd = Recorder(None, info=device), Recorder(None, info=device)
-        op.lowering.forward(fwd, node, ins, out)
+        low.forward(fwd, node, ins, out)
         if backward:
-            op.lowering.backward(bwd, node, view(node.type), ins, out, grads)
+            low.backward(bwd, node, view(node.type), ins, out, grads)
         if device is not None and kernels is not None:
             kernels[node.id] = {"forward": shaders(fwd), "backward": shaders(bwd)}
     except (FlowError, ValueError) as e:

@@ -18,10 +18,11 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, coalesce, strided_copy, strides, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 
 @attrs.frozen
@@ -220,4 +221,6 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}))
+MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS)
+
+register_lowering("matmul", MATMUL)
