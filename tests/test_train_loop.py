@@ -106,7 +106,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(tmp_path):
     for k, v in full.session.params.items():
         np.testing.assert_array_equal(v, resumed.session.params[k])
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["version"] == 1
+    assert json.loads(lines[0])["version"] == 2
     assert [json.loads(x) for x in lines[1:]] == full.history
 
 
@@ -124,11 +124,16 @@ def test_resume_after_a_crash_restarts_from_the_last_checkpoint(tmp_path):
 
 def test_output_files(tmp_path):
     res = fg.train(small(), device="cpu", progress=False, out=tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.safetensors", "loss.png", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.safetensors", "checkpoint.safetensors", "loss.png",
+                                                          "metrics.jsonl"]
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()[1:]]
-    evals = [r["step"] for r in records if "test_accuracy" in r]
+    evals = [r["step"] for r in records if "val_accuracy" in r]
     assert evals == [10, 20, 30, 40]
+    assert all("val_loss" in r for r in records if r["step"] in evals)
+    assert [r["step"] for r in records if "test_accuracy" in r] == [40]  # the test split once, at the end
+    best = min((r for r in records if "val_loss" in r), key=lambda r: r["val_loss"])
+    assert checkpoint.load(tmp_path / "best.safetensors").step == best["step"] == res.best["step"]
     ck = checkpoint.load(tmp_path / "checkpoint.safetensors")
     assert ck.step == 40 and ck.model == "small" and ck.config == {"hidden": 32, "batch": 32}
     assert ck.optimizer["name"] == "adamw" and set(ck.opt_state["w1"]) == {"exp_avg", "exp_avg_sq"}
@@ -206,7 +211,7 @@ def test_diverging_loss_is_a_flow_error():
     ("data = digits(test_fraction=0.2)", "data = digts()", "did you mean 'digits'", 18),
     ("adamw(lr=3e-3, schedule=\"cosine\", warmup=5, clip=1.0)", "adam(lr=0)", "lr must be > 0", 19),
     ("steps = 40", "steps = 0", "steps must be >= 1", 20),
-    ("64", "60", "makes x as f32[batch, 64]", 18),
+    ("64", "60", "makes x as [rows, 64]", 18),
 ])
 def test_train_section_errors_point_at_the_line(old, new, message, line):
     with pytest.raises(FlowError) as e:

@@ -26,20 +26,25 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import attrs
 
-from flowgrad.errors import FlowError
+from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.graph import Graph
-from flowgrad.training import checkpoint, spec
-from flowgrad.training.data import Dataset, make_data
+from flowgrad.training import checkpoint, metrics, spec
+from flowgrad.training.data import Dataset
+from flowgrad.training.metrics import Metric, fmt
+from flowgrad.training.progress import Progress
+from flowgrad.training.sources import make_data
 from flowgrad.training.optim import Optimizer, make_optimizer
 
-TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed",
+TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed", "metric", "early_stop",
               "schedule", "warmup", "clip", "min_lr")
 OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
-METRICS_VERSION = 1
+METRICS_VERSION = 2
+BEST_FILENAME = "best.safetensors"
 
 
 @attrs.define
@@ -50,6 +55,9 @@ class TrainSetup:
     eval_every: int
     checkpoint_every: int
     seed: int
+    metric: Metric
+    eval_split: str              # "val" when the data has a validation split, else "test"
+    early_stop: int | None = None
 
 
 @attrs.define
@@ -57,13 +65,15 @@ class TrainResult:
     session: object
     steps: int                   # steps completed
     loss: float | None           # training loss of the last step
-    metrics: dict                # the last evaluation on held-out data
-    metric: str                  # the data source's headline metric name
+    metrics: dict                # the final evaluation on the test split: loss and the metric
+    metric: str                  # the metric's name
     seconds: float               # wall time of this run's loop (evals included)
     steps_run: int               # steps this run took (fewer than `steps` after a resume)
     path: str                    # session.last_path
     history: list[dict]
     out: Path | None = None
+    best: dict | None = None     # {"step", "val_loss"} of best.safetensors
+    stopped_early: bool = False
 
     @property
     def steps_per_second(self) -> float:
@@ -84,40 +94,110 @@ class TrainInterrupted(KeyboardInterrupt):
 # -- the train section ---------------------------------------------------------
 
 def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
+    """Read and check the train section (arguments override it). Raises the
+    first error; check_train lists them all."""
+    errors = check_train(graph, steps, data, optimizer, seed, first=True)
+    if errors:
+        raise errors[0]
+    return _setup(graph, steps, data, optimizer, seed)
+
+
+def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, first=False) -> list[FlowError]:
+    """Every error of the train section that can be found: each setting is
+    checked on its own, then what depends on the data (metric, early_stop)."""
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
+    where = spans.get
+    errors: list[FlowError] = []
+
+    def attempt(fn):
+        if first and errors:
+            return None
+        try:
+            return fn()
+        except FlowError as e:
+            errors.append(e)
+            return None
+
     for key in items:
         if key not in TRAIN_KEYS:
-            raise FlowError(f"unknown train setting {key!r}", spans.get(key),
-                            hint=spec.did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}")
+            errors.append(FlowError(f"unknown train setting {key!r}", where(key),
+                                    hint=spec.did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}"))
+    if graph.loss is None:
+        attempt(lambda: _fail(f"training minimizes the model's loss, and {graph.name} has no `minimize` "
+                              "statement", _section_span(spans) or _model_span(graph),
+                              "add `minimize loss` (a scalar) to the model"))
+    if steps is None and "steps" not in items:
+        attempt(lambda: _fail(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
+                              "(or pass --steps N)", _section_span(spans)))
+    if data is None and "data" not in items:
+        attempt(lambda: _fail(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
+                              "e.g. `data = digits()`", _section_span(spans)))
+    for key in ("seed", "steps", "eval_every", "checkpoint_every", "early_stop"):
+        if key in items:
+            attempt(lambda key=key: spec.number("train", key, items[key], where(key), low=1 if key != "seed" else 0,
+                                                integer=True))
+    if optimizer is None:
+        attempt(lambda: _optimizer(items, where, 100))
+    bound = None
+    if data is None and "data" in items:
+        bound = attempt(lambda: make_data(items["data"], where("data"), 0, base_dir=Path(graph.file).parent))
+    elif data is not None:
+        bound = data
+    if bound is not None:
+        bound = attempt(lambda: bound.bind(graph, where("data")))
+    if bound is not None:
+        attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or where("data")))
+        if "early_stop" in items:
+            attempt(lambda: _eval_split(bound, where("early_stop"), need_val=True))
+    return errors
+
+
+def _fail(message, span, hint=None):
+    raise FlowError(message, span, hint=hint)
+
+
+def _model_span(graph):
+    return next((n.span for n in graph.nodes if n.span is not None), None)
+
+
+def _optimizer(items, where, steps):
+    extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
+    return make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps, extra)
+
+
+def _eval_split(data, span=None, need_val=False) -> str:
+    if next(iter(data.eval_batches("val")), None) is not None:
+        return "val"
+    if need_val:
+        raise FlowError(f"early_stop watches the validation loss, and data {data.describe} has no validation "
+                        "split", span, hint="give the data source val_fraction > 0")
+    return "test"
+
+
+def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
+    items = dict(graph.train.items) if graph.train is not None else {}
+    spans = dict(graph.train.spans) if graph.train is not None else {}
     where = spans.get  # the span of one setting, for messages
 
     if seed is None:
         seed = items.get("seed", graph.config.get("seed", 0))
     seed = spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
-    if steps is None:
-        if "steps" not in items:
-            raise FlowError(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
-                            "(or pass --steps N)", _section_span(spans))
-        steps = items["steps"]
-    steps = spec.number("train", "steps", steps, where("steps"), low=1, integer=True)
+    steps = spec.number("train", "steps", items["steps"] if steps is None else steps, where("steps"), low=1,
+                        integer=True)
     eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
                              where("eval_every"), low=1, integer=True)
     checkpoint_every = spec.number("train", "checkpoint_every", items.get("checkpoint_every", eval_every),
                                    where("checkpoint_every"), low=1, integer=True)
-
     if data is None:
-        if "data" not in items:
-            raise FlowError(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
-                            "e.g. `data = digits()`", _section_span(spans))
         data = make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent)
     data.bind(graph, where("data"))
-
+    metric = metrics.choose(graph, data, items.get("metric"), where("metric") or where("data"))
+    early_stop = items.get("early_stop")
+    split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
     if optimizer is None:
-        extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
-        optimizer = make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps,
-                                   extra)
-    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed)
+        optimizer = _optimizer(items, where, steps)
+    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop)
 
 
 def _section_span(spans):
@@ -162,6 +242,14 @@ class MetricsLog:
             with _writing(self.path), self.path.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
 
+    def rewrite_last(self, rec: dict) -> None:
+        """Replace the last record (the final step gains the test metrics)."""
+        if self.path is not None and self.path.exists():
+            lines = self.path.read_text().splitlines()
+            lines[-1] = json.dumps(rec)
+            with _writing(self.path):
+                checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+
 
 @contextlib.contextmanager
 def _writing(path: Path):
@@ -171,30 +259,42 @@ def _writing(path: Path):
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
-def plot(history: list[dict], path: Path, title: str, metric: str) -> bool:
-    """loss.png: training loss and the eval metric against the step. Uses
-    matplotlib's Agg canvas directly (no pyplot: no global backend change).
-    Returns False when matplotlib (an optional extra) is not installed."""
+_PLOT_WARNED = False
+
+
+def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
+    """loss.png: training and eval loss (left axis) and the eval metric
+    (right axis, scaled to its values) against the step. Uses matplotlib's
+    Agg canvas directly (no pyplot: no global backend change). Without
+    matplotlib (the `plot` extra) it warns once and returns False."""
+    global _PLOT_WARNED
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
+        if not _PLOT_WARNED:
+            _PLOT_WARNED = True
+            warnings.warn(f"{path.name} not written: matplotlib is not installed "
+                          "(pip install 'flowgrad[plot]')", FlowWarning, stacklevel=2)
         return False
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     steps = [r["step"] for r in history]
     ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss", color="tab:blue")
-    if all(r["loss"] > 0 for r in history):
-        ax.set_yscale("log")
-    evals = [(r["step"], r[f"test_{metric}"]) for r in history if f"test_{metric}" in r]
+    evals = [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r]
     if evals:
+        ax.plot(*zip(*evals), "s-", color="tab:green", ms=3, label=f"{split} loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if all(r["loss"] > 0 for r in history) and all(v > 0 for _, v in evals):
+        ax.set_yscale("log")
+    ax.legend(loc="upper left", fontsize=8)
+    scores = [(r["step"], r[f"{split}_{metric}"]) for r in history if f"{split}_{metric}" in r]
+    if scores:
         ax2 = ax.twinx()
-        ax2.plot(*zip(*evals), "o-", color="tab:orange", ms=3, label=f"test {metric}")
-        ax2.set_ylabel(f"test {metric}", color="tab:orange")
-        ax2.set_ylim(0, 1.02)
+        ax2.plot(*zip(*scores), "o-", color="tab:orange", ms=3)
+        ax2.set_ylabel(f"{split} {metric}", color="tab:orange")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path)
@@ -233,8 +333,10 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
           callback=None) -> TrainResult:
     """Train `model` (a Model or a path to a .flow file) as its train section
     says; arguments override it. `out`: directory for checkpoints, metrics and
-    the plot (None: write nothing). `callback(step, record)` runs after each
-    step. Ctrl-C saves a checkpoint and raises TrainInterrupted."""
+    the plot (None: write nothing). `progress`: None shows a bar on a terminal
+    and periodic log lines elsewhere, True a bar, False nothing.
+    `callback(step, record)` runs after each step. Ctrl-C saves a checkpoint
+    and raises TrainInterrupted."""
     from flowgrad.api import Model, load
 
     if not isinstance(model, Model):
@@ -245,7 +347,9 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
-    header = {"model": graph.name, "metric": ts.data.metric, "config": graph.config}
+    header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": graph.config,
+              "data": ts.data.meta()}
+    split = ts.eval_split
 
     start, history = 0, []
     if resume:
@@ -256,10 +360,14 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
             raise FlowError(f"{out} already holds a checkpoint: pass --resume to continue that run, or "
                             "--overwrite to start again (or choose another --out)")
         log.start(header)
+        if out is not None:
+            (out / BEST_FILENAME).unlink(missing_ok=True)  # a best of an earlier run would mislead
 
-    metrics = next((_metrics_of(r) for r in reversed(history) if _metrics_of(r)), {})
-    step, in_step = start, False
-    bar = _progress(ts.steps, start, graph.name, progress)
+    evals = [r for r in history if f"{split}_loss" in r]
+    best = min(evals, key=lambda r: r[f"{split}_loss"]) if split == "val" and evals else None
+    since_best = len(evals) - 1 - evals.index(best) if best is not None else 0
+    step, in_step, stopped_early = start, False, False
+    bar = Progress(ts.steps, start, graph.name, progress)
     t0 = time.perf_counter()
     try:
         with deferred_sigint() as stop:
@@ -271,30 +379,44 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
                 in_step = False
                 rec = _record(step, res.loss, ts.optimizer)
                 if step % ts.eval_every == 0 or step == ts.steps:
-                    metrics = ts.data.evaluate(sess)
-                    rec.update({f"test_{k}": v for k, v in metrics.items()})
+                    rec.update({f"{split}_{k}": v for k, v in metrics.evaluate(sess, ts.data, split,
+                                                                               ts.metric).items()})
+                    if split == "val" and "val_loss" in rec:
+                        if best is None or rec["val_loss"] < best["val_loss"]:
+                            best, since_best = rec, 0
+                            if out is not None:
+                                _save(sess, ts, out / BEST_FILENAME, step)
+                        else:
+                            since_best += 1
+                    stopped_early = ts.early_stop is not None and since_best >= ts.early_stop
                 history.append(rec)
                 log.write(rec)
-                _show(bar, rec, metrics, ts.data.metric)
+                bar.update(rec, split, ts.metric.name)
                 if callback is not None:
                     callback(step, rec)
-                if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps):
+                if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps or stopped_early):
                     _save(sess, ts, ckpt_path, step)
                 if stop["stop"]:
                     raise KeyboardInterrupt
+                if stopped_early:
+                    break
     except KeyboardInterrupt:
         bar.close()
         raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    if step == start and not metrics:  # resumed a finished run: still report its metrics
-        metrics = ts.data.evaluate(sess)
-    if out is not None:
+    final = metrics.evaluate(sess, ts.data, "test", ts.metric)
+    if history and final and (step > start or "test_loss" not in history[-1]):
+        history[-1].update({f"test_{k}": v for k, v in final.items()})
+        log.rewrite_last(history[-1])
+    if out is not None and history:
         with _writing(out / "loss.png"):
-            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
-    return TrainResult(sess, step, history[-1]["loss"] if history else None, metrics, ts.data.metric, seconds,
-                       step - start, sess.last_path, history, out)
+            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
+                 split)
+    best_info = {"step": best["step"], "val_loss": best["val_loss"]} if best is not None else None
+    return TrainResult(sess, step, history[-1]["loss"] if history else None, final, ts.metric.name, seconds,
+                       step - start, sess.last_path, history, out, best_info, stopped_early)
 
 
 def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
@@ -312,6 +434,9 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
         raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model}"
                         + (f" with another config ({what})" if changed else f", not {graph.name}"),
                         hint="resume with the same model and --set values, or start a new --out")
+    if ckpt.step > ts.steps:
+        raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
+                        hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
     checkpoint.check_matches(ckpt, graph)
     checkpoint.check_opt_state(ckpt, ts.optimizer, ckpt.params)
     sess.runner.set_params(ckpt.params)
@@ -319,10 +444,10 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
     return ckpt.step
 
 
-def _save(sess, ts, ckpt_path, step):
+def _save(sess, ts, path, step):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(ckpt_path, sess.params, state, step, sess.graph.name, sess.graph.config,
-                    ts.optimizer.describe())
+    checkpoint.save(path, sess.params, state, step, sess.graph.name, sess.graph.config, ts.optimizer.describe(),
+                    data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name) -> TrainInterrupted:
@@ -333,7 +458,8 @@ def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name) -> Trai
                                 "continue with --resume", step)
     _save(sess, ts, ckpt_path, step)
     if history:
-        plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
+        plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
+             ts.eval_split)
     return TrainInterrupted(f"interrupted: saved step {step} to {ckpt_path}; continue with --resume", step)
 
 
@@ -344,33 +470,19 @@ def _record(step: int, loss, optimizer) -> dict:
     return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step)}
 
 
-def _metrics_of(rec: dict) -> dict:
-    return {k[5:]: v for k, v in rec.items() if k.startswith("test_")}
-
-
-def _progress(total, initial, desc, progress):
-    from tqdm.auto import tqdm
-
-    disable = None if progress is None else not progress  # None: quiet when not on a terminal
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
-
-
-def _show(bar, rec, metrics, metric):
-    post = {"loss": f"{rec['loss']:.4f}"}
-    if metric in metrics:
-        post[metric] = f"{metrics[metric]:.2%}"
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)
-
-
 def summary(result: TrainResult) -> str:
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
              f"({result.steps_per_second:.1f} steps/s)"]
+    if result.stopped_early:
+        lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
     rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
-    rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
+    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()]
+    if result.best is not None:
+        rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
     rows.append(("path", result.path))
     if result.out is not None:
-        written = [p.name for p in (result.out / "metrics.jsonl", result.out / "loss.png") if p.exists()]
+        written = [p.name for p in (result.out / BEST_FILENAME, result.out / "metrics.jsonl",
+                                    result.out / "loss.png") if p.exists()]
         rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
