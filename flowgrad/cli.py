@@ -99,6 +99,12 @@ def cmd_run(args) -> int:
     return run_cli(args)
 
 
+def cmd_generate(args) -> int:
+    from flowgrad.training.generate import generate_cli
+
+    return generate_cli(args)
+
+
 def cmd_devices(args) -> int:
     from flowgrad.exec_vulkan import list_devices_text
 
@@ -136,13 +142,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("run", help="inference from a checkpoint")
+    p = sub.add_parser("run", help="inference from a checkpoint, at any batch size")
     add_model_args(p)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("--out", default=None, help="write outputs to this .npz")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
+                   "used, --set overrides it")
+    p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE",
+                   help="an input from a .npy, .csv or single-array .npz file (rows first; any number of rows), "
+                        "or FILE.npz whose arrays are named as the inputs; repeat per input")
+    p.add_argument("--output", action="append", default=[], metavar="NAME", help="report only this output "
+                   "(repeatable; default: every output the feeds determine)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "
+                   "or .csv (one column per value, one row per batch row); default: print them")
+    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("generate", help="sample text from a language model trained on text(...) data")
+    add_model_args(p)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of a text-trained model (it holds the vocab)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--tokens", type=int, default=200, help="how many tokens to add (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 always takes the "
+                   "likeliest token (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens only (default 0: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("devices", help="list Vulkan devices")
     p.set_defaults(func=cmd_devices)

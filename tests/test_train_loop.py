@@ -277,10 +277,10 @@ def test_run_cli_writes_outputs(trained, tmp_path, capsys):
 
 @pytest.mark.parametrize("damage, message", [
     ("truncate", "truncated or corrupt"),
-    ("missing-feed", "missing --feed x=FILE.npy"),
+    ("missing-feed", "missing feed for input x"),
     ("bad-feed", "expected name=file.npy"),
     ("empty-feed", "cannot read"),
-    ("wrong-shape", "feed 'x' has shape [3, 64]"),
+    ("wrong-shape", "feed 'x' has shape [3, 60]"),
 ])
 def test_run_cli_errors_are_messages(trained, tmp_path, capsys, damage, message):
     ckpt = trained
@@ -296,7 +296,7 @@ def test_run_cli_errors_are_messages(trained, tmp_path, capsys, damage, message)
     elif damage == "empty-feed":
         (tmp_path / "x.npy").write_bytes(b"")
     else:
-        np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
+        np.save(tmp_path / "x.npy", np.zeros((3, 60), np.float32))
     rc = cli_main(["run", str(MODELS / "logreg.flow"), "--checkpoint", str(ckpt), "--device", "cpu", *feeds])
     err = capsys.readouterr().err
     assert rc == 1 and message in err and "Traceback" not in err

@@ -1,37 +1,168 @@
-"""Inference: `flowgrad run FILE --checkpoint CKPT --feed name=file.npy ... [--out out.npz]`.
+"""Inference: `sess.predict(feeds)` and `flowgrad run FILE --checkpoint CKPT --feed x=rows.csv [--out out.npz]`.
+
+Any batch size: a model's batch dimension is a config key (`batch`), so a
+feed of another size runs on the model rebuilt with that key set to the
+size, compiled once per size and kept. Feeds larger than the model's own
+batch run in chunks of it (and one rebuilt model for the remainder), when
+every reported output is batch-major.
 
 Inputs that only the loss depends on (the targets) may be left out: they are
-fed zeros, and the outputs that depend on them (the loss) are not reported."""
+fed zeros, and the outputs that depend on them (the loss) are not reported.
+
+Feeds and outputs as files: .npy (one array), .npz (arrays by input or
+output name), .csv (rows of numbers; a first row with a non-number is a
+header; the columns fill each row's shape)."""
 from __future__ import annotations
 
+import csv
+import io
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from flowgrad.errors import FlowError
 from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
 from flowgrad.training import checkpoint
 
 
-def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
-    feeds = {}
+# -- feeds and outputs as files -----------------------------------------------
+
+def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
+    """`--feed x=rows.csv`, `--feed x=a.npy`, `--feed batch.npz` (its arrays
+    named as the model's inputs)."""
+    feeds: dict[str, np.ndarray] = {}
     for item in items or []:
         name, sep, file = item.partition("=")
+        if not sep and item.endswith(".npz"):
+            for key, arr in _read_npz(item, "--feed").items():
+                _add(feeds, key, arr)
+            continue
         name = name.strip()
         if not sep or not name or not file:
-            raise FlowError(f"--feed {item!r}: expected name=file.npy, e.g. --feed x=batch.npy")
-        if name in feeds:
-            raise FlowError(f"--feed {name} is given twice")
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except FileNotFoundError:
-            raise FlowError(f"--feed {name}: no such file {file!r}") from None
-        except (OSError, ValueError, EOFError) as e:
-            raise FlowError(f"--feed {name}: cannot read {file!r} as a .npy array: {e}") from None
-        if not isinstance(feeds[name], np.ndarray):
-            raise FlowError(f"--feed {name}: {file!r} holds several arrays (an .npz); give one .npy per input")
+            raise FlowError(f"--feed {item!r}: expected name=file.npy (or .csv, .npz), or an .npz whose arrays "
+                            "are named as the inputs, e.g. --feed x=batch.npy")
+        _add(feeds, name, read_array(file, f"--feed {name}"))
+    if graph is not None:
+        for name, arr in list(feeds.items()):
+            if name in graph.inputs:
+                feeds[name] = fit_rows(arr, graph.nodes[graph.inputs[name]].type, f"--feed {name}")
     return feeds
 
+
+def _add(feeds, name, arr):
+    if name in feeds:
+        raise FlowError(f"--feed {name} is given twice")
+    feeds[name] = arr
+
+
+def read_array(file: str, what: str) -> np.ndarray:
+    if file.endswith(".csv"):
+        return read_csv_numbers(file, what)
+    if file.endswith(".npz"):
+        arrays = _read_npz(file, what)
+        if len(arrays) != 1:
+            raise FlowError(f"{what}: {file!r} holds {len(arrays)} arrays ({', '.join(arrays)}); give one .npy, "
+                            "or pass the .npz alone (--feed FILE.npz) to feed its arrays by name")
+        return next(iter(arrays.values()))
+    try:
+        arr = np.load(file, allow_pickle=False)
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as a .npy array: {e}") from None
+    if not isinstance(arr, np.ndarray):
+        raise FlowError(f"{what}: {file!r} holds several arrays (an .npz); give one .npy per input")
+    return arr
+
+
+def _read_npz(file, what) -> dict[str, np.ndarray]:
+    try:
+        with np.load(file, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("not an .npz")
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as .npz: {e}") from None
+
+
+def read_csv_numbers(file: str, what: str) -> np.ndarray:
+    try:
+        with open(file, newline="") as f:
+            rows = [r for r in csv.reader(f) if r]
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as CSV: {e}") from None
+    if rows and not all(_is_number(c) for c in rows[0]):
+        rows = rows[1:]  # a header
+    if not rows:
+        raise FlowError(f"{what}: {file!r} has no rows of numbers")
+    try:
+        return np.array([[float(c) for c in r] for r in rows])
+    except ValueError as e:
+        raise FlowError(f"{what}: {file!r}: {e} (every cell after the header must be a number)") from None
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def fit_rows(arr: np.ndarray, t, what: str) -> np.ndarray:
+    """CSV rows (or any [rows, k] array) as the input's per-row shape when the
+    sizes match: 64 columns feed x: f32[batch, 8, 8]; 1 column feeds y: i32[batch]."""
+    row = t.shape[1:]
+    if arr.ndim == 2 and arr.shape[1:] != row and arr.shape[1] == int(np.prod(row, dtype=np.int64)):
+        arr = arr.reshape((len(arr), *row))
+    if t.dtype == "i32" and np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+        arr = arr.astype(np.int32)
+    return arr
+
+
+def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
+    try:
+        if path.endswith(".npy"):
+            if len(outputs) != 1:
+                raise FlowError(f"--out {path}: a .npy holds one array, and there are {len(outputs)} outputs "
+                                f"({', '.join(outputs)})", hint="choose one with --output NAME, or write an .npz")
+            np.save(path, next(iter(outputs.values())))
+        elif path.endswith(".csv"):
+            Path(path).write_text(outputs_csv(outputs))
+        else:
+            np.savez(path, **outputs)
+    except OSError as e:
+        raise FlowError(f"cannot write {path!r}: {e.strerror or e}") from None
+
+
+def outputs_csv(outputs: dict[str, np.ndarray]) -> str:
+    """Outputs as CSV columns, one row per batch row: rank-1 outputs are one
+    column (name), higher ranks are flattened per row (name_0, name_1, ...)."""
+    cols, header, rows = [], [], None
+    for name, arr in outputs.items():
+        if arr.ndim == 0:
+            raise FlowError(f"output {name} is a scalar, which has no rows for a CSV", hint="write an .npz")
+        flat = arr.reshape(len(arr), -1)
+        if rows is not None and len(flat) != rows:
+            raise FlowError(f"outputs {', '.join(outputs)} have different row counts; a CSV needs one",
+                            hint="choose outputs with --output NAME, or write an .npz")
+        rows = len(flat)
+        cols.append(flat)
+        header += [name] if arr.ndim == 1 else [f"{name}_{i}" for i in range(flat.shape[1])]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for r in np.concatenate(cols, axis=1):
+        w.writerow([repr(float(v)) if isinstance(v, np.floating) else int(v) for v in r])
+    return buf.getvalue()
+
+
+# -- forward passes at any batch size -------------------------------------------
 
 def uses_inputs(graph, nid) -> set[str]:
     ids = {n.id for n in graph.needed_for([nid])}
@@ -49,16 +180,16 @@ def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.nd
             continue
         node = graph.nodes[nid]
         if name in needed:
-            raise FlowError(f"missing --feed {name}=FILE.npy: the outputs of {graph.name} need input {name} "
-                            f"({node.type})", node.span)
+            raise FlowError(f"missing feed for input {name}: the outputs of {graph.name} need it ({node.type}); "
+                            f"on the command line: --feed {name}=FILE.npy", node.span)
         out[name] = np.zeros(node.shape, NUMPY_DTYPE[node.dtype])
         filled.add(name)
     return out, filled
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The outputs of one forward pass, leaving out those that depend on an
-    input that was not fed."""
+    """The outputs of one forward pass at the session's own batch size,
+    leaving out those that depend on an input that was not fed."""
     graph = sess.graph
     full, filled = complete_feeds(graph, feeds)
     res = sess.step(full, grads=False)
@@ -66,25 +197,136 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             if not uses_inputs(graph, graph.outputs[name]) & filled}
 
 
-def run_cli(args) -> int:
-    import flowgrad as fg
-    from flowgrad.cli import parse_sets
+def batch_size(graph) -> int | None:
+    lead = {graph.nodes[i].shape[0] for i in graph.inputs.values() if graph.nodes[i].shape}
+    return lead.pop() if len(lead) == 1 else None
 
-    model = fg.load(args.file, parse_sets(args.set))
-    feeds = parse_feeds(args.feed)
-    ckpt = checkpoint.load(args.checkpoint)
+
+def rows_of(graph, feeds) -> int:
+    known = {name: np.shape(a) for name, a in feeds.items() if name in graph.inputs}
+    counts = {s[0] for s in known.values() if len(s)}
+    if len(counts) > 1:
+        raise FlowError("feeds have different row counts: "
+                        + ", ".join(f"{n}: {s[0]}" for n, s in known.items() if len(s)))
+    if not counts:
+        complete_feeds(graph, {})  # names the first input the outputs need
+        raise FlowError(f"no feeds for the inputs of {graph.name} ({', '.join(graph.inputs)})")
+    return counts.pop()
+
+
+def batch_key(model, graph, dtype: str) -> str:
+    """The config key that sets the batch dimension of every input (and no
+    param's shape): `batch` if it does, else the first key that does."""
+    b = batch_size(graph)
+    if b is None:
+        raise FlowError(f"the inputs of {graph.name} do not share a leading batch dimension, so only the batch "
+                        "sizes they declare can be fed")
+    keys = [k for k, v in graph.config.items() if isinstance(v, int) and not isinstance(v, bool) and v == b]
+    keys.sort(key=lambda k: k != "batch")
+    params = {n: graph.nodes[i].shape for n, i in graph.params.items()}
+    probe = b + 1
+    for key in keys:
+        try:
+            g = model.with_config(**{key: probe}).build(dtype)
+        except FlowError:
+            continue
+        if batch_size(g) == probe and {n: g.nodes[i].shape for n, i in g.params.items()} == params:
+            return key
+    raise FlowError(f"{graph.name} runs only at batch size {b}: its inputs' batch dimension is not a config key",
+                    hint="declare it in the config (`batch = 64`) and use it in the inputs (`input x: f32[batch, "
+                         "...]`)")
+
+
+class Predictor:
+    """`sess.predict(feeds)`: sessions of the same model at other batch
+    sizes, made on first use and kept; params are copied from the session
+    before each call, so they follow training."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.sized: dict[int, object] = {}
+        self._key = None
+
+    def session_for(self, n: int):
+        sess = self.sess
+        if n == batch_size(sess.graph):
+            return sess
+        if n not in self.sized:
+            from flowgrad.api import Session
+            from flowgrad.planner import make_plan
+
+            if self._key is None:
+                self._key = batch_key(sess.model, sess.graph, sess.plan.dtype)
+            model = sess.model.with_config(**{self._key: n})
+            graph = model.build(sess.plan.dtype)
+            dev = sess.device
+            plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
+            self.sized[n] = Session(model, graph, plan, dev, sess.params)
+        return self.sized[n]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        graph = self.sess.graph
+        n = rows_of(graph, feeds)
+        if n == 0:
+            raise FlowError("feeds have no rows")
+        b = batch_size(graph)
+        chunked = b is not None and n > b and self._batch_major(feeds)
+        sizes = [b] * (n // b) + ([n % b] if n % b else []) if chunked else [n]
+        params = self.sess.params
+        parts, start = [], 0
+        for size in sizes:
+            sess = self.session_for(size)
+            if sess is not self.sess:
+                sess.runner.set_params(params)
+            chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
+            parts.append(run(sess, chunk))
+            start += size
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _batch_major(self, feeds) -> bool:
+        graph, b = self.sess.graph, batch_size(self.sess.graph)
+        _, filled = complete_feeds(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
+        return all(graph.nodes[i].shape[:1] == (b,) for name, i in graph.outputs.items()
+                   if not uses_inputs(graph, i) & filled)
+
+
+# -- loading a trained model ----------------------------------------------------
+
+def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"):
+    """(session with the checkpoint's params, checkpoint): the config is the
+    checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
+    import flowgrad as fg
+
+    ckpt = checkpoint.load(ckpt_path)
+    base = fg.load(file)
+    config = {k: v for k, v in ckpt.config.items() if k in base.config and v != base.config[k]}
+    config.update(sets or {})
+    model = fg.load(file, config) if config else base
     # a model trained with --dtype f16 runs in f16: the checkpoint says which
     dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
-    sess = model.compile(device=args.device, dtype=dtype)
+    sess = model.compile(device=device, dtype=dtype)
     checkpoint.check_matches(ckpt, sess.graph)
     sess.set_params(ckpt.params)
-    outputs = run(sess, feeds)
+    return sess, ckpt
+
+
+def run_cli(args) -> int:
+    from flowgrad.cli import parse_sets
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    feeds = parse_feeds(args.feed, sess.graph)
+    outputs = sess.predict(feeds)
+    if args.output:
+        unknown = [o for o in args.output if o not in outputs]
+        if unknown:
+            raise FlowError(f"--output {unknown[0]}: not an output of this run (outputs: {', '.join(outputs)})")
+        outputs = {o: outputs[o] for o in args.output}
     if args.out:
-        try:
-            np.savez(args.out, **outputs)
-        except OSError as e:
-            raise FlowError(f"cannot write {args.out!r}: {e.strerror or e}") from None
-        print(f"wrote {', '.join(outputs)} to {args.out}  (checkpoint step {ckpt.step})")
+        write_outputs(args.out, outputs)
+        print(f"wrote {', '.join(f'{k} {v.dtype}{list(v.shape)}' for k, v in outputs.items())} to {args.out}  "
+              f"(checkpoint step {ckpt.step})")
     else:
         with np.printoptions(threshold=64, edgeitems=3, precision=4, suppress=True):
             for name, value in outputs.items():

@@ -6,6 +6,8 @@ the end or flood the log with carriage returns, so one line is written per
 first, and on each eval step, with steps/s and the time left:
 
     mlp  step 200/800  loss 0.1835  val_loss 0.1942  val_accuracy 96.53%  412.3 steps/s  ETA 1s
+
+(eval values appear on the lines of eval steps).
 """
 from __future__ import annotations
 
@@ -45,25 +47,25 @@ class Progress:
                             file=self.stream)
 
     def update(self, rec: dict, split: str, metric: str) -> None:
-        self.post["loss"] = fmt("loss", rec["loss"])
-        evaluated = f"{split}_loss" in rec
+        shown = {"loss": fmt("loss", rec["loss"])}
         for key in (f"{split}_loss", f"{split}_{metric}"):
             if key in rec:
-                self.post[key] = fmt(key[len(split) + 1:], rec[key])
+                shown[key] = fmt(key[len(split) + 1:], rec[key])
         if self.bar is not None:
+            self.post.update(shown)  # the bar keeps the last eval in view
             self.bar.set_postfix(self.post, refresh=False)
             self.bar.update(1)
         elif self.lines:
             now, step = time.perf_counter(), rec["step"]
-            if evaluated or step == self.total or (step - self.start) % self.every == 0 \
+            if len(shown) > 1 or step == self.total or (step - self.start) % self.every == 0 \
                     or now - self.last >= self.seconds:
                 self.last = now
-                self.line(step, now)
+                self.line(step, now, shown)
 
-    def line(self, step: int, now: float) -> None:
+    def line(self, step: int, now: float, shown: dict) -> None:
         rate = (step - self.start) / (now - self.t0) if now > self.t0 else float("nan")
         left = (self.total - step) / rate if rate > 0 else float("nan")
-        stats = "  ".join(f"{k} {v}" for k, v in self.post.items())
+        stats = "  ".join(f"{k} {v}" for k, v in shown.items())
         try:
             print(f"{self.desc}  step {step}/{self.total}  {stats}  {rate:.1f} steps/s  ETA {_eta(left)}",
                   file=self.stream, flush=True)
