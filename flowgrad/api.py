@@ -168,6 +168,13 @@ class Session:
             self._predictor = Predictor(self)
         return self._predictor(feeds)
 
+    def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
+        """Write the forward graph with the current params as an ONNX model
+        (needs the onnx package); returns the exported output names."""
+        from flowgrad.export_onnx import export
+
+        return export(self, path, outputs)
+
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":
             return

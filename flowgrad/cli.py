@@ -105,6 +105,12 @@ def cmd_generate(args) -> int:
     return generate_cli(args)
 
 
+def cmd_export(args) -> int:
+    from flowgrad.export_onnx import export_cli
+
+    return export_cli(args)
+
+
 def cmd_devices(args) -> int:
     from flowgrad.exec_vulkan import list_devices_text
 
@@ -167,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("export", help="write a trained model's forward graph as an ONNX file")
+    add_model_args(p)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
+                   "used, --set overrides it (e.g. --set batch=1 for the exported batch size)")
+    p.add_argument("-o", "--output-file", required=True, metavar="FILE.onnx", help="where to write the ONNX model")
+    p.add_argument("--output", action="append", default=[], metavar="NAME", help="export this output (repeatable; "
+                   "default: every output that does not read the targets)")
+    p.add_argument("--device", default="cpu", help="where to load the params (default cpu)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("devices", help="list Vulkan devices")
     p.set_defaults(func=cmd_devices)
