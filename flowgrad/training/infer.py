@@ -298,12 +298,13 @@ def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"
     """(session with the checkpoint's params, checkpoint): the config is the
     checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
     import flowgrad as fg
+    from flowgrad.cli import load_model
 
     ckpt = checkpoint.load(ckpt_path)
     base = fg.load(file)
     config = {k: v for k, v in ckpt.config.items() if k in base.config and v != base.config[k]}
     config.update(sets or {})
-    model = fg.load(file, config) if config else base
+    model = load_model(file, config) if config else base
     # a model trained with --dtype f16 runs in f16: the checkpoint says which
     dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
     sess = model.compile(device=device, dtype=dtype)

@@ -259,23 +259,17 @@ def _writing(path: Path):
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
-_PLOT_WARNED = False
-
-
 def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
     """loss.png: training and eval loss (left axis) and the eval metric
     (right axis, scaled to its values) against the step. Uses matplotlib's
     Agg canvas directly (no pyplot: no global backend change). Without
-    matplotlib (the `plot` extra) it warns once and returns False."""
-    global _PLOT_WARNED
+    matplotlib (the `plot` extra) it warns and returns False."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        if not _PLOT_WARNED:
-            _PLOT_WARNED = True
-            warnings.warn(f"{path.name} not written: matplotlib is not installed "
-                          "(pip install 'flowgrad[plot]')", FlowWarning, stacklevel=2)
+        warnings.warn(f"{path.name} not written: matplotlib is not installed (pip install 'flowgrad[plot]')",
+                      FlowWarning, stacklevel=2)
         return False
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
@@ -490,10 +484,9 @@ def summary(result: TrainResult) -> str:
 
 
 def train_cli(args) -> int:
-    import flowgrad as fg
-    from flowgrad.cli import parse_sets
+    from flowgrad.cli import load_model, parse_sets
 
-    model = fg.load(args.file, parse_sets(args.set))
+    model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
