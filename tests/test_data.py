@@ -65,36 +65,51 @@ def test_an_epoch_visits_each_training_row_once():
 
 
 class FakeSession:
-    """Returns logits that predict class (x[:, 0] > 0.5) as one-hot, for metric checks."""
+    """Returns logits that predict class (x[:, 0] > 0.5) as one-hot, for metric
+    checks; batch i has loss i. `sized`: predict() runs a short batch (loss
+    10), else it refuses as a model with a fixed batch size does."""
 
-    def __init__(self, graph):
-        self.graph = graph
+    def __init__(self, graph, sized):
+        self.graph, self.sized = graph, sized
         self.calls = 0
+
+    def outputs(self, x, loss):
+        return {"logits": np.stack([x[:, 0] <= 0.5, x[:, 0] > 0.5], axis=1).astype(np.float32),
+                "loss": np.float32(loss)}
 
     def step(self, feeds, grads=False):
         self.calls += 1
-        x = feeds["x"]
-        logits = np.stack([x[:, 0] <= 0.5, x[:, 0] > 0.5], axis=1).astype(np.float32)
+        outs = self.outputs(feeds["x"], self.calls)
 
         class R:
-            outputs = {"logits": logits}
-            loss = float(self.calls)  # batch i has loss i
+            outputs = outs
         return R
 
+    def predict(self, feeds):
+        from flowgrad.training.infer import FixedBatchError
 
-def test_accuracy_counts_each_test_row_once_with_a_padded_last_batch():
+        if not self.sized:
+            raise FixedBatchError("fixed")
+        self.calls += 1
+        return self.outputs(feeds["x"], 10)
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_eval_counts_each_row_once(sized):
     x = np.linspace(0, 1, 10, dtype=np.float32)[:, None]
     y = (x[:, 0] > 0.5).astype(np.int32)
     y_wrong = y.copy()
     y_wrong[:3] = 1 - y_wrong[:3]  # 3 of 10 wrong
     g = model_graph(x=("f32", (4, 1)), y=("i32", (4,)))
     g.outputs["logits"] = g.add("input", (), TensorType((4, 2), "f32"), "logits").id
+    g.outputs["loss"] = g.loss = g.add("input", (), TensorType((), "f32"), "loss").id
     d = ArrayData({"x": x, "y": y}, test={"x": x, "y": y_wrong}, seed=0).bind(g)
-    sess = FakeSession(g)
+    sess = FakeSession(g, sized)
     got = evaluate(sess, d, "test", Metric("accuracy", "logits", "y"))
-    # loss: batches of 4, 4 and 2 valid rows with losses 1, 2, 3
-    assert got == {"accuracy": pytest.approx(0.7), "loss": pytest.approx((4 * 1 + 4 * 2 + 2 * 3) / 10)}
-    assert sess.calls == 3  # 4 + 4 + 2 (padded to 4)
+    # batches of 4, 4 and 2 rows; the last runs at its size (loss 10), or padded to 4 (loss 3, weighted 2/4)
+    last = 10 if sized else 3
+    assert got == {"accuracy": pytest.approx(0.7), "loss": pytest.approx((4 * 1 + 4 * 2 + 2 * last) / 10)}
+    assert sess.calls == 3
 
 
 def test_npz_source(tmp_path):

@@ -66,12 +66,16 @@ def falls(history, k=5):
     ("logreg.flow", {}, 40),
     ("mlp.flow", {"hidden": 32}, 40),
     ("tiny_gpt.flow", {"d": 32, "layers": 1, "seq": 8, "batch": 16}, 60),
+    ("iris.flow", {}, 60),
+    ("diabetes.flow", {}, 40),
 ])
 def test_each_model_trains_a_little(file, config, steps):
     res = fg.train(fg.load(MODELS / file, config), steps=steps, device="cpu", progress=False)
     assert res.steps == steps and res.path.startswith("closures")
     assert falls(res.history), [r["loss"] for r in res.history]
-    assert res.metric in res.metrics and 0.0 <= res.metrics[res.metric] <= 1.0
+    assert res.metric in res.metrics and res.metrics[res.metric] >= 0.0
+    if res.metric.endswith("accuracy"):
+        assert res.metrics[res.metric] <= 1.0
 
 
 # -- determinism and resume ------------------------------------------------------------

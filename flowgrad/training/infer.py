@@ -164,6 +164,10 @@ def outputs_csv(outputs: dict[str, np.ndarray]) -> str:
 
 # -- forward passes at any batch size -------------------------------------------
 
+class FixedBatchError(FlowError):
+    """The model's batch dimension is not a config key: only its own batch size runs."""
+
+
 def uses_inputs(graph, nid) -> set[str]:
     ids = {n.id for n in graph.needed_for([nid])}
     return {name for name, i in graph.inputs.items() if i in ids}
@@ -219,8 +223,8 @@ def batch_key(model, graph, dtype: str) -> str:
     param's shape): `batch` if it does, else the first key that does."""
     b = batch_size(graph)
     if b is None:
-        raise FlowError(f"the inputs of {graph.name} do not share a leading batch dimension, so only the batch "
-                        "sizes they declare can be fed")
+        raise FixedBatchError(f"the inputs of {graph.name} do not share a leading batch dimension, so only the "
+                              "batch sizes they declare can be fed")
     keys = [k for k, v in graph.config.items() if isinstance(v, int) and not isinstance(v, bool) and v == b]
     keys.sort(key=lambda k: k != "batch")
     params = {n: graph.nodes[i].shape for n, i in graph.params.items()}
@@ -232,7 +236,7 @@ def batch_key(model, graph, dtype: str) -> str:
             continue
         if batch_size(g) == probe and {n: g.nodes[i].shape for n, i in g.params.items()} == params:
             return key
-    raise FlowError(f"{graph.name} runs only at batch size {b}: its inputs' batch dimension is not a config key",
+    raise FixedBatchError(f"{graph.name} runs only at batch size {b}: its inputs' batch dimension is not a config key",
                     hint="declare it in the config (`batch = 64`) and use it in the inputs (`input x: f32[batch, "
                          "...]`)")
 

@@ -108,20 +108,31 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
 
 def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
     """{"loss": ..., metric.name: ...} over a split ({} when it is empty).
-    The batch size is fixed, so a last short batch is filled with rows from
-    the start of the split: the metric counts only the valid rows exactly;
-    the loss (one scalar per batch) counts that batch with weight
-    n_valid / batch."""
+    A last short batch runs on the model rebuilt at its size (sess.predict),
+    so loss and metric count each row once. A model whose batch size is
+    fixed runs it padded instead: the metric still counts only the valid
+    rows, but the loss (one scalar per batch) then counts that batch with
+    weight n_valid / batch."""
+    from flowgrad.training.infer import FixedBatchError
+
+    loss_name = next((n for n, i in sess.graph.outputs.items() if i == sess.graph.loss), None)
     loss_sum, rows, total, count = 0.0, 0, 0.0, 0.0
     for feeds, n_valid in data.eval_batches(split):
-        res = sess.step(feeds, grads=False)
-        if res.loss is not None:
-            loss_sum += res.loss * n_valid
+        valid = {f: a[:n_valid] for f, a in feeds.items()}
+        outputs = None
+        if n_valid < len(next(iter(feeds.values()))):
+            try:
+                outputs = sess.predict(valid)
+            except FixedBatchError:
+                pass
+        if outputs is None:
+            res = sess.step(feeds, grads=False)
+            outputs = {k: v[:n_valid] if np.ndim(v) else v for k, v in res.outputs.items()}
+        if loss_name in outputs:
+            loss_sum += float(outputs[loss_name]) * n_valid
         rows += n_valid
         if metric.output is not None:
-            valid = {f: a[:n_valid] for f, a in feeds.items()}
-            mask = data.score_mask(valid)
-            t, c = metric.sums(res.outputs[metric.output][:n_valid], valid[metric.target], mask)
+            t, c = metric.sums(outputs[metric.output][:n_valid], valid[metric.target], data.score_mask(valid))
             total, count = total + t, count + c
     if rows == 0:
         return {}
