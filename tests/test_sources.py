@@ -259,3 +259,56 @@ def test_early_stop_and_best_checkpoint(tmp_path):
     assert res.best == {"step": best["step"], "val_loss": best["val_loss"]}
     assert checkpoint.load(tmp_path / "run" / "best.safetensors").step == best["step"]
     assert checkpoint.load(tmp_path / "run" / "checkpoint.safetensors").step == res.steps
+
+
+SINE = """
+model sine
+config {
+  batch = 20
+  hidden = 32
+}
+input x: f32[batch, 1]
+input y: f32[batch, 1]
+param w1: f32[1, hidden] = xavier()
+param b1: f32[hidden] = zeros()
+param w2: f32[hidden, 1] = xavier()
+pred = tanh(x @ w1 + b1) @ w2
+loss = mse_loss(pred, y)
+output pred
+minimize loss
+"""
+
+
+class Sine(fg.Dataset):
+    """y = sin(x): fresh x every step, fixed grids to validate and test on
+    (the Python Dataset protocol, as docs/training.md shows it)."""
+
+    roles = ("x", "y")
+    default_metric = "mse"
+    describe = "sine()"
+
+    def train_batch(self, step):
+        x = np.random.default_rng([self.seed, step]).uniform(-3, 3, (self.batch, 1)).astype(np.float32)
+        return {self.inputs["x"]: x, self.inputs["y"]: np.sin(x)}
+
+    def eval_batches(self, split):
+        grid = np.linspace(-3, 3, 50 if split == "val" else 70, dtype=np.float32)[:, None]
+        for start in range(0, len(grid), self.batch):
+            rows = grid[start:start + self.batch]
+            x = np.resize(rows, (self.batch, 1))   # pad the last batch; only len(rows) count
+            yield {self.inputs["x"]: x, self.inputs["y"]: np.sin(x)}, len(rows)
+
+
+def test_a_python_dataset_and_array_data():
+    m = fg.loads(SINE + 'train {\n  optimizer = adam(lr=1e-2)\n  steps = 300\n  eval_every = 100\n}\n')
+    res = fg.train(m, data=Sine(seed=1), device="cpu", progress=False)
+    assert res.metric == "mse" and res.metrics["mse"] < 0.02
+    assert [r["step"] for r in res.history if "val_mse" in r] == [100, 200, 300]
+    grid = np.linspace(-3, 3, 70, dtype=np.float32)[:, None]
+    np.testing.assert_allclose(np.mean((res.session.predict({"x": grid})["pred"] - np.sin(grid)) ** 2),
+                               res.metrics["mse"], rtol=1e-4)
+    x = np.random.default_rng(0).uniform(-3, 3, (200, 1)).astype(np.float32)
+    data = fg.ArrayData.split({"x": x, "y": np.sin(x)}, val_fraction=0.1, test_fraction=0.1, seed=0,
+                              describe="sine arrays")
+    res = fg.train(m, data=data, device="cpu", progress=False)
+    assert data.size("train") == 160 and res.metrics["mse"] < 0.05

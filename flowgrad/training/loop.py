@@ -2,21 +2,26 @@
 
 Reads the model's `train { ... }` section:
 
-    data = digits(test_fraction=0.2)     a source from flowgrad.training.data (required)
+    data = csv("rows.csv", y="label")    a source from flowgrad.training.sources (required)
     optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
     steps = 400                          (required; --steps overrides)
     eval_every = 50                      default steps // 10
     checkpoint_every = 100               default eval_every
+    metric = "accuracy"                  default from the targets (flowgrad.training.metrics)
+    early_stop = 5                       stop after 5 evals without a better validation loss
     seed = 0                             param init and data order; default config `seed`, else 0
     schedule = cosine, warmup = 20, clip = 1.0, min_lr = 0
                                          optimizer arguments, also accepted on their own lines
 
-Writes to the output directory: checkpoint.safetensors (atomically, every
-checkpoint_every steps, at the end, and on Ctrl-C), metrics.jsonl (a header
-line with "version", then one line per step; eval steps add test_* metrics)
-and loss.png. A resumed run gives the same result as an uninterrupted one: the
-batch of step s depends only on (seed, s), and the checkpoint holds the params
-and the optimizer state exactly."""
+Evals run on the validation split (the test split when there is none); the
+test split is evaluated once, at the end. Writes to the output directory:
+checkpoint.safetensors (atomically, every checkpoint_every steps, at the end,
+and on Ctrl-C), best.safetensors (at the eval with the lowest validation
+loss), metrics.jsonl (a header line with "version", then one line per step;
+eval steps add val_* values, the last step test_* values) and loss.png. A
+resumed run gives the same result as an uninterrupted one: the batch of step
+s depends only on (seed, s), and the checkpoint holds the params and the
+optimizer state exactly."""
 from __future__ import annotations
 
 import contextlib

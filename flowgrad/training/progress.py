@@ -2,7 +2,7 @@
 
 Off a terminal (nohup, CI, a pipe) a bar would either print nothing until
 the end or flood the log with carriage returns, so one line is written per
-`every` steps (a twentieth of the run) or per `seconds` (30), whichever comes
+`every` steps (a tenth of the run) or per `seconds` (30), whichever comes
 first, and on each eval step, with steps/s and the time left:
 
     mlp  step 200/800  loss 0.1835  val_loss 0.1942  val_accuracy 96.53%  412.3 steps/s  ETA 1s
@@ -34,7 +34,7 @@ class Progress:
                  every: int | None = None, seconds: float = 30.0):
         self.total, self.start, self.desc = total, initial, desc
         self.stream = stream or sys.stderr
-        self.every = every or max(1, (total - initial) // 20)
+        self.every = every or max(1, (total - initial) // 10)
         self.seconds = seconds
         self.bar = None
         self.lines = progress is None and not _isatty(self.stream)
