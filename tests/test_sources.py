@@ -259,6 +259,8 @@ def test_early_stop_and_best_checkpoint(tmp_path):
     assert res.best == {"step": best["step"], "val_loss": best["val_loss"]}
     assert checkpoint.load(tmp_path / "run" / "best.safetensors").step == best["step"]
     assert checkpoint.load(tmp_path / "run" / "checkpoint.safetensors").step == res.steps
+    again = fg.train(m, device="cpu", progress=False, out=tmp_path / "run", resume=True)
+    assert again.steps_run == 0 and again.stopped_early and again.best == res.best   # stays stopped
 
 
 SINE = """

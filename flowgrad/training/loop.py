@@ -365,12 +365,14 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     evals = [r for r in history if f"{split}_loss" in r]
     best = min(evals, key=lambda r: r[f"{split}_loss"]) if split == "val" and evals else None
     since_best = len(evals) - 1 - evals.index(best) if best is not None else 0
-    step, in_step, stopped_early = start, False, False
+    # a resumed run that had stopped early stays stopped
+    stopped_early = ts.early_stop is not None and best is not None and since_best >= ts.early_stop
+    step, in_step = start, False
     bar = Progress(ts.steps, start, graph.name, progress)
     t0 = time.perf_counter()
     try:
         with deferred_sigint() as stop:
-            while step < ts.steps:
+            while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 in_step = True
                 res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
