@@ -8,82 +8,19 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
+from pathlib import Path
 
+import numpy as np
+
+from flowgrad.dsl.config import parse_sets
 from flowgrad.errors import FlowError, FlowWarning
-
-
-def parse_sets(items: list[str]) -> dict:
-    """`--set hidden=256 --set lr=1e-3` -> {"hidden": "256", ...}; values stay
-    strings here and are typed against the model's config by the DSL."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise FlowError(f"--set {item!r}: expected key=value, e.g. --set hidden=256")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def load_model(file, sets: dict | None = None):
-    """fg.load with --set overrides; a key that is not in the config but is
-    a train setting or an optimizer argument gets an error saying so."""
-    import flowgrad as fg
-
-    try:
-        return fg.load(file, sets)
-    except FlowError as e:
-        if not sets:
-            raise
-        base = fg.load(file)
-        better = next((m for m in (not_a_config_key(base.graph, k, v) for k, v in sets.items()
-                                   if k not in base.config) if m is not None), None)
-        if better is None:
-            raise
-        raise better from e
-
-
-def not_a_config_key(graph, key: str, value: str) -> FlowError | None:
-    """The error for `--set KEY=VALUE` where KEY names a train setting or an
-    optimizer argument rather than a config key, at the train line using it."""
-    from flowgrad.training import spec
-    from flowgrad.training.loop import TRAIN_KEYS
-    from flowgrad.training.optim import OPTIMIZERS, Optimizer
-
-    items = graph.train.items if graph.train is not None else {}
-    spans = graph.train.spans if graph.train is not None else {}
-    if key == "steps":
-        return FlowError(f"--set steps={value}: steps is a train setting, not a config key", spans.get("steps"),
-                         hint=f"pass --steps {value}")
-    opt_args = {a for cls in OPTIMIZERS.values() for a in cls.ARGS} | set(Optimizer.COMMON)
-    if key in opt_args:
-        opt = spec.call_parts(items.get("optimizer", ("call", "adam", (), {})))
-        given = opt[2].get(key) if opt else None
-        shown = f" (the train section gives {key}={spec.show(given)})" if given is not None else ""
-        return FlowError(f"--set {key}={value}: {key} is an optimizer argument{shown}, not a config key of "
-                         f"{graph.name}", spans.get("optimizer") or spans.get(key),
-                         hint=f"declare `{key} = ...` in config and write `{key}={key}` in the optimizer call "
-                              f"(e.g. adam({key}={key})); then --set {key}=... reaches it")
-    if key in TRAIN_KEYS:
-        return FlowError(f"--set {key}={value}: {key} is a train setting, not a config key of {graph.name}",
-                         spans.get(key), hint=f"declare `{key} = ...` in config and write `{key} = {key}` in the "
-                                              "train section; then --set reaches it")
-    return None
-
-
-def train_summary(graph) -> str:
-    from flowgrad.training.loop import setup
-
-    ts = setup(graph)
-    data = ts.data
-    sizes = getattr(data, "size", None)
-    rows = (f" ({', '.join(f'{sizes(s)} {s}' for s in ('train', 'val', 'test'))} rows)" if sizes else "")
-    metric = f"metric {ts.metric.name}" + (f" on {ts.metric.output}" if ts.metric.output else "")
-    return f"{data.describe}{rows}, {metric}, {ts.steps} steps"
+from flowgrad.training.overrides import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a .flow model file")
+    p.add_argument("file", help="a .flow model file, or the name of a shipped model (mlp, tiny_gpt, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set hidden=256")
 
@@ -100,7 +37,7 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_check(args) -> int:
     """The model's summary, then every error of its train section."""
-    from flowgrad.training.loop import check_train
+    from flowgrad.training.section import check_train
 
     model = load_model(args.file, parse_sets(args.set))
     print(summary(model.graph))
@@ -109,7 +46,7 @@ def cmd_check(args) -> int:
         return 0
     errors = check_train(model.graph)
     if not errors:
-        print(f"train   ok: {train_summary(model.graph)}")
+        print(f"train   ok: {section_summary(model.graph)}")
         return 0
     print(f"train   {len(errors)} error{'s' if len(errors) > 1 else ''}:", file=sys.stderr)
     for e in errors:
@@ -155,6 +92,17 @@ def grouped_params(graph):
     return out
 
 
+def section_summary(graph) -> str:
+    from flowgrad.training.section import setup
+
+    ts = setup(graph)
+    data = ts.data
+    sizes = getattr(data, "size", None)
+    rows = (f" ({', '.join(f'{sizes(s)} {s}' for s in ('train', 'val', 'test'))} rows)" if sizes else "")
+    metric = f"metric {ts.metric.name}" + (f" on {ts.metric.output}" if ts.metric.output else "")
+    return f"{data.describe}{rows}, {metric}, {ts.steps} steps"
+
+
 def cmd_explain(args) -> int:
     model = load_model(args.file, parse_sets(args.set))
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
@@ -163,41 +111,145 @@ def cmd_explain(args) -> int:
     return 0
 
 
+# -- train -----------------------------------------------------------------------------
+
 def cmd_train(args) -> int:
-    from flowgrad.training.loop import train_cli
+    import flowgrad as fg
+    from flowgrad.training.loop import TrainInterrupted
 
-    return train_cli(args)
-
-
-def cmd_run(args) -> int:
-    from flowgrad.training.infer import run_cli
-
-    return run_cli(args)
-
-
-def cmd_generate(args) -> int:
-    from flowgrad.training.generate import generate_cli
-
-    return generate_cli(args)
-
-
-def cmd_export(args) -> int:
-    from flowgrad.export_onnx import export_cli
-
-    return export_cli(args)
-
-
-def cmd_devices(args) -> int:
-    from flowgrad.exec_vulkan import list_devices_text
-
-    print(list_devices_text())
+    model = load_model(args.file, parse_sets(args.set))
+    out = args.out if args.out is not None else str(Path("runs") / model.name)
+    try:
+        result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
+                          out=out, resume=args.resume, overwrite=args.overwrite)
+    except TrainInterrupted as e:
+        print(f"\n{e}", file=sys.stderr)
+        return 130
+    print(train_summary(result))
     return 0
 
 
-def cmd_bench(args) -> int:
-    from flowgrad.exec_vulkan.bench import bench_cli
+def train_summary(result) -> str:
+    from flowgrad.training import checkpoint
+    from flowgrad.training.loop import BEST_FILENAME
+    from flowgrad.training.metrics import fmt
 
-    return bench_cli(args)
+    lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
+             f"({result.steps_per_second:.1f} steps/s)"]
+    if result.stopped_early:
+        lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
+    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
+    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()]
+    if result.best is not None:
+        rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
+    rows.append(("path", result.path))
+    if result.out is not None:
+        written = [p.name for p in (result.out / BEST_FILENAME, result.out / "metrics.jsonl",
+                                    result.out / "loss.png") if p.exists()]
+        rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
+    width = max(len(k) for k, _ in rows) + 2
+    lines += [f"{k:<{width}}{v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+# -- run ---------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from flowgrad.training.arrayfiles import parse_feeds, write_outputs
+    from flowgrad.training.infer import load_trained
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    outputs = sess.predict(parse_feeds(args.feed, sess.graph))
+    if args.output:
+        unknown = [o for o in args.output if o not in outputs]
+        if unknown:
+            raise FlowError(f"--output {unknown[0]}: not an output of this run (outputs: {', '.join(outputs)})")
+        outputs = {o: outputs[o] for o in args.output}
+    if args.out:
+        write_outputs(args.out, outputs)
+        print(f"wrote {', '.join(f'{k} {v.dtype}{list(v.shape)}' for k, v in outputs.items())} to {args.out}  "
+              f"(checkpoint step {ckpt.step})")
+    else:
+        with np.printoptions(threshold=64, edgeitems=3, precision=4, suppress=True):
+            for name, value in outputs.items():
+                print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+    return 0
+
+
+# -- generate, export ---------------------------------------------------------------------
+
+def cmd_generate(args) -> int:
+    from flowgrad.training.generate import generate
+    from flowgrad.training.infer import load_trained
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    data = ckpt.data or {}
+    if "vocab" not in data:
+        raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
+                        "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
+    print(generate(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
+                   args.top_k, args.seed))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from flowgrad.export_onnx import OPSET, export
+    from flowgrad.training.infer import load_trained
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    graph = sess.graph
+    names = export(sess, args.output_file, args.output or None)
+    read = {n.id for n in graph.needed_for([graph.outputs[o] for o in names])}
+    ins = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items() if i in read)
+    outs = ", ".join(f"{o}: {graph.nodes[graph.outputs[o]].type}" for o in names)
+    print(f"wrote {args.output_file}: ONNX opset {OPSET}, inputs {ins}; outputs {outs}  (checkpoint step {ckpt.step})")
+    return 0
+
+
+# -- devices, bench ----------------------------------------------------------------------
+
+def cmd_devices(args) -> int:
+    print(devices_text())
+    return 0
+
+
+def devices_text() -> str:
+    from flowgrad.errors import DeviceError
+    from flowgrad.exec_vulkan import runtime
+
+    try:
+        runtime.instance()     # a loader or validation-layer problem is worth showing as such
+    except DeviceError as e:
+        return f"no Vulkan devices: {e}"
+    devices = runtime.list_devices()
+    if not devices:
+        return ("no Vulkan devices (install a Vulkan driver; Debian: mesa-vulkan-drivers gives lavapipe, "
+                "a CPU device usable with --device vulkan)")
+    auto = runtime.first_gpu(devices)
+    lines = []
+    for d in devices:
+        caps = ", ".join(x for x, ok in (("f16", d.f16), ("cooperative matrix", d.coopmat),
+                                          ("timestamps", d.timestamps)) if ok) or "f32 only"
+        mark = "  <- auto" if d.index == auto else ""
+        lines.append(f"vulkan:{d.index}  {d.name}  [{d.type}]  {d.memory / 2**30:.1f} GiB  "
+                     f"Vulkan {d.api_version}  ({caps}){mark}")
+    if auto is None:
+        lines.append("device='auto' runs on numpy (no GPU); --device vulkan uses vulkan:0")
+    return "\n".join(lines)
+
+
+def cmd_bench(args) -> int:
+    from flowgrad.exec_vulkan import bench
+
+    t0 = time.perf_counter()
+
+    def phase(text):
+        print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
+
+    r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
+                  dtype=args.dtype, phase=phase)
+    print(bench.report(r))
+    return 0
 
 
 EXAMPLES = {
@@ -291,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "bench", "graph vs closures step time on one device (the decoder example: tiny_gpt at d=64, "
                            "seq=64)")
-    p.add_argument("file", nargs="?", default=None, help="a .flow model (default: tiny_gpt at d=64, seq=64)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="compile dtype (default f32)")

@@ -254,17 +254,3 @@ def export(sess, path, outputs: list[str] | None = None) -> list[str]:
     except OSError as e:
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
     return [o.name for o in model.graph.output]
-
-
-def export_cli(args) -> int:
-    from flowgrad.cli import parse_sets
-    from flowgrad.training.infer import load_trained
-
-    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    names = export(sess, args.output_file, args.output or None)
-    ins = ", ".join(f"{n}: {sess.graph.nodes[i].type}" for n, i in sess.graph.inputs.items()
-                    if any(i == m.id for m in sess.graph.needed_for([sess.graph.outputs[o] for o in names])))
-    print(f"wrote {args.output_file}: ONNX opset {OPSET}, inputs {ins}; outputs "
-          + ", ".join(f"{o}: {sess.graph.nodes[sess.graph.outputs[o]].type}" for o in names)
-          + f"  (checkpoint step {ckpt.step})")
-    return 0

@@ -11,7 +11,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.errors import FlowError
 from flowgrad.training import checkpoint
-from flowgrad.training.loop import check_train, setup
+from flowgrad.training.section import check_train, setup
 from flowgrad.training.metrics import Metric
 
 REGRESSION = """
@@ -209,7 +209,7 @@ def test_metrics_by_hand():
      "f32[8]", 'use metric = "mse"'),
     (CLASSIFIER, 'metric = "mse"', "metric mse compares real values, but the targets (input y) are i32[8] class ids",
      'use metric = "accuracy"'),
-    (CLASSIFIER, 'metric = "acuracy"', "unknown metric 'acuracy'", "did you mean 'accuracy'"),
+    (CLASSIFIER, 'metric = "acuracy"', "unknown metric 'acuracy'", "did you mean accuracy"),
     (CLASSIFIER.replace("output logits", "output loss"), "", "metric accuracy needs an output shaped like y plus a "
      "class axis", "`output logits`"),
     (REGRESSION.replace("output pred", ""), "", "metric mse needs an output shaped like target", "`output pred`"),

@@ -9,7 +9,6 @@ up to i only), as a decoder with causal attention is; that is checked on the
 first token, by padding with two different tokens and comparing."""
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -72,18 +71,3 @@ def generate(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temp
                                                     "(attention(..., causal=true))")
         ids.append(sample(logits, temperature, top_k, rng))
     return decode(ids, vocab, level)
-
-
-def generate_cli(args) -> int:
-    from flowgrad.cli import parse_sets
-    from flowgrad.training.infer import load_trained
-
-    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    data = ckpt.data or {}
-    if "vocab" not in data:
-        raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
-                        "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
-    print(generate(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
-                   args.top_k, args.seed))
-    sys.stdout.flush()
-    return 0

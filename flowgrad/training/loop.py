@@ -1,68 +1,36 @@
-"""The training loop: `fg.train(model, ...)` and `flowgrad train FILE`.
+"""The training loop: `fg.train(model, ...)`.
 
-Reads the model's `train { ... }` section:
-
-    data = csv("rows.csv", y="label")    a source from flowgrad.training.sources (required)
-    optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
-    steps = 400                          (required; --steps overrides)
-    eval_every = 50                      default steps // 10
-    checkpoint_every = 100               default eval_every
-    metric = "accuracy"                  default from the targets (flowgrad.training.metrics)
-    early_stop = 5                       stop after 5 evals without a better validation loss
-    seed = 0                             param init and data order; default config `seed`, else 0
-    schedule = cosine, warmup = 20, clip = 1.0, min_lr = 0
-                                         optimizer arguments, also accepted on their own lines
-
-Evals run on the validation split (the test split when there is none); the
-test split is evaluated once, at the end. Writes to the output directory:
-checkpoint.safetensors (atomically, every checkpoint_every steps, at the end,
-and on Ctrl-C), best.safetensors (at the eval with the lowest validation
-loss), metrics.jsonl (a header line with "version", then one line per step;
-eval steps add val_* values, the last step test_* values) and loss.png. A
-resumed run gives the same result as an uninterrupted one: the batch of step
-s depends only on (seed, s), and the checkpoint holds the params and the
-optimizer state exactly."""
+The model's train section (flowgrad.training.section) gives the data, the
+optimizer, the metric and the step counts; arguments override it. Evals run
+on the validation split (the test split when there is none); the test split
+is evaluated once, at the end. Writes to the output directory:
+checkpoint.safetensors (atomically, every checkpoint_every steps, at the
+end, and on Ctrl-C), best.safetensors (at the eval with the lowest
+validation loss), metrics.jsonl and loss.png (flowgrad.training.outputs).
+A resumed run gives the same result as an uninterrupted one: the batch of
+step s depends only on (seed, s), and the checkpoint holds the params and
+the optimizer state exactly."""
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 import signal
-import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import attrs
 
-from flowgrad.errors import FlowError, FlowWarning
-from flowgrad.graph import Graph
-from flowgrad.training import checkpoint, metrics, spec
+from flowgrad.errors import FlowError
+from flowgrad.training import checkpoint, metrics
 from flowgrad.training.data import Dataset
-from flowgrad.training.metrics import Metric, fmt
+from flowgrad.training.optim import Optimizer
+from flowgrad.training.outputs import MetricsLog, plot, writing
 from flowgrad.training.progress import Progress
-from flowgrad.training.sources import make_data
-from flowgrad.training.optim import Optimizer, make_optimizer
+from flowgrad.training.section import TrainSetup, setup
 
-TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed", "metric", "early_stop",
-              "schedule", "warmup", "clip", "min_lr")
-OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
-METRICS_VERSION = 2
 BEST_FILENAME = "best.safetensors"
-
-
-@attrs.define
-class TrainSetup:
-    data: Dataset
-    optimizer: Optimizer
-    steps: int
-    eval_every: int
-    checkpoint_every: int
-    seed: int
-    metric: Metric
-    eval_split: str              # "val" when the data has a validation split, else "test"
-    early_stop: int | None = None
 
 
 @attrs.define
@@ -96,210 +64,6 @@ class TrainInterrupted(KeyboardInterrupt):
         return self.message
 
 
-# -- the train section ---------------------------------------------------------
-
-def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
-    """Read and check the train section (arguments override it). Raises the
-    first error; check_train lists them all."""
-    errors = check_train(graph, steps, data, optimizer, seed, first=True)
-    if errors:
-        raise errors[0]
-    return _setup(graph, steps, data, optimizer, seed)
-
-
-def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, first=False) -> list[FlowError]:
-    """Every error of the train section that can be found: each setting is
-    checked on its own, then what depends on the data (metric, early_stop)."""
-    items = dict(graph.train.items) if graph.train is not None else {}
-    spans = dict(graph.train.spans) if graph.train is not None else {}
-    where = spans.get
-    errors: list[FlowError] = []
-
-    def attempt(fn):
-        if first and errors:
-            return None
-        try:
-            return fn()
-        except FlowError as e:
-            errors.append(e)
-            return None
-
-    for key in items:
-        if key not in TRAIN_KEYS:
-            errors.append(FlowError(f"unknown train setting {key!r}", where(key),
-                                    hint=spec.did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}"))
-    if graph.loss is None:
-        attempt(lambda: _fail(f"training minimizes the model's loss, and {graph.name} has no `minimize` "
-                              "statement", _section_span(spans) or _model_span(graph),
-                              "add `minimize loss` (a scalar) to the model"))
-    if steps is None and "steps" not in items:
-        attempt(lambda: _fail(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
-                              "(or pass --steps N)", _section_span(spans)))
-    if data is None and "data" not in items:
-        attempt(lambda: _fail(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
-                              "e.g. `data = digits()`", _section_span(spans)))
-    for key in ("seed", "steps", "eval_every", "checkpoint_every", "early_stop"):
-        if key in items:
-            attempt(lambda key=key: spec.number("train", key, items[key], where(key), low=1 if key != "seed" else 0,
-                                                integer=True))
-    if optimizer is None:
-        attempt(lambda: _optimizer(items, where, 100))
-    bound = None
-    if data is None and "data" in items:
-        bound = attempt(lambda: make_data(items["data"], where("data"), 0, base_dir=Path(graph.file).parent))
-    elif data is not None:
-        bound = data
-    if bound is not None:
-        bound = attempt(lambda: bound.bind(graph, where("data")))
-    if bound is not None:
-        attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or where("data")))
-        if "early_stop" in items:
-            attempt(lambda: _eval_split(bound, where("early_stop"), need_val=True))
-    return errors
-
-
-def _fail(message, span, hint=None):
-    raise FlowError(message, span, hint=hint)
-
-
-def _model_span(graph):
-    return next((n.span for n in graph.nodes if n.span is not None), None)
-
-
-def _optimizer(items, where, steps):
-    extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
-    return make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps, extra)
-
-
-def _eval_split(data, span=None, need_val=False) -> str:
-    if next(iter(data.eval_batches("val")), None) is not None:
-        return "val"
-    if need_val:
-        raise FlowError(f"early_stop watches the validation loss, and data {data.describe} has no validation "
-                        "split", span, hint="give the data source val_fraction > 0")
-    return "test"
-
-
-def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
-    items = dict(graph.train.items) if graph.train is not None else {}
-    spans = dict(graph.train.spans) if graph.train is not None else {}
-    where = spans.get  # the span of one setting, for messages
-
-    if seed is None:
-        seed = items.get("seed", graph.config.get("seed", 0))
-    seed = spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
-    steps = spec.number("train", "steps", items["steps"] if steps is None else steps, where("steps"), low=1,
-                        integer=True)
-    eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
-                             where("eval_every"), low=1, integer=True)
-    checkpoint_every = spec.number("train", "checkpoint_every", items.get("checkpoint_every", eval_every),
-                                   where("checkpoint_every"), low=1, integer=True)
-    if data is None:
-        data = make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent)
-    data.bind(graph, where("data"))
-    metric = metrics.choose(graph, data, items.get("metric"), where("metric") or where("data"))
-    early_stop = items.get("early_stop")
-    split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
-    if optimizer is None:
-        optimizer = _optimizer(items, where, steps)
-    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop)
-
-
-def _section_span(spans):
-    return next(iter(spans.values()), None)
-
-
-# -- output files ------------------------------------------------------------------
-
-class MetricsLog:
-    """metrics.jsonl: a header line, then one JSON object per step."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def start(self, header: dict) -> None:
-        if self.path is not None:
-            with _writing(self.path):
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.path.write_text(json.dumps({"version": METRICS_VERSION, **header}, default=str) + "\n")
-
-    def resume(self, step: int, header: dict) -> list[dict]:
-        """Keep the records up to `step` (a run killed after its last
-        checkpoint wrote a few more) and return them."""
-        if self.path is None:
-            return []
-        kept = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a kill
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
-                    kept.append(rec)
-        lines = [json.dumps({"version": METRICS_VERSION, **header}, default=str)] + [json.dumps(r) for r in kept]
-        with _writing(self.path):
-            checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
-        return kept
-
-    def write(self, rec: dict) -> None:
-        if self.path is not None:
-            with _writing(self.path), self.path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-
-    def rewrite_last(self, rec: dict) -> None:
-        """Replace the last record (the final step gains the test metrics)."""
-        if self.path is not None and self.path.exists():
-            lines = self.path.read_text().splitlines()
-            lines[-1] = json.dumps(rec)
-            with _writing(self.path):
-                checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
-
-
-@contextlib.contextmanager
-def _writing(path: Path):
-    try:
-        yield
-    except OSError as e:
-        raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
-
-
-def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
-    """loss.png: training and eval loss (left axis) and the eval metric
-    (right axis, scaled to its values) against the step. Uses matplotlib's
-    Agg canvas directly (no pyplot: no global backend change). Without
-    matplotlib (the `plot` extra) it warns and returns False."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        warnings.warn(f"{path.name} not written: matplotlib is not installed (pip install 'flowgrad[plot]')",
-                      FlowWarning, stacklevel=2)
-        return False
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    steps = [r["step"] for r in history]
-    ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
-    evals = [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r]
-    if evals:
-        ax.plot(*zip(*evals), "s-", color="tab:green", ms=3, label=f"{split} loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    if all(r["loss"] > 0 for r in history) and all(v > 0 for _, v in evals):
-        ax.set_yscale("log")
-    ax.legend(loc="upper left", fontsize=8)
-    scores = [(r["step"], r[f"{split}_{metric}"]) for r in history if f"{split}_{metric}" in r]
-    if scores:
-        ax2 = ax.twinx()
-        ax2.plot(*zip(*scores), "o-", color="tab:orange", ms=3)
-        ax2.set_ylabel(f"{split} {metric}", color="tab:orange")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
-
-
 # -- Ctrl-C --------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -330,12 +94,21 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
           callback=None) -> TrainResult:
-    """Train `model` (a Model or a path to a .flow file) as its train section
-    says; arguments override it. `out`: directory for checkpoints, metrics and
-    the plot (None: write nothing). `progress`: None shows a bar on a terminal
-    and periodic log lines elsewhere, True a bar, False nothing.
-    `callback(step, record)` runs after each step. Ctrl-C saves a checkpoint
-    and raises TrainInterrupted."""
+    """Train `model` (a Model, a path to a .flow file, or a shipped model's
+    name such as "mlp") as its train section says; the arguments override it.
+
+    steps, seed, data, optimizer: override the train section's values (data:
+        any object with the Dataset protocol, flowgrad.training.data).
+    device, dtype, backward: as for Model.compile.
+    out: directory for the checkpoints, metrics.jsonl and loss.png (None:
+        write nothing); resume=True continues the run saved there,
+        overwrite=True starts afresh over it.
+    progress: None shows a bar on a terminal and periodic log lines
+        elsewhere; True a bar; False nothing.
+    callback(step, record): called after each step with its metrics record.
+
+    Returns a TrainResult. Ctrl-C finishes the current step, saves a
+    checkpoint and raises TrainInterrupted."""
     from flowgrad.api import Model, load
 
     if not isinstance(model, Model):
@@ -412,7 +185,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         history[-1].update({f"test_{k}": v for k, v in final.items()})
         log.rewrite_last(history[-1])
     if out is not None and history:
-        with _writing(out / "loss.png"):
+        with writing(out / "loss.png"):
             plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
                  split)
     best_info = {"step": best["step"], "val_loss": best["val_loss"]} if best is not None else None
@@ -469,37 +242,3 @@ def _record(step: int, loss, optimizer) -> dict:
         raise FlowError(f"the loss became {loss} at step {step}: training diverged",
                         hint="lower the learning rate, or add clip=1.0 to the optimizer")
     return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step)}
-
-
-def summary(result: TrainResult) -> str:
-    lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
-             f"({result.steps_per_second:.1f} steps/s)"]
-    if result.stopped_early:
-        lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
-    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
-    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()]
-    if result.best is not None:
-        rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
-    rows.append(("path", result.path))
-    if result.out is not None:
-        written = [p.name for p in (result.out / BEST_FILENAME, result.out / "metrics.jsonl",
-                                    result.out / "loss.png") if p.exists()]
-        rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
-    width = max(len(k) for k, _ in rows) + 2
-    lines += [f"{k:<{width}}{v}" for k, v in rows]
-    return "\n".join(lines)
-
-
-def train_cli(args) -> int:
-    from flowgrad.cli import load_model, parse_sets
-
-    model = load_model(args.file, parse_sets(args.set))
-    out = args.out if args.out is not None else str(Path("runs") / model.name)
-    try:
-        result = train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                       out=out, resume=args.resume, overwrite=getattr(args, "overwrite", False))
-    except TrainInterrupted as e:
-        print(f"\n{e}", file=sys.stderr)
-        return 130
-    print(summary(result))
-    return 0

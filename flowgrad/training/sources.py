@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.data import ArrayData, Dataset, SequenceTask, TextData
@@ -61,7 +62,7 @@ def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=N
     return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val, test, seed, "digits()", span)
 
 
-def npz(path=spec.REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, *,
+def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, *,
         seed=0, span=None, base_dir=None) -> ArrayData:
     what = "data npz()"
     full = _path(what, path, span, base_dir)
@@ -80,7 +81,7 @@ def npz(path=spec.REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x
             spec.string(what, arg, key, span)
             if key not in arrays:
                 raise FlowError(f"{what}: {str(full)!r} has no array {key!r} (it has: {', '.join(arrays)})", span,
-                                hint=spec.did_you_mean(key, arrays) or ("y=none trains without targets"
+                                hint=did_you_mean(key, arrays) or ("y=none trains without targets"
                                                                         if arg == "y" else None))
     if x_test is not None and (y_test is None) != (y is None):
         raise FlowError(f"{what}: give x_test and y_test together (or y_test=none with y=none)", span)
@@ -96,7 +97,7 @@ def npz(path=spec.REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x
     return ArrayData.split(train, *_fractions(what, val_fraction, test_fraction, span), seed, describe, span)
 
 
-def npy(x=spec.REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
+def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
         base_dir=None) -> ArrayData:
     what = "data npy()"
     arrays = {}
@@ -144,7 +145,7 @@ def _column(names, key, what, span) -> int:
     key = spec.string(what, "column", key, span)
     if key not in names:
         raise FlowError(f"{what}: no column {key!r} (columns: {', '.join(names)})", span,
-                        hint=spec.did_you_mean(key, names))
+                        hint=did_you_mean(key, names))
     return names.index(key)
 
 
@@ -160,7 +161,7 @@ def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
     return out
 
 
-def csv(path=spec.REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, *,
+def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, *,
         seed=0, span=None, base_dir=None) -> ArrayData:
     what = "data csv()"
     full = _path(what, path, span, base_dir)
@@ -198,7 +199,7 @@ def _is_number(cell: str) -> bool:
         return False
 
 
-def text(path=spec.REQUIRED, seq=spec.REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, *, seed=0,
+def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, *, seed=0,
          span=None, base_dir=None) -> TextData:
     what = "data text()"
     full = _path(what, path, span, base_dir)
@@ -242,10 +243,10 @@ def make_data(value, span=None, seed: int = 0, base_dir=None) -> Dataset:
     if parts is None or parts[0] not in SOURCES:
         name = parts[0] if parts else spec.show(value)
         raise FlowError(f"unknown data source {name} (one of: {', '.join(SOURCES)})", span,
-                        hint=spec.did_you_mean(str(name), SOURCES))
+                        hint=did_you_mean(str(name), SOURCES))
     name, args, kwargs = parts
     fn = SOURCES[name]
-    params = {p.name: (spec.REQUIRED if p.default is spec.REQUIRED else p.default)
+    params = {p.name: p.default
               for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD}
     bound = spec.bind("data source", name, args, kwargs, params, span)
     return fn(**bound, seed=seed, span=span, base_dir=base_dir)

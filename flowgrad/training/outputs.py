@@ -1,0 +1,103 @@
+"""What a training run writes beside its checkpoints: metrics.jsonl (a header
+line with "version", then one line per step; eval steps add val_* values,
+the last step test_* values) and loss.png."""
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from pathlib import Path
+
+from flowgrad.errors import FlowError, FlowWarning
+from flowgrad.training import checkpoint
+
+METRICS_VERSION = 2
+
+
+class MetricsLog:
+    """metrics.jsonl: a header line, then one JSON object per step."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def start(self, header: dict) -> None:
+        if self.path is not None:
+            with writing(self.path):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.write_text(json.dumps({"version": METRICS_VERSION, **header}, default=str) + "\n")
+
+    def resume(self, step: int, header: dict) -> list[dict]:
+        """Keep the records up to `step` (a run killed after its last
+        checkpoint wrote a few more) and return them."""
+        if self.path is None:
+            return []
+        kept = []
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a kill
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+                    kept.append(rec)
+        lines = [json.dumps({"version": METRICS_VERSION, **header}, default=str)] + [json.dumps(r) for r in kept]
+        with writing(self.path):
+            checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+        return kept
+
+    def write(self, rec: dict) -> None:
+        if self.path is not None:
+            with writing(self.path), self.path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def rewrite_last(self, rec: dict) -> None:
+        """Replace the last record (the final step gains the test metrics)."""
+        if self.path is not None and self.path.exists():
+            lines = self.path.read_text().splitlines()
+            lines[-1] = json.dumps(rec)
+            with writing(self.path):
+                checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    try:
+        yield
+    except OSError as e:
+        raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+
+
+def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
+    """loss.png: training and eval loss (left axis) and the eval metric
+    (right axis, scaled to its values) against the step. Uses matplotlib's
+    Agg canvas directly (no pyplot: no global backend change). Without
+    matplotlib (the `plot` extra) it warns and returns False."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        warnings.warn(f"{path.name} not written: matplotlib is not installed (pip install 'flowgrad[plot]')",
+                      FlowWarning, stacklevel=2)
+        return False
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = [r["step"] for r in history]
+    ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
+    evals = [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r]
+    if evals:
+        ax.plot(*zip(*evals), "s-", color="tab:green", ms=3, label=f"{split} loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if all(r["loss"] > 0 for r in history) and all(v > 0 for _, v in evals):
+        ax.set_yscale("log")
+    ax.legend(loc="upper left", fontsize=8)
+    scores = [(r["step"], r[f"{split}_{metric}"]) for r in history if f"{split}_{metric}" in r]
+    if scores:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*scores), "o-", color="tab:orange", ms=3)
+        ax2.set_ylabel(f"{split} {metric}", color="tab:orange")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
