@@ -51,15 +51,20 @@ class TrainSetup:
 def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
     """Read and check the train section (arguments override it). Raises the
     first error; check_train lists them all."""
-    errors = check_train(graph, steps, data, optimizer, seed, first=True)
+    errors, data = _check(graph, steps, data, optimizer, seed, first=True)
     if errors:
         raise errors[0]
     return _setup(graph, steps, data, optimizer, seed)
 
 
-def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, first=False) -> list[FlowError]:
+def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> list[FlowError]:
     """Every error of the train section that can be found: each setting is
     checked on its own, then what depends on the data (metric, early_stop)."""
+    return _check(graph, steps, data, optimizer, seed)[0]
+
+
+def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowError], Dataset | None]:
+    """(errors, the data source made and bound on the way, or None)."""
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
     where = spans.get
@@ -96,7 +101,11 @@ def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, 
         attempt(lambda: _optimizer(items, where, 100))
     bound = None
     if data is None and "data" in items:
-        bound = attempt(lambda: make_data(items["data"], where("data"), 0, base_dir=Path(graph.file).parent))
+        try:  # the split depends on the seed: make the data as training will
+            seed = _seed(items, graph, seed, where)
+        except FlowError:
+            seed = 0  # reported above
+        bound = attempt(lambda: make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent))
     elif data is not None:
         bound = data
     if bound is not None:
@@ -105,7 +114,13 @@ def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, 
         attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or where("data")))
         if "early_stop" in items:
             attempt(lambda: _eval_split(bound, where("early_stop"), need_val=True))
-    return errors
+    return errors, bound
+
+
+def _seed(items, graph, seed, where) -> int:
+    if seed is None:
+        seed = items.get("seed", graph.config.get("seed", 0))
+    return spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
 
 
 def _fail(message, span, hint=None):
@@ -135,9 +150,7 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
     spans = dict(graph.train.spans) if graph.train is not None else {}
     where = spans.get  # the span of one setting, for messages
 
-    if seed is None:
-        seed = items.get("seed", graph.config.get("seed", 0))
-    seed = spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
+    seed = _seed(items, graph, seed, where)
     steps = spec.number("train", "steps", items["steps"] if steps is None else steps, where("steps"), low=1,
                         integer=True)
     eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
