@@ -6,5 +6,5 @@ from flowgrad.training.loop import train
 from flowgrad.ops.user import register_op
 
 __version__ = "0.1.0"
-__all__ = ["ArrayData", "Dataset", "DeviceError", "FlowError", "FlowWarning", "GraphPathRefused", "Model", "Session", "StepResult",
-           "load", "loads", "register_op", "train"]
+__all__ = ["ArrayData", "Dataset", "DeviceError", "FlowError", "FlowWarning", "GraphPathRefused", "Model", "Session",
+           "StepResult", "load", "loads", "register_op", "train"]
