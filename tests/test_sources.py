@@ -314,3 +314,32 @@ def test_a_python_dataset_and_array_data():
                               describe="sine arrays")
     res = fg.train(m, data=data, device="cpu", progress=False)
     assert data.size("train") == 160 and res.metrics["mse"] < 0.05
+
+
+AUTOENCODER = """
+model ae
+config {
+  batch = 10
+}
+input x: f32[batch, 6]
+param enc: f32[6, 2] = xavier()
+param dec: f32[2, 6] = xavier()
+recon = (x @ enc) @ dec
+loss = mse_loss(recon, x)
+output recon
+minimize loss
+train {
+  DATA
+  steps = 30
+}
+"""
+
+
+def test_an_autoencoder_without_targets(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "a.npz", x=rng.normal(size=(60, 2)) @ rng.normal(size=(2, 6)))
+    res = fg.train(model(AUTOENCODER, 'data = npz("a.npz", y=none)', tmp_path), device="cpu", progress=False)
+    assert res.metric == "none" and set(res.metrics) == {"loss"}   # no made-up accuracy
+    m = model(AUTOENCODER, 'data = npz("a.npz", y=none)\n  metric = "mse"', tmp_path)
+    res = fg.train(m, device="cpu", progress=False)
+    assert res.metrics["mse"] == pytest.approx(res.metrics["loss"], rel=1e-5)   # reconstruction error of x
