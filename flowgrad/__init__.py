@@ -9,7 +9,7 @@ _EXPORTS = {
     "Model": "flowgrad.api", "Session": "flowgrad.api", "StepResult": "flowgrad.api", "load": "flowgrad.api",
     "loads": "flowgrad.api", "DeviceError": "flowgrad.errors", "FlowError": "flowgrad.errors",
     "FlowWarning": "flowgrad.errors", "GraphPathRefused": "flowgrad.errors", "train": "flowgrad.training.loop",
-    "register_op": "flowgrad.ops.user",
+    "register_op": "flowgrad.ops.user", "ArrayData": "flowgrad.training.data", "Dataset": "flowgrad.training.data",
 }
 __all__ = sorted(_EXPORTS)
 
