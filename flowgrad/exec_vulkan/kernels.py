@@ -12,6 +12,7 @@ import numpy as np
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.graph import Node, TensorType
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.ops import get_op
 
@@ -37,7 +38,7 @@ class VulkanKernels:
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
         op = get_op(node.op)
-        low = op.lowering
+        low = lowering_for(node.op)
         dtypes = [dtype_of(x, narrow=True) for x in ins]
         promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
         if promote is None:
@@ -60,7 +61,7 @@ class VulkanKernels:
 
     def vjp(self, node: Node, g, ins, out) -> list:
         op = get_op(node.op)
-        low = op.lowering
+        low = lowering_for(node.op)
         dtypes = [dtype_of(x, narrow=True) for x in ins]
         floats = {d for d in dtypes if d != "i32"}
         promote = None

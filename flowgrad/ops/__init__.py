@@ -1,6 +1,9 @@
 """All ops. Importing this package registers every op family."""
-from flowgrad.ops import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401  (register ops)
-from flowgrad.ops import activations, batchnorm, compare, conv, elementwise_loss, pool, random, spatial  # noqa: F401  (register ops)
-from flowgrad.ops.registry import OPS, Arg, Lowering, Op, OpTypeError, get_op, register
+from flowgrad.ops import elementwise, linalg, reduce, norm, loss, shape, attention  # noqa: F401, I001  (register ops; this order is the docs' order)
+from flowgrad.ops import activations, elementwise_loss, compare, batchnorm, conv, pool, random, spatial  # noqa: F401, I001
+from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 
-__all__ = ["OPS", "Arg", "Lowering", "Op", "OpTypeError", "get_op", "register"]
+# the built-in ops, in family order (user ops registered later are not among them)
+BUILTIN = tuple(OPS)
+
+__all__ = ["BUILTIN", "OPS", "Arg", "Op", "OpTypeError", "get_op", "register"]

@@ -8,14 +8,13 @@ import math
 import numpy as np
 from scipy.special import erf as _erf, expit
 
-from flowgrad.exec_vulkan.lower import pointwise as vk
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
 from flowgrad.ops.rules import float_dtype
 
 
-def _activation(name, f, df, extra=(), check=None, lowering=None, doc=""):
+def _activation(name, f, df, extra=(), check=None, doc=""):
     """f(x, attrs) and df(x, attrs) = f'(x), both on the widened x."""
 
     def infer(ins, attrs):
@@ -26,12 +25,11 @@ def _activation(name, f, df, extra=(), check=None, lowering=None, doc=""):
 
     return defop(name, (Arg("x"),) + tuple(extra), infer,
                  lambda ins, at: narrow(f(wide(ins[0]), at), ins[0]),
-                 lambda g, ins, out, at: [narrow(wide(g) * df(wide(ins[0]), at), ins[0])],
-                 lowering=lowering, doc=doc)
+                 lambda g, ins, out, at: [narrow(wide(g) * df(wide(ins[0]), at), ins[0])], doc=doc)
 
 
 erf = _activation("erf", lambda x, at: _erf(x), lambda x, at: 2.0 / math.sqrt(math.pi) * np.exp(-x * x),
-                  lowering=vk.ERF, doc="the error function")
+                  doc="the error function")
 
 
 def _softplus(x, at):
@@ -47,13 +45,13 @@ def _softplus_check(at):
 softplus = _activation(
     "softplus", _softplus, lambda x, at: np.where(at["beta"] * x > at["threshold"], 1.0, expit(at["beta"] * x)),
     extra=(Arg("beta", "attr", 1.0, (float, int)), Arg("threshold", "attr", 20.0, (float, int))),
-    check=_softplus_check, lowering=vk.SOFTPLUS, doc="log(1 + exp(beta x)) / beta; x itself where beta x > threshold")
+    check=_softplus_check, doc="log(1 + exp(beta x)) / beta; x itself where beta x > threshold")
 leaky_relu = _activation(
     "leaky_relu", lambda x, at: np.where(x > 0, x, at["negative_slope"] * x),
     lambda x, at: np.where(x > 0, 1.0, at["negative_slope"]),
-    extra=(Arg("negative_slope", "attr", 0.01, (float, int)),), lowering=vk.LEAKY_RELU,
+    extra=(Arg("negative_slope", "attr", 0.01, (float, int)),),
     doc="x for x > 0, negative_slope * x otherwise")
 elu = _activation(
     "elu", lambda x, at: np.where(x > 0, x, at["alpha"] * np.expm1(np.minimum(x, 0))),
     lambda x, at: np.where(x > 0, 1.0, at["alpha"] * np.exp(np.minimum(x, 0))),
-    extra=(Arg("alpha", "attr", 1.0, (float, int)),), lowering=vk.ELU, doc="x for x > 0, alpha (e^x - 1) otherwise")
+    extra=(Arg("alpha", "attr", 1.0, (float, int)),), doc="x for x > 0, alpha (e^x - 1) otherwise")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import batchnorm as vk
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE
@@ -116,7 +115,6 @@ batchnorm = defop(
                   Arg("momentum", "attr", 0.1, (float, int)), Arg("eps", "attr", 1e-5, (float, int)),
                   Arg("rng", "tensor", None)),
     _bn_infer, _bn_forward, _bn_vjp, expand=_bn_expand, nondiff=(3, 4, 5), updates=(3, 4),
-    lowering=vk.BATCHNORM,
     doc="batch normalization over all axes but the channels (axis 1); batch statistics and a running-average "
         "update in training, the running statistics in eval")
 
@@ -172,5 +170,5 @@ def _gn_vjp(g, ins, out, attrs):
 groupnorm = defop(
     "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
                   Arg("eps", "attr", 1e-5, (float, int))),
-    _gn_infer, _gn_forward, _gn_vjp, lowering=vk.GROUPNORM,
+    _gn_infer, _gn_forward, _gn_vjp,
     doc="normalize each group of channels (and all their pixels) per example, then a per-channel affine")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import compare as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.registry import Arg, OpTypeError
@@ -27,11 +26,11 @@ def _argmax_infer(ins, at):
 argmax = defop("argmax", (Arg("x"), Arg("axis", "attr", -1, (int,)), Arg("keepdims", "attr", False, (bool,))),
                _argmax_infer,
                lambda ins, at: np.argmax(ins[0], axis=at["axis"], keepdims=at["keepdims"]).astype(np.int32),
-               lambda g, ins, out, at: [None], nondiff=(0,), lowering=vk.ARGMAX,
+               lambda g, ins, out, at: [None], nondiff=(0,),
                doc="index of the first maximum along axis, i32; no gradient")
 
 
-def _compare(name, f, symbol, lowering):
+def _compare(name, f, symbol):
     def infer(ins, at):
         a, b = ins
         dtype = same_dtype(ins)
@@ -39,16 +38,16 @@ def _compare(name, f, symbol, lowering):
 
     return defop(name, (Arg("a"), Arg("b")), infer,
                  lambda ins, at: f(ins[0], ins[1]).astype(np.result_type(ins[0], ins[1])),
-                 lambda g, ins, out, at: [None, None], nondiff=(0, 1), lowering=lowering,
+                 lambda g, ins, out, at: [None, None], nondiff=(0, 1),
                  doc=f"1 where a {symbol} b, else 0, in the operands' dtype (broadcasting); no gradient")
 
 
-eq = _compare("eq", np.equal, "==", vk.EQ)
-ne = _compare("ne", np.not_equal, "!=", vk.NE)
-lt = _compare("lt", np.less, "<", vk.LT)
-le = _compare("le", np.less_equal, "<=", vk.LE)
-gt = _compare("gt", np.greater, ">", vk.GT)
-ge = _compare("ge", np.greater_equal, ">=", vk.GE)
+eq = _compare("eq", np.equal, "==")
+ne = _compare("ne", np.not_equal, "!=")
+lt = _compare("lt", np.less, "<")
+le = _compare("le", np.less_equal, "<=")
+gt = _compare("gt", np.greater, ">")
+ge = _compare("ge", np.greater_equal, ">=")
 
 
 # ---------------------------------------------------------------- topk
@@ -82,8 +81,8 @@ def _topk_vjp(g, ins, out, at):
 _TOPK_ARGS = (Arg("x"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,)))
 topk = defop("topk", _TOPK_ARGS, _topk_infer,
              lambda ins, at: np.take_along_axis(ins[0], topk_order(ins[0], at), axis=at["axis"]), _topk_vjp,
-             lowering=vk.TOPK, doc="the k largest values along axis, largest first (topk_indices: where they are)")
+             doc="the k largest values along axis, largest first (topk_indices: where they are)")
 topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins, at, "i32"),
                      lambda ins, at: topk_order(ins[0], at).astype(np.int32), lambda g, ins, out, at: [None],
-                     nondiff=(0,), lowering=vk.TOPK_INDICES,
+                     nondiff=(0,),
                      doc="i32 indices of the k largest values along axis, largest first; ties to the lower index")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import conv as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -199,9 +198,9 @@ def _conv_args():
             Arg("groups", "attr", 1, (int,)))
 
 
-conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), _conv_vjp(2), lowering=vk.CONV2D,
+conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), _conv_vjp(2),
                doc="2-D convolution (cross-correlation, as PyTorch), NCHW; weight [out, in/groups, kh, kw]")
-conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), _conv_vjp(1), lowering=vk.CONV1D,
+conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), _conv_vjp(1),
                doc="1-D convolution, [batch, channels, length]; weight [out, in/groups, k]")
 
 
@@ -275,5 +274,5 @@ conv_transpose2d = defop(
     (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
      Arg("padding", "attr", 0, INTS), Arg("output_padding", "attr", 0, INTS), Arg("groups", "attr", 1, (int,)),
      Arg("dilation", "attr", 1, INTS)),
-    _convt_infer, _convt_forward, _convt_vjp, lowering=vk.CONV_TRANSPOSE2D,
+    _convt_infer, _convt_forward, _convt_vjp,
     doc="transposed 2-D convolution (the gradient of conv2d), NCHW; weight [in, out/groups, kh, kw]")

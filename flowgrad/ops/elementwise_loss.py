@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
-from flowgrad.exec_vulkan.lower import pointwise as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -24,7 +23,7 @@ def _infer(ins, at):
     return TensorType((), a.dtype)
 
 
-def _loss(name, f, da, db, extra=(), lowering=None, doc=""):
+def _loss(name, f, da, db, extra=(), doc=""):
     """f(a, b, attrs) per element; da, db its partial derivatives."""
 
     def forward(ins, at):
@@ -36,12 +35,12 @@ def _loss(name, f, da, db, extra=(), lowering=None, doc=""):
         k = wide(g) / max(a.size, 1)
         return [narrow(k * da(a, b, at), ins[0]), narrow(k * db(a, b, at), ins[1])]
 
-    return defop(name, (Arg("input"), Arg("target")) + tuple(extra), _infer, forward, vjp, lowering=lowering,
+    return defop(name, (Arg("input"), Arg("target")) + tuple(extra), _infer, forward, vjp,
                  doc=doc)
 
 
 l1_loss = _loss("l1_loss", lambda a, b, at: np.abs(a - b), lambda a, b, at: np.sign(a - b),
-                lambda a, b, at: -np.sign(a - b), lowering=vk.L1_LOSS, doc="mean(|input - target|)")
+                lambda a, b, at: -np.sign(a - b), doc="mean(|input - target|)")
 
 
 def _huber(a, b, at):
@@ -51,9 +50,9 @@ def _huber(a, b, at):
 
 huber_loss = _loss("huber_loss", _huber, lambda a, b, at: np.clip(a - b, -at["delta"], at["delta"]),
                    lambda a, b, at: -np.clip(a - b, -at["delta"], at["delta"]),
-                   extra=(Arg("delta", "attr", 1.0, (float, int)),), lowering=vk.HUBER_LOSS,
+                   extra=(Arg("delta", "attr", 1.0, (float, int)),),
                    doc="mean of 0.5 d^2 where |d| < delta, else delta (|d| - delta/2); d = input - target")
 bce_with_logits = _loss(
     "bce_with_logits", lambda x, y, at: np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))),
-    lambda x, y, at: expit(x) - y, lambda x, y, at: -x, lowering=vk.BCE_WITH_LOGITS,
+    lambda x, y, at: expit(x) - y, lambda x, y, at: -x,
     doc="mean binary cross-entropy of sigmoid(input) against target in [0, 1], computed stably from logits")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.lower import loss as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -29,8 +28,7 @@ def _mse_vjp(g, ins, out, at):
 
 
 mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
-                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp,
-                 lowering=vk.MSE_LOSS, doc="mean((pred - target)^2)")
+                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)")
 
 
 def _ce_infer(ins, at):
@@ -109,7 +107,6 @@ cross_entropy = defop(
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
     _ce_infer, _ce_forward, _ce_vjp, nondiff=(1, 2),
     index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
-    lowering=vk.CROSS_ENTROPY,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
@@ -125,6 +122,5 @@ nll_loss = defop(
     _nll_infer, lambda ins, at: _ce_forward(ins, at | {"log_probs": True}),
     lambda g, ins, out, at: _ce_vjp(g, ins, out, at | {"log_probs": True}), nondiff=(1, 2),
     index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
-    lowering=vk.NLL_LOSS,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import pool as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
@@ -100,7 +99,7 @@ def _pool_args(*extra):
             Arg("padding", "attr", 0, INTS)) + extra
 
 
-maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward, _max_vjp, lowering=vk.MAXPOOL2D,
+maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward, _max_vjp,
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
 
 # ---------------------------------------------------------------- avgpool2d
@@ -133,7 +132,7 @@ def _avg_vjp(g, ins, out, attrs):
 
 
 avgpool2d = defop("avgpool2d", _pool_args(Arg("count_include_pad", "attr", True, (bool,))), _pool_infer,
-                  _avg_forward, _avg_vjp, lowering=vk.AVGPOOL2D,
+                  _avg_forward, _avg_vjp,
                   doc="mean over kernel_size windows; padding counts in the mean unless count_include_pad=false")
 
 # ---------------------------------------------------------------- adaptive_avgpool2d
@@ -183,5 +182,5 @@ def _adaptive_vjp(g, ins, out, attrs):
 
 adaptive_avgpool2d = defop(
     "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer,
-    _adaptive_forward, _adaptive_vjp, lowering=vk.ADAPTIVE_AVGPOOL2D,
+    _adaptive_forward, _adaptive_vjp,
     doc="mean over output_size bins as PyTorch's; output_size=1 is global average pooling")

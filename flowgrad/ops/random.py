@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import random as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -117,6 +116,6 @@ def _vjp(g, ins, out, attrs):
 dropout = defop(
     "dropout", (Arg("x"), Arg("p", "attr", 0.5, (float, int)), Arg("stream", "attr", None, (int, type(None))),
                 Arg("rng", "tensor", None)),
-    _infer, _forward, _vjp, expand=_expand, nondiff=(1,), lowering=vk.DROPOUT,
+    _infer, _forward, _vjp, expand=_expand, nondiff=(1,),
     doc="in training steps, zero each element with probability p and scale the rest by 1/(1-p); "
         "the identity in eval")

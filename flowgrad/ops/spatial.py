@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import spatial as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow
@@ -30,7 +29,7 @@ flatten = defop(
     "flatten", (Arg("x"), Arg("start_dim", "attr", 0, (int,)), Arg("end_dim", "attr", -1, (int,))),
     lambda ins, at: TensorType(flat_shape(ins[0].shape, at), ins[0].dtype),
     lambda ins, at: np.reshape(ins[0], flat_shape(ins[0].shape, at)),
-    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)], lowering=vk.FLATTEN,
+    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)],
     doc="merge the axes start_dim..end_dim into one (torch.flatten; a CNN's head uses start_dim=1)")
 
 # ---------------------------------------------------------------- pad
@@ -75,5 +74,5 @@ def _pad_vjp(g, ins, out, attrs):
 
 
 pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))),
-            _pad_infer, _pad_forward, _pad_vjp, lowering=vk.PAD,
+            _pad_infer, _pad_forward, _pad_vjp,
             doc="constant padding; pad lists (before, after) pairs starting at the last axis, as PyTorch")

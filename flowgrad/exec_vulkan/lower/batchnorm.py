@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOAT = frozenset({"f32", "f16"})
 HAS_RUNNING, UPDATE = 1, 2
 
 
@@ -93,8 +93,11 @@ def _norm(running: bool) -> Lowering:
             call.run(4, g=g, out=grads[0])
 
     # batchnorm's forward also reads the i32 random state
-    return Lowering(forward, backward, FLOAT | {"i32"} if running else FLOAT, FLOAT)
+    return Lowering(forward, backward, FLOATS | {"i32"} if running else FLOATS, FLOATS)
 
 
 BATCHNORM = _norm(running=True)
 GROUPNORM = _norm(running=False)
+
+register_lowering("batchnorm", BATCHNORM)
+register_lowering("groupnorm", GROUPNORM)

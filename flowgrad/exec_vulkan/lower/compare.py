@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse, unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
-ANY = frozenset({"f32", "f16", "i32"})
 MAX_RANK = 6
 
 
@@ -47,10 +47,10 @@ def compare_op(code: int) -> Lowering:
         rec.dispatch("compare", [a, b, out], [n, code, len(dims), int(a.dtype == "i32"), *shape, *sa, *sb],
                      groups_1d(n), variant(a.dtype))
 
-    return Lowering(forward, _no_backward, ANY, ANY)
+    return Lowering(forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
 
 
-ARGMAX = Lowering(argmax_forward, _no_backward, ANY, ANY)
+ARGMAX = Lowering(argmax_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
 EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
 
 
@@ -79,6 +79,15 @@ def _topk_indices_forward(rec, node, ins, out):
     _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
 
 
-FLOAT = frozenset({"f32", "f16"})
-TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOAT, FLOAT)
-TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ANY, ANY)
+TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOATS, FLOATS)
+TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+
+register_lowering("argmax", ARGMAX)
+register_lowering("eq", EQ)
+register_lowering("ne", NE)
+register_lowering("lt", LT)
+register_lowering("le", LE)
+register_lowering("gt", GT)
+register_lowering("ge", GE)
+register_lowering("topk", TOPK)
+register_lowering("topk_indices", TOPK_INDICES)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOAT = frozenset({"f32", "f16"})
 TILE = 64  # conv.comp BM = BN
 
 
@@ -99,6 +99,10 @@ def transpose_backward(rec, node, g, ins, out, grads):
         _bias_grad(rec, g, grads[2])
 
 
-CONV2D = Lowering(conv_forward, conv_backward, FLOAT, FLOAT)
+CONV2D = Lowering(conv_forward, conv_backward, FLOATS, FLOATS)
 CONV1D = CONV2D
-CONV_TRANSPOSE2D = Lowering(transpose_forward, transpose_backward, FLOAT, FLOAT)
+CONV_TRANSPOSE2D = Lowering(transpose_forward, transpose_backward, FLOATS, FLOATS)
+
+register_lowering("conv2d", CONV2D)
+register_lowering("conv1d", CONV1D)
+register_lowering("conv_transpose2d", CONV_TRANSPOSE2D)

@@ -6,9 +6,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
-from flowgrad.ops.registry import Lowering
-
-FLOATS = frozenset({"f32", "f16"})
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
 
 def _mse_forward(rec, node, ins, out):
@@ -109,8 +107,12 @@ def _xent_lowering(log_probs: bool) -> Lowering:
             ds = strides(logits.shape)
             strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
 
-    return Lowering(forward, backward, frozenset({"f32", "f16", "i32"}), FLOATS)
+    return Lowering(forward, backward, ALL_DTYPES, FLOATS)
 
 
 CROSS_ENTROPY = _xent_lowering(log_probs=False)
 NLL_LOSS = _xent_lowering(log_probs=True)
+
+register_lowering("mse_loss", MSE_LOSS)
+register_lowering("cross_entropy", CROSS_ENTROPY)
+register_lowering("nll_loss", NLL_LOSS)

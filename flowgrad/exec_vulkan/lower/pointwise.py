@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOAT = frozenset({"f32", "f16"})
 
 
 def _map(rec, op, a, b, g, out, p0=0.0, p1=0.0, scale=1.0, g_scalar=False):
@@ -29,7 +29,7 @@ def activation(code: int, params=lambda attrs: (0.0, 0.0)) -> Lowering:
         if grads[0] is not None:
             _map(rec, code + 1, ins[0], None, g, grads[0], *params(full_attrs(node)))
 
-    return Lowering(forward, backward, FLOAT, FLOAT)
+    return Lowering(forward, backward, FLOATS, FLOATS)
 
 
 ERF = activation(0)
@@ -60,9 +60,17 @@ def loss(code: int, grad_b: int | None, param=lambda attrs: 0.0) -> Lowering:
             op, sign = (code + 1, -1.0) if grad_b is None else (grad_b, 1.0)
             _map(rec, op, a, b, g, grads[1], p0, scale=sign / n, g_scalar=True)
 
-    return Lowering(forward, backward, FLOAT, FLOAT)
+    return Lowering(forward, backward, FLOATS, FLOATS)
 
 
 L1_LOSS = loss(8, None)
 HUBER_LOSS = loss(10, None, lambda at: at["delta"])
 BCE_WITH_LOGITS = loss(12, 14)
+
+register_lowering("erf", ERF)
+register_lowering("softplus", SOFTPLUS)
+register_lowering("leaky_relu", LEAKY_RELU)
+register_lowering("elu", ELU)
+register_lowering("l1_loss", L1_LOSS)
+register_lowering("huber_loss", HUBER_LOSS)
+register_lowering("bce_with_logits", BCE_WITH_LOGITS)

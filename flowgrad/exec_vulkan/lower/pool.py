@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOAT = frozenset({"f32", "f16"})
 MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
 
 
@@ -45,9 +45,13 @@ def _pool(name):
         if dx is not None:
             _dispatch(rec, node, bwd, x, g, dx, x.shape, g.shape)
 
-    return Lowering(forward, backward, FLOAT, FLOAT)
+    return Lowering(forward, backward, FLOATS, FLOATS)
 
 
 MAXPOOL2D = _pool("maxpool2d")
 AVGPOOL2D = _pool("avgpool2d")
 ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
+
+register_lowering("maxpool2d", MAXPOOL2D)
+register_lowering("avgpool2d", AVGPOOL2D)
+register_lowering("adaptive_avgpool2d", ADAPTIVE_AVGPOOL2D)

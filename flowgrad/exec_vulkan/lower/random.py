@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOAT = frozenset({"f32", "f16"})
 
 
 def _masked(rec, node, src, rng, dst):
@@ -31,4 +31,6 @@ def dropout_backward(rec, node, g, ins, out, grads):
 
 
 # the forward also reads the i32 random state
-DROPOUT = Lowering(dropout_forward, dropout_backward, FLOAT | {"i32"}, FLOAT)
+DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
+
+register_lowering("dropout", DROPOUT)

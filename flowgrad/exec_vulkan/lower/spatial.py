@@ -9,10 +9,8 @@ import numpy as np
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
-ANY = frozenset({"f32", "f16", "i32"})
-FLOAT = frozenset({"f32", "f16"})
 
 FLATTEN = RESHAPE
 
@@ -50,4 +48,7 @@ def pad_backward(rec, node, g, ins, out, grads):
         strided_copy(rec, g, dx, shape, gs, strides(shape), src_off=off)
 
 
-PAD = Lowering(pad_forward, pad_backward, ANY, FLOAT)
+PAD = Lowering(pad_forward, pad_backward, ALL_DTYPES, FLOATS)
+
+register_lowering("flatten", FLATTEN)
+register_lowering("pad", PAD)
