@@ -6,7 +6,11 @@
     python scripts/build_shaders.py --check    # exit 1 if a shipped .spv is stale or missing
 
 A first line `// variants: f32 f16` also builds <name>.f16.spv with -DF16=1
-(no variants line: f32 only). Needs Debian's `glslc`."""
+(no variants line: f32 only). Shaders built from one GLSL body with several
+sets of defines (the attention kernels, one build per tile configuration)
+come from a table of variants the lowering that dispatches them owns
+(`TABLES` below): each entry is an output stem, its .glsl body and defines.
+Needs Debian's `glslc`."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHADER_DIR = Path(__file__).resolve().parent.parent / "flowgrad" / "exec_vulkan" / "shaders"
+ROOT = Path(__file__).resolve().parent.parent
+SHADER_DIR = ROOT / "flowgrad" / "exec_vulkan" / "shaders"
 SPV_DIR = SHADER_DIR / "spv"
 GLSLC_FLAGS = ["--target-env=vulkan1.1", "-O"]
 KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
@@ -24,6 +29,19 @@ KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
 
 class BuildError(Exception):
     pass
+
+
+def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
+    """{stem: (glsl body, {spv file name: glslc flags})} for the table-built
+    shaders, read from the lowering modules that own the tile choices."""
+    sys.path.insert(0, str(ROOT))
+    from flowgrad.exec_vulkan.lower.attention import shader_builds
+
+    out = {}
+    for stem, (body, defines) in shader_builds().items():
+        flags = [f"-D{k}={v}" for k, v in defines.items()]
+        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
+    return out
 
 
 def variants(source: Path) -> list[str]:
@@ -51,29 +69,37 @@ def glslc() -> str:
 
 
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
-    cmd = [glslc(), *GLSLC_FLAGS, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
+    # a .glsl body has no stage in its name: say it is a compute shader
+    stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
+    cmd = [glslc(), *GLSLC_FLAGS, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise BuildError(f"glslc failed on {source.name} {' '.join(flags)}:\n{res.stderr.strip()}")
 
 
-def sources(names: list[str]) -> list[Path]:
+def sources(names: list[str]) -> list[tuple[Path, dict[str, list[str]]]]:
+    """(source, {spv file name: glslc flags}) for each asked-for shader."""
+    table = tables()
     if not names:
-        return sorted(SHADER_DIR.glob("*.comp"))
+        return [(p, outputs(p)) for p in sorted(SHADER_DIR.glob("*.comp"))] + [table[k] for k in sorted(table)]
     out = []
     for name in names:
-        path = SHADER_DIR / (name if name.endswith(".comp") else f"{name}.comp")
-        if not path.exists():
-            raise BuildError(f"no shader {path}")
-        out.append(path)
+        stem = name.removesuffix(".comp")
+        path = SHADER_DIR / f"{stem}.comp"
+        if stem in table:
+            out.append(table[stem])
+        elif path.exists():
+            out.append((path, outputs(path)))
+        else:
+            raise BuildError(f"no shader {path} and no table entry {stem!r}")
     return out
 
 
 def build(names: list[str]) -> list[Path]:
     SPV_DIR.mkdir(parents=True, exist_ok=True)
     built = []
-    for src in sources(names):
-        for spv, flags in outputs(src).items():
+    for src, outs in sources(names):
+        for spv, flags in outs.items():
             compile_one(src, flags, SPV_DIR / spv)
             built.append(SPV_DIR / spv)
     return built
@@ -85,8 +111,8 @@ def stale(names: list[str] = ()) -> list[str]:
     problems = []
     expected = set()
     with tempfile.TemporaryDirectory() as tmp:
-        for src in sources(list(names)):
-            for spv, flags in outputs(src).items():
+        for src, outs in sources(list(names)):
+            for spv, flags in outs.items():
                 expected.add(spv)
                 fresh = Path(tmp) / spv
                 compile_one(src, flags, fresh)

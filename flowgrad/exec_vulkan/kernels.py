@@ -2,8 +2,8 @@
 op at a time (upload the inputs, record, submit, wait, read back).
 
 An op without a lowering runs on numpy. A node whose dtype its lowering does
-not take (f16 attention backward: f32 only) is computed in f32 and cast back,
-which is how f16 attention trains on closures instead of failing."""
+not take (an f16 node whose lowering runs in f32 only) is computed in f32 and
+cast back, so it trains on closures instead of failing."""
 from __future__ import annotations
 
 import attrs
