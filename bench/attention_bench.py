@@ -9,7 +9,8 @@ sum(attention * y)); our time is the attention node's forward and backward
 sections from GPU timestamps (medians), SDPA's is forward + backward of the
 same shapes timed with CUDA events (medians). Also profiles gpt_small
 (tiny_gpt at d512 T256 h8 L6 batch 16 vocab 256): attention's share of the
-step and the step with and without gradients read back."""
+step, and `sess.step(feeds)` (gradients read back) against the same step
+with AdamW on the device and nothing read back but the loss."""
 from __future__ import annotations
 
 import argparse
@@ -110,7 +111,12 @@ def gpt_small(steps):
     for _l, d, t in prof:
         by_dir[d] = by_dir.get(d, 0.0) + t
     out = {"gpu_step_s": total, "attention_s": attn, "by_direction_s": by_dir}
-    for name, kw in (("step_grads", {}), ("step_no_grads", {"grads": False})):
+    from flowgrad.training.optim import AdamW
+
+    opt = AdamW(1e-4)
+    cases = (("step_grads", {}), ("step_device_adamw", {"grads": False, "optimizer": opt}),
+             ("step_forward_only", {"grads": False}))
+    for name, kw in cases:
         for _ in range(2):
             sess.step(feeds, **kw)
         times = []
@@ -119,6 +125,7 @@ def gpt_small(steps):
             sess.step(feeds, **kw)
             times.append(time.perf_counter() - t0)
         out[name + "_s"] = statistics.median(times)
+    out["grads_over_device_adamw"] = out["step_grads_s"] / out["step_device_adamw_s"]
     return out
 
 

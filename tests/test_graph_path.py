@@ -447,3 +447,28 @@ def test_f16_attention_backward_takes_the_graph_path(vk_device):
         assert g_grads[name].dtype == np.float16
         assert np.all(np.isfinite(g_grads[name])) and np.abs(g_grads[name]).max() > 0, f"d{name}"
         close(g_grads[name], c_grads[name], 1e-3)
+
+
+def test_read_back_reuses_one_host_block_and_never_overwrites_held_results(vk_device):
+    sess = attn_model(False, True).compile(device="vulkan", backward="graph")
+    rng = np.random.default_rng(3)
+    sess.set_params({name: rng.uniform(-1, 1, (S, D)).astype(np.float32) for name in "qkv"})
+
+    def feeds():
+        return {"y": rng.uniform(-1, 1, (S, D)).astype(np.float32)}
+
+    def address(a):
+        return a.__array_interface__["data"][0]
+
+    first = sess.step(feeds())
+    assert sess.last_path == "graph"
+    kept = {name: g.copy() for name, g in first.grads.items()}
+    second = sess.step(feeds())   # `first` is still held: its arrays must keep their values
+    for name in kept:
+        np.testing.assert_array_equal(first.grads[name], kept[name])
+        assert not np.array_equal(second.grads[name], kept[name])
+    where = {name: address(g) for name, g in second.grads.items()}
+    del first, second
+    third = sess.step(feeds())     # nothing held any more: the second step's block again
+    assert {name: address(g) for name, g in third.grads.items()} == where
+    assert np.isfinite(third.loss)
