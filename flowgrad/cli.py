@@ -147,8 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list Vulkan devices")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("bench", help="graph vs closures step time on one device (the DESIGN's decoder example)")
+    p = sub.add_parser("bench", help="graph vs closures step time on one device; --compare torch adds PyTorch")
     p.add_argument("file", nargs="?", default=None, help="a .flow model (default: tiny_gpt at d=64, seq=64)")
+    p.add_argument("--compare", choices=["torch"], default=None,
+                   help="also time the model's PyTorch twin on the CUDA GPU (eager and torch.compile)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
