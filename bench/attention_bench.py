@@ -126,6 +126,22 @@ def gpt_small(steps):
             times.append(time.perf_counter() - t0)
         out[name + "_s"] = statistics.median(times)
     out["grads_over_device_adamw"] = out["step_grads_s"] / out["step_device_adamw_s"]
+    # where the read-back's host time goes: the one copy out of the staging buffer
+    from flowgrad.exec_vulkan.graph_session import _parallel_copy
+
+    prog = sess.runner._program(True, False, None)
+    src = prog.staging_down.array[:prog.layout.io.down_bytes]
+    dst = np.empty_like(src)
+    for name, copy in (("copy_one_thread", np.copyto), ("copy_threads", _parallel_copy)):
+        copy(dst, src)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            copy(dst, src)
+        out[name + "_s"] = (time.perf_counter() - t0) / 5
+    out["read_back_bytes"] = int(src.size)
+    dev = sess.runner.device
+    index, _ = dev.memory_type("download", 0xFFFFFFFF)
+    out["download_memory_flags"] = int(dict(dev._types())[index].propertyFlags)  # 8: HOST_CACHED
     return out
 
 
