@@ -127,7 +127,7 @@ def gpt_small(steps):
         out[name + "_s"] = statistics.median(times)
     out["grads_over_device_adamw"] = out["step_grads_s"] / out["step_device_adamw_s"]
     # where the read-back's host time goes: the one copy out of the staging buffer
-    from flowgrad.exec_vulkan.graph_session import _parallel_copy
+    from flowgrad.exec_vulkan.readback import parallel_copy as _parallel_copy
 
     prog = sess.runner._program(True, False, None)
     src = prog.staging_down.array[:prog.layout.io.down_bytes]

@@ -16,28 +16,20 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.feeds import random_feeds
 
-MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny_gpt.flow"
-DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}   # the DESIGN's decoder example
+MODEL = "tiny_gpt"      # a shipped model: resolved by fg.load wherever flowgrad is installed
+DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
 
 
 def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds of the right shapes; integer inputs (token ids, targets) below config `vocab`."""
-    rng = np.random.default_rng(seed)
     high = int(graph.config.get("vocab", graph.config.get("classes", 2)))
-    out = {}
-    for name, i in graph.inputs.items():
-        node = graph.nodes[i]
-        if node.dtype == "i32":
-            out[name] = rng.integers(0, high, node.shape, dtype=np.int32)
-        else:
-            out[name] = rng.normal(size=node.shape).astype(np.float16 if node.dtype == "f16" else np.float32)
-    return out
+    return random_feeds(graph, seed, high)
 
 
 def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]:
@@ -158,16 +150,3 @@ def report(r: dict) -> str:
             else:
                 lines.append(f"  {label:<14}{e['seconds'] * 1e3:>10.2f} ms   graph / {label}: {g / e['seconds']:.2f}x")
     return "\n".join(lines)
-
-
-def bench_cli(args) -> int:
-    from flowgrad.cli import parse_sets
-
-    import json
-
-    config = parse_sets(getattr(args, "set", None) or [])
-    path = getattr(args, "file", None) or MODEL
-    r = run(path, device=args.device, repeats=args.repeats, config=config, dtype=getattr(args, "dtype", "f32"),
-            compare=getattr(args, "compare", None))
-    print(json.dumps(r, indent=2) if getattr(args, "json", False) else report(r))
-    return 0
