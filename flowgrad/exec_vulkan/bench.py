@@ -117,7 +117,7 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats)
     progress("closures")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
-    shown = (*DECODER, "batch", "vocab", "ff")
+    shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
          "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
          "graph": {"seconds": g_time, **g_traffic}, "closures": {"seconds": c_time, **c_traffic},
