@@ -47,10 +47,6 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]
     return statistics.median(times), per_step
 
 
-def progress(line: str) -> None:
-    print(f"bench: {line}", file=sys.stderr, flush=True)
-
-
 def time_torch(twin, feeds, repeats: int, compiled: bool) -> float:
     """Median seconds of one forward + backward of the twin on its GPU."""
     torch = twin.torch
@@ -78,14 +74,14 @@ def time_torch(twin, feeds, repeats: int, compiled: bool) -> float:
     return statistics.median(times)
 
 
-def compare_torch(graph_sess, feeds, repeats: int) -> dict:
+def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     """PyTorch eager and torch.compile on the twin, or {"skipped": why}."""
     from flowgrad.torch_twin import TorchTwin, require_torch
 
     torch = require_torch()
     if not torch.cuda.is_available():
         return {"skipped": "PyTorch has no CUDA device here"}
-    progress("building the PyTorch twin")
+    phase("building the PyTorch twin")
     twin = TorchTwin(graph_sess.graph, graph_sess.params, device="cuda")
     tfeeds = twin.feeds(feeds)
     want = graph_sess.step(feeds).loss
@@ -93,9 +89,9 @@ def compare_torch(graph_sess, feeds, repeats: int) -> dict:
     if abs(got - want) > 1e-4 * max(1.0, abs(want)):
         raise FlowError(f"the PyTorch twin's loss {got!r} differs from flowgrad's {want!r}: not timing it")
     out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got}
-    progress("PyTorch eager")
+    phase(f"timing PyTorch eager ({repeats} steps after 3 warm-up)")
     out["eager"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=False)}
-    progress("torch.compile(mode='reduce-overhead') (compiling first)")
+    phase("timing torch.compile(mode='reduce-overhead') (compiling first)")
     try:
         out["compile"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=True)}
     except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
@@ -104,19 +100,23 @@ def compare_torch(graph_sess, feeds, repeats: int) -> dict:
 
 
 def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dict | None = None,
-        dtype: str = "f32", compare: str | None = None) -> dict:
+        dtype: str = "f32", phase=None, compare: str | None = None) -> dict:
+    """`phase(text)`, when given, is called as each phase starts (a long
+    bench is otherwise silent for a minute)."""
     import flowgrad as fg
 
+    phase = phase or (lambda text: None)
     model = fg.load(model_path, {**DECODER, **(config or {})} if model_path == MODEL else config)
-    progress(f"compiling {model.name} ({dtype}) on the graph path and on closures")
+    phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
+    phase("compiling the closures path")
     closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
-    progress("graph path")
+    phase(f"timing the graph path ({repeats} steps after 2 warm-up)")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats)
-    progress("closures")
+    phase(f"timing the closures path ({max(3, repeats // 4)} steps after 2 warm-up)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
@@ -124,7 +124,7 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
          "graph": {"seconds": g_time, **g_traffic}, "closures": {"seconds": c_time, **c_traffic},
          "ratio": c_time / g_time}
     if compare == "torch":
-        r["torch"] = compare_torch(graph_sess, feeds, repeats)
+        r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
     return r
 
 

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import attention as vk
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
@@ -120,6 +119,6 @@ attention = defop(
     "attention",
     (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)),
      Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None)),
-    _infer, _forward, _vjp, nondiff=(3,), lowering=vk.ATTENTION,
+    _infer, _forward, _vjp, nondiff=(3,),
     doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive or boolean (i32) mask; "
         "causal")

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 # Tile configuration per head-width bound MAXD and kernel: (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
@@ -124,6 +125,7 @@ def attention_backward(rec, node, g, ins, out, grads):
                  _groups("bwd_dkdv", bound, sk, heads, batch), build)
 
 
-FLOATS = frozenset({"f32", "f16"})
 # i32: a boolean mask input (q, k, v and the result are always float)
 ATTENTION = Lowering(attention_forward, attention_backward, FLOATS | {"i32"}, FLOATS)
+
+register_lowering("attention", ATTENTION)
