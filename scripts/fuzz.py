@@ -416,7 +416,7 @@ def run(n: int, seed: int, jobs: int, timeout: float, device: str, mem_mb: int, 
         ready = wait([w.conn for w in busy], timeout=0.2)
         now = time.monotonic()
         for w in busy:
-            outcome = None
+            index, outcome = w.index, None
             if w.conn in ready:
                 try:
                     outcome = w.conn.recv()
@@ -430,7 +430,7 @@ def run(n: int, seed: int, jobs: int, timeout: float, device: str, mem_mb: int, 
                 w.start()
             if outcome is None:
                 continue
-            results[w.index] = outcome
+            results[index] = outcome
             w.index = None
             if todo:
                 w.submit(todo.popleft())

@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from flowgrad.dsl import ast
+from flowgrad.dsl import ast, limits
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.source import make_span, suggest
 from flowgrad.dsl.values import (
@@ -189,6 +189,9 @@ class Builder:
                 got = "a tensor" if isinstance(v, Tensor) else f"{type_name(v)} {show(v)}"
                 raise self.error(f"a shape dimension must be a positive integer, got {got}", d.pos, scope)
             dims.append(int(v))
+        problem = limits.type_problem(tuple(dims))
+        if problem:
+            raise self.error(problem, t.pos, scope)
         return TensorType(tuple(dims), self.policy(str(dtype)))
 
     def input_decl(self, s: ast.InputDecl, scope: Scope):
@@ -460,6 +463,9 @@ class Builder:
         except (ValueError, TypeError, IndexError, KeyError) as err:  # a shape rule's own bug
             raise FlowError(f"{op_name}: internal error in the op's shape rule for "
                             f"{', '.join(map(str, in_types))}: {type(err).__name__}: {err}", span) from None
+        problem = limits.type_problem(out.shape)
+        if problem:
+            raise FlowError(f"{op_name}: {problem}", span)
         return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
 
     def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
@@ -541,6 +547,8 @@ class Builder:
         n = self.single(c.args[0], scope)
         if not _is_int(n) or n < 0:
             raise self.error(f"repeat(): n must be a non-negative int, got {self.show_value(n)}", c.args[0].pos, scope)
+        if n > limits.MAX_REPEAT:
+            raise self.error(f"repeat(): n is {n}, more than the limit of {limits.MAX_REPEAT:,}", c.args[0].pos, scope)
         bexpr = c.args[1]
         if not isinstance(bexpr, ast.Name) or bexpr.id not in self.blocks:
             word = bexpr.id if isinstance(bexpr, ast.Name) else "this"
@@ -564,6 +572,11 @@ class Builder:
         if name in scope.active:
             chain = " -> ".join(scope.active + (name,))
             raise self.error(f"block {name!r} calls itself ({chain})", call_pos, scope)
+        if len(scope.active) >= limits.MAX_BLOCK_DEPTH:
+            raise self.error(f"blocks call blocks more than {limits.MAX_BLOCK_DEPTH} deep here", call_pos, scope)
+        if len(self.graph.nodes) > limits.MAX_NODES:
+            raise self.error(f"the model expands to more than {limits.MAX_NODES:,} nodes (blocks and repeats "
+                             "expanded)", call_pos, scope, hint="use fewer repeats or smaller blocks")
         pos_args, kwargs = call_args
         params = tuple(Arg(p.id, "value") for p in block.params)
         slots = self.bind(name, params, pos_args, kwargs, call_pos, scope)
