@@ -5,6 +5,7 @@
 Each case is made from (seed, index) alone, so `--case I` replays one. Kinds:
   mutate   token and character mutations of the example models
   grammar  programs generated from the grammar, with random ops and shapes
+  typed    mostly well-typed generated programs, so that steps run
   set      the example models with bad or extreme config overrides
   feed     a compiled example model stepped with bad feeds
   api      misuse of the Python API (bad arguments, bad values)
@@ -158,6 +159,33 @@ def gen_program(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+UNARY = ["relu", "tanh", "sigmoid", "exp", "log", "sqrt", "silu", "gelu", "neg", "softmax", "log_softmax"]
+
+
+def gen_typed(rng: random.Random) -> str:
+    """A program that is mostly well typed: [b, d] tensors through
+    shape-keeping ops, so cases get past the builder and run a step."""
+    b, d = rng.choice([1, 2, 3]), rng.choice([1, 2, 4])
+    lines = [f"config {{\n  b = {b}\n  d = {d}\n}}", "input x: f32[b, d]", "param w: f32[d, d] = normal(std=0.5)",
+             "param g: f32[d] = ones()", "param c: f32[d] = zeros()"]
+    names = ["x"]
+    for i in range(rng.randint(1, 6)):
+        a, z = rng.choice(names), rng.choice(names)
+        form = rng.choice([
+            f"{rng.choice(UNARY)}({a})", f"{a} {rng.choice('+-*/')} {z}", f"{a} @ w", f"{a} + c",
+            f"layernorm({a}, g, c)", f"rmsnorm({a}, g)", f"{a} ** {rng.choice(['0', '2', '0.5', '-1', '3'])}",
+            f"{a} * {rng.choice(NUMBERS[:8])}", f"transpose(transpose({a}))",
+            f"max({a}, axis=-1, keepdims=true) + {z}", f"mean({a}, axis=0, keepdims=true) * {z}",
+            f"cast(cast({a}, f16), f32)", f"concat({a}, {z}, axis=0)", f"slice({a}, axis=1, start=0, stop=1) * {z}",
+        ])
+        lines.append(f"v{i} = {form}")
+        names.append(f"v{i}")
+    last = names[-1]
+    loss = rng.choice([f"sum({last})", f"mean({last})", f"mse_loss({last}, {last} * 0.5)", f"sum({last} * {last})"])
+    lines += [f"loss = {loss}", f"output {last}", "minimize loss"]
+    return "\n".join(lines) + "\n"
+
+
 def bad_value(rng: random.Random):
     return rng.choice([
         "abc", "", "1e400", "-1e400", "10**9", "1000000000", "100000", "-1", "0", "nan", "inf", "-inf",
@@ -177,13 +205,15 @@ def make_case(seed: int, index: int) -> dict:
     rng = random.Random(f"{seed}:{index}")
     texts = example_texts()
     name = rng.choice(sorted(texts))
-    kind = rng.choices(["mutate", "grammar", "set", "feed", "api"], weights=[45, 25, 12, 12, 6])[0]
+    kind = rng.choices(["mutate", "grammar", "typed", "set", "feed", "api"], weights=[40, 15, 15, 12, 12, 6])[0]
     case = {"kind": kind, "index": index, "file": f"fuzz{index}.flow", "config": {}, "text": texts[name],
             "model": name}
     if kind == "mutate":
         case["text"] = mutate(rng, texts[name])
     elif kind == "grammar":
         case["text"] = gen_program(rng)
+    elif kind == "typed":
+        case["text"] = gen_typed(rng)
     elif kind == "set":
         keys = config_keys(texts[name])
         for _ in range(rng.randint(1, 3)):
@@ -347,7 +377,7 @@ def classify(case: dict, device: str) -> tuple[str, str]:
         try:
             run_case(case, device)
         except FlowError as err:
-            if err.span is not None and case["kind"] in ("mutate", "grammar", "set"):
+            if err.span is not None and case["kind"] in ("mutate", "grammar", "typed", "set"):
                 problem = caret_problem(err, case["text"])
                 if problem:
                     return "caret", f"{problem}: {err.message[:120]}"

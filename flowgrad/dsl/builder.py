@@ -446,6 +446,7 @@ class Builder:
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
         if op.expand is not None:
+            self.infer(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)
             try:
                 ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
@@ -454,6 +455,10 @@ class Builder:
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
 
     def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
+        out = self.infer(op_name, ins, attr_values, span)
+        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
+
+    def infer(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
         op = OPS[op_name]
         in_types = [self.graph.nodes[i].type for i in ins]
         try:
@@ -466,7 +471,7 @@ class Builder:
         problem = limits.type_problem(out.shape)
         if problem:
             raise FlowError(f"{op_name}: {problem}", span)
-        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
+        return out
 
     def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
         """A tensor argument; a number literal becomes a 0-d const of the
