@@ -166,7 +166,7 @@ class Session:
                 raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
             if node.dtype == "i32":
                 check_int32(node, arr)
-            out[name] = np.ascontiguousarray(arr, dtype=want)
+            out[name] = np.asarray(arr, dtype=want, order="C")  # ascontiguousarray would make a 0-d feed [1]
             check_indices(node, out[name], self._index_uses.get(nid, ()))
         return out
 
@@ -187,7 +187,9 @@ class Session:
             self.optimizer = optimizer
         outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
                                                     optimizer=optimizer, grad_inputs=grad_inputs)
-        return StepResult(outputs, out_grads, None if loss is None else float(loss))
+        # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
+        return StepResult({k: np.asarray(v) for k, v in outputs.items()},
+                          {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
 
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":

@@ -42,7 +42,7 @@ class Checkpoint:
 def _digest(tensors: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
+        arr = np.asarray(tensors[name], order="C")
         h.update(f"{name}:{arr.dtype.str}:{arr.shape};".encode())
         h.update(arr.tobytes())
     return h.hexdigest()
@@ -51,10 +51,10 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
 def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None) -> bytes:
     from safetensors.numpy import save
 
-    tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in params.items()}
+    tensors = {f"param/{k}": np.asarray(v, order="C") for k, v in params.items()}
     for pname, states in (opt_state or {}).items():
         for sname, arr in states.items():
-            tensors[f"optim/{pname}/{sname}"] = np.ascontiguousarray(arr)
+            tensors[f"optim/{pname}/{sname}"] = np.asarray(arr, order="C")
     meta = {"format": FORMAT, "version": VERSION, "model": model, "step": str(int(step)),
             "config": json.dumps(config, sort_keys=True, default=str),
             "optimizer": json.dumps(optimizer), "sha256": _digest(tensors)}

@@ -108,7 +108,7 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
         float s = fg_sigmoid(x);
         return a * s * (1.0 + x * (1.0 - s));
     }
-    case M_POW_B: return a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);
+    case M_POW_B: return pc.param == 0.0 ? 0.0 : a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);  // d/dx x^0 = 0, at 0 too
     case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
     case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
     }
