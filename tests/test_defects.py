@@ -63,3 +63,107 @@ def test_f16_broadcast_gradient_is_summed_in_f32_on_numpy():
     sess = m.compile(device="cpu", dtype="f16")
     r = sess.step({"x": np.zeros((4096, 1), np.float32)})
     assert float(r.grads["b"][0]) == 4096.0      # 2048 when the sum runs in f16
+
+
+# ---------------------------------------------------------------- user ops
+
+USER = "input x: f32[4, 3]\ny = {op}(x)\nloss = sum(y * y)\noutput y\nminimize loss\n"
+X = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+
+
+def user_model(name, **kw):
+    fg.register_op(name, **{"shape": lambda s: s, "forward": lambda x: 2 * x,
+                            "vjp": lambda g, out, x: (2 * g,), **kw})
+    return fg.loads(USER.format(op=name), file="user.flow")
+
+
+USER_PATHS = [("cpu", "auto"), ("vulkan", "closures")]
+
+
+@pytest.fixture(params=USER_PATHS, ids=["numpy", "vk-closures"])
+def user_path(request):
+    if request.param[0] == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"vjp": lambda g, x: (g,)}, "vjp function raised TypeError"),
+    ({"vjp": lambda g, out, x: (g, g)}, "vjp returned 2 gradients for 1 inputs"),
+    ({"vjp": lambda g, out, x: 1 / 0}, "vjp function raised ZeroDivisionError"),
+    ({"forward": lambda x, y: x}, "forward function raised TypeError"),
+    ({"forward": lambda x: x[:, :1]}, "forward gave its output shape [4, 1], but it must be [4, 3]"),
+    ({"forward": lambda x: x.astype(np.complex64)}, "dtype complex64"),
+    ({"vjp": lambda g, out, x: (g[:1],)}, "gradient of 'x' shape [1, 3], but it must be [4, 3]"),
+])
+def test_user_op_failures_name_the_op_and_the_line(user_path, kw, words):
+    sess = compile_on(user_model("probe_twice", **kw), *user_path)
+    with pytest.raises(fg.FlowError) as e:
+        sess.step({"x": X})
+    assert "probe_twice" in e.value.message and words in e.value.message, str(e.value)
+    assert e.value.span.where() == "user.flow:2:5", str(e.value)
+
+
+def test_user_op_shape_function_errors_are_positioned():
+    with pytest.raises(fg.FlowError) as e:
+        user_model("probe_shape", shape=lambda s: s[5])
+    assert "probe_shape: its shape function raised IndexError" in e.value.message
+    assert e.value.span.where() == "user.flow:2:5"
+
+
+def test_last_path_names_the_refusals_position(vk_device):
+    sess = compile_on(user_model("probe_twice"), "vulkan", "auto")
+    assert "user.flow:2:5" in sess.last_path, sess.last_path
+
+
+def test_builtin_ops_cannot_be_replaced():
+    for name in ("relu", "matmul", "attention"):
+        with pytest.raises(fg.FlowError, match="built-in"):
+            fg.register_op(name, shape=lambda s: s, forward=lambda x: x, replace=True)
+    user_model("probe_again")
+    user_model("probe_again", forward=lambda x: 3 * x, replace=True)   # a user op may be redefined
+    with pytest.raises(fg.FlowError, match="already registered"):
+        user_model("probe_again")
+
+
+# ---------------------------------------------------------------- device limits at plan time
+
+MLP = "flowgrad/models/mlp.flow"
+
+
+def test_plan_checks_the_binding_range_and_auto_falls_back():
+    import attrs
+
+    from flowgrad.planner import make_plan
+
+    @attrs.frozen
+    class Small:
+        name: str = "small device"
+        type: str = "discrete"
+        memory: int = 8 << 30
+        f16: bool = True
+        max_storage_range: int = 1 << 20
+        max_groups: tuple = (65535, 65535, 65535)
+
+    graph = fg.load(MLP, {"hidden": 8192}).graph    # x @ w1 is 64 x 8192 f32 = 2 MiB
+    plan = make_plan(graph, Small(), "auto", "f32")
+    assert plan.path == "closures"
+    r = next(r for r in plan.refusals if r.code == "limit")
+    assert "binding may address" in r.message and r.node.span is not None
+    assert f"at {MLP}:" in plan.last_path, plan.last_path
+    assert make_plan(fg.load(MLP).graph, Small(), "auto", "f32").path == "graph"
+    with pytest.raises(fg.GraphPathRefused):
+        fg.load(MLP, {"hidden": 8192}).compile(device="cpu", backward="graph")
+
+
+def test_vulkan_closures_run_a_refused_node_on_numpy(vk_device):
+    # a head width of 512 is past the attention kernels: that node runs on numpy, the rest on Vulkan
+    src = ("input q: f32[4, 512]\nparam w: f32[512, 512] = normal(std=0.05)\n"
+           "a = attention(q @ w, q, q, heads=1, causal=true)\nloss = sum(a * a)\noutput a\nminimize loss\n")
+    q = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
+    ref = compile_on(fg.loads(src), "cpu", "auto").step({"q": q})
+    sess = compile_on(fg.loads(src), "vulkan", "auto")
+    r = sess.step({"q": q})
+    assert "attention" in sess.runner.executor.kernels.on_numpy
+    np.testing.assert_allclose(r.outputs["a"], ref.outputs["a"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r.grads["w"], ref.grads["w"], rtol=1e-3, atol=1e-4)

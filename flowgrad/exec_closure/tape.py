@@ -11,8 +11,10 @@ from typing import Callable
 import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
+from flowgrad.ops.registry import OpTypeError
 
 
 class NumpyKernels:
@@ -25,6 +27,20 @@ class NumpyKernels:
     def vjp(self, node: Node, g, ins, out) -> list:
         grads = get_op(node.op).vjp(g, ins, out, node.attrs)
         return [None if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+
+
+def at_node(node: Node, run: Callable):
+    """run(); an op's refusal (OpTypeError, or a FlowError with no position)
+    becomes a FlowError at the node's file:line:col."""
+    try:
+        return run()
+    except OpTypeError as e:
+        text = str(e)
+        raise FlowError(text if text.startswith(f"{node.op}:") else f"{node.op}: {text}", node.span) from None
+    except FlowError as e:
+        if e.span is None and node.span is not None:
+            e.span = node.span
+        raise
 
 
 class ClosureExecutor:
@@ -53,8 +69,11 @@ class ClosureExecutor:
             else:
                 ins = [values[i] for i in node.inputs]
                 t0 = time.perf_counter()
-                out = self.kernels.forward(node, ins)
+                out = at_node(node, lambda: self.kernels.forward(node, ins))
                 self._time(node, t0)
+                if np.shape(out) != node.shape:
+                    raise FlowError(f"{node.op}: forward gave shape {list(np.shape(out))}, but the node is "
+                                    f"{node.type}", node.span)
                 values[node.id] = out
                 tape.append((node, self._closure(node, ins, out)))
         return values, tape
@@ -74,9 +93,12 @@ class ClosureExecutor:
                 continue
             t0 = time.perf_counter()
             nondiff = get_op(node.op).nondiff
-            for pos, (i, d) in enumerate(zip(node.inputs, closure(g))):
+            for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
                 if d is None or pos in nondiff:
                     continue
+                if np.shape(d) != self.graph.nodes[i].shape:
+                    raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
+                                    f"but that input is {self.graph.nodes[i].type}", node.span)
                 # a value used twice gets the sum of both gradients
                 grads[i] = grads[i] + d if i in grads else d
             self._time(node, t0, backward=True)

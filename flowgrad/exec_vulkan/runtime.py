@@ -158,6 +158,8 @@ class DeviceInfo:
     driver: str = ""
     timestamps: bool = False   # timestamp queries on the compute queue
     max_allocation: int = 0    # bytes, maxMemoryAllocationSize
+    max_storage_range: int = 0  # bytes one storage-buffer binding may address (0: unknown)
+    max_groups: tuple = ()     # maxComputeWorkGroupCount ((): unknown)
 
     @property
     def is_gpu(self) -> bool:
@@ -212,7 +214,9 @@ def _describe(vk, index: int, physical) -> DeviceInfo:
         coopmat=bool({"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix"} & exts),
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
-        max_allocation=int(m3.maxMemoryAllocationSize))
+        max_allocation=int(m3.maxMemoryAllocationSize),
+        max_storage_range=int(props.limits.maxStorageBufferRange),
+        max_groups=tuple(int(x) for x in props.limits.maxComputeWorkGroupCount))
 
 
 def _physical_devices():

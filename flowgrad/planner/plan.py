@@ -70,7 +70,7 @@ def f32_hint(op_name: str) -> str:
             "back to the model's dtype")
 
 
-def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
+def node_refusals(graph: Graph, backward_ids: frozenset, device=None) -> list[Refusal]:
     out = []
     for node in graph.nodes:
         if node.op in LEAF_OPS:
@@ -101,16 +101,30 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
                                    f32_hint(op.name), node))
                 continue
-        limit = limit_refusal(graph, node, op, node.id in backward_ids)
+        limit = limit_refusal(graph, node, op, node.id in backward_ids, device)
         if limit is not None:
             out.append(limit)
     return out
 
 
-def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | None:
-    """Record the node's lowering on a dry-run Recorder (no device): a lowering
-    that can't take this node's shapes (attention's head width, a rank its
-    kernel can't index) says so now, not when the step is recorded."""
+class DryLimits:
+    """What a dry-run Recorder checks dispatches against: the device's own
+    binding range and group counts when known, else every device's minimums."""
+
+    def __init__(self, info):
+        from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS
+
+        self.info = info
+        self.min_align = ALIGN
+        self.max_groups = tuple(getattr(info, "max_groups", ()) or DRY_MAX_GROUPS)
+        self.max_storage_range = getattr(info, "max_storage_range", 0) or None
+
+
+def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None) -> Refusal | None:
+    """Record the node's lowering on a dry-run Recorder (no Vulkan calls): a
+    lowering that can't take this node's shapes (attention's head width, a
+    rank its kernel can't index) or a buffer past the device's binding range
+    says so now, not when the step is recorded."""
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
@@ -120,10 +134,11 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | Non
     ins = [view(graph.nodes[i].type) for i in node.inputs]
     out = view(node.type)
     grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
+    dry = DryLimits(device) if device is not None else None
     try:
-        op.lowering.forward(Recorder(None), node, ins, out)
+        op.lowering.forward(Recorder(dry), node, ins, out)
         if backward:
-            op.lowering.backward(Recorder(None), node, view(node.type), ins, out, grads)
+            op.lowering.backward(Recorder(dry), node, view(node.type), ins, out, grads)
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
@@ -144,14 +159,15 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
-    refusals += node_refusals(graph, bwd)
+    refusals += node_refusals(graph, bwd, device)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
         path = "closures"
         first = refusals[0]
         more = f"; {len(refusals) - 1} more" if len(refusals) > 1 else ""
-        reason = (f"{first.node.label}: {first.message}" if first.node else first.message) + more
+        where = f" at {first.node.span.where()}" if first.node is not None and first.node.span else ""
+        reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
     return Plan(graph, path, backward, refusals, device, dtype, bwd, reason)
