@@ -49,7 +49,10 @@ class Model:
     def with_config(self, **overrides) -> Model:
         return Model(self.program, {**self.overrides, **overrides})
 
-    def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None):
+    def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
+                check_finite: bool = False):
+        """check_finite: stop at the first step with a non-finite loss or
+        gradient, naming the node that produced it (flowgrad.anomaly)."""
         if not isinstance(dtype, str) or dtype not in ("f32", "f16"):
             raise FlowError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
         if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
@@ -73,7 +76,9 @@ class Model:
             seed = graph.config.get("seed", 0)
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
                 raise FlowError(f"config seed must be an int in [0, 2**63), got {seed!r}")
-        return Session(self, graph, plan, dev, init_params(graph, seed))
+        sess = Session(self, graph, plan, dev, init_params(graph, seed))
+        sess.check_finite = bool(check_finite)
+        return sess
 
 
 def open_device(spec: str):
@@ -103,6 +108,8 @@ class Session:
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
+        self.check_finite = False
+        self.steps = 0            # steps that computed gradients (anomaly messages count them)
         self.runner = self._make_runner(params)
 
     def _make_runner(self, params):
@@ -180,16 +187,41 @@ class Session:
             from flowgrad.training.optim import Optimizer
 
             if not isinstance(optimizer, Optimizer):
-                raise FlowError(f"optimizer must be a flowgrad optimizer (fg.SGD, fg.Adam, ...), "
+                raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
                                 f"got {type(optimizer).__name__}")
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
-                                                    optimizer=optimizer, grad_inputs=grad_inputs)
+        feeds = self.check_feeds(feeds)
+        if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
+            outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs)
+        else:
+            outputs, loss, out_grads = self.runner.step(feeds, grads=grads, optimizer=optimizer,
+                                                        grad_inputs=grad_inputs)
+        self.steps += bool(grads or optimizer is not None)
         # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
+
+    def _checked_step(self, feeds, grads, optimizer, grad_inputs):
+        """A step whose loss and gradients are read back and checked; on a
+        non-finite one, the params (and optimizer state) go back to where the
+        step started and the error names the node that produced it."""
+        from flowgrad import anomaly
+
+        params, opt_state = self.runner.get_params(), self.runner.get_opt_state()
+        outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs)
+        if anomaly.step_is_finite(loss, out_grads):
+            return outputs, loss, out_grads if grads else {}
+        self.runner.set_params(params)
+        self.runner.set_opt_state(*opt_state)
+        kernels = None
+        if self.device is not None:
+            from flowgrad.exec_vulkan import VulkanKernels
+
+            kernels = VulkanKernels(self.device)
+        where = anomaly.locate(self.graph, feeds, params, kernels)
+        raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
 
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":

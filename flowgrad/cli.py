@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--check-finite", action="store_true",
+                   help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run", help="inference from a checkpoint")

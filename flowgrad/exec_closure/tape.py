@@ -83,8 +83,9 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
-    def backward(self, values: dict, tape: list, loss_id: int) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for every node on the tape."""
+    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for every node on the tape.
+        on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection)."""
         loss = values[loss_id]
         grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
         for node, closure in reversed(tape):
@@ -96,6 +97,8 @@ class ClosureExecutor:
             for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
                 if d is None or pos in nondiff:
                     continue
+                if on_grad is not None:
+                    on_grad(node, g, pos, d)
                 if np.shape(d) != self.graph.nodes[i].shape:
                     raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
                                     f"but that input is {self.graph.nodes[i].type}", node.span)

@@ -230,17 +230,19 @@ def deferred_sigint():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None) -> TrainResult:
+          callback=None, check_finite: bool = False) -> TrainResult:
     """Train `model` (a Model or a path to a .flow file) as its train section
     says; arguments override it. `out`: directory for checkpoints, metrics and
     the plot (None: write nothing). `callback(step, record)` runs after each
-    step. Ctrl-C saves a checkpoint and raises TrainInterrupted."""
+    step. Ctrl-C saves a checkpoint and raises TrainInterrupted. check_finite:
+    stop at the first non-finite loss or gradient naming the node that made
+    it (the last checkpoint written before it is kept)."""
     from flowgrad.api import Model, load
 
     if not isinstance(model, Model):
         model = load(model)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
-    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed)
+    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite)
     graph = sess.graph
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
@@ -385,7 +387,8 @@ def train_cli(args) -> int:
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                       out=out, resume=args.resume, overwrite=getattr(args, "overwrite", False))
+                       out=out, resume=args.resume, overwrite=getattr(args, "overwrite", False),
+                       check_finite=getattr(args, "check_finite", False))
     except TrainInterrupted as e:
         print(f"\n{e}", file=sys.stderr)
         return 130
