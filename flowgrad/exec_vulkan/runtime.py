@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan import faults
 from flowgrad.exec_vulkan.spirv import shader_info
 
 VALIDATION_ENV = "FLOWGRAD_VK_VALIDATION"   # "1": Khronos validation layer + message collection
@@ -44,6 +45,10 @@ _VK_ERRORS = {
     "VkErrorInvalidShaderNv": "the driver rejected the shader (VK_ERROR_INVALID_SHADER_NV)",
     "VkTimeout": "timed out waiting for the device",
 }
+
+
+def _armed_fault() -> bool:
+    return bool(faults._armed)
 
 
 def _vk():
@@ -334,7 +339,10 @@ class Buffer:
             req = vk.vkGetBufferMemoryRequirements(device.handle, self.handle)
             type_index, mapped = device.memory_type(kind, req.memoryTypeBits)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=type_index)
-            with vk_errors(f"allocating {_mib(req.size)} of {kind} memory on {device.info.name}"):
+            what = f"allocating {_mib(req.size)} of {kind} memory on {device.info.name}"
+            if faults.hit("alloc"):
+                raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfDeviceMemory']} (injected fault)")
+            with vk_errors(what):
                 self.memory = vk.vkAllocateMemory(device.handle, alloc, None)
         except BaseException:
             vk.vkDestroyBuffer(device.handle, self.handle, None)
@@ -350,6 +358,7 @@ class Buffer:
             _free(device.handle, self.handle, self.memory)
             raise
         device.live_bytes += size
+        device.objects["buffer"] += 1
         self._finalizer = weakref.finalize(self, _free_buffer, device, self.handle, self.memory, size)
         self._finalizer.atexit = False
 
@@ -379,6 +388,7 @@ def _free_buffer(device, buf, mem, size):
         return
     _free(device.handle, buf, mem)
     device.live_bytes -= size
+    device.objects["buffer"] -= 1
 
 
 def _mib(n: int) -> str:
@@ -419,6 +429,9 @@ class Device:
         self.family = family[0]
         self.handle = None
         self._fence = None
+        self._abandoned_fences: list = []   # fences that timed out: destroyed once the device is idle
+        self.lost: str | None = None        # why the device can't be used any more, once it can't
+        self.objects: collections.Counter = collections.Counter()   # live buffers and command buffers
         self._create_device(vk)
         self.live_bytes = 0
         self.unified = self._device_memory_is_mappable()
@@ -541,6 +554,7 @@ class Device:
     def buffer(self, nbytes: int, kind: str = "device") -> Buffer:
         if kind not in ("device", "upload", "download"):
             raise ValueError(f"buffer kind must be device, upload or download, got {kind!r}")
+        self.check_usable()
         return Buffer(self, nbytes, kind)
 
     # -- pipelines
@@ -595,33 +609,67 @@ class Device:
 
     def command_buffer(self):
         vk = _vk()
+        self.check_usable()
         info = vk.VkCommandBufferAllocateInfo(commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                               commandBufferCount=1)
         with vk_errors("allocating a command buffer"):
-            return vk.vkAllocateCommandBuffers(self.handle, info)[0]
+            cmd = vk.vkAllocateCommandBuffers(self.handle, info)[0]
+        self.objects["command_buffer"] += 1
+        return cmd
 
     def free_command_buffer(self, cmd) -> None:
         if self.handle is not None:
             _vk().vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
+            self.objects["command_buffer"] -= 1
+
+    def check_usable(self) -> None:
+        if self.lost is not None:
+            raise DeviceError(f"{self.info.name} can't be used any more: {self.lost}",
+                              hint="compile a new session (in a new process if the driver reset the GPU)")
+
+    def live_objects(self) -> dict:
+        """Vulkan objects that sessions create, alive now (buffers the pool keeps
+        included; not the device's own fence): leak checks compare two of these."""
+        out = {k: v for k, v in self.objects.items() if v}
+        if self._abandoned_fences:
+            out["timed-out fence"] = len(self._abandoned_fences)
+        return out
 
     def submit_and_wait(self, cmd, what: str = "running commands") -> None:
-        """One submission of a recorded command buffer; returns when it is done."""
+        """One submission of a recorded command buffer; returns when it is done.
+        A timeout or a lost device marks the device lost (check_usable)."""
         vk = _vk()
+        self.check_usable()
+        what = f"{what} on {self.info.name}"
+        if faults.hit("submit"):
+            raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfHostMemory']} at submission (injected fault)")
         self.stats["submits"] += 1
-        with vk_errors(f"{what} on {self.info.name}"):
-            if self._fence is None:
-                self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
-            fences = [self._fence]
-            cmds = [cmd]
-            submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
-            vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
-            try:
-                vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
-            except vk.VkTimeout:
-                # the fence may still signal later: never reuse it
-                self._fence = None
-                raise
-            vk.vkResetFences(self.handle, 1, fences)
+        try:
+            with vk_errors(what):
+                if self._fence is None:
+                    self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
+                fences = [self._fence]
+                cmds = [cmd]
+                submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
+                vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
+                try:
+                    vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+                    if faults.hit("fence_timeout"):   # the work is done; pretend it was not
+                        raise vk.VkTimeout()
+                except vk.VkTimeout:
+                    # the fence may still signal later: never reuse it
+                    self._abandoned_fences.append(self._fence)
+                    self._fence = None
+                    raise
+                if faults.hit("device_lost"):
+                    raise vk.VkErrorDeviceLost()
+                vk.vkResetFences(self.handle, 1, fences)
+        except DeviceError as e:
+            if "VK_ERROR_DEVICE_LOST" in e.message or "timed out" in e.message:
+                self.lost = e.message + (" (injected fault)" if _armed_fault() else "")
+                e.message = self.lost
+                e.args = (self.lost,)
+            raise
 
     def wait_idle(self) -> None:
         with vk_errors("waiting for the device"):
