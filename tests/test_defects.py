@@ -167,3 +167,29 @@ def test_vulkan_closures_run_a_refused_node_on_numpy(vk_device):
     assert "attention" in sess.runner.executor.kernels.on_numpy
     np.testing.assert_allclose(r.outputs["a"], ref.outputs["a"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(r.grads["w"], ref.grads["w"], rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------- NaN propagation
+
+NAN_MODELS = {
+    "max": "input x: f32[4, 8]\nloss = sum(max(x, axis=-1))\nminimize loss\n",
+    "max-all": "input x: f32[4, 8]\nloss = max(x)\nminimize loss\n",
+    "relu": "input x: f32[4, 8]\nloss = sum(relu(x))\nminimize loss\n",
+    "softmax": "input x: f32[4, 8]\nloss = sum(softmax(x) * x)\nminimize loss\n",
+    "cross-entropy": "input x: f32[4, 8]\ninput y: i32[4]\nloss = cross_entropy(x, y)\nminimize loss\n",
+    "mlp": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAN_MODELS))
+def test_one_nan_in_the_input_makes_the_loss_nan_on_every_path(path, name):
+    src = NAN_MODELS[name]
+    model = fg.load("flowgrad/models/mlp.flow", {"batch": 4}) if src is None else fg.loads(src)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(model.graph.nodes[model.graph.inputs["x"]].shape).astype(np.float32)}
+    if "y" in model.graph.inputs:
+        feeds["y"] = np.zeros(4, np.int32)
+    feeds["x"].flat[5] = np.nan
+    with np.errstate(all="ignore"):
+        r = compile_on(model, *path).step(feeds)
+    assert np.isnan(r.loss), r.loss     # GLSL's max dropped the NaN: the loss looked finite

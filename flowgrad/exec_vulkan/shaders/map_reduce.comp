@@ -87,7 +87,7 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
     case M_SQRT: return sqrt(a);
     case M_TANH: return fg_tanh(a);
     case M_SIGMOID: return fg_sigmoid(a);
-    case M_RELU: return a > 0.0 ? a : 0.0;
+    case M_RELU: return (a > 0.0 || isnan(a)) ? a : 0.0;
     case M_GELU: return fg_gelu(a);
     case M_GELU_TANH: return fg_gelu_tanh(a);
     case M_SILU: return a * fg_sigmoid(a);
@@ -159,7 +159,7 @@ void main() {
                     }
                 }
                 float v = map_value(mop, i0, i1, i2);
-                acc = rop == 1u ? max(acc, v) : acc + v;
+                acc = rop == 1u ? fg_nanmax(acc, v) : acc + v;
             }
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
