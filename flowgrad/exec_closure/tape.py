@@ -29,6 +29,24 @@ class NumpyKernels:
         return [None if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
 
 
+def check_index_inputs(graph: Graph, node: Node, ins) -> None:
+    """Inputs an op reads as indices (embedding ids, targets) must lie in
+    range: a feed is checked when fed, a computed index (a float cast to
+    i32) here, before numpy wraps a -1 to the last row or a kernel reads a
+    zero row."""
+    bounds_of = get_op(node.op).index_bounds
+    if bounds_of is None:
+        return
+    for pos, n in bounds_of([graph.nodes[i].type for i in node.inputs]).items():
+        values = np.asarray(ins[pos])
+        bad = np.flatnonzero((values < 0) | (values >= n))
+        if bad.size:
+            at = np.unravel_index(bad[0], values.shape)
+            src = graph.nodes[node.inputs[pos]]
+            raise FlowError(f"{node.op}: its index input {src.label} holds {values[at]} at {list(map(int, at))}, "
+                            f"out of range (valid: 0..{n - 1})", node.span)
+
+
 def at_node(node: Node, run: Callable):
     """run(); an op's refusal (OpTypeError, or a FlowError with no position)
     becomes a FlowError at the node's file:line:col."""
@@ -68,6 +86,7 @@ class ClosureExecutor:
                 values[node.id] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
             else:
                 ins = [values[i] for i in node.inputs]
+                check_index_inputs(self.graph, node, ins)
                 t0 = time.perf_counter()
                 out = at_node(node, lambda: self.kernels.forward(node, ins))
                 self._time(node, t0)

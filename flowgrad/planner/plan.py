@@ -101,7 +101,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None) -> list[Re
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
                                    f32_hint(op.name), node))
                 continue
-        limit = limit_refusal(graph, node, op, node.id in backward_ids, device)
+        limit = limit_refusal(graph, node, op, node.id in backward_ids, device) or index_refusal(graph, node, op)
         if limit is not None:
             out.append(limit)
     return out
@@ -142,6 +142,21 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None) -> 
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
+    return None
+
+
+def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
+    """An index computed inside the model (not a feed, which is range-checked
+    on the host): the resident step can't stop on a bad one, so it runs on
+    closures, which check each index before the op reads it."""
+    if op.index_bounds is None:
+        return None
+    for pos in op.index_bounds([graph.nodes[i].type for i in node.inputs]):
+        src = graph.nodes[node.inputs[pos]]
+        if src.op not in ("input", "const"):
+            return Refusal("limit", f"its index input {src.label} is computed in the model, and the graph path "
+                                    "can't stop a step on an index out of range", "feed the indices as an input "
+                                    "(feeds are range-checked), or run on closures", node)
     return None
 
 
