@@ -24,6 +24,7 @@ import collections
 import multiprocessing as mp
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -400,8 +401,11 @@ def worker(conn, seed: int, device: str, mem_bytes: int):
 
     if mem_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
+    parent = os.getppid()
     while True:
+        while not conn.poll(1.0):
+            if os.getppid() != parent:   # the runner died: don't linger
+                return
         index = conn.recv()
         if index is None:
             return
@@ -425,7 +429,8 @@ class Worker:
         self.conn.send(index)
 
     def kill(self):
-        self.proc.kill()
+        if self.proc.is_alive():
+            self.proc.kill()
         self.proc.join()
 
 
@@ -439,6 +444,16 @@ def run(n: int, seed: int, jobs: int, timeout: float, device: str, mem_mb: int, 
     for w in workers:
         if todo:
             w.submit(todo.popleft())
+    try:
+        _drive(workers, todo, results, timeout, progress, t0)
+    except KeyboardInterrupt:
+        print(f"interrupted: reporting the {len(results)} cases done", file=sys.stderr)
+    for w in workers:
+        w.kill()
+    return {"results": results, "seconds": time.monotonic() - t0, "seed": seed}
+
+
+def _drive(workers, todo, results, timeout, progress, t0):
     from multiprocessing.connection import wait
 
     while any(w.index is not None for w in workers):
@@ -466,12 +481,6 @@ def run(n: int, seed: int, jobs: int, timeout: float, device: str, mem_mb: int, 
                 w.submit(todo.popleft())
         if progress and len(results) % 1000 == 0 and results:
             print(f"  {len(results)} cases, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    for w in workers:
-        w.conn.send(None)
-        w.proc.join(timeout=2)
-        if w.proc.is_alive():
-            w.kill()
-    return {"results": results, "seconds": time.monotonic() - t0, "seed": seed}
 
 
 def report(summary: dict, limit: int = 30) -> str:
@@ -491,6 +500,10 @@ def report(summary: dict, limit: int = 30) -> str:
     for (outcome, _, detail), cases in list(seen.items())[:limit]:
         lines.append(f"  {outcome:<6} x{len(cases):<4} e.g. --case {cases[0]}: {results[cases[0]][1][:200]}")
     return "\n".join(lines)
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
@@ -515,6 +528,7 @@ def main(argv=None) -> int:
             print(f"\n{err}")
         print(classify(case, args.device))
         return 0
+    signal.signal(signal.SIGTERM, _interrupt)   # `kill` reports the cases done so far, as Ctrl-C does
     summary = run(args.n, args.seed, args.jobs, args.timeout, args.device, args.mem_mb, args.start,
                   progress=args.n >= 5000)
     print(report(summary))
