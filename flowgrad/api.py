@@ -223,6 +223,14 @@ class Session:
         where = anomaly.locate(self.graph, feeds, params, kernels)
         raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
 
+    def close(self) -> None:
+        """Free the session's device memory now (not when it is collected);
+        the session can't step afterwards."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+        self.runner = ClosedRunner()
+
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":
             return
@@ -249,6 +257,11 @@ class Session:
         from flowgrad.planner.explain import explain
 
         return explain(self, analyze=analyze)
+
+
+class ClosedRunner:
+    def __getattr__(self, name):
+        raise FlowError("this session is closed; compile the model again to step it")
 
 
 def numeric_array(value, what: str, span=None) -> np.ndarray:
