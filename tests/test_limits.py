@@ -221,3 +221,16 @@ def test_set_params_misuse(mlp):
 def test_step_optimizer_must_be_an_optimizer(mlp):
     with pytest.raises(FlowError, match="optimizer"):
         mlp.compile(device="cpu").step(feeds_for(mlp), optimizer="sgd")
+
+
+def test_found_by_the_fuzzer():
+    # an int literal past i32 meeting an i32 tensor
+    e = err("input i: i32[2]\ny = i + 2147483648\n")
+    at(e, 2, 9)
+    # a NUL byte in a string literal
+    e = err('config {\n  s = "a\x00b"\n}\n')
+    at(e, 2, 7)
+    # a causal mask too large to build
+    e = err("input x: f32[100000, 4]\na = attention(x, x, x, heads=1, causal=true)\n")
+    at(e, 2, 5)
+    assert "mask" in e.message

@@ -485,6 +485,8 @@ class Builder:
         if dtype == "i32" and not isinstance(value, numbers.Integral):
             raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
                              pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
+        if dtype == "i32" and not -2**31 <= value < 2**31:
+            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
         return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:

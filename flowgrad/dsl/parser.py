@@ -189,7 +189,10 @@ class ToAst(Transformer_NonRecursive):
             raise self.error(f"a string literal has at most {limits.MAX_STRING} characters", meta_pos(meta))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "\q" is kept as backslash-q, as Python does
-            return ast.String(pyast.literal_eval(str(ch[0])), meta_pos(meta))
+            try:
+                return ast.String(pyast.literal_eval(str(ch[0])), meta_pos(meta))
+            except (ValueError, SyntaxError) as e:   # a NUL byte, a bad \N{...} escape
+                raise self.error(f"bad string literal: {e}", meta_pos(meta)) from None
 
     def name(self, meta, ch):
         return tok_name(ch[0])
