@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Graph path vs closures, one training step of the DESIGN's decoder example
-(tiny_gpt: d=64, seq=64, 4 heads, 2 blocks) on one Vulkan device.
+"""Graph path vs closures, one training step of a small decoder (tiny_gpt:
+d=64, seq=64, 4 heads, 2 blocks) on one Vulkan device.
 
     python bench/step_bench.py [--device vulkan:0] [--repeats 20] [--set batch=8] [--json]
 
@@ -15,14 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowgrad.cli import parse_sets  # noqa: E402
+from flowgrad.dsl.config import parse_sets  # noqa: E402
 from flowgrad.errors import FlowError  # noqa: E402
 from flowgrad.exec_vulkan import bench  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(bench.MODEL))
+    p.add_argument("--model", default=bench.MODEL, help="a .flow file or a shipped model's name")
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
     p.add_argument("--repeats", type=int, default=20)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from importlib import resources
 from pathlib import Path
 
 import attrs
@@ -164,16 +165,15 @@ class Session:
             if arr.shape != node.shape:
                 raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
                                 node.span)
-            want = NUMPY_DTYPE[node.dtype]
-            if node.dtype == "i32":
-                if not np.issubdtype(arr.dtype, np.integer):
-                    raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}",
-                                    node.span)
-            elif not np.issubdtype(arr.dtype, np.floating):
+            try:
+                narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
+            except TypeError:
+                narrowed = None
+            if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
                 raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
             if node.dtype == "i32":
                 check_int32(node, arr)
-            out[name] = np.asarray(arr, dtype=want, order="C")  # ascontiguousarray would make a 0-d feed [1]
+            out[name] = np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")  # ascontiguousarray would make a 0-d feed [1]
             check_indices(node, out[name], self._index_uses.get(nid, ()))
         return out
 
@@ -318,12 +318,31 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
 
 
 def load(path, config: dict | None = None) -> Model:
-    path = Path(path)
+    """A model from a .flow file, or from the name of a model shipped with
+    flowgrad (`load("mlp")`) when no such file exists."""
+    path = model_file(path)
     try:
         text = path.read_bytes()
     except OSError as e:
-        raise FlowError(f"cannot read model file {str(path)!r}: {e.strerror}") from None
+        hint = None if path.parent != Path(".") else f"models shipped with flowgrad: {', '.join(shipped_models())}"
+        raise FlowError(f"cannot read model file {str(path)!r}: {e.strerror}", hint=hint) from None
     return Model(dsl.parse(text, str(path)), config)
+
+
+def model_file(path) -> Path:
+    """`path` itself when it names a file, or when it has a directory part;
+    else the shipped model of that name (`tiny_gpt` or `tiny_gpt.flow`), if any."""
+    path = Path(path)
+    if path.exists() or path.parent != Path("."):
+        return path
+    name = path.name if path.suffix == ".flow" else f"{path.name}.flow"
+    shipped = resources.files("flowgrad").joinpath("models", name)
+    return Path(str(shipped)) if shipped.is_file() else path
+
+
+def shipped_models() -> list[str]:
+    return sorted(f.name.removesuffix(".flow") for f in resources.files("flowgrad").joinpath("models").iterdir()
+                  if f.name.endswith(".flow"))
 
 
 def loads(text: str | bytes, config: dict | None = None, file: str = "<string>") -> Model:

@@ -4,24 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+import numpy as np
+
+from flowgrad.dsl.config import parse_sets
 from flowgrad.errors import FlowError
 
 
-def parse_sets(items: list[str]) -> dict:
-    """`--set hidden=256 --set lr=1e-3` -> {"hidden": "256", ...}; values stay
-    strings here and are typed against the model's config by the DSL."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise FlowError(f"--set {item!r}: expected key=value, e.g. --set hidden=256")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a .flow model file")
+    p.add_argument("file", help="a .flow model file, or the name of a shipped model (mlp, tiny_gpt, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
 
 
@@ -87,29 +79,129 @@ def cmd_explain(args) -> int:
     return 0
 
 
+# -- train -----------------------------------------------------------------------------
+
 def cmd_train(args) -> int:
-    from flowgrad.training.loop import train_cli
+    import flowgrad as fg
+    from flowgrad.training.loop import TrainInterrupted
 
-    return train_cli(args)
-
-
-def cmd_run(args) -> int:
-    from flowgrad.training.infer import run_cli
-
-    return run_cli(args)
-
-
-def cmd_devices(args) -> int:
-    from flowgrad.exec_vulkan import list_devices_text
-
-    print(list_devices_text())
+    model = fg.load(args.file, parse_sets(args.set))
+    out = args.out if args.out is not None else str(Path("runs") / model.name)
+    try:
+        result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_finite=args.check_finite)
+    except TrainInterrupted as e:
+        print(f"\n{e}", file=sys.stderr)
+        return 130
+    print(train_summary(result))
     return 0
 
 
-def cmd_bench(args) -> int:
-    from flowgrad.exec_vulkan.bench import bench_cli
+def train_summary(result) -> str:
+    from flowgrad.training import checkpoint
 
-    return bench_cli(args)
+    lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
+             f"({result.steps_per_second:.1f} steps/s)"]
+    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
+    rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
+    rows.append(("path", result.path))
+    if result.out is not None:
+        written = [p.name for p in (result.out / "metrics.jsonl", result.out / "loss.png") if p.exists()]
+        rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
+    width = max(len(k) for k, _ in rows) + 2
+    lines += [f"{k:<{width}}{v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+# -- run ---------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    import flowgrad as fg
+    from flowgrad.training import checkpoint, infer
+
+    model = fg.load(args.file, parse_sets(args.set))
+    feeds = parse_feeds(args.feed)
+    ckpt = checkpoint.load(args.checkpoint)
+    # a model trained with --dtype f16 runs in f16: the checkpoint says which
+    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
+    sess = model.compile(device=args.device, dtype=dtype)
+    checkpoint.check_matches(ckpt, sess.graph)
+    sess.set_params(ckpt.params)
+    outputs = infer.run(sess, feeds)
+    if args.out:
+        try:
+            np.savez(args.out, **outputs)
+        except OSError as e:
+            raise FlowError(f"cannot write {args.out!r}: {e.strerror or e}") from None
+        print(f"wrote {', '.join(outputs)} to {args.out}  (checkpoint step {ckpt.step})")
+    else:
+        with np.printoptions(threshold=64, edgeitems=3, precision=4, suppress=True):
+            for name, value in outputs.items():
+                print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+    sys.stdout.flush()
+    return 0
+
+
+def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
+    """`--feed x=batch.npy ...` -> {"x": array}."""
+    feeds = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not file:
+            raise FlowError(f"--feed {item!r}: expected name=file.npy, e.g. --feed x=batch.npy")
+        if name in feeds:
+            raise FlowError(f"--feed {name} is given twice")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            raise FlowError(f"--feed {name}: no such file {file!r}") from None
+        except (OSError, ValueError, EOFError) as e:
+            raise FlowError(f"--feed {name}: cannot read {file!r} as a .npy array: {e}") from None
+        if not isinstance(feeds[name], np.ndarray):
+            raise FlowError(f"--feed {name}: {file!r} holds several arrays (an .npz); give one .npy per input")
+    return feeds
+
+
+# -- devices, bench ----------------------------------------------------------------------
+
+def cmd_devices(args) -> int:
+    print(devices_text())
+    return 0
+
+
+def devices_text() -> str:
+    from flowgrad.errors import DeviceError
+    from flowgrad.exec_vulkan import runtime
+
+    try:
+        runtime.instance()     # a loader or validation-layer problem is worth showing as such
+    except DeviceError as e:
+        return f"no Vulkan devices: {e}"
+    devices = runtime.list_devices()
+    if not devices:
+        return ("no Vulkan devices (install a Vulkan driver; Debian: mesa-vulkan-drivers gives lavapipe, "
+                "a CPU device usable with --device vulkan)")
+    auto = runtime.first_gpu(devices)
+    lines = []
+    for d in devices:
+        caps = ", ".join(x for x, ok in (("f16", d.f16), ("cooperative matrix", d.coopmat),
+                                          ("timestamps", d.timestamps)) if ok) or "f32 only"
+        mark = "  <- auto" if d.index == auto else ""
+        lines.append(f"vulkan:{d.index}  {d.name}  [{d.type}]  {d.memory / 2**30:.1f} GiB  "
+                     f"Vulkan {d.api_version}  ({caps}){mark}")
+    if auto is None:
+        lines.append("device='auto' runs on numpy (no GPU); --device vulkan uses vulkan:0")
+    return "\n".join(lines)
+
+
+def cmd_bench(args) -> int:
+    from flowgrad.exec_vulkan import bench
+
+    r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
+                  dtype=args.dtype)
+    print(bench.report(r))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list Vulkan devices")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("bench", help="graph vs closures step time on one device (the DESIGN's decoder example)")
-    p.add_argument("file", nargs="?", default=None, help="a .flow model (default: tiny_gpt at d=64, seq=64)")
+    p = sub.add_parser("bench", help="graph vs closures step time on one device (a small decoder)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])

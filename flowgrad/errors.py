@@ -36,6 +36,11 @@ class GraphPathRefused(FlowError):
         self.refusals = list(refusals)
 
 
+class IRError(FlowError):
+    """The graph itself is malformed: a builder or a graph transform made a
+    node, or a name map, that breaks the IR's rules."""
+
+
 class DeviceError(FlowError):
     """A device could not be found, or a Vulkan call failed."""
 

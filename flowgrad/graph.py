@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import attrs
+import numpy as np
 
 from flowgrad.dtypes import DTYPES, ITEMSIZE
 
@@ -73,20 +75,50 @@ class TensorType:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"
 
 
+class FrozenDict(dict):
+    """A dict that refuses every change after it is made: node attrs are part
+    of the IR, and an op rule or executor that edited them would change the
+    graph under every other reader."""
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("node attrs are immutable; build a new node (attrs.evolve) instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self):
+        return FrozenDict, (dict(self),)
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+def freeze(value):
+    """value with every dict frozen, every list a tuple, every array read-only."""
+    if isinstance(value, dict):
+        return FrozenDict({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.copy()   # the caller's array stays theirs to change
+        value.flags.writeable = False
+    return value
+
+
 @attrs.frozen(eq=False)
 class Node:
     """One op record. `op` names a registered op, or one of LEAF_OPS.
 
-    attrs hold the op's non-tensor arguments (axis, heads, ...); for a param,
-    attrs["init"] = (initialiser name, kwargs); for a const, attrs["value"] is
-    the numpy array."""
+    attrs hold the op's non-tensor arguments (axis, heads, ...), complete
+    with the signature's defaults; for a param, attrs["init"] = (initialiser
+    name, kwargs); for a const, attrs["value"] is the (read-only) numpy array.
+    attrs are frozen when the node is made."""
 
     id: int
     op: str
     inputs: tuple[int, ...]
     type: TensorType
     name: str = ""
-    attrs: dict[str, Any] = attrs.field(factory=dict)
+    attrs: FrozenDict = attrs.field(factory=FrozenDict, converter=freeze)
     span: Span | None = None
 
     @property
@@ -100,6 +132,36 @@ class Node:
     @property
     def label(self) -> str:
         return self.name or f"%{self.id}"
+
+    def __str__(self) -> str:
+        return format_node(self)
+
+
+def format_node(node: Node) -> str:
+    """The one printer, one line like a jaxpr:
+    `%3:f32[64,128] = matmul %1 %2  (h)   # mlp.flow:12`."""
+    args = " ".join(f"%{i}" for i in node.inputs)
+    if node.op == "param":
+        shown = {"init": node.attrs["init"][0]} if "init" in node.attrs else {}
+    elif node.op == "const":
+        value = node.attrs.get("value")
+        shown = {"value": value.item()} if isinstance(value, np.ndarray) and value.size == 1 else {}
+    else:
+        shown = node.attrs
+    attr_text = " ".join(f"{k}={_show_attr(v)}" for k, v in shown.items())
+    leaf_name = node.name if node.op in LEAF_OPS else ""
+    rhs = " ".join(x for x in (node.op, leaf_name, args, attr_text) if x)
+    named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
+    where = f"   # {os.path.basename(node.span.file)}:{node.span.line}" if node.span else ""
+    return f"%{node.id}:{node.type} = {rhs}{named}{where}"
+
+
+def _show_attr(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + ",".join(_show_attr(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "none" if v is None else str(v)
 
 
 @attrs.define
@@ -124,7 +186,7 @@ class Graph:
     train: TrainSpec | None = None
 
     def add(self, op: str, inputs, type: TensorType, name: str = "", attrs=None, span=None) -> Node:
-        node = Node(len(self.nodes), op, tuple(inputs), type, name, dict(attrs or {}), span)
+        node = Node(len(self.nodes), op, tuple(inputs), type, name, attrs or {}, span)
         self.nodes.append(node)
         return node
 
@@ -135,6 +197,10 @@ class Graph:
             if node.name == name_or_id:
                 return node
         raise KeyError(name_or_id)
+
+    def roots(self) -> list[int]:
+        """What a step computes: the outputs, then the loss."""
+        return list(self.outputs.values()) + ([self.loss] if self.loss is not None else [])
 
     def users(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {n.id: [] for n in self.nodes}
@@ -158,32 +224,10 @@ class Graph:
         return sum(self.nodes[i].type.size for i in self.params.values())
 
     def check(self) -> None:
-        """Validate the IR: ids, topological order, and each op's shape rule."""
-        from flowgrad.ops import get_op
+        """Validate the IR; an IRError names the first node (or map) that is wrong."""
+        from flowgrad.graph_check import check_graph
 
-        for pos, node in enumerate(self.nodes):
-            assert node.id == pos, f"node {node.label} has id {node.id} at position {pos}"
-            for i in node.inputs:
-                assert 0 <= i < node.id, f"node {node.label} reads %{i}, not defined before it"
-            if node.op in LEAF_OPS:
-                continue
-            ins = [self.nodes[i].type for i in node.inputs]
-            inferred = get_op(node.op).infer(ins, node.attrs)
-            assert inferred == node.type, f"{node.label}: recorded {node.type}, rule gives {inferred}"
+        check_graph(self)
 
     def __str__(self) -> str:
-        return "\n".join(format_node(self, n) for n in self.nodes)
-
-
-def format_node(graph: Graph, node: Node) -> str:
-    """One line, like a jaxpr: `%3:f32[64,128] = matmul %1 %2   # mlp.flow:12`."""
-    args = " ".join(f"%{i}" for i in node.inputs)
-    shown = {k: v for k, v in node.attrs.items() if k not in ("value",)}
-    if node.op == "param":
-        shown = {"init": node.attrs.get("init", ("?",))[0]}
-    attr_text = " ".join(f"{k}={v}" for k, v in shown.items())
-    lhs = f"%{node.id}:{node.type}"
-    rhs = " ".join(x for x in (node.op, node.name if node.op in LEAF_OPS else "", args, attr_text) if x)
-    where = f"   # {node.span.file}:{node.span.line}" if node.span else ""
-    named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
-    return f"{lhs} = {rhs}{named}{where}"
+        return "\n".join(map(format_node, self.nodes))

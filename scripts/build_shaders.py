@@ -6,7 +6,10 @@
     python scripts/build_shaders.py --check    # exit 1 if a shipped .spv is stale or missing
 
 A first line `// variants: f32 f16` also builds <name>.f16.spv with -DF16=1
-(no variants line: f32 only). Needs Debian's `glslc`."""
+(no variants line: f32 only). Every compiled shader's push-constant block is
+checked against its spec in flowgrad/exec_vulkan/push_constants.py (names,
+types, array lengths, byte offsets); a mismatch fails the build and --check.
+Needs Debian's `glslc`."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHADER_DIR = Path(__file__).resolve().parent.parent / "flowgrad" / "exec_vulkan" / "shaders"
+ROOT = Path(__file__).resolve().parent.parent
+SHADER_DIR = ROOT / "flowgrad" / "exec_vulkan" / "shaders"
 SPV_DIR = SHADER_DIR / "spv"
 GLSLC_FLAGS = ["--target-env=vulkan1.1", "-O"]
 KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
@@ -69,6 +73,15 @@ def sources(names: list[str]) -> list[Path]:
     return out
 
 
+def push_problems(spvs) -> list[str]:
+    """Push-constant blocks that disagree with their specs."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from flowgrad.exec_vulkan import push_constants
+
+    return [p for spv in spvs for p in push_constants.problems(Path(spv), SHADER_DIR)]
+
+
 def build(names: list[str]) -> list[Path]:
     SPV_DIR.mkdir(parents=True, exist_ok=True)
     built = []
@@ -76,12 +89,16 @@ def build(names: list[str]) -> list[Path]:
         for spv, flags in outputs(src).items():
             compile_one(src, flags, SPV_DIR / spv)
             built.append(SPV_DIR / spv)
+    problems = push_problems(built)
+    if problems:
+        raise BuildError("push constants disagree with their specs:\n  " + "\n  ".join(problems))
     return built
 
 
 def stale(names: list[str] = ()) -> list[str]:
     """Shipped .spv files that differ from a fresh compile (or are missing),
-    plus .spv files no source produces."""
+    fresh compiles whose push constants disagree with their specs, and .spv
+    files no source produces."""
     problems = []
     expected = set()
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,6 +107,7 @@ def stale(names: list[str] = ()) -> list[str]:
                 expected.add(spv)
                 fresh = Path(tmp) / spv
                 compile_one(src, flags, fresh)
+                problems += push_problems([fresh])
                 shipped = SPV_DIR / spv
                 if not shipped.exists():
                     problems.append(f"{spv}: missing (compile {src.name})")

@@ -171,7 +171,7 @@ def test_sequence_length_hint():
 
 
 @pytest.mark.parametrize("value, message", [
-    (call("digts"), "did you mean 'digits'"),
+    (call("digts"), "did you mean digits?"),
     (call("digits", test_fraction=1.5), "test_fraction must be"),
     (call("digits", frac=0.1), "has no argument 'frac'"),
     (call("reverse", seq=0), "seq must be >= 2"),

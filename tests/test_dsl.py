@@ -280,7 +280,7 @@ g = concat(x, x, axis=0)
 h = concat([x, x])
 """)
     assert g.node("a").attrs == {"axis": 1, "keepdims": False}
-    assert g.node("b").attrs == {"axis": [0, 2], "keepdims": True} and g.node("b").shape == (1, 3, 1)
+    assert g.node("b").attrs == {"axis": (0, 2), "keepdims": True} and g.node("b").shape == (1, 3, 1)
     assert g.node("c").attrs == {"axis": -1}
     assert g.node("d").attrs == {"approximate": "tanh"}
     assert g.node("e").shape == (2, 12) and list(g.node("e").attrs["shape"]) == [2, 12]

@@ -122,7 +122,7 @@ def test_packed_gradients_share_one_buffer_at_aligned_offsets():
 
 
 def test_count_dispatches_without_a_device():
-    from flowgrad.exec_vulkan.graph_session import count_dispatches
+    from flowgrad.exec_vulkan.program import count_dispatches
 
     g = chain_graph()
     c = count_dispatches(g, make_plan(g, None))

@@ -108,6 +108,7 @@ class GraphBuilder:
         return self.graph.add("const", [], TensorType(array.shape, dtype), attrs={"value": array}).id
 
     def apply(self, op, ids, attrs):
+        attrs = get_op(op).with_defaults(attrs)
         out = get_op(op).infer([self.type(i) for i in ids], attrs)
         return self.graph.add(op, ids, out, attrs=attrs).id
 
@@ -193,7 +194,7 @@ def _tape_grad(build, x):
     """d loss / d x through the closure executor (f32), loss = sum(build(x) * r)."""
     g = Graph("t")
     b = GraphBuilder(g)
-    xi = g.add("input", [], TensorType(x.shape, "f32"), name="x").id
+    xi = g.inputs["x"] = g.add("input", [], TensorType(x.shape, "f32"), name="x").id
     y = build(b, xi)
     r = np.random.default_rng(11).standard_normal(g.nodes[y].shape)
     loss = b.call("sum", [b.call("mul", [y, b.const(r.astype(np.float32), "f32")], {})], {})

@@ -196,7 +196,7 @@ def test_bad_optimizer_is_a_flow_error_at_the_span(value, message):
 def test_did_you_mean():
     with pytest.raises(FlowError) as e:
         make_optimizer(("call", "adma", (), {}), SPAN)
-    assert "did you mean 'adam'" in str(e.value)
+    assert "did you mean adam?" in str(e.value)
     with pytest.raises(FlowError) as e:
         make_optimizer(("call", "adam", (), {"weight_decya": 0.1}), SPAN)
-    assert "did you mean 'weight_decay'" in str(e.value)
+    assert "did you mean weight_decay?" in str(e.value)

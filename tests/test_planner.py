@@ -174,3 +174,23 @@ def test_an_f32_island_in_an_f16_model_keeps_the_graph_path():
     assert next(n for n in model.build("f16").nodes if n.op == "attention").dtype == "f32"
     assert plan_of(model, dtype="f16").last_path == "graph"
     assert "cast(result, float)" in plan_of(attn_model(), dtype="f16").refusals[0].hint
+
+
+def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):
+    import flowgrad.planner.memory as memory
+    import flowgrad.planner.plan as plan_module
+
+    calls = []
+    real = memory.plan_memory
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory, "plan_memory", counted)
+    monkeypatch.setattr(plan_module, "plan_memory", counted)
+    sess = attn_model().compile(device="cpu")
+    report = sess.explain().to_dict()
+    sess.step({"x": np.ones((4, 8), np.float32)})
+    assert len(calls) == 1
+    assert report["graph_plan"]["memory"]["total_bytes"] == sess.plan.memory.total_bytes

@@ -203,7 +203,7 @@ def test_diverging_loss_is_a_flow_error():
 @pytest.mark.parametrize("old, new, message, line", [
     ("steps = 40", "stesp = 40", "unknown train setting 'stesp'", 20),
     ("steps = 40", "", "does not say how long to train", None),
-    ("data = digits(test_fraction=0.2)", "data = digts()", "did you mean 'digits'", 18),
+    ("data = digits(test_fraction=0.2)", "data = digts()", "did you mean digits?", 18),
     ("adamw(lr=3e-3, schedule=\"cosine\", warmup=5, clip=1.0)", "adam(lr=0)", "lr must be > 0", 19),
     ("steps = 40", "steps = 0", "steps must be >= 1", 20),
     ("64", "60", "makes x as f32[batch, 64]", 18),

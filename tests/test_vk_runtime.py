@@ -69,7 +69,7 @@ def test_dry_run_recorder_counts_and_checks_without_a_device():
     assert rec.counts() == {"dispatches": 1, "fills": 1, "copies": 1}
     with pytest.raises(DeviceError, match="2 buffer bindings"):
         rec.dispatch("accumulate", [a], push=[8])
-    with pytest.raises(DeviceError, match="limit is 128"):
+    with pytest.raises(DeviceError, match=r"accumulate takes 1 push-constant value \(n: u32\), got 33"):
         rec.dispatch("accumulate", [a, b], push=[1] * 33)
     with pytest.raises(DeviceError, match="exceed"):
         rec.dispatch("accumulate", [a, b], push=[8], groups=(70000, 1, 1))
@@ -103,14 +103,14 @@ def test_list_devices_and_select(vk_device):
     assert runtime.select_device(f"vulkan:{info.index}") is vk_device
     auto = runtime.select_device("auto")
     assert (auto is None) == (not any(d.is_gpu for d in infos))
-    assert f"vulkan:{info.index}" in runtime.list_devices_text()
 
 
 def test_cli_devices_lists_the_device(vk_device, capsys):
     from flowgrad.cli import main
 
     assert main(["devices"]) == 0
-    assert vk_device.info.name in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert vk_device.info.name in out and f"vulkan:{vk_device.info.index}" in out
 
 
 @pytest.mark.parametrize("spec", ["vulkan:99", "vulkan:x", "metal"])

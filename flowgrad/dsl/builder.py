@@ -1,62 +1,35 @@
-"""Syntax tree -> Graph. Walks the statements in order, evaluates expressions
-to graph nodes (or to compile-time values: numbers, strings, dtypes, lists),
-binds calls against each op's signature, infers every node's type through
-its op's rule, and expands blocks, `repeat` and `split` in place.
+"""Syntax tree -> Graph. Walks the statements in order and evaluates
+expressions to graph nodes (or to compile-time values: numbers, strings,
+dtypes, lists). Calls are bound and typed in dsl/calls.py; blocks, `repeat`
+and `split` expand in place in dsl/builtins.py.
 
 Every node gets a Span; inside a block instance the span's `via` lists the
 call sites (innermost first) that expanded it."""
 from __future__ import annotations
 
-import inspect
 import numbers
 from pathlib import Path
 
 import attrs
-import numpy as np
 
+from flowgrad.binder import suggest
 from flowgrad.dsl import ast, limits
+from flowgrad.dsl.builtins import BUILTINS, Builtins
+from flowgrad.dsl.calls import Calls
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
-from flowgrad.dsl.source import make_span, suggest
-from flowgrad.dsl.values import (
-    CONSTANT_NAMES, DType, StaticError, is_number, show, static_binop, static_neg, type_name,
-)
+from flowgrad.dsl.scope import Binding, Scope, Tensor
+from flowgrad.dsl.source import make_span
+from flowgrad.dsl.values import CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
+from flowgrad.dtypes import DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
-from flowgrad.dtypes import DTYPES, FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.initializers import INITIALISERS
-from flowgrad.ops import OPS, Arg, OpTypeError
-from flowgrad.ops.registry import REQUIRED
+from flowgrad.ops import OPS
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
-BUILTINS = ("split", "repeat")
 
 
-@attrs.frozen
-class Tensor:
-    """An expression's value when it is a graph node."""
-
-    id: int
-
-
-@attrs.frozen
-class Binding:
-    value: object   # Tensor, a compile-time value, or a tuple of them (several returns)
-    kind: str       # "input" | "param" | "value" | "arg"
-    pos: ast.Pos
-
-
-@attrs.define
-class Scope:
-    """The top level, or one block instance (prefix "decoder.0.")."""
-
-    prefix: str = ""
-    via: tuple[Span, ...] = ()
-    names: dict[str, Binding] = attrs.field(factory=dict)
-    counters: dict[str, int] = attrs.field(factory=dict)   # block name -> next instance index
-    active: tuple[str, ...] = ()                           # blocks being expanded (recursion check)
-
-
-class Builder:
+class Builder(Calls, Builtins):
     def __init__(self, program: ast.Program, overrides: dict | None, dtype: str):
         if dtype not in FLOAT_DTYPES:
             raise FlowError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
@@ -212,38 +185,6 @@ class Builder:
         self.graph.params[full] = node.id
         scope.names[s.name.id] = Binding(Tensor(node.id), "param", s.name.pos)
 
-    def initialiser(self, call: ast.Call, scope: Scope) -> tuple[str, dict]:
-        fn = INITIALISERS.get(call.func)
-        if fn is None:
-            raise self.error(f"unknown initialiser {call.func!r}{suggest(call.func, INITIALISERS)}", call.func_pos,
-                             scope, hint=f"initialisers: {', '.join(f'{n}()' for n in INITIALISERS)}")
-        names = list(inspect.signature(fn).parameters)[2:]  # after (rng, shape)
-        if len(call.args) > len(names):
-            raise self.error(f"{call.func}() takes {len(names)} argument{'s' * (len(names) != 1)}, "
-                             f"got {len(call.args)}", call.args[len(names)].pos, scope)
-        given = list(zip(names, call.args)) + [(k.name, k.value) for k in call.kwargs]
-        kwargs = {}
-        for name, expr in given:
-            if name not in names:
-                raise self.error(f"{call.func}() has no argument {name!r}{suggest(name, names)}",
-                                 self.kwarg_pos(call, name), scope,
-                                 hint=f"{call.func}() takes: {', '.join(names) or 'no arguments'}")
-            if name in kwargs:
-                raise self.error(f"{call.func}() got two values for {name!r}", self.kwarg_pos(call, name), scope)
-            v = self.value(expr, scope)
-            if not is_number(v):
-                raise self.error(f"{call.func}(): {name} must be a number, got {self.show_value(v)}", expr.pos, scope)
-            kwargs[name] = float(v)
-        if kwargs.get("std", 0) < 0:
-            raise self.error(f"{call.func}(): std must be >= 0, got {kwargs['std']}", call.pos, scope)
-        if kwargs.get("low", 0.0) > kwargs.get("high", 1.0):
-            raise self.error(f"{call.func}(): low must be <= high", call.pos, scope)
-        return (call.func, kwargs)
-
-    @staticmethod
-    def kwarg_pos(call: ast.Call, name: str) -> ast.Pos:
-        return next((k.pos for k in call.kwargs if k.name == name), call.pos)
-
     def assign(self, s: ast.Assign, scope: Scope):
         value = self.value(s.value, scope)
         n = len(s.targets)
@@ -378,322 +319,3 @@ class Builder:
         known = list(OPS) + list(self.blocks) + list(BUILTINS)
         raise self.error(f"unknown op or block {c.func!r}{suggest(c.func, known)}", c.func_pos, scope)
 
-    def call_args(self, c: ast.Call, scope: Scope):
-        pos_args = [(self.single(a, scope), a.pos) for a in c.args]
-        kwargs = {k.name: (self.single(k.value, scope), k.pos) for k in c.kwargs}
-        return pos_args, kwargs
-
-    # ------------------------------------------------------------ binding calls
-
-    def bind(self, callee: str, args: tuple[Arg, ...], pos_args, kwargs, call_pos, scope) -> dict:
-        """Match a call's arguments to a signature, Python-style. Returns
-        {arg name: (value, pos)} with defaults filled in as (default, None)."""
-        slots: dict = {}
-        i = 0
-        for value, pos in pos_args:
-            if i >= len(args):
-                n = len(args)
-                raise self.error(f"{callee}() takes {n} positional argument{'s' * (n != 1)} "
-                                 f"but {len(pos_args)} were given", pos, scope,
-                                 hint=f"signature: {signature(callee, args)}")
-            arg = args[i]
-            if arg.kind == "tensors":
-                slots.setdefault(arg.name, ([], pos))[0].append(value)
-                continue
-            slots[arg.name] = (value, pos)
-            i += 1
-        names = [a.name for a in args]
-        for name, (value, pos) in kwargs.items():
-            if name not in names:
-                raise self.error(f"{callee}() has no argument {name!r}{suggest(name, names)}", pos, scope,
-                                 hint=f"signature: {signature(callee, args)}")
-            if name in slots:
-                raise self.error(f"{callee}() got two values for argument {name!r}", pos, scope)
-            slots[name] = (value, pos)
-        for arg in args:
-            if arg.name in slots:
-                continue
-            if arg.default is REQUIRED:
-                raise self.error(f"{callee}() is missing its argument {arg.name!r}", call_pos, scope,
-                                 hint=f"signature: {signature(callee, args)}")
-            slots[arg.name] = (arg.default, None)
-        return slots
-
-    def apply_op(self, op_name: str, pos_args, kwargs, call_pos, scope, shown: str | None = None) -> Tensor:
-        """shown: how messages name the callee, e.g. "'*'" for an infix operator."""
-        op = OPS.get(op_name)
-        if op is None:
-            raise self.error(f"unknown op {op_name!r}{suggest(op_name, OPS)}", call_pos, scope)
-        slots = self.bind(op_name, op.args, pos_args, kwargs, call_pos, scope)
-        given = [slots[a.name][0] for a in op.args if a.kind != "attr"]
-        like = next((self.node_type(v).dtype for v in _flat(given) if isinstance(v, Tensor)), None)
-        ins, attr_values = [], {}
-        for arg in op.args:
-            value, pos = slots[arg.name]
-            pos = pos or call_pos
-            if arg.kind == "attr":
-                attr_values[arg.name] = self.attr_value(op_name, arg, value, pos, scope)
-            elif arg.kind == "tensor":
-                if value is None and arg.default is None:
-                    continue  # an optional tensor that was not given
-                ins.append(self.as_tensor(shown or f"{op_name}()", arg.name, value, like, pos, scope).id)
-            else:
-                items = value if value is not None else []
-                if isinstance(items, list) and len(items) == 1 and isinstance(items[0], list):
-                    items = items[0]  # concat([a, b]) as well as concat(a, b)
-                if not isinstance(items, (list, tuple)):
-                    items = [items]
-                ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
-        span = self.span(call_pos, scope)
-        if op.expand is not None:
-            self.infer(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
-            nb = NodeBuilder(self, span)
-            try:
-                ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
-            except OpTypeError as err:
-                raise FlowError(op_message(op_name, err), span) from None
-        return Tensor(self.add_node(op_name, ins, attr_values, span).id)
-
-    def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
-        out = self.infer(op_name, ins, attr_values, span)
-        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
-
-    def infer(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
-        op = OPS[op_name]
-        in_types = [self.graph.nodes[i].type for i in ins]
-        try:
-            out = op.infer(in_types, attr_values)
-        except OpTypeError as err:
-            raise FlowError(op_message(op_name, err), span) from None
-        except (ValueError, TypeError, IndexError, KeyError) as err:  # a shape rule's own bug
-            raise FlowError(f"{op_name}: internal error in the op's shape rule for "
-                            f"{', '.join(map(str, in_types))}: {type(err).__name__}: {err}", span) from None
-        problem = limits.type_problem(out.shape)
-        if problem:
-            raise FlowError(f"{op_name}: {problem}", span)
-        return out
-
-    def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
-        """A tensor argument; a number literal becomes a 0-d const of the
-        other operand's dtype (`x * 0.5`, `1 - p`)."""
-        if isinstance(value, Tensor):
-            return value
-        what = f"an operand of {callee}" if callee.startswith("'") else f"{callee}: argument {arg_name!r}"
-        if not is_number(value):
-            raise self.error(f"{what} must be a tensor or a number, got {self.show_value(value)}", pos, scope)
-        dtype = like or (self.dtype if isinstance(value, float) else "i32")
-        if dtype == "i32" and not isinstance(value, numbers.Integral):
-            raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
-                             pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
-        if dtype == "i32" and not -2**31 <= value < 2**31:
-            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
-        return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
-
-    def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
-        array = np.asarray(array, dtype=NUMPY_DTYPE[dtype])
-        return self.graph.add("const", (), TensorType(tuple(array.shape), dtype), attrs={"value": array},
-                              span=span).id
-
-    def attr_value(self, callee: str, arg: Arg, value, pos, scope):
-        if isinstance(value, Tensor) or _has_tensor(value):
-            raise self.error(f"{callee}(): argument {arg.name!r} must be a constant, not a tensor", pos, scope)
-        if not arg.types:
-            return _plain(value)
-        for t in arg.types:
-            ok = _accepts(t, value)
-            if ok is not _NO:
-                return ok
-        want = " or ".join(dict.fromkeys(_type_word(t) for t in arg.types))
-        raise self.error(f"{callee}(): argument {arg.name!r} must be {want}, got {self.show_value(value)}",
-                         pos, scope)
-
-    # ------------------------------------------------------------ builtins and blocks
-
-    def split(self, c: ast.Call, scope: Scope):
-        sig = (Arg("x"), Arg("n", "attr"), Arg("axis", "attr", -1))
-        pos_args, kwargs = self.call_args(c, scope)
-        slots = self.bind("split", sig, pos_args, kwargs, c.pos, scope)
-        (x, xpos), (n, npos), (axis, apos) = slots["x"], slots["n"], slots["axis"]
-        if not isinstance(x, Tensor):
-            raise self.error(f"split(): x must be a tensor, got {self.show_value(x)}", xpos, scope)
-        shape = self.node_type(x).shape
-        if not _is_int(axis) or not -len(shape) <= axis < len(shape):
-            raise self.error(f"split(): axis {show(axis)} is not an axis of a tensor of rank {len(shape)}",
-                             apos or c.pos, scope)
-        size = shape[axis]
-        if _is_int(n) and n >= 1:
-            if size % n:
-                raise self.error(f"split(): axis {axis} has size {size}, which does not split into {n} equal parts",
-                                 npos, scope)
-            sizes = [size // n] * n
-        elif isinstance(n, list) and n and all(_is_int(s) and s >= 1 for s in n):
-            if sum(n) != size:
-                raise self.error(f"split(): sizes {show(n)} add up to {sum(n)}, but axis {axis} has size {size}",
-                                 npos, scope)
-            sizes = list(n)
-        else:
-            raise self.error(f"split(): n must be a positive int or a list of sizes, got {self.show_value(n)}",
-                             npos, scope)
-        span = self.span(c.pos, scope)
-        out, start = [], 0
-        for s in sizes:
-            out.append(Tensor(self.add_node("slice", [x.id], self.slice_attrs(axis, start, start + s), span).id))
-            start += s
-        return tuple(out)
-
-    def slice_attrs(self, axis, start, stop) -> dict:
-        op = OPS.get("slice")
-        if op is None:
-            raise FlowError("split() needs the op 'slice', which is not registered")
-        given = {"axis": axis, "start": start, "stop": stop}
-        return {a.name: given.get(a.name, a.default) for a in op.args if a.kind == "attr"}
-
-    def repeat(self, c: ast.Call, scope: Scope):
-        if c.kwargs or len(c.args) < 3:
-            raise self.error("repeat() takes positional arguments: repeat(n, block, x, ...)", c.pos, scope)
-        n = self.single(c.args[0], scope)
-        if not _is_int(n) or n < 0:
-            raise self.error(f"repeat(): n must be a non-negative int, got {self.show_value(n)}", c.args[0].pos, scope)
-        if n > limits.MAX_REPEAT:
-            raise self.error(f"repeat(): n is {n}, more than the limit of {limits.MAX_REPEAT:,}", c.args[0].pos, scope)
-        bexpr = c.args[1]
-        if not isinstance(bexpr, ast.Name) or bexpr.id not in self.blocks:
-            word = bexpr.id if isinstance(bexpr, ast.Name) else "this"
-            raise self.error(f"repeat(): {word!r} is not a block{suggest(word, self.blocks)}", bexpr.pos, scope,
-                             hint="the second argument of repeat is the name of a block")
-        block = self.blocks[bexpr.id]
-        args = [(self.single(a, scope), a.pos) for a in c.args[2:]]
-        chained = len(block.body[-1].values)
-        if chained > len(args):
-            raise self.error(f"repeat(): block {block.name.id} returns {chained} values but is given {len(args)} "
-                             "inputs to chain them into", c.pos, scope)
-        for _ in range(n):
-            out = self.call_block(block, (args, {}), c.pos, scope)
-            outs = out if isinstance(out, tuple) else (out,)
-            args = [(v, pos) for v, (_, pos) in zip(outs, args)] + args[chained:]
-        values = tuple(v for v, _ in args[:chained])
-        return values[0] if chained == 1 else values
-
-    def call_block(self, block: ast.BlockDef, call_args, call_pos, scope: Scope):
-        name = block.name.id
-        if name in scope.active:
-            chain = " -> ".join(scope.active + (name,))
-            raise self.error(f"block {name!r} calls itself ({chain})", call_pos, scope)
-        if len(scope.active) >= limits.MAX_BLOCK_DEPTH:
-            raise self.error(f"blocks call blocks more than {limits.MAX_BLOCK_DEPTH} deep here", call_pos, scope)
-        if len(self.graph.nodes) > limits.MAX_NODES:
-            raise self.error(f"the model expands to more than {limits.MAX_NODES:,} nodes (blocks and repeats "
-                             "expanded)", call_pos, scope, hint="use fewer repeats or smaller blocks")
-        pos_args, kwargs = call_args
-        params = tuple(Arg(p.id, "value") for p in block.params)
-        slots = self.bind(name, params, pos_args, kwargs, call_pos, scope)
-        index = scope.counters.get(name, 0)
-        scope.counters[name] = index + 1
-        site = make_span(self.program.file, self.program.lines, call_pos)
-        inner = Scope(f"{scope.prefix}{name}.{index}.", (site,) + scope.via, {}, {}, scope.active + (name,))
-        for p in block.params:
-            inner.names[p.id] = Binding(slots[p.id][0], "arg", p.pos)
-        for stmt in block.body[:-1]:
-            self.statement(stmt, inner)
-        ret = block.body[-1]
-        values = tuple(self.single(v, inner) for v in ret.values)
-        return values[0] if len(values) == 1 else values
-
-
-class NodeBuilder:
-    """What an op's `expand` hook gets: add consts and op nodes at the span of
-    the call being built."""
-
-    def __init__(self, builder: Builder, span: Span):
-        self._b = builder
-        self.span = span
-        self.graph = builder.graph
-
-    def type(self, node_id: int) -> TensorType:
-        return self.graph.nodes[node_id].type
-
-    def const(self, array, dtype: str) -> int:
-        return self._b.const(array, dtype, self.span)
-
-    def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
-        op = OPS[op_name]
-        given = dict(attrs or {})
-        full = {a.name: given.pop(a.name, a.default) for a in op.args if a.kind == "attr"}
-        if given:
-            raise TypeError(f"{op_name} has no attribute(s) {sorted(given)}")
-        return self._b.add_node(op_name, list(input_ids), full, self.span).id
-
-
-# ---------------------------------------------------------------- attr typing
-
-_NO = object()
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _accepts(t, v):
-    """v converted to type t, or _NO."""
-    if t == "dtype":
-        return str(v) if isinstance(v, str) and v in DTYPES else _NO
-    if t is None or t is type(None):
-        return None if v is None else _NO
-    if t is bool:
-        return v if isinstance(v, bool) else _NO
-    if t is int:
-        return int(v) if _is_int(v) else _NO
-    if t is float:
-        return float(v) if is_number(v) else _NO
-    if t is str:
-        return str(v) if isinstance(v, str) and not isinstance(v, DType) else _NO
-    if t in (list, tuple):
-        return t(_plain(v)) if isinstance(v, list) else _NO
-    return v if isinstance(t, type) and isinstance(v, t) else _NO
-
-
-def _type_word(t) -> str:
-    if t is None or t is type(None):
-        return "none"
-    if t == "dtype":
-        return "a dtype (f32, f16, i32)"
-    return {int: "an int", float: "a number", bool: "true or false", str: "a string",
-            list: "a list", tuple: "a list"}.get(t, getattr(t, "__name__", str(t)))
-
-
-def _plain(v):
-    """Attrs hold plain Python values: DType -> str, lists of those."""
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, DType):
-        return str(v)
-    return v
-
-
-def _has_tensor(v) -> bool:
-    return isinstance(v, Tensor) or (isinstance(v, list) and any(_has_tensor(x) for x in v))
-
-
-def _flat(vs):
-    for v in vs:
-        if v is None:
-            continue
-        if isinstance(v, list):
-            yield from _flat(v)
-        else:
-            yield v
-
-
-def op_message(op_name: str, err: Exception) -> str:
-    text = str(err)
-    return text if text.startswith(f"{op_name}:") else f"{op_name}: {text}"
-
-
-def signature(callee: str, args) -> str:
-    parts = []
-    for a in args:
-        text = f"{a.name}..." if a.kind == "tensors" else a.name
-        if a.default is not REQUIRED and a.kind != "tensors":
-            text += f"={show(a.default)}"
-        parts.append(text)
-    return f"{callee}({', '.join(parts)})"

@@ -7,12 +7,24 @@ from typing import Callable
 import math
 
 from flowgrad.dsl import ast, limits
-from flowgrad.dsl.source import suggest
+from flowgrad.binder import suggest
 from flowgrad.dsl.values import (
     CONFIG_TYPES, CONSTANT_NAMES, StaticError, coerce, show, static_binop, static_neg, type_name,
 )
 from flowgrad.errors import FlowError
 from flowgrad.graph import TrainSpec
+
+
+def parse_sets(items: list[str]) -> dict:
+    """`--set hidden=256 --set lr=1e-3` -> {"hidden": "256", ...}; values stay
+    strings here and are typed against the model's declared config values."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FlowError(f"--set {item!r}: expected key=value, e.g. --set hidden=256")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def evaluate_static(expr: ast.Expr, lookup: Callable, on_call: Callable, error: Callable):

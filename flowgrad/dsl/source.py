@@ -1,8 +1,6 @@
-"""Source positions -> `Span`s (file, line, col, the line's text, end col), and
-the "did you mean" helper every error message uses."""
+"""Source positions -> `Span`s (file, line, col, the line's text, end col)."""
 from __future__ import annotations
 
-import difflib
 import re
 
 from flowgrad.errors import FlowError
@@ -52,11 +50,3 @@ def make_span(file: str, lines, pos, via: tuple[Span, ...] = ()) -> Span:
     if end_line != line or end_col is None or end_col <= col:
         end_col = max(len(text) + 1, col + 1)
     return Span(file, line, col, text, end_col, via)
-
-
-def suggest(word: str, candidates, n: int = 1) -> str:
-    """' (did you mean relu?)', or '' when nothing is close."""
-    close = difflib.get_close_matches(word, sorted(set(candidates)), n=n, cutoff=0.6)
-    if not close:
-        return ""
-    return f" (did you mean {' or '.join(close)}?)"

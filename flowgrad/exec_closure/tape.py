@@ -147,7 +147,7 @@ class ClosureSession:
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
         g = self.graph
-        roots = list(g.outputs.values()) + ([g.loss] if g.loss is not None else [])
+        roots = g.roots()
         values, tape = self.executor.forward(feeds, self.params, roots)
         outputs = {name: values[i] for name, i in g.outputs.items()}
         loss = None if g.loss is None else values[g.loss]

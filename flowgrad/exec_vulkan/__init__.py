@@ -8,7 +8,7 @@ the per-op kernels the closure executor uses on a Vulkan device.
 """
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.recorder import BufView, Recorder, grid
-from flowgrad.exec_vulkan.runtime import (DeviceInfo, list_devices, list_devices_text, select_device,
+from flowgrad.exec_vulkan.runtime import (DeviceInfo, list_devices, select_device,
                                           validation_errors)
 
 
@@ -18,13 +18,17 @@ def __getattr__(name):
         from flowgrad.exec_vulkan.kernels import VulkanKernels
 
         return VulkanKernels
-    if name in ("GraphSession", "count_dispatches"):
-        from flowgrad.exec_vulkan import graph_session
+    if name == "GraphSession":
+        from flowgrad.exec_vulkan.graph_session import GraphSession
 
-        return getattr(graph_session, name)
+        return GraphSession
+    if name == "count_dispatches":
+        from flowgrad.exec_vulkan.program import count_dispatches
+
+        return count_dispatches
     raise AttributeError(name)
 
 
 __all__ = ["BufView", "DeviceError", "DeviceInfo", "GraphSession", "Recorder", "VulkanKernels", "count_dispatches",
            "grid",
-           "list_devices", "list_devices_text", "select_device", "validation_errors"]
+           "list_devices", "select_device", "validation_errors"]

@@ -33,6 +33,10 @@ def inject(**at: int):
         _seen.clear()
 
 
+def armed() -> bool:
+    return bool(_armed)
+
+
 def hit(event: str) -> bool:
     """Count one `event`; True when it is the one armed to fail."""
     if event not in _armed:

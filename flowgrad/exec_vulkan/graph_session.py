@@ -1,264 +1,28 @@
 """The graph executor: a whole training step in one recorded command buffer.
 
 Forward, backward and the optimizer update are recorded once (per mode:
-forward only, with gradients, with an optimizer) and the same command buffer
-is submitted every step. Params, consts, optimizer state, activations and
-gradients stay in device buffers laid out by the memory plan; the host writes
-the feeds into a staging buffer that the step's first commands copy in, and
-reads back only the outputs, the loss and the gradients it asked for.
-
-The executor never looks at op names: each node's work comes from its op's
-lowering, recorded inside a section labelled with the node, so profiling
-(`profile`) and dispatch counting (`count_dispatches`, no device) see the
-same commands."""
+forward only, with gradients, with an optimizer; see program.py) and the same
+command buffer is submitted every step. Params, consts, optimizer state,
+activations and gradients stay in device buffers laid out by the memory plan;
+the host writes the feeds into a staging buffer that the step's first
+commands copy in, and reads back only the outputs, the loss and the gradients
+it asked for. GraphSession holds the resident leaves (params, consts,
+optimizer state) and the programs, and answers the session API."""
 from __future__ import annotations
 
-import contextlib
 import statistics
-import time
-import weakref
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import DeviceError, FlowError
+from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
-from flowgrad.exec_vulkan.recorder import (ALIGN, NUMPY, BufView, FakeBuffer, Recorder, align_up, count_barriers,
-                                           encode, grid, read_timestamps)
+from flowgrad.exec_vulkan.program import StepProgram
+from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.graph import Graph
 from flowgrad.ops import get_op
-from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory
-
-
-def accumulate(rec, dst: BufView, src: BufView) -> None:
-    """dst += src (same shape and dtype)."""
-    rec.dispatch("accumulate", [dst, src], push=[dst.size], groups=grid(dst.size),
-                 variant="f16" if dst.dtype == "f16" else None)
-
-
-class StepIO:
-    """Where the host's data enters and leaves one step: regions of an upload
-    and a download staging buffer, and the device views they are copied to
-    and from."""
-
-    def __init__(self):
-        self.uploads: list[tuple[str, BufView, BufView]] = []     # (name, staging, device)
-        self.downloads: list[tuple[str, BufView, BufView]] = []   # (name, device, staging)
-        self.up_bytes = 0
-        self.down_bytes = 0
-
-    def upload_region(self, staging, shape, dtype) -> BufView:
-        view = BufView(staging, self.up_bytes, shape, dtype)
-        self.up_bytes = align_up(self.up_bytes + max(view.nbytes, 1), ALIGN)
-        return view
-
-    def download_region(self, staging, shape, dtype) -> BufView:
-        view = BufView(staging, self.down_bytes, shape, dtype)
-        self.down_bytes = align_up(self.down_bytes + max(view.nbytes, 1), ALIGN)
-        return view
-
-
-def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None) -> None:
-    """Record one step: feeds in, forward, backward (with gradient
-    accumulation), read-backs, then the optimizer update."""
-    with rec.section("feeds", "transfer"):
-        for _name, staging, device_view in io.uploads:
-            rec.copy(staging, device_view)
-    nodes = graph.nodes
-    for step in mem.schedule:
-        if step.kind == "optimizer":
-            continue
-        node = nodes[step.node]
-        low = get_op(node.op).lowering
-        ins = [view(("val", i)) for i in node.inputs]
-        out = view(("val", node.id))
-        if step.kind == "forward":
-            with rec.section(node.label, "forward"), _lowering_errors(node, "forward"):
-                low.forward(rec, node, ins, out)
-            continue
-        writes = mem.grad_writes[node.id]
-        grads = [None] * len(node.inputs)
-        for w in writes:
-            grads[w.pos] = view(w.key)
-        with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
-            low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
-            for w in writes:
-                if w.accumulate_into is not None:
-                    accumulate(rec, view(w.accumulate_into), view(w.key))
-    with rec.section("read-back", "transfer"):
-        for _name, device_view, staging in io.downloads:
-            rec.copy(device_view, staging)
-    if optimizer_record is not None:
-        with rec.section("optimizer", "optimizer"):
-            optimizer_record(rec)
-
-
-@contextlib.contextmanager
-def _lowering_errors(node, direction):
-    """A lowering that rejects its node (ValueError) becomes a FlowError at the node's source line."""
-    try:
-        yield
-    except ValueError as e:
-        raise FlowError(f"{node.label} = {node.op}(...): the Vulkan {direction} lowering cannot run it: {e}",
-                        node.span, hint="compile with backward='closures' to run it on closures") from e
-
-
-class _Layout:
-    """The buffers and I/O of one step program, over real or fake buffers."""
-
-    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging):
-        self.graph, self.mem = graph, mem
-        self.buffers = []
-        for pb in mem.buffers:
-            if pb.kind in ("param", "const", "seed"):
-                self.buffers.append(leaf_buffer(pb))
-            else:
-                self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
-        self.io = StepIO()
-        up, down = staging
-        for name, i in graph.inputs.items():
-            if ("val", i) in mem.slots:
-                node = graph.nodes[i]
-                self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
-        self.hyper = None
-        self.zero_grads: dict[str, BufView] = {}
-        if optimizer is not None and hasattr(optimizer, "record"):
-            h = np.asarray(optimizer.hyper(1), np.float32)
-            self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
-            self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
-        for name, i in graph.outputs.items():
-            self._download(name, ("val", i), down)
-        if graph.loss is not None and ("val", graph.loss) in mem.slots:
-            self._download("@loss", ("val", graph.loss), down)
-        if want_grads:
-            for name, i in graph.params.items():
-                if ("grad", i) in mem.slots:
-                    self._download(f"@grad:{name}", ("grad", i), down)
-            if grad_inputs:
-                for name, i in graph.inputs.items():
-                    if ("grad", i) in mem.slots:
-                        self._download(f"@grad:{name}", ("grad", i), down)
-
-    def _download(self, name, key, staging):
-        src = self.view(key)
-        self.io.downloads.append((name, src, self.io.download_region(staging, src.shape, src.dtype)))
-
-    def view(self, key) -> BufView:
-        s = self.mem.slots[key]
-        return BufView(self.buffers[s.buffer], s.offset, s.shape, s.dtype)
-
-    def param_grads(self, make_buffer) -> dict[str, BufView]:
-        """Each param's gradient view; a param the loss does not reach gets a zeroed buffer."""
-        out = {}
-        for name, i in self.graph.params.items():
-            if ("grad", i) in self.mem.slots:
-                out[name] = self.view(("grad", i))
-            else:
-                node = self.graph.nodes[i]
-                if name not in self.zero_grads:
-                    self.zero_grads[name] = BufView(make_buffer(node.type.nbytes, f"zero-grad:{name}"), 0,
-                                                    node.shape, node.dtype)
-                out[name] = self.zero_grads[name]
-        return out
-
-
-class _Program:
-    """One recorded step (for one mode) and the device objects it owns."""
-
-    def __init__(self, sess: GraphSession, want_grads: bool, grad_inputs: bool, optimizer):
-        device, graph = sess.device, sess.graph
-        self.device = device
-        self.optimizer = optimizer
-        backward = want_grads or optimizer is not None
-        self.mem = plan_memory(graph, sess.plan, backward=backward, grad_inputs=grad_inputs)
-        sess.check_backward(self.mem)
-        owned = []
-
-        def make_buffer(nbytes, _name):
-            buf = device.buffer(nbytes, "device")
-            owned.append(buf)
-            return buf
-
-        up, down = _LazyStaging(device, "upload"), _LazyStaging(device, "download")
-        self.layout = _Layout(graph, self.mem, make_buffer, sess.leaf_buffer, want_grads, grad_inputs,
-                              optimizer, (up, down))
-        self.owned = owned
-        opt_record = None
-        if optimizer is not None and hasattr(optimizer, "record"):
-            grads = self.layout.param_grads(make_buffer)
-            state = sess.optimizer_state_views(optimizer)
-            params = {name: sess.param_view(name) for name in graph.params}
-            hyper = self.layout.hyper
-            zero = dict(self.layout.zero_grads)
-
-            def opt_record(rec):
-                for v in zero.values():
-                    rec.fill(v, 0)
-                optimizer.record(rec, params, grads, state, hyper)
-        self.rec = Recorder(device)
-        record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record)
-        self.dispatches = self.rec.counts()["dispatches"]
-        self.staging_up = up.materialize(self.layout.io.up_bytes)
-        self.staging_down = down.materialize(self.layout.io.down_bytes)
-        self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
-        self.rec.arena.materialize(device)
-        self.cmd = device.command_buffer()
-        self.enc = encode(device, self.cmd, self.rec.commands)
-        self._finalizer = weakref.finalize(self, _free_program, device, self.cmd, self.enc, owned, self.rec.arena)
-        self._finalizer.atexit = False
-
-    def write_inputs(self, feeds: dict, hyper) -> None:
-        for name, staging, _dev in self.layout.io.uploads:
-            data = hyper if name == "@hyper" else feeds[name]
-            if tuple(np.shape(data)) != staging.shape:
-                what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
-                raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
-                                f"{list(staging.shape)}")
-            self.staging_up.write(np.ascontiguousarray(data, dtype=NUMPY[staging.dtype]), staging.offset)
-
-    def read_outputs(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, _dev, staging in self.layout.io.downloads:
-            raw = self.staging_down.read(staging.offset, staging.nbytes)
-            out[name] = raw.view(NUMPY[staging.dtype]).reshape(staging.shape).copy()
-        return out
-
-    def run(self, feeds, hyper=None) -> dict[str, np.ndarray]:
-        stats = self.device.stats
-        stats["dispatches"] += self.dispatches
-        stats["uploads"] += len(self.layout.io.uploads)
-        stats["downloads"] += len(self.layout.io.downloads)
-        self.write_inputs(feeds, hyper)
-        self.device.submit_and_wait(self.cmd, "running a graph step")
-        return self.read_outputs()
-
-    def free(self) -> None:
-        self._finalizer()
-
-
-def _free_program(device, cmd, enc, owned, arena):
-    if device.handle is None:
-        return
-    device.free_command_buffer(cmd)
-    enc.free()
-    for buf in owned:
-        buf.free()
-    arena.free()
-
-
-class _LazyStaging:
-    """A staging buffer whose size is known only after the layout is built."""
-
-    def __init__(self, device, kind):
-        self.device, self.kind, self.buffer = device, kind, None
-
-    def materialize(self, nbytes):
-        if nbytes:
-            self.buffer = self.device.buffer(nbytes, self.kind)
-        return self.buffer
-
-    @property
-    def handle(self):
-        return self.buffer.handle
+from flowgrad.planner.memory import MemoryPlan
 
 
 class GraphSession:
@@ -273,7 +37,7 @@ class GraphSession:
         if plan is not None and plan.path != "graph":
             raise FlowError(f"GraphSession given a plan that chose {plan.last_path}")
         self.graph, self.plan, self.device = graph, plan, device
-        self.programs: dict[tuple, _Program] = {}
+        self.programs: dict[tuple, StepProgram] = {}
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`
         self.opt_step = 0
@@ -328,7 +92,7 @@ class GraphSession:
                     bufs[pname] = {}
                     for k, arr in entries.items():
                         arr = np.ascontiguousarray(arr).reshape(np.shape(arr))
-                        dtype = "f16" if arr.dtype == np.float16 else "i32" if arr.dtype.kind in "iu" else "f32"
+                        dtype = dtype_of(arr, narrow=True)
                         buf = self.device.buffer(max(arr.nbytes, 4), "device")
                         view = BufView(buf, 0, arr.shape, dtype)
                         s.write(view, arr)
@@ -349,12 +113,12 @@ class GraphSession:
 
     # -- the step
 
-    def _program(self, want_grads, grad_inputs, optimizer) -> _Program:
+    def _program(self, want_grads, grad_inputs, optimizer) -> StepProgram:
         on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
         key = (bool(want_grads or (optimizer is not None and on_device is None)), bool(grad_inputs),
                None if on_device is None else id(on_device))
         if key not in self.programs:
-            self.programs[key] = _Program(self, key[0], key[1], on_device)
+            self.programs[key] = StepProgram(self, key[0], key[1], on_device)
         return self.programs[key]
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
@@ -461,50 +225,12 @@ class GraphSession:
         prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
         if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
-            runs = self._profile_timestamps(prog, feeds, hyper, steps)
+            runs = profile.by_timestamps(self.device, prog, feeds, hyper, steps)
         else:
-            runs = self._profile_wall(prog, feeds, hyper, steps)
+            runs = profile.by_wall_clock(self.device, prog, feeds, hyper, steps)
         return [(label[0], label[1], statistics.median(times)) for label, times in runs]
 
-    def _profile_timestamps(self, prog, feeds, hyper, steps):
-        cmd = self.device.command_buffer()
-        try:
-            enc = encode(self.device, cmd, prog.rec.commands, timestamps=True)
-            try:
-                runs = [(label, []) for label in enc.query_labels]
-                for _ in range(steps):
-                    prog.write_inputs(feeds, hyper)
-                    self.device.submit_and_wait(cmd, "profiling a graph step")
-                    for (label, times), (_l, seconds) in zip(runs, read_timestamps(self.device, enc)):
-                        times.append(seconds)
-            finally:
-                enc.free()
-        finally:
-            self.device.free_command_buffer(cmd)
-        return runs
 
-    def _profile_wall(self, prog, feeds, hyper, steps):
-        groups: list[tuple] = []
-        for c in prog.rec.commands:
-            if not groups or groups[-1][0] != c.label:
-                groups.append((c.label, []))
-            groups[-1][1].append(c)
-        runs = [(label, []) for label, _ in groups]
-        for _ in range(steps):
-            prog.write_inputs(feeds, hyper)
-            for (label, cmds), (_l, times) in zip(groups, runs):
-                cmd = self.device.command_buffer()
-                try:
-                    enc = encode(self.device, cmd, cmds)
-                    try:
-                        t0 = time.perf_counter()
-                        self.device.submit_and_wait(cmd, "profiling a graph step")
-                        times.append(time.perf_counter() - t0)
-                    finally:
-                        enc.free()
-                finally:
-                    self.device.free_command_buffer(cmd)
-        return runs
 
     def close(self) -> None:
         for prog in self.programs.values():
@@ -519,59 +245,3 @@ class GraphSession:
                     view.buffer.free()
         self.opt_state.clear()
 
-
-def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True) -> dict:
-    """What one graph-path step records, counted by a dry run (no device):
-    dispatches per direction, host transfers in and out, and barriers."""
-    backward = graph.loss is not None and (grads or optimizer is not None)
-    mem = plan_memory(graph, plan, backward=backward)
-    leaf = {}
-
-    def make_buffer(nbytes, name):
-        return FakeBuffer(nbytes, name)
-
-    def leaf_buffer(pb):
-        (key,) = pb.values
-        return leaf.setdefault(key, FakeBuffer(pb.nbytes, str(key)))
-
-    on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
-    layout = _Layout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                     (FakeBuffer(0, "upload"), FakeBuffer(0, "download")))
-    opt_record = None
-    if on_device is not None:
-        params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
-                  for name, i in graph.params.items()}
-        zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
-        state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
-                                "f16" if np.asarray(a).dtype == np.float16 else "f32")
-                     for k, a in entries.items()} for p, entries in on_device.init_state(zeros).items()}
-        grads_views = layout.param_grads(make_buffer)
-
-        def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper)
-    rec = Recorder(None)
-    record_step(rec, graph, mem, layout.view, layout.io, opt_record)
-    counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
-              "fills": 0, "copies": 0}
-    for c in rec.commands:
-        direction = c.label[1] if c.label else "other"
-        kind = type(c).__name__
-        if kind == "Dispatch":
-            counts[direction] = counts.get(direction, 0) + 1
-        elif direction == "transfer":
-            counts["transfers_in" if c.label[0] == "feeds" else "transfers_out"] += 1
-        else:
-            counts["fills" if kind == "Fill" else "copies"] += 1
-    counts["dispatches"] = counts["forward"] + counts["backward"] + counts["optimizer"]
-    counts["barriers"] = count_barriers(rec.commands)
-    counts["submits"] = 1
-    counts["scratch_bytes"] = rec.arena.high
-    return counts
-
-
-def _pb_for(mem, key):
-    s = mem.slots[key]
-    return mem.buffers[s.buffer]
-
-
-__all__ = ["GraphSession", "count_dispatches", "record_step", "accumulate", "backward_nodes"]

@@ -12,10 +12,10 @@ import attrs
 import numpy as np
 
 from flowgrad.exec_closure import NumpyKernels
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import Node, TensorType
-from flowgrad.exec_vulkan.oneshot import OneShot, _dtype_name
+from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.ops import get_op
 
 _PROMOTE = {"f16": "f32"}
@@ -40,7 +40,7 @@ class VulkanKernels:
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
         low = get_op(node.op).lowering
-        dtypes = [_dtype_name(x) for x in ins]
+        dtypes = [dtype_of(x, narrow=True) for x in ins]
         promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
         if promote is None:
             self.on_numpy.add(node.op)
@@ -59,7 +59,7 @@ class VulkanKernels:
     def vjp(self, node: Node, g, ins, out) -> list:
         op = get_op(node.op)
         low = op.lowering
-        dtypes = [_dtype_name(x) for x in ins]
+        dtypes = [dtype_of(x, narrow=True) for x in ins]
         floats = {d for d in dtypes if d != "i32"}
         promote = None
         if low is not None and low.backward is not None:

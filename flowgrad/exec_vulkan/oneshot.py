@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
-from flowgrad.exec_vulkan.recorder import BufView, Recorder, encode
+from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY, dtype_of
+from flowgrad.exec_vulkan.encoder import encode
+from flowgrad.exec_vulkan.recorder import BufView, Recorder
 
 
 class OneShot:
@@ -41,7 +42,7 @@ class OneShot:
 
     def upload(self, array, dtype: str | None = None) -> BufView:
         """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
-        dtype = dtype or _dtype_name(array)
+        dtype = dtype or dtype_of(np.asarray(array), narrow=True)
         # reshape: ascontiguousarray turns a 0-d array into shape (1,)
         data = np.ascontiguousarray(array, dtype=NUMPY[dtype]).reshape(np.shape(array))
         view = self.empty(data.shape, dtype)
@@ -96,15 +97,6 @@ class OneShot:
             self.device.pool.release(buf)
         self._pooled.clear()
         self.rec.arena.free()
-
-
-def _dtype_name(array) -> str:
-    kind = np.asarray(array).dtype
-    if kind == np.float16:
-        return "f16"
-    if np.issubdtype(kind, np.integer):
-        return "i32"
-    return "f32"
 
 
 __all__ = ["OneShot", "ITEMSIZE"]

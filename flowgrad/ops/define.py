@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import DTYPES
-from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, register
-
-_TYPE_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a string",
-               list: "a list", tuple: None, type(None): "None", "dtype": "a dtype (f32, f16, i32)"}
+from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, complete_attrs, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
@@ -69,33 +65,7 @@ class _Signature:
             raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
 
     def complete(self, attrs):
-        unknown = sorted(set(attrs) - set(self.attrs))
-        if unknown:
-            raise OpTypeError(f"unknown attribute {unknown[0]!r} (accepts: {', '.join(self.attrs) or 'none'})")
-        full = self.defaults | attrs
-        for arg in self.attrs.values():
-            if arg.name not in full:
-                raise OpTypeError(f"missing required attribute {arg.name!r}")
-            _check_type(arg, full[arg.name])
-        return full
-
-
-def _check_type(arg: Arg, value) -> None:
-    if not arg.types or any(_is(value, t, arg.types) for t in arg.types):
-        return
-    names = [n for n in (_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in arg.types) if n]
-    shown = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-    raise OpTypeError(f"attribute {arg.name}={value!r} must be {shown}")
-
-
-def _is(value, t, accepted) -> bool:
-    if t == "dtype":
-        return isinstance(value, str) and value in DTYPES
-    if isinstance(value, bool) and bool not in accepted:
-        return False  # True is an int to Python, never to a user
-    if t is float and isinstance(value, int):
-        return True
-    return isinstance(value, t)
+        return complete_attrs(self.attrs.values(), attrs)
 
 
 def _own(a, others) -> np.ndarray:

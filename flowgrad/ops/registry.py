@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import attrs
 
-REQUIRED = "<required>"
+from flowgrad.binder import NO, REQUIRED, accept, type_words
 
 
 class OpTypeError(Exception):
@@ -72,6 +72,29 @@ class Op:
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None
     doc: str = ""
+
+    def with_defaults(self, attrs) -> dict:
+        """attrs completed with the signature's defaults and checked (the IR
+        stores every node's attrs complete); OpTypeError when one is wrong."""
+        return complete_attrs(self.args, attrs or {})
+
+
+def complete_attrs(args, attrs) -> dict:
+    """attrs completed with the defaults of `args`, each checked against its
+    Arg's types; OpTypeError names an unknown, missing or mistyped one."""
+    known = {a.name: a for a in args if a.kind == "attr"}
+    unknown = sorted(set(attrs) - set(known))
+    if unknown:
+        raise OpTypeError(f"unknown attribute {unknown[0]!r} (accepts: {', '.join(known) or 'none'})")
+    full = {}
+    for name, arg in known.items():
+        value = attrs.get(name, arg.default)
+        if value is REQUIRED:
+            raise OpTypeError(f"missing required attribute {name!r}")
+        if arg.types and accept(arg.types, value) is NO:
+            raise OpTypeError(f"attribute {name}={value!r} must be {type_words(arg.types)}")
+        full[name] = value
+    return full
 
 
 OPS: dict[str, Op] = {}

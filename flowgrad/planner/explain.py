@@ -1,6 +1,8 @@
 """`explain`: the plan a session carries out, and why, like a database's EXPLAIN.
 
-The JSON form (`to_dict`) is the source of truth; the text form renders it.
+The JSON form (`to_dict`) is the source of truth; the text form renders it,
+its node table with the graph's own printer (one line per node, as
+`str(graph)` prints it) and each node's verdict.
 Its schema is docs/explain.schema.json, described in docs/explain.md; the
 top-level "version" changes only on breaking changes."""
 from __future__ import annotations
@@ -9,10 +11,9 @@ import statistics
 import time
 
 import attrs
-import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
-from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.feeds import random_feeds
+from flowgrad.graph import LEAF_OPS, Graph, Node, format_node
 from flowgrad.planner.plan import Plan, Refusal
 
 EXPLAIN_VERSION = 1
@@ -21,12 +22,13 @@ EXPLAIN_VERSION = 1
 @attrs.define
 class Explain:
     data: dict
+    graph: Graph
 
     def to_dict(self) -> dict:
         return self.data
 
     def text(self) -> str:
-        return render_text(self.data)
+        return render_text(self.data, self.graph)
 
     def __str__(self) -> str:
         return self.text()
@@ -54,12 +56,12 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         },
         "refusals": [refusal_dict(r) for r in plan.refusals],
         "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
-        "saved_for_backward": saved_dict(graph),
+        "saved_for_backward": saved_dict(plan),
         "graph_plan": graph_plan_dict(graph, plan),
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
-    return Explain(data)
+    return Explain(data, graph)
 
 
 def device_dict(info) -> dict:
@@ -108,12 +110,10 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
     }
 
 
-def saved_dict(graph: Graph) -> dict:
+def saved_dict(plan: Plan) -> dict:
     """What the backward keeps from the forward (each backward node's VJP reads
     its inputs and output); params and consts are resident anyway."""
-    from flowgrad.planner.memory import plan_memory
-
-    saved = plan_memory(graph).saved
+    saved = plan.memory.saved
     return {
         "bytes": sum(s.nbytes for s in saved),
         "tensors": [{"name": s.node.label, "op": s.node.op, "shape": list(s.shape), "dtype": s.dtype,
@@ -125,7 +125,6 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
     """Dispatches and memory of the graph path, planned without a device.
     Nodes that have no lowering can't be counted: they are listed as refused."""
     from flowgrad.exec_vulkan import count_dispatches
-    from flowgrad.planner.memory import plan_memory
 
     uncountable = [r.node.label for r in plan.refusals if r.node is not None and r.code in
                    ("no-op-record", "no-lowering")]
@@ -134,7 +133,7 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
         out.update(dispatches=None, submits=None, transfers_in=None, transfers_out=None, memory=None)
         return out
     counts = count_dispatches(graph, plan)
-    mem = plan_memory(graph, plan)
+    mem = plan.memory
     out.update(
         submits=1,
         dispatches=counts["forward"] + counts["backward"],
@@ -151,8 +150,7 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
 def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     """One kernel call per op forward and per backward node; on a Vulkan
     device each is its own submit, uploading its inputs and reading back."""
-    roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
-    fwd = [n for n in graph.needed_for(roots) if n.op not in LEAF_OPS]
+    fwd = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
     bwd = [graph.nodes[i] for i in sorted(plan.grad_nodes)]
     on_device = plan.device is not None
     calls = len(fwd) + len(bwd)
@@ -168,19 +166,8 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     }
 
 
-def synthetic_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds for --analyze: floats N(0, 1); integers 0, valid for any index op."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name, i in graph.inputs.items():
-        t = graph.nodes[i].type
-        value = np.zeros(t.shape) if t.dtype == "i32" else rng.standard_normal(t.shape)
-        feeds[name] = value.astype(NUMPY_DTYPE[t.dtype])
-    return feeds
-
-
 def run_analyze(sess, steps: int) -> dict:
-    feeds = synthetic_feeds(sess.graph)
+    feeds = random_feeds(sess.graph)
     grads = sess.graph.loss is not None
     sess.step(feeds, grads=grads)  # warm-up: pipelines built, command buffer recorded
     step_times = []
@@ -203,7 +190,7 @@ def run_analyze(sess, steps: int) -> dict:
 
 # ---------------------------------------------------------------- text form
 
-def render_text(d: dict) -> str:
+def render_text(d: dict, graph: Graph) -> str:
     c = d["counts"]
     dev = d["device"]["name"]
     if d["path"] == "graph":
@@ -215,7 +202,7 @@ def render_text(d: dict) -> str:
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]
-    lines += ["nodes", *render_nodes(d), ""]
+    lines += ["nodes", *render_nodes(d, graph), ""]
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
     return "\n".join(lines).rstrip() + "\n"
@@ -277,21 +264,13 @@ def render_plans(d: dict) -> list[str]:
     return out
 
 
-def render_nodes(d: dict) -> list[str]:
-    width = max(len(f"{n['dtype']}[{','.join(map(str, n['shape']))}]") for n in d["nodes"])
+def render_nodes(d: dict, graph: Graph) -> list[str]:
+    printed = [format_node(node) for node in graph.nodes]
+    width = max(map(len, printed), default=0)
     lines = []
-    for n in d["nodes"]:
-        ty = f"{n['dtype']}[{','.join(map(str, n['shape']))}]"
-        if n["op"] in LEAF_OPS:
-            rhs = f"{n['op']} {n['name']}"
-        else:
-            rhs = f"{n['op']} {' '.join(n['inputs'])}"
-            if not n["name"].startswith("%"):
-                rhs = f"{n['name']} = {rhs}"
-        line = f"  {'%' + str(n['id']):<5}: {ty:<{width}} = {rhs}"
-        where = f":{n['where']['line']}" if n["where"] else ""
+    for text, n in zip(printed, d["nodes"]):
         verdict = "" if n["verdict"] in LEAF_OPS else n["verdict"] + (" +bwd" if n["backward"] else "")
-        lines.append(f"{line:<64} {where:<6} {verdict}".rstrip())
+        lines.append(f"  {text:<{width}}  {verdict}".rstrip())
     return lines
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowgrad.exec_vulkan.limits import ALIGN, align_up
+from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.graph import LEAF_OPS, Graph
 
 
@@ -132,12 +132,11 @@ def backward_nodes(graph: Graph, grad_inputs: bool = False) -> tuple[frozenset, 
     return nodes, {n: diff_pos[n] for n in nodes}
 
 
-def plan_memory(graph: Graph, plan=None, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
+def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
     """The memory plan of one step; backward=False plans a forward-only step.
-    `plan` (the planner's Plan) is accepted for symmetry with the executors;
-    the backward set is derived from the graph exactly as the planner's."""
-    roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
-    forward = [n for n in graph.needed_for(roots) if n.op not in LEAF_OPS]
+    The backward set is derived from the graph exactly as the planner's. The
+    training step's plan is made once, by the planner: use Plan.memory_for."""
+    forward = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
     bwd, positions = (backward_nodes(graph, grad_inputs) if backward and graph.loss is not None
                       else (frozenset(), {}))
     schedule = [Step("forward", n.id) for n in forward]
@@ -176,7 +175,7 @@ class _Planner:
     def run(self) -> MemoryPlan:
         g = self.graph
         nodes = g.nodes
-        roots = set(g.outputs.values()) | ({g.loss} if g.loss is not None else set())
+        roots = set(g.roots())
         leaves = {n.id for n in g.needed_for(list(roots)) if n.op in LEAF_OPS}
         for i in sorted(leaves | set(g.params.values())):
             kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]

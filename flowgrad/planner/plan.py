@@ -10,6 +10,7 @@ import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.ops import OPS
+from flowgrad.planner.memory import MemoryPlan, plan_memory
 
 
 @attrs.frozen
@@ -40,24 +41,24 @@ class Plan:
     device: object | None      # exec_vulkan DeviceInfo, or None for numpy
     dtype: str
     grad_nodes: frozenset      # ids of nodes the backward runs through
+    memory: MemoryPlan         # the training step's (forward + backward) memory plan
     reason: str = ""           # why this path, one line
 
     @property
     def last_path(self) -> str:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
 
+    def memory_for(self, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
+        """The memory plan of one kind of step: the training step's is the one
+        made with the plan; a forward-only step, or one that also
+        differentiates the inputs, is planned on demand."""
+        if (backward or self.graph.loss is None) and not grad_inputs:
+            return self.memory
+        return plan_memory(self.graph, backward=backward, grad_inputs=grad_inputs)
 
-def grad_nodes(graph: Graph) -> frozenset:
-    """Nodes whose backward runs: on a differentiable path from a param to the loss."""
-    from flowgrad.planner.memory import backward_nodes
 
-    return backward_nodes(graph)[0]
-
-
-def memory_refusal(graph: Graph, device) -> list[Refusal]:
-    from flowgrad.planner.memory import plan_memory
-
-    need = plan_memory(graph).total_bytes
+def memory_refusal(memory: MemoryPlan, device) -> list[Refusal]:
+    need = memory.total_bytes
     if need <= device.memory:
         return []
     return [Refusal("memory", f"the graph path needs {need} bytes of device memory; "
@@ -164,13 +165,14 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU."""
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
-    bwd = grad_nodes(graph)
+    memory = plan_memory(graph)
+    bwd = memory.backward_nodes  # on a differentiable path from a param to the loss
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "no Vulkan device: the session runs on numpy (CPU)",
                                 "compile with device='vulkan' (or --device vulkan) to use the graph path"))
     else:
-        refusals += memory_refusal(graph, device)
+        refusals += memory_refusal(memory, device)
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
@@ -185,4 +187,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, reason)
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.graph import Graph
@@ -283,7 +284,7 @@ def digits(test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
     return ArrayData.split(d.data / 16.0, d.target, frac, seed, "digits()", span)
 
 
-def npz(path=spec.REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test=None, *, seed=0, span=None,
+def npz(path=REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test=None, *, seed=0, span=None,
         base_dir=None) -> ArrayData:
     what = "data npz()"
     path = spec.string(what, "path", path, span)
@@ -302,7 +303,7 @@ def npz(path=spec.REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test
             spec.string(what, arg, key, span)
             if key not in arrays:
                 raise FlowError(f"{what}: {str(full)!r} has no array {key!r} (it has: {', '.join(arrays)})", span,
-                                hint=spec.did_you_mean(key, arrays))
+                                hint=did_you_mean(key, arrays))
     if (x_test is None) != (y_test is None):
         raise FlowError(f"{what}: give both x_test and y_test, or neither", span)
     for arg in ("y", "y_test"):
@@ -333,10 +334,10 @@ def make_data(value, span=None, seed: int = 0, base_dir=None) -> Dataset:
     if parts is None or parts[0] not in SOURCES:
         name = parts[0] if parts else spec.show(value)
         raise FlowError(f"unknown data source {name} (one of: {', '.join(SOURCES)})", span,
-                        hint=spec.did_you_mean(str(name), SOURCES))
+                        hint=did_you_mean(str(name), SOURCES))
     name, args, kwargs = parts
     fn = SOURCES[name]
-    params = {p.name: (spec.REQUIRED if p.default is spec.REQUIRED else p.default)
+    params = {p.name: p.default
               for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD}
     bound = spec.bind("data source", name, args, kwargs, params, span)
     return fn(**bound, seed=seed, span=span, base_dir=base_dir)

@@ -1,29 +1,18 @@
-"""The training loop: `fg.train(model, ...)` and `flowgrad train FILE`.
+"""The training loop: `fg.train(model, ...)`.
 
-Reads the model's `train { ... }` section:
-
-    data = digits(test_fraction=0.2)     a source from flowgrad.training.data (required)
-    optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
-    steps = 400                          (required; --steps overrides)
-    eval_every = 50                      default steps // 10
-    checkpoint_every = 100               default eval_every
-    seed = 0                             param init and data order; default config `seed`, else 0
-    schedule = cosine, warmup = 20, clip = 1.0, min_lr = 0
-                                         optimizer arguments, also accepted on their own lines
-
-Writes to the output directory: checkpoint.safetensors (atomically, every
-checkpoint_every steps, at the end, and on Ctrl-C), metrics.jsonl (a header
-line with "version", then one line per step; eval steps add test_* metrics)
-and loss.png. A resumed run gives the same result as an uninterrupted one: the
-batch of step s depends only on (seed, s), and the checkpoint holds the params
-and the optimizer state exactly."""
+The model's train section (flowgrad.training.section) gives the data, the
+optimizer and the step counts; arguments override it. Writes to the output
+directory: checkpoint.safetensors (atomically, every checkpoint_every steps,
+at the end, and on Ctrl-C), metrics.jsonl and loss.png (flowgrad.training.outputs).
+A resumed run gives the same result as an uninterrupted one: the batch of step
+s depends only on (seed, s), and the checkpoint holds the params and the
+optimizer state exactly."""
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,25 +20,11 @@ from pathlib import Path
 import attrs
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import Graph
-from flowgrad.training import checkpoint, spec
-from flowgrad.training.data import Dataset, make_data
-from flowgrad.training.optim import Optimizer, make_optimizer
-
-TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed",
-              "schedule", "warmup", "clip", "min_lr")
-OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
-METRICS_VERSION = 1
-
-
-@attrs.define
-class TrainSetup:
-    data: Dataset
-    optimizer: Optimizer
-    steps: int
-    eval_every: int
-    checkpoint_every: int
-    seed: int
+from flowgrad.training import checkpoint
+from flowgrad.training.data import Dataset
+from flowgrad.training.optim import Optimizer
+from flowgrad.training.outputs import MetricsLog, plot, writing
+from flowgrad.training.section import TrainSetup, setup
 
 
 @attrs.define
@@ -79,126 +54,6 @@ class TrainInterrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return self.message
-
-
-# -- the train section ---------------------------------------------------------
-
-def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
-    items = dict(graph.train.items) if graph.train is not None else {}
-    spans = dict(graph.train.spans) if graph.train is not None else {}
-    for key in items:
-        if key not in TRAIN_KEYS:
-            raise FlowError(f"unknown train setting {key!r}", spans.get(key),
-                            hint=spec.did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}")
-    where = spans.get  # the span of one setting, for messages
-
-    if seed is None:
-        seed = items.get("seed", graph.config.get("seed", 0))
-    seed = spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
-    if steps is None:
-        if "steps" not in items:
-            raise FlowError(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
-                            "(or pass --steps N)", _section_span(spans))
-        steps = items["steps"]
-    steps = spec.number("train", "steps", steps, where("steps"), low=1, integer=True)
-    eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
-                             where("eval_every"), low=1, integer=True)
-    checkpoint_every = spec.number("train", "checkpoint_every", items.get("checkpoint_every", eval_every),
-                                   where("checkpoint_every"), low=1, integer=True)
-
-    if data is None:
-        if "data" not in items:
-            raise FlowError(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
-                            "e.g. `data = digits()`", _section_span(spans))
-        data = make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent)
-    data.bind(graph, where("data"))
-
-    if optimizer is None:
-        extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
-        optimizer = make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps,
-                                   extra)
-    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed)
-
-
-def _section_span(spans):
-    return next(iter(spans.values()), None)
-
-
-# -- output files ------------------------------------------------------------------
-
-class MetricsLog:
-    """metrics.jsonl: a header line, then one JSON object per step."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def start(self, header: dict) -> None:
-        if self.path is not None:
-            with _writing(self.path):
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.path.write_text(json.dumps({"version": METRICS_VERSION, **header}, default=str) + "\n")
-
-    def resume(self, step: int, header: dict) -> list[dict]:
-        """Keep the records up to `step` (a run killed after its last
-        checkpoint wrote a few more) and return them."""
-        if self.path is None:
-            return []
-        kept = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a kill
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
-                    kept.append(rec)
-        lines = [json.dumps({"version": METRICS_VERSION, **header}, default=str)] + [json.dumps(r) for r in kept]
-        with _writing(self.path):
-            checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
-        return kept
-
-    def write(self, rec: dict) -> None:
-        if self.path is not None:
-            with _writing(self.path), self.path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-
-
-@contextlib.contextmanager
-def _writing(path: Path):
-    try:
-        yield
-    except OSError as e:
-        raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
-
-
-def plot(history: list[dict], path: Path, title: str, metric: str) -> bool:
-    """loss.png: training loss and the eval metric against the step. Uses
-    matplotlib's Agg canvas directly (no pyplot: no global backend change).
-    Returns False when matplotlib (an optional extra) is not installed."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        return False
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    steps = [r["step"] for r in history]
-    ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss", color="tab:blue")
-    if all(r["loss"] > 0 for r in history):
-        ax.set_yscale("log")
-    evals = [(r["step"], r[f"test_{metric}"]) for r in history if f"test_{metric}" in r]
-    if evals:
-        ax2 = ax.twinx()
-        ax2.plot(*zip(*evals), "o-", color="tab:orange", ms=3, label=f"test {metric}")
-        ax2.set_ylabel(f"test {metric}", color="tab:orange")
-        ax2.set_ylim(0, 1.02)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
 
 
 # -- Ctrl-C --------------------------------------------------------------------------
@@ -231,12 +86,21 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
           callback=None, check_finite: bool = False) -> TrainResult:
-    """Train `model` (a Model or a path to a .flow file) as its train section
-    says; arguments override it. `out`: directory for checkpoints, metrics and
-    the plot (None: write nothing). `callback(step, record)` runs after each
-    step. Ctrl-C saves a checkpoint and raises TrainInterrupted. check_finite:
-    stop at the first non-finite loss or gradient naming the node that made
-    it (the last checkpoint written before it is kept)."""
+    """Train `model` (a Model, a path to a .flow file, or a shipped model's
+    name such as "mlp") as its train section says; the arguments override it.
+
+    steps, seed, data, optimizer: override the train section's values.
+    device, dtype, backward: as for Model.compile.
+    out: directory for the checkpoint, metrics.jsonl and loss.png (None: write
+        nothing); resume=True continues the run saved there, overwrite=True
+        starts afresh over it.
+    progress: show a progress bar (None: only on a terminal).
+    callback(step, record): called after each step with its metrics record.
+    check_finite: stop at the first non-finite loss or gradient, naming the
+        node that produced it (the last checkpoint written before it is kept).
+
+    Returns a TrainResult. Ctrl-C finishes the current step, saves a
+    checkpoint and raises TrainInterrupted."""
     from flowgrad.api import Model, load
 
     if not isinstance(model, Model):
@@ -293,7 +157,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if step == start and not metrics:  # resumed a finished run: still report its metrics
         metrics = ts.data.evaluate(sess)
     if out is not None:
-        with _writing(out / "loss.png"):
+        with writing(out / "loss.png"):
             plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
     return TrainResult(sess, step, history[-1]["loss"] if history else None, metrics, ts.data.metric, seconds,
                        step - start, sess.last_path, history, out)
@@ -363,34 +227,3 @@ def _show(bar, rec, metrics, metric):
         post[metric] = f"{metrics[metric]:.2%}"
     bar.set_postfix(post, refresh=False)
     bar.update(1)
-
-
-def summary(result: TrainResult) -> str:
-    lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
-             f"({result.steps_per_second:.1f} steps/s)"]
-    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
-    rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
-    rows.append(("path", result.path))
-    if result.out is not None:
-        written = [p.name for p in (result.out / "metrics.jsonl", result.out / "loss.png") if p.exists()]
-        rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
-    width = max(len(k) for k, _ in rows) + 2
-    lines += [f"{k:<{width}}{v}" for k, v in rows]
-    return "\n".join(lines)
-
-
-def train_cli(args) -> int:
-    import flowgrad as fg
-    from flowgrad.cli import parse_sets
-
-    model = fg.load(args.file, parse_sets(args.set))
-    out = args.out if args.out is not None else str(Path("runs") / model.name)
-    try:
-        result = train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                       out=out, resume=args.resume, overwrite=getattr(args, "overwrite", False),
-                       check_finite=getattr(args, "check_finite", False))
-    except TrainInterrupted as e:
-        print(f"\n{e}", file=sys.stderr)
-        return 130
-    print(summary(result))
-    return 0

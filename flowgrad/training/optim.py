@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.schedules import SCHEDULES, Schedule
@@ -233,7 +234,7 @@ def make_optimizer(value, span=None, total_steps: int = 0, extra: dict | None = 
     cls = OPTIMIZERS.get(name)
     if cls is None:
         raise FlowError(f"unknown optimizer {name!r} (one of: {', '.join(OPTIMIZERS)})", span,
-                        hint=spec.did_you_mean(name, OPTIMIZERS))
+                        hint=did_you_mean(name, OPTIMIZERS))
     for key, (val, key_span) in (extra or {}).items():
         if key in kwargs:
             raise FlowError(f"{key} is given both in the optimizer call and on its own line", key_span)

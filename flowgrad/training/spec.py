@@ -6,12 +6,10 @@ calls; this module turns one into a name and keyword arguments checked against
 the callee's signature, with every error a FlowError at the value's span."""
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from flowgrad.binder import BindError, Signature, did_you_mean
 from flowgrad.errors import FlowError
-
-REQUIRED = object()
 
 
 def call_parts(value) -> tuple[str, tuple, dict] | None:
@@ -44,36 +42,25 @@ def show(value) -> str:
     return repr(value)
 
 
-def did_you_mean(name: str, choices) -> str | None:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f"did you mean {close[0]!r}?" if close else None
-
-
 def bind(what: str, name: str, args: tuple, kwargs: dict, params: dict[str, Any], span=None,
          positional: int | None = None) -> dict:
     """Bind positional and keyword args to `params` (name -> default, or
-    REQUIRED), in order; only the first `positional` params (default: all)
+    binder.REQUIRED), in order; only the first `positional` params (default: all)
     may be given by position. `what` names the callee kind for messages
     ("optimizer", "data source")."""
     names = list(params)
-    limit = len(names) if positional is None else positional
-    if len(args) > limit:
-        raise FlowError(f"{what} {name}() takes at most {limit} positional argument(s), got {len(args)}",
-                        span, hint=f"{name}({', '.join(names)})")
-    out = dict(zip(names, args))
-    for key, value in kwargs.items():
-        if key not in params:
-            raise FlowError(f"{what} {name}() has no argument {key!r}", span,
-                            hint=did_you_mean(key, names) or f"it takes: {', '.join(names)}")
-        if key in out:
-            raise FlowError(f"{what} {name}() got argument {key!r} twice", span)
-        out[key] = value
-    for key, default in params.items():
-        if key not in out:
-            if default is REQUIRED:
-                raise FlowError(f"{what} {name}() needs argument {key!r}", span)
-            out[key] = default
-    return out
+    try:
+        return Signature(params.items(), positional).bind(args, kwargs)
+    except BindError as err:
+        if err.kind == "too-many":
+            raise FlowError(f"{what} {name}() takes at most {err.limit} positional argument(s), got {len(args)}",
+                            span, hint=f"{name}({', '.join(names)})") from None
+        if err.kind == "unknown":
+            raise FlowError(f"{what} {name}() has no argument {err.name!r}", span,
+                            hint=did_you_mean(err.name, names) or f"it takes: {', '.join(names)}") from None
+        if err.kind == "twice":
+            raise FlowError(f"{what} {name}() got argument {err.name!r} twice", span) from None
+        raise FlowError(f"{what} {name}() needs argument {err.name!r}", span) from None
 
 
 def number(what: str, key: str, value, span, *, low=None, high=None, low_open=False, high_open=False,

@@ -1,0 +1,113 @@
+"""The built-ins `split` and `repeat`, and block calls, for the Builder:
+each expands in place into the graph (a block instance gets its own scope,
+prefix "decoder.0." and the call site on every span it makes)."""
+from __future__ import annotations
+
+import numbers
+
+from flowgrad.binder import suggest
+from flowgrad.dsl import ast, limits
+from flowgrad.dsl.scope import Binding, Scope, Tensor
+from flowgrad.dsl.source import make_span
+from flowgrad.dsl.values import show
+from flowgrad.errors import FlowError
+from flowgrad.ops import OPS, Arg
+
+BUILTINS = ("split", "repeat")
+
+
+class Builtins:
+    """The Builder's built-ins and blocks (a mixin, like Calls)."""
+
+    def split(self, c: ast.Call, scope: Scope):
+        sig = (Arg("x"), Arg("n", "attr"), Arg("axis", "attr", -1))
+        pos_args, kwargs = self.call_args(c, scope)
+        slots = self.bind("split", sig, pos_args, kwargs, c.pos, scope)
+        (x, xpos), (n, npos), (axis, apos) = slots["x"], slots["n"], slots["axis"]
+        if not isinstance(x, Tensor):
+            raise self.error(f"split(): x must be a tensor, got {self.show_value(x)}", xpos, scope)
+        shape = self.node_type(x).shape
+        if not _is_int(axis) or not -len(shape) <= axis < len(shape):
+            raise self.error(f"split(): axis {show(axis)} is not an axis of a tensor of rank {len(shape)}",
+                             apos or c.pos, scope)
+        size = shape[axis]
+        if _is_int(n) and n >= 1:
+            if size % n:
+                raise self.error(f"split(): axis {axis} has size {size}, which does not split into {n} equal parts",
+                                 npos, scope)
+            sizes = [size // n] * n
+        elif isinstance(n, list) and n and all(_is_int(s) and s >= 1 for s in n):
+            if sum(n) != size:
+                raise self.error(f"split(): sizes {show(n)} add up to {sum(n)}, but axis {axis} has size {size}",
+                                 npos, scope)
+            sizes = list(n)
+        else:
+            raise self.error(f"split(): n must be a positive int or a list of sizes, got {self.show_value(n)}",
+                             npos, scope)
+        span = self.span(c.pos, scope)
+        out, start = [], 0
+        for s in sizes:
+            out.append(Tensor(self.add_node("slice", [x.id], self.slice_attrs(axis, start, start + s), span).id))
+            start += s
+        return tuple(out)
+
+    def slice_attrs(self, axis, start, stop) -> dict:
+        op = OPS.get("slice")
+        if op is None:
+            raise FlowError("split() needs the op 'slice', which is not registered")
+        return op.with_defaults({"axis": axis, "start": start, "stop": stop})
+
+    def repeat(self, c: ast.Call, scope: Scope):
+        if c.kwargs or len(c.args) < 3:
+            raise self.error("repeat() takes positional arguments: repeat(n, block, x, ...)", c.pos, scope)
+        n = self.single(c.args[0], scope)
+        if not _is_int(n) or n < 0:
+            raise self.error(f"repeat(): n must be a non-negative int, got {self.show_value(n)}", c.args[0].pos, scope)
+        if n > limits.MAX_REPEAT:
+            raise self.error(f"repeat(): n is {n}, more than the limit of {limits.MAX_REPEAT:,}", c.args[0].pos, scope)
+        bexpr = c.args[1]
+        if not isinstance(bexpr, ast.Name) or bexpr.id not in self.blocks:
+            word = bexpr.id if isinstance(bexpr, ast.Name) else "this"
+            raise self.error(f"repeat(): {word!r} is not a block{suggest(word, self.blocks)}", bexpr.pos, scope,
+                             hint="the second argument of repeat is the name of a block")
+        block = self.blocks[bexpr.id]
+        args = [(self.single(a, scope), a.pos) for a in c.args[2:]]
+        chained = len(block.body[-1].values)
+        if chained > len(args):
+            raise self.error(f"repeat(): block {block.name.id} returns {chained} values but is given {len(args)} "
+                             "inputs to chain them into", c.pos, scope)
+        for _ in range(n):
+            out = self.call_block(block, (args, {}), c.pos, scope)
+            outs = out if isinstance(out, tuple) else (out,)
+            args = [(v, pos) for v, (_, pos) in zip(outs, args)] + args[chained:]
+        values = tuple(v for v, _ in args[:chained])
+        return values[0] if chained == 1 else values
+
+    def call_block(self, block: ast.BlockDef, call_args, call_pos, scope: Scope):
+        name = block.name.id
+        if name in scope.active:
+            chain = " -> ".join(scope.active + (name,))
+            raise self.error(f"block {name!r} calls itself ({chain})", call_pos, scope)
+        if len(scope.active) >= limits.MAX_BLOCK_DEPTH:
+            raise self.error(f"blocks call blocks more than {limits.MAX_BLOCK_DEPTH} deep here", call_pos, scope)
+        if len(self.graph.nodes) > limits.MAX_NODES:
+            raise self.error(f"the model expands to more than {limits.MAX_NODES:,} nodes (blocks and repeats "
+                             "expanded)", call_pos, scope, hint="use fewer repeats or smaller blocks")
+        pos_args, kwargs = call_args
+        params = tuple(Arg(p.id, "value") for p in block.params)
+        slots = self.bind(name, params, pos_args, kwargs, call_pos, scope)
+        index = scope.counters.get(name, 0)
+        scope.counters[name] = index + 1
+        site = make_span(self.program.file, self.program.lines, call_pos)
+        inner = Scope(f"{scope.prefix}{name}.{index}.", (site,) + scope.via, {}, {}, scope.active + (name,))
+        for p in block.params:
+            inner.names[p.id] = Binding(slots[p.id][0], "arg", p.pos)
+        for stmt in block.body[:-1]:
+            self.statement(stmt, inner)
+        ret = block.body[-1]
+        values = tuple(self.single(v, inner) for v in ret.values)
+        return values[0] if len(values) == 1 else values
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)

@@ -1,0 +1,244 @@
+"""Calls to ops and initialisers, for the Builder: a call's arguments bound
+to the callee's signature, tensor operands (a number becomes a const),
+attrs checked against their types, and the node typed by its op's rule.
+`NodeBuilder` is what an op's `expand` hook gets to add nodes of its own."""
+from __future__ import annotations
+
+import inspect
+import numbers
+
+import numpy as np
+
+from flowgrad.binder import NO, REQUIRED, BindError, Signature, accept, suggest, type_words
+from flowgrad.dsl import ast, limits
+from flowgrad.dsl.scope import Scope, Tensor
+from flowgrad.dsl.values import DType, is_number, show
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
+from flowgrad.graph import Span, TensorType
+from flowgrad.initializers import INITIALISERS
+from flowgrad.ops import OPS, Arg, OpTypeError
+
+
+class Calls:
+    """The Builder's call binding (a mixin: it uses the Builder's error,
+    span, value and graph)."""
+
+    def call_args(self, c: ast.Call, scope: Scope):
+        pos_args = [(self.single(a, scope), a.pos) for a in c.args]
+        kwargs = {k.name: (self.single(k.value, scope), k.pos) for k in c.kwargs}
+        return pos_args, kwargs
+
+    def initialiser(self, call: ast.Call, scope: Scope) -> tuple[str, dict]:
+        fn = INITIALISERS.get(call.func)
+        if fn is None:
+            raise self.error(f"unknown initialiser {call.func!r}{suggest(call.func, INITIALISERS)}", call.func_pos,
+                             scope, hint=f"initialisers: {', '.join(f'{n}()' for n in INITIALISERS)}")
+        names = list(inspect.signature(fn).parameters)[2:]  # after (rng, shape)
+        try:
+            given = Signature([(n, None) for n in names]).bind(call.args, {k.name: k.value for k in call.kwargs})
+        except BindError as err:
+            if err.kind == "too-many":
+                raise self.error(f"{call.func}() takes {len(names)} argument{'s' * (len(names) != 1)}, "
+                                 f"got {len(call.args)}", call.args[err.index].pos, scope) from None
+            if err.kind == "unknown":
+                raise self.error(f"{call.func}() has no argument {err.name!r}{suggest(err.name, names)}",
+                                 self.kwarg_pos(call, err.name), scope,
+                                 hint=f"{call.func}() takes: {', '.join(names) or 'no arguments'}") from None
+            raise self.error(f"{call.func}() got two values for {err.name!r}", self.kwarg_pos(call, err.name),
+                             scope) from None
+        kwargs = {}
+        for name, expr in given.items():
+            if expr is None:
+                continue  # not given: the initialiser's own default
+            v = self.value(expr, scope)
+            if not is_number(v):
+                raise self.error(f"{call.func}(): {name} must be a number, got {self.show_value(v)}", expr.pos, scope)
+            kwargs[name] = float(v)
+        if kwargs.get("std", 0) < 0:
+            raise self.error(f"{call.func}(): std must be >= 0, got {kwargs['std']}", call.pos, scope)
+        if kwargs.get("low", 0.0) > kwargs.get("high", 1.0):
+            raise self.error(f"{call.func}(): low must be <= high", call.pos, scope)
+        return (call.func, kwargs)
+
+    @staticmethod
+    def kwarg_pos(call: ast.Call, name: str) -> ast.Pos:
+        return next((k.pos for k in call.kwargs if k.name == name), call.pos)
+
+    def bind(self, callee: str, args: tuple[Arg, ...], pos_args, kwargs, call_pos, scope) -> dict:
+        """Match a call's arguments to a signature, Python-style. Returns
+        {arg name: (value, pos)} with defaults filled in as (default, None);
+        a variadic arg gets ([values], pos of the first)."""
+        variadic = next((a.name for a in args if a.kind == "tensors"), None)
+        sig = Signature([(a.name, REQUIRED if a.default is REQUIRED else (a.default, None)) for a in args],
+                        variadic=variadic)
+        try:
+            slots = sig.bind(pos_args, kwargs)
+        except BindError as err:
+            names = [a.name for a in args]
+            shown = f"signature: {signature(callee, args)}"
+            if err.kind == "too-many":
+                n = err.limit
+                raise self.error(f"{callee}() takes {n} positional argument{'s' * (n != 1)} "
+                                 f"but {len(pos_args)} were given", pos_args[err.index][1], scope,
+                                 hint=shown) from None
+            if err.kind == "unknown":
+                raise self.error(f"{callee}() has no argument {err.name!r}{suggest(err.name, names)}",
+                                 kwargs[err.name][1], scope, hint=shown) from None
+            if err.kind == "twice":
+                raise self.error(f"{callee}() got two values for argument {err.name!r}", kwargs[err.name][1],
+                                 scope) from None
+            raise self.error(f"{callee}() is missing its argument {err.name!r}", call_pos, scope,
+                             hint=shown) from None
+        if variadic is not None:
+            items = slots[variadic]
+            if not items:
+                raise self.error(f"{callee}() is missing its argument {variadic!r}", call_pos, scope,
+                                 hint=f"signature: {signature(callee, args)}")
+            slots[variadic] = ([v for v, _ in items], items[0][1])
+        return slots
+
+    def apply_op(self, op_name: str, pos_args, kwargs, call_pos, scope, shown: str | None = None) -> Tensor:
+        """shown: how messages name the callee, e.g. "'*'" for an infix operator."""
+        op = OPS.get(op_name)
+        if op is None:
+            raise self.error(f"unknown op {op_name!r}{suggest(op_name, OPS)}", call_pos, scope)
+        slots = self.bind(op_name, op.args, pos_args, kwargs, call_pos, scope)
+        given = [slots[a.name][0] for a in op.args if a.kind != "attr"]
+        like = next((self.node_type(v).dtype for v in _flat(given) if isinstance(v, Tensor)), None)
+        ins, attr_values = [], {}
+        for arg in op.args:
+            value, pos = slots[arg.name]
+            pos = pos or call_pos
+            if arg.kind == "attr":
+                attr_values[arg.name] = self.attr_value(op_name, arg, value, pos, scope)
+            elif arg.kind == "tensor":
+                if value is None and arg.default is None:
+                    continue  # an optional tensor that was not given
+                ins.append(self.as_tensor(shown or f"{op_name}()", arg.name, value, like, pos, scope).id)
+            else:
+                items = value if value is not None else []
+                if isinstance(items, list) and len(items) == 1 and isinstance(items[0], list):
+                    items = items[0]  # concat([a, b]) as well as concat(a, b)
+                if not isinstance(items, (list, tuple)):
+                    items = [items]
+                ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
+        span = self.span(call_pos, scope)
+        if op.expand is not None:
+            self.infer(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
+            nb = NodeBuilder(self, span)
+            try:
+                ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
+            except OpTypeError as err:
+                raise FlowError(op_message(op_name, err), span) from None
+        return Tensor(self.add_node(op_name, ins, attr_values, span).id)
+
+    def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
+        out = self.infer(op_name, ins, attr_values, span)
+        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
+
+    def infer(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
+        op = OPS[op_name]
+        in_types = [self.graph.nodes[i].type for i in ins]
+        try:
+            out = op.infer(in_types, attr_values)
+        except OpTypeError as err:
+            raise FlowError(op_message(op_name, err), span) from None
+        except (ValueError, TypeError, IndexError, KeyError) as err:  # a shape rule's own bug
+            raise FlowError(f"{op_name}: internal error in the op's shape rule for "
+                            f"{', '.join(map(str, in_types))}: {type(err).__name__}: {err}", span) from None
+        problem = limits.type_problem(out.shape)
+        if problem:
+            raise FlowError(f"{op_name}: {problem}", span)
+        return out
+
+    def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
+        """A tensor argument; a number literal becomes a 0-d const of the
+        other operand's dtype (`x * 0.5`, `1 - p`)."""
+        if isinstance(value, Tensor):
+            return value
+        what = f"an operand of {callee}" if callee.startswith("'") else f"{callee}: argument {arg_name!r}"
+        if not is_number(value):
+            raise self.error(f"{what} must be a tensor or a number, got {self.show_value(value)}", pos, scope)
+        dtype = like or (self.dtype if isinstance(value, float) else "i32")
+        if dtype == "i32" and not isinstance(value, numbers.Integral):
+            raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
+                             pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
+        if dtype == "i32" and not -2**31 <= value < 2**31:
+            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
+        return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
+
+    def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
+        array = np.asarray(array, dtype=NUMPY_DTYPE[dtype])
+        return self.graph.add("const", (), TensorType(tuple(array.shape), dtype), attrs={"value": array},
+                              span=span).id
+
+    def attr_value(self, callee: str, arg: Arg, value, pos, scope):
+        if isinstance(value, Tensor) or _has_tensor(value):
+            raise self.error(f"{callee}(): argument {arg.name!r} must be a constant, not a tensor", pos, scope)
+        if not arg.types:
+            return _plain(value)
+        ok = accept(arg.types, value)
+        if ok is NO:
+            raise self.error(f"{callee}(): argument {arg.name!r} must be {type_words(arg.types)}, "
+                             f"got {self.show_value(value)}", pos, scope)
+        return _plain(ok)
+
+
+class NodeBuilder:
+    """What an op's `expand` hook gets: add consts and op nodes at the span of
+    the call being built."""
+
+    def __init__(self, builder: Calls, span: Span):
+        self._b = builder
+        self.span = span
+        self.graph = builder.graph
+
+    def type(self, node_id: int) -> TensorType:
+        return self.graph.nodes[node_id].type
+
+    def const(self, array, dtype: str) -> int:
+        return self._b.const(array, dtype, self.span)
+
+    def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
+        return self._b.add_node(op_name, list(input_ids), OPS[op_name].with_defaults(attrs), self.span).id
+
+
+
+def _plain(v):
+    """Attrs hold plain Python values: DType -> str, lists of those."""
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
+    if isinstance(v, DType):
+        return str(v)
+    return v
+
+
+def _has_tensor(v) -> bool:
+    return isinstance(v, Tensor) or (isinstance(v, list) and any(_has_tensor(x) for x in v))
+
+
+def _flat(vs):
+    for v in vs:
+        if v is None:
+            continue
+        if isinstance(v, list):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+def op_message(op_name: str, err: Exception) -> str:
+    text = str(err)
+    return text if text.startswith(f"{op_name}:") else f"{op_name}: {text}"
+
+
+def signature(callee: str, args) -> str:
+    parts = []
+    for a in args:
+        text = f"{a.name}..." if a.kind == "tensors" else a.name
+        if a.default is not REQUIRED and a.kind != "tensors":
+            text += f"={show(a.default)}"
+        parts.append(text)
+    return f"{callee}({', '.join(parts)})"
+

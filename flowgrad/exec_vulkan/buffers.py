@@ -1,0 +1,121 @@
+"""Device memory: one VkBuffer with its own memory (Buffer), and the pool
+that reuses buffers across one-op-at-a-time submissions (BufferPool)."""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan import faults
+from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
+
+if TYPE_CHECKING:
+    from flowgrad.exec_vulkan.device import Device
+
+
+class Buffer:
+    """One VkBuffer with its own memory. `array` is a uint8 numpy view of the
+    mapped memory when the buffer is host-visible, else None."""
+
+    def __init__(self, device: Device, nbytes: int, kind: str):
+        vk = load_vulkan()
+        self.device = device
+        self.kind = kind
+        self.nbytes = int(nbytes)
+        size = max(16, -(-self.nbytes // 16) * 16)   # whole words, so fills may cover the tail
+        self.size = size
+        device.check_allocation(size, kind)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        info = vk.VkBufferCreateInfo(size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+        with vk_errors(f"creating a {size}-byte buffer"):
+            self.handle = vk.vkCreateBuffer(device.handle, info, None)
+        try:
+            req = vk.vkGetBufferMemoryRequirements(device.handle, self.handle)
+            type_index, mapped = device.memory_type(kind, req.memoryTypeBits)
+            alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=type_index)
+            what = f"allocating {mib(req.size)} of {kind} memory on {device.info.name}"
+            if faults.hit("alloc"):
+                raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfDeviceMemory']} (injected fault)")
+            with vk_errors(what):
+                self.memory = vk.vkAllocateMemory(device.handle, alloc, None)
+        except BaseException:
+            vk.vkDestroyBuffer(device.handle, self.handle, None)
+            raise
+        self.array = None
+        try:
+            with vk_errors("binding buffer memory"):
+                vk.vkBindBufferMemory(device.handle, self.handle, self.memory, 0)
+            if mapped:
+                with vk_errors("mapping buffer memory"):
+                    self.array = np.frombuffer(vk.vkMapMemory(device.handle, self.memory, 0, size, 0), np.uint8)
+        except BaseException:
+            _free(device.handle, self.handle, self.memory)
+            raise
+        device.live_bytes += size
+        device.objects["buffer"] += 1
+        self._finalizer = weakref.finalize(self, _free_buffer, device, self.handle, self.memory, size)
+        self._finalizer.atexit = False
+
+    @property
+    def mapped(self) -> bool:
+        return self.array is not None
+
+    def write(self, data: np.ndarray, offset: int = 0) -> None:
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.array[offset:offset + raw.size] = raw
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset:offset + nbytes].copy()
+
+    def free(self) -> None:
+        self._finalizer()
+
+
+def _free(dev, buf, mem):
+    vk = load_vulkan()
+    vk.vkDestroyBuffer(dev, buf, None)
+    vk.vkFreeMemory(dev, mem, None)
+
+
+def _free_buffer(device, buf, mem, size):
+    if device.handle is None:
+        return
+    _free(device.handle, buf, mem)
+    device.live_bytes -= size
+    device.objects["buffer"] -= 1
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+class BufferPool:
+    """Reuses buffers across one-op-at-a-time submissions (the closure path
+    would otherwise allocate device memory for every op). Sizes are rounded
+    to powers of two; at most `keep` bytes are kept per kind."""
+
+    def __init__(self, device: Device, keep: int = 256 * 2**20):
+        self.device = device
+        self.keep = keep
+        self.free: dict[tuple[str, int], list[Buffer]] = {}
+        self.kept = 0
+
+    def acquire(self, nbytes: int, kind: str) -> Buffer:
+        size = 256
+        while size < nbytes:
+            size *= 2
+        bucket = self.free.get((kind, size))
+        if bucket:
+            self.kept -= size
+            return bucket.pop()
+        return self.device.buffer(size, kind)
+
+    def release(self, buf: Buffer) -> None:
+        if self.kept + buf.nbytes > self.keep:
+            buf.free()
+            return
+        self.kept += buf.nbytes
+        self.free.setdefault((buf.kind, buf.nbytes), []).append(buf)
