@@ -353,7 +353,7 @@ def caret_problem(err, text: str) -> str | None:
     """Where a FlowError's caret disagrees with the line:col it names."""
     from flowgrad.dsl.source import line_text
 
-    lines = text.split("\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]   # "\r\n" ends a line too
     for span in (err.span, *err.span.via):
         if span.file != err.span.file:
             continue
