@@ -19,7 +19,7 @@ from flowgrad.training.optim import Adam
 pytestmark = [pytest.mark.soak, pytest.mark.vulkan]
 STEPS = int(os.environ.get("FLOWGRAD_SOAK_STEPS", "20000"))
 CYCLES = int(os.environ.get("FLOWGRAD_SOAK_CYCLES", "500"))
-EVERY = 1000
+EVERY = min(1000, max(1, STEPS // 3))   # every 1,000 steps in the full run
 
 
 def rss_bytes() -> int:
