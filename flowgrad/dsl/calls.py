@@ -125,19 +125,24 @@ class Calls:
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
         if op.expand is not None:
-            self.infer(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
+            self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)
             try:
                 ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
             except OpTypeError as err:
                 raise FlowError(op_message(op_name, err), span) from None
+        if op.decompose is not None:
+            # the op's own checks first, then its composition goes in the graph
+            self.infer_type(op_name, ins, attr_values, span)
+            nb = NodeBuilder(self, span)
+            return Tensor(op.decompose(lambda name, ids, at=None: nb.apply(name, ids, at), list(ins), attr_values))
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
 
     def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
-        out = self.infer(op_name, ins, attr_values, span)
+        out = self.infer_type(op_name, ins, attr_values, span)
         return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
 
-    def infer(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
+    def infer_type(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
         op = OPS[op_name]
         in_types = [self.graph.nodes[i].type for i in ins]
         try:

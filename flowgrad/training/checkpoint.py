@@ -2,9 +2,10 @@
 
 Tensors: `param/<name>` for each param, `optim/<name>/<state>` for each
 optimizer state array. Metadata (all strings, as safetensors wants):
-format, version, model, step, config (JSON), optimizer (JSON), sha256 (over
-the tensors and the other metadata, so a flipped byte is caught, in a
-tensor or in the step, not only a truncated file).
+format, version, model, step, config (JSON), optimizer (JSON), data (JSON:
+what the data source keeps for inference, e.g. a text vocabulary; may be
+absent), sha256 (over the tensors and the other metadata, so a flipped byte
+is caught, in a tensor or in the step, not only a truncated file).
 
 Writes are atomic: a temp file in the same directory (given the mode the
 umask leaves, as open() would), fsync, os.replace, fsync of the directory. A write killed half-way leaves the previous checkpoint
@@ -38,6 +39,7 @@ class Checkpoint:
     config: dict
     optimizer: dict | None
     path: str = ""
+    data: dict | None = None
 
 
 def _digest(tensors: dict[str, np.ndarray], meta: dict | None = None) -> str:
@@ -52,7 +54,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: dict | None = None) -> str:
     return h.hexdigest()
 
 
-def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None) -> bytes:
+def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None,
+             data: dict | None = None) -> bytes:
     from safetensors.numpy import save
 
     tensors = {f"param/{k}": np.asarray(v, order="C") for k, v in params.items()}
@@ -62,6 +65,8 @@ def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: 
     meta = {"format": FORMAT, "version": VERSION, "model": model, "step": str(int(step)),
             "config": json.dumps(config, sort_keys=True, default=str),
             "optimizer": json.dumps(optimizer)}
+    if data is not None:
+        meta["data"] = json.dumps(data)
     meta["sha256"] = _digest(tensors, meta)
     return save(tensors, metadata=meta)
 
@@ -107,9 +112,10 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save(path, params, opt_state, step: int, model: str, config: dict, optimizer: dict | None = None) -> None:
+def save(path, params, opt_state, step: int, model: str, config: dict, optimizer: dict | None = None,
+         data: dict | None = None) -> None:
     try:
-        write_atomic(path, to_bytes(params, opt_state, step, model, config, optimizer))
+        write_atomic(path, to_bytes(params, opt_state, step, model, config, optimizer, data))
     except OSError as e:
         raise FlowError(f"cannot write checkpoint {str(path)!r}: {e.strerror or e}") from None
 
@@ -140,6 +146,7 @@ def load(path) -> Checkpoint:
         config = json.loads(meta["config"])
         optimizer = json.loads(meta["optimizer"])
         model = meta["model"]
+        data = json.loads(meta["data"]) if "data" in meta else None
     except (KeyError, ValueError) as e:
         raise FlowError(f"{bad}: bad metadata ({e})") from None
     if step < 0:
@@ -154,7 +161,7 @@ def load(path) -> Checkpoint:
             opt_state.setdefault(pname, {})[sname] = arr
         else:
             raise FlowError(f"{bad}: unexpected tensor {name!r}")
-    return Checkpoint(params, opt_state, step, model, config, optimizer, path)
+    return Checkpoint(params, opt_state, step, model, config, optimizer, path, data)
 
 
 def mismatches(ckpt: Checkpoint, graph: Graph) -> list[str]:

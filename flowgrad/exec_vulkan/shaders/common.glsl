@@ -26,3 +26,4 @@ uint flat_index() {
 // reduction, a softmax or a loss, and a step would look finite).
 float fg_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
 vec2 fg_nanmax(vec2 a, vec2 b) { return vec2(fg_nanmax(a.x, b.x), fg_nanmax(a.y, b.y)); }
+float fg_nanmin(float a, float b) { return (isnan(a) || a < b) ? a : b; }
