@@ -121,7 +121,7 @@ def cmd_train(args) -> int:
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                          out=out, resume=args.resume, overwrite=args.overwrite)
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_finite=args.check_finite)
     except TrainInterrupted as e:
         print(f"\n{e}", file=sys.stderr)
         return 130
@@ -315,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--check-finite", action="store_true",
+                   help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.set_defaults(func=cmd_train)
     p = _sub(sub, "run", "inference from a checkpoint, at any batch size")
     add_model_args(p)
