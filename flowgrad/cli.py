@@ -121,7 +121,7 @@ def cmd_train(args) -> int:
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                          out=out, resume=args.resume, overwrite=args.overwrite)
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_finite=args.check_finite)
     except TrainInterrupted as e:
         print(f"\n{e}", file=sys.stderr)
         return 130
@@ -249,8 +249,8 @@ def cmd_bench(args) -> int:
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
-                  dtype=args.dtype, phase=phase)
-    print(bench.report(r))
+                  dtype=args.dtype, phase=phase, compare=args.compare)
+    print(json.dumps(r, indent=2) if args.json else bench.report(r))
     return 0
 
 
@@ -315,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--check-finite", action="store_true",
+                   help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.set_defaults(func=cmd_train)
     p = _sub(sub, "run", "inference from a checkpoint, at any batch size")
     add_model_args(p)
@@ -360,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default=None,
                    help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64), "
                         "or `matmul` for the GEMM kernels' TFLOP/s")
+    p.add_argument("--compare", choices=["torch"], default=None,
+                   help="also time the model's PyTorch twin on the CUDA GPU (eager and torch.compile)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="compile dtype (default f32)")

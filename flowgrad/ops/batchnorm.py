@@ -52,7 +52,8 @@ def _bn_expand(builder, ins, attrs):
 
 
 def _bn_infer(ins, attrs):
-    if len(ins) != 6 or ins[5] != RNG_TYPE:
+    # five inputs: the call as written, checked before the build adds the random state
+    if len(ins) not in (5, 6) or (len(ins) == 6 and ins[5] != RNG_TYPE):
         raise OpTypeError("its last input is its random state (added when the model is built)")
     x = ins[0]
     _channels_first(x)

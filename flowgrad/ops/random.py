@@ -85,15 +85,19 @@ def _infer(ins, attrs):
     float_dtype(x, "x")
     if not 0.0 <= attrs["p"] <= 1.0:
         raise OpTypeError(f"p={attrs['p']} must be in [0, 1]")
-    if len(ins) != 2 or ins[1] != RNG_TYPE:
-        got = ins[1] if len(ins) == 2 else "none"
+    # one input: the call as written, checked before the build adds the random state
+    if len(ins) > 2 or (len(ins) == 2 and ins[1] != RNG_TYPE):
+        got = ins[1]
         raise OpTypeError(f"its second input is its random state, {RNG_TYPE} (added when the model is built), "
                           f"got {got}")
     return x
 
 
 def _scaled_mask(x, rng, attrs):
-    """The factor each element is multiplied by (None: eval, the identity)."""
+    """The factor each element is multiplied by (None: eval, the identity;
+    so is a call with no random state, as written before the build adds it)."""
+    if rng is None:
+        return None
     training, step, seed, _ = (int(v) for v in rng)
     if not training:
         return None
@@ -102,15 +106,15 @@ def _scaled_mask(x, rng, attrs):
 
 
 def _forward(ins, attrs):
-    x, rng = ins
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
     factor = _scaled_mask(x, rng, attrs)
     return x.copy() if factor is None else narrow(wide(x) * factor.astype(wide(x).dtype), x)
 
 
 def _vjp(g, ins, out, attrs):
-    x, rng = ins
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
     factor = _scaled_mask(x, rng, attrs)
-    return [g if factor is None else narrow(wide(g) * factor.astype(wide(g).dtype), x), None]
+    return [g if factor is None else narrow(wide(g) * factor.astype(wide(g).dtype), x)] + [None] * (len(ins) - 1)
 
 
 dropout = defop(

@@ -93,7 +93,7 @@ def deferred_sigint():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None) -> TrainResult:
+          callback=None, check_finite: bool = False) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
@@ -106,6 +106,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     progress: None shows a bar on a terminal and periodic log lines
         elsewhere; True a bar; False nothing.
     callback(step, record): called after each step with its metrics record.
+    check_finite: stop at the first non-finite loss or gradient, naming the
+        node that produced it (the last checkpoint written before it is kept).
 
     Returns a TrainResult. Ctrl-C finishes the current step, saves a
     checkpoint and raises TrainInterrupted."""
@@ -114,7 +116,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if not isinstance(model, Model):
         model = load(model)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
-    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed)
+    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite)
     graph = sess.graph
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
