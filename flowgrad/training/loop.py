@@ -39,6 +39,8 @@ class TrainResult:
     path: str                    # session.last_path
     history: list[dict]
     out: Path | None = None
+    rank: int = 0                # data-parallel runs: this process's rank (0 writes the outputs)
+    ranks: int = 1
 
     @property
     def steps_per_second(self) -> float:
@@ -85,7 +87,7 @@ def deferred_sigint():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None) -> TrainResult:
+          callback=None, check_every: int | None = None) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
@@ -96,6 +98,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         starts afresh over it.
     progress: show a progress bar (None: only on a terminal).
     callback(step, record): called after each step with its metrics record.
+    check_every: data-parallel runs (started by mpiexec): steps between checks
+        that every rank holds the same params (default: eval_every).
 
     Returns a TrainResult. Ctrl-C finishes the current step, saves a
     checkpoint and raises TrainInterrupted."""
@@ -103,23 +107,73 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
 
     if not isinstance(model, Model):
         model = load(model)
+    world = _join()
+    if world is not None:
+        device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed)
     graph = sess.graph
+    if world is not None:
+        return _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback,
+                            check_every or ts.eval_every)
+    return _train(sess, ts, out, resume, overwrite, progress, callback)
+
+
+def _join():
+    """The ranks of a data-parallel run, or None for one process (mpi4py not imported)."""
+    from flowgrad.training import distributed
+
+    return distributed.join() if distributed.launched() else None
+
+
+def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, check_every):
+    """`_train` on every rank: rank 0 alone writes the outputs and shows progress;
+    an error on one rank ends them all."""
+    from flowgrad.training import distributed
+
+    ts.data = distributed.Shard(ts.data, world)
+    config = dict(sess.graph.config)
+    if config.get("batch") == ts.data.local:
+        config["batch"] = ts.data.data.batch     # the global batch: a resume at another N checks it
+    try:
+        result = _train(sess, ts, out if world.is_root else None, resume and world.is_root, overwrite,
+                        progress if world.is_root else False, callback, world, check_every, config)
+    except TrainInterrupted as e:
+        e.rank = world.rank
+        raise
+    except distributed.RanksDisagree:
+        raise
+    except BaseException as e:
+        world.abort(e)
+        raise
+    result.rank, result.ranks = world.rank, world.size
+    if not world.is_root:
+        result.out = None
+    return result
+
+
+def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, check_every=0,
+           config=None) -> TrainResult:
+    """config: what the checkpoint and metrics.jsonl record (default the model's;
+    a data-parallel run records its global batch)."""
+    graph = sess.graph
+    config = graph.config if config is None else config
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
-    header = {"model": graph.name, "metric": ts.data.metric, "config": graph.config}
+    header = {"model": graph.name, "metric": ts.data.metric, "config": config}
 
     start, history = 0, []
     if resume:
-        start = _restore(sess, ts, ckpt_path, out)
+        start = _restore(sess, ts, ckpt_path, out, config)
         history = log.resume(start, header)
     else:
         if ckpt_path is not None and ckpt_path.exists() and not overwrite:
             raise FlowError(f"{out} already holds a checkpoint: pass --resume to continue that run, or "
                             "--overwrite to start again (or choose another --out)")
         log.start(header)
+    if world is not None:
+        start = world.sync_from_root(sess.runner)   # rank 0's params (and resumed state) everywhere
 
     metrics = next((_metrics_of(r) for r in reversed(history) if _metrics_of(r)), {})
     step, in_step = start, False
@@ -130,10 +184,13 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
             while step < ts.steps:
                 feeds = ts.data.train_batch(step)
                 in_step = True
-                res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
+                if world is None:
+                    loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
+                else:  # the ranks agree on stopping, so all stop after the same step
+                    loss, stop["stop"] = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
-                rec = _record(step, res.loss, ts.optimizer)
+                rec = _record(step, loss, ts.optimizer)
                 if step % ts.eval_every == 0 or step == ts.steps:
                     metrics = ts.data.evaluate(sess)
                     rec.update({f"test_{k}": v for k, v in metrics.items()})
@@ -142,17 +199,19 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
                 _show(bar, rec, metrics, ts.data.metric)
                 if callback is not None:
                     callback(step, rec)
+                if world is not None and (step % check_every == 0 or step == ts.steps):
+                    world.check_same_params(sess.params, step)
                 if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps):
-                    _save(sess, ts, ckpt_path, step)
+                    _save(sess, ts, ckpt_path, step, config)
                 if stop["stop"]:
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
-        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name) from None
+        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    if step == start and not metrics:  # resumed a finished run: still report its metrics
+    if step == start and (not metrics or world is not None):  # resumed a finished run: still report its metrics
         metrics = ts.data.evaluate(sess)
     if out is not None:
         with writing(out / "loss.png"):
@@ -161,7 +220,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
                        step - start, sess.last_path, history, out)
 
 
-def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
+def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     if ckpt_path is None:
         raise FlowError("resume needs the output directory of the run to continue (--out DIR)")
     if not ckpt_path.exists():
@@ -169,13 +228,14 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
                         hint="run without --resume to start training")
     ckpt = checkpoint.load(ckpt_path)
     graph = sess.graph
-    changed = sorted(k for k in set(ckpt.config) | set(graph.config)
-                     if json.dumps(ckpt.config.get(k), default=str) != json.dumps(graph.config.get(k), default=str))
+    changed = sorted(k for k in set(ckpt.config) | set(config)
+                     if json.dumps(ckpt.config.get(k), default=str) != json.dumps(config.get(k), default=str))
     if ckpt.model != graph.name or changed:
-        what = ", ".join(f"{k}: {ckpt.config.get(k)!r} -> {graph.config.get(k)!r}" for k in changed)
+        what = ", ".join(f"{k}: {ckpt.config.get(k)!r} -> {config.get(k)!r}" for k in changed)
         raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model}"
                         + (f" with another config ({what})" if changed else f", not {graph.name}"),
-                        hint="resume with the same model and --set values, or start a new --out")
+                        hint="resume with the same model and --set values (data-parallel runs record the "
+                             "global batch, batch x ranks), or start a new --out")
     checkpoint.check_matches(ckpt, graph)
     checkpoint.check_opt_state(ckpt, ts.optimizer, ckpt.params)
     sess.runner.set_params(ckpt.params)
@@ -183,19 +243,19 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
     return ckpt.step
 
 
-def _save(sess, ts, ckpt_path, step):
+def _save(sess, ts, ckpt_path, step, config):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(ckpt_path, sess.params, state, step, sess.graph.name, sess.graph.config,
+    checkpoint.save(ckpt_path, sess.params, state, step, sess.graph.name, config,
                     ts.optimizer.describe())
 
 
-def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name) -> TrainInterrupted:
+def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:
     if ckpt_path is None:
         return TrainInterrupted(f"interrupted at step {step}; nothing saved (no output directory)", step)
     if in_step:
         return TrainInterrupted(f"interrupted inside step {step + 1}: kept the last checkpoint in {ckpt_path}; "
                                 "continue with --resume", step)
-    _save(sess, ts, ckpt_path, step)
+    _save(sess, ts, ckpt_path, step, config)
     if history:
         plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
     return TrainInterrupted(f"interrupted: saved step {step} to {ckpt_path}; continue with --resume", step)
