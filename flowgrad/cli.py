@@ -74,6 +74,10 @@ def cmd_explain(args) -> int:
 
     model = fg.load(args.file, parse_sets(args.set))
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
+    if args.ranks is not None:
+        if args.ranks < 1:
+            raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
+        sess.ranks = args.ranks
     report = sess.explain(analyze=args.analyze)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0
@@ -83,17 +87,24 @@ def cmd_explain(args) -> int:
 
 def cmd_train(args) -> int:
     import flowgrad as fg
+    from flowgrad.training import distributed
     from flowgrad.training.loop import TrainInterrupted
 
+    if args.ranks is not None:
+        if distributed.launched():
+            raise FlowError("--ranks starts mpiexec itself: under mpiexec/mpirun leave it out")
+        return distributed.launch(args.ranks, distributed.strip_ranks(args.argv))
     model = fg.load(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                          out=out, resume=args.resume, overwrite=args.overwrite)
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every)
     except TrainInterrupted as e:
-        print(f"\n{e}", file=sys.stderr)
+        if getattr(e, "rank", 0) == 0:
+            print(f"\n{e}", file=sys.stderr)
         return 130
-    print(train_summary(result))
+    if result.rank == 0:
+        print(train_summary(result))
     return 0
 
 
@@ -102,6 +113,8 @@ def train_summary(result) -> str:
 
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
              f"({result.steps_per_second:.1f} steps/s)"]
+    if result.ranks > 1:
+        lines.append(f"data-parallel on {result.ranks} ranks (global batch = batch x {result.ranks})")
     rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
     rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
     rows.append(("path", result.path))
@@ -198,6 +211,14 @@ def devices_text() -> str:
 def cmd_bench(args) -> int:
     from flowgrad.exec_vulkan import bench
 
+    if args.ranks is not None:
+        from flowgrad.training import bench_ranks
+
+        rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
+                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)})
+        print(bench_ranks.report(rows))
+        return 0
+
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
                   dtype=args.dtype)
     print(bench.report(r))
@@ -217,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
     p.add_argument("--analyze", action="store_true", help="run a few steps and add measured times")
+    p.add_argument("--ranks", type=int, default=None, metavar="N", help="describe data-parallel training on N ranks")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("train", help="train a model on the data named in its train section")
@@ -226,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="data-parallel on N ranks of this host (starts mpiexec; needs flowgrad[mpi])")
+    p.add_argument("--check-every", type=int, default=None, metavar="STEPS",
+                   help="data-parallel: steps between checks that all ranks hold the same params")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("run", help="inference from a checkpoint")
@@ -246,12 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="vulkan")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="data-parallel training steps at 1..N ranks (mpiexec): step time, samples/s, all-reduce share")
     p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except FlowError as e:

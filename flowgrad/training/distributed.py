@@ -277,3 +277,90 @@ class _GatheringSession:
         outs = {k: world.allgather(v, "the gathering of eval outputs").reshape((-1,) + v.shape[1:])
                 if v.ndim and v.shape[0] == local else v for k, v in res.outputs.items()}
         return type(res)(outs, {}, res.loss)
+
+
+# -- `--ranks N`: start mpiexec on this host -----------------------------------------------
+
+def mpiexec_command(ranks: int) -> list[str]:
+    """mpiexec -n N (the one beside this Python, as the mpich wheel installs it, else on PATH)."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if ranks < 1:
+        raise FlowError(f"--ranks must be at least 1, got {ranks}")
+    if importlib.util.find_spec("mpi4py") is None:
+        raise FlowError("--ranks needs mpi4py and an MPI library", hint=f"install them with: {INSTALL}")
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None:
+        raise FlowError("--ranks needs an MPI launcher (mpiexec), and none was found", hint=f"install one with: {INSTALL}")
+    cmd = [exe, "-n", str(ranks)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        try:
+            version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            version = ""
+        if "Open MPI" in version or "OpenRTE" in version:
+            cmd.append("--allow-run-as-root")   # Open MPI refuses root without it; MPICH does not ask
+    return cmd
+
+
+def rank_env(ranks: int) -> dict:
+    """The environment for `ranks` ranks on this host: numpy's BLAS threads
+    split between the ranks (unless set), as one process would use them all."""
+    threads = str(max(1, (os.cpu_count() or 1) // ranks))
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, threads)
+    return env
+
+
+def launch(ranks: int, argv: list[str]) -> int:
+    """Run `python -m flowgrad.cli *argv` on `ranks` ranks; returns mpiexec's exit
+    status. A rank that dies (killed, crashed) is named from mpiexec's report."""
+    import re
+    import subprocess
+    import tempfile
+
+    cmd = mpiexec_command(ranks) + [sys.executable, "-m", "flowgrad.cli", *argv]
+    with tempfile.TemporaryDirectory(prefix="flowgrad-ranks-") as tmp:
+        pids = os.environ.get(RANK_DIR_ENV) or tmp     # a caller's directory, to find the ranks' pids
+        env = {**rank_env(ranks), RANK_DIR_ENV: pids}
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        except OSError as e:
+            raise FlowError(f"cannot start {cmd[0]}: {e.strerror or e}") from None
+        dead = []
+        while True:
+            try:
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    dead += re.findall(r"PID (\d+) RUNNING AT", line)
+                break
+            except KeyboardInterrupt:
+                continue     # mpiexec passes Ctrl-C to the ranks; wait for them to finish
+        rc = proc.wait()
+        ranks_of = {}
+        for name in os.listdir(pids):
+            with open(os.path.join(pids, name)) as f:
+                ranks_of[name] = f.read().strip()
+        named = [f"rank {ranks_of[p]} (pid {p})" for p in dead if p in ranks_of]
+    if rc != 0 and named:
+        print(f"error: {', '.join(named)} of {ranks} ended abnormally (mpiexec exit status {rc}); "
+              "mpiexec stopped the other ranks", file=sys.stderr)
+    return rc
+
+
+def strip_ranks(argv: list[str]) -> list[str]:
+    """argv without its --ranks N (or --ranks=N)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ranks":
+            skip = True
+        elif not a.startswith("--ranks="):
+            out.append(a)
+    return out

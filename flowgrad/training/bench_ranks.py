@@ -1,0 +1,90 @@
+"""`flowgrad bench --ranks N`: data-parallel training steps at 1..N ranks on
+this host. Each rank count runs under its own mpiexec; every rank steps the
+model on its own random feeds of the model's batch (the per-rank batch, so
+the global batch grows with the ranks) with adam. Reported per rank count:
+the median step time, its all-reduce part (the gradient average, from the
+packed buffer to the averaged grads) and samples per second over all ranks.
+
+A benchmark, not a test: numbers depend on the machine; nothing asserts them."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from flowgrad.errors import FlowError
+
+TAG = "flowgrad-bench-ranks "
+
+
+def measure(model_path, device: str, repeats: int, config: dict) -> dict | None:
+    """One rank's part (under mpiexec); rank 0 returns the medians."""
+    import flowgrad as fg
+    from flowgrad.exec_vulkan.bench import feeds_for
+    from flowgrad.training import distributed
+    from flowgrad.training.optim import Adam
+
+    world = distributed.join()
+    if world is not None:
+        device = world.device_for(device)
+    sess = fg.load(model_path, config).compile(device=device)
+    rank = 0 if world is None else world.rank
+    feeds = feeds_for(sess.graph, seed=rank)
+    opt = Adam()
+    steps, reduces = [], []
+    for i in range(repeats + 2):            # two warm-up steps record the programs
+        t0 = time.perf_counter()
+        res = sess.step(feeds, grads=True)
+        t1 = time.perf_counter()
+        grads = res.grads
+        if world is not None:
+            grads, _, _ = world.average(grads, res.loss, False, i + 1)
+        t2 = time.perf_counter()
+        sess.runner.apply_update(opt, grads)
+        t3 = time.perf_counter()
+        if i >= 2:
+            steps.append(t3 - t0)
+            reduces.append(t2 - t1)
+    if rank != 0:
+        return None
+    batch = sess.graph.nodes[next(iter(sess.graph.inputs.values()))].shape[0]
+    ranks = 1 if world is None else world.size
+    step = statistics.median(steps)
+    return {"ranks": ranks, "step_s": step, "allreduce_s": statistics.median(reduces), "batch": batch,
+            "samples_per_s": ranks * batch / step, "path": sess.last_path, "model": sess.graph.name}
+
+
+def run(model_path, ranks: int, device: str, repeats: int, config: dict) -> list[dict]:
+    from flowgrad.training import distributed
+
+    rows = []
+    for n in range(1, ranks + 1):
+        cmd = distributed.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.training.bench_ranks",
+                                                json.dumps([str(model_path), device, repeats, config])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=distributed.rank_env(n))
+        found = [line[len(TAG):] for line in proc.stdout.splitlines() if line.startswith(TAG)]
+        if proc.returncode != 0 or not found:
+            raise FlowError(f"bench at {n} rank(s) failed (mpiexec exit status {proc.returncode}):\n"
+                            + (proc.stderr or proc.stdout)[-2000:])
+        rows.append(json.loads(found[0]))
+    return rows
+
+
+def report(rows: list[dict]) -> str:
+    first = rows[0]
+    lines = [f"{first['model']}: data-parallel training steps, per-rank batch {first['batch']}, path {first['path']}",
+             f"{'ranks':>5}  {'step ms':>9}  {'all-reduce ms':>13}  {'share':>6}  {'samples/s':>10}  {'speed-up':>8}"]
+    for r in rows:
+        lines.append(f"{r['ranks']:>5}  {r['step_s'] * 1e3:>9.2f}  {r['allreduce_s'] * 1e3:>13.2f}  "
+                     f"{r['allreduce_s'] / r['step_s']:>6.1%}  {r['samples_per_s']:>10.0f}  "
+                     f"{r['samples_per_s'] / first['samples_per_s']:>7.2f}x")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    model_path, device, repeats, config = json.loads(sys.argv[1])
+    result = measure(model_path, device, repeats, config)
+    if result is not None:
+        print(TAG + json.dumps(result), flush=True)
