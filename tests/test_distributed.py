@@ -165,29 +165,54 @@ def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, mlp):
     pids = tmp_path / "pids"
     pids.mkdir()
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "flowgrad.cli", "train", mlp, "--ranks", "2", "--device", "cpu",
-           "--steps", "1000000", "--set", "batch=8", "--out", str(out)]
-    env = {**env_with_path(ROOT), distributed.RANK_DIR_ENV: str(pids)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = start_ranks(tmp_path, mlp, pids)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        rank1 = None
-        while time.monotonic() < deadline and rank1 is None:
-            steps = (out / "metrics.jsonl").read_text().count('"step"') if (out / "metrics.jsonl").exists() else 0
-            ranks = {f.read_text(): f.name for f in pids.iterdir()}
-            if steps >= 3 and "1" in ranks:
-                rank1 = int(ranks["1"])
-            time.sleep(0.1)
-        assert rank1 is not None, "the ranks did not start training"
+        wait_for_steps(out, 3)
+        rank1 = int({f.read_text(): f.name for f in pids.iterdir()}["1"])
         os.kill(rank1, signal.SIGKILL)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 20
     assert f"rank 1 (pid {rank1})" in err
+
+
+def start_ranks(tmp_path, mlp, pids=None):
+    """`flowgrad train --ranks 2` of a long run, in its own process group (as from a terminal)."""
+    cmd = [sys.executable, "-m", "flowgrad.cli", "train", mlp, "--ranks", "2", "--device", "cpu",
+           "--steps", "1000000", "--set", "batch=8", "--out", str(tmp_path / "run")]
+    env = {**env_with_path(ROOT), **({distributed.RANK_DIR_ENV: str(pids)} if pids else {})}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+
+
+def wait_for_steps(out: Path, n: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count('"step"') >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start training")
+
+
+@needs_mpi
+def test_ctrl_c_stops_every_rank_after_the_same_step(tmp_path, mlp):
+    proc = start_ranks(tmp_path, mlp)
+    try:
+        wait_for_steps(tmp_path / "run", 3)
+        os.killpg(proc.pid, signal.SIGINT)      # a terminal's Ctrl-C: the launcher, mpiexec and the ranks
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    step = checkpoint.load(tmp_path / "run" / checkpoint.FILENAME).step
+    assert f"interrupted: saved step {step} to" in err and err.count("interrupted: saved") == 1
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == step
 
 
 @needs_mpi

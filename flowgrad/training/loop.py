@@ -187,8 +187,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                 in_step = True
                 if world is None:
                     loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
-                else:  # the ranks agree on stopping, so all stop after the same step
-                    loss, stop["stop"] = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
+                else:  # the ranks agree on stopping (any rank's Ctrl-C), so all stop after the same step
+                    loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
                 rec = _record(step, loss, ts.optimizer)
@@ -204,7 +204,7 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                     world.check_same_params(sess.params, step)
                 if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps):
                     _save(sess, ts, ckpt_path, step, config)
-                if stop["stop"]:
+                if stop["stop"] if world is None else stopping:
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
