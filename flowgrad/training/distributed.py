@@ -37,6 +37,7 @@ TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
 RANK_DIR_ENV = "FLOWGRAD_RANK_DIR"    # set by `--ranks`: each rank records its pid there
 DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
 BUCKET_BYTES = 16 << 20               # gradient all-reduce bucket size
+SPIN = 0.05                           # seconds a collective polls without sleeping
 
 
 def launched() -> bool:
@@ -113,20 +114,30 @@ class World:
     # -- collectives, each with a timeout ----------------------------------------
     def _wait(self, requests, what: str) -> None:
         """Poll instead of blocking, so a dead or stuck rank is a timeout, not a
-        hang; short sleeps leave the CPU to ranks still computing."""
-        deadline = time.monotonic() + self.timeout
+        hang. Each poll also moves the collective on (MPI progresses
+        non-blocking calls inside them), so the first SPIN seconds poll
+        between yields of the CPU (to a rank still computing on the same
+        core); after that, between short sleeps."""
+        start = time.monotonic()
         nap = 0.0
         while not self.MPI.Request.Testall(requests):
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > self.timeout:
                 raise FlowError(f"{self}: {what} got no answer from the other ranks within {self.timeout:g} s: "
                                 "a rank failed or hangs", hint=f"the limit is {TIMEOUT_ENV} (seconds)")
-            time.sleep(nap)
-            nap = min(1e-3, nap + 2e-5)
+            if waited < SPIN:
+                _yield()
+            else:
+                time.sleep(nap)
+                nap = min(1e-3, nap + 1e-5)
 
     def allreduce(self, arrays: list[np.ndarray], what: str) -> None:
         """Sum each array across ranks, in place, all in flight at once."""
         reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM) for a in arrays]
         self._wait(reqs, what)
+
+    def barrier(self, what: str) -> None:
+        self._wait([self.comm.Ibarrier()], what)
 
     def bcast_bytes(self, data: bytes | None, what: str) -> bytes:
         n = np.array([len(data) if self.is_root else 0], np.int64)
@@ -222,6 +233,9 @@ class World:
         self.comm.Abort(1)
 
 
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
 def _bits_sum(arr: np.ndarray) -> int:
     raw = np.ascontiguousarray(arr)
     words = raw.view(np.uint16 if raw.itemsize == 2 else np.uint32)
@@ -306,10 +320,10 @@ def mpiexec_command(ranks: int) -> list[str]:
     return cmd
 
 
-def rank_env(ranks: int) -> dict:
+def rank_env(ranks: int, threads: int | None = None) -> dict:
     """The environment for `ranks` ranks on this host: numpy's BLAS threads
-    split between the ranks (unless set), as one process would use them all."""
-    threads = str(max(1, (os.cpu_count() or 1) // ranks))
+    (unless set) `threads` per rank, default the cores split between the ranks."""
+    threads = str(threads or max(1, (os.cpu_count() or 1) // ranks))
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, threads)
