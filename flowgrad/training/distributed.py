@@ -63,7 +63,10 @@ def join(timeout: float | None = None) -> World | None:
     if comm.size == 1:
         return None
     if timeout is None:
-        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+        try:
+            timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+        except ValueError:
+            raise FlowError(f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
     return World(MPI, comm, timeout)
 
 
@@ -226,10 +229,13 @@ class World:
                                     hint="every rank must run the same flowgrad, model, config and data")
 
     def abort(self, error: BaseException) -> None:
-        """One rank failed alone: say which, then end every rank."""
-        msg = error.message if isinstance(error, KeyboardInterrupt) and hasattr(error, "message") else error
-        print(f"error: {self} failed: {type(error).__name__ if not str(msg) else msg}", file=sys.stderr,
-              flush=True)
+        """One rank failed alone: say which (with the traceback of an
+        unexpected exception), then end every rank."""
+        import traceback
+
+        if not isinstance(error, (FlowError, KeyboardInterrupt)):
+            traceback.print_exception(error, file=sys.stderr)
+        print(f"error: {self} failed: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
         self.comm.Abort(1)
 
 
