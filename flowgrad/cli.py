@@ -215,7 +215,7 @@ def cmd_bench(args) -> int:
         from flowgrad.training import bench_ranks
 
         rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
-                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)})
+                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
         print(bench_ranks.report(rows))
         return 0
 

@@ -22,7 +22,7 @@ from flowgrad.errors import FlowError
 TAG = "flowgrad-bench-ranks "
 
 
-def measure(model_path, device: str, repeats: int, config: dict) -> dict | None:
+def measure(model_path, device: str, repeats: int, config: dict, dtype: str = "f32") -> dict | None:
     """One rank's part (under mpiexec); rank 0 returns the medians."""
     import flowgrad as fg
     from flowgrad.exec_vulkan.bench import feeds_for
@@ -32,7 +32,7 @@ def measure(model_path, device: str, repeats: int, config: dict) -> dict | None:
     world = distributed.join()
     if world is not None:
         device = world.device_for(device)
-    sess = fg.load(model_path, config).compile(device=device)
+    sess = fg.load(model_path, config).compile(device=device, dtype=dtype)
     rank = 0 if world is None else world.rank
     feeds = feeds_for(sess.graph, seed=rank)
     opt = Adam()
@@ -64,13 +64,13 @@ def measure(model_path, device: str, repeats: int, config: dict) -> dict | None:
             "samples_per_s": ranks * batch / step, "path": sess.last_path, "model": sess.graph.name}
 
 
-def run(model_path, ranks: int, device: str, repeats: int, config: dict) -> list[dict]:
+def run(model_path, ranks: int, device: str, repeats: int, config: dict, dtype: str = "f32") -> list[dict]:
     from flowgrad.training import distributed
 
     rows = []
     for n in range(1, ranks + 1):
         cmd = distributed.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.training.bench_ranks",
-                                                json.dumps([str(model_path), device, repeats, config])]
+                                                json.dumps([str(model_path), device, repeats, config, dtype])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=distributed.rank_env(n, threads=1))
         found = [line[len(TAG):] for line in proc.stdout.splitlines() if line.startswith(TAG)]
         if proc.returncode != 0 or not found:
@@ -93,7 +93,6 @@ def report(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    model_path, device, repeats, config = json.loads(sys.argv[1])
-    result = measure(model_path, device, repeats, config)
+    result = measure(*json.loads(sys.argv[1]))
     if result is not None:
         print(TAG + json.dumps(result), flush=True)

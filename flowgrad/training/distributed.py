@@ -37,7 +37,7 @@ TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
 RANK_DIR_ENV = "FLOWGRAD_RANK_DIR"    # set by `--ranks`: each rank records its pid there
 DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
 BUCKET_BYTES = 16 << 20               # gradient all-reduce bucket size
-SPIN = 0.05                           # seconds a collective polls without sleeping
+SPIN = 0.002                          # seconds a collective polls without sleeping
 
 
 def launched() -> bool:

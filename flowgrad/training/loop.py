@@ -112,7 +112,9 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed)
-    graph = sess.graph
+    if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                    or check_every < 1):
+        raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")
     if world is not None:
         return _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback,
                             check_every or ts.eval_every)
