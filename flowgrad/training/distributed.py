@@ -79,7 +79,7 @@ class World:
         self.MPI, self.comm, self.timeout = MPI, comm, timeout
         self.rank, self.size = comm.rank, comm.size
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank, self.local_size = local.rank, local.size
+        self.local_rank = local.rank
         local.Free()
         self._flat = None
         if os.environ.get(RANK_DIR_ENV):
