@@ -62,6 +62,8 @@ RANK = textwrap.dedent("""
         from flowgrad.exec_vulkan import runtime
         errors = runtime.validation_errors()
         assert not errors, errors[0]
+    with open(args["save"] + f".rank{rank}", "w") as f:
+        json.dump({"wrote_to": None if r.out is None else str(r.out)}, f)
     if r.rank == 0:
         np.savez(args["save"], **r.session.params)
         with open(args["save"] + ".json", "w") as f:
@@ -123,6 +125,8 @@ def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp
     assert summary["metrics"] == pytest.approx(ref.metrics, abs=1e-12)    # eval: the same rows, the same counts
     assert summary["loss"] == pytest.approx(ref.loss, rel=1e-5)
     # rank 0 alone wrote: one header and one line per step, a checkpoint with the global batch
+    wrote = [json.loads(Path(f"{save}.rank{r}").read_text())["wrote_to"] for r in range(3)]
+    assert wrote == [str(out), None, None]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 21 and [json.loads(x)["step"] for x in lines[1:]] == list(range(1, 21))
     ckpt = checkpoint.load(out / checkpoint.FILENAME)

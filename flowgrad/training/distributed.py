@@ -236,6 +236,7 @@ class World:
         if not isinstance(error, (FlowError, KeyboardInterrupt)):
             traceback.print_exception(error, file=sys.stderr)
         print(f"error: {self} failed: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
+        time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
         self.comm.Abort(1)
 
 
