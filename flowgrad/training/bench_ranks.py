@@ -3,8 +3,9 @@ this host. Each rank count runs under its own mpiexec; every rank steps the
 model on its own random feeds of the model's batch (the per-rank batch, so
 the global batch grows with the ranks) with adam, and numpy's BLAS on one
 thread (unless OMP_NUM_THREADS says otherwise), so N ranks use N cores.
-Reported per rank count:
-the median step time, its all-reduce part (the gradient average, from the
+One rank is a one-process training step (one submit on the graph path); more
+are data-parallel steps (two submits there). Reported per rank count: the
+median step time, its all-reduce part (the gradient average, from the
 packed buffer to the averaged grads, timed after a barrier), the wait at that
 barrier for the slowest rank, and samples per second over all ranks.
 
@@ -39,17 +40,18 @@ def measure(model_path, device: str, repeats: int, config: dict, dtype: str = "f
     steps, reduces, waits = [], [], []
     for i in range(repeats + 2):            # two warm-up steps record the programs
         t0 = time.perf_counter()
-        res = sess.step(feeds, grads=True)
-        t1 = time.perf_counter()
-        grads = res.grads
-        if world is not None:
+        if world is None:                    # one process: its own step (one submit on the graph path)
+            sess.step(feeds, grads=False, optimizer=opt)
+            t1 = t2 = t3 = t4 = time.perf_counter()
+        else:
+            res = sess.step(feeds, grads=True)
+            t1 = time.perf_counter()
             world.barrier("the bench's barrier")    # apart from the all-reduce: the wait for the slowest rank
-        t2 = time.perf_counter()
-        if world is not None:
-            grads, _, _ = world.average(grads, res.loss, False, i + 1)
-        t3 = time.perf_counter()
-        sess.runner.apply_update(opt, grads)
-        t4 = time.perf_counter()
+            t2 = time.perf_counter()
+            grads, _, _ = world.average(res.grads, res.loss, False, i + 1)
+            t3 = time.perf_counter()
+            sess.runner.apply_update(opt, grads)
+            t4 = time.perf_counter()
         if i >= 2:
             steps.append(t4 - t0)
             waits.append(t2 - t1)
