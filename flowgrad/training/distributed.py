@@ -199,7 +199,8 @@ class World:
         if self.is_root:
             step, state = runner.get_opt_state()
             tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in runner.get_params().items()}
-            tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v) for p, st in state.items() for k, v in st.items()})
+            tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v)
+                            for p, st in state.items() for k, v in st.items()})
             tensors["step"] = np.array([step], np.int64)
             data = save(tensors)
         tensors = load(self.bcast_bytes(data, "the broadcast of rank 0's params"))
@@ -315,7 +316,8 @@ def mpiexec_command(ranks: int) -> list[str]:
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec") or shutil.which("mpirun")
     if exe is None:
-        raise FlowError("--ranks needs an MPI launcher (mpiexec), and none was found", hint=f"install one with: {INSTALL}")
+        raise FlowError("--ranks needs an MPI launcher (mpiexec), and none was found",
+                        hint=f"install one with: {INSTALL}")
     cmd = [exe, "-n", str(ranks)]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         try:
