@@ -87,6 +87,7 @@ class Session:
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
+        self._predictor = None
         self.runner = self._make_runner(params)
 
     def _make_runner(self, params):
@@ -156,6 +157,23 @@ class Session:
         outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
                                                     optimizer=optimizer, grad_inputs=grad_inputs)
         return StepResult(outputs, out_grads, None if loss is None else float(loss))
+
+    def predict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Forward outputs for feeds of any batch size (the model is rebuilt
+        with its batch config key set to the size, once per size); inputs
+        only the loss reads may be left out."""
+        from flowgrad.training.infer import Predictor
+
+        if self._predictor is None:
+            self._predictor = Predictor(self)
+        return self._predictor(feeds)
+
+    def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
+        """Write the forward graph with the current params as an ONNX model
+        (needs the onnx package); returns the exported output names."""
+        from flowgrad.export_onnx import export
+
+        return export(self, path, outputs)
 
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":

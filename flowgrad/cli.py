@@ -1,34 +1,57 @@
-"""`flowgrad check|explain|run|train|bench|devices`."""
+"""flowgrad: train, run and export models written in the .flow language.
+
+Commands: check, explain, train, run, generate, export, bench, devices;
+`flowgrad COMMAND --help` shows each one's options and an example."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from flowgrad.dsl.config import parse_sets
-from flowgrad.errors import FlowError
+from flowgrad.errors import FlowError, FlowWarning
+from flowgrad.training.overrides import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a .flow model file, or the name of a shipped model (mlp, tiny_gpt, ...)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (repeatable), e.g. --set hidden=256")
 
 
 def add_session_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
-    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"])
+    p.add_argument("--device", default="auto", help="auto (a GPU's Vulkan device, else numpy), cpu, vulkan (any "
+                   "Vulkan device, lavapipe too) or vulkan:N (default auto)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="the compile dtype of floats "
+                   "(default f32)")
+    p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"],
+                   help="execution path of the backward pass: auto lets the planner choose; graph makes a "
+                        "refusal an error (default auto)")
 
 
 def cmd_check(args) -> int:
-    import flowgrad as fg
+    """The model's summary, then every error of its train section."""
+    from flowgrad.training.section import check_train
 
-    model = fg.load(args.file, parse_sets(args.set))
+    model = load_model(args.file, parse_sets(args.set))
     print(summary(model.graph))
-    return 0
+    if model.graph.train is None:
+        print("train   (no train section)")
+        return 0
+    errors = check_train(model.graph)
+    if not errors:
+        print(f"train   ok: {section_summary(model.graph)}")
+        return 0
+    print(f"train   {len(errors)} error{'s' if len(errors) > 1 else ''}:", file=sys.stderr)
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 1
 
 
 def summary(graph) -> str:
@@ -69,10 +92,19 @@ def grouped_params(graph):
     return out
 
 
-def cmd_explain(args) -> int:
-    import flowgrad as fg
+def section_summary(graph) -> str:
+    from flowgrad.training.section import setup
 
-    model = fg.load(args.file, parse_sets(args.set))
+    ts = setup(graph)
+    data = ts.data
+    sizes = getattr(data, "size", None)
+    rows = (f" ({', '.join(f'{sizes(s)} {s}' for s in ('train', 'val', 'test'))} rows)" if sizes else "")
+    metric = f"metric {ts.metric.name}" + (f" on {ts.metric.output}" if ts.metric.output else "")
+    return f"{data.describe}{rows}, {metric}, {ts.steps} steps"
+
+
+def cmd_explain(args) -> int:
+    model = load_model(args.file, parse_sets(args.set))
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
     if args.ranks is not None:
         if args.ranks < 1:
@@ -94,7 +126,7 @@ def cmd_train(args) -> int:
         if distributed.launched():
             raise FlowError("--ranks starts mpiexec itself: under mpiexec/mpirun leave it out")
         return distributed.launch(args.ranks, distributed.strip_ranks(args.argv))
-    model = fg.load(args.file, parse_sets(args.set))
+    model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
@@ -110,16 +142,23 @@ def cmd_train(args) -> int:
 
 def train_summary(result) -> str:
     from flowgrad.training import checkpoint
+    from flowgrad.training.loop import BEST_FILENAME
+    from flowgrad.training.metrics import fmt
 
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
              f"({result.steps_per_second:.1f} steps/s)"]
     if result.ranks > 1:
         lines.append(f"data-parallel on {result.ranks} ranks (global batch = batch x {result.ranks})")
+    if result.stopped_early:
+        lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
     rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
-    rows += [(f"test {k}", f"{v:.2%}") for k, v in result.metrics.items()]
+    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()]
+    if result.best is not None:
+        rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
     rows.append(("path", result.path))
     if result.out is not None:
-        written = [p.name for p in (result.out / "metrics.jsonl", result.out / "loss.png") if p.exists()]
+        written = [p.name for p in (result.out / BEST_FILENAME, result.out / "metrics.jsonl",
+                                    result.out / "loss.png") if p.exists()]
         rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
@@ -129,51 +168,55 @@ def train_summary(result) -> str:
 # -- run ---------------------------------------------------------------------------------
 
 def cmd_run(args) -> int:
-    import flowgrad as fg
-    from flowgrad.training import checkpoint, infer
+    from flowgrad.training.arrayfiles import parse_feeds, write_outputs
+    from flowgrad.training.infer import load_trained
 
-    model = fg.load(args.file, parse_sets(args.set))
-    feeds = parse_feeds(args.feed)
-    ckpt = checkpoint.load(args.checkpoint)
-    # a model trained with --dtype f16 runs in f16: the checkpoint says which
-    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
-    sess = model.compile(device=args.device, dtype=dtype)
-    checkpoint.check_matches(ckpt, sess.graph)
-    sess.set_params(ckpt.params)
-    outputs = infer.run(sess, feeds)
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    outputs = sess.predict(parse_feeds(args.feed, sess.graph))
+    if args.output:
+        unknown = [o for o in args.output if o not in outputs]
+        if unknown:
+            raise FlowError(f"--output {unknown[0]}: not an output of this run (outputs: {', '.join(outputs)})")
+        outputs = {o: outputs[o] for o in args.output}
     if args.out:
-        try:
-            np.savez(args.out, **outputs)
-        except OSError as e:
-            raise FlowError(f"cannot write {args.out!r}: {e.strerror or e}") from None
-        print(f"wrote {', '.join(outputs)} to {args.out}  (checkpoint step {ckpt.step})")
+        write_outputs(args.out, outputs)
+        print(f"wrote {', '.join(f'{k} {v.dtype}{list(v.shape)}' for k, v in outputs.items())} to {args.out}  "
+              f"(checkpoint step {ckpt.step})")
     else:
         with np.printoptions(threshold=64, edgeitems=3, precision=4, suppress=True):
             for name, value in outputs.items():
                 print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
-    sys.stdout.flush()
     return 0
 
 
-def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
-    """`--feed x=batch.npy ...` -> {"x": array}."""
-    feeds = {}
-    for item in items or []:
-        name, sep, file = item.partition("=")
-        name = name.strip()
-        if not sep or not name or not file:
-            raise FlowError(f"--feed {item!r}: expected name=file.npy, e.g. --feed x=batch.npy")
-        if name in feeds:
-            raise FlowError(f"--feed {name} is given twice")
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except FileNotFoundError:
-            raise FlowError(f"--feed {name}: no such file {file!r}") from None
-        except (OSError, ValueError, EOFError) as e:
-            raise FlowError(f"--feed {name}: cannot read {file!r} as a .npy array: {e}") from None
-        if not isinstance(feeds[name], np.ndarray):
-            raise FlowError(f"--feed {name}: {file!r} holds several arrays (an .npz); give one .npy per input")
-    return feeds
+# -- generate, export ---------------------------------------------------------------------
+
+def cmd_generate(args) -> int:
+    from flowgrad.training.generate import generate
+    from flowgrad.training.infer import load_trained
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    data = ckpt.data or {}
+    if "vocab" not in data:
+        raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
+                        "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
+    print(generate(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
+                   args.top_k, args.seed))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from flowgrad.export_onnx import OPSET, export
+    from flowgrad.training.infer import load_trained
+
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    graph = sess.graph
+    names = export(sess, args.output_file, args.output or None)
+    read = {n.id for n in graph.needed_for([graph.outputs[o] for o in names])}
+    ins = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items() if i in read)
+    outs = ", ".join(f"{o}: {graph.nodes[graph.outputs[o]].type}" for o in names)
+    print(f"wrote {args.output_file}: ONNX opset {OPSET}, inputs {ins}; outputs {outs}  (checkpoint step {ckpt.step})")
+    return 0
 
 
 # -- devices, bench ----------------------------------------------------------------------
@@ -209,6 +252,8 @@ def devices_text() -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.file == "matmul":
+        return cmd_bench_matmul(args)
     from flowgrad.exec_vulkan import bench
 
     if args.ranks is not None:
@@ -218,22 +263,63 @@ def cmd_bench(args) -> int:
                                {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
         print(bench_ranks.report(rows))
         return 0
+    t0 = time.perf_counter()
+
+    def phase(text):
+        print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
-                  dtype=args.dtype)
+                  dtype=args.dtype, phase=phase)
     print(bench.report(r))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowgrad", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_bench_matmul(args) -> int:
+    from flowgrad.exec_vulkan import matmul_bench, select_device
 
-    p = sub.add_parser("check", help="parse and type-check a model, print a summary")
+    device = select_device(args.device)
+    if device is None:
+        raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
+    shapes = [matmul_bench.parse_shape(s) for s in args.shape] or None
+    rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all))
+    print(matmul_bench.report(rows, device.info.name, args.dtype))
+    return 0
+
+
+EXAMPLES = {
+    "check": "flowgrad check models/mlp.flow --set hidden=256",
+    "explain": "flowgrad explain models/tiny_gpt.flow --device vulkan --analyze",
+    "train": "flowgrad train models/mlp.flow --out runs/mlp --steps 400\n"
+             "  flowgrad train models/mlp.flow --out runs/mlp --resume --steps 800",
+    "run": "flowgrad run models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors --feed x=rows.csv "
+           "--out pred.csv",
+    "generate": "flowgrad generate models/char_lm.flow --checkpoint runs/char_lm/checkpoint.safetensors "
+                "--prompt \"It was\" --tokens 100 --temperature 0.8 --top-k 10",
+    "export": "flowgrad export models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors -o mlp.onnx",
+    "bench": "flowgrad bench --device vulkan --repeats 20\n  flowgrad bench matmul --dtype f16",
+    "devices": "flowgrad devices",
+}
+
+
+def _sub(sub, name: str, help: str):
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                          epilog=f"example:\n  {EXAMPLES[name]}", formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from flowgrad import __version__
+
+    parser = argparse.ArgumentParser(prog="flowgrad", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="example:\n  flowgrad train models/mlp.flow --out runs/mlp")
+    parser.add_argument("--version", action="version", version=f"flowgrad {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _sub(sub, "check", "parse and type-check a model and its train section, print a summary")
     add_model_args(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("explain", help="show the execution plan and why")
+    p = _sub(sub, "explain", "show the execution plan and why")
     add_model_args(p)
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
@@ -241,11 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, default=None, metavar="N", help="describe data-parallel training on N ranks")
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("train", help="train a model on the data named in its train section")
+    p = _sub(sub, "train", "train a model on the data named in its train section")
     add_model_args(p)
     add_session_args(p)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--out", default=None, help="directory for checkpoints, metrics.jsonl and loss.png")
+    p.add_argument("--steps", type=int, default=None, help="how many steps in all (default: the train "
+                   "section's steps); with --resume, a number above the checkpoint's step trains further")
+    p.add_argument("--out", default=None, metavar="DIR", help="directory for checkpoint.safetensors, "
+                   "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
@@ -253,43 +341,100 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-every", type=int, default=None, metavar="STEPS",
                    help="data-parallel: steps between checks that all ranks hold the same params")
     p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("run", help="inference from a checkpoint")
+    p = _sub(sub, "run", "inference from a checkpoint, at any batch size")
     add_model_args(p)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("--out", default=None, help="write outputs to this .npz")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
+                   "used, --set overrides it")
+    p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE",
+                   help="an input from a .npy, .csv or single-array .npz file (rows first; any number of rows), "
+                        "or FILE.npz whose arrays are named as the inputs; repeat per input")
+    p.add_argument("--output", action="append", default=[], metavar="NAME", help="report only this output "
+                   "(repeatable; default: every output the feeds determine)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "
+                   "or .csv (one column per value, one row per batch row); default: print them")
+    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("devices", help="list Vulkan devices")
+    p = _sub(sub, "generate", "sample text from a language model trained on text(...) data")
+    add_model_args(p)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of a text-trained model (it holds the vocab)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--tokens", type=int, default=200, help="how many tokens to add (default 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 always takes the "
+                   "likeliest token (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens only (default 0: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
+    p.set_defaults(func=cmd_generate)
+
+    p = _sub(sub, "export", "write a trained model's forward graph as an ONNX file")
+    add_model_args(p)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
+                   "used, --set overrides it (e.g. --set batch=1 for the exported batch size)")
+    p.add_argument("-o", "--output-file", required=True, metavar="FILE.onnx", help="where to write the ONNX model")
+    p.add_argument("--output", action="append", default=[], metavar="NAME", help="export this output (repeatable; "
+                   "default: every output that does not read the targets)")
+    p.add_argument("--device", default="cpu", help="where to load the params (default cpu)")
+    p.set_defaults(func=cmd_export)
+
+    p = _sub(sub, "devices", "list Vulkan devices")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("bench", help="graph vs closures step time on one device (a small decoder)")
+    p = _sub(sub, "bench", "graph vs closures step time on one device (the decoder example: tiny_gpt at d=64, "
+                           "seq=64)")
     p.add_argument("file", nargs="?", default=None,
-                   help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64)")
+                   help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64), "
+                        "or `matmul` for the GEMM kernels' TFLOP/s")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--device", default="vulkan")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"])
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="compile dtype (default f32)")
+    p.add_argument("--repeats", type=int, default=20, help="timed graph-path steps; closures get a quarter "
+                   "(default 20)")
+    p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
+                   help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
+    p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="data-parallel training steps at 1..N ranks (mpiexec): step time, samples/s, all-reduce share")
     p.set_defaults(func=cmd_bench)
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """FlowWarnings as one `warning:` line; others as Python shows them."""
+    if issubclass(category, FlowWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    warnings.showwarning = _show_warning
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
+        return rc
     except FlowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader (`| head`) went away: stop quietly; point stdout at
+        # /dev/null so the interpreter's final flush does not raise again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    finally:
+        warnings.showwarning = _python_showwarning
 
 
 if __name__ == "__main__":

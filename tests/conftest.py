@@ -1,6 +1,7 @@
 """Test groups by what they need: no device, numpy, Vulkan.
 
-Vulkan tests take the `vk_device` fixture. Without a device they skip on a
+Vulkan tests take the `vk_device` fixture (directly or through another
+fixture), which marks them `vulkan` (`-m vulkan` / `-m "not vulkan"`). Without a device they skip on a
 developer's machine, and FAIL when CI=true: CI installs lavapipe, so a missing
 device there is a broken set-up, not a reason to pass.
 
@@ -20,6 +21,12 @@ def env_with_path(first) -> dict:
     """os.environ with `first` put at the head of PYTHONPATH (kept, not
     replaced: the packages may live on the PYTHONPATH, as on a device machine)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "vk_device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vulkan)
 
 
 @pytest.fixture(scope="session")

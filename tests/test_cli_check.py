@@ -28,7 +28,8 @@ def test_check_prints_a_summary(capsys):
     assert any(line.split()[:2] == ["x", "f32[64,64]"] for line in lines)
     assert any(line.split()[:3] == ["w1", "f32[64,128]", "8,192"] for line in lines)
     assert "params (9,610 values)" in out
-    assert lines[-1] == "minimize loss"
+    assert lines[-2] == "minimize loss"
+    assert lines[-1] == "train   ok: digits() (1258 train, 180 val, 359 test rows), metric accuracy on logits, 800 steps"
     assert len(lines) < 40
 
 

@@ -7,7 +7,9 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
-from flowgrad.training.data import SEP, ArrayData, make_data
+from flowgrad.training.data import SEP, ArrayData
+from flowgrad.training.metrics import Metric, evaluate
+from flowgrad.training.sources import make_data
 
 SPAN = Span("m.flow", 27, 10, "  data = digits()", 18)
 
@@ -26,12 +28,15 @@ def call(name, **kwargs):
 
 def test_digits_scaled_and_split():
     d = make_data(call("digits", test_fraction=0.25), SPAN, seed=3)
-    assert d.x_train.dtype == np.float32 and d.y_train.dtype == np.int32
-    assert 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
-    assert len(d.x_test) == pytest.approx(1797 * 0.25, abs=1)
-    assert len(d.x_train) + len(d.x_test) == 1797
-    # stratified: every class is in the test set
-    assert set(d.y_test.tolist()) == set(range(10))
+    d.bind(model_graph(x=("f32", (32, 64)), y=("i32", (32,))))
+    train, val, test = (d.parts[s] for s in ("train", "val", "test"))
+    assert train["x"].dtype == np.float32 and train["y"].dtype == np.int32
+    assert 0.0 <= train["x"].min() and train["x"].max() <= 1.0
+    assert len(test["x"]) == pytest.approx(1797 * 0.25, abs=1)
+    assert len(val["x"]) == pytest.approx(1797 * 0.1, abs=1)
+    assert len(train["x"]) + len(val["x"]) + len(test["x"]) == 1797
+    # stratified: every class is in the validation and the test set
+    assert set(test["y"].tolist()) == set(val["y"].tolist()) == set(range(10))
 
 
 def test_array_batches_depend_only_on_seed_and_step():
@@ -51,7 +56,7 @@ def test_float_data_feeds_an_f16_model():
 
 def test_an_epoch_visits_each_training_row_once():
     x = np.arange(10, dtype=np.float32)[:, None]
-    d = ArrayData(x, np.zeros(10), x[:2], np.zeros(2), seed=0).bind(model_graph(x=("f32", (3, 1)), y=("i32", (3,))))
+    d = ArrayData({"x": x, "y": np.zeros(10)}, seed=0).bind(model_graph(x=("f32", (3, 1)), y=("i32", (3,))))
     assert d.batches_per_epoch == 3
     seen = np.concatenate([d.train_batch(s)["x"][:, 0] for s in range(3)])
     assert len(set(seen.tolist())) == 9  # 9 distinct rows; the 10th is skipped this epoch
@@ -60,48 +65,65 @@ def test_an_epoch_visits_each_training_row_once():
 
 
 class FakeSession:
-    """Returns logits that predict class (x[:, 0] > 0.5) as one-hot, for metric checks."""
+    """Returns logits that predict class (x[:, 0] > 0.5) as one-hot, for metric
+    checks; batch i has loss i. `sized`: predict() runs a short batch (loss
+    10), else it refuses as a model with a fixed batch size does."""
 
-    def __init__(self, graph):
-        self.graph = graph
+    def __init__(self, graph, sized):
+        self.graph, self.sized = graph, sized
         self.calls = 0
+
+    def outputs(self, x, loss):
+        return {"logits": np.stack([x[:, 0] <= 0.5, x[:, 0] > 0.5], axis=1).astype(np.float32),
+                "loss": np.float32(loss)}
 
     def step(self, feeds, grads=False):
         self.calls += 1
-        x = feeds["x"]
-        logits = np.stack([x[:, 0] <= 0.5, x[:, 0] > 0.5], axis=1).astype(np.float32)
+        outs = self.outputs(feeds["x"], self.calls)
 
         class R:
-            outputs = {"logits": logits}
+            outputs = outs
         return R
 
+    def predict(self, feeds):
+        from flowgrad.training.infer import FixedBatchError
 
-def test_accuracy_counts_each_test_row_once_with_a_padded_last_batch():
+        if not self.sized:
+            raise FixedBatchError("fixed")
+        self.calls += 1
+        return self.outputs(feeds["x"], 10)
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_eval_counts_each_row_once(sized):
     x = np.linspace(0, 1, 10, dtype=np.float32)[:, None]
     y = (x[:, 0] > 0.5).astype(np.int32)
     y_wrong = y.copy()
     y_wrong[:3] = 1 - y_wrong[:3]  # 3 of 10 wrong
     g = model_graph(x=("f32", (4, 1)), y=("i32", (4,)))
     g.outputs["logits"] = g.add("input", (), TensorType((4, 2), "f32"), "logits").id
-    d = ArrayData(x, y, x, y_wrong, seed=0).bind(g)
-    sess = FakeSession(g)
-    assert d.evaluate(sess) == {"accuracy": pytest.approx(0.7)}
-    assert sess.calls == 3  # 4 + 4 + 2 (padded to 4)
+    g.outputs["loss"] = g.loss = g.add("input", (), TensorType((), "f32"), "loss").id
+    d = ArrayData({"x": x, "y": y}, test={"x": x, "y": y_wrong}, seed=0).bind(g)
+    sess = FakeSession(g, sized)
+    got = evaluate(sess, d, "test", Metric("accuracy", "logits", "y"))
+    # batches of 4, 4 and 2 rows; the last runs at its size (loss 10), or padded to 4 (loss 3, weighted 2/4)
+    last = 10 if sized else 3
+    assert got == {"accuracy": pytest.approx(0.7), "loss": pytest.approx((4 * 1 + 4 * 2 + 2 * last) / 10)}
+    assert sess.calls == 3
 
 
 def test_npz_source(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", feats=rng.random((50, 3)), labels=rng.integers(0, 2, 50))
     d = make_data(call("npz", path="d.npz", x="feats", y="labels", test_fraction=0.2), SPAN, base_dir=tmp_path)
-    assert d.x_train.shape == (40, 3) and d.x_test.shape == (10, 3)
+    assert d.size("train") == 35 and d.size("val") == 5 and d.size("test") == 10
     d.bind(model_graph(x=("f32", (8, 3)), y=("i32", (8,))))
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(path="missing.npz"), "no such file"),
     (dict(path="d.npz", x="nope"), "has no array 'nope'"),
-    (dict(path="d.npz", y="feats"), "labels 'feats' must be integers"),
-    (dict(path="d.npz", x_test="feats"), "give both x_test and y_test"),
+    (dict(path="d.npz", x_test="feats"), "give x_test and y_test together"),
     (dict(path="bad.npz"), "cannot read"),
 ])
 def test_npz_errors(tmp_path, kwargs, message):
@@ -129,9 +151,9 @@ def test_reverse_layout():
 
 
 def test_held_out_sequences_never_appear_in_training():
-    d = make_data(call("reverse", seq=6, vocab=5, test=30), SPAN, seed=0)  # 64 possible sequences
+    d = make_data(call("reverse", seq=6, vocab=5, test=26, val=4), SPAN, seed=0)  # 64 possible sequences
     d.bind(model_graph(tokens=("i32", (16, 6)), targets=("i32", (16, 6))))
-    held = {r.tobytes() for r in d._test_x}
+    held = {r.tobytes() for r in np.concatenate([d._split_x["test"], d._split_x["val"]])}
     assert len(held) == 30
     for step in range(50):
         for row in d.train_batch(step)["tokens"][:, :3]:
@@ -139,21 +161,21 @@ def test_held_out_sequences_never_appear_in_training():
 
 
 def test_token_accuracy_reads_answer_positions_only():
-    d = make_data(call("reverse", seq=6, vocab=6, test=4), SPAN, seed=0)
+    d = make_data(call("reverse", seq=6, vocab=6, test=4, val=0), SPAN, seed=0)
     d.bind(model_graph(tokens=("i32", (4, 6)), targets=("i32", (4, 6))))
-    feeds = d.layout(d._test_x)
+    feeds = d.layout(d._split_x["test"])
     logits = np.eye(6, dtype=np.float32)[feeds["targets"]]      # perfect everywhere ...
     logits[:, :3] = np.eye(6, dtype=np.float32)[0]               # ... but wrong outside the answer
     logits[0, 3] = np.eye(6, dtype=np.float32)[(feeds["targets"][0, 3] + 1) % 6]  # one answer token wrong
-    m = d.batch_metrics(logits, feeds)
-    assert m["token_accuracy"] == pytest.approx(4 - 1 / 3)
-    assert m["sequence_accuracy"] == 3
+    mask = d.score_mask(feeds)
+    assert Metric("token_accuracy", "", "").sums(logits, feeds["targets"], mask) == (11, 12)
+    assert Metric("accuracy", "", "").sums(logits, feeds["targets"], mask) == (3, 4)
 
 
 @pytest.mark.parametrize("inputs, message", [
     (dict(x=("f32", (8, 64))), "has no input y"),
-    (dict(x=("f32", (8, 10)), y=("i32", (8,))), "makes x as f32[batch, 64]"),
-    (dict(x=("f32", (8, 64)), y=("f32", (8,))), "makes y as i32[batch]"),
+    (dict(x=("f32", (8, 10)), y=("i32", (8,))), "makes x as [rows, 64]"),
+    (dict(x=("f32", (8, 64)), y=("i32", (8, 2))), "makes y as [rows]"),
     (dict(x=("f32", (8, 64)), y=("i32", (4,))), "share a leading batch"),
     (dict(x=("f32", (4000, 64)), y=("i32", (4000,))), "fewer than the model's batch size"),
 ])
@@ -176,7 +198,7 @@ def test_sequence_length_hint():
     (call("digits", frac=0.1), "has no argument 'frac'"),
     (call("reverse", seq=0), "seq must be >= 2"),
     (call("reverse", seq=7), "seq must be even"),
-    (call("reverse", seq=4, vocab=4, test=8), "too few to hold out"),
+    (call("reverse", seq=4, vocab=4, test=8, val=0), "too few to hold out"),
     (call("npz"), "needs argument 'path'"),
 ])
 def test_bad_data_settings(value, message):

@@ -56,7 +56,7 @@ RANK = textwrap.dedent("""
     model.compile = compile
     from flowgrad.training.optim import Adam
     r = fg.train(model, steps=args["steps"], device=args["device"], out=args.get("out"), progress=False,
-                 optimizer=Adam(lr=3e-3),
+                 optimizer=Adam(lr=args.get("lr", 3e-3)),
                  callback=callback, resume=args.get("resume", False), check_every=args.get("check_every"))
     if args["device"] != "cpu":
         from flowgrad.exec_vulkan import runtime
@@ -67,14 +67,21 @@ RANK = textwrap.dedent("""
     if r.rank == 0:
         np.savez(args["save"], **r.session.params)
         with open(args["save"] + ".json", "w") as f:
-            json.dump({"metrics": r.metrics, "loss": r.loss, "path": r.path, "ranks": r.ranks}, f)
+            json.dump({"metrics": r.metrics, "loss": r.loss, "path": r.path, "ranks": r.ranks, "best": r.best,
+                       "stopped_early": r.stopped_early, "steps": r.steps, "history": r.history}, f)
 """)
 
 
 @pytest.fixture
 def mlp(tmp_path) -> str:
-    """The shipped mlp on a small synthetic npz with a given test split:
-    quicker to start in each rank than the digits (no scikit-learn import)."""
+    return write_mlp(tmp_path)
+
+
+def write_mlp(tmp_path, train: str = "  eval_every = 100") -> str:
+    """The shipped mlp on a small synthetic npz with a given test split (and a
+    validation split cut from the training rows): quicker to start in each
+    rank than the digits (no scikit-learn import). `train`: what replaces its
+    eval_every line."""
     rng = np.random.default_rng(0)
     x = rng.random((600, 64), dtype=np.float32)
     y = np.argmax(x @ rng.standard_normal((64, 10)), axis=1).astype(np.int32)
@@ -82,6 +89,7 @@ def mlp(tmp_path) -> str:
     text = fg.api.model_file("mlp").read_text()
     start = text.index("  data = ")
     text = text[:start] + '  data = npz("data.npz", x_test="xt", y_test="yt")' + text[text.index("\n", start):]
+    text = text.replace("  eval_every = 100", train)
     (tmp_path / "mlp.flow").write_text(text)
     return str(tmp_path / "mlp.flow")
 
@@ -97,13 +105,26 @@ def launch(tmp_path, ranks: int, timeout=TIMEOUT, env=None, **args):
     return proc, time.monotonic() - t0
 
 
-def one_process(model, batch, steps, device, **kw):
+def one_process(model, batch, steps, device, lr=3e-3, **kw):
     """A constant learning rate (mlp's own schedule depends on `steps`), so a
     run resumed to more steps equals one trained straight through."""
     from flowgrad.training.optim import Adam
 
     return fg.train(fg.load(model, {"batch": batch}), steps=steps, device=device, progress=False,
-                    optimizer=Adam(lr=3e-3), **kw)
+                    optimizer=Adam(lr=lr), **kw)
+
+
+def assert_same_evals(summary, ref):
+    """Eval records of the ranks' run equal one process's: the metric exactly (the
+    same rows scored), the eval losses (means of f32 means) to float rounding."""
+    assert summary["metrics"].keys() == ref.metrics.keys()
+    assert summary["metrics"]["accuracy"] == ref.metrics["accuracy"]
+    assert summary["metrics"]["loss"] == pytest.approx(ref.metrics["loss"], rel=1e-6)
+    evals = [{k: v for k, v in r.items() if k.startswith(("val_", "test_"))} for r in summary["history"]]
+    want = [{k: v for k, v in r.items() if k.startswith(("val_", "test_"))} for r in ref.history]
+    assert [sorted(e) for e in evals] == [sorted(e) for e in want] and any(want)
+    for got, exp in zip(evals, want):
+        assert got == pytest.approx(exp, rel=1e-6)
 
 
 def assert_same_params(saved, params):
@@ -122,7 +143,9 @@ def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp
     assert summary["ranks"] == 3 and summary["path"].startswith("closures")
     ref = one_process(mlp, 48, 20, "cpu")
     assert_same_params(save, ref.session.params)
-    assert summary["metrics"] == pytest.approx(ref.metrics, abs=1e-12)    # eval: the same rows, the same counts
+    assert_same_evals(summary, ref)
+    assert summary["best"]["step"] == ref.best["step"]
+    assert summary["best"]["val_loss"] == pytest.approx(ref.best["val_loss"], rel=1e-6)
     assert summary["loss"] == pytest.approx(ref.loss, rel=1e-5)
     # rank 0 alone wrote: one header and one line per step, a checkpoint with the global batch
     wrote = [json.loads(Path(f"{save}.rank{r}").read_text())["wrote_to"] for r in range(3)]
@@ -130,7 +153,8 @@ def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 21 and [json.loads(x)["step"] for x in lines[1:]] == list(range(1, 21))
     ckpt = checkpoint.load(out / checkpoint.FILENAME)
-    assert ckpt.step == 20 and ckpt.config["batch"] == 48
+    assert ckpt.step == 20 and ckpt.config["batch"] == 48 and ckpt.data["source"] == ref_data_source(mlp)
+    assert checkpoint.load(out / "best.safetensors").step == ref.best["step"]
     assert (out / "loss.png").exists()
     # resume at another rank count (here one process with the same global batch)
     resumed = one_process(mlp, 48, 30, "cpu", out=out, resume=True)
@@ -150,7 +174,38 @@ def test_two_ranks_on_the_graph_path_equal_one_process(tmp_path, mlp, vk_device)
     ref = one_process(mlp, 64, 20, "vulkan", backward="graph")
     assert summary["path"] == "graph" and ref.path == "graph"
     assert_same_params(save, ref.session.params)
-    assert summary["metrics"] == pytest.approx(ref.metrics, abs=1e-12)
+    assert_same_evals(summary, ref)
+
+
+def ref_data_source(model) -> str:
+    from flowgrad.training.section import setup
+
+    return setup(fg.load(model).build()).data.meta()["source"]
+
+
+@needs_mpi
+def test_early_stop_and_best_are_decided_alike_on_every_rank(tmp_path):
+    """A learning rate high enough that the validation loss rises: the ranks stop
+    at the eval where one process stops, and keep the same best."""
+    model = write_mlp(tmp_path, "  eval_every = 2\n  early_stop = 2")
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    ref = one_process(model, 32, 200, "cpu", lr=0.05)
+    assert ref.stopped_early and ref.steps < 200      # the case under test happens
+    proc, _ = launch(tmp_path, 2, batch=16, steps=200, device="cpu", out=str(out), save=save, lr=0.05,
+                     model=model)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    assert summary["stopped_early"] and summary["steps"] == ref.steps
+    assert summary["best"]["step"] == ref.best["step"]
+    assert_same_evals(summary, ref)
+    assert checkpoint.load(out / "best.safetensors").step == ref.best["step"]
+    assert checkpoint.load(out / checkpoint.FILENAME).step == ref.steps
+    # resumed at 2 ranks, a run that stopped early stays stopped on every rank
+    proc, _ = launch(tmp_path, 2, batch=16, steps=200, device="cpu", out=str(out), save=save, lr=0.05,
+                     model=model, resume=True)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(Path(save + ".json").read_text())
+    assert again["stopped_early"] and again["steps"] == ref.steps
 
 
 @needs_mpi

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -27,6 +28,24 @@ def in_repo_root(monkeypatch):
     monkeypatch.chdir(ROOT)  # explain shows the model path as given: keep it relative
 
 
+# Goldens pin structure (path, refusals, verdicts, the node table, memory);
+# how many dispatches a kernel takes is asserted by the lowering tests
+# (test_model_dispatch_counts), so tuning a kernel does not rewrite goldens.
+DISPATCH_KEYS = ("dispatches", "dispatches_forward", "dispatches_backward")
+
+
+def structure_text(text: str) -> str:
+    return re.sub(r"\d+ dispatches( +)", lambda m: "N dispatches" + " " * (len(m.group(0)) - 12), text)
+
+
+def structure_json(data: dict) -> dict:
+    plan = dict(data["graph_plan"])
+    for key in DISPATCH_KEYS:
+        if plan.get(key) is not None:
+            plan[key] = "N"
+    return {**data, "graph_plan": plan}
+
+
 def check_golden(name: str, text: str):
     path = GOLDEN / name
     if os.environ.get("FLOWGRAD_UPDATE_GOLDEN") == "1":
@@ -43,8 +62,8 @@ def test_explain_golden_and_schema(name, dtype):
     report = sess.explain()
     data = report.to_dict()
     jsonschema.validate(data, SCHEMA)
-    check_golden(f"{name}.{dtype}.cpu.txt", report.text())
-    check_golden(f"{name}.{dtype}.cpu.json", json.dumps(data, indent=2) + "\n")
+    check_golden(f"{name}.{dtype}.cpu.txt", structure_text(report.text()))
+    check_golden(f"{name}.{dtype}.cpu.json", json.dumps(structure_json(data), indent=2) + "\n")
 
 
 def test_text_leads_with_a_one_line_summary_and_fits_a_terminal():

@@ -17,9 +17,11 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.lower import elementwise, loss, norm, reduce
 from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
-from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Node, TensorType
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import get_op
+from tests.op_harness import NP, close, make_node, wide64
+from tests import op_samples
 
 LOWERINGS = {
     "add": elementwise.ADD, "sub": elementwise.SUB, "mul": elementwise.MUL, "div": elementwise.DIV,
@@ -31,10 +33,6 @@ LOWERINGS = {
     "layernorm": norm.LAYERNORM, "rmsnorm": norm.RMSNORM,
     "mse_loss": loss.MSE_LOSS, "cross_entropy": loss.CROSS_ENTROPY,
 }
-# f32 results are compared far tighter than the brief's 2e-3: these kernels
-# compute in f32 what numpy computes in float64
-TOL = {"f32": 1e-4, "f16": 1e-2}
-NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
 
 
 @pytest.fixture
@@ -46,7 +44,7 @@ def kernels(vk_device):
 
 @pytest.mark.parametrize("name", sorted(LOWERINGS))
 def test_op_records_carry_their_lowering(name):
-    low = get_op(name).lowering
+    low = lowering_for(name)
     assert low is LOWERINGS[name]
     assert {"f32", "f16"} <= low.dtypes and {"f32", "f16"} <= low.bwd_dtypes
 
@@ -58,22 +56,10 @@ def uniform(rng, shape, lo=-1.0, hi=1.0, dtype="f32"):
     return rng.uniform(lo, hi, size=shape).astype(NP[dtype])
 
 
-def make_node(op, ins, attrs):
-    types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
 
 
-def wide64(x):
-    return x.astype(np.float64) if x.dtype.kind == "f" else x
 
 
-def close(got, want, dtype, what):
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.all(np.isfinite(got)), f"{what}: non-finite values"
-    tol = TOL[dtype]
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 def run_op(kernels, op, ins, attrs, rng, backward=True):
@@ -99,6 +85,21 @@ def run_op(kernels, op, ins, attrs, rng, backward=True):
             continue
         assert d.dtype == ins[i].dtype
         close(d, r, dtype, f"{op} grad of input {i}")
+
+
+# ---------------------------------------------------------------- the records' samples
+
+SAMPLED = [c for c in op_samples.cases() if lowering_for(c[0]) is not None]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("case", SAMPLED, ids=[f"{c[0]}-{i}" for i, c in enumerate(SAMPLED)])
+def test_record_samples_on_vulkan(kernels, case, dtype):
+    """Every lowered op's own samples, forward and backward, against its numpy rules."""
+    name, makers, attrs = case
+    rng = np.random.default_rng(3)
+    ins = [x.astype(NP[dtype]) if x.dtype.kind == "f" else x for x in (m(rng) for m in makers)]
+    run_op(kernels, name, ins, attrs, rng)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -384,11 +385,11 @@ def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     ins = [_dry_view(s, d) for s, d in specs]
     out = _dry_view(node.shape, node.dtype)
     rec = Recorder()
-    get_op(op).lowering.forward(rec, node, ins, out)
+    lowering_for(op).forward(rec, node, ins, out)
     assert rec.counts()["dispatches"] == n_fwd
     rec = Recorder()
     grads = [None if i in get_op(op).nondiff else _dry_view(s, d) for i, (s, d) in enumerate(specs)]
-    get_op(op).lowering.backward(rec, node, _dry_view(node.shape, node.dtype), ins, out, grads)
+    lowering_for(op).backward(rec, node, _dry_view(node.shape, node.dtype), ins, out, grads)
     assert rec.counts()["dispatches"] == n_bwd
 
 

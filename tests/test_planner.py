@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.planner import make_plan
 
 
@@ -79,7 +80,7 @@ def test_python_op_refuses_the_whole_backward_and_names_op_and_line():
     assert "py_scale" in plan.last_path and plan.last_path.startswith("closures (")
     # the rest of the model still has its lowerings: one node cost the whole path
     others = [n for n in plan.graph.nodes if n.op in ("matmul", "attention")]
-    assert others and all(fg.ops.get_op(n.op).lowering is not None for n in others)
+    assert others and all(lowering_for(n.op) is not None for n in others)
 
 
 def test_f16_attention_is_refused_with_the_dtype_reason():

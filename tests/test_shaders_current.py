@@ -40,3 +40,9 @@ def test_variants_line_selects_builds(tmp_path):
     src.write_text("// variants: f16\n")
     with pytest.raises(build.BuildError):
         build.outputs(src)
+
+
+def test_generated_headers_match_their_python_tables():
+    build = _build_shaders()
+    for path, text in build.generated_headers().items():
+        assert path.read_text() == text, f"{path.name} is stale (run `python scripts/build_shaders.py`)"

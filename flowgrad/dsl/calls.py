@@ -130,19 +130,27 @@ class Calls:
                 ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
             except OpTypeError as err:
                 raise FlowError(op_message(op_name, err), span) from None
+        if op.decompose is not None:
+            # the op's own checks first, then its composition goes in the graph
+            self.infer_type(op_name, ins, attr_values, span)
+            nb = NodeBuilder(self, span)
+            return Tensor(op.decompose(lambda name, ids, at=None: nb.apply(name, ids, at), list(ins), attr_values))
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
 
     def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
+        out = self.infer_type(op_name, ins, attr_values, span)
+        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
+
+    def infer_type(self, op_name: str, ins, attr_values: dict, span: Span):
         op = OPS[op_name]
         in_types = [self.graph.nodes[i].type for i in ins]
         try:
-            out = op.infer(in_types, attr_values)
+            return op.infer(in_types, attr_values)
         except OpTypeError as err:
             raise FlowError(op_message(op_name, err), span) from None
         except (ValueError, TypeError, IndexError, KeyError) as err:  # a shape rule's own bug
             raise FlowError(f"{op_name}: internal error in the op's shape rule for "
                             f"{', '.join(map(str, in_types))}: {type(err).__name__}: {err}", span) from None
-        return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
 
     def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
         """A tensor argument; a number literal becomes a 0-d const of the

@@ -40,16 +40,23 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]
 
 
 def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dict | None = None,
-        dtype: str = "f32") -> dict:
+        dtype: str = "f32", phase=None) -> dict:
+    """`phase(text)`, when given, is called as each phase starts (a long
+    bench is otherwise silent for a minute)."""
     import flowgrad as fg
 
+    phase = phase or (lambda text: None)
     model = fg.load(model_path, {**DECODER, **(config or {})})
+    phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
+    phase("compiling the closures path")
     closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
+    phase(f"timing the graph path ({repeats} steps after 2 warm-up)")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats)
+    phase(f"timing the closures path ({max(3, repeats // 4)} steps after 2 warm-up)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     return {"model": model.name, "config": {k: model.config[k] for k in (*DECODER, "batch") if k in model.config},
             "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,

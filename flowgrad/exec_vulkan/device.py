@@ -12,7 +12,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
-from flowgrad.exec_vulkan.discovery import compute_family, describe, features, physical_devices
+from flowgrad.exec_vulkan.discovery import COOPMAT_EXT, compute_family, describe, features, physical_devices
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
 from flowgrad.exec_vulkan.spirv import shader_info
 
@@ -73,10 +73,13 @@ class Device:
         want_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=f16.shaderFloat16)
         want_s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=want_f16,
                                                            storageBuffer16BitAccess=s16.storageBuffer16BitAccess)
-        # Cooperative matrices are reported (DeviceInfo.coopmat) but not enabled: no shipped shader
-        # uses them yet, and Debian's validation layer (1.3.239) rejects their feature struct.
+        # cooperative matrices only where matmul_coop can use them (their feature struct is
+        # chained nowhere else: Debian's validation layer, 1.3.239, rejects it)
         exts = []
         chain = want_s16
+        if self.info.coopmat_f16:
+            exts.append(COOPMAT_EXT)
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=want_s16, cooperativeMatrix=1)
         core = vk.VkPhysicalDeviceFeatures()
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=core)
         priority = vk.ffi.new("float[1]", [1.0])

@@ -22,6 +22,7 @@ class DeviceInfo:
     driver: str = ""
     timestamps: bool = False   # timestamp queries on the compute queue
     max_allocation: int = 0    # bytes, maxMemoryAllocationSize
+    coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
 
     @property
     def is_gpu(self) -> bool:
@@ -46,6 +47,46 @@ def features(vk, physical):
 
 def _extensions(vk, physical) -> set[str]:
     return {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+
+
+COOPMAT_EXT = "VK_NV_cooperative_matrix"   # what glslc's GL_NV_cooperative_matrix shaders need
+_F16, _F32, _SUBGROUP = 0, 1, 3            # VkComponentTypeNV / VkScopeNV values (the binding leaves them None)
+COOP_SHARED_BYTES = 40960                  # matmul_coop's shared tiles (two 128x32 f16 buffers per operand, padded)
+
+
+def coopmat_f16(vk, physical, exts: set[str]) -> bool:
+    """The device runs matmul_coop: the NV cooperative-matrix extension, its
+    feature, and a 16x16x16 f16 x f16 + f32 shape in subgroup scope. A
+    query the binding cannot make counts as no (the plain kernels run)."""
+    if COOPMAT_EXT not in exts:
+        return False
+    try:
+        return coopmat_f16_query(vk, physical)
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return False
+
+
+def coopmat_f16_query(vk, physical) -> bool:
+    feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV()
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
+    vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
+    if not feat.cooperativeMatrix:
+        return False
+    raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    if raw == vk.ffi.NULL:
+        return False
+    # called directly: the binding's wrapper hands the driver structs without their sType
+    query = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", raw)
+    count = vk.ffi.new("uint32_t*")
+    if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+        return False
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
+    if query(physical, count, props) != vk.VK_SUCCESS:
+        return False
+    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope)
+               == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
 
 
 def compute_family(vk, physical) -> tuple[int, int] | None:
@@ -76,7 +117,10 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         coopmat=bool({"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix"} & exts),
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
-        max_allocation=int(m3.maxMemoryAllocationSize))
+        max_allocation=int(m3.maxMemoryAllocationSize),
+        coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
+                     and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
+                     and coopmat_f16(vk, physical, exts)))
 
 
 def physical_devices():

@@ -20,9 +20,9 @@ from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
-from flowgrad.ops import get_op
 from flowgrad.planner.memory import MemoryPlan
 
 
@@ -107,7 +107,7 @@ class GraphSession:
         here rather than fail inside a lowering."""
         for nid in mem.backward_nodes:
             node = self.graph.nodes[nid]
-            low = get_op(node.op).lowering
+            low = lowering_for(node.op)
             if low is None or low.backward is None or node.dtype not in low.bwd_dtypes:
                 raise FlowError(f"{node.label} = {node.op}(...) has no graph backward for {node.dtype}; "
                                 "compile with backward='closures' to differentiate it", node.span)

@@ -19,8 +19,8 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder, count_barriers
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.graph import Graph
-from flowgrad.ops import get_op
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
 
@@ -63,7 +63,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         if step.kind == "optimizer":
             continue
         node = nodes[step.node]
-        low = get_op(node.op).lowering
+        low = lowering_for(node.op)
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":

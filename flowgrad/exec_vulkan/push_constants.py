@@ -23,6 +23,10 @@ SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", Non
 
 ATTENTION = "sq: u32, sk: u32, d: u32, dh: u32, has_mask: u32, msi: u32, msj: u32, scale: f32, nstat: u32"
 
+MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: u32, "
+          "nz: u32, za: u32, zb: u32, zc: u32, R: u32, ra: u32, rb: u32, offa: u32, offb: u32, offc: u32, "
+          "klimit: u32, amode: u32, bmode: u32, cvec: u32")
+
 SPECS_TEXT = {
     "accumulate": "n: u32",
     "adam": "n: u32",
@@ -35,9 +39,7 @@ SPECS_TEXT = {
     "fill_word": "index: u32, keep: u32, value: u32",
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
-    "matmul": "M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: u32, "
-              "nz: u32, za: u32, zb: u32, zc: u32, R: u32, ra: u32, rb: u32, offa: u32, offb: u32, offc: u32, "
-              "klimit: u32",
+    **{name: MATMUL for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16", "matmul_coop")},
     "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32",
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",

@@ -128,10 +128,12 @@ class FakeBuffer:
 
 class Recorder:
     """Collects the commands lowerings record. device=None is a dry run: the
-    same checks, no Vulkan (explain counts dispatches with it)."""
+    same checks, no Vulkan (explain counts dispatches with it). `info` (a
+    DeviceInfo) lets a dry run pick the kernels that device would run."""
 
-    def __init__(self, device=None, arena: Arena | None = None):
+    def __init__(self, device=None, arena: Arena | None = None, info=None):
         self.device = device
+        self.info = device.info if device is not None else info
         self.align = device.min_align if device is not None else ALIGN
         self.max_groups = device.max_groups if device is not None else DRY_MAX_GROUPS
         self.commands: list = []

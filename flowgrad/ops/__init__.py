@@ -1,5 +1,8 @@
 """All ops. Importing this package registers every op family."""
-from flowgrad.ops import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401  (register ops)
-from flowgrad.ops.registry import OPS, Arg, Lowering, Op, OpTypeError, get_op, register
+from flowgrad.ops import elementwise, linalg, reduce, norm, loss, shape, attention  # noqa: F401, I001  (register ops; this order is the docs' order)
+from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 
-__all__ = ["OPS", "Arg", "Lowering", "Op", "OpTypeError", "get_op", "register"]
+# the built-in ops, in family order (user ops registered later are not among them)
+BUILTIN = tuple(OPS)
+
+__all__ = ["BUILTIN", "OPS", "Arg", "Op", "OpTypeError", "get_op", "register"]

@@ -20,7 +20,6 @@ import math
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import attention as vk
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -117,5 +116,5 @@ attention = defop(
     "attention",
     (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)),
      Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None)),
-    _infer, _forward, _vjp, expand=_expand, nondiff=(3,), lowering=vk.ATTENTION,
+    _infer, _forward, _vjp, expand=_expand, nondiff=(3,),
     doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive mask; causal")

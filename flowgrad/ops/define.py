@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, complete_attrs, register
+from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults, complete_attrs, get_op, register
 
 
-def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
-          nondiff=(), index_bounds=None, lowering=None, doc: str = "") -> Op:
+def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
+          nondiff=(), index_bounds=None, doc: str = "", decompose=None, check=None, samples=()) -> Op:
+    """decompose: define the op as a composition of ops (see Op); infer,
+    forward and vjp then come from it. check(in_types, attrs): the op's own
+    checks, run before the composition's."""
     sig = _Signature(args)
+    if decompose is not None:
+        infer, forward, vjp = _composed(decompose, check, nondiff)
 
     def checked_infer(in_types, attrs):
         try:
@@ -38,16 +43,59 @@ def defop(name: str, args: tuple[Arg, ...], infer, forward, vjp, *, expand=None,
     def full_expand(builder, ins, attrs):
         return expand(builder, ins, sig.defaults | attrs)
 
-    op = Op(name, tuple(args), checked_infer, full_forward, full_vjp, lowering=lowering,
+    op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
-            doc=doc)
+            doc=doc, decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at))
+            if decompose else None, samples=tuple(samples))
     return register(op)
+
+
+def _composed(decompose, check, nondiff):
+    """infer, forward and vjp of an op defined as a composition."""
+    def run(ins, attrs, step):
+        values = list(ins)
+
+        def emit(op_name, handles, at=None):
+            values.append(step(op_name, [values[h] for h in handles], dict(at or {}), handles))
+            return len(values) - 1
+
+        return values, decompose(emit, list(range(len(ins))), attrs)
+
+    def infer(in_types, attrs):
+        if check:
+            check(in_types, attrs)
+        values, out = run(in_types, attrs, lambda n, ts, at, hs: get_op(n).infer(ts, at))
+        return values[out]
+
+    def forward(ins, attrs):
+        values, out = run(ins, attrs, lambda n, xs, at, hs: get_op(n).forward(xs, at))
+        return values[out]
+
+    def vjp(g, ins, out, attrs):
+        tape = []
+
+        def step(n, xs, at, handles):
+            tape.append((n, handles, at))
+            return get_op(n).forward(xs, at)
+
+        values, result = run(ins, attrs, step)
+        grads = {result: g}
+        for pos in reversed(range(len(ins), len(values))):
+            if pos not in grads:
+                continue
+            n, handles, at = tape[pos - len(ins)]
+            for h, d in zip(handles, get_op(n).vjp(grads[pos], [values[h] for h in handles], values[pos], at)):
+                if d is not None:
+                    grads[h] = grads[h] + d if h in grads else d
+        return [None if i in nondiff else grads.get(i, np.zeros_like(x)) for i, x in enumerate(ins)]
+
+    return infer, forward, vjp
 
 
 class _Signature:
     def __init__(self, args):
         self.attrs = {a.name: a for a in args if a.kind == "attr"}
-        self.defaults = {a.name: a.default for a in self.attrs.values() if a.default is not REQUIRED}
+        self.defaults = attr_defaults(args)
         tensors = [a for a in args if a.kind == "tensor"]
         self.min_inputs = sum(a.default is REQUIRED for a in tensors)
         self.variadic = any(a.kind == "tensors" for a in args)

@@ -9,18 +9,17 @@ import math
 import numpy as np
 from scipy.special import erf, expit  # scipy comes with scikit-learn, a dependency
 
-from flowgrad.exec_vulkan.lower import elementwise as vk
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroadcast
 
 # ---------------------------------------------------------------- binary
 
 
-def _binary(name, forward, grads, doc, floats_only=False, lowering=None):
+def _binary(name, forward, grads, doc, floats_only=False, samples=()):
     """grads(g, a, b, out) -> (da, db) before un-broadcasting."""
 
     def infer(ins, attrs):
@@ -35,15 +34,57 @@ def _binary(name, forward, grads, doc, floats_only=False, lowering=None):
         da, db = grads(g, a, b, out)
         return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
 
-    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, lowering=lowering,
-                 doc=doc)
+    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples)
 
 
-add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b", lowering=vk.ADD)
-sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b", lowering=vk.SUB)
-mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b", lowering=vk.MUL)
+add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b")
+sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b")
+mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b")
 div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a / b (floats)",
-              floats_only=True, lowering=vk.DIV)
+              floats_only=True)
+
+
+def _pick_grads(wins):
+    """maximum / minimum: the gradient goes to the operand that wins, split
+    evenly at a tie (as PyTorch)."""
+    def grads(g, a, b, out):
+        tie = 0.5 * g * (a == b)
+        return g * wins(a, b) + tie, g * wins(b, a) + tie
+    return grads
+
+
+_PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
+maximum = _binary("maximum", np.maximum, _pick_grads(np.greater), "elementwise max; a tie splits the gradient evenly",
+                  samples=_PAIR)
+minimum = _binary("minimum", np.minimum, _pick_grads(np.less), "elementwise min; a tie splits the gradient evenly",
+                  samples=_PAIR)
+
+
+def _where_infer(ins, attrs):
+    cond, a, b = ins
+    return TensorType(broadcast_shape(broadcast_shape(cond.shape, a.shape), b.shape), same_dtype([a, b]))
+
+
+def _where_vjp(g, ins, out, attrs):
+    cond, a, b = ins
+    picked = np.broadcast_to(cond != 0, g.shape)
+    zero = np.zeros_like(g)
+    return [None, unbroadcast(np.where(picked, g, zero), a.shape), unbroadcast(np.where(picked, zero, g), b.shape)]
+
+
+def _where_expand(builder, ins, attrs):
+    # cond is read in its operands' dtype, so one kernel serves any cond dtype
+    cond, a, b = ins
+    want = builder.type(a).dtype
+    if builder.type(cond).dtype != want:
+        cond = builder.apply("cast", [cond], {"dtype": want})
+    return [cond, a, b], attrs
+
+
+where = defop("where", (Arg("cond"), Arg("a"), Arg("b")), _where_infer,
+              lambda ins, at: np.where(ins[0] != 0, ins[1], ins[2]), _where_vjp, expand=_where_expand, nondiff=(0,),
+              doc="a where cond is nonzero, else b (broadcasting); cond (any dtype, e.g. a 0/1 mask) gets no gradient",
+              samples=[Sample((((2, 3), "mask"), ((2, 3), "normal"), ((3,), "normal")))])
 
 # ---------------------------------------------------------------- unary
 
@@ -53,7 +94,7 @@ def _float_infer(ins, attrs):
     return ins[0]
 
 
-def _unary(name, f, df, doc, extra_args=(), check=None, lowering=None):
+def _unary(name, f, df, doc, extra_args=(), check=None, samples=()):
     """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
     def infer(ins, attrs):
         if check:
@@ -69,20 +110,22 @@ def _unary(name, f, df, doc, extra_args=(), check=None, lowering=None):
         xw, yw = wide(x), wide(out)
         return [narrow(wide(g) * df(xw, yw, attrs), x)]
 
-    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, lowering=lowering, doc=doc)
+    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc, samples=samples)
 
 
 neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
-            lambda g, ins, out, at: [np.negative(g)], lowering=vk.NEG, doc="-x")
+            lambda g, ins, out, at: [np.negative(g)], doc="-x", samples=[Sample((((2, 3), "normal"),))])
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", lowering=vk.EXP)
-log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log", lowering=vk.LOG)
-sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root", lowering=vk.SQRT)
-tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh", lowering=vk.TANH)
-sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)",
-                 lowering=vk.SIGMOID)
+exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", samples=[Sample((((2, 3), "normal"),))])
+log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log")
+sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root")
+tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh")
+sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)")
 relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
-              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", lowering=vk.RELU)
+              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))])
+
+abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: np.sign(x), "|x|; gradient sign(x), 0 at x = 0 (as PyTorch)",
+              samples=[Sample((((2, 3), "nonzero"),))])
 
 
 def _silu_grad(x, y, at):
@@ -90,7 +133,7 @@ def _silu_grad(x, y, at):
     return s * (1.0 + x * (1.0 - s))
 
 
-silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", lowering=vk.SILU)
+silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)")
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -114,12 +157,44 @@ def _gelu_check(at):
 
 
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
-              extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check, lowering=vk.GELU)
+              extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
 power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
              lambda x, y, at: at["exponent"] * np.power(x, at["exponent"] - 1),
-             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),),
-             lowering=vk.POW)
+             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+
+_BOUND = (int, float)
+clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]),
+                   lambda x, y, at: (x >= at["min"]).astype(x.dtype), "max(x, min); gradient 1 where x >= min",
+                   extra_args=(Arg("min", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"min": 0.1})])
+clamp_max = _unary("clamp_max", lambda x, at: np.minimum(x, at["max"]),
+                   lambda x, y, at: (x <= at["max"]).astype(x.dtype), "min(x, max); gradient 1 where x <= max",
+                   extra_args=(Arg("max", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"max": 0.1})])
+
+
+def _clamp_check(ins, attrs):
+    float_dtype(ins[0])
+    if attrs["min"] is None and attrs["max"] is None:
+        raise OpTypeError("give min, max or both")
+
+
+def _clamp(emit, ins, attrs):
+    (x,) = ins
+    if attrs["min"] is not None:
+        x = emit("clamp_min", [x], {"min": attrs["min"]})
+    if attrs["max"] is not None:
+        x = emit("clamp_max", [x], {"max": attrs["max"]})
+    return x
+
+
+# clamp_max(clamp_min(x)) has clamp's gradient (1 where min <= x <= max), and
+# when min > max both give max with a zero gradient, as PyTorch
+clamp = defop("clamp", (Arg("x"), Arg("min", "attr", None, _BOUND + (type(None),)),
+                        Arg("max", "attr", None, _BOUND + (type(None),))),
+              decompose=_clamp, check=_clamp_check,
+              doc="x limited to [min, max] (either may be none); gradient 1 inside, 0 outside (as PyTorch)",
+              samples=[Sample((((3, 4), "normal"),), {"min": -0.5, "max": 0.6}),
+                       Sample((((3, 4), "normal"),), {"max": 0.2})])
 
 # ---------------------------------------------------------------- cast
 
@@ -146,4 +221,4 @@ def _cast_vjp(g, ins, out, attrs):
 
 
 cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             _cast_vjp, lowering=vk.CAST, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero")
+             _cast_vjp, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import linalg as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -52,5 +51,5 @@ def _vjp(g, ins, out, attrs):
     return [narrow(da, a), narrow(db, b)]
 
 
-matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp, lowering=vk.MATMUL,
+matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp,
                doc="a @ b; batch dims broadcast; 1-D operands follow numpy")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.lower import loss as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -29,8 +28,7 @@ def _mse_vjp(g, ins, out, at):
 
 
 mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
-                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp,
-                 lowering=vk.MSE_LOSS, doc="mean((pred - target)^2)")
+                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)")
 
 
 def _ce_infer(ins, at):
@@ -68,5 +66,5 @@ def _ce_vjp(g, ins, out, at):
 
 
 cross_entropy = defop("cross_entropy", (Arg("logits"), Arg("targets")), _ce_infer, _ce_forward, _ce_vjp,
-                      nondiff=(1,), index_bounds=lambda ins: {1: ins[0].shape[-1]}, lowering=vk.CROSS_ENTROPY,
+                      nondiff=(1,), index_bounds=lambda ins: {1: ins[0].shape[-1]},
                       doc="mean over targets of -log_softmax(logits)[target]; targets i32")

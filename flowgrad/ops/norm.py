@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import norm as vk
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
@@ -53,7 +52,7 @@ def _ln_vjp(g, ins, out, attrs):
 
 
 layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("eps", "attr", 1e-5, (float, int))),
-                  _norm_infer, _ln_forward, _ln_vjp, lowering=vk.LAYERNORM,
+                  _norm_infer, _ln_forward, _ln_vjp,
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased var, as PyTorch)")
 
 
@@ -77,5 +76,5 @@ def _rms_vjp(g, ins, out, attrs):
 
 
 rmsnorm = defop("rmsnorm", (Arg("x"), Arg("weight"), Arg("eps", "attr", 1e-6, (float, int))),
-                _norm_infer, _rms_forward, _rms_vjp, lowering=vk.RMSNORM,
+                _norm_infer, _rms_forward, _rms_vjp,
                 doc="x / sqrt(mean(x^2) + eps) * weight over the last axis")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower import reduce as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -88,12 +87,9 @@ def _max_vjp(g, ins, out, attrs):
 
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
-            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])],
-            lowering=vk.SUM, doc="sum over axis (None: all)")
-reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp,
-             lowering=vk.MEAN, doc="mean over axis (None: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp,
-            lowering=vk.MAX, doc="max over axis (None: all); tied maxima share the gradient evenly")
+            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (none: all); tied maxima share the gradient evenly")
 
 # ---------------------------------------------------------------- softmax
 
@@ -129,8 +125,7 @@ def _log_softmax_vjp(g, ins, out, attrs):
 
 
 softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
-                lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), _softmax_vjp,
-                lowering=vk.SOFTMAX, doc="exp(x) / sum(exp(x)) along axis, computed stably")
+                lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), _softmax_vjp, doc="exp(x) / sum(exp(x)) along axis, computed stably")
 log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
-                    _log_softmax_vjp, lowering=vk.LOG_SOFTMAX, doc="x - logsumexp(x) along axis, computed stably")
+                    _log_softmax_vjp, doc="x - logsumexp(x) along axis, computed stably")

@@ -1,6 +1,7 @@
 """The op record type and the registry. Each op is ONE `Op` object, declared
 in its family's module beside its rules: signature, shape/dtype rule, numpy
-forward, numpy VJP, and (if it has one) its graph lowering."""
+forward and numpy VJP. A backend keeps its own table of lowerings by op
+name (the Vulkan one: flowgrad/exec_vulkan/lowering.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -29,19 +30,15 @@ class Arg:
 
 
 @attrs.frozen
-class Lowering:
-    """How an op runs on a Vulkan device.
+class Sample:
+    """A valid call of an op, for its tests: one (shape, kind) per input and
+    the attrs. kind says how the test draws the values, away from the op's
+    kinks: "normal", "positive" (in [0.5, 2]), "nonzero" (|x| in [0.2, 2]),
+    "distinct" (no two within 0.1: no ties), "mask" (0.0 or 1.0), or
+    "ints:N" (i32 in [0, N))."""
 
-    forward(rec, node, ins, out): record the dispatches that compute `out`.
-    backward(rec, node, g, ins, out, grads): record the dispatches that write
-    (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
-    `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
-    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
-
-    forward: Callable
-    backward: Callable | None
-    dtypes: frozenset = frozenset({"f32"})
-    bwd_dtypes: frozenset = frozenset({"f32"})
+    ins: tuple
+    attrs: dict = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -60,23 +57,37 @@ class Op:
     nondiff: input positions that never get a gradient (indices, targets).
     index_bounds(in_types) -> {position: n}: inputs that hold indices, each
         valid in [0, n); a feed reaching one is range-checked on the host,
-        since a device kernel can't raise."""
+        since a device kernel can't raise.
+    decompose(emit, ins, attrs) -> value: the op as a composition of other
+        ops, emit(op_name, values, attrs) -> value. The builder puts the
+        composition in the graph instead of one node, so the op needs no
+        kernel or lowering of its own; its numpy forward, VJP and shape rule
+        are those of the composition.
+    samples: valid calls, for the op tests (see `Sample`)."""
 
     name: str
     args: tuple[Arg, ...]
     infer: Callable
     forward: Callable
     vjp: Callable | None
-    lowering: Lowering | None = None
     expand: Callable | None = None
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None
     doc: str = ""
+    decompose: Callable | None = None
+    samples: tuple = ()
 
     def with_defaults(self, attrs) -> dict:
         """attrs completed with the signature's defaults and checked (the IR
         stores every node's attrs complete); OpTypeError when one is wrong."""
         return complete_attrs(self.args, attrs or {})
+
+
+def attr_defaults(args) -> dict:
+    """{attr name: default} of a signature: the one place defaults are read
+    from (the op's own rules and the lowerings both see attrs completed with
+    these)."""
+    return {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
 
 
 def complete_attrs(args, attrs) -> dict:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.lower import shape as vk
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
@@ -50,7 +49,7 @@ reshape = defop(
     "reshape", (Arg("x"), Arg("shape", "attr", types=INTS)),
     lambda ins, at: TensorType(reshape_target(ins[0].shape, at["shape"]), ins[0].dtype),
     lambda ins, at: np.reshape(ins[0], reshape_target(ins[0].shape, at["shape"])),
-    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)], lowering=vk.RESHAPE,
+    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)],
     doc="same elements, new shape (row-major); one -1 is inferred")
 
 # ---------------------------------------------------------------- transpose / permute
@@ -82,8 +81,7 @@ def _perm_op(name, args, perm_of, doc):
         return [np.transpose(g, np.argsort(perm_of(ins[0].ndim, at)))]
 
     return defop(name, (Arg("x"),) + args, infer,
-                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp,
-                 lowering=vk.permuting(perm_of), doc=doc)
+                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp, doc=doc)
 
 
 transpose = _perm_op("transpose", (Arg("dim0", "attr", -2, INT), Arg("dim1", "attr", -1, INT)),
@@ -127,7 +125,7 @@ def _slice_vjp(g, ins, out, at):
 
 slice_ = defop("slice", (Arg("x"), Arg("axis", "attr", types=INT), Arg("start", "attr", types=INT),
                          Arg("stop", "attr", types=INT)),
-               _slice_infer, lambda ins, at: ins[0][_slice_index(ins[0].shape, at)], _slice_vjp, lowering=vk.SLICE,
+               _slice_infer, lambda ins, at: ins[0][_slice_index(ins[0].shape, at)], _slice_vjp,
                doc="x[start:stop] along axis (negative indices count from the end)")
 
 
@@ -151,7 +149,7 @@ def _concat_vjp(g, ins, out, at):
 
 
 concat = defop("concat", (Arg("xs", "tensors"), Arg("axis", "attr", -1, INT)), _concat_infer,
-               lambda ins, at: np.concatenate(ins, axis=at["axis"]), _concat_vjp, lowering=vk.CONCAT,
+               lambda ins, at: np.concatenate(ins, axis=at["axis"]), _concat_vjp,
                doc="join tensors along axis")
 
 # ---------------------------------------------------------------- embedding
@@ -186,5 +184,5 @@ def _embedding_vjp(g, ins, out, at):
 
 embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
                   lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])], _embedding_vjp,
-                  nondiff=(0,), index_bounds=lambda ins: {0: ins[1].shape[0]}, lowering=vk.EMBEDDING,
+                  nondiff=(0,), index_bounds=lambda ins: {0: ins[1].shape[0]},
                   doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")

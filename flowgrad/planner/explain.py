@@ -112,7 +112,7 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
         verdict = f"refused:{refused[node.id].code}"
     else:
         verdict = "ok"
-    return {
+    out = {
         "id": node.id,
         "name": node.label,
         "op": node.op,
@@ -123,6 +123,9 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
         "backward": node.id in plan.grad_nodes,
         "verdict": verdict,
     }
+    if node.id in plan.kernels:   # planned for a device: the kernels its lowering dispatches there
+        out["kernels"] = plan.kernels[node.id]
+    return out
 
 
 def saved_dict(plan: Plan) -> dict:
@@ -287,8 +290,15 @@ def render_nodes(d: dict, graph: Graph) -> list[str]:
     lines = []
     for text, n in zip(printed, d["nodes"]):
         verdict = "" if n["verdict"] in LEAF_OPS else n["verdict"] + (" +bwd" if n["backward"] else "")
-        lines.append(f"  {text:<{width}}  {verdict}".rstrip())
+        lines.append(f"  {text:<{width}}  {verdict:<10} {kernels_text(n.get('kernels'))}".rstrip())
     return lines
+
+
+def kernels_text(k: dict | None) -> str:
+    if not k:
+        return ""
+    parts = [f"{label} {', '.join(k[d])}" for d, label in (("forward", "fwd"), ("backward", "bwd")) if k[d]]
+    return "kernels: " + " | ".join(parts)
 
 
 def render_analyze(a: dict) -> list[str]:

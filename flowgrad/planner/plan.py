@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.ops import OPS
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
@@ -43,6 +44,9 @@ class Plan:
     grad_nodes: frozenset      # ids of nodes the backward runs through
     memory: MemoryPlan         # the training step's (forward + backward) memory plan
     reason: str = ""           # why this path, one line
+    # node id -> {"forward": [shader, ...], "backward": [...]}: the kernels each node's lowering
+    # dispatches on this device (a matmul's tile per shape class, say); empty without a device
+    kernels: dict = attrs.field(factory=dict)
 
     @property
     def last_path(self) -> str:
@@ -71,7 +75,8 @@ def f32_hint(op_name: str) -> str:
             "back to the model's dtype")
 
 
-def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
+def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None) -> list[Refusal]:
+    """Every node's refusals; with a device, `kernels` collects what each node dispatches."""
     out = []
     for node in graph.nodes:
         if node.op in LEAF_OPS:
@@ -81,7 +86,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
             out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
                                "register the op with flowgrad.register_op", node))
             continue
-        low = op.lowering
+        low = lowering_for(node.op)
         if low is None:
             out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering (it runs on closures only)",
                                f"register a Vulkan lowering for op {op.name!r}, or replace it with built-in ops", node))
@@ -102,18 +107,24 @@ def node_refusals(graph: Graph, backward_ids: frozenset) -> list[Refusal]:
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
                                    f32_hint(op.name), node))
                 continue
-        limit = limit_refusal(graph, node, op, node.id in backward_ids)
+        limit = limit_refusal(graph, node, op, node.id in backward_ids, device, kernels)
         if limit is not None:
             out.append(limit)
     return out
 
 
-def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | None:
+def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
+                  kernels: dict | None = None) -> Refusal | None:
     """Record the node's lowering on a dry-run Recorder (no device): a lowering
     that can't take this node's shapes (attention's head width, a rank its
-    kernel can't index) says so now, not when the step is recorded."""
+    kernel can't index) says so now, not when the step is recorded. With
+    `device` (a DeviceInfo) the dry run picks that device's kernels, and
+    kernels[node.id] records them."""
     from flowgrad.errors import FlowError
-    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+    from flowgrad.exec_vulkan.recorder import BufView, Dispatch, FakeBuffer, Recorder
+
+    def shaders(rec):
+        return list(dict.fromkeys(c.shader for c in rec.commands if isinstance(c, Dispatch)))
 
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
@@ -122,9 +133,13 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool) -> Refusal | Non
     out = view(node.type)
     grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
     try:
-        op.lowering.forward(Recorder(None), node, ins, out)
+        low = lowering_for(node.op)
+        fwd, bwd = Recorder(None, info=device), Recorder(None, info=device)
+        low.forward(fwd, node, ins, out)
         if backward:
-            op.lowering.backward(Recorder(None), node, view(node.type), ins, out, grads)
+            low.backward(bwd, node, view(node.type), ins, out, grads)
+        if device is not None and kernels is not None:
+            kernels[node.id] = {"forward": shaders(fwd), "backward": shaders(bwd)}
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
@@ -146,7 +161,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
-    refusals += node_refusals(graph, bwd)
+    kernels: dict = {}
+    refusals += node_refusals(graph, bwd, device, kernels)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
@@ -156,4 +172,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason)
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels)

@@ -1,2 +1,5 @@
-"""Training: optimizers (optim), lr schedules (schedules), data sources (data),
-the loop (loop), checkpoints (checkpoint) and inference (infer)."""
+"""Training: optimizers (optim), lr schedules (schedules), datasets (data) and
+the sources a train section names (sources), eval metrics (metrics), the
+train section (section, spec, overrides), the loop (loop, progress, outputs),
+checkpoints (checkpoint), inference (infer, arrayfiles) and text generation
+(generate)."""

@@ -2,8 +2,10 @@
 
 Tensors: `param/<name>` for each param, `optim/<name>/<state>` for each
 optimizer state array. Metadata (all strings, as safetensors wants):
-format, version, model, step, config (JSON), optimizer (JSON), sha256 (over
-the tensors, so a flipped byte is caught, not only a truncated file).
+format, version, model, step, config (JSON), optimizer (JSON), data (JSON:
+what the data source keeps for inference, e.g. a text vocabulary; may be
+absent), sha256 (over the tensors, so a flipped byte is caught, not only a
+truncated file).
 
 Writes are atomic: a temp file in the same directory, fsync, os.replace,
 fsync of the directory. A write killed half-way leaves the previous checkpoint
@@ -37,6 +39,7 @@ class Checkpoint:
     config: dict
     optimizer: dict | None
     path: str = ""
+    data: dict | None = None
 
 
 def _digest(tensors: dict[str, np.ndarray]) -> str:
@@ -48,7 +51,8 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None) -> bytes:
+def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: dict | None,
+             data: dict | None = None) -> bytes:
     from safetensors.numpy import save
 
     tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in params.items()}
@@ -58,6 +62,8 @@ def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: 
     meta = {"format": FORMAT, "version": VERSION, "model": model, "step": str(int(step)),
             "config": json.dumps(config, sort_keys=True, default=str),
             "optimizer": json.dumps(optimizer), "sha256": _digest(tensors)}
+    if data is not None:
+        meta["data"] = json.dumps(data)
     return save(tensors, metadata=meta)
 
 
@@ -95,9 +101,10 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save(path, params, opt_state, step: int, model: str, config: dict, optimizer: dict | None = None) -> None:
+def save(path, params, opt_state, step: int, model: str, config: dict, optimizer: dict | None = None,
+         data: dict | None = None) -> None:
     try:
-        write_atomic(path, to_bytes(params, opt_state, step, model, config, optimizer))
+        write_atomic(path, to_bytes(params, opt_state, step, model, config, optimizer, data))
     except OSError as e:
         raise FlowError(f"cannot write checkpoint {str(path)!r}: {e.strerror or e}") from None
 
@@ -127,6 +134,7 @@ def load(path) -> Checkpoint:
         config = json.loads(meta["config"])
         optimizer = json.loads(meta["optimizer"])
         model = meta["model"]
+        data = json.loads(meta["data"]) if "data" in meta else None
     except (KeyError, ValueError) as e:
         raise FlowError(f"{bad}: bad metadata ({e})") from None
     params, opt_state = {}, {}
@@ -139,7 +147,7 @@ def load(path) -> Checkpoint:
             opt_state.setdefault(pname, {})[sname] = arr
         else:
             raise FlowError(f"{bad}: unexpected tensor {name!r}")
-    return Checkpoint(params, opt_state, step, model, config, optimizer, path)
+    return Checkpoint(params, opt_state, step, model, config, optimizer, path, data)
 
 
 def mismatches(ckpt: Checkpoint, graph: Graph) -> list[str]:

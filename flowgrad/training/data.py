@@ -1,186 +1,283 @@
-"""Data sources named in `train { data = ... }`, batching, and eval metrics.
+"""Datasets: what `fg.train` reads, and the three kinds flowgrad ships.
 
-    digits(test_fraction=0.2)         scikit-learn's bundled 8x8 digits (no
-                                      download), features scaled to [0, 1];
-                                      feeds x: f32[batch, 64], y: i32[batch]
-    npz(path, x="x", y="y", test_fraction=0.2, x_test=none, y_test=none)
-                                      arrays from a .npz file (a relative path
-                                      is relative to the model file); feeds x, y
-    reverse(seq=16, vocab=16, test=512)  synthetic sequence tasks for a causal
-    copy(seq=16, vocab=16, test=512)     decoder; feeds tokens, targets
+The protocol (any object with these members can be passed as
+`fg.train(model, data=...)`; subclassing Dataset gives `bind` for free):
 
-Sequence layout: `seq` is the decoder's sequence length (even), the same
-number as the model's `tokens: i32[batch, seq]`; each row holds n = seq/2
-symbols and their answer. SEP = token 0; symbols are drawn from 1..vocab-1,
-so the model's vocabulary is `vocab` including SEP:
+    bind(graph, span=None) -> self     check the data fits the model's inputs
+                                       (names, dtypes, shapes, index ranges) and
+                                       fix the batch size; errors are FlowErrors
+    train_batch(step) -> {input: array}  the batch of 0-based `step`; it must
+                                       depend only on (seed, step), so a resumed
+                                       run sees the batches an uninterrupted one would
+    eval_batches(split) -> iterable of ({input: array}, n_valid)
+                                       split "val" or "test"; the model's batch
+                                       size is fixed, so a last short batch is
+                                       padded and only its first n_valid rows count
+    target: str | None                 the input holding the targets (after bind)
+    feature: str                       the input the model's outputs read
+    default_metric: str                used when the train section names none
+    score_mask(feeds) -> bool array | None   positions the metric scores (None: all)
+    meta() -> dict                     JSON kept in the checkpoint (e.g. a text vocab)
+    describe: str                      for messages
+
+Which model inputs a dataset feeds: a source makes a feature array and
+(usually) a target array under role names (x, y for arrays; tokens, targets
+for sequences). When the model has inputs with those names they are fed;
+otherwise, when the model has one input that its outputs read and one that
+only the loss reads, those are fed. Dtypes and shapes come from the model's
+input declarations: float data feeds f32 or f16 inputs, integer-valued data
+feeds i32 inputs, of any rank.
+
+Three kinds:
+
+    ArrayData      rows of arrays, split train/val/test, seeded epochs
+    SequenceTask   reverse / copy: synthetic sequence tasks for a causal decoder
+    TextData       next-token prediction over a text's characters or bytes
+
+Sequence layout of reverse / copy: `seq` is the decoder's sequence length
+(even), each row holds n = seq/2 symbols and their answer. SEP = token 0;
+symbols are drawn from 1..vocab-1:
 
     full    = x_1 .. x_n  SEP  y_1 .. y_n          (2n + 1 tokens)
     tokens  = full[:-1]      i32[batch, seq]
     targets = full[1:]       i32[batch, seq]
 
 y is x reversed (reverse) or x itself (copy). Targets at positions n..2n-1
-(0-based) are the answer y_1..y_n: token accuracy is measured there only. The
-loss covers every position; the first n-1 targets are random symbols, so the
-loss cannot fall below about (n-1)/(2n)·ln(vocab-1) — that floor is expected.
-
-Order and determinism: the training batch of step s depends only on (seed,
-s) — for array data through the permutation of epoch s // batches_per_epoch,
-seeded by (seed, epoch) — so a resumed run sees exactly the batches an
-uninterrupted one would. A sequence task's held-out set is drawn from its own
-stream and its sequences never appear in training batches."""
+(0-based) are the answer y_1..y_n: metrics score those only. The loss covers
+every position; the first n-1 targets are random symbols, so the loss cannot
+fall below about (n-1)/(2n)·ln(vocab-1) — that floor is expected."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
-from flowgrad.binder import REQUIRED, did_you_mean
-from flowgrad.errors import FlowError
 from flowgrad.dtypes import FLOAT_DTYPES
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.training import spec
 
 SEP = 0
+SPLITS = ("val", "test")
+
+
+def output_inputs(graph: Graph) -> tuple[list[str], list[str]]:
+    """(inputs the model's outputs read, inputs only its loss reads)."""
+    wanted = [i for i in graph.outputs.values() if i != graph.loss]
+    read = {n.id for n in graph.needed_for(wanted)}
+    feats = [name for name, i in graph.inputs.items() if i in read]
+    return feats, [name for name in graph.inputs if name not in feats]
 
 
 class Dataset:
-    """Base: `bind(graph)` checks the model's inputs and fixes the batch size;
-    then `train_batch(step)` and `evaluate(sess)`."""
+    """Base class: role mapping and the checks of `bind`. Subclasses set
+    `roles` and implement `role_arrays()` (for the checks), `train_batch`
+    and `eval_batches`."""
 
-    feeds: tuple[str, str] = ()
-    metric = ""          # the headline eval metric's name
-    describe = ""
+    roles: tuple[str, ...] = ("x", "y")
+    default_metric = "accuracy"
+    describe = "data"
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
         self.batch = 0
         self.span = None
+        self.inputs: dict[str, str] = {}   # role -> model input name
+
+    @property
+    def feature(self) -> str:
+        return self.inputs[self.roles[0]]
+
+    @property
+    def target(self) -> str | None:
+        return self.inputs.get(self.roles[1]) if len(self.roles) > 1 else None
+
+    def meta(self) -> dict:
+        return {"source": self.describe}
+
+    def score_mask(self, feeds) -> np.ndarray | None:
+        return None
 
     # -- model check --------------------------------------------------------
     def bind(self, graph: Graph, span=None) -> Dataset:
         self.span = span
-        missing = [f for f in self.feeds if f not in graph.inputs]
-        if missing:
-            have = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items()) or "none"
-            raise FlowError(f"data {self.describe} feeds inputs {', '.join(self.feeds)}, but {graph.name} has no "
-                            f"input {', '.join(missing)} (its inputs: {have})", span,
-                            hint=f"declare `input {missing[0]}: ...` in the model")
-        shapes = {f: graph.nodes[graph.inputs[f]].type for f in self.feeds}
-        batches = {t.shape[0] if t.shape else None for t in shapes.values()}
+        self.inputs = self.map_inputs(graph)
+        unfed = [n for n in graph.inputs if n not in self.inputs.values()]
+        if unfed:
+            raise FlowError(f"data {self.describe} feeds {', '.join(self.inputs.values())}, but {graph.name} also "
+                            f"has input {unfed[0]} ({graph.nodes[graph.inputs[unfed[0]]].type}), which nothing "
+                            "feeds", span, hint="train on a source that makes it, or pass data=... from Python")
+        types = {role: graph.nodes[graph.inputs[name]].type for role, name in self.inputs.items()}
+        batches = {t.shape[0] if t.shape else None for t in types.values()}
         if len(batches) != 1 or None in batches:
-            raise FlowError(f"data {self.describe}: inputs {', '.join(self.feeds)} must share a leading batch "
-                            f"dimension, got {', '.join(f'{f}: {t}' for f, t in shapes.items())}", span)
+            raise FlowError(f"data {self.describe}: inputs {', '.join(self.inputs.values())} must share a leading "
+                            f"batch dimension, got "
+                            f"{', '.join(f'{self.inputs[r]}: {t}' for r, t in types.items())}", span)
         self.batch = batches.pop()
-        for f, t in shapes.items():
-            want_shape, want_dtype = self.feed_type(f)
-            # float data feeds f32 or f16 inputs alike (the session casts feeds to the model's dtype)
-            same_kind = t.dtype == want_dtype or (want_dtype == "f32" and t.dtype in FLOAT_DTYPES)
-            if not same_kind or t.shape[1:] != want_shape:
-                want = f"{want_dtype}[batch{''.join(f', {d}' for d in want_shape)}]"
-                raise FlowError(f"data {self.describe} makes {f} as {want}, but the model declares "
-                                f"input {f}: {t}", span, hint=self.shape_hint(f))
+        from flowgrad.api import index_uses
+
+        uses = index_uses(graph)
+        for role, t in types.items():
+            self.check_role(role, self.inputs[role], t, uses.get(graph.inputs[self.inputs[role]], ()))
         self.check_size()
         return self
 
-    def feed_type(self, name: str) -> tuple[tuple[int, ...], str]:
-        raise NotImplementedError
+    def map_inputs(self, graph: Graph) -> dict[str, str]:
+        if all(r in graph.inputs for r in self.roles):
+            return {r: r for r in self.roles}
+        named = {r: r for r in self.roles if r in graph.inputs}
+        rest = [n for n in graph.inputs if n not in named]
+        if named and len(self.roles) - len(named) == 1 == len(rest):  # one role named, one input left
+            return {**named, **{r: rest[0] for r in self.roles if r not in named}}
+        feats, targets = output_inputs(graph)
+        if len(self.roles) == 1 and len(graph.inputs) == 1:
+            return {self.roles[0]: next(iter(graph.inputs))}
+        if len(self.roles) == 2 and len(feats) == 1 and len(targets) == 1:
+            return {self.roles[0]: feats[0], self.roles[1]: targets[0]}
+        have = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items()) or "none"
+        names = " and ".join(self.roles)
+        missing = [r for r in self.roles if r not in graph.inputs]
+        if len(missing) < len(self.roles):
+            raise FlowError(f"data {self.describe} makes {names}, but {graph.name} has no input {missing[0]} "
+                            f"(its inputs: {have})", self.span, hint=f"declare `input {missing[0]}: ...` in the model")
+        raise FlowError(f"data {self.describe} makes {names}, and cannot tell which inputs of {graph.name} they "
+                        f"feed (its inputs: {have})", self.span,
+                        hint=f"name the model's inputs {names}" if len(self.roles) > 1 else
+                        f"name the model's input {names}")
 
-    def shape_hint(self, name: str) -> str | None:
+    def check_role(self, role: str, name: str, t, index_bounds) -> None:
+        """Cast the role's arrays to the input's dtype and check shape and
+        index range (subclasses with arrays call check_array)."""
+
+    def check_array(self, what: str, name: str, arr: np.ndarray, t, index_bounds) -> np.ndarray:
+        """`arr` (rows first) as input `name` of type t: dtype from the model,
+        shape after the batch axis equal, indices in range."""
+        if arr.shape[1:] != t.shape[1:]:
+            want = f"[rows{''.join(f', {d}' for d in arr.shape[1:])}]"
+            raise FlowError(f"data {self.describe} makes {what} as {want}, but the model declares input "
+                            f"{name}: {t}", self.span, hint=self.shape_hint(name, arr))
+        if t.dtype in FLOAT_DTYPES:
+            if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+                raise FlowError(f"data {self.describe}: {what} holds {arr.dtype} values, but input {name} is {t}",
+                                self.span)
+            return np.ascontiguousarray(arr, np.float32)  # the session casts to f16 where the model is f16
+        if np.issubdtype(arr.dtype, np.floating):
+            if arr.size and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
+                raise FlowError(f"data {self.describe}: {what} holds non-integer values, but input {name} is {t} "
+                                "(class ids or token ids)", self.span,
+                                hint="for real-valued targets declare the input f32 and use a regression loss "
+                                     "such as mse_loss")
+        elif not np.issubdtype(arr.dtype, np.integer):
+            raise FlowError(f"data {self.describe}: {what} holds {arr.dtype} values, but input {name} is {t}",
+                            self.span)
+        out = np.ascontiguousarray(arr, np.int32)
+        for n, user in index_bounds:
+            lo, hi = (int(out.min()), int(out.max())) if out.size else (0, 0)
+            if lo < 0 or hi >= n:
+                bad = lo if lo < 0 else hi
+                raise FlowError(f"data {self.describe}: {what} holds {bad}, but {user.op} at "
+                                f"{user.span.where() if user.span else '?'} takes {name} in 0..{n - 1}", self.span,
+                                hint=self.range_hint(name, hi + 1))
+        return out
+
+    def shape_hint(self, name: str, arr) -> str | None:
+        if arr.ndim == 2:
+            return f"this data has {arr.shape[1]} values per row"
         return None
+
+    def range_hint(self, name: str, needed: int) -> str | None:
+        return f"the model needs at least {needed} classes (e.g. --set classes={needed})"
 
     def check_size(self) -> None:
         pass
 
-    # -- eval -----------------------------------------------------------------
-    def evaluate(self, sess, output: str | None = None) -> dict[str, float]:
-        """Metrics on the held-out set. The model's batch size is fixed, so the
-        last batch is padded (wrapping around) and the padding not counted."""
-        name = output or self.logits_output(sess.graph)
-        totals: dict[str, float] = {}
-        count = 0
-        for feeds, n_valid in self.eval_batches():
-            res = sess.step(feeds, grads=False)
-            valid = {f: a[:n_valid] for f, a in feeds.items()}
-            for k, v in self.batch_metrics(res.outputs[name][:n_valid], valid).items():
-                totals[k] = totals.get(k, 0.0) + v
-            count += n_valid
-        return {k: v / count for k, v in totals.items()} if count else {}
 
-    def logits_output(self, graph: Graph) -> str:
-        """The output the metric reads: the first one shaped targets + [C]."""
-        target = graph.nodes[graph.inputs[self.feeds[1]]].shape
-        for name, nid in graph.outputs.items():
-            shape = graph.nodes[nid].shape
-            if len(shape) == len(target) + 1 and shape[:-1] == target:
-                return name
-        raise FlowError(f"cannot evaluate {graph.name}: no output is shaped like {self.feeds[1]} plus a class "
-                        f"axis ({list(target)} + [classes])", self.span,
-                        hint="declare the logits as an output: `output logits`")
-
-    def eval_batches(self):
-        raise NotImplementedError
-
-    def batch_metrics(self, logits: np.ndarray, feeds: dict) -> dict[str, float]:
-        """Metric SUMS over the valid rows (evaluate divides by the row count)."""
-        raise NotImplementedError
-
-    def _check_classes(self, logits, labels):
-        top = int(labels.max(initial=0))
-        if top >= logits.shape[-1]:
-            raise FlowError(f"data {self.describe} has label {top}, but the model's logits have only "
-                            f"{logits.shape[-1]} classes", self.span)
+def _rows(arrays: dict, idx) -> dict:
+    return {k: v[idx] for k, v in arrays.items()}
 
 
 class ArrayData(Dataset):
-    """Classification arrays: x [N, ...] float, y [N] int; feeds x, y."""
+    """Rows of arrays: `train`, `val` and `test` map a role (x, and y unless
+    there are no targets) to an array of rows. Epochs are seeded
+    permutations of the training rows."""
 
-    feeds = ("x", "y")
-    metric = "accuracy"
-
-    def __init__(self, x_train, y_train, x_test, y_test, seed: int = 0, describe: str = "arrays"):
+    def __init__(self, train: dict, val: dict | None = None, test: dict | None = None, seed: int = 0,
+                 describe: str = "arrays", roles: tuple[str, ...] | None = None, meta: dict | None = None):
         super().__init__(seed)
-        self.x_train = np.ascontiguousarray(x_train, np.float32)
-        self.y_train = np.ascontiguousarray(y_train, np.int32)
-        self.x_test = np.ascontiguousarray(x_test, np.float32)
-        self.y_test = np.ascontiguousarray(y_test, np.int32)
+        self.roles = tuple(roles or train)
+        self.parts = {"train": {r: np.asarray(train[r]) for r in self.roles}}
+        for split, arrays in (("val", val), ("test", test)):
+            self.parts[split] = ({r: np.asarray(arrays[r]) for r in self.roles} if arrays
+                                 else {r: a[:0] for r, a in self.parts["train"].items()})
         self.describe = describe
+        self._meta = dict(meta or {})
+        self.default_metric = self._guess_metric()
         self._perm_epoch, self._perm = None, None
 
     @classmethod
-    def split(cls, x, y, test_fraction: float, seed: int, describe: str, span=None) -> ArrayData:
+    def split(cls, arrays: dict, val_fraction: float, test_fraction: float, seed: int, describe: str, span=None,
+              meta=None) -> ArrayData:
+        """Seeded split of rows into train / val / test (each fraction of all
+        rows); integer class labels of rank 1 are stratified."""
         from sklearn.model_selection import train_test_split
 
-        x, y = np.asarray(x), np.asarray(y)
-        if len(x) != len(y):
-            raise FlowError(f"data {describe}: x has {len(x)} rows but y has {len(y)}", span)
-        if test_fraction == 0:
-            return cls(x, y, x[:0], y[:0], seed, describe)
-        _, counts = np.unique(y, return_counts=True)
-        stratify = y if counts.min(initial=0) >= 2 else None
-        try:
-            xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, random_state=seed,
-                                                  stratify=stratify)
-        except ValueError as e:
-            raise FlowError(f"data {describe}: cannot split {len(x)} rows with test_fraction="
-                            f"{test_fraction}: {e}", span) from None
-        return cls(xtr, ytr, xte, yte, seed, describe)
+        roles = tuple(arrays)
+        lengths = {r: len(a) for r, a in arrays.items()}
+        if len(set(lengths.values())) != 1:
+            raise FlowError(f"data {describe}: "
+                            + " but ".join(f"{r} has {n} rows" for r, n in lengths.items()), span)
+        n = next(iter(lengths.values()))
+        y = arrays.get("y")
+        labels = y is not None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
+        idx = np.arange(n)
 
-    def feed_type(self, name):
-        return (self.x_train.shape[1:], "f32") if name == "x" else ((), "i32")
+        def cut(idx, size):
+            if size == 0:
+                return idx, idx[:0]
+            strat = y[idx] if labels else None
+            try:
+                return train_test_split(idx, test_size=size, random_state=seed, stratify=strat)
+            except ValueError:
+                try:  # too few rows of some class to stratify
+                    return train_test_split(idx, test_size=size, random_state=seed)
+                except ValueError as e:
+                    raise FlowError(f"data {describe}: cannot split {n} rows with val_fraction={val_fraction}, "
+                                    f"test_fraction={test_fraction}: {e}", span) from None
 
-    def shape_hint(self, name):
-        if name == "x" and self.x_train.ndim == 2:
-            return f"this data has {self.x_train.shape[1]} features per row"
-        return None
+        rest, test = cut(idx, int(round(test_fraction * n)))
+        train, val = cut(rest, int(round(val_fraction * n)))
+        return cls(_rows(arrays, np.sort(train)), _rows(arrays, np.sort(val)), _rows(arrays, np.sort(test)),
+                   seed, describe, roles, meta)
+
+    def _guess_metric(self) -> str:
+        y = self.parts["train"].get("y") if len(self.roles) > 1 else None
+        if y is None:
+            return "none"
+        if np.issubdtype(y.dtype, np.integer):
+            return "accuracy" if y.ndim == 1 else "token_accuracy"
+        return "mse"
+
+    def meta(self) -> dict:
+        return {"source": self.describe, **self._meta}
+
+    def size(self, split: str) -> int:
+        return len(self.parts[split][self.roles[0]])
+
+    def check_role(self, role, name, t, index_bounds):
+        for split, arrays in self.parts.items():
+            arrays[role] = self.check_array(f"{role} ({split})" if split != "train" else role, name, arrays[role],
+                                            t, index_bounds)
+        if role == self.roles[-1] and len(self.roles) > 1:
+            # the default metric follows the model's declaration of the targets
+            self.default_metric = ("mse" if t.dtype in FLOAT_DTYPES else
+                                   "accuracy" if len(t.shape) == 1 else "token_accuracy")
 
     def check_size(self):
-        if len(self.x_train) < self.batch:
-            raise FlowError(f"data {self.describe} has {len(self.x_train)} training rows, fewer than the "
-                            f"model's batch size {self.batch}", self.span, hint="lower `batch` in the config")
+        if self.size("train") < self.batch:
+            raise FlowError(f"data {self.describe} has {self.size('train')} training rows, fewer than the model's "
+                            f"batch size {self.batch}", self.span, hint="lower `batch` in the config")
 
     @property
     def batches_per_epoch(self) -> int:
-        return len(self.x_train) // self.batch
+        return self.size("train") // self.batch
 
     def train_batch(self, step: int) -> dict[str, np.ndarray]:
         """Batch for 0-based `step`: epochs are seeded permutations; the rows
@@ -188,28 +285,26 @@ class ArrayData(Dataset):
         epoch, i = divmod(step, self.batches_per_epoch)
         if self._perm_epoch != epoch:
             rng = np.random.default_rng([self.seed, epoch])
-            self._perm_epoch, self._perm = epoch, rng.permutation(len(self.x_train))
+            self._perm_epoch, self._perm = epoch, rng.permutation(self.size("train"))
         idx = self._perm[i * self.batch:(i + 1) * self.batch]
-        return {"x": self.x_train[idx], "y": self.y_train[idx]}
+        return {self.inputs[r]: a[idx] for r, a in self.parts["train"].items()}
 
-    def eval_batches(self):
-        n = len(self.x_test)
+    def eval_batches(self, split: str = "test"):
+        arrays, n = self.parts[split], self.size(split)
         for start in range(0, n, self.batch):
             idx = np.arange(start, start + self.batch) % n
-            yield {"x": self.x_test[idx], "y": self.y_test[idx]}, min(self.batch, n - start)
-
-    def batch_metrics(self, logits, feeds):
-        self._check_classes(logits, feeds["y"])
-        return {"accuracy": float(np.sum(np.argmax(logits, -1) == feeds["y"]))}
+            yield {self.inputs[r]: a[idx] for r, a in arrays.items()}, min(self.batch, n - start)
 
 
 class SequenceTask(Dataset):
-    """reverse / copy: see the module docstring for the layout."""
+    """reverse / copy: see the module docstring for the layout. Validation
+    and test sequences are drawn apart and never appear in training batches."""
 
-    feeds = ("tokens", "targets")
-    metric = "token_accuracy"
+    roles = ("tokens", "targets")
+    default_metric = "token_accuracy"
 
-    def __init__(self, task: str, seq: int = 16, vocab: int = 16, test: int = 512, seed: int = 0, span=None):
+    def __init__(self, task: str, seq: int = 16, vocab: int = 16, test: int = 512, val: int = 256, seed: int = 0,
+                 span=None):
         super().__init__(seed)
         what = f"data {task}()"
         self.task = task
@@ -219,19 +314,27 @@ class SequenceTask(Dataset):
         self.n = seq // 2
         self.vocab = spec.number(what, "vocab", vocab, span, low=3, integer=True)
         self.test = spec.number(what, "test", test, span, low=1, integer=True)
+        self.val = spec.number(what, "val", val, span, low=0, integer=True)
         space = (self.vocab - 1) ** self.n
-        if self.test * 2 > space:
-            raise FlowError(f"{what}: only {space} distinct sequences exist, too few to hold out {self.test}",
-                            span, hint="raise seq or vocab, or lower test")
+        if (self.test + self.val) * 2 > space:
+            raise FlowError(f"{what}: only {space} distinct sequences exist, too few to hold out "
+                            f"{self.test + self.val}", span, hint="raise seq or vocab, or lower test and val")
         self.describe = f"{task}(seq={seq}, vocab={self.vocab})"
-        self._test_x = self._draw_unique(np.random.default_rng([self.seed, 2]), self.test)
-        self._held_out = {row.tobytes() for row in self._test_x}
+        held = self._draw_unique(np.random.default_rng([self.seed, 2]), self.test + self.val)
+        self._split_x = {"test": held[:self.test], "val": held[self.test:]}
+        self._held_out = {row.tobytes() for row in held}
 
-    def feed_type(self, name):
-        return (2 * self.n,), "i32"
-
-    def shape_hint(self, name):
-        return f"{self.describe} makes rows of {2 * self.n} tokens: give the data the model's sequence length"
+    def check_role(self, role, name, t, index_bounds):
+        if t.dtype != "i32" or t.shape[1:] != (2 * self.n,):
+            raise FlowError(f"data {self.describe} makes {role} as i32[batch, {2 * self.n}], but the model declares "
+                            f"input {name}: {t}", self.span,
+                            hint=f"{self.describe} makes rows of {2 * self.n} tokens: give the data the model's "
+                                 "sequence length")
+        for n, user in index_bounds:
+            if self.vocab > n:
+                raise FlowError(f"data {self.describe} makes tokens up to {self.vocab - 1}, but {user.op} at "
+                                f"{user.span.where() if user.span else '?'} takes {name} in 0..{n - 1}", self.span,
+                                hint=f"give the data and the model the same vocab (--set vocab={self.vocab})")
 
     def _draw_unique(self, rng, count):
         rows: dict[bytes, np.ndarray] = {}
@@ -239,7 +342,7 @@ class SequenceTask(Dataset):
             for row in rng.integers(1, self.vocab, (count, self.n), dtype=np.int32):
                 if len(rows) < count:
                     rows.setdefault(row.tobytes(), row)
-        return np.stack(list(rows.values()))
+        return np.stack(list(rows.values())) if rows else np.zeros((0, self.n), np.int32)
 
     def answer(self, x: np.ndarray) -> np.ndarray:
         return x[:, ::-1] if self.task == "reverse" else x
@@ -247,97 +350,106 @@ class SequenceTask(Dataset):
     def layout(self, x: np.ndarray) -> dict[str, np.ndarray]:
         sep = np.full((len(x), 1), SEP, np.int32)
         full = np.concatenate([x, sep, self.answer(x)], axis=1).astype(np.int32)
-        return {"tokens": np.ascontiguousarray(full[:, :-1]), "targets": np.ascontiguousarray(full[:, 1:])}
+        return {self.inputs.get("tokens", "tokens"): np.ascontiguousarray(full[:, :-1]),
+                self.inputs.get("targets", "targets"): np.ascontiguousarray(full[:, 1:])}
+
+    def score_mask(self, feeds) -> np.ndarray:
+        mask = np.zeros((len(next(iter(feeds.values()))), 2 * self.n), bool)
+        mask[:, self.n:] = True
+        return mask
 
     def train_batch(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, 1, step])
         x = rng.integers(1, self.vocab, (self.batch, self.n), dtype=np.int32)
         for i in range(len(x)):
-            while x[i].tobytes() in self._held_out:  # keep the held-out set unseen
+            while x[i].tobytes() in self._held_out:  # keep the held-out sets unseen
                 x[i] = rng.integers(1, self.vocab, self.n, dtype=np.int32)
         return self.layout(x)
 
-    def eval_batches(self):
-        for start in range(0, self.test, self.batch):
-            idx = np.arange(start, start + self.batch) % self.test
-            yield self.layout(self._test_x[idx]), min(self.batch, self.test - start)
+    def eval_batches(self, split: str = "test"):
+        held = self._split_x[split]
+        for start in range(0, len(held), self.batch):
+            idx = np.arange(start, start + self.batch) % len(held)
+            yield self.layout(held[idx]), min(self.batch, len(held) - start)
 
-    def batch_metrics(self, logits, feeds):
-        answer = slice(self.n, 2 * self.n)
-        targets = feeds["targets"][:, answer]
-        self._check_classes(logits, targets)
-        hit = np.argmax(logits[:, answer], -1) == targets
-        return {"token_accuracy": float(hit.mean(axis=1).sum()), "sequence_accuracy": float(hit.all(axis=1).sum())}
+    def meta(self) -> dict:
+        return {"source": self.describe}
 
 
-# -- train-section constructors ------------------------------------------------
+class TextData(Dataset):
+    """Next-token prediction over `ids` (a text encoded with `vocab`): the
+    first part of the text trains, the next `val_fraction` validates, the last
+    `test_fraction` tests. A training row is a window of seq + 1 ids at a
+    start drawn from (seed, step); tokens = window[:-1], targets = window[1:].
+    Eval windows tile their part without overlap."""
 
-def _fraction(what, value, span):
-    return spec.number(what, "test_fraction", value, span, low=0.0, high=1.0, high_open=True)
+    roles = ("tokens", "targets")
+    default_metric = "perplexity"
+
+    def __init__(self, ids: np.ndarray, vocab: list, level: str, seq: int, val_fraction: float,
+                 test_fraction: float, seed: int = 0, describe: str = "text", span=None):
+        super().__init__(seed)
+        self.ids = np.asarray(ids, np.int32)
+        self.vocab, self.level, self.seq, self.describe = list(vocab), level, int(seq), describe
+        n = len(self.ids)
+        n_test, n_val = int(round(test_fraction * n)), int(round(val_fraction * n))
+        self.parts = {"train": self.ids[:n - n_val - n_test], "val": self.ids[n - n_val - n_test:n - n_test],
+                      "test": self.ids[n - n_test:]}
+        for part, (ids, frac) in {"train": (self.parts["train"], None), "val": (self.parts["val"], val_fraction),
+                                  "test": (self.parts["test"], test_fraction)}.items():
+            if (frac is None or frac > 0) and len(ids) < self.seq + 1:
+                raise FlowError(f"data {describe}: its {part} part has {len(ids)} tokens, fewer than a window of "
+                                f"seq + 1 = {self.seq + 1}", span,
+                                hint="use a longer text, a shorter seq, or other fractions")
+
+    def meta(self) -> dict:
+        return {"source": "text", "level": self.level, "vocab": self.vocab}
+
+    def check_role(self, role, name, t, index_bounds):
+        if t.dtype != "i32" or t.shape[1:] != (self.seq,):
+            raise FlowError(f"data {self.describe} makes {role} as i32[batch, {self.seq}], but the model declares "
+                            f"input {name}: {t}", self.span,
+                            hint="give text(seq=...) the model's sequence length, e.g. seq = seq")
+        for n, user in index_bounds:
+            if len(self.vocab) > n:
+                raise FlowError(f"data {self.describe} has {len(self.vocab)} distinct "
+                                f"{'characters' if self.level == 'char' else 'bytes'}, but {user.op} at "
+                                f"{user.span.where() if user.span else '?'} takes {name} in 0..{n - 1}", self.span,
+                                hint=f"size the model's vocabulary to the text: --set vocab={len(self.vocab)}")
+
+    def _windows(self, ids, starts):
+        win = ids[starts[:, None] + np.arange(self.seq + 1)]
+        return {self.inputs["tokens"]: np.ascontiguousarray(win[:, :-1]),
+                self.inputs["targets"]: np.ascontiguousarray(win[:, 1:])}
+
+    def train_batch(self, step: int) -> dict[str, np.ndarray]:
+        ids = self.parts["train"]
+        rng = np.random.default_rng([self.seed, 1, step])
+        return self._windows(ids, rng.integers(0, len(ids) - self.seq, self.batch))
+
+    def eval_batches(self, split: str = "test"):
+        ids = self.parts[split]
+        starts = np.arange(0, len(ids) - self.seq, self.seq)
+        for start in range(0, len(starts), self.batch):
+            idx = np.arange(start, start + self.batch) % len(starts)
+            yield self._windows(ids, starts[idx]), min(self.batch, len(starts) - start)
 
 
-def digits(test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
-    from sklearn.datasets import load_digits
-
-    frac = _fraction("data digits()", test_fraction, span)
-    d = load_digits()
-    return ArrayData.split(d.data / 16.0, d.target, frac, seed, "digits()", span)
-
-
-def npz(path=REQUIRED, x="x", y="y", test_fraction=0.2, x_test=None, y_test=None, *, seed=0, span=None,
-        base_dir=None) -> ArrayData:
-    what = "data npz()"
-    path = spec.string(what, "path", path, span)
-    full = Path(path) if base_dir is None or Path(path).is_absolute() else Path(base_dir) / path
-    try:
-        with np.load(full, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except FileNotFoundError:
-        raise FlowError(f"{what}: no such file {str(full)!r}", span,
-                        hint="a relative path is relative to the model file's directory") from None
-    except (OSError, ValueError, EOFError) as e:
-        raise FlowError(f"{what}: cannot read {str(full)!r} as .npz: {e}", span) from None
-    keys = {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
-    for arg, key in keys.items():
-        if key is not None:
-            spec.string(what, arg, key, span)
-            if key not in arrays:
-                raise FlowError(f"{what}: {str(full)!r} has no array {key!r} (it has: {', '.join(arrays)})", span,
-                                hint=did_you_mean(key, arrays))
-    if (x_test is None) != (y_test is None):
-        raise FlowError(f"{what}: give both x_test and y_test, or neither", span)
-    for arg in ("y", "y_test"):
-        if keys[arg] is not None and not np.issubdtype(arrays[keys[arg]].dtype, np.integer):
-            raise FlowError(f"{what}: labels {keys[arg]!r} must be integers, got {arrays[keys[arg]].dtype}", span)
-    describe = f"npz({path!r})"
-    if x_test is not None:
-        return ArrayData(arrays[x], arrays[y], arrays[x_test], arrays[y_test], seed, describe)
-    return ArrayData.split(arrays[x], arrays[y], _fraction(what, test_fraction, span), seed, describe, span)
+def encode(text_or_bytes, vocab: list, level: str) -> np.ndarray:
+    """Text (char level) or bytes (byte level) as vocab ids; a symbol not in
+    the vocab is a FlowError naming it."""
+    index = {s: i for i, s in enumerate(vocab)}
+    ids = []
+    for pos, sym in enumerate(text_or_bytes):
+        if sym not in index:
+            shown = repr(sym) if level == "char" else f"byte {sym}"
+            raise FlowError(f"{shown} (position {pos}) is not in the model's vocabulary of {len(vocab)} "
+                            f"{'characters' if level == 'char' else 'bytes'} (those of its training text)")
+        ids.append(index[sym])
+    return np.asarray(ids, np.int32)
 
 
-def reverse(seq=16, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
-    return SequenceTask("reverse", seq, vocab, test, seed, span)
-
-
-def copy(seq=16, vocab=16, test=512, *, seed=0, span=None, base_dir=None) -> SequenceTask:
-    return SequenceTask("copy", seq, vocab, test, seed, span)
-
-
-SOURCES = {"digits": digits, "npz": npz, "reverse": reverse, "copy": copy}
-
-
-def make_data(value, span=None, seed: int = 0, base_dir=None) -> Dataset:
-    """Build a data source from a train-section value, e.g. ("call", "digits", (), {})."""
-    import inspect
-
-    parts = spec.call_parts(value)
-    if parts is None or parts[0] not in SOURCES:
-        name = parts[0] if parts else spec.show(value)
-        raise FlowError(f"unknown data source {name} (one of: {', '.join(SOURCES)})", span,
-                        hint=did_you_mean(str(name), SOURCES))
-    name, args, kwargs = parts
-    fn = SOURCES[name]
-    params = {p.name: p.default
-              for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD}
-    bound = spec.bind("data source", name, args, kwargs, params, span)
-    return fn(**bound, seed=seed, span=span, base_dir=base_dir)
+def decode(ids, vocab: list, level: str) -> str:
+    if level == "char":
+        return "".join(vocab[int(i)] for i in ids)
+    return bytes(int(vocab[int(i)]) for i in ids).decode("utf-8", errors="replace")

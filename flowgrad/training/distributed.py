@@ -149,6 +149,13 @@ class World:
         self._wait([self.comm.Ibcast(buf, root=0)], what)
         return buf.tobytes()
 
+    def share(self, obj, what: str):
+        """Rank 0's JSON-able obj on every rank."""
+        import json
+
+        data = json.dumps(obj).encode() if self.is_root else None
+        return json.loads(self.bcast_bytes(data, what).decode())
+
     def allgather(self, array: np.ndarray, what: str) -> np.ndarray:
         """[size, *array.shape]: every rank's array (same shape and dtype on all)."""
         array = np.ascontiguousarray(array)
@@ -262,16 +269,19 @@ def _record_pid(directory: str, rank: int) -> None:
 
 class Shard:
     """A data source seen by one rank: train_batch gives this rank's rows of
-    the global batch; evaluate runs the source's own evaluation over the
-    global eval batches, each rank computing its rows' outputs, gathered so
-    every rank scores the same full batch (the numbers of one process)."""
+    the global batch; evaluate scores a split over the global eval batches,
+    each rank computing its rows' outputs, gathered so every rank scores the
+    same full batch (the numbers of one process). Everything else is the
+    source's own."""
 
     def __init__(self, data, world: World):
         self.data, self.world = data, world
         self.local = data.batch
         data.batch = self.local * world.size      # the global batch: order and epochs as one process
         data.check_size()
-        self.metric = data.metric
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
 
     def rows(self, feeds: dict) -> dict:
         lo = self.world.rank * self.local
@@ -280,12 +290,15 @@ class Shard:
     def train_batch(self, step: int) -> dict:
         return self.rows(self.data.train_batch(step))
 
-    def evaluate(self, sess, output: str | None = None) -> dict:
-        return self.data.evaluate(_GatheringSession(sess, self), output)
+    def evaluate(self, sess, split: str, metric) -> dict:
+        from flowgrad.training import metrics
+
+        return metrics.evaluate(_GatheringSession(sess, self), self.data, split, metric)
 
 
 class _GatheringSession:
-    """What evaluate() sees: a session whose batch is the global batch."""
+    """What metrics.evaluate sees: a session whose batch is the global batch.
+    A short last batch goes to sess.predict, which every rank runs whole."""
 
     def __init__(self, sess, shard: Shard):
         self._sess, self._shard = sess, shard
@@ -296,9 +309,25 @@ class _GatheringSession:
     def step(self, feeds, grads: bool = False, **kw):
         res = self._sess.step(self._shard.rows(feeds), grads=False)
         world, local = self._shard.world, self._shard.local
-        outs = {k: world.allgather(v, "the gathering of eval outputs").reshape((-1,) + v.shape[1:])
-                if v.ndim and v.shape[0] == local else v for k, v in res.outputs.items()}
-        return type(res)(outs, {}, res.loss)
+        outs = {k: self._gather(k, v, world, local) for k, v in res.outputs.items()}
+        loss = outs.get(self._loss_name)
+        return type(res)(outs, {}, None if loss is None else float(loss))
+
+    def _gather(self, name, value, world, local):
+        value = np.asarray(value)
+        if value.ndim and value.shape[0] == local:
+            return world.allgather(value, "the gathering of eval outputs").reshape((-1,) + value.shape[1:])
+        if name == self._loss_name:
+            # a loss that is a mean over the batch (as the gradient average assumes): the mean of the
+            # ranks' means, summed in rank order so every rank gets the same bits
+            every = world.allgather(value.astype(np.float64).reshape(1), "the gathering of eval losses")
+            return np.float64(every.mean())
+        return value
+
+    @property
+    def _loss_name(self):
+        graph = self._sess.graph
+        return next((n for n, i in graph.outputs.items() if i == graph.loss), None)
 
 
 # -- `--ranks N`: start mpiexec on this host -----------------------------------------------

@@ -1,4 +1,11 @@
-"""Inference: one forward pass of a trained model (`flowgrad run`).
+"""Inference: `sess.predict(feeds)`, and loading a trained model for
+`flowgrad run`, `generate` and `export`.
+
+Any batch size: a model's batch dimension is a config key (`batch`), so a
+feed of another size runs on the model rebuilt with that key set to the
+size, compiled once per size and kept. Feeds larger than the model's own
+batch run in chunks of it (and one rebuilt model for the remainder), when
+every reported output is batch-major.
 
 Inputs that only the loss depends on (the targets) may be left out: they are
 fed zeros, and the outputs that depend on them (the loss) are not reported."""
@@ -6,8 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.errors import FlowError
 from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
+from flowgrad.training import checkpoint
+
+
+# -- forward passes at any batch size -------------------------------------------
+
+class FixedBatchError(FlowError):
+    """The model's batch dimension is not a config key: only its own batch size runs."""
 
 
 def uses_inputs(graph, nid) -> set[str]:
@@ -26,18 +40,134 @@ def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.nd
             continue
         node = graph.nodes[nid]
         if name in needed:
-            raise FlowError(f"missing --feed {name}=FILE.npy: the outputs of {graph.name} need input {name} "
-                            f"({node.type})", node.span)
+            raise FlowError(f"missing feed for input {name}: the outputs of {graph.name} need it ({node.type}); "
+                            f"on the command line: --feed {name}=FILE.npy", node.span)
         out[name] = np.zeros(node.shape, NUMPY_DTYPE[node.dtype])
         filled.add(name)
     return out, filled
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The outputs of one forward pass, leaving out those that depend on an
-    input that was not fed."""
+    """The outputs of one forward pass at the session's own batch size,
+    leaving out those that depend on an input that was not fed."""
     graph = sess.graph
     full, filled = complete_feeds(graph, feeds)
     res = sess.step(full, grads=False)
     return {name: value for name, value in res.outputs.items()
             if not uses_inputs(graph, graph.outputs[name]) & filled}
+
+
+def batch_size(graph) -> int | None:
+    lead = {graph.nodes[i].shape[0] for i in graph.inputs.values() if graph.nodes[i].shape}
+    return lead.pop() if len(lead) == 1 else None
+
+
+def rows_of(graph, feeds) -> int:
+    known = {name: np.shape(a) for name, a in feeds.items() if name in graph.inputs}
+    counts = {s[0] for s in known.values() if len(s)}
+    if len(counts) > 1:
+        raise FlowError("feeds have different row counts: "
+                        + ", ".join(f"{n}: {s[0]}" for n, s in known.items() if len(s)))
+    if not counts:
+        complete_feeds(graph, {})  # names the first input the outputs need
+        raise FlowError(f"no feeds for the inputs of {graph.name} ({', '.join(graph.inputs)})")
+    return counts.pop()
+
+
+def batch_key(model, graph, dtype: str) -> str:
+    """The config key that sets the batch dimension of every input (and no
+    param's shape): `batch` if it does, else the first key that does."""
+    b = batch_size(graph)
+    if b is None:
+        raise FixedBatchError(f"the inputs of {graph.name} do not share a leading batch dimension, so only the "
+                              "batch sizes they declare can be fed")
+    keys = [k for k, v in graph.config.items() if isinstance(v, int) and not isinstance(v, bool) and v == b]
+    keys.sort(key=lambda k: k != "batch")
+    params = {n: graph.nodes[i].shape for n, i in graph.params.items()}
+    probe = b + 1
+    for key in keys:
+        try:
+            g = model.with_config(**{key: probe}).build(dtype)
+        except FlowError:
+            continue
+        if batch_size(g) == probe and {n: g.nodes[i].shape for n, i in g.params.items()} == params:
+            return key
+    raise FixedBatchError(f"{graph.name} runs only at batch size {b}: its inputs' batch dimension is not a config key",
+                    hint="declare it in the config (`batch = 64`) and use it in the inputs (`input x: f32[batch, "
+                         "...]`)")
+
+
+class Predictor:
+    """`sess.predict(feeds)`: sessions of the same model at other batch
+    sizes, made on first use and kept; params are copied from the session
+    before each call, so they follow training."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.sized: dict[int, object] = {}
+        self._key = None
+
+    def session_for(self, n: int):
+        sess = self.sess
+        if n == batch_size(sess.graph):
+            return sess
+        if n not in self.sized:
+            from flowgrad.api import Session
+            from flowgrad.planner import make_plan
+
+            if self._key is None:
+                self._key = batch_key(sess.model, sess.graph, sess.plan.dtype)
+            model = sess.model.with_config(**{self._key: n})
+            graph = model.build(sess.plan.dtype)
+            dev = sess.device
+            plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
+            self.sized[n] = Session(model, graph, plan, dev, sess.params)
+        return self.sized[n]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        graph = self.sess.graph
+        n = rows_of(graph, feeds)
+        if n == 0:
+            raise FlowError("feeds have no rows")
+        b = batch_size(graph)
+        chunked = b is not None and n > b and self._batch_major(feeds)
+        sizes = [b] * (n // b) + ([n % b] if n % b else []) if chunked else [n]
+        params = self.sess.params
+        parts, start = [], 0
+        for size in sizes:
+            sess = self.session_for(size)
+            if sess is not self.sess:
+                sess.runner.set_params(params)
+            chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
+            parts.append(run(sess, chunk))
+            start += size
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _batch_major(self, feeds) -> bool:
+        graph, b = self.sess.graph, batch_size(self.sess.graph)
+        _, filled = complete_feeds(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
+        return all(graph.nodes[i].shape[:1] == (b,) for name, i in graph.outputs.items()
+                   if not uses_inputs(graph, i) & filled)
+
+
+# -- loading a trained model ----------------------------------------------------
+
+def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"):
+    """(session with the checkpoint's params, checkpoint): the config is the
+    checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
+    import flowgrad as fg
+    from flowgrad.training.overrides import load_model
+
+    ckpt = checkpoint.load(ckpt_path)
+    base = fg.load(file)
+    config = {k: v for k, v in ckpt.config.items() if k in base.config and v != base.config[k]}
+    config.update(sets or {})
+    model = load_model(file, config) if config else base
+    # a model trained with --dtype f16 runs in f16: the checkpoint says which
+    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
+    sess = model.compile(device=device, dtype=dtype)
+    checkpoint.check_matches(ckpt, sess.graph)
+    sess.set_params(ckpt.params)
+    return sess, ckpt

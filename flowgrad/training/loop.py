@@ -1,12 +1,15 @@
 """The training loop: `fg.train(model, ...)`.
 
 The model's train section (flowgrad.training.section) gives the data, the
-optimizer and the step counts; arguments override it. Writes to the output
-directory: checkpoint.safetensors (atomically, every checkpoint_every steps,
-at the end, and on Ctrl-C), metrics.jsonl and loss.png (flowgrad.training.outputs).
-A resumed run gives the same result as an uninterrupted one: the batch of step
-s depends only on (seed, s), and the checkpoint holds the params and the
-optimizer state exactly."""
+optimizer, the metric and the step counts; arguments override it. Evals run
+on the validation split (the test split when there is none); the test split
+is evaluated once, at the end. Writes to the output directory:
+checkpoint.safetensors (atomically, every checkpoint_every steps, at the
+end, and on Ctrl-C), best.safetensors (at the eval with the lowest
+validation loss), metrics.jsonl and loss.png (flowgrad.training.outputs).
+A resumed run gives the same result as an uninterrupted one: the batch of
+step s depends only on (seed, s), and the checkpoint holds the params and
+the optimizer state exactly."""
 from __future__ import annotations
 
 import contextlib
@@ -20,11 +23,14 @@ from pathlib import Path
 import attrs
 
 from flowgrad.errors import FlowError
-from flowgrad.training import checkpoint
+from flowgrad.training import checkpoint, metrics
 from flowgrad.training.data import Dataset
 from flowgrad.training.optim import Optimizer
 from flowgrad.training.outputs import MetricsLog, plot, writing
+from flowgrad.training.progress import Progress
 from flowgrad.training.section import TrainSetup, setup
+
+BEST_FILENAME = "best.safetensors"
 
 
 @attrs.define
@@ -32,13 +38,15 @@ class TrainResult:
     session: object
     steps: int                   # steps completed
     loss: float | None           # training loss of the last step
-    metrics: dict                # the last evaluation on held-out data
-    metric: str                  # the data source's headline metric name
+    metrics: dict                # the final evaluation on the test split: loss and the metric
+    metric: str                  # the metric's name
     seconds: float               # wall time of this run's loop (evals included)
     steps_run: int               # steps this run took (fewer than `steps` after a resume)
     path: str                    # session.last_path
     history: list[dict]
     out: Path | None = None
+    best: dict | None = None     # {"step", "val_loss"} of best.safetensors
+    stopped_early: bool = False
     rank: int = 0                # data-parallel runs: this process's rank (0 writes the outputs)
     ranks: int = 1
 
@@ -91,12 +99,14 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
-    steps, seed, data, optimizer: override the train section's values.
+    steps, seed, data, optimizer: override the train section's values (data:
+        any object with the Dataset protocol, flowgrad.training.data).
     device, dtype, backward: as for Model.compile.
-    out: directory for the checkpoint, metrics.jsonl and loss.png (None: write
-        nothing); resume=True continues the run saved there, overwrite=True
-        starts afresh over it.
-    progress: show a progress bar (None: only on a terminal).
+    out: directory for the checkpoints, metrics.jsonl and loss.png (None:
+        write nothing); resume=True continues the run saved there,
+        overwrite=True starts afresh over it.
+    progress: None shows a bar on a terminal and periodic log lines
+        elsewhere; True a bar; False nothing.
     callback(step, record): called after each step with its metrics record.
     check_every: data-parallel runs (started by mpiexec): steps between checks
         that every rank holds the same params (default: eval_every).
@@ -158,13 +168,17 @@ def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, ch
 def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, check_every=0,
            config=None) -> TrainResult:
     """config: what the checkpoint and metrics.jsonl record (default the model's;
-    a data-parallel run records its global batch)."""
+    a data-parallel run records its global batch). With a `world`, every rank
+    runs this loop on its shard of each batch; evals give every rank the
+    numbers of one process, so best and early stop are decided alike."""
     graph = sess.graph
     config = graph.config if config is None else config
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
-    header = {"model": graph.name, "metric": ts.data.metric, "config": config}
+    header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": config,
+              "data": ts.data.meta()}
+    split = ts.eval_split
 
     start, history = 0, []
     if resume:
@@ -175,16 +189,24 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
             raise FlowError(f"{out} already holds a checkpoint: pass --resume to continue that run, or "
                             "--overwrite to start again (or choose another --out)")
         log.start(header)
+        if out is not None:
+            (out / BEST_FILENAME).unlink(missing_ok=True)  # a best of an earlier run would mislead
     if world is not None:
         start = world.sync_from_root(sess.runner)   # rank 0's params (and resumed state) everywhere
+        history = world.share(history, "the broadcast of the resumed history")   # for best and early stop
+    evaluate = _evaluator(sess, ts, world)
 
-    metrics = next((_metrics_of(r) for r in reversed(history) if _metrics_of(r)), {})
+    evals = [r for r in history if f"{split}_loss" in r]
+    best = min(evals, key=lambda r: r[f"{split}_loss"]) if split == "val" and evals else None
+    since_best = len(evals) - 1 - evals.index(best) if best is not None else 0
+    # a resumed run that had stopped early stays stopped
+    stopped_early = ts.early_stop is not None and best is not None and since_best >= ts.early_stop
     step, in_step = start, False
-    bar = _progress(ts.steps, start, graph.name, progress)
+    bar = Progress(ts.steps, start, graph.name, progress)
     t0 = time.perf_counter()
     try:
         with deferred_sigint() as stop:
-            while step < ts.steps:
+            while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 in_step = True
                 if world is None:
@@ -195,32 +217,53 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                 in_step = False
                 rec = _record(step, loss, ts.optimizer)
                 if step % ts.eval_every == 0 or step == ts.steps:
-                    metrics = ts.data.evaluate(sess)
-                    rec.update({f"test_{k}": v for k, v in metrics.items()})
+                    rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
+                    if split == "val" and "val_loss" in rec:
+                        if best is None or rec["val_loss"] < best["val_loss"]:
+                            best, since_best = rec, 0
+                            if out is not None:
+                                _save(sess, ts, out / BEST_FILENAME, step, config)
+                        else:
+                            since_best += 1
+                    stopped_early = ts.early_stop is not None and since_best >= ts.early_stop
                 history.append(rec)
                 log.write(rec)
-                _show(bar, rec, metrics, ts.data.metric)
+                bar.update(rec, split, ts.metric.name)
                 if callback is not None:
                     callback(step, rec)
-                if world is not None and (step % check_every == 0 or step == ts.steps):
+                if world is not None and (step % check_every == 0 or step == ts.steps or stopped_early):
                     world.check_same_params(sess.params, step)
-                if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps):
+                if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps or stopped_early):
                     _save(sess, ts, ckpt_path, step, config)
                 if stop["stop"] if world is None else stopping:
                     raise KeyboardInterrupt
+                if stopped_early:
+                    break
     except KeyboardInterrupt:
         bar.close()
         raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    if step == start and (not metrics or world is not None):  # resumed a finished run: still report its metrics
-        metrics = ts.data.evaluate(sess)
-    if out is not None:
+    final = evaluate("test")
+    if history and final and (step > start or "test_loss" not in history[-1]):
+        history[-1].update({f"test_{k}": v for k, v in final.items()})
+        log.rewrite_last(history[-1])
+    if out is not None and history:
         with writing(out / "loss.png"):
-            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
-    return TrainResult(sess, step, history[-1]["loss"] if history else None, metrics, ts.data.metric, seconds,
-                       step - start, sess.last_path, history, out)
+            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
+                 split)
+    best_info = {"step": best["step"], "val_loss": best["val_loss"]} if best is not None else None
+    return TrainResult(sess, step, history[-1]["loss"] if history else None, final, ts.metric.name, seconds,
+                       step - start, sess.last_path, history, out, best_info, stopped_early)
+
+
+def _evaluator(sess, ts: TrainSetup, world):
+    """evaluate(split) -> {"loss", metric}: over the whole split; with ranks,
+    each computes its rows and all get the numbers of one process."""
+    if world is None:
+        return lambda split: metrics.evaluate(sess, ts.data, split, ts.metric)
+    return lambda split: ts.data.evaluate(sess, split, ts.metric)
 
 
 def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
@@ -239,6 +282,9 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
                         + (f" with another config ({what})" if changed else f", not {graph.name}"),
                         hint="resume with the same model and --set values (data-parallel runs record the "
                              "global batch, batch x ranks), or start a new --out")
+    if ckpt.step > ts.steps:
+        raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
+                        hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
     checkpoint.check_matches(ckpt, graph)
     checkpoint.check_opt_state(ckpt, ts.optimizer, ckpt.params)
     sess.runner.set_params(ckpt.params)
@@ -246,10 +292,10 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     return ckpt.step
 
 
-def _save(sess, ts, ckpt_path, step, config):
+def _save(sess, ts, path, step, config):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(ckpt_path, sess.params, state, step, sess.graph.name, config,
-                    ts.optimizer.describe())
+    checkpoint.save(path, sess.params, state, step, sess.graph.name, config, ts.optimizer.describe(),
+                    data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:
@@ -260,7 +306,8 @@ def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config)
                                 "continue with --resume", step)
     _save(sess, ts, ckpt_path, step, config)
     if history:
-        plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {ts.steps} steps", ts.data.metric)
+        plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
+             ts.eval_split)
     return TrainInterrupted(f"interrupted: saved step {step} to {ckpt_path}; continue with --resume", step)
 
 
@@ -269,22 +316,3 @@ def _record(step: int, loss, optimizer) -> dict:
         raise FlowError(f"the loss became {loss} at step {step}: training diverged",
                         hint="lower the learning rate, or add clip=1.0 to the optimizer")
     return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step)}
-
-
-def _metrics_of(rec: dict) -> dict:
-    return {k[5:]: v for k, v in rec.items() if k.startswith("test_")}
-
-
-def _progress(total, initial, desc, progress):
-    from tqdm.auto import tqdm
-
-    disable = None if progress is None else not progress  # None: quiet when not on a terminal
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
-
-
-def _show(bar, rec, metrics, metric):
-    post = {"loss": f"{rec['loss']:.4f}"}
-    if metric in metrics:
-        post[metric] = f"{metrics[metric]:.2%}"
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)

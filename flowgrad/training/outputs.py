@@ -1,16 +1,17 @@
-"""What a training run writes beside its checkpoint: metrics.jsonl (a header
-line with "version", then one line per step; eval steps add test_* metrics)
-and loss.png."""
+"""What a training run writes beside its checkpoints: metrics.jsonl (a header
+line with "version", then one line per step; eval steps add val_* values,
+the last step test_* values) and loss.png."""
 from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from pathlib import Path
 
-from flowgrad.errors import FlowError
+from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.training import checkpoint
 
-METRICS_VERSION = 1
+METRICS_VERSION = 2
 
 
 class MetricsLog:
@@ -49,6 +50,14 @@ class MetricsLog:
             with writing(self.path), self.path.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
 
+    def rewrite_last(self, rec: dict) -> None:
+        """Replace the last record (the final step gains the test metrics)."""
+        if self.path is not None and self.path.exists():
+            lines = self.path.read_text().splitlines()
+            lines[-1] = json.dumps(rec)
+            with writing(self.path):
+                checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+
 
 @contextlib.contextmanager
 def writing(path: Path):
@@ -58,30 +67,36 @@ def writing(path: Path):
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
-def plot(history: list[dict], path: Path, title: str, metric: str) -> bool:
-    """loss.png: training loss and the eval metric against the step. Uses
-    matplotlib's Agg canvas directly (no pyplot: no global backend change).
-    Returns False when matplotlib (an optional extra) is not installed."""
+def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
+    """loss.png: training and eval loss (left axis) and the eval metric
+    (right axis, scaled to its values) against the step. Uses matplotlib's
+    Agg canvas directly (no pyplot: no global backend change). Without
+    matplotlib (the `plot` extra) it warns and returns False."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
+        warnings.warn(f"{path.name} not written: matplotlib is not installed (pip install 'flowgrad[plot]')",
+                      FlowWarning, stacklevel=2)
         return False
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     steps = [r["step"] for r in history]
     ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss", color="tab:blue")
-    if all(r["loss"] > 0 for r in history):
-        ax.set_yscale("log")
-    evals = [(r["step"], r[f"test_{metric}"]) for r in history if f"test_{metric}" in r]
+    evals = [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r]
     if evals:
+        ax.plot(*zip(*evals), "s-", color="tab:green", ms=3, label=f"{split} loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if all(r["loss"] > 0 for r in history) and all(v > 0 for _, v in evals):
+        ax.set_yscale("log")
+    ax.legend(loc="upper left", fontsize=8)
+    scores = [(r["step"], r[f"{split}_{metric}"]) for r in history if f"{split}_{metric}" in r]
+    if scores:
         ax2 = ax.twinx()
-        ax2.plot(*zip(*evals), "o-", color="tab:orange", ms=3, label=f"test {metric}")
-        ax2.set_ylabel(f"test {metric}", color="tab:orange")
-        ax2.set_ylim(0, 1.02)
+        ax2.plot(*zip(*scores), "o-", color="tab:orange", ms=3)
+        ax2.set_ylabel(f"{split} {metric}", color="tab:orange")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path)

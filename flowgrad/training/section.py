@@ -1,13 +1,19 @@
 """The `train { ... }` section of a model, read into a TrainSetup:
 
-    data = digits(test_fraction=0.2)     a source from flowgrad.training.data (required)
+    data = csv("rows.csv", y="label")    a source from flowgrad.training.sources (required)
     optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
     steps = 400                          (required; --steps overrides)
     eval_every = 50                      default steps // 10
     checkpoint_every = 100               default eval_every
+    metric = "accuracy"                  default from the targets (flowgrad.training.metrics)
+    early_stop = 5                       stop after 5 evals without a better validation loss
     seed = 0                             param init and data order; default config `seed`, else 0
     schedule = cosine, warmup = 20, clip = 1.0, min_lr = 0
                                          optimizer arguments, also accepted on their own lines
+
+`setup` raises the first error; `check_train` (what `flowgrad check` shows)
+lists every one it can find. A missing `minimize`, or an output the metric
+needs, is an error here, before any step.
 """
 from __future__ import annotations
 
@@ -18,14 +24,15 @@ import attrs
 from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
-from flowgrad.training import spec
-from flowgrad.training.data import Dataset, make_data
+from flowgrad.training import metrics, spec
+from flowgrad.training.data import Dataset
+from flowgrad.training.metrics import Metric
 from flowgrad.training.optim import Optimizer, make_optimizer
+from flowgrad.training.sources import make_data
 
-TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed",
+TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed", "metric", "early_stop",
               "schedule", "warmup", "clip", "min_lr")
 OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
-METRICS_VERSION = 1
 
 
 @attrs.define
@@ -36,43 +43,129 @@ class TrainSetup:
     eval_every: int
     checkpoint_every: int
     seed: int
+    metric: Metric
+    eval_split: str              # "val" when the data has a validation split, else "test"
+    early_stop: int | None = None
 
 
 def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
+    """Read and check the train section (arguments override it). Raises the
+    first error; check_train lists them all."""
+    errors, data = _check(graph, steps, data, optimizer, seed, first=True)
+    if errors:
+        raise errors[0]
+    return _setup(graph, steps, data, optimizer, seed)
+
+
+def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> list[FlowError]:
+    """Every error of the train section that can be found: each setting is
+    checked on its own, then what depends on the data (metric, early_stop)."""
+    return _check(graph, steps, data, optimizer, seed)[0]
+
+
+def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowError], Dataset | None]:
+    """(errors, the data source made and bound on the way, or None)."""
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
+    where = spans.get
+    errors: list[FlowError] = []
+
+    def attempt(fn):
+        if first and errors:
+            return None
+        try:
+            return fn()
+        except FlowError as e:
+            errors.append(e)
+            return None
+
     for key in items:
         if key not in TRAIN_KEYS:
-            raise FlowError(f"unknown train setting {key!r}", spans.get(key),
-                            hint=did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}")
-    where = spans.get  # the span of one setting, for messages
+            errors.append(FlowError(f"unknown train setting {key!r}", where(key),
+                                    hint=did_you_mean(key, TRAIN_KEYS) or f"settings: {', '.join(TRAIN_KEYS)}"))
+    if graph.loss is None:
+        attempt(lambda: _fail(f"training minimizes the model's loss, and {graph.name} has no `minimize` "
+                              "statement", _section_span(spans) or _model_span(graph),
+                              "add `minimize loss` (a scalar) to the model"))
+    if steps is None and "steps" not in items:
+        attempt(lambda: _fail(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
+                              "(or pass --steps N)", _section_span(spans)))
+    if data is None and "data" not in items:
+        attempt(lambda: _fail(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
+                              "e.g. `data = digits()`", _section_span(spans)))
+    for key in ("seed", "steps", "eval_every", "checkpoint_every", "early_stop"):
+        if key in items:
+            attempt(lambda key=key: spec.number("train", key, items[key], where(key), low=1 if key != "seed" else 0,
+                                                integer=True))
+    if optimizer is None:
+        attempt(lambda: _optimizer(items, where, 100))
+    bound = None
+    if data is None and "data" in items:
+        try:  # the split depends on the seed: make the data as training will
+            seed = _seed(items, graph, seed, where)
+        except FlowError:
+            seed = 0  # reported above
+        bound = attempt(lambda: make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent))
+    elif data is not None:
+        bound = data
+    if bound is not None:
+        bound = attempt(lambda: bound.bind(graph, where("data")))
+    if bound is not None:
+        attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or where("data")))
+        if "early_stop" in items:
+            attempt(lambda: _eval_split(bound, where("early_stop"), need_val=True))
+    return errors, bound
 
+
+def _seed(items, graph, seed, where) -> int:
     if seed is None:
         seed = items.get("seed", graph.config.get("seed", 0))
-    seed = spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
-    if steps is None:
-        if "steps" not in items:
-            raise FlowError(f"{graph.name} does not say how long to train: add `steps = N` to its train section "
-                            "(or pass --steps N)", _section_span(spans))
-        steps = items["steps"]
-    steps = spec.number("train", "steps", steps, where("steps"), low=1, integer=True)
+    return spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
+
+
+def _fail(message, span, hint=None):
+    raise FlowError(message, span, hint=hint)
+
+
+def _model_span(graph):
+    return next((n.span for n in graph.nodes if n.span is not None), None)
+
+
+def _optimizer(items, where, steps):
+    extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
+    return make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps, extra)
+
+
+def _eval_split(data, span=None, need_val=False) -> str:
+    if next(iter(data.eval_batches("val")), None) is not None:
+        return "val"
+    if need_val:
+        raise FlowError(f"early_stop watches the validation loss, and data {data.describe} has no validation "
+                        "split", span, hint="give the data source val_fraction > 0")
+    return "test"
+
+
+def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
+    items = dict(graph.train.items) if graph.train is not None else {}
+    spans = dict(graph.train.spans) if graph.train is not None else {}
+    where = spans.get  # the span of one setting, for messages
+
+    seed = _seed(items, graph, seed, where)
+    steps = spec.number("train", "steps", items["steps"] if steps is None else steps, where("steps"), low=1,
+                        integer=True)
     eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
                              where("eval_every"), low=1, integer=True)
     checkpoint_every = spec.number("train", "checkpoint_every", items.get("checkpoint_every", eval_every),
                                    where("checkpoint_every"), low=1, integer=True)
-
     if data is None:
-        if "data" not in items:
-            raise FlowError(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
-                            "e.g. `data = digits()`", _section_span(spans))
         data = make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent)
     data.bind(graph, where("data"))
-
+    metric = metrics.choose(graph, data, items.get("metric"), where("metric") or where("data"))
+    early_stop = items.get("early_stop")
+    split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
     if optimizer is None:
-        extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
-        optimizer = make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps,
-                                   extra)
-    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed)
+        optimizer = _optimizer(items, where, steps)
+    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop)
 
 
 def _section_span(spans):

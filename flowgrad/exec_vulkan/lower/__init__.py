@@ -1,6 +1,7 @@
 """Graph lowerings: the Python glue that records an op's Vulkan dispatches.
 
-One module per op family (linalg, attention, shape, ...). Each exposes
-`Lowering` objects that the op's record carries (`lowering=` in flowgrad/ops).
-Lowerings only call Recorder methods and read node attrs / view shapes, so a
-dry-run Recorder can count their dispatches without a device."""
+One module per op family (linalg, attention, shape, ...); each registers its
+ops' `Lowering`s by name in exec_vulkan/lowering.py. Lowerings only call
+Recorder methods and read node attrs / view shapes, so a dry-run Recorder can
+count their dispatches without a device."""
+from flowgrad.exec_vulkan.lower import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401

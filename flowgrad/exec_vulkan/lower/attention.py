@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, variant
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 HEAD_BOUNDS = (32, 64, 128, 256)  # MAXD of the compiled kernels
 ROWS = 32                         # attn_common.glsl ROWS: rows per workgroup
@@ -75,4 +76,6 @@ def attention_backward(rec, node, g, ins, out, grads):
                  (math.ceil(sk / ROWS), heads, batch))
 
 
-ATTENTION = Lowering(attention_forward, attention_backward, frozenset({"f32", "f16"}), frozenset({"f32"}))
+ATTENTION = Lowering(attention_forward, attention_backward, FLOATS, frozenset({"f32"}))
+
+register_lowering("attention", ATTENTION)

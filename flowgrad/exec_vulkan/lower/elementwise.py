@@ -6,16 +6,25 @@ index space; a backward is one map per input, fused with the sum over the
 axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, groups_1d, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_axes, map_reduce
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, broadcast_axes, map_reduce
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
-FLOATS = frozenset({"f32", "f16"})
+# map ops: forward (reads x) and backward (reads g, x, y)
+M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
+          EXP_B=21, LOG_B=22, SQRT_B=23, TANH_B=24, SIGMOID_B=25, RELU_B=26, GELU_B=27, GELU_TANH_B=28,
+          SILU_B=29, POW_B=30, ABS=33, ABS_B=34,
+          MAXIMUM=35, MINIMUM=36,
+          MAXIMUM_DA=37, MINIMUM_DA=38,   # x0 = g, x1 = this operand, x2 = the other
+          WHERE=39,                       # x0 = cond, x1 = a, x2 = b
+          WHERE_DA=40, WHERE_DB=41,       # x0 = g, x1 = cond
+          CLAMP_MIN=42, CLAMP_MIN_B=43, CLAMP_MAX=44, CLAMP_MAX_B=45)
 
 # ---------------------------------------------------------------- binary
 
 
-def _binary_forward(op: M):
+def _binary_forward(op: MapOp):
     def forward(rec, node, ins, out):
         map_reduce(rec, op, ins, out)
     return forward
@@ -46,6 +55,22 @@ ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]
 SUB = _binary(M.SUB, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.NEG, [g]))
 MUL = _binary(M.MUL, lambda g, a, b: (M.MUL, [g, b]), lambda g, a, b: (M.MUL, [g, a]))
 DIV = _binary(M.DIV, lambda g, a, b: (M.DIV, [g, b]), lambda g, a, b: (M.DIV_DB, [g, a, b]))
+MAXIMUM = _binary(M.MAXIMUM, lambda g, a, b: (M.MAXIMUM_DA, [g, a, b]), lambda g, a, b: (M.MAXIMUM_DA, [g, b, a]))
+MINIMUM = _binary(M.MINIMUM, lambda g, a, b: (M.MINIMUM_DA, [g, a, b]), lambda g, a, b: (M.MINIMUM_DA, [g, b, a]))
+
+
+def _where_forward(rec, node, ins, out):
+    map_reduce(rec, M.WHERE, ins, out)
+
+
+def _where_backward(rec, node, g, ins, out, grads):
+    cond = ins[0]
+    for target, op in zip(grads[1:], (M.WHERE_DA, M.WHERE_DB)):
+        if target is not None:
+            _sum_to(rec, op, [g, cond], target, tuple(out.shape))
+
+
+WHERE = Lowering(_where_forward, _where_backward, FLOATS, FLOATS)
 
 # ---------------------------------------------------------------- unary
 
@@ -65,7 +90,7 @@ def _unary(pick, param=lambda attrs: 0.0):
     return Lowering(forward, backward, FLOATS, FLOATS)
 
 
-def _fixed(fwd: M, bwd: M):
+def _fixed(fwd: MapOp, bwd: MapOp):
     return _unary(lambda attrs: (fwd, bwd))
 
 
@@ -82,6 +107,9 @@ TANH = _fixed(M.TANH, M.TANH_B)
 SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B)
 RELU = _fixed(M.RELU, M.RELU_B)
 SILU = _fixed(M.SILU, M.SILU_B)
+ABS = _fixed(M.ABS, M.ABS_B)
+CLAMP_MIN = _unary(lambda attrs: (M.CLAMP_MIN, M.CLAMP_MIN_B), param=lambda attrs: float(attrs["min"]))
+CLAMP_MAX = _unary(lambda attrs: (M.CLAMP_MAX, M.CLAMP_MAX_B), param=lambda attrs: float(attrs["max"]))
 GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
               else (M.GELU, M.GELU_B))
 POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
@@ -124,5 +152,26 @@ def _cast_backward(rec, node, g, ins, out, grads):
         _convert(rec, g, grads[0])
 
 
-CAST = Lowering(_cast_forward, _cast_backward, frozenset({"f32", "f16", "i32"}),
-                frozenset({"f32", "f16", "i32"}))
+CAST = Lowering(_cast_forward, _cast_backward, ALL_DTYPES, ALL_DTYPES)
+
+register_lowering("add", ADD)
+register_lowering("sub", SUB)
+register_lowering("mul", MUL)
+register_lowering("div", DIV)
+register_lowering("neg", NEG)
+register_lowering("exp", EXP)
+register_lowering("log", LOG)
+register_lowering("sqrt", SQRT)
+register_lowering("tanh", TANH)
+register_lowering("sigmoid", SIGMOID)
+register_lowering("relu", RELU)
+register_lowering("silu", SILU)
+register_lowering("abs", ABS)
+register_lowering("maximum", MAXIMUM)
+register_lowering("minimum", MINIMUM)
+register_lowering("where", WHERE)
+register_lowering("clamp_min", CLAMP_MIN)
+register_lowering("clamp_max", CLAMP_MAX)
+register_lowering("gelu", GELU)
+register_lowering("pow", POW)
+register_lowering("cast", CAST)

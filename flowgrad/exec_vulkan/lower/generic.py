@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d  # noqa: F401  (lowerings import them from here)
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.ops.registry import attr_defaults, get_op
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -30,17 +31,26 @@ def strides(shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def collapse(space, reduced, strides):
+    """Merge neighbouring axes that every input walks contiguously and that
+    are both kept or both reduced; drop size-1 axes. Elementwise ops on whole
+    tensors become rank 1, and ranks above 6 often fit."""
+    dims = [(n, d in reduced, [s[d] for s in strides]) for d, n in enumerate(space) if n != 1]
+    out: list[tuple[int, bool, list[int]]] = []
+    for n, red, st in dims:
+        if out:
+            pn, pred, pst = out[-1]
+            if pred == red and all(a == b * n for a, b in zip(pst, st)):
+                out[-1] = (pn * n, red, st)
+                continue
+        out.append((n, red, st))
+    return out
+
+
 def coalesce(shape, *stride_lists):
-    """Drop size-1 dims and merge neighbours that every stride list steps
-    through as one dim. Returns (shape, stride_list, ...) as lists."""
-    dims = [(n, *(s[i] for s in stride_lists)) for i, n in enumerate(shape) if n != 1]
-    merged: list[list[int]] = []
-    for n, *st in dims:
-        if merged and all(prev == cur * n for prev, cur in zip(merged[-1][1:], st)):
-            merged[-1] = [merged[-1][0] * n, *st]
-        else:
-            merged.append([n, *st])
-    return ([d[0] for d in merged],) + tuple([d[1 + k] for d in merged] for k in range(len(stride_lists)))
+    """collapse with no reduced axes: (shape, stride_list, ...) as lists."""
+    dims = collapse(shape, frozenset(), stride_lists)
+    return ([n for n, _, _ in dims],) + tuple([st[k] for _, _, st in dims] for k in range(len(stride_lists)))
 
 
 def _padded(values, n):
@@ -66,7 +76,4 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
 def full_attrs(node) -> dict:
     """node.attrs completed with the op signature's defaults (as the op's own
     rules see them)."""
-    from flowgrad.ops.registry import REQUIRED, get_op  # lazy: op modules import the lowerings
-
-    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
-    return defaults | dict(node.attrs)
+    return attr_defaults(get_op(node.op).args) | dict(node.attrs)

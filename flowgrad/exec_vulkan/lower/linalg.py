@@ -1,6 +1,7 @@
-"""matmul's lowering: one tiled SGEMM kernel (matmul.comp) whose operands are
-addressed by strides, so the backward's transposes (da = g @ b^T,
-db = a^T @ g) are the same kernel with swapped strides.
+"""matmul's lowering: register-tiled GEMM kernels (matmul_tiled.glsl; the tile
+per shape class and device from matmul_kernels) whose operands are addressed
+by strides, so the backward's transposes (da = g @ b^T, db = a^T @ g) are the
+same kernels with swapped strides.
 
 Batch dims are described per GEMM as (size, stride in A, stride in B, stride
 in C, summed?): a broadcast operand has stride 0, and a dim the result does
@@ -17,16 +18,11 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, coalesce, strided_copy, strides, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
-from flowgrad.ops.registry import Lowering
-
-TILE_M = TILE_N = 64  # matmul.comp BM, BN
-# Split-K: a GEMM of fewer output tiles than this (a weight gradient: small
-# M x N, K = every row of the batch) splits K so a big GPU has work for each
-# of its cores; each chunk is at least MIN_CHUNK deep (multiple of BK = 16).
-SPLIT_TARGET = 256
-MIN_CHUNK = 256
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 
 @attrs.frozen
@@ -84,29 +80,82 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         return True
     nz, za, zb, zc = (kd[0], kza[0], kzb[0], kzc[0]) if kd else (1, 0, 0, 0)
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
-    tiles = math.ceil(n / TILE_N) * math.ceil(m / TILE_M)
-    if math.ceil(n / TILE_N) > MAX_GROUPS or math.ceil(m / TILE_M) > MAX_GROUPS:
+    g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
+    info = getattr(rec, "info", None)
+    choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN))
+    if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
-    chunks = min(math.ceil(SPLIT_TARGET / tiles), k // MIN_CHUNK)
-    if nz == 1 and nr == 1 and chunks > 1:
-        _split_k(rec, a, b, c, m, n, k, chunks)
-        return True
-    push = (m, n, k, a.rs, a.cs, b.rs, b.cs, c.rs, nz, za, zb, zc, nr, ra, rb, 0, 0, 0, 0)
-    rec.dispatch("matmul", [a.view, b.view, c.view], push, _groups(m, n, nz), variant(c.view.dtype))
+    if choice.chunks > 1:
+        _split_k(rec, g, choice)
+    else:
+        rec.dispatch(choice.tile.shader, [a.view, b.view, c.view], g.push(), _groups(choice.tile, m, n, nz),
+                     _variant(choice, c.view.dtype))
     return True
 
 
-def _groups(m, n, nz):
-    return (math.ceil(n / TILE_N), math.ceil(m / TILE_M), min(nz, MAX_GROUPS))
+@attrs.frozen
+class _Gemm:
+    """One dispatch's worth of GEMM: operands, sizes, batch strides."""
+
+    a: Operand
+    b: Operand
+    c: Operand
+    m: int
+    n: int
+    k: int
+    nz: int = 1
+    za: int = 0
+    zb: int = 0
+    zc: int = 0
+    nr: int = 1
+    ra: int = 0
+    rb: int = 0
+    klimit: int = 0
+
+    def coop_aligned(self, q: int) -> bool:
+        """Each operand is read along a unit-stride dim whose rows, like every batch
+        stride, start at multiples of q elements (q-element vectors stay in one row)."""
+        a, b, c = self.a, self.b, self.c
+        a_ok = a.rs % q == 0 if a.cs == 1 else (a.rs == 1 and a.cs % q == 0)
+        b_ok = b.rs % q == 0 if b.cs == 1 else (b.rs == 1 and b.cs % q == 0)
+        return (a_ok and b_ok and c.cs == 1 and c.rs % q == 0
+                and all(x % q == 0 for x in (self.za, self.zb, self.zc, self.ra, self.rb)))
+
+    def _mode(self, unit_fast: bool, other: int, batch: tuple, size: int, q: int = 4) -> int:
+        return int(unit_fast and other % q == 0 and size % q == 0 and all(x % q == 0 for x in batch))
+
+    def push(self) -> tuple:
+        a, b, c = self.a, self.b, self.c
+        batch_a, batch_b = (self.za, self.ra), (self.zb, self.rb)
+        # the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1, else along k
+        amode = (self._mode(True, a.rs, batch_a, self.k) if a.cs == 1
+                 else self._mode(a.rs == 1, a.cs, batch_a, self.m))
+        bmode = (self._mode(True, b.rs, batch_b, self.n) if b.cs == 1
+                 else self._mode(b.rs == 1, b.cs, batch_b, self.k))
+        cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
+        return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
+                self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
-def _split_k(rec, a: Operand, b: Operand, c: Operand, m, n, k, chunks):
+def _variant(choice, dtype):
+    return None if choice.tile.coop else variant(dtype)   # matmul_coop is built for f16 only
+
+
+def _groups(tile, m, n, nz):
+    return (math.ceil(n / tile.bn), math.ceil(m / tile.bm), min(nz, MAX_GROUPS))
+
+
+def _split_k(rec, g: _Gemm, choice):
     """C = sum over K-chunks of the chunk products: partials into scratch, then one sum."""
-    kc = math.ceil(k / chunks / 16) * 16
+    a, b, c, m, n, k = g.a, g.b, g.c, g.m, g.n, g.k
+    step = max(16, choice.tile.bk)
+    kc = math.ceil(k / choice.chunks / step) * step
     chunks = math.ceil(k / kc)
     parts = rec.scratch((chunks, m, n), c.view.dtype)
-    push = (m, n, kc, a.rs, a.cs, b.rs, b.cs, n, chunks, kc * a.cs, kc * b.rs, m * n, 1, 0, 0, 0, 0, 0, k)
-    rec.dispatch("matmul", [a.view, b.view, parts], push, _groups(m, n, chunks), variant(c.view.dtype))
+    part = attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * b.rs, zc=m * n,
+                        klimit=k)
+    rec.dispatch(choice.tile.shader, [a.view, b.view, parts], part.push(), _groups(choice.tile, m, n, chunks),
+                 _variant(choice, c.view.dtype))
     sum_to_shape(rec, parts, c.view.reshape((m, n)))
 
 
@@ -172,4 +221,6 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}))
+MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS)
+
+register_lowering("matmul", MATMUL)

@@ -6,9 +6,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
-from flowgrad.ops.registry import Lowering
-
-FLOATS = frozenset({"f32", "f16"})
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
 
 def _mse_forward(rec, node, ins, out):
@@ -70,4 +68,7 @@ def _ce_backward(rec, node, g, ins, out, grads):
     _xent(rec, GRAD, n, c, logits, targets, g, grads[0], unused(rec, "f32"))
 
 
-CROSS_ENTROPY = Lowering(_ce_forward, _ce_backward, frozenset({"f32", "f16", "i32"}), FLOATS)
+CROSS_ENTROPY = Lowering(_ce_forward, _ce_backward, ALL_DTYPES, FLOATS)
+
+register_lowering("mse_loss", MSE_LOSS)
+register_lowering("cross_entropy", CROSS_ENTROPY)

@@ -9,51 +9,53 @@ axis it is broadcast along, so numpy broadcasting, sum-to-shape and fused
 `g * b` gradients are one dispatch each."""
 from __future__ import annotations
 
-import enum
 import math
 
+import attrs
+
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.limits import MAX_GROUPS
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import collapse, variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
 
 
-class M(enum.IntEnum):
-    """Map ops; keep in sync with the M_* defines in map_reduce.comp."""
+@attrs.frozen
+class MapOp:
+    """One map op of map_reduce.comp: its name there (M_<name>) and its id."""
 
-    COPY = 0
-    ADD = 1
-    SUB = 2
-    MUL = 3
-    DIV = 4
-    NEG = 5
-    EXP = 6
-    LOG = 7
-    SQRT = 8
-    TANH = 9
-    SIGMOID = 10
-    RELU = 11
-    GELU = 12
-    GELU_TANH = 13
-    SILU = 14
-    POW = 15
-    SQDIFF = 16
-    EQ = 17
-    DIV_DB = 20
-    EXP_B = 21
-    LOG_B = 22
-    SQRT_B = 23
-    TANH_B = 24
-    SIGMOID_B = 25
-    RELU_B = 26
-    GELU_B = 27
-    GELU_TANH_B = 28
-    SILU_B = 29
-    POW_B = 30
-    MAX_B = 31
-    DIFF_MUL = 32
+    name: str
+    id: int
+
+    def __int__(self) -> int:
+        return self.id
+
+
+class MapOps:
+    """The map ops by name. The lowering modules declare theirs; the GLSL
+    `#define M_<name> <id>u` header (shaders/map_ops.glsl) is generated from
+    this table by scripts/build_shaders.py, so the ids are written once."""
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def declare(self, **ids: int) -> None:
+        for name, i in ids.items():
+            if name in self.ids or i in self.ids.values():
+                raise ValueError(f"map op {name} = {i}: the name or the id is taken")
+            self.ids[name] = i
+            setattr(self, name, MapOp(name, i))
+
+
+M = MapOps()
+# x0 is the first input (the incoming gradient in a backward map)
+M.declare(COPY=0, ADD=1, SUB=2, MUL=3, DIV=4, NEG=5,
+          SQDIFF=16,    # (x0 - x1)^2
+          EQ=17,        # 1 where x0 equals x1, else 0
+          DIV_DB=20,    # x1 = a, x2 = b: -g * a / b^2
+          MAX_B=31,     # g where x equals the max y, else 0 (g pre-divided by the tie count)
+          DIFF_MUL=32)  # x0 = a, x1 = b, x2 = g: g * (a - b)
 
 
 REDUCE_OPS = {"sum": 0, "max": 1}
@@ -105,7 +107,7 @@ def reduce_chunks(n: int, items: int, lanes: int) -> int:
 
 
 def segment_groups(items: int, lanes: int) -> int:
-    return max(1, min(MAX_GROUPS, math.ceil(items / (WG // lanes))))
+    return groups_1d(items, WG // lanes)[0]
 
 
 def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
@@ -131,23 +133,7 @@ def broadcast_axes(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int,
     return tuple(d for d in range(len(space)) if pad[d] == 1 and space[d] != 1)
 
 
-def collapse(space, reduced, strides):
-    """Merge neighbouring axes that every input walks contiguously and that
-    are both kept or both reduced; drop size-1 axes. Elementwise ops on whole
-    tensors become rank 1, and ranks above 6 often fit."""
-    dims = [(n, d in reduced, [s[d] for s in strides]) for d, n in enumerate(space) if n != 1]
-    out: list[tuple[int, bool, list[int]]] = []
-    for n, red, st in dims:
-        if out:
-            pn, pred, pst = out[-1]
-            if pred == red and all(a == b * n for a, b in zip(pst, st)):
-                out[-1] = (pn * n, red, st)
-                continue
-        out.append((n, red, st))
-    return out
-
-
-def map_reduce(rec, op: M, ins, out, space=None, reduce_axes=(), shapes=None,
+def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None,
                scale: float = 1.0, param: float = 0.0, reduce: str = "sum") -> None:
     """Record `out = scale * reduce(op(ins...))`.
 

@@ -10,9 +10,8 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks, segment_groups, segment_lanes, unused
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-FLOATS = frozenset({"f32", "f16"})
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
 
@@ -74,3 +73,6 @@ def _norm(kind: str):
 
 LAYERNORM = _norm("layernorm")
 RMSNORM = _norm("rmsnorm")
+
+register_lowering("layernorm", LAYERNORM)
+register_lowering("rmsnorm", RMSNORM)

@@ -6,13 +6,11 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
-from flowgrad.ops.registry import Lowering
-
-FLOATS = frozenset({"f32", "f16"})
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.ops.reduce import reduce_axes
 
 
 def _axes(node, x) -> tuple[int, ...]:
-    from flowgrad.ops.reduce import reduce_axes  # the op's own rule; imported late (ops import us)
     return reduce_axes(full_attrs(node)["axis"], len(x.shape))
 
 
@@ -100,3 +98,9 @@ def _softmax(kind: str):
 
 SOFTMAX = _softmax("softmax")
 LOG_SOFTMAX = _softmax("log_softmax")
+
+register_lowering("sum", SUM)
+register_lowering("mean", MEAN)
+register_lowering("max", MAX)
+register_lowering("softmax", SOFTMAX)
+register_lowering("log_softmax", LOG_SOFTMAX)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import MAX_GROUPS, full_attrs, groups_1d, strided_copy, strides, variant
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
-from flowgrad.ops.registry import Lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.ops import shape as rules
 
-ANY = frozenset({"f32", "f16", "i32"})
-FLOAT = frozenset({"f32", "f16"})
 
 # ---------------------------------------------------------------- reshape
 
@@ -24,7 +24,7 @@ def reshape_backward(rec, node, g, ins, out, grads):
         rec.copy(g, grads[0])
 
 
-RESHAPE = Lowering(reshape_forward, reshape_backward, ANY, FLOAT)
+RESHAPE = Lowering(reshape_forward, reshape_backward, ALL_DTYPES, FLOATS)
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -47,7 +47,7 @@ def permuting(perm_of) -> Lowering:
             xs = strides(dx.shape)
             strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
 
-    return Lowering(forward, backward, ANY, FLOAT)
+    return Lowering(forward, backward, ALL_DTYPES, FLOATS)
 
 
 # ---------------------------------------------------------------- slice / concat
@@ -55,8 +55,6 @@ def permuting(perm_of) -> Lowering:
 
 def _window(node, shape):
     """(shape of the window, row-major strides of the full tensor, offset of the window)."""
-    from flowgrad.ops import shape as rules
-
     axis, lo, hi = rules._slice_bounds(tuple(shape), full_attrs(node))
     st = strides(shape)
     return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
@@ -77,7 +75,7 @@ def slice_backward(rec, node, g, ins, out, grads):
     strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
 
 
-SLICE = Lowering(slice_forward, slice_backward, ANY, FLOAT)
+SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS)
 
 
 def _parts(node, shape, sizes):
@@ -106,7 +104,7 @@ def concat_backward(rec, node, g, ins, out, grads):
             strided_copy(rec, g, dx, shape, gs, strides(shape), src_off=off)
 
 
-CONCAT = Lowering(concat_forward, concat_backward, ANY, FLOAT)
+CONCAT = Lowering(concat_forward, concat_backward, ALL_DTYPES, FLOATS)
 
 # ---------------------------------------------------------------- embedding
 
@@ -140,4 +138,11 @@ def embedding_backward(rec, node, g, ins, out, grads):
         sum_to_shape(rec, dst, dtable)
 
 
-EMBEDDING = Lowering(embedding_forward, embedding_backward, ANY, FLOAT)
+EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS)
+
+register_lowering("transpose", permuting(rules._transpose_perm))
+register_lowering("permute", permuting(rules._permute_perm))
+register_lowering("reshape", RESHAPE)
+register_lowering("slice", SLICE)
+register_lowering("concat", CONCAT)
+register_lowering("embedding", EMBEDDING)

@@ -39,39 +39,7 @@ layout(push_constant) uniform Push {
     uint st2[6];
 } pc;
 
-// map ops; keep in sync with flowgrad/exec_vulkan/lower/map_reduce.py
-#define M_COPY 0u
-#define M_ADD 1u
-#define M_SUB 2u
-#define M_MUL 3u
-#define M_DIV 4u
-#define M_NEG 5u
-#define M_EXP 6u
-#define M_LOG 7u
-#define M_SQRT 8u
-#define M_TANH 9u
-#define M_SIGMOID 10u
-#define M_RELU 11u
-#define M_GELU 12u
-#define M_GELU_TANH 13u
-#define M_SILU 14u
-#define M_POW 15u
-#define M_SQDIFF 16u
-#define M_EQ 17u          // 1 where x0 equals x1, else 0
-// backward maps: x0 = upstream gradient g, x1 = x (input), x2 = y (output)
-#define M_DIV_DB 20u      // x1 = a, x2 = b: -g * a / b^2
-#define M_EXP_B 21u
-#define M_LOG_B 22u
-#define M_SQRT_B 23u
-#define M_TANH_B 24u
-#define M_SIGMOID_B 25u
-#define M_RELU_B 26u
-#define M_GELU_B 27u
-#define M_GELU_TANH_B 28u
-#define M_SILU_B 29u
-#define M_POW_B 30u
-#define M_MAX_B 31u       // g where x equals the max y, else 0 (g pre-divided by the tie count)
-#define M_DIFF_MUL 32u    // x0 = a, x1 = b, x2 = g: g * (a - b)
+#include "map_ops.glsl"
 
 float map_value(uint op, uint i0, uint i1, uint i2) {
     float a = float(x0[i0]);
@@ -111,6 +79,19 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
     case M_POW_B: return a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);
     case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
     case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
+    case M_ABS: return abs(a);
+    case M_ABS_B: return a * sign(float(x1[i1]));
+    case M_MAXIMUM: return max(a, float(x1[i1]));
+    case M_MINIMUM: return min(a, float(x1[i1]));
+    case M_MAXIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s > o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_MINIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s < o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_WHERE: return a != 0.0 ? float(x1[i1]) : float(x2[i2]);
+    case M_WHERE_DA: return float(x1[i1]) != 0.0 ? a : 0.0;
+    case M_WHERE_DB: return float(x1[i1]) != 0.0 ? 0.0 : a;
+    case M_CLAMP_MIN: return max(a, pc.param);
+    case M_CLAMP_MIN_B: return float(x1[i1]) >= pc.param ? a : 0.0;
+    case M_CLAMP_MAX: return min(a, pc.param);
+    case M_CLAMP_MAX_B: return float(x1[i1]) <= pc.param ? a : 0.0;
     }
     return fg_nan();
 }

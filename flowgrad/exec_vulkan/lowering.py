@@ -1,0 +1,52 @@
+"""The Vulkan backend's lowering table: op name -> how that op's node is
+recorded as Vulkan dispatches.
+
+The op records (flowgrad/ops) know nothing of any backend; each lowering
+module under exec_vulkan/lower registers its ops here by name, so loading the
+op table never loads the Vulkan runtime. The planner and the executors ask
+`lowering_for(op_name)`."""
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from flowgrad.dtypes import DTYPES, FLOAT_DTYPES
+
+FLOATS = frozenset(FLOAT_DTYPES)
+ALL_DTYPES = frozenset(DTYPES)
+
+
+@attrs.frozen
+class Lowering:
+    """How an op runs on a Vulkan device.
+
+    forward(rec, node, ins, out): record the dispatches that compute `out`.
+    backward(rec, node, g, ins, out, grads): record the dispatches that write
+    (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
+    `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
+    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
+
+    forward: Callable
+    backward: Callable | None
+    dtypes: frozenset = frozenset({"f32"})
+    bwd_dtypes: frozenset = frozenset({"f32"})
+
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def register_lowering(op_name: str, lowering: Lowering, replace: bool = False) -> Lowering:
+    """Declare how op `op_name` runs on Vulkan. The op need not be registered
+    yet (the table and the op records load independently)."""
+    if op_name in LOWERINGS and not replace:
+        raise ValueError(f"op {op_name!r} already has a Vulkan lowering")
+    LOWERINGS[op_name] = lowering
+    return lowering
+
+
+def lowering_for(op_name: str) -> Lowering | None:
+    """The op's Vulkan lowering, or None when it runs on closures only."""
+    import flowgrad.exec_vulkan.lower  # noqa: F401  (its modules register the built-in lowerings)
+
+    return LOWERINGS.get(op_name)

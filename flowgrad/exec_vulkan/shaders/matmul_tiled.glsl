@@ -1,0 +1,208 @@
+// Register-tiled GEMM, batched, operands addressed by strides (a transposed
+// operand is swapped strides, never a copy):
+//   C[z](m, n) = sum_{r < R} sum_k A[z, r](m, k) * B[z, r](k, n)
+// The r loop sums over broadcast batch dims inside the kernel (matmul's
+// backward); z runs over the output batch (stride 0 = broadcast operand).
+// Split-K: with klimit != 0, z instead runs over K-chunks of length K (the
+// last one shorter), each writing a partial product for a later sum.
+//
+// The including .comp defines the tile: BM x BN outputs per workgroup, BK
+// deep per step, TM x TN outputs per invocation (multiples of 4). A thread
+// owns TM/4 groups of 4 rows spaced BM/(TM/4) apart (likewise columns), so a
+// warp's shared-memory reads of one k row are contiguous 16-byte vectors.
+// Two shared buffers: while one step's tiles are multiplied, the next step's
+// global loads are in flight in registers, then land in the other buffer, one
+// barrier per step. Loads are 16-byte vectors along an operand's unit-stride
+// dim when the host says the strides and sizes allow it (amode/bmode 1).
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+#ifdef F16
+#define V4 f16vec4
+#else
+#define V4 vec4
+#endif
+
+#define WN (BN / TN)            // invocations along n
+#define WM (BM / TM)            // invocations along m
+#define NT (WM * WN)
+#define GM (TM / 4)             // 4-row groups per invocation
+#define GN (TN / 4)
+#ifndef PAD
+#define PAD 1                   // +1 vec4 per shared row breaks bank conflicts of transposing stores
+#endif
+#define AW (BM / 4 + PAD)       // shared row width in vec4s
+#define BW (BN / 4 + PAD)
+#define AV (BM * BK / 4)        // vec4s per A tile
+#define BV (BN * BK / 4)
+#define AL ((AV + NT - 1) / NT) // vec4 loads per invocation
+#define BL ((BV + NT - 1) / NT)
+
+layout(local_size_x = NT) in;
+layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };
+layout(std430, set = 0, binding = 0) readonly buffer BufA4 { V4 a4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufB4 { V4 b4[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { T c[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC4 { V4 c4[]; };
+layout(push_constant, std430) uniform Push {
+    uint M, N, K;
+    uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
+    uint sbk, sbn;        // B(k, n) = b[offb + k*sbk + n*sbn]
+    uint scm;             // C(m, n) = c[offc + m*scm + n]
+    uint nz, za, zb, zc;  // output batch: count and per-operand strides
+    uint R, ra, rb;       // summed batch: count and strides of A and B
+    uint offa, offb, offc;
+    uint klimit;          // split-K: the full K (0: no split)
+    uint amode, bmode;    // 1: 16-byte loads along the unit-stride dim (host-checked), 0: scalar
+    uint cvec;            // 1: 16-byte stores of C rows
+} p;
+
+shared vec4 As[2][BK][AW];   // As[buf][k][m / 4], component m % 4
+shared vec4 Bs[2][BK][BW];
+
+vec4 ra[AL], rb[BL];         // the next step's tiles, in flight
+
+// Element e of a tile in load order: for a k-fast operand consecutive
+// invocations walk k (coalesced), else they walk m (or n).
+void load_a(uint base, uint m0, uint k0, uint kend) {
+    bool kfast = p.sak == 1u;
+    [[unroll]] for (uint l = 0u; l < AL; ++l) {
+        uint e = gl_LocalInvocationIndex + l * NT;
+        vec4 v = vec4(0.0);
+        if (e < AV) {
+            if (p.amode == 1u) {
+                uint mm = kfast ? e / (BK / 4) : (e % (BM / 4)) * 4u;
+                uint kk = kfast ? (e % (BK / 4)) * 4u : e / (BM / 4);
+                uint m = m0 + mm, k = k0 + kk;
+                if (m < p.M && k < kend) v = vec4(a4[(base + m * p.sam + k * p.sak) / 4u]);
+            } else {
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    uint f = e * 4u + j;
+                    uint mm = kfast ? f / BK : f % BM, kk = kfast ? f % BK : f / BM;
+                    uint m = m0 + mm, k = k0 + kk;
+                    if (m < p.M && k < kend) v[j] = float(a[base + m * p.sam + k * p.sak]);
+                }
+            }
+        }
+        ra[l] = v;
+    }
+}
+
+void load_b(uint base, uint n0, uint k0, uint kend) {
+    bool nfast = p.sbn == 1u;
+    [[unroll]] for (uint l = 0u; l < BL; ++l) {
+        uint e = gl_LocalInvocationIndex + l * NT;
+        vec4 v = vec4(0.0);
+        if (e < BV) {
+            if (p.bmode == 1u) {
+                uint nn = nfast ? (e % (BN / 4)) * 4u : e / (BK / 4);
+                uint kk = nfast ? e / (BN / 4) : (e % (BK / 4)) * 4u;
+                uint n = n0 + nn, k = k0 + kk;
+                if (n < p.N && k < kend) v = vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]);
+            } else {
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    uint f = e * 4u + j;
+                    uint nn = nfast ? f % BN : f / BK, kk = nfast ? f / BN : f % BK;
+                    uint n = n0 + nn, k = k0 + kk;
+                    if (n < p.N && k < kend) v[j] = float(b[base + k * p.sbk + n * p.sbn]);
+                }
+            }
+        }
+        rb[l] = v;
+    }
+}
+
+// The registers' layout is load_a's: a vector runs along k (k-fast, vector
+// loads), along m (m-fast, vector loads), or is 4 consecutive load-order
+// elements (scalar loads).
+void store_a(uint buf) {
+    bool kfast = p.sak == 1u;
+    [[unroll]] for (uint l = 0u; l < AL; ++l) {
+        uint e = gl_LocalInvocationIndex + l * NT;
+        if (e >= AV) continue;
+        if (p.amode == 1u && !kfast) {
+            As[buf][e / (BM / 4)][e % (BM / 4)] = ra[l];
+        } else {
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                uint mm, kk;
+                if (p.amode == 1u) { mm = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
+                else { uint f = e * 4u + j; mm = kfast ? f / BK : f % BM; kk = kfast ? f % BK : f / BM; }
+                As[buf][kk][mm / 4u][mm % 4u] = ra[l][j];
+            }
+        }
+    }
+}
+
+void store_b(uint buf) {
+    bool nfast = p.sbn == 1u;
+    [[unroll]] for (uint l = 0u; l < BL; ++l) {
+        uint e = gl_LocalInvocationIndex + l * NT;
+        if (e >= BV) continue;
+        if (p.bmode == 1u && nfast) {
+            Bs[buf][e / (BN / 4)][e % (BN / 4)] = rb[l];
+        } else {
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                uint nn, kk;
+                if (p.bmode == 1u) { nn = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
+                else { uint f = e * 4u + j; nn = nfast ? f % BN : f / BK; kk = nfast ? f / BN : f % BK; }
+                Bs[buf][kk][nn / 4u][nn % 4u] = rb[l][j];
+            }
+        }
+    }
+}
+
+void main() {
+    uint tx = gl_LocalInvocationIndex % WN, ty = gl_LocalInvocationIndex / WN;
+    uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+    for (uint z = gl_WorkGroupID.z; z < p.nz; z += gl_NumWorkGroups.z) {
+        vec4 acc[TM][GN];
+        [[unroll]] for (uint i = 0u; i < TM; ++i)
+            [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] = vec4(0.0);
+        uint kend = p.klimit == 0u ? p.K : min(p.K, p.klimit - z * p.K);
+        uint steps = (kend + BK - 1u) / BK;
+        for (uint r = 0u; r < p.R; ++r) {
+            uint abase = p.offa + z * p.za + r * p.ra;
+            uint bbase = p.offb + z * p.zb + r * p.rb;
+            load_a(abase, m0, 0u, kend);
+            load_b(bbase, n0, 0u, kend);
+            store_a(0u);
+            store_b(0u);
+            barrier();
+            for (uint s = 0u; s < steps; ++s) {
+                uint cur = s & 1u;
+                bool more = s + 1u < steps;
+                if (more) {
+                    load_a(abase, m0, (s + 1u) * BK, kend);
+                    load_b(bbase, n0, (s + 1u) * BK, kend);
+                }
+                [[unroll]] for (uint kk = 0u; kk < BK; ++kk) {
+                    vec4 av[GM], bv[GN];
+                    [[unroll]] for (uint g = 0u; g < GM; ++g) av[g] = As[cur][kk][g * WM + ty];
+                    [[unroll]] for (uint g = 0u; g < GN; ++g) bv[g] = Bs[cur][kk][g * WN + tx];
+                    [[unroll]] for (uint i = 0u; i < TM; ++i)
+                        [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] += av[i / 4u][i % 4u] * bv[j];
+                }
+                if (more) {
+                    store_a(cur ^ 1u);
+                    store_b(cur ^ 1u);
+                }
+                barrier();
+            }
+        }
+        uint cbase = p.offc + z * p.zc;
+        [[unroll]] for (uint i = 0u; i < TM; ++i) {
+            uint m = m0 + (i / 4u) * (WM * 4u) + ty * 4u + i % 4u;
+            if (m >= p.M) continue;
+            [[unroll]] for (uint j = 0u; j < GN; ++j) {
+                uint n = n0 + j * (WN * 4u) + tx * 4u;
+                uint at = cbase + m * p.scm + n;
+                if (p.cvec == 1u && n + 3u < p.N) {
+                    c4[at / 4u] = V4(acc[i][j]);
+                } else {
+                    [[unroll]] for (uint q = 0u; q < 4u; ++q)
+                        if (n + q < p.N) c[at + q] = STORE(acc[i][j][q]);
+                }
+            }
+        }
+    }
+}

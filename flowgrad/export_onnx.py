@@ -1,0 +1,256 @@
+"""ONNX export of a session's forward graph with its current params:
+`sess.to_onnx(path)` and `flowgrad export MODEL --checkpoint C -o model.onnx`.
+
+The exported graph computes the model's outputs that do not read the
+targets (the loss and what depends on it are left out unless asked for), at
+the session's batch size (export another size with `--set batch=N`). Params
+are initializers; inputs and outputs keep their names. Opset 17, the first
+with LayerNormalization. Each flowgrad op is written as the ONNX ops below;
+an op missing from the table (an op registered from Python, say) is a
+FlowError naming the node and its line. Needs the `onnx` package
+(`pip install 'flowgrad[onnx]'`)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import Graph
+
+OPSET = 17
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise FlowError("ONNX export needs the onnx package: pip install 'flowgrad[onnx]' "
+                        "(or pip install onnx)") from None
+    return onnx
+
+
+class Writer:
+    """The ONNX nodes and initializers of one export, with fresh names."""
+
+    def __init__(self, onnx):
+        self.onnx = onnx
+        self.nodes, self.inits, self.count = [], [], 0
+
+    def name(self, hint: str = "t") -> str:
+        self.count += 1
+        return f"{hint}_{self.count}"
+
+    def op(self, kind: str, inputs, **attrs) -> str:
+        out = self.name(kind.lower())
+        self.nodes.append(self.onnx.helper.make_node(kind, list(inputs), [out], **attrs))
+        return out
+
+    def const(self, value, dtype=None, name=None) -> str:
+        name = name or self.name("c")
+        self.inits.append(self.onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def ints(self, values) -> str:
+        return self.const(np.asarray(list(values), np.int64))
+
+    def scalar(self, value, like_dtype) -> str:
+        return self.const(np.asarray(value, like_dtype))
+
+
+def _axes(axis, ndim):
+    if axis is None:
+        return list(range(ndim))
+    return [a % ndim for a in (axis if isinstance(axis, (list, tuple)) else [axis])]
+
+
+def _dt(node):
+    return {"f32": np.float32, "f16": np.float16, "i32": np.int32}[node.dtype]
+
+
+def _binary(kind):
+    return lambda w, n, ins, ts: w.op(kind, ins)
+
+
+def _unary(kind):
+    return lambda w, n, ins, ts: w.op(kind, ins)
+
+
+def _gelu(w, n, ins, ts):
+    (x,) = ins
+    dt = _dt(n)
+    half = w.scalar(0.5, dt)
+    one = w.scalar(1.0, dt)
+    if n.attrs.get("approximate", "none") == "tanh":
+        cube = w.op("Mul", [w.scalar(0.044715, dt), w.op("Mul", [x, w.op("Mul", [x, x])])])
+        inner = w.op("Mul", [w.scalar(math.sqrt(2.0 / math.pi), dt), w.op("Add", [x, cube])])
+        return w.op("Mul", [w.op("Mul", [half, x]), w.op("Add", [one, w.op("Tanh", [inner])])])
+    erf = w.op("Erf", [w.op("Div", [x, w.scalar(math.sqrt(2.0), dt)])])
+    return w.op("Mul", [w.op("Mul", [half, x]), w.op("Add", [one, erf])])
+
+
+def _reduce(kind):
+    def convert(w, n, ins, ts):
+        axes = _axes(n.attrs.get("axis"), len(ts[0].shape))
+        keep = int(bool(n.attrs.get("keepdims", False)))
+        if kind == "ReduceSum":  # axes is an input from opset 13 on, an attribute for the others until 18
+            return w.op(kind, [ins[0], w.ints(axes)], keepdims=keep)
+        return w.op(kind, ins, axes=axes, keepdims=keep)
+    return convert
+
+
+def _slice(w, n, ins, ts):
+    at = n.attrs
+    return w.op("Slice", [ins[0], w.ints([at["start"]]), w.ints([at["stop"]]), w.ints([at["axis"]])])
+
+
+def _transpose(w, n, ins, ts):
+    rank = len(ts[0].shape)
+    perm = list(range(rank))
+    a, b = n.attrs.get("dim0", -2) % rank, n.attrs.get("dim1", -1) % rank
+    perm[a], perm[b] = perm[b], perm[a]
+    return w.op("Transpose", ins, perm=perm)
+
+
+def _permute(w, n, ins, ts):
+    rank = len(ts[0].shape)
+    return w.op("Transpose", ins, perm=[d % rank for d in n.attrs["dims"]])
+
+
+def _rmsnorm(w, n, ins, ts):
+    x, weight = ins
+    dt = _dt(n)
+    ms = w.op("ReduceMean", [w.op("Mul", [x, x])], axes=[-1], keepdims=1)
+    scale = w.op("Sqrt", [w.op("Add", [ms, w.scalar(n.attrs["eps"], dt)])])
+    return w.op("Mul", [w.op("Div", [x, scale]), weight])
+
+
+def _attention(w, n, ins, ts):
+    """softmax(q k^T / sqrt(d/h) + mask) v per head, as MatMul and Softmax."""
+    q, k, v = ins[:3]
+    h = n.attrs["heads"]
+    dt = _dt(n)
+
+    def heads(x, t):
+        s, d = t.shape[-2:]
+        return w.op("Transpose", [w.op("Reshape", [x, w.ints([-1, s, h, d // h])])], perm=[0, 2, 1, 3])
+
+    qh, kh, vh = heads(q, ts[0]), heads(k, ts[1]), heads(v, ts[2])
+    d = ts[0].shape[-1]
+    scores = w.op("Div", [w.op("MatMul", [qh, w.op("Transpose", [kh], perm=[0, 1, 3, 2])]),
+                          w.scalar(math.sqrt(d // h), dt)])
+    if len(ins) > 3:
+        scores = w.op("Add", [scores, ins[3]])   # the causal mask is this input (attention's expand)
+    elif n.attrs.get("causal"):
+        from flowgrad.ops.attention import causal_mask
+
+        scores = w.op("Add", [scores, w.const(causal_mask(ts[0].shape[-2], ts[1].shape[-2], dt))])
+    out = w.op("MatMul", [w.op("Softmax", [scores], axis=-1), vh])
+    return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.ints(ts[0].shape)])
+
+
+def _cross_entropy(w, n, ins, ts):
+    logits, targets = ins
+    picked = w.op("GatherElements", [w.op("LogSoftmax", [logits], axis=-1),
+                                     w.op("Unsqueeze", [w.op("Cast", [targets], to=7), w.ints([-1])])], axis=-1)
+    return w.op("Neg", [w.op("ReduceMean", [picked], keepdims=0)])
+
+
+def _mse(w, n, ins, ts):
+    diff = w.op("Sub", ins)
+    return w.op("ReduceMean", [w.op("Mul", [diff, diff])], keepdims=0)
+
+
+def _cast(w, n, ins, ts):
+    return w.op("Cast", ins, to={"f32": 1, "f16": 10, "i32": 6}[n.dtype])
+
+
+CONVERTERS = {
+    "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
+    "matmul": _binary("MatMul"),
+    "neg": _unary("Neg"), "exp": _unary("Exp"), "log": _unary("Log"), "sqrt": _unary("Sqrt"),
+    "tanh": _unary("Tanh"), "sigmoid": _unary("Sigmoid"), "relu": _unary("Relu"),
+    "silu": lambda w, n, ins, ts: w.op("Mul", [ins[0], w.op("Sigmoid", ins)]),
+    "gelu": _gelu,
+    "pow": lambda w, n, ins, ts: w.op("Pow", [ins[0], w.scalar(n.attrs["exponent"], _dt(n))]),
+    "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
+    "softmax": lambda w, n, ins, ts: w.op("Softmax", ins, axis=n.attrs.get("axis", -1)),
+    "log_softmax": lambda w, n, ins, ts: w.op("LogSoftmax", ins, axis=n.attrs.get("axis", -1)),
+    "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
+    "transpose": _transpose, "permute": _permute, "slice": _slice,
+    "concat": lambda w, n, ins, ts: w.op("Concat", ins, axis=n.attrs.get("axis", -1) % len(n.shape)),
+    "embedding": lambda w, n, ins, ts: w.op("Gather", [ins[1], ins[0]], axis=0),
+    "layernorm": lambda w, n, ins, ts: w.op("LayerNormalization", ins, axis=-1, epsilon=float(n.attrs["eps"])),
+    "rmsnorm": _rmsnorm,
+    "attention": _attention,
+    "cross_entropy": _cross_entropy, "mse_loss": _mse,
+    "cast": _cast,
+}
+
+
+def inference_outputs(graph: Graph) -> list[str]:
+    """The outputs that do not read inputs only the loss reads (the targets)."""
+    from flowgrad.training.data import output_inputs
+
+    _, targets = output_inputs(graph)
+    target_ids = {graph.inputs[t] for t in targets}
+    return [name for name, i in graph.outputs.items()
+            if not {n.id for n in graph.needed_for([i])} & target_ids]
+
+
+def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | None = None):
+    """The onnx ModelProto of `graph`'s forward pass to `outputs`."""
+    onnx = _onnx()
+    from onnx import TensorProto, helper
+
+    outputs = outputs if outputs is not None else inference_outputs(graph)
+    unknown = [o for o in outputs if o not in graph.outputs]
+    if unknown or not outputs:
+        raise FlowError(f"cannot export {graph.name}: " + (f"no output {unknown[0]!r} (outputs: "
+                        f"{', '.join(graph.outputs)})" if unknown else "it has no outputs to export"))
+    elem = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "i32": TensorProto.INT32}
+    w = Writer(onnx)
+    needed = graph.needed_for([graph.outputs[o] for o in outputs])
+    names: dict[int, str] = {}
+    inputs = []
+    for node in needed:
+        if node.op == "input":
+            names[node.id] = node.name
+            inputs.append(helper.make_tensor_value_info(node.name, elem[node.dtype], list(node.shape)))
+        elif node.op == "param":
+            names[node.id] = w.const(np.asarray(params[node.name], _dt(node)), name=node.name)
+        elif node.op == "const":
+            names[node.id] = w.const(np.asarray(node.attrs["value"], _dt(node)))
+        else:
+            convert = CONVERTERS.get(node.op)
+            if convert is None:
+                where = f" at {node.span.where()}" if node.span else ""
+                raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}){where} has "
+                                "no ONNX counterpart here", node.span,
+                                hint="ops registered from Python cannot be exported; write the model with "
+                                     "built-in ops")
+            names[node.id] = convert(w, node, [names[i] for i in node.inputs],
+                                     [graph.nodes[i].type for i in node.inputs])
+    outs = []
+    for o in outputs:
+        node = graph.nodes[graph.outputs[o]]
+        w.nodes.append(helper.make_node("Identity", [names[node.id]], [o]))
+        outs.append(helper.make_tensor_value_info(o, elem[node.dtype], list(node.shape)))
+    g = helper.make_graph(w.nodes, graph.name, inputs, outs, w.inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flowgrad")
+    onnx.checker.check_model(model)
+    return model
+
+
+def export(sess, path, outputs: list[str] | None = None) -> list[str]:
+    """Write `sess`'s forward graph with its params to `path`; returns the
+    exported output names."""
+    from flowgrad.training.checkpoint import write_atomic
+
+    model = to_model(sess.graph, sess.params, outputs)
+
+    try:
+        write_atomic(path, model.SerializeToString())
+    except OSError as e:
+        raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+    return [o.name for o in model.graph.output]

@@ -1,0 +1,147 @@
+"""Feeds read from files and outputs written to them, for `flowgrad run`:
+.npy (one array), .npz (arrays by input or output name), .csv (rows of
+numbers; a first row with a non-number is a header; the columns fill each
+row's shape)."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+
+
+def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
+    """`--feed x=rows.csv`, `--feed x=a.npy`, `--feed batch.npz` (its arrays
+    named as the model's inputs)."""
+    feeds: dict[str, np.ndarray] = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        if not sep and item.endswith(".npz"):
+            for key, arr in _read_npz(item, "--feed").items():
+                _add(feeds, key, arr)
+            continue
+        name = name.strip()
+        if not sep or not name or not file:
+            raise FlowError(f"--feed {item!r}: expected name=file.npy (or .csv, .npz), or an .npz whose arrays "
+                            "are named as the inputs, e.g. --feed x=batch.npy")
+        _add(feeds, name, read_array(file, f"--feed {name}"))
+    if graph is not None:
+        for name, arr in list(feeds.items()):
+            if name in graph.inputs:
+                feeds[name] = fit_rows(arr, graph.nodes[graph.inputs[name]].type, f"--feed {name}")
+    return feeds
+
+
+def _add(feeds, name, arr):
+    if name in feeds:
+        raise FlowError(f"--feed {name} is given twice")
+    feeds[name] = arr
+
+
+def read_array(file: str, what: str) -> np.ndarray:
+    if file.endswith(".csv"):
+        return read_csv_numbers(file, what)
+    if file.endswith(".npz"):
+        arrays = _read_npz(file, what)
+        if len(arrays) != 1:
+            raise FlowError(f"{what}: {file!r} holds {len(arrays)} arrays ({', '.join(arrays)}); give one .npy, "
+                            "or pass the .npz alone (--feed FILE.npz) to feed its arrays by name")
+        return next(iter(arrays.values()))
+    try:
+        arr = np.load(file, allow_pickle=False)
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as a .npy array: {e}") from None
+    if not isinstance(arr, np.ndarray):
+        raise FlowError(f"{what}: {file!r} holds several arrays (an .npz); give one .npy per input")
+    return arr
+
+
+def _read_npz(file, what) -> dict[str, np.ndarray]:
+    try:
+        with np.load(file, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("not an .npz")
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as .npz: {e}") from None
+
+
+def read_csv_numbers(file: str, what: str) -> np.ndarray:
+    try:
+        with open(file, newline="") as f:
+            rows = [r for r in csv.reader(f) if r]
+    except FileNotFoundError:
+        raise FlowError(f"{what}: no such file {file!r}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise FlowError(f"{what}: cannot read {file!r} as CSV: {e}") from None
+    if rows and not all(_is_number(c) for c in rows[0]):
+        rows = rows[1:]  # a header
+    if not rows:
+        raise FlowError(f"{what}: {file!r} has no rows of numbers")
+    try:
+        return np.array([[float(c) for c in r] for r in rows])
+    except ValueError as e:
+        raise FlowError(f"{what}: {file!r}: {e} (every cell after the header must be a number)") from None
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def fit_rows(arr: np.ndarray, t, what: str) -> np.ndarray:
+    """CSV rows (or any [rows, k] array) as the input's per-row shape when the
+    sizes match: 64 columns feed x: f32[batch, 8, 8]; 1 column feeds y: i32[batch]."""
+    row = t.shape[1:]
+    if arr.ndim == 2 and arr.shape[1:] != row and arr.shape[1] == int(np.prod(row, dtype=np.int64)):
+        arr = arr.reshape((len(arr), *row))
+    if t.dtype == "i32" and np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):
+        arr = arr.astype(np.int32)
+    return arr
+
+
+def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
+    try:
+        if path.endswith(".npy"):
+            if len(outputs) != 1:
+                raise FlowError(f"--out {path}: a .npy holds one array, and there are {len(outputs)} outputs "
+                                f"({', '.join(outputs)})", hint="choose one with --output NAME, or write an .npz")
+            np.save(path, next(iter(outputs.values())))
+        elif path.endswith(".csv"):
+            Path(path).write_text(outputs_csv(outputs))
+        else:
+            np.savez(path, **outputs)
+    except OSError as e:
+        raise FlowError(f"cannot write {path!r}: {e.strerror or e}") from None
+
+
+def outputs_csv(outputs: dict[str, np.ndarray]) -> str:
+    """Outputs as CSV columns, one row per batch row: rank-1 outputs are one
+    column (name), higher ranks are flattened per row (name_0, name_1, ...)."""
+    cols, header, rows = [], [], None
+    for name, arr in outputs.items():
+        if arr.ndim == 0:
+            raise FlowError(f"output {name} is a scalar, which has no rows for a CSV", hint="write an .npz")
+        flat = arr.reshape(len(arr), -1)
+        if rows is not None and len(flat) != rows:
+            raise FlowError(f"outputs {', '.join(outputs)} have different row counts; a CSV needs one",
+                            hint="choose outputs with --output NAME, or write an .npz")
+        rows = len(flat)
+        cols.append(flat)
+        header += [name] if arr.ndim == 1 else [f"{name}_{i}" for i in range(flat.shape[1])]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for r in np.concatenate(cols, axis=1):
+        w.writerow([repr(float(v)) if isinstance(v, np.floating) else int(v) for v in r])
+    return buf.getvalue()

@@ -1,0 +1,252 @@
+"""The data sources a train section may name: `data = csv("iris.csv", y="species")`.
+
+    digits(val_fraction=0.1, test_fraction=0.2)
+        scikit-learn's bundled 8x8 digits (no download), features scaled to
+        [0, 1]: x [1797, 64] float, y [1797] class ids
+    npz(path, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=none, y_test=none)
+        arrays from a .npz file, any dtype and rank (y=none: no targets)
+    npy(x, y=none, val_fraction=0.1, test_fraction=0.2)
+        one .npy file per array
+    csv(path, x=none, y=none, header=true, delimiter=",", val_fraction=0.1, test_fraction=0.2)
+        numeric columns of a CSV file; x and y name columns (by header name,
+        or 0-based index), x=none takes every column y does not; a y column of
+        words (e.g. species names) becomes class ids in sorted order
+    text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1)
+        next-token prediction: level "char" (UTF-8 characters) or "byte";
+        the vocabulary is the file's distinct symbols, sorted, and is kept
+        in the checkpoint
+    reverse(seq=16, vocab=16, test=512, val=256)
+    copy(seq=16, vocab=16, test=512, val=256)
+        synthetic sequence tasks for a causal decoder (flowgrad.training.data)
+
+A relative path is relative to the model file's directory. Fractions are of
+all rows; the split is seeded by the train section's seed."""
+from __future__ import annotations
+
+import csv as csv_module
+import inspect
+from pathlib import Path
+
+import numpy as np
+
+from flowgrad.binder import REQUIRED, did_you_mean
+from flowgrad.errors import FlowError
+from flowgrad.training import spec
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask, TextData
+
+
+def _fractions(what, val_fraction, test_fraction, span):
+    val = spec.number(what, "val_fraction", val_fraction, span, low=0.0, high=1.0, high_open=True)
+    test = spec.number(what, "test_fraction", test_fraction, span, low=0.0, high=1.0, high_open=True)
+    if val + test >= 1.0:
+        raise FlowError(f"{what}: val_fraction + test_fraction must leave rows to train on, got {val} + {test}",
+                        span)
+    return val, test
+
+
+def _path(what, path, span, base_dir) -> Path:
+    path = spec.string(what, "path", path, span)
+    return Path(path) if base_dir is None or Path(path).is_absolute() else Path(base_dir) / path
+
+
+def _missing(what, full, span):
+    return FlowError(f"{what}: no such file {str(full)!r}", span,
+                     hint="a relative path is relative to the model file's directory")
+
+
+def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
+    from sklearn.datasets import load_digits
+
+    val, test = _fractions("data digits()", val_fraction, test_fraction, span)
+    d = load_digits()
+    return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val, test, seed, "digits()", span)
+
+
+def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, *,
+        seed=0, span=None, base_dir=None) -> ArrayData:
+    what = "data npz()"
+    full = _path(what, path, span, base_dir)
+    try:
+        with np.load(full, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                raise ValueError("it holds one array (a .npy): use npy(x=...)")
+            arrays = {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise _missing(what, full, span) from None
+    except (OSError, ValueError, EOFError) as e:
+        raise FlowError(f"{what}: cannot read {str(full)!r} as .npz: {e}", span) from None
+    keys = {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
+    for arg, key in keys.items():
+        if key is not None:
+            spec.string(what, arg, key, span)
+            if key not in arrays:
+                raise FlowError(f"{what}: {str(full)!r} has no array {key!r} (it has: {', '.join(arrays)})", span,
+                                hint=did_you_mean(key, arrays) or ("y=none trains without targets"
+                                                                        if arg == "y" else None))
+    if x_test is not None and (y_test is None) != (y is None):
+        raise FlowError(f"{what}: give x_test and y_test together (or y_test=none with y=none)", span)
+    if y_test is not None and x_test is None:
+        raise FlowError(f"{what}: y_test needs x_test", span)
+    describe = f"npz({str(path)!r})"
+    train = {"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {})
+    if x_test is not None:
+        test = {"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {})
+        val_frac, _ = _fractions(what, val_fraction, 0.0, span)
+        data = ArrayData.split(train, val_frac, 0.0, seed, describe, span)
+        return ArrayData(data.parts["train"], data.parts["val"], test, seed, describe, data.roles)
+    return ArrayData.split(train, *_fractions(what, val_fraction, test_fraction, span), seed, describe, span)
+
+
+def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
+        base_dir=None) -> ArrayData:
+    what = "data npy()"
+    arrays = {}
+    for role, file in (("x", x), ("y", y)):
+        if file is None:
+            continue
+        full = _path(what, file, span, base_dir)
+        try:
+            arrays[role] = np.load(full, allow_pickle=False)
+        except FileNotFoundError:
+            raise _missing(what, full, span) from None
+        except (OSError, ValueError, EOFError) as e:
+            raise FlowError(f"{what}: cannot read {str(full)!r} as .npy: {e}", span) from None
+        if not isinstance(arrays[role], np.ndarray):
+            raise FlowError(f"{what}: {str(full)!r} holds several arrays (an .npz): use npz(...)", span)
+    return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
+                           f"npy({str(x)!r})", span)
+
+
+def read_csv(full: Path, header: bool, delimiter: str, what: str, span=None) -> tuple[list[str], list[list[str]]]:
+    """(column names, rows of cells); names are "0", "1", ... without a header."""
+    try:
+        with open(full, newline="") as f:
+            rows = [r for r in csv_module.reader(f, delimiter=delimiter) if r]
+    except FileNotFoundError:
+        raise _missing(what, full, span) from None
+    except (OSError, UnicodeDecodeError, csv_module.Error) as e:
+        raise FlowError(f"{what}: cannot read {str(full)!r} as CSV: {e}", span) from None
+    names = [c.strip() for c in rows.pop(0)] if header and rows else [str(i) for i in range(len(rows[0]) if rows
+                                                                                           else 0)]
+    if not rows:
+        raise FlowError(f"{what}: {str(full)!r} has no data rows", span)
+    for i, r in enumerate(rows):
+        if len(r) != len(names):
+            raise FlowError(f"{what}: {full}:{i + 1 + header}: {len(r)} cells, but "
+                            f"{'the header names' if header else 'the first row has'} {len(names)}", span)
+    return names, rows
+
+
+def _column(names, key, what, span) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        if not 0 <= key < len(names):
+            raise FlowError(f"{what}: column {key} is out of range (the file has {len(names)})", span)
+        return key
+    key = spec.string(what, "column", key, span)
+    if key not in names:
+        raise FlowError(f"{what}: no column {key!r} (columns: {', '.join(names)})", span,
+                        hint=did_you_mean(key, names))
+    return names.index(key)
+
+
+def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
+    out = np.empty((len(rows), len(cols)), np.float64)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            try:
+                out[i, j] = float(r[c])
+            except ValueError:
+                raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[c]!r} holds {r[c]!r}, not a "
+                                "number", span) from None
+    return out
+
+
+def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, *,
+        seed=0, span=None, base_dir=None) -> ArrayData:
+    what = "data csv()"
+    full = _path(what, path, span, base_dir)
+    header = spec.boolean(what, "header", header, span)
+    delimiter = spec.string(what, "delimiter", delimiter, span)
+    names, rows = read_csv(full, header, delimiter, what, span)
+    many_y = isinstance(y, list)
+    y_cols = [_column(names, k, what, span) for k in (y if many_y else [] if y is None else [y])]
+    x_cols = ([_column(names, k, what, span) for k in (x if isinstance(x, list) else [x])] if x is not None
+              else [c for c in range(len(names)) if c not in y_cols])
+    if not x_cols:
+        raise FlowError(f"{what}: no feature columns left (y takes them all)", span)
+    arrays = {"x": _numbers(rows, x_cols, names, full, header, what, span)}
+    meta = {}
+    if y_cols:
+        cells = [r[y_cols[0]] for r in rows]
+        if not many_y and not all(_is_number(c) for c in cells):
+            classes = sorted(set(cells))   # words: class ids in sorted order
+            meta["classes"] = classes
+            arrays["y"] = np.asarray([classes.index(c) for c in cells], np.int64)
+        else:
+            ys = _numbers(rows, y_cols, names, full, header, what, span)
+            arrays["y"] = ys if many_y else ys[:, 0]
+            if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
+                arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
+    return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
+                           f"csv({str(path)!r})", span, meta)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
+def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, *, seed=0,
+         span=None, base_dir=None) -> TextData:
+    what = "data text()"
+    full = _path(what, path, span, base_dir)
+    seq = spec.number(what, "seq", seq, span, low=1, integer=True)
+    level = spec.string(what, "level", level, span, choices=("char", "byte"))
+    try:
+        raw = full.read_bytes()
+    except FileNotFoundError:
+        raise _missing(what, full, span) from None
+    except OSError as e:
+        raise FlowError(f"{what}: cannot read {str(full)!r}: {e.strerror or e}", span) from None
+    if level == "char":
+        try:
+            symbols = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FlowError(f"{what}: {str(full)!r} is not UTF-8 text ({e})", span,
+                            hint='level="byte" reads any file') from None
+    else:
+        symbols = list(raw)
+    vocab = sorted(set(symbols))
+    index = {s: i for i, s in enumerate(vocab)}
+    ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
+    val, test = _fractions(what, val_fraction, test_fraction, span)
+    return TextData(ids, vocab, level, seq, val, test, seed, f"text({str(path)!r}, level={level!r})", span)
+
+
+def reverse(seq=16, vocab=16, test=512, val=256, *, seed=0, span=None, base_dir=None) -> SequenceTask:
+    return SequenceTask("reverse", seq, vocab, test, val, seed, span)
+
+
+def copy(seq=16, vocab=16, test=512, val=256, *, seed=0, span=None, base_dir=None) -> SequenceTask:
+    return SequenceTask("copy", seq, vocab, test, val, seed, span)
+
+
+SOURCES = {"digits": digits, "npz": npz, "npy": npy, "csv": csv, "text": text, "reverse": reverse, "copy": copy}
+
+
+def make_data(value, span=None, seed: int = 0, base_dir=None) -> Dataset:
+    """Build a data source from a train-section value, e.g. ("call", "digits", (), {})."""
+    parts = spec.call_parts(value)
+    if parts is None or parts[0] not in SOURCES:
+        name = parts[0] if parts else spec.show(value)
+        raise FlowError(f"unknown data source {name} (one of: {', '.join(SOURCES)})", span,
+                        hint=did_you_mean(str(name), SOURCES))
+    name, args, kwargs = parts
+    fn = SOURCES[name]
+    params = {p.name: p.default
+              for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD}
+    bound = spec.bind("data source", name, args, kwargs, params, span)
+    return fn(**bound, seed=seed, span=span, base_dir=base_dir)

@@ -1,0 +1,121 @@
+"""How the command line behaves: progress off a terminal, --version,
+`python -m flowgrad`, a closed pipe, resume below the saved step, help text,
+`check` listing every train-section error, --set on a key that is not a
+config key, a missing plotting library, and bench's phase lines."""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import env_with_path
+
+from flowgrad.cli import build_parser, main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+
+
+def flowgrad(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "flowgrad", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=env_with_path(ROOT), timeout=120, **kw)
+
+
+def test_version_and_python_dash_m():
+    from flowgrad import __version__
+
+    r = flowgrad("--version")  # as `python -m flowgrad`
+    assert r.returncode == 0 and r.stdout.strip() == f"flowgrad {__version__}"
+
+
+def test_progress_off_a_terminal_is_periodic_log_lines(tmp_path):
+    r = flowgrad("train", MODELS / "logreg.flow", "--device", "cpu", "--steps", "60", "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("logreg  step ")]
+    pattern = re.compile(r"logreg  step (\d+)/60  loss \d+\.\d+(  .*)?  \d+\.\d steps/s  ETA \d+(m\d\ds|s)$")
+    assert len(lines) >= 5 and all(pattern.match(x) for x in lines), lines
+    steps = [int(pattern.match(x).group(1)) for x in lines]
+    assert steps == sorted(steps) and steps[-1] == 60 and len(steps) < 60  # periodic, not one per step
+    assert any("val_loss" in x and "val_accuracy" in x for x in lines)
+    assert "\r" not in r.stderr  # no progress bar redraws in a log
+
+
+def test_a_closed_pipe_is_a_quiet_exit():
+    proc = subprocess.Popen([sys.executable, "-m", "flowgrad", "explain", str(MODELS / "tiny_gpt.flow"), "--json",
+                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env=env_with_path(ROOT))
+    proc.stdout.close()  # as `| head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err and err == ""
+
+
+def test_resume_with_steps_below_the_saved_step_is_an_error(tmp_path, capsys):
+    assert cli_main(["train", str(MODELS / "logreg.flow"), "--device", "cpu", "--steps", "20",
+                     "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    rc = cli_main(["train", str(MODELS / "logreg.flow"), "--device", "cpu", "--steps", "10", "--resume",
+                   "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "to 10 steps: it is already at step 20" in err and "--steps above 20" in err
+    assert cli_main(["train", str(MODELS / "logreg.flow"), "--device", "cpu", "--steps", "25", "--resume",
+                     "--out", str(tmp_path)]) == 0
+
+
+def test_every_option_has_help_and_every_command_an_example():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == {"check", "explain", "train", "run", "generate", "export", "bench", "devices"}
+    for name, sub in subparsers.choices.items():
+        assert "example:\n  flowgrad " + name in sub.epilog, name
+        for action in sub._actions:
+            assert action.help, f"flowgrad {name} {action.option_strings or action.dest} has no help text"
+
+
+def test_check_lists_every_train_section_error(tmp_path, capsys):
+    text = (MODELS / "mlp.flow").read_text().replace("steps = 800", "steps = 0\n  stesp = 3").replace(
+        'adam(lr=3e-3, schedule="cosine")', 'adam(lr=-1)').replace("digits(test_fraction=0.2)",
+                                                                  "digits(test_fraction=2)")
+    (tmp_path / "bad.flow").write_text(text)
+    rc = cli_main(["check", str(tmp_path / "bad.flow")])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "model mlp" in out and "train   4 errors:" in err
+    for message in ("unknown train setting 'stesp'", "steps must be >= 1", "lr must be > 0",
+                    "test_fraction must be"):
+        assert message in err
+    assert err.count("error: ") == 4
+
+
+def test_set_on_an_optimizer_argument_says_where_it_lives(capsys):
+    rc = cli_main(["train", str(MODELS / "mlp.flow"), "--device", "cpu", "--set", "lr=1e-2"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "lr is an optimizer argument (the train section gives lr=0.003)" in err
+    assert "mlp.flow:28:3" in err and "write `lr=lr` in the optimizer call" in err
+    rc = cli_main(["check", str(MODELS / "mlp.flow"), "--set", "steps=5"])
+    assert rc == 1 and "pass --steps 5" in capsys.readouterr().err
+    rc = cli_main(["check", str(MODELS / "mlp.flow"), "--set", "hiden=5"])
+    assert rc == 1 and "did you mean hidden" in capsys.readouterr().err  # a typo keeps the config error
+
+
+def test_missing_matplotlib_is_one_warning_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)  # import fails
+    assert cli_main(["train", str(MODELS / "logreg.flow"), "--device", "cpu", "--steps", "5",
+                     "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    warnings = [x for x in err.splitlines() if "matplotlib" in x]
+    assert warnings == ["warning: loss.png not written: matplotlib is not installed (pip install 'flowgrad[plot]')"]
+    assert not (tmp_path / "loss.png").exists() and (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.vulkan
+def test_bench_reports_each_phase(vk_device):
+    from flowgrad.exec_vulkan.bench import run
+
+    phases = []
+    run(device="vulkan", repeats=1, config={"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2},
+        phase=phases.append)
+    assert [p.split(" (")[0] for p in phases] == ["compiling the graph path", "compiling the closures path",
+                                                 "timing the graph path", "timing the closures path"]

@@ -1,0 +1,142 @@
+"""Inference at any batch size (sess.predict, `flowgrad run`), feeds and
+outputs as files, the config read from the checkpoint, and `flowgrad
+generate` on a character-level LM trained from a text file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.cli import main as cli_main
+from flowgrad.errors import FlowError
+from flowgrad.training import checkpoint
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+TINY_GPT = {"d": 16, "layers": 1, "seq": 8, "batch": 4, "heads": 2}
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mlp")
+    rc = cli_main(["train", str(MODELS / "mlp.flow"), "--device", "cpu", "--steps", "30", "--set", "hidden=16",
+                   "--set", "batch=16", "--out", str(out)])
+    assert rc == 0
+    return out / "checkpoint.safetensors"
+
+
+def digits_rows(n):
+    from sklearn.datasets import load_digits
+
+    return (load_digits().data[:n] / 16).astype(np.float32)
+
+
+def reference_logits(ckpt_path, x):
+    p = checkpoint.load(ckpt_path).params
+    return np.maximum(x @ p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]
+
+
+def test_predict_at_batch_sizes_1_7_and_the_training_batch_gives_the_same_rows(mlp_run):
+    from flowgrad.training.infer import load_trained
+
+    sess, _ = load_trained(MODELS / "mlp.flow", mlp_run, device="cpu")
+    assert sess.graph.config["batch"] == 16 and sess.graph.config["hidden"] == 16  # from the checkpoint
+    x = digits_rows(40)
+    whole = sess.predict({"x": x})["logits"]   # 16 + 16 + 8: two sizes of session
+    assert whole.shape == (40, 10) and "loss" not in sess.predict({"x": x[:1]})
+    np.testing.assert_allclose(whole, reference_logits(mlp_run, x), rtol=1e-5, atol=1e-5)
+    for n in (1, 7, 16):
+        got = np.concatenate([sess.predict({"x": x[i:i + n]})["logits"] for i in range(0, 16, n)])[:16]
+        np.testing.assert_allclose(got, whole[:16], rtol=1e-6, atol=1e-6)
+    assert sorted(sess._predictor.sized) == [1, 7, 8]   # made once per size, kept
+    y = np.zeros(7, np.int32)
+    assert set(sess.predict({"x": x[:7], "y": y})) == {"logits", "loss"}
+
+
+def test_tiny_gpt_predicts_at_batch_one_like_at_its_batch():
+    sess = fg.load(MODELS / "tiny_gpt.flow", TINY_GPT).compile(device="cpu")
+    toks = np.random.default_rng(0).integers(0, 16, (4, 8)).astype(np.int32)
+    full = sess.predict({"tokens": toks})["logits"]
+    for i in range(4):
+        np.testing.assert_allclose(sess.predict({"tokens": toks[i:i + 1]})["logits"][0], full[i], rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_a_fixed_batch_is_a_clear_error():
+    m = fg.loads("model fixed\ninput x: f32[4, 3]\nparam w: f32[3, 2] = zeros()\ny = x @ w\noutput y\n")
+    sess = m.compile(device="cpu")
+    assert sess.predict({"x": np.ones((4, 3))})["y"].shape == (4, 2)
+    with pytest.raises(FlowError, match="runs only at batch size 4"):
+        sess.predict({"x": np.ones((3, 3))})
+
+
+def test_run_cli_csv_in_csv_out_with_the_checkpoint_config(mlp_run, tmp_path, capsys):
+    x = digits_rows(5)
+    (tmp_path / "x.csv").write_text(",".join(f"p{i}" for i in range(64)) + "\n"
+                                    + "\n".join(",".join(f"{v:.6f}" for v in r) for r in x) + "\n")
+    rc = cli_main(["run", str(MODELS / "mlp.flow"), "--checkpoint", str(mlp_run), "--device", "cpu",
+                   "--feed", f"x={tmp_path / 'x.csv'}", "--out", str(tmp_path / "out.csv")])
+    assert rc == 0, capsys.readouterr().err
+    assert "wrote logits float32[5, 10]" in capsys.readouterr().out
+    lines = (tmp_path / "out.csv").read_text().splitlines()
+    assert lines[0] == ",".join(f"logits_{i}" for i in range(10)) and len(lines) == 6
+    got = np.array([[float(v) for v in r.split(",")] for r in lines[1:]])
+    np.testing.assert_allclose(got, reference_logits(mlp_run, x), rtol=1e-5, atol=1e-5)
+    np.savez(tmp_path / "feeds.npz", x=x)
+    rc = cli_main(["run", str(MODELS / "mlp.flow"), "--checkpoint", str(mlp_run), "--device", "cpu",
+                   "--feed", str(tmp_path / "feeds.npz"), "--out", str(tmp_path / "out.npy")])
+    assert rc == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), got, rtol=1e-5, atol=1e-5)
+
+
+def test_run_cli_set_overrides_the_checkpoint_config(mlp_run, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", digits_rows(3))
+    rc = cli_main(["run", str(MODELS / "mlp.flow"), "--checkpoint", str(mlp_run), "--device", "cpu",
+                   "--feed", f"x={tmp_path / 'x.npy'}", "--set", "hidden=32"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "param w1: the model has shape [64, 32], the checkpoint [64, 16]" in err
+
+
+CHAR_LM = {"d": 16, "heads": 2, "layers": 1, "seq": 16, "batch": 8}
+
+
+def test_char_lm_trains_from_text_and_generate_samples_from_its_vocab(tmp_path, capsys):
+    out = tmp_path / "lm"
+    rc = cli_main(["train", str(MODELS / "char_lm.flow"), "--device", "cpu", "--steps", "60", "--out", str(out),
+                   *[f"--set={k}={v}" for k, v in CHAR_LM.items()]])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "test perplexity" in text and "test loss" in text
+    ckpt = checkpoint.load(out / "checkpoint.safetensors")
+    vocab = ckpt.data["vocab"]
+    source = (MODELS / "data" / "lincoln_dickens.txt").read_text()
+    assert vocab == sorted(set(source)) and ckpt.data["level"] == "char"
+    history = [r for r in map(__import__("json").loads, (out / "metrics.jsonl").read_text().splitlines()[1:])]
+    losses = [r["loss"] for r in history]
+    assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5]), losses
+    rc = cli_main(["generate", str(MODELS / "char_lm.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
+                   "--device", "cpu", "--prompt", "It was", "--tokens", "30", "--top-k", "5"])
+    assert rc == 0
+    sample = capsys.readouterr().out.rstrip("\n")
+    assert sample.startswith("It was") and len(sample) == len("It was") + 30
+    assert set(sample) <= set(vocab)
+    rc = cli_main(["generate", str(MODELS / "char_lm.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
+                   "--device", "cpu", "--prompt", "It was", "--tokens", "5", "--temperature", "0"])
+    greedy = capsys.readouterr().out
+    from flowgrad.training.generate import generate
+    from flowgrad.training.infer import load_trained
+
+    sess, _ = load_trained(MODELS / "char_lm.flow", out / "checkpoint.safetensors", device="cpu")
+    assert generate(sess, vocab, "char", "It was", 5, temperature=0) + "\n" == greedy
+    with pytest.raises(FlowError, match=r"'@' \(position 2\) is not in the model's vocabulary"):
+        generate(sess, vocab, "char", "It@", 5)
+
+
+def test_generate_refuses_a_model_that_is_not_causal(tmp_path):
+    from flowgrad.training.generate import generate
+
+    text = (MODELS / "tiny_gpt.flow").read_text().replace("causal=true", "causal=false")
+    sess = fg.loads(text, TINY_GPT).compile(device="cpu")
+    with pytest.raises(FlowError, match="is not causal"):
+        generate(sess, [chr(97 + i) for i in range(16)], "char", "abc", 3)

@@ -1,0 +1,217 @@
+"""The GEMM kernels one by one: each tile shader, split-K, batched and summed
+batches, transposed operands (the backward's products read them through
+strides), vector and scalar loads, odd sizes; against float64 numpy,
+relative error ||got - want|| / ||want||. The kernel each case runs is
+asserted from the recorded dispatches before numbers are compared. Kernel
+selection per shape class is checked as a pure function of the sizes."""
+from __future__ import annotations
+
+import os
+
+import attrs
+import numpy as np
+import pytest
+
+from flowgrad.dtypes import dtype_of
+from flowgrad.exec_vulkan.lower import linalg
+from flowgrad.exec_vulkan.lower import matmul_kernels as mk
+from flowgrad.graph import Node, TensorType
+from flowgrad.ops import get_op
+
+TOL = {"f32": 1e-4, "f16": 2e-2}
+NP = {"f32": np.float32, "f16": np.float16}
+
+
+def products(device, a, b, shader=None, chunks=None, seed=0):
+    """(out, da, db, shaders dispatched) for a @ b and its backward with a random g."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    dtype = dtype_of(a)
+    types = [TensorType(tuple(x.shape), dtype) for x in (a, b)]
+    node = Node(2, "matmul", (0, 1), get_op("matmul").infer(types, {}))
+    g = np.random.default_rng(seed).uniform(-1, 1, node.shape).astype(a.dtype)
+    with OneShot(device) as s, mk.forced(shader, chunks):
+        av, bv, gv = s.upload(a), s.upload(b), s.upload(g)
+        out, da, db = s.empty(node.shape, dtype), s.empty(a.shape, dtype), s.empty(b.shape, dtype)
+        linalg.MATMUL.forward(s.rec, node, [av, bv], out)
+        linalg.MATMUL.backward(s.rec, node, gv, [av, bv], out, [da, db])
+        shaders = [c.shader for c in s.rec.commands if hasattr(c, "shader")]
+        for v in (out, da, db):
+            s.download(v)
+        got = s.run()
+    a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
+    want = get_op("matmul").vjp(g64, [a64, b64], None, {})
+    return got, [a64 @ b64, *want], shaders
+
+
+def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, sa).astype(NP[dtype])
+    b = rng.uniform(-1, 1, sb).astype(NP[dtype])
+    got, want, shaders = products(device, a, b, shader, chunks, seed)
+    gemms = [s for s in shaders if s.startswith("matmul_")]
+    if shader is not None:
+        assert gemms and set(gemms) == {shader}, shaders
+    for name, x, y in zip(("out", "da", "db"), got, want):
+        assert x.shape == y.shape and np.isfinite(x).all(), name
+        err = np.linalg.norm(x.astype(np.float64) - y) / max(np.linalg.norm(y), 1e-30)
+        assert err < TOL[dtype], f"{name} of {sa}@{sb} ({dtype}, {shader}, chunks {chunks}): relative error {err:.2e}"
+    return shaders
+
+
+# aligned (vector loads and stores) and odd (scalar) shapes, each with a batch
+VARIANT_SHAPES = [((2, 68, 20), (20, 132)), ((3, 17, 19), (19, 65))]
+
+
+@pytest.mark.parametrize("shader", sorted(mk.TILES))
+def test_every_tile_shader(vk_device, shader):
+    for sa, sb in VARIANT_SHAPES:
+        check(vk_device, sa, sb, shader=shader)
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 65, 257, 513])
+def test_odd_sizes_in_each_position(vk_device, size):
+    for sa, sb in [((size, 5), (5, 7)), ((3, size), (size, 4)), ((4, 6), (6, size))]:
+        check(vk_device, sa, sb, shader="matmul_128x128_k8")
+
+
+@pytest.mark.parametrize("sa,sb", [((17, 600), (600, 9)), ((16, 640), (640, 8))])
+def test_split_k(vk_device, sa, sb):
+    shaders = check(vk_device, sa, sb, shader="matmul_64x64_k16", chunks=3)
+    assert any(s.startswith("map_reduce") for s in shaders)   # the partials are summed
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 17, 9), (3, 9, 5)), ((2, 4, 8, 12), (2, 4, 12, 16)),
+                                   ((9, 6), (3, 6, 5))])   # shared lhs: da sums over the batch in the kernel
+def test_batched(vk_device, sa, sb):
+    check(vk_device, sa, sb, shader="matmul_128x128_k16")
+
+
+def test_f16_storage(vk_device):
+    if not vk_device.info.f16:
+        pytest.skip(f"{vk_device.info.name} has no f16 storage")
+    f16_tiles = [name for name, t in mk.TILES.items() if t.f16]
+    assert f16_tiles == [mk.F16_TILE]
+    for sa, sb in VARIANT_SHAPES:
+        check(vk_device, sa, sb, "f16", shader=mk.F16_TILE)
+
+
+def test_default_selection_is_checked_too(vk_device):
+    check(vk_device, (2, 33, 40), (40, 24))
+
+
+def test_coop_kernel_when_offered(vk_device):
+    info = vk_device.info
+    if not getattr(info, "coopmat_f16", False):
+        if os.environ.get("CI") == "true" and "llvmpipe" not in info.name:
+            pytest.fail(f"{info.name}: expected cooperative matrices to be detected")
+        pytest.skip(f"{info.name} offers no cooperative matrices with 16x16x16 f16 products")
+    shaders = check(vk_device, (2, 64, 96), (96, 144), "f16")
+    assert mk.COOP.shader in shaders
+    for shader in sorted(mk.COOPS):       # K of 144: a last step that is part zeros
+        check(vk_device, (256, 144), (144, 272), "f16", shader=shader)
+        check(vk_device, (3, 48, 64), (3, 64, 32), "f16", shader=shader)
+
+
+# ---------------------------------------------------------------- selection (no device)
+
+@attrs.frozen
+class FakeInfo:
+    name: str
+    coopmat_f16: bool = False
+
+
+H200 = FakeInfo("NVIDIA H200")
+
+
+@pytest.mark.parametrize("m,n,k,nz,klass", [
+    (4096, 4096, 4096, 1, "square"), (4096, 1536, 512, 1, "square"),
+    (4096, 512, 512, 1, "tall"), (4096, 256, 512, 1, "tall"),
+    (512, 1536, 4096, 1, "deep"), (512, 512, 4096, 1, "deep"),
+    (64, 64, 32, 128, "batched"), (256, 256, 64, 16, "batched"),
+])
+def test_shape_classes_pick_the_table_tile(m, n, k, nz, klass):
+    choice = mk.choose(H200, "f32", m, n, k, nz)
+    assert mk.shape_class(m, n, k, nz) == klass == choice.klass
+    assert choice.tile.shader == mk.TABLES["nvidia"][klass]
+    default = mk.choose(FakeInfo("llvmpipe (LLVM 15)"), "f32", m, n, k, nz)
+    assert default.tile.shader == mk.TABLES["default"][klass]
+
+
+def test_split_k_only_when_the_output_is_small_and_unbatched():
+    assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
+    assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1
+    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1
+
+
+def test_forcing_a_kernel_onto_what_it_cannot_take_is_an_error():
+    from flowgrad.errors import DeviceError
+
+    with mk.forced(mk.COOP.shader), pytest.raises(DeviceError, match="multiples of 16"):
+        mk.choose(H200, "f16", 256, 136, 272, 1, coop_aligned=True)
+    with mk.forced("matmul_128x128_k8"), pytest.raises(DeviceError, match="no f16 build"):
+        mk.choose(H200, "f16", 256, 128, 256, 1)
+
+
+def test_f16_without_cooperative_matrices_uses_the_f16_tile():
+    for m, n, k, nz in [(4096, 4096, 4096, 1), (512, 512, 4096, 1), (64, 64, 32, 8)]:
+        assert mk.choose(H200, "f16", m, n, k, nz).tile.shader == mk.F16_TILE
+
+
+def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
+    coop = FakeInfo("NVIDIA H200", coopmat_f16=True)
+    assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP
+    assert mk.choose(coop, "f32", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
+    assert mk.choose(coop, "f16", 512, 500, 512, 1, coop_aligned=True).tile is not mk.COOP
+    assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=False).tile is not mk.COOP
+    assert mk.choose(H200, "f16", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
+
+
+def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
+    from flowgrad.cli import main
+    from flowgrad.exec_vulkan import matmul_bench
+
+    monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)   # one product per submit: lavapipe is slow
+    monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
+    assert main(["bench", "matmul", "--device", "vulkan", "--shape", "17,9,33,nt", "--all"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("17,9,33 nt")]
+    assert len(rows) == 1 + len(mk.TILES) and "auto" in rows[0]
+    assert all(float(r.split()[-1]) < 1e-5 for r in rows)    # the spot check's error, f32
+    assert main(["bench", "matmul", "--device", "vulkan", "--shape", "1,2"]) == 1
+    assert "bad --shape '1,2'" in capsys.readouterr().err
+
+
+def test_bench_matmul_shape_errors():
+    from flowgrad.errors import FlowError
+    from flowgrad.exec_vulkan.matmul_bench import parse_shape
+
+    assert parse_shape("4,5,6,tn") == (4, 5, 6, "tn") and parse_shape("4, 5, 6") == (4, 5, 6, "nn")
+    for bad in ("1,2", "a,b,c", "0,4,4", "4,4,4,xx"):
+        with pytest.raises(FlowError):
+            parse_shape(bad)
+
+
+def test_the_plan_records_each_matmuls_kernels_and_explain_shows_them(vk_device):
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    import flowgrad as fg
+
+    sess = fg.load("tiny_gpt").compile(device="vulkan")
+    matmuls = [n for n in sess.graph.nodes if n.op == "matmul"]
+    assert matmuls and sess.plan.path == "graph"
+    for node in matmuls:
+        k = sess.plan.kernels[node.id]
+        assert k["forward"] and all(s in mk.TILES for s in k["forward"])
+        assert mk.TILES.keys() & set(k["backward"])
+    report = sess.explain()
+    data = report.to_dict()
+    schema = json.loads((Path(__file__).parent.parent / "docs" / "explain.schema.json").read_text())
+    jsonschema.validate(data, schema)
+    assert {n["id"]: n["kernels"] for n in data["nodes"] if n["op"] == "matmul"} == \
+        {n.id: sess.plan.kernels[n.id] for n in matmuls}
+    line = next(x for x in report.text().splitlines() if " = matmul " in x)
+    assert f"kernels: fwd {sess.plan.kernels[matmuls[0].id]['forward'][0]}" in line

@@ -1,0 +1,108 @@
+"""ONNX export: trained mlp and tiny_gpt run in onnxruntime (CPU) and agree
+with flowgrad to 1e-5; every converter on one model; `flowgrad export`; an
+op without an ONNX counterpart is an error naming the node and line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.cli import main as cli_main
+from flowgrad.errors import FlowError
+
+onnx = pytest.importorskip("onnx", reason="ONNX export tests need the onnx extra: pip install 'flowgrad[onnx]'")
+ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime: pip install 'flowgrad[onnx]'")
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def run_onnx(path, feeds):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+@pytest.mark.parametrize("file, config, feed", [
+    ("mlp.flow", {"hidden": 32, "batch": 16}, lambda r: {"x": r.random((16, 64), dtype=np.float32)}),
+    ("tiny_gpt.flow", {"d": 32, "layers": 2, "seq": 8, "batch": 4},
+     lambda r: {"tokens": r.integers(0, 16, (4, 8)).astype(np.int32)}),
+])
+def test_trained_model_runs_in_onnxruntime_like_in_flowgrad(tmp_path, file, config, feed):
+    res = fg.train(fg.load(MODELS / file, config), steps=15, device="cpu", progress=False)
+    sess = res.session
+    assert sess.to_onnx(tmp_path / "m.onnx") == ["logits"]   # the loss needs the targets: left out
+    model = onnx.load(tmp_path / "m.onnx")
+    assert model.opset_import[0].version >= 17
+    assert {i.name for i in model.graph.initializer} >= set(sess.graph.params)
+    feeds = feed(np.random.default_rng(1))
+    got = run_onnx(tmp_path / "m.onnx", feeds)["logits"]
+    np.testing.assert_allclose(got, sess.predict(feeds)["logits"], rtol=1e-5, atol=1e-5)
+
+
+EVERY_OP = """
+model every_op
+config {
+  batch = 3
+}
+input x: f32[batch, 4, 6]
+input ids: i32[batch, 4]
+input t: f32[batch, 4]
+param table: f32[10, 6] = normal(std=0.5)
+param g: f32[6] = ones()
+param b: f32[6] = zeros()
+param w: f32[6, 6] = normal(std=0.3)
+e = embedding(ids, table) + x
+h = layernorm(e, g, b) - rmsnorm(e, g) / 2
+a = attention(h, h, h, heads=2, causal=true) + attention(h, e, e, heads=3)
+u = gelu(a @ w) + gelu(a, approximate="tanh") * silu(a) - neg(sigmoid(a)) + tanh(a) + relu(a) ** 2
+v = exp(-abs2(u)) + log(sqrt(u * u + 1.0))
+p = permute(transpose(v), [0, 2, 1])
+c = concat(slice(p, 2, 0, 3), slice(p, 2, 3, 6), axis=2)
+s = softmax(c, axis=1) + log_softmax(c) + sum(c, axis=2, keepdims=true) + mean(c, axis=[1, 2], keepdims=true)
+m = max(s, axis=-1)
+r = reshape(s, [batch, -1])
+i = cast(cast(r, i32), f32)
+loss = mse_loss(m, t) + mean(i)
+output r, m, i, loss
+minimize loss
+""".replace("abs2(u)", "u * u")
+
+
+def test_every_converter_agrees_with_flowgrad(tmp_path):
+    sess = fg.loads(EVERY_OP).compile(device="cpu")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.normal(size=(3, 4, 6)).astype(np.float32), "ids": rng.integers(0, 10, (3, 4)).astype(np.int32),
+             "t": rng.normal(size=(3, 4)).astype(np.float32)}
+    assert sess.to_onnx(tmp_path / "all.onnx", outputs=["r", "m", "i", "loss"]) == ["r", "m", "i", "loss"]
+    got = run_onnx(tmp_path / "all.onnx", feeds)
+    want = sess.step(feeds, grads=False).outputs
+    for name in ("r", "m", "i", "loss"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_export_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli_main(["train", str(MODELS / "mlp.flow"), "--device", "cpu", "--steps", "5", "--set", "hidden=16",
+                     "--out", str(out)]) == 0
+    capsys.readouterr()
+    rc = cli_main(["export", str(MODELS / "mlp.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
+                   "-o", str(tmp_path / "mlp.onnx"), "--set", "batch=1", "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "inputs x: f32[1,64]; outputs logits: f32[1,10]" in text
+    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    sess = fg.load(MODELS / "mlp.flow", {"hidden": 16}).compile(device="cpu")
+    sess.load_checkpoint(out / "checkpoint.safetensors")
+    np.testing.assert_allclose(run_onnx(tmp_path / "mlp.onnx", {"x": x})["logits"], sess.predict({"x": x})["logits"],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_without_onnx_counterpart_names_the_node_and_line(tmp_path):
+    fg.register_op("py_double", shape=lambda s: s, forward=lambda x: 2 * x)
+    sess = fg.loads("model odd\ninput x: f32[2, 3]\ny = py_double(x)\noutput y\n", file="odd.flow").compile(
+        device="cpu")
+    with pytest.raises(FlowError) as e:
+        sess.to_onnx(tmp_path / "odd.onnx")
+    assert str(e.value).startswith("odd.flow:3:") and "op py_double (node y)" in str(e.value)
+    assert not (tmp_path / "odd.onnx").exists()
