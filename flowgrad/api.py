@@ -27,6 +27,11 @@ class Model:
     """A parsed `.flow` program plus config overrides. Graphs are built per dtype."""
 
     def __init__(self, program, config: dict | None = None):
+        if config is not None and not isinstance(config, dict):
+            raise FlowError(f"config overrides must be a dict of key -> value, got {type(config).__name__}")
+        bad = [k for k in config or {} if not isinstance(k, str)]
+        if bad:
+            raise FlowError(f"config override keys are names (str), got {bad[0]!r}")
         self.program = program
         self.overrides = dict(config or {})
         self.graph = dsl.build(program, self.overrides, dtype="f32")  # validates the overrides
@@ -45,10 +50,21 @@ class Model:
     def with_config(self, **overrides) -> Model:
         return Model(self.program, {**self.overrides, **overrides})
 
-    def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None):
-        if dtype not in ("f32", "f16"):
+    def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
+                check_finite: bool = False):
+        """check_finite: stop at the first step with a non-finite loss or
+        gradient, naming the node that produced it (flowgrad.anomaly)."""
+        if not isinstance(dtype, str) or dtype not in ("f32", "f16"):
             raise FlowError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+        if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
+            raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                                 or not 0 <= seed < 2**63):
+            raise FlowError(f"seed must be an int in [0, 2**63), got {seed!r}")
         graph = self.build(dtype)
+        from flowgrad.host_memory import check_host_memory
+
+        check_host_memory(graph)
         dev = open_device(device)
         plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype)
         if plan.path != "graph" and backward == "graph":
@@ -58,13 +74,19 @@ class Model:
                 plan.refusals,
             )
         if seed is None:
-            seed = int(graph.config.get("seed", 0))
-        return Session(self, graph, plan, dev, init_params(graph, seed))
+            seed = graph.config.get("seed", 0)
+            if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+                raise FlowError(f"config seed must be an int in [0, 2**63), got {seed!r}")
+        sess = Session(self, graph, plan, dev, init_params(graph, seed))
+        sess.check_finite = bool(check_finite)
+        return sess
 
 
 def open_device(spec: str):
     """"cpu" -> None (numpy); "auto" -> a GPU's Vulkan device, else None;
     "vulkan" -> any Vulkan device (lavapipe too); "vulkan:N" -> device N."""
+    if not isinstance(spec, str):
+        raise FlowError(f"device must be a string ('auto', 'cpu', 'vulkan' or 'vulkan:N'), got {spec!r}")
     if spec == "cpu":
         return None
     if spec != "auto" and not str(spec).startswith("vulkan"):
@@ -87,6 +109,8 @@ class Session:
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
+        self.check_finite = False
+        self.steps = 0            # steps that computed gradients (anomaly messages count them)
         self._predictor = None
         self.runner = self._make_runner(params)
 
@@ -113,17 +137,24 @@ class Session:
         return self.runner.get_params()
 
     def set_params(self, values: dict[str, np.ndarray]) -> None:
+        if not isinstance(values, dict):
+            raise FlowError(f"set_params takes a dict of param name -> array, got {type(values).__name__}")
+        arrays = {}
         for name, value in values.items():
-            if name not in self.graph.params:
+            if not isinstance(name, str) or name not in self.graph.params:
                 raise FlowError(f"set_params: {self.graph.name} has no param {name!r}")
             want = self.graph.nodes[self.graph.params[name]].type
-            if tuple(np.shape(value)) != want.shape:
-                raise FlowError(f"set_params: param {name!r} is {want}, got shape {list(np.shape(value))}")
-        self.runner.set_params(values)
+            arr = numeric_array(value, f"set_params: param {name!r}")
+            if arr.shape != want.shape:
+                raise FlowError(f"set_params: param {name!r} is {want}, got shape {list(arr.shape)}")
+            arrays[name] = arr
+        self.runner.set_params(arrays)
 
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = self.graph
-        unknown = sorted(set(feeds) - set(g.inputs))
+        if not isinstance(feeds, dict):
+            raise FlowError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+        unknown = sorted((str(k) for k in feeds if not isinstance(k, str) or k not in g.inputs))
         if unknown:
             raise FlowError(f"feed {unknown[0]!r} is not an input of {g.name} (inputs: {', '.join(g.inputs)})")
         out = {}
@@ -131,7 +162,7 @@ class Session:
             node = g.nodes[nid]
             if name not in feeds:
                 raise FlowError(f"missing feed for input {name!r} ({node.type})", node.span)
-            arr = np.asarray(feeds[name])
+            arr = numeric_array(feeds[name], f"feed {name!r}", node.span)
             if arr.shape != node.shape:
                 raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
                                 node.span)
@@ -141,7 +172,9 @@ class Session:
                 narrowed = None
             if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
                 raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
-            out[name] = np.ascontiguousarray(arr, dtype=NUMPY_DTYPE[node.dtype])
+            if node.dtype == "i32":
+                check_int32(node, arr)
+            out[name] = np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")  # ascontiguousarray would make a 0-d feed [1]
             check_indices(node, out[name], self._index_uses.get(nid, ()))
         return out
 
@@ -151,12 +184,53 @@ class Session:
         if (grads or optimizer is not None) and self.graph.loss is None:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
+        if optimizer is not None:
+            from flowgrad.training.optim import Optimizer
+
+            if not isinstance(optimizer, Optimizer):
+                raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
+                                f"got {type(optimizer).__name__}")
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        outputs, loss, out_grads = self.runner.step(self.check_feeds(feeds), grads=grads,
-                                                    optimizer=optimizer, grad_inputs=grad_inputs)
-        return StepResult(outputs, out_grads, None if loss is None else float(loss))
+        feeds = self.check_feeds(feeds)
+        if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
+            outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs)
+        else:
+            outputs, loss, out_grads = self.runner.step(feeds, grads=grads, optimizer=optimizer,
+                                                        grad_inputs=grad_inputs)
+        self.steps += bool(grads or optimizer is not None)
+        # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
+        return StepResult({k: np.asarray(v) for k, v in outputs.items()},
+                          {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
+
+    def _checked_step(self, feeds, grads, optimizer, grad_inputs):
+        """A step whose loss and gradients are read back and checked; on a
+        non-finite one, the params (and optimizer state) go back to where the
+        step started and the error names the node that produced it."""
+        from flowgrad import anomaly
+
+        params, opt_state = self.runner.get_params(), self.runner.get_opt_state()
+        outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs)
+        if anomaly.step_is_finite(loss, out_grads):
+            return outputs, loss, out_grads if grads else {}
+        self.runner.set_params(params)
+        self.runner.set_opt_state(*opt_state)
+        kernels = None
+        if self.device is not None:
+            from flowgrad.exec_vulkan import VulkanKernels
+
+            kernels = VulkanKernels(self.device)
+        where = anomaly.locate(self.graph, feeds, params, kernels)
+        raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
+
+    def close(self) -> None:
+        """Free the session's device memory now (not when it is collected);
+        the session can't step afterwards."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+        self.runner = ClosedRunner()
 
     def predict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
@@ -203,6 +277,36 @@ class Session:
         return explain(self, analyze=analyze)
 
 
+class ClosedRunner:
+    def __getattr__(self, name):
+        raise FlowError("this session is closed; compile the model again to step it")
+
+
+def numeric_array(value, what: str, span=None) -> np.ndarray:
+    """A feed or param value as an array of numbers (bool, int or float)."""
+    if value is None or isinstance(value, (str, bytes, dict)):
+        raise FlowError(f"{what} must be an array of numbers, got {type(value).__name__}", span)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise FlowError(f"{what} is not an array of numbers: {e}", span) from None
+    if arr.dtype.kind not in "biuf":
+        raise FlowError(f"{what} must be an array of numbers, got dtype {arr.dtype}", span)
+    return arr
+
+
+def check_int32(node, values: np.ndarray) -> None:
+    """An int feed is narrowed to i32: a value outside its range would wrap."""
+    if values.dtype.itemsize <= 4 and values.dtype.kind == "i" or values.size == 0:
+        return
+    info = np.iinfo(np.int32)
+    bad = np.flatnonzero((values < info.min) | (values > info.max))
+    if bad.size:
+        at = np.unravel_index(bad[0], values.shape)
+        raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, outside the i32 range "
+                        f"({info.min}..{info.max})", node.span)
+
+
 def index_uses(graph: Graph) -> dict[int, list]:
     """Inputs that ops read as indices (embedding ids, cross_entropy targets):
     input id -> [(n, user node)], each index valid in [0, n)."""
@@ -236,7 +340,7 @@ def load(path, config: dict | None = None) -> Model:
     flowgrad (`load("mlp")`) when no such file exists."""
     path = model_file(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes()
     except OSError as e:
         hint = None if path.parent != Path(".") else f"models shipped with flowgrad: {', '.join(shipped_models())}"
         raise FlowError(f"cannot read model file {str(path)!r}: {e.strerror}", hint=hint) from None
@@ -259,7 +363,8 @@ def shipped_models() -> list[str]:
                   if f.name.endswith(".flow"))
 
 
-def loads(text: str, config: dict | None = None, file: str = "<string>") -> Model:
+def loads(text: str | bytes, config: dict | None = None, file: str = "<string>") -> Model:
+    """A model from source text (bytes are read as UTF-8)."""
     return Model(dsl.parse(text, file), config)
 
 

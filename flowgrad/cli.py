@@ -130,7 +130,8 @@ def cmd_train(args) -> int:
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                          out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every)
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
+                          check_finite=args.check_finite)
     except TrainInterrupted as e:
         if getattr(e, "rank", 0) == 0:
             print(f"\n{e}", file=sys.stderr)
@@ -336,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--check-finite", action="store_true",
+                   help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="data-parallel on N ranks of this host (starts mpiexec; needs flowgrad[mpi])")
     p.add_argument("--check-every", type=int, default=None, metavar="STEPS",

@@ -59,7 +59,7 @@ def test_metadata_is_strings_and_readable_by_safetensors(tmp_path):
         meta = f.metadata()
         assert "param/w" in f.keys() and "optim/w/exp_avg" in f.keys()
     assert all(isinstance(v, str) for v in meta.values())
-    assert meta["format"] == "flowgrad-checkpoint" and meta["version"] == "1" and meta["step"] == "7"
+    assert meta["format"] == "flowgrad-checkpoint" and meta["version"] == checkpoint.VERSION and meta["step"] == "7"
 
 
 def test_each_mismatch_is_listed(tmp_path):
@@ -154,3 +154,96 @@ def test_a_write_killed_half_way_leaves_the_previous_checkpoint(tmp_path):
     save(path, step=9)
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.safetensors"]  # ... is cleared by the next save
     assert checkpoint.load(path).step == 9
+
+
+def rewrite_meta(path, **changes):
+    """Rewrite a checkpoint's metadata as a tool that edits it would, tensors kept."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(path), metadata={**meta, **changes})
+
+
+def test_the_checksum_covers_the_metadata(tmp_path):
+    path = tmp_path / "c.safetensors"
+    save(path, step=8)
+    rewrite_meta(path, step="16")
+    with pytest.raises(FlowError, match="checksum"):
+        checkpoint.load(path)
+
+
+def test_a_negative_step_is_refused(tmp_path):
+    path = tmp_path / "c.safetensors"
+    p = params()
+    data = checkpoint.to_bytes(p, {}, 0, "m", {}, None)
+    path.write_bytes(data)
+    rewrite_meta(path, step="-3")
+    # a tool that recomputes the checksum still can't smuggle a negative step through
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    rewrite_meta(path, sha256=checkpoint._digest(tensors, meta))
+    with pytest.raises(FlowError, match="negative"):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_files_get_the_mode_the_umask_leaves(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        save(tmp_path / "c.safetensors")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "checkpoint.safetensors"
+    save(path, step=7)
+    before = path.read_bytes()
+
+    def full(f, data):
+        f.write(data[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_all", full)
+    with pytest.raises(FlowError, match="No space left"):
+        save(path, step=8)
+    assert path.read_bytes() == before and checkpoint.load(path).step == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.safetensors"]
+
+
+def test_fifty_kills_at_random_moments_leave_a_loadable_checkpoint(tmp_path):
+    import random
+    import time
+
+    path = tmp_path / "checkpoint.safetensors"
+    big = {"w": np.ones((256, 1024), np.float32)}       # 1 MiB: a save takes a while
+    checkpoint.save(path, big, {}, 0, "m", {}, None)
+    rng = random.Random(0)
+    steps_seen, torn = set(), 0
+    for kill in range(50):
+        pid = os.fork()
+        if pid == 0:   # the child saves over and over until it is killed
+            try:
+                step = 1 + kill * 1000
+                while True:
+                    checkpoint.save(path, big, {}, step, "m", {}, None)
+                    step += 1
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        torn += any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+        ck = checkpoint.load(path)      # the last complete save, never a torn one
+        assert ck.params["w"].shape == (256, 1024)
+        steps_seen.add(ck.step)
+    # the kills landed at many different moments, many in the middle of a write
+    assert len(steps_seen) >= 5 and torn >= 10, (steps_seen, torn)

@@ -125,7 +125,7 @@ def test_fallback_warns_once_per_session_with_the_reasons(vk_device):
 
     register_py_tanh()
     sess = fg.loads(USER_OP_MODEL, file="userop.flow").compile(device="vulkan")
-    assert sess.last_path.startswith("closures (h: op 'py_tanh' has no graph lowering")
+    assert sess.last_path.startswith("closures (h at userop.flow:5:5: op 'py_tanh' has no graph lowering")
     feeds = {"x": np.ones((4, 8), np.float32)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -156,7 +156,7 @@ def test_a_shape_the_lowering_cannot_take_is_refused_at_plan_time():
     (r,) = plan.refusals
     assert r.code == "limit" and r.node.op == "attention"
     assert "head width d/heads = 512" in r.message
-    assert plan.last_path.startswith("closures (a: the attention lowering can't take this node")
+    assert plan.last_path.startswith("closures (a at attn.flow:12:5: the attention lowering can't take this node")
 
 
 def test_f16_on_a_device_without_16_bit_storage_is_a_device_refusal():

@@ -10,12 +10,14 @@ from __future__ import annotations
 from flowgrad.dsl.ast import Program
 from flowgrad.dsl.builder import Builder
 from flowgrad.dsl.parser import grammar_path, parse_program
+from flowgrad.dsl.source import decode_source
 from flowgrad.graph import Graph
 
 
-def parse(text: str, file: str = "<string>") -> Program:
-    """Syntax only: a Program (statements with positions), or a FlowError."""
-    return parse_program(text, file)
+def parse(text: str | bytes, file: str = "<string>") -> Program:
+    """Syntax only: a Program (statements with positions), or a FlowError.
+    Bytes are decoded as UTF-8."""
+    return parse_program(decode_source(text, str(file)), str(file))
 
 
 def build(program: Program, config: dict | None = None, dtype: str = "f32") -> Graph:

@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 
 from flowgrad.binder import suggest
-from flowgrad.dsl import ast
+from flowgrad.dsl import ast, limits
 from flowgrad.dsl.builtins import BUILTINS, Builtins
 from flowgrad.dsl.calls import Calls
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
@@ -162,6 +162,9 @@ class Builder(Calls, Builtins):
                 got = "a tensor" if isinstance(v, Tensor) else f"{type_name(v)} {show(v)}"
                 raise self.error(f"a shape dimension must be a positive integer, got {got}", d.pos, scope)
             dims.append(int(v))
+        problem = limits.type_problem(tuple(dims))
+        if problem:
+            raise self.error(problem, t.pos, scope)
         return TensorType(tuple(dims), self.policy(str(dtype)))
 
     def input_decl(self, s: ast.InputDecl, scope: Scope):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 
 from flowgrad.binder import suggest
-from flowgrad.dsl import ast
+from flowgrad.dsl import ast, limits
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import show
@@ -63,6 +63,8 @@ class Builtins:
         n = self.single(c.args[0], scope)
         if not _is_int(n) or n < 0:
             raise self.error(f"repeat(): n must be a non-negative int, got {self.show_value(n)}", c.args[0].pos, scope)
+        if n > limits.MAX_REPEAT:
+            raise self.error(f"repeat(): n is {n}, more than the limit of {limits.MAX_REPEAT:,}", c.args[0].pos, scope)
         bexpr = c.args[1]
         if not isinstance(bexpr, ast.Name) or bexpr.id not in self.blocks:
             word = bexpr.id if isinstance(bexpr, ast.Name) else "this"
@@ -86,6 +88,11 @@ class Builtins:
         if name in scope.active:
             chain = " -> ".join(scope.active + (name,))
             raise self.error(f"block {name!r} calls itself ({chain})", call_pos, scope)
+        if len(scope.active) >= limits.MAX_BLOCK_DEPTH:
+            raise self.error(f"blocks call blocks more than {limits.MAX_BLOCK_DEPTH} deep here", call_pos, scope)
+        if len(self.graph.nodes) > limits.MAX_NODES:
+            raise self.error(f"the model expands to more than {limits.MAX_NODES:,} nodes (blocks and repeats "
+                             "expanded)", call_pos, scope, hint="use fewer repeats or smaller blocks")
         pos_args, kwargs = call_args
         params = tuple(Arg(p.id, "value") for p in block.params)
         slots = self.bind(name, params, pos_args, kwargs, call_pos, scope)

@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from flowgrad.binder import NO, REQUIRED, BindError, Signature, accept, suggest, type_words
-from flowgrad.dsl import ast
+from flowgrad.dsl import ast, limits
 from flowgrad.dsl.scope import Scope, Tensor
 from flowgrad.dsl.values import DType, is_number, show
 from flowgrad.dtypes import NUMPY_DTYPE
@@ -125,6 +125,7 @@ class Calls:
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
         if op.expand is not None:
+            self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)
             try:
                 ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
@@ -141,16 +142,20 @@ class Calls:
         out = self.infer_type(op_name, ins, attr_values, span)
         return self.graph.add(op_name, ins, out, attrs=attr_values, span=span)
 
-    def infer_type(self, op_name: str, ins, attr_values: dict, span: Span):
+    def infer_type(self, op_name: str, ins, attr_values: dict, span: Span) -> TensorType:
         op = OPS[op_name]
         in_types = [self.graph.nodes[i].type for i in ins]
         try:
-            return op.infer(in_types, attr_values)
+            out = op.infer(in_types, attr_values)
         except OpTypeError as err:
             raise FlowError(op_message(op_name, err), span) from None
         except (ValueError, TypeError, IndexError, KeyError) as err:  # a shape rule's own bug
             raise FlowError(f"{op_name}: internal error in the op's shape rule for "
                             f"{', '.join(map(str, in_types))}: {type(err).__name__}: {err}", span) from None
+        problem = limits.type_problem(out.shape)
+        if problem:
+            raise FlowError(f"{op_name}: {problem}", span)
+        return out
 
     def as_tensor(self, callee, arg_name, value, like, pos, scope) -> Tensor:
         """A tensor argument; a number literal becomes a 0-d const of the
@@ -164,6 +169,8 @@ class Calls:
         if dtype == "i32" and not isinstance(value, numbers.Integral):
             raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
                              pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
+        if dtype == "i32" and not -2**31 <= value < 2**31:
+            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
         return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from flowgrad.dsl import ast
+import math
+
+from flowgrad.dsl import ast, limits
 from flowgrad.binder import suggest
 from flowgrad.dsl.values import (
     CONFIG_TYPES, CONSTANT_NAMES, StaticError, coerce, show, static_binop, static_neg, type_name,
@@ -95,20 +97,31 @@ class ConfigEvaluator:
 
     def _override(self, key, item, declared, given):
         want = type_name(declared)
+        if isinstance(given, str) and len(given) > limits.MAX_STRING:
+            raise self.error(f"config override {key}: a value has at most {limits.MAX_STRING} characters, "
+                             f"this one has {len(given)}", item.pos)
         try:
-            return coerce(given, want)
+            value = coerce(given, want)
         except ValueError:
-            text = given if isinstance(given, str) else show(given)
-            shown = repr(given) if isinstance(given, str) else f"{type_name(given)} {show(given)}"
+            text = show(given)[1:-1] if isinstance(given, str) else show(given)
+            shown = show(given) if isinstance(given, str) else f"{type_name(given)} {show(given)}"
             raise self.error(f"config override {key}={text}: {key} is {TYPE_WORDS[want]} "
                              f"(declared as {show(declared)} here), got {shown}", item.pos) from None
+        problem = limits.int_problem(value) if want == "int" else None
+        if want == "float" and not math.isfinite(value):
+            problem = f"{value} is not a finite number"
+        if problem:
+            raise self.error(f"config override {key}: {problem}", item.pos)
+        return value
 
     def _check_unknown(self, overrides: dict):
         unknown = [k for k in overrides if k not in self.values]
         if unknown:
             key = unknown[0]
             keys = ", ".join(self.values) or "(none: the model has no config section)"
-            raise FlowError(f"config override {key}={overrides[key]}: unknown config key {key!r}"
+            given = overrides[key]
+            text = show(given)[1:-1] if isinstance(given, str) else show(given)
+            raise FlowError(f"config override {key}={text}: unknown config key {key!r}"
                             f"{suggest(key, self.values)}", hint=f"config keys: {keys}")
 
 

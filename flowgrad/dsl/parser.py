@@ -9,13 +9,14 @@ import importlib.resources
 import re
 import warnings
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lark import PostLex
 from lark.lexer import PatternStr
 
 from flowgrad.dsl import ast
-from flowgrad.dsl.source import make_span
+from flowgrad.dsl import limits
+from flowgrad.dsl.source import make_span, source_lines
 from flowgrad.errors import FlowError
 
 OPEN, CLOSE = {"LPAR": "RPAR", "LSQB": "RSQB"}, {"RPAR", "RSQB"}
@@ -53,11 +54,12 @@ def grammar_path() -> str:
 
 
 def parse_program(text: str, file: str) -> ast.Program:
-    lines = tuple(text.splitlines())
+    lines = source_lines(text)
     try:
         tree = lark_parser().parse(text)
     except UnexpectedInput as e:
         raise syntax_error(e, text, file, lines) from None
+    check_depth(tree, file, lines)
     try:
         stmts = ToAst(file, lines).transform(tree)
     except VisitError as e:
@@ -68,6 +70,27 @@ def parse_program(text: str, file: str) -> ast.Program:
 
 
 # ---------------------------------------------------------------- parse tree -> AST
+
+def check_depth(tree: Tree, file: str, lines) -> None:
+    """Refuse nesting past limits.MAX_DEPTH before anything recurses over
+    the tree (the Transformer does not, the builder's evaluation does)."""
+    stack = [(tree, 0)]
+    while stack:
+        t, depth = stack.pop()
+        if depth > limits.MAX_DEPTH:
+            raise FlowError(f"this expression is nested more than {limits.MAX_DEPTH} levels deep",
+                            make_span(file, lines, tree_pos(t)),
+                            hint="split it into several assignments")
+        for child in t.children:
+            if isinstance(child, Tree):
+                stack.append((child, depth + 1))
+
+
+def tree_pos(t: Tree) -> ast.Pos:
+    m = t.meta
+    return (getattr(m, "line", 1), getattr(m, "column", 1), getattr(m, "end_line", None),
+            getattr(m, "end_column", None))
+
 
 def tok_pos(tok: Token) -> ast.Pos:
     return (tok.line, tok.column, tok.end_line, tok.end_column)
@@ -82,7 +105,7 @@ def tok_name(tok: Token) -> ast.Name:
 
 
 @v_args(meta=True)
-class ToAst(Transformer):
+class ToAst(Transformer_NonRecursive):
     def __init__(self, file: str, lines):
         super().__init__()
         self.file, self.lines = file, lines
@@ -152,13 +175,24 @@ class ToAst(Transformer):
 
     def number(self, meta, ch):
         text = str(ch[0])
+        if len(text) > limits.MAX_NUMBER_DIGITS:
+            raise self.error(f"a number literal has at most {limits.MAX_NUMBER_DIGITS} characters, "
+                             f"this one has {len(text)}", meta_pos(meta))
         value = int(text) if text.isdigit() else float(text)
+        problem = limits.int_problem(value) if isinstance(value, int) else None
+        if problem or value == float("inf"):
+            raise self.error(problem or f"the number {text} is too large for a float", meta_pos(meta))
         return ast.Number(value, meta_pos(meta))
 
     def string(self, meta, ch):
+        if len(ch[0]) > limits.MAX_STRING:
+            raise self.error(f"a string literal has at most {limits.MAX_STRING} characters", meta_pos(meta))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "\q" is kept as backslash-q, as Python does
-            return ast.String(pyast.literal_eval(str(ch[0])), meta_pos(meta))
+            try:
+                return ast.String(pyast.literal_eval(str(ch[0])), meta_pos(meta))
+            except (ValueError, SyntaxError) as e:   # a NUL byte, a bad \N{...} escape
+                raise self.error(f"bad string literal: {e}", meta_pos(meta)) from None
 
     def name(self, meta, ch):
         return tok_name(ch[0])

@@ -4,6 +4,7 @@ None), and the arithmetic on them. Integer division must be exact: shapes
 are built from it (`d/heads`), and a silent floor would build a wrong model."""
 from __future__ import annotations
 
+import math
 import numbers
 
 from flowgrad.dtypes import DTYPES
@@ -57,10 +58,25 @@ def show(v) -> str:
         return str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(show(x) for x in v) + "]"
-    return repr(v)
+    if isinstance(v, numbers.Integral):
+        from flowgrad.dsl.limits import describe_int
+
+        return describe_int(int(v))
+    text = repr(v)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def static_binop(op: str, a, b):
+    from flowgrad.dsl.limits import int_problem
+
+    out = _binop(op, a, b)
+    problem = int_problem(out) if isinstance(out, int) and not isinstance(out, bool) else None
+    if problem:
+        raise StaticError(problem)
+    return out
+
+
+def _binop(op: str, a, b):
     if isinstance(a, str) and isinstance(b, str) and op == "+" and not isinstance(a, DType):
         return a + b
     if not (is_number(a) and is_number(b)):
@@ -84,7 +100,17 @@ def static_binop(op: str, a, b):
     if op == "**":
         if b < 0 and a == 0:
             raise StaticError(f"0 ** {show(b)} is undefined")
-        return a**b if both_int and b >= 0 else float(a) ** float(b)
+        if both_int and b >= 0:
+            if abs(a) > 1 and b * math.log2(abs(a)) > 64:  # refuse before computing a huge int
+                raise StaticError(f"{a} ** {b} is larger than a model may use")
+            return a**b
+        try:
+            out = float(a) ** float(b)
+        except (OverflowError, ZeroDivisionError):
+            raise StaticError(f"{show(a)} ** {show(b)} is out of a float's range") from None
+        if isinstance(out, complex):
+            raise StaticError(f"{show(a)} ** {show(b)} is not a real number")
+        return out
     raise StaticError(f"'{op}' needs tensor operands, got {show(a)} and {show(b)}")
 
 

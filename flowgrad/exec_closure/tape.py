@@ -11,8 +11,10 @@ from typing import Callable
 import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
+from flowgrad.ops.registry import OpTypeError
 
 
 class NumpyKernels:
@@ -25,6 +27,38 @@ class NumpyKernels:
     def vjp(self, node: Node, g, ins, out) -> list:
         grads = get_op(node.op).vjp(g, ins, out, node.attrs)
         return [None if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+
+
+def check_index_inputs(graph: Graph, node: Node, ins) -> None:
+    """Inputs an op reads as indices (embedding ids, targets) must lie in
+    range: a feed is checked when fed, a computed index (a float cast to
+    i32) here, before numpy wraps a -1 to the last row or a kernel reads a
+    zero row."""
+    bounds_of = get_op(node.op).index_bounds
+    if bounds_of is None:
+        return
+    for pos, n in bounds_of([graph.nodes[i].type for i in node.inputs]).items():
+        values = np.asarray(ins[pos])
+        bad = np.flatnonzero((values < 0) | (values >= n))
+        if bad.size:
+            at = np.unravel_index(bad[0], values.shape)
+            src = graph.nodes[node.inputs[pos]]
+            raise FlowError(f"{node.op}: its index input {src.label} holds {values[at]} at {list(map(int, at))}, "
+                            f"out of range (valid: 0..{n - 1})", node.span)
+
+
+def at_node(node: Node, run: Callable):
+    """run(); an op's refusal (OpTypeError, or a FlowError with no position)
+    becomes a FlowError at the node's file:line:col."""
+    try:
+        return run()
+    except OpTypeError as e:
+        text = str(e)
+        raise FlowError(text if text.startswith(f"{node.op}:") else f"{node.op}: {text}", node.span) from None
+    except FlowError as e:
+        if e.span is None and node.span is not None:
+            e.span = node.span
+        raise
 
 
 class ClosureExecutor:
@@ -52,9 +86,13 @@ class ClosureExecutor:
                 values[node.id] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
             else:
                 ins = [values[i] for i in node.inputs]
+                check_index_inputs(self.graph, node, ins)
                 t0 = time.perf_counter()
-                out = self.kernels.forward(node, ins)
+                out = at_node(node, lambda: self.kernels.forward(node, ins))
                 self._time(node, t0)
+                if np.shape(out) != node.shape:
+                    raise FlowError(f"{node.op}: forward gave shape {list(np.shape(out))}, but the node is "
+                                    f"{node.type}", node.span)
                 values[node.id] = out
                 tape.append((node, self._closure(node, ins, out)))
         return values, tape
@@ -64,8 +102,9 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
-    def backward(self, values: dict, tape: list, loss_id: int) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for every node on the tape."""
+    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for every node on the tape.
+        on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection)."""
         loss = values[loss_id]
         grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
         for node, closure in reversed(tape):
@@ -74,9 +113,14 @@ class ClosureExecutor:
                 continue
             t0 = time.perf_counter()
             nondiff = get_op(node.op).nondiff
-            for pos, (i, d) in enumerate(zip(node.inputs, closure(g))):
+            for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
                 if d is None or pos in nondiff:
                     continue
+                if on_grad is not None:
+                    on_grad(node, g, pos, d)
+                if np.shape(d) != self.graph.nodes[i].shape:
+                    raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
+                                    f"but that input is {self.graph.nodes[i].type}", node.span)
                 # a value used twice gets the sum of both gradients
                 grads[i] = grads[i] + d if i in grads else d
             self._time(node, t0, backward=True)

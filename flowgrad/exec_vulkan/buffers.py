@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan import faults
+from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
 
 if TYPE_CHECKING:
     from flowgrad.exec_vulkan.device import Device
@@ -34,7 +36,10 @@ class Buffer:
             req = vk.vkGetBufferMemoryRequirements(device.handle, self.handle)
             type_index, mapped = device.memory_type(kind, req.memoryTypeBits)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=type_index)
-            with vk_errors(f"allocating {mib(req.size)} of {kind} memory on {device.info.name}"):
+            what = f"allocating {mib(req.size)} of {kind} memory on {device.info.name}"
+            if faults.hit("alloc"):
+                raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfDeviceMemory']} (injected fault)")
+            with vk_errors(what):
                 self.memory = vk.vkAllocateMemory(device.handle, alloc, None)
         except BaseException:
             vk.vkDestroyBuffer(device.handle, self.handle, None)
@@ -50,6 +55,7 @@ class Buffer:
             _free(device.handle, self.handle, self.memory)
             raise
         device.live_bytes += size
+        device.objects["buffer"] += 1
         self._finalizer = weakref.finalize(self, _free_buffer, device, self.handle, self.memory, size)
         self._finalizer.atexit = False
 
@@ -79,6 +85,7 @@ def _free_buffer(device, buf, mem, size):
         return
     _free(device.handle, buf, mem)
     device.live_bytes -= size
+    device.objects["buffer"] -= 1
 
 
 def mib(n: int) -> str:

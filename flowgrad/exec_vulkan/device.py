@@ -13,7 +13,8 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
 from flowgrad.exec_vulkan.discovery import COOPMAT_EXT, compute_family, describe, features, physical_devices
-from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
+from flowgrad.exec_vulkan import faults
+from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
 from flowgrad.exec_vulkan.spirv import shader_info
 
 PUSH_BYTES = 128                            # every pipeline layout has one 128-byte push range
@@ -54,6 +55,9 @@ class Device:
         self.family = family[0]
         self.handle = None
         self._fence = None
+        self._abandoned_fences: list = []   # fences that timed out: never reused
+        self.lost: str | None = None        # why the device can't be used any more, once it can't
+        self.objects: collections.Counter = collections.Counter()   # live buffers and command buffers
         self._create_device(vk)
         self.live_bytes = 0
         self.unified = self._device_memory_is_mappable()
@@ -179,6 +183,7 @@ class Device:
     def buffer(self, nbytes: int, kind: str = "device") -> Buffer:
         if kind not in ("device", "upload", "download"):
             raise ValueError(f"buffer kind must be device, upload or download, got {kind!r}")
+        self.check_usable()
         return Buffer(self, nbytes, kind)
 
     # -- pipelines
@@ -233,33 +238,67 @@ class Device:
 
     def command_buffer(self):
         vk = load_vulkan()
+        self.check_usable()
         info = vk.VkCommandBufferAllocateInfo(commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                               commandBufferCount=1)
         with vk_errors("allocating a command buffer"):
-            return vk.vkAllocateCommandBuffers(self.handle, info)[0]
+            cmd = vk.vkAllocateCommandBuffers(self.handle, info)[0]
+        self.objects["command_buffer"] += 1
+        return cmd
 
     def free_command_buffer(self, cmd) -> None:
         if self.handle is not None:
             load_vulkan().vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
+            self.objects["command_buffer"] -= 1
+
+    def check_usable(self) -> None:
+        if self.lost is not None:
+            raise DeviceError(f"{self.info.name} can't be used any more: {self.lost}",
+                              hint="compile a new session (in a new process if the driver reset the GPU)")
+
+    def live_objects(self) -> dict:
+        """Vulkan objects that sessions create, alive now (buffers the pool keeps
+        included; not the device's own fence): leak checks compare two of these."""
+        out = {k: v for k, v in self.objects.items() if v}
+        if self._abandoned_fences:
+            out["timed-out fence"] = len(self._abandoned_fences)
+        return out
 
     def submit_and_wait(self, cmd, what: str = "running commands") -> None:
-        """One submission of a recorded command buffer; returns when it is done."""
+        """One submission of a recorded command buffer; returns when it is done.
+        A timeout or a lost device marks the device lost (check_usable)."""
         vk = load_vulkan()
+        self.check_usable()
+        what = f"{what} on {self.info.name}"
+        if faults.hit("submit"):
+            raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfHostMemory']} at submission (injected fault)")
         self.stats["submits"] += 1
-        with vk_errors(f"{what} on {self.info.name}"):
-            if self._fence is None:
-                self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
-            fences = [self._fence]
-            cmds = [cmd]
-            submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
-            vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
-            try:
-                vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
-            except vk.VkTimeout:
-                # the fence may still signal later: never reuse it
-                self._fence = None
-                raise
-            vk.vkResetFences(self.handle, 1, fences)
+        try:
+            with vk_errors(what):
+                if self._fence is None:
+                    self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
+                fences = [self._fence]
+                cmds = [cmd]
+                submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
+                vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
+                try:
+                    vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
+                    if faults.hit("fence_timeout"):   # the work is done; pretend it was not
+                        raise vk.VkTimeout()
+                except vk.VkTimeout:
+                    # the fence may still signal later: never reuse it
+                    self._abandoned_fences.append(self._fence)
+                    self._fence = None
+                    raise
+                if faults.hit("device_lost"):
+                    raise vk.VkErrorDeviceLost()
+                vk.vkResetFences(self.handle, 1, fences)
+        except DeviceError as e:
+            if "VK_ERROR_DEVICE_LOST" in e.message or "timed out" in e.message:
+                self.lost = e.message + (" (injected fault)" if faults.armed() else "")
+                e.message = self.lost
+                e.args = (self.lost,)
+            raise
 
     def wait_idle(self) -> None:
         with vk_errors("waiting for the device"):

@@ -22,6 +22,8 @@ class DeviceInfo:
     driver: str = ""
     timestamps: bool = False   # timestamp queries on the compute queue
     max_allocation: int = 0    # bytes, maxMemoryAllocationSize
+    max_storage_range: int = 0  # bytes one storage-buffer binding may address (0: unknown)
+    max_groups: tuple = ()     # maxComputeWorkGroupCount ((): unknown)
     coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
 
     @property
@@ -118,6 +120,8 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
         max_allocation=int(m3.maxMemoryAllocationSize),
+        max_storage_range=int(props.limits.maxStorageBufferRange),
+        max_groups=tuple(int(x) for x in props.limits.maxComputeWorkGroupCount),
         coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
                      and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
                      and coopmat_f16(vk, physical, exts)))

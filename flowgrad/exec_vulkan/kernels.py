@@ -1,9 +1,11 @@
 """The closure executor's kernels on a Vulkan device: each op's lowering, one
 op at a time (upload the inputs, record, submit, wait, read back).
 
-An op without a lowering runs on numpy. A node whose dtype its lowering does
-not take (f16 attention backward: f32 only) is computed in f32 and cast back,
-which is how f16 attention trains on closures instead of failing."""
+An op without a lowering runs on numpy, and so does a node whose shapes its
+lowering refuses while recording (a head width past the attention kernels',
+a buffer past the device's binding range). A node whose dtype its lowering
+does not take (f16 attention backward: f32 only) is computed in f32 and cast
+back, which is how f16 attention trains on closures instead of failing."""
 from __future__ import annotations
 
 import attrs
@@ -11,6 +13,7 @@ import numpy as np
 
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.errors import FlowError
 from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.exec_vulkan.oneshot import OneShot
@@ -47,8 +50,9 @@ class VulkanKernels:
         with OneShot(self.device) as s:
             views = [s.upload(x, promote.get(d, d)) for x, d in zip(ins, dtypes)]
             out = s.empty(node.shape, run_node.dtype)
-            with s.rec.section(node.label, "forward"):
-                low.forward(s.rec, run_node, views, out)
+            if not _recorded(lambda: low.forward(s.rec, run_node, views, out), s.rec, node, "forward"):
+                self.on_numpy.add(node.op)
+                return self.numpy.forward(node, ins)
             s.download(out)
             (result,) = s.run()
         return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
@@ -71,13 +75,26 @@ class VulkanKernels:
             out_view = s.upload(out, run_node.dtype)
             g_view = s.upload(g, run_node.dtype)
             grads = [s.empty(v.shape, v.dtype) if want else None for v, want in zip(views, wanted)]
-            with s.rec.section(node.label, "backward"):
-                low.backward(s.rec, run_node, g_view, views, out_view, grads)
+            if not _recorded(lambda: low.backward(s.rec, run_node, g_view, views, out_view, grads), s.rec, node,
+                             "backward"):
+                self.on_numpy.add(node.op)
+                return self.numpy.vjp(node, g, ins, out)
             for v in grads:
                 if v is not None:
                     s.download(v)
             results = iter(s.run())
         return [next(results).astype(x.dtype, copy=False) if want else None for x, want in zip(ins, wanted)]
+
+
+def _recorded(record, rec, node: Node, direction: str) -> bool:
+    """Record one lowering; False when it refuses the node's shapes (recording
+    makes no Vulkan calls, so nothing has run yet and numpy can take over)."""
+    try:
+        with rec.section(node.label, direction):
+            record()
+    except (FlowError, ValueError):
+        return False
+    return True
 
 
 def _retyped(node: Node, promote: dict) -> Node:

@@ -57,11 +57,27 @@ def _infer(ins, at):
     return q
 
 
+def check_mask_size(sq: int, sk: int, dtype: str) -> None:
+    """The causal mask is a [seq_q, seq_k] const built now: refuse one too big
+    to allocate before numpy tries (the compile-time memory check comes later)."""
+    from flowgrad.dsl.limits import type_problem
+    from flowgrad.dtypes import ITEMSIZE
+    from flowgrad.host_memory import gib, host_budget
+
+    problem = type_problem((sq, sk))
+    nbytes = sq * sk * (ITEMSIZE[dtype] + 1)   # the mask and numpy's boolean triangle
+    if problem is None and nbytes > host_budget() // 4:
+        problem = f"it needs {gib(nbytes)}, more than this process should spend on one const"
+    if problem:
+        raise OpTypeError(f"causal=true builds a [{sq}, {sk}] mask, and {problem}")
+
+
 def _expand(builder, ins, at):
     """Materialise causal=true as a const mask input (see the module doc)."""
     if not at["causal"]:
         return ins, at
     q, k = builder.type(ins[0]), builder.type(ins[1])
+    check_mask_size(q.shape[-2], k.shape[-2], q.dtype)
     mask = builder.const(causal_mask(q.shape[-2], k.shape[-2], NUMPY_DTYPE[q.dtype]), q.dtype)
     if len(ins) > 3:
         mask = builder.apply("add", [ins[3], mask], {})

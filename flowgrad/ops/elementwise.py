@@ -159,8 +159,13 @@ def _gelu_check(at):
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
+def _pow_grad(x, p):
+    # x ** 0 is 1 everywhere: its slope is 0, also at x = 0 where p * x ** (p - 1) is 0 * inf
+    return np.zeros_like(x) if p == 0 else p * np.power(x, p - 1)
+
+
 power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
-             lambda x, y, at: at["exponent"] * np.power(x, at["exponent"] - 1),
+             lambda x, y, at: _pow_grad(x, at["exponent"]),
              "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
 
 _BOUND = (int, float)

@@ -107,19 +107,33 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: d
                 out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
                                    f32_hint(op.name), node))
                 continue
-        limit = limit_refusal(graph, node, op, node.id in backward_ids, device, kernels)
+        limit = (limit_refusal(graph, node, op, node.id in backward_ids, device, kernels)
+                 or index_refusal(graph, node, op))
         if limit is not None:
             out.append(limit)
     return out
 
 
+class DryLimits:
+    """What a dry-run Recorder checks dispatches against: the device's own
+    binding range and group counts when known, else every device's minimums."""
+
+    def __init__(self, info):
+        from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS
+
+        self.info = info
+        self.min_align = ALIGN
+        self.max_groups = tuple(getattr(info, "max_groups", ()) or DRY_MAX_GROUPS)
+        self.max_storage_range = getattr(info, "max_storage_range", 0) or None
+
+
 def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
                   kernels: dict | None = None) -> Refusal | None:
-    """Record the node's lowering on a dry-run Recorder (no device): a lowering
-    that can't take this node's shapes (attention's head width, a rank its
-    kernel can't index) says so now, not when the step is recorded. With
-    `device` (a DeviceInfo) the dry run picks that device's kernels, and
-    kernels[node.id] records them."""
+    """Record the node's lowering on a dry-run Recorder (no Vulkan calls): a
+    lowering that can't take this node's shapes (attention's head width, a
+    rank its kernel can't index) or a buffer past the device's binding range
+    says so now, not when the step is recorded. With `device` (a DeviceInfo)
+    the dry run picks that device's kernels, and kernels[node.id] records them."""
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.recorder import BufView, Dispatch, FakeBuffer, Recorder
 
@@ -132,9 +146,10 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     ins = [view(graph.nodes[i].type) for i in node.inputs]
     out = view(node.type)
     grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
+    dry = DryLimits(device) if device is not None else None
     try:
         low = lowering_for(node.op)
-        fwd, bwd = Recorder(None, info=device), Recorder(None, info=device)
+        fwd, bwd = Recorder(dry), Recorder(dry)
         low.forward(fwd, node, ins, out)
         if backward:
             low.backward(bwd, node, view(node.type), ins, out, grads)
@@ -143,6 +158,21 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
+    return None
+
+
+def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
+    """An index computed inside the model (not a feed, which is range-checked
+    on the host): the resident step can't stop on a bad one, so it runs on
+    closures, which check each index before the op reads it."""
+    if op.index_bounds is None:
+        return None
+    for pos in op.index_bounds([graph.nodes[i].type for i in node.inputs]):
+        src = graph.nodes[node.inputs[pos]]
+        if src.op not in ("input", "const"):
+            return Refusal("limit", f"its index input {src.label} is computed in the model, and the graph path "
+                                    "can't stop a step on an index out of range", "feed the indices as an input "
+                                    "(feeds are range-checked), or run on closures", node)
     return None
 
 
@@ -169,7 +199,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         path = "closures"
         first = refusals[0]
         more = f"; {len(refusals) - 1} more" if len(refusals) > 1 else ""
-        reason = (f"{first.node.label}: {first.message}" if first.node else first.message) + more
+        where = f" at {first.node.span.where()}" if first.node is not None and first.node.span else ""
+        reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
     return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels)

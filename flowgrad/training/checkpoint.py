@@ -4,11 +4,11 @@ Tensors: `param/<name>` for each param, `optim/<name>/<state>` for each
 optimizer state array. Metadata (all strings, as safetensors wants):
 format, version, model, step, config (JSON), optimizer (JSON), data (JSON:
 what the data source keeps for inference, e.g. a text vocabulary; may be
-absent), sha256 (over the tensors, so a flipped byte is caught, not only a
-truncated file).
+absent), sha256 (over the tensors and the other metadata, so a flipped byte
+is caught, in a tensor or in the step, not only a truncated file).
 
-Writes are atomic: a temp file in the same directory, fsync, os.replace,
-fsync of the directory. A write killed half-way leaves the previous checkpoint
+Writes are atomic: a temp file in the same directory (given the mode the
+umask leaves, as open() would), fsync, os.replace, fsync of the directory. A write killed half-way leaves the previous checkpoint
 as it was (and a stray `.<name>.*.tmp` that the next save removes)."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph
 
 FORMAT = "flowgrad-checkpoint"
-VERSION = "1"
+VERSION = "2"          # 2: the checksum covers the metadata; version 1 files are still read
 FILENAME = "checkpoint.safetensors"
 
 
@@ -42,10 +42,13 @@ class Checkpoint:
     data: dict | None = None
 
 
-def _digest(tensors: dict[str, np.ndarray]) -> str:
+def _digest(tensors: dict[str, np.ndarray], meta: dict | None = None) -> str:
     h = hashlib.sha256()
+    for key in sorted(meta or {}):
+        if key != "sha256":
+            h.update(json.dumps([key, meta[key]]).encode())
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name])
+        arr = np.asarray(tensors[name], order="C")
         h.update(f"{name}:{arr.dtype.str}:{arr.shape};".encode())
         h.update(arr.tobytes())
     return h.hexdigest()
@@ -55,15 +58,16 @@ def to_bytes(params, opt_state, step: int, model: str, config: dict, optimizer: 
              data: dict | None = None) -> bytes:
     from safetensors.numpy import save
 
-    tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in params.items()}
+    tensors = {f"param/{k}": np.asarray(v, order="C") for k, v in params.items()}
     for pname, states in (opt_state or {}).items():
         for sname, arr in states.items():
-            tensors[f"optim/{pname}/{sname}"] = np.ascontiguousarray(arr)
+            tensors[f"optim/{pname}/{sname}"] = np.asarray(arr, order="C")
     meta = {"format": FORMAT, "version": VERSION, "model": model, "step": str(int(step)),
             "config": json.dumps(config, sort_keys=True, default=str),
-            "optimizer": json.dumps(optimizer), "sha256": _digest(tensors)}
+            "optimizer": json.dumps(optimizer)}
     if data is not None:
         meta["data"] = json.dumps(data)
+    meta["sha256"] = _digest(tensors, meta)
     return save(tensors, metadata=meta)
 
 
@@ -74,6 +78,7 @@ def write_atomic(path, data: bytes) -> None:
         stale.unlink(missing_ok=True)  # left by a write that was killed
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes it 0600 whatever the umask says
         with os.fdopen(fd, "wb") as f:
             _write_all(f, data)
             f.flush()
@@ -83,6 +88,12 @@ def write_atomic(path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)   # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def _write_all(f, data: bytes) -> None:
@@ -125,10 +136,11 @@ def load(path) -> Checkpoint:
         raise FlowError(f"{bad}: the file is truncated or corrupt ({e})") from None
     if meta.get("format") != FORMAT:
         raise FlowError(f"{bad}: it is a safetensors file, but not one flowgrad wrote (no format={FORMAT} metadata)")
-    if meta.get("version") != VERSION:
-        raise FlowError(f"{bad}: format version {meta.get('version')!r}; this flowgrad reads version {VERSION}")
-    if meta.get("sha256") != _digest(tensors):
-        raise FlowError(f"{bad}: its tensors do not match their checksum (the file is corrupt)")
+    if meta.get("version") not in ("1", VERSION):
+        raise FlowError(f"{bad}: format version {meta.get('version')!r}; this flowgrad reads versions 1 and "
+                        f"{VERSION}")
+    if meta.get("sha256") != _digest(tensors, meta if meta["version"] != "1" else None):
+        raise FlowError(f"{bad}: its tensors or metadata do not match their checksum (the file is corrupt)")
     try:
         step = int(meta["step"])
         config = json.loads(meta["config"])
@@ -137,6 +149,8 @@ def load(path) -> Checkpoint:
         data = json.loads(meta["data"]) if "data" in meta else None
     except (KeyError, ValueError) as e:
         raise FlowError(f"{bad}: bad metadata ({e})") from None
+    if step < 0:
+        raise FlowError(f"{bad}: its step is {step}, a negative number")
     params, opt_state = {}, {}
     for name, arr in tensors.items():
         kind, _, rest = name.partition("/")

@@ -95,7 +95,7 @@ def deferred_sigint():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None, check_every: int | None = None) -> TrainResult:
+          callback=None, check_finite: bool = False, check_every: int | None = None) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
@@ -108,6 +108,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     progress: None shows a bar on a terminal and periodic log lines
         elsewhere; True a bar; False nothing.
     callback(step, record): called after each step with its metrics record.
+    check_finite: stop at the first non-finite loss or gradient, naming the
+        node that produced it (the last checkpoint written before it is kept).
     check_every: data-parallel runs (started by mpiexec): steps between checks
         that every rank holds the same params (default: eval_every).
 
@@ -121,7 +123,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if world is not None:
         device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
-    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed)
+    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
                                     or check_every < 1):
         raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")

@@ -20,3 +20,10 @@
 uint flat_index() {
     return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
 }
+
+// max that returns NaN when either operand is NaN, as numpy's maximum does
+// (GLSL's max may return either operand, so a NaN would vanish from a max
+// reduction, a softmax or a loss, and a step would look finite).
+float fg_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
+vec2 fg_nanmax(vec2 a, vec2 b) { return vec2(fg_nanmax(a.x, b.x), fg_nanmax(a.y, b.y)); }
+float fg_nanmin(float a, float b) { return (isnan(a) || a < b) ? a : b; }

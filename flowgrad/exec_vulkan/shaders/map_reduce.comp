@@ -55,7 +55,7 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
     case M_SQRT: return sqrt(a);
     case M_TANH: return fg_tanh(a);
     case M_SIGMOID: return fg_sigmoid(a);
-    case M_RELU: return a > 0.0 ? a : 0.0;
+    case M_RELU: return (a > 0.0 || isnan(a)) ? a : 0.0;
     case M_GELU: return fg_gelu(a);
     case M_GELU_TANH: return fg_gelu_tanh(a);
     case M_SILU: return a * fg_sigmoid(a);
@@ -76,21 +76,21 @@ float map_value(uint op, uint i0, uint i1, uint i2) {
         float s = fg_sigmoid(x);
         return a * s * (1.0 + x * (1.0 - s));
     }
-    case M_POW_B: return a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);
+    case M_POW_B: return pc.param == 0.0 ? 0.0 : a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);  // d/dx x^0 = 0, at 0 too
     case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
     case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
     case M_ABS: return abs(a);
     case M_ABS_B: return a * sign(float(x1[i1]));
-    case M_MAXIMUM: return max(a, float(x1[i1]));
-    case M_MINIMUM: return min(a, float(x1[i1]));
+    case M_MAXIMUM: return fg_nanmax(a, float(x1[i1]));
+    case M_MINIMUM: return fg_nanmin(a, float(x1[i1]));
     case M_MAXIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s > o ? a : (s == o ? 0.5 * a : 0.0); }
     case M_MINIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s < o ? a : (s == o ? 0.5 * a : 0.0); }
     case M_WHERE: return a != 0.0 ? float(x1[i1]) : float(x2[i2]);
     case M_WHERE_DA: return float(x1[i1]) != 0.0 ? a : 0.0;
     case M_WHERE_DB: return float(x1[i1]) != 0.0 ? 0.0 : a;
-    case M_CLAMP_MIN: return max(a, pc.param);
+    case M_CLAMP_MIN: return fg_nanmax(a, pc.param);
     case M_CLAMP_MIN_B: return float(x1[i1]) >= pc.param ? a : 0.0;
-    case M_CLAMP_MAX: return min(a, pc.param);
+    case M_CLAMP_MAX: return fg_nanmin(a, pc.param);
     case M_CLAMP_MAX_B: return float(x1[i1]) <= pc.param ? a : 0.0;
     }
     return fg_nan();
@@ -140,7 +140,7 @@ void main() {
                     }
                 }
                 float v = map_value(mop, i0, i1, i2);
-                acc = rop == 1u ? max(acc, v) : acc + v;
+                acc = rop == 1u ? fg_nanmax(acc, v) : acc + v;
             }
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;

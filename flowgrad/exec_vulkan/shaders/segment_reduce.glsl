@@ -34,7 +34,7 @@ vec2 fg_seg_reduce2(vec2 v, uint S, uint op, bool interleaved) {
     for (uint s = S >> 1; s > 0u; s >>= 1) {
         if (lane < s) {
             vec2 o = fg_seg[lid + s * step];
-            fg_seg[lid] = op == 1u ? max(fg_seg[lid], o) : fg_seg[lid] + o;
+            fg_seg[lid] = op == 1u ? fg_nanmax(fg_seg[lid], o) : fg_seg[lid] + o;
         }
         barrier();
     }

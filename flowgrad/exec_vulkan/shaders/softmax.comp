@@ -41,7 +41,7 @@ void main() {
         if (mode < 2u) {
             float m = -uintBitsToFloat(0x7f800000u);
             if (live)
-                for (uint j = lane; j < pc.L; j += S) m = max(m, float(a[start + j * step]));
+                for (uint j = lane; j < pc.L; j += S) m = fg_nanmax(m, float(a[start + j * step]));
             m = fg_seg_max(m, S, il);
             float s = 0.0;
             if (live)

@@ -47,7 +47,7 @@ void main() {
         uint start = row * pc.C;
         float m = -uintBitsToFloat(0x7f800000u);
         if (live)
-            for (uint j = lane; j < pc.C; j += S) m = max(m, float(x[start + j]));
+            for (uint j = lane; j < pc.C; j += S) m = fg_nanmax(m, float(x[start + j]));
         m = fg_seg_max(m, S, false);
         float s = 0.0;
         if (live)

@@ -1,0 +1,227 @@
+"""Regression tests for defects found from outside: each a wrong number or
+a traceback once, on one path or all. Paths are asserted before numbers."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+
+PATHS = [("cpu", "auto"), ("vulkan", "closures"), ("vulkan", "graph")]
+
+
+def compile_on(model, device, backward, **kw):
+    if device == "vulkan":
+        pytest.importorskip("vulkan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = model.compile(device=device, backward=backward, **kw)
+    want = "graph" if backward == "graph" else "closures"
+    assert sess.last_path.startswith(want), sess.last_path
+    return sess
+
+
+@pytest.fixture(params=PATHS, ids=["numpy", "vk-closures", "vk-graph"])
+def path(request):
+    device, backward = request.param
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+def test_zero_d_input_and_param_on_every_path(path):
+    m = fg.loads("input s: f32[]\nparam w: f32[] = ones()\nloss = s * w * w\noutput loss\nminimize loss\n")
+    sess = compile_on(m, *path)
+    r = sess.step({"s": np.float32(2.0)})
+    assert r.outputs["loss"].shape == () and r.grads["w"].shape == ()
+    assert r.loss == pytest.approx(2.0)
+    assert float(r.grads["w"]) == pytest.approx(4.0)   # d(s w^2)/dw = 2 s w
+
+
+def test_zero_d_param_survives_a_checkpoint(tmp_path):
+    m = fg.loads("input s: f32[]\nparam w: f32[] = ones()\nloss = s * w\nminimize loss\n")
+    sess = m.compile(device="cpu")
+    sess.set_params({"w": np.float32(3.0)})
+    sess.save_checkpoint(tmp_path / "ck.safetensors")
+    again = m.compile(device="cpu")
+    again.load_checkpoint(tmp_path / "ck.safetensors")
+    assert again.params["w"].shape == () and float(again.params["w"]) == 3.0
+
+
+def test_pow_zero_has_zero_gradient_at_zero(path):
+    m = fg.loads("param w: f32[3] = zeros()\nloss = sum(w ** 0) + sum(w ** 0.0)\nminimize loss\n")
+    sess = compile_on(m, *path)
+    r = sess.step({})
+    assert r.loss == 6.0
+    np.testing.assert_array_equal(r.grads["w"], np.zeros(3, np.float32))
+
+
+def test_f16_broadcast_gradient_is_summed_in_f32_on_numpy():
+    m = fg.loads("input x: f32[4096, 1]\nparam b: f32[1] = zeros()\nloss = sum(x + b)\nminimize loss\n")
+    sess = m.compile(device="cpu", dtype="f16")
+    r = sess.step({"x": np.zeros((4096, 1), np.float32)})
+    assert float(r.grads["b"][0]) == 4096.0      # 2048 when the sum runs in f16
+
+
+# ---------------------------------------------------------------- user ops
+
+USER = "input x: f32[4, 3]\ny = {op}(x)\nloss = sum(y * y)\noutput y\nminimize loss\n"
+X = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+
+
+def user_model(name, **kw):
+    fg.register_op(name, **{"shape": lambda s: s, "forward": lambda x: 2 * x,
+                            "vjp": lambda g, out, x: (2 * g,), **kw})
+    return fg.loads(USER.format(op=name), file="user.flow")
+
+
+USER_PATHS = [("cpu", "auto"), ("vulkan", "closures")]
+
+
+@pytest.fixture(params=USER_PATHS, ids=["numpy", "vk-closures"])
+def user_path(request):
+    if request.param[0] == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"vjp": lambda g, x: (g,)}, "vjp function raised TypeError"),
+    ({"vjp": lambda g, out, x: (g, g)}, "vjp returned 2 gradients for 1 inputs"),
+    ({"vjp": lambda g, out, x: 1 / 0}, "vjp function raised ZeroDivisionError"),
+    ({"forward": lambda x, y: x}, "forward function raised TypeError"),
+    ({"forward": lambda x: x[:, :1]}, "forward gave its output shape [4, 1], but it must be [4, 3]"),
+    ({"forward": lambda x: x.astype(np.complex64)}, "dtype complex64"),
+    ({"vjp": lambda g, out, x: (g[:1],)}, "gradient of 'x' shape [1, 3], but it must be [4, 3]"),
+])
+def test_user_op_failures_name_the_op_and_the_line(user_path, kw, words):
+    sess = compile_on(user_model("probe_twice", **kw), *user_path)
+    with pytest.raises(fg.FlowError) as e:
+        sess.step({"x": X})
+    assert "probe_twice" in e.value.message and words in e.value.message, str(e.value)
+    assert e.value.span.where() == "user.flow:2:5", str(e.value)
+
+
+def test_user_op_shape_function_errors_are_positioned():
+    with pytest.raises(fg.FlowError) as e:
+        user_model("probe_shape", shape=lambda s: s[5])
+    assert "probe_shape: its shape function raised IndexError" in e.value.message
+    assert e.value.span.where() == "user.flow:2:5"
+
+
+def test_last_path_names_the_refusals_position(vk_device):
+    sess = compile_on(user_model("probe_twice"), "vulkan", "auto")
+    assert "user.flow:2:5" in sess.last_path, sess.last_path
+
+
+def test_builtin_ops_cannot_be_replaced():
+    for name in ("relu", "matmul", "attention"):
+        with pytest.raises(fg.FlowError, match="built-in"):
+            fg.register_op(name, shape=lambda s: s, forward=lambda x: x, replace=True)
+    user_model("probe_again")
+    user_model("probe_again", forward=lambda x: 3 * x, replace=True)   # a user op may be redefined
+    with pytest.raises(fg.FlowError, match="already registered"):
+        user_model("probe_again")
+
+
+# ---------------------------------------------------------------- device limits at plan time
+
+MLP = "flowgrad/models/mlp.flow"
+
+
+def test_plan_checks_the_binding_range_and_auto_falls_back():
+    import attrs
+
+    from flowgrad.planner import make_plan
+
+    @attrs.frozen
+    class Small:
+        name: str = "small device"
+        type: str = "discrete"
+        memory: int = 8 << 30
+        f16: bool = True
+        max_storage_range: int = 1 << 20
+        max_groups: tuple = (65535, 65535, 65535)
+
+    graph = fg.load(MLP, {"hidden": 8192}).graph    # x @ w1 is 64 x 8192 f32 = 2 MiB
+    plan = make_plan(graph, Small(), "auto", "f32")
+    assert plan.path == "closures"
+    r = next(r for r in plan.refusals if r.code == "limit")
+    assert "binding may address" in r.message and r.node.span is not None
+    assert f"at {MLP}:" in plan.last_path, plan.last_path
+    assert make_plan(fg.load(MLP).graph, Small(), "auto", "f32").path == "graph"
+    with pytest.raises(fg.GraphPathRefused):
+        fg.load(MLP, {"hidden": 8192}).compile(device="cpu", backward="graph")
+
+
+def test_vulkan_closures_run_a_refused_node_on_numpy(vk_device):
+    # a head width of 512 is past the attention kernels: that node runs on numpy, the rest on Vulkan
+    src = ("input q: f32[4, 512]\nparam w: f32[512, 512] = normal(std=0.05)\n"
+           "a = attention(q @ w, q, q, heads=1, causal=true)\nloss = sum(a * a)\noutput a\nminimize loss\n")
+    q = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
+    ref = compile_on(fg.loads(src), "cpu", "auto").step({"q": q})
+    sess = compile_on(fg.loads(src), "vulkan", "auto")
+    r = sess.step({"q": q})
+    assert "attention" in sess.runner.executor.kernels.on_numpy
+    np.testing.assert_allclose(r.outputs["a"], ref.outputs["a"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r.grads["w"], ref.grads["w"], rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------- NaN propagation
+
+NAN_MODELS = {
+    "max": "input x: f32[4, 8]\nloss = sum(max(x, axis=-1))\nminimize loss\n",
+    "max-all": "input x: f32[4, 8]\nloss = max(x)\nminimize loss\n",
+    "relu": "input x: f32[4, 8]\nloss = sum(relu(x))\nminimize loss\n",
+    "softmax": "input x: f32[4, 8]\nloss = sum(softmax(x) * x)\nminimize loss\n",
+    "cross-entropy": "input x: f32[4, 8]\ninput y: i32[4]\nloss = cross_entropy(x, y)\nminimize loss\n",
+    "mlp": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAN_MODELS))
+def test_one_nan_in_the_input_makes_the_loss_nan_on_every_path(path, name):
+    src = NAN_MODELS[name]
+    model = fg.load("flowgrad/models/mlp.flow", {"batch": 4}) if src is None else fg.loads(src)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(model.graph.nodes[model.graph.inputs["x"]].shape).astype(np.float32)}
+    if "y" in model.graph.inputs:
+        feeds["y"] = np.zeros(4, np.int32)
+    feeds["x"].flat[5] = np.nan
+    with np.errstate(all="ignore"):
+        r = compile_on(model, *path).step(feeds)
+    assert np.isnan(r.loss), r.loss     # GLSL's max dropped the NaN: the loss looked finite
+
+
+# ---------------------------------------------------------------- computed indices
+
+INDEX = ("input f: f32[3]\nparam table: f32[5, 2] = normal()\ne = embedding(cast(f, i32), table)\n"
+         "loss = sum(e * e)\noutput e\nminimize loss\n")
+
+
+@pytest.mark.parametrize("bad", [-1.0, 5.0, 1e10, np.nan])
+def test_a_computed_index_out_of_range_is_an_error_naming_the_node(bad):
+    feeds = {"f": np.array([0.0, bad, 2.0], np.float32)}
+    for device in ("cpu", "vulkan"):
+        if device == "vulkan":
+            pytest.importorskip("vulkan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sess = fg.loads(INDEX, file="idx.flow").compile(device=device)
+        assert sess.last_path.startswith("closures"), sess.last_path
+        with pytest.raises(fg.FlowError, match="out of range") as e, np.errstate(all="ignore"):
+            sess.step(feeds)
+        assert e.value.span.where() == "idx.flow:3:5" and "embedding" in e.value.message, str(e.value)
+    good = {"f": np.array([0.0, 4.0, 2.0], np.float32)}
+    ref = fg.loads(INDEX).compile(device="cpu").step(good)
+    assert ref.outputs["e"].shape == (3, 2)
+
+
+def test_the_graph_path_refuses_computed_indices_with_the_reason(vk_device):
+    with pytest.raises(fg.GraphPathRefused, match="computed in the model"):
+        fg.loads(INDEX, file="idx.flow").compile(device="vulkan", backward="graph")
+    # fed indices keep the graph path: the host checks them
+    fed = INDEX.replace("input f: f32[3]", "input f: i32[3]").replace("cast(f, i32)", "f")
+    assert fg.loads(fed).compile(device="vulkan", backward="graph").last_path == "graph"
