@@ -1,7 +1,10 @@
 """flowgrad: train, run and export models written in the .flow language.
 
 Commands: check, explain, train, run, generate, export, bench, devices;
-`flowgrad COMMAND --help` shows each one's options and an example."""
+`flowgrad COMMAND --help` shows each one's options and an example.
+
+Every command's argv-to-library adapter lives in this one file (it runs past
+400 lines for that reason), so that no library module imports the CLI."""
 from __future__ import annotations
 
 import argparse

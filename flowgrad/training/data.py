@@ -32,7 +32,7 @@ Three kinds:
 
     ArrayData      rows of arrays, split train/val/test, seeded epochs
     SequenceTask   reverse / copy: synthetic sequence tasks for a causal decoder
-    TextData       next-token prediction over a text's characters or bytes
+    TextData       (training/text.py) next-token prediction over a text's characters or bytes
 
 Sequence layout of reverse / copy: `seq` is the decoder's sequence length
 (even), each row holds n = seq/2 symbols and their answer. SEP = token 0;
@@ -374,82 +374,3 @@ class SequenceTask(Dataset):
 
     def meta(self) -> dict:
         return {"source": self.describe}
-
-
-class TextData(Dataset):
-    """Next-token prediction over `ids` (a text encoded with `vocab`): the
-    first part of the text trains, the next `val_fraction` validates, the last
-    `test_fraction` tests. A training row is a window of seq + 1 ids at a
-    start drawn from (seed, step); tokens = window[:-1], targets = window[1:].
-    Eval windows tile their part without overlap."""
-
-    roles = ("tokens", "targets")
-    default_metric = "perplexity"
-
-    def __init__(self, ids: np.ndarray, vocab: list, level: str, seq: int, val_fraction: float,
-                 test_fraction: float, seed: int = 0, describe: str = "text", span=None):
-        super().__init__(seed)
-        self.ids = np.asarray(ids, np.int32)
-        self.vocab, self.level, self.seq, self.describe = list(vocab), level, int(seq), describe
-        n = len(self.ids)
-        n_test, n_val = int(round(test_fraction * n)), int(round(val_fraction * n))
-        self.parts = {"train": self.ids[:n - n_val - n_test], "val": self.ids[n - n_val - n_test:n - n_test],
-                      "test": self.ids[n - n_test:]}
-        for part, (ids, frac) in {"train": (self.parts["train"], None), "val": (self.parts["val"], val_fraction),
-                                  "test": (self.parts["test"], test_fraction)}.items():
-            if (frac is None or frac > 0) and len(ids) < self.seq + 1:
-                raise FlowError(f"data {describe}: its {part} part has {len(ids)} tokens, fewer than a window of "
-                                f"seq + 1 = {self.seq + 1}", span,
-                                hint="use a longer text, a shorter seq, or other fractions")
-
-    def meta(self) -> dict:
-        return {"source": "text", "level": self.level, "vocab": self.vocab}
-
-    def check_role(self, role, name, t, index_bounds):
-        if t.dtype != "i32" or t.shape[1:] != (self.seq,):
-            raise FlowError(f"data {self.describe} makes {role} as i32[batch, {self.seq}], but the model declares "
-                            f"input {name}: {t}", self.span,
-                            hint="give text(seq=...) the model's sequence length, e.g. seq = seq")
-        for n, user in index_bounds:
-            if len(self.vocab) > n:
-                raise FlowError(f"data {self.describe} has {len(self.vocab)} distinct "
-                                f"{'characters' if self.level == 'char' else 'bytes'}, but {user.op} at "
-                                f"{user.span.where() if user.span else '?'} takes {name} in 0..{n - 1}", self.span,
-                                hint=f"size the model's vocabulary to the text: --set vocab={len(self.vocab)}")
-
-    def _windows(self, ids, starts):
-        win = ids[starts[:, None] + np.arange(self.seq + 1)]
-        return {self.inputs["tokens"]: np.ascontiguousarray(win[:, :-1]),
-                self.inputs["targets"]: np.ascontiguousarray(win[:, 1:])}
-
-    def train_batch(self, step: int) -> dict[str, np.ndarray]:
-        ids = self.parts["train"]
-        rng = np.random.default_rng([self.seed, 1, step])
-        return self._windows(ids, rng.integers(0, len(ids) - self.seq, self.batch))
-
-    def eval_batches(self, split: str = "test"):
-        ids = self.parts[split]
-        starts = np.arange(0, len(ids) - self.seq, self.seq)
-        for start in range(0, len(starts), self.batch):
-            idx = np.arange(start, start + self.batch) % len(starts)
-            yield self._windows(ids, starts[idx]), min(self.batch, len(starts) - start)
-
-
-def encode(text_or_bytes, vocab: list, level: str) -> np.ndarray:
-    """Text (char level) or bytes (byte level) as vocab ids; a symbol not in
-    the vocab is a FlowError naming it."""
-    index = {s: i for i, s in enumerate(vocab)}
-    ids = []
-    for pos, sym in enumerate(text_or_bytes):
-        if sym not in index:
-            shown = repr(sym) if level == "char" else f"byte {sym}"
-            raise FlowError(f"{shown} (position {pos}) is not in the model's vocabulary of {len(vocab)} "
-                            f"{'characters' if level == 'char' else 'bytes'} (those of its training text)")
-        ids.append(index[sym])
-    return np.asarray(ids, np.int32)
-
-
-def decode(ids, vocab: list, level: str) -> str:
-    if level == "char":
-        return "".join(vocab[int(i)] for i in ids)
-    return bytes(int(vocab[int(i)]) for i in ids).decode("utf-8", errors="replace")

@@ -13,6 +13,11 @@ For a loss that is a mean over the batch (as cross_entropy is), the averaged
 gradient is the gradient of the global batch: N ranks train like one process
 with the global batch, up to float rounding.
 
+The launcher detection, the collectives with their timeouts and the
+per-step protocol are kept together (a little over 400 lines) because each
+rank must take the same steps in the same order: split apart, that order is
+harder to check.
+
 Parameters start identical (broadcast from rank 0, which also reads the
 checkpoint on resume) and are compared by a checksum every `check_every`
 steps. Every collective has a timeout, so a rank that died or hangs ends the

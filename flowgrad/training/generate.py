@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.errors import FlowError
-from flowgrad.training.data import decode, encode, output_inputs
+from flowgrad.training.data import output_inputs
+from flowgrad.training.text import decode, encode
 
 
 def lm_io(graph) -> tuple[str, str, int]:

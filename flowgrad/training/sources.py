@@ -32,7 +32,8 @@ import numpy as np
 from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
-from flowgrad.training.data import ArrayData, Dataset, SequenceTask, TextData
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask
+from flowgrad.training.text import TextData
 
 
 def _fractions(what, val_fraction, test_fraction, span):
