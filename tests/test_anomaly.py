@@ -82,7 +82,7 @@ def test_training_stops_and_keeps_the_last_good_checkpoint(tmp_path):
                 feeds["x"][0, 0] = np.nan
             return feeds
 
-    data = Poisoned(x[:192], y[:192], x[192:], y[192:])
+    data = Poisoned({"x": x[:192], "y": y[:192]}, test={"x": x[192:], "y": y[192:]})
     from pathlib import Path
 
     text = Path("flowgrad/models/mlp.flow").read_text().replace("eval_every = 100", "eval_every = 3")
