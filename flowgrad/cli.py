@@ -249,8 +249,8 @@ def cmd_bench(args) -> int:
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
-                  dtype=args.dtype, phase=phase)
-    print(bench.report(r))
+                  dtype=args.dtype, phase=phase, compare=args.compare)
+    print(json.dumps(r, indent=2) if args.json else bench.report(r))
     return 0
 
 
@@ -362,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default=None,
                    help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64), "
                         "or `matmul` for the GEMM kernels' TFLOP/s")
+    p.add_argument("--compare", choices=["torch"], default=None,
+                   help="also time the model's PyTorch twin on the CUDA GPU (eager and torch.compile)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="compile dtype (default f32)")

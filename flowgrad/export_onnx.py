@@ -140,11 +140,14 @@ def _attention(w, n, ins, ts):
     scores = w.op("Div", [w.op("MatMul", [qh, w.op("Transpose", [kh], perm=[0, 1, 3, 2])]),
                           w.scalar(math.sqrt(d // h), dt)])
     if len(ins) > 3:
-        scores = w.op("Add", [scores, ins[3]])   # the causal mask is this input (attention's expand)
-    elif n.attrs.get("causal"):
-        from flowgrad.ops.attention import causal_mask
-
-        scores = w.op("Add", [scores, w.const(causal_mask(ts[0].shape[-2], ts[1].shape[-2], dt))])
+        if ts[3].dtype == "i32":   # boolean: nonzero attends
+            hidden = w.op("Equal", [ins[3], w.const(np.zeros((), np.int32))])
+            scores = w.op("Where", [hidden, w.scalar(-np.inf, dt), scores])
+        else:
+            scores = w.op("Add", [scores, ins[3]])
+    if n.attrs.get("causal"):   # an index rule in flowgrad; a const additive mask here
+        above = np.triu(np.ones((ts[0].shape[-2], ts[1].shape[-2]), bool), k=1)
+        scores = w.op("Add", [scores, w.const(np.where(above, -np.inf, 0.0).astype(dt))])
     out = w.op("MatMul", [w.op("Softmax", [scores], axis=-1), vh])
     return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.ints(ts[0].shape)])
 

@@ -6,9 +6,13 @@
     python scripts/build_shaders.py --check    # exit 1 if a shipped .spv is stale or missing
 
 A first line `// variants: f32 f16` also builds <name>.f16.spv with -DF16=1
-(no variants line: f32 only). Every compiled shader's push-constant block is
-checked against its spec in flowgrad/exec_vulkan/push_constants.py (names,
-types, array lengths, byte offsets); a mismatch fails the build and --check.
+(no variants line: f32 only). Shaders built from one GLSL body with several
+sets of defines (the attention kernels, one build per tile configuration)
+come from a table of variants the lowering that dispatches them owns
+(`tables()` below): each entry is an output stem, its .glsl body and defines.
+Every compiled shader's push-constant block is checked against its spec in
+flowgrad/exec_vulkan/push_constants.py (names, types, array lengths, byte
+offsets); a mismatch fails the build and --check.
 Generated headers (map_ops.glsl: the map-op ids of map_reduce.comp, from the
 Python table) are written first and checked by --check. Needs Debian's `glslc`."""
 from __future__ import annotations
@@ -29,6 +33,19 @@ KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
 
 class BuildError(Exception):
     pass
+
+
+def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
+    """{stem: (glsl body, {spv file name: glslc flags})} for the table-built
+    shaders, read from the lowering modules that own the tile choices."""
+    sys.path.insert(0, str(ROOT))
+    from flowgrad.exec_vulkan.lower.attention import shader_builds
+
+    out = {}
+    for stem, (body, defines) in shader_builds().items():
+        flags = [f"-D{k}={v}" for k, v in defines.items()]
+        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
+    return out
 
 
 def generated_headers() -> dict[Path, str]:
@@ -73,21 +90,29 @@ def glslc() -> str:
 
 
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
-    cmd = [glslc(), *GLSLC_FLAGS, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
+    # a .glsl body has no stage in its name: say it is a compute shader
+    stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
+    cmd = [glslc(), *GLSLC_FLAGS, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise BuildError(f"glslc failed on {source.name} {' '.join(flags)}:\n{res.stderr.strip()}")
 
 
-def sources(names: list[str]) -> list[Path]:
+def sources(names: list[str]) -> list[tuple[Path, dict[str, list[str]]]]:
+    """(source, {spv file name: glslc flags}) for each asked-for shader."""
+    table = tables()
     if not names:
-        return sorted(SHADER_DIR.glob("*.comp"))
+        return [(p, outputs(p)) for p in sorted(SHADER_DIR.glob("*.comp"))] + [table[k] for k in sorted(table)]
     out = []
     for name in names:
-        path = SHADER_DIR / (name if name.endswith(".comp") else f"{name}.comp")
-        if not path.exists():
-            raise BuildError(f"no shader {path}")
-        out.append(path)
+        stem = name.removesuffix(".comp")
+        path = SHADER_DIR / f"{stem}.comp"
+        if stem in table:
+            out.append(table[stem])
+        elif path.exists():
+            out.append((path, outputs(path)))
+        else:
+            raise BuildError(f"no shader {path} and no table entry {stem!r}")
     return out
 
 
@@ -104,8 +129,8 @@ def build(names: list[str]) -> list[Path]:
     SPV_DIR.mkdir(parents=True, exist_ok=True)
     write_headers()
     built = []
-    for src in sources(names):
-        for spv, flags in outputs(src).items():
+    for src, outs in sources(names):
+        for spv, flags in outs.items():
             compile_one(src, flags, SPV_DIR / spv)
             built.append(SPV_DIR / spv)
     problems = push_problems(built)
@@ -122,8 +147,8 @@ def stale(names: list[str] = ()) -> list[str]:
                 for path, text in generated_headers().items() if not path.exists() or path.read_text() != text]
     expected = set()
     with tempfile.TemporaryDirectory() as tmp:
-        for src in sources(list(names)):
-            for spv, flags in outputs(src).items():
+        for src, outs in sources(list(names)):
+            for spv, flags in outs.items():
                 expected.add(spv)
                 fresh = Path(tmp) / spv
                 compile_one(src, flags, fresh)

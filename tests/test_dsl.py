@@ -55,11 +55,9 @@ def test_tiny_gpt_graph():
     for k in range(layers):
         assert f"decoder.{k}.wqkv" in g.params
         attn = g.node(f"decoder.{k}.a")
-        assert attn.op == "attention" and attn.attrs["heads"] == g.config["heads"]
-        # causal=true was expanded into a const mask input shared by forward and backward
-        mask = g.nodes[attn.inputs[3]]
-        assert mask.op == "const" and mask.shape == (g.config["seq"], g.config["seq"])
-        assert [g.nodes[i].op for i in attn.inputs[:3]] == ["slice"] * 3
+        assert attn.op == "attention" and attn.attrs["heads"] == g.config["heads"] and attn.attrs["causal"]
+        # causal=true is an index rule: no mask tensor is built for it
+        assert [g.nodes[i].op for i in attn.inputs] == ["slice"] * 3
     assert f"decoder.{layers}.wqkv" not in g.params
     assert g.nodes[g.inputs["tokens"]].dtype == "i32"
     assert g.nodes[g.outputs["logits"]].shape == (g.config["batch"], g.config["seq"], g.config["vocab"])
@@ -301,8 +299,8 @@ c = attention(q, q, q, 2, true, m)
     assert len(g.node("a").inputs) == 3
     assert g.nodes[g.node("b").inputs[3]].name == "m"
     c = g.node("c")
-    # causal plus a user mask: the expand hook adds them into one mask input
-    assert g.nodes[c.inputs[3]].op == "add" and c.attrs["heads"] == 2
+    # causal plus a user mask: the mask input is the user's; causality stays an attr
+    assert g.nodes[c.inputs[3]].name == "m" and c.attrs["heads"] == 2 and c.attrs["causal"]
 
 
 def test_split_emits_slices():

@@ -1,5 +1,6 @@
 """attention against a plain float64 reference (a loop over batch and
-heads), its causal expand hook, and gradients where an input is used twice."""
+heads): causality, additive and boolean masks of each shape, fully masked
+rows, and gradients where an input is used twice."""
 from __future__ import annotations
 
 import math
@@ -8,16 +9,17 @@ import numpy as np
 import pytest
 
 from flowgrad.exec_closure.tape import ClosureExecutor
-from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import Graph, TensorType
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp, numeric_grad
+from flowgrad.ops.registry import OpTypeError
 
 ATT = get_op("attention")
 
 
 def reference(q, k, v, heads, causal=False, mask=None):
-    """Written plainly: for each batch and head, softmax(q k^T / sqrt(dh) + mask) v."""
+    """Written plainly: for each batch and head, softmax(q k^T / sqrt(dh) + mask) v;
+    an i32 mask keeps the scores where it is nonzero; a row with no key left is 0."""
     batched = q.ndim == 3
     if not batched:
         q, k, v = q[None], k[None], v[None]
@@ -28,14 +30,16 @@ def reference(q, k, v, heads, causal=False, mask=None):
             cols = slice(h * dh, (h + 1) * dh)
             s = q[b][:, cols] @ k[b][:, cols].T / math.sqrt(dh)
             if mask is not None:
-                s = s + mask
+                m = np.broadcast_to(mask, (q.shape[0], heads) + s.shape)[b, h] if mask.ndim == 4 else mask
+                s = np.where(m != 0, s, -np.inf) if mask.dtype == np.int32 else s + m
             for i in range(s.shape[0]):
                 for j in range(s.shape[1]):
                     if causal and j > i:
                         s[i, j] = -np.inf
-            p = np.exp(s - s.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            out[b][:, cols] = p @ v[b][:, cols]
+                if np.all(s[i] == -np.inf):
+                    continue  # a fully masked row stays 0
+                p = np.exp(s[i] - s[i].max())
+                out[b][i, cols] = p / p.sum() @ v[b][:, cols]
     return out if batched else out[0]
 
 
@@ -112,6 +116,10 @@ class GraphBuilder:
         out = get_op(op).infer([self.type(i) for i in ids], attrs)
         return self.graph.add(op, ids, out, attrs=attrs).id
 
+    def expand_of(self, op, ids, attrs):
+        rec = get_op(op)
+        return rec.expand(self, ids, attrs) if rec.expand is not None else (ids, attrs)
+
     def call(self, op, ids, attrs):
         """Build a node the way the DSL does: expand, then infer."""
         rec = get_op(op)
@@ -120,58 +128,60 @@ class GraphBuilder:
         return self.apply(op, ids, attrs)
 
 
-def test_expand_without_causal_changes_nothing():
+@pytest.mark.parametrize("mask_shape", [(2, 1, 4, 5), (2, 3, 4, 5), (1, 1, 1, 5)])
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+def test_rank4_masks_per_example_and_head(mask_shape, kind):
+    rng = np.random.default_rng(17)
+    q, k, v = qkv(rng, 2, 4, 5, 6)
+    if kind == "boolean":
+        mask = (rng.uniform(size=mask_shape) > 0.3).astype(np.int32)
+        mask[..., 0] = 1  # every row keeps a key
+    else:
+        mask = rng.standard_normal(mask_shape)
+    got = ATT.forward([q, k, v, mask], {"heads": 3})
+    np.testing.assert_allclose(got, reference(q, k, v, 3, mask=mask), rtol=1e-12)
+    mtype = TensorType(mask.shape, "i32" if kind == "boolean" else "f32")
+    assert ATT.infer([TensorType(x.shape, "f32") for x in (q, k, v)] + [mtype], {"heads": 3}).shape == q.shape
+
+
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+def test_a_fully_masked_row_gives_zero_output_and_zero_gradient(kind):
+    rng = np.random.default_rng(18)
+    q, k, v = qkv(rng, 2, 4, 5, 6)
+    keep = np.ones((2, 1, 4, 5), bool)
+    keep[0, 0, 1] = False      # example 0, query 1 sees no key
+    keep[1, 0, :, 2] = False   # example 1 hides key 2 from every query
+    mask = keep.astype(np.int32) if kind == "boolean" else np.where(keep, 0.0, -np.inf)
+    attrs = {"heads": 3}
+    out = ATT.forward([q, k, v, mask], attrs)
+    np.testing.assert_allclose(out, reference(q, k, v, 3, mask=mask), rtol=1e-12)
+    assert np.all(out[0, 1] == 0) and np.all(np.isfinite(out))
+    g = rng.standard_normal(out.shape)
+    dq, dk, dv, dm = ATT.vjp(g, [q, k, v, mask], out, attrs)
+    assert dm is None and np.all(dq[0, 1] == 0)
+    assert np.all(dk[1, 2] == 0) and np.all(dv[1, 2] == 0)
+    for x in (dq, dk, dv):
+        assert np.all(np.isfinite(x))
+
+
+def test_causal_needs_no_mask_input():
     g = Graph("t")
     ids = [g.add("input", [], TensorType((4, 6), "f32"), name=n).id for n in "qkv"]
-    assert ATT.expand(GraphBuilder(g), ids, {"heads": 2, "causal": False}) == (ids, {"heads": 2, "causal": False})
-    assert len(g.nodes) == 3
+    ins, attrs = GraphBuilder(g).expand_of("attention", ids, {"heads": 2, "causal": True})
+    assert ins == ids and len(g.nodes) == 3
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_expand_makes_the_causal_mask_a_const_input(dtype):
-    g = Graph("t")
-    q = g.add("input", [], TensorType((2, 3, 4), dtype), name="q").id
-    kv = g.add("input", [], TensorType((2, 5, 4), dtype), name="kv").id
-    ins, attrs = ATT.expand(GraphBuilder(g), [q, kv, kv], {"heads": 2, "causal": True})
-    assert attrs["causal"] is True  # kept for display
-    mask = g.nodes[ins[3]]
-    assert mask.op == "const" and mask.type == TensorType((3, 5), dtype)
-    value = mask.attrs["value"]
-    assert value.dtype == NUMPY_DTYPE[dtype]
-    want = np.array([[0, -np.inf, -np.inf, -np.inf, -np.inf],
-                     [0, 0, -np.inf, -np.inf, -np.inf],
-                     [0, 0, 0, -np.inf, -np.inf]])
-    np.testing.assert_array_equal(value, want)
-
-
-def test_expand_adds_the_causal_mask_to_a_user_mask():
-    g = Graph("t")
-    ids = [g.add("input", [], TensorType((4, 6), "f32"), name=n).id for n in "qkv"]
-    user = g.add("input", [], TensorType((4,), "f32"), name="m").id
-    ins, _ = ATT.expand(GraphBuilder(g), ids + [user], {"heads": 2, "causal": True})
-    combined = g.nodes[ins[3]]
-    assert combined.op == "add" and combined.inputs[0] == user
-    assert g.nodes[combined.inputs[1]].op == "const"
-    assert combined.type == TensorType((4, 4), "f32")
-
-
-def test_expanded_mask_is_all_the_backward_needs():
-    """After expansion the mask input carries causality: the same numbers
-    with causal switched off, which is what a graph lowering computes."""
-    rng = np.random.default_rng(9)
-    q, k, v = qkv(rng, 2, 4, 4, 4)
-    g = Graph("t")
-    ids = [g.add("input", [], TensorType(x.shape, "f32"), name=n).id for n, x in zip("qkv", (q, k, v))]
-    ins, _ = ATT.expand(GraphBuilder(g), ids, {"heads": 2, "causal": True})
-    mask = g.nodes[ins[3]].attrs["value"].astype(np.float64)
-    gout = rng.standard_normal(q.shape)
-    for attrs in ({"heads": 2, "causal": True}, {"heads": 2, "causal": False}):
-        out = ATT.forward([q, k, v, mask], attrs)
-        np.testing.assert_allclose(out, reference(q, k, v, 2, causal=True), rtol=1e-12)
-        grads = ATT.vjp(gout, [q, k, v, mask], out, attrs)
-        want = ATT.vjp(gout, [q, k, v], out, {"heads": 2, "causal": True})
-        for d, w in zip(grads[:3], want):
-            np.testing.assert_allclose(d, w, rtol=1e-12)
+@pytest.mark.parametrize("mtype, words", [
+    (TensorType((2, 4, 5), "f32"), ["[seq_q, seq_k] or [batch, heads, seq_q, seq_k]"]),
+    (TensorType((3, 1, 4, 5), "f32"), ["[batch, heads, seq_q, seq_k] = [2, 3, 4, 5]"]),
+    (TensorType((4, 5), "f16"), ["f32 (added to the scores) or i32 (boolean)"]),
+])
+def test_bad_masks_are_type_errors(mtype, words):
+    qt = [TensorType((2, 4, 6), "f32"), TensorType((2, 5, 6), "f32"), TensorType((2, 5, 6), "f32")]
+    with pytest.raises(OpTypeError) as e:
+        ATT.infer(qt + [mtype], {"heads": 3})
+    for w in words:
+        assert w in str(e.value)
 
 
 # ---------------------------------------------------------------- an input used twice

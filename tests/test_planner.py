@@ -11,6 +11,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.planner import make_plan
+from tests import vk_test_ops
 
 
 @attrs.frozen
@@ -83,21 +84,34 @@ def test_python_op_refuses_the_whole_backward_and_names_op_and_line():
     assert others and all(lowering_for(n.op) is not None for n in others)
 
 
-def test_f16_attention_is_refused_with_the_dtype_reason():
+def test_f16_attention_is_planned_graph():
+    # f16 storage, f32 arithmetic inside the kernels, both directions
     plan = plan_of(attn_model(), dtype="f16")
+    assert plan.path == "graph" and plan.refusals == []
+
+
+def f32_backward_model():
+    """An op whose lowering runs its backward in f32 only (tests/vk_test_ops.py)."""
+    vk_test_ops.ensure_registered()
+    return attn_model("vk_test_add(a, a)")
+
+
+def test_an_f32_only_backward_is_refused_with_the_dtype_reason():
+    plan = plan_of(f32_backward_model(), dtype="f16")
     assert plan.path == "closures"
     (r,) = plan.refusals
-    assert r.code == "dtype" and r.node.op == "attention"
+    assert r.code == "dtype" and r.node.op == "vk_test_add"
     assert "f32 only" in r.message and "f16" in r.message
     assert "cast" in r.hint
     text = explain_text(plan)
-    assert "[dtype] a = attention" in text and "attn.flow:12:5" in text
+    assert "[dtype] out = vk_test_add" in text and "attn.flow:13:7" in text
 
 
 def test_several_different_refusals_are_all_listed():
     fg.register_op("py_twice", shape=lambda s: s, forward=lambda x: 2 * x,
                    vjp=lambda g, out, x: (2 * g,), replace=True)
-    plan = plan_of(attn_model("py_twice(a)"), dtype="f16", device=None)
+    vk_test_ops.ensure_registered()
+    plan = plan_of(attn_model("py_twice(vk_test_add(a, a))"), dtype="f16", device=None)
     codes = sorted(r.code for r in plan.refusals)
     assert codes == ["device", "dtype", "no-lowering"]
 
@@ -174,7 +188,7 @@ def test_an_f32_island_in_an_f16_model_keeps_the_graph_path():
     assert model.build("f16").node("a").dtype == "f16"
     assert next(n for n in model.build("f16").nodes if n.op == "attention").dtype == "f32"
     assert plan_of(model, dtype="f16").last_path == "graph"
-    assert "cast(result, float)" in plan_of(attn_model(), dtype="f16").refusals[0].hint
+    assert "cast(result, float)" in plan_of(f32_backward_model(), dtype="f16").refusals[0].hint
 
 
 def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):

@@ -61,7 +61,7 @@ def test_names_are_checked_against_the_source(tmp_path):
                                           "    uint n; // count\n    float a; /* scale */\n} p;\n")
     (tmp_path / "axpy.comp").write_text('#include "common.glsl"\nvoid main() {}\n')
     assert pc.problems(SPV_DIR / "axpy.spv", tmp_path) == []
-    assert pc.source_names(SHADER_DIR / "attn_fwd_d64.comp") == [f.name for f in pc.SPECS["attn_fwd_d64"].fields]
+    assert pc.source_names(SHADER_DIR / "attn_fwd.glsl") == [f.name for f in pc.SPECS["attn_fwd_d64"].fields]
 
 
 def test_a_shader_without_a_spec_is_caught(monkeypatch):

@@ -1,12 +1,20 @@
-"""`flowgrad bench`: one training step (forward + backward) of a small decoder
-(the shipped tiny_gpt at d=64, seq=64) on the graph path and on closures, on
-the same Vulkan device. Reports median step times, their ratio, and what each
-path sends to the device per step (submits, dispatches, host transfers).
+"""`flowgrad bench`: one training step (forward + backward) of a model
+(default: tiny_gpt at d=64, seq=64) on the graph path and on closures, on
+the same Vulkan device; with compare="torch", also its PyTorch twin
+(flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
+same process, eager and under torch.compile(mode="reduce-overhead"), after
+checking that the twin's first loss equals flowgrad's. Prints median step
+times and their ratios, and what each flowgrad path sends to the device per
+step (submits, dispatches, host transfers).
+
+A flowgrad step returns the gradients to the host (the API default); a
+PyTorch step leaves them on the GPU.
 
 A benchmark, not a test: numbers depend on the machine; nothing asserts them."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -39,14 +47,66 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]
     return statistics.median(times), per_step
 
 
+def time_torch(twin, feeds, repeats: int, compiled: bool) -> float:
+    """Median seconds of one forward + backward of the twin on its GPU."""
+    torch = twin.torch
+
+    def forward(f):
+        return twin.forward(f)[0]
+
+    if compiled:
+        forward = torch.compile(forward, mode="reduce-overhead")
+
+    def step():
+        for p in twin.params.values():
+            p.grad = None
+        forward(feeds).backward()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
+    """PyTorch eager and torch.compile on the twin, or {"skipped": why}."""
+    from flowgrad.torch_twin import TorchTwin, require_torch
+
+    torch = require_torch()
+    if not torch.cuda.is_available():
+        return {"skipped": "PyTorch has no CUDA device here"}
+    phase("building the PyTorch twin")
+    twin = TorchTwin(graph_sess.graph, graph_sess.params, device="cuda")
+    tfeeds = twin.feeds(feeds)
+    want = graph_sess.step(feeds).loss
+    got = float(twin.forward(tfeeds)[0].detach())
+    if abs(got - want) > 1e-4 * max(1.0, abs(want)):
+        raise FlowError(f"the PyTorch twin's loss {got!r} differs from flowgrad's {want!r}: not timing it")
+    out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got}
+    phase(f"timing PyTorch eager ({repeats} steps after 3 warm-up)")
+    out["eager"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=False)}
+    phase("timing torch.compile(mode='reduce-overhead') (compiling first)")
+    try:
+        out["compile"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=True)}
+    except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
+        out["compile"] = {"skipped": f"{type(e).__name__}: {e}"[:200]}
+    return out
+
+
 def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dict | None = None,
-        dtype: str = "f32", phase=None) -> dict:
+        dtype: str = "f32", phase=None, compare: str | None = None) -> dict:
     """`phase(text)`, when given, is called as each phase starts (a long
     bench is otherwise silent for a minute)."""
     import flowgrad as fg
 
     phase = phase or (lambda text: None)
-    model = fg.load(model_path, {**DECODER, **(config or {})})
+    model = fg.load(model_path, {**DECODER, **(config or {})} if model_path == MODEL else config)
     phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
     phase("compiling the closures path")
@@ -58,10 +118,14 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats)
     phase(f"timing the closures path ({max(3, repeats // 4)} steps after 2 warm-up)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
-    return {"model": model.name, "config": {k: model.config[k] for k in (*DECODER, "batch") if k in model.config},
-            "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
-            "graph": {"seconds": g_time, **g_traffic}, "closures": {"seconds": c_time, **c_traffic},
-            "ratio": c_time / g_time}
+    shown = (*DECODER, "batch")
+    r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
+         "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
+         "graph": {"seconds": g_time, **g_traffic}, "closures": {"seconds": c_time, **c_traffic},
+         "ratio": c_time / g_time}
+    if compare == "torch":
+        r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
+    return r
 
 
 def report(r: dict) -> str:
@@ -74,4 +138,16 @@ def report(r: dict) -> str:
         lines.append(f"{path:<10}{p['seconds'] * 1e3:>10.2f}{p['submits']:>10.0f}{p['dispatches']:>12.0f}"
                      f"{p['uploads']:>9.0f}{p['downloads']:>9.0f}")
     lines.append(f"closures / graph: {r['ratio']:.2f}x")
+    t = r.get("torch")
+    if t is not None and "skipped" in t:
+        lines.append(f"PyTorch: skipped ({t['skipped']})")
+    elif t is not None:
+        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}):")
+        g = r["graph"]["seconds"]
+        for name, label in (("eager", "eager"), ("compile", "torch.compile")):
+            e = t[name]
+            if "skipped" in e:
+                lines.append(f"  {label:<14} skipped ({e['skipped']})")
+            else:
+                lines.append(f"  {label:<14}{e['seconds'] * 1e3:>10.2f} ms   graph / {label}: {g / e['seconds']:.2f}x")
     return "\n".join(lines)

@@ -4,8 +4,8 @@ op at a time (upload the inputs, record, submit, wait, read back).
 An op without a lowering runs on numpy, and so does a node whose shapes its
 lowering refuses while recording (a head width past the attention kernels',
 a buffer past the device's binding range). A node whose dtype its lowering
-does not take (f16 attention backward: f32 only) is computed in f32 and cast
-back, which is how f16 attention trains on closures instead of failing."""
+does not take (an f16 node whose lowering runs in f32 only) is computed in
+f32 and cast back, so it trains on closures instead of failing."""
 from __future__ import annotations
 
 import attrs

@@ -18,6 +18,7 @@ from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
+from flowgrad.exec_vulkan.readback import HostBlock
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder, count_barriers
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.graph import Graph
@@ -195,6 +196,7 @@ class StepProgram:
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
+        self.host = HostBlock()   # where read-backs land
         self.rec.arena.materialize(device)
         self.cmd = device.command_buffer()
         self.enc = encode(device, self.cmd, self.rec.commands)
@@ -211,11 +213,8 @@ class StepProgram:
             self.staging_up.write(np.ascontiguousarray(data, dtype=NUMPY[staging.dtype]), staging.offset)
 
     def read_outputs(self) -> dict[str, np.ndarray]:
-        out = {}
-        for name, _dev, staging in self.layout.io.downloads:
-            raw = self.staging_down.read(staging.offset, staging.nbytes)
-            out[name] = raw.view(NUMPY[staging.dtype]).reshape(staging.shape).copy()
-        return out
+        io = self.layout.io
+        return self.host.read(self.staging_down.array if io.downloads else None, io.down_bytes, io.downloads)
 
     def run(self, feeds, hyper=None) -> dict[str, np.ndarray]:
         stats = self.device.stats

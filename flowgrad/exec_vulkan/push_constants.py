@@ -21,7 +21,9 @@ from flowgrad.exec_vulkan.spirv import reflect_file
 
 SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", None, None)}
 
-ATTENTION = "sq: u32, sk: u32, d: u32, dh: u32, has_mask: u32, msi: u32, msj: u32, scale: f32, nstat: u32"
+ATTENTION = (
+    "sq: u32, sk: u32, d: u32, dh: u32, mask_mode: u32, msb: u32, msh: u32, msi: u32, msj: u32, scale: f32, "
+    "causal: u32, nstat: u32")
 
 MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: u32, "
           "nz: u32, za: u32, zb: u32, zc: u32, R: u32, ra: u32, rb: u32, offa: u32, offb: u32, offc: u32, "
@@ -178,13 +180,19 @@ def _strip_comments(text: str) -> str:
 
 def problems(spv: Path, shader_dir: Path) -> list[str]:
     """Everything wrong between one compiled shader (`name.spv` or
-    `name.variant.spv`), its source `name.comp` and its spec."""
+    `name.variant.spv`), its source (`name.comp`, or the .glsl body the
+    variant table names) and its spec."""
     shader = spv.name.split(".", 1)[0]
     if shader not in SPECS:
         return [f"{spv.name}: no push-constant spec for shader {shader} in flowgrad/exec_vulkan/push_constants.py"]
     spec = SPECS[shader]
     out = layout_problems(spec, reflect_file(spv).push, spv.name)
     source = shader_dir / f"{shader}.comp"
+    if not source.exists():  # a build from a table of variants: its .glsl body
+        from flowgrad.exec_vulkan.lower.attention import shader_builds  # lazy: lowerings import this module
+
+        body = shader_builds().get(shader)
+        source = shader_dir / body[0] if body else source
     if source.exists():
         names = source_names(source) or []
         if names != [f.name for f in spec.fields]:

@@ -2,17 +2,15 @@
 
 q, k, v are [seq, d] or [batch, seq, d] (k and v may have another seq length
 than q); d splits into `heads` groups of d/heads contiguous columns; scores
-are scaled by 1/sqrt(d/heads); an optional additive float mask (4th input)
-broadcasts to [seq_q, seq_k]. The result has q's shape, heads concatenated.
+are scaled by 1/sqrt(d/heads). The result has q's shape, heads concatenated.
 
-causal=true keeps key j for query i only where j <= i. The `expand` hook
-turns it into a const additive mask input (0 kept, -inf masked; added to the
-user's mask if there is one), so forward and backward read the SAME tensor
-and a graph lowering only ever reads the mask input. The numpy forward also
-applies the causal rule itself, which changes nothing after expansion (-inf
-plus -inf is -inf) and keeps a record built without expansion correct.
-
-A query row whose keys are all masked gives NaN (as PyTorch's math path).
+An optional mask (4th input) broadcasts to [seq_q, seq_k] (rank <= 2) or to
+[batch, heads, seq_q, seq_k] (rank 4, e.g. a per-example padding mask
+[batch, 1, seq_q, seq_k]). A mask of q's dtype is added to the scores; an
+i32 mask is boolean: key j takes part for query i where it is nonzero.
+causal=true keeps key j for query i only where j <= i (an index rule, no
+mask tensor). A query row whose keys are all masked gives 0 and passes no
+gradient, as PyTorch's scaled_dot_product_attention does.
 f16 is computed in f32 (forward and VJP) and rounded back once."""
 from __future__ import annotations
 
@@ -20,23 +18,31 @@ import math
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.reduce import softmax_of
 from flowgrad.ops.registry import Arg, OpTypeError
 from flowgrad.ops.rules import float_dtype, same_dtype
 
 
-def causal_mask(seq_q: int, seq_k: int, dtype=np.float32) -> np.ndarray:
-    """0 where key j <= query i, -inf where j > i; shape [seq_q, seq_k]."""
-    above = np.triu(np.ones((seq_q, seq_k), dtype=bool), k=1)
-    return np.where(above, -np.inf, 0.0).astype(dtype)
+def _check_mask(q, k, m, heads):
+    if m.dtype not in (q.dtype, "i32"):
+        raise OpTypeError(f"mask must be {q.dtype} (added to the scores) or i32 (boolean), got {m}")
+    batch = q.shape[0] if len(q.shape) == 3 else 1
+    sq, sk = q.shape[-2], k.shape[-2]
+    if len(m.shape) <= 2:
+        want, names = (sq, sk), "[seq_q, seq_k]"
+    elif len(m.shape) == 4:
+        want, names = (batch, heads, sq, sk), "[batch, heads, seq_q, seq_k]"
+    else:
+        want, names = (), ""
+    if not want or any(a not in (1, b) for a, b in zip(m.shape[::-1], want[::-1])):
+        shown = f"{names} = {list(want)}" if want else "[seq_q, seq_k] or [batch, heads, seq_q, seq_k]"
+        raise OpTypeError(f"mask {m} does not broadcast to {shown}")
 
 
 def _infer(ins, at):
     q, k, v, *mask = ins
-    dtype = same_dtype([q, k, v], "q, k and v")
+    same_dtype([q, k, v], "q, k and v")
     float_dtype(q, "q, k and v")
     heads = at["heads"]
     if not all(len(t.shape) in (2, 3) for t in (q, k, v)) or not len(q.shape) == len(k.shape) == len(v.shape):
@@ -49,39 +55,8 @@ def _infer(ins, at):
     if heads < 1 or d % heads:
         raise OpTypeError(f"heads={heads} must be a positive divisor of d={d}")
     if mask:
-        (m,) = mask
-        same_dtype([q, m], "q and mask")
-        sq, sk = q.shape[-2], k.shape[-2]
-        if len(m.shape) > 2 or any(a not in (1, b) for a, b in zip(m.shape[::-1], (sk, sq))):
-            raise OpTypeError(f"mask {m} does not broadcast to [seq_q, seq_k] = [{sq}, {sk}]")
+        _check_mask(q, k, mask[0], heads)
     return q
-
-
-def check_mask_size(sq: int, sk: int, dtype: str) -> None:
-    """The causal mask is a [seq_q, seq_k] const built now: refuse one too big
-    to allocate before numpy tries (the compile-time memory check comes later)."""
-    from flowgrad.dsl.limits import type_problem
-    from flowgrad.dtypes import ITEMSIZE
-    from flowgrad.host_memory import gib, host_budget
-
-    problem = type_problem((sq, sk))
-    nbytes = sq * sk * (ITEMSIZE[dtype] + 1)   # the mask and numpy's boolean triangle
-    if problem is None and nbytes > host_budget() // 4:
-        problem = f"it needs {gib(nbytes)}, more than this process should spend on one const"
-    if problem:
-        raise OpTypeError(f"causal=true builds a [{sq}, {sk}] mask, and {problem}")
-
-
-def _expand(builder, ins, at):
-    """Materialise causal=true as a const mask input (see the module doc)."""
-    if not at["causal"]:
-        return ins, at
-    q, k = builder.type(ins[0]), builder.type(ins[1])
-    check_mask_size(q.shape[-2], k.shape[-2], q.dtype)
-    mask = builder.const(causal_mask(q.shape[-2], k.shape[-2], NUMPY_DTYPE[q.dtype]), q.dtype)
-    if len(ins) > 3:
-        mask = builder.apply("add", [ins[3], mask], {})
-    return [*ins[:3], mask], at
 
 
 def _heads(x, h):
@@ -96,14 +71,26 @@ def _merge(x, like_shape):
     return x.transpose(0, 2, 1, 3).reshape(like_shape[:-2] + (s, h * dh))
 
 
-def _probs(q, k, ins, at):
-    """softmax(q k^T * scale + mask) in the widened dtype, [batch, h, sq, sk]."""
+def _scores(q, k, ins, at):
+    """q k^T * scale with the mask and causality applied (-inf where masked),
+    [batch, h, sq, sk] in the widened dtype."""
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     if len(ins) > 3:
-        scores = scores + wide(ins[3])
+        m = np.asarray(ins[3])
+        scores = np.where(m != 0, scores, -np.inf) if m.dtype == np.int32 else scores + wide(m)
     if at["causal"]:
-        scores = scores + causal_mask(q.shape[-2], k.shape[-2], scores.dtype)
-    return softmax_of(scores, -1)
+        above = np.triu(np.ones(scores.shape[-2:], dtype=bool), k=1)
+        scores = np.where(above, -np.inf, scores)
+    return scores
+
+
+def _probs(q, k, ins, at):
+    """softmax over keys; a row with every score -inf gets all zeros."""
+    s = _scores(q, k, ins, at)
+    top = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(top), top, 0))
+    total = np.sum(e, axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
 def _split(ins, at):
@@ -132,5 +119,6 @@ attention = defop(
     "attention",
     (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)),
      Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None)),
-    _infer, _forward, _vjp, expand=_expand, nondiff=(3,),
-    doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive mask; causal")
+    _infer, _forward, _vjp, nondiff=(3,),
+    doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive or boolean (i32) mask; "
+        "causal")

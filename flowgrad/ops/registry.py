@@ -48,8 +48,8 @@ class Op:
     vjp(g, ins, out, attrs) -> list of np.ndarray | None, one per input, each
         shaped like its input (broadcasting already summed out)
     expand(builder, ins, attrs) -> (ins, attrs): optional hook run when the
-        node is built, to add implicit inputs (e.g. attention's causal mask
-        becomes a const node, so forward and backward read the same tensor).
+        node is built, to add implicit inputs (e.g. a const tensor that
+        forward and backward must both read).
         ins are input node ids; builder.type(id) -> TensorType,
         builder.const(array, dtype) -> id, builder.apply(op, ids, attrs) -> id.
     Optional tensor args that were not given are left out of the inputs

@@ -1,105 +1,91 @@
-// Flash-attention backward, pass 2 of 2 (f32): the LANES threads of a key
-// row j split the query rows, streamed (q, g, and the lse_i / D_i saved by
-// pass 1) through shared memory:
+#version 450
+// Flash-attention backward, pass 2 of 2: a workgroup owns BR key rows of one
+// head and streams the query rows (q, g and the lse_i / D_i saved by pass 1)
+// in tiles of BC (causal: only tiles at or below the diagonal):
 //   dv_j = sum_i p_ij g_i,   dk_j = scale * sum_i ds_ij q_i
-// The lanes' shares merge in shared memory; each workgroup writes only its
-// own rows of dk and dv: no atomics.
+// Each workgroup writes only its own rows of dk and dv: no atomics.
 #include "attn_common.glsl"
 
-layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, set = 0, binding = 1) readonly buffer K { float k[]; };
-layout(std430, set = 0, binding = 2) readonly buffer V { float v[]; };
-layout(std430, set = 0, binding = 3) readonly buffer G { float g[]; };
-layout(std430, set = 0, binding = 4) readonly buffer Mask { float mask[]; };
+layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };
-layout(std430, set = 0, binding = 6) writeonly buffer DK { float dk[]; };
-layout(std430, set = 0, binding = 7) writeonly buffer DV { float dv[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer DK { T dk[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 
-shared vec4 Qs[TILE * PAD];
-shared vec4 Gs[TILE * PAD];
-shared float Ls[TILE];
-shared float Ds[TILE];
+shared vec4 Ks[BR * PAD];
+shared vec4 Vs[BR * PAD];
+shared vec4 Qs[BC * PAD];
+shared vec4 Gs[BC * PAD];
+shared vec4 Pt[BC * RG];   // p of query i for row group rg's 4 keys
+shared vec4 Dt[BC * RG];   // ds, likewise
+shared float Ls[BC];
+shared float Ds[BC];
 
 void main() {
-    uint row = gl_LocalInvocationID.x / LANES, lane = gl_LocalInvocationID.x % LANES;
+    uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint j = gl_WorkGroupID.x * ROWS + row;
-    bool live = j < p.sk;
+    uint j0 = gl_WorkGroupID.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
-    vec4 kv[NC], vv[NC], dka[NC], dva[NC];
-    uint kb = row_base(b, p.sk, live ? j : 0u, h);
-    for (uint c = 0u; c < NC; ++c) {
-        kv[c] = vec4(0.0);
-        vv[c] = vec4(0.0);
-        dka[c] = vec4(0.0);
-        dva[c] = vec4(0.0);
-        for (uint e = 0u; e < 4u; ++e) {
-            if (live && 4u * c + e < p.dh) {
-                kv[c][e] = k[kb + 4u * c + e];
-                vv[c][e] = v[kb + 4u * c + e];
+    LOAD_TILE(Ks, 0u, k, p.sk, j0, BR, b, h);
+    LOAD_TILE(Vs, 0u, v, p.sk, j0, BR, b, h);
+    vec4 dka[RQ][CPT], dva[RQ][CPT];
+    for (uint a = 0u; a < RQ; ++a)
+        for (uint y = 0u; y < CPT; ++y) {
+            dka[a][y] = vec4(0.0);
+            dva[a][y] = vec4(0.0);
+        }
+
+    uint sbase = (b * gl_NumWorkGroups.y + h) * p.sq;
+    uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
+    for (uint i0 = istart; i0 < p.sq; i0 += BC) {
+        barrier();
+        LOAD_TILE(Qs, 0u, q, p.sq, i0, BC, b, h);
+        LOAD_TILE(Gs, 0u, g, p.sq, i0, BC, b, h);
+        for (uint r = gl_LocalInvocationID.x; r < BC; r += NT) {
+            bool in_seq = i0 + r < p.sq;
+            Ls[r] = in_seq ? stats[sbase + i0 + r] : POS_INF;
+            Ds[r] = in_seq ? stats[p.nstat + sbase + i0 + r] : 0.0;
+        }
+        barrier();
+        vec4 pv[KPT], dsv[KPT];
+        for (uint x = 0u; x < KPT; ++x) {
+            uint ii = c + CT * x;
+            for (uint a = 0u; a < RQ; ++a) {
+                float sv, dp;
+                ROW_DOT(sv, Ks, rg * RQ + a, Qs, ii, nc);
+                ROW_DOT(dp, Vs, rg * RQ + a, Gs, ii, nc);
+                float pij = exp(masked(sv * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
+                pv[x][a] = pij;
+                dsv[x][a] = pij * (dp - Ds[ii]);
+            }
+            Pt[ii * RG + rg] = pv[x];
+            Dt[ii * RG + rg] = dsv[x];
+        }
+        barrier();
+        uint cnt = min(uint(BC), p.sq - i0);
+        for (uint ii = 0u; ii < BC; ++ii) {
+            if (ii >= cnt) break;
+            vec4 pj = Pt[ii * RG + rg], dj = Dt[ii * RG + rg];
+            for (uint y = 0u; y < CPT; ++y) {
+                vec4 gg = Gs[ii * PAD + c + CT * y], qq = Qs[ii * PAD + c + CT * y];
+                for (uint a = 0u; a < RQ; ++a) {
+                    dva[a][y] += pj[a] * gg;
+                    dka[a][y] += dj[a] * qq;
+                }
             }
         }
     }
 
-    uint sbase = (b * gl_NumWorkGroups.y + h) * p.sq;
-    for (uint i0 = 0u; i0 < p.sq; i0 += TILE) {
-        uint cnt = min(uint(TILE), p.sq - i0);
-        barrier();
-        for (uint e = gl_LocalInvocationID.x; e < TILE * 4u * nc; e += ROWS * LANES) {
-            uint r = e / (4u * nc), col = e % (4u * nc);
-            float qx = 0.0, gx = 0.0;
-            if (r < cnt && col < p.dh) {
-                uint qb = row_base(b, p.sq, i0 + r, h) + col;
-                qx = q[qb];
-                gx = g[qb];
-            }
-            Qs[r * PAD + col / 4u][col % 4u] = qx;
-            Gs[r * PAD + col / 4u][col % 4u] = gx;
-        }
-        for (uint r = gl_LocalInvocationID.x; r < TILE; r += ROWS * LANES) {
-            float lv = 0.0, dvv = 0.0;
-            if (r < cnt) {
-                lv = stats[sbase + i0 + r];
-                dvv = stats[p.nstat + sbase + i0 + r];
-            }
-            Ls[r] = lv;
-            Ds[r] = dvv;
-        }
-        barrier();
-        if (!live) continue;
-        for (uint x = 0u; x < PER_LANE; ++x) {
-            uint ii = x * LANES + lane;
-            if (ii < cnt) {
-                float dotp = 0.0, dp = 0.0;
-                for (uint c = 0u; c < NC; ++c) {
-                    if (c < nc) {
-                        dotp += dot(Qs[ii * PAD + c], kv[c]);
-                        dp += dot(Gs[ii * PAD + c], vv[c]);
-                    }
-                }
-                float sv = dotp * p.scale;
-                if (p.has_mask != 0u) sv += mask[(i0 + ii) * p.msi + j * p.msj];
-                float pij = exp(sv - Ls[ii]);
-                float ds = pij * (dp - Ds[ii]);
-                for (uint c = 0u; c < NC; ++c) {
-                    if (c < nc) {
-                        dva[c] += pij * Gs[ii * PAD + c];
-                        dka[c] += ds * Qs[ii * PAD + c];
-                    }
-                }
-            }
-        }
-    }
-    lanes_sum(dka, p.scale, nc, row, lane);
-    lanes_sum(dva, 1.0, nc, row, lane);
-    if (!live) return;
-    for (uint c = 0u; c < NC; ++c) {
-        if (c % LANES == lane) {
+    for (uint a = 0u; a < RQ; ++a) {
+        uint j = j0 + rg * RQ + a;
+        if (j >= p.sk) break;
+        uint kb = row_base(b, p.sk, j, h);
+        for (uint y = 0u; y < CPT; ++y) {
+            uint ch = c + CT * y;
             for (uint e = 0u; e < 4u; ++e) {
-                if (4u * c + e < p.dh) {
-                    dk[kb + 4u * c + e] = dka[c][e];
-                    dv[kb + 4u * c + e] = dva[c][e];
+                if (4u * ch + e < p.dh) {
+                    dk[kb + 4u * ch + e] = STORE(dka[a][y][e] * p.scale);
+                    dv[kb + 4u * ch + e] = STORE(dva[a][y][e]);
                 }
             }
         }

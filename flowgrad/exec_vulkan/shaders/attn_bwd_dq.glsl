@@ -1,121 +1,149 @@
-// Flash-attention backward, pass 1 of 2 (f32): the LANES threads of a query
-// row split the keys. A first sweep recomputes the row's log-sum-exp; the
-// second accumulates
+#version 450
+// Flash-attention backward, pass 1 of 2: a workgroup owns BR query rows of
+// one head. A first sweep over the key tiles recomputes each row's
+// log-sum-exp (each thread an online softmax over its own keys, merged
+// once at the end); the second accumulates
 //   p_ij = exp(s_ij - lse_i), dp_ij = g_i . v_j, ds_ij = p_ij (dp_ij - D_i)
 //   dq_i = scale * sum_j ds_ij k_j        with D_i = g_i . out_i
-// and lse_i, D_i are saved for the dk/dv pass. Keys stream through shared
-// memory; nothing [seq, seq] is stored.
+// and lse_i, D_i are saved for the dk/dv pass. A fully masked row saves
+// lse = +inf, so every p_ij of it is 0 here and in the dk/dv pass.
 #include "attn_common.glsl"
 
-layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, set = 0, binding = 1) readonly buffer K { float k[]; };
-layout(std430, set = 0, binding = 2) readonly buffer V { float v[]; };
-layout(std430, set = 0, binding = 3) readonly buffer O { float o[]; };
-layout(std430, set = 0, binding = 4) readonly buffer G { float g[]; };
-layout(std430, set = 0, binding = 5) readonly buffer Mask { float mask[]; };
-layout(std430, set = 0, binding = 6) writeonly buffer DQ { float dq[]; };
+layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) readonly buffer G { T g[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Stats { float stats[]; };  // lse then D
 
-shared vec4 Ks[TILE * PAD];
-shared vec4 Vs[TILE * PAD];
+shared vec4 Qs[BR * PAD];
+shared vec4 Gs[BR * PAD];
+shared vec4 KVs[KV_SLOTS * BC * PAD];  // K at 0, V at VOFF
+shared vec4 Pt[BC * RG];               // ds of key j for row group rg's 4 rows
+shared vec4 red[CT * RG];
 
-void load_tile(uint b, uint h, uint j0, uint cnt, uint nc, bool with_v) {
-    for (uint e = gl_LocalInvocationID.x; e < TILE * 4u * nc; e += ROWS * LANES) {
-        uint r = e / (4u * nc), col = e % (4u * nc);
-        float kx = 0.0, vx = 0.0;
-        if (r < cnt && col < p.dh) {
-            uint kb = row_base(b, p.sk, j0 + r, h) + col;
-            kx = k[kb];
-            if (with_v) vx = v[kb];
-        }
-        Ks[r * PAD + col / 4u][col % 4u] = kx;
-        Vs[r * PAD + col / 4u][col % 4u] = vx;
-    }
-}
+#if KV_SLOTS == 2
+#define VOFF (BC * PAD)
+#else
+#define VOFF 0
+#endif
 
-float score(vec4 qv[NC], uint jj, uint i, uint j, uint nc) {
-    float dotp = 0.0;
-    for (uint c = 0u; c < NC; ++c)
-        if (c < nc) dotp += dot(qv[c], Ks[jj * PAD + c]);
-    float sv = dotp * p.scale;
-    if (p.has_mask != 0u) sv += mask[i * p.msi + j * p.msj];
-    return sv;
+// every thread of row group rg gets the sum over its CT threads of x
+vec4 group_sum(vec4 x, uint rg, uint c) {
+    barrier();
+    red[c * RG + rg] = x;
+    barrier();
+    vec4 t = vec4(0.0);
+    for (uint cc = 0u; cc < CT; ++cc) t += red[cc * RG + rg];
+    return t;
 }
 
 void main() {
-    uint row = gl_LocalInvocationID.x / LANES, lane = gl_LocalInvocationID.x % LANES;
+    uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i = gl_WorkGroupID.x * ROWS + row;
-    bool live = i < p.sq;
+    uint i0 = gl_WorkGroupID.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
-    vec4 qv[NC], gv[NC], acc[NC];
-    uint qb = row_base(b, p.sq, live ? i : 0u, h);
-    float drow = 0.0;
-    for (uint c = 0u; c < NC; ++c) {
-        qv[c] = vec4(0.0);
-        gv[c] = vec4(0.0);
-        acc[c] = vec4(0.0);
-        for (uint e = 0u; e < 4u; ++e) {
-            if (live && 4u * c + e < p.dh) {
-                qv[c][e] = q[qb + 4u * c + e];
-                gv[c][e] = g[qb + 4u * c + e];
-                drow += gv[c][e] * o[qb + 4u * c + e];
-            }
+    LOAD_TILE(Qs, 0u, q, p.sq, i0, BR, b, h);
+    LOAD_TILE(Gs, 0u, g, p.sq, i0, BR, b, h);
+    barrier();
+    vec4 dpart = vec4(0.0);  // this thread's share of D_i = g_i . out_i
+    for (uint a = 0u; a < RQ; ++a) {
+        uint i = i0 + rg * RQ + a;
+        if (i >= p.sq) break;
+        uint ob = row_base(b, p.sq, i, h);
+        for (uint y = 0u; y < CPT; ++y) {
+            uint ch = c + CT * y;
+            for (uint e = 0u; e < 4u; ++e)
+                if (4u * ch + e < p.dh) dpart[a] += Gs[(rg * RQ + a) * PAD + ch][e] * LOAD(o[ob + 4u * ch + e]);
         }
     }
+    vec4 drow = group_sum(dpart, rg, c);
 
-    // sweep 1: the row's log-sum-exp
-    float m = NEG_INF, l = 0.0;
-    for (uint j0 = 0u; j0 < p.sk; j0 += TILE) {
-        uint cnt = min(uint(TILE), p.sk - j0);
+    // sweep 1: the rows' log-sum-exp
+    uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    vec4 m = vec4(NEG_INF), l = vec4(0.0);
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
-        load_tile(b, h, j0, cnt, nc, false);
+        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
         barrier();
-        if (!live) continue;
-        for (uint x = 0u; x < PER_LANE; ++x) {
-            uint jj = x * LANES + lane;
-            if (jj < cnt) {
-                float sv = score(qv, jj, i, j0 + jj, nc);
-                float mnew = max(m, sv);
+        for (uint a = 0u; a < RQ; ++a) {
+            for (uint x = 0u; x < KPT; ++x) {
+                float dp;
+                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
+                float sv = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                float mnew = max(m[a], sv);
                 float mref = mnew == NEG_INF ? 0.0 : mnew;
-                l = l * exp(m - mref) + exp(sv - mref);
-                m = mnew;
+                l[a] = l[a] * exp(m[a] - mref) + exp(sv - mref);
+                m[a] = mnew;
             }
         }
     }
-    lanes_softmax(m, l, row, lane);
-    float lse = m + log(l);  // -inf for a fully masked row: NaN below, as numpy
+    barrier();
+    red[c * RG + rg] = m;
+    barrier();
+    vec4 mrow = vec4(NEG_INF);
+    for (uint cc = 0u; cc < CT; ++cc) mrow = max(mrow, red[cc * RG + rg]);
+    vec4 mine = vec4(0.0);
+    for (uint a = 0u; a < RQ; ++a) mine[a] = m[a] == NEG_INF ? 0.0 : l[a] * exp(m[a] - mrow[a]);
+    vec4 lrow = group_sum(mine, rg, c);
+    vec4 lse;
+    for (uint a = 0u; a < RQ; ++a) lse[a] = mrow[a] == NEG_INF ? POS_INF : mrow[a] + log(lrow[a]);
 
     // sweep 2: dq
-    for (uint j0 = 0u; j0 < p.sk; j0 += TILE) {
-        uint cnt = min(uint(TILE), p.sk - j0);
+    vec4 acc[RQ][CPT];
+    for (uint a = 0u; a < RQ; ++a)
+        for (uint y = 0u; y < CPT; ++y) acc[a][y] = vec4(0.0);
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
-        load_tile(b, h, j0, cnt, nc, true);
+        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+#if KV_SLOTS == 2
+        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+#endif
         barrier();
-        if (!live) continue;
-        for (uint x = 0u; x < PER_LANE; ++x) {
-            uint jj = x * LANES + lane;
-            if (jj < cnt) {
-                float pij = exp(score(qv, jj, i, j0 + jj, nc) - lse);
-                float dp = 0.0;
-                for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) dp += dot(gv[c], Vs[jj * PAD + c]);
-                float ds = pij * (dp - drow);
-                for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) acc[c] += ds * Ks[jj * PAD + c];
+        float dpv[RQ][KPT];
+        for (uint a = 0u; a < RQ; ++a)
+            for (uint x = 0u; x < KPT; ++x) {
+                ROW_DOT(dpv[a][x], Gs, rg * RQ + a, KVs, (VOFF / PAD) + c + CT * x, nc);
+            }
+#if KV_SLOTS == 1
+        barrier();  // V is no longer read
+        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        barrier();
+#endif
+        vec4 dsv[KPT];
+        for (uint a = 0u; a < RQ; ++a) {
+            for (uint x = 0u; x < KPT; ++x) {
+                float dp;
+                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
+                float pij = exp(masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
+                dsv[x][a] = pij * (dpv[a][x] - drow[a]);
+            }
+        }
+        for (uint x = 0u; x < KPT; ++x) Pt[(c + CT * x) * RG + rg] = dsv[x];
+        barrier();
+        uint cnt = min(uint(BC), p.sk - j0);
+        for (uint jj = 0u; jj < BC; ++jj) {
+            if (jj >= cnt) break;
+            vec4 dj = Pt[jj * RG + rg];
+            for (uint y = 0u; y < CPT; ++y) {
+                vec4 kk = KVs[jj * PAD + c + CT * y];
+                for (uint a = 0u; a < RQ; ++a) acc[a][y] += dj[a] * kk;
             }
         }
     }
-    lanes_sum(acc, p.scale, nc, row, lane);
-    if (!live) return;
-    for (uint c = 0u; c < NC; ++c)
-        if (c % LANES == lane)
+
+    for (uint a = 0u; a < RQ; ++a) {
+        uint i = i0 + rg * RQ + a;
+        if (i >= p.sq) break;
+        uint ob = row_base(b, p.sq, i, h);
+        for (uint y = 0u; y < CPT; ++y) {
+            uint ch = c + CT * y;
             for (uint e = 0u; e < 4u; ++e)
-                if (4u * c + e < p.dh) dq[qb + 4u * c + e] = acc[c][e];
-    if (lane == 0u) {
-        uint si = (b * gl_NumWorkGroups.y + h) * p.sq + i;
-        stats[si] = lse;
-        stats[p.nstat + si] = drow;
+                if (4u * ch + e < p.dh) dq[ob + 4u * ch + e] = STORE(acc[a][y][e] * p.scale);
+        }
+        if (c == 0u) {
+            uint si = (b * gl_NumWorkGroups.y + h) * p.sq + i;
+            stats[si] = lse[a];
+            stats[p.nstat + si] = drow[a];
+        }
     }
 }

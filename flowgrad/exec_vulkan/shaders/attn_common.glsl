@@ -1,69 +1,92 @@
-// Shared by the attention kernels (included after MAXD is defined).
+// Shared by the attention kernels (attn_fwd, attn_bwd_dq, attn_bwd_dkdv).
+// The tile defines come from the variant table in lower/attention.py, which
+// scripts/build_shaders.py compiles once per entry:
+//   MAXD      head-width bound (zero padding past dh adds nothing to a dot)
+//   BR        own rows per workgroup (queries; keys in the dk/dv pass)
+//   BC        streamed rows per shared tile
+//   CT        threads per row group; a row group owns RQ = 4 rows
+//   KV_SLOTS  (forward, dq) 2: the K and V tiles side by side; 1: one after
+//             the other in one slot, where two would not fit shared memory
 // Layout: q, k, v, out and their gradients are row-major [batch, seq, d];
-// head h owns columns [h*dh, (h+1)*dh). A head row is held as vec4 chunks,
-// zero-padded past dh, so the padding adds nothing to dot products.
-// Workgroup: x = row tile, y = head, z = batch. Each row is owned by LANES
-// adjacent threads that split the streamed rows of the other side between
-// them (lane l takes every LANES-th one) and combine their partial results
-// at the end through shared memory: LANES times the parallelism of one
-// thread per row, with the same per-thread state.
-#define NC (MAXD / 4)
-#define ROWS 32                 // rows per workgroup
-#define LANES 4                 // threads per row
-#define TILE (2048 / MAXD)      // streamed rows per shared tile (two tiles: 16 KiB + padding)
-#define PER_LANE (TILE / LANES) // streamed rows per lane per tile
-#define PAD (NC + 1)            // tile row stride in vec4: lanes read different rows conflict-free
-#define NEG_INF uintBitsToFloat(0xff800000u)
+// head h owns columns [h*dh, (h+1)*dh). Workgroup: x = row tile, y = head,
+// z = batch. Thread t is column thread c = t % CT of row group rg = t / CT:
+// it owns rows rg*4 .. rg*4+3, streamed rows c + CT*x, and head columns
+// (vec4 chunks) c + CT*y. Shared tiles are vec4 rows padded by one vec4, so
+// the CT threads reading different rows hit different banks.
+#include "common.glsl"
 
-layout(local_size_x = ROWS * LANES) in;
+#define RQ 4
+#define NC (MAXD / 4)
+#define PAD (NC + 1)
+#define KPT (BC / CT)
+#define CPT (NC / CT)
+#define RG (BR / RQ)
+#define NT (RG * CT)
+#define NEG_INF uintBitsToFloat(0xff800000u)
+#define POS_INF uintBitsToFloat(0x7f800000u)
+
+layout(local_size_x = NT) in;
 
 layout(push_constant, std430) uniform Push {
-    uint sq, sk;       // query and key sequence lengths
-    uint d, dh;        // row width (all heads) and head width
-    uint has_mask;     // additive mask bound at the mask binding
-    uint msi, msj;     // mask strides over (query, key); 0 where broadcast
-    float scale;       // 1/sqrt(dh)
-    uint nstat;        // backward: batch*heads*sq (offset of D in stats)
+    uint sq, sk;            // query and key sequence lengths
+    uint d, dh;             // row width (all heads) and head width
+    uint mask_mode;         // 0 none, 1 additive, 2 boolean (i32; nonzero attends)
+    uint msb, msh, msi, msj;  // mask strides over (batch, head, query, key); 0 where broadcast
+    float scale;            // 1/sqrt(dh)
+    uint causal;            // key j attends to query i only where j <= i
+    uint nstat;             // backward: batch*heads*sq (offset of D in stats)
 } p;
 
-shared vec4 red[ROWS * LANES * LANES];
-shared float red_m[ROWS * LANES];
-shared float red_l[ROWS * LANES];
+layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
+layout(std430, set = 0, binding = 1) readonly buffer K { T k[]; };
+layout(std430, set = 0, binding = 2) readonly buffer V { T v[]; };
+// The mask is read as raw words so one binding serves an additive mask of
+// the storage type and a boolean i32 mask.
+#ifdef F16
+layout(std430, set = 0, binding = 3) readonly buffer Mask { uint16_t mbits[]; };
+float mask_add(uint e) { return unpackHalf2x16(uint(mbits[e])).x; }
+bool mask_keep(uint e) { return (uint(mbits[2u * e]) | uint(mbits[2u * e + 1u])) != 0u; }
+#else
+layout(std430, set = 0, binding = 3) readonly buffer Mask { uint mbits[]; };
+float mask_add(uint e) { return uintBitsToFloat(mbits[e]); }
+bool mask_keep(uint e) { return mbits[e] != 0u; }
+#endif
 
 // first element of row `row` of head h in batch b for a [batch, seq, d] tensor
 uint row_base(uint b, uint seq, uint row, uint h) {
     return (b * seq + row) * p.d + h * p.dh;
 }
 
-// Online-softmax states (m, l) of a row's lanes merged: every lane gets the
-// row's max m and its sum l rescaled to that max. Call from uniform control flow.
-void lanes_softmax(inout float m, inout float l, uint row, uint lane) {
-    barrier();
-    red_m[row * LANES + lane] = m;
-    red_l[row * LANES + lane] = l;
-    barrier();
-    float mx = NEG_INF;
-    for (uint k = 0u; k < LANES; ++k) mx = max(mx, red_m[row * LANES + k]);
-    float mref = mx == NEG_INF ? 0.0 : mx;
-    float sum = 0.0;
-    for (uint k = 0u; k < LANES; ++k) sum += red_l[row * LANES + k] * exp(red_m[row * LANES + k] - mref);
-    m = mx;
-    l = sum;
+// A scaled score after causality and the mask: -inf where query i may not
+// see key j (also past either sequence's end).
+float masked(float s, uint b, uint h, uint i, uint j) {
+    if (i >= p.sq || j >= p.sk || (p.causal != 0u && j > i)) return NEG_INF;
+    if (p.mask_mode != 0u) {
+        uint e = b * p.msb + h * p.msh + i * p.msi + j * p.msj;
+        if (p.mask_mode == 1u) s += mask_add(e);
+        else if (!mask_keep(e)) s = NEG_INF;
+    }
+    return s;
 }
 
-// acc <- sum over the row's lanes of f * acc (every lane gets the total).
-// nc: live vec4 chunks (uniform). Call from uniform control flow.
-void lanes_sum(inout vec4 acc[NC], float f, uint nc, uint row, uint lane) {
-    uint base = row * LANES;
-    for (uint c0 = 0u; c0 < NC; c0 += LANES) {
-        if (c0 >= nc) break;
-        barrier();
-        for (uint i = 0u; i < LANES; ++i) red[(base + lane) * LANES + i] = acc[c0 + i] * f;
-        barrier();
-        for (uint i = 0u; i < LANES; ++i) {
-            vec4 t = vec4(0.0);
-            for (uint k = 0u; k < LANES; ++k) t += red[(base + k) * LANES + i];
-            acc[c0 + i] = t;
-        }
+// dst[r * PAD + ch] (r < nrows) <- head h's row r0 + r of src as vec4 chunks,
+// zero past seq and past dh. All threads of the workgroup take part.
+#define LOAD_TILE(dst, off, src, seq, r0, nrows, b, h)                               \
+    for (uint e_ = gl_LocalInvocationID.x; e_ < (nrows) * NC; e_ += NT) {             \
+        uint r_ = e_ / NC, ch_ = e_ % NC;                                            \
+        vec4 x_ = vec4(0.0);                                                          \
+        if ((r0) + r_ < (seq)) {                                                      \
+            uint base_ = row_base(b, seq, (r0) + r_, h) + 4u * ch_;                   \
+            for (uint t_ = 0u; t_ < 4u; ++t_)                                         \
+                if (4u * ch_ + t_ < p.dh) x_[t_] = LOAD(src[base_ + t_]);             \
+        }                                                                             \
+        dst[(off) + r_ * PAD + ch_] = x_;                                             \
     }
-}
+
+// dot of two shared head rows over the live chunks (nc uniform)
+#define ROW_DOT(out, A, ia, B, ib, nc)                                               \
+    out = 0.0;                                                                        \
+    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                            \
+        if (ch_ >= (nc)) break;                                                       \
+        out += dot(A[(ia) * PAD + ch_], B[(ib) * PAD + ch_]);                        \
+    }

@@ -1,94 +1,105 @@
-// Flash-attention forward: the LANES threads of a query row stream the keys
-// through shared memory in tiles, each keeping an online softmax (running
-// max m, sum l) and an unnormalised output over its share of the keys; the
-// shares merge at the end. No [seq, seq] score matrix exists beyond a tile.
-// A fully masked row gives 0/0 = NaN, as the numpy reference does.
-#include "common.glsl"
+#version 450
+// Flash-attention forward. A workgroup owns BR query rows of one head and
+// streams the keys in tiles of BC (causal: only tiles at or left of the
+// diagonal), keeping per row an online softmax (running max m, sum l) and
+// an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
+// A fully masked row gives 0, as PyTorch's SDPA does.
 #include "attn_common.glsl"
 
-layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
-layout(std430, set = 0, binding = 1) readonly buffer K { T k[]; };
-layout(std430, set = 0, binding = 2) readonly buffer V { T v[]; };
-layout(std430, set = 0, binding = 3) readonly buffer Mask { T mask[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
 
-shared vec4 Ks[TILE * PAD];
-shared vec4 Vs[TILE * PAD];
+shared vec4 Qs[BR * PAD];
+shared vec4 KVs[KV_SLOTS * BC * PAD];
+shared vec4 Pt[BC * RG];   // Pt[j * RG + rg]: key j's probabilities for row group rg's 4 rows
+shared vec4 red[CT * RG];  // per-thread partial row statistics
+
+#if KV_SLOTS == 2
+#define VOFF (BC * PAD)
+#else
+#define VOFF 0
+#endif
 
 void main() {
-    uint row = gl_LocalInvocationID.x / LANES, lane = gl_LocalInvocationID.x % LANES;
+    uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i = gl_WorkGroupID.x * ROWS + row;
-    bool live = i < p.sq;
+    uint i0 = gl_WorkGroupID.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
-    vec4 qv[NC], acc[NC];
-    uint qb = row_base(b, p.sq, live ? i : 0u, h);
-    for (uint c = 0u; c < NC; ++c) {
-        qv[c] = vec4(0.0);
-        acc[c] = vec4(0.0);
-        for (uint e = 0u; e < 4u; ++e)
-            if (live && 4u * c + e < p.dh) qv[c][e] = LOAD(q[qb + 4u * c + e]);
+    LOAD_TILE(Qs, 0u, q, p.sq, i0, BR, b, h);
+    vec4 acc[RQ][CPT];
+    float m[RQ], l[RQ];
+    for (uint a = 0u; a < RQ; ++a) {
+        m[a] = NEG_INF;
+        l[a] = 0.0;
+        for (uint y = 0u; y < CPT; ++y) acc[a][y] = vec4(0.0);
     }
 
-    float m = NEG_INF, l = 0.0;
-    for (uint j0 = 0u; j0 < p.sk; j0 += TILE) {
-        uint cnt = min(uint(TILE), p.sk - j0);
+    uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();  // the previous tile is no longer read
-        for (uint e = gl_LocalInvocationID.x; e < TILE * 4u * nc; e += ROWS * LANES) {
-            uint r = e / (4u * nc), col = e % (4u * nc);
-            float kx = 0.0, vx = 0.0;
-            if (r < cnt && col < p.dh) {
-                uint kb = row_base(b, p.sk, j0 + r, h) + col;
-                kx = LOAD(k[kb]);
-                vx = LOAD(v[kb]);
-            }
-            Ks[r * PAD + col / 4u][col % 4u] = kx;
-            Vs[r * PAD + col / 4u][col % 4u] = vx;
-        }
+        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+#if KV_SLOTS == 2
+        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+#endif
         barrier();
-        if (!live) continue;
-
-        float s[PER_LANE];
-        float tmax = NEG_INF;
-        for (uint x = 0u; x < PER_LANE; ++x) {
-            uint jj = x * LANES + lane;
-            s[x] = NEG_INF;
-            if (jj < cnt) {
-                float dotp = 0.0;
-                for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) dotp += dot(qv[c], Ks[jj * PAD + c]);
-                float sv = dotp * p.scale;
-                if (p.has_mask != 0u) sv += LOAD(mask[i * p.msi + (j0 + jj) * p.msj]);
-                s[x] = sv;
-                tmax = max(tmax, sv);
+        float s[RQ][KPT];
+        vec4 tmax = vec4(NEG_INF);
+        for (uint a = 0u; a < RQ; ++a) {
+            for (uint x = 0u; x < KPT; ++x) {
+                float dp;
+                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
+                s[a][x] = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                tmax[a] = max(tmax[a], s[a][x]);
             }
         }
-        float mnew = max(m, tmax);
-        // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
-        float mref = mnew == NEG_INF ? 0.0 : mnew;
-        float corr = exp(m - mref);
-        l *= corr;
-        for (uint c = 0u; c < NC; ++c) acc[c] *= corr;
-        for (uint x = 0u; x < PER_LANE; ++x) {
-            uint jj = x * LANES + lane;
-            if (jj < cnt) {
-                float pj = exp(s[x] - mref);
-                l += pj;
-                for (uint c = 0u; c < NC; ++c)
-                    if (c < nc) acc[c] += pj * Vs[jj * PAD + c];
+        red[c * RG + rg] = tmax;
+        barrier();
+        for (uint cc = 0u; cc < CT; ++cc) tmax = max(tmax, red[cc * RG + rg]);
+        vec4 pv[KPT];
+        for (uint a = 0u; a < RQ; ++a) {
+            float mnew = max(m[a], tmax[a]);
+            // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
+            float mref = mnew == NEG_INF ? 0.0 : mnew;
+            float corr = exp(m[a] - mref);
+            l[a] *= corr;
+            for (uint y = 0u; y < CPT; ++y) acc[a][y] *= corr;
+            for (uint x = 0u; x < KPT; ++x) {
+                pv[x][a] = exp(s[a][x] - mref);
+                l[a] += pv[x][a];
+            }
+            m[a] = mnew;
+        }
+        for (uint x = 0u; x < KPT; ++x) Pt[(c + CT * x) * RG + rg] = pv[x];
+#if KV_SLOTS == 1
+        barrier();  // K is no longer read
+        LOAD_TILE(KVs, 0u, v, p.sk, j0, BC, b, h);
+#endif
+        barrier();
+        uint cnt = min(uint(BC), p.sk - j0);
+        for (uint jj = 0u; jj < BC; ++jj) {
+            if (jj >= cnt) break;
+            vec4 pj = Pt[jj * RG + rg];
+            for (uint y = 0u; y < CPT; ++y) {
+                vec4 vv = KVs[VOFF + jj * PAD + c + CT * y];
+                for (uint a = 0u; a < RQ; ++a) acc[a][y] += pj[a] * vv;
             }
         }
-        m = mnew;
     }
 
-    float mine = m;
-    lanes_softmax(m, l, row, lane);
-    float mref = m == NEG_INF ? 0.0 : m;
-    lanes_sum(acc, exp(mine - mref) / l, nc, row, lane);
-    if (!live) return;
-    for (uint c = 0u; c < NC; ++c)
-        if (c % LANES == lane)  // each lane writes a quarter of the row
+    barrier();
+    red[c * RG + rg] = vec4(l[0], l[1], l[2], l[3]);
+    barrier();
+    vec4 lsum = vec4(0.0);
+    for (uint cc = 0u; cc < CT; ++cc) lsum += red[cc * RG + rg];
+    for (uint a = 0u; a < RQ; ++a) {
+        uint i = i0 + rg * RQ + a;
+        if (i >= p.sq) break;
+        float inv = lsum[a] > 0.0 ? 1.0 / lsum[a] : 0.0;  // a fully masked row gives 0
+        uint ob = row_base(b, p.sq, i, h);
+        for (uint y = 0u; y < CPT; ++y) {
+            uint ch = c + CT * y;
             for (uint e = 0u; e < 4u; ++e)
-                if (4u * c + e < p.dh) o[qb + 4u * c + e] = STORE(acc[c][e]);
+                if (4u * ch + e < p.dh) o[ob + 4u * ch + e] = STORE(acc[a][y][e] * inv);
+        }
+    }
 }

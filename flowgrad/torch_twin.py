@@ -1,0 +1,174 @@
+"""A PyTorch twin of a flowgrad graph: the same dataflow, node by node, as
+torch ops, so `flowgrad bench --compare torch` can time PyTorch on whatever
+model a .flow file describes, and check first that the twin computes what
+flowgrad computes (same params, same feeds, same loss).
+
+PyTorch is an optional extra: `pip install 'flowgrad[torch]'`."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+from flowgrad.graph import Graph
+from flowgrad.ops.registry import REQUIRED, get_op
+
+
+def require_torch():
+    try:
+        import torch
+    except ImportError:
+        raise FlowError("comparing with PyTorch needs torch", hint="pip install 'flowgrad[torch]'") from None
+    return torch
+
+
+def _dtypes(torch):
+    return {"f32": torch.float32, "f16": torch.float16, "i32": torch.int32}
+
+
+def _axes(x, axis):
+    if axis is None:
+        return tuple(range(x.dim()))
+    return tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+
+
+def _reduce(name):
+    def run(torch, node, ins, at):
+        (x,) = ins
+        if at["axis"] is None and not at["keepdims"]:
+            return getattr(torch, name)(x)
+        return getattr(torch, name)(x, dim=_axes(x, at["axis"]), keepdim=at["keepdims"])
+    return run
+
+
+def _unary(name):
+    def run(torch, node, ins, at):
+        fn = getattr(torch.nn.functional, name, None) if name in ("relu", "silu") else getattr(torch, name)
+        return fn(ins[0])
+    return run
+
+
+def _binary(name):
+    return lambda torch, node, ins, at: getattr(torch, name)(ins[0], ins[1])
+
+
+def _slice(torch, node, ins, at):
+    (x,) = ins
+    index = [slice(None)] * x.dim()
+    index[at["axis"]] = slice(at["start"], at["stop"])
+    return x[tuple(index)]
+
+
+def _attention(torch, node, ins, at):
+    """flowgrad's [batch, seq, heads*dh] layout around scaled_dot_product_attention."""
+    q, k, v, *mask = ins
+    batched = q.dim() == 3
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    b, sq, d = q.shape
+    heads = at["heads"]
+
+    def split(x):
+        return x.reshape(b, x.shape[1], heads, d // heads).transpose(1, 2)
+
+    attn_mask = None
+    if mask:
+        m = mask[0]
+        attn_mask = m != 0 if m.dtype == torch.int32 else m
+    causal = bool(at["causal"])
+    if causal and attn_mask is not None:   # SDPA takes is_causal only without a mask
+        keep = torch.ones(sq, k.shape[1], dtype=torch.bool, device=q.device).tril()
+        attn_mask = attn_mask & keep if attn_mask.dtype == torch.bool else attn_mask.masked_fill(~keep, -math.inf)
+        causal = False
+    out = torch.nn.functional.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=attn_mask,
+                                                           is_causal=causal)
+    out = out.transpose(1, 2).reshape(b, sq, d)
+    return out if batched else out[0]
+
+
+def _rmsnorm(torch, node, ins, at):
+    x, w = ins
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + at["eps"]) * w
+
+
+def _cross_entropy(torch, node, ins, at):
+    logits, targets = ins
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+LOWER = {
+    **{n: _binary(n) for n in ("add", "sub", "mul", "div", "matmul")},
+    **{n: _unary(n) for n in ("neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "silu")},
+    **{n: _reduce(f) for n, f in (("sum", "sum"), ("mean", "mean"), ("max", "amax"))},
+    "gelu": lambda torch, node, ins, at: torch.nn.functional.gelu(ins[0], approximate=at["approximate"]),
+    "pow": lambda torch, node, ins, at: torch.pow(ins[0], at["exponent"]),
+    "softmax": lambda torch, node, ins, at: torch.softmax(ins[0], dim=at["axis"]),
+    "log_softmax": lambda torch, node, ins, at: torch.log_softmax(ins[0], dim=at["axis"]),
+    "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
+        ins[0], (ins[0].shape[-1],), ins[1], ins[2], at["eps"]),
+    "rmsnorm": _rmsnorm,
+    "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
+    "reshape": lambda torch, node, ins, at: ins[0].reshape(node.shape),
+    "transpose": lambda torch, node, ins, at: ins[0].transpose(at["dim0"], at["dim1"]),
+    "permute": lambda torch, node, ins, at: ins[0].permute(*at["dims"]),
+    "slice": _slice,
+    "concat": lambda torch, node, ins, at: torch.cat(ins, dim=at["axis"]),
+    "cast": lambda torch, node, ins, at: ins[0].to(_dtypes(torch)[node.dtype]),
+    "attention": _attention,
+    "mse_loss": lambda torch, node, ins, at: torch.nn.functional.mse_loss(ins[0], ins[1]),
+    "cross_entropy": _cross_entropy,
+}
+
+
+def _attrs(node) -> dict:
+    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
+    return defaults | dict(node.attrs)
+
+
+class TorchTwin:
+    """graph's forward as torch ops on `device`, params initialised from
+    `params` (numpy arrays, e.g. a flowgrad session's get_params())."""
+
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], device: str = "cpu"):
+        torch = require_torch()
+        missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and n.op not in LOWER})
+        if missing:
+            raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
+                            hint="flowgrad.torch_twin.LOWER lists the ops it maps")
+        self.torch, self.graph, self.device = torch, graph, device
+        self.params = {name: torch.tensor(np.asarray(params[name]), device=device).requires_grad_(True)
+                       for name in graph.params}
+        self.consts = {n.id: torch.tensor(np.asarray(n.attrs["value"]), device=device)
+                       for n in graph.nodes if n.op == "const"}
+        self._steps = [(n, LOWER.get(n.op), _attrs(n) if n.op in LOWER else None) for n in graph.nodes]
+
+    def feeds(self, feeds: dict[str, np.ndarray]) -> dict:
+        return {name: self.torch.tensor(np.asarray(a), device=self.device) for name, a in feeds.items()}
+
+    def forward(self, feeds: dict) -> tuple:
+        """(loss or None, {output name: tensor}) for torch-tensor feeds."""
+        g, vals = self.graph, {}
+        names = {i: name for name, i in g.inputs.items()} | {i: name for name, i in g.params.items()}
+        for node, fn, at in self._steps:
+            if node.op == "input":
+                vals[node.id] = feeds[names[node.id]]
+            elif node.op == "param":
+                vals[node.id] = self.params[names[node.id]]
+            elif node.op == "const":
+                vals[node.id] = self.consts[node.id]
+            else:
+                vals[node.id] = fn(self.torch, node, [vals[i] for i in node.inputs], at)
+        return (vals[g.loss] if g.loss is not None else None), {name: vals[i] for name, i in g.outputs.items()}
+
+    def step(self, feeds: dict):
+        """Forward and backward; returns the loss tensor (grads on the params)."""
+        for p in self.params.values():
+            p.grad = None
+        loss, _ = self.forward(feeds)
+        loss.backward()
+        return loss
+
+    def grads(self) -> dict[str, np.ndarray]:
+        return {name: (np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.detach().cpu().numpy())
+                for name, p in self.params.items()}
