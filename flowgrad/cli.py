@@ -106,6 +106,10 @@ def section_summary(graph) -> str:
 def cmd_explain(args) -> int:
     model = load_model(args.file, parse_sets(args.set))
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
+    if args.ranks is not None:
+        if args.ranks < 1:
+            raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
+        sess.ranks = args.ranks
     report = sess.explain(analyze=args.analyze)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0
@@ -115,17 +119,25 @@ def cmd_explain(args) -> int:
 
 def cmd_train(args) -> int:
     import flowgrad as fg
+    from flowgrad.training import distributed
     from flowgrad.training.loop import TrainInterrupted
 
+    if args.ranks is not None:
+        if distributed.launched():
+            raise FlowError("--ranks starts mpiexec itself: under mpiexec/mpirun leave it out")
+        return distributed.launch(args.ranks, distributed.strip_ranks(args.argv))
     model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
-                          out=out, resume=args.resume, overwrite=args.overwrite, check_finite=args.check_finite)
+                          out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
+                          check_finite=args.check_finite)
     except TrainInterrupted as e:
-        print(f"\n{e}", file=sys.stderr)
+        if getattr(e, "rank", 0) == 0:
+            print(f"\n{e}", file=sys.stderr)
         return 130
-    print(train_summary(result))
+    if result.rank == 0:
+        print(train_summary(result))
     return 0
 
 
@@ -136,6 +148,8 @@ def train_summary(result) -> str:
 
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
              f"({result.steps_per_second:.1f} steps/s)"]
+    if result.ranks > 1:
+        lines.append(f"data-parallel on {result.ranks} ranks (global batch = batch x {result.ranks})")
     if result.stopped_early:
         lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
     rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
@@ -243,6 +257,13 @@ def cmd_bench(args) -> int:
         return cmd_bench_matmul(args)
     from flowgrad.exec_vulkan import bench
 
+    if args.ranks is not None:
+        from flowgrad.training import bench_ranks
+
+        rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
+                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
+        print(bench_ranks.report(rows))
+        return 0
     t0 = time.perf_counter()
 
     def phase(text):
@@ -304,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
     p.add_argument("--analyze", action="store_true", help="run a few steps and add measured times")
+    p.add_argument("--ranks", type=int, default=None, metavar="N", help="describe data-parallel training on N ranks")
     p.set_defaults(func=cmd_explain)
 
     p = _sub(sub, "train", "train a model on the data named in its train section")
@@ -317,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
     p.add_argument("--check-finite", action="store_true",
                    help="stop at the first non-finite loss or gradient, naming the node that produced it")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="data-parallel on N ranks of this host (starts mpiexec; needs flowgrad[mpi])")
+    p.add_argument("--check-every", type=int, default=None, metavar="STEPS",
+                   help="data-parallel: steps between checks that all ranks hold the same params")
     p.set_defaults(func=cmd_train)
     p = _sub(sub, "run", "inference from a checkpoint, at any batch size")
     add_model_args(p)
@@ -373,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
                    help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
     p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="data-parallel training steps at 1..N ranks (mpiexec): step time, samples/s, all-reduce share")
     p.set_defaults(func=cmd_bench)
     return parser
 
@@ -389,7 +417,9 @@ _python_showwarning = warnings.showwarning
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     warnings.showwarning = _show_warning
     try:
         rc = args.func(args)

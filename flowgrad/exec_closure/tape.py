@@ -161,11 +161,16 @@ class ClosureSession:
                     if i in by_id:
                         out_grads[name] = by_id[i]
         if optimizer is not None:
-            if not self.opt_state:
-                self.opt_state = optimizer.init_state(self.params)
-            self.opt_step += 1
-            optimizer.update(self.params, out_grads, self.opt_state, self.opt_step)
+            self.apply_update(optimizer, out_grads)
         return outputs, loss, out_grads
+
+    def apply_update(self, optimizer, grads) -> None:
+        """One optimizer update with the given gradients (in data-parallel
+        training: averaged across ranks)."""
+        if not self.opt_state:
+            self.opt_state = optimizer.init_state(self.params)
+        self.opt_step += 1
+        optimizer.update(self.params, grads, self.opt_state, self.opt_step)
 
     def get_params(self):
         return {k: v.copy() for k, v in self.params.items()}

@@ -21,6 +21,7 @@ from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan
 
@@ -146,6 +147,20 @@ class GraphSession:
         if not grads:
             out_grads = {}
         return outputs, loss, out_grads
+
+    def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
+        """The optimizer update alone, on gradients the host supplies (averaged
+        across ranks in data-parallel training): one submit of its own program."""
+        if not hasattr(optimizer, "record"):
+            self.last_opt_key = "host"
+            self._host_update(optimizer, grads)
+            return
+        key = ("update", id(optimizer))
+        if key not in self.programs:
+            self.programs[key] = UpdateProgram(self, optimizer)
+        self.last_opt_key = id(optimizer)
+        self.opt_step += 1
+        self.programs[key].run(grads, optimizer.hyper(self.opt_step))
 
     def _host_update(self, optimizer, grads):
         """An optimizer without a graph-path `record`: update on the host (a round trip per step)."""

@@ -61,7 +61,22 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
+    ranks = getattr(sess, "ranks", 1)
+    if ranks > 1:
+        data["ranks"] = ranks_dict(ranks, plan.path)
     return Explain(data, graph)
+
+
+def ranks_dict(ranks: int, path: str) -> dict:
+    """Data-parallel training on `ranks` ranks: how a training step changes."""
+    if path == "graph":
+        step = ("forward+backward submit, the packed gradients read back and averaged across ranks "
+                "(all-reduce), optimizer submit: 2 submits per step")
+        submits = 2
+    else:
+        step = "forward and backward closures, gradients averaged across ranks (all-reduce), optimizer update"
+        submits = None
+    return {"count": ranks, "submits_per_step": submits, "step": step}
 
 
 def device_dict(info) -> dict:
@@ -202,6 +217,8 @@ def render_text(d: dict, graph: Graph) -> str:
         head = (f"{d['model']}: backward on CLOSURES, {c['refused_nodes']} of {c['ops']} ops refused, "
                 f"{c['refusals']} refusal{'s' * (c['refusals'] != 1)} (device: {dev}, {d['dtype']})")
     lines = [head, f"why: {d['reason']}", ""]
+    if "ranks" in d:
+        lines[-1:] = [f"ranks: {d['ranks']['count']}, data-parallel: {d['ranks']['step']}", ""]
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]

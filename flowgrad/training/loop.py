@@ -47,6 +47,8 @@ class TrainResult:
     out: Path | None = None
     best: dict | None = None     # {"step", "val_loss"} of best.safetensors
     stopped_early: bool = False
+    rank: int = 0                # data-parallel runs: this process's rank (0 writes the outputs)
+    ranks: int = 1
 
     @property
     def steps_per_second(self) -> float:
@@ -93,7 +95,7 @@ def deferred_sigint():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None, check_finite: bool = False) -> TrainResult:
+          callback=None, check_finite: bool = False, check_every: int | None = None) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
@@ -108,6 +110,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     callback(step, record): called after each step with its metrics record.
     check_finite: stop at the first non-finite loss or gradient, naming the
         node that produced it (the last checkpoint written before it is kept).
+    check_every: data-parallel runs (started by mpiexec): steps between checks
+        that every rank holds the same params (default: eval_every).
 
     Returns a TrainResult. Ctrl-C finishes the current step, saves a
     checkpoint and raises TrainInterrupted."""
@@ -115,19 +119,72 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
 
     if not isinstance(model, Model):
         model = load(model)
+    world = _join()
+    if world is not None:
+        device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite)
+    if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                    or check_every < 1):
+        raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")
+    if world is not None:
+        return _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback,
+                            check_every or ts.eval_every)
+    return _train(sess, ts, out, resume, overwrite, progress, callback)
+
+
+def _join():
+    """The ranks of a data-parallel run, or None for one process (mpi4py not imported)."""
+    from flowgrad.training import distributed
+
+    return distributed.join() if distributed.launched() else None
+
+
+def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, check_every):
+    """`_train` on every rank: rank 0 alone writes the outputs and shows progress;
+    an error on one rank ends them all."""
+    from flowgrad.training import distributed
+
+    ts.data = distributed.Shard(ts.data, world)
+    sess.ranks = world.size      # sess.explain() states how a step runs at this many ranks
+    config = dict(sess.graph.config)
+    if config.get("batch") == ts.data.local:
+        config["batch"] = ts.data.data.batch     # the global batch: a resume at another N checks it
+    try:
+        result = _train(sess, ts, out if world.is_root else None, resume and world.is_root, overwrite,
+                        progress if world.is_root else False, callback, world, check_every, config)
+    except TrainInterrupted as e:
+        e.rank = world.rank
+        raise
+    except distributed.RanksDisagree:
+        raise
+    except BaseException as e:
+        world.abort(e)
+        raise
+    result.rank, result.ranks = world.rank, world.size
+    if not world.is_root:
+        result.out = None
+    return result
+
+
+def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, check_every=0,
+           config=None) -> TrainResult:
+    """config: what the checkpoint and metrics.jsonl record (default the model's;
+    a data-parallel run records its global batch). With a `world`, every rank
+    runs this loop on its shard of each batch; evals give every rank the
+    numbers of one process, so best and early stop are decided alike."""
     graph = sess.graph
+    config = graph.config if config is None else config
     out = Path(out) if out is not None else None
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
-    header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": graph.config,
+    header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": config,
               "data": ts.data.meta()}
     split = ts.eval_split
 
     start, history = 0, []
     if resume:
-        start = _restore(sess, ts, ckpt_path, out)
+        start = _restore(sess, ts, ckpt_path, out, config)
         history = log.resume(start, header)
     else:
         if ckpt_path is not None and ckpt_path.exists() and not overwrite:
@@ -136,6 +193,10 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         log.start(header)
         if out is not None:
             (out / BEST_FILENAME).unlink(missing_ok=True)  # a best of an earlier run would mislead
+    if world is not None:
+        start = world.sync_from_root(sess.runner)   # rank 0's params (and resumed state) everywhere
+        history = world.share(history, "the broadcast of the resumed history")   # for best and early stop
+    evaluate = _evaluator(sess, ts, world)
 
     evals = [r for r in history if f"{split}_loss" in r]
     best = min(evals, key=lambda r: r[f"{split}_loss"]) if split == "val" and evals else None
@@ -150,18 +211,20 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 in_step = True
-                res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
+                if world is None:
+                    loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
+                else:  # the ranks agree on stopping (any rank's Ctrl-C), so all stop after the same step
+                    loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
-                rec = _record(step, res.loss, ts.optimizer)
+                rec = _record(step, loss, ts.optimizer)
                 if step % ts.eval_every == 0 or step == ts.steps:
-                    rec.update({f"{split}_{k}": v for k, v in metrics.evaluate(sess, ts.data, split,
-                                                                               ts.metric).items()})
+                    rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
                     if split == "val" and "val_loss" in rec:
                         if best is None or rec["val_loss"] < best["val_loss"]:
                             best, since_best = rec, 0
                             if out is not None:
-                                _save(sess, ts, out / BEST_FILENAME, step)
+                                _save(sess, ts, out / BEST_FILENAME, step, config)
                         else:
                             since_best += 1
                     stopped_early = ts.early_stop is not None and since_best >= ts.early_stop
@@ -170,19 +233,21 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
                 bar.update(rec, split, ts.metric.name)
                 if callback is not None:
                     callback(step, rec)
+                if world is not None and (step % check_every == 0 or step == ts.steps or stopped_early):
+                    world.check_same_params(sess.params, step)
                 if ckpt_path is not None and (step % ts.checkpoint_every == 0 or step == ts.steps or stopped_early):
-                    _save(sess, ts, ckpt_path, step)
-                if stop["stop"]:
+                    _save(sess, ts, ckpt_path, step, config)
+                if stop["stop"] if world is None else stopping:
                     raise KeyboardInterrupt
                 if stopped_early:
                     break
     except KeyboardInterrupt:
         bar.close()
-        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name) from None
+        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    final = metrics.evaluate(sess, ts.data, "test", ts.metric)
+    final = evaluate("test")
     if history and final and (step > start or "test_loss" not in history[-1]):
         history[-1].update({f"test_{k}": v for k, v in final.items()})
         log.rewrite_last(history[-1])
@@ -195,7 +260,15 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
                        step - start, sess.last_path, history, out, best_info, stopped_early)
 
 
-def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
+def _evaluator(sess, ts: TrainSetup, world):
+    """evaluate(split) -> {"loss", metric}: over the whole split; with ranks,
+    each computes its rows and all get the numbers of one process."""
+    if world is None:
+        return lambda split: metrics.evaluate(sess, ts.data, split, ts.metric)
+    return lambda split: ts.data.evaluate(sess, split, ts.metric)
+
+
+def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     if ckpt_path is None:
         raise FlowError("resume needs the output directory of the run to continue (--out DIR)")
     if not ckpt_path.exists():
@@ -203,13 +276,14 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
                         hint="run without --resume to start training")
     ckpt = checkpoint.load(ckpt_path)
     graph = sess.graph
-    changed = sorted(k for k in set(ckpt.config) | set(graph.config)
-                     if json.dumps(ckpt.config.get(k), default=str) != json.dumps(graph.config.get(k), default=str))
+    changed = sorted(k for k in set(ckpt.config) | set(config)
+                     if json.dumps(ckpt.config.get(k), default=str) != json.dumps(config.get(k), default=str))
     if ckpt.model != graph.name or changed:
-        what = ", ".join(f"{k}: {ckpt.config.get(k)!r} -> {graph.config.get(k)!r}" for k in changed)
+        what = ", ".join(f"{k}: {ckpt.config.get(k)!r} -> {config.get(k)!r}" for k in changed)
         raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model}"
                         + (f" with another config ({what})" if changed else f", not {graph.name}"),
-                        hint="resume with the same model and --set values, or start a new --out")
+                        hint="resume with the same model and --set values (data-parallel runs record the "
+                             "global batch, batch x ranks), or start a new --out")
     if ckpt.step > ts.steps:
         raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
                         hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
@@ -220,19 +294,19 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out) -> int:
     return ckpt.step
 
 
-def _save(sess, ts, path, step):
+def _save(sess, ts, path, step, config):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(path, sess.params, state, step, sess.graph.name, sess.graph.config, ts.optimizer.describe(),
+    checkpoint.save(path, sess.params, state, step, sess.graph.name, config, ts.optimizer.describe(),
                     data=ts.data.meta())
 
 
-def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name) -> TrainInterrupted:
+def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:
     if ckpt_path is None:
         return TrainInterrupted(f"interrupted at step {step}; nothing saved (no output directory)", step)
     if in_step:
         return TrainInterrupted(f"interrupted inside step {step + 1}: kept the last checkpoint in {ckpt_path}; "
                                 "continue with --resume", step)
-    _save(sess, ts, ckpt_path, step)
+    _save(sess, ts, ckpt_path, step, config)
     if history:
         plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
              ts.eval_split)

@@ -1,0 +1,77 @@
+"""The optimizer update alone, as its own recorded command buffer.
+
+Data-parallel training splits a graph-path step in two submits: forward +
+backward (the step program, reading the gradients back), then, once the
+ranks have averaged the gradients on the host, this program: the averaged
+gradients and the step's hyper-parameters are written into one packed
+staging buffer, copied to the device in one transfer, and the optimizer's
+recorded update runs on them against the resident params and state."""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
+from flowgrad.exec_vulkan.encoder import encode
+from flowgrad.exec_vulkan.limits import ALIGN, align_up
+from flowgrad.exec_vulkan.recorder import BufView, Recorder
+
+
+class UpdateProgram:
+    def __init__(self, sess, optimizer):
+        device, graph = sess.device, sess.graph
+        self.device = device
+        offset = 0
+        layout = {}
+        for name, i in graph.params.items():
+            node = graph.nodes[i]
+            layout[name] = (offset, node.shape, node.dtype)
+            offset = align_up(offset + max(node.type.nbytes, 4), ALIGN)
+        h = np.asarray(optimizer.hyper(1), np.float32)
+        self.hyper_offset = offset
+        self.nbytes = align_up(offset + max(h.nbytes, 4), ALIGN)
+        self.staging = device.buffer(self.nbytes, "upload")
+        self.packed = device.buffer(self.nbytes, "device")
+        self.grads = {name: BufView(self.packed, off, shape, dtype) for name, (off, shape, dtype) in layout.items()}
+        hyper = BufView(self.packed, self.hyper_offset, h.shape, "f32")
+        params = {name: sess.param_view(name) for name in graph.params}
+        state = sess.optimizer_state_views(optimizer)
+        words = (self.nbytes // 4,)
+        rec = Recorder(device)
+        with rec.section("averaged gradients in", "transfer"):
+            rec.copy(BufView(self.staging, 0, words, "f32"), BufView(self.packed, 0, words, "f32"))
+        with rec.section("optimizer", "optimizer"):
+            optimizer.record(rec, params, self.grads, state, hyper)
+        self.dispatches = rec.counts()["dispatches"]
+        rec.arena.materialize(device)
+        self.cmd = device.command_buffer()
+        self.enc = encode(device, self.cmd, rec.commands)
+        owned = [self.staging, self.packed]
+        self._finalizer = weakref.finalize(self, _free, device, self.cmd, self.enc, owned, rec.arena)
+        self._finalizer.atexit = False
+
+    def run(self, grads: dict[str, np.ndarray], hyper: np.ndarray) -> None:
+        for name, view in self.grads.items():
+            data = np.ascontiguousarray(grads[name], dtype=NUMPY[view.dtype]).reshape(-1)
+            if data.size != math.prod(view.shape):
+                raise ValueError(f"gradient {name!r} has {data.size} values, expected {view.shape}")
+            self.staging.write(data, view.offset)
+        self.staging.write(np.asarray(hyper, np.float32), self.hyper_offset)
+        self.device.stats["dispatches"] += self.dispatches
+        self.device.stats["uploads"] += 1
+        self.device.submit_and_wait(self.cmd, "running the optimizer update")
+
+    def free(self) -> None:
+        self._finalizer()
+
+
+def _free(device, cmd, enc, owned, arena):
+    if device.handle is None:
+        return
+    device.free_command_buffer(cmd)
+    enc.free()
+    for buf in owned:
+        buf.free()
+    arena.free()

@@ -1,0 +1,418 @@
+"""Data-parallel training over MPI (mpi4py): one rank per device.
+
+A run started by a launcher (`mpiexec -n N flowgrad train ...`, `mpirun`, or
+`flowgrad train --ranks N`, which starts mpiexec itself) trains on N ranks.
+Each rank holds a full replica of the model on its own device (vulkan:<local
+rank>, or numpy) and reads its own rows of each global batch: the model's
+`batch` is the per-rank batch, the global batch is batch x N, and the
+sequence of global batches is the one a single process with the global
+batch would read. After each backward the gradients are averaged across
+ranks (packed into a few large contiguous buckets, reduced with non-blocking
+Allreduce calls that MPI pipelines), then every rank applies the same update.
+For a loss that is a mean over the batch (as cross_entropy is), the averaged
+gradient is the gradient of the global batch: N ranks train like one process
+with the global batch, up to float rounding.
+
+Parameters start identical (broadcast from rank 0, which also reads the
+checkpoint on resume) and are compared by a checksum every `check_every`
+steps. Every collective has a timeout, so a rank that died or hangs ends the
+job with an error instead of a hang; an error on one rank aborts all.
+
+mpi4py is an optional extra: importing this module needs it, nothing else in
+flowgrad does."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from flowgrad.errors import FlowError
+
+INSTALL = "pip install 'flowgrad[mpi]'   (mpi4py and the mpich wheel, which brings mpiexec)"
+# set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
+LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
+RANK_DIR_ENV = "FLOWGRAD_RANK_DIR"    # set by `--ranks`: each rank records its pid there
+DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
+BUCKET_BYTES = 16 << 20               # gradient all-reduce bucket size
+SPIN = 0.002                          # seconds a collective polls without sleeping
+
+
+def launched() -> bool:
+    """Was this process started by an MPI launcher? (No mpi4py import.)"""
+    return any(v in os.environ for v in LAUNCHER_VARS)
+
+
+def import_mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise FlowError(f"data-parallel training needs mpi4py and an MPI library ({e})",
+                        hint=f"install them with: {INSTALL}") from None
+    return MPI
+
+
+def join(timeout: float | None = None) -> World | None:
+    """The World of this run when a launcher started more than one rank, else None."""
+    if not launched():
+        return None
+    MPI = import_mpi()
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        return None
+    if timeout is None:
+        try:
+            timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+        except ValueError:
+            raise FlowError(f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
+    return World(MPI, comm, timeout)
+
+
+class RanksDisagree(FlowError):
+    """An error every rank raises together (seen in a collective's result): no abort needed."""
+
+
+class World:
+    def __init__(self, MPI, comm, timeout: float):
+        self.MPI, self.comm, self.timeout = MPI, comm, timeout
+        self.rank, self.size = comm.rank, comm.size
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = local.rank
+        local.Free()
+        self._flat = None
+        if os.environ.get(RANK_DIR_ENV):
+            _record_pid(os.environ[RANK_DIR_ENV], self.rank)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of {self.size}"
+
+    # -- devices -------------------------------------------------------------
+    def device_for(self, spec: str) -> str:
+        """`auto` and `vulkan` become vulkan:<local rank> (among the host's GPUs
+        for auto; ranks share devices round-robin when there are fewer);
+        cpu and an explicit vulkan:N stay as given."""
+        if spec not in ("auto", "vulkan"):
+            return spec
+        from flowgrad.errors import DeviceError
+        from flowgrad.exec_vulkan import runtime
+
+        try:
+            devices = runtime.list_devices()
+        except DeviceError:
+            if spec == "auto":
+                return "cpu"
+            raise
+        gpus = [d.index for d in devices if runtime.first_gpu([d]) is not None]
+        pool = gpus if spec == "auto" or gpus else [d.index for d in devices]
+        if not pool:
+            return "cpu" if spec == "auto" else spec   # "vulkan": select_device says what is missing
+        return f"vulkan:{pool[self.local_rank % len(pool)]}"
+
+    # -- collectives, each with a timeout ----------------------------------------
+    def _wait(self, requests, what: str) -> None:
+        """Poll instead of blocking, so a dead or stuck rank is a timeout, not a
+        hang. Each poll also moves the collective on (MPI progresses
+        non-blocking calls inside them), so the first SPIN seconds poll
+        between yields of the CPU (to a rank still computing on the same
+        core); after that, between short sleeps."""
+        start = time.monotonic()
+        nap = 0.0
+        while not self.MPI.Request.Testall(requests):
+            waited = time.monotonic() - start
+            if waited > self.timeout:
+                raise FlowError(f"{self}: {what} got no answer from the other ranks within {self.timeout:g} s: "
+                                "a rank failed or hangs", hint=f"the limit is {TIMEOUT_ENV} (seconds)")
+            if waited < SPIN:
+                _yield()
+            else:
+                time.sleep(nap)
+                nap = min(1e-3, nap + 1e-5)
+
+    def allreduce(self, arrays: list[np.ndarray], what: str) -> None:
+        """Sum each array across ranks, in place, all in flight at once."""
+        reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM) for a in arrays]
+        self._wait(reqs, what)
+
+    def barrier(self, what: str) -> None:
+        self._wait([self.comm.Ibarrier()], what)
+
+    def bcast_bytes(self, data: bytes | None, what: str) -> bytes:
+        n = np.array([len(data) if self.is_root else 0], np.int64)
+        self._wait([self.comm.Ibcast(n, root=0)], what)
+        buf = np.frombuffer(data, np.uint8).copy() if self.is_root else np.empty(int(n[0]), np.uint8)
+        self._wait([self.comm.Ibcast(buf, root=0)], what)
+        return buf.tobytes()
+
+    def share(self, obj, what: str):
+        """Rank 0's JSON-able obj on every rank."""
+        import json
+
+        data = json.dumps(obj).encode() if self.is_root else None
+        return json.loads(self.bcast_bytes(data, what).decode())
+
+    def allgather(self, array: np.ndarray, what: str) -> np.ndarray:
+        """[size, *array.shape]: every rank's array (same shape and dtype on all)."""
+        array = np.ascontiguousarray(array)
+        out = np.empty((self.size,) + array.shape, array.dtype)
+        self._wait([self.comm.Iallgather(array, out)], what)
+        return out
+
+    # -- training -------------------------------------------------------------------
+    def average(self, grads: dict[str, np.ndarray], loss: float, stop: bool, step: int):
+        """(grads averaged across ranks, mean loss, whether any rank was asked to stop).
+        The grads are packed into one f32 buffer (kept between steps) and
+        reduced in buckets of BUCKET_BYTES."""
+        names = list(grads)
+        sizes = [grads[n].size for n in names]
+        total = sum(sizes)
+        if self._flat is None or self._flat.size != total:
+            self._flat = np.empty(total, np.float32)
+        flat, at = self._flat, 0
+        for n, size in zip(names, sizes):
+            flat[at:at + size] = grads[n].reshape(-1)
+            at += size
+        step_of = BUCKET_BYTES // 4
+        buckets = [flat[i:i + step_of] for i in range(0, total, step_of)]
+        extra = np.array([loss, float(stop)], np.float64)
+        self.allreduce(buckets + [extra], f"the gradient all-reduce of step {step}")
+        flat *= np.float32(1.0 / self.size)
+        out, at = {}, 0
+        for n, size in zip(names, sizes):
+            out[n] = flat[at:at + size].reshape(grads[n].shape)
+            at += size
+        return out, float(extra[0] / self.size), bool(extra[1] > 0)
+
+    def step(self, sess, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool]:
+        """One data-parallel step: forward + backward (one submit on the graph
+        path, the gradients read back), the all-reduce, then the optimizer
+        update alone (a second submit). Returns (mean loss, stop agreed)."""
+        res = sess.step(feeds, grads=True)
+        grads, loss, stop = self.average(res.grads, res.loss, stop, step)
+        sess.optimizer = optimizer
+        sess.runner.apply_update(optimizer, grads)
+        return loss, stop
+
+    def sync_from_root(self, runner) -> int:
+        """Every rank takes rank 0's params, optimizer state and step (returned)."""
+        from safetensors.numpy import load, save
+
+        data = None
+        if self.is_root:
+            step, state = runner.get_opt_state()
+            tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in runner.get_params().items()}
+            tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v)
+                            for p, st in state.items() for k, v in st.items()})
+            tensors["step"] = np.array([step], np.int64)
+            data = save(tensors)
+        tensors = load(self.bcast_bytes(data, "the broadcast of rank 0's params"))
+        step = int(tensors.pop("step")[0])
+        if not self.is_root:
+            params = {k[6:]: v for k, v in tensors.items() if k.startswith("param/")}
+            state: dict = {}
+            for k, v in tensors.items():
+                if k.startswith("optim/"):
+                    p, _, name = k[6:].rpartition("/")
+                    state.setdefault(p, {})[name] = v
+            runner.set_params(params)
+            runner.set_opt_state(step, state)
+        return step
+
+    def check_same_params(self, params: dict[str, np.ndarray], step: int) -> None:
+        """A checksum per param (the sum of its bit patterns, exact), gathered;
+        a difference is an error on every rank naming the first differing param."""
+        names = list(params)
+        sums = np.array([_bits_sum(params[n]) for n in names], np.uint64)
+        every = self.allgather(sums, f"the param check of step {step}")
+        for j, name in enumerate(names):
+            differ = [r for r in range(self.size) if every[r, j] != every[0, j]]
+            if differ:
+                raise RanksDisagree(f"data-parallel ranks diverged at step {step}: param {name} on rank "
+                                    f"{differ[0]} differs from rank 0",
+                                    hint="every rank must run the same flowgrad, model, config and data")
+
+    def abort(self, error: BaseException) -> None:
+        """One rank failed alone: say which (with the traceback of an
+        unexpected exception), then end every rank."""
+        import traceback
+
+        if not isinstance(error, (FlowError, KeyboardInterrupt)):
+            traceback.print_exception(error, file=sys.stderr)
+        print(f"error: {self} failed: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
+        time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
+        self.comm.Abort(1)
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def _bits_sum(arr: np.ndarray) -> int:
+    raw = np.ascontiguousarray(arr)
+    words = raw.view(np.uint16 if raw.itemsize == 2 else np.uint32)
+    return int(words.sum(dtype=np.uint64))
+
+
+def _record_pid(directory: str, rank: int) -> None:
+    try:
+        with open(os.path.join(directory, str(os.getpid())), "w") as f:
+            f.write(str(rank))
+    except OSError:
+        pass  # only used to name a rank that dies; training does not need it
+
+
+# -- the data each rank reads --------------------------------------------------------------
+
+class Shard:
+    """A data source seen by one rank: train_batch gives this rank's rows of
+    the global batch; evaluate scores a split over the global eval batches,
+    each rank computing its rows' outputs, gathered so every rank scores the
+    same full batch (the numbers of one process). Everything else is the
+    source's own."""
+
+    def __init__(self, data, world: World):
+        self.data, self.world = data, world
+        self.local = data.batch
+        data.batch = self.local * world.size      # the global batch: order and epochs as one process
+        data.check_size()
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def rows(self, feeds: dict) -> dict:
+        lo = self.world.rank * self.local
+        return {k: np.ascontiguousarray(v[lo:lo + self.local]) for k, v in feeds.items()}
+
+    def train_batch(self, step: int) -> dict:
+        return self.rows(self.data.train_batch(step))
+
+    def evaluate(self, sess, split: str, metric) -> dict:
+        from flowgrad.training import metrics
+
+        return metrics.evaluate(_GatheringSession(sess, self), self.data, split, metric)
+
+
+class _GatheringSession:
+    """What metrics.evaluate sees: a session whose batch is the global batch.
+    A short last batch goes to sess.predict, which every rank runs whole."""
+
+    def __init__(self, sess, shard: Shard):
+        self._sess, self._shard = sess, shard
+
+    def __getattr__(self, name):
+        return getattr(self._sess, name)
+
+    def step(self, feeds, grads: bool = False, **kw):
+        res = self._sess.step(self._shard.rows(feeds), grads=False)
+        world, local = self._shard.world, self._shard.local
+        outs = {k: self._gather(k, v, world, local) for k, v in res.outputs.items()}
+        loss = outs.get(self._loss_name)
+        return type(res)(outs, {}, None if loss is None else float(loss))
+
+    def _gather(self, name, value, world, local):
+        value = np.asarray(value)
+        if value.ndim and value.shape[0] == local:
+            return world.allgather(value, "the gathering of eval outputs").reshape((-1,) + value.shape[1:])
+        if name == self._loss_name:
+            # a loss that is a mean over the batch (as the gradient average assumes): the mean of the
+            # ranks' means, summed in rank order so every rank gets the same bits
+            every = world.allgather(value.astype(np.float64).reshape(1), "the gathering of eval losses")
+            return np.float64(every.mean())
+        return value
+
+    @property
+    def _loss_name(self):
+        graph = self._sess.graph
+        return next((n for n, i in graph.outputs.items() if i == graph.loss), None)
+
+
+# -- `--ranks N`: start mpiexec on this host -----------------------------------------------
+
+def mpiexec_command(ranks: int) -> list[str]:
+    """mpiexec -n N (the one beside this Python, as the mpich wheel installs it, else on PATH)."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if ranks < 1:
+        raise FlowError(f"--ranks must be at least 1, got {ranks}")
+    if importlib.util.find_spec("mpi4py") is None:
+        raise FlowError("--ranks needs mpi4py and an MPI library", hint=f"install them with: {INSTALL}")
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None:
+        raise FlowError("--ranks needs an MPI launcher (mpiexec), and none was found",
+                        hint=f"install one with: {INSTALL}")
+    cmd = [exe, "-n", str(ranks)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        try:
+            version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            version = ""
+        if "Open MPI" in version or "OpenRTE" in version:
+            cmd.append("--allow-run-as-root")   # Open MPI refuses root without it; MPICH does not ask
+    return cmd
+
+
+def rank_env(ranks: int, threads: int | None = None) -> dict:
+    """The environment for `ranks` ranks on this host: numpy's BLAS threads
+    (unless set) `threads` per rank, default the cores split between the ranks."""
+    threads = str(threads or max(1, (os.cpu_count() or 1) // ranks))
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, threads)
+    return env
+
+
+def launch(ranks: int, argv: list[str]) -> int:
+    """Run `python -m flowgrad.cli *argv` on `ranks` ranks; returns mpiexec's exit
+    status. A rank that dies (killed, crashed) is named from mpiexec's report."""
+    import re
+    import subprocess
+    import tempfile
+
+    cmd = mpiexec_command(ranks) + [sys.executable, "-m", "flowgrad.cli", *argv]
+    with tempfile.TemporaryDirectory(prefix="flowgrad-ranks-") as tmp:
+        pids = os.environ.get(RANK_DIR_ENV) or tmp     # a caller's directory, to find the ranks' pids
+        env = {**rank_env(ranks), RANK_DIR_ENV: pids}
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        except OSError as e:
+            raise FlowError(f"cannot start {cmd[0]}: {e.strerror or e}") from None
+        dead = []
+        while True:
+            try:
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    dead += re.findall(r"PID (\d+) RUNNING AT", line)
+                break
+            except KeyboardInterrupt:
+                continue     # mpiexec passes Ctrl-C to the ranks; wait for them to finish
+        rc = proc.wait()
+        ranks_of = {}
+        for name in os.listdir(pids):
+            with open(os.path.join(pids, name)) as f:
+                ranks_of[name] = f.read().strip()
+        named = [f"rank {ranks_of[p]} (pid {p})" for p in dead if p in ranks_of]
+    if rc != 0 and named:
+        print(f"error: {', '.join(named)} of {ranks} ended abnormally (mpiexec exit status {rc}); "
+              "mpiexec stopped the other ranks", file=sys.stderr)
+    return rc
+
+
+def strip_ranks(argv: list[str]) -> list[str]:
+    """argv without its --ranks N (or --ranks=N)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ranks":
+            skip = True
+        elif not a.startswith("--ranks="):
+            out.append(a)
+    return out

@@ -1,0 +1,321 @@
+"""Data-parallel training over MPI: ranks started by the mpich wheel's mpiexec
+(subprocesses with timeouts), compared with one process trained in this one
+on the same global batch."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from conftest import env_with_path
+from flowgrad.errors import FlowError
+from flowgrad.training import checkpoint, distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+TIMEOUT = 60
+
+needs_mpi = pytest.mark.skipif(
+    os.environ.get("CI", "").lower() != "true" and not MPIEXEC.exists(),
+    reason="mpiexec (the mpich wheel, in the dev extra) is not installed")
+
+# One rank's part: fg.train under mpiexec, the result saved by rank 0; every
+# rank fails on a Vulkan validation error (the suite's rule for Vulkan tests).
+RANK = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    import flowgrad as fg
+    args = json.loads(sys.argv[1])
+    rank = int(os.environ["PMI_RANK"])
+    def callback(step, rec):
+        if step == args.get("fault_step") and rank == 1:
+            fault = args["fault"]
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "hang":
+                time.sleep(60)
+            if fault == "perturb":
+                sess = result_holder["sess"]
+                p = sess.params["b2"]
+                sess.set_params({"b2": p + 1e-3})
+    result_holder = {}
+    model = fg.load(args["model"], {"batch": args["batch"]})
+    orig_compile = model.compile
+    def compile(**kw):
+        result_holder["sess"] = sess = orig_compile(**kw)
+        return sess
+    model.compile = compile
+    from flowgrad.training.optim import Adam
+    r = fg.train(model, steps=args["steps"], device=args["device"], out=args.get("out"), progress=False,
+                 optimizer=Adam(lr=args.get("lr", 3e-3)),
+                 callback=callback, resume=args.get("resume", False), check_every=args.get("check_every"))
+    if args["device"] != "cpu":
+        from flowgrad.exec_vulkan import runtime
+        errors = runtime.validation_errors()
+        assert not errors, errors[0]
+    with open(args["save"] + f".rank{rank}", "w") as f:
+        json.dump({"wrote_to": None if r.out is None else str(r.out)}, f)
+    if r.rank == 0:
+        np.savez(args["save"], **r.session.params)
+        with open(args["save"] + ".json", "w") as f:
+            json.dump({"metrics": r.metrics, "loss": r.loss, "path": r.path, "ranks": r.ranks, "best": r.best,
+                       "stopped_early": r.stopped_early, "steps": r.steps, "history": r.history}, f)
+""")
+
+
+@pytest.fixture
+def mlp(tmp_path) -> str:
+    return write_mlp(tmp_path)
+
+
+def write_mlp(tmp_path, train: str = "  eval_every = 100") -> str:
+    """The shipped mlp on a small synthetic npz with a given test split (and a
+    validation split cut from the training rows): quicker to start in each
+    rank than the digits (no scikit-learn import). `train`: what replaces its
+    eval_every line."""
+    rng = np.random.default_rng(0)
+    x = rng.random((600, 64), dtype=np.float32)
+    y = np.argmax(x @ rng.standard_normal((64, 10)), axis=1).astype(np.int32)
+    np.savez(tmp_path / "data.npz", x=x[:480], y=y[:480], xt=x[480:], yt=y[480:])
+    text = fg.api.model_file("mlp").read_text()
+    start = text.index("  data = ")
+    text = text[:start] + '  data = npz("data.npz", x_test="xt", y_test="yt")' + text[text.index("\n", start):]
+    text = text.replace("  eval_every = 100", train)
+    (tmp_path / "mlp.flow").write_text(text)
+    return str(tmp_path / "mlp.flow")
+
+
+def launch(tmp_path, ranks: int, timeout=TIMEOUT, env=None, **args):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    args.setdefault("model", str(tmp_path / "mlp.flow"))
+    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, str(script), json.dumps(args)]
+    env = {**env_with_path(ROOT), **distributed.rank_env(ranks), **(env or {})}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    return proc, time.monotonic() - t0
+
+
+def one_process(model, batch, steps, device, lr=3e-3, **kw):
+    """A constant learning rate (mlp's own schedule depends on `steps`), so a
+    run resumed to more steps equals one trained straight through."""
+    from flowgrad.training.optim import Adam
+
+    return fg.train(fg.load(model, {"batch": batch}), steps=steps, device=device, progress=False,
+                    optimizer=Adam(lr=lr), **kw)
+
+
+def assert_same_evals(summary, ref):
+    """Eval records of the ranks' run equal one process's: the metric exactly (the
+    same rows scored), the eval losses (means of f32 means) to float rounding."""
+    assert summary["metrics"].keys() == ref.metrics.keys()
+    assert summary["metrics"]["accuracy"] == ref.metrics["accuracy"]
+    assert summary["metrics"]["loss"] == pytest.approx(ref.metrics["loss"], rel=1e-6)
+    evals = [{k: v for k, v in r.items() if k.startswith(("val_", "test_"))} for r in summary["history"]]
+    want = [{k: v for k, v in r.items() if k.startswith(("val_", "test_"))} for r in ref.history]
+    assert [sorted(e) for e in evals] == [sorted(e) for e in want] and any(want)
+    for got, exp in zip(evals, want):
+        assert got == pytest.approx(exp, rel=1e-6)
+
+
+def assert_same_params(saved, params):
+    got = np.load(saved)
+    assert set(got.files) == set(params)
+    for name, value in params.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_mpi
+def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp):
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    proc, _ = launch(tmp_path, 3, batch=16, steps=20, device="cpu", out=str(out), save=save)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    assert summary["ranks"] == 3 and summary["path"].startswith("closures")
+    ref = one_process(mlp, 48, 20, "cpu")
+    assert_same_params(save, ref.session.params)
+    assert_same_evals(summary, ref)
+    assert summary["best"]["step"] == ref.best["step"]
+    assert summary["best"]["val_loss"] == pytest.approx(ref.best["val_loss"], rel=1e-6)
+    assert summary["loss"] == pytest.approx(ref.loss, rel=1e-5)
+    # rank 0 alone wrote: one header and one line per step, a checkpoint with the global batch
+    wrote = [json.loads(Path(f"{save}.rank{r}").read_text())["wrote_to"] for r in range(3)]
+    assert wrote == [str(out), None, None]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 21 and [json.loads(x)["step"] for x in lines[1:]] == list(range(1, 21))
+    ckpt = checkpoint.load(out / checkpoint.FILENAME)
+    assert ckpt.step == 20 and ckpt.config["batch"] == 48 and ckpt.data["source"] == ref_data_source(mlp)
+    assert checkpoint.load(out / "best.safetensors").step == ref.best["step"]
+    assert (out / "loss.png").exists()
+    # resume at another rank count (here one process with the same global batch)
+    resumed = one_process(mlp, 48, 30, "cpu", out=out, resume=True)
+    assert resumed.steps_run == 10
+    straight = one_process(mlp, 48, 30, "cpu")
+    for name, value in straight.session.params.items():
+        np.testing.assert_allclose(resumed.session.params[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_mpi
+@pytest.mark.vulkan
+def test_two_ranks_on_the_graph_path_equal_one_process(tmp_path, mlp, vk_device):
+    save = str(tmp_path / "ranks.npz")
+    proc, _ = launch(tmp_path, 2, batch=32, steps=20, device="vulkan", save=save)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    ref = one_process(mlp, 64, 20, "vulkan", backward="graph")
+    assert summary["path"] == "graph" and ref.path == "graph"
+    assert_same_params(save, ref.session.params)
+    assert_same_evals(summary, ref)
+
+
+def ref_data_source(model) -> str:
+    from flowgrad.training.section import setup
+
+    return setup(fg.load(model).build()).data.meta()["source"]
+
+
+@needs_mpi
+def test_early_stop_and_best_are_decided_alike_on_every_rank(tmp_path):
+    """A learning rate high enough that the validation loss rises: the ranks stop
+    at the eval where one process stops, and keep the same best."""
+    model = write_mlp(tmp_path, "  eval_every = 2\n  early_stop = 2")
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    ref = one_process(model, 32, 200, "cpu", lr=0.05)
+    assert ref.stopped_early and ref.steps < 200      # the case under test happens
+    proc, _ = launch(tmp_path, 2, batch=16, steps=200, device="cpu", out=str(out), save=save, lr=0.05,
+                     model=model)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    assert summary["stopped_early"] and summary["steps"] == ref.steps
+    assert summary["best"]["step"] == ref.best["step"]
+    assert_same_evals(summary, ref)
+    assert checkpoint.load(out / "best.safetensors").step == ref.best["step"]
+    assert checkpoint.load(out / checkpoint.FILENAME).step == ref.steps
+    # resumed at 2 ranks, a run that stopped early stays stopped on every rank
+    proc, _ = launch(tmp_path, 2, batch=16, steps=200, device="cpu", out=str(out), save=save, lr=0.05,
+                     model=model, resume=True)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(Path(save + ".json").read_text())
+    assert again["stopped_early"] and again["steps"] == ref.steps
+
+
+@needs_mpi
+def test_resume_from_one_process_on_two_ranks(tmp_path, mlp):
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    one_process(mlp, 32, 10, "cpu", out=out)
+    proc, _ = launch(tmp_path, 2, batch=16, steps=20, device="cpu", out=str(out), save=save, resume=True)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_params(save, one_process(mlp, 32, 20, "cpu").session.params)
+    assert checkpoint.load(out / checkpoint.FILENAME).step == 20
+
+
+@needs_mpi
+def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, mlp):
+    """`flowgrad train --ranks 2`, rank 1 killed from outside mid-run."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    out = tmp_path / "run"
+    proc = start_ranks(tmp_path, mlp, pids)
+    try:
+        wait_for_steps(out, 3)
+        rank1 = int({f.read_text(): f.name for f in pids.iterdir()}["1"])
+        os.kill(rank1, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 20
+    assert f"rank 1 (pid {rank1})" in err
+
+
+def start_ranks(tmp_path, mlp, pids=None):
+    """`flowgrad train --ranks 2` of a long run, in its own process group (as from a terminal)."""
+    cmd = [sys.executable, "-m", "flowgrad.cli", "train", mlp, "--ranks", "2", "--device", "cpu",
+           "--steps", "1000000", "--set", "batch=8", "--out", str(tmp_path / "run")]
+    env = {**env_with_path(ROOT), **({distributed.RANK_DIR_ENV: str(pids)} if pids else {})}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+
+
+def wait_for_steps(out: Path, n: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count('"step"') >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start training")
+
+
+@needs_mpi
+def test_ctrl_c_stops_every_rank_after_the_same_step(tmp_path, mlp):
+    proc = start_ranks(tmp_path, mlp)
+    try:
+        wait_for_steps(tmp_path / "run", 3)
+        os.killpg(proc.pid, signal.SIGINT)      # a terminal's Ctrl-C: the launcher, mpiexec and the ranks
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    step = checkpoint.load(tmp_path / "run" / checkpoint.FILENAME).step
+    assert f"interrupted: saved step {step} to" in err and err.count("interrupted: saved") == 1
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == step
+
+
+@needs_mpi
+def test_a_hung_rank_is_a_timeout_not_a_hang(tmp_path, mlp):
+    proc, seconds = launch(tmp_path, 2, timeout=TIMEOUT, env={distributed.TIMEOUT_ENV: "2"}, batch=16, steps=50,
+                           device="cpu", save=str(tmp_path / "x.npz"), fault="hang", fault_step=3)
+    assert proc.returncode != 0
+    assert seconds < 40
+    assert "rank 0 of 2" in proc.stderr and "got no answer from the other ranks within 2 s" in proc.stderr
+
+
+@needs_mpi
+def test_diverged_params_are_an_error_naming_the_param(tmp_path, mlp):
+    proc, _ = launch(tmp_path, 2, batch=16, steps=20, device="cpu", save=str(tmp_path / "x.npz"),
+                     fault="perturb", fault_step=3, check_every=4)
+    assert proc.returncode != 0
+    assert "ranks diverged at step 4: param b2 on rank 1 differs from rank 0" in proc.stderr
+
+
+def test_without_mpi4py_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)    # import mpi4py raises ImportError
+    with pytest.raises(FlowError, match=r"pip install 'flowgrad\[mpi\]'"):
+        distributed.join()
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(FlowError, match=r"--ranks needs mpi4py.*\n.*pip install 'flowgrad\[mpi\]'"):
+        distributed.mpiexec_command(2)
+
+
+def test_one_process_does_not_touch_mpi(monkeypatch, mlp):
+    for var in distributed.LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    assert not distributed.launched() and distributed.join() is None
+    r = one_process(mlp, 64, 2, "cpu")
+    assert r.ranks == 1 and r.rank == 0
+
+
+def test_explain_states_the_two_submit_step():
+    from flowgrad.planner.explain import explain
+
+    sess = fg.load("mlp").compile(device="cpu")
+    assert "ranks" not in explain(sess).to_dict()
+    sess.ranks = 2
+    report = explain(sess)
+    assert report.to_dict()["ranks"]["count"] == 2
+    assert "ranks: 2, data-parallel:" in report.text()
