@@ -13,6 +13,7 @@ from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.initializers import init_params
+from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.planner import Plan, make_plan
 
 
@@ -77,7 +78,7 @@ class Model:
             seed = graph.config.get("seed", 0)
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
                 raise FlowError(f"config seed must be an int in [0, 2**63), got {seed!r}")
-        sess = Session(self, graph, plan, dev, init_params(graph, seed))
+        sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed)
         sess.check_finite = bool(check_finite)
         return sess
 
@@ -99,13 +100,18 @@ def open_device(spec: str):
 class Session:
     """A compiled model: params, a plan, and the executor that carries it out."""
 
-    def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray]):
+    def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
+                 seed: int = 0):
         self.model = model
+        self.seed = seed
+        # training steps taken, for the random ops' counter (see flowgrad.ops.random)
+        self.train_steps = 0
         self.graph = graph
         self.plan = plan
         self.device = device
         self._warned = False
         self._index_uses = index_uses(graph)
+        self._hidden = {n.name for n in graph.nodes if n.op == "input" and n.name not in graph.inputs}
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
@@ -179,8 +185,12 @@ class Session:
         return out
 
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
-             grad_inputs: bool = False) -> StepResult:
-        """Forward (and backward, and an optimizer update when given)."""
+             grad_inputs: bool = False, train: bool | None = None) -> StepResult:
+        """Forward (and backward, and an optimizer update when given).
+
+        train: whether this is a training step (dropout active, batch norm
+        on batch statistics); by default, a step that computes gradients or
+        updates is one, a forward-only step is an evaluation."""
         if (grads or optimizer is not None) and self.graph.loss is None:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
@@ -193,7 +203,7 @@ class Session:
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        feeds = self.check_feeds(feeds)
+        feeds = self.runner_feeds(feeds, grads or optimizer is not None if train is None else train)
         if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
             outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs)
         else:
@@ -231,6 +241,22 @@ class Session:
         if close is not None:
             close()
         self.runner = ClosedRunner()
+
+
+    def runner_feeds(self, feeds: dict[str, np.ndarray], training: bool) -> dict[str, np.ndarray]:
+        """The checked feeds plus the inputs the session feeds itself (the
+        random state), for one step of the given kind."""
+        feeds = self.check_feeds(feeds)
+        if RNG_INPUT in self._hidden:
+            feeds[RNG_INPUT] = self._random_state(training)
+        return feeds
+
+    def _random_state(self, training: bool) -> np.ndarray:
+        """[training, step, seed, 0]. A training step's counter continues from
+        the optimizer's step, so a resumed run draws the masks it would have."""
+        if training:
+            self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
+        return rng_feed(training, self.train_steps, self.seed)
 
     def predict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
@@ -317,7 +343,7 @@ def index_uses(graph: Graph) -> dict[int, list]:
         bounds_of = None if user.op in LEAF_OPS else get_op(user.op).index_bounds
         if bounds_of is None:
             continue
-        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs]).items():
+        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs], user.attrs).items():
             if graph.nodes[user.inputs[pos]].op == "input":
                 uses.setdefault(user.inputs[pos], []).append((n, user))
     return uses
@@ -327,7 +353,8 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
     """Range-check a feed used as indices on the host: a device kernel would
     read garbage or give NaN instead of raising."""
     for n, user in uses:
-        bad = np.flatnonzero((values < 0) | (values >= n))
+        ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
+        bad = np.flatnonzero(((values < 0) | (values >= n)) & ~ignored)
         if bad.size:
             at = np.unravel_index(bad[0], values.shape)
             raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "

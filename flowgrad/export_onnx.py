@@ -120,7 +120,8 @@ def _permute(w, n, ins, ts):
 def _rmsnorm(w, n, ins, ts):
     x, weight = ins
     dt = _dt(n)
-    ms = w.op("ReduceMean", [w.op("Mul", [x, x])], axes=[-1], keepdims=1)
+    axes = list(range(-len(ts[1].shape), 0))  # the trailing axes weight spans
+    ms = w.op("ReduceMean", [w.op("Mul", [x, x])], axes=axes, keepdims=1)
     scale = w.op("Sqrt", [w.op("Add", [ms, w.scalar(n.attrs["eps"], dt)])])
     return w.op("Mul", [w.op("Div", [x, scale]), weight])
 
@@ -152,11 +153,24 @@ def _attention(w, n, ins, ts):
     return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.ints(ts[0].shape)])
 
 
-def _cross_entropy(w, n, ins, ts):
-    logits, targets = ins
-    picked = w.op("GatherElements", [w.op("LogSoftmax", [logits], axis=-1),
-                                     w.op("Unsqueeze", [w.op("Cast", [targets], to=7), w.ints([-1])])], axis=-1)
-    return w.op("Neg", [w.op("ReduceMean", [picked], keepdims=0)])
+def _class_loss(kind):
+    """cross_entropy / nll_loss as ONNX's loss op (mean reduction, weight,
+    ignore_index), which wants the classes on axis 1."""
+    def convert(w, n, ins, ts):
+        if n.attrs.get("label_smoothing", 0.0):
+            raise FlowError(f"cannot export {n.op} (node {n.label}) to ONNX: label_smoothing has no ONNX "
+                            "counterpart", n.span)
+        x, targets, *weight = ins
+        nd = len(ts[0].shape)
+        axis = n.attrs["axis"] % nd
+        if nd == 1:  # one row: [C] -> [1, C]
+            x, targets = w.op("Unsqueeze", [x, w.ints([0])]), w.op("Unsqueeze", [targets, w.ints([0])])
+        elif axis != 1:  # the targets' axes are the others, in order, as ONNX wants them
+            rest = [d for d in range(nd) if d != axis]
+            x = w.op("Transpose", [x], perm=[rest[0], axis, *rest[1:]])
+        return w.op(kind, [x, w.op("Cast", [targets], to=7), *weight], reduction="mean",
+                    ignore_index=int(n.attrs["ignore_index"]))
+    return convert
 
 
 def _mse(w, n, ins, ts):
@@ -183,10 +197,12 @@ CONVERTERS = {
     "transpose": _transpose, "permute": _permute, "slice": _slice,
     "concat": lambda w, n, ins, ts: w.op("Concat", ins, axis=n.attrs.get("axis", -1) % len(n.shape)),
     "embedding": lambda w, n, ins, ts: w.op("Gather", [ins[1], ins[0]], axis=0),
-    "layernorm": lambda w, n, ins, ts: w.op("LayerNormalization", ins, axis=-1, epsilon=float(n.attrs["eps"])),
+    "layernorm": lambda w, n, ins, ts: w.op("LayerNormalization", ins, axis=-len(ts[1].shape),
+                                            epsilon=float(n.attrs["eps"])),
     "rmsnorm": _rmsnorm,
     "attention": _attention,
-    "cross_entropy": _cross_entropy, "mse_loss": _mse,
+    "cross_entropy": _class_loss("SoftmaxCrossEntropyLoss"), "nll_loss": _class_loss("NegativeLogLikelihoodLoss"),
+    "mse_loss": _mse,
     "cast": _cast,
 }
 
@@ -230,8 +246,7 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
                 where = f" at {node.span.where()}" if node.span else ""
                 raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}){where} has "
                                 "no ONNX counterpart here", node.span,
-                                hint="ops registered from Python cannot be exported; write the model with "
-                                     "built-in ops")
+                                hint="exported ops: " + ", ".join(sorted(CONVERTERS)))
             names[node.id] = convert(w, node, [names[i] for i in node.inputs],
                                      [graph.nodes[i].type for i in node.inputs])
     outs = []

@@ -220,6 +220,11 @@ class Graph:
                 stack.extend(self.nodes[i].inputs)
         return [n for n in self.nodes if n.id in keep]
 
+    def trainable(self) -> dict[str, int]:
+        """The params the optimizer updates and gradients are reported for:
+        all but `state` declarations (which ops update in place)."""
+        return {k: i for k, i in self.params.items() if not self.nodes[i].attrs.get("state")}
+
     def param_count(self) -> int:
         return sum(self.nodes[i].type.size for i in self.params.values())
 

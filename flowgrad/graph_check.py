@@ -41,6 +41,8 @@ def _check_leaf(node: Node) -> None:
     if node.inputs:
         raise _bad(node, f"a {node.op} has no inputs, this one reads {len(node.inputs)}")
     want = {"input": set(), "param": {"init"}, "const": {"value"}}[node.op]
+    if node.op == "param" and node.attrs.get("state") is True:
+        want = {"init", "state"}  # a `state` declaration
     if set(node.attrs) != want:
         raise _bad(node, f"a {node.op}'s attrs are {sorted(want) or 'none'}, got {sorted(node.attrs) or 'none'}")
     if node.op == "param":
@@ -96,7 +98,9 @@ def _check_maps(graph: Graph) -> None:
                 raise _bad(node, f"{kind}s[{name!r}] points at a {node.op} named {node.name!r}")
         listed = set(table.values())
         for node in graph.nodes:
-            if node.op == kind and node.id not in listed:
+            # an "@" input is one the session feeds itself (the random state): no user name has an "@"
+            session_fed = kind == "input" and node.name.startswith("@")
+            if node.op == kind and node.id not in listed and not session_fed:
                 raise _bad(node, f"this {kind} is missing from the graph's {kind}s")
     for name, i in graph.outputs.items():
         if not (isinstance(i, int) and 0 <= i < n):

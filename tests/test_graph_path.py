@@ -1,5 +1,5 @@
 """The graph executor. Every test that runs a graph first asserts the path
-taken, then compares numbers (lesson 3: a test that only compared gradients
+taken, then compares numbers (a test that only compared gradients
 would pass with the graph path silently refused, because closures are always
 correct).
 
@@ -325,11 +325,11 @@ def test_f16_backward_without_an_f16_lowering_is_refused_by_the_planner(vk_devic
     assert plan.path == "closures" and "f16" in plan.last_path
 
 
-# ---------------------------------------------------------------- the reference's six tests
+# ---------------------------------------------------------------- attention regressions
 #
-# reference/test-ag-flash-graph-bwd.R, ported: attention recorded without its
-# op record cost the whole tape its graph backward, silently. Each test asserts
-# the path first; the numbers second.
+# The failure these guard against: attention recorded without its op record
+# cost the whole tape its graph backward, silently. Each test asserts the path
+# first; the numbers second.
 
 ATTN = """
 model attn
@@ -364,7 +364,7 @@ def attn_model(causal=False, extra=False):
 
 
 def run_tape(device, backward, dtype="f32", causal=False, extra=False):
-    """One step; returns (session, loss, grads) with the reference's uniform(-1, 1) q, k, v."""
+    """One step; returns (session, loss, grads) with uniform(-1, 1) q, k, v."""
     sess = attn_model(causal, extra).compile(device=device, dtype=dtype, backward=backward)
     rng = np.random.default_rng(1)
     np_dtype = np.float16 if dtype == "f16" else np.float32

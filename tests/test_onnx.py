@@ -106,3 +106,57 @@ def test_an_op_without_onnx_counterpart_names_the_node_and_line(tmp_path):
         sess.to_onnx(tmp_path / "odd.onnx")
     assert str(e.value).startswith("odd.flow:3:") and "op py_double (node y)" in str(e.value)
     assert not (tmp_path / "odd.onnx").exists()
+
+
+CLASS_LOSSES = """
+model losses
+input x: f32[3, 4, 5]
+input t: i32[3, 4]
+input u: i32[3, 5]
+param cw: f32[5] = uniform(0.5, 1.5)
+param lw: f32[4, 5] = uniform(0.5, 1.5)
+param lb: f32[4, 5] = normal(std=0.1)
+ce = cross_entropy(x, t, cw, ignore_index=2)
+ca = cross_entropy(x, u, axis=1)
+nl = nll_loss(log_softmax(x), t, cw)
+ln = layernorm(x, lw, lb)
+rn = rmsnorm(x, lw)
+output ce, ca, nl, ln, rn
+"""
+
+
+def test_class_losses_and_trailing_axis_norms_agree_with_flowgrad(tmp_path):
+    sess = fg.loads(CLASS_LOSSES).compile(device="cpu")
+    rng = np.random.default_rng(1)
+    t = rng.integers(0, 5, (3, 4)).astype(np.int32)
+    t[0, :2] = 2   # ignored targets
+    feeds = {"x": rng.normal(size=(3, 4, 5)).astype(np.float32), "t": t,
+             "u": rng.integers(0, 4, (3, 5)).astype(np.int32)}
+    names = ["ce", "ca", "nl", "ln", "rn"]
+    sess.to_onnx(tmp_path / "l.onnx", outputs=names)
+    got = run_onnx(tmp_path / "l.onnx", feeds)
+    want = sess.step(feeds, grads=False).outputs
+    for name in names:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_label_smoothing_and_ops_without_converter_are_refused(tmp_path):
+    smooth = fg.loads("model s\ninput x: f32[2, 3]\ninput t: i32[2]\nl = cross_entropy(x, t, label_smoothing=0.1)\n"
+                      "output l\n", file="s.flow").compile(device="cpu")
+    with pytest.raises(FlowError, match="label_smoothing has no ONNX counterpart"):
+        smooth.to_onnx(tmp_path / "s.onnx", outputs=["l"])
+    conv = fg.loads("model c\ninput x: f32[1, 1, 4, 4]\nparam w: f32[2, 1, 3, 3] = normal()\ny = conv2d(x, w)\n"
+                    "output y\n", file="c.flow").compile(device="cpu")
+    with pytest.raises(FlowError) as e:
+        conv.to_onnx(tmp_path / "c.onnx")
+    assert str(e.value).startswith("c.flow:4:") and "op conv2d (node y)" in str(e.value)
+    assert not (tmp_path / "c.onnx").exists()
+
+
+def test_a_single_row_cross_entropy_exports(tmp_path):
+    sess = fg.loads("model o\ninput x: f32[5]\ninput t: i32[]\nl = cross_entropy(x, t)\noutput l\n").compile(
+        device="cpu")
+    sess.to_onnx(tmp_path / "o.onnx", outputs=["l"])
+    feeds = {"x": np.arange(5, dtype=np.float32) / 3, "t": np.array(3, np.int32)}
+    np.testing.assert_allclose(run_onnx(tmp_path / "o.onnx", feeds)["l"], sess.step(feeds, grads=False).outputs["l"],
+                               rtol=1e-6)

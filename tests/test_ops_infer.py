@@ -32,7 +32,9 @@ def test_the_docs_op_table_shows_every_builtin_op_once():
 
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
-        "embedding": {0}, "cross_entropy": {1}, "attention": {3}, "where": {0}}
+        "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
+        "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0}, "where": {0},
+        **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}, "topk_indices": {0}}
 
 
 def T(*shape, dtype="f32"):
@@ -122,7 +124,33 @@ TYPES = [
     ("attention", [T(2, 4, 6), T(2, 5, 6), T(2, 5, 6)], {"heads": 3, "causal": True}, T(2, 4, 6)),
     ("layernorm", [T(2, 3, 8), T(8), T(8)], {}, T(2, 3, 8)),
     ("cross_entropy", [T(2, 3, 5), T(2, 3, dtype="i32")], {}, T()),
+    ("cross_entropy", [T(2, 5, 3), T(2, 3, dtype="i32"), T(5)], {"axis": 1, "label_smoothing": 0.1}, T()),
     ("mse_loss", [T(2, 3), T(2, 3)], {}, T()),
+    ("conv2d", [T(2, 4, 7, 6), T(6, 2, 3, 2), T(6)], {"stride": 2, "padding": 1, "groups": 2}, T(2, 6, 4, 4)),
+    ("conv2d", [T(1, 3, 5, 5, dtype="f16"), T(2, 3, 3, 3, dtype="f16")], {"padding": "same"},
+     T(1, 2, 5, 5, dtype="f16")),
+    ("conv1d", [T(2, 3, 9), T(4, 3, 3)], {"stride": 2}, T(2, 4, 4)),
+    ("conv_transpose2d", [T(1, 4, 3, 3), T(4, 2, 3, 3)], {"stride": 2, "padding": 1, "output_padding": 1},
+     T(1, 2, 6, 6)),
+    ("maxpool2d", [T(2, 3, 7, 6)], {"kernel_size": 2}, T(2, 3, 3, 3)),
+    ("avgpool2d", [T(2, 3, 7, 6)], {"kernel_size": 3, "stride": 2, "padding": 1}, T(2, 3, 4, 3)),
+    ("adaptive_avgpool2d", [T(2, 3, 7, 6)], {"output_size": 1}, T(2, 3, 1, 1)),
+    ("flatten", [T(2, 3, 4)], {"start_dim": 1}, T(2, 12)),
+    ("pad", [T(2, 3, dtype="i32")], {"pad": [1, 2]}, T(2, 6, dtype="i32")),
+    ("dropout", [T(2, 3, dtype="f16"), T(4, dtype="i32")], {"p": 0.1}, T(2, 3, dtype="f16")),
+    ("batchnorm", [T(2, 3, 4, 4), T(3), T(3), T(3), T(3), T(4, dtype="i32")], {}, T(2, 3, 4, 4)),
+    ("groupnorm", [T(2, 4, 5), T(4), T(4)], {"groups": 2}, T(2, 4, 5)),
+    ("erf", [T(3)], {}, T(3)), ("softplus", [T(2, 3)], {"beta": 2}, T(2, 3)),
+    ("leaky_relu", [T(3, dtype="f16")], {}, T(3, dtype="f16")), ("elu", [T(3)], {"alpha": 0.5}, T(3)),
+    ("l1_loss", [T(2, 3), T(2, 3)], {}, T()), ("huber_loss", [T(3), T(3)], {"delta": 2}, T()),
+    ("bce_with_logits", [T(4), T(4)], {}, T()),
+    ("nll_loss", [T(4, 3), T(4, dtype="i32")], {}, T()),
+    ("argmax", [T(4, 3)], {}, T(4, dtype="i32")), ("argmax", [T(4, 3, dtype="i32")], {"axis": 0, "keepdims": True},
+                                                  T(1, 3, dtype="i32")),
+    ("eq", [T(4, dtype="i32"), T(4, dtype="i32")], {}, T(4, dtype="i32")), ("ne", [T(2, 1), T(3)], {}, T(2, 3)),
+    ("lt", [T(3), T()], {}, T(3)), ("le", [T(3), T(3)], {}, T(3)), ("gt", [T(3), T(3)], {}, T(3)),
+    ("ge", [T(3, dtype="f16"), T(3, dtype="f16")], {}, T(3, dtype="f16")),
+    ("topk", [T(2, 7)], {"k": 3}, T(2, 3)), ("topk_indices", [T(5, 2)], {"k": 2, "axis": 0}, T(2, 2, dtype="i32")),
 ]
 
 
@@ -156,6 +184,29 @@ ATTR_VALUES = {
     "dtype": ["f32", "f16", "i32", "f64"],
     "heads": [1, 2, 3, 0, -1],
     "causal": [False, True],
+    "stride": [None, 1, 2, [1, 2], [0, 1], "2"],
+    "padding": [0, 1, [1, 0], "same", "valid", "full", -1],
+    "dilation": [1, 2, [2, 1], 0],
+    "groups": [1, 2, 3, 0],
+    "output_padding": [0, 1, [1, 0], 3],
+    "kernel_size": [1, 2, 3, [2, 1], 0],
+    "count_include_pad": [True, False],
+    "output_size": [1, 2, [2, 3], 0],
+    "start_dim": [0, 1, -1, 5],
+    "end_dim": [0, -1, 1, 5],
+    "pad": [[1, 1], [0, 1, 2, 0], [1], [-1, 0], []],
+    "value": [0.0, 1.5, -2],
+    "p": [0.0, 0.5, 1, 1.5, -0.1],
+    "stream": [None, 0, 7],
+    "momentum": [0.1, 0.0, 1.5],
+    "ignore_index": [-100, 0, 3],
+    "label_smoothing": [0.0, 0.1, 1.5],
+    "beta": [1.0, 2, 0, -1.0],
+    "threshold": [20.0, 1, -3.0],
+    "negative_slope": [0.01, 0.5, -1],
+    "alpha": [1.0, 0.3],
+    "delta": [1.0, 0.5, 0, -1],
+    "k": [1, 2, 0, 9],
 }
 ANY_ATTR_VALUES = [None, 0, 1.5, -2, "x", [1], True]  # for an attr not listed above
 DTYPE_PICKS = ["f32", "f32", "f32", "f16", "i32"]

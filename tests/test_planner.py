@@ -1,4 +1,4 @@
-"""The planner's verdicts: the reference's regressions, as planner tests.
+"""The planner's verdicts on the graph-path regressions it exists to catch.
 
 These need no device: the planner decides from op records, dtypes and a
 DeviceInfo, so a stand-in DeviceInfo says "there is a Vulkan device"."""

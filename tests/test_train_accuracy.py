@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
     ("mlp.flow", "accuracy", 0.95),
     ("logreg.flow", "accuracy", 0.93),
     ("tiny_gpt.flow", "token_accuracy", 0.99),
+    ("cnn.flow", "accuracy", 0.985),
 ])
 def test_model_reaches_its_accuracy(file, metric, target, tmp_path):
     res = fg.train(fg.load(MODELS / file), device="cpu", out=tmp_path, progress=False)

@@ -116,10 +116,15 @@ class InputDecl:
 
 @attrs.frozen
 class ParamDecl:
+    """`param`, or with state=True `state`: a value the model keeps between
+    steps that ops update in place (batch norm's running statistics), never
+    the optimizer."""
+
     name: Name
     type: TensorTypeExpr
     init: Call
     pos: Pos
+    state: bool = False
 
 
 @attrs.frozen

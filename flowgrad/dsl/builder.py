@@ -132,7 +132,7 @@ class Builder(Calls, Builtins):
         old = scope.names.get(name.id)
         if old is None or (kind == "value" and old.kind in ("value", "arg")):
             return
-        what = f"{kind} {name.id!r}" if kind in ("input", "param") else f"name {name.id!r}"
+        what = f"{kind} {name.id!r}" if kind in ("input", "param", "state") else f"name {name.id!r}"
         raise self.error(f"redefined {what}: {name.id!r} is already {self.describe(old)} "
                          f"(line {old.pos[0]}, column {old.pos[1]})", name.pos, scope)
 
@@ -146,7 +146,8 @@ class Builder(Calls, Builtins):
 
     @staticmethod
     def describe(b: Binding) -> str:
-        return {"input": "an input", "param": "a param", "arg": "a block argument"}.get(b.kind, "defined")
+        return {"input": "an input", "param": "a param", "state": "a state", "arg": "a block argument"}.get(
+            b.kind, "defined")
 
     def tensor_type(self, t: ast.TensorTypeExpr, scope: Scope) -> TensorType:
         name = t.dtype.id
@@ -174,16 +175,19 @@ class Builder(Calls, Builtins):
         scope.names[s.name.id] = Binding(Tensor(node.id), "input", s.name.pos)
 
     def param_decl(self, s: ast.ParamDecl, scope: Scope):
-        self.check_new_name(s.name, "param", scope)
+        kind = "state" if s.state else "param"
+        self.check_new_name(s.name, kind, scope)
         full = scope.prefix + s.name.id   # unique: instance prefixes are, and a scope's names are
         ttype = self.tensor_type(s.type, scope)
         if ttype.dtype not in FLOAT_DTYPES:
-            raise self.error(f"param {s.name.id} is {ttype}: params are float tensors (f32 or f16)",
+            raise self.error(f"{kind} {s.name.id} is {ttype}: {kind}s are float tensors (f32 or f16)",
                              s.type.pos, scope)
         init = self.initialiser(s.init, scope)
-        node = self.graph.add("param", (), ttype, full, {"init": init}, self.span(s.pos, scope))
+        # a state is a param the optimizer leaves alone: saved, loaded and resident like one
+        attrs = {"init": init, "state": True} if s.state else {"init": init}
+        node = self.graph.add("param", (), ttype, full, attrs, self.span(s.pos, scope))
         self.graph.params[full] = node.id
-        scope.names[s.name.id] = Binding(Tensor(node.id), "param", s.name.pos)
+        scope.names[s.name.id] = Binding(Tensor(node.id), kind, s.name.pos)
 
     def assign(self, s: ast.Assign, scope: Scope):
         value = self.value(s.value, scope)

@@ -208,6 +208,18 @@ class NodeBuilder:
     def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
         return self._b.add_node(op_name, list(input_ids), OPS[op_name].with_defaults(attrs), self.span).id
 
+    def hidden_input(self, name: str, type: TensorType) -> int:
+        """The graph's input `name` that the session feeds itself (not a
+        user input: not in graph.inputs), created on first use."""
+        for node in self.graph.nodes:
+            if node.op == "input" and node.name == name:
+                return node.id
+        return self.graph.add("input", [], type, name=name, span=self.span).id
+
+    def next_id(self) -> int:
+        """The id the node being built will get."""
+        return len(self.graph.nodes)
+
 
 
 def _plain(v):

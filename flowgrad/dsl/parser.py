@@ -136,6 +136,9 @@ class ToAst(Transformer_NonRecursive):
     def param_decl(self, meta, ch):
         return ast.ParamDecl(tok_name(ch[0]), ch[1], ch[2], meta_pos(meta))
 
+    def state_decl(self, meta, ch):
+        return ast.ParamDecl(tok_name(ch[0]), ch[1], ch[2], meta_pos(meta), state=True)
+
     def tensor_type(self, meta, ch):
         return ast.TensorTypeExpr(tok_name(ch[0]), ch[1], meta_pos(meta))
 

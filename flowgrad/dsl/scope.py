@@ -19,7 +19,7 @@ class Tensor:
 @attrs.frozen
 class Binding:
     value: object   # Tensor, a compile-time value, or a tuple of them (several returns)
-    kind: str       # "input" | "param" | "value" | "arg"
+    kind: str       # "input" | "param" | "state" | "value" | "arg"
     pos: ast.Pos
 
 

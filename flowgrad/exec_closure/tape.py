@@ -37,9 +37,10 @@ def check_index_inputs(graph: Graph, node: Node, ins) -> None:
     bounds_of = get_op(node.op).index_bounds
     if bounds_of is None:
         return
-    for pos, n in bounds_of([graph.nodes[i].type for i in node.inputs]).items():
+    ignore = node.attrs.get("ignore_index")  # targets equal to it count for nothing
+    for pos, n in bounds_of([graph.nodes[i].type for i in node.inputs], node.attrs).items():
         values = np.asarray(ins[pos])
-        bad = np.flatnonzero((values < 0) | (values >= n))
+        bad = np.flatnonzero(((values < 0) | (values >= n)) & (values != ignore))
         if bad.size:
             at = np.unravel_index(bad[0], values.shape)
             src = graph.nodes[node.inputs[pos]]
@@ -154,7 +155,7 @@ class ClosureSession:
         out_grads = {}
         if grads or optimizer is not None:
             by_id = self.executor.backward(values, tape, g.loss)
-            for name, i in g.params.items():
+            for name, i in g.trainable().items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
             if grad_inputs:
                 for name, i in g.inputs.items():
@@ -167,10 +168,11 @@ class ClosureSession:
     def apply_update(self, optimizer, grads) -> None:
         """One optimizer update with the given gradients (in data-parallel
         training: averaged across ranks)."""
+        trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
         if not self.opt_state:
-            self.opt_state = optimizer.init_state(self.params)
+            self.opt_state = optimizer.init_state(trained)
         self.opt_step += 1
-        optimizer.update(self.params, grads, self.opt_state, self.opt_step)
+        optimizer.update(trained, grads, self.opt_state, self.opt_step)
 
     def get_params(self):
         return {k: v.copy() for k, v in self.params.items()}

@@ -84,7 +84,8 @@ class GraphSession:
     def optimizer_state_views(self, optimizer) -> dict:
         key = id(optimizer)
         if key not in self.opt_state:
-            state = optimizer.init_state(self.get_params())
+            trained = self.graph.trainable()
+            state = optimizer.init_state({k: v for k, v in self.get_params().items() if k in trained})
             for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
                 state.get(pname, {}).update({k: v for k, v in entries.items() if k in state.get(pname, {})})
             bufs = {}
@@ -136,7 +137,7 @@ class GraphSession:
         loss = got.get("@loss")
         out_grads = {}
         if grads or (optimizer is not None and prog.optimizer is None):
-            for name, i in g.params.items():
+            for name, i in g.trainable().items():
                 out_grads[name] = got.get(f"@grad:{name}")
                 if out_grads[name] is None:
                     out_grads[name] = np.zeros(g.nodes[i].shape, NUMPY[g.nodes[i].dtype])
@@ -164,7 +165,8 @@ class GraphSession:
 
     def _host_update(self, optimizer, grads):
         """An optimizer without a graph-path `record`: update on the host (a round trip per step)."""
-        params = self.get_params()
+        trained = self.graph.trainable()
+        params = {k: v for k, v in self.get_params().items() if k in trained}
         if not self.host_opt_state:
             self.host_opt_state = optimizer.init_state(params)
             for pname, entries in (self.loaded_opt_state or {}).items():

@@ -40,6 +40,7 @@ class VulkanKernels:
         self.on_numpy: set[str] = set()     # ops that ran on numpy for want of a lowering (explain shows it)
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
+        op = get_op(node.op)
         low = lowering_for(node.op)
         dtypes = [dtype_of(x, narrow=True) for x in ins]
         promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
@@ -54,7 +55,12 @@ class VulkanKernels:
                 self.on_numpy.add(node.op)
                 return self.numpy.forward(node, ins)
             s.download(out)
-            (result,) = s.run()
+            updated = sorted(op.updates)
+            for pos in updated:  # state the forward wrote in place (running statistics)
+                s.download(views[pos])
+            result, *new = s.run()
+        for pos, value in zip(updated, new):
+            ins[pos][...] = value
         return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
 
     def vjp(self, node: Node, g, ins, out) -> list:

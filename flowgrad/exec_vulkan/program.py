@@ -111,7 +111,8 @@ class StepLayout:
                 self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
         self.io = StepIO()
         up, down = staging
-        for name, i in graph.inputs.items():
+        # every input node: the user's and those the session feeds itself (the random state)
+        for name, i in {n.name: n.id for n in graph.nodes if n.op == "input"}.items():
             if ("val", i) in mem.slots:
                 node = graph.nodes[i]
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
@@ -145,7 +146,7 @@ class StepLayout:
     def param_grads(self, make_buffer) -> dict[str, BufView]:
         """Each param's gradient view; a param the loss does not reach gets a zeroed buffer."""
         out = {}
-        for name, i in self.graph.params.items():
+        for name, i in self.graph.trainable().items():
             if ("grad", i) in self.mem.slots:
                 out[name] = self.view(("grad", i))
             else:
@@ -182,7 +183,7 @@ class StepProgram:
         if optimizer is not None and hasattr(optimizer, "record"):
             grads = self.layout.param_grads(make_buffer)
             state = sess.optimizer_state_views(optimizer)
-            params = {name: sess.param_view(name) for name in graph.params}
+            params = {name: sess.param_view(name) for name in graph.trainable()}
             hyper = self.layout.hyper
             zero = dict(self.layout.zero_grads)
 
@@ -275,7 +276,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     opt_record = None
     if on_device is not None:
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
-                  for name, i in graph.params.items()}
+                  for name, i in graph.trainable().items()}
         zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
         state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
                                 dtype_of(np.asarray(a), narrow=True))

@@ -49,7 +49,18 @@ SPECS_TEXT = {
     "strided_copy": "n: u32, rank: u32, src_off: u32, dst_off: u32, shape: u32[8], sstride: u32[8], "
                     "dstride: u32[8]",
     "sumsq": "n: u32, offset: u32",
-    "xent": "N: u32, C: u32, S: u32, mode: u32, scale: f32",
+    "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
+    "conv": "N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, "
+            "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32",
+    "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
+            "mode: u32, include_pad: u32",
+    "dropout": "n: u32, thr: u32, stream: u32, scale: f32",
+    "pointwise": "n: u32, op: u32, p0: f32, p1: f32, scale: f32, g_scalar: u32",
+    "argmax": "n_out: u32, L: u32, inner: u32, is_int: u32",
+    "topk": "rows: u32, L: u32, inner: u32, k: u32, mode: u32",
+    "compare": "n: u32, op: u32, rank: u32, is_int: u32, shape: u32[6], sa: u32[6], sb: u32[6]",
+    "bnorm": "N: u32, C: u32, S: u32, inner: u32, segments: u32, seg_len: u32, outer_stride: u32, seg_stride: u32, "
+             "mode: u32, flags: u32, eps: f32, momentum: f32",
     **{f"attn_{kind}_d{d}": ATTENTION for kind in ("fwd", "bwd_dq", "bwd_dkdv") for d in (32, 64, 128, 256)},
 }
 

@@ -17,7 +17,8 @@ from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults,
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
-          nondiff=(), index_bounds=None, doc: str = "", decompose=None, check=None, samples=()) -> Op:
+          nondiff=(), index_bounds=None, updates=(), doc: str = "", decompose=None, check=None,
+          samples=()) -> Op:
     """decompose: define the op as a composition of ops (see Op); infer,
     forward and vjp then come from it. check(in_types, attrs): the op's own
     checks, run before the composition's."""
@@ -45,8 +46,9 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
 
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
-            doc=doc, decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at))
-            if decompose else None, samples=tuple(samples))
+            updates=frozenset(updates), doc=doc,
+            decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
+            samples=tuple(samples))
     return register(op)
 
 

@@ -7,9 +7,9 @@ from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.reduce import log_softmax_of, softmax_of
+from flowgrad.ops.reduce import log_softmax_of
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
 
 
 def _mse_infer(ins, at):
@@ -32,39 +32,95 @@ mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
 
 
 def _ce_infer(ins, at):
-    logits, targets = ins
+    logits, targets, *weight = ins
     float_dtype(logits, "logits")
     if targets.dtype != "i32":
         raise OpTypeError(f"targets must be i32 class indices, got {targets}")
-    if not logits.shape or targets.shape != logits.shape[:-1]:
-        raise OpTypeError(f"logits [..., C] need targets shaped [...]: got logits {logits}, targets {targets} "
-                          f"(expected targets i32[{','.join(map(str, logits.shape[:-1]))}])")
+    if not logits.shape:
+        raise OpTypeError(f"logits must have a class axis, got {logits}")
+    axis = norm_axis(at["axis"], len(logits.shape))
+    rest = logits.shape[:axis] + logits.shape[axis + 1:]
+    if targets.shape != rest:
+        where = "[..., C]" if axis == len(logits.shape) - 1 else f"classes on axis {at['axis']}"
+        raise OpTypeError(f"logits {where} need targets shaped like logits without the class axis: got logits "
+                          f"{logits}, targets {targets} (expected targets i32[{','.join(map(str, rest))}])")
+    c = logits.shape[axis]
+    if weight and (weight[0].shape != (c,) or weight[0].dtype != logits.dtype):
+        raise OpTypeError(f"weight must be {logits.dtype}[{c}] (one per class), got {weight[0]}")
+    if not 0.0 <= at["label_smoothing"] <= 1.0:
+        raise OpTypeError(f"label_smoothing={at['label_smoothing']} must be in [0, 1]")
     return TensorType((), logits.dtype)
 
 
-def _picked(logits, targets):
-    """Flattened logits [n, C] and checked targets [n]."""
-    c = logits.shape[-1]
+def _picked(ins, at):
+    """(logits as [n, C], targets [n] clipped into range, the rows that
+    count, class weights [C]), with out-of-range targets refused."""
+    logits, targets, *weight = ins
+    axis = norm_axis(at["axis"], logits.ndim)
+    z = np.moveaxis(wide(logits), axis, -1)
+    c = z.shape[-1]
     t = np.asarray(targets).reshape(-1)
-    if t.size and (t.min() < 0 or t.max() >= c):
-        bad = t[(t < 0) | (t >= c)][0]
-        raise FlowError(f"cross_entropy: target {bad} is out of range for {c} classes")
-    return wide(logits).reshape(-1, c), t
+    valid = t != at["ignore_index"]
+    bad = valid & ((t < 0) | (t >= c))
+    if bad.any():
+        raise FlowError(f"cross_entropy: target {t[bad][0]} is out of range for {c} classes")
+    w = wide(weight[0]) if weight else np.ones(c, z.dtype)
+    return z.reshape(-1, c), np.where(valid, t, 0), valid, w
+
+
+def _ce_parts(ins, at):
+    z, t, valid, w = _picked(ins, at)
+    lp = z if at.get("log_probs") else log_softmax_of(z, -1)
+    rows = np.arange(t.size)
+    tw = np.where(valid, w[t], 0.0)
+    return z, t, valid, w, lp, rows, tw, tw.sum()
 
 
 def _ce_forward(ins, at):
-    z, t = _picked(*ins)
-    return narrow(-np.mean(log_softmax_of(z, -1)[np.arange(t.size), t]), ins[0])
+    z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
+    eps, c = at.get("label_smoothing", 0.0), z.shape[-1]
+    nll = -(tw * lp[rows, t]).sum()
+    smooth = -(valid[:, None] * lp * w).sum()
+    with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: NaN, as PyTorch
+        return narrow(((1 - eps) * nll + eps / c * smooth) / den, ins[0])
 
 
 def _ce_vjp(g, ins, out, at):
-    logits, _ = ins
-    z, t = _picked(*ins)
-    d = softmax_of(z, -1)
-    d[np.arange(t.size), t] -= 1.0
-    return [narrow((wide(g) * d / t.size).reshape(logits.shape), logits), None]
+    logits = ins[0]
+    z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
+    eps, c = at.get("label_smoothing", 0.0), z.shape[-1]
+    p = np.zeros_like(lp) if at.get("log_probs") else np.exp(lp)
+    d = (1 - eps) * tw[:, None] * p
+    d[rows, t] -= (1 - eps) * tw
+    d += eps / c * valid[:, None] * (w.sum() * p - w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = wide(g) * d / den
+    axis = norm_axis(at["axis"], logits.ndim)
+    shape = logits.shape[:axis] + logits.shape[axis + 1:] + (c,)
+    grads = [narrow(np.moveaxis(d.reshape(shape), -1, axis), logits), None]
+    return grads + ([None] * (len(ins) - 2))
 
 
-cross_entropy = defop("cross_entropy", (Arg("logits"), Arg("targets")), _ce_infer, _ce_forward, _ce_vjp,
-                      nondiff=(1,), index_bounds=lambda ins: {1: ins[0].shape[-1]},
-                      doc="mean over targets of -log_softmax(logits)[target]; targets i32")
+cross_entropy = defop(
+    "cross_entropy",
+    (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
+     Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
+    _ce_infer, _ce_forward, _ce_vjp, nondiff=(1, 2),
+    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
+    doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
+        "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
+
+
+def _nll_infer(ins, at):
+    return _ce_infer(ins, at | {"label_smoothing": 0.0})
+
+
+nll_loss = defop(
+    "nll_loss",
+    (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
+     Arg("axis", "attr", -1, (int,))),
+    _nll_infer, lambda ins, at: _ce_forward(ins, at | {"log_probs": True}),
+    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | {"log_probs": True}), nondiff=(1, 2),
+    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
+    doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
+        "count for nothing")

@@ -55,9 +55,12 @@ class Op:
     Optional tensor args that were not given are left out of the inputs
     (attention's mask is its 4th input only when present).
     nondiff: input positions that never get a gradient (indices, targets).
-    index_bounds(in_types) -> {position: n}: inputs that hold indices, each
-        valid in [0, n); a feed reaching one is range-checked on the host,
-        since a device kernel can't raise.
+    index_bounds(in_types, attrs) -> {position: n}: inputs that hold indices,
+        each valid in [0, n) (or equal to the node's `ignore_index` attr); a
+        feed reaching one is range-checked on the host, since a device kernel
+        can't raise.
+    updates: input positions the forward updates in place (state: batch
+        norm's running statistics); every executor keeps what it writes.
     decompose(emit, ins, attrs) -> value: the op as a composition of other
         ops, emit(op_name, values, attrs) -> value. The builder puts the
         composition in the graph instead of one node, so the op needs no
@@ -73,6 +76,7 @@ class Op:
     expand: Callable | None = None
     nondiff: frozenset = frozenset()
     index_bounds: Callable | None = None
+    updates: frozenset = frozenset()
     doc: str = ""
     decompose: Callable | None = None
     samples: tuple = ()

@@ -184,5 +184,5 @@ def _embedding_vjp(g, ins, out, at):
 
 embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
                   lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])], _embedding_vjp,
-                  nondiff=(0,), index_bounds=lambda ins: {0: ins[1].shape[0]},
+                  nondiff=(0,), index_bounds=lambda ins, at: {0: ins[1].shape[0]},
                   doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")

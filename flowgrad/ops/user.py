@@ -1,7 +1,7 @@
 """Ops defined from Python by users: they run on closures only.
 
 A model that uses one is refused the graph path, with a reason naming the op
-and the line: the reference's silent fallback, made a reported feature."""
+and the line: a fallback to closures is always reported, never silent."""
 from __future__ import annotations
 
 import inspect

@@ -193,7 +193,7 @@ def run_analyze(sess, steps: int) -> dict:
         t0 = time.perf_counter()
         sess.step(feeds, grads=grads)
         step_times.append(time.perf_counter() - t0)
-    per_op = sess.runner.profile(feeds, steps, grads=grads)
+    per_op = sess.runner.profile(sess.runner_feeds(feeds, grads), steps, grads=grads)
     total = sum(t for _, _, t in per_op) or 1.0
     top = sorted(per_op, key=lambda r: -r[2])
     op_of = {n.label: n.op for n in sess.graph.nodes}

@@ -167,7 +167,7 @@ def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
     closures, which check each index before the op reads it."""
     if op.index_bounds is None:
         return None
-    for pos in op.index_bounds([graph.nodes[i].type for i in node.inputs]):
+    for pos in op.index_bounds([graph.nodes[i].type for i in node.inputs], node.attrs):
         src = graph.nodes[node.inputs[pos]]
         if src.op not in ("input", "const"):
             return Refusal("limit", f"its index input {src.label} is computed in the model, and the graph path "

@@ -288,7 +288,8 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
         raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
                         hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
     checkpoint.check_matches(ckpt, graph)
-    checkpoint.check_opt_state(ckpt, ts.optimizer, ckpt.params)
+    trained = graph.trainable()
+    checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
     sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
     return ckpt.step

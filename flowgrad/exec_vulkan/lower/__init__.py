@@ -5,3 +5,4 @@ ops' `Lowering`s by name in exec_vulkan/lowering.py. Lowerings only call
 Recorder methods and read node attrs / view shapes, so a dry-run Recorder can
 count their dispatches without a device."""
 from flowgrad.exec_vulkan.lower import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401
+from flowgrad.exec_vulkan.lower import batchnorm, compare, conv, pointwise, pool, random, spatial  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
@@ -29,7 +29,21 @@ def _mse_backward(rec, node, g, ins, out, grads):
 MSE_LOSS = Lowering(_mse_forward, _mse_backward, FLOATS, FLOATS)
 
 # xent.comp modes
-ROW_LOSS, MEAN, GRAD = 0, 1, 2
+ROW_LOSS, MEAN, GRAD, DENOMINATOR = 0, 1, 2, 3
+
+
+def _class_last(rec, node, logits):
+    """(logits as a contiguous [..., C] view, the permutation that made it):
+    classes on another axis are moved last through a strided copy first."""
+    axis = full_attrs(node)["axis"] % len(logits.shape)
+    last = len(logits.shape) - 1
+    if axis == last:
+        return logits, None
+    perm = [d for d in range(len(logits.shape)) if d != axis] + [axis]
+    moved = rec.scratch(tuple(logits.shape[d] for d in perm), logits.dtype)
+    xs = strides(logits.shape)
+    strided_copy(rec, logits, moved, moved.shape, [xs[d] for d in perm], strides(moved.shape))
+    return moved, perm
 
 
 def _classes(logits):
@@ -38,37 +52,67 @@ def _classes(logits):
     return (math.prod(logits.shape) // c if c else 0), c
 
 
-def _xent(rec, mode, n, c, logits, targets, g, o, row_loss):
-    if mode == MEAN:
-        lanes, groups = WG, 1
-    else:
-        lanes = segment_lanes(c, n)
-        groups = segment_groups(n, lanes)
-    rec.dispatch("xent", [logits, targets, g, o, row_loss], push=[n, c, lanes, mode, 1.0 / n if n else math.nan],
-                 groups=(groups, 1, 1), variant=variant(o.dtype))
+def _xent_lowering(log_probs: bool) -> Lowering:
+    """cross_entropy's lowering, or nll_loss's (log_probs: the input already
+    holds log-probabilities): one kernel, told which."""
+
+    def dispatch(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
+        attrs = full_attrs(node)
+        if mode in (MEAN, DENOMINATOR):
+            lanes, groups = WG, 1
+        else:
+            lanes = segment_lanes(c, n)
+            groups = segment_groups(n, lanes)
+        push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
+                int(weight is not None), int(log_probs)]
+        t = o.dtype
+        rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t)],
+                     push=push, groups=(groups, 1, 1), variant=variant(t))
+
+    def row_losses(rec, node, logits, targets, weight):
+        n, c = _classes(logits)
+        row_loss = rec.scratch((2 * n + 1,), "f32")
+        if n:
+            t = logits.dtype
+            dispatch(rec, node, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss, weight)
+        return row_loss
+
+    def forward(rec, node, ins, out):
+        """Row losses and weights into an f32 scratch, then their weighted
+        mean. A target outside [0, C) that is not ignore_index makes the
+        loss NaN (numpy raises; feeds are range-checked on the host)."""
+        logits, targets, *weight = ins
+        logits, _ = _class_last(rec, node, logits)
+        n, c = _classes(logits)
+        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None)
+        t = logits.dtype
+        dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
+
+    def backward(rec, node, g, ins, out, grads):
+        logits, targets, *weight = ins
+        if grads[0] is None:
+            return
+        w = weight[0] if weight else None
+        moved, perm = _class_last(rec, node, logits)
+        n, c = _classes(moved)
+        if not (n and c):
+            return
+        row_loss = row_losses(rec, node, moved, targets, w)
+        t = logits.dtype
+        dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
+                 row_loss, None)
+        dx = grads[0] if perm is None else rec.scratch(moved.shape, t)
+        dispatch(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
+        if perm is not None:  # back to the class axis the logits have
+            ds = strides(logits.shape)
+            strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
+
+    return Lowering(forward, backward, ALL_DTYPES, FLOATS)
 
 
-def _ce_forward(rec, node, ins, out):
-    """Row losses (logsumexp - picked logit) into an f32 scratch, then their
-    mean. A target outside [0, C) makes the loss NaN (numpy raises)."""
-    logits, targets = ins
-    n, c = _classes(logits)
-    row_loss = rec.scratch((max(n, 1),), "f32")
-    t = logits.dtype
-    if n:
-        _xent(rec, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss)
-    _xent(rec, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss)
-
-
-def _ce_backward(rec, node, g, ins, out, grads):
-    logits, targets = ins
-    n, c = _classes(logits)
-    if grads[0] is None or not (n and c):
-        return
-    _xent(rec, GRAD, n, c, logits, targets, g, grads[0], unused(rec, "f32"))
-
-
-CROSS_ENTROPY = Lowering(_ce_forward, _ce_backward, ALL_DTYPES, FLOATS)
+CROSS_ENTROPY = _xent_lowering(log_probs=False)
+NLL_LOSS = _xent_lowering(log_probs=True)
 
 register_lowering("mse_loss", MSE_LOSS)
 register_lowering("cross_entropy", CROSS_ENTROPY)
+register_lowering("nll_loss", NLL_LOSS)

@@ -21,8 +21,9 @@ def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1):
                  groups=(segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
 
-def _rows(x):
-    d = x.shape[-1]
+def _rows(x, w):
+    """(rows, features): the weight spans x's trailing axes, contiguous in each row."""
+    d = math.prod(w.shape)
     return math.prod(x.shape) // d if d else 0, d
 
 
@@ -34,7 +35,7 @@ def _norm(kind: str):
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
-        n, d = _rows(x)
+        n, d = _rows(x, w)
         if n and d:
             bufs = [x, w, b, unused(rec, t), out, unused(rec, t), unused(rec, t), unused(rec, "f32"),
                     unused(rec, "f32")]
@@ -44,7 +45,7 @@ def _norm(kind: str):
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
-        n, d = _rows(x)
+        n, d = _rows(x, w)
         eps = full_attrs(node)["eps"]
         if not (n and d):
             for grad in grads:

@@ -1,0 +1,93 @@
+"""Lowerings of argmax (argmax.comp) and the comparisons (compare.comp).
+No gradients flow through them: their backward records nothing."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse, unused
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+
+MAX_RANK = 6
+
+
+def _no_backward(rec, node, g, ins, out, grads):
+    """Nothing to record: the inputs are non-differentiable positions."""
+
+
+def argmax_forward(rec, node, ins, out):
+    (x,) = ins
+    axis = full_attrs(node)["axis"] % len(x.shape)
+    n_out, length = math.prod(out.shape), x.shape[axis]
+    if n_out == 0:
+        return
+    inner = math.prod(x.shape[axis + 1:])
+    rec.dispatch("argmax", [x, out], [n_out, length, inner, int(x.dtype == "i32")], groups_1d(n_out),
+                 variant(x.dtype))
+
+
+def compare_op(code: int) -> Lowering:
+    def forward(rec, node, ins, out):
+        a, b = ins
+        space = tuple(out.shape)
+        n = math.prod(space)
+        if n == 0:
+            return
+        dims = collapse(space, frozenset(), [broadcast_strides(tuple(a.shape), space),
+                                             broadcast_strides(tuple(b.shape), space)])
+        if len(dims) > MAX_RANK:
+            raise DeviceError(f"comparison over {len(dims)} axes after merging; the kernel takes {MAX_RANK}",
+                              hint="reshape to fewer axes")
+        pad = [0] * (MAX_RANK - len(dims))
+        shape = [d for d, _, _ in dims] + pad
+        sa = [st[0] for _, _, st in dims] + pad
+        sb = [st[1] for _, _, st in dims] + pad
+        rec.dispatch("compare", [a, b, out], [n, code, len(dims), int(a.dtype == "i32"), *shape, *sa, *sb],
+                     groups_1d(n), variant(a.dtype))
+
+    return Lowering(forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+
+
+ARGMAX = Lowering(argmax_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
+
+
+def _topk(rec, node, mode, x, g, vals, idx, out_shape):
+    attrs = full_attrs(node)
+    axis = attrs["axis"] % len(x.shape)
+    rows = math.prod(out_shape) // attrs["k"] if attrs["k"] else 0
+    if rows == 0:
+        return
+    inner = math.prod(x.shape[axis + 1:])
+    rec.dispatch("topk", [x, g, vals, idx], [rows, x.shape[axis], inner, attrs["k"], mode],
+                 groups_1d(rows, 64), variant(x.dtype))
+
+
+def _topk_values_forward(rec, node, ins, out):
+    _topk(rec, node, 0, ins[0], unused(rec, out.dtype), out, unused(rec, "i32"), out.shape)
+
+
+def _topk_values_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        _topk(rec, node, 2, ins[0], g, grads[0], unused(rec, "i32"), g.shape)
+
+
+def _topk_indices_forward(rec, node, ins, out):
+    t = ins[0].dtype
+    _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
+
+
+TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOATS, FLOATS)
+TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+
+register_lowering("argmax", ARGMAX)
+register_lowering("eq", EQ)
+register_lowering("ne", NE)
+register_lowering("lt", LT)
+register_lowering("le", LE)
+register_lowering("gt", GT)
+register_lowering("ge", GE)
+register_lowering("topk", TOPK)
+register_lowering("topk_indices", TOPK_INDICES)

@@ -1,0 +1,76 @@
+"""Lowerings of erf, softplus, leaky_relu, elu and the elementwise losses
+(l1_loss, huber_loss, bce_with_logits) on pointwise.comp: one map each
+way; a loss's forward maps into scratch and map_reduce takes the mean."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, unused
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+
+
+
+def _map(rec, op, a, b, g, out, p0=0.0, p1=0.0, scale=1.0, g_scalar=False):
+    n = math.prod(out.shape)
+    if n:
+        rec.dispatch("pointwise", [a, b if b is not None else a, g if g is not None else unused(rec, out.dtype), out],
+                     [n, op, float(p0), float(p1), float(scale), int(g_scalar)], groups_1d(n), variant(out.dtype))
+
+
+def activation(code: int, params=lambda attrs: (0.0, 0.0)) -> Lowering:
+    """Forward op `code`, backward `code + 1` (its derivative times g)."""
+
+    def forward(rec, node, ins, out):
+        _map(rec, code, ins[0], None, None, out, *params(full_attrs(node)))
+
+    def backward(rec, node, g, ins, out, grads):
+        if grads[0] is not None:
+            _map(rec, code + 1, ins[0], None, g, grads[0], *params(full_attrs(node)))
+
+    return Lowering(forward, backward, FLOATS, FLOATS)
+
+
+ERF = activation(0)
+SOFTPLUS = activation(2, lambda at: (at["beta"], at["threshold"]))
+LEAKY_RELU = activation(4, lambda at: (at["negative_slope"], 0.0))
+ELU = activation(6, lambda at: (at["alpha"], 0.0))
+
+
+def loss(code: int, grad_b: int | None, param=lambda attrs: 0.0) -> Lowering:
+    """mean(F(a, b)) with F op `code`; d/da is op `code + 1`, d/db op
+    `grad_b` (None: minus d/da, as for a function of a - b)."""
+
+    def forward(rec, node, ins, out):
+        a, b = ins
+        n = math.prod(a.shape)
+        per = rec.scratch(tuple(a.shape), out.dtype)
+        _map(rec, code, a, b, None, per, param(full_attrs(node)))
+        map_reduce(rec, M.COPY, [per], out, space=tuple(a.shape), reduce_axes=range(len(a.shape)),
+                   scale=1.0 / n if n else math.nan)
+
+    def backward(rec, node, g, ins, out, grads):
+        a, b = ins
+        n = max(math.prod(a.shape), 1)
+        p0 = param(full_attrs(node))
+        if grads[0] is not None:
+            _map(rec, code + 1, a, b, g, grads[0], p0, scale=1.0 / n, g_scalar=True)
+        if grads[1] is not None:
+            op, sign = (code + 1, -1.0) if grad_b is None else (grad_b, 1.0)
+            _map(rec, op, a, b, g, grads[1], p0, scale=sign / n, g_scalar=True)
+
+    return Lowering(forward, backward, FLOATS, FLOATS)
+
+
+L1_LOSS = loss(8, None)
+HUBER_LOSS = loss(10, None, lambda at: at["delta"])
+BCE_WITH_LOGITS = loss(12, 14)
+
+register_lowering("erf", ERF)
+register_lowering("softplus", SOFTPLUS)
+register_lowering("leaky_relu", LEAKY_RELU)
+register_lowering("elu", ELU)
+register_lowering("l1_loss", L1_LOSS)
+register_lowering("huber_loss", HUBER_LOSS)
+register_lowering("bce_with_logits", BCE_WITH_LOGITS)

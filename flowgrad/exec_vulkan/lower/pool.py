@@ -1,0 +1,57 @@
+"""Lowerings of maxpool2d, avgpool2d and adaptive_avgpool2d on pool.comp:
+one dispatch forward (an invocation per output), one backward (an
+invocation per input pixel, gathering from the windows that cover it)."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.map_reduce import unused
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+
+MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
+
+
+def _geometry(node, x_shape, adaptive: bool):
+    """(kernel, stride, pad, include_pad) as pool.comp reads them."""
+    attrs = full_attrs(node)
+    if adaptive:  # the bins come from the sizes alone
+        return (1, 1), (1, 1), (0, 0), 0
+    from flowgrad.ops.pool import window  # lazy: the op module imports this one
+
+    win = window(tuple(x_shape), attrs)
+    return win["kernel"], win["stride"], win["pad"], int(attrs.get("count_include_pad", True))
+
+
+def _dispatch(rec, node, mode, x, g, dst, x_shape, out_shape):
+    items = math.prod(dst.shape)
+    if items == 0:
+        return
+    (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode >= MODES["adaptive_avgpool2d"][0])
+    push = [items, x_shape[2], x_shape[3], out_shape[2], out_shape[3], kh, kw, sh, sw, ph, pw, mode, inc]
+    rec.dispatch("pool", [x, g, dst], push, groups_1d(items), variant(dst.dtype))
+
+
+def _pool(name):
+    fwd, bwd = MODES[name]
+
+    def forward(rec, node, ins, out):
+        (x,) = ins
+        _dispatch(rec, node, fwd, x, unused(rec, x.dtype), out, x.shape, out.shape)
+
+    def backward(rec, node, g, ins, out, grads):
+        (x,), dx = ins, grads[0]
+        if dx is not None:
+            _dispatch(rec, node, bwd, x, g, dx, x.shape, g.shape)
+
+    return Lowering(forward, backward, FLOATS, FLOATS)
+
+
+MAXPOOL2D = _pool("maxpool2d")
+AVGPOOL2D = _pool("avgpool2d")
+ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
+
+register_lowering("maxpool2d", MAXPOOL2D)
+register_lowering("avgpool2d", AVGPOOL2D)
+register_lowering("adaptive_avgpool2d", ADAPTIVE_AVGPOOL2D)

@@ -1,0 +1,36 @@
+"""dropout's lowering: dropout.comp draws the mask from the step's random
+state (a buffer the host writes every step), forward and backward alike."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+
+
+
+def _masked(rec, node, src, rng, dst):
+    from flowgrad.ops.random import drop_threshold, keep_scale  # lazy: the op module imports this one
+
+    n = math.prod(dst.shape)
+    if n == 0:
+        return
+    attrs = full_attrs(node)
+    push = [n, drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF, keep_scale(attrs["p"])]
+    rec.dispatch("dropout", [src, rng, dst], push, groups_1d(n), variant(dst.dtype))
+
+
+def dropout_forward(rec, node, ins, out):
+    _masked(rec, node, ins[0], ins[1], out)
+
+
+def dropout_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        _masked(rec, node, g, ins[1], grads[0])
+
+
+# the forward also reads the i32 random state
+DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
+
+register_lowering("dropout", DROPOUT)

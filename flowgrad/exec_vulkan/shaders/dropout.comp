@@ -1,0 +1,41 @@
+// variants: f32 f16
+#version 450
+// dropout forward and backward (the same map: y = x * mask / (1 - p)).
+// The mask is Philox4x32-10 of counter (i, step, 0, 0) under key (seed,
+// stream), bit for bit flowgrad.ops.random.philox4x32: element i is kept when
+// the top 24 bits of the first word are >= thr. rng = [training, step, seed, 0],
+// written by the host every step; training == 0 is the identity.
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) readonly buffer BufX { T x[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufRng { uint rng[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufY { T y[]; };
+layout(push_constant, std430) uniform Push {
+    uint n, thr, stream;
+    float scale;
+} p;
+
+uint philox_word(uint c0, uint c1, uint k0, uint k1) {
+    uint c2 = 0u, c3 = 0u;
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        uint hi0, lo0, hi1, lo1;
+        umulExtended(0xD2511F53u, c0, hi0, lo0);
+        umulExtended(0xCD9E8D57u, c2, hi1, lo1);
+        uint n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+    }
+    return c0;
+}
+
+void main() {
+    bool training = rng[0] != 0u;
+    uint step = rng[1], seed = rng[2];
+    uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
+        float v = float(x[i]);
+        if (training) v = (philox_word(i, step, seed, p.stream) >> 8) >= p.thr ? v * p.scale : 0.0;
+        y[i] = STORE(v);
+    }
+}

@@ -1,0 +1,57 @@
+"""erf, softplus, leaky_relu and elu, with PyTorch's defaults and edge
+cases (softplus is linear above `threshold`; leaky_relu and elu take the
+x <= 0 branch's slope at 0, as PyTorch's gradients do)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import erf as _erf, expit
+
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.rules import float_dtype
+
+
+def _activation(name, f, df, extra=(), check=None, doc=""):
+    """f(x, attrs) and df(x, attrs) = f'(x), both on the widened x."""
+
+    def infer(ins, attrs):
+        float_dtype(ins[0], "x")
+        if check:
+            check(attrs)
+        return ins[0]
+
+    return defop(name, (Arg("x"),) + tuple(extra), infer,
+                 lambda ins, at: narrow(f(wide(ins[0]), at), ins[0]),
+                 lambda g, ins, out, at: [narrow(wide(g) * df(wide(ins[0]), at), ins[0])], doc=doc)
+
+
+erf = _activation("erf", lambda x, at: _erf(x), lambda x, at: 2.0 / math.sqrt(math.pi) * np.exp(-x * x),
+                  doc="the error function")
+
+
+def _softplus(x, at):
+    bx = at["beta"] * x
+    return np.where(bx > at["threshold"], x, (np.maximum(bx, 0) + np.log1p(np.exp(-np.abs(bx)))) / at["beta"])
+
+
+def _softplus_check(at):
+    if at["beta"] <= 0:
+        raise OpTypeError(f"beta={at['beta']} must be positive")
+
+
+softplus = _activation(
+    "softplus", _softplus, lambda x, at: np.where(at["beta"] * x > at["threshold"], 1.0, expit(at["beta"] * x)),
+    extra=(Arg("beta", "attr", 1.0, (float, int)), Arg("threshold", "attr", 20.0, (float, int))),
+    check=_softplus_check, doc="log(1 + exp(beta x)) / beta; x itself where beta x > threshold")
+leaky_relu = _activation(
+    "leaky_relu", lambda x, at: np.where(x > 0, x, at["negative_slope"] * x),
+    lambda x, at: np.where(x > 0, 1.0, at["negative_slope"]),
+    extra=(Arg("negative_slope", "attr", 0.01, (float, int)),),
+    doc="x for x > 0, negative_slope * x otherwise")
+elu = _activation(
+    "elu", lambda x, at: np.where(x > 0, x, at["alpha"] * np.expm1(np.minimum(x, 0))),
+    lambda x, at: np.where(x > 0, 1.0, at["alpha"] * np.exp(np.minimum(x, 0))),
+    extra=(Arg("alpha", "attr", 1.0, (float, int)),), doc="x for x > 0, alpha (e^x - 1) otherwise")

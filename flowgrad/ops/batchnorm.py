@@ -1,0 +1,175 @@
+"""batchnorm (with running statistics as `state`) and groupnorm, channels
+on axis 1 as PyTorch: x is [batch, channels, ...].
+
+batchnorm(x, weight, bias, running_mean, running_var) is
+F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum,
+eps): in a training step it normalizes with the batch's statistics (biased
+variance) and updates the running ones in place, running = (1 - momentum) *
+running + momentum * batch, with the unbiased variance (n / (n - 1)); in an
+evaluation it normalizes with the running statistics and changes nothing.
+The running statistics must be `state` declarations, so they are saved in
+checkpoints and never touched by the optimizer. Which kind of step this is
+comes from the session's random state input (see flowgrad.ops.random)."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.random import RNG_INPUT, RNG_TYPE
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.rules import float_dtype, same_dtype
+
+
+def _channels_first(x, what="x"):
+    float_dtype(x, what)
+    if len(x.shape) < 2:
+        raise OpTypeError(f"{what} must be [batch, channels, ...], got {x}")
+
+
+def _axes(x):
+    """The axes statistics are taken over: all but the channels (axis 1)."""
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _per_channel(v, x):
+    """[C] shaped to broadcast against x [N, C, ...]."""
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+# ---------------------------------------------------------------- batchnorm
+
+
+def _bn_expand(builder, ins, attrs):
+    if len(ins) != 5:
+        raise OpTypeError("takes x, weight, bias, running_mean and running_var")
+    for pos, what in ((3, "running_mean"), (4, "running_var")):
+        node = builder.graph.nodes[ins[pos]]
+        if node.op != "param" or not node.attrs.get("state"):
+            raise OpTypeError(f"{what} must be a `state` declaration (state {what}: f32[c] = ...), "
+                              f"so it is kept between steps and saved; got {node.label}")
+    return ins + [builder.hidden_input(RNG_INPUT, RNG_TYPE)], attrs
+
+
+def _bn_infer(ins, attrs):
+    # five inputs: the call as written, checked before the build adds the random state
+    if len(ins) not in (5, 6) or (len(ins) == 6 and ins[5] != RNG_TYPE):
+        raise OpTypeError("its last input is its random state (added when the model is built)")
+    x = ins[0]
+    _channels_first(x)
+    same_dtype(ins[:5], "x, weight, bias and the running statistics")
+    c = x.shape[1]
+    for name, t in zip(("weight", "bias", "running_mean", "running_var"), ins[1:5]):
+        if t.shape != (c,):
+            raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
+    if attrs["eps"] <= 0:
+        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    if not 0.0 <= attrs["momentum"] <= 1.0:
+        raise OpTypeError(f"momentum={attrs['momentum']} must be in [0, 1]")
+    return x
+
+
+def _bn_stats(x, rm, rv, training, eps):
+    """(mean, rstd, batch var) per channel, in x's shape for broadcasting."""
+    if training:
+        mean = x.mean(axis=_axes(x), keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=_axes(x), keepdims=True)
+    else:
+        mean, var = _per_channel(wide(rm), x), _per_channel(wide(rv), x)
+    return mean, 1.0 / np.sqrt(var + eps), var
+
+
+def _bn_forward(ins, attrs):
+    x, w, b, rm, rv, rng = ins
+    training = bool(rng[0])
+    xw = wide(x)
+    mean, rstd, var = _bn_stats(xw, rm, rv, training, attrs["eps"])
+    if training:  # the running statistics, updated in place (they are this node's state)
+        n = xw.size // xw.shape[1]
+        m = attrs["momentum"]
+        unbiased = var.reshape(-1) * (n / (n - 1) if n > 1 else 1.0)
+        rm[...] = ((1 - m) * wide(rm) + m * mean.reshape(-1)).astype(rm.dtype)
+        rv[...] = ((1 - m) * wide(rv) + m * unbiased).astype(rv.dtype)
+    y = (xw - mean) * rstd * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
+    return narrow(y, x)
+
+
+def _bn_vjp(g, ins, out, attrs):
+    x, w, b, rm, rv, rng = ins
+    training = bool(rng[0])
+    xw, gw = wide(x), wide(g)
+    mean, rstd, _ = _bn_stats(xw, rm, rv, training, attrs["eps"])
+    xhat = (xw - mean) * rstd
+    dxhat = gw * _per_channel(wide(w), xw)
+    if training:
+        axes = _axes(xw)
+        dx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
+                     - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
+    else:
+        dx = dxhat * rstd
+    axes = _axes(xw)
+    return [narrow(dx, x), narrow((gw * xhat).sum(axis=axes), w), narrow(gw.sum(axis=axes), b), None, None, None]
+
+
+batchnorm = defop(
+    "batchnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("running_mean"), Arg("running_var"),
+                  Arg("momentum", "attr", 0.1, (float, int)), Arg("eps", "attr", 1e-5, (float, int)),
+                  Arg("rng", "tensor", None)),
+    _bn_infer, _bn_forward, _bn_vjp, expand=_bn_expand, nondiff=(3, 4, 5), updates=(3, 4),
+    doc="batch normalization over all axes but the channels (axis 1); batch statistics and a running-average "
+        "update in training, the running statistics in eval")
+
+# ---------------------------------------------------------------- groupnorm
+
+
+def _gn_infer(ins, attrs):
+    x, w, b = ins
+    _channels_first(x)
+    same_dtype(ins, "x, weight and bias")
+    c, groups = x.shape[1], attrs["groups"]
+    if groups < 1 or c % groups:
+        raise OpTypeError(f"groups={groups} must divide x's {c} channels")
+    for name, t in (("weight", w), ("bias", b)):
+        if t.shape != (c,):
+            raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
+    if attrs["eps"] <= 0:
+        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    return x
+
+
+def _grouped(x, groups):
+    """[N, C, ...] as [N, G, C/G * rest]: each row one group's elements."""
+    return x.reshape(x.shape[0], groups, -1)
+
+
+def _gn_stats(xg, eps):
+    mean = xg.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((xg - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    return (xg - mean) * rstd, rstd
+
+
+def _gn_forward(ins, attrs):
+    x, w, b = ins
+    xw = wide(x)
+    xhat, _ = _gn_stats(_grouped(xw, attrs["groups"]), attrs["eps"])
+    y = xhat.reshape(xw.shape) * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
+    return narrow(y, x)
+
+
+def _gn_vjp(g, ins, out, attrs):
+    x, w, b = ins
+    xw, gw = wide(x), wide(g)
+    groups = attrs["groups"]
+    xhat, rstd = _gn_stats(_grouped(xw, groups), attrs["eps"])
+    dxhat = _grouped(gw * _per_channel(wide(w), xw), groups)
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    axes = _axes(xw)
+    xhat = xhat.reshape(xw.shape)
+    return [narrow(dx.reshape(x.shape), x), narrow((gw * xhat).sum(axis=axes), w), narrow(gw.sum(axis=axes), b)]
+
+
+groupnorm = defop(
+    "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
+                  Arg("eps", "attr", 1e-5, (float, int))),
+    _gn_infer, _gn_forward, _gn_vjp,
+    doc="normalize each group of channels (and all their pixels) per example, then a per-channel affine")

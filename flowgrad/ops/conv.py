@@ -1,0 +1,278 @@
+"""Convolutions in NCHW (as PyTorch): conv1d, conv2d and conv_transpose2d.
+
+conv1d is conv2d over a height of 1, in the numpy rules and on the device,
+so there is one implementation. The numpy rules are im2col and one matrix
+product per group (BLAS), forward and both gradients.
+
+conv_transpose2d is the gradient of conv2d with respect to its input, so its
+forward and VJP are conv2d's own pieces in other roles."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.rules import float_dtype, same_dtype
+
+INTS = (int, list)
+
+
+def tuple_of(name: str, value, nd: int, low: int) -> tuple[int, ...]:
+    """An int or a list of nd ints, each >= low, as a tuple of nd ints."""
+    values = [value] * nd if isinstance(value, int) and not isinstance(value, bool) else value
+    if (not isinstance(values, (list, tuple)) or len(values) != nd
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)):
+        want = "an int" if nd == 1 else f"an int or a list of {nd} ints"
+        raise OpTypeError(f"{name}={value!r} must be {want}")
+    if any(v < low for v in values):
+        raise OpTypeError(f"{name}={value!r} must be >= {low}")
+    return tuple(values)
+
+
+# ---------------------------------------------------------------- geometry
+
+
+def geometry(x_shape, w_shape, attrs, nd: int) -> dict:
+    """Everything a convolution's rules and lowering need, as conv2d sees it
+    (1-D adds a height of 1): stride, dilation, pads ((top, bottom), (left,
+    right)), groups, and the output's spatial size. Raises OpTypeError."""
+    stride = tuple_of("stride", attrs["stride"], nd, 1)
+    dil = tuple_of("dilation", attrs["dilation"], nd, 1)
+    groups = attrs["groups"]
+    if groups < 1:
+        raise OpTypeError(f"groups={groups} must be >= 1")
+    pad = attrs["padding"]
+    kernel = tuple(w_shape[2:])
+    if isinstance(pad, str):
+        if pad == "valid":
+            pads = ((0, 0),) * nd
+        elif pad == "same":
+            if any(s != 1 for s in stride):
+                raise OpTypeError(f"padding=\"same\" needs stride 1 (as PyTorch), got stride={attrs['stride']!r}")
+            # the odd pixel of an odd total goes after, as PyTorch
+            pads = tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dil, kernel))
+        else:
+            raise OpTypeError(f"padding={pad!r} must be an int, a list of {nd} ints, \"same\" or \"valid\"")
+    else:
+        pads = tuple((p, p) for p in tuple_of("padding", pad, nd, 0))
+    size = tuple(x_shape[2:])
+    out = tuple((n + lo + hi - d * (k - 1) - 1) // s + 1
+                for n, (lo, hi), d, k, s in zip(size, pads, dil, kernel, stride))
+    if any(o < 1 for o in out):
+        raise OpTypeError(f"the kernel {list(kernel)} (dilation {list(dil)}) does not fit in the padded input "
+                          f"{[n + lo + hi for n, (lo, hi) in zip(size, pads)]}: the output would be {list(out)}")
+    if nd == 1:
+        stride, dil, pads, kernel, size, out = ((1,) + stride, (1,) + dil, ((0, 0),) + pads, (1,) + kernel,
+                                                (1,) + size, (1,) + out)
+    return {"stride": stride, "dilation": dil, "pads": pads, "groups": groups, "kernel": kernel,
+            "size": size, "out": out}
+
+
+def as_2d(a: np.ndarray, nd: int) -> np.ndarray:
+    """[N, C, L] as [N, C, 1, L]; 2-D tensors as they are."""
+    return a[:, :, None, :] if nd == 1 else a
+
+
+# ---------------------------------------------------------------- numpy kernels (2-D, NCHW)
+
+
+def _taps(geo):
+    (sh, sw), (dh, dw) = geo["stride"], geo["dilation"]
+    oh, ow = geo["out"]
+    for r in range(geo["kernel"][0]):
+        for s in range(geo["kernel"][1]):
+            yield r, s, (slice(r * dh, r * dh + sh * (oh - 1) + 1, sh), slice(s * dw, s * dw + sw * (ow - 1) + 1, sw))
+
+
+def _padded(x, geo):
+    return np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
+
+
+def _cols(x, geo):
+    """im2col: x [N, C, H, W] as [G, N*OH*OW, C/G*KH*KW], one row per output pixel."""
+    G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
+    xp = _padded(x, geo)
+    n, c = xp.shape[:2]
+    cols = np.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
+    for r, s, (hs, ws) in _taps(geo):
+        cols[..., r, s] = xp[:, :, hs, ws].transpose(0, 2, 3, 1)
+    cols = cols.reshape(n * oh * ow, G, c // G * kh * kw)
+    return cols.transpose(1, 0, 2)
+
+
+def _weights(w, groups):
+    """w [O, C/G, KH, KW] as [G, O/G, C/G*KH*KW]."""
+    return w.reshape(groups, w.shape[0] // groups, -1)
+
+
+def _pixels(g, groups):
+    """g [N, O, OH, OW] as [G, O/G, N*OH*OW]."""
+    n, o = g.shape[:2]
+    return g.reshape(n, groups, o // groups, -1).transpose(1, 2, 0, 3).reshape(groups, o // groups, -1)
+
+
+def conv_forward(x, w, geo):
+    """x [N, C, H, W] * w [O, C/G, R, S] -> [N, O, OH, OW]: one GEMM per group."""
+    G = geo["groups"]
+    out = _weights(w, G) @ _cols(x, geo).transpose(0, 2, 1)          # [G, O/G, N*OH*OW]
+    n = x.shape[0]
+    return out.reshape(G, -1, n, *geo["out"]).transpose(2, 0, 1, 3, 4).reshape(n, w.shape[0], *geo["out"])
+
+
+def conv_input_grad(g, w, x_shape, geo):
+    """d conv / d x: g [N, O, OH, OW] back through w onto x's shape (col2im)."""
+    G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
+    (pt, pb), (pl, pr) = geo["pads"]
+    n, c, h, wd = x_shape
+    dcols = _pixels(g, G).transpose(0, 2, 1) @ _weights(w, G)         # [G, N*OH*OW, C/G*R*S]
+    dcols = dcols.reshape(G, n, oh, ow, c // G, kh, kw).transpose(1, 0, 4, 5, 6, 2, 3).reshape(n, c, kh, kw, oh, ow)
+    dxp = np.zeros((n, c, h + pt + pb, wd + pl + pr), dtype=dcols.dtype)
+    for r, s, (hs, ws) in _taps(geo):
+        dxp[:, :, hs, ws] += dcols[:, :, r, s]
+    return dxp[..., pt:pt + h, pl:pl + wd]
+
+
+def conv_weight_grad(g, x, w_shape, geo):
+    """d conv / d w: g [N, O, OH, OW] against the windows of x."""
+    return (_pixels(g, geo["groups"]) @ _cols(x, geo)).reshape(w_shape)
+
+
+# ---------------------------------------------------------------- conv1d / conv2d
+
+
+def _conv_infer(nd):
+    def infer(ins, attrs):
+        x, w, *b = ins
+        same_dtype(ins, "x, weight and bias")
+        float_dtype(x, "x")
+        if len(x.shape) != nd + 2:
+            layout = "[batch, channels, length]" if nd == 1 else "[batch, channels, height, width]"
+            raise OpTypeError(f"x must be {layout}, got {x}")
+        if len(w.shape) != nd + 2:
+            layout = "[out, in/groups, k]" if nd == 1 else "[out, in/groups, kh, kw]"
+            raise OpTypeError(f"weight must be {layout}, got {w}")
+        geo = geometry(x.shape, w.shape, attrs, nd)
+        groups, c, o = geo["groups"], x.shape[1], w.shape[0]
+        if c % groups or o % groups:
+            raise OpTypeError(f"groups={groups} must divide both x's {c} channels and weight's {o} outputs")
+        if w.shape[1] * groups != c:
+            raise OpTypeError(f"weight {w} takes {w.shape[1] * groups} input channels "
+                              f"({w.shape[1]} per group x {groups} groups); x has {c}")
+        if b and b[0].shape != (o,):
+            raise OpTypeError(f"bias must be [{o}] (weight's outputs), got {b[0]}")
+        out = geo["out"][1:] if nd == 1 else geo["out"]
+        return TensorType((x.shape[0], o, *out), x.dtype)
+    return infer
+
+
+def _conv_forward(nd):
+    def forward(ins, attrs):
+        x, w, *b = ins
+        geo = geometry(x.shape, w.shape, attrs, nd)
+        y = conv_forward(as_2d(wide(x), nd), as_2d(wide(w), nd), geo)
+        if b:
+            y = y + wide(b[0])[:, None, None]
+        return narrow(y.reshape(x.shape[0], w.shape[0], *y.shape[2 + (nd == 1):]), x)
+    return forward
+
+
+def _conv_vjp(nd):
+    def vjp(g, ins, out, attrs):
+        x, w, *b = ins
+        geo = geometry(x.shape, w.shape, attrs, nd)
+        g2, x2, w2 = as_2d(wide(g), nd), as_2d(wide(x), nd), as_2d(wide(w), nd)
+        dx = conv_input_grad(g2, w2, x2.shape, geo).reshape(x.shape)
+        dw = conv_weight_grad(g2, x2, w2.shape, geo).reshape(w.shape)
+        grads = [narrow(dx, x), narrow(dw, w)]
+        if b:
+            grads.append(narrow(g2.sum(axis=(0, 2, 3)), b[0]))
+        return grads
+    return vjp
+
+
+def _conv_args():
+    return (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
+            Arg("padding", "attr", 0, (int, list, str)), Arg("dilation", "attr", 1, INTS),
+            Arg("groups", "attr", 1, (int,)))
+
+
+conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), _conv_vjp(2),
+               doc="2-D convolution (cross-correlation, as PyTorch), NCHW; weight [out, in/groups, kh, kw]")
+conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), _conv_vjp(1),
+               doc="1-D convolution, [batch, channels, length]; weight [out, in/groups, k]")
+
+
+# ---------------------------------------------------------------- conv_transpose2d
+
+
+def transpose_geometry(x_shape, w_shape, attrs) -> dict:
+    """The geometry of the conv2d whose input gradient this transposed
+    convolution is: its input is our output, its output our input."""
+    stride = tuple_of("stride", attrs["stride"], 2, 1)
+    dil = tuple_of("dilation", attrs["dilation"], 2, 1)
+    pad = tuple_of("padding", attrs["padding"], 2, 0)
+    extra = tuple_of("output_padding", attrs["output_padding"], 2, 0)
+    groups = attrs["groups"]
+    if groups < 1:
+        raise OpTypeError(f"groups={groups} must be >= 1")
+    if any(e >= max(s, d) for e, s, d in zip(extra, stride, dil)):
+        raise OpTypeError(f"output_padding={attrs['output_padding']!r} must be smaller than stride or dilation "
+                          "(as PyTorch)")
+    kernel = tuple(w_shape[2:])
+    size = tuple((n - 1) * s - 2 * p + d * (k - 1) + e + 1
+                 for n, s, p, d, k, e in zip(x_shape[2:], stride, pad, dil, kernel, extra))
+    if any(n < 1 for n in size):
+        raise OpTypeError(f"the output would be {list(size)}: padding={attrs['padding']!r} is too large")
+    # output_padding's extra rows lie past the last window: they get the bias only
+    pads = tuple((p, p) for p in pad)
+    return {"stride": stride, "dilation": dil, "pads": pads, "groups": groups, "kernel": kernel,
+            "size": size, "out": tuple(x_shape[2:])}
+
+
+def _convt_infer(ins, attrs):
+    x, w, *b = ins
+    same_dtype(ins, "x, weight and bias")
+    float_dtype(x, "x")
+    if len(x.shape) != 4:
+        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+    if len(w.shape) != 4:
+        raise OpTypeError(f"weight must be [in, out/groups, kh, kw], got {w}")
+    geo = transpose_geometry(x.shape, w.shape, attrs)
+    groups, c = geo["groups"], x.shape[1]
+    if w.shape[0] != c or c % groups:
+        raise OpTypeError(f"weight {w} must have x's {c} channels first, divisible by groups={groups}")
+    o = w.shape[1] * groups
+    if b and b[0].shape != (o,):
+        raise OpTypeError(f"bias must be [{o}] (out/groups x groups), got {b[0]}")
+    return TensorType((x.shape[0], o, *geo["size"]), x.dtype)
+
+
+def _convt_forward(ins, attrs):
+    x, w, *b = ins
+    geo = transpose_geometry(x.shape, w.shape, attrs)
+    out_shape = (x.shape[0], w.shape[1] * geo["groups"], *geo["size"])
+    y = conv_input_grad(wide(x), wide(w), out_shape, geo)
+    if b:
+        y = y + wide(b[0])[:, None, None]
+    return narrow(y, x)
+
+
+def _convt_vjp(g, ins, out, attrs):
+    x, w, *b = ins
+    geo = transpose_geometry(x.shape, w.shape, attrs)
+    gw, xw = wide(g), wide(x)
+    grads = [narrow(conv_forward(gw, wide(w), geo), x), narrow(conv_weight_grad(xw, gw, w.shape, geo), w)]
+    if b:
+        grads.append(narrow(gw.sum(axis=(0, 2, 3)), b[0]))
+    return grads
+
+
+conv_transpose2d = defop(
+    "conv_transpose2d",
+    (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
+     Arg("padding", "attr", 0, INTS), Arg("output_padding", "attr", 0, INTS), Arg("groups", "attr", 1, (int,)),
+     Arg("dilation", "attr", 1, INTS)),
+    _convt_infer, _convt_forward, _convt_vjp,
+    doc="transposed 2-D convolution (the gradient of conv2d), NCHW; weight [in, out/groups, kh, kw]")

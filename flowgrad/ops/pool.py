@@ -1,0 +1,186 @@
+"""Pooling over the two trailing axes of an NCHW tensor (as PyTorch):
+maxpool2d, avgpool2d and adaptive_avgpool2d (adaptive_avgpool2d(x, 1) is
+global average pooling).
+
+maxpool's gradient goes to the first maximum of each window in row-major
+order, as PyTorch's: ties never split a gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.conv import tuple_of
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.rules import float_dtype
+
+INTS = (int, list)
+
+
+def _nchw(x):
+    float_dtype(x, "x")
+    if len(x.shape) != 4:
+        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+
+
+def window(x_shape, attrs) -> dict:
+    """kernel, stride (default: the kernel), pads and the output size."""
+    kernel = tuple_of("kernel_size", attrs["kernel_size"], 2, 1)
+    stride = kernel if attrs["stride"] is None else tuple_of("stride", attrs["stride"], 2, 1)
+    pad = tuple_of("padding", attrs["padding"], 2, 0)
+    if any(2 * p > k for p, k in zip(pad, kernel)):
+        raise OpTypeError(f"padding={attrs['padding']!r} must be at most half of kernel_size="
+                          f"{attrs['kernel_size']!r} (as PyTorch)")
+    out = tuple((n + 2 * p - k) // s + 1 for n, p, k, s in zip(x_shape[2:], pad, kernel, stride))
+    if any(o < 1 for o in out):
+        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded input "
+                          f"{[n + 2 * p for n, p in zip(x_shape[2:], pad)]}")
+    return {"kernel": kernel, "stride": stride, "pad": pad, "out": out}
+
+
+def _pool_infer(ins, attrs):
+    (x,) = ins
+    _nchw(x)
+    return TensorType(tuple(x.shape[:2]) + window(x.shape, attrs)["out"], x.dtype)
+
+
+def _taps(win):
+    (kh, kw), (sh, sw), (oh, ow) = win["kernel"], win["stride"], win["out"]
+    for r in range(kh):
+        for s in range(kw):
+            yield r * kw + s, (slice(r, r + sh * (oh - 1) + 1, sh), slice(s, s + sw * (ow - 1) + 1, sw))
+
+
+def _padded(x, win, value):
+    (ph, pw) = win["pad"]
+    return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
+
+
+def _crop(a, win, shape):
+    (ph, pw) = win["pad"]
+    return a[..., ph:ph + shape[2], pw:pw + shape[3]]
+
+
+# ---------------------------------------------------------------- maxpool2d
+
+
+def _argmax(x, win):
+    """(max, tap index of the first max) of every window."""
+    xp = _padded(x, win, -np.inf)
+    best = np.full(x.shape[:2] + win["out"], -np.inf, dtype=x.dtype)
+    arg = np.zeros(best.shape, dtype=np.int64)
+    for t, (hs, ws) in _taps(win):
+        v = xp[..., hs, ws]
+        better = v > best
+        best = np.where(better, v, best)
+        arg = np.where(better, t, arg)
+    return best, arg
+
+
+def _max_forward(ins, attrs):
+    (x,) = ins
+    return narrow(_argmax(wide(x), window(x.shape, attrs))[0], x)
+
+
+def _max_vjp(g, ins, out, attrs):
+    (x,) = ins
+    win = window(x.shape, attrs)
+    _, arg = _argmax(wide(x), win)
+    gw = wide(g)
+    dxp = np.zeros(_padded(x, win, 0).shape, dtype=gw.dtype)
+    for t, (hs, ws) in _taps(win):
+        dxp[..., hs, ws] += np.where(arg == t, gw, 0)
+    return [narrow(_crop(dxp, win, x.shape), x)]
+
+
+def _pool_args(*extra):
+    return (Arg("x"), Arg("kernel_size", "attr", types=INTS), Arg("stride", "attr", None, (int, list, type(None))),
+            Arg("padding", "attr", 0, INTS)) + extra
+
+
+maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward, _max_vjp,
+                  doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
+
+# ---------------------------------------------------------------- avgpool2d
+
+
+def _divisor(x_shape, win, include_pad):
+    """Each window's divisor: its full size, or its count of real (unpadded) pixels."""
+    if include_pad:
+        return float(win["kernel"][0] * win["kernel"][1])
+    ones = _padded(np.ones((1, 1) + tuple(x_shape[2:])), win, 0)
+    return sum(ones[..., hs, ws] for _, (hs, ws) in _taps(win))
+
+
+def _avg_forward(ins, attrs):
+    (x,) = ins
+    win = window(x.shape, attrs)
+    xp = _padded(wide(x), win, 0)
+    total = sum(xp[..., hs, ws] for _, (hs, ws) in _taps(win))
+    return narrow(total / _divisor(x.shape, win, attrs["count_include_pad"]), x)
+
+
+def _avg_vjp(g, ins, out, attrs):
+    (x,) = ins
+    win = window(x.shape, attrs)
+    share = wide(g) / _divisor(x.shape, win, attrs["count_include_pad"])
+    dxp = np.zeros(_padded(x, win, 0).shape, dtype=share.dtype)
+    for _, (hs, ws) in _taps(win):
+        dxp[..., hs, ws] += share
+    return [narrow(_crop(dxp, win, x.shape), x)]
+
+
+avgpool2d = defop("avgpool2d", _pool_args(Arg("count_include_pad", "attr", True, (bool,))), _pool_infer,
+                  _avg_forward, _avg_vjp,
+                  doc="mean over kernel_size windows; padding counts in the mean unless count_include_pad=false")
+
+# ---------------------------------------------------------------- adaptive_avgpool2d
+
+
+def adaptive_size(x_shape, attrs) -> tuple[int, int]:
+    size = tuple_of("output_size", attrs["output_size"], 2, 1)
+    if any(o > n for o, n in zip(size, x_shape[2:])):
+        raise OpTypeError(f"output_size={attrs['output_size']!r} is larger than the input's "
+                          f"{list(x_shape[2:])} (flowgrad pools; it does not upsample)")
+    return size
+
+
+def bins(n: int, out: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive bins: [floor(i n / out), ceil((i + 1) n / out))."""
+    return [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
+
+
+def _pool_matrix(n, out):
+    m = np.zeros((out, n))
+    for i, (lo, hi) in enumerate(bins(n, out)):
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def _adaptive_infer(ins, attrs):
+    (x,) = ins
+    _nchw(x)
+    return TensorType(tuple(x.shape[:2]) + adaptive_size(x.shape, attrs), x.dtype)
+
+
+def _adaptive_forward(ins, attrs):
+    (x,) = ins
+    oh, ow = adaptive_size(x.shape, attrs)
+    xw = wide(x)
+    ph, pw = _pool_matrix(x.shape[2], oh).astype(xw.dtype), _pool_matrix(x.shape[3], ow).astype(xw.dtype)
+    return narrow(np.einsum("ih,nchw,jw->ncij", ph, xw, pw, optimize=True), x)
+
+
+def _adaptive_vjp(g, ins, out, attrs):
+    (x,) = ins
+    oh, ow = adaptive_size(x.shape, attrs)
+    gw = wide(g)
+    ph, pw = _pool_matrix(x.shape[2], oh).astype(gw.dtype), _pool_matrix(x.shape[3], ow).astype(gw.dtype)
+    return [narrow(np.einsum("ih,ncij,jw->nchw", ph, gw, pw, optimize=True), x)]
+
+
+adaptive_avgpool2d = defop(
+    "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer,
+    _adaptive_forward, _adaptive_vjp,
+    doc="mean over output_size bins as PyTorch's; output_size=1 is global average pooling")

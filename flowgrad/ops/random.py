@@ -1,0 +1,125 @@
+"""Random ops (dropout) and the counter-based generator they draw from.
+
+Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+3", SC'11): a random word is a pure function of (counter, key), so a mask
+element needs no state and every path computes the same bits: numpy here,
+dropout.comp on the device. Element i of a dropout node's mask at training
+step s uses counter (i, s, 0, 0) and key (seed, stream); stream is the
+node's id unless the call names one.
+
+The step, the seed and whether this step trains reach the graph as one
+hidden i32[4] input, RNG_INPUT = [training, step, seed, 0], that the session
+fills in every step: the graph path's recorded command buffer reads them
+from a buffer, so train and eval steps and every step's fresh mask replay the
+same recording. A training step is one that computes gradients or takes an
+optimizer update; a forward-only step (evaluation, `flowgrad run`) is eval,
+where dropout is the identity."""
+from __future__ import annotations
+
+import numpy as np
+
+from flowgrad.graph import TensorType
+from flowgrad.ops.define import defop
+from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.rules import float_dtype
+
+RNG_INPUT = "@rng"
+RNG_TYPE = TensorType((4,), "i32")
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
+
+
+def philox4x32(counter, key, rounds: int = 10):
+    """Philox4x32-10 of counters (4 uint32 arrays, broadcast together) under
+    key (2 uint32): the 4 output words."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint32) for c in counter)
+    c0, c1, c2, c3 = np.broadcast_arrays(c0, c1, c2, c3)
+    k0, k1 = np.uint32(key[0]), np.uint32(key[1])
+    with np.errstate(over="ignore"):
+        for r in range(rounds):
+            if r:
+                k0, k1 = k0 + _W0, k1 + _W1
+            p0, p1 = _M0 * c0.astype(np.uint64), _M1 * c2.astype(np.uint64)
+            hi0, lo0 = (p0 >> np.uint64(32)).astype(np.uint32), p0.astype(np.uint32)
+            hi1, lo1 = (p1 >> np.uint64(32)).astype(np.uint32), p1.astype(np.uint32)
+            c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def rng_feed(training: bool, step: int, seed: int) -> np.ndarray:
+    return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, 0], np.int32)
+
+
+def drop_threshold(p: float) -> int:
+    """An element is kept when the top 24 bits of its word are >= this."""
+    return min(int(round(p * (1 << 24))), 1 << 24)
+
+
+def keep_scale(p: float) -> float:
+    return 0.0 if p >= 1.0 else float(np.float32(1.0 / (1.0 - p)))
+
+
+def dropout_mask(shape, p: float, step: int, seed: int, stream: int) -> np.ndarray:
+    """True where an element is kept."""
+    n = int(np.prod(shape))
+    word = philox4x32((np.arange(n, dtype=np.uint32), step, 0, 0), (seed, stream))[0]
+    return ((word >> np.uint32(8)) >= drop_threshold(p)).reshape(shape)
+
+
+# ---------------------------------------------------------------- dropout
+
+
+def _expand(builder, ins, attrs):
+    if len(ins) != 1:
+        raise OpTypeError("takes one tensor, x; its random state is flowgrad's own")
+    rng = builder.hidden_input(RNG_INPUT, RNG_TYPE)
+    if attrs["stream"] is None:
+        attrs = attrs | {"stream": builder.next_id()}
+    return ins + [rng], attrs
+
+
+def _infer(ins, attrs):
+    x = ins[0]
+    float_dtype(x, "x")
+    if not 0.0 <= attrs["p"] <= 1.0:
+        raise OpTypeError(f"p={attrs['p']} must be in [0, 1]")
+    # one input: the call as written, checked before the build adds the random state
+    if len(ins) > 2 or (len(ins) == 2 and ins[1] != RNG_TYPE):
+        got = ins[1]
+        raise OpTypeError(f"its second input is its random state, {RNG_TYPE} (added when the model is built), "
+                          f"got {got}")
+    return x
+
+
+def _scaled_mask(x, rng, attrs):
+    """The factor each element is multiplied by (None: eval, the identity;
+    so is a call with no random state, as written before the build adds it)."""
+    if rng is None:
+        return None
+    training, step, seed, _ = (int(v) for v in rng)
+    if not training:
+        return None
+    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0)
+    return np.where(mask, np.float32(keep_scale(attrs["p"])), np.float32(0.0))
+
+
+def _forward(ins, attrs):
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
+    factor = _scaled_mask(x, rng, attrs)
+    return x.copy() if factor is None else narrow(wide(x) * factor.astype(wide(x).dtype), x)
+
+
+def _vjp(g, ins, out, attrs):
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
+    factor = _scaled_mask(x, rng, attrs)
+    return [g if factor is None else narrow(wide(g) * factor.astype(wide(g).dtype), x)] + [None] * (len(ins) - 1)
+
+
+dropout = defop(
+    "dropout", (Arg("x"), Arg("p", "attr", 0.5, (float, int)), Arg("stream", "attr", None, (int, type(None))),
+                Arg("rng", "tensor", None)),
+    _infer, _forward, _vjp, expand=_expand, nondiff=(1,),
+    doc="in training steps, zero each element with probability p and scale the rest by 1/(1-p); "
+        "the identity in eval")

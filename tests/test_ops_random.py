@@ -1,0 +1,139 @@
+"""dropout and its generator: Philox4x32-10 against the published
+known-answer vectors, the op's rules (finite differences, f32 / f16),
+train vs eval, and the same masks on numpy, on Vulkan one op at a time and
+on the Vulkan graph path, step after step and after a resume."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.ops import get_op
+from flowgrad.ops.gradcheck import check_vjp
+from flowgrad.ops.random import dropout_mask, philox4x32, rng_feed
+from flowgrad.training.optim import SGD
+
+# Random123's kat_vectors for philox4x32 with 10 rounds
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter, key, want", KAT)
+def test_philox_known_answers(counter, key, want):
+    assert tuple(int(w) for w in philox4x32(counter, key)) == want
+
+
+def test_masks_depend_on_step_seed_and_stream_and_keep_one_minus_p():
+    base = dropout_mask((100, 100), 0.3, step=1, seed=0, stream=5)
+    assert abs(base.mean() - 0.7) < 0.02
+    for other in (dropout_mask((100, 100), 0.3, 2, 0, 5), dropout_mask((100, 100), 0.3, 1, 1, 5),
+                  dropout_mask((100, 100), 0.3, 1, 0, 6)):
+        assert abs((base != other).mean() - 2 * 0.3 * 0.7) < 0.03  # independent draws
+    assert dropout_mask((7,), 0.0, 1, 0, 0).all() and not dropout_mask((7,), 1.0, 1, 0, 0).any()
+
+
+def test_rules_train_and_eval():
+    op = get_op("dropout")
+    x = np.random.default_rng(0).standard_normal((4, 33))
+    train, evaluate = rng_feed(True, 3, 9), rng_feed(False, 3, 9)
+    attrs = {"p": 0.25, "stream": 2}
+    y = op.forward([x, train], attrs)
+    kept = dropout_mask(x.shape, 0.25, 3, 9, 2)
+    np.testing.assert_allclose(y, np.where(kept, x / 0.75, 0.0), rtol=1e-6)
+    np.testing.assert_array_equal(op.forward([x, evaluate], attrs), x)
+    check_vjp("dropout", [x, train], attrs)
+    check_vjp("dropout", [x, evaluate], attrs)
+    assert not op.forward([x, train], {"p": 1.0, "stream": 2}).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_low_precision_keeps_the_same_mask(dtype):
+    op = get_op("dropout")
+    x = np.random.default_rng(1).uniform(0.5, 1.5, (3, 17))
+    rng = rng_feed(True, 1, 0)
+    low = op.forward([x.astype(dtype), rng], {"p": 0.5, "stream": 1})
+    assert low.dtype == dtype
+    ref = op.forward([x.astype(dtype).astype(np.float64), rng], {"p": 0.5, "stream": 1})
+    np.testing.assert_array_equal(low == 0, ref == 0)
+    np.testing.assert_allclose(low, ref, rtol=1e-3 if dtype == np.float16 else 1e-6)
+
+
+MODEL = """
+model drop
+input x: f32[3, 65]
+param w: f32[65] = ones()
+h = dropout(x * w, p=0.3)
+k = dropout(h, p=0.5)
+loss = sum(k * k)
+output h, k
+minimize loss
+"""
+
+
+def _masks(sess, steps, x, **kw):
+    out = []
+    for _ in range(steps):
+        res = sess.step({"x": x}, **kw)
+        out.append((res.outputs["h"] == 0, res.outputs["k"] == 0, res.grads.get("w")))
+    return out
+
+
+def test_a_forward_only_step_is_eval_and_gradient_steps_train():
+    sess = fg.loads(MODEL).compile(device="cpu")
+    x = np.ones((3, 65), np.float32)
+    ev = sess.step({"x": x}, grads=False)
+    np.testing.assert_array_equal(ev.outputs["k"], x)
+    tr = sess.step({"x": x})
+    assert 0.4 < (tr.outputs["k"] == 0).mean() < 0.8
+    forced = sess.step({"x": x}, grads=False, train=True)
+    assert (forced.outputs["k"] == 0).any()
+    assert not (sess.step({"x": x}, train=False).outputs["k"] == 0).any()
+
+
+def test_two_dropouts_draw_different_masks():
+    sess = fg.loads(MODEL).compile(device="cpu")
+    res = sess.step({"x": np.ones((3, 65), np.float32)})
+    first, second = res.outputs["h"] == 0, (res.outputs["k"] == 0) & ~(res.outputs["h"] == 0)
+    assert first.any() and second.any()
+
+
+def test_resume_draws_the_masks_of_an_uninterrupted_run(tmp_path):
+    model = fg.loads(MODEL)
+    x = np.random.default_rng(2).uniform(0.5, 1.5, (3, 65)).astype(np.float32)
+    whole = model.compile(device="cpu", seed=4)
+    want = [whole.step({"x": x}, optimizer=SGD(lr=0.01)).outputs["k"] for _ in range(4)]
+    first = model.compile(device="cpu", seed=4)
+    for _ in range(2):
+        first.step({"x": x}, optimizer=SGD(lr=0.01))
+    first.save_checkpoint(tmp_path / "c.safetensors")
+    again = model.compile(device="cpu", seed=4)
+    again.load_checkpoint(tmp_path / "c.safetensors")
+    got = [again.step({"x": x}, optimizer=SGD(lr=0.01)).outputs["k"] for _ in range(2)]
+    np.testing.assert_array_equal(got[0], want[2])
+    np.testing.assert_array_equal(got[1], want[3])
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_masks_are_identical_on_numpy_vulkan_closures_and_the_graph_path(vk_device, dtype):
+    model = fg.loads(MODEL)
+    x = np.random.default_rng(3).uniform(0.5, 1.5, (3, 65)).astype(np.float16 if dtype == "f16" else np.float32)
+    graph = model.compile(device="vulkan", dtype=dtype)
+    assert graph.last_path == "graph"
+    closures = model.compile(device="vulkan", dtype=dtype, backward="closures")
+    cpu = model.compile(device="cpu", dtype=dtype)
+    runs = [_masks(s, 3, x) for s in (cpu, closures, graph)]
+    assert graph.last_path == "graph"
+    assert closures.runner.executor.kernels.on_numpy == set(), "an op ran on numpy instead of its lowering"
+    for step in range(3):
+        for other in runs[1:]:
+            np.testing.assert_array_equal(runs[0][step][0], other[step][0])
+            np.testing.assert_array_equal(runs[0][step][1], other[step][1])
+            np.testing.assert_allclose(other[step][2], runs[0][step][2], rtol=1e-2 if dtype == "f16" else 1e-5)
+    assert not np.array_equal(runs[2][0][1], runs[2][1][1]), "a new step must draw a new mask"
+    ev = graph.step({"x": x}, grads=False)
+    np.testing.assert_array_equal(ev.outputs["k"], x)
