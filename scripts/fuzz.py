@@ -9,6 +9,8 @@ Each case is made from (seed, index) alone, so `--case I` replays one. Kinds:
   set      the example models with bad or extreme config overrides
   feed     a compiled example model stepped with bad feeds
   api      misuse of the Python API (bad arguments, bad values)
+  train    mutations of an example model's train section, then two training
+           steps (data sources, optimizers, schedules, metrics, checkpoints)
 
 Every case ends in one of: `error` (a FlowError whose caret sits on the line
 and column it names), `valid`, `caret` (a FlowError pointing elsewhere),
@@ -34,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "flowgrad" / "models"
 BAD = ("caret", "other", "crash", "hang")
+TRAIN_BLOCK = "\ntrain {"
 
 WEIRD_CHARS = ["\x0c", "\r", "\x85", "\u2028", "\t", "\x00", "\u00e9", "\ufeff", "\\", "\"", "'", "#", "\n"]
 PUNCT = list("()[]{},:=+-*/@.") + ["**", "->", "\n  ", "  "]
@@ -206,7 +209,10 @@ def make_case(seed: int, index: int) -> dict:
     rng = random.Random(f"{seed}:{index}")
     texts = example_texts()
     name = rng.choice(sorted(texts))
-    kind = rng.choices(["mutate", "grammar", "typed", "set", "feed", "api"], weights=[40, 15, 15, 12, 12, 6])[0]
+    kind = rng.choices(["mutate", "grammar", "typed", "set", "feed", "api", "train"],
+                       weights=[40, 15, 15, 12, 12, 6, 10])[0]
+    if kind == "train":
+        name = rng.choice(sorted(n for n, t in texts.items() if TRAIN_BLOCK in t))
     case = {"kind": kind, "index": index, "file": f"fuzz{index}.flow", "config": {}, "text": texts[name],
             "model": name}
     if kind == "mutate":
@@ -223,6 +229,12 @@ def make_case(seed: int, index: int) -> dict:
         case["via_cli"] = rng.random() < 0.5 and all(isinstance(v, str) for v in case["config"].values())
     elif kind == "feed":
         case["feed"] = rng.randrange(1 << 30)
+    elif kind == "train":
+        # the data paths are relative to the model file, so the case is named as if it sat beside it
+        case["file"] = str(MODELS / f"fuzz{index}.flow")
+        at = texts[name].index(TRAIN_BLOCK)
+        case["text"] = texts[name][:at] + mutate(rng, texts[name][at:])
+        case["write"] = rng.random() < 0.3
     else:
         case["api"] = rng.randrange(1 << 30)
     return case
@@ -341,6 +353,12 @@ def run_case(case: dict, device: str) -> None:
     if case["kind"] == "api":
         api_misuse(model, r)
         return
+    if case["kind"] == "train":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as out:
+            fg.train(model, steps=2, device=device, progress=False, out=out if case["write"] else None)
+        return
     sess = model.compile(device=device)
     if case["kind"] == "feed":
         sess.step(bad_feeds(sess, r), grads=sess.graph.loss is not None)
@@ -378,7 +396,7 @@ def classify(case: dict, device: str) -> tuple[str, str]:
         try:
             run_case(case, device)
         except FlowError as err:
-            if err.span is not None and case["kind"] in ("mutate", "grammar", "typed", "set"):
+            if err.span is not None and case["kind"] in ("mutate", "grammar", "typed", "set", "train"):
                 problem = caret_problem(err, case["text"])
                 if problem:
                     return "caret", f"{problem}: {err.message[:120]}"

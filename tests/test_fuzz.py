@@ -1,5 +1,6 @@
 """The fuzzer's CI run: 500 cases (mutated example models, generated
-programs, bad overrides, bad feeds, API misuse), each a positioned FlowError
+programs, bad overrides, bad feeds, API misuse, mutated train sections
+trained for two steps), each a positioned FlowError
 or a valid run; any other exception, a hang or a misplaced caret fails."""
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def test_fuzz_500_cases():
     assert not [o for o in outcomes if o in fuzz.BAD], text
     # the run exercised both sides: refusals and programs that ran a step
     assert outcomes.count("error") > 100 and outcomes.count("valid") > 20, text
+    trained = [i for i, (o, _) in summary["results"].items() if o == "valid" and fuzz.make_case(seed, i)["kind"] == "train"]
+    assert trained, "no mutated train section trained: " + text
 
 
 def test_fuzz_flags_a_misplaced_caret():
