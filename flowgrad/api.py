@@ -191,6 +191,10 @@ class Session:
         train: whether this is a training step (dropout active, batch norm
         on batch statistics); by default, a step that computes gradients or
         updates is one, a forward-only step is an evaluation."""
+        for name, value, allowed in (("grads", grads, (bool,)), ("grad_inputs", grad_inputs, (bool,)),
+                                     ("train", train, (bool, type(None)))):
+            if not isinstance(value, allowed + (np.bool_,)):
+                raise FlowError(f"step(): {name} must be True or False, got {value!r}")
         if (grads or optimizer is not None) and self.graph.loss is None:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")

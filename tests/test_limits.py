@@ -221,6 +221,13 @@ def test_set_params_misuse(mlp):
             sess.set_params(bad)
 
 
+@pytest.mark.parametrize("kwargs", [{"grads": "yes"}, {"grads": None}, {"train": 1}, {"grad_inputs": "no"}])
+def test_step_flags_must_be_booleans(mlp, kwargs):
+    # found by the fuzzer: grads="yes" reached the random-state feed as int("yes")
+    with pytest.raises(FlowError, match="must be True or False"):
+        mlp.compile(device="cpu").step(feeds_for(mlp), **kwargs)
+
+
 def test_step_optimizer_must_be_an_optimizer(mlp):
     with pytest.raises(FlowError, match="optimizer"):
         mlp.compile(device="cpu").step(feeds_for(mlp), optimizer="sgd")
