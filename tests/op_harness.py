@@ -24,10 +24,13 @@ def wide64(x):
     return x.astype(np.float64) if x.dtype.kind == "f" else x
 
 
-def close(got, want, dtype, what):
+def close(got, want, dtype, what, zero_scale=1e-6):
+    """zero_scale: the scale of a `want` that is exactly 0, i.e. of the terms
+    that cancel to give it (a GPU's rounding leaves that much of them)."""
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     assert np.all(np.isfinite(got)), f"{what}: non-finite values"
     tol = TOL[dtype]
-    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
+    largest = float(np.max(np.abs(want), initial=0.0))
+    scale = max(largest, 1e-6) if largest else zero_scale
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)

@@ -200,8 +200,11 @@ def test_batchnorm_lowering_matches_numpy(kernels, shape, mode):
     g = rng.uniform(-1, 1, shape).astype(np.float32)
     grads = kernels.vjp(node, g, ins, out)
     want = get_op("batchnorm").vjp(g.astype(np.float64), ref_ins, ref, {})
+    # with one element per channel x - mean is 0 and dx cancels exactly: terms of
+    # size |g| / sqrt(eps) remain, to rounding
+    cancel = float(np.abs(g).max()) / np.sqrt(1e-5)
     for i in range(3):
-        close(grads[i], want[i], "f32", f"batchnorm grad {i}")
+        close(grads[i], want[i], "f32", f"batchnorm grad {i}", zero_scale=cancel)
     assert grads[3] is None and grads[4] is None
 
 

@@ -83,7 +83,8 @@ class Device:
         chain = want_s16
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
-            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=want_s16, cooperativeMatrix=1)
+            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=want_s16, vulkanMemoryModel=1)
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model, cooperativeMatrix=1)
         core = vk.VkPhysicalDeviceFeatures()
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=core)
         priority = vk.ffi.new("float[1]", [1.0])
