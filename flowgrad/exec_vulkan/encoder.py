@@ -3,6 +3,8 @@ descriptor sets, push constants, the barriers Hazards asks for, and optional
 timestamp queries (one interval per node and direction, for profiling)."""
 from __future__ import annotations
 
+import time
+
 from flowgrad.exec_vulkan.device import PUSH_BYTES
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
 from flowgrad.exec_vulkan.recorder import Dispatch, Fill, Hazards
@@ -47,6 +49,25 @@ def encode(device, cmd, commands, timestamps: bool = False) -> Encoding:
         enc.free()
         raise
     return enc
+
+
+def timed_submits(device, commands, times: int, what: str) -> list[float]:
+    """Encode `commands` once into a fresh command buffer, submit it `times`
+    times and return each submit's wall seconds (submit to fence)."""
+    cmd = device.command_buffer()
+    try:
+        enc = encode(device, cmd, commands)
+        try:
+            out = []
+            for _ in range(times):
+                t0 = time.perf_counter()
+                device.submit_and_wait(cmd, what)
+                out.append(time.perf_counter() - t0)
+            return out
+        finally:
+            enc.free()
+    finally:
+        device.free_command_buffer(cmd)
 
 
 def _descriptor_sets(vk, device, dispatches, enc):

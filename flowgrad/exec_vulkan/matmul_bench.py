@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import numpy as np
 
@@ -99,7 +98,7 @@ def time_shape(device, dtype, shape, kernels=((None, None),), seed=0) -> list[di
 def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
     from flowgrad.exec_vulkan.oneshot import OneShot
-    from flowgrad.exec_vulkan.encoder import encode
+    from flowgrad.exec_vulkan.encoder import timed_submits
 
     m, n, k, layout = shape
     flop = 2.0 * m * n * k
@@ -113,19 +112,7 @@ def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
         with OneShot(device) as s:
             _record(s.rec, av, bv, cv, m, n, k, layout, reps)
             s.rec.arena.materialize(device, device.pool)
-            cmd = device.command_buffer()
-            try:
-                enc = encode(device, cmd, s.rec.commands)
-                try:
-                    times = []
-                    for _ in range(SUBMITS + 1):
-                        t0 = time.perf_counter()
-                        device.submit_and_wait(cmd, "timing a matmul")
-                        times.append(time.perf_counter() - t0)
-                finally:
-                    enc.free()
-            finally:
-                device.free_command_buffer(cmd)
+            times = timed_submits(device, s.rec.commands, SUBMITS + 1, "timing a matmul")
     sec = statistics.median(times[1:]) / reps
     asked = "auto" if shader is None else shader + (f" x{chunks}" if chunks else "")
     return {"shape": shape, "asked": asked, "kernel": "+".join(used), "tflops": flop / sec / 1e12,

@@ -4,9 +4,8 @@ wall time of each section submitted alone. Each returns [(label, [seconds
 per run])] in step order."""
 from __future__ import annotations
 
-import time
 
-from flowgrad.exec_vulkan.encoder import encode, read_timestamps
+from flowgrad.exec_vulkan.encoder import encode, read_timestamps, timed_submits
 
 
 def by_timestamps(device, prog, feeds, hyper, steps):
@@ -37,15 +36,5 @@ def by_wall_clock(device, prog, feeds, hyper, steps):
     for _ in range(steps):
         prog.write_inputs(feeds, hyper)
         for (label, cmds), (_l, times) in zip(groups, runs):
-            cmd = device.command_buffer()
-            try:
-                enc = encode(device, cmd, cmds)
-                try:
-                    t0 = time.perf_counter()
-                    device.submit_and_wait(cmd, "profiling a graph step")
-                    times.append(time.perf_counter() - t0)
-                finally:
-                    enc.free()
-            finally:
-                device.free_command_buffer(cmd)
+            times += timed_submits(device, cmds, 1, "profiling a graph step")
     return runs

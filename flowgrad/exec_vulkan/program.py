@@ -201,7 +201,7 @@ class StepProgram:
         self.rec.arena.materialize(device)
         self.cmd = device.command_buffer()
         self.enc = encode(device, self.cmd, self.rec.commands)
-        self._finalizer = weakref.finalize(self, _free_program, device, self.cmd, self.enc, owned, self.rec.arena)
+        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
@@ -230,7 +230,7 @@ class StepProgram:
         self._finalizer()
 
 
-def _free_program(device, cmd, enc, owned, arena):
+def free_program(device, cmd, enc, owned, arena):
     if device.handle is None:
         return
     device.free_command_buffer(cmd)

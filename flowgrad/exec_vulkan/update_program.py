@@ -16,6 +16,7 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up
+from flowgrad.exec_vulkan.program import free_program
 from flowgrad.exec_vulkan.recorder import BufView, Recorder
 
 
@@ -49,7 +50,7 @@ class UpdateProgram:
         self.cmd = device.command_buffer()
         self.enc = encode(device, self.cmd, rec.commands)
         owned = [self.staging, self.packed]
-        self._finalizer = weakref.finalize(self, _free, device, self.cmd, self.enc, owned, rec.arena)
+        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, rec.arena)
         self._finalizer.atexit = False
 
     def run(self, grads: dict[str, np.ndarray], hyper: np.ndarray) -> None:
@@ -65,13 +66,3 @@ class UpdateProgram:
 
     def free(self) -> None:
         self._finalizer()
-
-
-def _free(device, cmd, enc, owned, arena):
-    if device.handle is None:
-        return
-    device.free_command_buffer(cmd)
-    enc.free()
-    for buf in owned:
-        buf.free()
-    arena.free()
