@@ -349,12 +349,13 @@ def test_cross_entropy(kernels, lead, classes, dtype):
     run_op(kernels, "cross_entropy", [logits, targets], {}, rng)
 
 
-def test_cross_entropy_bad_target_is_nan_not_a_crash(kernels):
-    """A GPU can't raise: an out-of-range target shows as a NaN loss."""
+def test_cross_entropy_bad_target_is_an_error_not_a_crash(kernels):
+    """A GPU can't raise: the kernel flags an out-of-range target (never
+    reading it), and the host raises once the submission is back."""
     logits = np.zeros((2, 3), np.float32)
     node = make_node("cross_entropy", [logits, np.zeros(2, np.int32)], {})
-    loss_value = kernels.forward(node, [logits, np.array([0, 3], np.int32)])
-    assert np.isnan(loss_value)
+    with pytest.raises(FlowError, match=r"cross_entropy: .* out of range at \[1\] \(valid: 0..2\)"):
+        kernels.forward(node, [logits, np.array([0, 3], np.int32)])
 
 
 # ---------------------------------------------------------------- no device
