@@ -134,7 +134,12 @@ class GraphSession:
         if prog.optimizer is not None:
             self.opt_step += 1
             hyper = np.asarray(optimizer.hyper(self.opt_step), np.float32)
-        got = prog.run(feeds, hyper)
+        try:
+            got = prog.run(feeds, hyper)
+        except FlowError:   # an index out of range: the update did not run
+            if prog.optimizer is not None:
+                self.opt_step -= 1
+            raise
         outputs = {name: got[name] for name in g.outputs}
         loss = got.get("@loss")
         out_grads = {}
