@@ -103,11 +103,13 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
-    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for every node on the tape.
+    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, seed=None) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for every node on the tape,
+        starting from `seed` (1 unless given: a loss scale).
         on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection)."""
         loss = values[loss_id]
-        grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
+        start = np.ones_like(loss) if seed is None else np.asarray(seed, dtype=np.asarray(loss).dtype)
+        grads: dict[int, np.ndarray] = {loss_id: start}
         for node, closure in reversed(tape):
             g = grads.pop(node.id, None)  # intermediates are freed as we go
             if g is None:
@@ -139,12 +141,13 @@ class ClosureSession:
     path = "closures"
     timer = "wall clock per op"
 
-    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None):
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None):
         self.graph = graph
         self.executor = ClosureExecutor(graph, kernels)
         self.params = {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
         self.opt_step = 0
+        self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
         g = self.graph
@@ -153,16 +156,23 @@ class ClosureSession:
         outputs = {name: values[i] for name, i in g.outputs.items()}
         loss = None if g.loss is None else values[g.loss]
         out_grads = {}
+        found_inf = False
         if grads or optimizer is not None:
-            by_id = self.executor.backward(values, tape, g.loss)
+            seed = None if self.scaler is None else self.scaler.seed()
+            by_id = self.executor.backward(values, tape, g.loss, seed=seed)
             for name, i in g.trainable().items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
             if grad_inputs:
                 for name, i in g.inputs.items():
                     if i in by_id:
                         out_grads[name] = by_id[i]
+            if self.scaler is not None:
+                found_inf = self.scaler.unscale(out_grads)
         if optimizer is not None:
-            self.apply_update(optimizer, out_grads)
+            if not found_inf:
+                self.apply_update(optimizer, out_grads)
+            if self.scaler is not None:
+                self.scaler.update(found_inf)
         return outputs, loss, out_grads
 
     def apply_update(self, optimizer, grads) -> None:
