@@ -170,14 +170,22 @@ class ClosureSession:
                 found_inf = self.scaler.unscale(out_grads)
         if optimizer is not None:
             if not found_inf:
-                self.apply_update(optimizer, out_grads)
+                self._update(optimizer, out_grads)
             if self.scaler is not None:
                 self.scaler.update(found_inf)
         return outputs, loss, out_grads
 
     def apply_update(self, optimizer, grads) -> None:
         """One optimizer update with the given gradients (in data-parallel
-        training: averaged across ranks)."""
+        training: averaged across ranks); under a loss scaler, skipped when
+        one of them overflowed."""
+        found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
+        if not found_inf:
+            self._update(optimizer, grads)
+        if self.scaler is not None:
+            self.scaler.update(found_inf)
+
+    def _update(self, optimizer, grads) -> None:
         trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
         if not self.opt_state:
             self.opt_state = optimizer.init_state(trained)

@@ -166,7 +166,13 @@ class GraphSession:
 
     def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
         """The optimizer update alone, on gradients the host supplies (averaged
-        across ranks in data-parallel training): one submit of its own program."""
+        across ranks in data-parallel training): one submit of its own program.
+        Under a loss scaler, skipped when one of them overflowed."""
+        if self.scaler is not None:
+            found_inf = not all(np.isfinite(g).all() for g in grads.values())
+            self.scaler.update(found_inf)
+            if found_inf:
+                return
         if not hasattr(optimizer, "record"):
             self.last_opt_key = "host"
             self._host_update(optimizer, grads)

@@ -309,8 +309,9 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         return leaf.setdefault(key, FakeBuffer(pb.nbytes, str(key)))
 
     on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
+    scaled = backward and plan is not None and plan.dtype == "mixed"
     layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                     (FakeBuffer(0, "upload"), FakeBuffer(0, "download")))
+                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
     opt_record = None
     if on_device is not None:
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
@@ -322,9 +323,9 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         grads_views = layout.param_grads(make_buffer)
 
         def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper)
+            on_device.record(rec, params, grads_views, state, layout.hyper, layout.found)
     rec = Recorder(None)
-    record_step(rec, graph, mem, layout.view, layout.io, opt_record)
+    record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
               "fills": 0, "copies": 0}
     for c in rec.commands:

@@ -210,6 +210,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
         with deferred_sigint() as stop:
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
+                scaler = sess.loss_scaler
+                scale = None if scaler is None else scaler.scale   # the scale this step's backward uses
                 in_step = True
                 if world is None:
                     loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
@@ -218,6 +220,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                 step += 1
                 in_step = False
                 rec = _record(step, loss, ts.optimizer)
+                if scaler is not None:
+                    rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
                 if step % ts.eval_every == 0 or step == ts.steps:
                     rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
                     if split == "val" and "val_loss" in rec:
