@@ -220,3 +220,34 @@ def test_tiny_gpt_reaches_99_percent_on_reverse_in_mixed(tmp_path):
     print(f"\nmixed tiny_gpt: {res.steps} steps in {res.seconds:.1f} s, token accuracy "
           f"{res.metrics['token_accuracy']:.2%}, skipped {res.session.loss_scaler.skipped}")
     assert res.metrics["token_accuracy"] >= 0.99
+
+
+def test_a_checkpoint_keeps_the_loss_scale(tmp_path):
+    model = fg.loads(LINEAR)
+    sess = model.compile(device="cpu", dtype="mixed")
+    rng = np.random.default_rng(5)
+    opt = Adam(lr=1e-2)
+    sess.step(linear_feeds(rng), optimizer=opt)
+    with np.errstate(invalid="ignore"):
+        sess.step(linear_feeds(rng, bad=True), optimizer=opt)
+    sess.save_checkpoint(tmp_path / "c.safetensors")
+    again = model.compile(device="cpu", dtype="mixed")
+    again.load_checkpoint(tmp_path / "c.safetensors")
+    assert again.loss_scaler.state() == sess.loss_scaler.state() == {"scale": 32768.0, "good_steps": 0,
+                                                                      "skipped": 1}
+
+
+def test_the_bench_twin_runs_the_f32_model_under_autocast():
+    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    from flowgrad.exec_vulkan.bench import feeds_for, time_torch
+    from flowgrad.torch_twin import TorchTwin
+
+    model = gpt()
+    sess = model.compile(device="cpu", dtype="mixed")
+    twin = TorchTwin(model.build("f32"), sess.params)
+    feeds = feeds_for(sess.graph)
+    tfeeds = twin.feeds(feeds)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = float(twin.forward(tfeeds)[0].detach())
+    np.testing.assert_allclose(loss, sess.step(feeds).loss, rtol=2e-2)
+    assert time_torch(twin, tfeeds, 1, compiled=False, amp="bf16") > 0

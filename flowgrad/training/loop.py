@@ -296,13 +296,14 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
     sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+    checkpoint.restore_loss_scale(ckpt, sess)
     return ckpt.step
 
 
 def _save(sess, ts, path, step, config):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(path, sess.params, state, step, sess.graph.name, config, ts.optimizer.describe(),
-                    data=ts.data.meta())
+    checkpoint.save(path, sess.params, state, step, sess.graph.name, config,
+                    checkpoint.with_loss_scale(ts.optimizer.describe(), sess), data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:
