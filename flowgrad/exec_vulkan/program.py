@@ -227,7 +227,8 @@ class StepProgram:
             def opt_record(rec):
                 for v in zero.values():
                     rec.fill(v, 0)
-                optimizer.record(rec, params, grads, state, hyper, skip)
+                # skip only under a loss scaler: an optimizer of the plain protocol works without it
+                optimizer.record(rec, params, grads, state, hyper, *([] if skip is None else [skip]))
         self.rec = Recorder(device)
         record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
                     self.layout.record_unscale if scaled else None)
@@ -323,7 +324,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         grads_views = layout.param_grads(make_buffer)
 
         def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper, layout.found)
+            on_device.record(rec, params, grads_views, state, layout.hyper,
+                             *([] if layout.found is None else [layout.found]))
     rec = Recorder(None)
     record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
