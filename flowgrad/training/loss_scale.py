@@ -8,8 +8,9 @@ they were, and the optimizer's step count does not advance), and the scale
 changes as GradScaler.update() changes it: times `backoff` after an overflow,
 times `growth` after `interval` good steps in a row (unless that would
 overflow f32). Both executors read the scale from here and report each step's
-overflow back through `update`; the graph path checks and skips on the device
-(see exec_vulkan/update_program.py's loss-scale recording)."""
+overflow back through `update`; the graph path unscales, checks and skips on
+the device, inside the step's one submit (exec_vulkan/program.py,
+StepLayout.record_unscale), and reads the overflow flag back with the outputs."""
 from __future__ import annotations
 
 import math
