@@ -35,7 +35,7 @@ void main() {
             dva[a][y] = vec4(0.0);
         }
 
-    uint sbase = (b * gl_NumWorkGroups.y + h) * p.sq;
+    uint sbase = stat_index(b, h, 0u);
     uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
     for (uint i0 = istart; i0 < p.sq; i0 += BC) {
         barrier();

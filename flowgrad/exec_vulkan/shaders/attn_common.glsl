@@ -34,7 +34,8 @@ layout(push_constant, std430) uniform Push {
     uint msb, msh, msi, msj;  // mask strides over (batch, head, query, key); 0 where broadcast
     float scale;            // 1/sqrt(dh)
     uint causal;            // key j attends to query i only where j <= i
-    uint nstat;             // backward: batch*heads*sq (offset of D in stats)
+    uint nstat;             // batch*heads*sq (offset of D in stats)
+    uint saved_lse;         // dq pass: 1 reads the forward's lse from stats, 0 recomputes it
 } p;
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
@@ -51,6 +52,11 @@ layout(std430, set = 0, binding = 3) readonly buffer Mask { uint mbits[]; };
 float mask_add(uint e) { return uintBitsToFloat(mbits[e]); }
 bool mask_keep(uint e) { return mbits[e] != 0u; }
 #endif
+
+// each row's slot in the stats buffers (lse at i, D at nstat + i)
+uint stat_index(uint b, uint h, uint i) {
+    return (b * gl_NumWorkGroups.y + h) * p.sq + i;
+}
 
 // first element of row `row` of head h in batch b for a [batch, seq, d] tensor
 uint row_base(uint b, uint seq, uint row, uint h) {

@@ -3,10 +3,12 @@
 // streams the keys in tiles of BC (causal: only tiles at or left of the
 // diagonal), keeping per row an online softmax (running max m, sum l) and
 // an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
-// A fully masked row gives 0, as PyTorch's SDPA does.
+// A fully masked row gives 0, as PyTorch's SDPA does. Each row's
+// log-sum-exp goes to stats for the backward (+inf for a fully masked row).
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared vec4 Qs[BR * PAD];
 shared vec4 KVs[KV_SLOTS * BC * PAD];
@@ -95,6 +97,7 @@ void main() {
         uint i = i0 + rg * RQ + a;
         if (i >= p.sq) break;
         float inv = lsum[a] > 0.0 ? 1.0 / lsum[a] : 0.0;  // a fully masked row gives 0
+        if (c == 0u) stats[stat_index(b, h, i)] = lsum[a] > 0.0 ? m[a] + log(lsum[a]) : POS_INF;
         uint ob = row_base(b, p.sq, i, h);
         for (uint y = 0u; y < CPT; ++y) {
             uint ch = c + CT * y;
