@@ -45,11 +45,11 @@ vec4 recompute_lse(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc)
         barrier();
         LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
         barrier();
+        float sc[RQ][KPT];
+        TILE_DOTS(sc, Qs, rg * RQ, KVs, c, CT, nc);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                float sv = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                float sv = masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
                 float mnew = max(m[a], sv);
                 float mref = mnew == NEG_INF ? 0.0 : mnew;
                 l[a] = l[a] * exp(m[a] - mref) + exp(sv - mref);
@@ -112,21 +112,18 @@ void main() {
 #endif
         barrier();
         float dpv[RQ][KPT];
-        for (uint a = 0u; a < RQ; ++a)
-            for (uint x = 0u; x < KPT; ++x) {
-                ROW_DOT(dpv[a][x], Gs, rg * RQ + a, KVs, (VOFF / PAD) + c + CT * x, nc);
-            }
+        TILE_DOTS(dpv, Gs, rg * RQ, KVs, (VOFF / PAD) + c, CT, nc);
 #if KV_SLOTS == 1
         barrier();  // V is no longer read
         LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
         barrier();
 #endif
         vec4 dsv[KPT];
+        float sc[RQ][KPT];
+        TILE_DOTS(sc, Qs, rg * RQ, KVs, c, CT, nc);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                float pij = exp(masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
+                float pij = exp(masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
                 dsv[x][a] = pij * (dpv[a][x] - drow[a]);
             }
         }

@@ -13,6 +13,7 @@
 // it owns rows rg*4 .. rg*4+3, streamed rows c + CT*x, and head columns
 // (vec4 chunks) c + CT*y. Shared tiles are vec4 rows padded by one vec4, so
 // the CT threads reading different rows hit different banks.
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 #define RQ 4
@@ -89,10 +90,19 @@ float masked(float s, uint b, uint h, uint i, uint j) {
         dst[(off) + r_ * PAD + ch_] = x_;                                             \
     }
 
-// dot of two shared head rows over the live chunks (nc uniform)
-#define ROW_DOT(out, A, ia, B, ib, nc)                                               \
-    out = 0.0;                                                                        \
-    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                            \
-        if (ch_ >= (nc)) break;                                                       \
-        out += dot(A[(ia) * PAD + ch_], B[(ib) * PAD + ch_]);                        \
+// out[a][x] = dot of shared head rows A[ia0 + a] and B[ib0 + ibs * x] over
+// the live chunks, for every a < RQ and x < KPT at once: RQ * KPT
+// independent sums (one dependent chain each would leave the SM waiting on
+// FMA latency), each loaded chunk used KPT or RQ times. nc is uniform.
+#define TILE_DOTS(out, A, ia0, B, ib0, ibs, nc)                                     \
+    [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_)                                     \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) out[a_][x_] = 0.0;             \
+    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                           \
+        if (ch_ >= (nc)) break;                                                      \
+        vec4 b_[KPT];                                                                \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) b_[x_] = B[((ib0) + (ibs) * x_) * PAD + ch_]; \
+        [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_) {                               \
+            vec4 av_ = A[((ia0) + a_) * PAD + ch_];                                  \
+            [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) out[a_][x_] += dot(av_, b_[x_]); \
+        }                                                                            \
     }

@@ -45,12 +45,11 @@ void main() {
 #endif
         barrier();
         float s[RQ][KPT];
+        TILE_DOTS(s, Qs, rg * RQ, KVs, c, CT, nc);
         vec4 tmax = vec4(NEG_INF);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                s[a][x] = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                s[a][x] = masked(s[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
                 tmax[a] = max(tmax[a], s[a][x]);
             }
         }
