@@ -19,10 +19,13 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
 from flowgrad.exec_vulkan.readback import HostBlock
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder, count_barriers
+from flowgrad.exec_vulkan.index_checks import UNSET
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
+
+INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
 
 
 def accumulate(rec, dst: BufView, src: BufView) -> None:
@@ -41,6 +44,7 @@ class StepIO:
         self.downloads: list[tuple[str, BufView, BufView]] = []   # (name, device, staging)
         self.up_bytes = 0
         self.down_bytes = 0
+        self.down_staging = None
 
     def upload_region(self, staging, shape, dtype) -> BufView:
         view = BufView(staging, self.up_bytes, shape, dtype)
@@ -60,6 +64,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
     nodes = graph.nodes
+    rec.trusted = frozenset(n.id for n in nodes if n.op == "input")   # feeds are range-checked on the host
     for step in mem.schedule:
         if step.kind == "optimizer":
             continue
@@ -80,6 +85,10 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
             for w in writes:
                 if w.accumulate_into is not None:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
+    if rec.checks.checks:   # the index kernels' flags: reset first, read back with the results
+        flags = rec.checks.whole()
+        rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
+        io.downloads.append((INDEX_FLAGS, flags, io.download_region(io.down_staging, flags.shape, flags.dtype)))
     with rec.section("read-back", "transfer"):
         for _name, device_view, staging in io.downloads:
             rec.copy(device_view, staging)
@@ -111,6 +120,7 @@ class StepLayout:
                 self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
         self.io = StepIO()
         up, down = staging
+        self.io.down_staging = down
         # every input node: the user's and those the session feeds itself (the random state)
         for name, i in {n.name: n.id for n in graph.nodes if n.op == "input"}.items():
             if ("val", i) in mem.slots:
@@ -199,9 +209,17 @@ class StepProgram:
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
         self.host = HostBlock()   # where read-backs land
         self.rec.arena.materialize(device)
+        self.rec.checks.materialize(device)
+        self.graph = graph
+        step_part, update_part = split_update(self.rec)
         self.cmd = device.command_buffer()
-        self.enc = encode(device, self.cmd, self.rec.commands)
-        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena)
+        self.enc = encode(device, self.cmd, step_part)
+        self.update_cmd = self.update_enc = None
+        if update_part:
+            self.update_cmd = device.command_buffer()
+            self.update_enc = encode(device, self.update_cmd, update_part)
+        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena,
+                                           self.rec.checks, self.update_cmd, self.update_enc)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
@@ -224,20 +242,42 @@ class StepProgram:
         stats["downloads"] += len(self.layout.io.downloads)
         self.write_inputs(feeds, hyper)
         self.device.submit_and_wait(self.cmd, "running a graph step")
-        return self.read_outputs()
+        got = self.read_outputs()
+        if INDEX_FLAGS in got:
+            self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
+        if self.update_cmd is not None:
+            self.device.submit_and_wait(self.update_cmd, "running a graph step's optimizer update")
+        return got
 
     def free(self) -> None:
         self._finalizer()
 
 
-def free_program(device, cmd, enc, owned, arena):
+def split_update(rec: Recorder) -> tuple[list, list]:
+    """(the step's commands, the optimizer update's): the update is a
+    submission of its own only where index kernels flag, so that a step whose
+    flags the host finds set raises before anything updates the params.
+    Elsewhere the whole step is one submission."""
+    commands = rec.commands
+    if not rec.checks.checks:
+        return commands, []
+    k = next((i for i, c in enumerate(commands) if c.label == ("optimizer", "optimizer")), len(commands))
+    return commands[:k], commands[k:]
+
+
+def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None):
     if device.handle is None:
         return
     device.free_command_buffer(cmd)
     enc.free()
+    if update_cmd is not None:
+        device.free_command_buffer(update_cmd)
+        update_enc.free()
     for buf in owned:
         buf.free()
     arena.free()
+    if checks is not None:
+        checks.free()
 
 
 class LazyStaging:
@@ -294,13 +334,13 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         kind = type(c).__name__
         if kind == "Dispatch":
             counts[direction] = counts.get(direction, 0) + 1
-        elif direction == "transfer":
+        elif direction == "transfer" and kind == "Copy":
             counts["transfers_in" if c.label[0] == "feeds" else "transfers_out"] += 1
         else:
             counts["fills" if kind == "Fill" else "copies"] += 1
     counts["dispatches"] = counts["forward"] + counts["backward"] + counts["optimizer"]
     counts["barriers"] = count_barriers(rec.commands)
-    counts["submits"] = 1
+    counts["submits"] = 2 if split_update(rec)[1] else 1
     counts["scratch_bytes"] = rec.arena.high
     return counts
 
