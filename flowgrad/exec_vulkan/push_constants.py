@@ -23,7 +23,7 @@ SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", Non
 
 ATTENTION = (
     "sq: u32, sk: u32, d: u32, dh: u32, mask_mode: u32, msb: u32, msh: u32, msi: u32, msj: u32, scale: f32, "
-    "causal: u32, nstat: u32")
+    "causal: u32, nstat: u32, saved_lse: u32")
 
 MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: u32, "
           "nz: u32, za: u32, zb: u32, zc: u32, R: u32, ra: u32, rb: u32, offa: u32, offb: u32, offc: u32, "
