@@ -35,7 +35,7 @@ void main() {
             dva[a][y] = vec4(0.0);
         }
 
-    uint sbase = (b * gl_NumWorkGroups.y + h) * p.sq;
+    uint sbase = stat_index(b, h, 0u);
     uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
     for (uint i0 = istart; i0 < p.sq; i0 += BC) {
         barrier();
@@ -48,15 +48,15 @@ void main() {
         }
         barrier();
         vec4 pv[KPT], dsv[KPT];
+        float sv[RQ][KPT], dp[RQ][KPT];
+        TILE_DOTS(sv, Ks, rg * RQ, Qs, c, CT, nc);
+        TILE_DOTS(dp, Vs, rg * RQ, Gs, c, CT, nc);
         for (uint x = 0u; x < KPT; ++x) {
             uint ii = c + CT * x;
             for (uint a = 0u; a < RQ; ++a) {
-                float sv, dp;
-                ROW_DOT(sv, Ks, rg * RQ + a, Qs, ii, nc);
-                ROW_DOT(dp, Vs, rg * RQ + a, Gs, ii, nc);
-                float pij = exp(masked(sv * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
+                float pij = exp(masked(sv[a][x] * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
                 pv[x][a] = pij;
-                dsv[x][a] = pij * (dp - Ds[ii]);
+                dsv[x][a] = pij * (dp[a][x] - Ds[ii]);
             }
             Pt[ii * RG + rg] = pv[x];
             Dt[ii * RG + rg] = dsv[x];

@@ -3,10 +3,12 @@
 // streams the keys in tiles of BC (causal: only tiles at or left of the
 // diagonal), keeping per row an online softmax (running max m, sum l) and
 // an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
-// A fully masked row gives 0, as PyTorch's SDPA does.
+// A fully masked row gives 0, as PyTorch's SDPA does. Each row's
+// log-sum-exp goes to stats for the backward (+inf for a fully masked row).
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared vec4 Qs[BR * PAD];
 shared vec4 KVs[KV_SLOTS * BC * PAD];
@@ -43,12 +45,11 @@ void main() {
 #endif
         barrier();
         float s[RQ][KPT];
+        TILE_DOTS(s, Qs, rg * RQ, KVs, c, CT, nc);
         vec4 tmax = vec4(NEG_INF);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                s[a][x] = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                s[a][x] = masked(s[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
                 tmax[a] = max(tmax[a], s[a][x]);
             }
         }
@@ -95,6 +96,7 @@ void main() {
         uint i = i0 + rg * RQ + a;
         if (i >= p.sq) break;
         float inv = lsum[a] > 0.0 ? 1.0 / lsum[a] : 0.0;  // a fully masked row gives 0
+        if (c == 0u) stats[stat_index(b, h, i)] = lsum[a] > 0.0 ? m[a] + log(lsum[a]) : POS_INF;
         uint ob = row_base(b, p.sq, i, h);
         for (uint y = 0u; y < CPT; ++y) {
             uint ch = c + CT * y;
