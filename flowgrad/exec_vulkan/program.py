@@ -22,6 +22,7 @@ from flowgrad.exec_vulkan.readback import HostBlock
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
@@ -57,9 +58,11 @@ class StepIO:
         return view
 
 
-def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None) -> None:
+def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
+                scale_record=None) -> None:
     """Record one step: feeds in, forward, backward (with gradient
-    accumulation), read-backs, then the optimizer update."""
+    accumulation), the loss scaler's unscale and overflow check, read-backs,
+    then the optimizer update."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
@@ -85,6 +88,9 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
             for w in writes:
                 if w.accumulate_into is not None:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
+    if scale_record is not None:
+        with rec.section("loss scale", "backward"):
+            scale_record(rec)
     if rec.checks.checks:   # the index kernels' flags: reset first, read back with the results
         flags = rec.checks.whole()
         rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
@@ -110,7 +116,11 @@ def _lowering_errors(node, direction):
 class StepLayout:
     """The buffers and I/O of one step program, over real or fake buffers."""
 
-    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging):
+    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging,
+                 scaled=False):
+        """scaled: the backward starts from a loss scale the host uploads
+        (into the seed leaf: [scale, 1/scale]), and the gradients are
+        unscaled and checked for overflow on the device (`found`)."""
         self.graph, self.mem = graph, mem
         self.buffers = []
         for pb in mem.buffers:
@@ -132,6 +142,12 @@ class StepLayout:
             h = np.asarray(optimizer.hyper(1), np.float32)
             self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
             self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
+        self.scale = self.found = None
+        if scaled:
+            seed = self.view(("grad", graph.loss))
+            self.scale = BufView(seed.buffer, seed.offset, (2,), "f32")
+            self.io.uploads.append(("@scale", self.io.upload_region(up, (2,), "f32"), self.scale))
+            self.found = BufView(make_buffer(4, "found-inf"), 0, (1,), "f32")
         for name, i in graph.outputs.items():
             self._download(name, ("val", i), down)
         if graph.loss is not None and ("val", graph.loss) in mem.slots:
@@ -144,6 +160,24 @@ class StepLayout:
                 for name, i in graph.inputs.items():
                     if ("grad", i) in mem.slots:
                         self._download(f"@grad:{name}", ("grad", i), down)
+        if self.found is not None:
+            self.io.downloads.append(("@found_inf", self.found, self.io.download_region(down, (1,), "f32")))
+
+    def scaled_grads(self) -> list[BufView]:
+        """The gradients a loss-scaled step unscales: every param's and
+        input's the backward computes (what is read back or updated)."""
+        ids = list(self.graph.trainable().values()) + list(self.graph.inputs.values())
+        return [self.view(("grad", i)) for i in ids if ("grad", i) in self.mem.slots]
+
+    def record_unscale(self, rec) -> None:
+        """Each gradient times 1/scale, and found = 1 if one overflowed."""
+        grads = self.scaled_grads()
+        flags = rec.scratch((max(len(grads), 1),), "f32")
+        rec.fill(flags, 0)
+        for k, g in enumerate(grads):
+            rec.dispatch("unscale", [g, self.scale, flags], push=(g.size, k), groups=(groups_for(g.size), 1, 1),
+                         variant="f16" if g.dtype == "f16" else None)
+        rec.dispatch("found_inf", [flags, self.found], push=(len(grads),), groups=(1, 1, 1))
 
     def _download(self, name, key, staging):
         src = self.view(key)
@@ -186,8 +220,9 @@ class StepProgram:
             return buf
 
         up, down = LazyStaging(device, "upload"), LazyStaging(device, "download")
+        scaled = backward and getattr(sess, "scaler", None) is not None
         self.layout = StepLayout(graph, self.mem, make_buffer, sess.leaf_buffer, want_grads, grad_inputs,
-                              optimizer, (up, down))
+                                 optimizer, (up, down), scaled)
         self.owned = owned
         opt_record = None
         if optimizer is not None and hasattr(optimizer, "record"):
@@ -197,12 +232,16 @@ class StepProgram:
             hyper = self.layout.hyper
             zero = dict(self.layout.zero_grads)
 
+            skip = self.layout.found
+
             def opt_record(rec):
                 for v in zero.values():
                     rec.fill(v, 0)
-                optimizer.record(rec, params, grads, state, hyper)
+                # skip only under a loss scaler: an optimizer of the plain protocol works without it
+                optimizer.record(rec, params, grads, state, hyper, *([] if skip is None else [skip]))
         self.rec = Recorder(device)
-        record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record)
+        record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
+                    self.layout.record_unscale if scaled else None)
         self.dispatches = self.rec.counts()["dispatches"]
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
@@ -224,7 +263,7 @@ class StepProgram:
 
     def write_inputs(self, feeds: dict, hyper) -> None:
         for name, staging, _dev in self.layout.io.uploads:
-            data = hyper if name == "@hyper" else feeds[name]
+            data = hyper if name == "@hyper" else feeds[name]   # "@scale": the session adds it to the feeds
             if tuple(np.shape(data)) != staging.shape:
                 what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
                 raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
@@ -311,8 +350,9 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         return leaf.setdefault(key, FakeBuffer(pb.nbytes, str(key)))
 
     on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
+    scaled = backward and plan is not None and plan.dtype == "mixed"
     layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                     (FakeBuffer(0, "upload"), FakeBuffer(0, "download")))
+                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
     opt_record = None
     if on_device is not None:
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
@@ -324,9 +364,10 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         grads_views = layout.param_grads(make_buffer)
 
         def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper)
+            on_device.record(rec, params, grads_views, state, layout.hyper,
+                             *([] if layout.found is None else [layout.found]))
     rec = Recorder(None)
-    record_step(rec, graph, mem, layout.view, layout.io, opt_record)
+    record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
               "fills": 0, "copies": 0}
     for c in rec.commands:
