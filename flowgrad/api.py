@@ -52,9 +52,11 @@ class Model:
         return Model(self.program, {**self.overrides, **overrides})
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False):
+                check_finite: bool = False, fusion: bool = True):
         """check_finite: stop at the first step with a non-finite loss or
-        gradient, naming the node that produced it (flowgrad.anomaly)."""
+        gradient, naming the node that produced it (flowgrad.anomaly).
+        fusion=False: the graph path runs every pointwise op as its own
+        dispatch (to compare with the fused chains)."""
         if not isinstance(dtype, str) or dtype not in ("f32", "f16"):
             raise FlowError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
         if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
@@ -67,7 +69,7 @@ class Model:
 
         check_host_memory(graph)
         dev = open_device(device)
-        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype)
+        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype, fusion=bool(fusion))
         if plan.path != "graph" and backward == "graph":
             raise GraphPathRefused(
                 "backward='graph' was asked for, but the planner refused the graph path:\n"
@@ -126,7 +128,7 @@ class Session:
         if self.plan.path == "graph":
             from flowgrad.exec_vulkan import GraphSession
 
-            return GraphSession(self.graph, self.plan, self.device, params)
+            return GraphSession(self.plan.exec_graph, self.plan, self.device, params)
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels

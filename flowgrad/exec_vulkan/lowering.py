@@ -25,12 +25,31 @@ class Lowering:
     backward(rec, node, g, ins, out, grads): record the dispatches that write
     (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
     `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
-    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
+    dtypes / bwd_dtypes: the node dtypes each direction accepts.
+    pointwise(attrs) -> Pointwise: set when the op is one map op per element
+    both ways; the planner fuses chains of such ops into one node
+    (planner/fusion.py) that lower/fused.py runs in one dispatch."""
 
     forward: Callable
     backward: Callable | None
     dtypes: frozenset = frozenset({"f32"})
     bwd_dtypes: frozenset = frozenset({"f32"})
+    pointwise: Callable | None = None
+
+
+@attrs.frozen
+class Pointwise:
+    """An op that is one map op per element (lower/map_reduce.py's MapOp).
+
+    op reads the inputs in order, with scalar `param`. grads: one entry per
+    input, the map op of that input's VJP and the operands it reads, named
+    "g" (the incoming gradient), "x0".."x2" (the inputs) and "y" (the
+    output), or None where the input gets no gradient. The same rules record
+    the unfused backward, so the two cannot disagree."""
+
+    op: object
+    grads: tuple
+    param: float = 0.0
 
 
 LOWERINGS: dict[str, Lowering] = {}

@@ -260,6 +260,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
+    if plan is not None:
+        graph = plan.exec_graph
     mem = plan.memory_for(backward) if plan is not None else plan_memory(graph, backward=backward)
     leaf = {}
 

@@ -1,0 +1,57 @@
+"""`fused`: a chain of ops the planner has merged into one node (planner/fusion.py).
+
+attrs["steps"] is the chain, one (op name, operands, attrs) per member op in
+order; an operand k < len(inputs) is the fused node's input k, and k =
+len(inputs) + j is step j's result. The last step's result is the node's
+value. Its numpy forward and VJP run the members' own rules in that order,
+so a fused graph computes exactly what the graph it came from does. Models
+never write it: only the planner makes it, for the graph path."""
+from __future__ import annotations
+
+from flowgrad.ops.registry import PLANNER_OPS, Arg, Op, complete_attrs, get_op
+
+ARGS = (Arg("x", "tensors"), Arg("steps", "attr"))
+
+
+def _run(ins, steps, apply):
+    values = list(ins)
+    for op_name, refs, at in steps:
+        values.append(apply(op_name, [values[r] for r in refs], at))
+    return values
+
+
+def _infer(in_types, attrs):
+    return _run(in_types, attrs["steps"], lambda n, ts, at: get_op(n).infer(ts, at))[-1]
+
+
+def _forward(ins, attrs):
+    return _run(ins, attrs["steps"], lambda n, xs, at: get_op(n).forward(xs, at))[-1]
+
+
+def _vjp(g, ins, out, attrs):
+    """Reverse mode over the chain, each member's VJP in reverse order;
+    an operand used twice sums its gradients in that order."""
+    steps = attrs["steps"]
+    values = _run(ins, steps, lambda n, xs, at: get_op(n).forward(xs, at))
+    grads = {len(values) - 1: g}
+    for j in reversed(range(len(steps))):
+        here = len(ins) + j
+        if here not in grads:
+            continue
+        op_name, refs, at = steps[j]
+        op = get_op(op_name)
+        for pos, (r, d) in enumerate(zip(refs, op.vjp(grads[here], [values[r] for r in refs], values[here], at))):
+            if d is not None and pos not in op.nondiff:
+                grads[r] = grads[r] + d if r in grads else d
+    return [grads.get(k, None) for k in range(len(ins))]
+
+
+def _full_vjp(g, ins, out, attrs):
+    import numpy as np
+
+    return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(_vjp(g, ins, out, attrs), ins)]
+
+
+FUSED = Op("fused", ARGS, lambda ins, at: _infer(ins, complete_attrs(ARGS, at)), _forward, _full_vjp,
+           doc="a chain of ops merged by the planner (graph path only)")
+PLANNER_OPS["fused"] = FUSED
