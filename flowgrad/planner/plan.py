@@ -10,7 +10,7 @@ import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lowering import lowering_for
-from flowgrad.ops import OPS
+from flowgrad.ops import OPS, get_op
 from flowgrad.planner.fusion import Fusion, fuse, no_fusion
 from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory
 
@@ -183,6 +183,16 @@ def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
     return None
 
 
+def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict) -> None:
+    """Each fused chain's members run the fused node's kernels."""
+    for grp in fused.groups:
+        node = fused.graph.nodes[grp.node]
+        found: dict = {}
+        if limit_refusal(fused.graph, node, get_op(node.op), grp.node in backward_ids, device, found) is None:
+            for m in grp.members:
+                kernels[m] = found[grp.node]
+
+
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
     """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU.
     fusion: run chains of pointwise ops as one node each on the graph path."""
@@ -202,6 +212,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
     kernels: dict = {}
     refusals += node_refusals(graph, bwd, device, kernels)
+    if device is not None:
+        fused_kernels(fused, bwd, device, kernels)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
