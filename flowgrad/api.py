@@ -128,7 +128,7 @@ class Session:
         if self.plan.path == "graph":
             from flowgrad.exec_vulkan import GraphSession
 
-            return GraphSession(self.plan.exec_graph, self.plan, self.device, params)
+            return GraphSession(self.graph, self.plan, self.device, params)
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels

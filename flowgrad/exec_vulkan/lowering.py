@@ -28,13 +28,18 @@ class Lowering:
     dtypes / bwd_dtypes: the node dtypes each direction accepts.
     pointwise(attrs) -> Pointwise: set when the op is one map op per element
     both ways; the planner fuses chains of such ops into one node
-    (planner/fusion.py) that lower/fused.py runs in one dispatch."""
+    (planner/fusion.py) that lower/fused.py runs in one dispatch.
+    view(node, in_shape) -> int | None: set when the output can be a
+    contiguous window of input 0 (the element offset it starts at; None
+    where this node's can't): the memory plan then places it there, and
+    forward finds it in place (and copies only when it is not)."""
 
     forward: Callable
     backward: Callable | None
     dtypes: frozenset = frozenset({"f32"})
     bwd_dtypes: frozenset = frozenset({"f32"})
     pointwise: Callable | None = None
+    view: Callable | None = None
 
 
 @attrs.frozen

@@ -141,6 +141,9 @@ def fusion_dict(graph: Graph, plan: Plan) -> dict:
                     "members": [graph.nodes[m].label for m in grp.members], "member_ids": list(grp.members),
                     "inputs": [graph.nodes[i].label for i in grp.inputs]} for grp in groups],
         "fused_ops": sum(len(grp.members) for grp in groups),
+        "split_products": [{"node": graph.nodes[sp.node].label, "node_id": sp.node,
+                            "parts": [graph.nodes[p].label for p in sp.parts]}
+                           for sp in (plan.fusion.splits if plan.fusion is not None else [])],
     }
 
 
@@ -238,7 +241,7 @@ def render_text(d: dict, graph: Graph) -> str:
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]
-    if d["fusion"]["groups"]:
+    if d["fusion"]["groups"] or d["fusion"]["split_products"]:
         lines += ["fused (one node each on the graph path)", *render_fusion(d["fusion"]), ""]
     lines += ["nodes", *render_nodes(d, graph), ""]
     if d["analyze"]:
@@ -304,7 +307,9 @@ def render_plans(d: dict) -> list[str]:
 
 def render_fusion(f: dict) -> list[str]:
     return [f"  {grp['node']:<12} = {' -> '.join(f'{op} %{i}' for op, i in zip(grp['ops'], grp['member_ids']))}"
-            f"   reads {', '.join(grp['inputs'])}" for grp in f["groups"]]
+            f"   reads {', '.join(grp['inputs'])}" for grp in f["groups"]] + [
+        f"  {sp['node']:<12} = matmul in {len(sp['parts'])} blocks, read in place as {', '.join(sp['parts'])}"
+        for sp in f["split_products"]]
 
 
 def render_nodes(d: dict, graph: Graph) -> list[str]:

@@ -12,6 +12,12 @@ its fused node records fewer dispatches than its members do (a lone add
 whose two gradients are both the incoming one is a chain of one: fused,
 it writes them in one dispatch, not two).
 
+A product read only through slices that cut its last axis into equal
+blocks (`q, k, v = split(h @ w, 3, axis=-1)`) becomes a `matmul_parts` node
+that lays the blocks out one after another, and each slice a `part` of it:
+a view, placed inside the product by the memory plan, so the split copies
+nothing either way (lower/split_product.py).
+
 The graph path then runs a copy of the graph in which each chain's last
 node is a `fused` node (same id, name and type) reading the chain's inputs;
 the other members are left unread, so no step schedules them. Ids, params,
@@ -33,10 +39,17 @@ class FusedGroup:
     inputs: tuple          # the nodes it reads from outside the chain
 
 
+@attrs.frozen
+class SplitProduct:
+    node: int              # the product (its id stays, now a matmul_parts node)
+    parts: tuple           # the slices, in block order (now parts of it)
+
+
 @attrs.define
 class Fusion:
     graph: Graph           # the graph the graph path runs
     groups: list
+    splits: list = attrs.field(factory=list)
 
     def group_of(self) -> dict[int, FusedGroup]:
         return {m: grp for grp in self.groups for m in grp.members}
@@ -44,6 +57,53 @@ class Fusion:
 
 def no_fusion(graph: Graph) -> Fusion:
     return Fusion(graph, [])
+
+
+def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
+    """The slices that cut `node` (a 2-D-weight matmul) into equal blocks of
+    its last axis, in block order; None unless they are all its users."""
+    from flowgrad.ops.shape import _slice_bounds
+
+    if node.op != "matmul" or len(graph.nodes[node.inputs[1]].shape) != 2 or len(node.shape) < 2:
+        return None
+    slices = sorted(set(users[node.id]))
+    if len(slices) < 2 or len(users[node.id]) != len(slices):
+        return None
+    bounds = []
+    for u in slices:
+        user = graph.nodes[u]
+        if user.op != "slice":
+            return None
+        axis, lo, hi = _slice_bounds(node.shape, dict(user.attrs))
+        if axis != len(node.shape) - 1:
+            return None
+        bounds.append((lo, hi, u))
+    bounds.sort()
+    width = node.shape[-1] // len(bounds)
+    if [(lo, hi) for lo, hi, _ in bounds] != [(k * width, (k + 1) * width) for k in range(len(bounds))]:
+        return None
+    return tuple(u for _, _, u in bounds)
+
+
+def split_products(graph: Graph) -> tuple[list, list]:
+    """(splits, rewritten nodes) for every product read only through its blocks."""
+    from flowgrad.graph import TensorType
+
+    users, roots = graph.users(), set(graph.roots())
+    nodes, splits = list(graph.nodes), []
+    for node in graph.nodes:
+        parts = None if node.id in roots else _split_blocks(graph, node, users)
+        if parts is None or lowering_for("matmul_parts") is None:
+            continue
+        k = len(parts)
+        shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
+        nodes[node.id] = Node(node.id, "matmul_parts", node.inputs, TensorType(shape, node.dtype), node.name,
+                              {"parts": k}, node.span)
+        for index, p in enumerate(parts):
+            old = graph.nodes[p]
+            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)
+        splits.append(SplitProduct(node.id, parts))
+    return splits, nodes
 
 
 def _pointwise(node: Node) -> bool:
@@ -142,9 +202,9 @@ def fuse(graph: Graph) -> Fusion:
             groups.append(FusedGroup(node.id, chain, fused.inputs))
             taken |= members
     groups.reverse()   # in graph order
-    if not groups:
+    splits, nodes = split_products(graph)
+    if not groups and not splits:
         return no_fusion(graph)
-    nodes = list(graph.nodes)
     for grp in groups:
         nodes[grp.node] = fused_node(graph, grp.members)
-    return Fusion(attrs.evolve(graph, nodes=nodes), groups)
+    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)
