@@ -32,7 +32,11 @@ class Lowering:
     view(node, in_shape) -> int | None: set when the output can be a
     contiguous window of input 0 (the element offset it starts at; None
     where this node's can't): the memory plan then places it there, and
-    forward finds it in place (and copies only when it is not)."""
+    forward finds it in place (and copies only when it is not).
+    accumulates: input positions whose gradient the backward can add into
+    the one already there: called with add=(those positions), it adds
+    grads[i] += VJP instead of overwriting (the executor then needs no
+    temporary and no accumulate dispatch where the input feeds other nodes)."""
 
     forward: Callable
     backward: Callable | None
@@ -40,6 +44,7 @@ class Lowering:
     bwd_dtypes: frozenset = frozenset({"f32"})
     pointwise: Callable | None = None
     view: Callable | None = None
+    accumulates: frozenset = frozenset()
 
 
 @attrs.frozen

@@ -75,10 +75,14 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         grads = [None] * len(node.inputs)
         for w in writes:
             grads[w.pos] = view(w.key)
+        in_place = frozenset(w.pos for w in writes if w.accumulate_into == w.key)
         with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
-            low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
+            if in_place:
+                low.backward(rec, node, view(("grad", node.id)), ins, out, grads, add=in_place)
+            else:
+                low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
             for w in writes:
-                if w.accumulate_into is not None:
+                if w.accumulate_into is not None and w.pos not in in_place:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
     with rec.section("read-back", "transfer"):
         for _name, device_view, staging in io.downloads:

@@ -309,7 +309,7 @@ def render_plans(d: dict) -> list[str]:
 def render_fusion(f: dict) -> list[str]:
     return [f"  {grp['node']:<12} = {' -> '.join(f'{op} %{i}' for op, i in zip(grp['ops'], grp['member_ids']))}"
             f"   reads {', '.join(grp['inputs'])}" for grp in f["groups"]] + [
-        f"  {sp['node']:<12} = matmul in {len(sp['parts'])} blocks, read in place as {', '.join(sp['parts'])}"
+        f"  {sp['node']:<12} = {len(sp['parts'])} blocks of a matmul, read in place as {', '.join(sp['parts'])}"
         for sp in f["split_products"]]
 
 

@@ -67,7 +67,8 @@ class Saved:
 @attrs.frozen
 class GradWrite:
     """Backward of one node writes input `pos`'s gradient into `key`; when
-    `accumulate_into` is set, `key` is a temporary added into that gradient."""
+    `accumulate_into` is set, `key` is a temporary added into that gradient,
+    or, when the two are the same, the lowering adds into it in place."""
 
     pos: int
     key: tuple
@@ -285,6 +286,9 @@ class _Planner:
             if i in self.grad_view and ("grad", i) not in self.part_group:
                 self.grad_home(i, t)
                 writes.append(GradWrite(pos, ("grad", i)))
+            elif ("grad", i) in self.part_group and pos in self.accumulates(node):
+                writes.append(GradWrite(pos, ("grad", i), ("grad", i)))   # added in place by the lowering
+                self.use(("grad", i), t)
             elif ("grad", i) in self.part_group or any(("grad", i) == k for k, _ in canonical):
                 key = ("tmp", node.id, pos)
                 temps.append((key, self.graph.nodes[i]))
@@ -307,6 +311,13 @@ class _Planner:
         for w in writes:
             if w.accumulate_into is not None:
                 self.use(w.accumulate_into, t)
+
+    @staticmethod
+    def accumulates(node) -> frozenset:
+        from flowgrad.exec_vulkan.lowering import lowering_for
+
+        low = lowering_for(node.op)
+        return low.accumulates if low is not None else frozenset()
 
     def persistent_grad(self, i) -> bool:
         node = self.graph.nodes[i]

@@ -184,13 +184,14 @@ def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
 
 
 def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict) -> None:
-    """Each fused chain's members run the fused node's kernels."""
-    for grp in fused.groups:
-        node = fused.graph.nodes[grp.node]
+    """Each fused chain's members run the fused node's kernels, a split product its batched GEMM's."""
+    runs = [(grp.node, grp.members) for grp in fused.groups] + [(sp.node, (sp.node,)) for sp in fused.splits]
+    for nid, members in runs:
+        node = fused.graph.nodes[nid]
         found: dict = {}
-        if limit_refusal(fused.graph, node, get_op(node.op), grp.node in backward_ids, device, found) is None:
-            for m in grp.members:
-                kernels[m] = found[grp.node]
+        if limit_refusal(fused.graph, node, get_op(node.op), nid in backward_ids, device, found) is None:
+            for m in members:
+                kernels[m] = found[nid]
 
 
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
