@@ -36,7 +36,9 @@ class Lowering:
     accumulates: input positions whose gradient the backward can add into
     the one already there: called with add=(those positions), it adds
     grads[i] += VJP instead of overwriting (the executor then needs no
-    temporary and no accumulate dispatch where the input feeds other nodes)."""
+    temporary and no accumulate dispatch where the input feeds other nodes).
+    checks_indices: the kernels flag an index input out of range
+    (`rec.index_flag`), so the planner may let the model compute them."""
 
     forward: Callable
     backward: Callable | None
@@ -45,6 +47,7 @@ class Lowering:
     pointwise: Callable | None = None
     view: Callable | None = None
     accumulates: frozenset = frozenset()
+    checks_indices: bool = False
 
 
 @attrs.frozen

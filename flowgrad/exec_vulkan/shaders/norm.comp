@@ -103,7 +103,8 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec
         precise float gw = gi * float(w[j]);
         precise float xhat = (float(x[start + j]) - mean) * rstd;
         float dx = rstd * ((gw - c) - xhat * acc.y);
-        y[start + j] = T(add ? float(y[start + j]) + dx : dx);
+        // added as the unfused step would: dx stored (rounded) first, then the sum
+        y[start + j] = T(add ? float(y[start + j]) + float(T(dx)) : dx);
         if (mode >= 8u && k < MAXC) cols[k] += vec2(gi * xhat, gi);
     }
     if (lane == 0u && mode < 8u) {
