@@ -3,9 +3,10 @@
 the same Vulkan device; with compare="torch", also its PyTorch twin
 (flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
 same process, eager and under torch.compile(mode="reduce-overhead"), after
-checking that the twin's first loss equals flowgrad's. Prints median step
-times and their ratios, and what each flowgrad path sends to the device per
-step (submits, dispatches, host transfers).
+checking that the twin's first loss equals flowgrad's (in an eval step
+when the model has random ops: torch draws its own dropout masks). Prints
+median step times and their ratios, and what each flowgrad path sends to
+the device per step (submits, dispatches, host transfers).
 
 A flowgrad step returns the gradients to the host (the API default); a
 PyTorch step leaves them on the GPU.
@@ -21,6 +22,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
+from flowgrad.ops.random import RNG_INPUT
 
 MODEL = "tiny_gpt"      # a shipped model: resolved by fg.load wherever flowgrad is installed
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
@@ -84,11 +86,14 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     phase("building the PyTorch twin")
     twin = TorchTwin(graph_sess.graph, graph_sess.params, device="cuda")
     tfeeds = twin.feeds(feeds)
-    want = graph_sess.step(feeds).loss
-    got = float(twin.forward(tfeeds)[0].detach())
+    # dropout draws torch's own masks in training: a model with random ops is checked in eval
+    training = RNG_INPUT not in {n.name for n in graph_sess.graph.nodes if n.op == "input"}
+    want = graph_sess.step(feeds, grads=training).loss
+    got = float(twin.forward(tfeeds, training=training)[0].detach())
     if abs(got - want) > 1e-4 * max(1.0, abs(want)):
         raise FlowError(f"the PyTorch twin's loss {got!r} differs from flowgrad's {want!r}: not timing it")
-    out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got}
+    out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got,
+           "checked_in": "training" if training else "eval"}
     phase(f"timing PyTorch eager ({repeats} steps after 3 warm-up)")
     out["eager"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=False)}
     phase("timing torch.compile(mode='reduce-overhead') (compiling first)")
@@ -142,7 +147,8 @@ def report(r: dict) -> str:
     if t is not None and "skipped" in t:
         lines.append(f"PyTorch: skipped ({t['skipped']})")
     elif t is not None:
-        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}):")
+        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, "
+                     f"{t['checked_in']} step):")
         g = r["graph"]["seconds"]
         for name, label in (("eager", "eager"), ("compile", "torch.compile")):
             e = t[name]
