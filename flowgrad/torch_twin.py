@@ -191,6 +191,23 @@ LOWER = {
 }
 
 
+# What each op is in PyTorch (the doc's op table shows it): the call LOWER makes,
+# F. for torch.nn.functional.
+COUNTERPART = {
+    **{n: f"torch.{n}" for n in ("add", "sub", "mul", "div", "matmul", "maximum", "minimum", "where", "neg", "exp",
+                                 "log", "sqrt", "tanh", "sigmoid", "abs", "erf", "sum", "mean", "softmax",
+                                 "log_softmax", "argmax", "eq", "ne", "lt", "le", "gt", "ge", "reshape", "transpose",
+                                 "permute", "flatten")},
+    **{n: f"F.{n}" for n in ("relu", "silu", "gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
+                             "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},
+    "layernorm": "F.layer_norm", "groupnorm": "F.group_norm", "rmsnorm": "F.rms_norm", "batchnorm": "F.batch_norm",
+    "max": "torch.amax", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
+    "clamp_max": "torch.clamp(max=)", "topk": "torch.topk(...).values", "topk_indices": "torch.topk(...).indices",
+    "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
+    "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
+    "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
+}
+
 def _attrs(node) -> dict:
     defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
     return defaults | dict(node.attrs)
