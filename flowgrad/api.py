@@ -185,12 +185,18 @@ class Session:
         return out
 
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
-             grad_inputs: bool = False, train: bool | None = None) -> StepResult:
+             grad_inputs: bool = False, train: bool | None = None, on_grad_final=None) -> StepResult:
         """Forward (and backward, and an optimizer update when given).
 
         train: whether this is a training step (dropout active, batch norm
         on batch statistics); by default, a step that computes gradients or
-        updates is one, a forward-only step is an evaluation."""
+        updates is one, a forward-only step is an evaluation.
+
+        on_grad_final(name, grad): called once for each trainable param, as
+        soon as its gradient is final: during the backward on closures (in
+        reverse topological order; grad is None for a param no gradient
+        reaches), after the step on the graph path. Data-parallel training
+        starts each all-reduce bucket from it."""
         for name, value, allowed in (("grads", grads, (bool,)), ("grad_inputs", grad_inputs, (bool,)),
                                      ("train", train, (bool, type(None)))):
             if not isinstance(value, allowed + (np.bool_,)):
@@ -209,23 +215,24 @@ class Session:
             self.optimizer = optimizer
         feeds = self.runner_feeds(feeds, grads or optimizer is not None if train is None else train)
         if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
-            outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs)
+            outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs, on_grad_final)
         else:
             outputs, loss, out_grads = self.runner.step(feeds, grads=grads, optimizer=optimizer,
-                                                        grad_inputs=grad_inputs)
+                                                        grad_inputs=grad_inputs, **_hook(on_grad_final))
         self.steps += bool(grads or optimizer is not None)
         # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
 
-    def _checked_step(self, feeds, grads, optimizer, grad_inputs):
+    def _checked_step(self, feeds, grads, optimizer, grad_inputs, on_grad_final=None):
         """A step whose loss and gradients are read back and checked; on a
         non-finite one, the params (and optimizer state) go back to where the
         step started and the error names the node that produced it."""
         from flowgrad import anomaly
 
         params, opt_state = self.runner.get_params(), self.runner.get_opt_state()
-        outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs)
+        outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs,
+                                                    **_hook(on_grad_final))
         if anomaly.step_is_finite(loss, out_grads):
             return outputs, loss, out_grads if grads else {}
         self.runner.set_params(params)
@@ -400,3 +407,8 @@ def loads(text: str | bytes, config: dict | None = None, file: str = "<string>")
 
 
 __all__ = ["Model", "Session", "StepResult", "load", "loads", "dtype_of"]
+
+
+def _hook(on_grad_final) -> dict:
+    """The runner's keyword for it, only when asked (a runner need not know it otherwise)."""
+    return {} if on_grad_final is None else {"on_grad_final": on_grad_final}

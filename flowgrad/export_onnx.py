@@ -255,7 +255,11 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
         w.nodes.append(helper.make_node("Identity", [names[node.id]], [o]))
         outs.append(helper.make_tensor_value_info(o, elem[node.dtype], list(node.shape)))
     g = helper.make_graph(w.nodes, graph.name, inputs, outs, w.inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flowgrad")
+    opsets = [helper.make_opsetid("", OPSET)]
+    # The lowest IR version the opset needs, not the installed onnx's newest:
+    # an onnxruntime older than that onnx package still loads the file.
+    model = helper.make_model(g, opset_imports=opsets, producer_name="flowgrad",
+                              ir_version=helper.find_min_ir_version_for(opsets))
     onnx.checker.check_model(model)
     return model
 

@@ -137,7 +137,9 @@ def assert_same_params(saved, params):
 @needs_mpi
 def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp):
     out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
-    proc, _ = launch(tmp_path, 3, batch=16, steps=20, device="cpu", out=str(out), save=save)
+    # 4 KiB buckets: mlp's gradients go in 4, each posted during the backward as it becomes final
+    proc, _ = launch(tmp_path, 3, batch=16, steps=20, device="cpu", out=str(out), save=save,
+                     env={distributed.BUCKET_ENV: "0.004"})
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(Path(save + ".json").read_text())
     assert summary["ranks"] == 3 and summary["path"].startswith("closures")

@@ -183,7 +183,7 @@ def kernels(vk_device):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 65, 3), (17, 3, 5, 1)], ids=str)
 @pytest.mark.parametrize("mode", [TRAIN, EVAL], ids=["train", "eval"])
 def test_batchnorm_lowering_matches_numpy(kernels, shape, mode):
-    from tests.test_lower_math import close, make_node
+    from tests.op_harness import close, make_node
 
     rng = np.random.default_rng(7)
     ins = bn_inputs(shape, rng, np.float32) + [mode]

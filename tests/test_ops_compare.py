@@ -37,7 +37,7 @@ def kernels(vk_device):
 @pytest.mark.parametrize("dtype", ["f32", "f16", "i32"])
 @pytest.mark.parametrize("shape, axis", [((1,), -1), ((3, 17), -1), ((65, 3), 0), ((2, 5, 3), 1)], ids=str)
 def test_argmax_lowering(kernels, dtype, shape, axis):
-    from tests.test_lower_math import make_node
+    from tests.op_harness import make_node
 
     rng = np.random.default_rng(0)
     x = rng.integers(-4, 5, shape).astype({"f32": np.float32, "f16": np.float16, "i32": np.int32}[dtype])
@@ -50,7 +50,7 @@ def test_argmax_lowering(kernels, dtype, shape, axis):
 @pytest.mark.parametrize("dtype", ["f32", "f16", "i32"])
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_compare_lowering(kernels, name, dtype):
-    from tests.test_lower_math import make_node
+    from tests.op_harness import make_node
 
     rng = np.random.default_rng(1)
     np_dtype = {"f32": np.float32, "f16": np.float16, "i32": np.int32}[dtype]
@@ -106,7 +106,7 @@ def test_topk_rules_and_pytorch(at):
                          ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_topk_lowering(kernels, shape, at, dtype):
-    from tests.test_lower_math import make_node
+    from tests.op_harness import make_node
     from tests.test_ops_conv import _run_on_device
 
     np_dtype = np.float16 if dtype == "f16" else np.float32

@@ -289,7 +289,7 @@ def kernels(vk_device):
 
 
 def _run_on_device(kernels, name, ins, attrs, dtype):
-    from tests.test_lower_math import close, make_node, uniform
+    from tests.op_harness import close, make_node, uniform
 
     rng = np.random.default_rng(8)
     node = make_node(name, ins, attrs)

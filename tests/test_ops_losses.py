@@ -82,7 +82,7 @@ def kernels(vk_device):
     ((2, 5, 17), 1, {"label_smoothing": 0.2, "ignore_index": 0}, True),
 ], ids=str)
 def test_lowering_matches_numpy(kernels, shape, axis, attrs, weighted):
-    from tests.test_lower_math import close, make_node, uniform
+    from tests.op_harness import close, make_node, uniform
 
     rng = np.random.default_rng(3)
     z, t, w = case(4, shape, axis)
@@ -134,7 +134,7 @@ def test_nll_loss_lowering(kernels, shape, axis, attrs):
     if "ignore_index" in attrs:
         t.flat[0] = attrs["ignore_index"]
     node_attrs = dict(attrs, axis=axis)
-    from tests.test_lower_math import close, make_node
+    from tests.op_harness import close, make_node
 
     ins = [lp, t, w.astype(np.float32)]
     node = make_node("nll_loss", ins, node_attrs)

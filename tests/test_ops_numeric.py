@@ -16,6 +16,7 @@ from flowgrad.ops import OPS, get_op
 from flowgrad.ops.gradcheck import check_vjp
 
 from tests import op_samples
+from tests.op_harness import TOL
 
 HYP = settings(max_examples=12, deadline=None, derandomize=True)
 
@@ -155,7 +156,8 @@ def _check_infer_matches_forward(name, ins, attrs):
     assert np.shape(op.forward(ins, attrs)) == want.shape
 
 
-@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float16, 1e-2)], ids=["f32", "f16"])
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, TOL["numpy"]["f32"]), (np.float16, TOL["numpy"]["f16"])],
+                         ids=["f32", "f16"])
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_low_precision_agrees_with_float64(case, dtype, rtol):
     """Forward and VJP in f32 / f16 keep the dtype and agree with float64

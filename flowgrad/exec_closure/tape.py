@@ -103,29 +103,45 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
-    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None) -> dict[int, np.ndarray]:
+    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, on_final=None,
+                 watch=()) -> dict[int, np.ndarray]:
         """Gradients of values[loss_id] (a scalar) for every node on the tape.
-        on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection)."""
+        on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection).
+        on_final(id, grad or None) is called for each node id in `watch` as soon
+        as its gradient is final: after the VJP of the earliest node reading it."""
         loss = values[loss_id]
         grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
-        for node, closure in reversed(tape):
+        final_at: dict[int, list[int]] = {}
+        if on_final is not None:
+            seen: set[int] = set()
+            for pos, (node, _closure) in enumerate(tape):
+                for i in node.inputs:
+                    if i in watch and i not in seen:
+                        seen.add(i)
+                        final_at.setdefault(pos, []).append(i)
+        for pos in reversed(range(len(tape))):
+            node, closure = tape[pos]
             g = grads.pop(node.id, None)  # intermediates are freed as we go
-            if g is None:
-                continue
-            t0 = time.perf_counter()
-            nondiff = get_op(node.op).nondiff
-            for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
-                if d is None or pos in nondiff:
-                    continue
-                if on_grad is not None:
-                    on_grad(node, g, pos, d)
-                if np.shape(d) != self.graph.nodes[i].shape:
-                    raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
-                                    f"but that input is {self.graph.nodes[i].type}", node.span)
-                # a value used twice gets the sum of both gradients
-                grads[i] = grads[i] + d if i in grads else d
-            self._time(node, t0, backward=True)
+            if g is not None:
+                self._vjp(node, closure, g, grads, on_grad)
+            for i in final_at.get(pos, ()):
+                on_final(i, grads.get(i))
         return grads
+
+    def _vjp(self, node, closure, g, grads, on_grad):
+        t0 = time.perf_counter()
+        nondiff = get_op(node.op).nondiff
+        for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
+            if d is None or pos in nondiff:
+                continue
+            if on_grad is not None:
+                on_grad(node, g, pos, d)
+            if np.shape(d) != self.graph.nodes[i].shape:
+                raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
+                                f"but that input is {self.graph.nodes[i].type}", node.span)
+            # a value used twice gets the sum of both gradients
+            grads[i] = grads[i] + d if i in grads else d
+        self._time(node, t0, backward=True)
 
     def _time(self, node, t0, backward=False):
         if self.timings is not None:
@@ -146,7 +162,9 @@ class ClosureSession:
         self.opt_state: dict = {}
         self.opt_step = 0
 
-    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
+    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
+        """on_grad_final(name, grad): see api.Session.step; here it is called
+        during the backward, as each param's gradient becomes final."""
         g = self.graph
         roots = g.roots()
         values, tape = self.executor.forward(feeds, self.params, roots)
@@ -154,9 +172,20 @@ class ClosureSession:
         loss = None if g.loss is None else values[g.loss]
         out_grads = {}
         if grads or optimizer is not None:
-            by_id = self.executor.backward(values, tape, g.loss)
-            for name, i in g.trainable().items():
+            trainable = g.trainable()
+            names = {i: name for name, i in trainable.items()}
+            told: set[int] = set()
+
+            def final(i, d):
+                told.add(i)
+                on_grad_final(names[i], d)
+
+            by_id = self.executor.backward(values, tape, g.loss, on_final=final if on_grad_final else None,
+                                           watch=names)
+            for name, i in trainable.items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
+                if on_grad_final is not None and i not in told:
+                    on_grad_final(name, out_grads[name])    # no node on the tape reads it
             if grad_inputs:
                 for name, i in g.inputs.items():
                     if i in by_id:

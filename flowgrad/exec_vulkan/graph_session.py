@@ -123,7 +123,9 @@ class GraphSession:
             self.programs[key] = StepProgram(self, key[0], key[1], on_device)
         return self.programs[key]
 
-    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False):
+    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
+        """on_grad_final(name, grad): see api.Session.step; the backward is one
+        submit, so every gradient is final when the step's results are read back."""
         g = self.graph
         prog = self._program(grads, grad_inputs, optimizer)
         hyper = None
@@ -143,6 +145,9 @@ class GraphSession:
                     out_grads[name] = np.zeros(g.nodes[i].shape, NUMPY[g.nodes[i].dtype])
             if grad_inputs:
                 out_grads.update({name: got[f"@grad:{name}"] for name in g.inputs if f"@grad:{name}" in got})
+        if on_grad_final is not None:
+            for name in g.trainable():
+                on_grad_final(name, out_grads[name])
         if optimizer is not None and prog.optimizer is None:
             self._host_update(optimizer, out_grads)
         if not grads:

@@ -74,7 +74,8 @@ def ranks_dict(ranks: int, path: str) -> dict:
                 "(all-reduce), optimizer submit: 2 submits per step")
         submits = 2
     else:
-        step = "forward and backward closures, gradients averaged across ranks (all-reduce), optimizer update"
+        step = ("forward and backward closures, each gradient bucket averaged across ranks (all-reduce) "
+                "while the backward goes on, optimizer update")
         submits = None
     return {"count": ranks, "submits_per_step": submits, "step": step}
 

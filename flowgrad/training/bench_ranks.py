@@ -48,7 +48,7 @@ def measure(model_path, device: str, repeats: int, config: dict, dtype: str = "f
             t1 = time.perf_counter()
             world.barrier("the bench's barrier")    # apart from the all-reduce: the wait for the slowest rank
             t2 = time.perf_counter()
-            grads, _, _ = world.average(res.grads, res.loss, False, i + 1)
+            grads, _, _ = world.average(sess.graph, res.grads, res.loss, False, i + 1)
             t3 = time.perf_counter()
             sess.runner.apply_update(opt, grads)
             t4 = time.perf_counter()

@@ -6,9 +6,10 @@ Each rank holds a full replica of the model on its own device (vulkan:<local
 rank>, or numpy) and reads its own rows of each global batch: the model's
 `batch` is the per-rank batch, the global batch is batch x N, and the
 sequence of global batches is the one a single process with the global
-batch would read. After each backward the gradients are averaged across
-ranks (packed into a few large contiguous buckets, reduced with non-blocking
-Allreduce calls that MPI pipelines), then every rank applies the same update.
+batch would read. The gradients are averaged across ranks in
+buckets (training/grad_buckets.py), each reduced by a non-blocking Allreduce
+posted as soon as its gradients are final, then every rank applies the same
+update.
 For a loss that is a mean over the batch (as cross_entropy is), the averaged
 gradient is the gradient of the global batch: N ranks train like one process
 with the global batch, up to float rounding.
@@ -34,6 +35,7 @@ import time
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets
 
 INSTALL = "pip install 'flowgrad[mpi]'   (mpi4py and the mpich wheel, which brings mpiexec)"
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
@@ -41,7 +43,7 @@ LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORL
 TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
 RANK_DIR_ENV = "FLOWGRAD_RANK_DIR"    # set by `--ranks`: each rank records its pid there
 DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
-BUCKET_BYTES = 16 << 20               # gradient all-reduce bucket size
+BUCKET_ENV = "FLOWGRAD_MPI_BUCKET_MB"   # gradient all-reduce bucket size (MiB)
 SPIN = 0.002                          # seconds a collective polls without sleeping
 
 
@@ -68,11 +70,20 @@ def join(timeout: float | None = None) -> World | None:
     if comm.size == 1:
         return None
     if timeout is None:
-        try:
-            timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-        except ValueError:
-            raise FlowError(f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}") from None
-    return World(MPI, comm, timeout)
+        timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
+    bucket_mb = _env_number(BUCKET_ENV, DEFAULT_BUCKET_MB, "a size in MiB")
+    return World(MPI, comm, timeout, max(4, int(bucket_mb * (1 << 20))))
+
+
+def _env_number(name: str, default: float, what: str) -> float:
+    text = os.environ.get(name)
+    try:
+        value = default if text is None else float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise FlowError(f"{name} must be {what} above 0, got {text!r}")
+    return value
 
 
 class RanksDisagree(FlowError):
@@ -80,13 +91,13 @@ class RanksDisagree(FlowError):
 
 
 class World:
-    def __init__(self, MPI, comm, timeout: float):
-        self.MPI, self.comm, self.timeout = MPI, comm, timeout
+    def __init__(self, MPI, comm, timeout: float, bucket_bytes: int = int(DEFAULT_BUCKET_MB * (1 << 20))):
+        self.MPI, self.comm, self.timeout, self.bucket_bytes = MPI, comm, timeout, bucket_bytes
         self.rank, self.size = comm.rank, comm.size
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = local.rank
         local.Free()
-        self._flat = None
+        self._buckets: GradBuckets | None = None
         if os.environ.get(RANK_DIR_ENV):
             _record_pid(os.environ[RANK_DIR_ENV], self.rank)
 
@@ -169,36 +180,40 @@ class World:
         return out
 
     # -- training -------------------------------------------------------------------
-    def average(self, grads: dict[str, np.ndarray], loss: float, stop: bool, step: int):
-        """(grads averaged across ranks, mean loss, whether any rank was asked to stop).
-        The grads are packed into one f32 buffer (kept between steps) and
-        reduced in buckets of BUCKET_BYTES."""
-        names = list(grads)
-        sizes = [grads[n].size for n in names]
-        total = sum(sizes)
-        if self._flat is None or self._flat.size != total:
-            self._flat = np.empty(total, np.float32)
-        flat, at = self._flat, 0
-        for n, size in zip(names, sizes):
-            flat[at:at + size] = grads[n].reshape(-1)
-            at += size
-        step_of = BUCKET_BYTES // 4
-        buckets = [flat[i:i + step_of] for i in range(0, total, step_of)]
+    def buckets(self, graph) -> GradBuckets:
+        """The gradient buckets of `graph`, ready for a step (laid out once)."""
+        if self._buckets is None or self._buckets.graph is not graph:
+            self._buckets = GradBuckets(graph, self.bucket_bytes)
+        self._buckets.begin(lambda a: self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM))
+        return self._buckets
+
+    def finish(self, buckets: GradBuckets, loss: float, stop: bool, step: int):
+        """(grads averaged across ranks, mean loss, whether any rank was asked
+        to stop), once every bucket was posted (as its gradients became final)."""
+        missing = buckets.unposted()
+        if missing:
+            raise FlowError(f"{self}: the step reported no gradient for {missing[0]}; its bucket was never reduced")
         extra = np.array([loss, float(stop)], np.float64)
-        self.allreduce(buckets + [extra], f"the gradient all-reduce of step {step}")
-        flat *= np.float32(1.0 / self.size)
-        out, at = {}, 0
-        for n, size in zip(names, sizes):
-            out[n] = flat[at:at + size].reshape(grads[n].shape)
-            at += size
-        return out, float(extra[0] / self.size), bool(extra[1] > 0)
+        reqs = buckets.requests + [self.comm.Iallreduce(self.MPI.IN_PLACE, extra, op=self.MPI.SUM)]
+        self._wait(reqs, f"the gradient all-reduce of step {step}")
+        return buckets.averaged(self.size), float(extra[0] / self.size), bool(extra[1] > 0)
+
+    def average(self, graph, grads: dict[str, np.ndarray], loss: float, stop: bool, step: int):
+        """finish() for gradients already computed (every bucket posted at once)."""
+        buckets = self.buckets(graph)
+        for name in buckets.order:
+            buckets.final(name, grads[name])
+        return self.finish(buckets, loss, stop, step)
 
     def step(self, sess, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool]:
-        """One data-parallel step: forward + backward (one submit on the graph
-        path, the gradients read back), the all-reduce, then the optimizer
-        update alone (a second submit). Returns (mean loss, stop agreed)."""
-        res = sess.step(feeds, grads=True)
-        grads, loss, stop = self.average(res.grads, res.loss, stop, step)
+        """One data-parallel step: forward + backward, each gradient bucket's
+        all-reduce posted as soon as its gradients are final (during the
+        backward on closures; after it on the graph path, whose backward is
+        one submit), then the optimizer update alone (on the graph path a
+        second submit). Returns (mean loss, stop agreed)."""
+        buckets = self.buckets(sess.graph)
+        res = sess.step(feeds, grads=True, on_grad_final=buckets.final)
+        grads, loss, stop = self.finish(buckets, res.loss, stop, step)
         sess.optimizer = optimizer
         sess.runner.apply_update(optimizer, grads)
         return loss, stop

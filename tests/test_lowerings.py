@@ -1,0 +1,207 @@
+"""What the Vulkan lowerings record, apart from their numbers (those are in
+test_op_backends.py): that each op carries its lowering, the dispatches each
+direction takes (counted on the dry-run Recorder, as explain counts them:
+the explain goldens leave these figures to this file), gradients written as
+views at offsets of one buffer, and the FlowErrors for what a kernel cannot run."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flowgrad.errors import DeviceError, FlowError
+from flowgrad.exec_closure import NumpyKernels
+from flowgrad.exec_vulkan.lower import attention as attn_low
+from flowgrad.exec_vulkan.lower import elementwise, linalg, loss, norm, reduce, shape
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+from flowgrad.graph import Node, TensorType
+from flowgrad.ops import get_op
+from tests.op_harness import close, make_node, uniform
+
+LOWERINGS = {
+    "add": elementwise.ADD, "sub": elementwise.SUB, "mul": elementwise.MUL, "div": elementwise.DIV,
+    "neg": elementwise.NEG, "exp": elementwise.EXP, "log": elementwise.LOG, "sqrt": elementwise.SQRT,
+    "tanh": elementwise.TANH, "sigmoid": elementwise.SIGMOID, "relu": elementwise.RELU,
+    "gelu": elementwise.GELU, "silu": elementwise.SILU, "pow": elementwise.POW, "cast": elementwise.CAST,
+    "sum": reduce.SUM, "mean": reduce.MEAN, "max": reduce.MAX,
+    "softmax": reduce.SOFTMAX, "log_softmax": reduce.LOG_SOFTMAX,
+    "layernorm": norm.LAYERNORM, "rmsnorm": norm.RMSNORM,
+    "mse_loss": loss.MSE_LOSS, "cross_entropy": loss.CROSS_ENTROPY,
+    "matmul": linalg.MATMUL, "attention": attn_low.ATTENTION, "embedding": shape.EMBEDDING,
+    "reshape": shape.RESHAPE, "slice": shape.SLICE, "concat": shape.CONCAT,
+}
+BOTH_WAYS = {"f32", "f16"}
+
+
+@pytest.mark.parametrize("name", sorted(LOWERINGS))
+def test_op_records_carry_their_lowering(name):
+    low = lowering_for(name)
+    assert low is LOWERINGS[name]
+    assert BOTH_WAYS <= low.dtypes and BOTH_WAYS <= low.bwd_dtypes
+
+
+@pytest.mark.parametrize("name", ["transpose", "permute"])
+def test_permutations_carry_a_lowering(name):
+    low = lowering_for(name)
+    assert low is not None and low.dtypes == ALL_DTYPES and low.bwd_dtypes == FLOATS
+
+
+def view(shape, dtype="f32"):
+    return BufView(FakeBuffer(math.prod(shape) * (2 if dtype == "f16" else 4)), 0, shape, dtype)
+
+
+# ---------------------------------------------------------------- dispatch counts, no device
+
+DRY = [  # op, input shapes and dtypes, attrs, forward dispatches, backward dispatches
+    ("add", [((3, 5), "f32"), ((5,), "f32")], {}, 1, 2),
+    ("gelu", [((4,), "f16")], {"approximate": "tanh"}, 1, 1),
+    ("cast", [((4,), "f32")], {"dtype": "f16"}, 1, 1),
+    ("max", [((3, 4), "f32")], {"axis": 1, "keepdims": False}, 1, 3),
+    ("softmax", [((3, 4), "f32")], {"axis": 0}, 1, 1),
+    ("layernorm", [((3, 4), "f32"), ((4,), "f32"), ((4,), "f32")], {"eps": 1e-5}, 1, 2),
+    ("cross_entropy", [((3, 4), "f32"), ((3,), "i32")], {}, 2, 3),
+]
+
+
+@pytest.mark.parametrize("op,specs,attrs,n_fwd,n_bwd", DRY, ids=lambda v: v if isinstance(v, str) else "")
+def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
+    """explain counts dispatches with a dry-run Recorder: lowerings must run
+    on it (no device access) and record what they say."""
+    types = [TensorType(s, d) for s, d in specs]
+    node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
+    ins = [view(s, d) for s, d in specs]
+    out = view(node.shape, node.dtype)
+    rec = Recorder()
+    lowering_for(op).forward(rec, node, ins, out)
+    assert rec.counts()["dispatches"] == n_fwd
+    rec = Recorder()
+    grads = [None if i in get_op(op).nondiff else view(s, d) for i, (s, d) in enumerate(specs)]
+    lowering_for(op).backward(rec, node, view(node.shape, node.dtype), ins, out, grads)
+    assert rec.counts()["dispatches"] == n_bwd
+
+
+def test_matmul_common_case_is_one_gemm_per_direction():
+    """[batch.., M, K] @ [K, N]: forward, da and db are each ONE matmul
+    dispatch (db over the flattened rows), with no scratch reduction."""
+    a, b, out = view((4, 3, 6)), view((6, 5)), view((4, 3, 5))
+    node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
+    rec = Recorder(None)
+    linalg.MATMUL.forward(rec, node, [a, b], out)
+    linalg.MATMUL.backward(rec, node, view(out.shape), [a, b], out, [view(a.shape), view(b.shape)])
+    shaders = [c.shader for c in rec.commands]
+    assert len(shaders) == 3 and all(s.startswith("matmul_") for s in shaders)
+    pushes = [np.frombuffer(c.push, np.uint32) for c in rec.commands]
+    assert [tuple(p[:3]) for p in pushes] == [(12, 5, 6), (12, 6, 5), (6, 5, 12)]  # (M, N, K)
+    assert all(p[8] == 1 and p[12] == 1 for p in pushes)  # no batch, no in-kernel sum
+
+
+def test_matmul_deep_k_splits_then_sums():
+    """A weight gradient's GEMM (few output tiles, K = every row) splits K
+    into chunks written to scratch, then sums them: two dispatches."""
+    a, b = view((4, 300, 8)), view((8, 6))
+    node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
+    rec = Recorder(None)
+    linalg.MATMUL.backward(rec, node, view((4, 300, 6)), [a, b], view((4, 300, 6)), [None, view(b.shape)])
+    assert [c.shader.split("_")[0] for c in rec.commands] == ["matmul", "map"]
+    push = np.frombuffer(rec.commands[0].push, np.uint32)
+    assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200  # chunks of K = 1200 rows, klimit = K
+
+
+def test_embedding_backward_splits_many_ids_into_chunks():
+    """1000 ids into a 5-row table: chunks of at least 256 ids (the last
+    one short), whose partial tables are summed."""
+    ids = np.zeros((10, 100), np.int32)
+    node = make_node("embedding", [ids, np.zeros((5, 6), np.float32)], {})
+    rec = Recorder(None)
+    shape.EMBEDDING.backward(rec, node, view((10, 100, 6)), [view((10, 100), "i32"), view((5, 6))],
+                             view((10, 100, 6)), [None, view((5, 6))])
+    assert [c.shader for c in rec.commands] == ["embedding_bwd", "map_reduce"]
+    assert rec.commands[0].groups[2] == 3   # chunks of 334 ids
+
+
+@pytest.mark.parametrize("name, want", [("mlp", (18, 7, 11)), ("tiny_gpt", (125, 36, 89))])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_model_dispatch_counts(name, want, dtype):
+    """The example models' step, counted on the dry-run recorder (explain's
+    figures). cross_entropy's backward takes 3 (row losses, the weighted
+    denominator, the gradient)."""
+    import flowgrad as fg
+
+    plan = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=dtype).explain().to_dict()["graph_plan"]
+    assert (plan["dispatches"], plan["dispatches_forward"], plan["dispatches_backward"]) == want
+
+
+# ---------------------------------------------------------------- what a kernel cannot run
+
+
+def test_rank_beyond_six_is_a_clear_error():
+    """Seven axes that no merging can shorten: a FlowError, not a shader fault."""
+    a, b = (2, 1, 2, 1, 2, 1, 2), (1, 2, 1, 2, 1, 2, 1)
+    node = make_node("add", [np.zeros(a, np.float32), np.zeros(b, np.float32)], {})
+    with pytest.raises(FlowError, match="at most 6"):
+        elementwise.ADD.forward(Recorder(), node, [view(a), view(b)], view(node.shape))
+
+
+def test_attention_limits_are_flow_errors():
+    """A head width past the largest build is a DeviceError (a FlowError)
+    at record time, never a crash."""
+    wide = [np.zeros((4, 600), np.float32)] * 3
+    with pytest.raises(DeviceError, match="head width"):
+        attn_low.ATTENTION.forward(Recorder(None), make_node("attention", wide, {"heads": 2}),
+                                   [view((4, 600))] * 3, view((4, 600)))
+
+
+# ---------------------------------------------------------------- views and helpers, on the device
+
+
+def test_attention_grads_at_offsets_of_one_packed_buffer(vk_device):
+    """dq, dk, dv as views into ONE buffer, at offsets (one not even
+    aligned): each must land in its own window, the gaps untouched."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(9)
+    q, k, v = (uniform(rng, (2, 5, 8)) for _ in range(3))
+    ins = [q, k, v]
+    node = make_node("attention", ins, {"heads": 2, "causal": True})
+    ref_out = NumpyKernels().forward(node, ins)
+    g = uniform(rng, ref_out.shape)
+    want = NumpyKernels().vjp(node, g, ins, ref_out)[:3]
+    n = q.size
+    offsets = (0, n + 3, 2 * n + 70)
+    sentinel = np.float32(1234.5)
+    with OneShot(vk_device) as s:
+        packed = s.upload(np.full(3 * n + 80, sentinel, np.float32))
+        views = [s.upload(x) for x in ins]
+        grads = [packed.view(off, q.shape) for off in offsets]
+        attn_low.ATTENTION.backward(s.rec, node, s.upload(g), views, s.upload(ref_out), grads)
+        s.download(packed)
+        (got,) = s.run()
+    for name, off, w in zip("qkv", offsets, want):
+        d = got[off:off + n].reshape(q.shape)
+        assert np.max(np.abs(d)) > 0, f"d{name} is all zeros"
+        close(d, w, "f32", f"d{name} at element offset {off}")
+    written = np.zeros(got.shape, bool)
+    for off in offsets:
+        written[off:off + n] = True
+    assert np.all(got[~written] == sentinel), "a gradient was written outside its view"
+
+
+def test_sum_to_shape(vk_device):
+    """The sum matmul's backward uses over broadcast batch dims and split-K
+    chunks (bias-style and middle-axis broadcasts)."""
+    from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    x = uniform(np.random.default_rng(14), (3, 4, 5, 2))
+    for target in [(5, 2), (4, 1, 2), (3, 1, 5, 1), (1,), (3, 4, 5, 2)]:
+        with OneShot(vk_device) as s:
+            out = s.empty(target, "f32")
+            sum_to_shape(s.rec, s.upload(x), out)
+            s.download(out)
+            (got,) = s.run()
+        extra = x.ndim - len(target)
+        want = x.sum(axis=tuple(range(extra)))
+        want = want.sum(axis=tuple(i for i, n in enumerate(target) if n == 1 and want.shape[i] != 1), keepdims=True)
+        close(got, want.reshape(target), "f32", f"reduce to {target}")
