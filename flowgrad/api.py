@@ -10,7 +10,7 @@ import numpy as np
 
 from flowgrad import dsl
 from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
-from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.dtypes import COMPILE_DTYPES, NUMPY_DTYPE, dtype_of
 from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.initializers import init_params
 from flowgrad.ops.random import RNG_INPUT, rng_feed
@@ -52,11 +52,20 @@ class Model:
         return Model(self.program, {**self.overrides, **overrides})
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False):
-        """check_finite: stop at the first step with a non-finite loss or
-        gradient, naming the node that produced it (flowgrad.anomaly)."""
-        if not isinstance(dtype, str) or dtype not in ("f32", "f16"):
-            raise FlowError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+                check_finite: bool = False, loss_scale=None):
+        """dtype: "f32", "f16" (every declared-f32 tensor in f16), or "mixed"
+        (f16 compute, f32 master params and optimizer state, f32 losses, and
+        dynamic loss scaling). check_finite: stop at the first step with a
+        non-finite loss or gradient, naming the node that produced it
+        (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
+        (flowgrad.training.loss_scale) to use instead of GradScaler's defaults."""
+        if not isinstance(dtype, str) or dtype not in COMPILE_DTYPES:
+            raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {dtype!r}")
+        from flowgrad.training.loss_scale import LossScaler
+
+        if loss_scale is not None and (dtype != "mixed" or not isinstance(loss_scale, LossScaler)):
+            raise FlowError("loss_scale takes a flowgrad.training.loss_scale.LossScaler, and only with "
+                            f"dtype='mixed' (got {type(loss_scale).__name__} with dtype={dtype!r})")
         if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
             raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
@@ -78,7 +87,8 @@ class Model:
             seed = graph.config.get("seed", 0)
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
                 raise FlowError(f"config seed must be an int in [0, 2**63), got {seed!r}")
-        sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed)
+        scaler = (loss_scale or LossScaler()) if dtype == "mixed" and graph.loss is not None else None
+        sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed, scaler=scaler)
         sess.check_finite = bool(check_finite)
         return sess
 
@@ -101,8 +111,9 @@ class Session:
     """A compiled model: params, a plan, and the executor that carries it out."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
-                 seed: int = 0):
+                 seed: int = 0, scaler=None):
         self.model = model
+        self.loss_scaler = scaler   # dtype="mixed": the dynamic loss scale (None otherwise)
         self.seed = seed
         # training steps taken, for the random ops' counter (see flowgrad.ops.random)
         self.train_steps = 0
@@ -126,13 +137,13 @@ class Session:
         if self.plan.path == "graph":
             from flowgrad.exec_vulkan import GraphSession
 
-            return GraphSession(self.graph, self.plan, self.device, params)
+            return GraphSession(self.graph, self.plan, self.device, params, scaler=self.loss_scaler)
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels
 
             kernels = VulkanKernels(self.device)
-        return ClosureSession(self.graph, params, kernels)
+        return ClosureSession(self.graph, params, kernels, scaler=self.loss_scaler)
 
     @property
     def last_path(self) -> str:
@@ -233,7 +244,9 @@ class Session:
         params, opt_state = self.runner.get_params(), self.runner.get_opt_state()
         outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs,
                                                     **_hook(on_grad_final))
-        if anomaly.step_is_finite(loss, out_grads):
+        overflow = (self.loss_scaler is not None and optimizer is not None and self.loss_scaler.last_skipped
+                    and np.isfinite(loss))   # the loss scaler skipped the step: no anomaly
+        if overflow or anomaly.step_is_finite(loss, out_grads):
             return outputs, loss, out_grads if grads else {}
         self.runner.set_params(params)
         self.runner.set_opt_state(*opt_state)

@@ -31,8 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (a GPU's Vulkan device, else numpy), cpu, vulkan (any "
                    "Vulkan device, lavapipe too) or vulkan:N (default auto)")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="the compile dtype of floats "
-                   "(default f32)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "mixed"], help="the compile dtype of floats: "
+                   "f32, f16, or mixed (f16 compute, f32 master params, loss scaling; default f32)")
     p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"],
                    help="execution path of the backward pass: auto lets the planner choose; graph makes a "
                         "refusal an error (default auto)")
@@ -281,6 +281,8 @@ def cmd_bench(args) -> int:
 def cmd_bench_matmul(args) -> int:
     from flowgrad.exec_vulkan import matmul_bench, select_device
 
+    if args.dtype == "mixed":
+        raise FlowError("bench matmul times one operand dtype: --dtype f32 or f16 (mixed runs its matmuls in f16)")
     device = select_device(args.device)
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
@@ -396,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16"], help="compile dtype (default f32)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "mixed"],
+                   help="compile dtype (default f32; bench matmul: f32 or f16)")
     p.add_argument("--repeats", type=int, default=20, help="timed graph-path steps; closures get a quarter "
                    "(default 20)")
     p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",

@@ -12,6 +12,9 @@ import numpy as np
 
 DTYPES = ("f32", "f16", "i32")
 FLOAT_DTYPES = ("f32", "f16")
+# what a model is compiled in: "mixed" is f16 compute on f32 master params
+# (losses in f32, the loss scaled against f16 underflow)
+COMPILE_DTYPES = ("f32", "f16", "mixed")
 NUMPY_DTYPE = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
 ITEMSIZE = {name: np.dtype(t).itemsize for name, t in NUMPY_DTYPE.items()}
 

@@ -15,7 +15,7 @@ Each case is made from (seed, index) alone, so `--case I` replays one. Kinds:
 Every case ends in one of: `error` (a FlowError whose caret sits on the line
 and column it names), `valid`, `caret` (a FlowError pointing elsewhere),
 `other` (any other exception), `crash` (the worker died) or `hang` (more than
---timeout seconds). Cases run in worker processes with a memory cap, so a hang
+--timeout seconds of CPU, or ten times that of wall time). Cases run in worker processes with a memory cap, so a hang
 or an allocation storm costs one case. Exit status 1 when any case is not
 `error` or `valid`.
 """
@@ -449,8 +449,24 @@ class Worker:
         self.index, self.since = None, 0.0
 
     def submit(self, index):
-        self.index, self.since = index, time.monotonic()
+        self.index, self.since, self.cpu_since = index, time.monotonic(), self.cpu()
         self.conn.send(index)
+
+    def cpu(self) -> float:
+        """CPU seconds the worker has used (Linux /proc; wall time elsewhere)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return time.monotonic()
+
+    def hung(self, now: float, timeout: float) -> bool:
+        """Over `timeout` CPU seconds on this case (so a machine shared with
+        other work does not count its waits as hangs), or over ten times that
+        in wall time (a case blocked without computing)."""
+        return now - self.since > timeout and (self.cpu() - self.cpu_since > timeout
+                                               or now - self.since > 10 * timeout)
 
     def kill(self):
         if self.proc.is_alive():
@@ -493,7 +509,7 @@ def _drive(workers, todo, results, timeout, progress, t0):
                     outcome = ("crash", f"worker died (exit {w.proc.exitcode})")
                     w.kill()
                     w.start()
-            elif now - w.since > timeout:
+            elif w.hung(now, timeout):
                 outcome = ("hang", f"over {timeout:g} s")
                 w.kill()
                 w.start()

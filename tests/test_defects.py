@@ -193,35 +193,3 @@ def test_one_nan_in_the_input_makes_the_loss_nan_on_every_path(path, name):
     with np.errstate(all="ignore"):
         r = compile_on(model, *path).step(feeds)
     assert np.isnan(r.loss), r.loss     # GLSL's max dropped the NaN: the loss looked finite
-
-
-# ---------------------------------------------------------------- computed indices
-
-INDEX = ("input f: f32[3]\nparam table: f32[5, 2] = normal()\ne = embedding(cast(f, i32), table)\n"
-         "loss = sum(e * e)\noutput e\nminimize loss\n")
-
-
-@pytest.mark.parametrize("bad", [-1.0, 5.0, 1e10, np.nan])
-def test_a_computed_index_out_of_range_is_an_error_naming_the_node(bad):
-    feeds = {"f": np.array([0.0, bad, 2.0], np.float32)}
-    for device in ("cpu", "vulkan"):
-        if device == "vulkan":
-            pytest.importorskip("vulkan")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sess = fg.loads(INDEX, file="idx.flow").compile(device=device)
-        assert sess.last_path.startswith("closures"), sess.last_path
-        with pytest.raises(fg.FlowError, match="out of range") as e, np.errstate(all="ignore"):
-            sess.step(feeds)
-        assert e.value.span.where() == "idx.flow:3:5" and "embedding" in e.value.message, str(e.value)
-    good = {"f": np.array([0.0, 4.0, 2.0], np.float32)}
-    ref = fg.loads(INDEX).compile(device="cpu").step(good)
-    assert ref.outputs["e"].shape == (3, 2)
-
-
-def test_the_graph_path_refuses_computed_indices_with_the_reason(vk_device):
-    with pytest.raises(fg.GraphPathRefused, match="computed in the model"):
-        fg.loads(INDEX, file="idx.flow").compile(device="vulkan", backward="graph")
-    # fed indices keep the graph path: the host checks them
-    fed = INDEX.replace("input f: f32[3]", "input f: i32[3]").replace("cast(f, i32)", "f")
-    assert fg.loads(fed).compile(device="vulkan", backward="graph").last_path == "graph"

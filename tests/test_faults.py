@@ -18,12 +18,16 @@ from flowgrad.planner import make_plan
 pytestmark = pytest.mark.vulkan
 
 
-@pytest.fixture
-def device(vk_device):
-    """A device of its own: a test that loses it must not take the shared one with it."""
+@pytest.fixture(params=["mapped", "staging"])
+def device(vk_device, request):
+    """A device of its own: a test that loses it must not take the shared one
+    with it. Both memory paths: mapped device buffers (unified memory), and
+    staging buffers, as on a discrete GPU."""
     from flowgrad.exec_vulkan.runtime import Device
 
-    return Device(vk_device.info.index)
+    if request.param == "mapped" and vk_device.staging:
+        pytest.skip("no unified memory on this device; the staging run covers it")
+    return Device(vk_device.info.index, staging=request.param == "staging")
 
 
 def setup(device):
@@ -53,7 +57,10 @@ def same(got, want):
 
 
 def settled(device):
+    """Vulkan objects in use: the pool's idle buffers (staging buffers kept
+    for the next upload) are freed first, so only what something still holds counts."""
     gc.collect()
+    device.pool.drain()
     return device.live_objects()
 
 

@@ -8,6 +8,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,3 +44,23 @@ def test_fuzz_flags_a_misplaced_caret():
     wrong = FlowError("bad", Span("f", 1, 7, "y = x $ 2", 8))
     assert fuzz.caret_problem(right, text) is None
     assert "line 1" in fuzz.caret_problem(wrong, text)
+
+
+@pytest.mark.parametrize("stuck", ["spins", "sleeps"])
+def test_fuzz_calls_a_case_that_never_ends_a_hang(monkeypatch, stuck):
+    """A case computing past --timeout CPU seconds, or blocked for ten times
+    that, is a hang; waiting for a shared machine's cores is not."""
+    import time
+
+    fuzz = load_fuzz()
+
+    def never_ends(case, device):
+        while True:
+            if stuck == "sleeps":
+                time.sleep(1)
+
+    monkeypatch.setattr(fuzz, "classify", never_ends)   # the workers fork with it
+    t0 = time.monotonic()
+    summary = fuzz.run(1, 1, jobs=1, timeout=0.3, device="cpu", mem_mb=0)
+    assert summary["results"] == {0: ("hang", "over 0.3 s")}
+    assert time.monotonic() - t0 < 30

@@ -278,14 +278,16 @@ def test_cross_entropy(backend, lead, classes, dtype):
     check_op(backend, "cross_entropy", [logits, rng.integers(0, classes, size=lead).astype(np.int32)], {}, rng)
 
 
-def test_cross_entropy_bad_target_is_nan_not_a_crash(vk_device):
-    """A GPU can't raise: an out-of-range target shows as a NaN loss (the
-    executors check index feeds before this can happen)."""
+def test_cross_entropy_bad_target_is_an_error_not_a_crash(vk_device):
+    """A GPU can't raise: the kernel flags an out-of-range target (never
+    reading it), and the host raises once the submission is back."""
+    from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan import VulkanKernels
 
     logits = np.zeros((2, 3), np.float32)
     node = make_node("cross_entropy", [logits, np.zeros(2, np.int32)], {})
-    assert np.isnan(VulkanKernels(vk_device).forward(node, [logits, np.array([0, 3], np.int32)]))
+    with pytest.raises(FlowError, match=r"cross_entropy: .* out of range at \[1\] \(valid: 0..2\)"):
+        VulkanKernels(vk_device).forward(node, [logits, np.array([0, 3], np.int32)])
 
 
 # ---------------------------------------------------------------- matmul

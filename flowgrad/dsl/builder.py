@@ -20,7 +20,7 @@ from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
-from flowgrad.dtypes import DTYPES, FLOAT_DTYPES
+from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.initializers import INITIALISERS
@@ -31,10 +31,12 @@ BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 class Builder(Calls, Builtins):
     def __init__(self, program: ast.Program, overrides: dict | None, dtype: str):
-        if dtype not in FLOAT_DTYPES:
-            raise FlowError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
+        if dtype not in COMPILE_DTYPES:
+            raise FlowError(f"dtype must be one of {', '.join(COMPILE_DTYPES)}, got {dtype!r}")
         self.program = program
-        self.dtype = dtype
+        # "mixed" computes in f16 around f32 master params (see param_decl) and f32 losses (see apply_op)
+        self.mixed = dtype == "mixed"
+        self.dtype = "f16" if self.mixed else dtype
         stmts = program.stmts
         self.graph = Graph(self._model_name(stmts), program.file)
         self.config = ConfigEvaluator([s for s in stmts if isinstance(s, ast.ConfigBlock)],
@@ -149,7 +151,7 @@ class Builder(Calls, Builtins):
         return {"input": "an input", "param": "a param", "state": "a state", "arg": "a block argument"}.get(
             b.kind, "defined")
 
-    def tensor_type(self, t: ast.TensorTypeExpr, scope: Scope) -> TensorType:
+    def tensor_type(self, t: ast.TensorTypeExpr, scope: Scope, policy: bool = True) -> TensorType:
         name = t.dtype.id
         known = name in DTYPES or name in scope.names or name in self.config
         dtype = self.value(t.dtype, scope) if known else None
@@ -166,7 +168,7 @@ class Builder(Calls, Builtins):
         problem = limits.type_problem(tuple(dims))
         if problem:
             raise self.error(problem, t.pos, scope)
-        return TensorType(tuple(dims), self.policy(str(dtype)))
+        return TensorType(tuple(dims), self.policy(str(dtype)) if policy else str(dtype))
 
     def input_decl(self, s: ast.InputDecl, scope: Scope):
         self.check_new_name(s.name, "input", scope)
@@ -178,16 +180,25 @@ class Builder(Calls, Builtins):
         kind = "state" if s.state else "param"
         self.check_new_name(s.name, kind, scope)
         full = scope.prefix + s.name.id   # unique: instance prefixes are, and a scope's names are
-        ttype = self.tensor_type(s.type, scope)
+        declared = self.tensor_type(s.type, scope, policy=False)
+        ttype = TensorType(declared.shape, self.policy(declared.dtype))
         if ttype.dtype not in FLOAT_DTYPES:
             raise self.error(f"{kind} {s.name.id} is {ttype}: {kind}s are float tensors (f32 or f16)",
                              s.type.pos, scope)
         init = self.initialiser(s.init, scope)
         # a state is a param the optimizer leaves alone: saved, loaded and resident like one
         attrs = {"init": init, "state": True} if s.state else {"init": init}
-        node = self.graph.add("param", (), ttype, full, attrs, self.span(s.pos, scope))
+        span = self.span(s.pos, scope)
+        master = self.mixed and not s.state and declared.dtype == "f32"
+        if master:   # the f32 master copy is what the optimizer updates; the model reads it as f16
+            ttype = TensorType(ttype.shape, "f32")
+        node = self.graph.add("param", (), ttype, full, attrs, span)
         self.graph.params[full] = node.id
-        scope.names[s.name.id] = Binding(Tensor(node.id), kind, s.name.pos)
+        value = node.id
+        if master:
+            value = self.graph.add("cast", (node.id,), TensorType(ttype.shape, "f16"),
+                                   attrs=OPS["cast"].with_defaults({"dtype": "f16"}), span=span).id
+        scope.names[s.name.id] = Binding(Tensor(value), kind, s.name.pos)
 
     def assign(self, s: ast.Assign, scope: Scope):
         value = self.value(s.value, scope)
@@ -235,6 +246,8 @@ class Builder(Calls, Builtins):
                              hint="reduce it first, e.g. mean(x) or sum(x)")
         if ttype.dtype not in FLOAT_DTYPES:
             raise self.error(f"minimize needs a float scalar, but {s.name.id} is {ttype}", s.name.pos, scope)
+        if self.mixed and ttype.dtype == "f16":   # the scaled loss and its seed gradient need f32's range
+            t = self.apply_op("cast", [(t, s.name.pos)], {"dtype": DType("f32")}, s.name.pos, scope)
         self.graph.loss = t.id
         self.graph.outputs.setdefault(s.name.id, t.id)
 

@@ -124,6 +124,9 @@ class Calls:
                     items = [items]
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
+        if op.autocast == "f32" and self.mixed:
+            ins = [self.add_node("cast", [i], {"dtype": "f32"}, span).id if self.graph.nodes[i].dtype == "f16" else i
+                   for i in ins]
         if op.expand is not None:
             self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)

@@ -104,13 +104,15 @@ class ClosureExecutor:
         return backward
 
     def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, on_final=None,
-                 watch=()) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for every node on the tape.
+                 watch=(), seed=None) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for every node on the tape,
+        starting from `seed` (1 unless given: a loss scale).
         on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection).
         on_final(id, grad or None) is called for each node id in `watch` as soon
         as its gradient is final: after the VJP of the earliest node reading it."""
         loss = values[loss_id]
-        grads: dict[int, np.ndarray] = {loss_id: np.ones_like(loss)}
+        start = np.ones_like(loss) if seed is None else np.asarray(seed, dtype=np.asarray(loss).dtype)
+        grads: dict[int, np.ndarray] = {loss_id: start}
         final_at: dict[int, list[int]] = {}
         if on_final is not None:
             seen: set[int] = set()
@@ -155,12 +157,13 @@ class ClosureSession:
     path = "closures"
     timer = "wall clock per op"
 
-    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None):
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None):
         self.graph = graph
         self.executor = ClosureExecutor(graph, kernels)
         self.params = {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
         self.opt_step = 0
+        self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
         """on_grad_final(name, grad): see api.Session.step; here it is called
@@ -171,17 +174,20 @@ class ClosureSession:
         outputs = {name: values[i] for name, i in g.outputs.items()}
         loss = None if g.loss is None else values[g.loss]
         out_grads = {}
+        found_inf = False
         if grads or optimizer is not None:
             trainable = g.trainable()
             names = {i: name for name, i in trainable.items()}
             told: set[int] = set()
+            inv = None if self.scaler is None else self.scaler.inv_scale()
 
             def final(i, d):
                 told.add(i)
-                on_grad_final(names[i], d)
+                on_grad_final(names[i], d if inv is None or d is None else (d * inv).astype(d.dtype))
 
+            seed = None if self.scaler is None else self.scaler.seed()
             by_id = self.executor.backward(values, tape, g.loss, on_final=final if on_grad_final else None,
-                                           watch=names)
+                                           watch=names, seed=seed)
             for name, i in trainable.items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
                 if on_grad_final is not None and i not in told:
@@ -190,13 +196,26 @@ class ClosureSession:
                 for name, i in g.inputs.items():
                     if i in by_id:
                         out_grads[name] = by_id[i]
+            if self.scaler is not None:
+                found_inf = self.scaler.unscale(out_grads)
         if optimizer is not None:
-            self.apply_update(optimizer, out_grads)
+            if not found_inf:
+                self._update(optimizer, out_grads)
+            if self.scaler is not None:
+                self.scaler.update(found_inf)
         return outputs, loss, out_grads
 
     def apply_update(self, optimizer, grads) -> None:
         """One optimizer update with the given gradients (in data-parallel
-        training: averaged across ranks)."""
+        training: averaged across ranks); under a loss scaler, skipped when
+        one of them overflowed."""
+        found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
+        if not found_inf:
+            self._update(optimizer, grads)
+        if self.scaler is not None:
+            self.scaler.update(found_inf)
+
+    def _update(self, optimizer, grads) -> None:
         trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
         if not self.opt_state:
             self.opt_state = optimizer.init_state(trained)

@@ -4,9 +4,12 @@ the same Vulkan device; with compare="torch", also its PyTorch twin
 (flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
 same process, eager and under torch.compile(mode="reduce-overhead"), after
 checking that the twin's first loss equals flowgrad's (in an eval step
-when the model has random ops: torch draws its own dropout masks). Prints
-median step times and their ratios, and what each flowgrad path sends to
-the device per step (submits, dispatches, host transfers).
+when the model has random ops: torch draws its own dropout masks). Under
+dtype="mixed" the twin is the f32 model run as PyTorch AMP runs it, eager
+(torch.autocast in f16 with a GradScaler, and in bf16), beside its plain
+f32 eager step. Prints median step times and their ratios, and what each
+flowgrad path sends to the device per step (submits, dispatches, host
+transfers).
 
 A flowgrad step returns the gradients to the host (the API default); a
 PyTorch step leaves them on the GPU.
@@ -49,29 +52,39 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]
     return statistics.median(times), per_step
 
 
-def time_torch(twin, feeds, repeats: int, compiled: bool) -> float:
-    """Median seconds of one forward + backward of the twin on its GPU."""
+def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
+    """Median seconds of one forward + backward of the twin on its GPU; amp
+    "f16" or "bf16": under torch.autocast in that dtype (f16 with a
+    GradScaler's scaled backward, as AMP training runs it)."""
     torch = twin.torch
+    kind = torch.device(twin.device).type
+    autocast = None if amp is None else {"f16": torch.float16, "bf16": torch.bfloat16}[amp]
 
     def forward(f):
-        return twin.forward(f)[0]
+        if autocast is None:
+            return twin.forward(f)[0]
+        with torch.autocast(kind, dtype=autocast):
+            return twin.forward(f)[0]
 
     if compiled:
         forward = torch.compile(forward, mode="reduce-overhead")
+    scaler = torch.amp.GradScaler(kind) if amp == "f16" else None
 
     def step():
         for p in twin.params.values():
             p.grad = None
-        forward(feeds).backward()
+        loss = forward(feeds)
+        (loss if scaler is None else scaler.scale(loss)).backward()
 
+    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -84,23 +97,37 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "PyTorch has no CUDA device here"}
     phase("building the PyTorch twin")
-    twin = TorchTwin(graph_sess.graph, graph_sess.params, device="cuda")
-    tfeeds = twin.feeds(feeds)
+    # mixed precision: PyTorch's counterpart is AMP, autocast over the f32 model (same f32 params)
+    mixed = graph_sess.plan.dtype == "mixed"
+    graph = graph_sess.model.build("f32") if mixed else graph_sess.graph
+    twin = TorchTwin(graph, graph_sess.params, device="cuda")
+    tfeeds = twin.feeds({k: np.asarray(v, np.float32) if graph.nodes[graph.inputs[k]].dtype == "f32" else v
+                         for k, v in feeds.items()})
     # dropout draws torch's own masks in training: a model with random ops is checked in eval
-    training = RNG_INPUT not in {n.name for n in graph_sess.graph.nodes if n.op == "input"}
+    training = RNG_INPUT not in {n.name for n in graph.nodes if n.op == "input"}
     want = graph_sess.step(feeds, grads=training).loss
-    got = float(twin.forward(tfeeds, training=training)[0].detach())
-    if abs(got - want) > 1e-4 * max(1.0, abs(want)):
+    if mixed:
+        with torch.autocast("cuda", dtype=torch.float16):
+            got = float(twin.forward(tfeeds, training=training)[0].detach())
+    else:
+        got = float(twin.forward(tfeeds, training=training)[0].detach())
+    tol = 2e-2 if mixed else 1e-4   # f16 rounding, in different places on each side
+    if abs(got - want) > tol * max(1.0, abs(want)):
         raise FlowError(f"the PyTorch twin's loss {got!r} differs from flowgrad's {want!r}: not timing it")
     out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got,
            "checked_in": "training" if training else "eval"}
-    phase(f"timing PyTorch eager ({repeats} steps after 3 warm-up)")
-    out["eager"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=False)}
-    phase("timing torch.compile(mode='reduce-overhead') (compiling first)")
-    try:
-        out["compile"] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=True)}
-    except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
-        out["compile"] = {"skipped": f"{type(e).__name__}: {e}"[:200]}
+    rows = [("eager", False, None), ("compile", True, None)]
+    if mixed:
+        rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
+    for name, compiled, amp in rows:
+        what = ("torch.compile(mode='reduce-overhead') (compiling first)" if compiled else "PyTorch eager")
+        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after 3 warm-up)")
+        try:
+            out[name] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=compiled, amp=amp)}
+        except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
+            if not compiled:
+                raise
+            out[name] = {"skipped": f"{type(e).__name__}: {e}"[:200]}
     return out
 
 
@@ -150,10 +177,13 @@ def report(r: dict) -> str:
         lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, "
                      f"{t['checked_in']} step):")
         g = r["graph"]["seconds"]
-        for name, label in (("eager", "eager"), ("compile", "torch.compile")):
+        for name, label in (("eager", "eager f32"), ("amp_f16", "AMP f16 eager"), ("amp_bf16", "AMP bf16 eager"),
+                            ("compile", "torch.compile")):
+            if name not in t:
+                continue
             e = t[name]
             if "skipped" in e:
-                lines.append(f"  {label:<14} skipped ({e['skipped']})")
+                lines.append(f"  {label:<16} skipped ({e['skipped']})")
             else:
-                lines.append(f"  {label:<14}{e['seconds'] * 1e3:>10.2f} ms   graph / {label}: {g / e['seconds']:.2f}x")
+                lines.append(f"  {label:<16}{e['seconds'] * 1e3:>10.2f} ms   graph / {label}: {g / e['seconds']:.2f}x")
     return "\n".join(lines)

@@ -119,3 +119,12 @@ class BufferPool:
             return
         self.kept += buf.nbytes
         self.free.setdefault((buf.kind, buf.nbytes), []).append(buf)
+
+    def drain(self) -> None:
+        """Free every idle buffer: a leak check counts what is in use, not
+        what the pool keeps for the next one-op submission."""
+        for bucket in self.free.values():
+            for buf in bucket:
+                buf.free()
+        self.free.clear()
+        self.kept = 0

@@ -32,12 +32,13 @@ class GraphSession:
     path = "graph"
     last_path = "graph"
 
-    def __init__(self, graph: Graph, plan, device, params: dict[str, np.ndarray]):
+    def __init__(self, graph: Graph, plan, device, params: dict[str, np.ndarray], scaler=None):
         if device is None:
             raise DeviceError("the graph path needs a Vulkan device")
         if plan is not None and plan.path != "graph":
             raise FlowError(f"GraphSession given a plan that chose {plan.last_path}")
         self.graph, self.plan, self.device = graph, plan, device
+        self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
         self.programs: dict[tuple, StepProgram] = {}
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`
@@ -61,7 +62,9 @@ class GraphSession:
             if node.op == "const":
                 arrays[("val", node.id)] = (node.attrs["value"], node.dtype)
         if g.loss is not None:
-            arrays[("seed",)] = (np.ones(g.nodes[g.loss].shape), g.nodes[g.loss].dtype)
+            # with a loss scaler, each step uploads [scale, 1/scale] here: the seed reads the first
+            arrays[("seed",)] = ((np.ones(g.nodes[g.loss].shape), g.nodes[g.loss].dtype) if self.scaler is None
+                                 else (self._scale_words(), "f32"))
         for key, (value, dtype) in arrays.items():
             self.leaves[key] = self.device.buffer(max(np.asarray(value, NUMPY[dtype]).nbytes, 4), "device")
         self._write_leaves({k: v for k, v in arrays.items()})
@@ -72,6 +75,13 @@ class GraphSession:
                 data = np.ascontiguousarray(value, dtype=NUMPY[dtype]).reshape(np.shape(value))
                 s.write(BufView(self.leaves[key], 0, data.shape, dtype), data)
             s.run()
+
+    def _scale_words(self) -> np.ndarray:
+        return np.array([self.scaler.scale, self.scaler.inv_scale()], np.float32)
+
+    def _feeds(self, feeds, prog) -> dict:
+        """The step's feeds plus, when it runs a loss-scaled backward, the scale words."""
+        return {**feeds, "@scale": self._scale_words()} if prog.layout.scale is not None else feeds
 
     def leaf_buffer(self, pb):
         (key,) = pb.values
@@ -134,7 +144,15 @@ class GraphSession:
         if prog.optimizer is not None:
             self.opt_step += 1
             hyper = np.asarray(optimizer.hyper(self.opt_step), np.float32)
-        got = prog.run(feeds, hyper)
+        try:
+            got = prog.run(self._feeds(feeds, prog), hyper)
+        except FlowError:   # an index out of range: the update did not run
+            if prog.optimizer is not None:
+                self.opt_step -= 1
+            raise
+        found_inf = bool(got["@found_inf"][0]) if "@found_inf" in got else False
+        if prog.optimizer is not None and found_inf:
+            self.opt_step -= 1    # the device skipped the update: Adam's step count stays
         outputs = {name: got[name] for name in g.outputs}
         loss = got.get("@loss")
         out_grads = {}
@@ -148,15 +166,23 @@ class GraphSession:
         if on_grad_final is not None:
             for name in g.trainable():
                 on_grad_final(name, out_grads[name])
-        if optimizer is not None and prog.optimizer is None:
+        if optimizer is not None and prog.optimizer is None and not found_inf:
             self._host_update(optimizer, out_grads)
+        if optimizer is not None and self.scaler is not None:
+            self.scaler.update(found_inf)
         if not grads:
             out_grads = {}
         return outputs, loss, out_grads
 
     def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
         """The optimizer update alone, on gradients the host supplies (averaged
-        across ranks in data-parallel training): one submit of its own program."""
+        across ranks in data-parallel training): one submit of its own program.
+        Under a loss scaler, skipped when one of them overflowed."""
+        if self.scaler is not None:
+            found_inf = not all(np.isfinite(g).all() for g in grads.values())
+            self.scaler.update(found_inf)
+            if found_inf:
+                return
         if not hasattr(optimizer, "record"):
             self.last_opt_key = "host"
             self._host_update(optimizer, grads)
@@ -246,6 +272,7 @@ class GraphSession:
         (feeds in, read-back). With an optimizer, each profiled step updates the params too."""
         prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
+        feeds = self._feeds(feeds, prog)
         if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
             runs = profile.by_timestamps(self.device, prog, feeds, hyper, steps)
         else:

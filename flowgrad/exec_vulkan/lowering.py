@@ -25,12 +25,15 @@ class Lowering:
     backward(rec, node, g, ins, out, grads): record the dispatches that write
     (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
     `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
-    dtypes / bwd_dtypes: the node dtypes each direction accepts."""
+    dtypes / bwd_dtypes: the node dtypes each direction accepts.
+    checks_indices: the kernels flag an index input out of range
+    (`rec.index_flag`), so the planner may let the model compute them."""
 
     forward: Callable
     backward: Callable | None
     dtypes: frozenset = frozenset({"f32"})
     bwd_dtypes: frozenset = frozenset({"f32"})
+    checks_indices: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}

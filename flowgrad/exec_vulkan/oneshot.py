@@ -6,7 +6,8 @@ import numpy as np
 
 from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.exec_vulkan.encoder import encode
-from flowgrad.exec_vulkan.recorder import BufView, Recorder
+from flowgrad.exec_vulkan.index_checks import UNSET
+from flowgrad.exec_vulkan.recorder import BufView, Fill, Recorder
 
 
 class OneShot:
@@ -74,8 +75,13 @@ class OneShot:
         device = self.device
         device.stats["dispatches"] += self.rec.counts()["dispatches"]
         device.stats["downloads"] += len(self._downloads)
+        checks = self.rec.checks
+        if checks.checks:   # index kernels flag into words reset first and read back last
+            self.rec.commands.insert(0, Fill(checks.whole(), UNSET, None))
+            flags = self.download(checks.whole())
         if self.rec.commands:
             self.rec.arena.materialize(device, device.pool)   # one-shots reuse scratch memory too
+            checks.materialize(device, device.pool)
             cmd = device.command_buffer()
             try:
                 enc = encode(device, cmd, self.rec.commands)
@@ -90,6 +96,8 @@ class OneShot:
             src = staging or view
             raw = src.buffer.read(src.offset, src.nbytes) if src.nbytes else np.zeros(0, np.uint8)
             out.append(raw.view(NUMPY[view.dtype]).reshape(view.shape).copy())
+        if checks.checks:
+            checks.raise_flagged(out.pop(flags))
         return out
 
     def release(self) -> None:
@@ -97,6 +105,7 @@ class OneShot:
             self.device.pool.release(buf)
         self._pooled.clear()
         self.rec.arena.free()
+        self.rec.checks.free()
 
 
 __all__ = ["OneShot", "ITEMSIZE"]

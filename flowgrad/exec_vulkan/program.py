@@ -19,10 +19,14 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
 from flowgrad.exec_vulkan.readback import HostBlock
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder, count_barriers
+from flowgrad.exec_vulkan.index_checks import UNSET
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
+
+INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
 
 
 def accumulate(rec, dst: BufView, src: BufView) -> None:
@@ -41,6 +45,7 @@ class StepIO:
         self.downloads: list[tuple[str, BufView, BufView]] = []   # (name, device, staging)
         self.up_bytes = 0
         self.down_bytes = 0
+        self.down_staging = None
 
     def upload_region(self, staging, shape, dtype) -> BufView:
         view = BufView(staging, self.up_bytes, shape, dtype)
@@ -53,13 +58,16 @@ class StepIO:
         return view
 
 
-def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None) -> None:
+def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
+                scale_record=None) -> None:
     """Record one step: feeds in, forward, backward (with gradient
-    accumulation), read-backs, then the optimizer update."""
+    accumulation), the loss scaler's unscale and overflow check, read-backs,
+    then the optimizer update."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
     nodes = graph.nodes
+    rec.trusted = frozenset(n.id for n in nodes if n.op == "input")   # feeds are range-checked on the host
     for step in mem.schedule:
         if step.kind == "optimizer":
             continue
@@ -80,6 +88,13 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
             for w in writes:
                 if w.accumulate_into is not None:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
+    if scale_record is not None:
+        with rec.section("loss scale", "backward"):
+            scale_record(rec)
+    if rec.checks.checks:   # the index kernels' flags: reset first, read back with the results
+        flags = rec.checks.whole()
+        rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
+        io.downloads.append((INDEX_FLAGS, flags, io.download_region(io.down_staging, flags.shape, flags.dtype)))
     with rec.section("read-back", "transfer"):
         for _name, device_view, staging in io.downloads:
             rec.copy(device_view, staging)
@@ -101,7 +116,11 @@ def _lowering_errors(node, direction):
 class StepLayout:
     """The buffers and I/O of one step program, over real or fake buffers."""
 
-    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging):
+    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging,
+                 scaled=False):
+        """scaled: the backward starts from a loss scale the host uploads
+        (into the seed leaf: [scale, 1/scale]), and the gradients are
+        unscaled and checked for overflow on the device (`found`)."""
         self.graph, self.mem = graph, mem
         self.buffers = []
         for pb in mem.buffers:
@@ -111,6 +130,7 @@ class StepLayout:
                 self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
         self.io = StepIO()
         up, down = staging
+        self.io.down_staging = down
         # every input node: the user's and those the session feeds itself (the random state)
         for name, i in {n.name: n.id for n in graph.nodes if n.op == "input"}.items():
             if ("val", i) in mem.slots:
@@ -122,6 +142,12 @@ class StepLayout:
             h = np.asarray(optimizer.hyper(1), np.float32)
             self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
             self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
+        self.scale = self.found = None
+        if scaled:
+            seed = self.view(("grad", graph.loss))
+            self.scale = BufView(seed.buffer, seed.offset, (2,), "f32")
+            self.io.uploads.append(("@scale", self.io.upload_region(up, (2,), "f32"), self.scale))
+            self.found = BufView(make_buffer(4, "found-inf"), 0, (1,), "f32")
         for name, i in graph.outputs.items():
             self._download(name, ("val", i), down)
         if graph.loss is not None and ("val", graph.loss) in mem.slots:
@@ -134,6 +160,24 @@ class StepLayout:
                 for name, i in graph.inputs.items():
                     if ("grad", i) in mem.slots:
                         self._download(f"@grad:{name}", ("grad", i), down)
+        if self.found is not None:
+            self.io.downloads.append(("@found_inf", self.found, self.io.download_region(down, (1,), "f32")))
+
+    def scaled_grads(self) -> list[BufView]:
+        """The gradients a loss-scaled step unscales: every param's and
+        input's the backward computes (what is read back or updated)."""
+        ids = list(self.graph.trainable().values()) + list(self.graph.inputs.values())
+        return [self.view(("grad", i)) for i in ids if ("grad", i) in self.mem.slots]
+
+    def record_unscale(self, rec) -> None:
+        """Each gradient times 1/scale, and found = 1 if one overflowed."""
+        grads = self.scaled_grads()
+        flags = rec.scratch((max(len(grads), 1),), "f32")
+        rec.fill(flags, 0)
+        for k, g in enumerate(grads):
+            rec.dispatch("unscale", [g, self.scale, flags], push=(g.size, k), groups=(groups_for(g.size), 1, 1),
+                         variant="f16" if g.dtype == "f16" else None)
+        rec.dispatch("found_inf", [flags, self.found], push=(len(grads),), groups=(1, 1, 1))
 
     def _download(self, name, key, staging):
         src = self.view(key)
@@ -176,8 +220,9 @@ class StepProgram:
             return buf
 
         up, down = LazyStaging(device, "upload"), LazyStaging(device, "download")
+        scaled = backward and getattr(sess, "scaler", None) is not None
         self.layout = StepLayout(graph, self.mem, make_buffer, sess.leaf_buffer, want_grads, grad_inputs,
-                              optimizer, (up, down))
+                                 optimizer, (up, down), scaled)
         self.owned = owned
         opt_record = None
         if optimizer is not None and hasattr(optimizer, "record"):
@@ -187,26 +232,38 @@ class StepProgram:
             hyper = self.layout.hyper
             zero = dict(self.layout.zero_grads)
 
+            skip = self.layout.found
+
             def opt_record(rec):
                 for v in zero.values():
                     rec.fill(v, 0)
-                optimizer.record(rec, params, grads, state, hyper)
+                # skip only under a loss scaler: an optimizer of the plain protocol works without it
+                optimizer.record(rec, params, grads, state, hyper, *([] if skip is None else [skip]))
         self.rec = Recorder(device)
-        record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record)
+        record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
+                    self.layout.record_unscale if scaled else None)
         self.dispatches = self.rec.counts()["dispatches"]
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
         self.host = HostBlock()   # where read-backs land
         self.rec.arena.materialize(device)
+        self.rec.checks.materialize(device)
+        self.graph = graph
+        step_part, update_part = split_update(self.rec)
         self.cmd = device.command_buffer()
-        self.enc = encode(device, self.cmd, self.rec.commands)
-        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena)
+        self.enc = encode(device, self.cmd, step_part)
+        self.update_cmd = self.update_enc = None
+        if update_part:
+            self.update_cmd = device.command_buffer()
+            self.update_enc = encode(device, self.update_cmd, update_part)
+        self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena,
+                                           self.rec.checks, self.update_cmd, self.update_enc)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
         for name, staging, _dev in self.layout.io.uploads:
-            data = hyper if name == "@hyper" else feeds[name]
+            data = hyper if name == "@hyper" else feeds[name]   # "@scale": the session adds it to the feeds
             if tuple(np.shape(data)) != staging.shape:
                 what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
                 raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
@@ -224,20 +281,42 @@ class StepProgram:
         stats["downloads"] += len(self.layout.io.downloads)
         self.write_inputs(feeds, hyper)
         self.device.submit_and_wait(self.cmd, "running a graph step")
-        return self.read_outputs()
+        got = self.read_outputs()
+        if INDEX_FLAGS in got:
+            self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
+        if self.update_cmd is not None:
+            self.device.submit_and_wait(self.update_cmd, "running a graph step's optimizer update")
+        return got
 
     def free(self) -> None:
         self._finalizer()
 
 
-def free_program(device, cmd, enc, owned, arena):
+def split_update(rec: Recorder) -> tuple[list, list]:
+    """(the step's commands, the optimizer update's): the update is a
+    submission of its own only where index kernels flag, so that a step whose
+    flags the host finds set raises before anything updates the params.
+    Elsewhere the whole step is one submission."""
+    commands = rec.commands
+    if not rec.checks.checks:
+        return commands, []
+    k = next((i for i, c in enumerate(commands) if c.label == ("optimizer", "optimizer")), len(commands))
+    return commands[:k], commands[k:]
+
+
+def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None):
     if device.handle is None:
         return
     device.free_command_buffer(cmd)
     enc.free()
+    if update_cmd is not None:
+        device.free_command_buffer(update_cmd)
+        update_enc.free()
     for buf in owned:
         buf.free()
     arena.free()
+    if checks is not None:
+        checks.free()
 
 
 class LazyStaging:
@@ -271,8 +350,9 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         return leaf.setdefault(key, FakeBuffer(pb.nbytes, str(key)))
 
     on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
+    scaled = backward and plan is not None and plan.dtype == "mixed"
     layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                     (FakeBuffer(0, "upload"), FakeBuffer(0, "download")))
+                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
     opt_record = None
     if on_device is not None:
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
@@ -284,9 +364,10 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         grads_views = layout.param_grads(make_buffer)
 
         def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper)
+            on_device.record(rec, params, grads_views, state, layout.hyper,
+                             *([] if layout.found is None else [layout.found]))
     rec = Recorder(None)
-    record_step(rec, graph, mem, layout.view, layout.io, opt_record)
+    record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
               "fills": 0, "copies": 0}
     for c in rec.commands:
@@ -294,13 +375,13 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         kind = type(c).__name__
         if kind == "Dispatch":
             counts[direction] = counts.get(direction, 0) + 1
-        elif direction == "transfer":
+        elif direction == "transfer" and kind == "Copy":
             counts["transfers_in" if c.label[0] == "feeds" else "transfers_out"] += 1
         else:
             counts["fills" if kind == "Fill" else "copies"] += 1
     counts["dispatches"] = counts["forward"] + counts["backward"] + counts["optimizer"]
     counts["barriers"] = count_barriers(rec.commands)
-    counts["submits"] = 1
+    counts["submits"] = 2 if split_update(rec)[1] else 1
     counts["scratch_bytes"] = rec.arena.high
     return counts
 

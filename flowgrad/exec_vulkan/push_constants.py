@@ -49,6 +49,8 @@ SPECS_TEXT = {
     "strided_copy": "n: u32, rank: u32, src_off: u32, dst_off: u32, shape: u32[8], sstride: u32[8], "
                     "dstride: u32[8]",
     "sumsq": "n: u32, offset: u32",
+    "unscale": "n: u32, k: u32",
+    "found_inf": "count: u32",
     "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
     "conv": "N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, "
             "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32",

@@ -19,6 +19,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
+from flowgrad.exec_vulkan.index_checks import IndexChecks
 from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
@@ -138,6 +139,8 @@ class Recorder:
         self.max_groups = device.max_groups if device is not None else DRY_MAX_GROUPS
         self.commands: list = []
         self.arena = arena or Arena()
+        self.checks = IndexChecks()
+        self.trusted: frozenset = frozenset()   # node ids whose indices the host range-checks (feeds)
         self.label: tuple | None = None
 
     # -- the lowering API
@@ -208,6 +211,15 @@ class Recorder:
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * ITEMSIZE[dtype]
         return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
+
+    def index_flag(self, node, pos: int, ids: BufView, bound: int) -> BufView:
+        """A word for a kernel reading `ids` (input `pos` of `node`, valid
+        0..bound-1) to flag the first bad one in: the executor resets it and
+        reads it back, and raises for a flagged node (index_checks.py). A
+        trusted input (a feed, checked on the host) gets a scratch word instead."""
+        if node.inputs[pos] in self.trusted:
+            return self.scratch((1,), "i32")
+        return self.checks.slot(node, pos, ids, bound)
 
     grid = staticmethod(grid)
 

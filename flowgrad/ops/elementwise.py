@@ -213,6 +213,12 @@ def _cast_forward(ins, attrs):
     target = NUMPY_DTYPE[attrs["dtype"]]
     if x.dtype == np.float64 and attrs["dtype"] != "i32":
         return x.copy()  # float64 stays float64, so gradient checks keep full precision
+    if attrs["dtype"] == "i32" and np.issubdtype(x.dtype, np.floating):
+        # NaN and values past the i32 range: INT_MIN on every platform and path
+        # (numpy's own cast is platform-defined), so a bad computed index stays bad
+        x = x.astype(np.float64)   # f16 can't hold INT_MIN: -2**31 would become -inf
+        fits = (x >= -2.0**31) & (x < 2.0**31)
+        return np.where(fits, np.trunc(np.where(fits, x, 0)), -2.0**31).astype(np.int32)
     return x.astype(target)  # float -> i32 truncates toward zero, as PyTorch
 
 
@@ -226,4 +232,5 @@ def _cast_vjp(g, ins, out, attrs):
 
 
 cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             _cast_vjp, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero")
+             _cast_vjp, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
+                 "past the i32 range gives -2^31")

@@ -36,7 +36,7 @@ def _loss(name, f, da, db, extra=(), doc=""):
         return [narrow(k * da(a, b, at), ins[0]), narrow(k * db(a, b, at), ins[1])]
 
     return defop(name, (Arg("input"), Arg("target")) + tuple(extra), _infer, forward, vjp,
-                 doc=doc)
+                 doc=doc, autocast="f32")
 
 
 l1_loss = _loss("l1_loss", lambda a, b, at: np.abs(a - b), lambda a, b, at: np.sign(a - b),

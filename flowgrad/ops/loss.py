@@ -28,7 +28,8 @@ def _mse_vjp(g, ins, out, at):
 
 
 mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
-                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)")
+                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)",
+                 autocast="f32")
 
 
 def _ce_infer(ins, at):
@@ -105,7 +106,7 @@ cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, _ce_forward, _ce_vjp, nondiff=(1, 2),
+    _ce_infer, _ce_forward, _ce_vjp, nondiff=(1, 2), autocast="f32",
     index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
@@ -120,7 +121,7 @@ nll_loss = defop(
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
     _nll_infer, lambda ins, at: _ce_forward(ins, at | {"log_probs": True}),
-    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | {"log_probs": True}), nondiff=(1, 2),
+    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | {"log_probs": True}), nondiff=(1, 2), autocast="f32",
     index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")

@@ -66,7 +66,10 @@ class Op:
         composition in the graph instead of one node, so the op needs no
         kernel or lowering of its own; its numpy forward, VJP and shape rule
         are those of the composition.
-    samples: valid calls, for the op tests (see `Sample`)."""
+    samples: valid calls, for the op tests (see `Sample`).
+    autocast: "f32" for an op that dtype="mixed" runs on f32 copies of its
+        f16 inputs (the losses: the scaled loss and its gradient seed need
+        f32's range, as autocast runs PyTorch's losses in f32); "" otherwise."""
 
     name: str
     args: tuple[Arg, ...]
@@ -80,6 +83,7 @@ class Op:
     doc: str = ""
     decompose: Callable | None = None
     samples: tuple = ()
+    autocast: str = ""
 
     def with_defaults(self, attrs) -> dict:
         """attrs completed with the signature's defaults and checked (the IR

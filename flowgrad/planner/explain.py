@@ -61,6 +61,8 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
+    if plan.dtype == "mixed":
+        data["precision"] = precision_dict(sess)
     ranks = getattr(sess, "ranks", 1)
     if ranks > 1:
         data["ranks"] = ranks_dict(ranks, plan.path)
@@ -78,6 +80,31 @@ def ranks_dict(ranks: int, path: str) -> dict:
                 "while the backward goes on, optimizer update")
         submits = None
     return {"count": ranks, "submits_per_step": submits, "step": step}
+
+
+def precision_dict(sess) -> dict:
+    """dtype="mixed": what runs in which precision, and the loss scale."""
+    graph, plan = sess.graph, sess.plan
+    masters = [graph.nodes[i] for i in graph.trainable().values() if graph.nodes[i].dtype == "f32"]
+    f32_ops = [f"{n.label} ({n.op})" for n in graph.nodes if n.op not in LEAF_OPS and n.op != "cast" and n.dtype == "f32"]
+    kernels: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "matmul":
+            for k in plan.kernels.get(n.id, {}).get("forward", []) + plan.kernels.get(n.id, {}).get("backward", []):
+                kernels[k] = kernels.get(k, 0) + 1
+    scaler = sess.loss_scaler
+    return {
+        "master_params": len(masters),
+        "master_bytes": sum(n.type.nbytes for n in masters),
+        "params": "f32, updated by the optimizer with f32 state; the model reads them through f16 casts",
+        "compute": "f16 storage, f32 arithmetic: reductions, softmax, layernorm, attention and matmul products "
+                   "accumulate in f32",
+        "f32_ops": f32_ops,
+        "matmul_kernels": kernels,
+        "loss_scale": None if scaler is None else {
+            "scale": scaler.scale, "growth": scaler.growth, "backoff": scaler.backoff,
+            "interval": scaler.interval, "skipped_steps": scaler.skipped},
+    }
 
 
 def device_dict(info) -> dict:
@@ -223,6 +250,8 @@ def render_text(d: dict, graph: Graph) -> str:
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]
+    if "precision" in d:
+        lines += ["precision (mixed)", *render_precision(d["precision"]), ""]
     lines += ["nodes", *render_nodes(d, graph), ""]
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
@@ -283,6 +312,19 @@ def render_plans(d: dict) -> list[str]:
     out = [f"{a:<16}{b:<44}{c_}" for a, b, c_ in rows]
     out.append(f"{'saved for bwd':<16}{mib(s['bytes'])} in {len(s['tensors'])} tensors")
     return out
+
+
+def render_precision(p: dict) -> list[str]:
+    lines = [f"  params          {p['master_params']} ({mib(p['master_bytes'])}) {p['params']}",
+             f"  compute         {p['compute']}",
+             f"  in f32          {', '.join(p['f32_ops']) or 'nothing'}"]
+    if p["matmul_kernels"]:
+        lines.append("  matmul kernels  " + ", ".join(f"{k} x{n}" for k, n in sorted(p["matmul_kernels"].items())))
+    ls = p["loss_scale"]
+    if ls is not None:
+        lines.append(f"  loss scale      {ls['scale']:g} (x{ls['growth']:g} after {ls['interval']} good steps, "
+                     f"x{ls['backoff']:g} and the step skipped on an overflow; {ls['skipped_steps']} skipped)")
+    return lines
 
 
 def render_nodes(d: dict, graph: Graph) -> list[str]:

@@ -108,7 +108,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: d
                                    f32_hint(op.name), node))
                 continue
         limit = (limit_refusal(graph, node, op, node.id in backward_ids, device, kernels)
-                 or index_refusal(graph, node, op))
+                 or index_refusal(graph, node, op, low))
         if limit is not None:
             out.append(limit)
     return out
@@ -161,17 +161,18 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     return None
 
 
-def index_refusal(graph: Graph, node: Node, op) -> Refusal | None:
+def index_refusal(graph: Graph, node: Node, op, low) -> Refusal | None:
     """An index computed inside the model (not a feed, which is range-checked
-    on the host): the resident step can't stop on a bad one, so it runs on
-    closures, which check each index before the op reads it."""
-    if op.index_bounds is None:
+    on the host) needs kernels that flag a bad one, so that the step raises
+    instead of reading out of bounds; a lowering without them runs on closures,
+    which check each index before the op reads it."""
+    if op.index_bounds is None or low.checks_indices:
         return None
     for pos in op.index_bounds([graph.nodes[i].type for i in node.inputs], node.attrs):
         src = graph.nodes[node.inputs[pos]]
         if src.op not in ("input", "const"):
-            return Refusal("limit", f"its index input {src.label} is computed in the model, and the graph path "
-                                    "can't stop a step on an index out of range", "feed the indices as an input "
+            return Refusal("limit", f"its index input {src.label} is computed in the model, and the {op.name} "
+                                    "lowering does not check indices", "feed the indices as an input "
                                     "(feeds are range-checked), or run on closures", node)
     return None
 

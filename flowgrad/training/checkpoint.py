@@ -225,7 +225,25 @@ def save_session(sess, path, optimizer=None) -> None:
     step, state = sess.runner.get_opt_state()
     optimizer = optimizer or sess.optimizer
     describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
-    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, describe)
+    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, with_loss_scale(describe, sess))
+
+
+def with_loss_scale(describe: dict | None, sess) -> dict | None:
+    """The optimizer's description plus, under dtype="mixed", the loss
+    scaler's state: a resumed run goes on with the scale it had."""
+    scaler = getattr(sess, "loss_scaler", None)
+    if describe is None or scaler is None:
+        return describe
+    return {**describe, "loss_scale": scaler.state()}
+
+
+def restore_loss_scale(ckpt: Checkpoint, sess) -> None:
+    saved = (ckpt.optimizer or {}).get("loss_scale")
+    if saved is not None and getattr(sess, "loss_scaler", None) is not None:
+        try:
+            sess.loss_scaler.load_state(saved)
+        except (KeyError, TypeError, ValueError) as e:
+            raise FlowError(f"checkpoint {ckpt.path!r}: bad loss-scale state {saved!r} ({e})") from None
 
 
 def load_into_session(sess, path) -> Checkpoint:
@@ -238,4 +256,5 @@ def load_into_session(sess, path) -> Checkpoint:
         sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
         if sess.optimizer is None:
             sess.optimizer = ckpt.optimizer  # its description: saving again keeps it
+        restore_loss_scale(ckpt, sess)
     return ckpt

@@ -210,6 +210,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
         with deferred_sigint() as stop:
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
+                scaler = sess.loss_scaler
+                scale = None if scaler is None else scaler.scale   # the scale this step's backward uses
                 in_step = True
                 if world is None:
                     loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
@@ -218,6 +220,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                 step += 1
                 in_step = False
                 rec = _record(step, loss, ts.optimizer)
+                if scaler is not None:
+                    rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
                 if step % ts.eval_every == 0 or step == ts.steps:
                     rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
                     if split == "val" and "val_loss" in rec:
@@ -292,13 +296,14 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
     sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+    checkpoint.restore_loss_scale(ckpt, sess)
     return ckpt.step
 
 
 def _save(sess, ts, path, step, config):
     _, state = sess.runner.get_opt_state()
-    checkpoint.save(path, sess.params, state, step, sess.graph.name, config, ts.optimizer.describe(),
-                    data=ts.data.meta())
+    checkpoint.save(path, sess.params, state, step, sess.graph.name, config,
+                    checkpoint.with_loss_scale(ts.optimizer.describe(), sess), data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:

@@ -93,8 +93,15 @@ class Optimizer:
         total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
         return min(1.0, self.clip / (total + CLIP_EPS))
 
-    def record(self, rec, params, grads, state, hyper) -> None:
+    def record(self, rec, params, grads, state, hyper, skip=None) -> None:
+        """skip: a 1-element f32 view, nonzero when the loss scaler found an
+        overflow this step: then no param or state changes."""
         scale = self._record_clip_scale(rec, grads)
+        flag = scale.view(1, (1,))
+        if skip is None:
+            rec.fill(flag, 0)
+        else:
+            rec.copy(skip, flag)
         for name, p in params.items():
             n = math.prod(p.shape)
             bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [hyper, scale]
@@ -102,13 +109,15 @@ class Optimizer:
                          variant="f16" if p.dtype == "f16" else None)
 
     def _record_clip_scale(self, rec, grads):
-        """A 1-element f32 buffer holding the clip factor, computed on the
-        device: per-workgroup partial sums of squares for every grad, then one
-        workgroup that sums the partials (a fixed order: deterministic)."""
-        scale = rec.scratch((1,), "f32")
+        """A 2-element f32 buffer holding the clip factor (and, after it, the
+        skip flag `record` sets), computed on the device: per-workgroup partial
+        sums of squares for every grad, then one workgroup that sums the
+        partials (a fixed order: deterministic)."""
+        pair = rec.scratch((2,), "f32")
+        scale = pair.view(0, (1,))
         if self.clip is None:
             rec.fill(scale, int(np.float32(1.0).view(np.uint32)))
-            return scale
+            return pair
         counts = {name: groups_for(math.prod(g.shape)) for name, g in grads.items()}
         partials = rec.scratch((sum(counts.values()),), "f32")
         offset = 0
@@ -117,7 +126,7 @@ class Optimizer:
                          groups=(counts[name], 1, 1), variant="f16" if g.dtype == "f16" else None)
             offset += counts[name]
         rec.dispatch("clip_scale", [partials, scale], push=(offset, float(self.clip), CLIP_EPS), groups=(1, 1, 1))
-        return scale
+        return pair
 
     def describe(self) -> dict:
         """What a checkpoint records, to refuse resuming with another optimizer."""

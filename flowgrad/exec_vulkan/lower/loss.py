@@ -66,7 +66,8 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
                 int(weight is not None), int(log_probs)]
         t = o.dtype
-        rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t)],
+        bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else unused(rec, "i32")
+        rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t), bad],
                      push=push, groups=(groups, 1, 1), variant=variant(t))
 
     def row_losses(rec, node, logits, targets, weight):
@@ -80,7 +81,7 @@ def _xent_lowering(log_probs: bool) -> Lowering:
     def forward(rec, node, ins, out):
         """Row losses and weights into an f32 scratch, then their weighted
         mean. A target outside [0, C) that is not ignore_index makes the
-        loss NaN (numpy raises; feeds are range-checked on the host)."""
+        loss NaN and is flagged (rec.index_flag): the step raises."""
         logits, targets, *weight = ins
         logits, _ = _class_last(rec, node, logits)
         n, c = _classes(logits)
@@ -107,7 +108,7 @@ def _xent_lowering(log_probs: bool) -> Lowering:
             ds = strides(logits.shape)
             strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
 
-    return Lowering(forward, backward, ALL_DTYPES, FLOATS)
+    return Lowering(forward, backward, ALL_DTYPES, FLOATS, checks_indices=True)
 
 
 CROSS_ENTROPY = _xent_lowering(log_probs=False)

@@ -117,7 +117,8 @@ EMBED_MIN_IDS = 256  # ids per chunk, at least: fewer and the chunk sum costs mo
 def embedding_forward(rec, node, ins, out):
     ids, table = ins
     n, (rows, d) = math.prod(ids.shape), table.shape
-    rec.dispatch("embedding_fwd", [ids, table, out], (n, d, rows), groups_1d(n * d), variant(table.dtype))
+    bad = rec.index_flag(node, 0, ids, rows)
+    rec.dispatch("embedding_fwd", [ids, table, out, bad], (n, d, rows), groups_1d(n * d), variant(table.dtype))
 
 
 def embedding_backward(rec, node, g, ins, out, grads):
@@ -138,7 +139,7 @@ def embedding_backward(rec, node, g, ins, out, grads):
         sum_to_shape(rec, dst, dtable)
 
 
-EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS)
+EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS, checks_indices=True)
 
 register_lowering("transpose", permuting(rules._transpose_perm))
 register_lowering("permute", permuting(rules._permute_perm))

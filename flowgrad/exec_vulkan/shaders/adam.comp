@@ -11,10 +11,11 @@ layout(binding = 2) buffer ExpAvg { float m[]; };
 layout(binding = 3) buffer ExpAvgSq { float v[]; };
 // lr beta1 beta2 eps grad_decay param_decay step_size inv_sqrt_bc2
 layout(binding = 4) readonly buffer Hyper { float h[]; };
-layout(binding = 5) readonly buffer Scale { float clip_scale; };
+layout(binding = 5) readonly buffer Scale { float clip_scale; float skip; };  // skip: the loss scaler found an overflow
 layout(push_constant) uniform Push { uint n; } pc;
 
 void main() {
+    if (skip != 0.0) return;
     float b1 = h[1], b2 = h[2], eps = h[3], grad_decay = h[4], param_decay = h[5];
     float step_size = h[6], inv_sqrt_bc2 = h[7];
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += STRIDE) {

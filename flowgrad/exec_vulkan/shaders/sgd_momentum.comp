@@ -9,10 +9,11 @@ layout(binding = 0) buffer Param { T p[]; };
 layout(binding = 1) readonly buffer Grad { T g[]; };
 layout(binding = 2) buffer Momentum { float buf[]; };
 layout(binding = 3) readonly buffer Hyper { float h[]; };   // lr momentum dampening weight_decay nesterov first
-layout(binding = 4) readonly buffer Scale { float clip_scale; };
+layout(binding = 4) readonly buffer Scale { float clip_scale; float skip; };  // skip: the loss scaler found an overflow
 layout(push_constant) uniform Push { uint n; } pc;
 
 void main() {
+    if (skip != 0.0) return;
     float lr = h[0], mom = h[1], damp = h[2], wd = h[3];
     bool nesterov = h[4] != 0.0, first = h[5] != 0.0;
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += STRIDE) {

@@ -6,8 +6,9 @@
 //   loss = sum_r (1-eps) tw_r nll_r + eps/C valid_r sum_c w_c (-logp_rc)  /  sum_r tw_r
 // where tw_r = w[t_r] (0 for an ignored row).
 //   0 rows:        rl[2r] = that row's numerator, rl[2r+1] = tw_r (f32
-//                  scratch; NaN when t_r is neither ignored nor in [0, C):
-//                  a GPU can't raise, so the bad value shows in the loss)
+//                  scratch; NaN when t_r is neither ignored nor in [0, C),
+//                  and the smallest such r lands in `bad`: a GPU can't
+//                  raise, the host reads `bad` back and does, index_checks.py)
 //   1 mean:        out[0] = sum(rl[2r]) / sum(rl[2r+1])   (one workgroup)
 //   3 denominator: rl[2N] = sum(rl[2r+1])                  (one workgroup)
 //   2 backward:    dx[r, c] = g / rl[2N] * ((1-eps) tw_r (p_c - [c == t_r])
@@ -27,6 +28,7 @@ layout(std430, set = 0, binding = 2) readonly buffer G { T g[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer O { T o[]; };  // loss or dx
 layout(std430, set = 0, binding = 4) buffer RL { float rl[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Wt { T w[]; };
+layout(std430, set = 0, binding = 6) buffer Bad { uint bad; };
 
 layout(push_constant) uniform Push {
     uint N;
@@ -95,6 +97,7 @@ void main() {
                 // -sum_c w_c logp_c = W lse - sum_c w_c z_c
                 rl[2u * row] = ok ? (1.0 - pc.eps) * tw * nll + sm * (wsum * lse - wz) : nan;
                 rl[2u * row + 1u] = tw;
+                if (!ok) atomicMin(bad, row);
             }
         } else {
             float k = float(g[0]) / rl[2u * pc.N];

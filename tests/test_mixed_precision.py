@@ -1,0 +1,253 @@
+"""dtype="mixed": f16 compute on f32 master params, losses in f32, and
+dynamic loss scaling with GradScaler's rules, on numpy and on the Vulkan
+graph path (whose step, the overflow check and the skipped update included,
+stays one submit). Every Vulkan test asserts the path before numbers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.training.loss_scale import LossScaler
+from flowgrad.training.optim import Adam, AdamW
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+GPT = {"d": 32, "layers": 1, "seq": 8, "batch": 8, "ff": 64}
+
+LINEAR = """
+model linear
+input x: f32[4, 3]
+input y: f32[4, 2]
+param w: f32[3, 2] = normal(std=0.5)
+param b: f32[2] = zeros()
+loss = mse_loss(x @ w + b, y)
+minimize loss
+"""
+
+
+def gpt(**config):
+    return fg.load(MODELS / "tiny_gpt.flow", {**GPT, **config})
+
+
+def device_param(request):
+    if request.param == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+@pytest.fixture(params=["cpu", "vulkan"])
+def device(request):
+    return device_param(request)
+
+
+def compiled(model, device, **kw):
+    sess = model.compile(device=device, dtype="mixed", **kw)
+    if device == "vulkan":
+        assert sess.last_path == "graph", sess.last_path
+    else:
+        assert sess.last_path.startswith("closures")
+    return sess
+
+
+def test_master_params_and_optimizer_state_stay_f32(device):
+    sess = compiled(gpt(), device)
+    g = sess.graph
+    for name, i in g.params.items():
+        assert g.nodes[i].dtype == "f32", name
+        users = [n for n in g.nodes if i in n.inputs]
+        assert users and all(n.op == "cast" and n.dtype == "f16" for n in users), name
+    assert g.nodes[g.loss].dtype == "f32" and g.nodes[g.loss].op == "cross_entropy"
+    assert {n.dtype for n in g.nodes if n.op == "matmul"} == {"f16"}
+    rng = np.random.default_rng(0)
+    feeds = {"tokens": rng.integers(0, 16, (8, 8)), "targets": rng.integers(0, 16, (8, 8))}
+    before = sess.params
+    res = sess.step(feeds, optimizer=AdamW(lr=1e-3))
+    assert res.grads and all(v.dtype == np.float32 for v in res.grads.values())
+    after = sess.params
+    assert all(v.dtype == np.float32 for v in after.values())
+    # an update smaller than f16's spacing still moves the f32 master copy
+    assert any(not np.array_equal(after[k], before[k]) for k in after)
+    steps, state = sess.runner.get_opt_state()
+    assert steps == 1 and state
+    assert all(a.dtype == np.float32 for st in state.values() for a in st.values())
+
+
+def test_plain_f16_is_unchanged():
+    g = gpt().build("f16")
+    assert {g.nodes[i].dtype for i in g.params.values()} == {"f16"}
+    assert g.nodes[g.loss].dtype == "f16"
+    sess = gpt().compile(device="cpu", dtype="f16")
+    assert sess.loss_scaler is None
+
+
+def reverse_run(device, dtype, tmp=None):
+    """50 steps of a very small tiny_gpt on `reverse` (lavapipe is slow)."""
+    model = gpt(d=16, heads=2, ff=32, batch=4)
+    return fg.train(model, steps=50, device=device, dtype=dtype, progress=False, out=tmp)
+
+
+def test_mixed_tracks_the_f32_loss_curve_for_50_steps(device, tmp_path):
+    f32 = reverse_run(device, "f32")
+    mixed = reverse_run(device, "mixed", tmp=tmp_path)
+    if device == "vulkan":
+        assert f32.path == "graph" and mixed.path == "graph"
+    a = np.array([r["loss"] for r in f32.history])
+    b = np.array([r["loss"] for r in mixed.history])
+    assert len(a) == len(b) == 50
+    rel = np.abs(b - a) / a
+    assert rel.max() <= 0.02, f"worst step {rel.argmax() + 1}: f32 {a[rel.argmax()]}, mixed {b[rel.argmax()]}"
+    assert b[-5:].mean() < 0.9 * b[:5].mean()    # it trains
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    recs = [r for r in map(json.loads, lines) if "step" in r]
+    assert recs[0]["loss_scale"] == 65536.0 and all("skipped_steps" in r for r in recs)
+    assert recs[-1]["skipped_steps"] == mixed.session.loss_scaler.skipped
+
+
+def linear_feeds(rng, bad=False):
+    """Gradients of about 0.1: times 2**16 they stay inside f16's range."""
+    x = (0.1 * rng.normal(size=(4, 3))).astype(np.float32)
+    if bad:
+        x[1, 2] = np.inf
+    return {"x": x, "y": (0.1 * rng.normal(size=(4, 2))).astype(np.float32)}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_an_overflow_skips_the_step_then_the_scale_recovers(device):
+    """An injected inf: the step changes nothing (params, Adam's state and
+    step count), the scale halves; after `interval` good steps it doubles
+    back; and the run equals one that never saw the bad batch."""
+    model = fg.loads(LINEAR)
+    rng = np.random.default_rng(1)
+    good = [linear_feeds(rng) for _ in range(4)]
+    bad = linear_feeds(rng, bad=True)
+    skipped = compiled(model, device, loss_scale=LossScaler(interval=3))
+    clean = compiled(model, device, loss_scale=LossScaler(interval=3))
+    opt_a, opt_b = Adam(lr=1e-2), Adam(lr=1e-2)
+    skipped.step(good[0], optimizer=opt_a)
+    clean.step(good[0], optimizer=opt_b)
+    before = skipped.params
+    state_before = skipped.runner.get_opt_state()
+    skipped.step(bad, optimizer=opt_a)
+    sc = skipped.loss_scaler
+    assert sc.scale == 32768.0 and sc.skipped == 1 and sc.last_skipped and sc.good_steps == 0
+    for k, v in skipped.params.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    steps, state = skipped.runner.get_opt_state()
+    assert steps == state_before[0] == 1
+    for p, entries in state.items():
+        for k, arr in entries.items():
+            np.testing.assert_array_equal(arr, state_before[1][p][k], err_msg=f"{p}/{k}")
+    scales = []
+    for feeds in good[1:]:
+        skipped.step(feeds, optimizer=opt_a)
+        clean.step(feeds, optimizer=opt_b)
+        scales.append(sc.scale)
+    assert scales == [32768.0, 32768.0, 65536.0]   # growth after 3 good steps in a row
+    assert not sc.last_skipped and clean.loss_scaler.skipped == 0
+    for k, v in skipped.params.items():
+        np.testing.assert_allclose(v, clean.params[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_grads_come_back_unscaled(device):
+    model = fg.loads(LINEAR)
+    feeds = linear_feeds(np.random.default_rng(2))
+    params = fg.loads(LINEAR).compile(device="cpu").params
+    ref = fg.loads(LINEAR).compile(device="cpu")
+    ref.set_params(params)
+    sess = compiled(model, device)
+    sess.set_params(params)
+    want = ref.step(feeds).grads
+    got = sess.step(feeds).grads
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-2, atol=1e-3, err_msg=k)
+    assert sess.loss_scaler.scale == 65536.0   # a step without an optimizer leaves the scale alone
+
+
+def test_graph_and_closures_agree_under_mixed(vk_device):
+    model = gpt()
+    graph = model.compile(device="vulkan", dtype="mixed", backward="graph")
+    closures = model.compile(device="vulkan", dtype="mixed", backward="closures")
+    assert graph.last_path == "graph"
+    assert closures.last_path.startswith("closures")
+    rng = np.random.default_rng(3)
+    opt_g, opt_c = AdamW(lr=3e-3), AdamW(lr=3e-3)
+    for _ in range(5):
+        feeds = {"tokens": rng.integers(0, 16, (8, 8)), "targets": rng.integers(0, 16, (8, 8))}
+        lg = graph.step(feeds, optimizer=opt_g).loss
+        lc = closures.step(feeds, optimizer=opt_c).loss
+        np.testing.assert_allclose(lg, lc, rtol=1e-3)
+    res_g, res_c = graph.step(feeds), closures.step(feeds)
+    for k, v in res_g.grads.items():
+        assert np.isfinite(v).all() and np.abs(v).max() > 0, k
+        np.testing.assert_allclose(v, res_c.grads[k], rtol=2e-2, atol=2e-3 * np.abs(v).max(), err_msg=k)
+    for k, v in graph.params.items():
+        np.testing.assert_allclose(v, closures.params[k], rtol=1e-3, atol=1e-4, err_msg=k)
+    assert graph.loss_scaler.scale == closures.loss_scaler.scale
+
+
+def test_the_graph_step_stays_one_submit(vk_device):
+    sess = gpt().compile(device="vulkan", dtype="mixed", backward="graph")
+    rng = np.random.default_rng(4)
+    feeds = {"tokens": rng.integers(0, 16, (8, 8)), "targets": rng.integers(0, 16, (8, 8))}
+    opt = AdamW(lr=1e-3)
+    sess.step(feeds, optimizer=opt)
+    stats = sess.device.stats
+    before = stats["submits"]
+    sess.step(feeds, optimizer=opt, grads=False)
+    assert stats["submits"] - before == 1
+    text = sess.explain().text()
+    assert "precision (mixed)" in text and "loss (cross_entropy)" in text
+    d = sess.explain().to_dict()
+    assert d["dtype"] == "mixed" and d["precision"]["loss_scale"]["scale"] == 65536.0
+    assert d["precision"]["master_params"] == len(sess.graph.params)
+
+
+def test_mixed_needs_a_loss_scaler_only_with_mixed():
+    with pytest.raises(fg.FlowError, match="loss_scale"):
+        fg.loads(LINEAR).compile(device="cpu", loss_scale=LossScaler())
+    with pytest.raises(fg.FlowError, match="backoff"):
+        LossScaler(backoff=2.0)
+    with pytest.raises(fg.FlowError, match="'f32', 'f16' or 'mixed'"):
+        fg.loads(LINEAR).compile(device="cpu", dtype="bf16")
+
+
+@pytest.mark.slow
+def test_tiny_gpt_reaches_99_percent_on_reverse_in_mixed(tmp_path):
+    res = fg.train(fg.load(MODELS / "tiny_gpt.flow"), device="cpu", dtype="mixed", out=tmp_path, progress=False)
+    print(f"\nmixed tiny_gpt: {res.steps} steps in {res.seconds:.1f} s, token accuracy "
+          f"{res.metrics['token_accuracy']:.2%}, skipped {res.session.loss_scaler.skipped}")
+    assert res.metrics["token_accuracy"] >= 0.99
+
+
+def test_a_checkpoint_keeps_the_loss_scale(tmp_path):
+    model = fg.loads(LINEAR)
+    sess = model.compile(device="cpu", dtype="mixed")
+    rng = np.random.default_rng(5)
+    opt = Adam(lr=1e-2)
+    sess.step(linear_feeds(rng), optimizer=opt)
+    with np.errstate(invalid="ignore"):
+        sess.step(linear_feeds(rng, bad=True), optimizer=opt)
+    sess.save_checkpoint(tmp_path / "c.safetensors")
+    again = model.compile(device="cpu", dtype="mixed")
+    again.load_checkpoint(tmp_path / "c.safetensors")
+    assert again.loss_scaler.state() == sess.loss_scaler.state() == {"scale": 32768.0, "good_steps": 0,
+                                                                      "skipped": 1}
+
+
+def test_the_bench_twin_runs_the_f32_model_under_autocast():
+    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    from flowgrad.exec_vulkan.bench import feeds_for, time_torch
+    from flowgrad.torch_twin import TorchTwin
+
+    model = gpt()
+    sess = model.compile(device="cpu", dtype="mixed")
+    twin = TorchTwin(model.build("f32"), sess.params)
+    feeds = feeds_for(sess.graph)
+    tfeeds = twin.feeds(feeds)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = float(twin.forward(tfeeds)[0].detach())
+    np.testing.assert_allclose(loss, sess.step(feeds).loss, rtol=2e-2)
+    assert time_torch(twin, tfeeds, 1, compiled=False, amp="bf16") > 0
