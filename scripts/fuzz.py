@@ -426,6 +426,12 @@ def mapped_bytes() -> int:
 def worker(conn, seed: int, device: str, mem_bytes: int):
     import resource
 
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
+    # workers run side by side, a core each: BLAS threads of their own would
+    # spin against each other and turn a 1 s case into a 10 s "hang"
+    threadpool_limits(1)
+
     if mem_bytes:
         # on top of what the interpreter maps already: that differs by machine (thread
         # stacks and BLAS buffers per core, packages imported), so an absolute cap

@@ -110,7 +110,8 @@ def test_head_widths(kernels, batch, sq, sk, d, heads, causal):
     (1, 1, 1, 8, 1), (2, 1, 5, 16, 2), (2, 5, 1, 16, 2),   # a single query or key
     (1, 200, 200, 16, 2),                                   # many tiles each way
     (2, 7, 13, 24, 3), (2, 13, 7, 24, 3),                   # sq != sk
-    (1, 70, 33, 128, 2),                                    # past tile edges in the MAXD 128 build
+    (1, 70, 33, 128, 2),                                    # past tile edges in the MAXD 64 build
+    (1, 29, 37, 200, 2),                                    # past tile edges in the MAXD 128 build
 ])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sequence_lengths(kernels, batch, sq, sk, d, heads, causal):

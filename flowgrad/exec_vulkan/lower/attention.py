@@ -25,13 +25,13 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 # Tile configuration per head-width bound MAXD and kernel: (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
 # Chosen to fit 32 KiB of shared memory (lavapipe's limit; NVIDIA has 48)
-# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 row
-# was picked on an H200 from eight candidate tables (bench/attention_tiles.py;
-# the numbers are in bench/MATMUL_NOTES.md).
+# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 and
+# 128 rows were picked on an H200 from eight and five candidate tables
+# (bench/attention_tiles.py; the numbers are in bench/MATMUL_NOTES.md).
 TILES = {
     32: {"fwd": (64, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
     64: {"fwd": (32, 32, 16, 2), "bwd_dq": (32, 32, 16, 1), "bwd_dkdv": (32, 16, 16, 0)},
-    128: {"fwd": (16, 16, 16, 2), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (8, 16, 16, 0)},
+    128: {"fwd": (32, 16, 16, 1), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (12, 16, 16, 0)},
     256: {"fwd": (8, 8, 8, 2), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
 }
 HEAD_BOUNDS = tuple(sorted(TILES))

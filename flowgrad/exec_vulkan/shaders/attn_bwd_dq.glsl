@@ -104,19 +104,26 @@ void main() {
     vec4 acc[RQ][CPT];
     for (uint a = 0u; a < RQ; ++a)
         for (uint y = 0u; y < CPT; ++y) acc[a][y] = vec4(0.0);
+    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    FETCH_TILE(nk, k, p.sk, 0u, b, h);
+    FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        bool more = j0 + BC < jend;
         barrier();
-        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, VOFF, nv);
 #if KV_SLOTS == 2
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif
         barrier();
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
         float dpv[RQ][KPT];
         TILE_DOTS(dpv, Gs, rg * RQ, KVs, (VOFF / PAD) + c, CT, nc);
 #if KV_SLOTS == 1
         barrier();  // V is no longer read
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
         barrier();
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif
         vec4 dsv[KPT];
         float sc[RQ][KPT];

@@ -37,13 +37,19 @@ void main() {
     }
 
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    FETCH_TILE(nk, k, p.sk, 0u, b, h);
+    FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        bool more = j0 + BC < jend;
         barrier();  // the previous tile is no longer read
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
 #if KV_SLOTS == 2
-        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, VOFF, nv);
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
         float s[RQ][KPT];
         TILE_DOTS(s, Qs, rg * RQ, KVs, c, CT, nc);
         vec4 tmax = vec4(NEG_INF);
@@ -73,7 +79,8 @@ void main() {
         for (uint x = 0u; x < KPT; ++x) Pt[(c + CT * x) * RG + rg] = pv[x];
 #if KV_SLOTS == 1
         barrier();  // K is no longer read
-        LOAD_TILE(KVs, 0u, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nv);
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();
         uint cnt = min(uint(BC), p.sk - j0);
