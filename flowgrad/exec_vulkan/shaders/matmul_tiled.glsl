@@ -15,12 +15,12 @@
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
 //
-// A shader whose operands are not strided matrices (conv.comp: image patches
-// gathered on the fly) defines GEMM_OPERANDS, declares its own buffers a, b,
-// c (and vec4 views a4, b4, c4) and push block, and defines what the block
-// below defines for matrices: the sizes, each operand's memory order and
-// element (a_at, b_at), the vector forms (never used where *_VEC is false),
-// and the store of one output element.
+// A shader whose operands are not strided matrices (conv_gemm.glsl: image
+// patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
+// push block, and what the block below defines for matrices: the sizes,
+// each operand's memory order and elements (a_at, b_at), the vector forms
+// (a_vec, b_vec, store_c4; never called where A_VEC, B_VEC, C_VEC are
+// false), and the store of one output element (store_c).
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #ifdef F16
