@@ -417,6 +417,12 @@ def classify(case: dict, device: str) -> tuple[str, str]:
 def worker(conn, seed: int, device: str, mem_bytes: int):
     import resource
 
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
+    # workers run side by side, a core each: BLAS threads of their own would
+    # spin against each other and turn a 1 s case into a 10 s "hang"
+    threadpool_limits(1)
+
     if mem_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
     parent = os.getppid()
