@@ -52,13 +52,15 @@ class Model:
         return Model(self.program, {**self.overrides, **overrides})
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False, loss_scale=None):
+                check_finite: bool = False, loss_scale=None, fusion: bool = True):
         """dtype: "f32", "f16" (every declared-f32 tensor in f16), or "mixed"
         (f16 compute, f32 master params and optimizer state, f32 losses, and
         dynamic loss scaling). check_finite: stop at the first step with a
         non-finite loss or gradient, naming the node that produced it
         (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
-        (flowgrad.training.loss_scale) to use instead of GradScaler's defaults."""
+        (flowgrad.training.loss_scale) to use instead of GradScaler's defaults.
+        fusion=False: the graph path runs every pointwise op as its own
+        dispatch (to compare with the fused chains)."""
         if not isinstance(dtype, str) or dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {dtype!r}")
         from flowgrad.training.loss_scale import LossScaler
@@ -76,7 +78,7 @@ class Model:
 
         check_host_memory(graph)
         dev = open_device(device)
-        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype)
+        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype, fusion=bool(fusion))
         if plan.path != "graph" and backward == "graph":
             raise GraphPathRefused(
                 "backward='graph' was asked for, but the planner refused the graph path:\n"

@@ -68,9 +68,12 @@ def _check_leaf(node: Node) -> None:
 
 
 def _check_op(graph: Graph, node: Node) -> None:
-    from flowgrad.ops import OPS, OpTypeError
+    from flowgrad.ops import OpTypeError, get_op
 
-    op = OPS.get(node.op)
+    try:
+        op = get_op(node.op)
+    except KeyError:
+        op = None
     if op is None:
         raise _bad(node, f"{node.op!r} is not a registered op")
     names = {a.name for a in op.args if a.kind == "attr"}

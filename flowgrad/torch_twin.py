@@ -12,6 +12,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.ops.random import RNG_INPUT
 from flowgrad.ops.registry import REQUIRED, get_op
 
 
@@ -87,27 +88,92 @@ def _attention(torch, node, ins, at):
     return out if batched else out[0]
 
 
+def _trailing(ins):
+    """The trailing axes a norm's weight spans."""
+    return tuple(range(ins[0].dim() - ins[1].dim(), ins[0].dim()))
+
+
 def _rmsnorm(torch, node, ins, at):
     x, w = ins
-    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + at["eps"]) * w
+    eps = torch.finfo(x.dtype).eps if at["eps"] is None else at["eps"]
+    return x * torch.rsqrt((x * x).mean(dim=_trailing(ins), keepdim=True) + eps) * w
 
 
-def _cross_entropy(torch, node, ins, at):
-    logits, targets = ins
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+def _classes_last(x, axis):
+    """[rows, C] with the class axis last, as torch's losses take it flattened."""
+    return x.movedim(axis, -1).reshape(-1, x.shape[axis])
+
+
+def _class_loss(fn, smoothing):
+    def run(torch, node, ins, at):
+        scores, targets, *weight = ins
+        kw = {"label_smoothing": at["label_smoothing"]} if smoothing else {}
+        return fn(torch)(_classes_last(scores, at["axis"]), targets.reshape(-1).long(),
+                         weight=weight[0].detach() if weight else None,  # no gradient, in either
+                         ignore_index=at["ignore_index"], **kw)
+    return run
+
+
+def _dropout(torch, node, ins, at):
+    """Training follows the random-state input; torch draws its own mask, so
+    only an eval step (or p = 0) computes what flowgrad computes."""
+    x, training = ins
+    return torch.nn.functional.dropout(x, at["p"], training=bool(training))
+
+
+def _batchnorm(torch, node, ins, at):
+    """Running statistics updated in place in training, as flowgrad's state."""
+    x, w, b, mean, var, training = ins
+    return torch.nn.functional.batch_norm(x, mean, var, w, b, bool(training), at["momentum"], at["eps"])
+
+
+def _f(name, *keys):
+    """torch.nn.functional.name(inputs..., key=attr...)."""
+    return lambda torch, node, ins, at: getattr(torch.nn.functional, name)(*ins, **{k: at[k] for k in keys})
+
+
+def _as_node_dtype(fn):
+    return lambda torch, node, ins, at: fn(torch, node, ins, at).to(_dtypes(torch)[node.dtype])
+
+
+def _compare(name):
+    return _as_node_dtype(lambda torch, node, ins, at: getattr(torch, name)(ins[0], ins[1]))
 
 
 LOWER = {
-    **{n: _binary(n) for n in ("add", "sub", "mul", "div", "matmul")},
-    **{n: _unary(n) for n in ("neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "silu")},
+    **{n: _binary(n) for n in ("add", "sub", "mul", "div", "matmul", "maximum", "minimum")},
+    **{n: _unary(n) for n in ("neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "silu", "abs", "erf")},
     **{n: _reduce(f) for n, f in (("sum", "sum"), ("mean", "mean"), ("max", "amax"))},
+    **{n: _compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "where": lambda torch, node, ins, at: torch.where(ins[0] != 0, ins[1], ins[2]),
+    "clamp_min": lambda torch, node, ins, at: torch.clamp(ins[0], min=at["min"]),
+    "clamp_max": lambda torch, node, ins, at: torch.clamp(ins[0], max=at["max"]),
     "gelu": lambda torch, node, ins, at: torch.nn.functional.gelu(ins[0], approximate=at["approximate"]),
+    "softplus": _f("softplus", "beta", "threshold"),
+    "leaky_relu": _f("leaky_relu", "negative_slope"),
+    "elu": _f("elu", "alpha"),
     "pow": lambda torch, node, ins, at: torch.pow(ins[0], at["exponent"]),
     "softmax": lambda torch, node, ins, at: torch.softmax(ins[0], dim=at["axis"]),
     "log_softmax": lambda torch, node, ins, at: torch.log_softmax(ins[0], dim=at["axis"]),
+    "argmax": _as_node_dtype(lambda torch, node, ins, at: torch.argmax(ins[0], dim=at["axis"],
+                                                                      keepdim=at["keepdims"])),
+    "topk": lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).values,
+    "topk_indices": _as_node_dtype(lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).indices),
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
-        ins[0], (ins[0].shape[-1],), ins[1], ins[2], at["eps"]),
+        ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,
+    "batchnorm": _batchnorm,
+    "groupnorm": lambda torch, node, ins, at: torch.nn.functional.group_norm(ins[0], at["groups"], ins[1], ins[2],
+                                                                             at["eps"]),
+    "dropout": _dropout,
+    "conv2d": _f("conv2d", "stride", "padding", "dilation", "groups"),
+    "conv1d": _f("conv1d", "stride", "padding", "dilation", "groups"),
+    "conv_transpose2d": _f("conv_transpose2d", "stride", "padding", "output_padding", "groups", "dilation"),
+    "maxpool2d": _f("max_pool2d", "kernel_size", "stride", "padding"),
+    "avgpool2d": _f("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
+    "adaptive_avgpool2d": _f("adaptive_avg_pool2d", "output_size"),
+    "flatten": lambda torch, node, ins, at: torch.flatten(ins[0], at["start_dim"], at["end_dim"]),
+    "pad": lambda torch, node, ins, at: torch.nn.functional.pad(ins[0], tuple(at["pad"]), value=at["value"]),
     "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
     "reshape": lambda torch, node, ins, at: ins[0].reshape(node.shape),
     "transpose": lambda torch, node, ins, at: ins[0].transpose(at["dim0"], at["dim1"]),
@@ -116,10 +182,31 @@ LOWER = {
     "concat": lambda torch, node, ins, at: torch.cat(ins, dim=at["axis"]),
     "cast": lambda torch, node, ins, at: ins[0].to(_dtypes(torch)[node.dtype]),
     "attention": _attention,
-    "mse_loss": lambda torch, node, ins, at: torch.nn.functional.mse_loss(ins[0], ins[1]),
-    "cross_entropy": _cross_entropy,
+    "mse_loss": _f("mse_loss"),
+    "l1_loss": _f("l1_loss"),
+    "huber_loss": _f("huber_loss", "delta"),
+    "bce_with_logits": _f("binary_cross_entropy_with_logits"),
+    "cross_entropy": _class_loss(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
+    "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
 }
 
+
+# What each op is in PyTorch (the doc's op table shows it): the call LOWER makes,
+# F. for torch.nn.functional.
+COUNTERPART = {
+    **{n: f"torch.{n}" for n in ("add", "sub", "mul", "div", "matmul", "maximum", "minimum", "where", "neg", "exp",
+                                 "log", "sqrt", "tanh", "sigmoid", "abs", "erf", "sum", "mean", "softmax",
+                                 "log_softmax", "argmax", "eq", "ne", "lt", "le", "gt", "ge", "reshape", "transpose",
+                                 "permute", "flatten")},
+    **{n: f"F.{n}" for n in ("relu", "silu", "gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
+                             "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},
+    "layernorm": "F.layer_norm", "groupnorm": "F.group_norm", "rmsnorm": "F.rms_norm", "batchnorm": "F.batch_norm",
+    "max": "torch.amax", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
+    "clamp_max": "torch.clamp(max=)", "topk": "torch.topk(...).values", "topk_indices": "torch.topk(...).indices",
+    "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
+    "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
+    "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
+}
 
 def _attrs(node) -> dict:
     defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
@@ -128,7 +215,11 @@ def _attrs(node) -> dict:
 
 class TorchTwin:
     """graph's forward as torch ops on `device`, params initialised from
-    `params` (numpy arrays, e.g. a flowgrad session's get_params())."""
+    `params` (numpy arrays, e.g. a flowgrad session's get_params()). `state`
+    declarations (running statistics) are tensors without gradients that
+    the ops update in place. The random-state input flowgrad feeds itself
+    becomes the step's kind: forward(training=...) (a step is training by
+    default, as a flowgrad step that computes gradients)."""
 
     def __init__(self, graph: Graph, params: dict[str, np.ndarray], device: str = "cpu"):
         torch = require_torch()
@@ -137,7 +228,8 @@ class TorchTwin:
             raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
                             hint="flowgrad.torch_twin.LOWER lists the ops it maps")
         self.torch, self.graph, self.device = torch, graph, device
-        self.params = {name: torch.tensor(np.asarray(params[name]), device=device).requires_grad_(True)
+        trainable = graph.trainable()
+        self.params = {name: torch.tensor(np.asarray(params[name]), device=device).requires_grad_(name in trainable)
                        for name in graph.params}
         self.consts = {n.id: torch.tensor(np.asarray(n.attrs["value"]), device=device)
                        for n in graph.nodes if n.op == "const"}
@@ -146,12 +238,14 @@ class TorchTwin:
     def feeds(self, feeds: dict[str, np.ndarray]) -> dict:
         return {name: self.torch.tensor(np.asarray(a), device=self.device) for name, a in feeds.items()}
 
-    def forward(self, feeds: dict) -> tuple:
+    def forward(self, feeds: dict, training: bool = True) -> tuple:
         """(loss or None, {output name: tensor}) for torch-tensor feeds."""
         g, vals = self.graph, {}
         names = {i: name for name, i in g.inputs.items()} | {i: name for name, i in g.params.items()}
         for node, fn, at in self._steps:
-            if node.op == "input":
+            if node.op == "input" and node.name == RNG_INPUT:
+                vals[node.id] = training
+            elif node.op == "input":
                 vals[node.id] = feeds[names[node.id]]
             elif node.op == "param":
                 vals[node.id] = self.params[names[node.id]]
@@ -171,4 +265,4 @@ class TorchTwin:
 
     def grads(self) -> dict[str, np.ndarray]:
         return {name: (np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.detach().cpu().numpy())
-                for name, p in self.params.items()}
+                for name, p in self.params.items() if p.requires_grad}

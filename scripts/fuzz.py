@@ -414,11 +414,30 @@ def classify(case: dict, device: str) -> tuple[str, str]:
     return "valid", ""
 
 
+def mapped_bytes() -> int:
+    """This process's virtual size (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
 def worker(conn, seed: int, device: str, mem_bytes: int):
     import resource
 
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
+    # workers run side by side, a core each: BLAS threads of their own would
+    # spin against each other and turn a 1 s case into a 10 s "hang"
+    threadpool_limits(1)
+
     if mem_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        # on top of what the interpreter maps already: that differs by machine (thread
+        # stacks and BLAS buffers per core, packages imported), so an absolute cap
+        # would leave a 16-core machine less room than a 2-core one
+        cap = mapped_bytes() + mem_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     parent = os.getppid()
     while True:
         while not conn.poll(1.0):
@@ -548,7 +567,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
     p.add_argument("--timeout", type=float, default=5.0, help="seconds a case may take")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--mem-mb", type=int, default=3072, help="address-space cap per worker")
+    p.add_argument("--mem-mb", type=int, default=3072, help="address space a worker may map beyond what it maps at start")
     p.add_argument("--case", type=int, help="run one case here and show it")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))

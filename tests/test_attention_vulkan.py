@@ -2,7 +2,10 @@
 the op's numpy forward and VJP in float64: causality, head widths 8..256
 (every kernel build), sequence lengths across tile edges, sq != sk, every
 mask shape, additive and boolean masks, and fully masked rows (output 0,
-gradient 0). Each check first asserts the lowering ran, not numpy."""
+gradient 0). Each check first asserts the lowering ran, not numpy. The
+backward runs both ways: in its own recording (recomputing each row's
+log-sum-exp) and recorded after the forward in one recording, as the graph
+path does (reading the lse the forward saved)."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +36,33 @@ def wide(x):
     return x if x.dtype == np.int32 else x.astype(np.float64)
 
 
+def one_recording(device, node, ins, g):
+    """Forward then backward recorded into one command buffer (the graph
+    path's order): the backward reads the lse the forward kept."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    with OneShot(device) as s:
+        views = [s.upload(x) for x in ins]
+        out = s.empty(node.shape, node.dtype)
+        g_view = s.upload(g)
+        grads = [s.empty(v.shape, v.dtype) for v in views[:3]] + [None] * (len(ins) - 3)
+        with s.rec.section("a", "forward"):
+            attn_low.ATTENTION.forward(s.rec, node, views, out)
+        with s.rec.section("a", "backward"):
+            attn_low.ATTENTION.backward(s.rec, node, g_view, views, out, grads)
+        stats = s.rec.kept(attn_low._stats_key(node))
+        assert stats is not None and any(c.views[-1] == stats for c in s.rec.commands
+                                         if getattr(c, "shader", "").startswith("attn_bwd_dq")), \
+            "the dq pass did not bind the forward's saved lse"
+        for v in [out, *grads[:3]]:
+            s.download(v)
+        out, *grads = s.run()
+    return out, grads + [None] * (len(ins) - 3)
+
+
 def check(kernels, ins, attrs, dtype=np.float32, seed=0):
-    """Vulkan forward and VJP against float64 numpy; returns (out, grads)."""
+    """Vulkan forward and VJP against float64 numpy, the backward in its own
+    recording and after the forward in one; returns (out, grads) of the first."""
     node = node_of(ins, attrs)
     out = kernels.forward(node, ins)
     assert "attention" not in kernels.on_numpy, "attention forward ran on numpy, not its lowering"
@@ -43,6 +71,13 @@ def check(kernels, ins, attrs, dtype=np.float32, seed=0):
     grads = kernels.vjp(node, g, ins, out)
     assert "attention" not in kernels.on_numpy, "attention backward ran on numpy, not its lowering"
     want = ATT.vjp(g.astype(np.float64), [wide(x) for x in ins], ref, attrs)
+    _compare(ins, g, (out, grads), (ref, want), dtype)
+    _compare(ins, g, one_recording(kernels.device, node, ins, g), (ref, want), dtype)
+    return out, grads
+
+
+def _compare(ins, g, got, want, dtype):
+    (out, grads), (ref, want) = got, want
     tol = TOL[dtype]
     # A gradient that is exactly 0 (dq with one key: softmax is flat) comes out
     # as the rounding of terms of size |g| |v| |k| that cancel, so that is its scale.
@@ -53,7 +88,6 @@ def check(kernels, ins, attrs, dtype=np.float32, seed=0):
         scale = float(np.abs(w).max()) or floor
         np.testing.assert_allclose(got.astype(np.float64), w, rtol=tol, atol=tol * scale, err_msg=name)
     assert all(d is None for d in grads[3:])
-    return out, grads
 
 
 def qkv(rng, batch, sq, sk, d, dtype=np.float32):
@@ -76,7 +110,8 @@ def test_head_widths(kernels, batch, sq, sk, d, heads, causal):
     (1, 1, 1, 8, 1), (2, 1, 5, 16, 2), (2, 5, 1, 16, 2),   # a single query or key
     (1, 200, 200, 16, 2),                                   # many tiles each way
     (2, 7, 13, 24, 3), (2, 13, 7, 24, 3),                   # sq != sk
-    (1, 70, 33, 128, 2),                                    # past tile edges in the MAXD 128 build
+    (1, 70, 33, 128, 2),                                    # past tile edges in the MAXD 64 build
+    (1, 29, 37, 200, 2),                                    # past tile edges in the MAXD 128 build
 ])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sequence_lengths(kernels, batch, sq, sk, d, heads, causal):

@@ -205,3 +205,15 @@ def test_bad_data_settings(value, message):
     with pytest.raises(FlowError) as e:
         make_data(value, SPAN)
     assert message in str(e.value)
+
+
+def test_a_huge_sequence_task_is_refused_by_the_model_not_computed():
+    """seq=10**9 once hung: (vocab-1)**(seq/2) has half a billion digits, and
+    the held-out rows would not fit in memory. Now both wait for the model."""
+    from flowgrad.training.data import SequenceTask
+
+    task = SequenceTask("reverse", seq=10**9, vocab=16)
+    with pytest.raises(FlowError, match="makes rows of 1000000000 tokens"):
+        task.check_role("tokens", "tokens", TensorType((4, 16), "i32"), [])
+    with pytest.raises(FlowError, match="only 3 distinct sequences exist"):
+        SequenceTask("reverse", seq=2, vocab=4)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
+from flowgrad.dtypes import NUMPY_DTYPE
 
 PATHS = [("cpu", "auto"), ("vulkan", "closures"), ("vulkan", "graph")]
 IDS = ["numpy", "vk-closures", "vk-graph"]
@@ -71,17 +72,25 @@ def test_a_flagged_graph_step_names_the_first_bad_node_in_step_order(vk_device):
     assert e.value.span.where() == "idx.flow:4:6", str(e.value)
 
 
+CASTS = {"f32": ([np.nan, 1e10, -1e10, 2.0**31, -7.9, 7.9], [-2**31, -2**31, -2**31, -2**31, -7, 7]),
+         "f16": ([np.nan, np.inf, -np.inf, 6e4, -7.9, 7.9], [-2**31, -2**31, -2**31, 60000, -7, 7])}
+
+
+@pytest.mark.parametrize("dtype", sorted(CASTS))
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
-def test_a_cast_to_i32_of_nan_or_past_the_range_is_int_min_on_every_path(device):
+def test_a_cast_to_i32_of_nan_or_past_the_range_is_int_min_on_every_path(device, dtype):
     if device == "vulkan":
         pytest.importorskip("vulkan")
-    text = "input f: f32[6]\nc = cast(f, i32)\noutput c\n"
-    f = np.array([np.nan, 1e10, -1e10, 2.0**31, -7.9, 7.9], np.float32)
+    text = f"input f: {dtype}[6]\nc = cast(f, i32)\noutput c\n"
+    values, want = CASTS[dtype]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sess = fg.loads(text).compile(device=device)
-    got = sess.step({"f": f}, grads=False).outputs["c"]
-    np.testing.assert_array_equal(got, [-2**31, -2**31, -2**31, -2**31, -7, 7])
+        sess = fg.loads(text).compile(device=device, dtype=dtype)
+        f = np.array(values, NUMPY_DTYPE[dtype])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no overflow in the cast itself
+        got = sess.step({"f": f}, grads=False).outputs["c"]
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)

@@ -30,6 +30,15 @@ def test_the_docs_op_table_shows_every_builtin_op_once():
     assert "| `gelu` | `(x, approximate=\"none\")` |" in table
 
 
+def test_every_builtin_op_names_its_pytorch_counterpart_and_has_a_twin():
+    from flowgrad.torch_twin import COUNTERPART, LOWER  # imports no torch
+
+    assert set(COUNTERPART) == set(BUILTIN)
+    # an op built from others (clamp) never reaches a graph, so it needs no twin of its own
+    assert {n for n in BUILTIN if get_op(n).decompose is None} <= set(LOWER)
+    assert "| `conv2d` |" in doc.op_table() and "| `F.conv2d` |" in doc.op_table()
+
+
 def test_nondiff_inputs():
     assert {n: set(op.nondiff) for n, op in OPS.items() if op.nondiff} == {
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},

@@ -30,19 +30,74 @@ def check_twin(sess, feeds, rtol=1e-4):
         np.testing.assert_allclose(grads[name], g, rtol=rtol, atol=rtol * scale, err_msg=name)
 
 
-NO_TWIN = {"cnn"}  # convolution, pooling, batch norm and dropout have no twin yet
-
-
-@pytest.mark.parametrize("path", [p for p in MODELS if p.stem not in NO_TWIN], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
 def test_twin_matches_the_example_models(path):
-    sess = fg.load(path).compile(device="cpu")
+    # dropout draws torch's own masks: with p = 0 a training step is deterministic
+    model = fg.load(path)
+    sess = (fg.load(path, config={"drop": 0.0}) if "drop" in model.config else model).compile(device="cpu")
     check_twin(sess, feeds_for(sess.graph, seed=1))
 
 
-def test_a_model_without_a_twin_names_its_ops():
-    sess = fg.load(next(p for p in MODELS if p.stem == "cnn")).compile(device="cpu")
-    with pytest.raises(FlowError, match="no PyTorch twin for op.*conv2d"):
-        TorchTwin(sess.graph, sess.params)
+def test_cnn_twin_trains_the_running_statistics_and_evaluates_as_flowgrad():
+    path = next(p for p in MODELS if p.stem == "cnn")
+    sess = fg.load(path, config={"batch": 8, "drop": 0.0}).compile(device="cpu")
+    feeds = feeds_for(sess.graph, seed=4)
+    twin = TorchTwin(sess.graph, sess.params)
+    for _ in range(2):  # the second step starts from the first one's running statistics
+        sess.step(feeds)
+        twin.step(twin.feeds(feeds))
+    for name in sess.graph.params:
+        if "running" in name:
+            np.testing.assert_allclose(twin.params[name].detach().numpy(), sess.params[name], rtol=1e-5,
+                                       atol=1e-6, err_msg=name)
+    # eval: dropout (now active, p = 0.25) is the identity and batch norm uses the running statistics
+    sess = fg.load(path, config={"batch": 8}).compile(device="cpu")
+    sess.set_params({k: twin.params[k].detach().numpy() for k in sess.graph.params})
+    twin = TorchTwin(sess.graph, sess.params)
+    want = sess.step(feeds, grads=False)
+    loss, outs = twin.forward(twin.feeds(feeds), training=False)
+    np.testing.assert_allclose(float(loss.detach()), want.loss, rtol=1e-5)
+    np.testing.assert_allclose(outs["logits"].detach().numpy(), want.outputs["logits"], rtol=1e-4, atol=1e-5)
+
+
+LAYERS = """
+model layers
+config { batch = 3 }
+input x: f32[batch, 2, 9, 7]
+input y: i32[batch]
+input t: f32[batch, 5]
+param w1: f32[4, 2, 3, 3] = normal(std=0.3)
+param b1: f32[4] = normal(std=0.1)
+param w2: f32[6, 2, 2, 2] = normal(std=0.3)
+param wt: f32[6, 2, 2, 2] = normal(std=0.3)
+param w3: f32[1, 2, 3] = normal(std=0.3)
+param gg: f32[2] = normal(std=0.5)
+param gb: f32[2] = normal(std=0.5)
+param lw: f32[2, 9] = normal(std=0.5)
+param lb: f32[2, 9] = normal(std=0.5)
+param cw: f32[5] = uniform(low=0.5, high=1.5)
+param head: f32[35, 5] = normal(std=0.3)
+h = leaky_relu(conv2d(pad(x, [1, 0, 0, 1]), w1, b1, padding="same"), negative_slope=0.1)
+h = elu(conv2d(maxpool2d(h, 3, stride=2, padding=1), w2, stride=[1, 2], groups=2), alpha=0.7)
+u = groupnorm(conv_transpose2d(h, wt, stride=2, output_padding=1), gg, gb, 2)
+s = flatten(avgpool2d(h, 2, stride=1, count_include_pad=false), start_dim=1)
+g = flatten(adaptive_avgpool2d(u, [2, 2]), start_dim=1)
+c = flatten(conv1d(layernorm(reshape(s, [batch, 2, 9]), lw, lb), w3, padding=1), start_dim=1)
+logits = softplus(concat(s, g, c, axis=-1) @ head, beta=2.0)
+k = clamp(maximum(logits, t) - minimum(logits, abs(t)), min=-0.5, max=2.0)
+ce = cross_entropy(transpose(logits, 0, 1), y, weight=cw, label_smoothing=0.1, axis=0, ignore_index=1)
+loss = ce + nll_loss(log_softmax(logits), y, weight=cw) + huber_loss(k, t, delta=0.5) + l1_loss(erf(k), t) + \
+       bce_with_logits(where(gt(t, 0.0), logits, k), sigmoid(t)) + mean(dropout(k, p=0.0))
+output logits
+minimize loss
+"""
+
+
+def test_twin_of_the_layer_ops():
+    sess = fg.loads(LAYERS, file="layers.flow").compile(device="cpu")
+    feeds = feeds_for(sess.graph, seed=5)
+    feeds["y"] = np.array([0, 1, 4], np.int32)  # one ignored target
+    check_twin(sess, feeds)
 
 
 MASKED = """

@@ -3,11 +3,13 @@
 the same Vulkan device; with compare="torch", also its PyTorch twin
 (flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
 same process, eager and under torch.compile(mode="reduce-overhead"), after
-checking that the twin's first loss equals flowgrad's. Under dtype="mixed"
-the twin is the f32 model run as PyTorch AMP runs it, eager (torch.autocast
-in f16 with a GradScaler, and in bf16), beside its plain f32 eager step. Prints median step
-times and their ratios, and what each flowgrad path sends to the device per
-step (submits, dispatches, host transfers).
+checking that the twin's first loss equals flowgrad's (in an eval step
+when the model has random ops: torch draws its own dropout masks). Under
+dtype="mixed" the twin is the f32 model run as PyTorch AMP runs it, eager
+(torch.autocast in f16 with a GradScaler, and in bf16), beside its plain
+f32 eager step. Prints median step times and their ratios, and what each
+flowgrad path sends to the device per step (submits, dispatches, host
+transfers).
 
 A flowgrad step returns the gradients to the host (the API default); a
 PyTorch step leaves them on the GPU.
@@ -23,6 +25,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
+from flowgrad.ops.random import RNG_INPUT
 
 MODEL = "tiny_gpt"      # a shipped model: resolved by fg.load wherever flowgrad is installed
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
@@ -100,16 +103,19 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     twin = TorchTwin(graph, graph_sess.params, device="cuda")
     tfeeds = twin.feeds({k: np.asarray(v, np.float32) if graph.nodes[graph.inputs[k]].dtype == "f32" else v
                          for k, v in feeds.items()})
-    want = graph_sess.step(feeds).loss
+    # dropout draws torch's own masks in training: a model with random ops is checked in eval
+    training = RNG_INPUT not in {n.name for n in graph.nodes if n.op == "input"}
+    want = graph_sess.step(feeds, grads=training).loss
     if mixed:
         with torch.autocast("cuda", dtype=torch.float16):
-            got = float(twin.forward(tfeeds)[0].detach())
+            got = float(twin.forward(tfeeds, training=training)[0].detach())
     else:
-        got = float(twin.forward(tfeeds)[0].detach())
+        got = float(twin.forward(tfeeds, training=training)[0].detach())
     tol = 2e-2 if mixed else 1e-4   # f16 rounding, in different places on each side
     if abs(got - want) > tol * max(1.0, abs(want)):
         raise FlowError(f"the PyTorch twin's loss {got!r} differs from flowgrad's {want!r}: not timing it")
-    out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got}
+    out = {"device": torch.cuda.get_device_name(), "loss_flowgrad": want, "loss_torch": got,
+           "checked_in": "training" if training else "eval"}
     rows = [("eager", False, None), ("compile", True, None)]
     if mixed:
         rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
@@ -168,7 +174,8 @@ def report(r: dict) -> str:
     if t is not None and "skipped" in t:
         lines.append(f"PyTorch: skipped ({t['skipped']})")
     elif t is not None:
-        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}):")
+        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, "
+                     f"{t['checked_in']} step):")
         g = r["graph"]["seconds"]
         amp = "amp_f16" in t   # mixed: the twin's plain eager step is the f32 model's
         for name, label in (("eager", "eager f32" if amp else "eager"), ("amp_f16", "AMP f16 eager"),

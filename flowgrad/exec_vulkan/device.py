@@ -12,11 +12,13 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
-from flowgrad.exec_vulkan.discovery import COOPMAT_EXT, compute_family, describe, features, physical_devices
+from flowgrad.exec_vulkan.discovery import (COOPMAT_EXT, _extensions, compute_family, describe, features,
+                                            physical_devices)
 from flowgrad.exec_vulkan import faults
 from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
 from flowgrad.exec_vulkan.spirv import shader_info
 
+STATS_EXT = "VK_KHR_pipeline_executable_properties"
 PUSH_BYTES = 128                            # every pipeline layout has one 128-byte push range
 FENCE_TIMEOUT_NS = 600 * 10**9
 
@@ -58,6 +60,10 @@ class Device:
         self._abandoned_fences: list = []   # fences that timed out: never reused
         self.lost: str | None = None        # why the device can't be used any more, once it can't
         self.objects: collections.Counter = collections.Counter()   # live buffers and command buffers
+        # FLOWGRAD_VK_PIPELINE_STATS=1: pipelines keep the driver's statistics (registers,
+        # spills, shared memory), for tuning kernels; see pipeline_statistics
+        self.capture_stats = (os.environ.get("FLOWGRAD_VK_PIPELINE_STATS") == "1"
+                              and STATS_EXT in _extensions(vk, self.physical))
         self._create_device(vk)
         self.live_bytes = 0
         self.unified = self._device_memory_is_mappable()
@@ -91,6 +97,9 @@ class Device:
             memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
                 pNext=want_s16, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=have.vulkanMemoryModelDeviceScope)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model, cooperativeMatrix=1)
+        if self.capture_stats:
+            exts.append(STATS_EXT)
+            chain = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(pNext=chain, pipelineExecutableInfo=1)
         core = vk.VkPhysicalDeviceFeatures()
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=chain, features=core)
         priority = vk.ffi.new("float[1]", [1.0])
@@ -233,13 +242,40 @@ class Device:
         try:
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
                                                        pName="main")
-            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)
+            flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if self.capture_stats else 0
+            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout, flags=flags)
             infos = [info]
             with vk_errors(f"building the compute pipeline for shader {spec.name}"):
                 handle = vk.vkCreateComputePipelines(self.handle, self.pipeline_cache, 1, infos, None)[0]
         finally:
             vk.vkDestroyShaderModule(self.handle, module, None)
         return Pipeline(handle, layout, set_layout, spec.bindings)
+
+    def pipeline_statistics(self, shader: str, variant: str | None = None) -> dict[str, float]:
+        """The driver's statistics of one shader's pipeline ({name: value};
+        NVIDIA's include the register count and spill bytes). Needs the
+        device opened with FLOWGRAD_VK_PIPELINE_STATS=1 where the driver has
+        VK_KHR_pipeline_executable_properties."""
+        if not self.capture_stats:
+            raise DeviceError(f"{self.info.name} was opened without pipeline statistics",
+                              hint=f"set FLOWGRAD_VK_PIPELINE_STATS=1 (the driver needs {STATS_EXT})")
+        vk = load_vulkan()
+        props = vk.vkGetDeviceProcAddr(self.handle, "vkGetPipelineExecutablePropertiesKHR")
+        stats = vk.vkGetDeviceProcAddr(self.handle, "vkGetPipelineExecutableStatisticsKHR")
+        handle = self.pipeline(shader, variant).handle
+        out = {}
+        with vk_errors(f"reading the pipeline statistics of {shader}"):
+            count = len(list(props(self.handle, vk.VkPipelineInfoKHR(pipeline=handle))))
+            for index in range(count):
+                info = vk.VkPipelineExecutableInfoKHR(pipeline=handle, executableIndex=index)
+                for st in stats(self.handle, info):
+                    kind, value = st.format, st.value
+                    number = {vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: value.b32,
+                              vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: value.i64,
+                              vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: value.u64,
+                              vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: value.f64}[kind]
+                    out[st.name if count == 1 else f"{index}:{st.name}"] = number
+        return out
 
     # -- submission
 

@@ -37,7 +37,9 @@ class GraphSession:
             raise DeviceError("the graph path needs a Vulkan device")
         if plan is not None and plan.path != "graph":
             raise FlowError(f"GraphSession given a plan that chose {plan.last_path}")
-        self.graph, self.plan, self.device = graph, plan, device
+        # the plan's graph with its fused chains: what the steps run (same ids, params and outputs)
+        self.graph = plan.exec_graph if plan is not None else graph
+        self.plan, self.device = plan, device
         self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
         self.programs: dict[tuple, StepProgram] = {}
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}

@@ -26,6 +26,17 @@ class Lowering:
     (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
     `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
     dtypes / bwd_dtypes: the node dtypes each direction accepts.
+    pointwise(attrs) -> Pointwise: set when the op is one map op per element
+    both ways; the planner fuses chains of such ops into one node
+    (planner/fusion.py) that lower/fused.py runs in one dispatch.
+    view(node, in_shape) -> int | None: set when the output can be a
+    contiguous window of input 0 (the element offset it starts at; None
+    where this node's can't): the memory plan then places it there, and
+    forward finds it in place (and copies only when it is not).
+    accumulates: input positions whose gradient the backward can add into
+    the one already there: called with add=(those positions), it adds
+    grads[i] += VJP instead of overwriting (the executor then needs no
+    temporary and no accumulate dispatch where the input feeds other nodes).
     checks_indices: the kernels flag an index input out of range
     (`rec.index_flag`), so the planner may let the model compute them."""
 
@@ -33,7 +44,25 @@ class Lowering:
     backward: Callable | None
     dtypes: frozenset = frozenset({"f32"})
     bwd_dtypes: frozenset = frozenset({"f32"})
+    pointwise: Callable | None = None
+    view: Callable | None = None
+    accumulates: frozenset = frozenset()
     checks_indices: bool = False
+
+
+@attrs.frozen
+class Pointwise:
+    """An op that is one map op per element (lower/map_reduce.py's MapOp).
+
+    op reads the inputs in order, with scalar `param`. grads: one entry per
+    input, the map op of that input's VJP and the operands it reads, named
+    "g" (the incoming gradient), "x0".."x2" (the inputs) and "y" (the
+    output), or None where the input gets no gradient. The same rules record
+    the unfused backward, so the two cannot disagree."""
+
+    op: object
+    grads: tuple
+    param: float = 0.0
 
 
 LOWERINGS: dict[str, Lowering] = {}

@@ -83,10 +83,14 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         grads = [None] * len(node.inputs)
         for w in writes:
             grads[w.pos] = view(w.key)
+        in_place = frozenset(w.pos for w in writes if w.accumulate_into == w.key)
         with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
-            low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
+            if in_place:
+                low.backward(rec, node, view(("grad", node.id)), ins, out, grads, add=in_place)
+            else:
+                low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
             for w in writes:
-                if w.accumulate_into is not None:
+                if w.accumulate_into is not None and w.pos not in in_place:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
     if scale_record is not None:
         with rec.section("loss scale", "backward"):
@@ -338,6 +342,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
+    if plan is not None:
+        graph = plan.exec_graph
     mem = plan.memory_for(backward) if plan is not None else plan_memory(graph, backward=backward)
     leaf = {}
 

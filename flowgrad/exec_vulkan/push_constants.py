@@ -23,7 +23,7 @@ SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", Non
 
 ATTENTION = (
     "sq: u32, sk: u32, d: u32, dh: u32, mask_mode: u32, msb: u32, msh: u32, msi: u32, msj: u32, scale: f32, "
-    "causal: u32, nstat: u32")
+    "causal: u32, nstat: u32, saved_lse: u32")
 
 MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: u32, "
           "nz: u32, za: u32, zb: u32, zc: u32, R: u32, ra: u32, rb: u32, offa: u32, offb: u32, offc: u32, "
@@ -39,10 +39,11 @@ SPECS_TEXT = {
     "embedding_bwd": "n: u32, d: u32, rows: u32, chunk: u32",
     "embedding_fwd": "n: u32, d: u32, rows: u32",
     "fill_word": "index: u32, keep: u32, value: u32",
+    "fused_map": "n: u32, meta: u32, shape: u32[3], st: u32[12], prog: u32[12], param: f32[2]",
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
     **{name: MATMUL for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16", "matmul_coop")},
-    "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32",
+    "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32",
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",
     "softmax": "rows: u32, L: u32, inner: u32, S: u32, mode: u32",

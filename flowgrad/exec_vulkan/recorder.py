@@ -84,13 +84,16 @@ class Copy:
 class Arena:
     """Scratch memory for lowerings: bump allocation in one buffer that is
     created (at its high-water size) only after recording. Each lowering
-    call's scratch is released when the call returns, so calls reuse it."""
+    call's scratch is released when the call returns, so calls reuse it.
+    `lasting` is a second arena for what one lowering call leaves for a later
+    one (Recorder.keep); it is never released while the recording lives."""
 
-    def __init__(self):
+    def __init__(self, lasting: bool = True):
         self.top = 0
         self.high = 0
         self.buffer = None   # the runtime Buffer, once materialized
         self.pool = None     # the BufferPool it came from, if any
+        self.lasting = Arena(lasting=False) if lasting else None
 
     def alloc(self, nbytes: int) -> int:
         offset = self.top
@@ -103,6 +106,8 @@ class Arena:
         if self.buffer is None and self.high:
             self.pool = pool
             self.buffer = pool.acquire(self.high, "device") if pool is not None else device.buffer(self.high, "device")
+        if self.lasting is not None:
+            self.lasting.materialize(device, pool)
 
     @property
     def handle(self):
@@ -117,6 +122,8 @@ class Arena:
             else:
                 self.buffer.free()
             self.buffer = None
+        if self.lasting is not None:
+            self.lasting.free()
 
 
 class FakeBuffer:
@@ -142,6 +149,7 @@ class Recorder:
         self.checks = IndexChecks()
         self.trusted: frozenset = frozenset()   # node ids whose indices the host range-checks (feeds)
         self.label: tuple | None = None
+        self._kept: dict = {}
 
     # -- the lowering API
 
@@ -211,6 +219,26 @@ class Recorder:
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * ITEMSIZE[dtype]
         return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
+
+    def keep(self, key, shape, dtype: str) -> BufView:
+        """A view that outlives the lowering call: a forward leaves in it what
+        its backward, recorded later into the same recording, reads back
+        through kept(key). The same key gives the same view."""
+        shape = tuple(int(d) for d in shape)
+        if key not in self._kept:
+            lasting = self.arena.lasting
+            self._kept[key] = BufView(lasting, lasting.alloc(math.prod(shape) * ITEMSIZE[dtype]), shape, dtype)
+        view = self._kept[key]
+        if view.shape != shape or view.dtype != dtype:
+            raise DeviceError(f"internal error: kept view {key!r} asked for as {dtype}{list(shape)}, "
+                              f"kept as {view.dtype}{list(view.shape)}")
+        return view
+
+    def kept(self, key) -> BufView | None:
+        """The view keep(key, ...) made earlier in this recording, or None
+        (the backward of a one-op-at-a-time run has no forward recorded
+        beside it, and recomputes instead)."""
+        return self._kept.get(key)
 
     def index_flag(self, node, pos: int, ids: BufView, bound: int) -> BufView:
         """A word for a kernel reading `ids` (input `pos` of `node`, valid

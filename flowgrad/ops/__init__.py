@@ -6,4 +6,6 @@ from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 # the built-in ops, in family order (user ops registered later are not among them)
 BUILTIN = tuple(OPS)
 
+from flowgrad.ops import fused  # noqa: E402, F401, I001  (the planner's fused chains: not a built-in op)
+
 __all__ = ["BUILTIN", "OPS", "Arg", "Op", "OpTypeError", "get_op", "register"]

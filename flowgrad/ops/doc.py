@@ -40,11 +40,13 @@ def signature(op: Op) -> str:
 
 
 def op_table() -> str:
-    rows = ["| op | signature | meaning |", "|---|---|---|"]
+    from flowgrad.torch_twin import COUNTERPART  # imports no torch
+
+    rows = ["| op | signature | meaning | PyTorch |", "|---|---|---|---|"]
     for name in BUILTIN:
         op = get_op(name)
         meaning = op.doc.replace("|", "\\|")
-        rows.append(f"| `{name}` | `({signature(op)})` | {meaning} |")
+        rows.append(f"| `{name}` | `({signature(op)})` | {meaning} | `{COUNTERPART[name]}` |")
     return "\n".join(rows)
 
 

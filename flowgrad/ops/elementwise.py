@@ -216,8 +216,9 @@ def _cast_forward(ins, attrs):
     if attrs["dtype"] == "i32" and np.issubdtype(x.dtype, np.floating):
         # NaN and values past the i32 range: INT_MIN on every platform and path
         # (numpy's own cast is platform-defined), so a bad computed index stays bad
+        x = x.astype(np.float64)   # f16 can't hold INT_MIN: -2**31 would become -inf
         fits = (x >= -2.0**31) & (x < 2.0**31)
-        return np.where(fits, np.trunc(np.where(fits, x, 0)), -2**31).astype(np.int32)
+        return np.where(fits, np.trunc(np.where(fits, x, 0)), -2.0**31).astype(np.int32)
     return x.astype(target)  # float -> i32 truncates toward zero, as PyTorch
 
 

@@ -126,6 +126,14 @@ def register(op: Op) -> Op:
     return op
 
 
+# Ops only the planner makes (a fused chain): not callable from a model, not
+# among the documented or sampled ops, but read through get_op like any other.
+PLANNER_OPS: dict[str, Op] = {}
+
+
 def get_op(name: str) -> Op:
-    return OPS[name]
+    op = OPS.get(name) or PLANNER_OPS.get(name)
+    if op is None:
+        raise KeyError(name)
+    return op
 

@@ -57,6 +57,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "refusals": [refusal_dict(r) for r in plan.refusals],
         "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
         "saved_for_backward": saved_dict(plan),
+        "fusion": fusion_dict(graph, plan),
         "graph_plan": graph_plan_dict(graph, plan),
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
@@ -153,7 +154,25 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
     }
     if node.id in plan.kernels:   # planned for a device: the kernels its lowering dispatches there
         out["kernels"] = plan.kernels[node.id]
+    group = plan.fusion.group_of().get(node.id) if plan.fusion is not None else None
+    if group is not None:
+        out["fused_into"] = graph.nodes[group.node].label
     return out
+
+
+def fusion_dict(graph: Graph, plan: Plan) -> dict:
+    """The pointwise chains the graph path runs as one node each (planner/fusion.py)."""
+    groups = plan.fusion.groups if plan.fusion is not None else []
+    return {
+        "groups": [{"node": graph.nodes[grp.node].label, "node_id": grp.node,
+                    "ops": [graph.nodes[m].op for m in grp.members],
+                    "members": [graph.nodes[m].label for m in grp.members], "member_ids": list(grp.members),
+                    "inputs": [graph.nodes[i].label for i in grp.inputs]} for grp in groups],
+        "fused_ops": sum(len(grp.members) for grp in groups),
+        "split_products": [{"node": graph.nodes[sp.node].label, "node_id": sp.node,
+                            "parts": [graph.nodes[p].label for p in sp.parts]}
+                           for sp in (plan.fusion.splits if plan.fusion is not None else [])],
+    }
 
 
 def saved_dict(plan: Plan) -> dict:
@@ -224,7 +243,7 @@ def run_analyze(sess, steps: int) -> dict:
     per_op = sess.runner.profile(sess.runner_feeds(feeds, grads), steps, grads=grads)
     total = sum(t for _, _, t in per_op) or 1.0
     top = sorted(per_op, key=lambda r: -r[2])
-    op_of = {n.label: n.op for n in sess.graph.nodes}
+    op_of = {n.label: n.op for n in sess.plan.exec_graph.nodes}
     return {
         "steps": steps,
         "step_seconds_median": statistics.median(step_times),
@@ -252,6 +271,8 @@ def render_text(d: dict, graph: Graph) -> str:
     lines += [*render_plans(d), ""]
     if "precision" in d:
         lines += ["precision (mixed)", *render_precision(d["precision"]), ""]
+    if d["fusion"]["groups"] or d["fusion"]["split_products"]:
+        lines += ["fused (one node each on the graph path)", *render_fusion(d["fusion"]), ""]
     lines += ["nodes", *render_nodes(d, graph), ""]
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
@@ -325,6 +346,13 @@ def render_precision(p: dict) -> list[str]:
         lines.append(f"  loss scale      {ls['scale']:g} (x{ls['growth']:g} after {ls['interval']} good steps, "
                      f"x{ls['backoff']:g} and the step skipped on an overflow; {ls['skipped_steps']} skipped)")
     return lines
+
+
+def render_fusion(f: dict) -> list[str]:
+    return [f"  {grp['node']:<12} = {' -> '.join(f'{op} %{i}' for op, i in zip(grp['ops'], grp['member_ids']))}"
+            f"   reads {', '.join(grp['inputs'])}" for grp in f["groups"]] + [
+        f"  {sp['node']:<12} = {len(sp['parts'])} blocks of a matmul, read in place as {', '.join(sp['parts'])}"
+        for sp in f["split_products"]]
 
 
 def render_nodes(d: dict, graph: Graph) -> list[str]:

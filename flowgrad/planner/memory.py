@@ -11,7 +11,15 @@ attention's dq, dk, dv), they are packed as views at aligned offsets of one
 buffer (gradients that outlive the step, i.e. params', are packed apart from
 those that die inside it, so a param's gradient does not pin its neighbours). A value that feeds several nodes gets its gradient written by the
 first backward that reaches it, and each later one writes a temporary that is
-accumulated into it."""
+accumulated into it.
+
+A view (a node whose lowering says its value can be a contiguous window of
+its input: a reshape, a slice of leading axes, a part of a split product)
+is placed inside its input's buffer, so it costs no copy. When every user
+of a computed value is such a view and their windows tile it, the views'
+gradients are placed inside that value's gradient too: whoever writes a
+view's gradient writes it in place, and the views' own backwards do
+nothing."""
 from __future__ import annotations
 
 import attrs
@@ -59,7 +67,8 @@ class Saved:
 @attrs.frozen
 class GradWrite:
     """Backward of one node writes input `pos`'s gradient into `key`; when
-    `accumulate_into` is set, `key` is a temporary added into that gradient."""
+    `accumulate_into` is set, `key` is a temporary added into that gradient,
+    or, when the two are the same, the lowering adds into it in place."""
 
     pos: int
     key: tuple
@@ -146,6 +155,49 @@ def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = Fals
     return _Planner(graph, schedule, positions, bwd, grad_inputs).run()
 
 
+def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
+    """{view node: (its input, byte offset of its window)} for the nodes
+    whose lowering places them inside their input."""
+    from flowgrad.dtypes import ITEMSIZE
+    from flowgrad.exec_vulkan.lowering import lowering_for
+
+    out = {}
+    for node in forward:
+        low = lowering_for(node.op)
+        if low is None or low.view is None or not node.inputs:
+            continue
+        src = graph.nodes[node.inputs[0]]
+        if src.dtype != node.dtype:
+            continue
+        off = low.view(node, src.shape)
+        if off is not None:
+            out[node.id] = (src.id, off * ITEMSIZE[node.dtype])
+    return out
+
+
+def grad_views(graph: Graph, view_of: dict, bwd: frozenset) -> frozenset:
+    """The views whose gradient is placed inside their input's: every user of
+    the input is such a view with a gradient, and their windows tile it."""
+    by_src: dict[int, list[int]] = {}
+    for v, (src, _off) in view_of.items():
+        by_src.setdefault(src, []).append(v)
+    users = graph.users()
+    out = set()
+    for src, vs in by_src.items():
+        node = graph.nodes[src]
+        if node.op in LEAF_OPS or src not in bwd or sorted(users[src]) != sorted(vs) or not set(vs) <= bwd:
+            continue
+        at = 0
+        for v in sorted(vs, key=lambda v: view_of[v][1]):
+            if view_of[v][1] != at:
+                break
+            at += graph.nodes[v].type.nbytes
+        else:
+            if at == node.type.nbytes:
+                out |= set(vs)
+    return frozenset(out)
+
+
 class _Planner:
     def __init__(self, graph, schedule, positions, bwd, grad_inputs):
         self.graph = graph
@@ -158,6 +210,10 @@ class _Planner:
         self.groups: dict[tuple, list] = {}
         self.part_group: dict[tuple, tuple] = {}
         self.grad_writes: dict[int, list[GradWrite]] = {}
+        forward = [graph.nodes[s.node] for s in schedule if s.kind == "forward"]
+        self.view_of = views(graph, forward)
+        self.grad_view = grad_views(graph, self.view_of, bwd)
+        self.alias: dict[tuple, tuple] = {}     # slot key -> (slot key it lies in, byte offset)
 
     def group(self, key, start, kind, parts):
         """parts: [(part key, node)] packed at aligned offsets."""
@@ -167,6 +223,22 @@ class _Planner:
             self.part_group[part] = key
             offset = align_up(offset + _nbytes(node))
         self.groups[key] = [start, start, kind, laid, offset]
+
+    def place(self, part, inside, offset):
+        """part lies `offset` bytes into the slot `inside` (sharing its lifetime)."""
+        self.part_group[part] = self.part_group[inside]
+        self.alias[part] = (inside, offset)
+
+    def grad_home(self, i, t):
+        """Place view i's gradient inside its input's, made here if it is the first."""
+        src, off = self.view_of[i]
+        if ("grad", src) not in self.part_group:
+            if src in self.grad_view:
+                self.grad_home(src, t)
+            else:
+                self.group(("vgrad", src), t, "step", [(("grad", src), self.graph.nodes[src])])
+        self.place(("grad", i), ("grad", src), off)
+        self.use(("grad", src), t)
 
     def use(self, part, at):
         g = self.groups[self.part_group[part]]
@@ -188,7 +260,11 @@ class _Planner:
                 node = nodes[step.node]
                 for i in node.inputs:
                     self.use(("val", i), t)
-                self.group(("val", node.id), t, "step", [(("val", node.id), node)])
+                if node.id in self.view_of:
+                    src, off = self.view_of[node.id]
+                    self.place(("val", node.id), ("val", src), off)
+                else:
+                    self.group(("val", node.id), t, "step", [(("val", node.id), node)])
                 if node.id in roots:
                     self.use(("val", node.id), self.last)
             elif step.kind == "backward":
@@ -201,10 +277,19 @@ class _Planner:
             if nodes_is_activation(self.graph, i):
                 saved_ids.add(i)
         self.use(("grad", node.id), t)
+        if node.id in self.grad_view:
+            self.grad_writes[node.id] = []   # its gradient already lies inside its input's
+            return
         canonical, temps, writes = [], [], []
         for pos in self.positions[node.id]:
             i = node.inputs[pos]
-            if ("grad", i) in self.part_group or any(("grad", i) == k for k, _ in canonical):
+            if i in self.grad_view and ("grad", i) not in self.part_group:
+                self.grad_home(i, t)
+                writes.append(GradWrite(pos, ("grad", i)))
+            elif ("grad", i) in self.part_group and pos in self.accumulates(node):
+                writes.append(GradWrite(pos, ("grad", i), ("grad", i)))   # added in place by the lowering
+                self.use(("grad", i), t)
+            elif ("grad", i) in self.part_group or any(("grad", i) == k for k, _ in canonical):
                 key = ("tmp", node.id, pos)
                 temps.append((key, self.graph.nodes[i]))
                 writes.append(GradWrite(pos, key, ("grad", i)))
@@ -226,6 +311,13 @@ class _Planner:
         for w in writes:
             if w.accumulate_into is not None:
                 self.use(w.accumulate_into, t)
+
+    @staticmethod
+    def accumulates(node) -> frozenset:
+        from flowgrad.exec_vulkan.lowering import lowering_for
+
+        low = lowering_for(node.op)
+        return low.accumulates if low is not None else frozenset()
 
     def persistent_grad(self, i) -> bool:
         node = self.graph.nodes[i]
@@ -265,10 +357,14 @@ class _Planner:
         for key, (_s, _e, _k, parts, _size) in self.groups.items():
             for part, node, offset in parts:
                 slots[part] = Slot(where[key], offset, node.shape, node.dtype, node.type.nbytes)
+        for part, (inside, offset) in self.alias.items():   # in placement order: what it lies in is known
+            node, base = self.graph.nodes[part[1]], slots[inside]
+            slots[part] = Slot(base.buffer, base.offset + offset, node.shape, node.dtype, node.type.nbytes)
         planned = [PlannedBuffer(i, size, tuple(keys), kind) for i, (size, keys, kind) in enumerate(buffers)]
         sizes = [grp[4] for grp in self.groups.values()]
+        # a view's bytes are its input's
         saved = [Saved(self.graph.nodes[i], self.graph.nodes[i].shape, self.graph.nodes[i].dtype,
-                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)]
+                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids) if ("val", i) not in self.alias]
         parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
         return MemoryPlan(self.schedule, planned, slots, self.grad_writes, self.bwd, parts,
                           total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),

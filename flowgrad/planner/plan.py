@@ -10,8 +10,9 @@ import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lowering import lowering_for
-from flowgrad.ops import OPS
-from flowgrad.planner.memory import MemoryPlan, plan_memory
+from flowgrad.ops import OPS, get_op
+from flowgrad.planner.fusion import Fusion, fuse, no_fusion
+from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory
 
 
 @attrs.frozen
@@ -42,11 +43,17 @@ class Plan:
     device: object | None      # exec_vulkan DeviceInfo, or None for numpy
     dtype: str
     grad_nodes: frozenset      # ids of nodes the backward runs through
-    memory: MemoryPlan         # the training step's (forward + backward) memory plan
+    memory: MemoryPlan         # the training step's (forward + backward) memory plan, of exec_graph
     reason: str = ""           # why this path, one line
     # node id -> {"forward": [shader, ...], "backward": [...]}: the kernels each node's lowering
     # dispatches on this device (a matmul's tile per shape class, say); empty without a device
     kernels: dict = attrs.field(factory=dict)
+    fusion: Fusion | None = None   # the pointwise chains the graph path runs as one node each
+
+    @property
+    def exec_graph(self) -> Graph:
+        """The graph the graph path runs: `graph` with its fused chains."""
+        return self.fusion.graph if self.fusion is not None else self.graph
 
     @property
     def last_path(self) -> str:
@@ -58,7 +65,7 @@ class Plan:
         differentiates the inputs, is planned on demand."""
         if (backward or self.graph.loss is None) and not grad_inputs:
             return self.memory
-        return plan_memory(self.graph, backward=backward, grad_inputs=grad_inputs)
+        return plan_memory(self.exec_graph, backward=backward, grad_inputs=grad_inputs)
 
 
 def memory_refusal(memory: MemoryPlan, device) -> list[Refusal]:
@@ -177,12 +184,25 @@ def index_refusal(graph: Graph, node: Node, op, low) -> Refusal | None:
     return None
 
 
-def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32") -> Plan:
-    """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU."""
+def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict) -> None:
+    """Each fused chain's members run the fused node's kernels, a split product its batched GEMM's."""
+    runs = [(grp.node, grp.members) for grp in fused.groups] + [(sp.node, (sp.node,)) for sp in fused.splits]
+    for nid, members in runs:
+        node = fused.graph.nodes[nid]
+        found: dict = {}
+        if limit_refusal(fused.graph, node, get_op(node.op), nid in backward_ids, device, found) is None:
+            for m in members:
+                kernels[m] = found[nid]
+
+
+def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
+    """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU.
+    fusion: run chains of pointwise ops as one node each on the graph path."""
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
-    memory = plan_memory(graph)
-    bwd = memory.backward_nodes  # on a differentiable path from a param to the loss
+    fused = fuse(graph) if fusion else no_fusion(graph)
+    memory = plan_memory(fused.graph)
+    bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "no Vulkan device: the session runs on numpy (CPU)",
@@ -194,6 +214,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
     kernels: dict = {}
     refusals += node_refusals(graph, bwd, device, kernels)
+    if device is not None:
+        fused_kernels(fused, bwd, device, kernels)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
@@ -204,4 +226,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels)
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused)

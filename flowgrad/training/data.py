@@ -48,6 +48,8 @@ every position; the first n-1 targets are random symbols, so the loss cannot
 fall below about (n-1)/(2n)·ln(vocab-1) — that floor is expected."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES
@@ -315,14 +317,26 @@ class SequenceTask(Dataset):
         self.vocab = spec.number(what, "vocab", vocab, span, low=3, integer=True)
         self.test = spec.number(what, "test", test, span, low=1, integer=True)
         self.val = spec.number(what, "val", val, span, low=0, integer=True)
-        space = (self.vocab - 1) ** self.n
-        if (self.test + self.val) * 2 > space:
-            raise FlowError(f"{what}: only {space} distinct sequences exist, too few to hold out "
-                            f"{self.test + self.val}", span, hint="raise seq or vocab, or lower test and val")
+        # in logarithms: (vocab - 1) ** (seq / 2) itself is a number with as many digits as seq
+        if self.n * math.log(self.vocab - 1) < math.log((self.test + self.val) * 2):
+            raise FlowError(f"{what}: only {(self.vocab - 1) ** self.n} distinct sequences exist, too few to "
+                            f"hold out {self.test + self.val}", span, hint="raise seq or vocab, or lower test and val")
         self.describe = f"{task}(seq={seq}, vocab={self.vocab})"
-        held = self._draw_unique(np.random.default_rng([self.seed, 2]), self.test + self.val)
-        self._split_x = {"test": held[:self.test], "val": held[self.test:]}
-        self._held_out = {row.tobytes() for row in held}
+        self._held = None   # drawn on first use: after check_role has matched seq to the model's input
+
+    @property
+    def _split_x(self) -> dict:
+        return self._held_sets()[0]
+
+    @property
+    def _held_out(self) -> set:
+        return self._held_sets()[1]
+
+    def _held_sets(self):
+        if self._held is None:
+            held = self._draw_unique(np.random.default_rng([self.seed, 2]), self.test + self.val)
+            self._held = ({"test": held[:self.test], "val": held[self.test:]}, {row.tobytes() for row in held})
+        return self._held
 
     def check_role(self, role, name, t, index_bounds):
         if t.dtype != "i32" or t.shape[1:] != (2 * self.n,):

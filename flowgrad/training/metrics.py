@@ -49,7 +49,8 @@ class Metric:
             z = pred.astype(np.float64)
             z = z - z.max(-1, keepdims=True)
             logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-            nll = -np.take_along_axis(logp, target[..., None].astype(np.int64), -1)[..., 0]
+            picked = np.where(mask, target, 0)  # an unscored target may be no class at all (padding)
+            nll = -np.take_along_axis(logp, picked[..., None].astype(np.int64), -1)[..., 0]
             return float((nll * mask).sum()), float(mask.sum())
         diff = pred.astype(np.float64) - target.astype(np.float64)
         err = diff * diff if self.name == "mse" else np.abs(diff)

@@ -11,10 +11,12 @@
         numeric columns of a CSV file; x and y name columns (by header name,
         or 0-based index), x=none takes every column y does not; a y column of
         words (e.g. species names) becomes class ids in sorted order
-    text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1)
+    text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100)
         next-token prediction: level "char" (UTF-8 characters) or "byte";
         the vocabulary is the file's distinct symbols, sorted, and is kept
-        in the checkpoint
+        in the checkpoint. rows="windows": windows of seq symbols anywhere
+        in the text; rows="lines": one row per line, padded to seq with
+        target `pad` (the loss's ignore_index; flowgrad.training.text)
     reverse(seq=16, vocab=16, test=512, val=256)
     copy(seq=16, vocab=16, test=512, val=256)
         synthetic sequence tasks for a causal decoder (flowgrad.training.data)
@@ -33,7 +35,7 @@ from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.data import ArrayData, Dataset, SequenceTask
-from flowgrad.training.text import TextData
+from flowgrad.training.text import TextData, TextLines
 
 
 def _fractions(what, val_fraction, test_fraction, span):
@@ -200,12 +202,14 @@ def _is_number(cell: str) -> bool:
         return False
 
 
-def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, *, seed=0,
-         span=None, base_dir=None) -> TextData:
+def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
+         *, seed=0, span=None, base_dir=None) -> TextData:
     what = "data text()"
     full = _path(what, path, span, base_dir)
     seq = spec.number(what, "seq", seq, span, low=1, integer=True)
     level = spec.string(what, "level", level, span, choices=("char", "byte"))
+    rows = spec.string(what, "rows", rows, span, choices=("windows", "lines"))
+    pad = spec.number(what, "pad", pad, span, high=-1, integer=True)  # a negative id is never a real target
     try:
         raw = full.read_bytes()
     except FileNotFoundError:
@@ -224,7 +228,11 @@ def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fract
     index = {s: i for i, s in enumerate(vocab)}
     ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
     val, test = _fractions(what, val_fraction, test_fraction, span)
-    return TextData(ids, vocab, level, seq, val, test, seed, f"text({str(path)!r}, level={level!r})", span)
+    describe = f"text({str(path)!r}, level={level!r})"
+    if rows == "lines":
+        newline = index.get("\n" if level == "char" else 10)
+        return TextLines(ids, vocab, level, seq, val, test, newline, pad, seed, describe, span)
+    return TextData(ids, vocab, level, seq, val, test, seed, describe, span)
 
 
 def reverse(seq=16, vocab=16, test=512, val=256, *, seed=0, span=None, base_dir=None) -> SequenceTask:

@@ -86,3 +86,61 @@ def decode(ids, vocab: list, level: str) -> str:
     if level == "char":
         return "".join(vocab[int(i)] for i in ids)
     return bytes(int(vocab[int(i)]) for i in ids).decode("utf-8", errors="replace")
+
+
+class TextLines(TextData):
+    """Next-token prediction one line at a time: a row is a line of the text
+    (its newline included, so the model learns where a line ends), tokens =
+    line[:-1] and targets = line[1:], padded to seq with token 0 and target
+    `pad`. With `pad` as the loss's ignore_index (cross_entropy's default
+    -100), padding counts for nothing in the loss, and the metric skips it
+    too. A line longer than seq + 1 is cut into rows of seq targets, each
+    row's first token the previous row's last target. The lines are split in
+    order: the first train, the next `val_fraction` validate, the last
+    `test_fraction` test."""
+
+    def __init__(self, ids: np.ndarray, vocab: list, level: str, seq: int, val_fraction: float,
+                 test_fraction: float, newline: int | None, pad: int = -100, seed: int = 0,
+                 describe: str = "text", span=None):
+        Dataset.__init__(self, seed)
+        self.ids = np.asarray(ids, np.int32)
+        self.vocab, self.level, self.seq, self.describe, self.pad = list(vocab), level, int(seq), describe, pad
+        cuts = [] if newline is None else list(np.flatnonzero(self.ids == newline) + 1)
+        lines = [ln for ln in np.split(self.ids, cuts) if len(ln) > 1]
+        n_test, n_val = int(round(test_fraction * len(lines))), int(round(val_fraction * len(lines)))
+        a, b = len(lines) - n_val - n_test, len(lines) - n_test
+        split = {"train": lines[:a], "val": lines[a:b], "test": lines[b:]}
+        self.rows = {part: self._cut(ls) for part, ls in split.items()}
+        for part, frac in (("train", None), ("val", val_fraction), ("test", test_fraction)):
+            if (frac is None or frac > 0) and not len(self.rows[part][0]):
+                raise FlowError(f"data {describe}: its {part} part has no line of two or more symbols", span,
+                                hint="use a longer text or other fractions")
+
+    def _cut(self, lines) -> tuple[np.ndarray, np.ndarray]:
+        tokens, targets = [], []
+        for ln in lines:
+            for s in range(0, len(ln) - 1, self.seq):
+                win = ln[s:s + self.seq + 1]
+                t = np.zeros(self.seq, np.int32)
+                y = np.full(self.seq, self.pad, np.int32)
+                t[:len(win) - 1], y[:len(win) - 1] = win[:-1], win[1:]
+                tokens.append(t)
+                targets.append(y)
+        shape = (len(tokens), self.seq)
+        return (np.array(tokens, np.int32).reshape(shape), np.array(targets, np.int32).reshape(shape))
+
+    def score_mask(self, feeds) -> np.ndarray:
+        return feeds[self.inputs["targets"]] != self.pad
+
+    def _rows_at(self, part, idx) -> dict[str, np.ndarray]:
+        tokens, targets = self.rows[part]
+        return {self.inputs["tokens"]: tokens[idx], self.inputs["targets"]: targets[idx]}
+
+    def train_batch(self, step: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, 1, step])
+        return self._rows_at("train", rng.integers(0, len(self.rows["train"][0]), self.batch))
+
+    def eval_batches(self, split: str = "test"):
+        n = len(self.rows[split][0])
+        for start in range(0, n, self.batch):
+            yield self._rows_at(split, np.arange(start, start + self.batch) % n), min(self.batch, n - start)

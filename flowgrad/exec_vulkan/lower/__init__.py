@@ -6,3 +6,5 @@ Recorder methods and read node attrs / view shapes, so a dry-run Recorder can
 count their dispatches without a device."""
 from flowgrad.exec_vulkan.lower import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401
 from flowgrad.exec_vulkan.lower import batchnorm, compare, conv, pointwise, pool, random, spatial  # noqa: F401
+from flowgrad.exec_vulkan.lower import fused  # noqa: F401, E402
+from flowgrad.exec_vulkan.lower import split_product  # noqa: F401, E402

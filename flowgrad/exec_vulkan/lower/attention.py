@@ -5,12 +5,14 @@ Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
 4th input, additive (q's dtype) or boolean (i32, nonzero attends), read
 through per-dim strides so [sq, sk], [batch, 1, sq, sk] and
-[batch, heads, sq, sk] masks all bind as they are. The backward's first
-pass (one workgroup per query tile) recomputes each row's log-sum-exp,
-saves it with D_i = g_i . out_i in an f32 scratch, and writes dq; the second
-(one workgroup per key tile) recomputes the probabilities from the saved
-lse and writes dk and dv. Each gradient goes to its own view, whatever
-offset the executor gave it inside a shared buffer."""
+[batch, heads, sq, sk] masks all bind as they are. The forward
+saves each row's log-sum-exp (an f32 view kept for the backward of the
+same recording). The backward's first pass (one workgroup per query tile)
+reads it (or, where the forward ran in another recording, recomputes it),
+saves it with D_i = g_i . out_i, and writes dq; the second (one workgroup
+per key tile) recomputes the probabilities from the saved lse and writes
+dk and dv. Each gradient goes to its own view, whatever offset the
+executor gave it inside a shared buffer."""
 from __future__ import annotations
 
 import math
@@ -23,12 +25,13 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 # Tile configuration per head-width bound MAXD and kernel: (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
 # Chosen to fit 32 KiB of shared memory (lavapipe's limit; NVIDIA has 48)
-# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 row
-# was picked on an H200 from three candidates (bench/attention_bench.py).
+# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 and
+# 128 rows were picked on an H200 from eight and five candidate tables
+# (bench/attention_tiles.py; the numbers are in bench/MATMUL_NOTES.md).
 TILES = {
     32: {"fwd": (64, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
-    64: {"fwd": (32, 16, 16, 2), "bwd_dq": (32, 16, 16, 2), "bwd_dkdv": (32, 16, 16, 0)},
-    128: {"fwd": (16, 16, 16, 2), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (8, 16, 16, 0)},
+    64: {"fwd": (32, 32, 16, 2), "bwd_dq": (32, 32, 16, 1), "bwd_dkdv": (32, 16, 16, 0)},
+    128: {"fwd": (32, 16, 16, 1), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (12, 16, 16, 0)},
     256: {"fwd": (8, 8, 8, 2), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
 }
 HEAD_BOUNDS = tuple(sorted(TILES))
@@ -92,9 +95,13 @@ def _mask(node, ins, q, k):
     return m, (mode, *strides)
 
 
-def _push(node, sq, sk, d, dh, mask_words, nstat=0):
+def _push(node, sq, sk, d, dh, mask_words, nstat, saved_lse=False):
     causal = int(bool(full_attrs(node)["causal"]))
-    return (sq, sk, d, dh, *mask_words, 1.0 / math.sqrt(dh), causal, nstat)
+    return (sq, sk, d, dh, *mask_words, 1.0 / math.sqrt(dh), causal, nstat, int(saved_lse))
+
+
+def _stats_key(node):
+    return ("attention lse and D", node.id)
 
 
 def _groups(kernel, bound, rows, heads, batch):
@@ -105,8 +112,10 @@ def attention_forward(rec, node, ins, out):
     q, k, v = ins[:3]
     batch, sq, sk, d, heads, dh, bound = _geometry(node, q, k)
     mask, words = _mask(node, ins, q, k)
-    rec.dispatch(f"attn_fwd_d{bound}", [q, k, v, mask if mask is not None else q, out],
-                 _push(node, sq, sk, d, dh, words), _groups("fwd", bound, sq, heads, batch), variant(q.dtype))
+    nstat = batch * heads * sq
+    stats = rec.keep(_stats_key(node), (2 * nstat,), "f32")  # the forward writes lse, the backward D
+    rec.dispatch(f"attn_fwd_d{bound}", [q, k, v, mask if mask is not None else q, out, stats],
+                 _push(node, sq, sk, d, dh, words, nstat), _groups("fwd", bound, sq, heads, batch), variant(q.dtype))
 
 
 def attention_backward(rec, node, g, ins, out, grads):
@@ -115,9 +124,12 @@ def attention_backward(rec, node, g, ins, out, grads):
     mask, words = _mask(node, ins, q, k)
     mview = mask if mask is not None else q  # bound but unread without a mask
     nstat = batch * heads * sq
-    stats = rec.scratch((2 * nstat,), "f32")  # each row's lse, then its D
+    stats = rec.kept(_stats_key(node))
+    saved = stats is not None
+    if not saved:
+        stats = rec.scratch((2 * nstat,), "f32")  # each row's lse, then its D
     dq, dk, dv = (grads[i] if grads[i] is not None else rec.scratch(x.shape, x.dtype) for i, x in enumerate((q, k, v)))
-    push = _push(node, sq, sk, d, dh, words, nstat)
+    push = _push(node, sq, sk, d, dh, words, nstat, saved)
     build = variant(q.dtype)
     rec.dispatch(f"attn_bwd_dq_d{bound}", [q, k, v, mview, out, g, dq, stats], push,
                  _groups("bwd_dq", bound, sq, heads, batch), build)

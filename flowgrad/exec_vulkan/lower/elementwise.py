@@ -9,7 +9,7 @@ from __future__ import annotations
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, broadcast_axes, map_reduce
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowering
 
 # map ops: forward (reads x) and backward (reads g, x, y)
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
@@ -47,8 +47,14 @@ def _binary_backward(grad_a, grad_b):
     return backward
 
 
+# the operand names a fused chain's backward reads (Pointwise.grads)
+ROLES = ("g", "x0", "x1")
+
+
 def _binary(op, grad_a, grad_b):
-    return Lowering(_binary_forward(op), _binary_backward(grad_a, grad_b), FLOATS, FLOATS)
+    grads = (grad_a(*ROLES), grad_b(*ROLES))
+    return Lowering(_binary_forward(op), _binary_backward(grad_a, grad_b), FLOATS, FLOATS,
+                    pointwise=lambda attrs: Pointwise(op, grads))
 
 
 ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]))
@@ -87,7 +93,11 @@ def _unary(pick, param=lambda attrs: 0.0):
             attrs = full_attrs(node)
             map_reduce(rec, pick(attrs)[1], [g, ins[0], out], grads[0], param=param(attrs))
 
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    def pointwise(attrs):
+        fwd, bwd = pick(attrs)
+        return Pointwise(fwd, ((bwd, ("g", "x0", "y")),), param(attrs))
+
+    return Lowering(forward, backward, FLOATS, FLOATS, pointwise=pointwise)
 
 
 def _fixed(fwd: MapOp, bwd: MapOp):
@@ -99,7 +109,8 @@ def _neg_backward(rec, node, g, ins, out, grads):
         map_reduce(rec, M.NEG, [g], grads[0])
 
 
-NEG = Lowering(_binary_forward(M.NEG), _neg_backward, FLOATS, FLOATS)
+NEG = Lowering(_binary_forward(M.NEG), _neg_backward, FLOATS, FLOATS,
+               pointwise=lambda attrs: Pointwise(M.NEG, ((M.NEG, ("g",)),)))
 EXP = _fixed(M.EXP, M.EXP_B)
 LOG = _fixed(M.LOG, M.LOG_B)
 SQRT = _fixed(M.SQRT, M.SQRT_B)

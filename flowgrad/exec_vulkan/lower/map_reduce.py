@@ -178,7 +178,8 @@ def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, sca
     strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
     strides += [[0] * MAX_RANK] * (3 - len(ins))
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
-    code = int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
+    code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
+            | len(ins) << 22)
     push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
             *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
     bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]

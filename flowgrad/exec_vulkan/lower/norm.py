@@ -1,24 +1,39 @@
 """Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.comp.
 
-The backward recomputes each row's mean and rstd while it writes dx, keeps
-them in an f32 scratch, and a second dispatch reduces the weight (and bias)
-gradients down the columns from them: in pieces of rows when there are too
-few columns to fill the device, then a third dispatch adds the pieces."""
+The backward is one dispatch for rows of up to MAXC lanes' worth of
+columns: each row's mean and rstd are recomputed while dx is written, each
+workgroup sums the weight (and bias) gradients of its rows' columns, and
+the last workgroup to finish adds those sums up. Longer rows take three:
+dx (keeping the row statistics in an f32 scratch), the column sums from
+them in pieces of rows, and the sum of the pieces. dx can be added into
+the gradient already there (Lowering.accumulates), saving the executor an
+accumulate dispatch where x feeds other nodes too."""
 from __future__ import annotations
 
 import math
 
 from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
-from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
+ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
+MAXC = 8            # norm.comp: columns per lane in the one-pass backward
+ONE_PASS_GROUPS = 128   # workgroups of the one-pass backward: each leaves D column sums for the last to add
 
 
-def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1):
-    rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks],
-                 groups=(segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
+def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None):
+    rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
+                 groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
+
+
+def _one_pass_lanes(n, d):
+    """Lanes per row for the one-pass backward, or None when a row is too long for it."""
+    lanes = segment_lanes(d, n)
+    while lanes < WG and -(-d // lanes) > MAXC:
+        lanes *= 2
+    return lanes if -(-d // lanes) <= MAXC else None
 
 
 def _rows(x, w):
@@ -41,21 +56,33 @@ def _norm(kind: str):
                     unused(rec, "f32")]
             _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, full_attrs(node)["eps"], bufs)
 
-    def backward(rec, node, g, ins, out, grads):
+    def backward(rec, node, g, ins, out, grads, add=frozenset()):
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x, w)
         eps = full_attrs(node)["eps"]
         if not (n and d):
-            for grad in grads:
-                if grad is not None:
+            for pos, grad in enumerate(grads):
+                if grad is not None and pos not in add:
                     rec.fill(grad, 0)  # no rows: the column sums are empty
             return
         dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), t)
+        flags = int(0 in add and grads[0] is not None)
+        lanes = _one_pass_lanes(n, d)
+        if lanes is not None:
+            dw = grads[1] if grads[1] is not None else unused(rec, t)
+            db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
+            groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
+            counter = rec.scratch((1,), "f32")
+            rec.fill(counter, 0)
+            part = rec.scratch((groups, d, 2), "f32")
+            _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counter, part],
+                      flags=flags, groups=groups)
+            return
         stats = rec.scratch((n, 2), "f32")
         _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
-                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")])
+                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")], flags=flags)
         dw = grads[1] if grads[1] is not None else unused(rec, t)
         db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
         if grads[1] is None and (rms or grads[2] is None):
@@ -69,7 +96,7 @@ def _norm(kind: str):
             _dispatch(rec, bwd_sum, d, 1, n, d, eps,
                       [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
 
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    return Lowering(forward, backward, FLOATS, FLOATS, accumulates=frozenset({0}))
 
 
 LAYERNORM = _norm("layernorm")

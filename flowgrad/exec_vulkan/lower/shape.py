@@ -15,16 +15,22 @@ from flowgrad.ops import shape as rules
 # ---------------------------------------------------------------- reshape
 
 
+def _same_place(a, b) -> bool:
+    return a.buffer is b.buffer and a.offset == b.offset
+
+
 def reshape_forward(rec, node, ins, out):
-    rec.copy(ins[0], out)  # same elements, same order
+    if not _same_place(ins[0], out):
+        rec.copy(ins[0], out)  # same elements, same order
 
 
 def reshape_backward(rec, node, g, ins, out, grads):
-    if grads[0] is not None:
+    if grads[0] is not None and not _same_place(g, grads[0]):
         rec.copy(g, grads[0])
 
 
-RESHAPE = Lowering(reshape_forward, reshape_backward, ALL_DTYPES, FLOATS)
+# a reshape is its input, read with another shape: the memory plan places it there
+RESHAPE = Lowering(reshape_forward, reshape_backward, ALL_DTYPES, FLOATS, view=lambda node, in_shape: 0)
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -60,9 +66,18 @@ def _window(node, shape):
     return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
 
 
+def slice_view(node, in_shape):
+    """A slice whose window is contiguous (every axis before the sliced one
+    has size 1) starts `offset` elements into its input."""
+    axis, lo, _hi = rules._slice_bounds(tuple(in_shape), full_attrs(node))
+    return lo * strides(in_shape)[axis] if math.prod(in_shape[:axis]) == 1 else None
+
+
 def slice_forward(rec, node, ins, out):
     (x,) = ins
     win, xs, off = _window(node, tuple(x.shape))
+    if out.buffer is x.buffer and out.offset == x.offset + off * (x.nbytes // max(x.size, 1)):
+        return   # a contiguous window, placed inside x by the memory plan
     strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
 
 
@@ -75,7 +90,7 @@ def slice_backward(rec, node, g, ins, out, grads):
     strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
 
 
-SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS)
+SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view)
 
 
 def _parts(node, shape, sizes):

@@ -35,28 +35,34 @@ void main() {
             dva[a][y] = vec4(0.0);
         }
 
-    uint sbase = (b * gl_NumWorkGroups.y + h) * p.sq;
+    uint sbase = stat_index(b, h, 0u);
     uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
+    vec4 nq[FETCH_N], ng[FETCH_N];  // the next Q and G tiles, in flight
+    FETCH_TILE(nq, q, p.sq, istart, b, h);
+    FETCH_TILE(ng, g, p.sq, istart, b, h);
     for (uint i0 = istart; i0 < p.sq; i0 += BC) {
         barrier();
-        LOAD_TILE(Qs, 0u, q, p.sq, i0, BC, b, h);
-        LOAD_TILE(Gs, 0u, g, p.sq, i0, BC, b, h);
+        PUT_TILE(Qs, 0u, nq);
+        PUT_TILE(Gs, 0u, ng);
         for (uint r = gl_LocalInvocationID.x; r < BC; r += NT) {
             bool in_seq = i0 + r < p.sq;
             Ls[r] = in_seq ? stats[sbase + i0 + r] : POS_INF;
             Ds[r] = in_seq ? stats[p.nstat + sbase + i0 + r] : 0.0;
         }
         barrier();
+        if (i0 + BC < p.sq) {
+            FETCH_TILE(nq, q, p.sq, i0 + BC, b, h);
+            FETCH_TILE(ng, g, p.sq, i0 + BC, b, h);
+        }
         vec4 pv[KPT], dsv[KPT];
+        float sv[RQ][KPT], dp[RQ][KPT];
+        TILE_DOTS2(sv, Ks, Qs, dp, Vs, Gs, rg * RQ, c, CT, nc);
         for (uint x = 0u; x < KPT; ++x) {
             uint ii = c + CT * x;
             for (uint a = 0u; a < RQ; ++a) {
-                float sv, dp;
-                ROW_DOT(sv, Ks, rg * RQ + a, Qs, ii, nc);
-                ROW_DOT(dp, Vs, rg * RQ + a, Gs, ii, nc);
-                float pij = exp(masked(sv * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
+                float pij = exp(masked(sv[a][x] * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
                 pv[x][a] = pij;
-                dsv[x][a] = pij * (dp - Ds[ii]);
+                dsv[x][a] = pij * (dp[a][x] - Ds[ii]);
             }
             Pt[ii * RG + rg] = pv[x];
             Dt[ii * RG + rg] = dsv[x];

@@ -1,18 +1,19 @@
 #version 450
 // Flash-attention backward, pass 1 of 2: a workgroup owns BR query rows of
-// one head. A first sweep over the key tiles recomputes each row's
-// log-sum-exp (each thread an online softmax over its own keys, merged
-// once at the end); the second accumulates
+// one head. Each row's log-sum-exp is the forward's (saved_lse: read from
+// stats) or, where the forward ran in another recording, recomputed by a
+// first sweep over the key tiles (each thread an online softmax over its own
+// keys, merged once at the end). The sweep over the key tiles accumulates
 //   p_ij = exp(s_ij - lse_i), dp_ij = g_i . v_j, ds_ij = p_ij (dp_ij - D_i)
 //   dq_i = scale * sum_j ds_ij k_j        with D_i = g_i . out_i
-// and lse_i, D_i are saved for the dk/dv pass. A fully masked row saves
+// and D_i (and a recomputed lse_i) are saved for the dk/dv pass. A fully masked row saves
 // lse = +inf, so every p_ij of it is 0 here and in the dk/dv pass.
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) readonly buffer G { T g[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
-layout(std430, set = 0, binding = 7) writeonly buffer Stats { float stats[]; };  // lse then D
+layout(std430, set = 0, binding = 7) buffer Stats { float stats[]; };  // lse then D
 
 shared vec4 Qs[BR * PAD];
 shared vec4 Gs[BR * PAD];
@@ -34,6 +35,39 @@ vec4 group_sum(vec4 x, uint rg, uint c) {
     vec4 t = vec4(0.0);
     for (uint cc = 0u; cc < CT; ++cc) t += red[cc * RG + rg];
     return t;
+}
+
+// The rows' log-sum-exp from a sweep over the key tiles (every thread of
+// the workgroup takes part; uniform control flow).
+vec4 recompute_lse(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc) {
+    vec4 m = vec4(NEG_INF), l = vec4(0.0);
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        barrier();
+        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        barrier();
+        float sc[RQ][KPT];
+        TILE_DOTS(sc, Qs, rg * RQ, KVs, c, CT, nc);
+        for (uint a = 0u; a < RQ; ++a) {
+            for (uint x = 0u; x < KPT; ++x) {
+                float sv = masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                float mnew = max(m[a], sv);
+                float mref = mnew == NEG_INF ? 0.0 : mnew;
+                l[a] = l[a] * exp(m[a] - mref) + exp(sv - mref);
+                m[a] = mnew;
+            }
+        }
+    }
+    barrier();
+    red[c * RG + rg] = m;
+    barrier();
+    vec4 mrow = vec4(NEG_INF);
+    for (uint cc = 0u; cc < CT; ++cc) mrow = max(mrow, red[cc * RG + rg]);
+    vec4 mine = vec4(0.0);
+    for (uint a = 0u; a < RQ; ++a) mine[a] = m[a] == NEG_INF ? 0.0 : l[a] * exp(m[a] - mrow[a]);
+    vec4 lrow = group_sum(mine, rg, c);
+    vec4 lse;
+    for (uint a = 0u; a < RQ; ++a) lse[a] = mrow[a] == NEG_INF ? POS_INF : mrow[a] + log(lrow[a]);
+    return lse;
 }
 
 void main() {
@@ -58,63 +92,45 @@ void main() {
     }
     vec4 drow = group_sum(dpart, rg, c);
 
-    // sweep 1: the rows' log-sum-exp
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
-    vec4 m = vec4(NEG_INF), l = vec4(0.0);
-    for (uint j0 = 0u; j0 < jend; j0 += BC) {
-        barrier();
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
-        barrier();
-        for (uint a = 0u; a < RQ; ++a) {
-            for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                float sv = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
-                float mnew = max(m[a], sv);
-                float mref = mnew == NEG_INF ? 0.0 : mnew;
-                l[a] = l[a] * exp(m[a] - mref) + exp(sv - mref);
-                m[a] = mnew;
-            }
-        }
+    vec4 lse = vec4(POS_INF);
+    if (p.saved_lse != 0u) {
+        for (uint a = 0u; a < RQ; ++a)
+            if (i0 + rg * RQ + a < p.sq) lse[a] = stats[stat_index(b, h, i0 + rg * RQ + a)];
+    } else {
+        lse = recompute_lse(b, h, i0, jend, rg, c, nc);
     }
-    barrier();
-    red[c * RG + rg] = m;
-    barrier();
-    vec4 mrow = vec4(NEG_INF);
-    for (uint cc = 0u; cc < CT; ++cc) mrow = max(mrow, red[cc * RG + rg]);
-    vec4 mine = vec4(0.0);
-    for (uint a = 0u; a < RQ; ++a) mine[a] = m[a] == NEG_INF ? 0.0 : l[a] * exp(m[a] - mrow[a]);
-    vec4 lrow = group_sum(mine, rg, c);
-    vec4 lse;
-    for (uint a = 0u; a < RQ; ++a) lse[a] = mrow[a] == NEG_INF ? POS_INF : mrow[a] + log(lrow[a]);
 
-    // sweep 2: dq
     vec4 acc[RQ][CPT];
     for (uint a = 0u; a < RQ; ++a)
         for (uint y = 0u; y < CPT; ++y) acc[a][y] = vec4(0.0);
+    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    FETCH_TILE(nk, k, p.sk, 0u, b, h);
+    FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        bool more = j0 + BC < jend;
         barrier();
-        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, VOFF, nv);
 #if KV_SLOTS == 2
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif
         barrier();
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
         float dpv[RQ][KPT];
-        for (uint a = 0u; a < RQ; ++a)
-            for (uint x = 0u; x < KPT; ++x) {
-                ROW_DOT(dpv[a][x], Gs, rg * RQ + a, KVs, (VOFF / PAD) + c + CT * x, nc);
-            }
+        TILE_DOTS(dpv, Gs, rg * RQ, KVs, (VOFF / PAD) + c, CT, nc);
 #if KV_SLOTS == 1
         barrier();  // V is no longer read
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
         barrier();
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif
         vec4 dsv[KPT];
+        float sc[RQ][KPT];
+        TILE_DOTS(sc, Qs, rg * RQ, KVs, c, CT, nc);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                float pij = exp(masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
+                float pij = exp(masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
                 dsv[x][a] = pij * (dpv[a][x] - drow[a]);
             }
         }
@@ -141,8 +157,8 @@ void main() {
                 if (4u * ch + e < p.dh) dq[ob + 4u * ch + e] = STORE(acc[a][y][e] * p.scale);
         }
         if (c == 0u) {
-            uint si = (b * gl_NumWorkGroups.y + h) * p.sq + i;
-            stats[si] = lse[a];
+            uint si = stat_index(b, h, i);
+            if (p.saved_lse == 0u) stats[si] = lse[a];
             stats[p.nstat + si] = drow[a];
         }
     }

@@ -13,6 +13,7 @@
 // it owns rows rg*4 .. rg*4+3, streamed rows c + CT*x, and head columns
 // (vec4 chunks) c + CT*y. Shared tiles are vec4 rows padded by one vec4, so
 // the CT threads reading different rows hit different banks.
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 #define RQ 4
@@ -34,7 +35,8 @@ layout(push_constant, std430) uniform Push {
     uint msb, msh, msi, msj;  // mask strides over (batch, head, query, key); 0 where broadcast
     float scale;            // 1/sqrt(dh)
     uint causal;            // key j attends to query i only where j <= i
-    uint nstat;             // backward: batch*heads*sq (offset of D in stats)
+    uint nstat;             // batch*heads*sq (offset of D in stats)
+    uint saved_lse;         // dq pass: 1 reads the forward's lse from stats, 0 recomputes it
 } p;
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
@@ -51,6 +53,11 @@ layout(std430, set = 0, binding = 3) readonly buffer Mask { uint mbits[]; };
 float mask_add(uint e) { return uintBitsToFloat(mbits[e]); }
 bool mask_keep(uint e) { return mbits[e] != 0u; }
 #endif
+
+// each row's slot in the stats buffers (lse at i, D at nstat + i)
+uint stat_index(uint b, uint h, uint i) {
+    return (b * gl_NumWorkGroups.y + h) * p.sq + i;
+}
 
 // first element of row `row` of head h in batch b for a [batch, seq, d] tensor
 uint row_base(uint b, uint seq, uint row, uint h) {
@@ -83,10 +90,61 @@ float masked(float s, uint b, uint h, uint i, uint j) {
         dst[(off) + r_ * PAD + ch_] = x_;                                             \
     }
 
-// dot of two shared head rows over the live chunks (nc uniform)
-#define ROW_DOT(out, A, ia, B, ib, nc)                                               \
-    out = 0.0;                                                                        \
-    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                            \
-        if (ch_ >= (nc)) break;                                                       \
-        out += dot(A[(ia) * PAD + ch_], B[(ib) * PAD + ch_]);                        \
+// A streamed tile in flight: regs[l] holds element e = t + l * NT (row e / NC,
+// chunk e % NC) of head h's rows r0 .. r0 + BC - 1, zero past seq and dh.
+// Fetched into registers before a tile's arithmetic, stored to shared
+// memory after it, so the global loads' latency overlaps the arithmetic.
+#define FETCH_N ((BC * NC + NT - 1) / NT)
+#define FETCH_TILE(regs, src, seq, r0, b, h)                                         \
+    [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
+        uint e_ = gl_LocalInvocationID.x + l_ * NT, r_ = e_ / NC, ch_ = e_ % NC;     \
+        vec4 x_ = vec4(0.0);                                                          \
+        if (e_ < BC * NC && (r0) + r_ < (seq)) {                                      \
+            uint base_ = row_base(b, seq, (r0) + r_, h) + 4u * ch_;                   \
+            [[unroll]] for (uint t_ = 0u; t_ < 4u; ++t_)                              \
+                if (4u * ch_ + t_ < p.dh) x_[t_] = LOAD(src[base_ + t_]);             \
+        }                                                                             \
+        regs[l_] = x_;                                                                \
+    }
+#define PUT_TILE(dst, off, regs)                                                     \
+    [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
+        uint e_ = gl_LocalInvocationID.x + l_ * NT;                                   \
+        if (e_ < BC * NC) dst[(off) + (e_ / NC) * PAD + e_ % NC] = regs[l_];         \
+    }
+
+// out[a][x] = dot of shared head rows A[ia0 + a] and B[ib0 + ibs * x] over
+// the live chunks, for every a < RQ and x < KPT at once: RQ * KPT
+// independent sums (one dependent chain each would leave the SM waiting on
+// FMA latency), each loaded chunk used KPT or RQ times. nc is uniform.
+#define TILE_DOTS(out, A, ia0, B, ib0, ibs, nc)                                     \
+    [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_)                                     \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) out[a_][x_] = 0.0;             \
+    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                           \
+        if (ch_ >= (nc)) break;                                                      \
+        vec4 b_[KPT];                                                                \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) b_[x_] = B[((ib0) + (ibs) * x_) * PAD + ch_]; \
+        [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_) {                               \
+            vec4 av_ = A[((ia0) + a_) * PAD + ch_];                                  \
+            [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) out[a_][x_] += dot(av_, b_[x_]); \
+        }                                                                            \
+    }
+
+// TILE_DOTS of (A1, B1) into out1 and of (A2, B2) into out2 in one sweep
+#define TILE_DOTS2(out1, A1, B1, out2, A2, B2, ia0, ib0, ibs, nc)                   \
+    [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_)                                     \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) { out1[a_][x_] = 0.0; out2[a_][x_] = 0.0; } \
+    for (uint ch_ = 0u; ch_ < NC; ++ch_) {                                           \
+        if (ch_ >= (nc)) break;                                                      \
+        vec4 b1_[KPT], b2_[KPT];                                                     \
+        [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) {                              \
+            b1_[x_] = B1[((ib0) + (ibs) * x_) * PAD + ch_];                          \
+            b2_[x_] = B2[((ib0) + (ibs) * x_) * PAD + ch_];                          \
+        }                                                                            \
+        [[unroll]] for (uint a_ = 0u; a_ < RQ; ++a_) {                               \
+            vec4 a1_ = A1[((ia0) + a_) * PAD + ch_], a2_ = A2[((ia0) + a_) * PAD + ch_]; \
+            [[unroll]] for (uint x_ = 0u; x_ < KPT; ++x_) {                          \
+                out1[a_][x_] += dot(a1_, b1_[x_]);                                   \
+                out2[a_][x_] += dot(a2_, b2_[x_]);                                   \
+            }                                                                        \
+        }                                                                            \
     }

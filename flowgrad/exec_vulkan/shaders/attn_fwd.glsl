@@ -3,10 +3,12 @@
 // streams the keys in tiles of BC (causal: only tiles at or left of the
 // diagonal), keeping per row an online softmax (running max m, sum l) and
 // an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
-// A fully masked row gives 0, as PyTorch's SDPA does.
+// A fully masked row gives 0, as PyTorch's SDPA does. Each row's
+// log-sum-exp goes to stats for the backward (+inf for a fully masked row).
 #include "attn_common.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared vec4 Qs[BR * PAD];
 shared vec4 KVs[KV_SLOTS * BC * PAD];
@@ -35,20 +37,25 @@ void main() {
     }
 
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    FETCH_TILE(nk, k, p.sk, 0u, b, h);
+    FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        bool more = j0 + BC < jend;
         barrier();  // the previous tile is no longer read
-        LOAD_TILE(KVs, 0u, k, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nk);
 #if KV_SLOTS == 2
-        LOAD_TILE(KVs, VOFF, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, VOFF, nv);
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();
+        if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
         float s[RQ][KPT];
+        TILE_DOTS(s, Qs, rg * RQ, KVs, c, CT, nc);
         vec4 tmax = vec4(NEG_INF);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float dp;
-                ROW_DOT(dp, Qs, rg * RQ + a, KVs, c + CT * x, nc);
-                s[a][x] = masked(dp * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
+                s[a][x] = masked(s[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x);
                 tmax[a] = max(tmax[a], s[a][x]);
             }
         }
@@ -72,7 +79,8 @@ void main() {
         for (uint x = 0u; x < KPT; ++x) Pt[(c + CT * x) * RG + rg] = pv[x];
 #if KV_SLOTS == 1
         barrier();  // K is no longer read
-        LOAD_TILE(KVs, 0u, v, p.sk, j0, BC, b, h);
+        PUT_TILE(KVs, 0u, nv);
+        if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();
         uint cnt = min(uint(BC), p.sk - j0);
@@ -95,6 +103,7 @@ void main() {
         uint i = i0 + rg * RQ + a;
         if (i >= p.sq) break;
         float inv = lsum[a] > 0.0 ? 1.0 / lsum[a] : 0.0;  // a fully masked row gives 0
+        if (c == 0u) stats[stat_index(b, h, i)] = lsum[a] > 0.0 ? m[a] + log(lsum[a]) : POS_INF;
         uint ob = row_base(b, p.sq, i, h);
         for (uint y = 0u; y < CPT; ++y) {
             uint ch = c + CT * y;

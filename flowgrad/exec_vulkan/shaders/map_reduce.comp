@@ -28,6 +28,7 @@ layout(push_constant) uniform Push {
     uint R;         // reduced elements per kept element (1: no reduction)
     uint S;         // lanes per output (power of two)
     uint code;      // map op | reduce op << 8 | interleaved lanes << 12 | rank << 13 | redmask << 16
+                    // | inputs bound << 22
     uint chunks;    // the reduced range is cut in this many pieces, each summed
                     // to its own output, chunk-major (y[c * n_kept + o]); a
                     // second dispatch then reduces the pieces
@@ -40,60 +41,13 @@ layout(push_constant) uniform Push {
 } pc;
 
 #include "map_ops.glsl"
+#include "map_apply.glsl"
 
-float map_value(uint op, uint i0, uint i1, uint i2) {
-    float a = float(x0[i0]);
-    switch (op) {
-    case M_COPY: return a;
-    case M_ADD: return a + float(x1[i1]);
-    case M_SUB: return a - float(x1[i1]);
-    case M_MUL: return a * float(x1[i1]);
-    case M_DIV: return a / float(x1[i1]);
-    case M_NEG: return -a;
-    case M_EXP: return exp(a);
-    case M_LOG: return log(a);
-    case M_SQRT: return sqrt(a);
-    case M_TANH: return fg_tanh(a);
-    case M_SIGMOID: return fg_sigmoid(a);
-    case M_RELU: return (a > 0.0 || isnan(a)) ? a : 0.0;
-    case M_GELU: return fg_gelu(a);
-    case M_GELU_TANH: return fg_gelu_tanh(a);
-    case M_SILU: return a * fg_sigmoid(a);
-    case M_POW: return fg_pow(a, pc.param);
-    case M_SQDIFF: { float d = a - float(x1[i1]); return d * d; }
-    case M_EQ: return a == float(x1[i1]) ? 1.0 : 0.0;
-    case M_DIV_DB: { float b = float(x2[i2]); return -a * (float(x1[i1]) / b) / b; }
-    case M_EXP_B: return a * float(x2[i2]);
-    case M_LOG_B: return a / float(x1[i1]);
-    case M_SQRT_B: return a * 0.5 / float(x2[i2]);
-    case M_TANH_B: { float t = float(x2[i2]); return a * (1.0 - t * t); }
-    case M_SIGMOID_B: { float s = float(x2[i2]); return a * s * (1.0 - s); }
-    case M_RELU_B: return float(x1[i1]) > 0.0 ? a : 0.0;
-    case M_GELU_B: return a * fg_gelu_grad(float(x1[i1]));
-    case M_GELU_TANH_B: return a * fg_gelu_tanh_grad(float(x1[i1]));
-    case M_SILU_B: {
-        float x = float(x1[i1]);
-        float s = fg_sigmoid(x);
-        return a * s * (1.0 + x * (1.0 - s));
-    }
-    case M_POW_B: return pc.param == 0.0 ? 0.0 : a * pc.param * fg_pow(float(x1[i1]), pc.param - 1.0);  // d/dx x^0 = 0, at 0 too
-    case M_MAX_B: return float(x1[i1]) == float(x2[i2]) ? a : 0.0;
-    case M_DIFF_MUL: return float(x2[i2]) * (a - float(x1[i1]));
-    case M_ABS: return abs(a);
-    case M_ABS_B: return a * sign(float(x1[i1]));
-    case M_MAXIMUM: return fg_nanmax(a, float(x1[i1]));
-    case M_MINIMUM: return fg_nanmin(a, float(x1[i1]));
-    case M_MAXIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s > o ? a : (s == o ? 0.5 * a : 0.0); }
-    case M_MINIMUM_DA: { float s = float(x1[i1]), o = float(x2[i2]); return s < o ? a : (s == o ? 0.5 * a : 0.0); }
-    case M_WHERE: return a != 0.0 ? float(x1[i1]) : float(x2[i2]);
-    case M_WHERE_DA: return float(x1[i1]) != 0.0 ? a : 0.0;
-    case M_WHERE_DB: return float(x1[i1]) != 0.0 ? 0.0 : a;
-    case M_CLAMP_MIN: return fg_nanmax(a, pc.param);
-    case M_CLAMP_MIN_B: return float(x1[i1]) >= pc.param ? a : 0.0;
-    case M_CLAMP_MAX: return fg_nanmin(a, pc.param);
-    case M_CLAMP_MAX_B: return float(x1[i1]) <= pc.param ? a : 0.0;
-    }
-    return fg_nan();
+// b and c are read only from inputs the dispatch binds (code bits 22-23: how many)
+float map_value(uint op, uint nin, uint i0, uint i1, uint i2) {
+    float b = nin > 1u ? float(x1[i1]) : 0.0;
+    float c = nin > 2u ? float(x2[i2]) : 0.0;
+    return map_apply(op, float(x0[i0]), b, c, pc.param);
 }
 
 void main() {
@@ -106,6 +60,7 @@ void main() {
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     uint mop = pc.code & 0xffu;
+    uint nin = (pc.code >> 22) & 3u;
     uint rop = (pc.code >> 8) & 0xfu;  // 0 sum, 1 max
     float identity = rop == 1u ? -fg_inf() : 0.0;
     // grid-stride over outputs; the trip count is uniform in a workgroup,
@@ -139,7 +94,7 @@ void main() {
                         i2 += c * pc.st2[d];
                     }
                 }
-                float v = map_value(mop, i0, i1, i2);
+                float v = map_value(mop, nin, i0, i1, i2);
                 acc = rop == 1u ? fg_nanmax(acc, v) : acc + v;
             }
         }

@@ -14,7 +14,15 @@
 //   5 rmsnorm:        dw[j] = sum_r g * xhat
 //                     (chunks > 1: the sums go to part[2 item], part[2 item + 1])
 //   6 / 7             layernorm / rmsnorm: dw, db = the sums of the chunks' parts
+// One-pass backward (rows of D <= MAXC * S):
+//   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3, while each lane
+//                     sums g * xhat and g for its columns over the workgroup's
+//                     rows; each workgroup leaves its column sums in part
+//                     [group, D, 2], and the last workgroup to finish (a
+//                     counter in stats[0], zero before the dispatch and reset
+//                     by that workgroup) adds them up into dw and db.
 // `items` counts what the segments handle: rows, (chunk, column)s or columns.
+// flags bit 0: dx is added to what y holds (a gradient accumulated in place).
 #include "common.glsl"
 
 #define FG_WG 256
@@ -26,11 +34,11 @@ layout(std430, set = 0, binding = 0) readonly buffer X { T x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer W { T w[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { T b[]; };
 layout(std430, set = 0, binding = 3) readonly buffer G { T g[]; };
-layout(std430, set = 0, binding = 4) writeonly buffer Y { T y[]; };     // y or dx
+layout(std430, set = 0, binding = 4) buffer Y { T y[]; };               // y or dx
 layout(std430, set = 0, binding = 5) writeonly buffer DW { T dw[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer DB { T db[]; };
-layout(std430, set = 0, binding = 7) buffer Stats { float stats[]; };  // f32 [N, 2]
-layout(std430, set = 0, binding = 8) buffer Part { float part[]; };    // f32 [chunks, D, 2]
+layout(std430, set = 0, binding = 7) coherent buffer Stats { uint stats[]; };  // f32 bits [N, 2]; modes 8, 9: a counter
+layout(std430, set = 0, binding = 8) coherent buffer Part { float part[]; };   // f32 [chunks or groups, D, 2]
 
 layout(push_constant) uniform Push {
     uint items;
@@ -40,7 +48,11 @@ layout(push_constant) uniform Push {
     uint mode;
     float eps;
     uint chunks;
+    uint flags;
 } pc;
+
+#define MAXC 8  // columns per lane in the one-pass backward
+shared bool last_group;
 
 // mean and rstd of row `row` (mean 0 for rmsnorm), all lanes of a segment.
 vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
@@ -61,7 +73,7 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
     return vec2(mean, inversesqrt(v + pc.eps));
 }
 
-void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
+void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec2 cols[MAXC]) {
     uint start = row * pc.D;
     vec2 st = row_stats(start, live, lane, S, rms);
     float mean = st.x, rstd = st.y;
@@ -85,15 +97,54 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
     acc = fg_seg_reduce2(acc, S, 0u, false) / float(pc.D);
     if (!live) return;
     float c = rms ? 0.0 : acc.x;
-    for (uint j = lane; j < pc.D; j += S) {
-        precise float gw = float(g[start + j]) * float(w[j]);
+    bool add = (pc.flags & 1u) != 0u;
+    for (uint j = lane, k = 0u; j < pc.D; j += S, ++k) {
+        float gi = float(g[start + j]);
+        precise float gw = gi * float(w[j]);
         precise float xhat = (float(x[start + j]) - mean) * rstd;
-        y[start + j] = T(rstd * ((gw - c) - xhat * acc.y));
+        float dx = rstd * ((gw - c) - xhat * acc.y);
+        // added as the unfused step would: dx stored (rounded) first, then the sum
+        y[start + j] = T(add ? float(y[start + j]) + float(T(dx)) : dx);
+        if (mode >= 8u && k < MAXC) cols[k] += vec2(gi * xhat, gi);
     }
-    if (lane == 0u) {
-        stats[2u * row] = mean;
-        stats[2u * row + 1u] = rstd;
+    if (lane == 0u && mode < 8u) {
+        stats[2u * row] = floatBitsToUint(mean);
+        stats[2u * row + 1u] = floatBitsToUint(rstd);
     }
+}
+
+// modes 8, 9 after the rows: the workgroup's column sums into part, then
+// the last workgroup adds every workgroup's sums into dw (and db).
+void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
+    uint lid = gl_LocalInvocationID.x;
+    uint per_group = FG_WG / S;
+    uint base = gl_WorkGroupID.x * pc.D;
+    for (uint k = 0u; k < MAXC && k * S < pc.D; ++k) {
+        fg_seg[lid] = cols[k];
+        barrier();
+        uint j = lane + k * S;
+        if (lid < S && j < pc.D) {
+            vec2 sum = fg_seg[lid];
+            for (uint q = 1u; q < per_group; ++q) sum += fg_seg[q * S + lid];
+            part[2u * (base + j)] = sum.x;
+            part[2u * (base + j) + 1u] = sum.y;
+        }
+        barrier();
+    }
+    memoryBarrierBuffer();
+    barrier();
+    if (lid == 0u) last_group = atomicAdd(stats[0], 1u) == gl_NumWorkGroups.x - 1u;
+    barrier();
+    if (!last_group) return;
+    memoryBarrierBuffer();
+    for (uint j = lid; j < pc.D; j += FG_WG) {
+        vec2 acc = vec2(0.0);
+        for (uint q = 0u; q < gl_NumWorkGroups.x; ++q)
+            acc += vec2(part[2u * (q * pc.D + j)], part[2u * (q * pc.D + j) + 1u]);
+        dw[j] = T(acc.x);
+        if (!rms) db[j] = T(acc.y);
+    }
+    if (lid == 0u) stats[0] = 0u;   // ready for the next replay
 }
 
 void columns(uint item, bool live, uint lane, uint S, bool rms) {
@@ -106,7 +157,7 @@ void columns(uint item, bool live, uint lane, uint S, bool rms) {
         for (uint r = chunk * piece + lane; r < end; r += S) {
             uint i = r * pc.D + col;
             float gi = float(g[i]);
-            float xhat = (float(x[i]) - stats[2u * r]) * stats[2u * r + 1u];
+            float xhat = (float(x[i]) - uintBitsToFloat(stats[2u * r])) * uintBitsToFloat(stats[2u * r + 1u]);
             acc += vec2(gi * xhat, gi);
         }
     acc = fg_seg_reduce2(acc, S, 0u, true);
@@ -123,8 +174,8 @@ void columns(uint item, bool live, uint lane, uint S, bool rms) {
 void main() {
     uint S = pc.S;
     uint mode = pc.mode;
-    bool rms = mode == 1u || mode == 3u || mode == 5u || mode == 7u;
-    if (mode >= 6u) {  // one thread per column adds up the chunks' parts
+    bool rms = (mode & 1u) == 1u;
+    if (mode == 6u || mode == 7u) {  // one thread per column adds up the chunks' parts
         for (uint col = gl_GlobalInvocationID.x; col < pc.items; col += gl_NumWorkGroups.x * FG_WG) {
             vec2 acc = vec2(0.0);
             for (uint c = 0u; c < pc.chunks; ++c)
@@ -134,14 +185,17 @@ void main() {
         }
         return;
     }
-    bool il = mode >= 4u;  // columns: consecutive threads take consecutive columns
+    bool il = mode == 4u || mode == 5u;  // columns: consecutive threads take consecutive columns
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
+    vec2 cols[MAXC];
+    for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
-        if (mode < 4u) rows(item, live, lane, S, mode, rms);
-        else columns(item, live, lane, S, rms);
+        if (il) columns(item, live, lane, S, rms);
+        else rows(item, live, lane, S, mode, rms, cols);
     }
+    if (mode >= 8u) finish_columns(cols, lane, S, rms);
 }

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""GPU time of each attention kernel (forward, dq pass, dk/dv pass) for the
+tile configuration the shipped table holds, with SDPA's forward and backward
+on the same GPU in the same process. For a tile sweep, build candidate
+tables elsewhere and run this once per candidate with its .spv files in place:
+
+    python bench/attention_tiles.py [--steps 20] [--json OUT] [--label NAME]
+
+Forward and backward of each case are recorded into one command buffer (the
+graph path's order, so the dq pass reads the forward's lse), every dispatch
+timed by GPU timestamps (medians over --steps submits); the first case is
+checked against float64 numpy."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CASES = [  # batch, seq, heads, head width, causal
+    (1, 1024, 8, 64, True),
+    (16, 256, 8, 64, True),
+    (4, 1024, 8, 64, True),
+    (1, 1024, 8, 64, False),
+]
+
+
+def ours(device, case, steps, check):
+    from flowgrad.exec_vulkan.encoder import encode, read_timestamps
+    from flowgrad.exec_vulkan.lower import attention as attn_low
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.graph import Node, TensorType
+    from flowgrad.ops import get_op
+
+    batch, seq, heads, dh, causal = case
+    attrs_ = {"heads": heads, "causal": causal}
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(np.float32) for _ in range(4))
+    t = TensorType(q.shape, "f32")
+    node = Node(3, "attention", (0, 1, 2), t, attrs=attrs_)
+    with OneShot(device) as s:
+        views = [s.upload(x) for x in (q, k, v)]
+        out, gv = s.empty(q.shape, "f32"), s.upload(g)
+        grads = [s.empty(q.shape, "f32") for _ in range(3)]
+        with s.rec.section("a", "forward"):
+            attn_low.ATTENTION.forward(s.rec, node, views, out)
+        with s.rec.section("a", "backward"):
+            attn_low.ATTENTION.backward(s.rec, node, gv, views, out, grads)
+        # one timestamp interval per dispatch
+        cmds = [attrs.evolve(c, label=(c.shader, str(i))) if hasattr(c, "shader") else c
+                for i, c in enumerate(s.rec.commands)]
+        err = None
+        if check:
+            for x in (out, *grads):
+                s.download(x)
+            got = s.run()
+            op = get_op("attention")
+            wide = [x.astype(np.float64) for x in (q, k, v)]
+            ref = op.forward(wide, attrs_)
+            want = [ref, *op.vjp(g.astype(np.float64), wide, ref, attrs_)[:3]]
+            err = max(float(np.abs(a - w).max() / np.abs(w).max()) for a, w in zip(got, want))
+        s.rec.arena.materialize(device, device.pool)
+        cmd = device.command_buffer()
+        enc = encode(device, cmd, cmds, timestamps=True)
+        times: dict[str, list] = {}
+        try:
+            for _ in range(steps + 2):
+                device.submit_and_wait(cmd, "timing attention")
+                per = {}
+                for label, sec in read_timestamps(device, enc):
+                    if label is not None:  # not the uploads' copies
+                        per[label[0]] = per.get(label[0], 0.0) + sec
+                for shader, sec in per.items():
+                    times.setdefault(shader, []).append(sec)
+        finally:
+            enc.free()
+            device.free_command_buffer(cmd)
+    return {sh: statistics.median(ts[2:]) for sh, ts in times.items()}, err
+
+
+def sdpa(case, steps):
+    import torch
+    import torch.nn.functional as F
+
+    batch, seq, heads, dh, causal = case
+    q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", requires_grad=True) for _ in range(3))
+    g = torch.randn(batch, heads, seq, dh, device="cuda")
+
+    def timed(back):
+        times = []
+        for i in range(steps + 3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            if back:
+                out.backward(g)
+            b.record()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(times)
+
+    fwd = timed(False)
+    return fwd, timed(True) - fwd
+
+
+def main(argv=None) -> int:
+    from flowgrad.exec_vulkan import select_device
+    from flowgrad.exec_vulkan.lower import attention as attn_low
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--json", default=None)
+    p.add_argument("--label", default="shipped")
+    p.add_argument("--no-sdpa", action="store_true")
+    p.add_argument("--tiles", default=None, help='JSON {"fwd": [BR, BC, CT, SLOTS], ...} for the MAXD 64 builds '
+                   "in place (a candidate table's, not the shipped one)")
+    args = p.parse_args(argv)
+    if args.tiles:
+        attn_low.TILES[64].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
+    device = select_device("vulkan")
+    rows = []
+    for i, case in enumerate(CASES):
+        kern, err = ours(device, case, args.steps, check=i == 0)
+        ref = (float("nan"), float("nan"))
+        if not args.no_sdpa:
+            try:
+                ref = sdpa(case, args.steps)
+            except Exception as e:  # noqa: BLE001 - our numbers stand without torch
+                print(f"sdpa unavailable: {e}", file=sys.stderr)
+        fwd = sum(t for sh, t in kern.items() if "fwd" in sh)
+        bwd = sum(t for sh, t in kern.items() if "bwd" in sh)
+        rows.append({"label": args.label, "case": case, "tiles": attn_low.TILES[64], "ms": {k: v * 1e3 for k, v in kern.items()},
+                     "sdpa_ms": [x * 1e3 for x in ref], "ratio": (fwd + bwd) / sum(ref), "err": err})
+        parts = " ".join(f"{sh[5:sh.rindex('_d')]} {t * 1e3:.3f}" for sh, t in kern.items())
+        print(f"[{args.label}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'}: "
+              f"{parts} ms; sdpa {ref[0] * 1e3:.3f}+{ref[1] * 1e3:.3f} ms; ours/sdpa {rows[-1]['ratio']:.2f}x"
+              + (f"; max rel err {err:.1e}" if err is not None else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The lowering of `fused` (a chain of pointwise ops the planner merged,
+planner/fusion.py) on fused_map.comp.
+
+A chain compiles to a register program of the members' own map ops (their
+Lowering.pointwise records): forward, one dispatch computing the chain's
+value per element; backward, one dispatch that recomputes the chain's
+intermediates per element and runs the members' VJP map ops in reverse,
+writing each full-size input gradient (two per dispatch), then one sum per
+input the chain broadcast (a bias), over the full-size gradient.
+
+Why a program in push constants rather than a shader per chain: the
+machines flowgrad runs on have no shader compiler (glslc runs at build
+time only), and one precompiled kernel that interprets a dozen map ops per
+element costs a uniform branch per op, little against the memory traffic
+it saves."""
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, sum_to_shape, unused
+from flowgrad.exec_vulkan.lowering import Lowering, lowering_for, register_lowering
+from flowgrad.ops.registry import attr_defaults, get_op
+
+MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
+MAX_INSTRS = 12     # its program slots (instruction k writes register 4 + k)
+MAX_OUTPUTS = 2
+MAX_PARAMS = 2
+MAX_RANK = 3
+GRAD = ("g",)       # the incoming gradient, as a program source
+
+
+class TooLarge(DeviceError):
+    """The chain does not fit fused_map.comp's program (the planner then
+    fuses less of it)."""
+
+
+@attrs.frozen
+class Program:
+    inputs: tuple       # the source each input register reads: ("x", k) or GRAD
+    instrs: tuple       # (map op id, (a, b, c) registers, param slot)
+    params: tuple       # float per slot
+    outputs: tuple      # the register each output stores
+
+
+class _Builder:
+    """Instructions over symbolic values: ("src", source) or ("ins", j)."""
+
+    def __init__(self):
+        self.instrs: list[tuple] = []
+
+    def emit(self, op, operands, param: float):
+        if int(op) == int(M.COPY):
+            return operands[0]   # a copy is the value itself
+        self.instrs.append((int(op), tuple(operands), float(param)))
+        return ("ins", len(self.instrs) - 1)
+
+    def finish(self, outputs) -> Program:
+        """Dead instructions dropped, registers assigned."""
+        live, stack = set(), [v for v in outputs if v[0] == "ins"]
+        while stack:
+            j = stack.pop()[1]
+            if j not in live:
+                live.add(j)
+                stack += [v for v in self.instrs[j][1] if v[0] == "ins"]
+        kept = sorted(live)
+        sources: list = []
+        for v in [v for j in kept for v in self.instrs[j][1]] + list(outputs):
+            if v[0] == "src" and v[1] not in sources:
+                sources.append(v[1])
+        params = list(dict.fromkeys(self.instrs[j][2] for j in kept))
+        if len(sources) > MAX_INPUTS or len(kept) > MAX_INSTRS or len(params) > MAX_PARAMS:
+            raise TooLarge(f"a fused chain needs {len(sources)} inputs, {len(kept)} instructions and "
+                           f"{len(params)} scalars; fused_map takes {MAX_INPUTS}, {MAX_INSTRS} and {MAX_PARAMS}")
+        reg = {("src", s): k for k, s in enumerate(sources)}
+        reg.update({("ins", j): MAX_INPUTS + k for k, j in enumerate(kept)})
+        instrs = tuple((self.instrs[j][0], tuple(reg[v] for v in self.instrs[j][1]) + (0,) * (3 - len(self.instrs[j][1])),
+                        params.index(self.instrs[j][2])) for j in kept)
+        return Program(tuple(sources), instrs, tuple(params), tuple(reg[v] for v in outputs))
+
+
+def pointwise_of(op_name: str, attrs):
+    return lowering_for(op_name).pointwise(attr_defaults(get_op(op_name).args) | dict(attrs))
+
+
+def _chain(b: _Builder, steps, n_in: int):
+    values = [("src", ("x", k)) for k in range(n_in)]
+    rules = []
+    for op_name, refs, at in steps:
+        pw = pointwise_of(op_name, at)
+        values.append(b.emit(pw.op, [values[r] for r in refs], pw.param))
+        rules.append(pw)
+    return values, rules
+
+
+def forward_program(steps, n_in: int) -> Program:
+    b = _Builder()
+    values, _ = _chain(b, steps, n_in)
+    return b.finish([values[-1]])
+
+
+def backward_values(steps, n_in: int, wanted):
+    """(builder, {input k: symbolic gradient or None}): the chain recomputed,
+    then each member's VJP map ops in reverse, summing where a value is used twice."""
+    b = _Builder()
+    values, rules = _chain(b, steps, n_in)
+    needs = [k in wanted for k in range(n_in)]
+    for _op, refs, _at in steps:
+        needs.append(any(needs[r] for r in refs))
+    adj = {len(values) - 1: ("src", GRAD)}
+    for j in reversed(range(len(steps))):
+        here = n_in + j
+        if here not in adj:
+            continue
+        refs = steps[j][1]
+        names = {"g": adj[here], "y": values[here]} | {f"x{p}": values[r] for p, r in enumerate(refs)}
+        for pos, rule in enumerate(rules[j].grads):
+            r = refs[pos]
+            if rule is None or not needs[r]:
+                continue
+            op, roles = rule
+            d = b.emit(op, [names[x] for x in roles], rules[j].param)
+            adj[r] = d if r not in adj else b.emit(M.ADD, [adj[r], d], 0.0)
+    return b, {k: adj.get(k) for k in wanted}
+
+
+def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
+    """outs[i] = the program's output i, per element of `space` (contiguous)."""
+    n = math.prod(space)
+    if n == 0:
+        return
+    ins = [sources[s] for s in prog.inputs]
+    dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in ins] + [strides(space)])
+    if len(dims) > MAX_RANK:
+        raise TooLarge(f"a fused chain over {list(space)} with these broadcasts needs {len(dims)} axes; "
+                       f"fused_map takes {MAX_RANK}")
+    shape = [d for d, _, _ in dims] + [1] * (MAX_RANK - len(dims))
+    st = []
+    for k in range(MAX_INPUTS):
+        walk = [s[k] for _, _, s in dims] if k < len(ins) else []
+        st += walk + [0] * (MAX_RANK - len(walk))
+    prog_words = [op | a << 8 | b << 12 | c << 16 | p << 20 for op, (a, b, c), p in prog.instrs]
+    prog_words += [0] * (MAX_INSTRS - len(prog_words))
+    params = list(prog.params) + [0.0] * (MAX_PARAMS - len(prog.params))
+    o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
+    meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 9 | o[0] << 12 | o[1] << 16
+    dtype = outs[0].dtype
+    bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
+    bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]
+    rec.dispatch("fused_map", bufs, [n, meta, *shape, *st, *prog_words, *params], groups_1d(n), variant(dtype))
+
+
+def fused_forward(rec, node, ins, out):
+    prog = forward_program(node.attrs["steps"], len(ins))
+    run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
+
+
+def fused_backward(rec, node, g, ins, out, grads):
+    space = tuple(out.shape)
+    wanted = [k for k, v in enumerate(grads) if v is not None]
+    b, adj = backward_values(node.attrs["steps"], len(ins), wanted)
+    sources = {("x", k): v for k, v in enumerate(ins)} | {GRAD: g}
+    full = {GRAD: g} | {("x", k): v for k, v in enumerate(ins) if tuple(v.shape) == space}
+    targets: list[tuple] = []     # (symbolic value, full-size view it is written to)
+    sums: list[tuple] = []        # (full-size view, broadcast gradient summed from it)
+    for k in wanted:
+        value, dst = adj[k], grads[k]
+        if value is None:
+            rec.fill(dst, 0)      # the chain does not reach this input
+            continue
+        held = {v: view for v, view in targets}
+        if tuple(dst.shape) == space:
+            targets.append((value, dst))
+        elif value[0] == "src" and value[1] in full:
+            sums.append((full[value[1]], dst))
+        elif value in held:
+            sums.append((held[value], dst))
+        else:
+            tmp = rec.scratch(space, dst.dtype)
+            targets.append((value, tmp))
+            sums.append((tmp, dst))
+    for i in range(0, len(targets), MAX_OUTPUTS):
+        pair = targets[i:i + MAX_OUTPUTS]
+        if len(pair) == 1 and pair[0][0][0] == "src" and pair[0][0][1] in full:
+            rec.copy(full[pair[0][0][1]], pair[0][1])   # the gradient is an input as it is
+            continue
+        run_program(rec, b.finish([v for v, _ in pair]), sources, [view for _, view in pair], space)
+    for src, dst in sums:
+        sum_to_shape(rec, src, dst)
+
+
+FUSED = register_lowering("fused", Lowering(fused_forward, fused_backward, frozenset({"f32", "f16"}),
+                                            frozenset({"f32", "f16"})))

@@ -1,0 +1,79 @@
+"""Lowerings of the planner's split product and its parts (planner/fusion.py):
+`matmul_parts` computes a @ b with b's columns cut into k equal blocks,
+laid out block-major ([k, ..., n/k]), so each block is one contiguous
+`part`, a view the memory plan places inside the product (no copy either
+way: the parts' consumers read it in place and write their gradients into
+the product's gradient in place).
+
+The product is one batched GEMM each way over the k blocks, on the matmul
+kernels (lower/linalg.py's gemm): forward and db keep the block as a batch
+dim (b's block z starts z * n/k columns in), da sums it."""
+from __future__ import annotations
+
+import math
+
+from flowgrad.dtypes import ITEMSIZE
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.lower.generic import full_attrs
+from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
+from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowering
+
+
+def _sizes(node, a, b):
+    k = full_attrs(node)["parts"]
+    m, kk, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
+    return k, m, kk, n // k
+
+
+def _gemm(rec, *args):
+    if not gemm(rec, *args):
+        raise DeviceError("internal error: a split product's blocks did not map to one batch dim")
+
+
+def parts_forward(rec, node, ins, out):
+    a, b = ins
+    k, m, kk, w = _sizes(node, a, b)
+    # C[z] = A @ B[:, z*w:(z+1)*w]
+    _gemm(rec, Operand(a, kk, 1, (0,)), Operand(b, k * w, 1, (w,)), Operand(out, w, 1, (m * w,)),
+          m, w, kk, (k,), (False,))
+
+
+def parts_backward(rec, node, g, ins, out, grads):
+    a, b = ins
+    k, m, kk, w = _sizes(node, a, b)
+    if grads[0] is not None:   # da = sum_z g[z] @ B[:, block z]^T
+        _gemm(rec, Operand(g, w, 1, (m * w,)), Operand(b, 1, k * w, (w,)), Operand(grads[0], kk, 1, (0,)),
+              m, kk, w, (k,), (True,))
+    if grads[1] is not None:   # db[:, block z] = a^T @ g[z]
+        _gemm(rec, Operand(a, 1, kk, (0,)), Operand(g, w, 1, (m * w,)), Operand(grads[1], k * w, 1, (w,)),
+              kk, w, m, (k,), (False,))
+
+
+def _in_place(inner, outer, elem_offset: int) -> bool:
+    return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
+
+
+def part_offset(node, in_shape) -> int:
+    """Where part `index` starts inside its [k, ...] source, in elements."""
+    return full_attrs(node)["index"] * math.prod(in_shape[1:])
+
+
+def part_forward(rec, node, ins, out):
+    (x,) = ins
+    off = part_offset(node, x.shape)
+    if not _in_place(out, x, off):   # the memory plan put it elsewhere: copy the block
+        rec.copy(x.view(off, out.shape), out)
+
+
+def part_backward(rec, node, g, ins, out, grads):
+    dx = grads[0]
+    if dx is None:
+        return
+    off = part_offset(node, dx.shape)
+    rec.fill(dx, 0)
+    rec.copy(g, dx.view(off, g.shape))
+
+
+register_lowering("matmul_parts", Lowering(parts_forward, parts_backward, FLOATS, FLOATS))
+register_lowering("part", Lowering(part_forward, part_backward, ALL_DTYPES, FLOATS,
+                                   view=lambda node, in_shape: part_offset(node, in_shape)))

@@ -1,0 +1,78 @@
+// variants: f32 f16
+#version 450
+// A chain of map ops in one pass: per element, read up to 4 inputs into
+// registers r0..r3, run a short program of map ops (map_apply.glsl, the ops
+// map_reduce.comp runs one at a time), instruction k writing register 4 + k,
+// and store one or two registers to the outputs.
+//
+// The program comes in the push constants, so one precompiled kernel runs
+// every fused chain: the machines flowgrad runs on have no shader compiler,
+// and a chain is at most a dozen ops. Each input is read through its own
+// strides over an index space of rank <= 3 (0 on a broadcast axis). In the
+// f16 build every instruction's result is rounded to f16, as the same ops
+// run one dispatch each would store it, so fusing never changes a value.
+#include "common.glsl"
+
+#define FG_WG 256
+layout(local_size_x = FG_WG) in;
+
+#include "fg_math.glsl"
+
+layout(std430, set = 0, binding = 0) readonly buffer In0 { T x0[]; };
+layout(std430, set = 0, binding = 1) readonly buffer In1 { T x1[]; };
+layout(std430, set = 0, binding = 2) readonly buffer In2 { T x2[]; };
+layout(std430, set = 0, binding = 3) readonly buffer In3 { T x3[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer Out0 { T y0[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Out1 { T y1[]; };
+
+layout(push_constant) uniform Push {
+    uint n;         // elements of the index space
+    uint meta;      // rank | inputs << 2 | instructions << 5 | outputs << 9 | out0 reg << 12 | out1 reg << 16
+    uint shape[3];
+    uint st[12];    // input k's stride along axis d: st[3 * k + d]
+    uint prog[12];  // map op | a << 8 | b << 12 | c << 16 | param slot << 20 (registers 0..15)
+    float param[2];
+} pc;
+
+#include "map_ops.glsl"
+#include "map_apply.glsl"
+
+float load_input(uint k, uint at) {
+    switch (k) {
+    case 0u: return float(x0[at]);
+    case 1u: return float(x1[at]);
+    case 2u: return float(x2[at]);
+    }
+    return float(x3[at]);
+}
+
+void main() {
+    uint rank = pc.meta & 3u;
+    uint nin = (pc.meta >> 2) & 7u;
+    uint ninstr = (pc.meta >> 5) & 15u;
+    uint nout = (pc.meta >> 9) & 3u;
+    for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * FG_WG) {
+        uint c[3] = uint[3](0u, 0u, 0u);
+        uint rest = i;
+        for (int d = int(rank) - 1; d >= 0; --d) {
+            c[d] = rest % pc.shape[d];
+            rest /= pc.shape[d];
+        }
+        float r[16];
+        for (uint k = 0u; k < 4u; ++k) {
+            r[k] = 0.0;
+            if (k < nin) {
+                uint at = c[0] * pc.st[3u * k] + c[1] * pc.st[3u * k + 1u] + c[2] * pc.st[3u * k + 2u];
+                r[k] = load_input(k, at);
+            }
+        }
+        for (uint k = 0u; k < ninstr; ++k) {
+            uint ins = pc.prog[k];
+            float v = map_apply(ins & 0xffu, r[(ins >> 8) & 15u], r[(ins >> 12) & 15u], r[(ins >> 16) & 15u],
+                                pc.param[(ins >> 20) & 1u]);
+            r[4u + k] = float(T(v));
+        }
+        y0[i] = T(r[(pc.meta >> 12) & 15u]);
+        if (nout > 1u) y1[i] = T(r[(pc.meta >> 16) & 15u]);
+    }
+}

@@ -1,0 +1,57 @@
+// The map ops, on values: y = MAP_op(a, b, c) with the op's scalar `param`.
+// map_reduce.comp runs one per element (a, b, c read from its three inputs);
+// fused_map.comp runs a short list of them per element, on registers. The
+// M_* ids come from the Python table through the generated map_ops.glsl.
+float map_apply(uint op, float a, float b, float c, float param) {
+    switch (op) {
+    case M_COPY: return a;
+    case M_ADD: return a + b;
+    case M_SUB: return a - b;
+    case M_MUL: return a * b;
+    case M_DIV: return a / b;
+    case M_NEG: return -a;
+    case M_EXP: return exp(a);
+    case M_LOG: return log(a);
+    case M_SQRT: return sqrt(a);
+    case M_TANH: return fg_tanh(a);
+    case M_SIGMOID: return fg_sigmoid(a);
+    case M_RELU: return (a > 0.0 || isnan(a)) ? a : 0.0;
+    case M_GELU: return fg_gelu(a);
+    case M_GELU_TANH: return fg_gelu_tanh(a);
+    case M_SILU: return a * fg_sigmoid(a);
+    case M_POW: return fg_pow(a, param);
+    case M_SQDIFF: { float d = a - b; return d * d; }
+    case M_EQ: return a == b ? 1.0 : 0.0;
+    case M_DIV_DB: return -a * (b / c) / c;  // b = a, c = b of the division
+    case M_EXP_B: return a * c;
+    case M_LOG_B: return a / b;
+    case M_SQRT_B: return a * 0.5 / c;
+    case M_TANH_B: { float t = c; return a * (1.0 - t * t); }
+    case M_SIGMOID_B: { float s = c; return a * s * (1.0 - s); }
+    case M_RELU_B: return b > 0.0 ? a : 0.0;
+    case M_GELU_B: return a * fg_gelu_grad(b);
+    case M_GELU_TANH_B: return a * fg_gelu_tanh_grad(b);
+    case M_SILU_B: {
+        float x = b;
+        float s = fg_sigmoid(x);
+        return a * s * (1.0 + x * (1.0 - s));
+    }
+    case M_POW_B: return param == 0.0 ? 0.0 : a * param * fg_pow(b, param - 1.0);  // d/dx x^0 = 0, at 0 too
+    case M_MAX_B: return b == c ? a : 0.0;
+    case M_DIFF_MUL: return c * (a - b);
+    case M_ABS: return abs(a);
+    case M_ABS_B: return a * sign(b);
+    case M_MAXIMUM: return fg_nanmax(a, b);
+    case M_MINIMUM: return fg_nanmin(a, b);
+    case M_MAXIMUM_DA: { float s = b, o = c; return s > o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_MINIMUM_DA: { float s = b, o = c; return s < o ? a : (s == o ? 0.5 * a : 0.0); }
+    case M_WHERE: return a != 0.0 ? b : c;
+    case M_WHERE_DA: return b != 0.0 ? a : 0.0;
+    case M_WHERE_DB: return b != 0.0 ? 0.0 : a;
+    case M_CLAMP_MIN: return fg_nanmax(a, param);
+    case M_CLAMP_MIN_B: return b >= param ? a : 0.0;
+    case M_CLAMP_MAX: return fg_nanmin(a, param);
+    case M_CLAMP_MAX_B: return b <= param ? a : 0.0;
+    }
+    return fg_nan();
+}

@@ -1,0 +1,210 @@
+"""Fusion for the graph path: chains of pointwise ops become one `fused` node.
+
+An op is pointwise when its Vulkan lowering says so (Lowering.pointwise: one
+map op per element, both ways). Walking the graph from its end, each
+pointwise node not yet taken starts a chain and pulls in the pointwise
+nodes it reads whose every user is already in the chain (so the chain has
+one value leaving it: its last node's), as long as the lowering of the
+merged node can take it (fused_map's inputs, program slots, scalars and
+index rank, checked by recording it on a dry run) and fusing keeps every
+gradient sum in its order (`_same_sums`). A chain is kept when
+its fused node records fewer dispatches than its members do (a lone add
+whose two gradients are both the incoming one is a chain of one: fused,
+it writes them in one dispatch, not two).
+
+A product read only through slices that cut its last axis into equal
+blocks (`q, k, v = split(h @ w, 3, axis=-1)`) becomes a `matmul_parts` node
+that lays the blocks out one after another, and each slice a `part` of it:
+a view, placed inside the product by the memory plan, so the split copies
+nothing either way (lower/split_product.py).
+
+The graph path then runs a copy of the graph in which each chain's last
+node is a `fused` node (same id, name and type) reading the chain's inputs;
+the other members are left unread, so no step schedules them. Ids, params,
+inputs and outputs are those of the model's graph."""
+from __future__ import annotations
+
+import attrs
+
+from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.lowering import FLOATS, lowering_for
+from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.ops import get_op
+
+
+@attrs.frozen
+class FusedGroup:
+    node: int              # the chain's last node: the fused node takes its id
+    members: tuple         # the merged nodes in order (the last is `node`)
+    inputs: tuple          # the nodes it reads from outside the chain
+
+
+@attrs.frozen
+class SplitProduct:
+    node: int              # the product (its id stays, now a matmul_parts node)
+    parts: tuple           # the slices, in block order (now parts of it)
+
+
+@attrs.define
+class Fusion:
+    graph: Graph           # the graph the graph path runs
+    groups: list
+    splits: list = attrs.field(factory=list)
+
+    def group_of(self) -> dict[int, FusedGroup]:
+        return {m: grp for grp in self.groups for m in grp.members}
+
+
+def no_fusion(graph: Graph) -> Fusion:
+    return Fusion(graph, [])
+
+
+def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
+    """The slices that cut `node` (a 2-D-weight matmul) into equal blocks of
+    its last axis, in block order; None unless they are all its users."""
+    from flowgrad.ops.shape import _slice_bounds
+
+    if node.op != "matmul" or len(graph.nodes[node.inputs[1]].shape) != 2 or len(node.shape) < 2:
+        return None
+    slices = sorted(set(users[node.id]))
+    if len(slices) < 2 or len(users[node.id]) != len(slices):
+        return None
+    bounds = []
+    for u in slices:
+        user = graph.nodes[u]
+        if user.op != "slice":
+            return None
+        axis, lo, hi = _slice_bounds(node.shape, dict(user.attrs))
+        if axis != len(node.shape) - 1:
+            return None
+        bounds.append((lo, hi, u))
+    bounds.sort()
+    width = node.shape[-1] // len(bounds)
+    if [(lo, hi) for lo, hi, _ in bounds] != [(k * width, (k + 1) * width) for k in range(len(bounds))]:
+        return None
+    return tuple(u for _, _, u in bounds)
+
+
+def split_products(graph: Graph) -> tuple[list, list]:
+    """(splits, rewritten nodes) for every product read only through its blocks."""
+    from flowgrad.graph import TensorType
+
+    users, roots = graph.users(), set(graph.roots())
+    nodes, splits = list(graph.nodes), []
+    for node in graph.nodes:
+        parts = None if node.id in roots else _split_blocks(graph, node, users)
+        if parts is None or lowering_for("matmul_parts") is None:
+            continue
+        k = len(parts)
+        shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
+        nodes[node.id] = Node(node.id, "matmul_parts", node.inputs, TensorType(shape, node.dtype), node.name,
+                              {"parts": k}, node.span)
+        for index, p in enumerate(parts):
+            old = graph.nodes[p]
+            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)
+        splits.append(SplitProduct(node.id, parts))
+    return splits, nodes
+
+
+def _pointwise(node: Node) -> bool:
+    if node.op in LEAF_OPS or node.dtype not in FLOATS:
+        return False
+    low = lowering_for(node.op)
+    op = get_op(node.op)
+    return low is not None and low.pointwise is not None and not op.nondiff and not op.updates
+
+
+def fused_node(graph: Graph, members) -> Node:
+    """The `fused` node computing the chain `members` (sorted ids, last = its value)."""
+    inside = set(members)
+    ext: list[int] = []
+    for m in members:
+        ext += [i for i in graph.nodes[m].inputs if i not in inside and i not in ext]
+    ref = {i: k for k, i in enumerate(ext)} | {m: len(ext) + j for j, m in enumerate(members)}
+    steps = tuple((graph.nodes[m].op, tuple(ref[i] for i in graph.nodes[m].inputs), graph.nodes[m].attrs)
+                  for m in members)
+    last = graph.nodes[members[-1]]
+    return Node(last.id, "fused", tuple(ext), last.type, last.name, {"steps": steps}, last.span)
+
+
+def _dispatches(graph: Graph, node: Node) -> int | None:
+    """Dispatches the node's lowering records both ways (every float input
+    differentiated), on a dry run; None when it can't take the node."""
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    def view(t):
+        return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
+
+    low = lowering_for(node.op)
+    ins = [view(graph.nodes[i].type) for i in node.inputs]
+    grads = [view(graph.nodes[i].type) if graph.nodes[i].dtype in FLOATS else None for i in node.inputs]
+    rec = Recorder(None)
+    try:
+        low.forward(rec, node, ins, view(node.type))
+        low.backward(rec, node, view(node.type), ins, view(node.type), grads)
+    except (DeviceError, ValueError):
+        return None
+    return rec.counts()["dispatches"]
+
+
+def _fits(graph: Graph, node: Node) -> bool:
+    return _dispatches(graph, node) is not None
+
+
+def _saves(graph: Graph, members) -> bool:
+    fused = _dispatches(graph, fused_node(graph, members))
+    return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m]) or 0 for m in members)
+
+
+def _same_sums(graph: Graph, users, members) -> bool:
+    """The chain's backward adds into each input's gradient exactly where the
+    members' own backwards would (so fusing changes no sum's order, and no
+    bit): an input the chain reads twice is read nowhere else, and one read
+    outside too has no reader between its chain member and the chain's end."""
+    inside, last = set(members), members[-1]
+    reads: dict[int, list[int]] = {}
+    for m in members:
+        for i in graph.nodes[m].inputs:
+            if i not in inside:
+                reads.setdefault(i, []).append(m)
+    for i, at in reads.items():
+        outside = [u for u in users[i] if u not in inside]
+        if outside and (len(at) > 1 or any(at[0] < u < last for u in outside)):
+            return False
+    return True
+
+
+def fuse(graph: Graph) -> Fusion:
+    users = graph.users()
+    roots = set(graph.roots())
+    taken: set[int] = set()
+    groups = []
+    for node in reversed(graph.nodes):
+        if node.id in taken or not _pointwise(node):
+            continue
+        members = {node.id}
+        grown = True
+        while grown:
+            grown = False
+            for m in sorted(members, reverse=True):
+                for i in graph.nodes[m].inputs:
+                    cand = graph.nodes[i]
+                    if (i in members or i in taken or i in roots or cand.dtype != node.dtype
+                            or not _pointwise(cand) or not all(u in members for u in users[i])):
+                        continue
+                    chain = sorted(members | {i})
+                    if _same_sums(graph, users, chain) and _fits(graph, fused_node(graph, chain)):
+                        members.add(i)
+                        grown = True
+        chain = tuple(sorted(members))
+        if _same_sums(graph, users, chain) and _saves(graph, chain):
+            fused = fused_node(graph, chain)
+            groups.append(FusedGroup(node.id, chain, fused.inputs))
+            taken |= members
+    groups.reverse()   # in graph order
+    splits, nodes = split_products(graph)
+    if not groups and not splits:
+        return no_fusion(graph)
+    for grp in groups:
+        nodes[grp.node] = fused_node(graph, grp.members)
+    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)

@@ -1,0 +1,274 @@
+"""Fusion of pointwise chains on the graph path (planner/fusion.py, lower/fused.py).
+
+The fused graph must compute what the model's graph does: bit for bit on
+numpy (the fused node runs its members' own rules), to 1e-5 on Vulkan
+against the same step unfused, and to the usual 1e-4 against closures on the
+same device; every Vulkan test asserts the path before comparing numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.exec_closure import ClosureSession
+from flowgrad.exec_vulkan.program import count_dispatches
+from flowgrad.feeds import random_feeds
+from flowgrad.planner import make_plan
+
+GPT_SMALL = dict(d=512, seq=256, heads=8, layers=6, batch=16, vocab=256)
+GPT_TINY = dict(d=16, seq=8, heads=2, layers=2, batch=2, vocab=8)
+
+# every pointwise op with a fused rule, chained with broadcasts, a value used
+# twice inside the chain and one used outside it
+CHAINS = """
+model chains
+config { n = 6
+         m = 5 }
+input x: f32[n, m]
+param a: f32[m] = normal(std=0.5)
+param b: f32[n, m] = normal(std=0.5)
+param c: f32[1, m] = normal(std=0.5)
+h = tanh(x * a + b)
+u = sigmoid(h) * h - exp(0.5 * c) / (b * b + 1.0)
+v = gelu(u + a) + maximum(u, c) - relu(neg(b))
+w = pow(clamp(v, min=-2.0, max=3.0) + 4.0, 2) + sqrt(abs(h) + 1.0) + log(b * b + 2.0) + silu(h) + minimum(h, a)
+loss = sum(w * b) + sum(h)
+minimize loss
+"""
+
+
+def chains(dtype="f32"):
+    return fg.loads(CHAINS.replace("f32", dtype), file="chains.flow")
+
+
+def gpt(config):
+    return fg.load("tiny_gpt", config=config)
+
+
+def test_pointwise_chains_of_the_decoder_are_fused():
+    graph = gpt(GPT_SMALL).graph
+    plan = make_plan(graph, None)
+    ops = [tuple(graph.nodes[i].op for i in grp.members) for grp in plan.fusion.groups]
+    # per block: bias + gelu, residual + bias, and the lone residual add; plus the embedding's add
+    assert ops.count(("add", "gelu")) == 6 and ops.count(("add", "add")) == 6 and ops.count(("add",)) == 7
+    plan.exec_graph.check()
+    assert plan.exec_graph.params == graph.params and plan.exec_graph.outputs == graph.outputs
+
+
+def test_gpt_small_dispatch_counts_fused_and_not():
+    graph = gpt(GPT_SMALL).graph
+    # unfused: layernorm's one-pass backward and in-place dx already count (96 + 222 without them)
+    unfused = count_dispatches(graph, make_plan(graph, None, fusion=False))
+    fused = count_dispatches(graph, make_plan(graph, None))
+    assert (unfused["forward"], unfused["backward"]) == (96, 184)
+    assert (fused["forward"], fused["backward"]) == (66, 129)
+
+
+def test_a_chain_that_needs_too_many_inputs_is_cut():
+    text = """
+model wide
+input x: f32[4]
+param p1: f32[4] = ones()
+param p2: f32[4] = ones()
+param p3: f32[4] = ones()
+param p4: f32[4] = ones()
+param p5: f32[4] = ones()
+loss = sum(x + p1 + p2 + p3 + p4 + p5)
+minimize loss
+"""
+    graph = fg.loads(text).graph
+    plan = make_plan(graph, None)
+    # a backward program reads g and at most 3 inputs: no group spans all six
+    assert plan.fusion.groups and all(len(grp.inputs) <= 4 for grp in plan.fusion.groups)
+    plan.exec_graph.check()
+
+
+def closure_step(graph, params, feeds):
+    outs, loss, grads = ClosureSession(graph, params).step(feeds)
+    return loss, grads
+
+
+@pytest.mark.parametrize("make", [lambda: chains(), lambda: chains("f16"), lambda: gpt(GPT_TINY)],
+                         ids=["chains", "chains-f16", "tiny_gpt"])
+def test_fused_graph_is_bit_identical_on_numpy(make):
+    model = make()
+    graph = model.graph
+    plan = make_plan(graph, None)
+    assert plan.fusion.groups
+    sess = model.compile(device="cpu")
+    feeds = random_feeds(graph, seed=3, int_high=4)
+    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
+    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
+    assert np.array_equal(loss, ref_loss)
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert np.array_equal(grads[name], ref_grads[name]), name
+
+
+def run(model, device, backward, fusion=True, dtype="f32", seed=5):
+    sess = model.compile(device=device, backward=backward, fusion=fusion, dtype=dtype)
+    feeds = random_feeds(sess.graph, seed=seed, int_high=4)
+    res = sess.step(feeds)
+    return sess, res.loss, res.grads
+
+
+def close(a, b, tol):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = max(1.0, float(np.max(np.abs(b))) if b.size else 1.0)
+    assert np.all(np.isfinite(a)) and np.max(np.abs(a - b), initial=0.0) <= tol * scale
+
+
+@pytest.mark.parametrize("name", ["chains", "tiny_gpt"])
+def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
+    model = chains() if name == "chains" else gpt(GPT_TINY)
+    fused, f_loss, f_grads = run(model, "vulkan", "graph")
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
+    clos, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    assert clos.last_path.startswith("closures") and clos.device is not None
+    assert fused.plan.fusion.groups and not plain.plan.fusion.groups
+    assert any(n.op == "fused" for n in fused.runner.graph.nodes)
+    close(f_loss, p_loss, 1e-5)
+    close(f_loss, c_loss, 1e-4)
+    assert set(f_grads) == set(p_grads) == set(c_grads)
+    for k in f_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], 1e-5)
+        close(f_grads[k], c_grads[k], 1e-4)
+
+
+def test_fused_f16_chain_matches_unfused_on_vulkan(vk_device):
+    model = chains("f16")
+    fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype="f16")
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype="f16")
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    assert fused.plan.fusion.groups
+    close(f_loss, p_loss, 2e-3)
+    for k in f_grads:
+        close(f_grads[k], p_grads[k], 2e-3)
+
+
+def test_split_product_parts_are_views_inside_the_product():
+    graph = gpt(GPT_TINY).graph
+    plan = make_plan(graph, None)
+    split = plan.fusion.splits[0]
+    ex = plan.exec_graph
+    assert ex.nodes[split.node].op == "matmul_parts" and [ex.nodes[p].op for p in split.parts] == ["part"] * 3
+    mem = plan.memory
+    whole, grad = mem.slots[("val", split.node)], mem.slots[("grad", split.node)]
+    step = ex.nodes[split.parts[0]].type.nbytes
+    for k, p in enumerate(split.parts):
+        # each block lies in the product's buffer, and its gradient in the product's gradient
+        assert (mem.slots[("val", p)].buffer, mem.slots[("val", p)].offset) == (whole.buffer, whole.offset + k * step)
+        assert (mem.slots[("grad", p)].buffer, mem.slots[("grad", p)].offset) == (grad.buffer, grad.offset + k * step)
+        assert mem.grad_writes[p] == []
+
+
+def test_slices_that_do_not_tile_the_product_stay_slices():
+    text = """
+model uneven
+input x: f32[4, 6]
+param w: f32[6, 6] = normal()
+y = x @ w
+loss = sum(slice(y, axis=-1, start=0, stop=2)) + sum(slice(y, axis=-1, start=2, stop=6))
+minimize loss
+"""
+    plan = make_plan(fg.loads(text).graph, None)
+    assert plan.fusion.splits == [] and {n.op for n in plan.exec_graph.nodes} >= {"matmul", "slice"}
+
+
+RESHAPES = """
+model views
+input x: f32[4, 6]
+param w: f32[6, 8] = normal(std=0.5)
+param v: f32[2, 4, 4] = normal(std=0.5)
+h = reshape(x @ w, [2, 4, 4])
+u = slice(reshape(h, [1, 32]), axis=-1, start=8, stop=24)
+loss = sum(tanh(h) * v) + sum(u * u)
+minimize loss
+"""
+
+
+def test_reshapes_and_leading_slices_are_views_in_the_memory_plan():
+    plan = make_plan(fg.loads(RESHAPES).graph, None)
+    g, mem = plan.exec_graph, plan.memory
+    mm = next(n for n in g.nodes if n.op == "matmul")
+    h = next(n for n in g.nodes if n.name == "h")
+    u = next(n for n in g.nodes if n.name == "u")
+    base = mem.slots[("val", mm.id)]
+    assert (mem.slots[("val", h.id)].buffer, mem.slots[("val", h.id)].offset) == (base.buffer, base.offset)
+    assert (mem.slots[("val", u.id)].buffer, mem.slots[("val", u.id)].offset) == (base.buffer, base.offset + 8 * 4)
+
+
+def test_views_match_closures_on_vulkan(vk_device):
+    model = fg.loads(RESHAPES)
+    g_sess, g_loss, g_grads = run(model, "vulkan", "graph")
+    c_sess, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert g_sess.last_path == "graph" and c_sess.last_path.startswith("closures")
+    close(g_loss, c_loss, 1e-4)
+    for k in c_grads:
+        assert np.any(g_grads[k] != 0), k
+        close(g_grads[k], c_grads[k], 1e-4)
+
+
+# ---------------------------------------------------------------- layernorm in one dispatch each way
+
+NORMS = """
+model norms
+config { n = 600
+         d = 40 }
+input x: f32[n, d]
+param p: f32[d] = normal(std=0.5)
+param g: f32[d] = normal(std=0.5)
+param b: f32[d] = normal(std=0.5)
+param g2: f32[d] = normal(std=0.5)
+param c: f32[n, d] = normal(std=0.5)
+h = x * p
+loss = sum(layernorm(h, g, b) * c) + sum(rmsnorm(h, g2) * x) + sum(h * h)
+minimize loss
+"""
+
+
+def norm_dispatches(graph, op):
+    """The backward dispatches and in-place adds of each `op` node, on the dry-run recorder."""
+    from flowgrad.exec_vulkan.program import StepLayout, record_step
+    from flowgrad.exec_vulkan.recorder import Dispatch, FakeBuffer, Recorder
+
+    plan = make_plan(graph, None)
+    mem, leaf = plan.memory, {}
+    layout = StepLayout(plan.exec_graph, mem, lambda nb, name: FakeBuffer(nb, name),
+                        lambda pb: leaf.setdefault(pb.values[0], FakeBuffer(pb.nbytes)), True, False, None,
+                        (FakeBuffer(0), FakeBuffer(0)))
+    rec = Recorder(None)
+    record_step(rec, plan.exec_graph, mem, layout.view, layout.io)
+    labels = {n.label for n in graph.nodes if n.op == op}
+    shaders = [c.shader for c in rec.commands if isinstance(c, Dispatch) and c.label and c.label[0] in labels
+               and c.label[1] == "backward"]
+    in_place = [w for n in graph.nodes if n.op == op for w in mem.grad_writes.get(n.id, []) if w.key == w.accumulate_into]
+    return shaders, in_place
+
+
+@pytest.mark.parametrize("d, want", [(40, ["norm"]), (2100, ["norm", "norm"])])  # long rows: dx, then the column sums
+def test_norm_backward_dispatches(d, want):
+    graph = fg.loads(NORMS, config={"n": 600 if d == 40 else 3, "d": d}).graph
+    for op in ("layernorm", "rmsnorm"):
+        shaders, in_place = norm_dispatches(graph, op)
+        assert shaders == want, op
+    # x * p feeds both norms and a product (whose backward comes first): each norm adds its dx in place
+    assert len(norm_dispatches(graph, "layernorm")[1]) == len(norm_dispatches(graph, "rmsnorm")[1]) == 1
+
+
+@pytest.mark.parametrize("n, d", [(600, 40), (3, 2100)], ids=["one-pass", "long-rows"])
+def test_norm_backward_matches_closures_on_vulkan(vk_device, n, d):
+    model = fg.loads(NORMS, config={"n": n, "d": d})
+    g_sess, g_loss, g_grads = run(model, "vulkan", "graph")
+    c_sess, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert g_sess.last_path == "graph" and c_sess.last_path.startswith("closures")
+    close(g_loss, c_loss, 1e-4)
+    for k in c_grads:
+        assert np.any(g_grads[k] != 0), k
+        close(g_grads[k], c_grads[k], 1e-4)
+    # replayed: the last workgroup reset its counter, so a second step agrees too
+    again = g_sess.step(random_feeds(g_sess.graph, seed=5, int_high=4))
+    for k in c_grads:
+        close(again.grads[k], c_grads[k], 1e-4)
