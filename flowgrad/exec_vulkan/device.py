@@ -89,13 +89,8 @@ class Device:
         chain = want_s16
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
-            # with the memory model on, a shader's device-scope atomic (GLSL's default scope: the
-            # index-check flags' atomicMin) is valid only with the device-scope feature on too
-            have = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
-            query = vk.VkPhysicalDeviceFeatures2(pNext=have)   # kept in a variable: cffi may free a temporary
-            vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.ffi.addressof(query))
-            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
-                pNext=want_s16, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=have.vulkanMemoryModelDeviceScope)
+            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=want_s16, vulkanMemoryModel=1,
+                                                                        vulkanMemoryModelDeviceScope=1)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model, cooperativeMatrix=1)
         if self.capture_stats:
             exts.append(STATS_EXT)
