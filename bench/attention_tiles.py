@@ -23,11 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CASES = [  # batch, seq, heads, head width, causal
-    (1, 1024, 8, 64, True),
-    (16, 256, 8, 64, True),
-    (4, 1024, 8, 64, True),
-    (1, 1024, 8, 64, False),
+CASES = [  # batch, seq, heads, causal (head width: --maxd)
+    (1, 1024, 8, True),
+    (16, 256, 8, True),
+    (4, 1024, 8, True),
+    (1, 1024, 8, False),
 ]
 
 
@@ -119,14 +119,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--label", default="shipped")
     p.add_argument("--no-sdpa", action="store_true")
-    p.add_argument("--tiles", default=None, help='JSON {"fwd": [BR, BC, CT, SLOTS], ...} for the MAXD 64 builds '
+    p.add_argument("--maxd", type=int, default=64, choices=sorted(attn_low.TILES),
+                   help="the build to time, at head width MAXD")
+    p.add_argument("--tiles", default=None, help='JSON {"fwd": [BR, BC, CT, SLOTS], ...} for the MAXD builds '
                    "in place (a candidate table's, not the shipped one)")
     args = p.parse_args(argv)
     if args.tiles:
-        attn_low.TILES[64].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
+        attn_low.TILES[args.maxd].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
     device = select_device("vulkan")
     rows = []
-    for i, case in enumerate(CASES):
+    for i, (batch, seq, heads, causal) in enumerate(CASES):
+        case = (batch, seq, heads, args.maxd, causal)
         kern, err = ours(device, case, args.steps, check=i == 0)
         ref = (float("nan"), float("nan"))
         if not args.no_sdpa:
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
                 print(f"sdpa unavailable: {e}", file=sys.stderr)
         fwd = sum(t for sh, t in kern.items() if "fwd" in sh)
         bwd = sum(t for sh, t in kern.items() if "bwd" in sh)
-        rows.append({"label": args.label, "case": case, "tiles": attn_low.TILES[64], "ms": {k: v * 1e3 for k, v in kern.items()},
+        rows.append({"label": args.label, "case": case, "tiles": attn_low.TILES[args.maxd], "ms": {k: v * 1e3 for k, v in kern.items()},
                      "sdpa_ms": [x * 1e3 for x in ref], "ratio": (fwd + bwd) / sum(ref), "err": err})
         parts = " ".join(f"{sh[5:sh.rindex('_d')]} {t * 1e3:.3f}" for sh, t in kern.items())
         print(f"[{args.label}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'}: "

@@ -380,7 +380,7 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
     read garbage or give NaN instead of raising."""
     for n, user in uses:
         ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
-        bad = np.flatnonzero(((values < 0) | (values >= n)) & ~ignored)
+        bad = np.flatnonzero(((values < 0) | (values >= n)) & np.logical_not(ignored))
         if bad.size:
             at = np.unravel_index(bad[0], values.shape)
             raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "

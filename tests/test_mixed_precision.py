@@ -251,3 +251,18 @@ def test_the_bench_twin_runs_the_f32_model_under_autocast():
         loss = float(twin.forward(tfeeds)[0].detach())
     np.testing.assert_allclose(loss, sess.step(feeds).loss, rtol=2e-2)
     assert time_torch(twin, tfeeds, 1, compiled=False, amp="bf16") > 0
+
+
+def test_the_bench_report_puts_the_amp_rows_beside_f32_eager():
+    from flowgrad.exec_vulkan.bench import report
+
+    path = {"seconds": 0.024, "submits": 1, "dispatches": 565, "uploads": 3, "downloads": 69}
+    r = {"model": "tiny_gpt", "config": {"d": 512}, "device": "GPU", "dtype": "mixed", "graph": path,
+         "closures": {**path, "seconds": 3.4}, "ratio": 140.0,
+         "torch": {"device": "GPU", "loss_torch": 5.66, "loss_flowgrad": 5.66, "checked_in": "training",
+                   "eager": {"seconds": 0.0146},
+                   "amp_f16": {"seconds": 0.0122}, "amp_bf16": {"seconds": 0.0127}}}
+    text = report(r)
+    assert "eager f32" in text and "graph / AMP f16 eager: 1.97x" in text and "AMP bf16 eager" in text
+    del r["torch"]["amp_f16"], r["torch"]["amp_bf16"]
+    assert "eager f32" not in report(r)

@@ -177,8 +177,9 @@ def report(r: dict) -> str:
         lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, "
                      f"{t['checked_in']} step):")
         g = r["graph"]["seconds"]
-        for name, label in (("eager", "eager f32"), ("amp_f16", "AMP f16 eager"), ("amp_bf16", "AMP bf16 eager"),
-                            ("compile", "torch.compile")):
+        amp = "amp_f16" in t   # mixed: the twin's plain eager step is the f32 model's
+        for name, label in (("eager", "eager f32" if amp else "eager"), ("amp_f16", "AMP f16 eager"),
+                            ("amp_bf16", "AMP bf16 eager"), ("compile", "torch.compile")):
             if name not in t:
                 continue
             e = t[name]

@@ -89,7 +89,8 @@ class Device:
         chain = want_s16
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
-            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=want_s16, vulkanMemoryModel=1)
+            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=want_s16, vulkanMemoryModel=1,
+                                                                        vulkanMemoryModelDeviceScope=1)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model, cooperativeMatrix=1)
         if self.capture_stats:
             exts.append(STATS_EXT)

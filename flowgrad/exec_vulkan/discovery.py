@@ -69,13 +69,14 @@ def coopmat_f16(vk, physical, exts: set[str]) -> bool:
 
 
 def coopmat_f16_query(vk, physical) -> bool:
-    # glslc's cooperative-matrix SPIR-V declares the VulkanMemoryModel capability,
-    # so the device must offer (and the device creation enable) that feature too
+    # glslc's cooperative-matrix SPIR-V declares the VulkanMemoryModel capability
+    # and its barriers take device scope, so the device must offer (and the device
+    # creation enable) both of those features too
     memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
     feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model)
     f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
-    if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel):
+    if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel and memory_model.vulkanMemoryModelDeviceScope):
         return False
     raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
     if raw == vk.ffi.NULL:

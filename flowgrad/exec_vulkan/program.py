@@ -235,7 +235,6 @@ class StepProgram:
             params = {name: sess.param_view(name) for name in graph.trainable()}
             hyper = self.layout.hyper
             zero = dict(self.layout.zero_grads)
-
             skip = self.layout.found
 
             def opt_record(rec):

@@ -37,13 +37,13 @@ void main() {
 
     uint sbase = stat_index(b, h, 0u);
     uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
-    vec4 nq[FETCH_N], ng[FETCH_N];  // the next Q and G tiles, in flight
+    vec4 nq[FETCH_REGS], ng[FETCH_REGS];  // the next Q and G tiles, in flight
     FETCH_TILE(nq, q, p.sq, istart, b, h);
     FETCH_TILE(ng, g, p.sq, istart, b, h);
     for (uint i0 = istart; i0 < p.sq; i0 += BC) {
         barrier();
-        PUT_TILE(Qs, 0u, nq);
-        PUT_TILE(Gs, 0u, ng);
+        PUT_TILE(Qs, 0u, nq, q, p.sq, i0, b, h);
+        PUT_TILE(Gs, 0u, ng, g, p.sq, i0, b, h);
         for (uint r = gl_LocalInvocationID.x; r < BC; r += NT) {
             bool in_seq = i0 + r < p.sq;
             Ls[r] = in_seq ? stats[sbase + i0 + r] : POS_INF;

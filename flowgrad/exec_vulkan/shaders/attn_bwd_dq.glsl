@@ -104,15 +104,15 @@ void main() {
     vec4 acc[RQ][CPT];
     for (uint a = 0u; a < RQ; ++a)
         for (uint y = 0u; y < CPT; ++y) acc[a][y] = vec4(0.0);
-    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    vec4 nk[FETCH_REGS], nv[FETCH_REGS];  // the next K and V tiles, in flight
     FETCH_TILE(nk, k, p.sk, 0u, b, h);
     FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         bool more = j0 + BC < jend;
         barrier();
-        PUT_TILE(KVs, VOFF, nv);
+        PUT_TILE(KVs, VOFF, nv, v, p.sk, j0, b, h);
 #if KV_SLOTS == 2
-        PUT_TILE(KVs, 0u, nk);
+        PUT_TILE(KVs, 0u, nk, k, p.sk, j0, b, h);
         if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif
         barrier();
@@ -121,7 +121,7 @@ void main() {
         TILE_DOTS(dpv, Gs, rg * RQ, KVs, (VOFF / PAD) + c, CT, nc);
 #if KV_SLOTS == 1
         barrier();  // V is no longer read
-        PUT_TILE(KVs, 0u, nk);
+        PUT_TILE(KVs, 0u, nk, k, p.sk, j0, b, h);
         barrier();
         if (more) FETCH_TILE(nk, k, p.sk, j0 + BC, b, h);
 #endif

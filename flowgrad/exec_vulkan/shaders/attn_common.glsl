@@ -93,8 +93,13 @@ float masked(float s, uint b, uint h, uint i, uint j) {
 // A streamed tile in flight: regs[l] holds element e = t + l * NT (row e / NC,
 // chunk e % NC) of head h's rows r0 .. r0 + BC - 1, zero past seq and dh.
 // Fetched into registers before a tile's arithmetic, stored to shared
-// memory after it, so the global loads' latency overlaps the arithmetic.
+// memory after it (PUT_TILE, with the same rows), so the global loads'
+// latency overlaps the arithmetic. Where that would take more than 16 vec4
+// registers per array (wide heads over few threads) they would spill, so
+// PUT_TILE loads straight into shared memory instead and FETCH_TILE is empty.
 #define FETCH_N ((BC * NC + NT - 1) / NT)
+#if FETCH_N <= 16
+#define FETCH_REGS FETCH_N
 #define FETCH_TILE(regs, src, seq, r0, b, h)                                         \
     [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
         uint e_ = gl_LocalInvocationID.x + l_ * NT, r_ = e_ / NC, ch_ = e_ % NC;     \
@@ -106,11 +111,16 @@ float masked(float s, uint b, uint h, uint i, uint j) {
         }                                                                             \
         regs[l_] = x_;                                                                \
     }
-#define PUT_TILE(dst, off, regs)                                                     \
+#define PUT_TILE(dst, off, regs, src, seq, r0, b, h)                                 \
     [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
         uint e_ = gl_LocalInvocationID.x + l_ * NT;                                   \
         if (e_ < BC * NC) dst[(off) + (e_ / NC) * PAD + e_ % NC] = regs[l_];         \
     }
+#else
+#define FETCH_REGS 1
+#define FETCH_TILE(regs, src, seq, r0, b, h)
+#define PUT_TILE(dst, off, regs, src, seq, r0, b, h) LOAD_TILE(dst, off, src, seq, r0, BC, b, h)
+#endif
 
 // out[a][x] = dot of shared head rows A[ia0 + a] and B[ib0 + ibs * x] over
 // the live chunks, for every a < RQ and x < KPT at once: RQ * KPT

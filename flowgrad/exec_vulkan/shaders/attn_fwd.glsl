@@ -37,15 +37,15 @@ void main() {
     }
 
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
-    vec4 nk[FETCH_N], nv[FETCH_N];  // the next K and V tiles, in flight
+    vec4 nk[FETCH_REGS], nv[FETCH_REGS];  // the next K and V tiles, in flight
     FETCH_TILE(nk, k, p.sk, 0u, b, h);
     FETCH_TILE(nv, v, p.sk, 0u, b, h);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         bool more = j0 + BC < jend;
         barrier();  // the previous tile is no longer read
-        PUT_TILE(KVs, 0u, nk);
+        PUT_TILE(KVs, 0u, nk, k, p.sk, j0, b, h);
 #if KV_SLOTS == 2
-        PUT_TILE(KVs, VOFF, nv);
+        PUT_TILE(KVs, VOFF, nv, v, p.sk, j0, b, h);
         if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();
@@ -79,7 +79,7 @@ void main() {
         for (uint x = 0u; x < KPT; ++x) Pt[(c + CT * x) * RG + rg] = pv[x];
 #if KV_SLOTS == 1
         barrier();  // K is no longer read
-        PUT_TILE(KVs, 0u, nv);
+        PUT_TILE(KVs, 0u, nv, v, p.sk, j0, b, h);
         if (more) FETCH_TILE(nv, v, p.sk, j0 + BC, b, h);
 #endif
         barrier();

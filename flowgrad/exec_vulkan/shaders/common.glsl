@@ -1,4 +1,6 @@
 // Shared by flowgrad's compute shaders.
+#ifndef FG_COMMON_GLSL
+#define FG_COMMON_GLSL  // included by a shader and by a GLSL body it includes
 //
 // T is the storage type of float tensors: float, or float16_t when the shader
 // is built with -DF16=1 (the `// variants: f32 f16` first line). Arithmetic is
@@ -27,3 +29,4 @@ uint flat_index() {
 float fg_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
 vec2 fg_nanmax(vec2 a, vec2 b) { return vec2(fg_nanmax(a.x, b.x), fg_nanmax(a.y, b.y)); }
 float fg_nanmin(float a, float b) { return (isnan(a) || a < b) ? a : b; }
+#endif

@@ -14,6 +14,13 @@
 // global loads are in flight in registers, then land in the other buffer, one
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
+//
+// A shader whose operands are not strided matrices (conv_gemm.glsl: image
+// patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
+// push block, and what the block below defines for matrices: the sizes,
+// each operand's memory order and elements (a_at, b_at), the vector forms
+// (a_vec, b_vec, store_c4; never called where A_VEC, B_VEC, C_VEC are
+// false), and the store of one output element (store_c).
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #ifdef F16
@@ -38,6 +45,7 @@
 #define BL ((BV + NT - 1) / NT)
 
 layout(local_size_x = NT) in;
+#ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };
 layout(std430, set = 0, binding = 0) readonly buffer BufA4 { V4 a4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };
@@ -57,6 +65,28 @@ layout(push_constant, std430) uniform Push {
     uint cvec;            // 1: 16-byte stores of C rows
 } p;
 
+#define GEMM_M p.M
+#define GEMM_N p.N
+#define GEMM_K p.K
+#define GEMM_NZ p.nz
+#define GEMM_R p.R
+#define GEMM_KLIMIT p.klimit
+#define A_KFAST (p.sak == 1u)
+#define B_NFAST (p.sbn == 1u)
+#define A_VEC (p.amode == 1u)
+#define B_VEC (p.bmode == 1u)
+#define C_VEC (p.cvec == 1u)
+#define A_BASE(z, r) (p.offa + (z) * p.za + (r) * p.ra)
+#define B_BASE(z, r) (p.offb + (z) * p.zb + (r) * p.rb)
+float a_at(uint base, uint m, uint k) { return float(a[base + m * p.sam + k * p.sak]); }
+float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.sbn]); }
+vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
+vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
+uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
+void store_c(uint z, uint m, uint n, float v) { c[c_at(z, m, n)] = STORE(v); }
+void store_c4(uint z, uint m, uint n, vec4 v) { c4[c_at(z, m, n) / 4u] = V4(v); }
+#endif
+
 shared vec4 As[2][BK][AW];   // As[buf][k][m / 4], component m % 4
 shared vec4 Bs[2][BK][BW];
 
@@ -65,22 +95,22 @@ vec4 ra[AL], rb[BL];         // the next step's tiles, in flight
 // Element e of a tile in load order: for a k-fast operand consecutive
 // invocations walk k (coalesced), else they walk m (or n).
 void load_a(uint base, uint m0, uint k0, uint kend) {
-    bool kfast = p.sak == 1u;
+    bool kfast = A_KFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         vec4 v = vec4(0.0);
         if (e < AV) {
-            if (p.amode == 1u) {
+            if (A_VEC) {
                 uint mm = kfast ? e / (BK / 4) : (e % (BM / 4)) * 4u;
                 uint kk = kfast ? (e % (BK / 4)) * 4u : e / (BM / 4);
                 uint m = m0 + mm, k = k0 + kk;
-                if (m < p.M && k < kend) v = vec4(a4[(base + m * p.sam + k * p.sak) / 4u]);
+                if (m < GEMM_M && k < kend) v = a_vec(base, m, k);
             } else {
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint mm = kfast ? f / BK : f % BM, kk = kfast ? f % BK : f / BM;
                     uint m = m0 + mm, k = k0 + kk;
-                    if (m < p.M && k < kend) v[j] = float(a[base + m * p.sam + k * p.sak]);
+                    if (m < GEMM_M && k < kend) v[j] = a_at(base, m, k);
                 }
             }
         }
@@ -89,22 +119,22 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
 }
 
 void load_b(uint base, uint n0, uint k0, uint kend) {
-    bool nfast = p.sbn == 1u;
+    bool nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         vec4 v = vec4(0.0);
         if (e < BV) {
-            if (p.bmode == 1u) {
+            if (B_VEC) {
                 uint nn = nfast ? (e % (BN / 4)) * 4u : e / (BK / 4);
                 uint kk = nfast ? e / (BN / 4) : (e % (BK / 4)) * 4u;
                 uint n = n0 + nn, k = k0 + kk;
-                if (n < p.N && k < kend) v = vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]);
+                if (n < GEMM_N && k < kend) v = b_vec(base, k, n);
             } else {
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint nn = nfast ? f % BN : f / BK, kk = nfast ? f / BN : f % BK;
                     uint n = n0 + nn, k = k0 + kk;
-                    if (n < p.N && k < kend) v[j] = float(b[base + k * p.sbk + n * p.sbn]);
+                    if (n < GEMM_N && k < kend) v[j] = b_at(base, k, n);
                 }
             }
         }
@@ -116,16 +146,16 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
 // loads), along m (m-fast, vector loads), or is 4 consecutive load-order
 // elements (scalar loads).
 void store_a(uint buf) {
-    bool kfast = p.sak == 1u;
+    bool kfast = A_KFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= AV) continue;
-        if (p.amode == 1u && !kfast) {
+        if (A_VEC && !kfast) {
             As[buf][e / (BM / 4)][e % (BM / 4)] = ra[l];
         } else {
             [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                 uint mm, kk;
-                if (p.amode == 1u) { mm = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
+                if (A_VEC) { mm = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
                 else { uint f = e * 4u + j; mm = kfast ? f / BK : f % BM; kk = kfast ? f % BK : f / BM; }
                 As[buf][kk][mm / 4u][mm % 4u] = ra[l][j];
             }
@@ -134,16 +164,16 @@ void store_a(uint buf) {
 }
 
 void store_b(uint buf) {
-    bool nfast = p.sbn == 1u;
+    bool nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= BV) continue;
-        if (p.bmode == 1u && nfast) {
+        if (B_VEC && nfast) {
             Bs[buf][e / (BN / 4)][e % (BN / 4)] = rb[l];
         } else {
             [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                 uint nn, kk;
-                if (p.bmode == 1u) { nn = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
+                if (B_VEC) { nn = e / (BK / 4); kk = (e % (BK / 4)) * 4u + j; }
                 else { uint f = e * 4u + j; nn = nfast ? f % BN : f / BK; kk = nfast ? f / BN : f % BK; }
                 Bs[buf][kk][nn / 4u][nn % 4u] = rb[l][j];
             }
@@ -154,15 +184,15 @@ void store_b(uint buf) {
 void main() {
     uint tx = gl_LocalInvocationIndex % WN, ty = gl_LocalInvocationIndex / WN;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    for (uint z = gl_WorkGroupID.z; z < p.nz; z += gl_NumWorkGroups.z) {
+    for (uint z = gl_WorkGroupID.z; z < GEMM_NZ; z += gl_NumWorkGroups.z) {
         vec4 acc[TM][GN];
         [[unroll]] for (uint i = 0u; i < TM; ++i)
             [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] = vec4(0.0);
-        uint kend = p.klimit == 0u ? p.K : min(p.K, p.klimit - z * p.K);
+        uint kend = GEMM_KLIMIT == 0u ? GEMM_K : min(GEMM_K, GEMM_KLIMIT - z * GEMM_K);
         uint steps = (kend + BK - 1u) / BK;
-        for (uint r = 0u; r < p.R; ++r) {
-            uint abase = p.offa + z * p.za + r * p.ra;
-            uint bbase = p.offb + z * p.zb + r * p.rb;
+        for (uint r = 0u; r < GEMM_R; ++r) {
+            uint abase = A_BASE(z, r);
+            uint bbase = B_BASE(z, r);
             load_a(abase, m0, 0u, kend);
             load_b(bbase, n0, 0u, kend);
             store_a(0u);
@@ -189,18 +219,16 @@ void main() {
                 barrier();
             }
         }
-        uint cbase = p.offc + z * p.zc;
         [[unroll]] for (uint i = 0u; i < TM; ++i) {
             uint m = m0 + (i / 4u) * (WM * 4u) + ty * 4u + i % 4u;
-            if (m >= p.M) continue;
+            if (m >= GEMM_M) continue;
             [[unroll]] for (uint j = 0u; j < GN; ++j) {
                 uint n = n0 + j * (WN * 4u) + tx * 4u;
-                uint at = cbase + m * p.scm + n;
-                if (p.cvec == 1u && n + 3u < p.N) {
-                    c4[at / 4u] = V4(acc[i][j]);
+                if (C_VEC && n + 3u < GEMM_N) {
+                    store_c4(z, m, n, acc[i][j]);
                 } else {
                     [[unroll]] for (uint q = 0u; q < 4u; ++q)
-                        if (n + q < p.N) c[at + q] = STORE(acc[i][j][q]);
+                        if (n + q < GEMM_N) store_c(z, m, n + q, acc[i][j][q]);
                 }
             }
         }

@@ -1,9 +1,8 @@
-// variants: f32 f16
-#version 450
-// Convolution as implicit GEMM: matmul.comp's 64x64 shared-memory tiles,
-// with the operand tiles gathered from the image on the fly (im2col patches
-// never exist in memory). NCHW input x [N, C, H, W], output y [N, O, OH, OW],
-// weight w [O, C/G, KH, KW]; workgroup z is the group. Per group:
+// Convolution as implicit GEMM on matmul_tiled.glsl's tiles: this file
+// supplies the GEMM's operands (GEMM_OPERANDS), gathered from the image on
+// the fly, so im2col patches never exist in memory. NCHW input x
+// [N, C, H, W], output y [N, O, OH, OW], weight w [O, C/G, KH, KW]; the
+// GEMM's batch z is the group. Per group:
 //   mode 0, y  = x * w:   M = N*OH*OW,  cols = O/G,          K = (C/G)*KH*KW
 //   mode 1, dx = g * w^T: M = N*H*W,    cols = C/G,          K = (O/G)*KH*KW
 //   mode 2, dw = g^T * x: M = O/G,      cols = (C/G)*KH*KW,  K = N*OH*OW
@@ -11,13 +10,12 @@
 // cover it (a tap whose offset the stride does not divide reads zero), so
 // every output element is written by exactly one thread: no atomics.
 // The bias (has_bias) is added to column z*cols + col in every mode (mode 1
-// is the forward of a transposed convolution).
+// is the forward of a transposed convolution). Loads are scalar gathers:
+// modes 0 and 1 walk pixels along M (contiguous in the image), mode 2
+// along K; B runs along K in every mode.
+#define GEMM_OPERANDS
 #include "common.glsl"
-#define BM 64
-#define BN 64
-#define BK 16
 
-layout(local_size_x = 16, local_size_y = 16) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };     // mode 0: x, 1 and 2: g
 layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };     // mode 0 and 1: w, 2: x
 layout(std430, set = 0, binding = 2) readonly buffer BufBias { T bias[]; };
@@ -29,8 +27,26 @@ layout(push_constant, std430) uniform Push {
     uint G, mode, has_bias;
 } p;
 
-shared float As[BK][BM + 1];
-shared float Bs[BK][BN + 1];
+uint conv_m() { return p.mode == 0u ? p.N * p.OH * p.OW : p.mode == 1u ? p.N * p.H * p.W : p.O / p.G; }
+uint conv_n() { uint cg = p.C / p.G; return p.mode == 0u ? p.O / p.G : p.mode == 1u ? cg : cg * p.KH * p.KW; }
+uint conv_k() {
+    uint kk = p.KH * p.KW;
+    return p.mode == 0u ? (p.C / p.G) * kk : p.mode == 1u ? (p.O / p.G) * kk : p.N * p.OH * p.OW;
+}
+
+#define GEMM_M conv_m()
+#define GEMM_N conv_n()
+#define GEMM_K conv_k()
+#define GEMM_NZ p.G
+#define GEMM_R 1u
+#define GEMM_KLIMIT 0u
+#define A_KFAST (p.mode == 2u)
+#define B_NFAST false
+#define A_VEC false
+#define B_VEC false
+#define C_VEC false
+#define A_BASE(z, r) (z)
+#define B_BASE(z, r) (z)
 
 // the input pixel a tap of an output pixel reads; false in the padding
 bool tap_input(uint oh, uint ow, uint r, uint s, out uint ih, out uint iw) {
@@ -52,7 +68,8 @@ bool tap_output(uint ih, uint iw, uint r, uint s, out uint oh, out uint ow) {
 }
 
 float x_at(uint n, uint ch, uint ih, uint iw) {
-    return float(p.mode == 0u ? a[((n * p.C + ch) * p.H + ih) * p.W + iw] : b[((n * p.C + ch) * p.H + ih) * p.W + iw]);
+    uint i = ((n * p.C + ch) * p.H + ih) * p.W + iw;
+    return float(p.mode == 0u ? a[i] : b[i]);
 }
 
 float g_at(uint n, uint ch, uint oh, uint ow) {
@@ -60,7 +77,7 @@ float g_at(uint n, uint ch, uint oh, uint ow) {
 }
 
 // A(m, k) of group z
-float load_a(uint z, uint m, uint k) {
+float a_at(uint z, uint m, uint k) {
     uint kk = p.KH * p.KW;
     if (p.mode == 0u) {
         uint ohw = p.OH * p.OW, cg = p.C / p.G;
@@ -82,7 +99,7 @@ float load_a(uint z, uint m, uint k) {
 }
 
 // B(k, col) of group z
-float load_b(uint z, uint k, uint col) {
+float b_at(uint z, uint k, uint col) {
     uint kk = p.KH * p.KW, cg = p.C / p.G, og = p.O / p.G;
     if (p.mode == 0u)
         return float(b[(z * og + col) * cg * kk + k]);
@@ -95,61 +112,23 @@ float load_b(uint z, uint k, uint col) {
     return 0.0;
 }
 
-uint c_index(uint z, uint m, uint col) {
+// never called: the *_VEC switches are off (gathered operands have no vector form)
+vec4 a_vec(uint base, uint m, uint k) { return vec4(0.0); }
+vec4 b_vec(uint base, uint k, uint n) { return vec4(0.0); }
+void store_c4(uint z, uint m, uint n, vec4 v) {}
+
+void store_c(uint z, uint m, uint col, float v) {
     uint cg = p.C / p.G, og = p.O / p.G;
+    if (p.has_bias != 0u) v += float(bias[z * conv_n() + col]);
+    uint at;
     if (p.mode == 0u) {
         uint ohw = p.OH * p.OW;
-        return ((m / ohw) * p.O + z * og + col) * ohw + m % ohw;
-    }
-    if (p.mode == 1u) {
+        at = ((m / ohw) * p.O + z * og + col) * ohw + m % ohw;
+    } else if (p.mode == 1u) {
         uint hw = p.H * p.W;
-        return ((m / hw) * p.C + z * cg + col) * hw + m % hw;
+        at = ((m / hw) * p.C + z * cg + col) * hw + m % hw;
+    } else {
+        at = (z * og + m) * cg * p.KH * p.KW + col;
     }
-    return (z * og + m) * cg * p.KH * p.KW + col;
-}
-
-void main() {
-    uint kk = p.KH * p.KW, cg = p.C / p.G, og = p.O / p.G;
-    uint M = p.mode == 0u ? p.N * p.OH * p.OW : p.mode == 1u ? p.N * p.H * p.W : og;
-    uint NC = p.mode == 0u ? og : p.mode == 1u ? cg : cg * kk;
-    uint K = p.mode == 0u ? cg * kk : p.mode == 1u ? og * kk : p.N * p.OH * p.OW;
-    // modes 0 and 1 walk pixels along M (contiguous in the image), mode 2 along K
-    bool a_mfast = p.mode != 2u;
-    uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
-    uint tid = ty * 16u + tx;
-    uint z = gl_WorkGroupID.z;
-    uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    float acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
-    for (uint k0 = 0u; k0 < K; k0 += BK) {
-        for (uint e = 0u; e < 4u; ++e) {
-            uint l = tid + e * 256u;
-            uint mm = a_mfast ? l % BM : l / BK;
-            uint ka = a_mfast ? l / BM : l % BK;
-            As[ka][mm] = (m0 + mm < M && k0 + ka < K) ? load_a(z, m0 + mm, k0 + ka) : 0.0;
-            uint nn = l / BK, kb = l % BK;
-            Bs[kb][nn] = (n0 + nn < NC && k0 + kb < K) ? load_b(z, k0 + kb, n0 + nn) : 0.0;
-        }
-        barrier();
-        for (uint q = 0u; q < BK; ++q) {
-            float av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = As[q][ty + 16u * uint(i)];
-            for (int j = 0; j < 4; ++j) bv[j] = Bs[q][tx + 16u * uint(j)];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-        }
-        barrier();
-    }
-    for (int i = 0; i < 4; ++i) {
-        uint m = m0 + ty + 16u * uint(i);
-        if (m >= M) continue;
-        for (int j = 0; j < 4; ++j) {
-            uint col = n0 + tx + 16u * uint(j);
-            if (col >= NC) continue;
-            float v = acc[i][j];
-            if (p.has_bias != 0u) v += float(bias[z * NC + col]);
-            c[c_index(z, m, col)] = STORE(v);
-        }
-    }
+    c[at] = STORE(v);
 }
