@@ -3,10 +3,11 @@ in f16) at 4096^3 and gpt_small's shapes, beside torch.matmul on the same GPU;
 the measured table in flowgrad/exec_vulkan/lower/matmul_kernels.py comes from
 this. Full rows go to $OUT/matmul_sweep.json (or ./matmul_sweep.json).
 
-    python bench/matmul_sweep.py [--quick] [--confirm]
+    python bench/matmul_sweep.py [--quick] [--confirm] [--f16-only]
 
 --confirm times only the kernels the table picks (f32) and the
-cooperative-matrix variants (f16), beside torch."""
+cooperative-matrix variants (f16), beside torch; --f16-only skips the f32
+tiles. In f16 each matmul_cm2 tile runs as the table splits K and unsplit (x1)."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,8 @@ def main() -> int:
     except ImportError:
         pass
     device = select_device("vulkan")
-    print(f"device: {device.info}  coopmat={device.info.coopmat}  coopmat_f16={device.info.coopmat_f16}", flush=True)
+    print(f"device: {device.info}  coopmat={device.info.coopmat}  coopmat_f16={device.info.coopmat_f16}  "
+          f"cm2 invocations={device.info.cm2_invocations} granularity={device.info.cm2_granularity}", flush=True)
     if device.info.coopmat and not device.info.coopmat_f16:
         from flowgrad.exec_vulkan import discovery, instance
         try:
@@ -41,7 +43,7 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - diagnosis only
             traceback.print_exc()
     out = {"device": device.info.name, "f32": [], "splitk": [], "f16": []}
-    shapes = mb.SQUARE + (mb.GPT_SMALL[:2] if quick else mb.GPT_SMALL)
+    shapes = [] if "--f16-only" in sys.argv else mb.SQUARE + (mb.GPT_SMALL[:2] if quick else mb.GPT_SMALL)
     summary = []
     for shape in shapes:
         tiles = [] if confirm else [(s, None) for s in sorted(mk.TILES)]
@@ -57,11 +59,13 @@ def main() -> int:
             rows = mb.run(device, "f32", [shape], [(t, c) for c in (1, 2, 4, 8, 16)])
             out["splitk"] += rows
             print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
-    f16_shapes = mb.SQUARE + [(4096, 1536, 512, "nn"), (4096, 512, 1536, "nt"), (512, 1536, 4096, "tn"),
-                              (4096, 2048, 512, "nn")]
+    f16_shapes = mb.SQUARE + mb.GPT_SMALL
     kernels = [(mk.F16_TILE, None), (None, None)]
     if device.info.coopmat_f16:
         kernels = [(s, None) for s in sorted(mk.COOPS)] + kernels
+    cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t))
+    kernels = [(s, None) for s in cm2s] + [(s, 1) for s in cm2s if not confirm] + kernels
+
     for shape in f16_shapes[:2] if quick else f16_shapes:
         try:
             rows = mb.run(device, "f16", [shape], kernels)

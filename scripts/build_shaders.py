@@ -14,10 +14,15 @@ Every compiled shader's push-constant block is checked against its spec in
 flowgrad/exec_vulkan/push_constants.py (names, types, array lengths, byte
 offsets); a mismatch fails the build and --check.
 Generated headers (map_ops.glsl: the map-op ids of map_reduce.comp, from the
-Python table) are written first and checked by --check. Needs Debian's `glslc`."""
+Python table) are written first and checked by --check. Needs Debian's `glslc`;
+a source whose first line is `// compiler: glslc-2025` (GL_NV_cooperative_matrix2)
+is compiled by a glslc of shaderc 2025.2 or newer instead, for Vulkan 1.3:
+$FLOWGRAD_GLSLC_2025, else Debian trixie's, which scripts/fetch_glslc.sh (run by
+`./dev.sh test`) unpacks into ~/.cache/flowgrad/glslc-trixie."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -40,11 +45,14 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     shaders, read from the lowering modules that own the tile choices."""
     sys.path.insert(0, str(ROOT))
     from flowgrad.exec_vulkan.lower.attention import shader_builds
+    from flowgrad.exec_vulkan import matmul_cm2
 
     out = {}
     for stem, (body, defines) in shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
+    for stem, (body, defines) in matmul_cm2.builds().items():   # f16 only: one build each
+        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 
 
@@ -82,6 +90,12 @@ def outputs(source: Path) -> dict[str, list[str]]:
     return {(f"{stem}.spv" if v == "f32" else f"{stem}.{v}.spv"): KNOWN_VARIANTS[v] for v in variants(source)}
 
 
+NEW_GLSLC = "glslc-2025"
+NEW_GLSLC_FLAGS = ["--target-env=vulkan1.3", "-O"]   # cooperative matrix 2 needs SPIR-V 1.6
+TRIXIE_ROOT = Path(os.environ.get("FLOWGRAD_GLSLC_ROOT")
+                   or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowgrad" / "glslc-trixie")
+
+
 def glslc() -> str:
     path = shutil.which("glslc")
     if path is None:
@@ -89,10 +103,29 @@ def glslc() -> str:
     return path
 
 
+def new_glslc() -> list[str]:
+    """The command that runs a glslc of shaderc 2025.2 or newer: $FLOWGRAD_GLSLC_2025,
+    else the unpacked Debian trixie one, through trixie's own loader and libraries."""
+    if os.environ.get("FLOWGRAD_GLSLC_2025"):
+        return [os.environ["FLOWGRAD_GLSLC_2025"]]
+    loader, exe = TRIXIE_ROOT / "usr/lib64/ld-linux-x86-64.so.2", TRIXIE_ROOT / "usr/bin/glslc"
+    if not (loader.exists() and exe.exists()):
+        raise BuildError(f"the cooperative-matrix-2 shaders need glslc >= 2025.2 (glslang >= 15), not found in "
+                         f"{TRIXIE_ROOT}: run scripts/fetch_glslc.sh (fetches Debian trixie's), or set "
+                         "FLOWGRAD_GLSLC_2025=/path/to/glslc")
+    return [str(loader), "--library-path", str(TRIXIE_ROOT / "usr/lib/x86_64-linux-gnu"), str(exe)]
+
+
+def needs_new_glslc(source: Path) -> bool:
+    first = source.read_text().splitlines()[:1]
+    return bool(first) and first[0].strip().startswith(f"// compiler: {NEW_GLSLC}")
+
+
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
     # a .glsl body has no stage in its name: say it is a compute shader
     stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
-    cmd = [glslc(), *GLSLC_FLAGS, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
+    compiler = new_glslc() + NEW_GLSLC_FLAGS if needs_new_glslc(source) else [glslc(), *GLSLC_FLAGS]
+    cmd = [*compiler, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise BuildError(f"glslc failed on {source.name} {' '.join(flags)}:\n{res.stderr.strip()}")

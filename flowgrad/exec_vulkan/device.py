@@ -12,7 +12,8 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
-from flowgrad.exec_vulkan.discovery import (COOPMAT_EXT, _extensions, compute_family, describe, features,
+from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_NEEDED, COOPMAT_EXT,
+                                            RawStruct, _extensions, compute_family, describe, features,
                                             physical_devices)
 from flowgrad.exec_vulkan import faults
 from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
@@ -87,11 +88,19 @@ class Device:
         # chained nowhere else: Debian's validation layer, 1.3.239, rejects it)
         exts = []
         chain = want_s16
+        if self.info.coopmat_f16 or self.info.cm2_invocations:
+            chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=chain, vulkanMemoryModel=1,
+                                                                 vulkanMemoryModelDeviceScope=int(self.info.coopmat_f16))
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
-            memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=want_s16, vulkanMemoryModel=1,
-                                                                        vulkanMemoryModelDeviceScope=1)
-            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model, cooperativeMatrix=1)
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
+        if self.info.cm2_invocations:   # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads
+            exts += CM2_EXTS
+            chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
+            self._cm2_features = RawStruct(vk, CM2_FEATURES_STYPE, len(CM2_FEATURES), pnext=chain)
+            for name in CM2_NEEDED:
+                self._cm2_features[CM2_FEATURES.index(name)] = 1
+            chain = self._cm2_features.ptr
         if self.capture_stats:
             exts.append(STATS_EXT)
             chain = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(pNext=chain, pipelineExecutableInfo=1)

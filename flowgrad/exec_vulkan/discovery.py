@@ -25,6 +25,10 @@ class DeviceInfo:
     max_storage_range: int = 0  # bytes one storage-buffer binding may address (0: unknown)
     max_groups: tuple = ()     # maxComputeWorkGroupCount ((): unknown)
     coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
+    # VK_NV_cooperative_matrix2 (matmul_cm2): the workgroup sizes that take workgroup-scope f16 x f16 + f32
+    # products of flexible dimensions, and those dimensions' (M, N, K) granularity; () where it is absent
+    cm2_invocations: tuple = ()
+    cm2_granularity: tuple = ()
 
     @property
     def is_gpu(self) -> bool:
@@ -95,6 +99,94 @@ def coopmat_f16_query(vk, physical) -> bool:
                == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
 
 
+CM2_EXTS = ("VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
+# the binding (Vulkan headers 1.3.275) predates VK_NV_cooperative_matrix2: its structs are built by hand
+CM2_FEATURES_STYPE = 1000593000   # VkPhysicalDeviceCooperativeMatrix2FeaturesNV
+CM2_FLEX_STYPE = 1000593001       # VkCooperativeMatrixFlexibleDimensionsPropertiesNV
+# VkPhysicalDeviceCooperativeMatrix2FeaturesNV's VkBool32s, in order
+CM2_FEATURES = ("workgroupScope", "flexibleDimensions", "reductions", "conversions", "perElementOperations",
+                "tensorAddressing", "blockLoads")
+CM2_NEEDED = ("workgroupScope", "flexibleDimensions", "tensorAddressing")
+_WORKGROUP = 2                    # VkScopeKHR
+
+
+class RawStruct:
+    """A Vulkan struct the binding has no type for: sType, pNext, then 32-bit
+    fields, in memory the binding can chain (pass .ptr as a pNext)."""
+
+    HEADER_WORDS = 4   # sType, padding, the 8-byte pNext
+
+    def __init__(self, vk, stype: int, fields: int, pnext=None):
+        self.vk = vk
+        self.words = vk.ffi.new("uint32_t[]", self.HEADER_WORDS + fields)
+        self.words[0] = stype
+        self._next = pnext   # kept alive with this struct
+        if pnext is not None:
+            target = vk.ffi.addressof(pnext) if vk.ffi.typeof(pnext).kind == "struct" else pnext
+            vk.ffi.cast("void**", self.words + 2)[0] = vk.ffi.cast("void*", target)
+
+    @property
+    def ptr(self):
+        return self.vk.ffi.cast("void*", self.words)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.words[self.HEADER_WORDS + i])
+
+    def __setitem__(self, i: int, value: int) -> None:
+        self.words[self.HEADER_WORDS + i] = value
+
+
+def cm2_f16(vk, physical, exts: set[str]) -> tuple[tuple, tuple]:
+    """(workgroup sizes, (M, N, K) granularity) for matmul_cm2 on this device, or
+    ((), ()) where the extensions, features or an f16 x f16 + f32 workgroup-scope
+    shape are missing. A query the binding cannot make counts as absent."""
+    if not set(CM2_EXTS) <= exts:
+        return (), ()
+    try:
+        return cm2_f16_query(vk, physical)
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return (), ()
+
+
+def cm2_features(vk, physical) -> dict[str, bool]:
+    """VkPhysicalDeviceCooperativeMatrix2FeaturesNV, and KHR's cooperativeMatrix and the
+    Vulkan memory model (the SPIR-V declares it), by name."""
+    memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
+    khr = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=memory_model)
+    nv2 = RawStruct(vk, CM2_FEATURES_STYPE, len(CM2_FEATURES), pnext=khr)
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=nv2.ptr)
+    vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
+    out = {name: bool(nv2[i]) for i, name in enumerate(CM2_FEATURES)}
+    out.update(cooperativeMatrix=bool(khr.cooperativeMatrix), vulkanMemoryModel=bool(memory_model.vulkanMemoryModel))
+    return out
+
+
+def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
+    have = cm2_features(vk, physical)
+    if not all(have[n] for n in (*CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel")):
+        return (), ()
+    raw = vk.lib.vkGetInstanceProcAddr(instance().handle,
+                                       b"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV")
+    if raw == vk.ffi.NULL:
+        return (), ()
+    query = vk.ffi.cast("VkResult (*)(VkPhysicalDevice, uint32_t *, void *)", raw)
+    count = vk.ffi.new("uint32_t*")
+    if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+        return (), ()
+    size = 14   # words: sType, pad, pNext, then M/N/K granularity, A/B/C/Result types, saturating, scope, invocations
+    props = vk.ffi.new("uint32_t[]", size * count[0])
+    for i in range(count[0]):
+        props[i * size] = CM2_FLEX_STYPE
+    if query(physical, count, props) != vk.VK_SUCCESS:
+        return (), ()
+    rows = [tuple(int(props[i * size + 4 + j]) for j in range(10)) for i in range(count[0])]
+    ok = [r for r in rows if r[3:8] == (_F16, _F16, _F32, _F32, 0) and r[8] == _WORKGROUP]
+    if not ok:
+        return (), ()
+    granularity = tuple(max(r[j] for r in ok) for j in range(3))
+    return tuple(sorted({r[9] for r in ok})), granularity
+
+
 def compute_family(vk, physical) -> tuple[int, int] | None:
     """(queue family index, timestampValidBits): a compute-only family if there is one."""
     families = list(vk.vkGetPhysicalDeviceQueueFamilyProperties(physical))
@@ -128,7 +220,13 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         max_groups=tuple(int(x) for x in props.limits.maxComputeWorkGroupCount),
         coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
                      and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
-                     and coopmat_f16(vk, physical, exts)))
+                     and coopmat_f16(vk, physical, exts)),
+        **_cm2_fields(vk, physical, exts, bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)))
+
+
+def _cm2_fields(vk, physical, exts, f16_ok: bool) -> dict:
+    invocations, granularity = cm2_f16(vk, physical, exts) if f16_ok else ((), ())
+    return {"cm2_invocations": invocations, "cm2_granularity": granularity}
 
 
 def physical_devices():

@@ -71,8 +71,9 @@ class Instance:
                 raise DeviceError(f"{VALIDATION_ENV}=1 but {VALIDATION_LAYER} is not installed",
                                   hint="Debian: apt-get install vulkan-validationlayers")
             layers, exts = [VALIDATION_LAYER], ["VK_EXT_debug_utils"]
+        # 1.3: the cooperative-matrix-2 GEMM is SPIR-V 1.6 (a device of an older version runs at its own)
         app = vk.VkApplicationInfo(pApplicationName="flowgrad", applicationVersion=1, pEngineName="flowgrad",
-                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 2, 0))
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
         info = vk.VkInstanceCreateInfo(pApplicationInfo=app, enabledLayerCount=len(layers),
                                        ppEnabledLayerNames=layers, enabledExtensionCount=len(exts),
                                        ppEnabledExtensionNames=exts)

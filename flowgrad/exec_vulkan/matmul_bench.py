@@ -174,12 +174,13 @@ def report(rows, device_name: str, dtype: str) -> str:
 
 def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
     """(tile shader, split chunks) to time: what the lowering picks, and with
-    `every` each shipped tile too (and the cooperative-matrix ones in f16)."""
+    `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16)."""
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 
     kernels = [(None, None)]
     if every:
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
         coops = sorted(mk.COOPS) if dtype == "f16" and device.info.coopmat_f16 else []
-        kernels += [(shader, None) for shader in (*tiles, *coops)]
+        cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t)) if dtype == "f16" else []
+        kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return kernels

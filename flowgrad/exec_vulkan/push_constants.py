@@ -17,6 +17,7 @@ import numpy as np
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import PUSH_LIMIT
+from flowgrad.exec_vulkan import matmul_cm2
 from flowgrad.exec_vulkan.spirv import reflect_file
 
 SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", None, None)}
@@ -46,6 +47,7 @@ SPECS_TEXT = {
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
     **{name: MATMUL for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16", "matmul_coop")},
+    **{name: MATMUL for name in matmul_cm2.shader_names()},
     "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32",
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",
@@ -207,7 +209,7 @@ def problems(spv: Path, shader_dir: Path) -> list[str]:
     if not source.exists():  # a build from a table of variants: its .glsl body
         from flowgrad.exec_vulkan.lower.attention import shader_builds  # lazy: lowerings import this module
 
-        body = shader_builds().get(shader)
+        body = shader_builds().get(shader) or matmul_cm2.builds().get(shader)
         source = shader_dir / body[0] if body else source
     if source.exists():
         names = source_names(source) or []

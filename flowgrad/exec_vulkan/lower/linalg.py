@@ -82,14 +82,15 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
     g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
     info = getattr(rec, "info", None)
-    choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN))
+    choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
+                            tensor_loads=g.unit_strided())
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     if choice.chunks > 1:
         _split_k(rec, g, choice)
     else:
-        rec.dispatch(choice.tile.shader, [a.view, b.view, c.view], g.push(), _groups(choice.tile, m, n, nz),
-                     _variant(choice, c.view.dtype))
+        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view], g.push(choice.tile),
+                     _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
     return True
 
 
@@ -124,8 +125,18 @@ class _Gemm:
     def _mode(self, unit_fast: bool, other: int, batch: tuple, size: int, q: int = 4) -> int:
         return int(unit_fast and other % q == 0 and size % q == 0 and all(x % q == 0 for x in batch))
 
-    def push(self) -> tuple:
+    def unit_strided(self) -> bool:
+        """Each operand has a unit-stride dim (matmul_cm2 reads A along k or m, B along n or k, writes C's rows)."""
+        return 1 in (self.a.rs, self.a.cs) and 1 in (self.b.rs, self.b.cs) and self.c.cs == 1
+
+    def shader(self, tile) -> str:
+        # A read along m when its unit stride is m's; B read along k when its unit stride is k's
+        return tile.shader_for(self.a.cs != 1, self.b.cs != 1)
+
+    def push(self, tile=None) -> tuple:
         a, b, c = self.a, self.b, self.c
+        if tile is not None and tile.cm2:   # amode: every stride a multiple of 8 (16-byte rows: vector loads)
+            return self._push(int(self.coop_aligned(8)), 0, 0)
         batch_a, batch_b = (self.za, self.ra), (self.zb, self.rb)
         # the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1, else along k
         amode = (self._mode(True, a.rs, batch_a, self.k) if a.cs == 1
@@ -133,6 +144,10 @@ class _Gemm:
         bmode = (self._mode(True, b.rs, batch_b, self.n) if b.cs == 1
                  else self._mode(b.rs == 1, b.cs, batch_b, self.k))
         cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
+        return self._push(amode, bmode, cvec)
+
+    def _push(self, amode: int, bmode: int, cvec: int) -> tuple:
+        a, b, c = self.a, self.b, self.c
         return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
                 self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
@@ -154,8 +169,8 @@ def _split_k(rec, g: _Gemm, choice):
     parts = rec.scratch((chunks, m, n), c.view.dtype)
     part = attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * b.rs, zc=m * n,
                         klimit=k)
-    rec.dispatch(choice.tile.shader, [a.view, b.view, parts], part.push(), _groups(choice.tile, m, n, chunks),
-                 _variant(choice, c.view.dtype))
+    rec.dispatch(part.shader(choice.tile), [a.view, b.view, parts], part.push(choice.tile),
+                 _groups(choice.tile, m, n, chunks), _variant(choice, c.view.dtype))
     sum_to_shape(rec, parts, c.view.reshape((m, n)))
 
 

@@ -9,9 +9,11 @@ particular (64x64 tiles keep a small GPU busy and a CPU device fast enough).
 Split-K (partial products over K-chunks, then one sum) applies to any
 unbatched GEMM whose output has too few tiles to fill the device.
 
-f16 operands on a device with cooperative matrices (16x16x16 f16 products
-with f32 accumulation, in subgroup scope) run `matmul_coop` instead, when
-its alignment rules hold (see COOP_ALIGN)."""
+f16 operands run on cooperative matrices where the device has them: first
+choice `matmul_cm2` (VK_NV_cooperative_matrix2: workgroup-scope matrices with
+tensor-addressed loads, any sizes and strides; the tile per shape class from
+CM2_TABLE), else `matmul_coop` (VK_NV_cooperative_matrix, subgroup-scope
+16x16x16 products), when its alignment rules hold (see COOP_ALIGN)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +23,7 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan import matmul_cm2
 
 
 @attrs.frozen
@@ -31,6 +34,12 @@ class Tile:
     bk: int
     coop: bool = False  # cooperative matrices, f16 only
     f16: bool = False   # has an f16-storage build
+    cm2: bool = False   # workgroup-scope cooperative matrices: one build per operand layout (matmul_cm2.py)
+    invocations: int = 0
+
+    def shader_for(self, a_mfast: bool, b_kfast: bool) -> str:
+        """The build to dispatch: cm2 tiles have one per operand layout."""
+        return f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.cm2 else self.shader
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
@@ -46,6 +55,11 @@ F16_TILE = "matmul_64x64_k16"
 COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),)}
 COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
+CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations)
+        for name, t in matmul_cm2.TILES.items()}
+# shape class -> matmul_cm2 tile (not yet measured per device: one tile for every class)
+CM2_TABLE = {"square": "matmul_cm2_128x128_k32", "tall": "matmul_cm2_128x128_k32", "deep": "matmul_cm2_128x128_k32",
+             "batched": "matmul_cm2_128x128_k32"}
 
 # device family -> shape class -> tile shader
 TABLES = {
@@ -108,19 +122,51 @@ def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
     return bool(getattr(info, "coopmat_f16", False)) and coop_fits(dtype, m, n, k, aligned)
 
 
-def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False) -> Choice:
+def cm2_runs(info, tile: Tile) -> bool:
+    """The device takes this matmul_cm2 tile: its workgroup size is one the driver lists for
+    workgroup-scope f16 products, and its sizes are multiples of the listed granularity."""
+    sizes, grain = getattr(info, "cm2_invocations", ()), getattr(info, "cm2_granularity", ())
+    return (tile.invocations in sizes and len(grain) == 3
+            and all(d % g == 0 for d, g in zip((tile.bm, tile.bn, tile.bk), grain)))
+
+
+def _tile(shader: str) -> Tile:
+    tile = TILES.get(shader) or COOPS.get(shader) or CM2S.get(shader)
+    if tile is None:
+        raise DeviceError(f"no matmul tile {shader!r} (known: {', '.join(sorted({**TILES, **COOPS, **CM2S}))})")
+    return tile
+
+
+def _check_forced(info, tile: Tile, dtype: str, m: int, n: int, k: int, coop_aligned: bool) -> None:
+    if dtype == "f16" and not (tile.coop or tile.f16):
+        raise DeviceError(f"{tile.shader} has no f16 build (f16 GEMMs use {F16_TILE}, matmul_coop or matmul_cm2)")
+    if tile.cm2:
+        if dtype != "f16":
+            raise DeviceError(f"{tile.shader} takes f16 GEMMs only, not {dtype}")
+        if info is not None and not cm2_runs(info, tile):
+            raise DeviceError(f"{tile.shader} does not run on {getattr(info, 'name', 'this device')} "
+                              "(no VK_NV_cooperative_matrix2 workgroup-scope f16 products of its size)")
+    elif tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
+        raise DeviceError(f"{tile.shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
+                          f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
+
+
+def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
+           tensor_loads: bool = False) -> Choice:
     """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K only
-    when nz == 1 (the caller passes nz > 1 for summed batches too)."""
+    when nz == 1 (the caller passes nz > 1 for summed batches too).
+    tensor_loads: the caller dispatches matmul_cm2 builds (Tile.shader_for)."""
     shader, want_chunks = _FORCED.get() or (None, None)
     klass = shape_class(m, n, k, nz)
     family = device_family(info)
+    cm2 = CM2S[CM2_TABLE[klass]]
     if shader is not None:
-        tile = TILES.get(shader) or COOPS[shader]
-        if dtype == "f16" and not (tile.coop or tile.f16):
-            raise DeviceError(f"{shader} has no f16 build (f16 GEMMs use {F16_TILE} or matmul_coop)")
-        if tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
-            raise DeviceError(f"{shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
-                              f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
+        tile = _tile(shader)
+        if tile.cm2 and not tensor_loads:
+            raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
+        _check_forced(info, tile, dtype, m, n, k, coop_aligned)
+    elif tensor_loads and dtype == "f16" and cm2_runs(info, cm2):
+        tile = cm2
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
         tile = COOP
     elif dtype == "f16":

@@ -1,0 +1,47 @@
+"""The builds of the workgroup-scope cooperative-matrix GEMM (matmul_cm2.glsl,
+VK_NV_cooperative_matrix2): one SPIR-V per tile shape and operand layout.
+
+A build is named matmul_cm2_<BM>x<BN>_k<BK>_<a><b>: `a` is t when A is read
+along m (its unit stride is the m dim, as in the backward's db = a^T @ g), `b`
+is t when B is read along k (da = g @ b^T). Plain data: the shader build,
+the push-constant specs and the kernel choice all read it."""
+from __future__ import annotations
+
+import attrs
+
+BODY = "matmul_cm2.glsl"
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+@attrs.frozen
+class Cm2Tile:
+    bm: int
+    bn: int
+    bk: int
+    invocations: int      # workgroup size: the driver lists which sizes workgroup-scope matrices take
+
+    @property
+    def name(self) -> str:
+        return f"matmul_cm2_{self.bm}x{self.bn}_k{self.bk}"
+
+    def shader(self, layout: str) -> str:
+        return f"{self.name}_{layout}"
+
+    def defines(self, layout: str) -> dict[str, int]:
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "NT": self.invocations,
+                "A_MFAST": int(layout[0] == "t"), "B_KFAST": int(layout[1] == "t")}
+
+
+TILES = {t.name: t for t in (
+    Cm2Tile(128, 128, 32, 128), Cm2Tile(128, 128, 64, 256), Cm2Tile(128, 256, 32, 256),
+    Cm2Tile(256, 128, 32, 256), Cm2Tile(64, 64, 64, 128),
+)}
+
+
+def builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} for scripts/build_shaders.py."""
+    return {t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS}
+
+
+def shader_names() -> list[str]:
+    return sorted(builds())

@@ -1,0 +1,125 @@
+// compiler: glslc-2025 (GL_NV_cooperative_matrix2 needs glslang 15 or newer)
+#version 450
+// GEMM on workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2 with
+// VK_KHR_cooperative_matrix): f16 operands, f32 accumulation, f16 result. Same
+// contract and push constants as matmul_tiled.glsl (strides, batches, summed
+// batches, split-K). Each workgroup owns one BM x BN output tile as a single
+// matrix and steps K by BK with tensor-addressed loads: the operand tiles are
+// described by a tensor layout (sizes and row stride) and the driver stages them
+// through shared memory itself. A operand read along m (A_MFAST) or B read along
+// k (B_KFAST) is loaded through a transposed view; the build table defines the
+// tile (BM, BN, BK, NT invocations) and the two layout flags.
+//
+// Interior tiles whose strides and offsets are multiples of 8 (the host says so
+// in amode) load unclamped with the stride masked to a multiple of 8, which lets
+// the driver move 16-byte vectors; edge tiles and the K tail load clamped (zeros
+// past the edge) and the store drops what falls outside C.
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(local_size_x = NT) in;
+layout(std430, set = 0, binding = 0) readonly buffer BufA { float16_t a[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufB { float16_t b[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
+layout(push_constant, std430) uniform Push {
+    uint M, N, K;
+    uint sam, sak;
+    uint sbk, sbn;
+    uint scm;
+    uint nz, za, zb, zc;
+    uint R, ra, rb;
+    uint offa, offb, offc;
+    uint klimit;
+    uint amode, bmode, cvec;   // amode: every stride and offset is a multiple of 8; bmode, cvec unused
+} p;
+
+#define CLAMP gl_CooperativeMatrixClampModeConstantNV
+#define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
+#define MATA coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
+#define MATB coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
+#define GROUP_M 8u   // tile rows that walk one band of B's columns together (B's band stays in L2)
+
+// an operand's layout is its memory order: A is [M][K] or, read along m, [K][M]
+#if A_MFAST
+#define A_DIMS(kend) kend, p.M
+#define A_STRIDE p.sak
+#define LOAD_A(mat, lay, k0) coopMatLoadTensorNV(mat, a, abase, sliceTensorLayoutNV(lay, k0, BK, m0, BM), tr)
+#else
+#define A_DIMS(kend) p.M, kend
+#define A_STRIDE p.sam
+#define LOAD_A(mat, lay, k0) coopMatLoadTensorNV(mat, a, abase, sliceTensorLayoutNV(lay, m0, BM, k0, BK))
+#endif
+// B is [K][N] or, read along k, [N][K]
+#if B_KFAST
+#define B_DIMS(kend) p.N, kend
+#define B_STRIDE p.sbn
+#define LOAD_B(mat, lay, k0) coopMatLoadTensorNV(mat, b, bbase, sliceTensorLayoutNV(lay, n0, BN, k0, BK), tr)
+#else
+#define B_DIMS(kend) kend, p.N
+#define B_STRIDE p.sbk
+#define LOAD_B(mat, lay, k0) coopMatLoadTensorNV(mat, b, bbase, sliceTensorLayoutNV(lay, k0, BK, n0, BN))
+#endif
+
+void main() {
+    // grouped tile order: GROUP_M consecutive workgroups share one column band
+    uint tiles_n = gl_NumWorkGroups.x, tiles_m = gl_NumWorkGroups.y;
+    uint linear = gl_WorkGroupID.y * tiles_n + gl_WorkGroupID.x;
+    uint first = linear / (GROUP_M * tiles_n) * GROUP_M;
+    uint rows = min(tiles_m - first, GROUP_M);
+    uint within = linear % (GROUP_M * tiles_n);
+    uint m0 = (first + within % rows) * BM, n0 = within / rows * BN;
+    bool fast = p.amode != 0u && m0 + BM <= p.M && n0 + BN <= p.N;
+    tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
+    for (uint z = gl_WorkGroupID.z; z < p.nz; z += gl_NumWorkGroups.z) {
+        uint kend = p.klimit == 0u ? p.K : min(p.K, p.klimit - z * p.K);
+        ACC acc = ACC(0.0);
+        for (uint r = 0u; r < p.R; ++r) {
+            uint abase = p.offa + z * p.za + r * p.ra;
+            uint bbase = p.offb + z * p.zb + r * p.rb;
+            uint k0 = 0u;
+            if (fast) {
+                tensorLayoutNV<2> la = createTensorLayoutNV(2);
+                la = setTensorLayoutDimensionNV(la, A_DIMS(kend));
+                la = setTensorLayoutStrideNV(la, A_STRIDE & ~7u, 1);
+                tensorLayoutNV<2> lb = createTensorLayoutNV(2);
+                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend));
+                lb = setTensorLayoutStrideNV(lb, B_STRIDE & ~7u, 1);
+                uint whole = kend / BK * BK;
+                for (; k0 < whole; k0 += BK) {
+                    MATA ma;
+                    MATB mb;
+                    LOAD_A(ma, la, k0);
+                    LOAD_B(mb, lb, k0);
+                    acc = coopMatMulAdd(ma, mb, acc);
+                }
+            }
+            if (k0 < kend) {
+                tensorLayoutNV<2, CLAMP> la = createTensorLayoutNV(2, CLAMP);
+                la = setTensorLayoutDimensionNV(la, A_DIMS(kend));
+                la = setTensorLayoutStrideNV(la, A_STRIDE, 1);
+                la = setTensorLayoutClampValueNV(la, 0u);
+                tensorLayoutNV<2, CLAMP> lb = createTensorLayoutNV(2, CLAMP);
+                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend));
+                lb = setTensorLayoutStrideNV(lb, B_STRIDE, 1);
+                lb = setTensorLayoutClampValueNV(lb, 0u);
+                for (; k0 < kend; k0 += BK) {
+                    MATA ma;
+                    MATB mb;
+                    LOAD_A(ma, la, k0);
+                    LOAD_B(mb, lb, k0);
+                    acc = coopMatMulAdd(ma, mb, acc);
+                }
+            }
+        }
+        tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP);
+        lc = setTensorLayoutDimensionNV(lc, p.M, p.N);
+        lc = setTensorLayoutStrideNV(lc, p.scm, 1);
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> h =
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
+        coopMatStoreTensorNV(h, c, p.offc + z * p.zc, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
+    }
+}

@@ -1,0 +1,156 @@
+"""The workgroup-scope cooperative-matrix GEMM (matmul_cm2, VK_NV_cooperative_matrix2)
+against float64 numpy: every tile and operand layout (A read along k or m, B along n
+or k), odd sizes in each position (clamped edge tiles and K tails), batched and summed
+batches, split-K, through the matmul lowering's forward and backward and through
+gemm directly for the layout the backward never makes. The build dispatched is
+asserted before numbers are compared. On a device without the extension (lavapipe)
+the device tests skip, saying so; selection is checked as a pure function."""
+from __future__ import annotations
+
+import os
+
+import attrs
+import numpy as np
+import pytest
+
+from flowgrad.exec_vulkan import discovery
+from flowgrad.exec_vulkan.instance import load_vulkan
+from flowgrad.exec_vulkan.lower import linalg
+from flowgrad.exec_vulkan.lower import matmul_kernels as mk
+from test_matmul_kernels import check
+
+TOL = 2e-2
+
+
+def _runnable(device):
+    return [name for name, t in sorted(mk.CM2S.items()) if mk.cm2_runs(device.info, t)]
+
+
+@pytest.fixture(scope="module")
+def cm2_device(vk_device):
+    info = vk_device.info
+    offered = set(discovery.CM2_EXTS) <= discovery._extensions(load_vulkan(), vk_device.physical)
+    if not info.cm2_invocations:
+        if offered and os.environ.get("CI") == "true":
+            pytest.fail(f"{info.name} lists {' and '.join(discovery.CM2_EXTS)} but matmul_cm2 was not enabled")
+        pytest.skip(f"{info.name} lacks VK_NV_cooperative_matrix2 workgroup-scope f16 products (matmul_cm2)")
+    return vk_device
+
+
+def test_selected_by_default_where_offered(cm2_device):
+    shaders = check(cm2_device, (2, 64, 96), (96, 144), "f16")
+    gemms = [s for s in shaders if s.startswith("matmul_")]
+    # forward, da = g @ b^T (B read along k), db = a^T @ g (A read along m)
+    assert all(s.startswith("matmul_cm2_") for s in gemms) and {s[-2:] for s in gemms} == {"nn", "nt", "tn"}, gemms
+
+
+def test_every_tile_runs_somewhere(cm2_device):
+    assert mk.CM2_TABLE["square"] in _runnable(cm2_device)
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 65, 257, 513])
+def test_odd_sizes_in_each_position(cm2_device, size):
+    tile = mk.CM2_TABLE["square"]
+    for sa, sb in [((size, 24), (24, 40)), ((33, size), (size, 40)), ((40, 24), (24, size))]:
+        shaders = check(cm2_device, sa, sb, "f16", shader=None)
+        assert any(s.startswith(tile) for s in shaders), shaders
+
+
+@pytest.mark.parametrize("sa,sb", [((3, 17, 9), (3, 9, 5)), ((2, 4, 8, 136), (2, 4, 136, 48)),
+                                   ((2, 96, 64), (64, 80)), ((9, 64), (3, 64, 40))])
+def test_batched_and_summed_batches(cm2_device, sa, sb):
+    shaders = check(cm2_device, sa, sb, "f16")
+    assert all(s.startswith("matmul_cm2_") for s in shaders if s.startswith("matmul_")), shaders
+
+
+@pytest.mark.parametrize("sa,sb", [((17, 600), (600, 9)), ((128, 1024), (1024, 96))])
+def test_split_k(cm2_device, sa, sb):
+    name = mk.CM2_TABLE["deep"]
+    with mk.forced(None, 3):
+        shaders = check(cm2_device, sa, sb, "f16")
+    assert any(s.startswith(name) for s in shaders) and any(s.startswith("map_reduce") for s in shaders), shaders
+
+
+def gemm_layout(device, shader, m, n, k, layout, seed=0):
+    """C = op(A) @ op(B) with A read along m when layout[0] == "t", B along k when layout[1] == "t"."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (k, m) if layout[0] == "t" else (m, k)).astype(np.float16)
+    b = rng.uniform(-1, 1, (n, k) if layout[1] == "t" else (k, n)).astype(np.float16)
+    ops = (1, m) if layout[0] == "t" else (k, 1)
+    bps = (1, k) if layout[1] == "t" else (n, 1)
+    with OneShot(device) as s, mk.forced(shader, 1):
+        av, bv, cv = s.upload(a), s.upload(b), s.empty((m, n), "f16")
+        linalg.gemm(s.rec, linalg.Operand(av, *ops, ()), linalg.Operand(bv, *bps, ()), linalg.Operand(cv, n, 1, ()),
+                    m, n, k, (), ())
+        used = [c.shader for c in s.rec.commands if getattr(c, "shader", "").startswith("matmul_")]
+        s.download(cv)
+        (c,) = s.run()
+    a64 = a.astype(np.float64).T if layout[0] == "t" else a.astype(np.float64)
+    b64 = b.astype(np.float64).T if layout[1] == "t" else b.astype(np.float64)
+    want = a64 @ b64
+    return used, np.linalg.norm(c.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_every_tile_and_layout(cm2_device, layout):
+    for shader in _runnable(cm2_device):
+        for m, n, k in [(256, 272, 144), (67, 45, 93)]:   # aligned (unclamped interior) and odd (clamped)
+            used, err = gemm_layout(cm2_device, shader, m, n, k, layout)
+            assert used == [f"{shader}_{layout}"]
+            assert err < TOL, f"{shader}_{layout} {m}x{n}x{k}: relative error {err:.2e}"
+
+
+# ---------------------------------------------------------------- selection (no device)
+
+@attrs.frozen
+class FakeInfo:
+    name: str
+    coopmat_f16: bool = False
+    cm2_invocations: tuple = ()
+    cm2_granularity: tuple = ()
+
+
+CM2 = FakeInfo("NVIDIA H200", coopmat_f16=True, cm2_invocations=(128, 256), cm2_granularity=(16, 16, 16))
+
+
+def test_cm2_first_then_coop_then_the_f16_tile():
+    tile = mk.choose(CM2, "f16", 4096, 4096, 4096, 1, coop_aligned=True, tensor_loads=True).tile
+    assert tile.cm2 and tile.shader == mk.CM2_TABLE["square"]
+    # odd sizes and strides: still matmul_cm2 (clamped tensor loads), not coop
+    assert mk.choose(CM2, "f16", 17, 33, 9, 1, coop_aligned=False, tensor_loads=True).tile.cm2
+    # a caller that cannot dispatch layouts (conv) never gets it
+    assert mk.choose(CM2, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP
+    assert not mk.choose(CM2, "f32", 512, 512, 512, 1, tensor_loads=True).tile.coop
+    no_cm2 = FakeInfo("NVIDIA H200", coopmat_f16=True)
+    assert mk.choose(no_cm2, "f16", 512, 512, 512, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP
+    assert mk.choose(FakeInfo("llvmpipe"), "f16", 512, 512, 512, 1, tensor_loads=True).tile.shader == mk.F16_TILE
+
+
+def test_tiles_the_driver_does_not_list_are_not_taken():
+    only128 = attrs.evolve(CM2, cm2_invocations=(128,))
+    assert not mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x128_k64"])     # 256 invocations
+    coarse = attrs.evolve(CM2, cm2_granularity=(128, 128, 64))
+    assert not mk.cm2_runs(coarse, mk.CM2S["matmul_cm2_128x128_k32"])
+
+
+def test_forcing_cm2_where_it_cannot_run_is_an_error():
+    from flowgrad.errors import DeviceError
+
+    with mk.forced("matmul_cm2_128x128_k32"):
+        with pytest.raises(DeviceError, match="does not run on llvmpipe"):
+            mk.choose(FakeInfo("llvmpipe"), "f16", 64, 64, 64, 1, tensor_loads=True)
+        with pytest.raises(DeviceError, match="f16 GEMMs only"):
+            mk.choose(CM2, "f32", 64, 64, 64, 1, tensor_loads=True)
+        with pytest.raises(DeviceError, match="no operand layouts"):
+            mk.choose(CM2, "f16", 64, 64, 64, 1)
+    with mk.forced("matmul_nope"), pytest.raises(DeviceError, match="no matmul tile 'matmul_nope'"):
+        mk.choose(CM2, "f16", 64, 64, 64, 1)
+
+
+def test_layout_names():
+    tile = mk.CM2S["matmul_cm2_128x128_k32"]
+    assert [tile.shader_for(a, b) for a in (False, True) for b in (False, True)] == [
+        "matmul_cm2_128x128_k32_nn", "matmul_cm2_128x128_k32_nt", "matmul_cm2_128x128_k32_tn",
+        "matmul_cm2_128x128_k32_tt"]
