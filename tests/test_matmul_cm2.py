@@ -130,15 +130,15 @@ def test_cm2_first_then_coop_then_the_f16_tile():
 
 def test_tiles_the_driver_does_not_list_are_not_taken():
     only128 = attrs.evolve(CM2, cm2_invocations=(128,))
-    assert not mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x128_k64"])     # 256 invocations
+    assert not mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x128_k64_w256"])     # 256 invocations
     coarse = attrs.evolve(CM2, cm2_granularity=(128, 128, 64))
-    assert not mk.cm2_runs(coarse, mk.CM2S["matmul_cm2_128x128_k32"])
+    assert not mk.cm2_runs(coarse, mk.CM2S["matmul_cm2_128x128_k32_w128"])
 
 
 def test_forcing_cm2_where_it_cannot_run_is_an_error():
     from flowgrad.errors import DeviceError
 
-    with mk.forced("matmul_cm2_128x128_k32"):
+    with mk.forced("matmul_cm2_128x128_k32_w128"):
         with pytest.raises(DeviceError, match="does not run on llvmpipe"):
             mk.choose(FakeInfo("llvmpipe"), "f16", 64, 64, 64, 1, tensor_loads=True)
         with pytest.raises(DeviceError, match="f16 GEMMs only"):
@@ -150,7 +150,7 @@ def test_forcing_cm2_where_it_cannot_run_is_an_error():
 
 
 def test_layout_names():
-    tile = mk.CM2S["matmul_cm2_128x128_k32"]
+    tile = mk.CM2S["matmul_cm2_128x128_k32_w128"]
     assert [tile.shader_for(a, b) for a in (False, True) for b in (False, True)] == [
-        "matmul_cm2_128x128_k32_nn", "matmul_cm2_128x128_k32_nt", "matmul_cm2_128x128_k32_tn",
-        "matmul_cm2_128x128_k32_tt"]
+        "matmul_cm2_128x128_k32_w128_nn", "matmul_cm2_128x128_k32_w128_nt", "matmul_cm2_128x128_k32_w128_tn",
+        "matmul_cm2_128x128_k32_w128_tt"]

@@ -1,7 +1,7 @@
 """The builds of the workgroup-scope cooperative-matrix GEMM (matmul_cm2.glsl,
 VK_NV_cooperative_matrix2): one SPIR-V per tile shape and operand layout.
 
-A build is named matmul_cm2_<BM>x<BN>_k<BK>_<a><b>: `a` is t when A is read
+A build is named matmul_cm2_<BM>x<BN>_k<BK>_w<invocations>[_u<unroll>]_<a><b>: `a` is t when A is read
 along m (its unit stride is the m dim, as in the backward's db = a^T @ g), `b`
 is t when B is read along k (da = g @ b^T). Plain data: the shader build,
 the push-constant specs and the kernel choice all read it."""
@@ -19,22 +19,28 @@ class Cm2Tile:
     bn: int
     bk: int
     invocations: int      # workgroup size: the driver lists which sizes workgroup-scope matrices take
+    unroll: int = 1       # K steps per loop iteration on interior tiles
 
     @property
     def name(self) -> str:
-        return f"matmul_cm2_{self.bm}x{self.bn}_k{self.bk}"
+        return (f"matmul_cm2_{self.bm}x{self.bn}_k{self.bk}_w{self.invocations}"
+                + (f"_u{self.unroll}" if self.unroll > 1 else ""))
 
     def shader(self, layout: str) -> str:
         return f"{self.name}_{layout}"
 
     def defines(self, layout: str) -> dict[str, int]:
-        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "NT": self.invocations,
+        return {"BM": self.bm, "BN": self.bn, "BK": self.bk, "NT": self.invocations, "UNROLL": f"{self.unroll}u",
                 "A_MFAST": int(layout[0] == "t"), "B_KFAST": int(layout[1] == "t")}
 
 
 TILES = {t.name: t for t in (
     Cm2Tile(128, 128, 32, 128), Cm2Tile(128, 128, 64, 256), Cm2Tile(128, 256, 32, 256),
     Cm2Tile(256, 128, 32, 256), Cm2Tile(64, 64, 64, 128),
+    # second sweep: deeper steps, other workgroup sizes, unrolled K
+    Cm2Tile(128, 256, 64, 256), Cm2Tile(256, 128, 64, 256), Cm2Tile(128, 128, 64, 128),
+    Cm2Tile(64, 128, 64, 128), Cm2Tile(128, 64, 64, 128), Cm2Tile(64, 64, 32, 64), Cm2Tile(64, 64, 64, 64),
+    Cm2Tile(128, 256, 32, 256, 2), Cm2Tile(128, 128, 64, 256, 2), Cm2Tile(64, 64, 64, 128, 2),
 )}
 
 

@@ -58,8 +58,7 @@ COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and
 CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations)
         for name, t in matmul_cm2.TILES.items()}
 # shape class -> matmul_cm2 tile (not yet measured per device: one tile for every class)
-CM2_TABLE = {"square": "matmul_cm2_128x128_k32", "tall": "matmul_cm2_128x128_k32", "deep": "matmul_cm2_128x128_k32",
-             "batched": "matmul_cm2_128x128_k32"}
+CM2_TABLE = {klass: "matmul_cm2_128x128_k32_w128" for klass in ("square", "tall", "deep", "batched")}
 
 # device family -> shape class -> tile shader
 TABLES = {

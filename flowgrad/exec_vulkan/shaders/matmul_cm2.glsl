@@ -41,6 +41,9 @@ layout(push_constant, std430) uniform Push {
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
 #define MATA coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
 #define MATB coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
+#ifndef UNROLL
+#define UNROLL 1u
+#endif
 #define GROUP_M 8u   // tile rows that walk one band of B's columns together (B's band stays in L2)
 
 // an operand's layout is its memory order: A is [M][K] or, read along m, [K][M]
@@ -88,13 +91,16 @@ void main() {
                 tensorLayoutNV<2> lb = createTensorLayoutNV(2);
                 lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend));
                 lb = setTensorLayoutStrideNV(lb, B_STRIDE & ~7u, 1);
-                uint whole = kend / BK * BK;
-                for (; k0 < whole; k0 += BK) {
-                    MATA ma;
-                    MATB mb;
-                    LOAD_A(ma, la, k0);
-                    LOAD_B(mb, lb, k0);
-                    acc = coopMatMulAdd(ma, mb, acc);
+                // UNROLL steps per iteration: their loads can be issued ahead of the products
+                uint whole = kend / (UNROLL * BK) * (UNROLL * BK);
+                for (; k0 < whole; k0 += UNROLL * BK) {
+                    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
+                        MATA ma;
+                        MATB mb;
+                        LOAD_A(ma, la, k0 + u * BK);
+                        LOAD_B(mb, lb, k0 + u * BK);
+                        acc = coopMatMulAdd(ma, mb, acc);
+                    }
                 }
             }
             if (k0 < kend) {
