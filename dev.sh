@@ -2,6 +2,7 @@
 # The README's two set-up commands:
 #   ./dev.sh train   install flowgrad into .venv and train models/mlp.flow on the digits data
 #   ./dev.sh test    also install lavapipe (CPU Vulkan), glslc and the Vulkan validation layers,
+#                    fetch Debian trixie's glslc for the shaders that need it (scripts/fetch_glslc.sh),
 #                    then run the whole test suite
 # Extra arguments go to `flowgrad train` / `pytest`.
 set -euo pipefail
@@ -41,6 +42,8 @@ case "${1:-}" in
     test)
         shift
         apt_install glslc mesa-vulkan-drivers vulkan-validationlayers libvulkan1
+        # the cooperative-matrix-2 shaders need a newer glslc: Debian trixie's, unpacked privately
+        scripts/fetch_glslc.sh >/dev/null
         venv
         set +e
         .venv/bin/python -m pytest "$@"
