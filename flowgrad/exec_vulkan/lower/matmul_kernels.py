@@ -74,6 +74,9 @@ TABLES = {
 # ran well and 192 slower than either)
 SPLIT_TARGET = {"default": 256, "nvidia": 264}
 MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple of the tile's BK)
+# matmul_cm2 splits only deep products: measured on the H200, its f16 partials and their sum cost
+# more than the extra workgroups gain at K <= 1536 (4096,512,512: 27 TFLOP/s split in two, 65 unsplit)
+CM2_MIN_CHUNK = 1024
 
 
 @attrs.frozen
@@ -176,7 +179,7 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
         chunks = max(1, min(want_chunks, math.ceil(k / tile.bk)))
     elif nz == 1:
         tiles = math.ceil(m / tile.bm) * math.ceil(n / tile.bn)
-        chunks = max(1, min(SPLIT_TARGET[family] // tiles, k // MIN_CHUNK))
+        chunks = max(1, min(SPLIT_TARGET[family] // tiles, k // (CM2_MIN_CHUNK if tile.cm2 else MIN_CHUNK)))
     else:
         chunks = 1
     return Choice(tile, chunks if nz == 1 else 1, klass)
