@@ -19,6 +19,7 @@ def default_shaders() -> list[tuple[str, str | None]]:
     from flowgrad.exec_vulkan.lower import attention, matmul_kernels as mk
 
     out = [(s, None) for s in sorted(mk.TILES)] + [(mk.F16_TILE, "f16")] + [(s, None) for s in sorted(mk.COOPS)]
+    out += [(mk.CM2S[s].shader_for(False, False), None) for s in sorted(mk.CM2S)]   # one layout per cm2 tile
     return out + [(stem, None) for stem in sorted(attention.shader_builds())]
 
 
