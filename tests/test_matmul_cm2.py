@@ -44,8 +44,8 @@ def test_selected_by_default_where_offered(cm2_device):
     assert all(s.startswith("matmul_cm2_") for s in gemms) and {s[-2:] for s in gemms} == {"nn", "nt", "tn"}, gemms
 
 
-def test_every_tile_runs_somewhere(cm2_device):
-    assert mk.CM2_TABLE["square"] in _runnable(cm2_device)
+def test_every_table_tile_runs_on_the_device(cm2_device):
+    assert set(mk.CM2_TABLE.values()) <= set(_runnable(cm2_device)), cm2_device.info.cm2_invocations
 
 
 @pytest.mark.parametrize("size", [1, 3, 17, 65, 257, 513])
@@ -65,10 +65,9 @@ def test_batched_and_summed_batches(cm2_device, sa, sb):
 
 @pytest.mark.parametrize("sa,sb", [((17, 600), (600, 9)), ((128, 1024), (1024, 96))])
 def test_split_k(cm2_device, sa, sb):
-    name = mk.CM2_TABLE["deep"]
-    with mk.forced(None, 3):
-        shaders = check(cm2_device, sa, sb, "f16")
-    assert any(s.startswith(name) for s in shaders) and any(s.startswith("map_reduce") for s in shaders), shaders
+    shaders = check(cm2_device, sa, sb, "f16", chunks=3)
+    assert any(s.startswith("matmul_cm2_") for s in shaders) and any(s.startswith("map_reduce") for s in shaders), \
+        shaders
 
 
 def gemm_layout(device, shader, m, n, k, layout, seed=0):
@@ -112,12 +111,17 @@ class FakeInfo:
     cm2_granularity: tuple = ()
 
 
-CM2 = FakeInfo("NVIDIA H200", coopmat_f16=True, cm2_invocations=(128, 256), cm2_granularity=(16, 16, 16))
+# what the H200's driver lists
+CM2 = FakeInfo("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32, 64, 128, 256), cm2_granularity=(32, 32, 16))
 
 
 def test_cm2_first_then_coop_then_the_f16_tile():
     tile = mk.choose(CM2, "f16", 4096, 4096, 4096, 1, coop_aligned=True, tensor_loads=True).tile
-    assert tile.cm2 and tile.shader == mk.CM2_TABLE["square"]
+    assert tile.cm2 and tile.shader == mk.CM2_TABLE["large"]
+    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep"),
+                           (4096, 1536, 512, "square")]:
+        assert mk.choose(CM2, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
+    assert mk.choose(CM2, "f16", 64, 64, 32, 8, tensor_loads=True).tile.shader == mk.CM2_TABLE["batched"]
     # odd sizes and strides: still matmul_cm2 (clamped tensor loads), not coop
     assert mk.choose(CM2, "f16", 17, 33, 9, 1, coop_aligned=False, tensor_loads=True).tile.cm2
     # a caller that cannot dispatch layouts (conv) never gets it
@@ -130,15 +134,20 @@ def test_cm2_first_then_coop_then_the_f16_tile():
 
 def test_tiles_the_driver_does_not_list_are_not_taken():
     only128 = attrs.evolve(CM2, cm2_invocations=(128,))
-    assert not mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x128_k64_w256"])     # 256 invocations
+    assert not mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x256_k32_w256_u2"])     # 256 invocations
+    assert mk.cm2_runs(only128, mk.CM2S["matmul_cm2_128x64_k64_w128"])
     coarse = attrs.evolve(CM2, cm2_granularity=(128, 128, 64))
-    assert not mk.cm2_runs(coarse, mk.CM2S["matmul_cm2_128x128_k32_w128"])
+    assert not mk.cm2_runs(coarse, mk.CM2S["matmul_cm2_64x64_k32_w64"])
+    # the class's tile is not listed: another table tile the device takes
+    assert mk.choose(only128, "f16", 512, 512, 4096, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE["square"]
+    assert mk.choose(attrs.evolve(CM2, cm2_invocations=(512,)), "f16", 512, 512, 512, 1,
+                     coop_aligned=True, tensor_loads=True).tile is mk.COOP
 
 
 def test_forcing_cm2_where_it_cannot_run_is_an_error():
     from flowgrad.errors import DeviceError
 
-    with mk.forced("matmul_cm2_128x128_k32_w128"):
+    with mk.forced("matmul_cm2_128x64_k64_w128"):
         with pytest.raises(DeviceError, match="does not run on llvmpipe"):
             mk.choose(FakeInfo("llvmpipe"), "f16", 64, 64, 64, 1, tensor_loads=True)
         with pytest.raises(DeviceError, match="f16 GEMMs only"):
@@ -150,7 +159,8 @@ def test_forcing_cm2_where_it_cannot_run_is_an_error():
 
 
 def test_layout_names():
-    tile = mk.CM2S["matmul_cm2_128x128_k32_w128"]
+    tile = mk.CM2S["matmul_cm2_128x64_k64_w128"]
     assert [tile.shader_for(a, b) for a in (False, True) for b in (False, True)] == [
-        "matmul_cm2_128x128_k32_w128_nn", "matmul_cm2_128x128_k32_w128_nt", "matmul_cm2_128x128_k32_w128_tn",
-        "matmul_cm2_128x128_k32_w128_tt"]
+        "matmul_cm2_128x64_k64_w128_nn", "matmul_cm2_128x64_k64_w128_nt", "matmul_cm2_128x64_k64_w128_tn",
+        "matmul_cm2_128x64_k64_w128_tt"]
+    assert mk.CM2S["matmul_cm2_128x256_k32_w256_u2"].shader_for(True, False) == "matmul_cm2_128x256_k32_w256_u2_tn"

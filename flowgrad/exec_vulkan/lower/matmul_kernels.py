@@ -57,8 +57,13 @@ COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations)
         for name, t in matmul_cm2.TILES.items()}
-# shape class -> matmul_cm2 tile (not yet measured per device: one tile for every class)
-CM2_TABLE = {klass: "matmul_cm2_128x128_k32_w128" for klass in ("square", "tall", "deep", "batched")}
+# shape class -> matmul_cm2 tile, measured on an H200 by bench/matmul_sweep.py (per class, the best
+# mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
+# 128x256 tile, as 4096^3); batched is unmeasured (the small tile)
+CM2_TABLE = {"large": "matmul_cm2_128x256_k32_w256_u2", "square": "matmul_cm2_128x64_k64_w128",
+             "tall": "matmul_cm2_128x64_k64_w128", "deep": "matmul_cm2_64x64_k32_w64",
+             "batched": "matmul_cm2_64x64_k64_w128"}
+CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
 
 # device family -> shape class -> tile shader
 TABLES = {
@@ -124,12 +129,23 @@ def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
     return bool(getattr(info, "coopmat_f16", False)) and coop_fits(dtype, m, n, k, aligned)
 
 
+def cm2_class(klass: str, m: int, n: int) -> str:
+    """matmul_cm2's table key: the shape class, with square outputs of many tiles apart."""
+    return "large" if klass == "square" and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES else klass
+
+
 def cm2_runs(info, tile: Tile) -> bool:
     """The device takes this matmul_cm2 tile: its workgroup size is one the driver lists for
     workgroup-scope f16 products, and its sizes are multiples of the listed granularity."""
     sizes, grain = getattr(info, "cm2_invocations", ()), getattr(info, "cm2_granularity", ())
     return (tile.invocations in sizes and len(grain) == 3
             and all(d % g == 0 for d, g in zip((tile.bm, tile.bn, tile.bk), grain)))
+
+
+def _cm2_tile(info, key: str) -> Tile | None:
+    """The class's matmul_cm2 tile, or where the device does not take it another table tile it does."""
+    names = [CM2_TABLE[key]] + [t for k, t in CM2_TABLE.items() if k != key]
+    return next((CM2S[t] for t in names if cm2_runs(info, CM2S[t])), None)
 
 
 def _tile(shader: str) -> Tile:
@@ -161,13 +177,13 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     shader, want_chunks = _FORCED.get() or (None, None)
     klass = shape_class(m, n, k, nz)
     family = device_family(info)
-    cm2 = CM2S[CM2_TABLE[klass]]
+    cm2 = _cm2_tile(info, cm2_class(klass, m, n))
     if shader is not None:
         tile = _tile(shader)
         if tile.cm2 and not tensor_loads:
             raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
         _check_forced(info, tile, dtype, m, n, k, coop_aligned)
-    elif tensor_loads and dtype == "f16" and cm2_runs(info, cm2):
+    elif tensor_loads and dtype == "f16" and cm2 is not None:
         tile = cm2
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
         tile = COOP
