@@ -16,6 +16,7 @@ import numpy as np
 
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph, Node, TensorType
+from flowgrad.graph_check import check_graph
 from flowgrad.ops import get_op
 from flowgrad.ops.registry import complete_attrs
 
@@ -120,7 +121,7 @@ class VulkanGraph:
             prod = graph.add("mul", [y.id, gin.id], y.type, name="prod")
             sum_attrs = complete_attrs(get_op("sum").args, {})
             graph.loss = graph.add("sum", [prod.id], TensorType((), y.dtype), name="loss", attrs=sum_attrs).id
-        graph.check()
+        check_graph(graph)
         plan = make_plan(graph, self.device.info)
         assert plan.path == "graph", f"{op}: the planner refused the graph path: {plan.reason}"
         sess = GraphSession(graph, plan, self.device, params)

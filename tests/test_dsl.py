@@ -13,6 +13,7 @@ import flowgrad as fg
 from flowgrad import dsl
 from flowgrad.dsl.parser import lark_parser
 from flowgrad.graph import TrainSpec
+from flowgrad.graph_check import check_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -27,7 +28,7 @@ def build(src: str, config=None, dtype="f32", file="t.flow"):
 @pytest.mark.parametrize("path", sorted(MODELS.glob("*.flow")), ids=lambda p: p.name)
 def test_every_model_file_builds_and_checks(path):
     graph = fg.load(path).graph
-    graph.check()
+    check_graph(graph)
     assert graph.loss is not None and graph.nodes[graph.loss].shape == ()
     assert graph.params and graph.inputs and graph.outputs
 
@@ -437,6 +438,6 @@ def test_language_doc_examples_parse_and_whole_models_build():
     for line, code in blocks:
         prog = dsl.parse(code, f"language.md:{line}")
         if code.startswith("model "):   # a whole model: it must build, too
-            dsl.build(prog).check()
+            check_graph(dsl.build(prog))
             built += 1
     assert built >= 6

@@ -12,6 +12,7 @@ import pytest
 
 from flowgrad.exec_closure import ClosureSession
 from flowgrad.graph import Graph, TensorType
+from flowgrad.graph_check import check_graph
 from flowgrad.planner import make_plan
 from flowgrad.exec_vulkan.limits import ALIGN
 from flowgrad.planner.memory import plan_memory
@@ -39,7 +40,7 @@ def chain_graph(dtype="f32", n=5):
     d = g.add("vk_test_add", [c.id, w2.id], t, name="d")
     e = g.add("vk_test_add", [d.id, w1.id], t, name="e")
     g.outputs["c"], g.loss = c.id, e.id
-    g.check()
+    check_graph(g)
     return g
 
 
