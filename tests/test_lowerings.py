@@ -14,7 +14,8 @@ from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import elementwise, linalg, loss, norm, reduce, shape
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import get_op
 from tests import op_samples
 from tests.op_harness import NP, NumpyBackend, VulkanClosures, VulkanGraph, check_op, make_node, uniform

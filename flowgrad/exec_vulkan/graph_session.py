@@ -20,7 +20,7 @@ from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan
