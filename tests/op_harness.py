@@ -29,8 +29,10 @@ def uniform(rng, shape, lo=-1.0, hi=1.0, dtype="f32"):
 
 
 def make_node(op, ins, attrs):
+    """A node as the builder makes it: attrs complete with the signature's defaults."""
     types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
+    attrs = get_op(op).with_defaults(attrs)
+    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=attrs)
 
 
 def wide64(x):

@@ -72,6 +72,7 @@ def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     """explain counts dispatches with a dry-run Recorder: lowerings must run
     on it (no device access) and record what they say."""
     types = [TensorType(s, d) for s, d in specs]
+    attrs = get_op(op).with_defaults(attrs)   # a node carries complete attrs, as the builder makes them
     node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
     ins = [view(s, d) for s, d in specs]
     out = view(node.shape, node.dtype)
