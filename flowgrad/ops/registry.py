@@ -93,8 +93,9 @@ class Op:
 
 def attr_defaults(args) -> dict:
     """{attr name: default} of a signature: the one place defaults are read
-    from (the op's own rules and the lowerings both see attrs completed with
-    these)."""
+    from. Nodes carry attrs completed with these (with_defaults, when the
+    node is built), so executors, lowerings and exporters read node.attrs
+    as they are; defop gives the op's own rules the same completion."""
     return {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
 
 
