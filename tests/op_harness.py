@@ -13,6 +13,7 @@ included; f16 stores 11 significant bits."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph, Node, TensorType
@@ -163,3 +164,17 @@ def check_op(backend, op, ins, attrs, rng, backward=True):
         assert d.dtype == ins[i].dtype, f"{op} grad of input {i} is {d.dtype}, input {ins[i].dtype}"
         close(d, r, dtype_of(ins[i]), f"{op} grad of input {i} on {backend.name}", tol=tol[dtype_of(ins[i])])
     return grads
+
+
+VULKAN = [pytest.param("vulkan-closures", marks=pytest.mark.vulkan),
+          pytest.param("vulkan-graph", marks=pytest.mark.vulkan)]
+ALL = [pytest.param("numpy"), *VULKAN]
+
+
+@pytest.fixture(params=ALL)
+def backend(request):
+    """Each backend in turn (a test module imports this fixture to use it)."""
+    if request.param == "numpy":
+        return NumpyBackend()
+    device = request.getfixturevalue("vk_device")
+    return VulkanClosures(device) if request.param == "vulkan-closures" else VulkanGraph(device)
