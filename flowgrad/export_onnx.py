@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 
@@ -65,7 +66,7 @@ def _axes(axis, ndim):
 
 
 def _dt(node):
-    return {"f32": np.float32, "f16": np.float16, "i32": np.int32}[node.dtype]
+    return NUMPY_DTYPE[node.dtype]
 
 
 def _binary(kind):
