@@ -13,7 +13,6 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT
-from flowgrad.ops.registry import REQUIRED, get_op
 
 
 def require_torch():
@@ -208,10 +207,6 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
 }
 
-def _attrs(node) -> dict:
-    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
-    return defaults | dict(node.attrs)
-
 
 class TorchTwin:
     """graph's forward as torch ops on `device`, params initialised from
@@ -233,7 +228,7 @@ class TorchTwin:
                        for name in graph.params}
         self.consts = {n.id: torch.tensor(np.asarray(n.attrs["value"]), device=device)
                        for n in graph.nodes if n.op == "const"}
-        self._steps = [(n, LOWER.get(n.op), _attrs(n) if n.op in LOWER else None) for n in graph.nodes]
+        self._steps = [(n, LOWER.get(n.op), n.attrs) for n in graph.nodes]   # attrs are complete
 
     def feeds(self, feeds: dict[str, np.ndarray]) -> dict:
         return {name: self.torch.tensor(np.asarray(a), device=self.device) for name, a in feeds.items()}
