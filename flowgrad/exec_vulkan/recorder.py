@@ -18,7 +18,7 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import ITEMSIZE
 from flowgrad.exec_vulkan.buffers import BufView, LateBuffer
 from flowgrad.exec_vulkan.index_checks import IndexChecks
 from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
