@@ -84,13 +84,14 @@ class Device:
         want_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=f16.shaderFloat16)
         want_s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=want_f16,
                                                            storageBuffer16BitAccess=s16.storageBuffer16BitAccess)
-        # cooperative matrices only where matmul_coop can use them (their feature struct is
-        # chained nowhere else: Debian's validation layer, 1.3.239, rejects it)
+        # cooperative matrices only where matmul_coop / matmul_cm2 can use them (their feature
+        # structs are chained nowhere else: Debian's validation layer, 1.3.239, rejects them)
         exts = []
         chain = want_s16
         if self.info.coopmat_f16 or self.info.cm2_invocations:
-            chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=chain, vulkanMemoryModel=1,
-                                                                 vulkanMemoryModelDeviceScope=int(self.info.coopmat_f16))
+            # matmul_coop's barriers take device scope; matmul_cm2 has none
+            chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
+                pNext=chain, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=int(self.info.coopmat_f16))
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
