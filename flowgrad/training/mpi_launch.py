@@ -152,13 +152,22 @@ def record_start(rank: int) -> None:
     directory = os.environ.get(RANK_DIR_ENV)
     if directory:
         _write(directory, f"{rank}")
-        atexit.register(_write, directory, f"{rank} ended")
+        atexit.register(_record_end, directory, rank)
 
 
 def record_failed(rank: int) -> None:
     directory = os.environ.get(RANK_DIR_ENV)
     if directory:
+        _ended[rank] = "failed"
         _write(directory, f"{rank} failed")
+
+
+_ended: dict[int, str] = {}     # how this process's rank ended, once known
+
+
+def _record_end(directory: str, rank: int) -> None:
+    if _ended.setdefault(rank, "ended") == "ended":     # a failure recorded stays
+        _write(directory, f"{rank} ended")
 
 
 def _write(directory: str, text: str) -> None:
