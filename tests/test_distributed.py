@@ -176,12 +176,14 @@ def test_three_ranks_on_numpy_equal_one_process_then_resume_on_one(tmp_path, mlp
 
 
 @pytest.mark.vulkan
-def test_two_ranks_on_the_graph_path_equal_one_process(tmp_path, mlp, vk_device, default_mpi):
+@pytest.mark.parametrize("ranks,batch", [(2, 32), (3, 16)])
+def test_ranks_on_the_graph_path_equal_one_process(tmp_path, mlp, vk_device, default_mpi, ranks, batch):
     save = str(tmp_path / "ranks.npz")
-    proc, _ = launch(tmp_path, default_mpi, 2, batch=32, steps=20, device="vulkan", save=save)
+    proc, _ = launch(tmp_path, default_mpi, ranks, batch=batch, steps=20, device="vulkan", save=save)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(Path(save + ".json").read_text())
-    ref = one_process(mlp, 64, 20, "vulkan", backward="graph")
+    assert summary["ranks"] == ranks
+    ref = one_process(mlp, ranks * batch, 20, "vulkan", backward="graph")
     assert summary["path"] == "graph" and ref.path == "graph"
     assert_same_params(save, ref.session.params)
     assert_same_evals(summary, ref)

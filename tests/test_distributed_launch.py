@@ -139,3 +139,32 @@ def test_flavours_are_found_where_their_launcher_is():
         assert (mpi_flavours.default_family() or mpi_launch.MPICH) in found, mpi_flavours.find(mpi_launch.MPICH)[1]
     elif not found:
         pytest.skip("no MPI here")
+
+
+def test_ranks_of_another_mpis_launcher_are_an_error_not_singletons(monkeypatch):
+    """Each would see one rank and train alone over the same outputs."""
+    from flowgrad.training import distributed
+
+    class FakeMPI:
+        @staticmethod
+        def Get_library_version():
+            return "Open MPI v4.1.4, package: Debian\x00"
+
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(FlowError, match=r"one of 2 ranks \(PMI_SIZE=2\), but MPI sees 1: the launcher is not of "
+                                         r"the MPI library mpi4py loads \(Open MPI v4.1.4, package: Debian\)"):
+        distributed._check_launcher_matches(FakeMPI, 1)
+    distributed._check_launcher_matches(FakeMPI, 2)
+
+
+def test_mpichs_launcher_with_open_mpi_ranks_says_so(tmp_path):
+    mpich, why = mpi_flavours.find(mpi_launch.MPICH)
+    ompi, why2 = mpi_flavours.find(mpi_launch.OPEN_MPI)
+    if mpich is None or ompi is None:
+        pytest.skip(why or why2)
+    cmd = mpich.mpiexec(2) + [ompi.python, "-m", "flowgrad.cli", "train", "mlp", "--steps", "1", "--device", "cpu",
+                              "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=ompi.environ(env_with_path(ROOT)))
+    assert proc.returncode != 0
+    assert "error: this process was started as one of 2 ranks (PMI_SIZE=2), but MPI sees 1" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -40,6 +40,7 @@ from flowgrad.training.mpi_launch import INSTALL
 
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")     # the rank count as the launcher set it
 TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
 BUCKET_ENV = "FLOWGRAD_MPI_BUCKET_MB"   # gradient all-reduce bucket size (MiB)
@@ -66,12 +67,28 @@ def join(timeout: float | None = None) -> World | None:
         return None
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
+    _check_launcher_matches(MPI, comm.size)
     if comm.size == 1:
         return None
     if timeout is None:
         timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
     bucket_mb = _env_number(BUCKET_ENV, DEFAULT_BUCKET_MB, "a size in MiB")
     return World(MPI, comm, timeout, max(4, int(bucket_mb * (1 << 20))))
+
+
+def _check_launcher_matches(MPI, size: int) -> None:
+    """A launcher of another MPI than the one mpi4py loads starts singletons:
+    N processes each training alone, over the same outputs. Its own size
+    variable tells."""
+    for var in SIZE_VARS:
+        text = os.environ.get(var, "")
+        if text.isdigit() and int(text) != size:
+            library = MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
+            raise FlowError(f"this process was started as one of {text} ranks ({var}={text}), but MPI sees "
+                            f"{size}: the launcher is not of the MPI library mpi4py loads ({library})",
+                            hint="start the ranks with that library's mpiexec (`flowgrad train --ranks N` finds "
+                                 "it), or make mpi4py load the launcher's library (the mpi4py wheel: "
+                                 "MPI4PY_MPIABI=openmpi or mpich)")
 
 
 def _env_number(name: str, default: float, what: str) -> float:
