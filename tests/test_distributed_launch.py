@@ -47,10 +47,10 @@ def test_no_matching_launcher_is_an_error_naming_both(tmp_path, monkeypatch):
     assert f"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher (mpiexec) was found; found only: {hydra} (MPICH)" \
         in str(e.value)
     assert "apt install openmpi-bin" in e.value.hint
-    # the matching one found later on PATH is taken
+    # the matching one of the same name in a later PATH directory is taken
     other = tmp_path / "bin"
     other.mkdir()
-    orte = fake_launcher(other, "mpirun", "mpirun (Open MPI) 5.0.3")
+    orte = fake_launcher(other, "mpiexec", "mpiexec (Open MPI) 5.0.3")
     cmd = mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": f"{tmp_path}:{other}"})
     assert cmd[:4] == [str(orte), "-n", "2", "--oversubscribe"]
 

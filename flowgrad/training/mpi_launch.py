@@ -15,7 +15,6 @@ import atexit
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -78,10 +77,11 @@ def candidates(python: str, lib: str | None, path: str | None = None) -> list[st
     if lib:
         dirs += [os.path.join(os.path.dirname(os.path.dirname(p)), "bin") for p in (lib, os.path.realpath(lib))]
     dirs.append(os.path.dirname(python))
+    # every PATH directory, not only the first hit: the mpich wheel's bin/ often comes first
+    dirs += [d for d in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep) if d]
     found, seen = [], set()
-    for exe in [os.path.join(d, n) for d in dirs for n in LAUNCHER_NAMES] + \
-               [shutil.which(n, path=path) for n in LAUNCHER_NAMES]:
-        if exe and os.access(exe, os.X_OK) and os.path.isfile(exe):
+    for exe in (os.path.join(d, n) for d in dirs for n in LAUNCHER_NAMES):
+        if os.access(exe, os.X_OK) and os.path.isfile(exe):
             real = os.path.realpath(exe)
             if real not in seen:
                 seen.add(real)
