@@ -60,8 +60,8 @@ def test_the_launcher_of_the_librarys_own_installation_comes_first(tmp_path, mon
     (prefix / "bin").mkdir(parents=True)
     own = fake_launcher(prefix / "bin", "mpiexec", "HYDRA build details:")
     fake_launcher(tmp_path, "mpiexec", "HYDRA build details:")
-    monkeypatch.setattr(mpi_launch, "mpi_library",
-                        lambda python, env: (mpi_launch.MPICH, "MPICH Version: 4.2", str(prefix / "lib" / "libmpi.so.12")))
+    lib = str(prefix / "lib" / "libmpi.so.12")
+    monkeypatch.setattr(mpi_launch, "mpi_library", lambda python, env: (mpi_launch.MPICH, "MPICH Version: 4.2", lib))
     assert mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": str(tmp_path)})[0] == str(own)
 
 
