@@ -47,6 +47,11 @@ def test_no_matching_launcher_is_an_error_naming_both(tmp_path, monkeypatch):
     assert f"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher (mpiexec) was found; found only: {hydra} (MPICH)" \
         in str(e.value)
     assert "apt install openmpi-bin" in e.value.hint
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FlowError, match=r"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher \(mpiexec\) was "
+                                        r"found$"):
+        mpi_launch.mpiexec_command(2, str(empty / "python"), {"PATH": str(empty)})
     # the matching one of the same name in a later PATH directory is taken
     other = tmp_path / "bin"
     other.mkdir()

@@ -57,7 +57,8 @@ def mpi_library(python: str | None = None, env: dict | None = None) -> tuple[str
         raise FlowError(f"mpi4py in {python} cannot load an MPI library:\n{proc.stderr.strip()[-1500:]}",
                         hint=f"install one with: {INSTALL}")
     version, lib = json.loads(proc.stdout.strip().splitlines()[-1])
-    first = version.strip("\x00 \n").splitlines()[0].strip("\x00 ") if version.strip("\x00 \n") else "an unknown MPI"
+    text = version.replace("\x00", "").strip()      # Open MPI's string ends in a NUL
+    first = text.splitlines()[0].strip() if text else "an unknown MPI"
     return family(version, LIBRARY_MARKS), first, lib
 
 
@@ -103,11 +104,11 @@ def mpiexec_command(ranks: int, python: str | None = None, env: dict | None = No
         if fam is None or got == fam:
             return [exe, "-n", str(ranks)] + launcher_options(got)
         tried.append(f"{exe} ({got or 'an unknown launcher'})")
-    want = fam or "an"
-    raise FlowError(f"mpi4py uses {version}, but no {want} launcher (mpiexec) was found"
-                    + (f"; found only: {', '.join(tried)}" if tried else ""),
-                    hint=f"install {fam or 'its'} launcher (Debian: apt install openmpi-bin), or use MPICH: "
-                         f"{INSTALL}" if fam == OPEN_MPI else f"install it with: {INSTALL}")
+    want = f"{fam} launcher" if fam else "launcher"
+    hint = (f"install Open MPI's launcher (Debian: apt install openmpi-bin), or use MPICH: {INSTALL}"
+            if fam == OPEN_MPI else f"install one with: {INSTALL}")
+    raise FlowError(f"mpi4py uses {version}, but no {want} (mpiexec) was found"
+                    + (f"; found only: {', '.join(tried)}" if tried else ""), hint=hint)
 
 
 def launcher_options(fam: str | None) -> list[str]:
