@@ -50,7 +50,7 @@ def test_no_matching_launcher_is_an_error_naming_both(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(FlowError, match=r"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher \(mpiexec\) was "
-                                        r"found$"):
+                                        r"found\n  hint:"):
         mpi_launch.mpiexec_command(2, str(empty / "python"), {"PATH": str(empty)})
     # the matching one of the same name in a later PATH directory is taken
     other = tmp_path / "bin"
