@@ -1,80 +1,144 @@
 """Lowerings of conv1d, conv2d and conv_transpose2d: convolution as an
-implicit GEMM on the matmul kernel's register tiles (matmul_tiled.glsl),
-with conv_gemm.glsl gathering the image patches on the fly as the GEMM's
-operands; a conv_<tile>.comp exists for each matmul tile the tables may
-choose, so a convolution runs on the tile the device's table picks for a
-GEMM of its shape (matmul_kernels.choose).
-
-Not (yet) on cooperative matrices: matmul_coop.glsl moves 16-byte vectors
-of a strided operand, and a gathered patch has none; and no split-K (the
-GEMM's batch is the group), which a weight gradient's deep K would want.
+implicit GEMM on the matmul kernels, with conv_gemm.glsl gathering the image
+patches on the fly as the GEMM's operands. A conv_<tile>.comp exists for
+each matmul tile the tables may choose (matmul_tiled.glsl's register tiles,
+and matmul_coop.glsl's cooperative matrices as conv_coop), so a convolution
+runs on the tile the device's table picks for a GEMM of its shape
+(matmul_kernels.choose).
 
 conv_gemm.glsl computes, per group, one of the three products of a
 convolution: mode 0 the output, mode 1 the input gradient, mode 2 the
 weight gradient. conv_transpose2d uses the same three in other roles (its
 forward is mode 1). A bias gradient is a sum over batch and pixels
-(map_reduce)."""
+(map_reduce).
+
+The weight gradient's K (batch x output pixels) is deep while its output
+(out channels x in channels x taps) is small, so it splits K the way a
+matmul does (matmul_kernels.split_count): each chunk writes a partial
+gradient into scratch, and one sum adds them."""
 from __future__ import annotations
 
 import math
 
+import attrs
+
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.ops.registry import get_op
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
-CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16")
+CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
+COOP_FRAGMENT = 16       # matmul_coop's output fragments are 16 x 16
+
+
+def _up(v: int, q: int) -> int:
+    return -(-v // q) * q
 
 
 def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
-    """The tile the device's table gives a GEMM of this shape, one per group
-    (never cooperative matrices, see above; the split-K count it may come
-    with is ignored); 64x64 where the table's tile has no conv build."""
-    tile = kernels.choose(info, dtype, m, n, k, groups).tile
-    if tile.shader not in CONV_TILES or (dtype == "f16" and not tile.f16):
+    """The tile the device's table gives a GEMM of this shape, one per group;
+    64x64 where the table's tile has no conv build. An f16 convolution on a
+    device with cooperative matrices gets matmul_coop's tile whatever its
+    shape: conv_coop gathers and stores element by element, each guarded,
+    so the sizes only round up to the fragments and 8-element vectors, and a
+    plain GEMM's alignment rules do not apply."""
+    if dtype == "f16":
+        m, n, k = _up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN)
+    tile = kernels.choose(info, dtype, m, n, k, groups, coop_aligned=True).tile
+    if tile.coop and tile.shader not in CONV_TILES:
+        return kernels.COOPS["matmul_coop"]
+    if tile.shader not in CONV_TILES or (dtype == "f16" and not (tile.f16 or tile.coop)):
         tile = kernels.TILES[kernels.F16_TILE]
     return tile
+
+
+def conv_shader(tile: kernels.Tile) -> str:
+    return "conv_" + tile.shader.removeprefix("matmul_")
+
+
+@attrs.frozen
+class ConvGemm:
+    """One of a convolution's three products as the GEMM conv_gemm.glsl runs:
+    image [N, C, H, W] and weight [O, C/G, KH, KW] as 2-D convolutions."""
+
+    mode: int
+    image: tuple
+    weight: tuple
+    geo: dict
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """(M, cols, K) per group; the shader's conv_m, conv_n, conv_kfull."""
+        n, c, _, _ = self.image
+        h, w = self.image[2:]
+        o, cg = self.weight[0], self.weight[1]
+        (oh, ow), (kh, kw), g = self.geo["out"], self.geo["kernel"], self.geo["groups"]
+        return {0: (n * oh * ow, o // g, cg * kh * kw),
+                1: (n * h * w, c // g, o // g * kh * kw),
+                2: (o // g, cg * kh * kw, n * oh * ow)}[self.mode]
+
+    def push(self, has_bias: bool, chunks: int = 1, kc: int = 0) -> list[int]:
+        geo = self.geo
+        (sh, sw), (ph, _), (pw, _), (dh, dw) = geo["stride"], *geo["pads"], geo["dilation"]
+        return [*self.image, self.weight[0], *geo["out"], *geo["kernel"], sh, sw, ph, pw, dh, dw,
+                geo["groups"], self.mode, int(has_bias), chunks, kc or self.sizes[2]]
+
+
+def _chunks(info, tile, gemm: ConvGemm) -> tuple[int, int]:
+    """(split-K chunks, chunk depth) of a weight gradient; (1, K) otherwise."""
+    m, cols, k = gemm.sizes
+    if gemm.mode != 2:
+        return 1, k
+    tiles = math.ceil(m / tile.bm) * math.ceil(cols / tile.bn) * gemm.geo["groups"]
+    chunks = kernels.split_count(info, tile, tiles, k)
+    if chunks == 1:
+        return 1, k
+    step = max(16, tile.bk)     # chunks start on whole steps of the tile
+    kc = _up(math.ceil(k / chunks), step)
+    return math.ceil(k / kc), kc
+
+
+def _run(rec, mode, a, b, bias, dst, image, weight, geo):
+    """One of the three products: a conv_<tile> dispatch (and, split, the sum)."""
+    gemm = ConvGemm(mode, tuple(image), tuple(weight), geo)
+    m, cols, k = gemm.sizes
+    if m == 0 or cols == 0:
+        return
+    info = getattr(rec, "info", None)
+    groups = geo["groups"]
+    tile = conv_tile(info, dst.dtype, m, cols, k, groups)
+    gx, gy = math.ceil(cols / tile.bn), math.ceil(m / tile.bm)
+    if gx > MAX_GROUPS or gy > MAX_GROUPS:
+        raise DeviceError(f"convolution of {list(image)} by {list(weight)} is too large for one dispatch "
+                          f"({gy} x {gx} workgroups per group)", hint="use a smaller batch")
+    chunks, kc = _chunks(info, tile, gemm)
+    out = dst if chunks == 1 else rec.scratch((chunks, weight[0], math.prod(weight[1:])), dst.dtype)
+    has_bias = bias is not None
+    bufs = [a, b, bias if has_bias else unused(rec, dst.dtype), out]
+    rec.dispatch(conv_shader(tile), bufs, gemm.push(has_bias, chunks, kc),
+                 (gx, gy, min(groups * chunks, MAX_GROUPS)), None if tile.coop else variant(dst.dtype))
+    if chunks > 1:
+        sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
+
+
+def _attrs(node) -> dict:
+    return get_op(node.op).with_defaults(node.attrs)
 
 
 def _conv_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.geometry(tuple(x_shape), tuple(w_shape), full_attrs(node), len(x_shape) - 2)
+    return conv.geometry(tuple(x_shape), tuple(w_shape), _attrs(node), len(x_shape) - 2)
 
 
 def _transpose_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), full_attrs(node))
-
-
-def _run(rec, mode, a, b, bias, dst, image, weight, geo):
-    """One conv_<tile> dispatch. image: the conv's input shape [N, C, H, W];
-    weight: [O, C/G, KH, KW] (both seen as 2-D convolutions)."""
-    n, c, h, w = image
-    o = weight[0]
-    oh, ow = geo["out"]
-    kh, kw = geo["kernel"]
-    groups = geo["groups"]
-    m, cols = {0: (n * oh * ow, o // groups), 1: (n * h * w, c // groups),
-               2: (o // groups, c // groups * kh * kw)}[mode]
-    if m == 0 or cols == 0:
-        return
-    k = {0: c // groups * kh * kw, 1: o // groups * kh * kw, 2: n * oh * ow}[mode]
-    tile = conv_tile(getattr(rec, "info", None), dst.dtype, m, cols, k, groups)
-    gx, gy = math.ceil(cols / tile.bn), math.ceil(m / tile.bm)
-    if gx > MAX_GROUPS or gy > MAX_GROUPS or groups > MAX_GROUPS:
-        raise DeviceError(f"convolution of {list(image)} by {list(weight)} is too large for one dispatch "
-                          f"({gy} x {gx} x {groups} workgroups)", hint="use a smaller batch")
-    (sh, sw), (ph, _), (pw, _), (dh, dw) = geo["stride"], *geo["pads"], geo["dilation"]
-    has_bias = bias is not None
-    push = [n, c, h, w, o, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, mode, int(has_bias)]
-    bias = bias if has_bias else unused(rec, dst.dtype)
-    rec.dispatch("conv_" + tile.shader.removeprefix("matmul_"), [a, b, bias, dst], push, (gx, gy, groups),
-                 variant(dst.dtype))
+    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), _attrs(node))
 
 
 def _as_2d(shape):

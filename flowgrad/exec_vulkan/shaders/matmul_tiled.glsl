@@ -18,7 +18,8 @@
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
 // push block, and what the block below defines for matrices: the sizes,
-// each operand's memory order and elements (a_at, b_at), the vector forms
+// the depth of batch z's product (GEMM_KEND: K, or a split-K chunk's), each
+// operand's memory order and elements (a_at, b_at), the vector forms
 // (a_vec, b_vec, store_c4; never called where A_VEC, B_VEC, C_VEC are
 // false), and the store of one output element (store_c).
 #extension GL_EXT_control_flow_attributes : require
@@ -70,7 +71,7 @@ layout(push_constant, std430) uniform Push {
 #define GEMM_K p.K
 #define GEMM_NZ p.nz
 #define GEMM_R p.R
-#define GEMM_KLIMIT p.klimit
+#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
 #define A_KFAST (p.sak == 1u)
 #define B_NFAST (p.sbn == 1u)
 #define A_VEC (p.amode == 1u)
@@ -188,7 +189,7 @@ void main() {
         vec4 acc[TM][GN];
         [[unroll]] for (uint i = 0u; i < TM; ++i)
             [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] = vec4(0.0);
-        uint kend = GEMM_KLIMIT == 0u ? GEMM_K : min(GEMM_K, GEMM_KLIMIT - z * GEMM_K);
+        uint kend = GEMM_KEND(z);
         uint steps = (kend + BK - 1u) / BK;
         for (uint r = 0u; r < GEMM_R; ++r) {
             uint abase = A_BASE(z, r);
