@@ -298,3 +298,61 @@ def test_every_tile_computes_the_three_products(device_kernels, tile):
     close(out, ref, "f32", f"{tile}: conv2d forward")
     for i, (d, w) in enumerate(zip(grads, op.vjp(g.astype(np.float64), wide, ref, attrs))):
         close(d, w, "f32", f"{tile}: conv2d gradient {i}")
+
+
+# ---------------------------------------------------------------- graph vs closures
+
+SPLIT_MODEL = """
+model conv_split
+input x: f32[4, 3, 16, 16]
+input y: i32[4]
+param w1: f32[8, 3, 3, 3] = normal(std=0.3)
+param w2: f32[6, 4, 3, 3] = normal(std=0.2)
+param b2: f32[6] = zeros()
+param head: f32[6, 5] = normal(std=0.3)
+c1 = conv2d(x, w1, padding=1)
+h = conv2d(relu(c1), w2, b2, stride=2, groups=2)
+logits = flatten(adaptive_avgpool2d(h, 1), start_dim=1) @ head
+loss = cross_entropy(logits, y)
+output logits
+minimize loss
+"""
+
+
+def conv_kernels(sess) -> dict[str, dict]:
+    """{conv node name: its planned forward and backward kernels}, from explain."""
+    return {n["name"]: n["kernels"] for n in sess.explain().to_dict()["nodes"] if n["op"] == "conv2d"}
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("dtype", ["f32", "mixed"])
+def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
+    import flowgrad as fg
+    from flowgrad.exec_vulkan.bench import feeds_for
+
+    from flowgrad.training.loss_scale import LossScaler
+
+    model = fg.loads(SPLIT_MODEL)
+    # mixed: a loss scale the f16 gradients cannot overflow at (the first step is compared)
+    kw = {"loss_scale": LossScaler(init_scale=64.0)} if dtype == "mixed" else {}
+    graph = model.compile(device="vulkan", dtype=dtype, backward="graph", **kw)
+    closures = model.compile(device="vulkan", dtype=dtype, backward="closures", **kw)
+    assert graph.last_path == "graph" and closures.last_path.startswith("closures"), closures.last_path
+    # the kernels: f16 (mixed) on cooperative matrices where offered; c1's weight gradient
+    # (K = 4 * 16 * 16 = 1024) splits K and sums the partials (map_reduce; c1 has no bias),
+    # h's (K = 4 * 7 * 7 = 196) does not, and its bias gradient is a map_reduce
+    coop = dtype == "mixed" and getattr(vk_device.info, "coopmat_f16", False)
+    planned = conv_kernels(graph)
+    assert sorted(planned) == ["c1", "h"], planned
+    for name, ks in planned.items():
+        convs = {k for k in ks["forward"] + ks["backward"] if k.startswith("conv_")}
+        assert convs == {"conv_coop"} if coop else (len(convs) == 1 and "conv_coop" not in convs), (name, ks)
+    assert "map_reduce" in planned["c1"]["backward"], planned
+    feeds = feeds_for(graph.graph)
+    got, want = graph.step(feeds), closures.step(feeds)
+    assert "conv2d" not in closures.runner.executor.kernels.on_numpy
+    tol = {"f32": 1e-4, "mixed": 2e-2}[dtype]
+    np.testing.assert_allclose(got.loss, want.loss, rtol=tol)
+    for k, v in want.grads.items():
+        assert np.isfinite(v).all() and np.abs(v).max() > 0, k
+        np.testing.assert_allclose(got.grads[k], v, rtol=tol, atol=tol * np.abs(v).max(), err_msg=k)
