@@ -111,7 +111,8 @@ def direct_weight_grad(x, g, kernel, stride, pads, dil, groups):
     win = np.lib.stride_tricks.sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
     win = win[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]
     cg, og = x.shape[1] // groups, g.shape[1] // groups
-    return np.concatenate([np.einsum("noij,ncijrs->ocrs", g[:, q * og:(q + 1) * og], win[:, q * cg:(q + 1) * cg])
+    return np.concatenate([np.einsum("noij,ncijrs->ocrs", g[:, q * og:(q + 1) * og], win[:, q * cg:(q + 1) * cg],
+                                     optimize=True)
                            for q in range(groups)])
 
 
@@ -250,17 +251,15 @@ COOP_SHAPES = [("conv2d", [(64, 8, 8, 8), (16, 8, 3, 3), (16,)], {"padding": 1})
 
 def test_conv_coop_when_offered(vk_device):
     coop_device(vk_device)
-    # selected by default for f16, every product, at odd sizes too
-    for name, shapes, attrs, _ in SPLIT_CASES:
-        check_conv(vk_device, name, shapes, attrs, "f16", shader=None)
-        convs = check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP)
+    # the default for f16, every product, at odd sizes too; forced, and with K split
     for name, shapes, attrs, chunks in SPLIT_CASES:
-        if chunks is not None:
-            check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP, chunks=chunks)
+        convs = check_conv(vk_device, name, shapes, attrs, "f16")
+        assert {c[0] for c in convs} == {"conv_coop"}, convs
+        check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP, chunks=chunks)
     for name, shapes, attrs in [LARGE, *COOP_SHAPES]:
         convs = check_conv(vk_device, name, shapes, attrs, "f16")
-        assert {c[0] for c in convs} == {"conv_coop"}
-    assert max(push[18] for _, push in convs) > 1   # the large weight gradient split K by itself
+        assert {c[0] for c in convs} == {"conv_coop"}, convs
+        assert max(push[18] for _, push in convs) > 1   # these weight gradients split K by themselves
 
 
 def test_default_f16_convolution_takes_conv_coop_exactly_where_offered(vk_device):
