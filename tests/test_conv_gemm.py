@@ -40,6 +40,16 @@ def test_a_conv_tile_is_its_matmul_tiles_defines(tile):
     assert '#include "conv_gemm.glsl"' in conv.read_text() and f'#include "{body}"' in conv.read_text()
 
 
+@pytest.mark.parametrize("build", sorted(conv_lowering.COOP_BUILDS))
+def test_a_cooperative_matrix_build_is_matmul_coop_over_the_gathered_operands(build):
+    comp = SHADERS / f"{build}.comp"
+    d = defines(comp)
+    tile = conv_lowering.COOP_BUILDS[build]
+    assert d["F16"] == "1" and int(d["WGM"]) * int(d["FM"]) * 16 == tile.bm and int(d["WGN"]) * int(d["FN"]) * 16 == tile.bn
+    assert int(d["BK"]) == tile.bk
+    assert '#include "conv_gemm.glsl"' in comp.read_text() and '#include "matmul_coop.glsl"' in comp.read_text()
+
+
 class Info:
     def __init__(self, name, coop=False):
         self.name, self.coopmat_f16 = name, coop
@@ -57,7 +67,9 @@ def test_the_tile_follows_the_devices_matmul_table():
     # stores are guarded, so sizes that are no multiple of 16 or 8 take it too)
     for m, n, k, groups in [(4096, 64, 576, 1), (135, 65, 27, 1), (1, 1, 1, 1), (64, 32, 72, 4)]:
         tile = conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups)
-        assert tile.coop and conv_lowering.conv_shader(tile) == "conv_coop"
+        assert tile.coop and conv_lowering.conv_shader(tile) == conv_lowering.DEFAULT_COOP
+        with conv_lowering.coop_build("conv_coop_64x64"):
+            assert conv_lowering.conv_shader(conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups)) == "conv_coop_64x64"
     # f16 without them: the f16 register tile
     assert conv_lowering.conv_tile(other, "f16", 4096, 64, 576).shader == kernels.F16_TILE
     # cooperative matrices never take f32
@@ -168,17 +180,17 @@ def run_conv(device, name, ins, attrs, shader=None, chunks=None, seed=0):
     return got[0], got[1:], g, convs, [c.shader for c in cmds]
 
 
-def check_conv(device, name, shapes, attrs, dtype, shader=None, chunks=None, seed=0):
+def check_conv(device, name, shapes, attrs, dtype, shader=None, chunks=None, seed=0, expect=None):
     """Runs the lowering, asserts each product ran on `shader`'s conv build and that the weight
-    gradient split K when chunks asks (or, chunks=0, when the policy does), then compares
+    gradient split K when chunks asks (expect: the conv build, when not shader's own), then compares
     forward and input gradient with the numpy rules and the weight gradient with direct sums.
     Returns the conv dispatches."""
     rng = np.random.default_rng(seed)
     ins = [rng.uniform(-1, 1, s).astype(NP[dtype]) for s in shapes]
     out, grads, g, convs, shaders = run_conv(device, name, ins, attrs, shader, chunks or None, seed)
     assert len(convs) == 3, shaders
-    if shader is not None:
-        want = "conv_" + shader.removeprefix("matmul_")
+    if shader is not None or expect is not None:
+        want = expect or "conv_" + shader.removeprefix("matmul_")
         assert {c[0] for c in convs} == {want}, shaders
     modes = {push[16]: push for _, push in convs}   # the push block's mode field
     assert sorted(modes) == [0, 1, 2]
@@ -249,17 +261,17 @@ COOP_SHAPES = [("conv2d", [(64, 8, 8, 8), (16, 8, 3, 3), (16,)], {"padding": 1})
                ("conv2d", [(64, 64, 32, 32), (64, 64, 3, 3)], {"padding": 1})]
 
 
-def test_conv_coop_when_offered(vk_device):
+@pytest.mark.parametrize("build", sorted(conv_lowering.COOP_BUILDS))
+def test_conv_coop_when_offered(vk_device, build):
     coop_device(vk_device)
-    # the default for f16, every product, at odd sizes too; forced, and with K split
-    for name, shapes, attrs, chunks in SPLIT_CASES:
-        convs = check_conv(vk_device, name, shapes, attrs, "f16")
-        assert {c[0] for c in convs} == {"conv_coop"}, convs
-        check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP, chunks=chunks)
-    for name, shapes, attrs in [LARGE, *COOP_SHAPES]:
-        convs = check_conv(vk_device, name, shapes, attrs, "f16")
-        assert {c[0] for c in convs} == {"conv_coop"}, convs
-        assert max(push[18] for _, push in convs) > 1   # these weight gradients split K by themselves
+    with conv_lowering.coop_build(build):
+        # the default for f16, every product, at odd sizes too; forced, and with K split
+        for name, shapes, attrs, chunks in SPLIT_CASES:
+            check_conv(vk_device, name, shapes, attrs, "f16", expect=build)
+            check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP, chunks=chunks, expect=build)
+        for name, shapes, attrs in [LARGE, *COOP_SHAPES]:
+            convs = check_conv(vk_device, name, shapes, attrs, "f16", expect=build)
+            assert max(push[18] for _, push in convs) > 1   # these weight gradients split K by themselves
 
 
 def test_default_f16_convolution_takes_conv_coop_exactly_where_offered(vk_device):
@@ -267,7 +279,7 @@ def test_default_f16_convolution_takes_conv_coop_exactly_where_offered(vk_device
         pytest.skip(f"{vk_device.info.name} has no f16 storage")
     name, shapes, attrs, _ = SPLIT_CASES[0]
     convs = check_conv(vk_device, name, shapes, attrs, "f16")
-    want = "conv_coop" if getattr(vk_device.info, "coopmat_f16", False) else "conv_64x64_k16"
+    want = conv_lowering.DEFAULT_COOP if getattr(vk_device.info, "coopmat_f16", False) else "conv_64x64_k16"
     assert {c[0] for c in convs} == {want}
 
 
@@ -345,7 +357,7 @@ def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
     assert sorted(planned) == ["c1", "h"], planned
     for name, ks in planned.items():
         convs = {k for k in ks["forward"] + ks["backward"] if k.startswith("conv_")}
-        assert convs == {"conv_coop"} if coop else (len(convs) == 1 and "conv_coop" not in convs), (name, ks)
+        assert convs == {conv_lowering.DEFAULT_COOP} if coop else (len(convs) == 1 and "conv_coop" not in convs), (name, ks)
     assert "map_reduce" in planned["c1"]["backward"], planned
     feeds = feeds_for(graph.graph)
     got, want = graph.step(feeds), closures.step(feeds)

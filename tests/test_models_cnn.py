@@ -44,7 +44,7 @@ def test_takes_the_graph_path_and_matches_numpy(vk_device):
 
 @pytest.mark.vulkan
 def test_mixed_runs_its_convolutions_in_f16_on_the_graph_path(vk_device):
-    """dtype="mixed": every convolution computes in f16, on cooperative matrices (conv_coop)
+    """dtype="mixed": every convolution computes in f16, on cooperative matrices
     where the device has them, else on the f16 register tile; graph and closures agree."""
     from flowgrad.training.loss_scale import LossScaler
 
@@ -53,7 +53,9 @@ def test_mixed_runs_its_convolutions_in_f16_on_the_graph_path(vk_device):
     graph = model.compile(device="vulkan", backward="graph", **kw)
     closures = model.compile(device="vulkan", backward="closures", **kw)
     assert graph.last_path == "graph" and closures.last_path.startswith("closures")
-    want = "conv_coop" if getattr(vk_device.info, "coopmat_f16", False) else "conv_64x64_k16"
+    from flowgrad.exec_vulkan.lower.conv import DEFAULT_COOP
+
+    want = DEFAULT_COOP if getattr(vk_device.info, "coopmat_f16", False) else "conv_64x64_k16"
     convs = [n for n in graph.explain().to_dict()["nodes"] if n["op"] == "conv2d"]
     assert len(convs) == 3 and all(n["dtype"] == "f16" for n in convs)
     for n in convs:

@@ -18,6 +18,8 @@ matmul does (matmul_kernels.split_count): each chunk writes a partial
 gradient into scratch, and one sum adds them."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import attrs
@@ -33,6 +35,25 @@ from flowgrad.ops.registry import get_op
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
 CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
 COOP_FRAGMENT = 16       # matmul_coop's output fragments are 16 x 16
+# the cooperative-matrix builds: matmul_coop's tile, and a quarter of it (64x64: 4 subgroups
+# of 2x2 fragments) that a gathered operand may prefer (fewer registers, more workgroups)
+COOP_BUILDS = {t.shader: t for t in (kernels.Tile("conv_coop", 128, 128, 32, coop=True),
+                                     kernels.Tile("conv_coop_64x64", 64, 64, 32, coop=True))}
+DEFAULT_COOP = "conv_coop"
+_COOP = contextvars.ContextVar("conv_coop_build", default=DEFAULT_COOP)
+
+
+@contextlib.contextmanager
+def coop_build(name: str):
+    """Within the block f16 convolutions on cooperative matrices use this build
+    (benchmarks and tests reach each one this way)."""
+    if name not in COOP_BUILDS:
+        raise DeviceError(f"no cooperative-matrix conv build {name!r}; the builds are {sorted(COOP_BUILDS)}")
+    token = _COOP.set(name)
+    try:
+        yield
+    finally:
+        _COOP.reset(token)
 
 
 def _up(v: int, q: int) -> int:
@@ -49,15 +70,16 @@ def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kern
     if dtype == "f16":
         m, n, k = _up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN)
     tile = kernels.choose(info, dtype, m, n, k, groups, coop_aligned=True).tile
-    if tile.coop and tile.shader not in CONV_TILES:
-        return kernels.COOPS["matmul_coop"]
+    if tile.coop:
+        return COOP_BUILDS[_COOP.get()]
     if tile.shader not in CONV_TILES or (dtype == "f16" and not (tile.f16 or tile.coop)):
         tile = kernels.TILES[kernels.F16_TILE]
     return tile
 
 
 def conv_shader(tile: kernels.Tile) -> str:
-    return "conv_" + tile.shader.removeprefix("matmul_")
+    """The conv build of a matmul tile (a cooperative-matrix build is named as itself)."""
+    return tile.shader if tile.shader.startswith("conv_") else "conv_" + tile.shader.removeprefix("matmul_")
 
 
 @attrs.frozen
