@@ -34,8 +34,8 @@ def test_a_conv_tile_is_its_matmul_tiles_defines(tile):
     conv = SHADERS / f"conv_{tile.removeprefix('matmul_')}.comp"
     body = "matmul_coop.glsl" if kernels.COOPS.get(tile) else "matmul_tiled.glsl"
     own = defines(conv)
-    if body == "matmul_coop.glsl":   # f16 storage is the cooperative-matrix kernel's only build
-        assert own.pop("F16") == "1"
+    if body == "matmul_coop.glsl":   # f16 storage is its only build, and it packs runs of 8
+        assert own.pop("F16") == "1" and own.pop("GEMM_RUN") == "8"
     assert own == defines(SHADERS / f"{tile}.comp")
     assert '#include "conv_gemm.glsl"' in conv.read_text() and f'#include "{body}"' in conv.read_text()
 
@@ -45,7 +45,7 @@ def test_a_cooperative_matrix_build_is_matmul_coop_over_the_gathered_operands(bu
     comp = SHADERS / f"{build}.comp"
     d = defines(comp)
     tile = conv_lowering.COOP_BUILDS[build]
-    assert d["F16"] == "1" and int(d["WGM"]) * int(d["FM"]) * 16 == tile.bm and int(d["WGN"]) * int(d["FN"]) * 16 == tile.bn
+    assert d["F16"] == "1" and d["GEMM_RUN"] == "8" and int(d["WGM"]) * int(d["FM"]) * 16 == tile.bm and int(d["WGN"]) * int(d["FN"]) * 16 == tile.bn
     assert int(d["BK"]) == tile.bk
     assert '#include "conv_gemm.glsl"' in comp.read_text() and '#include "matmul_coop.glsl"' in comp.read_text()
 

@@ -8,5 +8,6 @@
 #define FN 2
 #define BK 32
 #define F16 1
+#define GEMM_RUN 8
 #include "conv_gemm.glsl"
 #include "matmul_coop.glsl"

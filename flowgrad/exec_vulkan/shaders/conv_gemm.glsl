@@ -18,6 +18,7 @@
 // modes 0 and 1 walk pixels along M (contiguous in the image), mode 2
 // along K; B runs along K in every mode.
 #define GEMM_OPERANDS
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };     // mode 0: x, 1 and 2: g
@@ -120,6 +121,98 @@ float b_at(uint z, uint k, uint col) {
     if (tap_input(q / p.OW, q % p.OW, t / p.KW, t % p.KW, ih, iw))
         return x_at(n, z * cg + col / kk, ih, iw);
     return 0.0;
+}
+
+// Runs: GEMM_RUN consecutive elements of an operand along its load order
+// (A: along M in modes 0 and 1, along K in mode 2; B: along K), each zero
+// outside the product. The GEMM kernels load through these (GEMM_RUNS):
+// one run divides its start into pixel and tap once and steps the rest,
+// where GEMM_RUN calls of a_at / b_at would divide each.
+#ifndef GEMM_RUN
+#define GEMM_RUN 4          // matmul_tiled.glsl's register vectors; matmul_coop.glsl's builds ask for 8
+#endif
+#define GEMM_RUNS
+
+// flat pixel index i over [batch, rows, cols], as (n, y, x); advance() steps it without dividing
+struct Pixel { uint n, y, x; };
+Pixel pixel_at(uint i, uint rows, uint cols) {
+    uint hw = rows * cols, q = i % hw;
+    return Pixel(i / hw, q / cols, q % cols);
+}
+void advance(inout Pixel px, uint rows, uint cols) {
+    if (++px.x == cols) {
+        px.x = 0u;
+        if (++px.y == rows) { px.y = 0u; ++px.n; }
+    }
+}
+
+// A from (m, k) of batch z (k from its chunk's start)
+void a_run(uint z, uint m, uint k, uint kend, out float v[GEMM_RUN]) {
+    uint mlim = conv_m(), kg = k + (z / p.G) * p.kc;
+    z %= p.G;
+    uint kk = p.KH * p.KW, og = p.O / p.G;
+    if (p.mode == 2u) {
+        Pixel px = pixel_at(kg, p.OH, p.OW);
+        [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+            v[j] = 0.0;
+            if (m < mlim && k + j < kend) v[j] = g_at(px.n, z * og + m, px.y, px.x);
+            advance(px, p.OH, p.OW);
+        }
+        return;
+    }
+    uint t = kg % kk, r = t / p.KW, s = t % p.KW, ch = kg / kk;
+    bool live = k < kend;
+    if (p.mode == 0u) {
+        uint cg = p.C / p.G;
+        Pixel px = pixel_at(m, p.OH, p.OW);
+        [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+            uint ih, iw;
+            v[j] = 0.0;
+            if (live && m + j < mlim && tap_input(px.y, px.x, r, s, ih, iw)) v[j] = x_at(px.n, z * cg + ch, ih, iw);
+            advance(px, p.OH, p.OW);
+        }
+        return;
+    }
+    Pixel px = pixel_at(m, p.H, p.W);
+    [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+        uint oh, ow;
+        v[j] = 0.0;
+        if (live && m + j < mlim && tap_output(px.y, px.x, r, s, oh, ow)) v[j] = g_at(px.n, z * og + ch, oh, ow);
+        advance(px, p.H, p.W);
+    }
+}
+
+// B from (k, col) of batch z
+void b_run(uint z, uint k, uint col, uint kend, out float v[GEMM_RUN]) {
+    uint kg = k + (z / p.G) * p.kc;
+    z %= p.G;
+    uint kk = p.KH * p.KW, cg = p.C / p.G, og = p.O / p.G;
+    bool live = col < conv_n();
+    if (p.mode == 0u) {
+        uint at = (z * og + col) * cg * kk + kg;
+        [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+            v[j] = 0.0;
+            if (live && k + j < kend) v[j] = float(b[at + j]);
+        }
+        return;
+    }
+    if (p.mode == 1u) {
+        uint q = kg / kk, t = kg % kk;
+        [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+            v[j] = 0.0;
+            if (live && k + j < kend) v[j] = float(b[((z * og + q) * cg + col) * kk + t]);
+            if (++t == kk) { t = 0u; ++q; }
+        }
+        return;
+    }
+    uint t = col % kk, r = t / p.KW, s = t % p.KW, ch = z * cg + col / kk;
+    Pixel px = pixel_at(kg, p.OH, p.OW);
+    [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
+        uint ih, iw;
+        v[j] = 0.0;
+        if (live && k + j < kend && tap_input(px.y, px.x, r, s, ih, iw)) v[j] = x_at(px.n, ch, ih, iw);
+        advance(px, p.OH, p.OW);
+    }
 }
 
 // never called: the *_VEC switches are off (gathered operands have no vector form)

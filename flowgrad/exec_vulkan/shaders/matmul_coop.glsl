@@ -16,7 +16,8 @@
 // storage) and push block, and the hooks matmul_tiled.glsl takes: the sizes
 // (GEMM_M, GEMM_N, GEMM_K, GEMM_NZ, GEMM_R, GEMM_KEND), each operand's memory
 // order (A_KFAST, B_NFAST), bases (A_BASE, B_BASE), elements (a_at, b_at) and
-// the store of one output element (store_c). Such operands have no 16-byte
+// the store of one output element (store_c), and with GEMM_RUNS runs of 8
+// elements along the load order (a_run, b_run). Such operands have no 16-byte
 // vectors: each shared vector is 8 scalars gathered (zero outside M, N and
 // the depth) and packed, and each output fragment goes through shared memory
 // to store_c, element by element; so any M, N and K work (padded to the
@@ -88,6 +89,19 @@ uvec4 pack8(float v[8]) {
     return uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])),
                  packHalf2x16(vec2(v[4], v[5])), packHalf2x16(vec2(v[6], v[7])));
 }
+#ifdef GEMM_RUNS
+// the operand gathers 8 along the load order itself (its GEMM_RUN is 8)
+uvec4 a_pack(uint base, uint m, uint k, uint kend) {
+    float v[8];
+    a_run(base, m, k, kend, v);
+    return pack8(v);
+}
+uvec4 b_pack(uint base, uint k, uint n, uint kend) {
+    float v[8];
+    b_run(base, k, n, kend, v);
+    return pack8(v);
+}
+#else
 uvec4 a_pack(uint base, uint m, uint k, uint kend) {
     bool kfast = A_KFAST;
     float v[8];
@@ -108,6 +122,7 @@ uvec4 b_pack(uint base, uint k, uint n, uint kend) {
     }
     return pack8(v);
 }
+#endif
 #endif
 
 #ifndef NBUF
