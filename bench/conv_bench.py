@@ -31,7 +31,7 @@ SHAPES = [(64, 8, 8, 8, 16, 3),      # models/cnn.flow's second layer at batch 6
 SUBMITS = 7
 FLOP_PER_SUBMIT = float(os.environ.get("CONV_BENCH_FLOP", 2e10))
 # (dtype, matmul tile forced (None: the lowering's choice), cooperative-matrix conv build)
-KERNELS = [("f32", None, None), ("f32", "matmul_64x64_k16", None), ("f16", "matmul_64x64_k16", None),
+KERNELS = [("f32", None, None), ("f32", "matmul_128x128_k16", None), ("f16", "matmul_64x64_k16", None),
            ("f16", "matmul_coop", "conv_coop"), ("f16", "matmul_coop", "conv_coop_64x64")]
 PARTS = ("fwd", "dx", "dw", "all")
 

@@ -55,25 +55,37 @@ class Info:
         self.name, self.coopmat_f16 = name, coop
 
 
-def test_the_tile_follows_the_devices_matmul_table():
+def test_the_tile_is_64x64_or_cooperative_matrices_unless_forced():
     nvidia, other = Info("NVIDIA H200", coop=True), Info("llvmpipe")
-    # a forward of 8 x 56 x 56 pixels by 64 channels, K = 64 * 9: the table's "tall" class
-    assert conv_lowering.conv_tile(nvidia, "f32", 8 * 56 * 56, 64, 576).shader == kernels.TABLES["nvidia"]["tall"]
-    assert conv_lowering.conv_tile(nvidia, "f32", 512, 512, 512).shader == kernels.TABLES["nvidia"]["square"]
-    # grouped: a batch of small GEMMs, the "batched" class
-    assert conv_lowering.conv_tile(nvidia, "f32", 64, 32, 72, groups=4).shader == kernels.TABLES["nvidia"]["batched"]
-    assert conv_lowering.conv_tile(other, "f32", 8 * 56 * 56, 64, 576).shader == "matmul_64x64_k16"
-    # f16 where cooperative matrices are offered: their tile, at any shape (the gathers and
+    # the register tile is 64x64 on every device, whatever the matmul table picks for the shape
+    for info in (nvidia, other):
+        for m, n, k, groups in [(8 * 56 * 56, 64, 576, 1), (512, 512, 512, 1), (64, 32, 72, 4)]:
+            assert conv_lowering.conv_tile(info, "f32", m, n, k, groups).shader == "matmul_64x64_k16"
+    # a forced tile is honoured, if it has a conv build
+    with kernels.forced("matmul_128x128_k8"):
+        assert conv_lowering.conv_tile(nvidia, "f32", 512, 512, 512).shader == "matmul_128x128_k8"
+    # f16 where cooperative matrices are offered: their build, at any shape (the gathers and
     # stores are guarded, so sizes that are no multiple of 16 or 8 take it too)
     for m, n, k, groups in [(4096, 64, 576, 1), (135, 65, 27, 1), (1, 1, 1, 1), (64, 32, 72, 4)]:
         tile = conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups)
-        assert tile.coop and conv_lowering.conv_shader(tile) == conv_lowering.DEFAULT_COOP
-        with conv_lowering.coop_build("conv_coop_64x64"):
-            assert conv_lowering.conv_shader(conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups)) == "conv_coop_64x64"
+        assert tile.coop and conv_lowering.conv_shader(tile) == conv_lowering.DEFAULT_COOP == "conv_coop_64x64"
+        with conv_lowering.coop_build("conv_coop"):
+            assert conv_lowering.conv_shader(conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups)) == "conv_coop"
+        with kernels.forced("matmul_64x64_k16"):
+            assert conv_lowering.conv_tile(nvidia, "f16", m, n, k, groups).shader == "matmul_64x64_k16"
     # f16 without them: the f16 register tile
     assert conv_lowering.conv_tile(other, "f16", 4096, 64, 576).shader == kernels.F16_TILE
-    # cooperative matrices never take f32
+    # cooperative matrices never take f32, and a tile without an f16 build never takes f16
     assert not conv_lowering.conv_tile(nvidia, "f32", 4096, 64, 576).coop
+    from flowgrad.errors import DeviceError
+
+    with kernels.forced("matmul_coop"), pytest.raises(DeviceError, match="f32"):
+        conv_lowering.conv_tile(nvidia, "f32", 4096, 64, 576)
+    with kernels.forced("matmul_128x128_k8"), pytest.raises(DeviceError, match="no f16 build"):
+        conv_lowering.conv_tile(nvidia, "f16", 4096, 64, 576)
+    with pytest.raises(DeviceError, match="no cooperative-matrix conv build"):
+        with conv_lowering.coop_build("conv_coop_32x32"):
+            pass
 
 
 def _weight_gradient(o, c, kh, kw, batch, out_hw, groups=1):
@@ -86,15 +98,16 @@ def _weight_gradient(o, c, kh, kw, batch, out_hw, groups=1):
 
 def test_only_the_weight_gradient_splits_k_and_its_chunks_cover_k():
     nvidia = Info("NVIDIA H200", coop=True)
-    coop = kernels.COOPS["matmul_coop"]
-    # 64 -> 64 channels, 3x3, batch 64 at 32x32: M x N = 64 x 576 (5 tiles), K = 65536
+    coop = conv_lowering.COOP_BUILDS[conv_lowering.DEFAULT_COOP]
+    target = kernels.SPLIT_TARGET["nvidia"]
+    # 64 -> 64 channels, 3x3, batch 64 at 32x32: M x N = 64 x 576 (9 tiles of 64x64), K = 65536
     gemm = _weight_gradient(64, 64, 3, 3, 64, (32, 32))
     chunks, kc = conv_lowering._chunks(nvidia, coop, gemm)
-    assert chunks == kernels.SPLIT_TARGET["nvidia"] // 5 and kc % coop.bk == 0
+    assert chunks == target // 9 and kc % coop.bk == 0
     assert (chunks - 1) * kc < 65536 <= chunks * kc
-    # groups count as tiles: 4 groups of 16 -> 16 fill the grid 4 times faster
+    # groups count as tiles: 4 groups of 16 x 144 (3 tiles each)
     chunks4, _ = conv_lowering._chunks(nvidia, coop, _weight_gradient(64, 64, 3, 3, 64, (32, 32), groups=4))
-    assert chunks4 == kernels.SPLIT_TARGET["nvidia"] // (4 * 2)
+    assert chunks4 == target // (4 * 3)
     # shallow K (< 2 x MIN_CHUNK): no split
     assert conv_lowering._chunks(nvidia, coop, _weight_gradient(8, 4, 3, 3, 2, (8, 8))) == (1, 128)
     # the forward and the input gradient never split

@@ -1,10 +1,8 @@
 """Lowerings of conv1d, conv2d and conv_transpose2d: convolution as an
 implicit GEMM on the matmul kernels, with conv_gemm.glsl gathering the image
 patches on the fly as the GEMM's operands. A conv_<tile>.comp exists for
-each matmul tile the tables may choose (matmul_tiled.glsl's register tiles,
-and matmul_coop.glsl's cooperative matrices as conv_coop), so a convolution
-runs on the tile the device's table picks for a GEMM of its shape
-(matmul_kernels.choose).
+each matmul tile (matmul_tiled.glsl's register tiles), and conv_coop builds
+for matmul_coop.glsl's cooperative matrices; conv_tile says which runs.
 
 conv_gemm.glsl computes, per group, one of the three products of a
 convolution: mode 0 the output, mode 1 the input gradient, mode 2 the
@@ -34,12 +32,14 @@ from flowgrad.ops.registry import get_op
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
 CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
+CONV_TILE = "matmul_64x64_k16"    # the register tile convolutions get (f32, and f16 without cooperative matrices)
 COOP_FRAGMENT = 16       # matmul_coop's output fragments are 16 x 16
 # the cooperative-matrix builds: matmul_coop's tile, and a quarter of it (64x64: 4 subgroups
-# of 2x2 fragments) that a gathered operand may prefer (fewer registers, more workgroups)
+# of 2x2 fragments; 139 registers to 186 on the H200, four times the workgroups), which ran
+# a 64x64x32x32 3x3 layer's forward and backward in 1.23 ms to conv_coop's 1.68
 COOP_BUILDS = {t.shader: t for t in (kernels.Tile("conv_coop", 128, 128, 32, coop=True),
                                      kernels.Tile("conv_coop_64x64", 64, 64, 32, coop=True))}
-DEFAULT_COOP = "conv_coop"
+DEFAULT_COOP = "conv_coop_64x64"
 _COOP = contextvars.ContextVar("conv_coop_build", default=DEFAULT_COOP)
 
 
@@ -61,20 +61,27 @@ def _up(v: int, q: int) -> int:
 
 
 def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
-    """The tile the device's table gives a GEMM of this shape, one per group;
-    64x64 where the table's tile has no conv build. An f16 convolution on a
-    device with cooperative matrices gets matmul_coop's tile whatever its
-    shape: conv_coop gathers and stores element by element, each guarded,
-    so the sizes only round up to the fragments and 8-element vectors, and a
-    plain GEMM's alignment rules do not apply."""
-    if dtype == "f16":
-        m, n, k = _up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN)
-    tile = kernels.choose(info, dtype, m, n, k, groups, coop_aligned=True).tile
-    if tile.coop:
+    """The tile of a convolution's GEMM (m x n per group, k deep). An f16
+    convolution on a device with cooperative matrices gets DEFAULT_COOP
+    whatever its shape: its gathers and stores are guarded element by
+    element, so the sizes only round up to the fragments and 8-element
+    vectors, and a plain GEMM's alignment rules do not apply. Everything else
+    gets the 64x64 register tile on every device, not the matmul table's
+    tile: on the H200 (bench/conv_bench.py) the 128x128 builds, over gathered
+    operands, spill and ran 4 to 10 times slower. A tile forced with
+    matmul_kernels.forced is used if it has a conv build."""
+    padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
+    forced = kernels.forced_shader()
+    if forced is not None:
+        tile = kernels.choose(info, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
+        if tile.coop:
+            return COOP_BUILDS[_COOP.get()]
+        if tile.shader not in CONV_TILES:
+            raise DeviceError(f"{forced} has no convolution build (the conv builds: {', '.join(CONV_TILES)})")
+        return tile
+    if dtype == "f16" and kernels.coop_ok(info, dtype, *padded, True):
         return COOP_BUILDS[_COOP.get()]
-    if tile.shader not in CONV_TILES or (dtype == "f16" and not (tile.f16 or tile.coop)):
-        tile = kernels.TILES[kernels.F16_TILE]
-    return tile
+    return kernels.TILES[CONV_TILE]
 
 
 def conv_shader(tile: kernels.Tile) -> str:

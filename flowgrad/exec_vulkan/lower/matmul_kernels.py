@@ -131,6 +131,11 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     return Choice(tile, chunks, klass)
 
 
+def forced_shader() -> str | None:
+    """The tile shader a `forced` block asks for (None outside one)."""
+    return (_FORCED.get() or (None, None))[0]
+
+
 def split_count(info, tile: Tile, tiles: int, k: int) -> int:
     """Split-K chunks for a grid of `tiles` output tiles, k deep: the forced
     count, else the most that keep the grid within SPLIT_TARGET (1: no split)."""
