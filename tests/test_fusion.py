@@ -13,6 +13,7 @@ import flowgrad as fg
 from flowgrad.exec_closure import ClosureSession
 from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.feeds import random_feeds
+from flowgrad.graph_check import check_graph
 from flowgrad.planner import make_plan
 
 GPT_SMALL = dict(d=512, seq=256, heads=8, layers=6, batch=16, vocab=256)
@@ -51,7 +52,7 @@ def test_pointwise_chains_of_the_decoder_are_fused():
     ops = [tuple(graph.nodes[i].op for i in grp.members) for grp in plan.fusion.groups]
     # per block: bias + gelu, residual + bias, and the lone residual add; plus the embedding's add
     assert ops.count(("add", "gelu")) == 6 and ops.count(("add", "add")) == 6 and ops.count(("add",)) == 7
-    plan.exec_graph.check()
+    check_graph(plan.exec_graph)
     assert plan.exec_graph.params == graph.params and plan.exec_graph.outputs == graph.outputs
 
 
@@ -80,7 +81,7 @@ minimize loss
     plan = make_plan(graph, None)
     # a backward program reads g and at most 3 inputs: no group spans all six
     assert plan.fusion.groups and all(len(grp.inputs) <= 4 for grp in plan.fusion.groups)
-    plan.exec_graph.check()
+    check_graph(plan.exec_graph)
 
 
 def closure_step(graph, params, feeds):

@@ -159,7 +159,7 @@ def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
     """{view node: (its input, byte offset of its window)} for the nodes
     whose lowering places them inside their input."""
     from flowgrad.dtypes import ITEMSIZE
-    from flowgrad.exec_vulkan.lowering import lowering_for
+    from flowgrad.exec_vulkan.lower import lowering_for
 
     out = {}
     for node in forward:
@@ -314,7 +314,7 @@ class _Planner:
 
     @staticmethod
     def accumulates(node) -> frozenset:
-        from flowgrad.exec_vulkan.lowering import lowering_for
+        from flowgrad.exec_vulkan.lower import lowering_for
 
         low = lowering_for(node.op)
         return low.accumulates if low is not None else frozenset()

@@ -28,7 +28,6 @@ from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
-from flowgrad.ops.registry import get_op
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
 CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
@@ -154,20 +153,16 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
         sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
-def _attrs(node) -> dict:
-    return get_op(node.op).with_defaults(node.attrs)
-
-
 def _conv_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.geometry(tuple(x_shape), tuple(w_shape), _attrs(node), len(x_shape) - 2)
+    return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
 
 
 def _transpose_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), _attrs(node))
+    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
 
 
 def _as_2d(shape):

@@ -23,8 +23,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, sum_to_shape, unused
-from flowgrad.exec_vulkan.lowering import Lowering, lowering_for, register_lowering
-from flowgrad.ops.registry import attr_defaults, get_op
+from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
 MAX_INSTRS = 12     # its program slots (instruction k writes register 4 + k)
@@ -84,7 +83,7 @@ class _Builder:
 
 
 def pointwise_of(op_name: str, attrs):
-    return lowering_for(op_name).pointwise(attr_defaults(get_op(op_name).args) | dict(attrs))
+    return LOWERINGS[op_name].pointwise(attrs)
 
 
 def _chain(b: _Builder, steps, n_in: int):
