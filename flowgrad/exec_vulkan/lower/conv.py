@@ -66,9 +66,10 @@ def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kern
     element, so the sizes only round up to the fragments and 8-element
     vectors, and a plain GEMM's alignment rules do not apply. Everything else
     gets the 64x64 register tile on every device, not the matmul table's
-    tile: on the H200 (bench/conv_bench.py) the 128x128 builds, over gathered
-    operands, spill and ran 4 to 10 times slower. A tile forced with
-    matmul_kernels.forced is used if it has a conv build."""
+    tile: on the H200 (bench/conv_bench.py) the table's 128x128_k16, over
+    gathered operands, spills and ran 9 to 11 times slower at both layers
+    measured. A tile forced with matmul_kernels.forced is used if it has a
+    conv build."""
     padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
     forced = kernels.forced_shader()
     if forced is not None:
@@ -101,8 +102,7 @@ class ConvGemm:
     @property
     def sizes(self) -> tuple[int, int, int]:
         """(M, cols, K) per group; the shader's conv_m, conv_n, conv_kfull."""
-        n, c, _, _ = self.image
-        h, w = self.image[2:]
+        n, c, h, w = self.image
         o, cg = self.weight[0], self.weight[1]
         (oh, ow), (kh, kw), g = self.geo["out"], self.geo["kernel"], self.geo["groups"]
         return {0: (n * oh * ow, o // g, cg * kh * kw),
