@@ -56,7 +56,7 @@ def reference(shape):
 
 
 def _record(rec, node, views, out, g, grads, reps, part):
-    from flowgrad.exec_vulkan.lowering import lowering_for
+    from flowgrad.exec_vulkan.lower import lowering_for
 
     low = lowering_for("conv2d")
     dx, dw = grads

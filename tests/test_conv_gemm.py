@@ -171,7 +171,7 @@ def reference_weight_grad(name, x, w, g, attrs):
 def run_conv(device, name, ins, attrs, shader=None, chunks=None, seed=0):
     """(out, grads, [(shader, push words)] of the conv dispatches, shaders dispatched) for the
     lowering's forward and backward with a random output gradient g (also returned)."""
-    from flowgrad.exec_vulkan.lowering import lowering_for
+    from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     node = make_node(name, ins, attrs)
