@@ -31,7 +31,7 @@ MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: 
           "klimit: u32, amode: u32, bmode: u32, cvec: u32")
 
 CONV = ("N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, "
-        "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32")
+        "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32, chunks: u32, kc: u32")
 
 SPECS_TEXT = {
     "accumulate": "n: u32",
@@ -58,7 +58,7 @@ SPECS_TEXT = {
     "unscale": "n: u32, k: u32",
     "found_inf": "count: u32",
     "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
-    **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16")},
+    **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16", "conv_coop", "conv_coop_64x64")},
     "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
             "mode: u32, include_pad: u32",
     "dropout": "n: u32, thr: u32, stream: u32, scale: f32",

@@ -18,9 +18,12 @@
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
 // push block, and what the block below defines for matrices: the sizes,
-// each operand's memory order and elements (a_at, b_at), the vector forms
+// the depth of batch z's product (GEMM_KEND: K, or a split-K chunk's), each
+// operand's memory order and elements (a_at, b_at), the vector forms
 // (a_vec, b_vec, store_c4; never called where A_VEC, B_VEC, C_VEC are
-// false), and the store of one output element (store_c).
+// false), and the store of one output element (store_c). With GEMM_RUNS
+// it also supplies a_run / b_run, 4 elements along the load order at once
+// (the order its *_KFAST / *_NFAST switches give), which scalar loads use.
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #ifdef F16
@@ -70,7 +73,7 @@ layout(push_constant, std430) uniform Push {
 #define GEMM_K p.K
 #define GEMM_NZ p.nz
 #define GEMM_R p.R
-#define GEMM_KLIMIT p.klimit
+#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
 #define A_KFAST (p.sak == 1u)
 #define B_NFAST (p.sbn == 1u)
 #define A_VEC (p.amode == 1u)
@@ -106,12 +109,19 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
                 uint m = m0 + mm, k = k0 + kk;
                 if (m < GEMM_M && k < kend) v = a_vec(base, m, k);
             } else {
+#ifdef GEMM_RUNS
+                uint f = e * 4u;
+                float run[4];
+                a_run(base, m0 + (kfast ? f / BK : f % BM), k0 + (kfast ? f % BK : f / BM), kend, run);
+                v = vec4(run[0], run[1], run[2], run[3]);
+#else
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint mm = kfast ? f / BK : f % BM, kk = kfast ? f % BK : f / BM;
                     uint m = m0 + mm, k = k0 + kk;
                     if (m < GEMM_M && k < kend) v[j] = a_at(base, m, k);
                 }
+#endif
             }
         }
         ra[l] = v;
@@ -130,12 +140,19 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
                 uint n = n0 + nn, k = k0 + kk;
                 if (n < GEMM_N && k < kend) v = b_vec(base, k, n);
             } else {
+#ifdef GEMM_RUNS
+                uint f = e * 4u;
+                float run[4];
+                b_run(base, k0 + (nfast ? f / BN : f % BK), n0 + (nfast ? f % BN : f / BK), kend, run);
+                v = vec4(run[0], run[1], run[2], run[3]);
+#else
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint nn = nfast ? f % BN : f / BK, kk = nfast ? f / BN : f % BK;
                     uint n = n0 + nn, k = k0 + kk;
                     if (n < GEMM_N && k < kend) v[j] = b_at(base, k, n);
                 }
+#endif
             }
         }
         rb[l] = v;
@@ -188,7 +205,7 @@ void main() {
         vec4 acc[TM][GN];
         [[unroll]] for (uint i = 0u; i < TM; ++i)
             [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] = vec4(0.0);
-        uint kend = GEMM_KLIMIT == 0u ? GEMM_K : min(GEMM_K, GEMM_KLIMIT - z * GEMM_K);
+        uint kend = GEMM_KEND(z);
         uint steps = (kend + BK - 1u) / BK;
         for (uint r = 0u; r < GEMM_R; ++r) {
             uint abase = A_BASE(z, r);
