@@ -177,6 +177,31 @@ minimize loss
     assert plan.fusion.splits == [] and {n.op for n in plan.exec_graph.nodes} >= {"matmul", "slice"}
 
 
+def test_a_product_with_a_batched_weight_is_not_split():
+    text = """
+model batched
+input x: f32[2, 4, 6]
+param w: f32[2, 6, 6] = normal()
+q, k = split(x @ w, 2, axis=-1)
+loss = sum(q * k)
+minimize loss
+"""
+    plan = make_plan(fg.loads(text).graph, None)
+    assert plan.fusion.splits == [] and {n.op for n in plan.exec_graph.nodes} >= {"matmul", "slice"}
+
+
+@pytest.mark.parametrize("op, field", [("matmul", "blocked"), ("slice", "window")])
+def test_split_products_follow_the_lowering_records(monkeypatch, op, field):
+    import attrs
+
+    from flowgrad.exec_vulkan.lowering import LOWERINGS, lowering_for
+
+    graph = gpt(GPT_TINY).graph
+    assert len(make_plan(graph, None).fusion.splits) == 2
+    monkeypatch.setitem(LOWERINGS, op, attrs.evolve(lowering_for(op), **{field: None}))
+    assert make_plan(graph, None).fusion.splits == []
+
+
 RESHAPES = """
 model views
 input x: f32[4, 6]

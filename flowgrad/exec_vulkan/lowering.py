@@ -38,7 +38,16 @@ class Lowering:
     grads[i] += VJP instead of overwriting (the executor then needs no
     temporary and no accumulate dispatch where the input feeds other nodes).
     checks_indices: the kernels flag an index input out of range
-    (`rec.index_flag`), so the planner may let the model compute them."""
+    (`rec.index_flag`), so the planner may let the model compute them.
+    blocked: the planner op (with its own lowering, attrs {"parts": k})
+    that computes this op's value with the last axis cut into k equal
+    blocks laid out one after another ([k, ..., n/k]); set on a product
+    whose output columns are independent, so that a value read only
+    through such blocks is computed in block order and each block is a
+    view (planner/fusion.py). Its lowering raises DeviceError where it
+    can't take a node (the planner then leaves that one alone).
+    window(node, in_shape) -> (axis, lo, hi): set when the output is input 0
+    cut to [lo, hi) along one axis (a slice)."""
 
     forward: Callable
     backward: Callable | None
@@ -48,6 +57,8 @@ class Lowering:
     view: Callable | None = None
     accumulates: frozenset = frozenset()
     checks_indices: bool = False
+    blocked: str | None = None
+    window: Callable | None = None
 
 
 @attrs.frozen

@@ -13,7 +13,9 @@ whose two gradients are both the incoming one is a chain of one: fused,
 it writes them in one dispatch, not two).
 
 A product read only through slices that cut its last axis into equal
-blocks (`q, k, v = split(h @ w, 3, axis=-1)`) becomes a `matmul_parts` node
+blocks (`q, k, v = split(h @ w, 3, axis=-1)`; the product's lowering names
+the op that computes it in blocks, Lowering.blocked, and each slice's says
+which window of it the slice is, Lowering.window) becomes a `matmul_parts` node
 that lays the blocks out one after another, and each slice a `part` of it:
 a view, placed inside the product by the memory plan, so the split copies
 nothing either way (lower/split_product.py).
@@ -60,21 +62,18 @@ def no_fusion(graph: Graph) -> Fusion:
 
 
 def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
-    """The slices that cut `node` (a 2-D-weight matmul) into equal blocks of
-    its last axis, in block order; None unless they are all its users."""
-    from flowgrad.ops.shape import _slice_bounds
-
-    if node.op != "matmul" or len(graph.nodes[node.inputs[1]].shape) != 2 or len(node.shape) < 2:
-        return None
+    """The users of `node` (an op whose lowering computes it in blocks) that
+    cut it into equal blocks of its last axis, in block order; None unless
+    they are all its users and each is a window of it (Lowering.window)."""
     slices = sorted(set(users[node.id]))
-    if len(slices) < 2 or len(users[node.id]) != len(slices):
+    if len(node.shape) < 1 or len(slices) < 2 or len(users[node.id]) != len(slices):
         return None
     bounds = []
     for u in slices:
-        user = graph.nodes[u]
-        if user.op != "slice":
+        low = lowering_for(graph.nodes[u].op)
+        if low is None or low.window is None:
             return None
-        axis, lo, hi = _slice_bounds(node.shape, dict(user.attrs))
+        axis, lo, hi = low.window(graph.nodes[u], node.shape)
         if axis != len(node.shape) - 1:
             return None
         bounds.append((lo, hi, u))
@@ -85,20 +84,31 @@ def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
     return tuple(u for _, _, u in bounds)
 
 
-def split_products(graph: Graph) -> tuple[list, list]:
-    """(splits, rewritten nodes) for every product read only through its blocks."""
+def _blocked(graph: Graph, node: Node, k: int) -> Node | None:
+    """`node` as its lowering's blocked op in k blocks, when that op's lowering takes it."""
     from flowgrad.graph import TensorType
 
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+    if low is None or low.blocked is None or lowering_for(low.blocked) is None:
+        return None
+    shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
+    new = Node(node.id, low.blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
+    return new if _fits(graph, new) else None
+
+
+def split_products(graph: Graph) -> tuple[list, list]:
+    """(splits, rewritten nodes) for every product read only through its blocks."""
     users, roots = graph.users(), set(graph.roots())
     nodes, splits = list(graph.nodes), []
     for node in graph.nodes:
-        parts = None if node.id in roots else _split_blocks(graph, node, users)
-        if parts is None or lowering_for("matmul_parts") is None:
+        low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+        if node.id in roots or low is None or low.blocked is None:
             continue
-        k = len(parts)
-        shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
-        nodes[node.id] = Node(node.id, "matmul_parts", node.inputs, TensorType(shape, node.dtype), node.name,
-                              {"parts": k}, node.span)
+        parts = _split_blocks(graph, node, users)
+        new = None if parts is None else _blocked(graph, node, len(parts))
+        if new is None:
+            continue
+        nodes[node.id] = new
         for index, p in enumerate(parts):
             old = graph.nodes[p]
             nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)

@@ -221,6 +221,6 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS)
+MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS, blocked="matmul_parts")
 
 register_lowering("matmul", MATMUL)

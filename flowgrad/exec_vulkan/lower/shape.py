@@ -90,7 +90,8 @@ def slice_backward(rec, node, g, ins, out, grads):
     strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
 
 
-SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view)
+SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view,
+                 window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), full_attrs(node)))
 
 
 def _parts(node, shape, sizes):
