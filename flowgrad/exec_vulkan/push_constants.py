@@ -35,6 +35,7 @@ CONV = ("N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: 
 SPECS_TEXT = {
     "accumulate": "n: u32",
     "adam": "n: u32",
+    "adam_multi": "n: u32[7], first: u32[8]",
     "axpy": "n: u32, a: f32",
     "cast": "n: u32, dir: u32",
     "cast_f16": "n: u32, dir: u32",
@@ -54,6 +55,7 @@ SPECS_TEXT = {
                     "dstride: u32[8]",
     "sumsq": "n: u32, offset: u32",
     "unscale": "n: u32, k: u32",
+    "unscale_multi": "k: u32, n: u32[12], first: u32[13]",
     "found_inf": "count: u32",
     "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
     **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16")},
