@@ -47,7 +47,11 @@ class Lowering:
     view (planner/fusion.py). Its lowering raises DeviceError where it
     can't take a node (the planner then leaves that one alone).
     window(node, in_shape) -> (axis, lo, hi): set when the output is input 0
-    cut to [lo, hi) along one axis (a slice)."""
+    cut to [lo, hi) along one axis (a slice).
+    epilogue: forward also takes epilogue=Epilogue(residual, bias) (lower/
+    linalg.py) and adds a residual laid out as the output and a bias over
+    its last axis in its store where its kernel can (setting `applied`);
+    the planner fuses such a product with the adds after it."""
 
     forward: Callable
     backward: Callable | None
@@ -59,6 +63,7 @@ class Lowering:
     checks_indices: bool = False
     blocked: str | None = None
     window: Callable | None = None
+    epilogue: bool = False
 
 
 @attrs.frozen
