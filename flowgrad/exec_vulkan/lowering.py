@@ -74,11 +74,14 @@ class Pointwise:
     input, the map op of that input's VJP and the operands it reads, named
     "g" (the incoming gradient), "x0".."x2" (the inputs) and "y" (the
     output), or None where the input gets no gradient. The same rules record
-    the unfused backward, so the two cannot disagree."""
+    the unfused backward, so the two cannot disagree. adds: the op is
+    x0 + x1 with both gradients the incoming one (a product's store can do
+    it: Lowering.epilogue)."""
 
     op: object
     grads: tuple
     param: float = 0.0
+    adds: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}

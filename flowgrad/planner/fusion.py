@@ -184,11 +184,49 @@ def _same_sums(graph: Graph, users, members) -> bool:
     return True
 
 
+def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
+    """`node` (a product whose lowering takes an epilogue) and the adds after
+    it that its store can do: each the only reader of the value before it,
+    adding a residual or a bias (lower/fused.py's epilogue_form). Kept when
+    it holds a residual, or when no pointwise op reads its value (which
+    would otherwise fuse the bias add with itself), and when it saves a
+    dispatch and changes no gradient sum's order."""
+    from flowgrad.exec_vulkan.lower.fused import epilogue_form
+
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+    if low is None or not low.epilogue or node.dtype not in FLOATS:
+        return None
+    members, best = [node.id], None
+    while len(members) < 3:
+        last = members[-1]
+        if last in roots or len(users[last]) != 1:
+            break
+        nxt = graph.nodes[users[last][0]]
+        if not _pointwise(nxt) or nxt.dtype != node.dtype or nxt.shape != node.shape:
+            break
+        chain = members + [nxt.id]
+        fused = fused_node(graph, chain)
+        form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
+        if form is None:
+            break
+        members = chain
+        if form.residual is not None or not any(_pointwise(graph.nodes[u]) for u in users[nxt.id]):
+            best = tuple(chain)
+    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best):
+        return None
+    return best
+
+
 def fuse(graph: Graph) -> Fusion:
     users = graph.users()
     roots = set(graph.roots())
     taken: set[int] = set()
     groups = []
+    for node in graph.nodes:
+        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node)
+        if chain is not None:
+            groups.append(FusedGroup(chain[-1], chain, fused_node(graph, chain).inputs))
+            taken |= set(chain)
     for node in reversed(graph.nodes):
         if node.id in taken or not _pointwise(node):
             continue
@@ -211,7 +249,7 @@ def fuse(graph: Graph) -> Fusion:
             fused = fused_node(graph, chain)
             groups.append(FusedGroup(node.id, chain, fused.inputs))
             taken |= members
-    groups.reverse()   # in graph order
+    groups.sort(key=lambda grp: grp.node)   # in graph order
     splits, nodes = split_products(graph)
     if not groups and not splits:
         return no_fusion(graph)
