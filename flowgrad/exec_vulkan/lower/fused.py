@@ -238,12 +238,35 @@ def _product_node(node):
     return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
+def _sum_parts(steps, ins, form):
+    """Epilogue.sum_parts for this chain: the partials summed in order, then
+    the chain's adds, as one fused_map program (when it has the inputs)."""
+    def record(rec, parts, c):
+        chunks, (m, n) = parts.shape[0], c.shape
+        extra = [k for k in (form.residual, form.bias) if k is not None]
+        if chunks + len(extra) > MAX_INPUTS:
+            return False
+        srcs = [parts.view(z * m * n, (m, n)) for z in range(chunks)]
+        srcs += [ins[k].reshape((m, n)) if k == form.residual else ins[k] for k in extra]
+        where = {k: chunks + j for j, k in enumerate(extra)}
+        add = ("add", (), {})
+        chain = [(add[0], (0, 1), {})] + [(add[0], (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
+        for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
+            other = [r for r in refs if r < len(ins)][0]
+            chain.append((op_name, (len(srcs) + len(chain) - 1, where[other]), at))
+        prog = forward_program(tuple(chain), len(srcs))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [c], (m, n))
+        return True
+    return record
+
+
 def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
 
     steps = node.attrs["steps"]
     epi = Epilogue(None if form.residual is None else ins[form.residual],
-                   None if form.bias is None else ins[form.bias], form.bias_first)
+                   None if form.bias is None else ins[form.bias], form.bias_first,
+                   sum_parts=_sum_parts(steps, ins, form))
     lowering_for(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
     if not epi.applied:   # the product is in `out`: the adds in place, in one pass
         srcs = list(ins) + [out]

@@ -69,6 +69,9 @@ class Epilogue:
     bias: object = None
     bias_first: bool = False
     applied: bool = False
+    # sum_parts(rec, parts, c) -> bool: records C = the sum of split-K's
+    # partials [chunks, m, n] with the adds, in one pass, where it can
+    sum_parts: object = None
 
     def bits(self) -> int:
         return (int(self.residual is not None) | 2 * int(self.bias is not None)
@@ -104,7 +107,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     if choice.chunks > 1:
-        _split_k(rec, g, choice)
+        _split_k(rec, g, choice, epilogue)
     elif choice.tile.coop:
         rec.dispatch(choice.tile.shader, [a.view, b.view, c.view], g.push(), _groups(choice.tile, m, n, nz),
                      _variant(choice, c.view.dtype))
@@ -171,8 +174,9 @@ def _groups(tile, m, n, nz):
     return (math.ceil(n / tile.bn), math.ceil(m / tile.bm), min(nz, MAX_GROUPS))
 
 
-def _split_k(rec, g: _Gemm, choice):
-    """C = sum over K-chunks of the chunk products: partials into scratch, then one sum."""
+def _split_k(rec, g: _Gemm, choice, epilogue=None):
+    """C = sum over K-chunks of the chunk products: partials into scratch, then
+    one sum (with the epilogue's adds, when its sum_parts can)."""
     a, b, c, m, n, k = g.a, g.b, g.c, g.m, g.n, g.k
     step = max(16, choice.tile.bk)
     kc = math.ceil(k / choice.chunks / step) * step
@@ -183,6 +187,10 @@ def _split_k(rec, g: _Gemm, choice):
     views = [a.view, b.view, parts] + ([] if choice.tile.coop else [rec.scratch((1,), c.view.dtype)] * 2)
     push = part.push() + (() if choice.tile.coop else (0,))
     rec.dispatch(choice.tile.shader, views, push, _groups(choice.tile, m, n, chunks), _variant(choice, c.view.dtype))
+    if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
+        epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
+        if epilogue.applied:
+            return
     sum_to_shape(rec, parts, c.view.reshape((m, n)))
 
 
