@@ -74,3 +74,79 @@ def record_unscale(rec, grads: list, scale, found) -> None:
         rec.dispatch("unscale_multi", [scale, flags, *batch, *stand_ins], push=(k, *n, *first),
                      groups=(total, 1, 1), variant=variant)
     rec.dispatch("found_inf", [flags, found], push=(len(groups),), groups=(1, 1, 1))
+
+
+# ---------------------------------------------------------------- casts
+# Mixed precision casts every param to f16 (forward) and every param's
+# gradient back (backward): one small dispatch each, back to back, since a
+# block's params are declared together. The step's recording is rewritten
+# after the fact: a run of consecutive cast_f16 dispatches of one direction,
+# none touching what an earlier one in the run writes, becomes one
+# cast_f16_multi dispatch per CAST_SLOTS of them (same bindings, same math).
+
+CAST_SLOTS = 15   # cast_f16_multi.comp's tensor pairs
+
+
+def _overlaps(a, b) -> bool:
+    return any(x[0] is y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
+
+
+def _joins(run: list, cmd) -> bool:
+    """cmd can run in one dispatch with the run: same direction, no hazard."""
+    from flowgrad.exec_vulkan.recorder import touched
+
+    if cmd.push[4:8] != run[0].push[4:8]:   # the direction word
+        return False
+    reads, writes = touched(cmd)
+    for earlier in run:
+        r, w = touched(earlier)
+        if _overlaps(reads + writes, w) or _overlaps(writes, r):
+            return False
+    return True
+
+
+def _merged(run: list):
+    import struct
+
+    from flowgrad.exec_vulkan.push_constants import push_spec
+    from flowgrad.exec_vulkan.recorder import Dispatch
+    from flowgrad.exec_vulkan.spirv import shader_info
+    from flowgrad.training.optim import groups_for
+
+    pad = CAST_SLOTS - len(run)   # stand-ins: the first pair again, which no workgroup of theirs reaches
+    wide = [d.views[0] for d in run] + [run[0].views[0]] * pad
+    half = [d.views[1] for d in run] + [run[0].views[1]] * pad
+    sizes = [struct.unpack("<I", d.push[:4])[0] for d in run]
+    direction = struct.unpack("<I", run[0].push[4:8])[0]
+    n, first, total = slot_push(sizes, CAST_SLOTS, groups_for)
+    info = shader_info("cast_f16_multi", None)
+    push = push_spec("cast_f16_multi").pack([direction, *n, *first])
+    return Dispatch("cast_f16_multi", None, tuple(wide + half), info.readonly, push, (total, 1, 1), run[0].label)
+
+
+def merge_casts(rec) -> None:
+    """Rewrite rec.commands: each run of mergeable cast_f16 dispatches as
+    cast_f16_multi dispatches (the run's first label stands for it)."""
+    from flowgrad.exec_vulkan.recorder import Dispatch
+
+    if not fits(rec, 2 * CAST_SLOTS):
+        return
+    out: list = []
+    run: list = []
+
+    def flush():
+        for i in range(0, len(run), CAST_SLOTS):
+            chunk = run[i:i + CAST_SLOTS]
+            out.append(chunk[0] if len(chunk) == 1 else _merged(chunk))
+        run.clear()
+
+    for cmd in rec.commands:
+        if isinstance(cmd, Dispatch) and cmd.shader == "cast_f16":
+            if run and not _joins(run, cmd):
+                flush()
+            run.append(cmd)
+            continue
+        flush()
+        out.append(cmd)
+    flush()
+    rec.commands[:] = out

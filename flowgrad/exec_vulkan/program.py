@@ -22,7 +22,7 @@ from flowgrad.exec_vulkan.readback import HostBlock
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lowering import lowering_for
-from flowgrad.exec_vulkan.multi_tensor import record_unscale
+from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
@@ -105,6 +105,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
+    merge_casts(rec)
 
 
 @contextlib.contextmanager
