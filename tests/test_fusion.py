@@ -503,3 +503,46 @@ def test_merged_casts_are_bit_identical_on_vulkan(vk_device, monkeypatch):
         assert np.array_equal(res_m.grads[k], res_p.grads[k]), k
     for k, v in merged.params.items():
         assert np.array_equal(v, plain.params[k]), k
+
+
+def test_an_epilogue_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device):
+    """A batched weight makes the GEMM a batch of products, whose store takes no epilogue: the
+    adds then run in one fused_map pass over the product, in place."""
+    from flowgrad.exec_vulkan.recorder import Recorder
+
+    text = """
+model batched_epilogue
+input x: f32[2, 5, 8]
+input y: f32[2, 5, 6]
+param w: f32[2, 8, 6] = normal(std=0.3)
+param b: f32[6] = normal(std=0.3)
+u = x @ w + y + b
+loss = sum(tanh(u) * u)
+minimize loss
+"""
+    model = fg.loads(text)
+    plan = make_plan(model.graph, None)
+    (grp,) = [g for g in plan.fusion.groups if model.graph.nodes[g.members[0]].op == "matmul"]
+    seen = []
+    real = Recorder.dispatch
+
+    def dispatch(self, shader, *args, **kwargs):
+        seen.append((self.label, shader))
+        return real(self, shader, *args, **kwargs)
+
+    Recorder.dispatch = dispatch
+    try:
+        fused, f_loss, f_grads = run(model, "vulkan", "graph")
+    finally:
+        Recorder.dispatch = real
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
+    clos, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert fused.last_path == "graph" and clos.last_path.startswith("closures")
+    label = model.graph.nodes[grp.node].label
+    assert [s for lab, s in seen if lab == (label, "forward")] == ["matmul_64x64_k16", "fused_map"]
+    close(f_loss, p_loss, 1e-5)
+    close(f_loss, c_loss, 1e-4)
+    for k in f_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], 1e-5)
+        close(f_grads[k], c_grads[k], 1e-4)
