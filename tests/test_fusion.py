@@ -546,3 +546,30 @@ minimize loss
         assert np.any(f_grads[k] != 0), k
         close(f_grads[k], p_grads[k], 1e-5)
         close(f_grads[k], c_grads[k], 1e-4)
+
+
+def test_a_residuals_gradient_lies_where_the_incoming_one_does():
+    """The epilogue passes its incoming gradient to the residual: the memory plan puts the
+    residual's gradient in that place (nothing copied), unless it is a param's, which persists."""
+    text = """
+model passing
+input x: f32[4, 6]
+param w: f32[6, 6] = normal()
+param p: f32[4, 6] = normal()
+h = tanh(x @ w)
+u = h + x @ w
+v = p + u @ w
+loss = sum(tanh(v))
+minimize loss
+"""
+    graph = fg.loads(text).graph
+    plan = make_plan(graph, None)
+    mem = plan.memory
+    u, v = [g.node for g in plan.fusion.groups if graph.nodes[g.members[0]].op == "matmul"]
+    h, p = graph.nodes[u - 2].id, graph.params["p"]
+    assert graph.nodes[h].op == "tanh"
+    assert mem.slots[("grad", h)] == mem.slots[("grad", u)]   # h's gradient is u's, in place
+    assert mem.slots[("grad", p)].buffer != mem.slots[("grad", v)].buffer   # a param's: its own buffer
+    assert count_dispatches(graph, plan)["copies"] == 1   # p's gradient: the one copy
+    unfused = make_plan(graph, None, fusion=False).memory
+    assert unfused.slots[("grad", h)] != unfused.slots[("grad", graph.nodes[h].id + 2)]

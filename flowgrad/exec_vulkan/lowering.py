@@ -51,7 +51,11 @@ class Lowering:
     epilogue: forward also takes epilogue=Epilogue(residual, bias) (lower/
     linalg.py) and adds a residual laid out as the output and a bias over
     its last axis in its store where its kernel can (setting `applied`);
-    the planner fuses such a product with the adds after it."""
+    the planner fuses such a product with the adds after it.
+    passes(node, in_shapes) -> positions: the inputs whose gradient is the
+    incoming gradient itself; where that input's gradient is first written
+    here, the memory plan puts it in the incoming gradient's place, and the
+    backward (finding them in one place) writes nothing for it."""
 
     forward: Callable
     backward: Callable | None
@@ -64,6 +68,7 @@ class Lowering:
     blocked: str | None = None
     window: Callable | None = None
     epilogue: bool = False
+    passes: Callable | None = None
 
 
 @attrs.frozen

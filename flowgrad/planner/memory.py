@@ -11,7 +11,10 @@ attention's dq, dk, dv), they are packed as views at aligned offsets of one
 buffer (gradients that outlive the step, i.e. params', are packed apart from
 those that die inside it, so a param's gradient does not pin its neighbours). A value that feeds several nodes gets its gradient written by the
 first backward that reaches it, and each later one writes a temporary that is
-accumulated into it.
+accumulated into it. Where that first backward passes its incoming gradient
+through unchanged (Lowering.passes: the residual of a product's epilogue),
+the value's gradient is placed where the incoming one lies, so nothing is
+copied.
 
 A view (a node whose lowering says its value can be a contiguous window of
 its input: a reshape, a slice of leading axes, a part of a split product)
@@ -25,8 +28,8 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.exec_vulkan.limits import align_up
+from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.graph import LEAF_OPS, Graph
-
 
 
 @attrs.frozen
@@ -159,7 +162,6 @@ def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
     """{view node: (its input, byte offset of its window)} for the nodes
     whose lowering places them inside their input."""
     from flowgrad.dtypes import ITEMSIZE
-    from flowgrad.exec_vulkan.lowering import lowering_for
 
     out = {}
     for node in forward:
@@ -293,6 +295,10 @@ class _Planner:
                 key = ("tmp", node.id, pos)
                 temps.append((key, self.graph.nodes[i]))
                 writes.append(GradWrite(pos, key, ("grad", i)))
+            elif pos in self.passes(node) and not self.persistent_grad(i) and self.step_scoped(("grad", node.id)):
+                # its gradient is the incoming one: it takes that one's place, and lives on in it
+                self.place(("grad", i), ("grad", node.id), 0)
+                writes.append(GradWrite(pos, ("grad", i)))
             else:
                 canonical.append((("grad", i), self.graph.nodes[i]))
                 writes.append(GradWrite(pos, ("grad", i)))
@@ -312,10 +318,18 @@ class _Planner:
             if w.accumulate_into is not None:
                 self.use(w.accumulate_into, t)
 
+    def step_scoped(self, part) -> bool:
+        """part is planned, in a buffer reused within the step (not the seed a host uploads)."""
+        return part in self.part_group and self.groups[self.part_group[part]][2] == "step"
+
+    def passes(self, node) -> frozenset:
+        low = lowering_for(node.op)
+        if low is None or low.passes is None:
+            return frozenset()
+        return low.passes(node, [self.graph.nodes[i].shape for i in node.inputs])
+
     @staticmethod
     def accumulates(node) -> frozenset:
-        from flowgrad.exec_vulkan.lowering import lowering_for
-
         low = lowering_for(node.op)
         return low.accumulates if low is not None else frozenset()
 

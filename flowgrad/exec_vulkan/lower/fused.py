@@ -277,8 +277,9 @@ def _epilogue_forward(rec, node, ins, out, form):
 def _epilogue_backward(rec, node, g, ins, out, grads, form):
     low = lowering_for(node.attrs["steps"][0][0])
     low.backward(rec, _product_node(node), g, [ins[r] for r in form.product], out, [grads[r] for r in form.product])
-    if form.residual is not None and grads[form.residual] is not None:
-        rec.copy(g, grads[form.residual])
+    dres = grads[form.residual] if form.residual is not None else None
+    if dres is not None and not (dres.buffer is g.buffer and dres.offset == g.offset):
+        rec.copy(g, dres)   # the memory plan did not put it in the incoming gradient's place
     if form.bias is not None and grads[form.bias] is not None:
         sum_to_shape(rec, g, grads[form.bias])
 
@@ -303,4 +304,10 @@ def backward(rec, node, g, ins, out, grads):
         fused_backward(rec, node, g, ins, out, grads)
 
 
-FUSED = register_lowering("fused", Lowering(forward, backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"})))
+def passes(node, in_shapes) -> frozenset:
+    form = epilogue_form(node.attrs["steps"], in_shapes, node.shape)
+    return frozenset() if form is None or form.residual is None else frozenset({form.residual})
+
+
+FUSED = register_lowering("fused", Lowering(forward, backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}),
+                                            passes=passes))
