@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # Loaded on first use (PEP 562), so `import flowgrad.ops` loads the op table
 # alone, not the DSL, the planner or a backend.
 _EXPORTS = {
-    "Model": "flowgrad.api", "Session": "flowgrad.api", "StepResult": "flowgrad.api", "load": "flowgrad.api",
+    "Model": "flowgrad.api", "Session": "flowgrad.session", "StepResult": "flowgrad.session", "load": "flowgrad.api",
     "loads": "flowgrad.api", "DeviceError": "flowgrad.errors", "FlowError": "flowgrad.errors",
     "FlowWarning": "flowgrad.errors", "GraphPathRefused": "flowgrad.errors", "train": "flowgrad.training.loop",
     "register_op": "flowgrad.ops.user", "ArrayData": "flowgrad.training.data", "Dataset": "flowgrad.training.data",

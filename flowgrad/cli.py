@@ -173,7 +173,7 @@ def train_summary(result) -> str:
 
 def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import parse_feeds, write_outputs
-    from flowgrad.training.infer import load_trained
+    from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     outputs = sess.predict(parse_feeds(args.feed, sess.graph))
@@ -197,7 +197,7 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     from flowgrad.training.generate import generate
-    from flowgrad.training.infer import load_trained
+    from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     data = ckpt.data or {}
@@ -211,7 +211,7 @@ def cmd_generate(args) -> int:
 
 def cmd_export(args) -> int:
     from flowgrad.export_onnx import OPSET, export
-    from flowgrad.training.infer import load_trained
+    from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     graph = sess.graph

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 
@@ -65,7 +66,7 @@ def _axes(axis, ndim):
 
 
 def _dt(node):
-    return {"f32": np.float32, "f16": np.float16, "i32": np.int32}[node.dtype]
+    return NUMPY_DTYPE[node.dtype]
 
 
 def _binary(kind):
@@ -81,7 +82,7 @@ def _gelu(w, n, ins, ts):
     dt = _dt(n)
     half = w.scalar(0.5, dt)
     one = w.scalar(1.0, dt)
-    if n.attrs.get("approximate", "none") == "tanh":
+    if n.attrs["approximate"] == "tanh":
         cube = w.op("Mul", [w.scalar(0.044715, dt), w.op("Mul", [x, w.op("Mul", [x, x])])])
         inner = w.op("Mul", [w.scalar(math.sqrt(2.0 / math.pi), dt), w.op("Add", [x, cube])])
         return w.op("Mul", [w.op("Mul", [half, x]), w.op("Add", [one, w.op("Tanh", [inner])])])
@@ -91,8 +92,8 @@ def _gelu(w, n, ins, ts):
 
 def _reduce(kind):
     def convert(w, n, ins, ts):
-        axes = _axes(n.attrs.get("axis"), len(ts[0].shape))
-        keep = int(bool(n.attrs.get("keepdims", False)))
+        axes = _axes(n.attrs["axis"], len(ts[0].shape))
+        keep = int(bool(n.attrs["keepdims"]))
         if kind == "ReduceSum":  # axes is an input from opset 13 on, an attribute for the others until 18
             return w.op(kind, [ins[0], w.ints(axes)], keepdims=keep)
         return w.op(kind, ins, axes=axes, keepdims=keep)
@@ -107,7 +108,7 @@ def _slice(w, n, ins, ts):
 def _transpose(w, n, ins, ts):
     rank = len(ts[0].shape)
     perm = list(range(rank))
-    a, b = n.attrs.get("dim0", -2) % rank, n.attrs.get("dim1", -1) % rank
+    a, b = n.attrs["dim0"] % rank, n.attrs["dim1"] % rank
     perm[a], perm[b] = perm[b], perm[a]
     return w.op("Transpose", ins, perm=perm)
 
@@ -146,7 +147,7 @@ def _attention(w, n, ins, ts):
             scores = w.op("Where", [hidden, w.scalar(-np.inf, dt), scores])
         else:
             scores = w.op("Add", [scores, ins[3]])
-    if n.attrs.get("causal"):   # an index rule in flowgrad; a const additive mask here
+    if n.attrs["causal"]:   # an index rule in flowgrad; a const additive mask here
         above = np.triu(np.ones((ts[0].shape[-2], ts[1].shape[-2]), bool), k=1)
         scores = w.op("Add", [scores, w.const(np.where(above, -np.inf, 0.0).astype(dt))])
     out = w.op("MatMul", [w.op("Softmax", [scores], axis=-1), vh])
@@ -157,7 +158,7 @@ def _class_loss(kind):
     """cross_entropy / nll_loss as ONNX's loss op (mean reduction, weight,
     ignore_index), which wants the classes on axis 1."""
     def convert(w, n, ins, ts):
-        if n.attrs.get("label_smoothing", 0.0):
+        if n.attrs.get("label_smoothing"):   # cross_entropy has it, nll_loss does not
             raise FlowError(f"cannot export {n.op} (node {n.label}) to ONNX: label_smoothing has no ONNX "
                             "counterpart", n.span)
         x, targets, *weight = ins
@@ -191,11 +192,11 @@ CONVERTERS = {
     "gelu": _gelu,
     "pow": lambda w, n, ins, ts: w.op("Pow", [ins[0], w.scalar(n.attrs["exponent"], _dt(n))]),
     "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
-    "softmax": lambda w, n, ins, ts: w.op("Softmax", ins, axis=n.attrs.get("axis", -1)),
-    "log_softmax": lambda w, n, ins, ts: w.op("LogSoftmax", ins, axis=n.attrs.get("axis", -1)),
+    "softmax": lambda w, n, ins, ts: w.op("Softmax", ins, axis=n.attrs["axis"]),
+    "log_softmax": lambda w, n, ins, ts: w.op("LogSoftmax", ins, axis=n.attrs["axis"]),
     "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "transpose": _transpose, "permute": _permute, "slice": _slice,
-    "concat": lambda w, n, ins, ts: w.op("Concat", ins, axis=n.attrs.get("axis", -1) % len(n.shape)),
+    "concat": lambda w, n, ins, ts: w.op("Concat", ins, axis=n.attrs["axis"] % len(n.shape)),
     "embedding": lambda w, n, ins, ts: w.op("Gather", [ins[1], ins[0]], axis=0),
     "layernorm": lambda w, n, ins, ts: w.op("LayerNormalization", ins, axis=-len(ts[1].shape),
                                             epsilon=float(n.attrs["eps"])),

@@ -1,10 +1,15 @@
-"""Random feeds for a graph's inputs, for benchmarks and `explain --analyze`
-(timings, not results, so any valid values will do)."""
+"""What is fed to a graph's inputs: the checks a feed passes before a step
+(names, shapes, dtypes, i32 range, index bounds; check_feeds), and random
+feeds for benchmarks and `explain --analyze` (random_feeds: timings, not
+results, so any valid values will do)."""
 from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.errors import FlowError
+from flowgrad.graph import LEAF_OPS, Graph
+from flowgrad.ops import get_op
 
 
 def random_feeds(graph, seed: int = 0, int_high: int = 1) -> dict[str, np.ndarray]:
@@ -19,3 +24,88 @@ def random_feeds(graph, seed: int = 0, int_high: int = 1) -> dict[str, np.ndarra
         else:
             out[name] = rng.standard_normal(t.shape).astype(NUMPY_DTYPE[t.dtype])
     return out
+
+
+def check_feeds(graph: Graph, feeds: dict[str, np.ndarray], uses: dict[int, list]) -> dict[str, np.ndarray]:
+    """The feeds as C-ordered arrays of each input's dtype, after checking
+    names, shapes, dtypes and ranges (i32, and the index bounds `uses` from
+    index_uses(graph) gives); a bad one is a FlowError at the input."""
+    g = graph
+    if not isinstance(feeds, dict):
+        raise FlowError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+    unknown = sorted((str(k) for k in feeds if not isinstance(k, str) or k not in g.inputs))
+    if unknown:
+        raise FlowError(f"feed {unknown[0]!r} is not an input of {g.name} (inputs: {', '.join(g.inputs)})")
+    out = {}
+    for name, nid in g.inputs.items():
+        node = g.nodes[nid]
+        if name not in feeds:
+            raise FlowError(f"missing feed for input {name!r} ({node.type})", node.span)
+        arr = numeric_array(feeds[name], f"feed {name!r}", node.span)
+        if arr.shape != node.shape:
+            raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
+                            node.span)
+        try:
+            narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
+        except TypeError:
+            narrowed = None
+        if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
+            raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
+        if node.dtype == "i32":
+            check_int32(node, arr)
+        # not ascontiguousarray, which would make a 0-d feed [1]
+        out[name] = np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")
+        check_indices(node, out[name], uses.get(nid, ()))
+    return out
+
+
+def numeric_array(value, what: str, span=None) -> np.ndarray:
+    """A feed or param value as an array of numbers (bool, int or float)."""
+    if value is None or isinstance(value, (str, bytes, dict)):
+        raise FlowError(f"{what} must be an array of numbers, got {type(value).__name__}", span)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise FlowError(f"{what} is not an array of numbers: {e}", span) from None
+    if arr.dtype.kind not in "biuf":
+        raise FlowError(f"{what} must be an array of numbers, got dtype {arr.dtype}", span)
+    return arr
+
+
+def check_int32(node, values: np.ndarray) -> None:
+    """An int feed is narrowed to i32: a value outside its range would wrap."""
+    if values.dtype.itemsize <= 4 and values.dtype.kind == "i" or values.size == 0:
+        return
+    info = np.iinfo(np.int32)
+    bad = np.flatnonzero((values < info.min) | (values > info.max))
+    if bad.size:
+        at = np.unravel_index(bad[0], values.shape)
+        raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, outside the i32 range "
+                        f"({info.min}..{info.max})", node.span)
+
+
+def index_uses(graph: Graph) -> dict[int, list]:
+    """Inputs that ops read as indices (embedding ids, cross_entropy targets):
+    input id -> [(n, user node)], each index valid in [0, n)."""
+    uses: dict[int, list] = {}
+    for user in graph.nodes:
+        bounds_of = None if user.op in LEAF_OPS else get_op(user.op).index_bounds
+        if bounds_of is None:
+            continue
+        for pos, n in bounds_of([graph.nodes[i].type for i in user.inputs], user.attrs).items():
+            if graph.nodes[user.inputs[pos]].op == "input":
+                uses.setdefault(user.inputs[pos], []).append((n, user))
+    return uses
+
+
+def check_indices(node, values: np.ndarray, uses: list) -> None:
+    """Range-check a feed used as indices on the host: a device kernel would
+    read garbage or give NaN instead of raising."""
+    for n, user in uses:
+        ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
+        bad = np.flatnonzero(((values < 0) | (values >= n)) & np.logical_not(ignored))
+        if bad.size:
+            at = np.unravel_index(bad[0], values.shape)
+            raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "
+                            f"{user.op} at {user.span.where() if user.span else '?'} (valid: 0..{n - 1})",
+                            node.span)

@@ -228,11 +228,5 @@ class Graph:
     def param_count(self) -> int:
         return sum(self.nodes[i].type.size for i in self.params.values())
 
-    def check(self) -> None:
-        """Validate the IR; an IRError names the first node (or map) that is wrong."""
-        from flowgrad.graph_check import check_graph
-
-        check_graph(self)
-
     def __str__(self) -> str:
         return "\n".join(map(format_node, self.nodes))

@@ -1,4 +1,4 @@
-"""The IR's rules, checked: `Graph.check` runs this after every build.
+"""The IR's rules, checked: `check_graph(graph)` runs after every build.
 
 Raises IRError (never `assert`, which `python -O` removes) naming the first
 thing that is wrong, and prints the node with the graph's one printer. The

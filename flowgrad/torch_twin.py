@@ -13,7 +13,7 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT
-from flowgrad.ops.registry import REQUIRED, get_op
+from flowgrad.ops.registry import get_op
 
 
 def require_torch():
@@ -43,15 +43,11 @@ def _reduce(name):
     return run
 
 
-def _unary(name):
-    def run(torch, node, ins, at):
-        fn = getattr(torch.nn.functional, name, None) if name in ("relu", "silu") else getattr(torch, name)
-        return fn(ins[0])
-    return run
-
-
-def _binary(name):
-    return lambda torch, node, ins, at: getattr(torch, name)(ins[0], ins[1])
+def _named(counterpart: str):
+    """The rule of an op whose record names its PyTorch function (`torch.abs`,
+    `F.relu`): that function of the node's tensor inputs."""
+    module, _, name = counterpart.partition(".")
+    return lambda torch, node, ins, at: getattr(torch.nn.functional if module == "F" else torch, name)(*ins)
 
 
 def _slice(torch, node, ins, at):
@@ -141,8 +137,7 @@ def _compare(name):
 
 
 LOWER = {
-    **{n: _binary(n) for n in ("add", "sub", "mul", "div", "matmul", "maximum", "minimum")},
-    **{n: _unary(n) for n in ("neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "silu", "abs", "erf")},
+    **{n: _named(f"torch.{n}") for n in ("matmul", "erf")},
     **{n: _reduce(f) for n, f in (("sum", "sum"), ("mean", "mean"), ("max", "amax"))},
     **{n: _compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
     "where": lambda torch, node, ins, at: torch.where(ins[0] != 0, ins[1], ins[2]),
@@ -192,13 +187,12 @@ LOWER = {
 
 
 # What each op is in PyTorch (the doc's op table shows it): the call LOWER makes,
-# F. for torch.nn.functional.
+# F. for torch.nn.functional. An op whose record names it (Op.torch) is not listed.
 COUNTERPART = {
-    **{n: f"torch.{n}" for n in ("add", "sub", "mul", "div", "matmul", "maximum", "minimum", "where", "neg", "exp",
-                                 "log", "sqrt", "tanh", "sigmoid", "abs", "erf", "sum", "mean", "softmax",
+    **{n: f"torch.{n}" for n in ("matmul", "where", "erf", "sum", "mean", "softmax",
                                  "log_softmax", "argmax", "eq", "ne", "lt", "le", "gt", "ge", "reshape", "transpose",
                                  "permute", "flatten")},
-    **{n: f"F.{n}" for n in ("relu", "silu", "gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
+    **{n: f"F.{n}" for n in ("gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
                              "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},
     "layernorm": "F.layer_norm", "groupnorm": "F.group_norm", "rmsnorm": "F.rms_norm", "batchnorm": "F.batch_norm",
     "max": "torch.amax", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
@@ -208,9 +202,19 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
 }
 
-def _attrs(node) -> dict:
-    defaults = {a.name: a.default for a in get_op(node.op).args if a.kind == "attr" and a.default is not REQUIRED}
-    return defaults | dict(node.attrs)
+
+def rule_for(op_name: str):
+    """How a node of the op runs in PyTorch: its rule in LOWER, or the
+    function its record names; None when it has neither."""
+    if op_name in LOWER:
+        return LOWER[op_name]
+    named = get_op(op_name).torch
+    return _named(named) if named else None
+
+
+def counterpart(op_name: str) -> str | None:
+    """What the op is in PyTorch, as the docs' op table shows it."""
+    return COUNTERPART.get(op_name) or get_op(op_name).torch or None
 
 
 class TorchTwin:
@@ -223,7 +227,7 @@ class TorchTwin:
 
     def __init__(self, graph: Graph, params: dict[str, np.ndarray], device: str = "cpu"):
         torch = require_torch()
-        missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and n.op not in LOWER})
+        missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and rule_for(n.op) is None})
         if missing:
             raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
                             hint="flowgrad.torch_twin.LOWER lists the ops it maps")
@@ -233,7 +237,8 @@ class TorchTwin:
                        for name in graph.params}
         self.consts = {n.id: torch.tensor(np.asarray(n.attrs["value"]), device=device)
                        for n in graph.nodes if n.op == "const"}
-        self._steps = [(n, LOWER.get(n.op), _attrs(n) if n.op in LOWER else None) for n in graph.nodes]
+        self._steps = [(n, None if n.op in ("input", "param", "const") else rule_for(n.op), n.attrs)  # attrs are complete
+                       for n in graph.nodes]
 
     def feeds(self, feeds: dict[str, np.ndarray]) -> dict:
         return {name: self.torch.tensor(np.asarray(a), device=self.device) for name, a in feeds.items()}

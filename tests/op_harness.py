@@ -13,9 +13,11 @@ included; f16 stores 11 significant bits."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph, Node, TensorType
+from flowgrad.graph_check import check_graph
 from flowgrad.ops import get_op
 from flowgrad.ops.registry import complete_attrs
 
@@ -28,8 +30,10 @@ def uniform(rng, shape, lo=-1.0, hi=1.0, dtype="f32"):
 
 
 def make_node(op, ins, attrs):
+    """A node as the builder makes it: attrs complete with the signature's defaults."""
     types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=dict(attrs))
+    attrs = get_op(op).with_defaults(attrs)
+    return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=attrs)
 
 
 def wide64(x):
@@ -120,7 +124,7 @@ class VulkanGraph:
             prod = graph.add("mul", [y.id, gin.id], y.type, name="prod")
             sum_attrs = complete_attrs(get_op("sum").args, {})
             graph.loss = graph.add("sum", [prod.id], TensorType((), y.dtype), name="loss", attrs=sum_attrs).id
-        graph.check()
+        check_graph(graph)
         plan = make_plan(graph, self.device.info)
         assert plan.path == "graph", f"{op}: the planner refused the graph path: {plan.reason}"
         sess = GraphSession(graph, plan, self.device, params)
@@ -160,3 +164,17 @@ def check_op(backend, op, ins, attrs, rng, backward=True):
         assert d.dtype == ins[i].dtype, f"{op} grad of input {i} is {d.dtype}, input {ins[i].dtype}"
         close(d, r, dtype_of(ins[i]), f"{op} grad of input {i} on {backend.name}", tol=tol[dtype_of(ins[i])])
     return grads
+
+
+VULKAN = [pytest.param("vulkan-closures", marks=pytest.mark.vulkan),
+          pytest.param("vulkan-graph", marks=pytest.mark.vulkan)]
+ALL = [pytest.param("numpy"), *VULKAN]
+
+
+@pytest.fixture(params=ALL)
+def backend(request):
+    """Each backend in turn (a test module imports this fixture to use it)."""
+    if request.param == "numpy":
+        return NumpyBackend()
+    device = request.getfixturevalue("vk_device")
+    return VulkanClosures(device) if request.param == "vulkan-closures" else VulkanGraph(device)

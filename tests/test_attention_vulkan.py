@@ -29,7 +29,8 @@ def kernels(request):
 
 def node_of(ins, attrs):
     types = [TensorType(tuple(x.shape), dtype_of(x)) for x in ins]
-    return Node(len(ins), "attention", tuple(range(len(ins))), ATT.infer(types, attrs), attrs=dict(attrs))
+    attrs = ATT.with_defaults(attrs)   # complete, as the builder makes a node's attrs
+    return Node(len(ins), "attention", tuple(range(len(ins))), ATT.infer(types, attrs), attrs=attrs)
 
 
 def wide(x):

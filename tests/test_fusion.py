@@ -13,6 +13,7 @@ import flowgrad as fg
 from flowgrad.exec_closure import ClosureSession
 from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.feeds import random_feeds
+from flowgrad.graph_check import check_graph
 from flowgrad.planner import make_plan
 
 GPT_SMALL = dict(d=512, seq=256, heads=8, layers=6, batch=16, vocab=256)
@@ -54,7 +55,7 @@ def test_pointwise_chains_of_the_decoder_are_fused():
     assert ops.count(("add", "gelu")) == 6 and ops.count(("add",)) == 1
     assert ops.count(("matmul", "add", "add")) == 6 and ops.count(("matmul", "add")) == 6
     assert len(ops) == 19
-    plan.exec_graph.check()
+    check_graph(plan.exec_graph)
     assert plan.exec_graph.params == graph.params and plan.exec_graph.outputs == graph.outputs
 
 
@@ -94,7 +95,7 @@ minimize loss
     plan = make_plan(graph, None)
     # a backward program reads g and at most 3 inputs: no group spans all six
     assert plan.fusion.groups and all(len(grp.inputs) <= 4 for grp in plan.fusion.groups)
-    plan.exec_graph.check()
+    check_graph(plan.exec_graph)
 
 
 def closure_step(graph, params, feeds):
@@ -208,7 +209,8 @@ minimize loss
 def test_split_products_follow_the_lowering_records(monkeypatch, op, field):
     import attrs
 
-    from flowgrad.exec_vulkan.lowering import LOWERINGS, lowering_for
+    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.exec_vulkan.lowering import LOWERINGS
 
     graph = gpt(GPT_TINY).graph
     assert len(make_plan(graph, None).fusion.splits) == 2
@@ -358,7 +360,7 @@ def test_products_take_their_adds_as_an_epilogue():
         (True, True, False), (True, True, True), (True, False, False), (False, True, False)]
     # each chain: forward one GEMM (the adds in its store); backward the product's two GEMMs, a bias's
     # sum, and the residual's gradient (the incoming one) copied, not computed
-    from flowgrad.exec_vulkan.lowering import lowering_for
+    from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.recorder import BufView, Copy, Dispatch, FakeBuffer, Recorder
 
     def view(t):

@@ -38,7 +38,7 @@ def reference_logits(ckpt_path, x):
 
 
 def test_predict_at_batch_sizes_1_7_and_the_training_batch_gives_the_same_rows(mlp_run):
-    from flowgrad.training.infer import load_trained
+    from flowgrad.training.overrides import load_trained
 
     sess, _ = load_trained(MODELS / "mlp.flow", mlp_run, device="cpu")
     assert sess.graph.config["batch"] == 16 and sess.graph.config["hidden"] == 16  # from the checkpoint
@@ -125,7 +125,7 @@ def test_char_lm_trains_from_text_and_generate_samples_from_its_vocab(tmp_path, 
                    "--device", "cpu", "--prompt", "It was", "--tokens", "5", "--temperature", "0"])
     greedy = capsys.readouterr().out
     from flowgrad.training.generate import generate
-    from flowgrad.training.infer import load_trained
+    from flowgrad.training.overrides import load_trained
 
     sess, _ = load_trained(MODELS / "char_lm.flow", out / "checkpoint.safetensors", device="cpu")
     assert generate(sess, vocab, "char", "It was", 5, temperature=0) + "\n" == greedy

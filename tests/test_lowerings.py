@@ -14,7 +14,8 @@ from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import elementwise, linalg, loss, norm, reduce, shape
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
@@ -71,6 +72,7 @@ def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     """explain counts dispatches with a dry-run Recorder: lowerings must run
     on it (no device access) and record what they say."""
     types = [TensorType(s, d) for s, d in specs]
+    attrs = get_op(op).with_defaults(attrs)   # a node carries complete attrs, as the builder makes them
     node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
     ins = [view(s, d) for s, d in specs]
     out = view(node.shape, node.dtype)

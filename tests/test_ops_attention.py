@@ -10,6 +10,7 @@ import pytest
 
 from flowgrad.exec_closure.tape import ClosureExecutor
 from flowgrad.graph import Graph, TensorType
+from flowgrad.graph_check import check_graph
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp, numeric_grad
 from flowgrad.ops.registry import OpTypeError
@@ -208,7 +209,7 @@ def _tape_grad(build, x):
     y = build(b, xi)
     r = np.random.default_rng(11).standard_normal(g.nodes[y].shape)
     loss = b.call("sum", [b.call("mul", [y, b.const(r.astype(np.float32), "f32")], {})], {})
-    g.check()
+    check_graph(g)
     ex = ClosureExecutor(g)
     values, tape = ex.forward({"x": x.astype(np.float32)}, {}, [loss])
     return ex.backward(values, tape, loss)[xi], r

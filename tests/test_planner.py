@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.planner import make_plan
 from tests import vk_test_ops
 

@@ -23,6 +23,7 @@ from flowgrad.dsl.values import CONSTANT_NAMES, DType, StaticError, show, static
 from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
+from flowgrad.graph_check import check_graph
 from flowgrad.initializers import INITIALISERS
 from flowgrad.ops import OPS
 
@@ -69,7 +70,7 @@ class Builder(Calls, Builtins):
         trains = [s for s in self.program.stmts if isinstance(s, ast.TrainBlock)]
         if trains:
             g.train = evaluate_train(trains, g.config, self.error, self.span)
-        g.check()
+        check_graph(g)
         return g
 
     def _model_name(self, stmts) -> str:

@@ -166,7 +166,7 @@ class ClosureSession:
         self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
-        """on_grad_final(name, grad): see api.Session.step; here it is called
+        """on_grad_final(name, grad): see session.Session.step; here it is called
         during the backward, as each param's gradient becomes final."""
         g = self.graph
         roots = g.roots()

@@ -27,7 +27,7 @@ from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
 from flowgrad.ops.random import RNG_INPUT
 
-MODEL = "tiny_gpt"      # a shipped model: resolved by fg.load wherever flowgrad is installed
+MODEL = "tiny_gpt"      # a shipped model: resolved by load() wherever flowgrad is installed
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
 
 
@@ -135,10 +135,10 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
         dtype: str = "f32", phase=None, compare: str | None = None) -> dict:
     """`phase(text)`, when given, is called as each phase starts (a long
     bench is otherwise silent for a minute)."""
-    import flowgrad as fg
+    from flowgrad.api import load
 
     phase = phase or (lambda text: None)
-    model = fg.load(model_path, {**DECODER, **(config or {})} if model_path == MODEL else config)
+    model = load(model_path, {**DECODER, **(config or {})} if model_path == MODEL else config)
     phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
     phase("compiling the closures path")

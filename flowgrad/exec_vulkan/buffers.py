@@ -1,25 +1,29 @@
-"""Device memory: one VkBuffer with its own memory (Buffer), and the pool
-that reuses buffers across one-op-at-a-time submissions (BufferPool)."""
+"""Device memory: one VkBuffer with its own memory (Buffer), the pool that
+reuses buffers across one-op-at-a-time submissions (BufferPool), a typed
+window into either (BufView), and memory a recording addresses before it
+exists (LateBuffer: the scratch arena, the index flag words).
+
+A Buffer takes the Device that makes it (device.py), which imports this
+module: the annotations name it, nothing here imports it."""
 from __future__ import annotations
 
+import math
 import weakref
-from typing import TYPE_CHECKING
 
+import attrs
 import numpy as np
 
+from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan import faults
 from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
-
-if TYPE_CHECKING:
-    from flowgrad.exec_vulkan.device import Device
 
 
 class Buffer:
     """One VkBuffer with its own memory. `array` is a uint8 numpy view of the
     mapped memory when the buffer is host-visible, else None."""
 
-    def __init__(self, device: Device, nbytes: int, kind: str):
+    def __init__(self, device: "Device", nbytes: int, kind: str):
         vk = load_vulkan()
         self.device = device
         self.kind = kind
@@ -97,7 +101,7 @@ class BufferPool:
     would otherwise allocate device memory for every op). Sizes are rounded
     to powers of two; at most `keep` bytes are kept per kind."""
 
-    def __init__(self, device: Device, keep: int = 256 * 2**20):
+    def __init__(self, device: "Device", keep: int = 256 * 2**20):
         self.device = device
         self.keep = keep
         self.free: dict[tuple[str, int], list[Buffer]] = {}
@@ -128,3 +132,67 @@ class BufferPool:
                 buf.free()
         self.free.clear()
         self.kept = 0
+
+
+@attrs.frozen
+class BufView:
+    """A typed window into a buffer: `offset` bytes in, `shape` of `dtype`."""
+
+    buffer: object
+    offset: int
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * ITEMSIZE[self.dtype]
+
+    def view(self, elem_offset: int, shape) -> BufView:
+        """The same buffer, `elem_offset` elements further in, with `shape`."""
+        shape = tuple(int(d) for d in shape)
+        if elem_offset < 0 or elem_offset + math.prod(shape) > self.size:
+            raise ValueError(f"view of {list(shape)} at element {elem_offset} does not fit in a "
+                             f"{self.dtype}{list(self.shape)} view")
+        return BufView(self.buffer, self.offset + elem_offset * ITEMSIZE[self.dtype], shape, self.dtype)
+
+    def reshape(self, shape) -> BufView:
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape a {self.dtype}{list(self.shape)} view to {list(shape)}")
+        return BufView(self.buffer, self.offset, shape, self.dtype)
+
+
+class LateBuffer:
+    """Memory that commands address while they are recorded (BufViews into
+    this object) but that is created only after recording, at its final
+    size: from a BufferPool (and returned to it by free) or a buffer of its
+    own. `what` names it in the error for a use before allocation."""
+
+    what = "buffer"
+
+    def __init__(self):
+        self.buffer = None   # the runtime Buffer, once allocated
+        self.pool = None     # the BufferPool it came from, if any
+
+    def allocate(self, device, nbytes: int, pool=None) -> None:
+        if self.buffer is None and nbytes:
+            self.pool = pool
+            self.buffer = pool.acquire(nbytes, "device") if pool is not None else device.buffer(nbytes, "device")
+
+    @property
+    def handle(self):
+        if self.buffer is None:
+            raise DeviceError(f"internal error: {self.what} used before its buffer was allocated")
+        return self.buffer.handle
+
+    def free(self) -> None:
+        if self.buffer is not None:
+            if self.pool is not None:
+                self.pool.release(self.buffer)
+            else:
+                self.buffer.free()
+            self.buffer = None

@@ -20,7 +20,7 @@ from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan
@@ -136,7 +136,7 @@ class GraphSession:
         return self.programs[key]
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
-        """on_grad_final(name, grad): see api.Session.step; the backward is one
+        """on_grad_final(name, grad): see session.Session.step; the backward is one
         submit, so every gradient is final when the step's results are read back."""
         g = self.graph
         prog = self._program(grads, grad_inputs, optimizer)

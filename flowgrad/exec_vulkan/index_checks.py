@@ -11,7 +11,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from flowgrad.errors import DeviceError, FlowError
+from flowgrad.errors import FlowError
+from flowgrad.exec_vulkan.buffers import BufView, LateBuffer
 from flowgrad.exec_vulkan.limits import ALIGN
 
 UNSET = 0xFFFFFFFF   # a word no kernel wrote: the kernels keep the smallest bad position (atomicMin)
@@ -25,20 +26,19 @@ class Check:
     bound: int              # valid indices: 0..bound-1
 
 
-class IndexChecks:
+class IndexChecks(LateBuffer):
     """The flag words of one recording: one per index-reading dispatch,
     ALIGN bytes apart so each binds at a legal offset. Like the scratch
     arena, its buffer is created after recording, at its final size."""
 
+    what = "index flags"
+
     def __init__(self):
+        super().__init__()
         self.checks: list[Check] = []
-        self.buffer = None
-        self.pool = None
 
-    def slot(self, node, pos: int, ids, bound: int):
+    def slot(self, node, pos: int, ids, bound: int) -> BufView:
         """The view a kernel flags bad indices of `ids` (input `pos` of `node`) in."""
-        from flowgrad.exec_vulkan.recorder import BufView
-
         self.checks.append(Check(node, pos, tuple(ids.shape), int(bound)))
         return BufView(self, (len(self.checks) - 1) * ALIGN, (1,), "i32")
 
@@ -46,30 +46,12 @@ class IndexChecks:
     def nbytes(self) -> int:
         return len(self.checks) * ALIGN
 
-    def whole(self):
+    def whole(self) -> BufView:
         """Every flag word's block, as i32 words (what is reset and read back)."""
-        from flowgrad.exec_vulkan.recorder import BufView
-
         return BufView(self, 0, (self.nbytes // 4,), "i32")
 
     def materialize(self, device, pool=None) -> None:
-        if self.buffer is None and self.checks:
-            self.pool = pool
-            self.buffer = pool.acquire(self.nbytes, "device") if pool is not None else device.buffer(self.nbytes)
-
-    @property
-    def handle(self):
-        if self.buffer is None:
-            raise DeviceError("internal error: index flags used before they were allocated")
-        return self.buffer.handle
-
-    def free(self) -> None:
-        if self.buffer is not None:
-            if self.pool is not None:
-                self.pool.release(self.buffer)
-            else:
-                self.buffer.free()
-            self.buffer = None
+        self.allocate(device, self.nbytes, pool)
 
     def raise_flagged(self, words: np.ndarray, graph=None) -> None:
         """FlowError for the first check (in recording order) whose word was

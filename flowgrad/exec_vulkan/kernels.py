@@ -15,7 +15,7 @@ from flowgrad.exec_closure import NumpyKernels
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import Node, TensorType
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.ops import get_op
 

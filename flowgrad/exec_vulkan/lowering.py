@@ -4,7 +4,8 @@ recorded as Vulkan dispatches.
 The op records (flowgrad/ops) know nothing of any backend; each lowering
 module under exec_vulkan/lower registers its ops here by name, so loading the
 op table never loads the Vulkan runtime. The planner and the executors ask
-`lowering_for(op_name)`."""
+`exec_vulkan.lower.lowering_for(op_name)`, which loads those modules first;
+this module imports none of them, so they can all import it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -99,10 +100,3 @@ def register_lowering(op_name: str, lowering: Lowering, replace: bool = False) -
         raise ValueError(f"op {op_name!r} already has a Vulkan lowering")
     LOWERINGS[op_name] = lowering
     return lowering
-
-
-def lowering_for(op_name: str) -> Lowering | None:
-    """The op's Vulkan lowering, or None when it runs on closures only."""
-    import flowgrad.exec_vulkan.lower  # noqa: F401  (its modules register the built-in lowerings)
-
-    return LOWERINGS.get(op_name)

@@ -21,7 +21,7 @@ from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
 from flowgrad.exec_vulkan.readback import HostBlock
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory

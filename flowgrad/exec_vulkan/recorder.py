@@ -18,42 +18,14 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import ITEMSIZE
+from flowgrad.exec_vulkan.buffers import BufView, LateBuffer
 from flowgrad.exec_vulkan.index_checks import IndexChecks
 from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
-@attrs.frozen
-class BufView:
-    """A typed window into a buffer: `offset` bytes in, `shape` of `dtype`."""
-
-    buffer: object
-    offset: int
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
-    dtype: str
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * ITEMSIZE[self.dtype]
-
-    def view(self, elem_offset: int, shape) -> BufView:
-        """The same buffer, `elem_offset` elements further in, with `shape`."""
-        shape = tuple(int(d) for d in shape)
-        if elem_offset < 0 or elem_offset + math.prod(shape) > self.size:
-            raise ValueError(f"view of {list(shape)} at element {elem_offset} does not fit in a "
-                             f"{self.dtype}{list(self.shape)} view")
-        return BufView(self.buffer, self.offset + elem_offset * ITEMSIZE[self.dtype], shape, self.dtype)
-
-    def reshape(self, shape) -> BufView:
-        shape = tuple(int(d) for d in shape)
-        if math.prod(shape) != self.size:
-            raise ValueError(f"cannot reshape a {self.dtype}{list(self.shape)} view to {list(shape)}")
-        return BufView(self.buffer, self.offset, shape, self.dtype)
+__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "count_barriers", "grid"]
 
 
 @attrs.frozen
@@ -81,18 +53,19 @@ class Copy:
     label: tuple | None
 
 
-class Arena:
+class Arena(LateBuffer):
     """Scratch memory for lowerings: bump allocation in one buffer that is
     created (at its high-water size) only after recording. Each lowering
     call's scratch is released when the call returns, so calls reuse it.
     `lasting` is a second arena for what one lowering call leaves for a later
     one (Recorder.keep); it is never released while the recording lives."""
 
+    what = "scratch arena"
+
     def __init__(self, lasting: bool = True):
+        super().__init__()
         self.top = 0
         self.high = 0
-        self.buffer = None   # the runtime Buffer, once materialized
-        self.pool = None     # the BufferPool it came from, if any
         self.lasting = Arena(lasting=False) if lasting else None
 
     def alloc(self, nbytes: int) -> int:
@@ -103,25 +76,12 @@ class Arena:
 
     def materialize(self, device, pool=None) -> None:
         """Allocate the buffer: from `pool` (returned to it by free) or its own."""
-        if self.buffer is None and self.high:
-            self.pool = pool
-            self.buffer = pool.acquire(self.high, "device") if pool is not None else device.buffer(self.high, "device")
+        self.allocate(device, self.high, pool)
         if self.lasting is not None:
             self.lasting.materialize(device, pool)
 
-    @property
-    def handle(self):
-        if self.buffer is None:
-            raise DeviceError("internal error: scratch arena used before it was allocated")
-        return self.buffer.handle
-
     def free(self) -> None:
-        if self.buffer is not None:
-            if self.pool is not None:
-                self.pool.release(self.buffer)
-            else:
-                self.buffer.free()
-            self.buffer = None
+        super().free()
         if self.lasting is not None:
             self.lasting.free()
 

@@ -18,7 +18,7 @@ from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults,
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
           nondiff=(), index_bounds=None, updates=(), doc: str = "", decompose=None, check=None,
-          samples=(), autocast: str = "") -> Op:
+          samples=(), autocast: str = "", torch: str = "") -> Op:
     """decompose: define the op as a composition of ops (see Op); infer,
     forward and vjp then come from it. check(in_types, attrs): the op's own
     checks, run before the composition's."""
@@ -48,7 +48,7 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
             updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
-            samples=tuple(samples), autocast=autocast)
+            samples=tuple(samples), autocast=autocast, torch=torch)
     return register(op)
 
 

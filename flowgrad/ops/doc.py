@@ -40,13 +40,13 @@ def signature(op: Op) -> str:
 
 
 def op_table() -> str:
-    from flowgrad.torch_twin import COUNTERPART  # imports no torch
+    from flowgrad.torch_twin import counterpart  # imports no torch
 
     rows = ["| op | signature | meaning | PyTorch |", "|---|---|---|---|"]
     for name in BUILTIN:
         op = get_op(name)
         meaning = op.doc.replace("|", "\\|")
-        rows.append(f"| `{name}` | `({signature(op)})` | {meaning} | `{COUNTERPART[name]}` |")
+        rows.append(f"| `{name}` | `({signature(op)})` | {meaning} | `{counterpart(name)}` |")
     return "\n".join(rows)
 
 

@@ -19,7 +19,7 @@ from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroad
 # ---------------------------------------------------------------- binary
 
 
-def _binary(name, forward, grads, doc, floats_only=False, samples=()):
+def _binary(name, forward, grads, doc, floats_only=False, samples=(), torch=""):
     """grads(g, a, b, out) -> (da, db) before un-broadcasting."""
 
     def infer(ins, attrs):
@@ -34,14 +34,15 @@ def _binary(name, forward, grads, doc, floats_only=False, samples=()):
         da, db = grads(g, a, b, out)
         return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
 
-    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples)
+    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples,
+                 torch=torch)
 
 
-add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b")
-sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b")
-mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b")
+add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b", torch="torch.add")
+sub = _binary("sub", np.subtract, lambda g, a, b, out: (g, -g), "a - b", torch="torch.sub")
+mul = _binary("mul", np.multiply, lambda g, a, b, out: (g * b, g * a), "a * b", torch="torch.mul")
 div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a / b (floats)",
-              floats_only=True)
+              floats_only=True, torch="torch.div")
 
 
 def _pick_grads(wins):
@@ -55,9 +56,9 @@ def _pick_grads(wins):
 
 _PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
 maximum = _binary("maximum", np.maximum, _pick_grads(np.greater), "elementwise max; a tie splits the gradient evenly",
-                  samples=_PAIR)
+                  samples=_PAIR, torch="torch.maximum")
 minimum = _binary("minimum", np.minimum, _pick_grads(np.less), "elementwise min; a tie splits the gradient evenly",
-                  samples=_PAIR)
+                  samples=_PAIR, torch="torch.minimum")
 
 
 def _where_infer(ins, attrs):
@@ -94,7 +95,7 @@ def _float_infer(ins, attrs):
     return ins[0]
 
 
-def _unary(name, f, df, doc, extra_args=(), check=None, samples=()):
+def _unary(name, f, df, doc, extra_args=(), check=None, samples=(), torch=""):
     """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
     def infer(ins, attrs):
         if check:
@@ -110,22 +111,26 @@ def _unary(name, f, df, doc, extra_args=(), check=None, samples=()):
         xw, yw = wide(x), wide(out)
         return [narrow(wide(g) * df(xw, yw, attrs), x)]
 
-    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc, samples=samples)
+    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc, samples=samples,
+                 torch=torch)
 
 
 neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
-            lambda g, ins, out, at: [np.negative(g)], doc="-x", samples=[Sample((((2, 3), "normal"),))])
+            lambda g, ins, out, at: [np.negative(g)], doc="-x", samples=[Sample((((2, 3), "normal"),))],
+            torch="torch.neg")
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", samples=[Sample((((2, 3), "normal"),))])
-log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log")
-sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root")
-tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh")
-sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)")
+exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", samples=[Sample((((2, 3), "normal"),))],
+             torch="torch.exp")
+log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log", torch="torch.log")
+sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root", torch="torch.sqrt")
+tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh", torch="torch.tanh")
+sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)",
+                  torch="torch.sigmoid")
 relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
-              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))])
+              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))], torch="F.relu")
 
 abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: np.sign(x), "|x|; gradient sign(x), 0 at x = 0 (as PyTorch)",
-              samples=[Sample((((2, 3), "nonzero"),))])
+              samples=[Sample((((2, 3), "nonzero"),))], torch="torch.abs")
 
 
 def _silu_grad(x, y, at):
@@ -133,7 +138,7 @@ def _silu_grad(x, y, at):
     return s * (1.0 + x * (1.0 - s))
 
 
-silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)")
+silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", torch="F.silu")
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 

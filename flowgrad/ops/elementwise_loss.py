@@ -18,7 +18,7 @@ def _infer(ins, at):
     float_dtype(a, "input")
     if a.shape != b.shape:
         raise OpTypeError(f"input and target must have the same shape, got input: {a}, target: {b}")
-    if at.get("delta", 1.0) <= 0:
+    if "delta" in at and at["delta"] <= 0:   # huber_loss has it; the other losses share this rule
         raise OpTypeError(f"delta={at['delta']} must be positive")
     return TensorType((), a.dtype)
 

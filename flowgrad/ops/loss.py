@@ -71,7 +71,7 @@ def _picked(ins, at):
 
 def _ce_parts(ins, at):
     z, t, valid, w = _picked(ins, at)
-    lp = z if at.get("log_probs") else log_softmax_of(z, -1)
+    lp = z if at["log_probs"] else log_softmax_of(z, -1)
     rows = np.arange(t.size)
     tw = np.where(valid, w[t], 0.0)
     return z, t, valid, w, lp, rows, tw, tw.sum()
@@ -79,7 +79,7 @@ def _ce_parts(ins, at):
 
 def _ce_forward(ins, at):
     z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
-    eps, c = at.get("label_smoothing", 0.0), z.shape[-1]
+    eps, c = at["label_smoothing"], z.shape[-1]
     nll = -(tw * lp[rows, t]).sum()
     smooth = -(valid[:, None] * lp * w).sum()
     with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: NaN, as PyTorch
@@ -89,8 +89,8 @@ def _ce_forward(ins, at):
 def _ce_vjp(g, ins, out, at):
     logits = ins[0]
     z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
-    eps, c = at.get("label_smoothing", 0.0), z.shape[-1]
-    p = np.zeros_like(lp) if at.get("log_probs") else np.exp(lp)
+    eps, c = at["label_smoothing"], z.shape[-1]
+    p = np.zeros_like(lp) if at["log_probs"] else np.exp(lp)
     d = (1 - eps) * tw[:, None] * p
     d[rows, t] -= (1 - eps) * tw
     d += eps / c * valid[:, None] * (w.sum() * p - w)
@@ -102,26 +102,33 @@ def _ce_vjp(g, ins, out, at):
     return grads + ([None] * (len(ins) - 2))
 
 
+# cross_entropy and nll_loss share the rules above: what each one's input is
+# (logits or log-probabilities) and, for nll_loss, no smoothing
+LOGITS = {"log_probs": False}
+LOG_PROBS = {"log_probs": True, "label_smoothing": 0.0}
+
+
 cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, _ce_forward, _ce_vjp, nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS),
+    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | LOGITS), nondiff=(1, 2), autocast="f32",
+    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
 
 def _nll_infer(ins, at):
-    return _ce_infer(ins, at | {"label_smoothing": 0.0})
+    return _ce_infer(ins, at | LOG_PROBS)
 
 
 nll_loss = defop(
     "nll_loss",
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
-    _nll_infer, lambda ins, at: _ce_forward(ins, at | {"log_probs": True}),
-    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | {"log_probs": True}), nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at.get("axis", -1), len(ins[0].shape))]},
+    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS),
+    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | LOG_PROBS), nondiff=(1, 2), autocast="f32",
+    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")

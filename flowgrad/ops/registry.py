@@ -69,7 +69,11 @@ class Op:
     samples: valid calls, for the op tests (see `Sample`).
     autocast: "f32" for an op that dtype="mixed" runs on f32 copies of its
         f16 inputs (the losses: the scaled loss and its gradient seed need
-        f32's range, as autocast runs PyTorch's losses in f32); "" otherwise."""
+        f32's range, as autocast runs PyTorch's losses in f32); "" otherwise.
+    torch: the PyTorch function that is this op when called on its tensor
+        inputs in order (`torch.abs`, `F.relu`: F is torch.nn.functional);
+        flowgrad/torch_twin.py calls it and the docs' op table shows it. An
+        op with attrs, or none such function, has a rule in torch_twin."""
 
     name: str
     args: tuple[Arg, ...]
@@ -84,6 +88,7 @@ class Op:
     decompose: Callable | None = None
     samples: tuple = ()
     autocast: str = ""
+    torch: str = ""
 
     def with_defaults(self, attrs) -> dict:
         """attrs completed with the signature's defaults and checked (the IR
@@ -93,8 +98,9 @@ class Op:
 
 def attr_defaults(args) -> dict:
     """{attr name: default} of a signature: the one place defaults are read
-    from (the op's own rules and the lowerings both see attrs completed with
-    these)."""
+    from. Nodes carry attrs completed with these (with_defaults, when the
+    node is built), so executors, lowerings and exporters read node.attrs
+    as they are; defop gives the op's own rules the same completion."""
     return {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lowering import FLOATS, lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
+from flowgrad.exec_vulkan.lowering import FLOATS
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.ops import get_op
 

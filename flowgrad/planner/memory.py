@@ -28,7 +28,6 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.exec_vulkan.limits import align_up
-from flowgrad.exec_vulkan.lowering import lowering_for
 from flowgrad.graph import LEAF_OPS, Graph
 
 
@@ -162,6 +161,7 @@ def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
     """{view node: (its input, byte offset of its window)} for the nodes
     whose lowering places them inside their input."""
     from flowgrad.dtypes import ITEMSIZE
+    from flowgrad.exec_vulkan.lower import lowering_for
 
     out = {}
     for node in forward:
@@ -323,6 +323,8 @@ class _Planner:
         return part in self.part_group and self.groups[self.part_group[part]][2] == "step"
 
     def passes(self, node) -> frozenset:
+        from flowgrad.exec_vulkan.lower import lowering_for
+
         low = lowering_for(node.op)
         if low is None or low.passes is None:
             return frozenset()
@@ -330,6 +332,8 @@ class _Planner:
 
     @staticmethod
     def accumulates(node) -> frozenset:
+        from flowgrad.exec_vulkan.lower import lowering_for
+
         low = lowering_for(node.op)
         return low.accumulates if low is not None else frozenset()
 

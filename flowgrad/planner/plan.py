@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
-from flowgrad.exec_vulkan.lowering import lowering_for
+from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
 from flowgrad.planner.fusion import Fusion, fuse, no_fusion
 from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory

@@ -54,6 +54,7 @@ import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import FlowError
+from flowgrad.feeds import index_uses
 from flowgrad.graph import Graph
 from flowgrad.training import spec
 
@@ -114,8 +115,6 @@ class Dataset:
                             f"batch dimension, got "
                             f"{', '.join(f'{self.inputs[r]}: {t}' for r, t in types.items())}", span)
         self.batch = batches.pop()
-        from flowgrad.api import index_uses
-
         uses = index_uses(graph)
         for role, t in types.items():
             self.check_role(role, self.inputs[role], t, uses.get(graph.inputs[self.inputs[role]], ()))

@@ -1,5 +1,5 @@
-"""Inference: `sess.predict(feeds)`, and loading a trained model for
-`flowgrad run`, `generate` and `export`.
+"""Inference: `sess.predict(feeds)` (loading a trained model for `flowgrad
+run`, `generate` and `export` is training/overrides.load_trained).
 
 Any batch size: a model's batch dimension is a config key (`batch`), so a
 feed of another size runs on the model rebuilt with that key set to the
@@ -15,7 +15,6 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
-from flowgrad.training import checkpoint
 
 
 # -- forward passes at any batch size -------------------------------------------
@@ -112,7 +111,6 @@ class Predictor:
         if n == batch_size(sess.graph):
             return sess
         if n not in self.sized:
-            from flowgrad.api import Session
             from flowgrad.planner import make_plan
 
             if self._key is None:
@@ -121,7 +119,8 @@ class Predictor:
             graph = model.build(sess.plan.dtype)
             dev = sess.device
             plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
-            self.sized[n] = Session(model, graph, plan, dev, sess.params)
+            # the session's own class: this module sits below the one that defines it
+            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params)
         return self.sized[n]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -150,24 +149,3 @@ class Predictor:
         _, filled = complete_feeds(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
         return all(graph.nodes[i].shape[:1] == (b,) for name, i in graph.outputs.items()
                    if not uses_inputs(graph, i) & filled)
-
-
-# -- loading a trained model ----------------------------------------------------
-
-def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"):
-    """(session with the checkpoint's params, checkpoint): the config is the
-    checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
-    import flowgrad as fg
-    from flowgrad.training.overrides import load_model
-
-    ckpt = checkpoint.load(ckpt_path)
-    base = fg.load(file)
-    config = {k: v for k, v in ckpt.config.items() if k in base.config and v != base.config[k]}
-    config.update(sets or {})
-    model = load_model(file, config) if config else base
-    # a model trained with --dtype f16 runs in f16: the checkpoint says which
-    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
-    sess = model.compile(device=device, dtype=dtype)
-    checkpoint.check_matches(ckpt, sess.graph)
-    sess.set_params(ckpt.params)
-    return sess, ckpt

@@ -1,7 +1,11 @@
-"""Loading a model with --set overrides, and the error for an override
-whose key is not a config key but a train setting or an optimizer argument:
-`--set lr=1e-2` says where lr is written and how to make it reachable."""
+"""Loading a model with --set overrides (and a trained one, from its
+checkpoint, for `flowgrad run`, `generate` and `export`), and the error for
+an override whose key is not a config key but a train setting or an
+optimizer argument: `--set lr=1e-2` says where lr is written and how to
+make it reachable."""
 from __future__ import annotations
+
+import numpy as np
 
 from flowgrad.errors import FlowError
 
@@ -9,19 +13,38 @@ from flowgrad.errors import FlowError
 def load_model(file, sets: dict | None = None):
     """fg.load with overrides; a key that is not in the config but is a
     train setting or an optimizer argument gets an error saying so."""
-    import flowgrad as fg
+    from flowgrad.api import load
 
     try:
-        return fg.load(file, sets)
+        return load(file, sets)
     except FlowError as e:
         if not sets:
             raise
-        base = fg.load(file)
+        base = load(file)
         better = next((m for m in (not_a_config_key(base.graph, k, v) for k, v in sets.items()
                                    if k not in base.config) if m is not None), None)
         if better is None:
             raise
         raise better from e
+
+
+def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"):
+    """(session with the checkpoint's params, checkpoint): the config is the
+    checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
+    from flowgrad.api import load
+    from flowgrad.training import checkpoint
+
+    ckpt = checkpoint.load(ckpt_path)
+    base = load(file)
+    config = {k: v for k, v in ckpt.config.items() if k in base.config and v != base.config[k]}
+    config.update(sets or {})
+    model = load_model(file, config) if config else base
+    # a model trained with --dtype f16 runs in f16: the checkpoint says which
+    dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
+    sess = model.compile(device=device, dtype=dtype)
+    checkpoint.check_matches(ckpt, sess.graph)
+    sess.set_params(ckpt.params)
+    return sess, ckpt
 
 
 def not_a_config_key(graph, key: str, value: str) -> FlowError | None:

@@ -19,7 +19,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 # Tile configuration per head-width bound MAXD and kernel: (BR own rows per
@@ -65,7 +65,7 @@ def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
 
 def _geometry(node, q, k):
     """(batch, seq_q, seq_k, d, heads, head width, kernel MAXD)."""
-    heads = full_attrs(node)["heads"]
+    heads = node.attrs["heads"]
     batch = q.shape[0] if len(q.shape) == 3 else 1
     sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     dh = d // heads
@@ -86,7 +86,7 @@ def _mask(node, ins, q, k):
         return None, (0, 0, 0, 0, 0)
     m = ins[3]
     shape = (1,) * (4 - len(m.shape)) + tuple(m.shape)
-    full = (q.shape[0] if len(q.shape) == 3 else 1, full_attrs(node)["heads"], q.shape[-2], k.shape[-2])
+    full = (q.shape[0] if len(q.shape) == 3 else 1, node.attrs["heads"], q.shape[-2], k.shape[-2])
     step, strides = 1, [0, 0, 0, 0]
     for axis in (3, 2, 1, 0):
         strides[axis] = step if shape[axis] == full[axis] and full[axis] != 1 else 0
@@ -96,7 +96,7 @@ def _mask(node, ins, q, k):
 
 
 def _push(node, sq, sk, d, dh, mask_words, nstat, saved_lse=False):
-    causal = int(bool(full_attrs(node)["causal"]))
+    causal = int(bool(node.attrs["causal"]))
     return (sq, sk, d, dh, *mask_words, 1.0 / math.sqrt(dh), causal, nstat, int(saved_lse))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
@@ -24,7 +24,7 @@ def _geometry(node, x_shape, running: bool):
     s = math.prod(x_shape[2:])
     if running:  # batchnorm: a segment is a channel
         return n, c, s, s, c, n * s, c * s, s
-    groups = full_attrs(node)["groups"]
+    groups = node.attrs["groups"]
     length = c // groups * s
     return n, c, s, length, n * groups, length, 0, length
 
@@ -36,7 +36,7 @@ class _Call:
         self.rec, self.node = rec, node
         t = x.dtype
         self.geo = _geometry(node, tuple(x.shape), bool(running))
-        self.attrs = full_attrs(node)
+        self.attrs = node.attrs
         self.x, self.w, self.b, self.rng = x, w, b, rng if rng is not None else unused(rec, "i32")
         self.rm, self.rv = running if running else (unused(rec, t), unused(rec, t))
         self.flags = HAS_RUNNING if running else 0

@@ -6,7 +6,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse, unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
@@ -19,7 +19,7 @@ def _no_backward(rec, node, g, ins, out, grads):
 
 def argmax_forward(rec, node, ins, out):
     (x,) = ins
-    axis = full_attrs(node)["axis"] % len(x.shape)
+    axis = node.attrs["axis"] % len(x.shape)
     n_out, length = math.prod(out.shape), x.shape[axis]
     if n_out == 0:
         return
@@ -55,7 +55,7 @@ EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
 
 
 def _topk(rec, node, mode, x, g, vals, idx, out_shape):
-    attrs = full_attrs(node)
+    attrs = node.attrs
     axis = attrs["axis"] % len(x.shape)
     rows = math.prod(out_shape) // attrs["k"] if attrs["k"] else 0
     if rows == 0:

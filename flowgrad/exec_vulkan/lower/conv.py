@@ -21,7 +21,7 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
@@ -42,13 +42,13 @@ def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kern
 def _conv_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.geometry(tuple(x_shape), tuple(w_shape), full_attrs(node), len(x_shape) - 2)
+    return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
 
 
 def _transpose_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
-    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), full_attrs(node))
+    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
 
 
 def _run(rec, mode, a, b, bias, dst, image, weight, geo):

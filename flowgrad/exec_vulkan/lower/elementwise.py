@@ -7,7 +7,7 @@ axes that input was broadcast along. Unary backward maps read (g, x, y)."""
 from __future__ import annotations
 
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, broadcast_axes, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowering
 
@@ -85,12 +85,12 @@ def _unary(pick, param=lambda attrs: 0.0):
     """pick(attrs) -> (forward map op, backward map op reading g, x, y)."""
 
     def forward(rec, node, ins, out):
-        attrs = full_attrs(node)
+        attrs = node.attrs
         map_reduce(rec, pick(attrs)[0], ins, out, param=param(attrs))
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
-            attrs = full_attrs(node)
+            attrs = node.attrs
             map_reduce(rec, pick(attrs)[1], [g, ins[0], out], grads[0], param=param(attrs))
 
     def pointwise(attrs):

@@ -23,8 +23,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, sum_to_shape, unused
-from flowgrad.exec_vulkan.lowering import Lowering, lowering_for, register_lowering
-from flowgrad.ops.registry import attr_defaults, get_op
+from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
 MAX_INSTRS = 12     # its program slots (instruction k writes register 4 + k)
@@ -84,7 +83,7 @@ class _Builder:
 
 
 def pointwise_of(op_name: str, attrs):
-    return lowering_for(op_name).pointwise(attr_defaults(get_op(op_name).args) | dict(attrs))
+    return LOWERINGS[op_name].pointwise(attrs)
 
 
 def _chain(b: _Builder, steps, n_in: int):
@@ -212,15 +211,15 @@ class EpilogueForm:
 
 def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
     """The chain as a product and its adds, or None when it is not one."""
-    first = lowering_for(steps[0][0]) if steps else None
+    first = LOWERINGS.get(steps[0][0]) if steps else None
     if first is None or not first.epilogue or not 2 <= len(steps) <= 3:
         return None
     n_in = len(in_shapes)
     product = tuple(steps[0][1])
     roles: dict[str, int] = {}
     for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
-        low = lowering_for(op_name)
-        pw = low.pointwise(attr_defaults(get_op(op_name).args) | dict(at)) if low and low.pointwise else None
+        low = LOWERINGS.get(op_name)
+        pw = low.pointwise(at) if low and low.pointwise else None
         others = [r for r in refs if r != n_in + j - 1]
         if pw is None or not pw.adds or len(refs) != 2 or len(others) != 1 or others[0] >= n_in:
             return None
@@ -267,7 +266,7 @@ def _epilogue_forward(rec, node, ins, out, form):
     epi = Epilogue(None if form.residual is None else ins[form.residual],
                    None if form.bias is None else ins[form.bias], form.bias_first,
                    sum_parts=_sum_parts(steps, ins, form))
-    lowering_for(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
+    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
     if not epi.applied:   # the product is in `out`: the adds in place, in one pass
         srcs = list(ins) + [out]
         prog = forward_program(steps[1:], len(srcs))
@@ -275,7 +274,7 @@ def _epilogue_forward(rec, node, ins, out, form):
 
 
 def _epilogue_backward(rec, node, g, ins, out, grads, form):
-    low = lowering_for(node.attrs["steps"][0][0])
+    low = LOWERINGS.get(node.attrs["steps"][0][0])
     low.backward(rec, _product_node(node), g, [ins[r] for r in form.product], out, [grads[r] for r in form.product])
     dres = grads[form.residual] if form.residual is not None else None
     if dres is not None and not (dres.buffer is g.buffer and dres.offset == g.offset):

@@ -12,7 +12,6 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.ops.registry import attr_defaults, get_op
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -71,9 +70,3 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
     push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
     rec.dispatch("strided_copy", [src, dst], push, groups_1d(n), variant(src.dtype))
-
-
-def full_attrs(node) -> dict:
-    """node.attrs completed with the op signature's defaults (as the op's own
-    rules see them)."""
-    return attr_defaults(get_op(node.op).args) | dict(node.attrs)

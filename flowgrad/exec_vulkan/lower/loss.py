@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
@@ -35,7 +35,7 @@ ROW_LOSS, MEAN, GRAD, DENOMINATOR = 0, 1, 2, 3
 def _class_last(rec, node, logits):
     """(logits as a contiguous [..., C] view, the permutation that made it):
     classes on another axis are moved last through a strided copy first."""
-    axis = full_attrs(node)["axis"] % len(logits.shape)
+    axis = node.attrs["axis"] % len(logits.shape)
     last = len(logits.shape) - 1
     if axis == last:
         return logits, None
@@ -57,7 +57,7 @@ def _xent_lowering(log_probs: bool) -> Lowering:
     holds log-probabilities): one kernel, told which."""
 
     def dispatch(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
-        attrs = full_attrs(node)
+        attrs = node.attrs
         if mode in (MEAN, DENOMINATOR):
             lanes, groups = WG, 1
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
@@ -54,14 +54,14 @@ def _norm(kind: str):
         if n and d:
             bufs = [x, w, b, unused(rec, t), out, unused(rec, t), unused(rec, t), unused(rec, "f32"),
                     unused(rec, "f32")]
-            _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, full_attrs(node)["eps"], bufs)
+            _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
 
     def backward(rec, node, g, ins, out, grads, add=frozenset()):
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x, w)
-        eps = full_attrs(node)["eps"]
+        eps = node.attrs["eps"]
         if not (n and d):
             for pos, grad in enumerate(grads):
                 if grad is not None and pos not in add:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
@@ -23,11 +23,11 @@ def activation(code: int, params=lambda attrs: (0.0, 0.0)) -> Lowering:
     """Forward op `code`, backward `code + 1` (its derivative times g)."""
 
     def forward(rec, node, ins, out):
-        _map(rec, code, ins[0], None, None, out, *params(full_attrs(node)))
+        _map(rec, code, ins[0], None, None, out, *params(node.attrs))
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
-            _map(rec, code + 1, ins[0], None, g, grads[0], *params(full_attrs(node)))
+            _map(rec, code + 1, ins[0], None, g, grads[0], *params(node.attrs))
 
     return Lowering(forward, backward, FLOATS, FLOATS)
 
@@ -46,14 +46,14 @@ def loss(code: int, grad_b: int | None, param=lambda attrs: 0.0) -> Lowering:
         a, b = ins
         n = math.prod(a.shape)
         per = rec.scratch(tuple(a.shape), out.dtype)
-        _map(rec, code, a, b, None, per, param(full_attrs(node)))
+        _map(rec, code, a, b, None, per, param(node.attrs))
         map_reduce(rec, M.COPY, [per], out, space=tuple(a.shape), reduce_axes=range(len(a.shape)),
                    scale=1.0 / n if n else math.nan)
 
     def backward(rec, node, g, ins, out, grads):
         a, b = ins
         n = max(math.prod(a.shape), 1)
-        p0 = param(full_attrs(node))
+        p0 = param(node.attrs)
         if grads[0] is not None:
             _map(rec, code + 1, a, b, g, grads[0], p0, scale=1.0 / n, g_scalar=True)
         if grads[1] is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
@@ -15,7 +15,7 @@ MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
 
 def _geometry(node, x_shape, adaptive: bool):
     """(kernel, stride, pad, include_pad) as pool.comp reads them."""
-    attrs = full_attrs(node)
+    attrs = node.attrs
     if adaptive:  # the bins come from the sizes alone
         return (1, 1), (1, 1), (0, 0), 0
     from flowgrad.ops.pool import window  # lazy: the op module imports this one

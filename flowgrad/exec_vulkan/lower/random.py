@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 
@@ -16,7 +16,7 @@ def _masked(rec, node, src, rng, dst):
     n = math.prod(dst.shape)
     if n == 0:
         return
-    attrs = full_attrs(node)
+    attrs = node.attrs
     push = [n, drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF, keep_scale(attrs["p"])]
     rec.dispatch("dropout", [src, rng, dst], push, groups_1d(n), variant(dst.dtype))
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, variant
+from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 from flowgrad.ops.reduce import reduce_axes
 
 
 def _axes(node, x) -> tuple[int, ...]:
-    return reduce_axes(full_attrs(node)["axis"], len(x.shape))
+    return reduce_axes(node.attrs["axis"], len(x.shape))
 
 
 def _kept_shape(x, axes):
@@ -87,11 +87,11 @@ def _softmax(kind: str):
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
-        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, full_attrs(node)["axis"])
+        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, node.attrs["axis"])
 
     def backward(rec, node, g, ins, out, grads):
         if grads[0] is not None:
-            _rows(rec, bwd_mode, out, g, grads[0], full_attrs(node)["axis"])
+            _rows(rec, bwd_mode, out, g, grads[0], node.attrs["axis"])
 
     return Lowering(forward, backward, FLOATS, FLOATS)
 

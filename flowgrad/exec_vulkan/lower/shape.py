@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
-from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 from flowgrad.ops import shape as rules
@@ -41,7 +41,7 @@ def permuting(perm_of) -> Lowering:
 
     def forward(rec, node, ins, out):
         (x,) = ins
-        perm = perm_of(len(x.shape), full_attrs(node))
+        perm = perm_of(len(x.shape), node.attrs)
         xs = strides(x.shape)
         # output axis i walks input axis perm[i]
         strided_copy(rec, x, out, out.shape, [xs[p] for p in perm], strides(out.shape))
@@ -49,7 +49,7 @@ def permuting(perm_of) -> Lowering:
     def backward(rec, node, g, ins, out, grads):
         dx = grads[0]
         if dx is not None:
-            perm = perm_of(len(dx.shape), full_attrs(node))
+            perm = perm_of(len(dx.shape), node.attrs)
             xs = strides(dx.shape)
             strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
 
@@ -61,7 +61,7 @@ def permuting(perm_of) -> Lowering:
 
 def _window(node, shape):
     """(shape of the window, row-major strides of the full tensor, offset of the window)."""
-    axis, lo, hi = rules._slice_bounds(tuple(shape), full_attrs(node))
+    axis, lo, hi = rules._slice_bounds(tuple(shape), node.attrs)
     st = strides(shape)
     return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
 
@@ -69,7 +69,7 @@ def _window(node, shape):
 def slice_view(node, in_shape):
     """A slice whose window is contiguous (every axis before the sliced one
     has size 1) starts `offset` elements into its input."""
-    axis, lo, _hi = rules._slice_bounds(tuple(in_shape), full_attrs(node))
+    axis, lo, _hi = rules._slice_bounds(tuple(in_shape), node.attrs)
     return lo * strides(in_shape)[axis] if math.prod(in_shape[:axis]) == 1 else None
 
 
@@ -91,12 +91,12 @@ def slice_backward(rec, node, g, ins, out, grads):
 
 
 SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view,
-                 window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), full_attrs(node)))
+                 window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs))
 
 
 def _parts(node, shape, sizes):
     """(offset along the whole tensor, part shape) of each concatenated part."""
-    axis = full_attrs(node)["axis"] % len(shape)
+    axis = node.attrs["axis"] % len(shape)
     step = strides(shape)[axis]
     out, at = [], 0
     for n in sizes:
@@ -106,14 +106,14 @@ def _parts(node, shape, sizes):
 
 
 def concat_forward(rec, node, ins, out):
-    axis = full_attrs(node)["axis"] % len(out.shape)
+    axis = node.attrs["axis"] % len(out.shape)
     os_ = strides(out.shape)
     for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
         strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
 
 def concat_backward(rec, node, g, ins, out, grads):
-    axis = full_attrs(node)["axis"] % len(g.shape)
+    axis = node.attrs["axis"] % len(g.shape)
     gs = strides(g.shape)
     for dx, (off, shape) in zip(grads, _parts(node, tuple(g.shape), [x.shape[axis] for x in ins])):
         if dx is not None:

@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-from flowgrad.exec_vulkan.lower.generic import full_attrs, strided_copy, strides
+from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 
@@ -29,14 +29,14 @@ def _interior(node, x_shape, out_shape):
     """(x's shape, out's row-major strides, element offset of x's corner in out)."""
     from flowgrad.ops.spatial import pad_widths  # lazy: the op module imports this one
 
-    widths = pad_widths(tuple(x_shape), full_attrs(node))
+    widths = pad_widths(tuple(x_shape), node.attrs)
     os_ = strides(out_shape)
     return tuple(x_shape), os_, sum(lo * s for (lo, _), s in zip(widths, os_))
 
 
 def pad_forward(rec, node, ins, out):
     (x,) = ins
-    rec.fill(out, fill_word(full_attrs(node)["value"], out.dtype))
+    rec.fill(out, fill_word(node.attrs["value"], out.dtype))
     shape, os_, off = _interior(node, x.shape, out.shape)
     strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 

@@ -14,7 +14,6 @@ import math
 
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import full_attrs
 from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
 from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowering
 
@@ -22,7 +21,7 @@ from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register
 def _sizes(node, a, b):
     if len(b.shape) != 2 or len(a.shape) < 2:
         raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
-    k = full_attrs(node)["parts"]
+    k = node.attrs["parts"]
     m, kk, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
     return k, m, kk, n // k
 
@@ -57,7 +56,7 @@ def _in_place(inner, outer, elem_offset: int) -> bool:
 
 def part_offset(node, in_shape) -> int:
     """Where part `index` starts inside its [k, ...] source, in elements."""
-    return full_attrs(node)["index"] * math.prod(in_shape[1:])
+    return node.attrs["index"] * math.prod(in_shape[1:])
 
 
 def part_forward(rec, node, ins, out):
