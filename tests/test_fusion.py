@@ -458,6 +458,7 @@ def test_f16_epilogues_match_unfused_on_vulkan(vk_device):
 
 def test_runs_of_casts_become_one_dispatch_and_dependent_ones_do_not():
     from flowgrad.exec_vulkan.multi_tensor import merge_casts
+    from flowgrad.training.optim import groups_for
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
     def view(n, dtype):
@@ -470,14 +471,14 @@ def test_runs_of_casts_become_one_dispatch_and_dependent_ones_do_not():
         rec.dispatch("cast_f16", [w, h], push=[w.size, 0], groups=(1, 1, 1))
     rec.dispatch("cast_f16", [view(5, "f32"), half[0]], push=[5, 1], groups=(1, 1, 1))   # reads a result
     rec.dispatch("cast_f16", [wide[1], view(300, "f16")], push=[300, 1], groups=(2, 1, 1))
-    merge_casts(rec)
+    merge_casts(rec, groups_for)
     assert [c.shader for c in rec.commands] == ["cast_f16_multi", "cast_f16_multi"]
     first = rec.commands[0]
     assert first.views[:3] == tuple(wide) and first.views[15:18] == tuple(half)
     rec = Recorder(None)
     rec.dispatch("cast_f16", [wide[0], half[0]], push=[5, 0], groups=(1, 1, 1))
     rec.dispatch("cast_f16", [wide[0], half[1]], push=[5, 1], groups=(1, 1, 1))   # the other way: not merged
-    merge_casts(rec)
+    merge_casts(rec, groups_for)
     assert [c.shader for c in rec.commands] == ["cast_f16", "cast_f16"]
 
 

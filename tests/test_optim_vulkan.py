@@ -157,6 +157,7 @@ def test_batched_adam_equals_one_dispatch_per_param(vk_device, monkeypatch):
 def test_unscale_many_gradients_per_dispatch(vk_device, bad):
     """Every gradient times 1/scale, 12 per dispatch; found is 1 exactly when one holds an inf."""
     from flowgrad.exec_vulkan.multi_tensor import record_unscale
+    from flowgrad.training.optim import groups_for
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(6)
@@ -167,7 +168,7 @@ def test_unscale_many_gradients_per_dispatch(vk_device, bad):
         views = {k: s.upload(v, "f32") for k, v in grads.items()}
         scale = s.upload(np.array([64.0, 1 / 64.0], np.float32), "f32")
         found = s.upload(np.array([5.0], np.float32), "f32")
-        record_unscale(s.rec, list(views.values()), scale, found)
+        record_unscale(s.rec, list(views.values()), scale, found, groups_for)
         assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["unscale_multi"] * 2 + ["found_inf"]
         idx = {k: s.download(v) for k, v in views.items()}
         fi = s.download(found)

@@ -51,12 +51,11 @@ def slot_push(sizes: list[int], slots: int, groups) -> tuple[list[int], list[int
     return n, first, total
 
 
-def record_unscale(rec, grads: list, scale, found) -> None:
+def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
     """Loss scaling's unscale: each gradient times 1/scale in place (scale: the
     [scale, 1/scale] view), then found = 1 if one held an inf or a NaN.
-    UNSCALE_SLOTS gradients per dispatch, one overflow flag per dispatch."""
-    from flowgrad.training.optim import groups_for
-
+    UNSCALE_SLOTS gradients per dispatch, one overflow flag per dispatch;
+    groups_for(n): the workgroups a tensor of n elements gets."""
     slots = UNSCALE_SLOTS if fits(rec, 2 + UNSCALE_SLOTS) else 0
     groups = batches(grads, slots, lambda g: g) if slots else [[g] for g in grads]
     flags = rec.scratch((max(len(groups), 1),), "f32")
@@ -105,13 +104,12 @@ def _joins(run: list, cmd) -> bool:
     return True
 
 
-def _merged(run: list):
+def _merged(run: list, groups_for):
     import struct
 
     from flowgrad.exec_vulkan.push_constants import push_spec
     from flowgrad.exec_vulkan.recorder import Dispatch
     from flowgrad.exec_vulkan.spirv import shader_info
-    from flowgrad.training.optim import groups_for
 
     pad = CAST_SLOTS - len(run)   # stand-ins: the first pair again, which no workgroup of theirs reaches
     wide = [d.views[0] for d in run] + [run[0].views[0]] * pad
@@ -124,9 +122,10 @@ def _merged(run: list):
     return Dispatch("cast_f16_multi", None, tuple(wide + half), info.readonly, push, (total, 1, 1), run[0].label)
 
 
-def merge_casts(rec) -> None:
+def merge_casts(rec, groups_for) -> None:
     """Rewrite rec.commands: each run of mergeable cast_f16 dispatches as
-    cast_f16_multi dispatches (the run's first label stands for it)."""
+    cast_f16_multi dispatches (the run's first label stands for it);
+    groups_for(n): the workgroups a tensor of n elements gets."""
     from flowgrad.exec_vulkan.recorder import Dispatch
 
     if not fits(rec, 2 * CAST_SLOTS):
@@ -137,7 +136,7 @@ def merge_casts(rec) -> None:
     def flush():
         for i in range(0, len(run), CAST_SLOTS):
             chunk = run[i:i + CAST_SLOTS]
-            out.append(chunk[0] if len(chunk) == 1 else _merged(chunk))
+            out.append(chunk[0] if len(chunk) == 1 else _merged(chunk, groups_for))
         run.clear()
 
     for cmd in rec.commands:

@@ -23,6 +23,7 @@ from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
+from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
 
@@ -105,7 +106,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
-    merge_casts(rec)
+    merge_casts(rec, groups_for)
 
 
 @contextlib.contextmanager
@@ -176,7 +177,7 @@ class StepLayout:
 
     def record_unscale(self, rec) -> None:
         """Each gradient times 1/scale, and found = 1 if one overflowed."""
-        record_unscale(rec, self.scaled_grads(), self.scale, self.found)
+        record_unscale(rec, self.scaled_grads(), self.scale, self.found, groups_for)
 
     def _download(self, name, key, staging):
         src = self.view(key)

@@ -108,7 +108,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     if choice.chunks > 1:
         _split_k(rec, g, choice, epilogue)
-    elif choice.tile.coop:
+    elif not _has_epilogue(choice, c.view.dtype):
         rec.dispatch(choice.tile.shader, [a.view, b.view, c.view], g.push(), _groups(choice.tile, m, n, nz),
                      _variant(choice, c.view.dtype))
     else:
@@ -166,6 +166,13 @@ class _Gemm:
                 self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
+def _has_epilogue(choice, dtype) -> bool:
+    """The tile's shader has matmul_tiled.glsl's epilogue (its residual and bias bindings, its epi word)."""
+    from flowgrad.exec_vulkan.spirv import shader_info
+
+    return shader_info(choice.tile.shader, _variant(choice, dtype)).bindings == 5
+
+
 def _variant(choice, dtype):
     return None if choice.tile.coop else variant(dtype)   # matmul_coop is built for f16 only
 
@@ -184,8 +191,9 @@ def _split_k(rec, g: _Gemm, choice, epilogue=None):
     parts = rec.scratch((chunks, m, n), c.view.dtype)
     part = attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * b.rs, zc=m * n,
                         klimit=k)
-    views = [a.view, b.view, parts] + ([] if choice.tile.coop else [rec.scratch((1,), c.view.dtype)] * 2)
-    push = part.push() + (() if choice.tile.coop else (0,))
+    tiled = _has_epilogue(choice, c.view.dtype)
+    views = [a.view, b.view, parts] + ([rec.scratch((1,), c.view.dtype)] * 2 if tiled else [])
+    push = part.push() + ((0,) if tiled else ())
     rec.dispatch(choice.tile.shader, views, push, _groups(choice.tile, m, n, chunks), _variant(choice, c.view.dtype))
     if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
         epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
