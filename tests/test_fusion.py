@@ -403,16 +403,17 @@ def test_epilogue_chains_are_bit_identical_on_numpy_and_match_finite_differences
 
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["in-the-store", "split-k"])
-def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split):
-    """In the store, and (split-K, whose partials the store can't finish) in the pass that sums them."""
-    import contextlib
-
+@pytest.mark.parametrize("split, tile", [(False, None), (True, None), (False, "matmul_128x128_k8"),
+                                         (False, "matmul_128x128_k16")],
+                         ids=["in-the-store", "split-k", "128x128-k8", "128x128-k16"])
+def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split, tile):
+    """In the store (of each tiled kernel), and (split-K, whose partials the store can't
+    finish) in the pass that sums them."""
     from flowgrad.exec_vulkan.lower import matmul_kernels
-    from flowgrad.exec_vulkan.recorder import Dispatch, Recorder
+    from flowgrad.exec_vulkan.recorder import Recorder
 
     model = epilogues()
-    forced = matmul_kernels.forced(chunks=2) if split else contextlib.nullcontext()
+    forced = matmul_kernels.forced(shader=tile, chunks=2 if split else None)
     with forced:
         seen = []
         real = Recorder.dispatch
@@ -436,7 +437,8 @@ def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split):
     forward = [shader for label, shader in seen if label and label[0] in ends and label[1] == "forward"]
     # the path: the adds run in the GEMM's store, or (split-K) in the one fused_map pass that sums the
     # partials
-    assert forward == (["matmul_64x64_k16", "fused_map"] if split else ["matmul_64x64_k16"]) * 4
+    gemm = tile or "matmul_64x64_k16"
+    assert forward == ([gemm, "fused_map"] if split else [gemm]) * 4
     close(f_loss, p_loss, 1e-5)
     close(f_loss, c_loss, 1e-4)
     for k in f_grads:
