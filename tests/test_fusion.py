@@ -578,3 +578,33 @@ minimize loss
     assert count_dispatches(graph, plan)["copies"] == 1   # p's gradient: the one copy
     unfused = make_plan(graph, None, fusion=False).memory
     assert unfused.slots[("grad", h)] != unfused.slots[("grad", graph.nodes[h].id + 2)]
+
+
+def test_only_one_input_takes_the_incoming_gradients_place(vk_device):
+    """a + b passes its gradient to both: one of them lies in its place, the other is written."""
+    text = """
+model two
+input x: f32[4, 6]
+param w: f32[6, 6] = normal(std=0.5)
+param w2: f32[6, 6] = normal(std=0.5)
+a = tanh(x @ w)
+b = sigmoid(x @ w2)
+c = sum(a * a) + sum(b * 3.0)
+s = a + b
+loss = sum(softmax(s, axis=-1) * x) + c
+minimize loss
+"""
+    model = fg.loads(text)
+    graph = model.graph
+    plan = make_plan(graph, None)
+    s, a, b = (next(n.id for n in graph.nodes if n.name == k) for k in "sab")
+    slots = plan.memory.slots
+    places = [(slots[("grad", i)].buffer, slots[("grad", i)].offset) for i in (a, b)]
+    here = (slots[("grad", s)].buffer, slots[("grad", s)].offset)
+    assert places.count(here) == 1
+    fused, f_loss, f_grads = run(model, "vulkan", "graph")
+    clos, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert fused.last_path == "graph" and clos.last_path.startswith("closures")
+    close(f_loss, c_loss, 1e-4)
+    for k in f_grads:
+        close(f_grads[k], c_grads[k], 1e-4)

@@ -283,6 +283,7 @@ class _Planner:
             self.grad_writes[node.id] = []   # its gradient already lies inside its input's
             return
         canonical, temps, writes = [], [], []
+        passes, passed = self.passes(node), False
         for pos in self.positions[node.id]:
             i = node.inputs[pos]
             if i in self.grad_view and ("grad", i) not in self.part_group:
@@ -295,10 +296,12 @@ class _Planner:
                 key = ("tmp", node.id, pos)
                 temps.append((key, self.graph.nodes[i]))
                 writes.append(GradWrite(pos, key, ("grad", i)))
-            elif pos in self.passes(node) and not self.persistent_grad(i) and self.step_scoped(("grad", node.id)):
-                # its gradient is the incoming one: it takes that one's place, and lives on in it
+            elif pos in passes and not passed and not self.persistent_grad(i):
+                # its gradient is the incoming one: it takes that one's place (one input only:
+                # two there would share their bytes), and lives on in it
                 self.place(("grad", i), ("grad", node.id), 0)
                 writes.append(GradWrite(pos, ("grad", i)))
+                passed = True
             else:
                 canonical.append((("grad", i), self.graph.nodes[i]))
                 writes.append(GradWrite(pos, ("grad", i)))
@@ -318,15 +321,13 @@ class _Planner:
             if w.accumulate_into is not None:
                 self.use(w.accumulate_into, t)
 
-    def step_scoped(self, part) -> bool:
-        """part is planned, in a buffer reused within the step (not the seed a host uploads)."""
-        return part in self.part_group and self.groups[self.part_group[part]][2] == "step"
-
     def passes(self, node) -> frozenset:
+        """The node's Lowering.passes, where its incoming gradient lies in a buffer
+        reused within the step (not the seed a host uploads)."""
         from flowgrad.exec_vulkan.lower import lowering_for
 
-        low = lowering_for(node.op)
-        if low is None or low.passes is None:
+        low, grp = lowering_for(node.op), self.part_group.get(("grad", node.id))
+        if low is None or low.passes is None or grp is None or self.groups[grp][2] != "step":
             return frozenset()
         return low.passes(node, [self.graph.nodes[i].shape for i in node.inputs])
 

@@ -172,6 +172,8 @@ def fused_backward(rec, node, g, ins, out, grads):
             rec.fill(dst, 0)      # the chain does not reach this input
             continue
         held = {v: view for v, view in targets}
+        if value == ("src", GRAD) and dst.buffer is g.buffer and dst.offset == g.offset:
+            continue              # the memory plan put it in the incoming gradient's place (passes)
         if tuple(dst.shape) == space:
             targets.append((value, dst))
         elif value[0] == "src" and value[1] in full:
@@ -304,8 +306,14 @@ def backward(rec, node, g, ins, out, grads):
 
 
 def passes(node, in_shapes) -> frozenset:
-    form = epilogue_form(node.attrs["steps"], in_shapes, node.shape)
-    return frozenset() if form is None or form.residual is None else frozenset({form.residual})
+    """Lowering.passes: a product's residual; a chain's full-size inputs whose
+    gradient is the incoming one (the operands of an add)."""
+    steps = node.attrs["steps"]
+    form = epilogue_form(steps, in_shapes, node.shape)
+    if form is not None:
+        return frozenset() if form.residual is None else frozenset({form.residual})
+    _b, adj = backward_values(steps, len(in_shapes), range(len(in_shapes)))
+    return frozenset(k for k, v in adj.items() if v == ("src", GRAD) and tuple(in_shapes[k]) == tuple(node.shape))
 
 
 FUSED = register_lowering("fused", Lowering(forward, backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}),
