@@ -250,8 +250,8 @@ def _sum_parts(steps, ins, form):
         srcs = [parts.view(z * m * n, (m, n)) for z in range(chunks)]
         srcs += [ins[k].reshape((m, n)) if k == form.residual else ins[k] for k in extra]
         where = {k: chunks + j for j, k in enumerate(extra)}
-        add = ("add", (), {})
-        chain = [(add[0], (0, 1), {})] + [(add[0], (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
+        # partial 0 + partial 1 + ..., then the chain's own adds on that sum
+        chain = [("add", (0, 1), {})] + [("add", (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
         for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
             other = [r for r in refs if r < len(ins)][0]
             chain.append((op_name, (len(srcs) + len(chain) - 1, where[other]), at))
