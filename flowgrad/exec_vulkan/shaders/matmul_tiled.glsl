@@ -15,6 +15,11 @@
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
 //
+// The store may add to each output, in the order the epilogue bits give
+// (epi: 1 a residual R shaped and laid out as C, 2 a bias over n, 4 the bias
+// before the residual), each sum rounded to the storage type as a separate
+// dispatch would store it: a matmul followed by those adds is one dispatch.
+//
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
 // push block, and what the block below defines for matrices: the sizes,
@@ -55,6 +60,10 @@ layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB4 { V4 b4[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { T c[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC4 { V4 c4[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR { T res[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR4 { V4 res4[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { T bias[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
     uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
@@ -66,6 +75,7 @@ layout(push_constant, std430) uniform Push {
     uint klimit;          // split-K: the full K (0: no split)
     uint amode, bmode;    // 1: 16-byte loads along the unit-stride dim (host-checked), 0: scalar
     uint cvec;            // 1: 16-byte stores of C rows
+    uint epi;             // the store's adds: 1 residual, 2 bias, 4 bias first (see above)
 } p;
 
 #define GEMM_M p.M
@@ -86,8 +96,28 @@ float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.
 vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
 vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
 uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
-void store_c(uint z, uint m, uint n, float v) { c[c_at(z, m, n)] = STORE(v); }
-void store_c4(uint z, uint m, uint n, vec4 v) { c4[c_at(z, m, n) / 4u] = V4(v); }
+float epilogue(uint at, uint n, float v) {
+    v = float(T(v));
+    if ((p.epi & 6u) == 6u) v = float(T(v + float(bias[n])));
+    if ((p.epi & 1u) != 0u) v = float(T(v + float(res[at])));
+    if ((p.epi & 6u) == 2u) v = float(T(v + float(bias[n])));
+    return v;
+}
+vec4 epilogue4(uint at, uint n, vec4 v) {
+    v = vec4(V4(v));
+    if ((p.epi & 6u) == 6u) v = vec4(V4(v + vec4(bias4[n / 4u])));
+    if ((p.epi & 1u) != 0u) v = vec4(V4(v + vec4(res4[at / 4u])));
+    if ((p.epi & 6u) == 2u) v = vec4(V4(v + vec4(bias4[n / 4u])));
+    return v;
+}
+void store_c(uint z, uint m, uint n, float v) {
+    uint at = c_at(z, m, n);
+    c[at] = STORE(p.epi == 0u ? v : epilogue(at, n, v));
+}
+void store_c4(uint z, uint m, uint n, vec4 v) {
+    uint at = c_at(z, m, n);
+    c4[at / 4u] = V4(p.epi == 0u ? v : epilogue4(at, n, v));
+}
 #endif
 
 shared vec4 As[2][BK][AW];   // As[buf][k][m / 4], component m % 4
