@@ -121,3 +121,34 @@ def test_bench_reports_host_time_outside_the_fence_waits(vk_device):
     for path in ("graph", "closures"):
         assert 0 < r[path]["host_seconds"] <= r[path]["seconds"], r[path]
     assert "host time per step, outside fence waits: graph " in bench.report(r)
+
+
+@pytest.fixture
+def spin_env(monkeypatch):
+    from flowgrad.exec_vulkan import submit
+
+    def set_spin(text):
+        monkeypatch.setenv(submit.SPIN_ENV, text)
+        submit.spin_ns.cache_clear()
+
+    yield set_spin
+    monkeypatch.delenv(submit.SPIN_ENV, raising=False)
+    submit.spin_ns.cache_clear()
+
+
+def test_polling_the_fence_first_gives_the_same_step(sess, spin_env):
+    want = sess.step(feeds())
+    spin_env("20000")
+    same_step(sess.step(feeds()), want)
+    spin_env("1")                      # polls for less than the step takes, then blocks
+    same_step(sess.step(feeds()), want)
+
+
+def test_a_bad_spin_setting_is_an_error_naming_it_and_the_session_steps_on(sess, spin_env):
+    want = sess.step(feeds())
+    spin_env("fast")
+    with pytest.raises(FlowError, match="FLOWGRAD_VK_SPIN_US must be a whole number of microseconds, 0 or more, "
+                                        "got 'fast'"):
+        sess.step(feeds())
+    spin_env("0")
+    same_step(sess.step(feeds()), want)
