@@ -128,7 +128,9 @@ def cmd_train(args) -> int:
     if args.ranks is not None:
         if distributed.launched():
             raise FlowError("--ranks starts mpiexec itself: under mpiexec/mpirun leave it out")
-        return distributed.launch(args.ranks, distributed.strip_ranks(args.argv))
+        from flowgrad.training import mpi_launch
+
+        return mpi_launch.launch(args.ranks, mpi_launch.strip_ranks(args.argv))
     model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:

@@ -67,13 +67,13 @@ def measure(model_path, device: str, repeats: int, config: dict, dtype: str = "f
 
 
 def run(model_path, ranks: int, device: str, repeats: int, config: dict, dtype: str = "f32") -> list[dict]:
-    from flowgrad.training import distributed
+    from flowgrad.training import mpi_launch
 
     rows = []
     for n in range(1, ranks + 1):
-        cmd = distributed.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.training.bench_ranks",
-                                                json.dumps([str(model_path), device, repeats, config, dtype])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=distributed.rank_env(n, threads=1))
+        cmd = mpi_launch.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.training.bench_ranks",
+                                               json.dumps([str(model_path), device, repeats, config, dtype])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_launch.rank_env(n, threads=1))
         found = [line[len(TAG):] for line in proc.stdout.splitlines() if line.startswith(TAG)]
         if proc.returncode != 0 or not found:
             raise FlowError(f"bench at {n} rank(s) failed (mpiexec exit status {proc.returncode}):\n"

@@ -1,7 +1,8 @@
 """Data-parallel training over MPI (mpi4py): one rank per device.
 
 A run started by a launcher (`mpiexec -n N flowgrad train ...`, `mpirun`, or
-`flowgrad train --ranks N`, which starts mpiexec itself) trains on N ranks.
+`flowgrad train --ranks N`, which starts mpiexec itself: training/mpi_launch.py)
+trains on N ranks.
 Each rank holds a full replica of the model on its own device (vulkan:<local
 rank>, or numpy) and reads its own rows of each global batch: the model's
 `batch` is the per-rank batch, the global batch is batch x N, and the
@@ -14,18 +15,16 @@ For a loss that is a mean over the batch (as cross_entropy is), the averaged
 gradient is the gradient of the global batch: N ranks train like one process
 with the global batch, up to float rounding.
 
-The launcher detection, the collectives with their timeouts and the
-per-step protocol are kept together (a little over 400 lines) because each
-rank must take the same steps in the same order: split apart, that order is
-harder to check.
+The collectives with their timeouts and the per-step protocol are kept
+together because each rank must take the same steps in the same order.
 
 Parameters start identical (broadcast from rank 0, which also reads the
 checkpoint on resume) and are compared by a checksum every `check_every`
 steps. Every collective has a timeout, so a rank that died or hangs ends the
 job with an error instead of a hang; an error on one rank aborts all.
 
-mpi4py is an optional extra: importing this module needs it, nothing else in
-flowgrad does."""
+mpi4py is an optional extra, imported only in a process a launcher started
+(join); nothing else in flowgrad imports it."""
 from __future__ import annotations
 
 import os
@@ -35,13 +34,14 @@ import time
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.training import mpi_launch
 from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets
+from flowgrad.training.mpi_launch import INSTALL
 
-INSTALL = "pip install 'flowgrad[mpi]'   (mpi4py and the mpich wheel, which brings mpiexec)"
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")     # the rank count as the launcher set it
 TIMEOUT_ENV = "FLOWGRAD_MPI_TIMEOUT"
-RANK_DIR_ENV = "FLOWGRAD_RANK_DIR"    # set by `--ranks`: each rank records its pid there
 DEFAULT_TIMEOUT = 120.0               # seconds a collective may wait for the other ranks
 BUCKET_ENV = "FLOWGRAD_MPI_BUCKET_MB"   # gradient all-reduce bucket size (MiB)
 SPIN = 0.002                          # seconds a collective polls without sleeping
@@ -67,12 +67,28 @@ def join(timeout: float | None = None) -> World | None:
         return None
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
+    _check_launcher_matches(MPI, comm.size)
     if comm.size == 1:
         return None
     if timeout is None:
         timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
     bucket_mb = _env_number(BUCKET_ENV, DEFAULT_BUCKET_MB, "a size in MiB")
     return World(MPI, comm, timeout, max(4, int(bucket_mb * (1 << 20))))
+
+
+def _check_launcher_matches(MPI, size: int) -> None:
+    """A launcher of another MPI than the one mpi4py loads starts singletons:
+    N processes each training alone, over the same outputs. Its own size
+    variable tells."""
+    for var in SIZE_VARS:
+        text = os.environ.get(var, "")
+        if text.isdigit() and int(text) != size:
+            library = MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
+            raise FlowError(f"this process was started as one of {text} ranks ({var}={text}), but MPI sees "
+                            f"{size}: the launcher is not of the MPI library mpi4py loads ({library})",
+                            hint="start the ranks with that library's mpiexec (`flowgrad train --ranks N` finds "
+                                 "it), or make mpi4py load the launcher's library (the mpi4py wheel: "
+                                 "MPI4PY_MPIABI=openmpi or mpich)")
 
 
 def _env_number(name: str, default: float, what: str) -> float:
@@ -98,8 +114,7 @@ class World:
         self.local_rank = local.rank
         local.Free()
         self._buckets: GradBuckets | None = None
-        if os.environ.get(RANK_DIR_ENV):
-            _record_pid(os.environ[RANK_DIR_ENV], self.rank)
+        mpi_launch.record_start(self.rank)     # under `--ranks`: to name this rank if it dies
 
     @property
     def is_root(self) -> bool:
@@ -264,6 +279,7 @@ class World:
         if not isinstance(error, (FlowError, KeyboardInterrupt)):
             traceback.print_exception(error, file=sys.stderr)
         print(f"error: {self} failed: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
+        mpi_launch.record_failed(self.rank)
         time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
         self.comm.Abort(1)
 
@@ -275,14 +291,6 @@ def _bits_sum(arr: np.ndarray) -> int:
     raw = np.ascontiguousarray(arr)
     words = raw.view(np.uint16 if raw.itemsize == 2 else np.uint32)
     return int(words.sum(dtype=np.uint64))
-
-
-def _record_pid(directory: str, rank: int) -> None:
-    try:
-        with open(os.path.join(directory, str(os.getpid())), "w") as f:
-            f.write(str(rank))
-    except OSError:
-        pass  # only used to name a rank that dies; training does not need it
 
 
 # -- the data each rank reads --------------------------------------------------------------
@@ -348,91 +356,3 @@ class _GatheringSession:
     def _loss_name(self):
         graph = self._sess.graph
         return next((n for n, i in graph.outputs.items() if i == graph.loss), None)
-
-
-# -- `--ranks N`: start mpiexec on this host -----------------------------------------------
-
-def mpiexec_command(ranks: int) -> list[str]:
-    """mpiexec -n N (the one beside this Python, as the mpich wheel installs it, else on PATH)."""
-    import importlib.util
-    import shutil
-    import subprocess
-
-    if ranks < 1:
-        raise FlowError(f"--ranks must be at least 1, got {ranks}")
-    if importlib.util.find_spec("mpi4py") is None:
-        raise FlowError("--ranks needs mpi4py and an MPI library", hint=f"install them with: {INSTALL}")
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec") or shutil.which("mpirun")
-    if exe is None:
-        raise FlowError("--ranks needs an MPI launcher (mpiexec), and none was found",
-                        hint=f"install one with: {INSTALL}")
-    cmd = [exe, "-n", str(ranks)]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        try:
-            version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            version = ""
-        if "Open MPI" in version or "OpenRTE" in version:
-            cmd.append("--allow-run-as-root")   # Open MPI refuses root without it; MPICH does not ask
-    return cmd
-
-
-def rank_env(ranks: int, threads: int | None = None) -> dict:
-    """The environment for `ranks` ranks on this host: numpy's BLAS threads
-    (unless set) `threads` per rank, default the cores split between the ranks."""
-    threads = str(threads or max(1, (os.cpu_count() or 1) // ranks))
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, threads)
-    return env
-
-
-def launch(ranks: int, argv: list[str]) -> int:
-    """Run `python -m flowgrad.cli *argv` on `ranks` ranks; returns mpiexec's exit
-    status. A rank that dies (killed, crashed) is named from mpiexec's report."""
-    import re
-    import subprocess
-    import tempfile
-
-    cmd = mpiexec_command(ranks) + [sys.executable, "-m", "flowgrad.cli", *argv]
-    with tempfile.TemporaryDirectory(prefix="flowgrad-ranks-") as tmp:
-        pids = os.environ.get(RANK_DIR_ENV) or tmp     # a caller's directory, to find the ranks' pids
-        env = {**rank_env(ranks), RANK_DIR_ENV: pids}
-        try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
-        except OSError as e:
-            raise FlowError(f"cannot start {cmd[0]}: {e.strerror or e}") from None
-        dead = []
-        while True:
-            try:
-                for line in proc.stdout:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                    dead += re.findall(r"PID (\d+) RUNNING AT", line)
-                break
-            except KeyboardInterrupt:
-                continue     # mpiexec passes Ctrl-C to the ranks; wait for them to finish
-        rc = proc.wait()
-        ranks_of = {}
-        for name in os.listdir(pids):
-            with open(os.path.join(pids, name)) as f:
-                ranks_of[name] = f.read().strip()
-        named = [f"rank {ranks_of[p]} (pid {p})" for p in dead if p in ranks_of]
-    if rc != 0 and named:
-        print(f"error: {', '.join(named)} of {ranks} ended abnormally (mpiexec exit status {rc}); "
-              "mpiexec stopped the other ranks", file=sys.stderr)
-    return rc
-
-
-def strip_ranks(argv: list[str]) -> list[str]:
-    """argv without its --ranks N (or --ranks=N)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--ranks":
-            skip = True
-        elif not a.startswith("--ranks="):
-            out.append(a)
-    return out

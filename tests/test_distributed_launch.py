@@ -1,0 +1,175 @@
+"""Starting ranks: the launcher chosen to match the MPI library mpi4py loads,
+naming the rank that died, and `flowgrad bench --ranks`."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mpi_flavours
+from conftest import env_with_path
+from flowgrad.errors import FlowError
+from flowgrad.training import mpi_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=mpi_flavours.FAMILIES, ids=["mpich", "openmpi"])
+def mpi(request) -> mpi_flavours.Flavour:
+    return mpi_flavours.flavour_or_skip(request.param)
+
+
+def test_the_launcher_is_of_the_library_mpi4py_loads(mpi):
+    cmd = mpi.mpiexec(3)
+    assert mpi_launch.launcher_family(cmd[0]) == mpi.family
+    assert cmd[1:3] == ["-n", "3"]
+    # Open MPI needs leave to start more ranks than cores, and to run as root; MPICH takes neither
+    assert ("--oversubscribe" in cmd) == (mpi.family == mpi_launch.OPEN_MPI)
+
+
+def fake_launcher(directory: Path, name: str, version: str) -> Path:
+    exe = directory / name
+    exe.write_text(f"#!/bin/sh\necho '{version}'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def test_no_matching_launcher_is_an_error_naming_both(tmp_path, monkeypatch):
+    """mpi4py loads Open MPI; the only mpiexec, beside the Python and on PATH, is MPICH's."""
+    hydra = fake_launcher(tmp_path, "mpiexec", "HYDRA build details:\n    Version: 5.0.2")
+    monkeypatch.setattr(mpi_launch, "mpi_library", lambda python, env: (mpi_launch.OPEN_MPI, "Open MPI v4.1.4", None))
+    with pytest.raises(FlowError) as e:
+        mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": str(tmp_path)})
+    assert f"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher (mpiexec) was found; found only: {hydra} (MPICH)" \
+        in str(e.value)
+    assert "apt install openmpi-bin" in e.value.hint
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FlowError, match=r"mpi4py uses Open MPI v4.1.4, but no Open MPI launcher \(mpiexec\) was "
+                                        r"found\n  hint:"):
+        mpi_launch.mpiexec_command(2, str(empty / "python"), {"PATH": str(empty)})
+    # the matching one of the same name in a later PATH directory is taken
+    other = tmp_path / "bin"
+    other.mkdir()
+    orte = fake_launcher(other, "mpiexec", "mpiexec (Open MPI) 5.0.3")
+    cmd = mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": f"{tmp_path}:{other}"})
+    assert cmd[:4] == [str(orte), "-n", "2", "--oversubscribe"]
+
+
+def test_the_launcher_of_the_librarys_own_installation_comes_first(tmp_path, monkeypatch):
+    prefix = tmp_path / "mpich"
+    (prefix / "bin").mkdir(parents=True)
+    own = fake_launcher(prefix / "bin", "mpiexec", "HYDRA build details:")
+    fake_launcher(tmp_path, "mpiexec", "HYDRA build details:")
+    lib = str(prefix / "lib" / "libmpi.so.12")
+    monkeypatch.setattr(mpi_launch, "mpi_library", lambda python, env: (mpi_launch.MPICH, "MPICH Version: 4.2", lib))
+    assert mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": str(tmp_path)})[0] == str(own)
+
+
+def test_a_library_of_no_known_family_takes_the_first_launcher(tmp_path, monkeypatch):
+    first = fake_launcher(tmp_path, "mpiexec", "some MPI 1.0")
+    monkeypatch.setattr(mpi_launch, "mpi_library", lambda python, env: (None, "some MPI 1.0", None))
+    assert mpi_launch.mpiexec_command(2, str(tmp_path / "python"), {"PATH": str(tmp_path)}) == [str(first), "-n", "2"]
+
+
+def test_families_of_what_libraries_and_launchers_print():
+    assert mpi_launch.family("MPICH Version:      5.0.2", mpi_launch.LIBRARY_MARKS) == mpi_launch.MPICH
+    assert mpi_launch.family("Intel(R) MPI Library 2021.11", mpi_launch.LIBRARY_MARKS) == mpi_launch.MPICH
+    assert mpi_launch.family("Open MPI v4.1.4, package: Debian", mpi_launch.LIBRARY_MARKS) == mpi_launch.OPEN_MPI
+    assert mpi_launch.family("mpiexec (OpenRTE) 4.1.4", mpi_launch.LAUNCHER_MARKS) == mpi_launch.OPEN_MPI
+    assert mpi_launch.family("HYDRA build details:", mpi_launch.LAUNCHER_MARKS) == mpi_launch.MPICH
+    assert mpi_launch.family("MS-MPI", mpi_launch.LAUNCHER_MARKS) is None
+
+
+def test_the_rank_that_ended_first_without_finishing_is_named():
+    records = {100: (0, ""), 101: (1, ""), 102: (2, "")}
+    assert mpi_launch.died_first([{101}, {100, 102}], records, "") == [(1, 101)]
+    # the first to end ended by itself (an error it reported, or Ctrl-C): the rest were stopped after it
+    assert mpi_launch.died_first([{100}, {101, 102}], {**records, 100: (0, "ended")}, "") == []
+    assert mpi_launch.died_first([{101, 100}], {**records, 100: (0, "failed")}, "") == []
+    # ended together: the launcher's report decides (MPICH names a pid, Open MPI a rank)
+    assert mpi_launch.died_first([{100, 101, 102}], records, "=   PID 102 RUNNING AT vm") == [(2, 102)]
+    report = "mpiexec noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    assert mpi_launch.died_first([{100, 101}], records, report) == [(1, 101)]
+    assert mpi_launch.died_first([{100, 101}], records, "") == [(0, 100), (1, 101)]
+    # no exit seen (no pidfd): Open MPI's report alone
+    assert mpi_launch.died_first([], records, report) == [(1, 101)]
+    assert mpi_launch.died_first([], records, "") == []
+
+
+def test_ranks_record_their_start_and_end(tmp_path):
+    code = ("import sys; from flowgrad.training import mpi_launch\n"
+            "mpi_launch.record_start(int(sys.argv[1]))\n"
+            "if sys.argv[2] == 'fail': mpi_launch.record_failed(int(sys.argv[1]))\n"
+            "if sys.argv[2] == 'die': import os; os._exit(9)\n")
+    env = {**env_with_path(ROOT), mpi_launch.RANK_DIR_ENV: str(tmp_path)}
+    pids = {}
+    for rank, how in enumerate(["end", "fail", "die"]):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(rank), how], env=env)
+        proc.wait()
+        pids[proc.pid] = rank
+    assert mpi_launch.read_records(str(tmp_path)) == {p: (r, ["ended", "failed", ""][r]) for p, r in pids.items()}
+
+
+def test_strip_ranks():
+    assert mpi_launch.strip_ranks(["train", "m", "--ranks", "2", "--ranks=3", "--steps", "5"]) == \
+        ["train", "m", "--steps", "5"]
+
+
+def test_bench_ranks_times_each_rank_count(tmp_path):
+    """`flowgrad bench --ranks 2` on mlp: a row per rank count, a graph-free
+    numpy step (so quick), the all-reduce a part of the step."""
+    mpi_flavours.default()
+    proc = subprocess.run([sys.executable, "-m", "flowgrad.cli", "bench", "mlp", "--device", "cpu", "--ranks", "2",
+                           "--repeats", "3"], capture_output=True, text=True, env=env_with_path(ROOT), timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("mlp: data-parallel training steps, per-rank batch") and "path closures" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "2"]
+    assert float(rows[0][2]) == 0.0 and float(rows[1][2]) > 0.0       # one process has no all-reduce
+    assert all(float(r[1]) > 0 for r in rows) and rows[0][-1] == "1.00x"
+
+
+def test_flavours_are_found_where_their_launcher_is():
+    """Under CI the MPI that mpi4py loads as installed must be usable: else every
+    launch test would be skipped."""
+    found = [f for f in mpi_flavours.FAMILIES if mpi_flavours.find(f)[0] is not None]
+    if os.environ.get("CI", "").lower() == "true":
+        assert (mpi_flavours.default_family() or mpi_launch.MPICH) in found, mpi_flavours.find(mpi_launch.MPICH)[1]
+    elif not found:
+        pytest.skip("no MPI here")
+
+
+def test_ranks_of_another_mpis_launcher_are_an_error_not_singletons(monkeypatch):
+    """Each would see one rank and train alone over the same outputs."""
+    from flowgrad.training import distributed
+
+    class FakeMPI:
+        @staticmethod
+        def Get_library_version():
+            return "Open MPI v4.1.4, package: Debian\x00"
+
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(FlowError, match=r"one of 2 ranks \(PMI_SIZE=2\), but MPI sees 1: the launcher is not of "
+                                         r"the MPI library mpi4py loads \(Open MPI v4.1.4, package: Debian\)"):
+        distributed._check_launcher_matches(FakeMPI, 1)
+    distributed._check_launcher_matches(FakeMPI, 2)
+
+
+def test_mpichs_launcher_with_open_mpi_ranks_says_so(tmp_path):
+    mpich, why = mpi_flavours.find(mpi_launch.MPICH)
+    ompi, why2 = mpi_flavours.find(mpi_launch.OPEN_MPI)
+    if mpich is None or ompi is None:
+        pytest.skip(why or why2)
+    cmd = mpich.mpiexec(2) + [ompi.python, "-m", "flowgrad.cli", "train", "mlp", "--steps", "1", "--device", "cpu",
+                              "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=ompi.environ(env_with_path(ROOT)))
+    assert proc.returncode != 0
+    assert "error: this process was started as one of 2 ranks (PMI_SIZE=2), but MPI sees 1" in proc.stderr
+    assert not (tmp_path / "run").exists()
