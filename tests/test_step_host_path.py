@@ -90,6 +90,14 @@ def test_a_view_of_a_held_result_keeps_its_values(sess):
     assert not np.array_equal(second.grads["w1"][0], kept)
 
 
+def test_what_a_caller_does_to_a_result_does_not_reach_the_next_step(sess):
+    first = sess.step(feeds(0))
+    first.grads["w1"].shape = (-1,)      # in place, on the array handed out
+    del first
+    second = sess.step(feeds(1))
+    assert second.grads["w1"].shape == (6, 8)
+
+
 def test_the_fence_wait_is_counted_apart(sess):
     before = sess.device.stats["fence_wait_ns"]
     sess.step(feeds())

@@ -1,6 +1,5 @@
 """A step's read-back on the host: every asked-for output and gradient in one
-copy out of the staging buffer into one host block, handed out as views
-made once per step program.
+copy out of the staging buffer into one host block, handed out as views.
 
 A fresh block costs a page fault per 4 KiB on first touch (tens of ms for a
 model's gradients), so the block is reused whenever no array of the previous
@@ -21,57 +20,41 @@ CHUNK = 8 << 20
 
 
 class HostBlock:
-    """The read-backs of one step program: laid out once, as typed views
-    into the block, and handed out again on every step that can reuse it."""
+    """The read-backs of one step program, laid out once: each step hands out
+    fresh views (whatever a caller did to the last ones stays theirs)."""
 
     def __init__(self, nbytes: int, downloads):
         """downloads: [(name, device view, staging view)], the staging views
         regions of a buffer `nbytes` long."""
         self.nbytes = nbytes
-        self.regions = [(name, s.offset, s.offset + s.nbytes, NUMPY[s.dtype], s.shape) for name, _dev, s in downloads]
+        self.regions = [(name, s.shape, NUMPY[s.dtype], s.offset) for name, _dev, s in downloads]
         self.block = None
-        self.views: dict[str, np.ndarray] = {}
 
     def read(self, staging: np.ndarray | None) -> dict[str, np.ndarray]:
         """{name: array}, copied out of the staging buffer's mapped memory."""
         if not self.regions:
             return {}
-        if not self._reusable():
+        # an array of the last step still held (each holds the block) keeps its values
+        if self.block is None or sys.getrefcount(self.block) != _UNHELD:
             self.block = np.empty(self.nbytes, np.uint8)
-            self.views = {name: self.block[lo:hi].view(dtype).reshape(shape)
-                          for name, lo, hi, dtype, shape in self.regions}
         parallel_copy(self.block, staging[:self.nbytes])
-        return dict(self.views)
-
-    def _reusable(self) -> bool:
-        """No array of the last step is held outside this object: neither one
-        of the views handed out, nor anything else made from the block."""
-        if self.block is None or sys.getrefcount(self.block) != _BLOCK_REFS + len(self.views):
-            return False   # each view holds the block (its base)
-        for v in self.views.values():
-            if sys.getrefcount(v) != _VIEW_REFS:
-                return False
-        return True
+        block = self.block
+        return {name: np.ndarray(shape, dtype, block, offset) for name, shape, dtype, offset in self.regions}
 
 
 class _Probe:
-    """What the reference counts in HostBlock._reusable are when nothing
-    else holds the block or a view, read the same way (the count
-    sys.getrefcount sees for its argument differs across Python versions)."""
+    """sys.getrefcount(self.block) in HostBlock.read when nothing else holds
+    the block, read the same way (what the count includes differs across
+    Python versions)."""
 
     def __init__(self):
         self.block = object()
-        self.views = {0: object()}
 
-    def block_refs(self) -> int:
+    def refs(self) -> int:
         return sys.getrefcount(self.block)
 
-    def view_refs(self) -> int:
-        for v in self.views.values():
-            return sys.getrefcount(v)
 
-
-_BLOCK_REFS, _VIEW_REFS = _Probe().block_refs(), _Probe().view_refs()
+_UNHELD = _Probe().refs()
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
