@@ -113,9 +113,9 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
     read garbage or give NaN instead of raising."""
     if not uses or values.size == 0:
         return
-    lo, hi = values.min(), values.max()
+    top = largest_index(values)
     for n, user in uses:
-        if lo >= 0 and hi < n:   # every index in range; else find the first bad one, ignored ones aside
+        if top < n:   # every index in range; else find the first bad one, ignored ones aside
             continue
         ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
         bad = np.flatnonzero(((values < 0) | (values >= n)) & np.logical_not(ignored))
@@ -124,3 +124,13 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
             raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "
                             f"{user.op} at {user.span.where() if user.span else '?'} (valid: 0..{n - 1})",
                             node.span)
+
+
+def largest_index(values: np.ndarray):
+    """A number below n exactly when every value is an index in [0, n): the
+    largest as unsigned for i32 (a negative one is past 2**31), else
+    infinity when one is negative or NaN."""
+    if values.dtype == np.int32:
+        return values.view(np.uint32).max()
+    lo, hi = values.min(), values.max()
+    return hi if lo >= 0 else np.inf
