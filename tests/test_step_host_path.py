@@ -160,3 +160,14 @@ def test_a_bad_spin_setting_is_an_error_naming_it_and_the_session_steps_on(sess,
         sess.step(feeds())
     spin_env("0")
     same_step(sess.step(feeds()), want)
+
+
+@pytest.mark.parametrize("values, n, fits", [
+    (np.array([0, 2], np.int32), 3, True), (np.array([0, 3], np.int32), 3, False),
+    (np.array([-1, 0], np.int32), 3, False), (np.array([-(2**31), 0], np.int32), 3, False),
+    (np.array([0.0, 2.0]), 3, True), (np.array([0.0, np.nan]), 3, False), (np.array([-1.0, 0.0]), 3, False),
+])
+def test_largest_index_is_below_n_exactly_when_all_are_indices(values, n, fits):
+    from flowgrad.feeds import largest_index
+
+    assert bool(largest_index(values) < n) == fits
