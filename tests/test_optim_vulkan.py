@@ -97,3 +97,82 @@ def test_f16_params_with_f32_state(vk_device, name):
         for n in want_s[k]:
             assert got_s[k][n].dtype == np.float32
             np.testing.assert_allclose(got_s[k][n], want_s[k][n], rtol=1e-4, atol=1e-6)
+
+
+# 17 params of mixed sizes: three adam_multi dispatches (7 + 7 + 3), one with the big param
+MANY = {f"p{k}": (k * 37 % 300 + 1,) for k in range(16)} | {"big": (MAX_GROUPS * 256 + 300,)}
+
+
+def _many(dtype, seed=5):
+    rng = np.random.default_rng(seed)
+    np_dtype = np.float16 if dtype == "f16" else np.float32
+    params = {k: rng.normal(0, 1, s).astype(np_dtype) for k, s in MANY.items()}
+    grads = [{k: rng.normal(0, 0.1, s).astype(np_dtype) for k, s in MANY.items()} for _ in range(2)]
+    return params, grads
+
+
+def _shaders(monkeypatch):
+    """The shaders every opt.record dispatches, appended to the returned list."""
+    seen = []
+    real = Adam.record
+
+    def record(self, rec, *args, **kwargs):
+        real(self, rec, *args, **kwargs)
+        seen.append([c.shader for c in rec.commands if hasattr(c, "shader")])
+
+    monkeypatch.setattr(Adam, "record", record)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_adam_updates_many_params_per_dispatch(vk_device, monkeypatch, dtype):
+    params, grads = _many(dtype)
+    seen = _shaders(monkeypatch)
+    want_p, want_s = host_steps(Adam(lr=0.01, weight_decay=0.01), params, grads)
+    got_p, got_s = device_steps(vk_device, Adam(lr=0.01, weight_decay=0.01), params, grads, dtype)
+    assert seen[0] == ["adam_multi"] * 3   # the path: 17 params in three dispatches
+    tol = dict(rtol=2e-3, atol=2e-3) if dtype == "f16" else dict(rtol=1e-5, atol=1e-6)
+    for k in params:
+        assert not np.array_equal(got_p[k], params[k]), k
+        np.testing.assert_allclose(got_p[k].astype(np.float32), want_p[k].astype(np.float32), err_msg=k, **tol)
+        for n in want_s[k]:
+            np.testing.assert_allclose(got_s[k][n], want_s[k][n], rtol=1e-4, atol=1e-6, err_msg=f"{k}/{n}")
+
+
+def test_batched_adam_equals_one_dispatch_per_param(vk_device, monkeypatch):
+    """A device with too few bindings per shader gets adam.comp per param: the same bits."""
+    import flowgrad.exec_vulkan.multi_tensor as multi
+
+    params, grads = _many("f32")
+    seen = _shaders(monkeypatch)
+    batched = device_steps(vk_device, Adam(lr=0.01), params, grads, "f32")
+    monkeypatch.setattr(multi, "fits", lambda rec, bindings: False)
+    single = device_steps(vk_device, Adam(lr=0.01), params, grads, "f32")
+    assert seen[0] == ["adam_multi"] * 3 and seen[-1] == ["adam"] * len(MANY)
+    for k in params:
+        np.testing.assert_array_equal(batched[0][k], single[0][k], err_msg=k)
+
+
+@pytest.mark.parametrize("bad", [None, "p3", "big"])
+def test_unscale_many_gradients_per_dispatch(vk_device, bad):
+    """Every gradient times 1/scale, 12 per dispatch; found is 1 exactly when one holds an inf."""
+    from flowgrad.exec_vulkan.multi_tensor import record_unscale
+    from flowgrad.training.optim import groups_for
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(6)
+    grads = {k: rng.normal(0, 100, s).astype(np.float32) for k, s in MANY.items()}
+    if bad is not None:
+        grads[bad][7] = np.inf
+    with OneShot(vk_device) as s:
+        views = {k: s.upload(v, "f32") for k, v in grads.items()}
+        scale = s.upload(np.array([64.0, 1 / 64.0], np.float32), "f32")
+        found = s.upload(np.array([5.0], np.float32), "f32")
+        record_unscale(s.rec, list(views.values()), scale, found, groups_for)
+        assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["unscale_multi"] * 2 + ["found_inf"]
+        idx = {k: s.download(v) for k, v in views.items()}
+        fi = s.download(found)
+        out = s.run()
+    assert out[fi][0] == (0.0 if bad is None else 1.0)
+    for k, v in grads.items():
+        np.testing.assert_array_equal(out[idx[k]], v * np.float32(1 / 64.0), err_msg=k)

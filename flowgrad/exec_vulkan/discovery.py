@@ -25,6 +25,7 @@ class DeviceInfo:
     max_storage_range: int = 0  # bytes one storage-buffer binding may address (0: unknown)
     max_groups: tuple = ()     # maxComputeWorkGroupCount ((): unknown)
     coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
+    storage_buffers: int = 0   # maxPerStageDescriptorStorageBuffers (0: unknown)
 
     @property
     def is_gpu(self) -> bool:
@@ -126,6 +127,7 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         max_allocation=int(m3.maxMemoryAllocationSize),
         max_storage_range=int(props.limits.maxStorageBufferRange),
         max_groups=tuple(int(x) for x in props.limits.maxComputeWorkGroupCount),
+        storage_buffers=int(props.limits.maxPerStageDescriptorStorageBuffers),
         coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
                      and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
                      and coopmat_f16(vk, physical, exts)))

@@ -39,7 +39,24 @@ class Lowering:
     grads[i] += VJP instead of overwriting (the executor then needs no
     temporary and no accumulate dispatch where the input feeds other nodes).
     checks_indices: the kernels flag an index input out of range
-    (`rec.index_flag`), so the planner may let the model compute them."""
+    (`rec.index_flag`), so the planner may let the model compute them.
+    blocked: the planner op (with its own lowering, attrs {"parts": k})
+    that computes this op's value with the last axis cut into k equal
+    blocks laid out one after another ([k, ..., n/k]); set on a product
+    whose output columns are independent, so that a value read only
+    through such blocks is computed in block order and each block is a
+    view (planner/fusion.py). Its lowering raises DeviceError where it
+    can't take a node (the planner then leaves that one alone).
+    window(node, in_shape) -> (axis, lo, hi): set when the output is input 0
+    cut to [lo, hi) along one axis (a slice).
+    epilogue: forward also takes epilogue=Epilogue(residual, bias) (lower/
+    linalg.py) and adds a residual laid out as the output and a bias over
+    its last axis in its store where its kernel can (setting `applied`);
+    the planner fuses such a product with the adds after it.
+    passes(node, in_shapes) -> positions: the inputs whose gradient is the
+    incoming gradient itself; where that input's gradient is first written
+    here, the memory plan puts it in the incoming gradient's place, and the
+    backward (finding them in one place) writes nothing for it."""
 
     forward: Callable
     backward: Callable | None
@@ -49,6 +66,10 @@ class Lowering:
     view: Callable | None = None
     accumulates: frozenset = frozenset()
     checks_indices: bool = False
+    blocked: str | None = None
+    window: Callable | None = None
+    epilogue: bool = False
+    passes: Callable | None = None
 
 
 @attrs.frozen
@@ -59,11 +80,14 @@ class Pointwise:
     input, the map op of that input's VJP and the operands it reads, named
     "g" (the incoming gradient), "x0".."x2" (the inputs) and "y" (the
     output), or None where the input gets no gradient. The same rules record
-    the unfused backward, so the two cannot disagree."""
+    the unfused backward, so the two cannot disagree. adds: the op is
+    x0 + x1 with both gradients the incoming one (a product's store can do
+    it: Lowering.epilogue)."""
 
     op: object
     grads: tuple
     param: float = 0.0
+    adds: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}

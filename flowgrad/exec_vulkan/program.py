@@ -24,6 +24,7 @@ from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lower import lowering_for
+from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
 from flowgrad.planner.memory import MemoryPlan, plan_memory
@@ -107,6 +108,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
+    merge_casts(rec, groups_for)
 
 
 @contextlib.contextmanager
@@ -177,13 +179,7 @@ class StepLayout:
 
     def record_unscale(self, rec) -> None:
         """Each gradient times 1/scale, and found = 1 if one overflowed."""
-        grads = self.scaled_grads()
-        flags = rec.scratch((max(len(grads), 1),), "f32")
-        rec.fill(flags, 0)
-        for k, g in enumerate(grads):
-            rec.dispatch("unscale", [g, self.scale, flags], push=(g.size, k), groups=(groups_for(g.size), 1, 1),
-                         variant="f16" if g.dtype == "f16" else None)
-        rec.dispatch("found_inf", [flags, self.found], push=(len(grads),), groups=(1, 1, 1))
+        record_unscale(rec, self.scaled_grads(), self.scale, self.found, groups_for)
 
     def _download(self, name, key, staging):
         src = self.view(key)

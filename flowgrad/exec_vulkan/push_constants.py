@@ -30,14 +30,16 @@ MATMUL = ("M: u32, N: u32, K: u32, sam: u32, sak: u32, sbk: u32, sbn: u32, scm: 
           "klimit: u32, amode: u32, bmode: u32, cvec: u32")
 
 CONV = ("N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, "
-        "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32")
+        "PH: u32, PW: u32, DH: u32, DW: u32, G: u32, mode: u32, has_bias: u32, chunks: u32, kc: u32")
 
 SPECS_TEXT = {
     "accumulate": "n: u32",
     "adam": "n: u32",
+    "adam_multi": "n: u32[7], first: u32[8]",
     "axpy": "n: u32, a: f32",
     "cast": "n: u32, dir: u32",
     "cast_f16": "n: u32, dir: u32",
+    "cast_f16_multi": "dir: u32, n: u32[15], first: u32[16]",
     "clip_scale": "count: u32, max_norm: f32, eps: f32",
     "embedding_bwd": "n: u32, d: u32, rows: u32, chunk: u32",
     "embedding_fwd": "n: u32, d: u32, rows: u32",
@@ -45,7 +47,8 @@ SPECS_TEXT = {
     "fused_map": "n: u32, meta: u32, shape: u32[3], st: u32[12], prog: u32[12], param: f32[2]",
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
-    **{name: MATMUL for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16", "matmul_coop")},
+    **{name: MATMUL + ", epi: u32" for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
+    "matmul_coop": MATMUL,
     "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32",
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",
@@ -54,9 +57,10 @@ SPECS_TEXT = {
                     "dstride: u32[8]",
     "sumsq": "n: u32, offset: u32",
     "unscale": "n: u32, k: u32",
+    "unscale_multi": "k: u32, n: u32[12], first: u32[13]",
     "found_inf": "count: u32",
     "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
-    **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16")},
+    **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16", "conv_coop", "conv_coop_64x64")},
     "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
             "mode: u32, include_pad: u32",
     "dropout": "n: u32, thr: u32, stream: u32, scale: f32",

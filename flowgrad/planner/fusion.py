@@ -13,7 +13,9 @@ whose two gradients are both the incoming one is a chain of one: fused,
 it writes them in one dispatch, not two).
 
 A product read only through slices that cut its last axis into equal
-blocks (`q, k, v = split(h @ w, 3, axis=-1)`) becomes a `matmul_parts` node
+blocks (`q, k, v = split(h @ w, 3, axis=-1)`; the product's lowering names
+the op that computes it in blocks, Lowering.blocked, and each slice's says
+which window of it the slice is, Lowering.window) becomes a `matmul_parts` node
 that lays the blocks out one after another, and each slice a `part` of it:
 a view, placed inside the product by the memory plan, so the split copies
 nothing either way (lower/split_product.py).
@@ -61,21 +63,18 @@ def no_fusion(graph: Graph) -> Fusion:
 
 
 def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
-    """The slices that cut `node` (a 2-D-weight matmul) into equal blocks of
-    its last axis, in block order; None unless they are all its users."""
-    from flowgrad.ops.shape import _slice_bounds
-
-    if node.op != "matmul" or len(graph.nodes[node.inputs[1]].shape) != 2 or len(node.shape) < 2:
-        return None
+    """The users of `node` (an op whose lowering computes it in blocks) that
+    cut it into equal blocks of its last axis, in block order; None unless
+    they are all its users and each is a window of it (Lowering.window)."""
     slices = sorted(set(users[node.id]))
-    if len(slices) < 2 or len(users[node.id]) != len(slices):
+    if len(node.shape) < 1 or len(slices) < 2 or len(users[node.id]) != len(slices):
         return None
     bounds = []
     for u in slices:
-        user = graph.nodes[u]
-        if user.op != "slice":
+        low = lowering_for(graph.nodes[u].op)
+        if low is None or low.window is None:
             return None
-        axis, lo, hi = _slice_bounds(node.shape, dict(user.attrs))
+        axis, lo, hi = low.window(graph.nodes[u], node.shape)
         if axis != len(node.shape) - 1:
             return None
         bounds.append((lo, hi, u))
@@ -86,20 +85,31 @@ def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
     return tuple(u for _, _, u in bounds)
 
 
-def split_products(graph: Graph) -> tuple[list, list]:
-    """(splits, rewritten nodes) for every product read only through its blocks."""
+def _blocked(graph: Graph, node: Node, k: int) -> Node | None:
+    """`node` as its lowering's blocked op in k blocks, when that op's lowering takes it."""
     from flowgrad.graph import TensorType
 
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+    if low is None or low.blocked is None or lowering_for(low.blocked) is None:
+        return None
+    shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
+    new = Node(node.id, low.blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
+    return new if _fits(graph, new) else None
+
+
+def split_products(graph: Graph) -> tuple[list, list]:
+    """(splits, rewritten nodes) for every product read only through its blocks."""
     users, roots = graph.users(), set(graph.roots())
     nodes, splits = list(graph.nodes), []
     for node in graph.nodes:
-        parts = None if node.id in roots else _split_blocks(graph, node, users)
-        if parts is None or lowering_for("matmul_parts") is None:
+        low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+        if node.id in roots or low is None or low.blocked is None:
             continue
-        k = len(parts)
-        shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
-        nodes[node.id] = Node(node.id, "matmul_parts", node.inputs, TensorType(shape, node.dtype), node.name,
-                              {"parts": k}, node.span)
+        parts = _split_blocks(graph, node, users)
+        new = None if parts is None else _blocked(graph, node, len(parts))
+        if new is None:
+            continue
+        nodes[node.id] = new
         for index, p in enumerate(parts):
             old = graph.nodes[p]
             nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)
@@ -175,11 +185,49 @@ def _same_sums(graph: Graph, users, members) -> bool:
     return True
 
 
+def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
+    """`node` (a product whose lowering takes an epilogue) and the adds after
+    it that its store can do: each the only reader of the value before it,
+    adding a residual or a bias (lower/fused.py's epilogue_form). Kept when
+    it holds a residual, or when no pointwise op reads its value (which
+    would otherwise fuse the bias add with itself), and when it saves a
+    dispatch and changes no gradient sum's order."""
+    from flowgrad.exec_vulkan.lower.fused import epilogue_form
+
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+    if low is None or not low.epilogue or node.dtype not in FLOATS:
+        return None
+    members, best = [node.id], None
+    while len(members) < 3:
+        last = members[-1]
+        if last in roots or len(users[last]) != 1:
+            break
+        nxt = graph.nodes[users[last][0]]
+        if not _pointwise(nxt) or nxt.dtype != node.dtype or nxt.shape != node.shape:
+            break
+        chain = members + [nxt.id]
+        fused = fused_node(graph, chain)
+        form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
+        if form is None:
+            break
+        members = chain
+        if form.residual is not None or not any(_pointwise(graph.nodes[u]) for u in users[nxt.id]):
+            best = tuple(chain)
+    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best):
+        return None
+    return best
+
+
 def fuse(graph: Graph) -> Fusion:
     users = graph.users()
     roots = set(graph.roots())
     taken: set[int] = set()
     groups = []
+    for node in graph.nodes:
+        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node)
+        if chain is not None:
+            groups.append(FusedGroup(chain[-1], chain, fused_node(graph, chain).inputs))
+            taken |= set(chain)
     for node in reversed(graph.nodes):
         if node.id in taken or not _pointwise(node):
             continue
@@ -202,7 +250,7 @@ def fuse(graph: Graph) -> Fusion:
             fused = fused_node(graph, chain)
             groups.append(FusedGroup(node.id, chain, fused.inputs))
             taken |= members
-    groups.reverse()   # in graph order
+    groups.sort(key=lambda grp: grp.node)   # in graph order
     splits, nodes = split_products(graph)
     if not groups and not splits:
         return no_fusion(graph)

@@ -11,7 +11,10 @@ attention's dq, dk, dv), they are packed as views at aligned offsets of one
 buffer (gradients that outlive the step, i.e. params', are packed apart from
 those that die inside it, so a param's gradient does not pin its neighbours). A value that feeds several nodes gets its gradient written by the
 first backward that reaches it, and each later one writes a temporary that is
-accumulated into it.
+accumulated into it. Where that first backward passes its incoming gradient
+through unchanged (Lowering.passes: the residual of a product's epilogue),
+the value's gradient is placed where the incoming one lies, so nothing is
+copied.
 
 A view (a node whose lowering says its value can be a contiguous window of
 its input: a reshape, a slice of leading axes, a part of a split product)
@@ -26,7 +29,6 @@ import attrs
 
 from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.graph import LEAF_OPS, Graph
-
 
 
 @attrs.frozen
@@ -281,6 +283,7 @@ class _Planner:
             self.grad_writes[node.id] = []   # its gradient already lies inside its input's
             return
         canonical, temps, writes = [], [], []
+        passes, passed = self.passes(node), False
         for pos in self.positions[node.id]:
             i = node.inputs[pos]
             if i in self.grad_view and ("grad", i) not in self.part_group:
@@ -293,6 +296,12 @@ class _Planner:
                 key = ("tmp", node.id, pos)
                 temps.append((key, self.graph.nodes[i]))
                 writes.append(GradWrite(pos, key, ("grad", i)))
+            elif pos in passes and not passed and not self.persistent_grad(i):
+                # its gradient is the incoming one: it takes that one's place (one input only:
+                # two there would share their bytes), and lives on in it
+                self.place(("grad", i), ("grad", node.id), 0)
+                writes.append(GradWrite(pos, ("grad", i)))
+                passed = True
             else:
                 canonical.append((("grad", i), self.graph.nodes[i]))
                 writes.append(GradWrite(pos, ("grad", i)))
@@ -311,6 +320,16 @@ class _Planner:
         for w in writes:
             if w.accumulate_into is not None:
                 self.use(w.accumulate_into, t)
+
+    def passes(self, node) -> frozenset:
+        """The node's Lowering.passes, where its incoming gradient lies in a buffer
+        reused within the step (not the seed a host uploads)."""
+        from flowgrad.exec_vulkan.lower import lowering_for
+
+        low, grp = lowering_for(node.op), self.part_group.get(("grad", node.id))
+        if low is None or low.passes is None or grp is None or self.groups[grp][2] != "step":
+            return frozenset()
+        return low.passes(node, [self.graph.nodes[i].shape for i in node.inputs])
 
     @staticmethod
     def accumulates(node) -> frozenset:

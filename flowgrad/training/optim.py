@@ -48,6 +48,8 @@ class Optimizer:
     HYPER: tuple[str, ...] = ()
     STATE: tuple[str, ...] = ()
     shader = ""
+    multi_shader: str | None = None   # the update over several params per dispatch, if the optimizer has one
+    MULTI_SLOTS = 0
 
     def __init__(self, *args, total_steps: int = 0, span=None, **kwargs):
         a = spec.bind("optimizer", self.name, args, kwargs, self.signature(), span, positional=len(self.ARGS))
@@ -102,11 +104,34 @@ class Optimizer:
             rec.fill(flag, 0)
         else:
             rec.copy(skip, flag)
+        from flowgrad.exec_vulkan.multi_tensor import fits
+
+        per_param = 2 + len(self.STATE)
+        if self.multi_shader is not None and fits(rec, 2 + self.MULTI_SLOTS * per_param):
+            self._record_batched(rec, params, grads, state, hyper, scale)
+            return
         for name, p in params.items():
             n = math.prod(p.shape)
             bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [hyper, scale]
             rec.dispatch(self.shader, bufs, push=(n,), groups=(groups_for(n), 1, 1),
                          variant="f16" if p.dtype == "f16" else None)
+
+    def _record_batched(self, rec, params, grads, state, hyper, scale) -> None:
+        """The same update, up to MULTI_SLOTS params per dispatch (exec_vulkan/multi_tensor.py)."""
+        from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
+
+        for batch in batches(list(params), self.MULTI_SLOTS, lambda name: params[name]):
+            dtype = params[batch[0]].dtype
+            bufs = [hyper, scale]
+            for name in batch:
+                bufs += [params[name], grads[name]] + [state[name][k] for k in self.STATE]
+            for _ in range(self.MULTI_SLOTS - len(batch)):
+                bufs += [rec.scratch((1,), dtype), rec.scratch((1,), dtype)]
+                bufs += [rec.scratch((1,), "f32") for _k in self.STATE]
+            n, first, total = slot_push([math.prod(params[name].shape) for name in batch], self.MULTI_SLOTS,
+                                        groups_for)
+            rec.dispatch(self.multi_shader, bufs, push=(*n, *first), groups=(total, 1, 1),
+                         variant="f16" if dtype == "f16" else None)
 
     def _record_clip_scale(self, rec, grads):
         """A 2-element f32 buffer holding the clip factor (and, after it, the
@@ -191,6 +216,8 @@ class Adam(Optimizer):
     HYPER = ("lr", "beta1", "beta2", "eps", "grad_decay", "param_decay", "step_size", "inv_sqrt_bc2")
     STATE = ("exp_avg", "exp_avg_sq")
     shader = "adam"
+    multi_shader = "adam_multi"   # several params per dispatch (adam_multi.comp)
+    MULTI_SLOTS = 7
     decoupled = False
 
     def _configure(self, a, what, span):

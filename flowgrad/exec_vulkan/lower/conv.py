@@ -1,22 +1,26 @@
 """Lowerings of conv1d, conv2d and conv_transpose2d: convolution as an
-implicit GEMM on the matmul kernel's register tiles (matmul_tiled.glsl),
-with conv_gemm.glsl gathering the image patches on the fly as the GEMM's
-operands; a conv_<tile>.comp exists for each matmul tile the tables may
-choose, so a convolution runs on the tile the device's table picks for a
-GEMM of its shape (matmul_kernels.choose).
-
-Not (yet) on cooperative matrices: matmul_coop.glsl moves 16-byte vectors
-of a strided operand, and a gathered patch has none; and no split-K (the
-GEMM's batch is the group), which a weight gradient's deep K would want.
+implicit GEMM on the matmul kernels, with conv_gemm.glsl gathering the image
+patches on the fly as the GEMM's operands. A conv_<tile>.comp exists for
+each matmul tile (matmul_tiled.glsl's register tiles), and conv_coop builds
+for matmul_coop.glsl's cooperative matrices; conv_tile says which runs.
 
 conv_gemm.glsl computes, per group, one of the three products of a
 convolution: mode 0 the output, mode 1 the input gradient, mode 2 the
 weight gradient. conv_transpose2d uses the same three in other roles (its
 forward is mode 1). A bias gradient is a sum over batch and pixels
-(map_reduce)."""
+(map_reduce).
+
+The weight gradient's K (batch x output pixels) is deep while its output
+(out channels x in channels x taps) is small, so it splits K the way a
+matmul does (matmul_kernels.split_count): each chunk writes a partial
+gradient into scratch, and one sum adds them."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+
+import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
@@ -26,17 +30,127 @@ from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
-CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16")
+CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
+CONV_TILE = "matmul_64x64_k16"    # the register tile convolutions get (f32, and f16 without cooperative matrices)
+COOP_FRAGMENT = 16       # matmul_coop's output fragments are 16 x 16
+# the cooperative-matrix builds: matmul_coop's tile, and a quarter of it (64x64: 4 subgroups
+# of 2x2 fragments; 139 registers to 186 on the H200, four times the workgroups), which ran
+# a 64x64x32x32 3x3 layer's forward and backward in 1.23 ms to conv_coop's 1.68
+COOP_BUILDS = {t.shader: t for t in (kernels.Tile("conv_coop", 128, 128, 32, coop=True),
+                                     kernels.Tile("conv_coop_64x64", 64, 64, 32, coop=True))}
+DEFAULT_COOP = "conv_coop_64x64"
+_COOP = contextvars.ContextVar("conv_coop_build", default=DEFAULT_COOP)
+
+
+@contextlib.contextmanager
+def coop_build(name: str):
+    """Within the block f16 convolutions on cooperative matrices use this build
+    (benchmarks and tests reach each one this way)."""
+    if name not in COOP_BUILDS:
+        raise DeviceError(f"no cooperative-matrix conv build {name!r}; the builds are {sorted(COOP_BUILDS)}")
+    token = _COOP.set(name)
+    try:
+        yield
+    finally:
+        _COOP.reset(token)
+
+
+def _up(v: int, q: int) -> int:
+    return -(-v // q) * q
 
 
 def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
-    """The tile the device's table gives a GEMM of this shape, one per group
-    (never cooperative matrices, see above; the split-K count it may come
-    with is ignored); 64x64 where the table's tile has no conv build."""
-    tile = kernels.choose(info, dtype, m, n, k, groups).tile
-    if tile.shader not in CONV_TILES or (dtype == "f16" and not tile.f16):
-        tile = kernels.TILES[kernels.F16_TILE]
-    return tile
+    """The tile of a convolution's GEMM (m x n per group, k deep). An f16
+    convolution on a device with cooperative matrices gets DEFAULT_COOP
+    whatever its shape: its gathers and stores are guarded element by
+    element, so the sizes only round up to the fragments and 8-element
+    vectors, and a plain GEMM's alignment rules do not apply. Everything else
+    gets the 64x64 register tile on every device, not the matmul table's
+    tile: on the H200 (bench/conv_bench.py) the table's 128x128_k16, over
+    gathered operands, spills and ran 9 to 11 times slower at both layers
+    measured. A tile forced with matmul_kernels.forced is used if it has a
+    conv build."""
+    padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
+    forced = kernels.forced_shader()
+    if forced is not None:
+        tile = kernels.choose(info, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
+        if tile.coop:
+            return COOP_BUILDS[_COOP.get()]
+        if tile.shader not in CONV_TILES:
+            raise DeviceError(f"{forced} has no convolution build (the conv builds: {', '.join(CONV_TILES)})")
+        return tile
+    if dtype == "f16" and kernels.coop_ok(info, dtype, *padded, True):
+        return COOP_BUILDS[_COOP.get()]
+    return kernels.TILES[CONV_TILE]
+
+
+def conv_shader(tile: kernels.Tile) -> str:
+    """The conv build of a matmul tile (a cooperative-matrix build is named as itself)."""
+    return tile.shader if tile.shader.startswith("conv_") else "conv_" + tile.shader.removeprefix("matmul_")
+
+
+@attrs.frozen
+class ConvGemm:
+    """One of a convolution's three products as the GEMM conv_gemm.glsl runs:
+    image [N, C, H, W] and weight [O, C/G, KH, KW] as 2-D convolutions."""
+
+    mode: int
+    image: tuple
+    weight: tuple
+    geo: dict
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """(M, cols, K) per group; the shader's conv_m, conv_n, conv_kfull."""
+        n, c, h, w = self.image
+        o, cg = self.weight[0], self.weight[1]
+        (oh, ow), (kh, kw), g = self.geo["out"], self.geo["kernel"], self.geo["groups"]
+        return {0: (n * oh * ow, o // g, cg * kh * kw),
+                1: (n * h * w, c // g, o // g * kh * kw),
+                2: (o // g, cg * kh * kw, n * oh * ow)}[self.mode]
+
+    def push(self, has_bias: bool, chunks: int = 1, kc: int = 0) -> list[int]:
+        geo = self.geo
+        (sh, sw), (ph, _), (pw, _), (dh, dw) = geo["stride"], *geo["pads"], geo["dilation"]
+        return [*self.image, self.weight[0], *geo["out"], *geo["kernel"], sh, sw, ph, pw, dh, dw,
+                geo["groups"], self.mode, int(has_bias), chunks, kc or self.sizes[2]]
+
+
+def _chunks(info, tile, gemm: ConvGemm) -> tuple[int, int]:
+    """(split-K chunks, chunk depth) of a weight gradient; (1, K) otherwise."""
+    m, cols, k = gemm.sizes
+    if gemm.mode != 2:
+        return 1, k
+    tiles = math.ceil(m / tile.bm) * math.ceil(cols / tile.bn) * gemm.geo["groups"]
+    chunks = kernels.split_count(info, tile, tiles, k)
+    if chunks == 1:
+        return 1, k
+    step = max(16, tile.bk)     # chunks start on whole steps of the tile
+    kc = _up(math.ceil(k / chunks), step)
+    return math.ceil(k / kc), kc
+
+
+def _run(rec, mode, a, b, bias, dst, image, weight, geo):
+    """One of the three products: a conv_<tile> dispatch (and, split, the sum)."""
+    gemm = ConvGemm(mode, tuple(image), tuple(weight), geo)
+    m, cols, k = gemm.sizes
+    if m == 0 or cols == 0:
+        return
+    info = getattr(rec, "info", None)
+    groups = geo["groups"]
+    tile = conv_tile(info, dst.dtype, m, cols, k, groups)
+    gx, gy = math.ceil(cols / tile.bn), math.ceil(m / tile.bm)
+    if gx > MAX_GROUPS or gy > MAX_GROUPS:
+        raise DeviceError(f"convolution of {list(image)} by {list(weight)} is too large for one dispatch "
+                          f"({gy} x {gx} workgroups per group)", hint="use a smaller batch")
+    chunks, kc = _chunks(info, tile, gemm)
+    out = dst if chunks == 1 else rec.scratch((chunks, weight[0], math.prod(weight[1:])), dst.dtype)
+    has_bias = bias is not None
+    bufs = [a, b, bias if has_bias else unused(rec, dst.dtype), out]
+    rec.dispatch(conv_shader(tile), bufs, gemm.push(has_bias, chunks, kc),
+                 (gx, gy, min(groups * chunks, MAX_GROUPS)), None if tile.coop else variant(dst.dtype))
+    if chunks > 1:
+        sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
 def _conv_geometry(node, x_shape, w_shape):
@@ -49,32 +163,6 @@ def _transpose_geometry(node, x_shape, w_shape):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
     return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
-
-
-def _run(rec, mode, a, b, bias, dst, image, weight, geo):
-    """One conv_<tile> dispatch. image: the conv's input shape [N, C, H, W];
-    weight: [O, C/G, KH, KW] (both seen as 2-D convolutions)."""
-    n, c, h, w = image
-    o = weight[0]
-    oh, ow = geo["out"]
-    kh, kw = geo["kernel"]
-    groups = geo["groups"]
-    m, cols = {0: (n * oh * ow, o // groups), 1: (n * h * w, c // groups),
-               2: (o // groups, c // groups * kh * kw)}[mode]
-    if m == 0 or cols == 0:
-        return
-    k = {0: c // groups * kh * kw, 1: o // groups * kh * kw, 2: n * oh * ow}[mode]
-    tile = conv_tile(getattr(rec, "info", None), dst.dtype, m, cols, k, groups)
-    gx, gy = math.ceil(cols / tile.bn), math.ceil(m / tile.bm)
-    if gx > MAX_GROUPS or gy > MAX_GROUPS or groups > MAX_GROUPS:
-        raise DeviceError(f"convolution of {list(image)} by {list(weight)} is too large for one dispatch "
-                          f"({gy} x {gx} x {groups} workgroups)", hint="use a smaller batch")
-    (sh, sw), (ph, _), (pw, _), (dh, dw) = geo["stride"], *geo["pads"], geo["dilation"]
-    has_bias = bias is not None
-    push = [n, c, h, w, o, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, mode, int(has_bias)]
-    bias = bias if has_bias else unused(rec, dst.dtype)
-    rec.dispatch("conv_" + tile.shader.removeprefix("matmul_"), [a, b, bias, dst], push, (gx, gy, groups),
-                 variant(dst.dtype))
 
 
 def _as_2d(shape):

@@ -51,13 +51,13 @@ def _binary_backward(grad_a, grad_b):
 ROLES = ("g", "x0", "x1")
 
 
-def _binary(op, grad_a, grad_b):
+def _binary(op, grad_a, grad_b, adds=False):
     grads = (grad_a(*ROLES), grad_b(*ROLES))
     return Lowering(_binary_forward(op), _binary_backward(grad_a, grad_b), FLOATS, FLOATS,
-                    pointwise=lambda attrs: Pointwise(op, grads))
+                    pointwise=lambda attrs: Pointwise(op, grads, adds=adds))
 
 
-ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]))
+ADD = _binary(M.ADD, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.COPY, [g]), adds=True)
 SUB = _binary(M.SUB, lambda g, a, b: (M.COPY, [g]), lambda g, a, b: (M.NEG, [g]))
 MUL = _binary(M.MUL, lambda g, a, b: (M.MUL, [g, b]), lambda g, a, b: (M.MUL, [g, a]))
 DIV = _binary(M.DIV, lambda g, a, b: (M.DIV, [g, b]), lambda g, a, b: (M.DIV_DB, [g, a, b]))

@@ -172,6 +172,8 @@ def fused_backward(rec, node, g, ins, out, grads):
             rec.fill(dst, 0)      # the chain does not reach this input
             continue
         held = {v: view for v, view in targets}
+        if value == ("src", GRAD) and dst.buffer is g.buffer and dst.offset == g.offset:
+            continue              # the memory plan put it in the incoming gradient's place (passes)
         if tuple(dst.shape) == space:
             targets.append((value, dst))
         elif value[0] == "src" and value[1] in full:
@@ -192,5 +194,127 @@ def fused_backward(rec, node, g, ins, out, grads):
         sum_to_shape(rec, src, dst)
 
 
-FUSED = register_lowering("fused", Lowering(fused_forward, fused_backward, frozenset({"f32", "f16"}),
-                                            frozenset({"f32", "f16"})))
+# ---------------------------------------------------------------- a product and the adds after it
+# steps[0] is an op whose lowering takes an Epilogue (a matmul), each later
+# step adds one input to the value so far: a residual shaped as the value, or
+# a bias over its last axis (at most one of each). The GEMM's store does the
+# adds where its kernel can; the backward is the product's with the incoming
+# gradient itself (the adds pass it through), the residual's gradient that
+# gradient, the bias's its sum over the rows.
+
+
+@attrs.frozen
+class EpilogueForm:
+    product: tuple          # the product's input positions
+    residual: int | None    # input positions of the residual and the bias
+    bias: int | None
+    bias_first: bool
+
+
+def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
+    """The chain as a product and its adds, or None when it is not one."""
+    first = LOWERINGS.get(steps[0][0]) if steps else None
+    if first is None or not first.epilogue or not 2 <= len(steps) <= 3:
+        return None
+    n_in = len(in_shapes)
+    product = tuple(steps[0][1])
+    roles: dict[str, int] = {}
+    for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
+        low = LOWERINGS.get(op_name)
+        pw = low.pointwise(at) if low and low.pointwise else None
+        others = [r for r in refs if r != n_in + j - 1]
+        if pw is None or not pw.adds or len(refs) != 2 or len(others) != 1 or others[0] >= n_in:
+            return None
+        shape = tuple(in_shapes[others[0]])
+        role = "residual" if shape == tuple(out_shape) else "bias" if shape == tuple(out_shape[-1:]) else None
+        if role is None or role in roles or others[0] in product or others[0] in roles.values():
+            return None
+        roles[role] = others[0]
+    return EpilogueForm(product, roles.get("residual"), roles.get("bias"),
+                        list(roles) == ["bias", "residual"])
+
+
+def _product_node(node):
+    op_name, refs, at = node.attrs["steps"][0]
+    return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
+
+
+def _sum_parts(steps, ins, form):
+    """Epilogue.sum_parts for this chain: the partials summed in order, then
+    the chain's adds, as one fused_map program (when it has the inputs)."""
+    def record(rec, parts, c):
+        chunks, (m, n) = parts.shape[0], c.shape
+        extra = [k for k in (form.residual, form.bias) if k is not None]
+        if chunks + len(extra) > MAX_INPUTS:
+            return False
+        srcs = [parts.view(z * m * n, (m, n)) for z in range(chunks)]
+        srcs += [ins[k].reshape((m, n)) if k == form.residual else ins[k] for k in extra]
+        where = {k: chunks + j for j, k in enumerate(extra)}
+        # partial 0 + partial 1 + ..., then the chain's own adds on that sum
+        chain = [("add", (0, 1), {})] + [("add", (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
+        for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
+            other = [r for r in refs if r < len(ins)][0]
+            chain.append((op_name, (len(srcs) + len(chain) - 1, where[other]), at))
+        prog = forward_program(tuple(chain), len(srcs))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [c], (m, n))
+        return True
+    return record
+
+
+def _epilogue_forward(rec, node, ins, out, form):
+    from flowgrad.exec_vulkan.lower.linalg import Epilogue
+
+    steps = node.attrs["steps"]
+    epi = Epilogue(None if form.residual is None else ins[form.residual],
+                   None if form.bias is None else ins[form.bias], form.bias_first,
+                   sum_parts=_sum_parts(steps, ins, form))
+    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
+    if not epi.applied:   # the product is in `out`: the adds in place, in one pass
+        srcs = list(ins) + [out]
+        prog = forward_program(steps[1:], len(srcs))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out], tuple(out.shape))
+
+
+def _epilogue_backward(rec, node, g, ins, out, grads, form):
+    low = LOWERINGS.get(node.attrs["steps"][0][0])
+    low.backward(rec, _product_node(node), g, [ins[r] for r in form.product], out, [grads[r] for r in form.product])
+    dres = grads[form.residual] if form.residual is not None else None
+    if dres is not None and not (dres.buffer is g.buffer and dres.offset == g.offset):
+        rec.copy(g, dres)   # the memory plan did not put it in the incoming gradient's place
+    if form.bias is not None and grads[form.bias] is not None:
+        sum_to_shape(rec, g, grads[form.bias])
+
+
+def _form(node, ins, out):
+    return epilogue_form(node.attrs["steps"], [tuple(v.shape) for v in ins], tuple(out.shape))
+
+
+def forward(rec, node, ins, out):
+    form = _form(node, ins, out)
+    if form is not None:
+        _epilogue_forward(rec, node, ins, out, form)
+    else:
+        fused_forward(rec, node, ins, out)
+
+
+def backward(rec, node, g, ins, out, grads):
+    form = _form(node, ins, out)
+    if form is not None:
+        _epilogue_backward(rec, node, g, ins, out, grads, form)
+    else:
+        fused_backward(rec, node, g, ins, out, grads)
+
+
+def passes(node, in_shapes) -> frozenset:
+    """Lowering.passes: a product's residual; a chain's full-size inputs whose
+    gradient is the incoming one (the operands of an add)."""
+    steps = node.attrs["steps"]
+    form = epilogue_form(steps, in_shapes, node.shape)
+    if form is not None:
+        return frozenset() if form.residual is None else frozenset({form.residual})
+    _b, adj = backward_values(steps, len(in_shapes), range(len(in_shapes)))
+    return frozenset(k for k, v in adj.items() if v == ("src", GRAD) and tuple(in_shapes[k]) == tuple(node.shape))
+
+
+FUSED = register_lowering("fused", Lowering(forward, backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}),
+                                            passes=passes))

@@ -58,10 +58,31 @@ def _batch_strides(shape2, full):
     return tuple(0 if n == 1 else s for n, s in zip(own, st))
 
 
-def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed) -> bool:
+@attrs.define
+class Epilogue:
+    """Adds the tiled kernels' store makes to C (matmul_tiled.glsl's epi bits):
+    `residual` laid out as C, `bias` over C's columns, in the order `bias_first`
+    says. `applied` is set when the GEMM did them (a split-K or
+    cooperative-matrix GEMM does not: the caller adds them after)."""
+
+    residual: object = None
+    bias: object = None
+    bias_first: bool = False
+    applied: bool = False
+    # sum_parts(rec, parts, c) -> bool: records C = the sum of split-K's
+    # partials [chunks, m, n] with the adds, in one pass, where it can
+    sum_parts: object = None
+
+    def bits(self) -> int:
+        return (int(self.residual is not None) | 2 * int(self.bias is not None)
+                | 4 * int(self.bias_first and self.bias is not None))
+
+
+def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed, epilogue=None) -> bool:
     """C[z] = sum_r A[z, r] @ B[z, r] over batch dims `full` (summed[i]: dim i
     is summed, C's stride there is ignored). Returns False when the batch
-    dims do not reduce to one kept and one summed stride (caller expands)."""
+    dims do not reduce to one kept and one summed stride (caller expands).
+    epilogue: an Epilogue the store may apply (see there)."""
     kept = [(s, za, zb, zc) for s, za, zb, zc, r in zip(full, a.batch, b.batch, c.batch, summed) if not r]
     red = [(s, za, zb) for s, za, zb, r in zip(full, a.batch, b.batch, summed) if r]
     kd, kza, kzb, kzc = coalesce([d[0] for d in kept], *([d[i] for d in kept] for i in (1, 2, 3)))
@@ -86,10 +107,18 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     if choice.chunks > 1:
-        _split_k(rec, g, choice)
-    else:
+        _split_k(rec, g, choice, epilogue)
+    elif not _has_epilogue(choice, c.view.dtype):
         rec.dispatch(choice.tile.shader, [a.view, b.view, c.view], g.push(), _groups(choice.tile, m, n, nz),
                      _variant(choice, c.view.dtype))
+    else:
+        epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
+        extra = [epi.residual if epi and epi.residual is not None else rec.scratch((1,), c.view.dtype),
+                 epi.bias if epi and epi.bias is not None else rec.scratch((1,), c.view.dtype)]
+        rec.dispatch(choice.tile.shader, [a.view, b.view, c.view, *extra], g.push() + (epi.bits() if epi else 0,),
+                     _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
+        if epi is not None:
+            epi.applied = True
     return True
 
 
@@ -137,6 +166,13 @@ class _Gemm:
                 self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
+def _has_epilogue(choice, dtype) -> bool:
+    """The tile's shader has matmul_tiled.glsl's epilogue (its residual and bias bindings, its epi word)."""
+    from flowgrad.exec_vulkan.spirv import shader_info
+
+    return shader_info(choice.tile.shader, _variant(choice, dtype)).bindings == 5
+
+
 def _variant(choice, dtype):
     return None if choice.tile.coop else variant(dtype)   # matmul_coop is built for f16 only
 
@@ -145,8 +181,9 @@ def _groups(tile, m, n, nz):
     return (math.ceil(n / tile.bn), math.ceil(m / tile.bm), min(nz, MAX_GROUPS))
 
 
-def _split_k(rec, g: _Gemm, choice):
-    """C = sum over K-chunks of the chunk products: partials into scratch, then one sum."""
+def _split_k(rec, g: _Gemm, choice, epilogue=None):
+    """C = sum over K-chunks of the chunk products: partials into scratch, then
+    one sum (with the epilogue's adds, when its sum_parts can)."""
     a, b, c, m, n, k = g.a, g.b, g.c, g.m, g.n, g.k
     step = max(16, choice.tile.bk)
     kc = math.ceil(k / choice.chunks / step) * step
@@ -154,8 +191,14 @@ def _split_k(rec, g: _Gemm, choice):
     parts = rec.scratch((chunks, m, n), c.view.dtype)
     part = attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * b.rs, zc=m * n,
                         klimit=k)
-    rec.dispatch(choice.tile.shader, [a.view, b.view, parts], part.push(), _groups(choice.tile, m, n, chunks),
-                 _variant(choice, c.view.dtype))
+    tiled = _has_epilogue(choice, c.view.dtype)
+    views = [a.view, b.view, parts] + ([rec.scratch((1,), c.view.dtype)] * 2 if tiled else [])
+    push = part.push() + ((0,) if tiled else ())
+    rec.dispatch(choice.tile.shader, views, push, _groups(choice.tile, m, n, chunks), _variant(choice, c.view.dtype))
+    if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
+        epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
+        if epilogue.applied:
+            return
     sum_to_shape(rec, parts, c.view.reshape((m, n)))
 
 
@@ -171,7 +214,7 @@ def _expanded(rec, view, shape2, full):
     return out
 
 
-def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
+def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool, epilogue=None):
     """dst (shaped dst_shape2, batch dims broadcastable to `full`) =
     sum over dst's broadcast dims of op(lhs) @ op(rhs), where lhs/rhs are
     (view, promoted shape) and op transposes when asked."""
@@ -187,7 +230,7 @@ def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
     own = (1,) * (len(full) - len(dst_shape2[:-2])) + tuple(dst_shape2[:-2])
     summed = tuple(o == 1 and f != 1 for o, f in zip(own, full))
     c = Operand(dst, dst_shape2[-1], 1, _batch_strides(dst_shape2, full))
-    if gemm(rec, operand(lv, ls, t_lhs), operand(rv, rs, t_rhs), c, m, n, k, full, summed):
+    if gemm(rec, operand(lv, ls, t_lhs), operand(rv, rs, t_rhs), c, m, n, k, full, summed, epilogue):
         return
     # general broadcasting: materialise both operands over the full batch,
     # compute every batch's product, then sum down to dst's shape
@@ -204,11 +247,13 @@ def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool):
         sum_to_shape(rec, tmp, dst.reshape(dst_shape2))
 
 
-def matmul_forward(rec, node, ins, out):
+def matmul_forward(rec, node, ins, out, epilogue=None):
+    """epilogue: an Epilogue the GEMM's store may apply (the planner's fused
+    matmul-and-adds, lower/fused.py; its `applied` says whether it did)."""
     a, b = ins
     a2, b2, full = _promoted(a.shape, b.shape)
     out2 = tuple(full) + (a2[-2], b2[-1])
-    _product(rec, (a, a2), (b, b2), out, out2, full, False, False)
+    _product(rec, (a, a2), (b, b2), out, out2, full, False, False, epilogue)
 
 
 def matmul_backward(rec, node, g, ins, out, grads):
@@ -221,6 +266,6 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS)
+MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS, blocked="matmul_parts", epilogue=True)
 
 register_lowering("matmul", MATMUL)

@@ -127,11 +127,19 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
         tile = TILES[F16_TILE]
     else:
         tile = TILES[TABLES[family][klass]]
-    if want_chunks is not None:
-        chunks = max(1, min(want_chunks, math.ceil(k / tile.bk)))
-    elif nz == 1:
-        tiles = math.ceil(m / tile.bm) * math.ceil(n / tile.bn)
-        chunks = max(1, min(SPLIT_TARGET[family] // tiles, k // MIN_CHUNK))
-    else:
-        chunks = 1
-    return Choice(tile, chunks if nz == 1 else 1, klass)
+    chunks = split_count(info, tile, math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if nz == 1 else 1
+    return Choice(tile, chunks, klass)
+
+
+def forced_shader() -> str | None:
+    """The tile shader a `forced` block asks for (None outside one)."""
+    return (_FORCED.get() or (None, None))[0]
+
+
+def split_count(info, tile: Tile, tiles: int, k: int) -> int:
+    """Split-K chunks for a grid of `tiles` output tiles, k deep: the forced
+    count, else the most that keep the grid within SPLIT_TARGET (1: no split)."""
+    want = (_FORCED.get() or (None, None))[1]
+    if want is not None:
+        return max(1, min(want, math.ceil(k / tile.bk)))
+    return max(1, min(SPLIT_TARGET[device_family(info)] // tiles, k // MIN_CHUNK))

@@ -90,7 +90,8 @@ def slice_backward(rec, node, g, ins, out, grads):
     strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
 
 
-SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view)
+SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view,
+                 window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs))
 
 
 def _parts(node, shape, sizes):
@@ -125,7 +126,10 @@ CONCAT = Lowering(concat_forward, concat_backward, ALL_DTYPES, FLOATS)
 
 EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
 EMBED_ROWS = 8   # embedding_bwd.comp RB: table rows per workgroup
-EMBED_BUSY = 256  # workgroups that keep a large GPU busy
+# workgroups that keep a large GPU busy: each scans its chunk of the ids
+# serially, so a GPU of 132 SMs wants ~16 of these small workgroups per SM
+# to hide that latency (256, one table's worth at gpt_small, left most idle)
+EMBED_BUSY = 2048
 EMBED_MIN_IDS = 256  # ids per chunk, at least: fewer and the chunk sum costs more than it saves
 
 

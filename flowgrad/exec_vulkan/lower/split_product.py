@@ -19,6 +19,8 @@ from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register
 
 
 def _sizes(node, a, b):
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
     k = node.attrs["parts"]
     m, kk, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
     return k, m, kk, n // k

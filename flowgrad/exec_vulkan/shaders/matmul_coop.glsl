@@ -10,6 +10,18 @@
 // workgroup, each computing FM x FN 16x16 fragments; BK deep per step; NBUF
 // shared buffers (2: the next step's tiles land in the other buffer, one
 // barrier per step; 1: deeper steps fit, two barriers per step).
+//
+// A shader whose operands are not strided matrices (conv_gemm.glsl: image
+// patches gathered on the fly) defines GEMM_OPERANDS, its own buffers (f16
+// storage) and push block, and the hooks matmul_tiled.glsl takes: the sizes
+// (GEMM_M, GEMM_N, GEMM_K, GEMM_NZ, GEMM_R, GEMM_KEND), each operand's memory
+// order (A_KFAST, B_NFAST), bases (A_BASE, B_BASE), elements (a_at, b_at) and
+// the store of one output element (store_c), and with GEMM_RUNS runs of 8
+// elements along the load order (a_run, b_run). Such operands have no 16-byte
+// vectors: each shared vector is 8 scalars gathered (zero outside M, N and
+// the depth) and packed, and each output fragment goes through shared memory
+// to store_c, element by element; so any M, N and K work (padded to the
+// fragments), where plain GEMMs keep the alignment rules above.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
@@ -31,6 +43,7 @@
 #define BSZ (max(BN * KROW, BK * BROW))
 
 layout(local_size_x = NT) in;
+#ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
@@ -46,6 +59,72 @@ layout(push_constant, std430) uniform Push {
     uint amode, bmode, cvec;   // unused here: vectors always
 } p;
 
+#define GEMM_M p.M
+#define GEMM_N p.N
+#define GEMM_K p.K
+#define GEMM_NZ p.nz
+#define GEMM_R p.R
+#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
+#define A_KFAST (p.sak == 1u)
+#define B_NFAST (p.sbn == 1u)
+#define A_BASE(z, r) (p.offa + (z) * p.za + (r) * p.ra)
+#define B_BASE(z, r) (p.offb + (z) * p.zb + (r) * p.rb)
+
+// 8 elements along the operand's memory order from (m, k), one 16-byte vector
+// (the host checked that vectors stay inside rows and inside M, N and K)
+uvec4 a_pack(uint base, uint m, uint k, uint kend) {
+    uvec4 v = uvec4(0u);
+    if (m < p.M && k < kend) v = a8[(base + m * p.sam + k * p.sak) / 8u];
+    return v;
+}
+uvec4 b_pack(uint base, uint k, uint n, uint kend) {
+    uvec4 v = uvec4(0u);
+    if (n < p.N && k < kend) v = b8[(base + k * p.sbk + n * p.sbn) / 8u];
+    return v;
+}
+#else
+// 8 gathered elements along the operand's memory order from (m, k), each zero
+// outside the product, packed as 8 f16 in memory order
+uvec4 pack8(float v[8]) {
+    return uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])),
+                 packHalf2x16(vec2(v[4], v[5])), packHalf2x16(vec2(v[6], v[7])));
+}
+#ifdef GEMM_RUNS
+// the operand gathers 8 along the load order itself (its GEMM_RUN is 8)
+uvec4 a_pack(uint base, uint m, uint k, uint kend) {
+    float v[8];
+    a_run(base, m, k, kend, v);
+    return pack8(v);
+}
+uvec4 b_pack(uint base, uint k, uint n, uint kend) {
+    float v[8];
+    b_run(base, k, n, kend, v);
+    return pack8(v);
+}
+#else
+uvec4 a_pack(uint base, uint m, uint k, uint kend) {
+    bool kfast = A_KFAST;
+    float v[8];
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        uint mm = kfast ? m : m + j, kk = kfast ? k + j : k;
+        v[j] = 0.0;
+        if (mm < GEMM_M && kk < kend) v[j] = a_at(base, mm, kk);
+    }
+    return pack8(v);
+}
+uvec4 b_pack(uint base, uint k, uint n, uint kend) {
+    bool nfast = B_NFAST;
+    float v[8];
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+        uint nn = nfast ? n + j : n, kk = nfast ? k : k + j;
+        v[j] = 0.0;
+        if (nn < GEMM_N && kk < kend) v[j] = b_at(base, kk, nn);
+    }
+    return pack8(v);
+}
+#endif
+#endif
+
 #ifndef NBUF
 #define NBUF 2
 #endif
@@ -54,7 +133,7 @@ shared uvec4 Bs[NBUF * BSZ];
 uvec4 ra_[AL], rb_[BL];
 
 void load_a(uint base, uint m0, uint k0, uint kend) {
-    bool kfast = p.sak == 1u;
+    bool kfast = A_KFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         uvec4 v = uvec4(0u);
@@ -62,14 +141,14 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
             uint m, k;
             if (kfast) { m = m0 + e / (BK / 8); k = k0 + (e % (BK / 8)) * 8u; }
             else { k = k0 + e / (BM / 8); m = m0 + (e % (BM / 8)) * 8u; }
-            if (m < p.M && k < kend) v = a8[(base + m * p.sam + k * p.sak) / 8u];
+            v = a_pack(base, m, k, kend);
         }
         ra_[l] = v;
     }
 }
 
 void load_b(uint base, uint n0, uint k0, uint kend) {
-    bool nfast = p.sbn == 1u;
+    bool nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         uvec4 v = uvec4(0u);
@@ -77,14 +156,14 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
             uint n, k;
             if (nfast) { k = k0 + e / (BN / 8); n = n0 + (e % (BN / 8)) * 8u; }
             else { n = n0 + e / (BK / 8); k = k0 + (e % (BK / 8)) * 8u; }
-            if (n < p.N && k < kend) v = b8[(base + k * p.sbk + n * p.sbn) / 8u];
+            v = b_pack(base, k, n, kend);
         }
         rb_[l] = v;
     }
 }
 
 void store_tiles(uint buf) {
-    bool kfast = p.sak == 1u, nfast = p.sbn == 1u;
+    bool kfast = A_KFAST, nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= AV) continue;
@@ -103,16 +182,16 @@ void main() {
     uint warp = gl_LocalInvocationIndex / 32u;
     uint wm = warp / WGN, wn = warp % WGN;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    bool kfast = p.sak == 1u, nfast = p.sbn == 1u;
-    for (uint z = gl_WorkGroupID.z; z < p.nz; z += gl_NumWorkGroups.z) {
+    bool kfast = A_KFAST, nfast = B_NFAST;
+    for (uint z = gl_WorkGroupID.z; z < GEMM_NZ; z += gl_NumWorkGroups.z) {
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[FM][FN];
         [[unroll]] for (uint i = 0u; i < FM; ++i)
             [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
-        uint kend = p.klimit == 0u ? p.K : min(p.K, p.klimit - z * p.K);
+        uint kend = GEMM_KEND(z);
         uint steps = (kend + BK - 1u) / BK;
-        for (uint r = 0u; r < p.R; ++r) {
-            uint abase = p.offa + z * p.za + r * p.ra;
-            uint bbase = p.offb + z * p.zb + r * p.rb;
+        for (uint r = 0u; r < GEMM_R; ++r) {
+            uint abase = A_BASE(z, r);
+            uint bbase = B_BASE(z, r);
             load_a(abase, m0, 0u, kend);
             load_b(bbase, n0, 0u, kend);
             store_tiles(0u);
@@ -146,6 +225,27 @@ void main() {
                 barrier();
             }
         }
+#ifdef GEMM_OPERANDS
+        // Each fragment goes through this subgroup's 16x16 f32 slot of As (64
+        // vectors; As holds all NT / 32 slots, and is free: the last step's
+        // barrier has passed) to store_c. Every invocation runs every fragment,
+        // so the barriers are uniform.
+        uint slot = warp * 64u, lane = gl_LocalInvocationIndex % 32u;
+        [[unroll]] for (uint i = 0u; i < FM; ++i) {
+            uint m = m0 + (wm * FM + i) * 16u;
+            [[unroll]] for (uint j = 0u; j < FN; ++j) {
+                uint n = n0 + (wn * FN + j) * 16u;
+                coopMatStoreNV(acc[i][j], As, slot, 4u, false);
+                barrier();
+                [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                    uint row = q * 2u + lane / 16u, col = lane % 16u;
+                    if (m + row < GEMM_M && n + col < GEMM_N)
+                        store_c(z, m + row, n + col, uintBitsToFloat(As[slot + row * 4u + col / 4u][col % 4u]));
+                }
+                barrier();
+            }
+        }
+#else
         uint cbase = p.offc + z * p.zc;
         [[unroll]] for (uint i = 0u; i < FM; ++i) {
             uint m = m0 + (wm * FM + i) * 16u;
@@ -157,5 +257,6 @@ void main() {
                 }
             }
         }
+#endif
     }
 }

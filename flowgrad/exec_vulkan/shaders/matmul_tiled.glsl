@@ -15,12 +15,20 @@
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
 //
+// The store may add to each output, in the order the epilogue bits give
+// (epi: 1 a residual R shaped and laid out as C, 2 a bias over n, 4 the bias
+// before the residual), each sum rounded to the storage type as a separate
+// dispatch would store it: a matmul followed by those adds is one dispatch.
+//
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
 // push block, and what the block below defines for matrices: the sizes,
-// each operand's memory order and elements (a_at, b_at), the vector forms
+// the depth of batch z's product (GEMM_KEND: K, or a split-K chunk's), each
+// operand's memory order and elements (a_at, b_at), the vector forms
 // (a_vec, b_vec, store_c4; never called where A_VEC, B_VEC, C_VEC are
-// false), and the store of one output element (store_c).
+// false), and the store of one output element (store_c). With GEMM_RUNS
+// it also supplies a_run / b_run, 4 elements along the load order at once
+// (the order its *_KFAST / *_NFAST switches give), which scalar loads use.
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #ifdef F16
@@ -52,6 +60,10 @@ layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB4 { V4 b4[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { T c[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC4 { V4 c4[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR { T res[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR4 { V4 res4[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { T bias[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
     uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
@@ -63,6 +75,7 @@ layout(push_constant, std430) uniform Push {
     uint klimit;          // split-K: the full K (0: no split)
     uint amode, bmode;    // 1: 16-byte loads along the unit-stride dim (host-checked), 0: scalar
     uint cvec;            // 1: 16-byte stores of C rows
+    uint epi;             // the store's adds: 1 residual, 2 bias, 4 bias first (see above)
 } p;
 
 #define GEMM_M p.M
@@ -70,7 +83,7 @@ layout(push_constant, std430) uniform Push {
 #define GEMM_K p.K
 #define GEMM_NZ p.nz
 #define GEMM_R p.R
-#define GEMM_KLIMIT p.klimit
+#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
 #define A_KFAST (p.sak == 1u)
 #define B_NFAST (p.sbn == 1u)
 #define A_VEC (p.amode == 1u)
@@ -83,8 +96,28 @@ float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.
 vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
 vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
 uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
-void store_c(uint z, uint m, uint n, float v) { c[c_at(z, m, n)] = STORE(v); }
-void store_c4(uint z, uint m, uint n, vec4 v) { c4[c_at(z, m, n) / 4u] = V4(v); }
+float epilogue(uint at, uint n, float v) {
+    v = float(T(v));
+    if ((p.epi & 6u) == 6u) v = float(T(v + float(bias[n])));
+    if ((p.epi & 1u) != 0u) v = float(T(v + float(res[at])));
+    if ((p.epi & 6u) == 2u) v = float(T(v + float(bias[n])));
+    return v;
+}
+vec4 epilogue4(uint at, uint n, vec4 v) {
+    v = vec4(V4(v));
+    if ((p.epi & 6u) == 6u) v = vec4(V4(v + vec4(bias4[n / 4u])));
+    if ((p.epi & 1u) != 0u) v = vec4(V4(v + vec4(res4[at / 4u])));
+    if ((p.epi & 6u) == 2u) v = vec4(V4(v + vec4(bias4[n / 4u])));
+    return v;
+}
+void store_c(uint z, uint m, uint n, float v) {
+    uint at = c_at(z, m, n);
+    c[at] = STORE(p.epi == 0u ? v : epilogue(at, n, v));
+}
+void store_c4(uint z, uint m, uint n, vec4 v) {
+    uint at = c_at(z, m, n);
+    c4[at / 4u] = V4(p.epi == 0u ? v : epilogue4(at, n, v));
+}
 #endif
 
 shared vec4 As[2][BK][AW];   // As[buf][k][m / 4], component m % 4
@@ -106,12 +139,19 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
                 uint m = m0 + mm, k = k0 + kk;
                 if (m < GEMM_M && k < kend) v = a_vec(base, m, k);
             } else {
+#ifdef GEMM_RUNS
+                uint f = e * 4u;
+                float run[4];
+                a_run(base, m0 + (kfast ? f / BK : f % BM), k0 + (kfast ? f % BK : f / BM), kend, run);
+                v = vec4(run[0], run[1], run[2], run[3]);
+#else
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint mm = kfast ? f / BK : f % BM, kk = kfast ? f % BK : f / BM;
                     uint m = m0 + mm, k = k0 + kk;
                     if (m < GEMM_M && k < kend) v[j] = a_at(base, m, k);
                 }
+#endif
             }
         }
         ra[l] = v;
@@ -130,12 +170,19 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
                 uint n = n0 + nn, k = k0 + kk;
                 if (n < GEMM_N && k < kend) v = b_vec(base, k, n);
             } else {
+#ifdef GEMM_RUNS
+                uint f = e * 4u;
+                float run[4];
+                b_run(base, k0 + (nfast ? f / BN : f % BK), n0 + (nfast ? f % BN : f / BK), kend, run);
+                v = vec4(run[0], run[1], run[2], run[3]);
+#else
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     uint f = e * 4u + j;
                     uint nn = nfast ? f % BN : f / BK, kk = nfast ? f / BN : f % BK;
                     uint n = n0 + nn, k = k0 + kk;
                     if (n < GEMM_N && k < kend) v[j] = b_at(base, k, n);
                 }
+#endif
             }
         }
         rb[l] = v;
@@ -188,7 +235,7 @@ void main() {
         vec4 acc[TM][GN];
         [[unroll]] for (uint i = 0u; i < TM; ++i)
             [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] = vec4(0.0);
-        uint kend = GEMM_KLIMIT == 0u ? GEMM_K : min(GEMM_K, GEMM_KLIMIT - z * GEMM_K);
+        uint kend = GEMM_KEND(z);
         uint steps = (kend + BK - 1u) / BK;
         for (uint r = 0u; r < GEMM_R; ++r) {
             uint abase = A_BASE(z, r);

@@ -1,0 +1,73 @@
+#version 450
+// cast_f16.comp over up to 15 tensors in one dispatch: dir 0 f32 -> f16
+// (round to nearest), dir 1 f16 -> f32. Tensor j is the pair of bindings
+// j (f32) and 15 + j (f16); it gets workgroups first[j] .. first[j+1] - 1
+// and walks its own n[j] elements with them. The recorder merges a run of
+// independent cast_f16 dispatches into this one (multi_tensor.py).
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(local_size_x = 256) in;
+layout(std430, set = 0, binding = 0) buffer A0 { float a0[]; };
+layout(std430, set = 0, binding = 1) buffer A1 { float a1[]; };
+layout(std430, set = 0, binding = 2) buffer A2 { float a2[]; };
+layout(std430, set = 0, binding = 3) buffer A3 { float a3[]; };
+layout(std430, set = 0, binding = 4) buffer A4 { float a4[]; };
+layout(std430, set = 0, binding = 5) buffer A5 { float a5[]; };
+layout(std430, set = 0, binding = 6) buffer A6 { float a6[]; };
+layout(std430, set = 0, binding = 7) buffer A7 { float a7[]; };
+layout(std430, set = 0, binding = 8) buffer A8 { float a8[]; };
+layout(std430, set = 0, binding = 9) buffer A9 { float a9[]; };
+layout(std430, set = 0, binding = 10) buffer A10 { float a10[]; };
+layout(std430, set = 0, binding = 11) buffer A11 { float a11[]; };
+layout(std430, set = 0, binding = 12) buffer A12 { float a12[]; };
+layout(std430, set = 0, binding = 13) buffer A13 { float a13[]; };
+layout(std430, set = 0, binding = 14) buffer A14 { float a14[]; };
+layout(std430, set = 0, binding = 15) buffer H0 { float16_t h0[]; };
+layout(std430, set = 0, binding = 16) buffer H1 { float16_t h1[]; };
+layout(std430, set = 0, binding = 17) buffer H2 { float16_t h2[]; };
+layout(std430, set = 0, binding = 18) buffer H3 { float16_t h3[]; };
+layout(std430, set = 0, binding = 19) buffer H4 { float16_t h4[]; };
+layout(std430, set = 0, binding = 20) buffer H5 { float16_t h5[]; };
+layout(std430, set = 0, binding = 21) buffer H6 { float16_t h6[]; };
+layout(std430, set = 0, binding = 22) buffer H7 { float16_t h7[]; };
+layout(std430, set = 0, binding = 23) buffer H8 { float16_t h8[]; };
+layout(std430, set = 0, binding = 24) buffer H9 { float16_t h9[]; };
+layout(std430, set = 0, binding = 25) buffer H10 { float16_t h10[]; };
+layout(std430, set = 0, binding = 26) buffer H11 { float16_t h11[]; };
+layout(std430, set = 0, binding = 27) buffer H12 { float16_t h12[]; };
+layout(std430, set = 0, binding = 28) buffer H13 { float16_t h13[]; };
+layout(std430, set = 0, binding = 29) buffer H14 { float16_t h14[]; };
+layout(push_constant) uniform Push { uint dir; uint n[15]; uint first[16]; } pc;
+
+#define CAST(A, H)                                              \
+    for (uint k = at; k < count; k += stride) {                 \
+        if (pc.dir == 0u) H[k] = float16_t(A[k]);               \
+        else A[k] = float(H[k]);                                \
+    }
+
+void main() {
+    uint wg = gl_WorkGroupID.x, slot = 0u;
+    while (slot + 1u < 15u && wg >= pc.first[slot + 1u]) ++slot;
+    if (wg >= pc.first[slot + 1u]) return;
+    uint count = pc.n[slot];
+    uint at = (wg - pc.first[slot]) * 256u + gl_LocalInvocationID.x;
+    uint stride = (pc.first[slot + 1u] - pc.first[slot]) * 256u;
+    switch (slot) {
+    case 0u: CAST(a0, h0); break;
+    case 1u: CAST(a1, h1); break;
+    case 2u: CAST(a2, h2); break;
+    case 3u: CAST(a3, h3); break;
+    case 4u: CAST(a4, h4); break;
+    case 5u: CAST(a5, h5); break;
+    case 6u: CAST(a6, h6); break;
+    case 7u: CAST(a7, h7); break;
+    case 8u: CAST(a8, h8); break;
+    case 9u: CAST(a9, h9); break;
+    case 10u: CAST(a10, h10); break;
+    case 11u: CAST(a11, h11); break;
+    case 12u: CAST(a12, h12); break;
+    case 13u: CAST(a13, h13); break;
+    case 14u: CAST(a14, h14); break;
+    }
+}
