@@ -6,6 +6,8 @@ closures on Vulkan, the path asserted first; and the memory plan's
 pass-through gradients (Lowering.passes)."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,24 @@ from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.feeds import random_feeds
 from flowgrad.planner import make_plan
 from test_fusion import close, closure_step, run
+
+
+@contextlib.contextmanager
+def dispatches():
+    """(label, shader) of every dispatch recorded inside the block."""
+    from flowgrad.exec_vulkan.recorder import Recorder
+    seen = []
+    real = Recorder.dispatch
+
+    def dispatch(self, shader, *args, **kwargs):
+        seen.append((self.label, shader))
+        return real(self, shader, *args, **kwargs)
+
+    Recorder.dispatch = dispatch
+    try:
+        yield seen
+    finally:
+        Recorder.dispatch = real
 
 
 # products whose adds the GEMM's store does: residual then bias, bias then
@@ -111,23 +131,11 @@ def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split, tile):
     """In the store (of each tiled kernel), and (split-K, whose partials the store can't
     finish) in the pass that sums them."""
     from flowgrad.exec_vulkan.lower import matmul_kernels
-    from flowgrad.exec_vulkan.recorder import Recorder
 
     model = epilogues()
-    forced = matmul_kernels.forced(shader=tile, chunks=2 if split else None)
-    with forced:
-        seen = []
-        real = Recorder.dispatch
-
-        def dispatch(self, shader, *args, **kwargs):
-            seen.append((self.label, shader))
-            return real(self, shader, *args, **kwargs)
-
-        Recorder.dispatch = dispatch
-        try:
+    with matmul_kernels.forced(shader=tile, chunks=2 if split else None):
+        with dispatches() as seen:
             fused, f_loss, f_grads = run(model, "vulkan", "graph")
-        finally:
-            Recorder.dispatch = real
         plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
         clos, c_loss, c_grads = run(model, "vulkan", "closures")
     assert fused.last_path == "graph" and plain.last_path == "graph" and clos.last_path.startswith("closures")
@@ -162,8 +170,6 @@ def test_f16_epilogues_match_unfused_on_vulkan(vk_device):
 def test_an_epilogue_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device):
     """A batched weight makes the GEMM a batch of products, whose store takes no epilogue: the
     adds then run in one fused_map pass over the product, in place."""
-    from flowgrad.exec_vulkan.recorder import Recorder
-
     text = """
 model batched_epilogue
 input x: f32[2, 5, 8]
@@ -177,18 +183,8 @@ minimize loss
     model = fg.loads(text)
     plan = make_plan(model.graph, None)
     (grp,) = [g for g in plan.fusion.groups if model.graph.nodes[g.members[0]].op == "matmul"]
-    seen = []
-    real = Recorder.dispatch
-
-    def dispatch(self, shader, *args, **kwargs):
-        seen.append((self.label, shader))
-        return real(self, shader, *args, **kwargs)
-
-    Recorder.dispatch = dispatch
-    try:
+    with dispatches() as seen:
         fused, f_loss, f_grads = run(model, "vulkan", "graph")
-    finally:
-        Recorder.dispatch = real
     plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
     clos, c_loss, c_grads = run(model, "vulkan", "closures")
     assert fused.last_path == "graph" and clos.last_path.startswith("closures")
