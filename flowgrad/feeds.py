@@ -41,22 +41,32 @@ def check_feeds(graph: Graph, feeds: dict[str, np.ndarray], uses: dict[int, list
         node = g.nodes[nid]
         if name not in feeds:
             raise FlowError(f"missing feed for input {name!r} ({node.type})", node.span)
-        arr = numeric_array(feeds[name], f"feed {name!r}", node.span)
-        if arr.shape != node.shape:
-            raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}",
-                            node.span)
-        try:
-            narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
-        except TypeError:
-            narrowed = None
-        if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
-            raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
-        if node.dtype == "i32":
-            check_int32(node, arr)
-        # not ascontiguousarray, which would make a 0-d feed [1]
-        out[name] = np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")
-        check_indices(node, out[name], uses.get(nid, ()))
+        value = feeds[name]
+        # a C-ordered array of the input's shape and dtype is taken as it is (an i32 one is in range)
+        if not (type(value) is np.ndarray and value.dtype == NUMPY_DTYPE[node.dtype] and value.shape == node.shape
+                and value.flags.c_contiguous):
+            value = converted(node, name, value)
+        out[name] = value
+        check_indices(node, value, uses.get(nid, ()))
     return out
+
+
+def converted(node, name: str, value) -> np.ndarray:
+    """Feed `name` for input `node` as a C-ordered array of its dtype, after
+    checking its shape, dtype and i32 range."""
+    arr = numeric_array(value, f"feed {name!r}", node.span)
+    if arr.shape != node.shape:
+        raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}", node.span)
+    try:
+        narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
+    except TypeError:
+        narrowed = None
+    if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
+        raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
+    if node.dtype == "i32":
+        check_int32(node, arr)
+    # not ascontiguousarray, which would make a 0-d feed [1]
+    return np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")
 
 
 def numeric_array(value, what: str, span=None) -> np.ndarray:
@@ -101,7 +111,12 @@ def index_uses(graph: Graph) -> dict[int, list]:
 def check_indices(node, values: np.ndarray, uses: list) -> None:
     """Range-check a feed used as indices on the host: a device kernel would
     read garbage or give NaN instead of raising."""
+    if not uses or values.size == 0:
+        return
+    top = largest_index(values)
     for n, user in uses:
+        if top < n:   # every index in range; else find the first bad one, ignored ones aside
+            continue
         ignored = values == user.attrs["ignore_index"] if "ignore_index" in user.attrs else False
         bad = np.flatnonzero(((values < 0) | (values >= n)) & np.logical_not(ignored))
         if bad.size:
@@ -109,3 +124,13 @@ def check_indices(node, values: np.ndarray, uses: list) -> None:
             raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, out of range for "
                             f"{user.op} at {user.span.where() if user.span else '?'} (valid: 0..{n - 1})",
                             node.span)
+
+
+def largest_index(values: np.ndarray):
+    """A number below n exactly when every value is an index in [0, n): the
+    largest as unsigned for i32 (a negative one is past 2**31), else
+    infinity when one is negative or NaN."""
+    if values.dtype == np.int32:
+        return values.view(np.uint32).max()
+    lo, hi = values.min(), values.max()
+    return hi if lo >= 0 else np.inf

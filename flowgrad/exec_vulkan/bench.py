@@ -7,9 +7,10 @@ checking that the twin's first loss equals flowgrad's (in an eval step
 when the model has random ops: torch draws its own dropout masks). Under
 dtype="mixed" the twin is the f32 model run as PyTorch AMP runs it, eager
 (torch.autocast in f16 with a GradScaler, and in bf16), beside its plain
-f32 eager step. Prints median step times and their ratios, and what each
+f32 eager step. Prints median step times and their ratios, what each
 flowgrad path sends to the device per step (submits, dispatches, host
-transfers).
+transfers), and each path's host time per step: the step's time outside its
+fence waits (feed checks and copies, submission, read-back, bookkeeping).
 
 A flowgrad step returns the gradients to the host (the API default); a
 PyTorch step leaves them on the GPU.
@@ -38,18 +39,23 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]:
-    """(median seconds per step, device traffic per step)."""
+    """(median seconds per step, device traffic per step and host_seconds:
+    the median of each step's time outside its fence waits, what the host
+    spends on a step while the device is not running it)."""
     for _ in range(warmup):
         sess.step(feeds)
     stats = sess.device.stats
     before = dict(stats)
-    times = []
+    times, host = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        waited = stats["fence_wait_ns"]
+        t0 = time.perf_counter_ns()
         sess.step(feeds)
-        times.append(time.perf_counter() - t0)
+        took = time.perf_counter_ns() - t0
+        times.append(took * 1e-9)
+        host.append((took - (stats["fence_wait_ns"] - waited)) * 1e-9)
     per_step = {k: (stats[k] - before.get(k, 0)) / repeats for k in ("submits", "dispatches", "uploads", "downloads")}
-    return statistics.median(times), per_step
+    return statistics.median(times), {**per_step, "host_seconds": statistics.median(host)}
 
 
 def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
@@ -169,6 +175,9 @@ def report(r: dict) -> str:
         p = r[path]
         lines.append(f"{path:<10}{p['seconds'] * 1e3:>10.2f}{p['submits']:>10.0f}{p['dispatches']:>12.0f}"
                      f"{p['uploads']:>9.0f}{p['downloads']:>9.0f}")
+    if all("host_seconds" in r[path] for path in ("graph", "closures")):
+        lines.append(f"host time per step, outside fence waits: graph {r['graph']['host_seconds'] * 1e3:.3f} ms, "
+                     f"closures {r['closures']['host_seconds'] * 1e3:.3f} ms")
     lines.append(f"closures / graph: {r['ratio']:.2f}x")
     t = r.get("torch")
     if t is not None and "skipped" in t:

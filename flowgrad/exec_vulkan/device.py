@@ -15,13 +15,12 @@ from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
 from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_NEEDED, COOPMAT_EXT,
                                             RawStruct, _extensions, compute_family, describe, features,
                                             physical_devices)
-from flowgrad.exec_vulkan import faults
-from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan, vk_errors
+from flowgrad.exec_vulkan import submit
+from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
 from flowgrad.exec_vulkan.spirv import shader_info
 
 STATS_EXT = "VK_KHR_pipeline_executable_properties"
 PUSH_BYTES = 128                            # every pipeline layout has one 128-byte push range
-FENCE_TIMEOUT_NS = 600 * 10**9
 
 
 @attrs.frozen
@@ -58,6 +57,7 @@ class Device:
         self.family = family[0]
         self.handle = None
         self._fence = None
+        self._fence_array = None           # the fence as the loader takes it (submit.py)
         self._abandoned_fences: list = []   # fences that timed out: never reused
         self.lost: str | None = None        # why the device can't be used any more, once it can't
         self.objects: collections.Counter = collections.Counter()   # live buffers and command buffers
@@ -315,38 +315,7 @@ class Device:
     def submit_and_wait(self, cmd, what: str = "running commands") -> None:
         """One submission of a recorded command buffer; returns when it is done.
         A timeout or a lost device marks the device lost (check_usable)."""
-        vk = load_vulkan()
-        self.check_usable()
-        what = f"{what} on {self.info.name}"
-        if faults.hit("submit"):
-            raise DeviceError(f"{what} failed: {_VK_ERRORS['VkErrorOutOfHostMemory']} at submission (injected fault)")
-        self.stats["submits"] += 1
-        try:
-            with vk_errors(what):
-                if self._fence is None:
-                    self._fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
-                fences = [self._fence]
-                cmds = [cmd]
-                submit = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=cmds)
-                vk.vkQueueSubmit(self.queue, 1, [submit], self._fence)
-                try:
-                    vk.vkWaitForFences(self.handle, 1, fences, vk.VK_TRUE, FENCE_TIMEOUT_NS)
-                    if faults.hit("fence_timeout"):   # the work is done; pretend it was not
-                        raise vk.VkTimeout()
-                except vk.VkTimeout:
-                    # the fence may still signal later: never reuse it
-                    self._abandoned_fences.append(self._fence)
-                    self._fence = None
-                    raise
-                if faults.hit("device_lost"):
-                    raise vk.VkErrorDeviceLost()
-                vk.vkResetFences(self.handle, 1, fences)
-        except DeviceError as e:
-            if "VK_ERROR_DEVICE_LOST" in e.message or "timed out" in e.message:
-                self.lost = e.message + (" (injected fault)" if faults.armed() else "")
-                e.message = self.lost
-                e.args = (self.lost,)
-            raise
+        submit.submit_and_wait(self, submit.Submission(cmd), what)
 
     def wait_idle(self) -> None:
         with vk_errors("waiting for the device"):

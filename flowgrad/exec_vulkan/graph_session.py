@@ -48,6 +48,8 @@ class GraphSession:
         self.last_opt_key = None                   # the optimizer state get_opt_state reads
         self.loaded_opt_state: dict | None = None  # from set_opt_state, for optimizers not seen yet
         self.leaves: dict[tuple, object] = {}      # ("val", id) / ("seed",) -> Buffer
+        # (param, its gradient's read-back name) for each trainable param, in the graph's order
+        self._grad_keys = [(name, f"@grad:{name}") for name in self.graph.trainable()]
         self._upload_leaves(params)
 
     # -- resident leaves
@@ -159,14 +161,16 @@ class GraphSession:
         loss = got.get("@loss")
         out_grads = {}
         if grads or (optimizer is not None and prog.optimizer is None):
-            for name, i in g.trainable().items():
-                out_grads[name] = got.get(f"@grad:{name}")
-                if out_grads[name] is None:
-                    out_grads[name] = np.zeros(g.nodes[i].shape, NUMPY[g.nodes[i].dtype])
+            for name, key in self._grad_keys:
+                grad = got.get(key)
+                if grad is None:   # a param the loss does not reach
+                    node = g.nodes[g.params[name]]
+                    grad = np.zeros(node.shape, NUMPY[node.dtype])
+                out_grads[name] = grad
             if grad_inputs:
                 out_grads.update({name: got[f"@grad:{name}"] for name in g.inputs if f"@grad:{name}" in got})
         if on_grad_final is not None:
-            for name in g.trainable():
+            for name, _key in self._grad_keys:
                 on_grad_final(name, out_grads[name])
         if optimizer is not None and prog.optimizer is None and not found_inf:
             self._host_update(optimizer, out_grads)

@@ -19,6 +19,8 @@ from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
 from flowgrad.exec_vulkan.readback import HostBlock
+from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
+from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
 from flowgrad.exec_vulkan.lower import lowering_for
@@ -245,46 +247,42 @@ class StepProgram:
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
-        self.host = HostBlock()   # where read-backs land
+        io = self.layout.io
+        self.feeds_in = FeedWriter(self.staging_up, io.uploads)
+        self.host = HostBlock(io.down_bytes, io.downloads)   # where read-backs land
+        self.traffic = (self.dispatches, len(io.uploads), len(io.downloads))
         self.rec.arena.materialize(device)
         self.rec.checks.materialize(device)
         self.graph = graph
         step_part, update_part = split_update(self.rec)
         self.cmd = device.command_buffer()
         self.enc = encode(device, self.cmd, step_part)
-        self.update_cmd = self.update_enc = None
+        self.submission = Submission(self.cmd)
+        self.update_cmd = self.update_enc = self.update_submission = None
         if update_part:
             self.update_cmd = device.command_buffer()
             self.update_enc = encode(device, self.update_cmd, update_part)
+            self.update_submission = Submission(self.update_cmd)
         self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena,
                                            self.rec.checks, self.update_cmd, self.update_enc)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
-        for name, staging, _dev in self.layout.io.uploads:
-            data = hyper if name == "@hyper" else feeds[name]   # "@scale": the session adds it to the feeds
-            if tuple(np.shape(data)) != staging.shape:
-                what = "the optimizer's hyper(step)" if name == "@hyper" else f"feed {name!r}"
-                raise FlowError(f"{what} has shape {list(np.shape(data))}; the recorded step expects "
-                                f"{list(staging.shape)}")
-            self.staging_up.write(np.ascontiguousarray(data, dtype=NUMPY[staging.dtype]), staging.offset)
-
-    def read_outputs(self) -> dict[str, np.ndarray]:
-        io = self.layout.io
-        return self.host.read(self.staging_down.array if io.downloads else None, io.down_bytes, io.downloads)
+        self.feeds_in.write(feeds, hyper)
 
     def run(self, feeds, hyper=None) -> dict[str, np.ndarray]:
         stats = self.device.stats
-        stats["dispatches"] += self.dispatches
-        stats["uploads"] += len(self.layout.io.uploads)
-        stats["downloads"] += len(self.layout.io.downloads)
-        self.write_inputs(feeds, hyper)
-        self.device.submit_and_wait(self.cmd, "running a graph step")
-        got = self.read_outputs()
+        dispatches, uploads, downloads = self.traffic
+        stats["dispatches"] += dispatches
+        stats["uploads"] += uploads
+        stats["downloads"] += downloads
+        self.feeds_in.write(feeds, hyper)
+        submit_and_wait(self.device, self.submission, "running a graph step")
+        got = self.host.read(self.staging_down.array if self.staging_down is not None else None)
         if INDEX_FLAGS in got:
             self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
-        if self.update_cmd is not None:
-            self.device.submit_and_wait(self.update_cmd, "running a graph step's optimizer update")
+        if self.update_submission is not None:
+            submit_and_wait(self.device, self.update_submission, "running a graph step's optimizer update")
         return got
 
     def free(self) -> None:

@@ -20,19 +20,41 @@ CHUNK = 8 << 20
 
 
 class HostBlock:
-    def __init__(self):
+    """The read-backs of one step program, laid out once: each step hands out
+    fresh views (whatever a caller did to the last ones stays theirs)."""
+
+    def __init__(self, nbytes: int, downloads):
+        """downloads: [(name, device view, staging view)], the staging views
+        regions of a buffer `nbytes` long."""
+        self.nbytes = nbytes
+        self.regions = [(name, s.shape, NUMPY[s.dtype], s.offset) for name, _dev, s in downloads]
         self.block = None
 
-    def read(self, staging: np.ndarray, nbytes: int, downloads) -> dict[str, np.ndarray]:
-        """{name: array} for downloads [(name, device view, staging view)]."""
-        if not downloads:
+    def read(self, staging: np.ndarray | None) -> dict[str, np.ndarray]:
+        """{name: array}, copied out of the staging buffer's mapped memory."""
+        if not self.regions:
             return {}
-        if self.block is None or sys.getrefcount(self.block) > 2:  # the attribute and the call's argument
-            self.block = np.empty(nbytes, np.uint8)
-        parallel_copy(self.block, staging[:nbytes])
+        # an array of the last step still held (each holds the block) keeps its values
+        if self.block is None or sys.getrefcount(self.block) != _UNHELD:
+            self.block = np.empty(self.nbytes, np.uint8)
+        parallel_copy(self.block, staging[:self.nbytes])
         block = self.block
-        return {name: block[s.offset:s.offset + s.nbytes].view(NUMPY[s.dtype]).reshape(s.shape)
-                for name, _dev, s in downloads}
+        return {name: np.ndarray(shape, dtype, block, offset) for name, shape, dtype, offset in self.regions}
+
+
+class _Probe:
+    """sys.getrefcount(self.block) in HostBlock.read when nothing else holds
+    the block, read the same way (what the count includes differs across
+    Python versions)."""
+
+    def __init__(self):
+        self.block = object()
+
+    def refs(self) -> int:
+        return sys.getrefcount(self.block)
+
+
+_UNHELD = _Probe().refs()
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:

@@ -1,0 +1,115 @@
+"""Submitting a recorded command buffer and waiting for it: the device's one
+fence, the faults tests inject, and a lost device marked for every later use.
+
+A step program submits the same command buffer every step, so its submit
+info is built once (Submission) and the Vulkan calls go straight to the
+loader: the `vulkan` binding's wrappers convert every argument on each call,
+which costs more host time than the submission itself on a tiny step. The
+time spent waiting on the fence is counted in the device's stats
+("fence_wait_ns"), so that a benchmark can tell host time from device time.
+
+FLOWGRAD_VK_SPIN_US=N polls the fence for up to N microseconds before
+blocking on it: a thread woken from a blocking wait can start late, which
+shows on a step that takes well under a millisecond. Off by default (a
+polling thread takes a core, and on a CPU device the core that runs the work)."""
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+from flowgrad.errors import DeviceError, FlowError
+from flowgrad.exec_vulkan import faults
+from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan
+
+FENCE_TIMEOUT_NS = 600 * 10**9
+SPIN_ENV = "FLOWGRAD_VK_SPIN_US"
+VK_SUCCESS, VK_NOT_READY = 0, 1
+
+
+class Submission:
+    """One command buffer, ready to be submitted any number of times."""
+
+    def __init__(self, cmd):
+        vk = load_vulkan()
+        self.cmd = cmd
+        # the cdata the loader reads: kept alive as long as the submission
+        self._cmds = vk.ffi.new("VkCommandBuffer[1]", [cmd])
+        self._info = vk.ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                  "commandBufferCount": 1, "pCommandBuffers": self._cmds})
+
+
+def submit_and_wait(device, submission: Submission, what: str) -> None:
+    """Submit, wait for the fence, reset it. A timeout or a lost device marks
+    the device lost (device.check_usable says so from then on)."""
+    device.check_usable()
+    spin = spin_ns()
+    if faults.hit("submit"):
+        raise DeviceError(f"{_where(device, what)} failed: {_VK_ERRORS['VkErrorOutOfHostMemory']} at submission "
+                          "(injected fault)")
+    device.stats["submits"] += 1
+    vk = load_vulkan()
+    lib = vk.lib
+    fences = _fence(device, what)
+    _check(lib.vkQueueSubmit(device.queue, 1, submission._info, fences[0]), device, what)
+    t0 = time.perf_counter_ns()
+    if spin:
+        end = t0 + spin
+        while lib.vkGetFenceStatus(device.handle, fences[0]) == VK_NOT_READY and time.perf_counter_ns() < end:
+            pass
+    # returns at once when the fence signalled while polling; a lost device is its result too
+    result = lib.vkWaitForFences(device.handle, 1, fences, 1, FENCE_TIMEOUT_NS)
+    device.stats["fence_wait_ns"] += time.perf_counter_ns() - t0
+    if result == VK_SUCCESS and faults.hit("fence_timeout"):   # the work is done; pretend it was not
+        result = vk.VK_TIMEOUT
+    if result == vk.VK_TIMEOUT:
+        # the fence may still signal later: never reuse it
+        device._abandoned_fences.append(device._fence)
+        device._fence = device._fence_array = None
+    _check(result, device, what)
+    if faults.hit("device_lost"):
+        _check(vk.VK_ERROR_DEVICE_LOST, device, what)
+    _check(lib.vkResetFences(device.handle, 1, fences), device, what)
+
+
+@functools.cache
+def spin_ns() -> int:
+    """How long to poll a fence before blocking, from FLOWGRAD_VK_SPIN_US (read once)."""
+    text = os.environ.get(SPIN_ENV, "0")
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise FlowError(f"{SPIN_ENV} must be a whole number of microseconds, 0 or more, got {text!r}")
+    return value * 1000
+
+
+def _fence(device, what):
+    """The device's fence, as the one-element array the loader takes (made on first use)."""
+    if device._fence_array is None:
+        vk = load_vulkan()
+        created = vk.ffi.new("VkFence*")
+        info = vk.ffi.new("VkFenceCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO})
+        _check(vk.lib.vkCreateFence(device.handle, info, vk.ffi.NULL, created), device, what)
+        device._fence = created[0]
+        device._fence_array = vk.ffi.new("VkFence[1]", [device._fence])
+    return device._fence_array
+
+
+def _check(result: int, device, what: str) -> None:
+    """A failed call's VkResult as the DeviceError vk_errors would give; a
+    lost device or a timeout also marks the device lost."""
+    if result == VK_SUCCESS:
+        return
+    vk = load_vulkan()
+    name = vk.exception_codes[result].__name__ if result in vk.exception_codes else f"VkResult {result}"
+    message = f"{_where(device, what)} failed: {_VK_ERRORS.get(name, name)}"
+    if name in ("VkErrorDeviceLost", "VkTimeout"):
+        message += " (injected fault)" if faults.armed() else ""
+        device.lost = message
+    raise DeviceError(message)
+
+
+def _where(device, what: str) -> str:
+    return f"{what} on {device.info.name}"
