@@ -69,9 +69,12 @@ CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
 TABLES = {
     "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
                 "batched": "matmul_64x64_k16"},
-    # any NVIDIA GPU; measured on an H200 (132 SMs) by bench/matmul_sweep.py at 4096^3 and gpt_small's
-    # shapes (per class, the tile with the best mean share of cuBLAS); batched is unmeasured
-    "nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k16", "deep": "matmul_128x128_k16",
+    # any NVIDIA GPU. The 128x128 tiles had the best mean share of cuBLAS on an H200
+    # (bench/matmul_sweep.py: 0.45-0.71 against 0.41-0.67 for 64x64), until the epilogue's larger
+    # store put their accumulators in local memory there (0.05, 64x64 still 0.57 at 4096^3). Their
+    # store now reads the accumulators at literal indices; until that is timed on the device, every
+    # class takes the 64x64 tile
+    "nvidia": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
                "batched": "matmul_64x64_k16"},
 }
 # Split-K fills whole waves: the most chunks that keep the grid at or under this

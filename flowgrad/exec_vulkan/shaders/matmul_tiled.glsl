@@ -228,6 +228,36 @@ void store_b(uint buf) {
     }
 }
 
+// One invocation's 4 outputs of row m from column n. The store reads acc at
+// literal indices (STORE_ROWS): a store loop the driver leaves rolled would
+// index acc at run time, which moves all of it to local memory (on the H200
+// the 128x128 tiles ran 15x slower once the epilogue made that loop large).
+void store_acc(uint z, uint m, uint n, vec4 v) {
+    if (m >= GEMM_M) return;
+    if (C_VEC && n + 3u < GEMM_N) {
+        store_c4(z, m, n, v);
+        return;
+    }
+    [[unroll]] for (uint q = 0u; q < 4u; ++q)
+        if (n + q < GEMM_N) store_c(z, m, n + q, v[q]);
+}
+#define STORE_IJ(i, j) store_acc(z, m0 + ((i) / 4u) * (WM * 4u) + ty * 4u + (i) % 4u, n0 + (j) * (WN * 4u) + tx * 4u, acc[i][j])
+#if GN == 1
+#define STORE_ROW(i) STORE_IJ(i, 0u)
+#elif GN == 2
+#define STORE_ROW(i) STORE_IJ(i, 0u); STORE_IJ(i, 1u)
+#else
+#error "the store takes TN of 4 or 8"
+#endif
+#if TM == 4
+#define STORE_ROWS() STORE_ROW(0u); STORE_ROW(1u); STORE_ROW(2u); STORE_ROW(3u)
+#elif TM == 8
+#define STORE_ROWS() STORE_ROW(0u); STORE_ROW(1u); STORE_ROW(2u); STORE_ROW(3u); \
+                     STORE_ROW(4u); STORE_ROW(5u); STORE_ROW(6u); STORE_ROW(7u)
+#else
+#error "the store takes TM of 4 or 8"
+#endif
+
 void main() {
     uint tx = gl_LocalInvocationIndex % WN, ty = gl_LocalInvocationIndex / WN;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
@@ -266,18 +296,6 @@ void main() {
                 barrier();
             }
         }
-        [[unroll]] for (uint i = 0u; i < TM; ++i) {
-            uint m = m0 + (i / 4u) * (WM * 4u) + ty * 4u + i % 4u;
-            if (m >= GEMM_M) continue;
-            [[unroll]] for (uint j = 0u; j < GN; ++j) {
-                uint n = n0 + j * (WN * 4u) + tx * 4u;
-                if (C_VEC && n + 3u < GEMM_N) {
-                    store_c4(z, m, n, acc[i][j]);
-                } else {
-                    [[unroll]] for (uint q = 0u; q < 4u; ++q)
-                        if (n + q < GEMM_N) store_c(z, m, n + q, acc[i][j][q]);
-                }
-            }
-        }
+        STORE_ROWS();
     }
 }
