@@ -163,8 +163,10 @@ def test_f16_epilogues_match_unfused_on_vulkan(vk_device):
     assert fused.last_path == "graph" and plain.last_path == "graph"
     assert sum(n.op == "fused" and n.attrs["steps"][0][0] == "matmul" for n in fused.runner.graph.nodes) == 4
     close(f_loss, p_loss, 2e-3)
+    # gradients whose sums are rounded to f16 at other points (on the H200 the cooperative-matrix
+    # GEMM, which takes no epilogue, gave 2.9e-3 of the largest): 4 ulps of the largest element
     for k in f_grads:
-        close(f_grads[k], p_grads[k], 2e-3)
+        close(f_grads[k], p_grads[k], 4e-3)
 
 
 def test_an_epilogue_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device):

@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 from flowgrad.errors import DeviceError
 
 VALIDATION_ENV = "FLOWGRAD_VK_VALIDATION"   # "1": Khronos validation layer + message collection
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+
+# A layer older than an extension reports that extension's structures and SPIR-V
+# capabilities as unknown (Debian bookworm's 1.3.239 predates
+# VK_NV_cooperative_matrix2, which matmul_cm2 uses). Such a message says the
+# layer is old, not that the call is wrong: it is kept as a warning.
+PREDATES_LAYER = (
+    # VkPhysicalDeviceCooperativeMatrix2FeaturesNV in vkCreateDevice's chain
+    re.compile(r"VUID-VkDeviceCreateInfo-pNext-pNext.*unknown VkStructureType \(1000593000\)", re.S),
+    # SPV_NV_cooperative_matrix2 / SPV_NV_tensor_addressing capabilities (5430-5439)
+    re.compile(r"InconsistentSpirv.*Invalid capability operand: 543\d\b", re.S),
+)
 
 _VK_ERRORS = {
     "VkErrorOutOfHostMemory": "out of host memory (VK_ERROR_OUT_OF_HOST_MEMORY)",
@@ -97,11 +109,16 @@ class Instance:
         try:
             vk = load_vulkan()
             text = vk.ffi.string(data.pMessage).decode("utf-8", "replace") if data.pMessage else "?"
-            level = "error" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else "warning"
+            level = message_level(bool(severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT), text)
             self.messages.append((level, text))
         except Exception as e:  # noqa: BLE001 - a callback must never raise into the driver
             self.messages.append(("error", f"(could not read a validation message: {e})"))
         return 0
+
+
+def message_level(error: bool, text: str) -> str:
+    """"error" for a validation error the layer can judge, else "warning"."""
+    return "error" if error and not any(p.search(text) for p in PREDATES_LAYER) else "warning"
 
 
 _INSTANCE: Instance | None = None

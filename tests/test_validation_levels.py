@@ -1,0 +1,27 @@
+"""Validation messages that only say the layer predates an extension the device
+offers are warnings; every other validation error stays an error. The texts
+are the ones bookworm's layer (1.3.239) printed on an H200 for matmul_cm2."""
+from __future__ import annotations
+
+from flowgrad.exec_vulkan.instance import message_level
+
+UNKNOWN_STRUCT = ("Validation Error: [ VUID-VkDeviceCreateInfo-pNext-pNext ] Object 0: VK_NULL_HANDLE, "
+                  "type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x901f59ec | vkCreateDevice: pCreateInfo->pNext "
+                  "chain includes a structure with unknown VkStructureType (1000593000); Allowed structures are "
+                  "[VkDeviceDeviceMemoryReportCreateInfoEXT, VkPhysicalDeviceCooperativeMatrixFeaturesNV]")
+UNKNOWN_CAPABILITY = ("Validation Error: [ UNASSIGNED-CoreValidation-Shader-InconsistentSpirv ] Object 0: "
+                      "handle = 0x3fc92d60, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x6bbb14 | SPIR-V module "
+                      "not valid: Invalid capability operand: 5433")
+
+
+def test_messages_of_a_layer_older_than_cooperative_matrix_2_are_warnings():
+    assert message_level(True, UNKNOWN_STRUCT) == "warning"
+    assert message_level(True, UNKNOWN_CAPABILITY) == "warning"
+
+
+def test_other_validation_errors_stay_errors():
+    assert message_level(True, UNKNOWN_STRUCT.replace("1000593000", "1000201000")) == "error"
+    assert message_level(True, UNKNOWN_CAPABILITY.replace("5433", "5345")) == "error"
+    assert message_level(True, "Validation Error: [ VUID-vkCmdDispatch-None-08114 ] descriptor not updated") == "error"
+    assert message_level(False, UNKNOWN_CAPABILITY) == "warning"
+    assert message_level(False, "a performance warning") == "warning"
