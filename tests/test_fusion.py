@@ -133,6 +133,19 @@ def close(a, b, tol):
     assert np.all(np.isfinite(a)) and np.max(np.abs(a - b), initial=0.0) <= tol * scale
 
 
+def agree(fused, plain, closures):
+    """(loss, grads) of the fused graph path against the unfused one (1e-5) and
+    against closures (1e-4), every gradient nonzero."""
+    (f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads) = fused, plain, closures
+    close(f_loss, p_loss, 1e-5)
+    close(f_loss, c_loss, 1e-4)
+    assert set(f_grads) == set(p_grads) == set(c_grads)
+    for k in f_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], 1e-5)
+        close(f_grads[k], c_grads[k], 1e-4)
+
+
 @pytest.mark.parametrize("name", ["chains", "tiny_gpt"])
 def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
     model = chains() if name == "chains" else gpt(GPT_TINY)
@@ -143,13 +156,7 @@ def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
     assert clos.last_path.startswith("closures") and clos.device is not None
     assert fused.plan.fusion.groups and not plain.plan.fusion.groups
     assert any(n.op == "fused" for n in fused.runner.graph.nodes)
-    close(f_loss, p_loss, 1e-5)
-    close(f_loss, c_loss, 1e-4)
-    assert set(f_grads) == set(p_grads) == set(c_grads)
-    for k in f_grads:
-        assert np.any(f_grads[k] != 0), k
-        close(f_grads[k], p_grads[k], 1e-5)
-        close(f_grads[k], c_grads[k], 1e-4)
+    agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
 
 def test_fused_f16_chain_matches_unfused_on_vulkan(vk_device):
