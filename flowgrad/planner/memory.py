@@ -99,10 +99,6 @@ class MemoryPlan:
     def saved_bytes(self) -> int:
         return sum(s.nbytes for s in self.saved)
 
-    def grad_key(self, node_id: int) -> tuple | None:
-        key = ("grad", node_id)
-        return key if key in self.slots else None
-
     def to_dict(self) -> dict:
         return {"buffers": len(self.buffers), "total_bytes": self.total_bytes, "naive_bytes": self.naive_bytes,
                 "peak_bytes": self.peak_bytes, "reuse": round(self.reuse, 4),

@@ -165,11 +165,6 @@ class World:
                 time.sleep(nap)
                 nap = min(1e-3, nap + 1e-5)
 
-    def allreduce(self, arrays: list[np.ndarray], what: str) -> None:
-        """Sum each array across ranks, in place, all in flight at once."""
-        reqs = [self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM) for a in arrays]
-        self._wait(reqs, what)
-
     def barrier(self, what: str) -> None:
         self._wait([self.comm.Ibarrier()], what)
 
