@@ -85,15 +85,14 @@ def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
     return tuple(u for _, _, u in bounds)
 
 
-def _blocked(graph: Graph, node: Node, k: int) -> Node | None:
-    """`node` as its lowering's blocked op in k blocks, when that op's lowering takes it."""
+def _blocked(graph: Graph, node: Node, blocked: str, k: int) -> Node | None:
+    """`node` as op `blocked` (its lowering's Lowering.blocked) in k blocks, when that op's lowering takes it."""
     from flowgrad.graph import TensorType
 
-    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
-    if low is None or low.blocked is None or lowering_for(low.blocked) is None:
+    if lowering_for(blocked) is None:
         return None
     shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
-    new = Node(node.id, low.blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
+    new = Node(node.id, blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
     return new if _fits(graph, new) else None
 
 
@@ -106,7 +105,7 @@ def split_products(graph: Graph) -> tuple[list, list]:
         if node.id in roots or low is None or low.blocked is None:
             continue
         parts = _split_blocks(graph, node, users)
-        new = None if parts is None else _blocked(graph, node, len(parts))
+        new = None if parts is None else _blocked(graph, node, low.blocked, len(parts))
         if new is None:
             continue
         nodes[node.id] = new
