@@ -59,23 +59,24 @@ CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.in
         for name, t in matmul_cm2.TILES.items()}
 # shape class -> matmul_cm2 tile, measured on an H200 by bench/matmul_sweep.py (per class, the best
 # mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
-# 128x256 tile, as 4096^3); batched is unmeasured (the small tile)
+# 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile)
 CM2_TABLE = {"large": "matmul_cm2_128x256_k32_w256_u2", "square": "matmul_cm2_128x64_k64_w128",
-             "tall": "matmul_cm2_128x64_k64_w128", "deep": "matmul_cm2_64x64_k32_w64",
+             "tall": "matmul_cm2_128x64_k64_w128", "narrow": "matmul_cm2_128x64_k64_w128",
+             "deep": "matmul_cm2_64x64_k32_w64",
              "batched": "matmul_cm2_64x64_k64_w128"}
 CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
 
+NARROW = 256            # a tall output this short on its short side is "narrow" (few 128-wide tiles)
 # device family -> shape class -> tile shader
 TABLES = {
-    "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
-                "batched": "matmul_64x64_k16"},
-    # any NVIDIA GPU. The 128x128 tiles had the best mean share of cuBLAS on an H200
-    # (bench/matmul_sweep.py: 0.45-0.71 against 0.41-0.67 for 64x64), until the epilogue's larger
-    # store put their accumulators in local memory there (0.05, 64x64 still 0.57 at 4096^3). Their
-    # store now reads the accumulators at literal indices; until that is timed on the device, every
-    # class takes the 64x64 tile
-    "nvidia": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "deep": "matmul_64x64_k16",
-               "batched": "matmul_64x64_k16"},
+    "default": {"square": "matmul_64x64_k16", "tall": "matmul_64x64_k16", "narrow": "matmul_64x64_k16",
+                "deep": "matmul_64x64_k16", "batched": "matmul_64x64_k16"},
+    # any NVIDIA GPU; measured on an H200 (132 SMs) by `flowgrad bench matmul --all` at 4096^3 and
+    # gpt_small's shapes, per class the tile with the best mean share of cuBLAS: 128x128_k16 gave
+    # 0.67 at 4096^3, 0.69-0.78 square, 0.46-0.65 tall, 0.59-0.67 deep; on the narrow vocab
+    # product (4096x256, K 512) 0.52 against 0.67 for 64x64, whose grid fills the device
+    "nvidia": {"square": "matmul_128x128_k16", "tall": "matmul_128x128_k16", "narrow": "matmul_64x64_k16",
+               "deep": "matmul_128x128_k16", "batched": "matmul_64x64_k16"},
 }
 # Split-K fills whole waves: the most chunks that keep the grid at or under this
 # many workgroups (H200: two waves of 132 SMs; measured, 128 or 256 workgroups
@@ -119,7 +120,7 @@ def shape_class(m: int, n: int, k: int, nz: int) -> str:
     if k >= 2 * max(m, n):
         return "deep"
     if max(m, n) >= 4 * min(m, n):
-        return "tall"
+        return "narrow" if min(m, n) <= NARROW else "tall"
     return "square"
 
 
