@@ -261,7 +261,8 @@ def test_the_bench_report_puts_the_amp_rows_beside_f32_eager():
 
     path = {"seconds": 0.024, "submits": 1, "dispatches": 565, "uploads": 3, "downloads": 69}
     r = {"model": "tiny_gpt", "config": {"d": 512}, "device": "GPU", "dtype": "mixed", "graph": path,
-         "closures": {**path, "seconds": 3.4}, "ratio": 140.0,
+         "graph_grads": {**path, "seconds": 0.027}, "closures": {**path, "seconds": 3.4}, "ratio": 125.9,
+         "grads_cost": 1.125,
          "torch": {"device": "GPU", "loss_torch": 5.66, "loss_flowgrad": 5.66, "checked_in": "training",
                    "eager": {"seconds": 0.0146},
                    "amp_f16": {"seconds": 0.0122}, "amp_bf16": {"seconds": 0.0127}}}

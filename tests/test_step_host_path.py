@@ -126,9 +126,13 @@ def test_bench_reports_host_time_outside_the_fence_waits(vk_device):
     from flowgrad.exec_vulkan import bench
 
     r = bench.run("mlp", repeats=3, config=CONFIG)
-    for path in ("graph", "closures"):
+    for path in ("graph", "graph_grads", "closures"):
         assert 0 < r[path]["host_seconds"] <= r[path]["seconds"], r[path]
-    assert "host time per step, outside fence waits: graph " in bench.report(r)
+    # the Adam step returns no gradients: only the loss comes back
+    assert r["graph"]["downloads"] < r["graph_grads"]["downloads"]
+    assert r["grads_cost"] == pytest.approx(r["graph_grads"]["seconds"] / r["graph"]["seconds"])
+    text = bench.report(r)
+    assert "graph, Adam on the device" in text and "graph, gradients to the host / Adam on the device: " in text
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""`flowgrad bench`: one training step (forward + backward) of a model
-(default: tiny_gpt at d=64, seq=64) on the graph path and on closures, on
-the same Vulkan device; with compare="torch", also its PyTorch twin
+"""`flowgrad bench`: one training step of a model (default: tiny_gpt at
+d=64, seq=64) on the graph path and on closures, on the same Vulkan
+device; with compare="torch", also its PyTorch twin
 (flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
 same process, eager and under torch.compile(mode="reduce-overhead"), after
 checking that the twin's first loss equals flowgrad's (in an eval step
@@ -12,8 +12,13 @@ flowgrad path sends to the device per step (submits, dispatches, host
 transfers), and each path's host time per step: the step's time outside its
 fence waits (feed checks and copies, submission, read-back, bookkeeping).
 
-A flowgrad step returns the gradients to the host (the API default); a
-PyTorch step leaves them on the GPU.
+The step compared with PyTorch is the one training runs: forward, backward
+and an Adam update, the gradients left on the device on both sides
+(flowgrad's graph path updates the params in the step's one submit;
+PyTorch runs torch.optim.Adam after its backward). The graph path is also
+timed as `sess.step(feeds)` runs by default, returning every gradient to
+the host, and that step is the one closures are compared on (the same
+work on both paths).
 
 A benchmark, not a test: numbers depend on the machine; nothing asserts them."""
 from __future__ import annotations
@@ -27,7 +32,9 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
 from flowgrad.ops.random import RNG_INPUT
+from flowgrad.training.optim import Adam
 
+LR = 1e-4               # the timed steps' Adam: small, so the loss the twin is checked on stays sane
 MODEL = "tiny_gpt"      # a shipped model: resolved by load() wherever flowgrad is installed
 DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
 
@@ -38,19 +45,26 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     return random_feeds(graph, seed, high)
 
 
-def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]:
+def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tuple[float, dict]:
     """(median seconds per step, device traffic per step and host_seconds:
     the median of each step's time outside its fence waits, what the host
-    spends on a step while the device is not running it)."""
+    spends on a step while the device is not running it). With an
+    optimizer, each step updates the params and returns no gradients."""
+    def step():
+        if optimizer is None:
+            sess.step(feeds)
+        else:
+            sess.step(feeds, grads=False, optimizer=optimizer)
+
     for _ in range(warmup):
-        sess.step(feeds)
+        step()
     stats = sess.device.stats
     before = dict(stats)
     times, host = [], []
     for _ in range(repeats):
         waited = stats["fence_wait_ns"]
         t0 = time.perf_counter_ns()
-        sess.step(feeds)
+        step()
         took = time.perf_counter_ns() - t0
         times.append(took * 1e-9)
         host.append((took - (stats["fence_wait_ns"] - waited)) * 1e-9)
@@ -59,9 +73,11 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2) -> tuple[float, dict]
 
 
 def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
-    """Median seconds of one forward + backward of the twin on its GPU; amp
+    """Median seconds of one training step of the twin on its GPU: forward,
+    backward and torch.optim.Adam (torch.compile, when compiled, takes the
+    forward; the optimizer runs eager, as its default foreach kernels); amp
     "f16" or "bf16": under torch.autocast in that dtype (f16 with a
-    GradScaler's scaled backward, as AMP training runs it)."""
+    GradScaler's scaled backward and step, as AMP training runs it)."""
     torch = twin.torch
     kind = torch.device(twin.device).type
     autocast = None if amp is None else {"f16": torch.float16, "bf16": torch.bfloat16}[amp]
@@ -75,12 +91,18 @@ def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None
     if compiled:
         forward = torch.compile(forward, mode="reduce-overhead")
     scaler = torch.amp.GradScaler(kind) if amp == "f16" else None
+    opt = torch.optim.Adam([p for p in twin.params.values() if p.requires_grad], lr=LR)
 
     def step():
-        for p in twin.params.values():
-            p.grad = None
+        opt.zero_grad(set_to_none=True)
         loss = forward(feeds)
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
 
     sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
     for _ in range(3):
@@ -152,39 +174,48 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
-    phase(f"timing the graph path ({repeats} steps after 2 warm-up)")
-    g_time, g_traffic = time_steps(graph_sess, feeds, repeats)
-    phase(f"timing the closures path ({max(3, repeats // 4)} steps after 2 warm-up)")
+    phase(f"timing the graph path, Adam on the device ({repeats} steps after 2 warm-up)")
+    g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
+    phase(f"timing the graph path, gradients to the host ({repeats} steps after 2 warm-up)")
+    r_time, r_traffic = time_steps(graph_sess, feeds, repeats)
+    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after 2 warm-up)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
          "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
-         "graph": {"seconds": g_time, **g_traffic}, "closures": {"seconds": c_time, **c_traffic},
-         "ratio": c_time / g_time}
+         "graph": {"seconds": g_time, **g_traffic}, "graph_grads": {"seconds": r_time, **r_traffic},
+         "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time}
     if compare == "torch":
         r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
     return r
 
 
+PATHS = (("graph", "graph, Adam on the device"), ("graph_grads", "graph, gradients to the host"),
+         ("closures", "closures, gradients to the host"))
+
+
 def report(r: dict) -> str:
     cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
-    lines = [f"{r['model']} ({cfg}) on {r['device']}, {r['dtype']}: one training step (forward + backward), "
-             f"median of repeated runs",
-             f"{'path':<10}{'step ms':>10}{'submits':>10}{'dispatches':>12}{'host in':>9}{'host out':>9}"]
-    for path in ("graph", "closures"):
+    lines = [f"{r['model']} ({cfg}) on {r['device']}, {r['dtype']}: one training step, median of repeated runs",
+             f"{'path':<34}{'step ms':>10}{'submits':>10}{'dispatches':>12}{'host in':>9}{'host out':>9}{'host ms':>9}"]
+    for path, label in PATHS:
+        if path not in r:
+            continue
         p = r[path]
-        lines.append(f"{path:<10}{p['seconds'] * 1e3:>10.2f}{p['submits']:>10.0f}{p['dispatches']:>12.0f}"
-                     f"{p['uploads']:>9.0f}{p['downloads']:>9.0f}")
-    if all("host_seconds" in r[path] for path in ("graph", "closures")):
-        lines.append(f"host time per step, outside fence waits: graph {r['graph']['host_seconds'] * 1e3:.3f} ms, "
-                     f"closures {r['closures']['host_seconds'] * 1e3:.3f} ms")
-    lines.append(f"closures / graph: {r['ratio']:.2f}x")
+        host = f"{p['host_seconds'] * 1e3:>9.3f}" if "host_seconds" in p else ""
+        lines.append(f"{label:<34}{p['seconds'] * 1e3:>10.2f}{p['submits']:>10.0f}{p['dispatches']:>12.0f}"
+                     f"{p['uploads']:>9.0f}{p['downloads']:>9.0f}{host}")
+    lines.append("(host ms: the step's time outside its fence waits)")
+    if "grads_cost" in r:
+        lines.append(f"graph, gradients to the host / Adam on the device: {r['grads_cost']:.2f}x")
+    lines.append(f"closures / graph (both returning the gradients): {r['ratio']:.2f}x")
     t = r.get("torch")
     if t is not None and "skipped" in t:
         lines.append(f"PyTorch: skipped ({t['skipped']})")
     elif t is not None:
-        lines.append(f"PyTorch on {t['device']} (twin loss {t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, "
-                     f"{t['checked_in']} step):")
+        lines.append(f"PyTorch on {t['device']}, forward + backward + torch.optim.Adam (twin loss "
+                     f"{t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, {t['checked_in']} step), "
+                     "beside the graph path with Adam on the device:")
         g = r["graph"]["seconds"]
         amp = "amp_f16" in t   # mixed: the twin's plain eager step is the f32 model's
         for name, label in (("eager", "eager f32" if amp else "eager"), ("amp_f16", "AMP f16 eager"),
