@@ -20,14 +20,14 @@ from test_fusion import agree, close, closure_step, run
 
 @contextlib.contextmanager
 def dispatches():
-    """(label, shader) of every dispatch recorded inside the block."""
+    """(label, shader, workgroups) of every dispatch recorded inside the block."""
     from flowgrad.exec_vulkan.recorder import Recorder
     seen = []
     real = Recorder.dispatch
 
-    def dispatch(self, shader, *args, **kwargs):
-        seen.append((self.label, shader))
-        return real(self, shader, *args, **kwargs)
+    def dispatch(self, shader, bufs, push=(), groups=(1, 1, 1), *args, **kwargs):
+        seen.append((self.label, shader, tuple(groups)))
+        return real(self, shader, bufs, push, groups, *args, **kwargs)
 
     Recorder.dispatch = dispatch
     try:
@@ -128,8 +128,8 @@ def test_epilogue_chains_are_bit_identical_on_numpy_and_match_finite_differences
                                          (False, "matmul_128x128_k16")],
                          ids=["in-the-store", "split-k", "128x128-k8", "128x128-k16"])
 def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split, tile):
-    """In the store (of each tiled kernel), and (split-K, whose partials the store can't
-    finish) in the pass that sums them."""
+    """In the store of each tiled kernel; split over K, in the store of the workgroup
+    that sums a tile's partials (the same dispatch)."""
     from flowgrad.exec_vulkan.lower import matmul_kernels
 
     model = epilogues()
@@ -143,12 +143,11 @@ def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split, tile):
     ends = {graph.nodes[grp.node].label for grp in fused.plan.fusion.groups
             if graph.nodes[grp.members[0]].op == "matmul"}
     assert len(ends) == 4
-    forward = [shader for label, shader in seen if label and label[0] in ends and label[1] == "forward"]
-    # the path: the adds run in the GEMM's store, or (split-K) in the one fused_map pass that sums the
-    # partials
-    gemms, sums = (forward[::2], forward[1::2]) if split else (forward, [])
-    assert len(gemms) == 4 and all(g == tile if tile else g in matmul_kernels.TILES for g in gemms), forward
-    assert sums == (["fused_map"] * 4 if split else []), forward
+    forward = [(shader, groups) for label, shader, groups in seen if label and label[0] in ends
+               and label[1] == "forward"]
+    # the path: one GEMM dispatch per chain, the adds in its store (split: z runs over the 2 K-chunks)
+    assert len(forward) == 4 and all(g == tile if tile else g in matmul_kernels.TILES for g, _ in forward), forward
+    assert all(groups[2] == (2 if split else 1) for _, groups in forward), forward
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
 
@@ -187,7 +186,7 @@ minimize loss
     clos, c_loss, c_grads = run(model, "vulkan", "closures")
     assert fused.last_path == "graph" and clos.last_path.startswith("closures")
     label = model.graph.nodes[grp.node].label
-    assert [s for lab, s in seen if lab == (label, "forward")] == ["matmul_64x64_k16", "fused_map"]
+    assert [s for lab, s, _ in seen if lab == (label, "forward")] == ["matmul_64x64_k16", "fused_map"]
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
 

@@ -23,7 +23,7 @@ NP = {"f32": np.float32, "f16": np.float16}
 
 
 def products(device, a, b, shader=None, chunks=None, seed=0):
-    """(out, da, db, shaders dispatched) for a @ b and its backward with a random g."""
+    """(out, da, db, dispatches) for a @ b and its backward with a random g."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     dtype = dtype_of(a)
@@ -35,20 +35,22 @@ def products(device, a, b, shader=None, chunks=None, seed=0):
         out, da, db = s.empty(node.shape, dtype), s.empty(a.shape, dtype), s.empty(b.shape, dtype)
         linalg.MATMUL.forward(s.rec, node, [av, bv], out)
         linalg.MATMUL.backward(s.rec, node, gv, [av, bv], out, [da, db])
-        shaders = [c.shader for c in s.rec.commands if hasattr(c, "shader")]
+        dispatches = [c for c in s.rec.commands if hasattr(c, "shader")]
         for v in (out, da, db):
             s.download(v)
         got = s.run()
     a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
     want = get_op("matmul").vjp(g64, [a64, b64], None, {})
-    return got, [a64 @ b64, *want], shaders
+    return got, [a64 @ b64, *want], dispatches
 
 
-def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0):
+def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0, dispatches=False):
+    """The shaders dispatched (with dispatches=True, the Dispatch commands)."""
     rng = np.random.default_rng(seed)
     a = rng.uniform(-1, 1, sa).astype(NP[dtype])
     b = rng.uniform(-1, 1, sb).astype(NP[dtype])
-    got, want, shaders = products(device, a, b, shader, chunks, seed)
+    got, want, commands = products(device, a, b, shader, chunks, seed)
+    shaders = [c.shader for c in commands]
     gemms = [s for s in shaders if s.startswith("matmul_")]
     if shader is not None:
         assert gemms and set(gemms) == {shader}, shaders
@@ -56,7 +58,7 @@ def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0):
         assert x.shape == y.shape and np.isfinite(x).all(), name
         err = np.linalg.norm(x.astype(np.float64) - y) / max(np.linalg.norm(y), 1e-30)
         assert err < TOL[dtype], f"{name} of {sa}@{sb} ({dtype}, {shader}, chunks {chunks}): relative error {err:.2e}"
-    return shaders
+    return commands if dispatches else shaders
 
 
 # aligned (vector loads and stores) and odd (scalar) shapes, each with a batch
@@ -75,10 +77,53 @@ def test_odd_sizes_in_each_position(vk_device, size):
         check(vk_device, sa, sb, shader="matmul_128x128_k8")
 
 
-@pytest.mark.parametrize("sa,sb", [((17, 600), (600, 9)), ((16, 640), (640, 8))])
-def test_split_k(vk_device, sa, sb):
-    shaders = check(vk_device, sa, sb, shader="matmul_64x64_k16", chunks=3)
-    assert any(s.startswith("map_reduce") for s in shaders)   # the partials are summed
+@pytest.mark.parametrize("shader", sorted(mk.TILES))
+@pytest.mark.parametrize("sa,sb,chunks", [((17, 600), (600, 9), 3), ((16, 640), (640, 8), 2),
+                                          ((130, 1000), (1000, 70), 5)])
+def test_split_k(vk_device, shader, sa, sb, chunks):
+    """Split-K on a tiled kernel is one dispatch per product: the last chunk of
+    each output tile sums the partials (no separate summing pass)."""
+    from flowgrad.exec_vulkan.push_constants import push_spec
+
+    commands = check(vk_device, sa, sb, shader=shader, chunks=chunks, dispatches=True)
+    assert [c.shader for c in commands] == [shader] * 3, [c.shader for c in commands]
+    names = [name for name, _ in push_spec(shader).slots]
+    words = [dict(zip(names, np.frombuffer(c.push, np.uint32))) for c in commands]
+    # the forward is split over K (z runs over the chunks, the partials summed in the kernel);
+    # the backward's products are 9 to 17 deep, too shallow to split
+    assert words[0]["klimit"] == sa[1] and commands[0].groups[2] == words[0]["nz"] > 1, words[0]
+    assert all(w["fixup"] == (w["klimit"] > 0) for w in words)
+
+
+def test_split_k_counters_return_to_zero(vk_device):
+    """The fixup's per-tile counters are zeroed once per run of a recording:
+    two split GEMMs in a row, run twice, agree with numpy and with each other."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(3)
+    a, b, b2 = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((40, 900), (900, 24), (24, 900)))
+    runs = []
+    for _ in range(2):
+        with OneShot(vk_device) as s, mk.forced("matmul_64x64_k16", 4):
+            av, bv, b2v = s.upload(a), s.upload(b), s.upload(b2)
+            c, e = s.empty((40, 24), "f32"), s.empty((40, 900), "f32")
+            for out, rhs in ((c, bv), (c, bv), (e, None)):
+                if rhs is None:
+                    linalg.gemm(s.rec, linalg.Operand(c, 24, 1, ()), linalg.Operand(b2v, 900, 1, ()),
+                                linalg.Operand(e, 900, 1, ()), 40, 900, 24, (), ())
+                else:
+                    linalg.gemm(s.rec, linalg.Operand(av, 900, 1, ()), linalg.Operand(rhs, 24, 1, ()),
+                                linalg.Operand(out, 24, 1, ()), 40, 24, 900, (), ())
+            fills = [cmd for cmd in s.rec.commands if not hasattr(cmd, "shader")]
+            assert s.rec.commands[0] in fills   # the counters' one fill heads the recording
+            s.download(c)
+            s.download(e)
+            runs.append(s.run())
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(runs[0][0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(runs[0][1], want @ b2, rtol=1e-4, atol=1e-3)
+    for x, y in zip(*runs):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("sa,sb", [((3, 17, 9), (3, 9, 5)), ((2, 4, 8, 12), (2, 4, 12, 16)),

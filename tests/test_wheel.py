@@ -111,4 +111,4 @@ def test_installed_wheel_benches_its_default_model(installed, vk_device):
                          *[a for kv in ("d=16", "seq=8", "heads=2", "layers=1", "batch=2") for a in ("--set", kv)])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("tiny_gpt (d=16, seq=8, heads=2, layers=1, batch=2)")
-    assert "closures / graph:" in proc.stdout and "validation errors: 0" in proc.stdout
+    assert "closures / graph (both returning the gradients):" in proc.stdout and "validation errors: 0" in proc.stdout

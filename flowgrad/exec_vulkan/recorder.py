@@ -194,6 +194,21 @@ class Recorder:
                               f"kept as {view.dtype}{list(view.shape)}")
         return view
 
+    def zeroed(self, key, shape, dtype: str) -> BufView:
+        """A kept view (see keep) that holds zeros whenever a run of this
+        recording starts: its fill is the recording's first command. For state
+        the kernels return to zero themselves (split-K's tile counters), so
+        one fill serves every use in the recording."""
+        new = key not in self._kept
+        view = self.keep(key, shape, dtype)
+        if new:
+            at = len(self.commands)
+            self.fill(view, 0)
+            fill = self.commands[at:]
+            del self.commands[at:]
+            self.commands[:0] = fill
+        return view
+
     def kept(self, key) -> BufView | None:
         """The view keep(key, ...) made earlier in this recording, or None
         (the backward of a one-op-at-a-time run has no forward recorded

@@ -70,7 +70,8 @@ class Epilogue:
     bias_first: bool = False
     applied: bool = False
     # sum_parts(rec, parts, c) -> bool: records C = the sum of split-K's
-    # partials [chunks, m, n] with the adds, in one pass, where it can
+    # partials [chunks, m, n] with the adds, in one pass, where it can (for
+    # the kernels whose split-K sums in a later pass)
     sum_parts: object = None
 
     def bits(self) -> int:
@@ -107,20 +108,30 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
                             tensor_loads=g.unit_strided())
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
-    if choice.chunks > 1:
+    epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
+    if choice.chunks > 1 and choice.tile.coop:
         _split_k(rec, g, choice, epilogue)
-    elif not _has_epilogue(choice, g.shader(choice.tile), c.view.dtype):
+    elif choice.chunks > 1:
+        _split_k_fixup(rec, g, choice, epi)
+    elif choice.tile.coop:
         rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view], g.push(choice.tile),
                      _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
     else:
-        epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
-        extra = [epi.residual if epi and epi.residual is not None else rec.scratch((1,), c.view.dtype),
-                 epi.bias if epi and epi.bias is not None else rec.scratch((1,), c.view.dtype)]
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *extra], g.push() + (epi.bits() if epi else 0,),
-                     _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
+        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
+                     g.push() + (epi.bits() if epi else 0, 0, 0), _groups(choice.tile, m, n, nz),
+                     _variant(choice, c.view.dtype))
         if epi is not None:
             epi.applied = True
     return True
+
+
+def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
+    """The tiled kernels' bindings past A, B, C: the epilogue's residual and
+    bias, split-K's tile counters and D (stand-ins where unused)."""
+    def use(view, what):
+        return view if view is not None else rec.scratch((1,), what)
+
+    return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype)]
 
 
 @attrs.frozen
@@ -181,13 +192,6 @@ class _Gemm:
                 self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
-def _has_epilogue(choice, shader: str, dtype) -> bool:
-    """The tile's shader has matmul_tiled.glsl's epilogue (its residual and bias bindings, its epi word)."""
-    from flowgrad.exec_vulkan.spirv import shader_info
-
-    return shader_info(shader, _variant(choice, dtype)).bindings == 5
-
-
 def _variant(choice, dtype):
     return None if choice.tile.coop else variant(dtype)   # matmul_coop is built for f16 only
 
@@ -196,21 +200,39 @@ def _groups(tile, m, n, nz):
     return (math.ceil(n / tile.bn), math.ceil(m / tile.bm), min(nz, MAX_GROUPS))
 
 
-def _split_k(rec, g: _Gemm, choice, epilogue=None):
-    """C = sum over K-chunks of the chunk products: partials into scratch, then
-    one sum (with the epilogue's adds, when its sum_parts can)."""
-    a, b, c, m, n, k = g.a, g.b, g.c, g.m, g.n, g.k
+def _split_parts(rec, g: _Gemm, choice):
+    """(the partials' scratch [chunks, m, n], the GEMM that writes them: batch z is K-chunk z)."""
+    a, c, m, n, k = g.a, g.c, g.m, g.n, g.k
     step = max(16, choice.tile.bk)
     kc = math.ceil(k / choice.chunks / step) * step
     chunks = math.ceil(k / kc)
     parts = rec.scratch((chunks, m, n), c.view.dtype)
-    part = attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * b.rs, zc=m * n,
-                        klimit=k)
-    tiled = _has_epilogue(choice, part.shader(choice.tile), c.view.dtype)
-    views = [a.view, b.view, parts] + ([rec.scratch((1,), c.view.dtype)] * 2 if tiled else [])
-    push = part.push(choice.tile) + ((0,) if tiled else ())
-    rec.dispatch(part.shader(choice.tile), views, push, _groups(choice.tile, m, n, chunks),
-                 _variant(choice, c.view.dtype))
+    return parts, attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * g.b.rs,
+                               zc=m * n, klimit=k)
+
+
+def _split_k_fixup(rec, g: _Gemm, choice, epi):
+    """Split-K on a tiled kernel, one dispatch: each chunk stores its partial
+    and the last chunk of each output tile sums them into C (matmul_tiled.glsl's
+    fixup), with the epilogue's adds."""
+    parts, part = _split_parts(rec, g, choice)
+    groups = _groups(choice.tile, g.m, g.n, part.nz)
+    counts = rec.zeroed(("split_k_counts", groups[0] * groups[1]), (groups[0] * groups[1],), "i32")
+    c = g.c.view
+    rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
+                 part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype))
+    if epi is not None:
+        epi.applied = True
+
+
+def _split_k(rec, g: _Gemm, choice, epilogue=None):
+    """C = sum over K-chunks of the chunk products (cooperative-matrix kernels):
+    partials into scratch, then one sum (with the epilogue's adds, when its
+    sum_parts can)."""
+    c, m, n = g.c, g.m, g.n
+    parts, part = _split_parts(rec, g, choice)
+    rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts], part.push(choice.tile),
+                 _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype))
     if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
         epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
         if epilogue.applied:

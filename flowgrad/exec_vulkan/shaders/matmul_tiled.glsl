@@ -4,7 +4,11 @@
 // The r loop sums over broadcast batch dims inside the kernel (matmul's
 // backward); z runs over the output batch (stride 0 = broadcast operand).
 // Split-K: with klimit != 0, z instead runs over K-chunks of length K (the
-// last one shorter), each writing a partial product for a later sum.
+// last one shorter), each writing a partial product into C. With fixup
+// set, the last workgroup to finish an output tile (a per-tile counter,
+// which it resets) sums the tile's partials in chunk order into D and
+// applies the epilogue there: split-K in one dispatch, with the sum order,
+// and so the result, independent of which chunk finished last.
 //
 // The including .comp defines the tile: BM x BN outputs per workgroup, BK
 // deep per step, TM x TN outputs per invocation (multiples of 4). A thread
@@ -64,6 +68,13 @@ layout(std430, set = 0, binding = 3) readonly buffer BufR { T res[]; };
 layout(std430, set = 0, binding = 3) readonly buffer BufR4 { V4 res4[]; };
 layout(std430, set = 0, binding = 4) readonly buffer BufBias { T bias[]; };
 layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
+// split-K's partials go to C through coherent stores (the fixup reads them
+// back from other workgroups); the plain store stays a plain one
+layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { T parts_w[]; };
+layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { V4 parts_w4[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { T parts[]; };
+layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile, left 0
+layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
     uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
@@ -76,6 +87,8 @@ layout(push_constant, std430) uniform Push {
     uint amode, bmode;    // 1: 16-byte loads along the unit-stride dim (host-checked), 0: scalar
     uint cvec;            // 1: 16-byte stores of C rows
     uint epi;             // the store's adds: 1 residual, 2 bias, 4 bias first (see above)
+    uint fixup;           // 1: split-K's partials summed into D in this dispatch (see above)
+    uint sdm;             // D's row stride
 } p;
 
 #define GEMM_M p.M
@@ -112,16 +125,50 @@ vec4 epilogue4(uint at, uint n, vec4 v) {
 }
 void store_c(uint z, uint m, uint n, float v) {
     uint at = c_at(z, m, n);
-    c[at] = STORE(p.epi == 0u ? v : epilogue(at, n, v));
+    if (p.fixup != 0u) parts_w[at] = STORE(v);
+    else c[at] = STORE(p.epi == 0u ? v : epilogue(at, n, v));
 }
 void store_c4(uint z, uint m, uint n, vec4 v) {
     uint at = c_at(z, m, n);
-    c4[at / 4u] = V4(p.epi == 0u ? v : epilogue4(at, n, v));
+    if (p.fixup != 0u) parts_w4[at / 4u] = V4(v);
+    else c4[at / 4u] = V4(p.epi == 0u ? v : epilogue4(at, n, v));
 }
+
 #endif
 
 shared vec4 As[2][BK][AW];   // As[buf][k][m / 4], component m % 4
 shared vec4 Bs[2][BK][BW];
+
+#ifndef GEMM_OPERANDS
+// After a chunk's partial tile is stored: the tile's last chunk to arrive
+// sums every chunk's partial, in chunk order, into D. The flag saying so
+// passes through As (idle after the K loop; a shared word more would put
+// the 128x128_k16 tile over 32 KiB).
+void fixup(uint m0, uint n0) {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+        bool last = atomicAdd(counts[tile], 1u) == p.nz - 1u;
+        if (last) counts[tile] = 0u;   // every chunk has counted: ready for the next GEMM
+        As[0][0][0].x = last ? 1.0 : 0.0;
+    }
+    barrier();
+    bool last = As[0][0][0].x != 0.0;
+    barrier();   // every invocation has read the flag before As is written again
+    if (!last) return;
+    memoryBarrierBuffer();
+    for (uint e = gl_LocalInvocationIndex; e < BM * BN; e += NT) {
+        uint m = m0 + e / BN, n = n0 + e % BN;
+        if (m >= p.M || n >= p.N) continue;
+        uint at = c_at(0u, m, n);
+        float v = 0.0;
+        for (uint z = 0u; z < p.nz; ++z) v += float(parts[at + z * p.zc]);
+        uint o = m * p.sdm + n;
+        d[o] = STORE(p.epi == 0u ? v : epilogue(o, n, v));
+    }
+}
+#endif
 
 vec4 ra[AL], rb[BL];         // the next step's tiles, in flight
 
@@ -297,5 +344,8 @@ void main() {
             }
         }
         STORE_ROWS();
+#ifndef GEMM_OPERANDS
+        if (p.fixup != 0u) fixup(m0, n0);
+#endif
     }
 }
