@@ -30,6 +30,15 @@ def test_spirv_reflection_reads_bindings_and_readonly():
     assert shader_info("accumulate", "f16").readonly == (False, True)
 
 
+def test_a_binding_is_read_only_only_if_every_block_aliasing_it_is():
+    """matmul_tiled.glsl declares C's binding as plain, vector and split-K blocks, one of
+    them readonly (the fixup reads the partials back): C is still written, so the
+    executor puts a barrier after the GEMM before anything reads C."""
+    for shader in ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16"):
+        # A, B, C, residual, bias, split-K's tile counters, D
+        assert shader_info(shader).readonly == (True, True, False, True, True, False, False), shader
+
+
 def test_missing_spirv_is_a_device_error_naming_the_build_script():
     with pytest.raises(DeviceError, match="build_shaders.py"):
         shader_info("no_such_shader")

@@ -146,7 +146,9 @@ def _reflect(name: str, path: Path, code: bytes) -> ShaderInfo:
             raise DeviceError(f"{path}: binding {binding} is in descriptor set {set_of[var]}; "
                               "flowgrad shaders use set 0 only")
         struct_id = pointee.get(var_type.get(var, -1), -1)
-        by_binding[binding] = var in nonwritable or member_nonwritable.get(struct_id, False)
+        # a binding several blocks alias is read-only only if every one of them is
+        only_read = var in nonwritable or member_nonwritable.get(struct_id, False)
+        by_binding[binding] = by_binding.get(binding, True) and only_read
     n = len(by_binding)
     if sorted(by_binding) != list(range(n)):
         raise DeviceError(f"{path}: bindings must be 0..n-1 without gaps, got {sorted(by_binding)}")
