@@ -19,13 +19,16 @@ VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
 
 # A layer older than an extension reports that extension's structures and SPIR-V
 # capabilities as unknown (Debian bookworm's 1.3.239 predates
-# VK_NV_cooperative_matrix2, which matmul_cm2 uses). Such a message says the
-# layer is old, not that the call is wrong: it is kept as a warning.
+# VK_KHR_cooperative_matrix and VK_NV_cooperative_matrix2, which matmul_cm2
+# uses). Such a message says the layer is old, not that the call is wrong: it
+# is kept as a warning.
 PREDATES_LAYER = (
-    # VkPhysicalDeviceCooperativeMatrix2FeaturesNV in vkCreateDevice's chain
-    re.compile(r"VUID-VkDeviceCreateInfo-pNext-pNext.*unknown VkStructureType \(1000593000\)", re.S),
-    # SPV_NV_cooperative_matrix2 / SPV_NV_tensor_addressing capabilities (5430-5439)
-    re.compile(r"InconsistentSpirv.*Invalid capability operand: 543\d\b", re.S),
+    # VkPhysicalDeviceCooperativeMatrixFeaturesKHR (1000506000) and
+    # VkPhysicalDeviceCooperativeMatrix2FeaturesNV (1000593000) in vkCreateDevice's chain
+    re.compile(r"VUID-VkDeviceCreateInfo-pNext-pNext.*unknown VkStructureType \((1000506000|1000593000)\)", re.S),
+    # SPV_NV_cooperative_matrix2 / SPV_NV_tensor_addressing capabilities (5430-5439), and
+    # SPV_KHR_cooperative_matrix's CooperativeMatrixKHR (6022)
+    re.compile(r"InconsistentSpirv.*Invalid capability operand: (543\d|6022)\b", re.S),
 )
 
 _VK_ERRORS = {
