@@ -12,6 +12,9 @@ UNKNOWN_STRUCT = ("Validation Error: [ VUID-VkDeviceCreateInfo-pNext-pNext ] Obj
 UNKNOWN_CAPABILITY = ("Validation Error: [ UNASSIGNED-CoreValidation-Shader-InconsistentSpirv ] Object 0: "
                       "handle = 0x3fc92d60, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x6bbb14 | SPIR-V module "
                       "not valid: Invalid capability operand: 5433")
+UNNAMED_CAPABILITY = ("Validation Error: [ VUID-VkShaderModuleCreateInfo-pCode-01090 ] Object 0: handle = "
+                      "0x14cc3810, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x2c00a3d6 | vkCreateShaderModule(): "
+                      "A SPIR-V Capability (Unhandled OpCapability) was declared that is not supported by Vulkan.")
 
 
 def test_messages_of_a_layer_older_than_cooperative_matrix_2_are_warnings():
@@ -20,11 +23,14 @@ def test_messages_of_a_layer_older_than_cooperative_matrix_2_are_warnings():
     # VK_KHR_cooperative_matrix's features struct and SPIR-V capability, which that layer predates too
     assert message_level(True, UNKNOWN_STRUCT.replace("1000593000", "1000506000")) == "warning"
     assert message_level(True, UNKNOWN_CAPABILITY.replace("5433", "6022")) == "warning"
+    assert message_level(True, UNNAMED_CAPABILITY) == "warning"
 
 
 def test_other_validation_errors_stay_errors():
     assert message_level(True, UNKNOWN_STRUCT.replace("1000593000", "1000201000")) == "error"
     assert message_level(True, UNKNOWN_CAPABILITY.replace("5433", "5345")) == "error"
     assert message_level(True, "Validation Error: [ VUID-vkCmdDispatch-None-08114 ] descriptor not updated") == "error"
+    # a capability the layer knows by name but Vulkan does not take is a real error
+    assert message_level(True, UNNAMED_CAPABILITY.replace("Unhandled OpCapability", "Kernel")) == "error"
     assert message_level(False, UNKNOWN_CAPABILITY) == "warning"
     assert message_level(False, "a performance warning") == "warning"
