@@ -70,22 +70,23 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t), bad],
                      push=push, groups=(groups, 1, 1), variant=variant(t))
 
-    def row_losses(rec, node, logits, targets, weight):
+    def row_losses(rec, node, logits, targets, weight, keep: bool = False):
         n, c = _classes(logits)
-        row_loss = rec.scratch((2 * n + 1,), "f32")
+        row_loss = rec.keep(("xent_rows", node.id), (2 * n + 1,), "f32") if keep else rec.scratch((2 * n + 1,), "f32")
         if n:
             t = logits.dtype
             dispatch(rec, node, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss, weight)
         return row_loss
 
     def forward(rec, node, ins, out):
-        """Row losses and weights into an f32 scratch, then their weighted
-        mean. A target outside [0, C) that is not ignore_index makes the
-        loss NaN and is flagged (rec.index_flag): the step raises."""
+        """Row losses and weights into f32 rows kept for the backward, then
+        their weighted mean (and its denominator, beside the rows). A target
+        outside [0, C) that is not ignore_index makes the loss NaN and is
+        flagged (rec.index_flag): the step raises."""
         logits, targets, *weight = ins
         logits, _ = _class_last(rec, node, logits)
         n, c = _classes(logits)
-        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None)
+        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None, keep=True)
         t = logits.dtype
         dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
 
@@ -98,10 +99,12 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         n, c = _classes(moved)
         if not (n and c):
             return
-        row_loss = row_losses(rec, node, moved, targets, w)
         t = logits.dtype
-        dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
-                 row_loss, None)
+        row_loss = rec.kept(("xent_rows", node.id))   # the forward's rows and denominator, when it was recorded here
+        if row_loss is None:
+            row_loss = row_losses(rec, node, moved, targets, w)
+            dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
+                     row_loss, None)
         dx = grads[0] if perm is None else rec.scratch(moved.shape, t)
         dispatch(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
         if perm is not None:  # back to the class axis the logits have

@@ -9,7 +9,8 @@
 //                  scratch; NaN when t_r is neither ignored nor in [0, C),
 //                  and the smallest such r lands in `bad`: a GPU can't
 //                  raise, the host reads `bad` back and does, index_checks.py)
-//   1 mean:        out[0] = sum(rl[2r]) / sum(rl[2r+1])   (one workgroup)
+//   1 mean:        out[0] = sum(rl[2r]) / sum(rl[2r+1]), rl[2N] = the
+//                  denominator, for a backward that reads rl (one workgroup)
 //   3 denominator: rl[2N] = sum(rl[2r+1])                  (one workgroup)
 //   2 backward:    dx[r, c] = g / rl[2N] * ((1-eps) tw_r (p_c - [c == t_r])
 //                                            + eps/C valid_r (W p_c - w_c)),  W = sum w
@@ -57,7 +58,7 @@ void main() {
         den = fg_seg_sum(den, FG_WG, false);
         if (lid == 0u) {
             if (pc.mode == 1u) o[0] = T(num / den);
-            else rl[2u * pc.N] = den;
+            rl[2u * pc.N] = den;
         }
         return;
     }
