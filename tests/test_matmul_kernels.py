@@ -95,9 +95,10 @@ def test_split_k(vk_device, shader, sa, sb, chunks):
     assert all(w["fixup"] == (w["klimit"] > 0) for w in words)
 
 
-def test_split_k_counters_return_to_zero(vk_device):
-    """The fixup's per-tile counters are zeroed once per run of a recording:
-    two split GEMMs in a row, run twice, agree with numpy and with each other."""
+def test_split_k_gemms_in_a_row(vk_device):
+    """Two split GEMMs into one output in a row, then a split GEMM reading it:
+    each has counters of its own, zeroed by fills that head the recording;
+    the results agree with numpy and, run again, bit for bit."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(3)
@@ -114,8 +115,10 @@ def test_split_k_counters_return_to_zero(vk_device):
                 else:
                     linalg.gemm(s.rec, linalg.Operand(av, 900, 1, ()), linalg.Operand(rhs, 24, 1, ()),
                                 linalg.Operand(out, 24, 1, ()), 40, 24, 900, (), ())
-            fills = [cmd for cmd in s.rec.commands if not hasattr(cmd, "shader")]
-            assert s.rec.commands[0] in fills   # the counters' one fill heads the recording
+            gemms = [cmd for cmd in s.rec.commands if hasattr(cmd, "shader")]
+            fills = s.rec.commands[:len(s.rec.commands) - len(gemms)]
+            split = [g for g in gemms if g.groups[2] > 1]
+            assert len(split) == 3 and {f.view for f in fills} == {g.views[5] for g in split}
             s.download(c)
             s.download(e)
             runs.append(s.run())

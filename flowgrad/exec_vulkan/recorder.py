@@ -110,6 +110,7 @@ class Recorder:
         self.trusted: frozenset = frozenset()   # node ids whose indices the host range-checks (feeds)
         self.label: tuple | None = None
         self._kept: dict = {}
+        self._counters = 0
 
     # -- the lowering API
 
@@ -194,19 +195,18 @@ class Recorder:
                               f"kept as {view.dtype}{list(view.shape)}")
         return view
 
-    def zeroed(self, key, shape, dtype: str) -> BufView:
-        """A kept view (see keep) that holds zeros whenever a run of this
-        recording starts: its fill is the recording's first command. For state
-        the kernels return to zero themselves (split-K's tile counters), so
-        one fill serves every use in the recording."""
-        new = key not in self._kept
-        view = self.keep(key, shape, dtype)
-        if new:
-            at = len(self.commands)
-            self.fill(view, 0)
-            fill = self.commands[at:]
-            del self.commands[at:]
-            self.commands[:0] = fill
+    def counters(self, n: int) -> BufView:
+        """n 32-bit counters for one dispatch, 0 whenever a run of this
+        recording starts (their fill heads the recording): how the pieces of
+        a split reduction pass to the workgroup that finishes it within the
+        same dispatch (the last to count)."""
+        self._counters += 1
+        view = self.keep(("counters", self._counters), (n,), "i32")
+        at = len(self.commands)
+        self.fill(view, 0)
+        fill = self.commands[at:]
+        del self.commands[at:]
+        self.commands[:0] = fill
         return view
 
     def kept(self, key) -> BufView | None:

@@ -217,7 +217,7 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
     fixup), with the epilogue's adds."""
     parts, part = _split_parts(rec, g, choice)
     groups = _groups(choice.tile, g.m, g.n, part.nz)
-    counts = rec.zeroed(("split_k_counts", groups[0] * groups[1]), (groups[0] * groups[1],), "i32")
+    counts = rec.counters(groups[0] * groups[1])
     c = g.c.view
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
                  part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype))

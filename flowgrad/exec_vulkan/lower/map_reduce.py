@@ -162,9 +162,10 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     if chunks == 1:
         _dispatch(rec, op, ins, out, dims, n_out, R, lanes, 1, interleaved, scale, param, reduce)
         return
+    # the pieces, which the last chunk of each output to finish reduces into out
     pieces = rec.scratch((chunks, n_out), out.dtype)
-    _dispatch(rec, op, ins, pieces, dims, n_out, R, lanes, chunks, interleaved, 1.0, param, reduce)
-    map_reduce(rec, M.COPY, [pieces], out, space=(chunks, n_out), reduce_axes=(0,), scale=scale, reduce=reduce)
+    _dispatch(rec, op, ins, pieces, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce,
+              finish=(rec.counters(n_out), out))
 
 
 def sum_to_shape(rec, src, dst) -> None:
@@ -173,16 +174,19 @@ def sum_to_shape(rec, src, dst) -> None:
     map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=broadcast_axes(tuple(dst.shape), space))
 
 
-def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce):
+def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
+    """finish: (counters, z) for a reduction in chunks that the last chunk of
+    each output finishes into z (out then takes the pieces)."""
     pad = [0] * (MAX_RANK - len(dims))
     strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
     strides += [[0] * MAX_RANK] * (3 - len(ins))
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
-            | len(ins) << 22)
+            | len(ins) << 22 | int(finish is not None) << 24)
     push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
             *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
-    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out]
+    counts, z = finish if finish is not None else (unused(rec, "i32"), unused(rec, out.dtype))
+    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
 

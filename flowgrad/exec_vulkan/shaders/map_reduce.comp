@@ -10,6 +10,10 @@
 // A workgroup is cut into segments of S lanes (S = 1: one output per thread,
 // plain elementwise; S = 256: one output per workgroup, a long reduction;
 // see segment_reduce.glsl for the lane layout bit).
+// A reduction cut into chunks (below) writes its pieces to y; with code bit
+// 24 the last chunk of each output to finish (a per-output counter, 0 at
+// the start) reduces that output's pieces, in chunk order, into z: the
+// whole reduction in one dispatch, its result independent of arrival order.
 #include "common.glsl"
 
 #define FG_WG 256
@@ -22,16 +26,21 @@ layout(std430, set = 0, binding = 0) readonly buffer In0 { T x0[]; };
 layout(std430, set = 0, binding = 1) readonly buffer In1 { T x1[]; };
 layout(std430, set = 0, binding = 2) readonly buffer In2 { T x2[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { T y[]; };
+// the pieces, through coherent stores and loads: another workgroup reduces them
+layout(std430, set = 0, binding = 3) coherent writeonly buffer PiecesW { T pieces_w[]; };
+layout(std430, set = 0, binding = 3) coherent readonly buffer Pieces { T pieces[]; };
+layout(std430, set = 0, binding = 4) coherent buffer Counts { uint counts[]; };   // one per output
+layout(std430, set = 0, binding = 5) writeonly buffer Z { T z[]; };
 
 layout(push_constant) uniform Push {
     uint n_out;     // outputs written: kept elements x chunks
     uint R;         // reduced elements per kept element (1: no reduction)
     uint S;         // lanes per output (power of two)
     uint code;      // map op | reduce op << 8 | interleaved lanes << 12 | rank << 13 | redmask << 16
-                    // | inputs bound << 22
+                    // | inputs bound << 22 | finish the pieces into z << 24
     uint chunks;    // the reduced range is cut in this many pieces, each summed
-                    // to its own output, chunk-major (y[c * n_kept + o]); a
-                    // second dispatch then reduces the pieces
+                    // to its own output, chunk-major (y[c * n_kept + o]), then
+                    // reduced into z (code bit 24) or by a second dispatch
     float scale;    // applied to each output
     float param;    // the map op's scalar (pow's exponent)
     uint shape[6];
@@ -99,6 +108,23 @@ void main() {
             }
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
-        if (lane == 0u && slot_out < pc.n_out) y[slot_out] = T(acc * pc.scale);
+        if (lane == 0u && slot_out < pc.n_out) {
+            if (((pc.code >> 24) & 1u) == 0u) {
+                y[slot_out] = T(acc * pc.scale);
+            } else {
+                pieces_w[slot_out] = T(acc);
+                memoryBarrierBuffer();
+                uint o = slot_out % n_kept;
+                if (atomicAdd(counts[o], 1u) == pc.chunks - 1u) {
+                    memoryBarrierBuffer();
+                    float total = identity;
+                    for (uint c = 0u; c < pc.chunks; ++c) {
+                        float v = float(pieces[c * n_kept + o]);
+                        total = rop == 1u ? fg_nanmax(total, v) : total + v;
+                    }
+                    z[o] = T(total * pc.scale);
+                }
+            }
+        }
     }
 }

@@ -5,8 +5,8 @@
 // backward); z runs over the output batch (stride 0 = broadcast operand).
 // Split-K: with klimit != 0, z instead runs over K-chunks of length K (the
 // last one shorter), each writing a partial product into C. With fixup
-// set, the last workgroup to finish an output tile (a per-tile counter,
-// which it resets) sums the tile's partials in chunk order into D and
+// set, the last workgroup to finish an output tile (a per-tile counter, 0
+// at the start) sums the tile's partials in chunk order into D and
 // applies the epilogue there: split-K in one dispatch, with the sum order,
 // and so the result, independent of which chunk finished last.
 //
@@ -73,7 +73,7 @@ layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
 layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { T parts_w[]; };
 layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { V4 parts_w4[]; };
 layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { T parts[]; };
-layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile, left 0
+layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile
 layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
@@ -149,9 +149,7 @@ void fixup(uint m0, uint n0) {
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
         uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-        bool last = atomicAdd(counts[tile], 1u) == p.nz - 1u;
-        if (last) counts[tile] = 0u;   // every chunk has counted: ready for the next GEMM
-        As[0][0][0].x = last ? 1.0 : 0.0;
+        As[0][0][0].x = atomicAdd(counts[tile], 1u) == p.nz - 1u ? 1.0 : 0.0;
     }
     barrier();
     bool last = As[0][0][0].x != 0.0;
