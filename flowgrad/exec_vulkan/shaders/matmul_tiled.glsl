@@ -73,8 +73,10 @@ layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
 layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { T parts_w[]; };
 layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { V4 parts_w4[]; };
 layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { T parts[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { V4 parts4[]; };
 layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile
 layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
+layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { V4 d4[]; };
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
     uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
@@ -156,14 +158,30 @@ void fixup(uint m0, uint n0) {
     barrier();   // every invocation has read the flag before As is written again
     if (!last) return;
     memoryBarrierBuffer();
-    for (uint e = gl_LocalInvocationIndex; e < BM * BN; e += NT) {
-        uint m = m0 + e / BN, n = n0 + e % BN;
+    // 4 outputs of a row per invocation and step, 4 chunks' loads in flight:
+    // one workgroup reads every chunk of its tile, so this tail is latency-bound
+    bool vec = C_VEC && p.sdm % 4u == 0u;
+    for (uint e = gl_LocalInvocationIndex; e < BM * BN / 4u; e += NT) {
+        uint m = m0 + e / (BN / 4u), n = n0 + (e % (BN / 4u)) * 4u;
         if (m >= p.M || n >= p.N) continue;
-        uint at = c_at(0u, m, n);
-        float v = 0.0;
-        for (uint z = 0u; z < p.nz; ++z) v += float(parts[at + z * p.zc]);
-        uint o = m * p.sdm + n;
-        d[o] = STORE(p.epi == 0u ? v : epilogue(o, n, v));
+        uint at = c_at(0u, m, n), o = m * p.sdm + n;
+        if (vec && n + 3u < p.N) {
+            vec4 v = vec4(0.0);
+            uint z = 0u;
+            for (; z + 4u <= p.nz; z += 4u) {
+                vec4 a0 = vec4(parts4[(at + z * p.zc) / 4u]), a1 = vec4(parts4[(at + (z + 1u) * p.zc) / 4u]);
+                vec4 a2 = vec4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = vec4(parts4[(at + (z + 3u) * p.zc) / 4u]);
+                v = (((v + a0) + a1) + a2) + a3;
+            }
+            for (; z < p.nz; ++z) v += vec4(parts4[(at + z * p.zc) / 4u]);
+            d4[o / 4u] = V4(p.epi == 0u ? v : epilogue4(o, n, v));
+            continue;
+        }
+        for (uint q = 0u; q < 4u && n + q < p.N; ++q) {
+            float v = 0.0;
+            for (uint z = 0u; z < p.nz; ++z) v += float(parts[at + q + z * p.zc]);
+            d[o + q] = STORE(p.epi == 0u ? v : epilogue(o + q, n + q, v));
+        }
     }
 }
 #endif
