@@ -15,6 +15,7 @@ import pytest
 from flowgrad.dtypes import dtype_of
 from flowgrad.exec_vulkan.lower import linalg
 from flowgrad.exec_vulkan.lower import matmul_kernels as mk
+from flowgrad.exec_vulkan.recorder import Fill
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
 
@@ -116,9 +117,10 @@ def test_split_k_gemms_in_a_row(vk_device):
                     linalg.gemm(s.rec, linalg.Operand(av, 900, 1, ()), linalg.Operand(rhs, 24, 1, ()),
                                 linalg.Operand(out, 24, 1, ()), 40, 24, 900, (), ())
             gemms = [cmd for cmd in s.rec.commands if hasattr(cmd, "shader")]
-            fills = s.rec.commands[:len(s.rec.commands) - len(gemms)]
+            fills = [cmd for cmd in s.rec.commands if isinstance(cmd, Fill)]
             split = [g for g in gemms if g.groups[2] > 1]
             assert len(split) == 3 and {f.view for f in fills} == {g.views[5] for g in split}
+            assert s.rec.commands[:len(fills)] == fills   # the fills head the recording
             s.download(c)
             s.download(e)
             runs.append(s.run())

@@ -12,6 +12,9 @@ UNKNOWN_STRUCT = ("Validation Error: [ VUID-VkDeviceCreateInfo-pNext-pNext ] Obj
 UNKNOWN_CAPABILITY = ("Validation Error: [ UNASSIGNED-CoreValidation-Shader-InconsistentSpirv ] Object 0: "
                       "handle = 0x3fc92d60, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x6bbb14 | SPIR-V module "
                       "not valid: Invalid capability operand: 5433")
+UNKNOWN_EXTENSION = ("Validation Error: [ VUID-VkShaderModuleCreateInfo-pCode-04146 ] Object 0: handle = "
+                     "0x39a98e50, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0xd80a42ae | vkCreateShaderModule(): "
+                     "A SPIR-V Extension (SPV_KHR_cooperative_matrix) was declared that is not supported by Vulkan.")
 UNNAMED_CAPABILITY = ("Validation Error: [ VUID-VkShaderModuleCreateInfo-pCode-01090 ] Object 0: handle = "
                       "0x14cc3810, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x2c00a3d6 | vkCreateShaderModule(): "
                       "A SPIR-V Capability (Unhandled OpCapability) was declared that is not supported by Vulkan.")
@@ -24,6 +27,7 @@ def test_messages_of_a_layer_older_than_cooperative_matrix_2_are_warnings():
     assert message_level(True, UNKNOWN_STRUCT.replace("1000593000", "1000506000")) == "warning"
     assert message_level(True, UNKNOWN_CAPABILITY.replace("5433", "6022")) == "warning"
     assert message_level(True, UNNAMED_CAPABILITY) == "warning"
+    assert message_level(True, UNKNOWN_EXTENSION) == "warning"
 
 
 def test_other_validation_errors_stay_errors():
@@ -32,5 +36,6 @@ def test_other_validation_errors_stay_errors():
     assert message_level(True, "Validation Error: [ VUID-vkCmdDispatch-None-08114 ] descriptor not updated") == "error"
     # a capability the layer knows by name but Vulkan does not take is a real error
     assert message_level(True, UNNAMED_CAPABILITY.replace("Unhandled OpCapability", "Kernel")) == "error"
+    assert message_level(True, UNKNOWN_EXTENSION.replace("SPV_KHR_cooperative_matrix", "SPV_INTEL_foo")) == "error"
     assert message_level(False, UNKNOWN_CAPABILITY) == "warning"
     assert message_level(False, "a performance warning") == "warning"

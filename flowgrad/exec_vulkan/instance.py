@@ -31,6 +31,9 @@ PREDATES_LAYER = (
     re.compile(r"InconsistentSpirv.*Invalid capability operand: (543\d|6022)\b", re.S),
     # a capability the layer cannot even name (it names every one it knows)
     re.compile(r"VUID-VkShaderModuleCreateInfo-pCode-01090.*\(Unhandled OpCapability\)", re.S),
+    # those extensions' SPIR-V extensions, which the layer does not know Vulkan takes
+    re.compile(r"VUID-VkShaderModuleCreateInfo-pCode-04146.*SPIR-V Extension "
+               r"\((SPV_KHR_cooperative_matrix|SPV_NV_cooperative_matrix2|SPV_NV_tensor_addressing)\)", re.S),
 )
 
 _VK_ERRORS = {
