@@ -117,6 +117,8 @@ def time_kernel(device, shape, dtype, shader, build, want) -> dict:
 
 
 def torch_ms(shape, dtype) -> float | None:
+    from flowgrad.exec_vulkan.matmul_bench import cuda_seconds
+
     try:
         import torch
     except ImportError:
@@ -140,16 +142,7 @@ def torch_ms(shape, dtype) -> float | None:
         step()
     flop = 3 * 2.0 * n * o * h * w * c * k * k
     reps = max(1, min(100, math.ceil(FLOP_PER_SUBMIT / flop)))
-    times = []
-    for _ in range(SUBMITS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    return cuda_seconds(torch, step, reps, SUBMITS) * 1e3
 
 
 def main(argv=None) -> int:

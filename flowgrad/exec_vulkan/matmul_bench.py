@@ -137,16 +137,22 @@ def torch_tflops(dtype, shape) -> float | None:
     for _ in range(3):
         torch.matmul(a, b)
     reps = max(1, min(200, math.ceil(FLOP_PER_SUBMIT / (2.0 * m * n * k))))
+    return 2.0 * m * n * k / cuda_seconds(torch, lambda: torch.matmul(a, b), reps, SUBMITS) / 1e12
+
+
+def cuda_seconds(torch, step, reps: int, submits: int) -> float:
+    """Median seconds of one call of step() on the CUDA GPU: `submits` runs of
+    `reps` calls each, timed by CUDA events."""
     times = []
-    for _ in range(SUBMITS):
+    for _ in range(submits):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
-            torch.matmul(a, b)
+            step()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / reps)
-    return 2.0 * m * n * k / statistics.median(times) / 1e12
+    return statistics.median(times)
 
 
 def run(device, dtype="f32", shapes=None, kernels=((None, None),), torch=True) -> list[dict]:
