@@ -221,11 +221,12 @@ def fuse(graph: Graph) -> Fusion:
     users = graph.users()
     roots = set(graph.roots())
     taken: set[int] = set()
-    groups = []
+    groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
         chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node)
         if chain is not None:
-            groups.append(FusedGroup(chain[-1], chain, fused_node(graph, chain).inputs))
+            built[chain[-1]] = fused_node(graph, chain)
+            groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
             taken |= set(chain)
     for node in reversed(graph.nodes):
         if node.id in taken or not _pointwise(node):
@@ -246,13 +247,13 @@ def fuse(graph: Graph) -> Fusion:
                         grown = True
         chain = tuple(sorted(members))
         if _same_sums(graph, users, chain) and _saves(graph, chain):
-            fused = fused_node(graph, chain)
-            groups.append(FusedGroup(node.id, chain, fused.inputs))
+            built[node.id] = fused_node(graph, chain)
+            groups.append(FusedGroup(node.id, chain, built[node.id].inputs))
             taken |= members
     groups.sort(key=lambda grp: grp.node)   # in graph order
     splits, nodes = split_products(graph)
     if not groups and not splits:
         return no_fusion(graph)
     for grp in groups:
-        nodes[grp.node] = fused_node(graph, grp.members)
+        nodes[grp.node] = built[grp.node]
     return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)
