@@ -175,14 +175,14 @@ def sum_to_shape(rec, src, dst) -> None:
 
 
 def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
-    """finish: (counters, z) for a reduction in chunks that the last chunk of
-    each output finishes into z (out then takes the pieces)."""
+    """finish: (counters, z) for a reduction in chunks, which the last chunk
+    of each output finishes into z (out then takes the pieces)."""
     pad = [0] * (MAX_RANK - len(dims))
     strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
     strides += [[0] * MAX_RANK] * (3 - len(ins))
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
-            | len(ins) << 22 | int(finish is not None) << 24)
+            | len(ins) << 22)
     push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
             *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
     counts, z = finish if finish is not None else (unused(rec, "i32"), unused(rec, out.dtype))

@@ -10,10 +10,10 @@
 // A workgroup is cut into segments of S lanes (S = 1: one output per thread,
 // plain elementwise; S = 256: one output per workgroup, a long reduction;
 // see segment_reduce.glsl for the lane layout bit).
-// A reduction cut into chunks (below) writes its pieces to y; with code bit
-// 24 the last chunk of each output to finish (a per-output counter, 0 at
-// the start) reduces that output's pieces, in chunk order, into z: the
-// whole reduction in one dispatch, its result independent of arrival order.
+// A reduction cut into chunks (below) writes its pieces to y, and the last
+// chunk of each output to finish (a per-output counter, 0 at the start)
+// reduces that output's pieces, in chunk order, into z: the whole reduction
+// in one dispatch, its result independent of arrival order.
 #include "common.glsl"
 
 #define FG_WG 256
@@ -37,10 +37,10 @@ layout(push_constant) uniform Push {
     uint R;         // reduced elements per kept element (1: no reduction)
     uint S;         // lanes per output (power of two)
     uint code;      // map op | reduce op << 8 | interleaved lanes << 12 | rank << 13 | redmask << 16
-                    // | inputs bound << 22 | finish the pieces into z << 24
+                    // | inputs bound << 22
     uint chunks;    // the reduced range is cut in this many pieces, each summed
                     // to its own output, chunk-major (y[c * n_kept + o]), then
-                    // reduced into z (code bit 24) or by a second dispatch
+                    // reduced into z
     float scale;    // applied to each output
     float param;    // the map op's scalar (pow's exponent)
     uint shape[6];
@@ -109,7 +109,7 @@ void main() {
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
         if (lane == 0u && slot_out < pc.n_out) {
-            if (((pc.code >> 24) & 1u) == 0u) {
+            if (pc.chunks == 1u) {
                 y[slot_out] = T(acc * pc.scale);
             } else {
                 pieces_w[slot_out] = T(acc);
