@@ -131,6 +131,40 @@ def test_split_k_gemms_in_a_row(vk_device):
         np.testing.assert_array_equal(x, y)
 
 
+def _split_qkv_weight_gradient(rec, a, g, db, m, w, k):
+    """db[:, block z] = a^T @ g[z] for a block-major g [3, k, w] (the split qkv product's backward)."""
+    linalg.gemm(rec, linalg.Operand(a, 1, m, (0,)), linalg.Operand(g, w, 1, (k * w,)),
+                linalg.Operand(db, 3 * w, 1, (w,)), m, w, k, (3,), (False,))
+
+
+def test_a_few_deep_batched_products_split_k_one_dispatch_each(vk_device):
+    """A batch of 3 deep products with too few tiles to fill the device is 3
+    split-K dispatches, each summing its own chunks; the result agrees with numpy."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    def view(shape):
+        return BufView(FakeBuffer(4 * int(np.prod(shape))), 0, shape, "f32")
+
+    rec = Recorder(None)
+    rec.info = H200                      # the qkv weight gradient of gpt_small: 3 x 16 tiles, K 4096
+    _split_qkv_weight_gradient(rec, view((4096, 512)), view((3, 4096, 512)), view((512, 1536)), 512, 512, 4096)
+    gemms = [c for c in rec.commands if hasattr(c, "shader")]
+    chunks = {c.groups[2] for c in gemms}
+    assert len(gemms) == 3 and len(chunks) == 1 and 3 * 16 * chunks.pop() <= mk.SPLIT_TARGET["nvidia"]
+
+    rng = np.random.default_rng(5)
+    a, g = rng.uniform(-1, 1, (600, 40)).astype(np.float32), rng.uniform(-1, 1, (3, 600, 8)).astype(np.float32)
+    with OneShot(vk_device) as s, mk.forced("matmul_64x64_k16", 3):
+        db = s.empty((40, 24), "f32")
+        _split_qkv_weight_gradient(s.rec, s.upload(a), s.upload(g), db, 40, 8, 600)
+        assert [c.groups[2] for c in s.rec.commands if hasattr(c, "shader")] == [3, 3, 3]
+        s.download(db)
+        (got,) = s.run()
+    want = np.concatenate([a.astype(np.float64).T @ g[z] for z in range(3)], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("sa,sb", [((3, 17, 9), (3, 9, 5)), ((2, 4, 8, 12), (2, 4, 12, 16)),
                                    ((9, 6), (3, 6, 5))])   # shared lhs: da sums over the batch in the kernel
 def test_batched(vk_device, sa, sb):
@@ -192,7 +226,7 @@ def test_shape_classes_pick_the_table_tile(m, n, k, nz, klass):
 def test_split_k_only_when_the_output_is_small_and_unbatched():
     assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
     assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1
-    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1
+    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1   # (a batch of 4 or fewer splits per product)
 
 
 def test_forcing_a_kernel_onto_what_it_cannot_take_is_an_error():

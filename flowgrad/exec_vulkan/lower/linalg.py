@@ -109,6 +109,8 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
+    if _split_per_batch(rec, g, choice, info):
+        return True
     if choice.chunks > 1 and choice.tile.coop:
         _split_k(rec, g, choice, epilogue)
     elif choice.chunks > 1:
@@ -123,6 +125,31 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         if epi is not None:
             epi.applied = True
     return True
+
+
+MAX_SPLIT_BATCH = 4   # a batch this small, too few tiles and deep: one split-K dispatch per product
+
+
+def _split_per_batch(rec, g: _Gemm, choice, info) -> bool:
+    """A few batched products whose tiles leave the device idle (the split
+    qkv product's weight gradient: 3 x 16 tiles, K 4096) run one split-K
+    dispatch each: the kernel's batch index cannot also count K-chunks."""
+    if g.nz == 1 or g.nz > MAX_SPLIT_BATCH or g.nr > 1 or choice.tile.coop:
+        return False
+    tiles = math.ceil(g.m / choice.tile.bm) * math.ceil(g.n / choice.tile.bn)
+    chunks = kernels.split_count(info, choice.tile, g.nz * tiles, g.k)
+    if chunks == 1:
+        return False
+    for z in range(g.nz):
+        one = attrs.evolve(g, a=_shifted(g.a, z * g.za), b=_shifted(g.b, z * g.zb), c=_shifted(g.c, z * g.zc),
+                           nz=1, za=0, zb=0, zc=0)
+        _split_k_fixup(rec, one, attrs.evolve(choice, chunks=chunks), None)
+    return True
+
+
+def _shifted(op: Operand, elems: int) -> Operand:
+    view = op.view.reshape((op.view.size,)) if elems == 0 else op.view.view(elems, (op.view.size - elems,))
+    return attrs.evolve(op, view=view)
 
 
 def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
