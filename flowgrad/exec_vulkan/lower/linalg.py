@@ -127,7 +127,8 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     return True
 
 
-MAX_SPLIT_BATCH = 4   # a batch this small, too few tiles and deep: one split-K dispatch per product
+MAX_SPLIT_BATCH = 4   # a batch this small, too few tiles and deep: one split-K dispatch per product,
+MIN_BATCH_CHUNKS = 4  # where each product splits at least this far (else the extra dispatches cost more)
 
 
 def _split_per_batch(rec, g: _Gemm, choice, info) -> bool:
@@ -138,7 +139,7 @@ def _split_per_batch(rec, g: _Gemm, choice, info) -> bool:
         return False
     tiles = math.ceil(g.m / choice.tile.bm) * math.ceil(g.n / choice.tile.bn)
     chunks = kernels.split_count(info, choice.tile, g.nz * tiles, g.k)
-    if chunks == 1:
+    if chunks < MIN_BATCH_CHUNKS:
         return False
     for z in range(g.nz):
         one = attrs.evolve(g, a=_shifted(g.a, z * g.za), b=_shifted(g.b, z * g.zb), c=_shifted(g.c, z * g.zc),
