@@ -14,6 +14,7 @@ from flowgrad.exec_closure import ClosureSession
 from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.feeds import random_feeds
 from flowgrad.graph_check import check_graph
+from flowgrad.ops import get_op
 from flowgrad.planner import make_plan
 
 GPT_SMALL = dict(d=512, seq=256, heads=8, layers=6, batch=16, vocab=256)
@@ -170,6 +171,32 @@ def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
     assert fused.plan.fusion.groups and not plain.plan.fusion.groups
     assert any(n.op == "fused" for n in fused.runner.graph.nodes)
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
+
+
+def test_each_fused_chain_is_a_pipeline_of_its_own(vk_device):
+    """A chain's program is fused_map's specialization constants: each
+    distinct program its own pipeline, the same program one."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.exec_vulkan.lower.fused import forward_program, run_program
+
+    x = np.linspace(-2, 2, 12, dtype=np.float32)
+    chains = [(("gelu", (0,), {"approximate": "none"}),), (("exp", (0,), {}), ("neg", (1,), {})),
+              (("gelu", (0,), {"approximate": "none"}),)]
+    with OneShot(vk_device) as s:
+        xv = s.upload(x)
+        outs = [s.empty(x.shape, "f32") for _ in chains]
+        for steps, out in zip(chains, outs):
+            run_program(s.rec, forward_program(steps, 1), {("x", 0): xv}, [out], x.shape)
+        specs = [c.spec for c in s.rec.commands if getattr(c, "shader", "") == "fused_map"]
+        for out in outs:
+            s.download(out)
+        gelu, negexp, again = s.run()
+    assert len(specs) == 3 and specs[0] == specs[2] != specs[1]
+    assert {("fused_map", None, spec) for spec in specs} <= set(vk_device.pipelines)
+    np.testing.assert_allclose(negexp, -np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(gelu, again)
+    np.testing.assert_allclose(gelu, get_op("gelu").forward([x.astype(np.float64)], {"approximate": "none"}),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_fused_f16_chain_matches_unfused_on_vulkan(vk_device):

@@ -228,13 +228,15 @@ class Device:
             self._set_layouts[n] = (set_layout, layout)
         return self._set_layouts[n]
 
-    def pipeline(self, shader: str, variant: str | None = None) -> Pipeline:
-        key = (shader, variant)
+    def pipeline(self, shader: str, variant: str | None = None, spec: tuple = ()) -> Pipeline:
+        """spec: u32 values of the shader's specialization constants 0, 1, ...
+        (the driver compiles each distinct tuple with them folded in)."""
+        key = (shader, variant, spec)
         if key not in self.pipelines:
-            self.pipelines[key] = self._build_pipeline(shader, variant)
+            self.pipelines[key] = self._build_pipeline(shader, variant, spec)
         return self.pipelines[key]
 
-    def _build_pipeline(self, shader: str, variant: str | None) -> Pipeline:
+    def _build_pipeline(self, shader: str, variant: str | None, constants: tuple = ()) -> Pipeline:
         vk = load_vulkan()
         spec = shader_info(shader, variant)
         if variant == "f16" and not self.info.f16:
@@ -245,8 +247,14 @@ class Device:
         with vk_errors(f"loading shader {spec.name}"):
             module = vk.vkCreateShaderModule(self.handle, module_info, None)
         try:
+            special = None
+            if constants:
+                entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(constants))]
+                data = vk.ffi.new("uint32_t[]", list(constants))
+                special = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                                  dataSize=4 * len(constants), pData=data)
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
-                                                       pName="main")
+                                                       pName="main", pSpecializationInfo=special)
             flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if self.capture_stats else 0
             info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout, flags=flags)
             infos = [info]

@@ -73,7 +73,7 @@ def timed_submits(device, commands, times: int, what: str) -> list[float]:
 def _descriptor_sets(vk, device, dispatches, enc):
     if not dispatches:
         return []
-    pipelines = [device.pipeline(d.shader, d.variant) for d in dispatches]
+    pipelines = [device.pipeline(d.shader, d.variant, d.spec) for d in dispatches]
     total = sum(max(1, p.bindings) for p in pipelines)
     sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=total)]
     info = vk.VkDescriptorPoolCreateInfo(maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=sizes)

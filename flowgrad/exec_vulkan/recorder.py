@@ -37,6 +37,7 @@ class Dispatch:
     push: bytes
     groups: tuple[int, int, int]
     label: tuple | None
+    spec: tuple[int, ...] = ()   # specialization constants 0, 1, ... (u32 words): one pipeline per distinct tuple
 
 
 @attrs.frozen
@@ -114,7 +115,8 @@ class Recorder:
 
     # -- the lowering API
 
-    def dispatch(self, shader: str, bufs, push=(), groups=(1, 1, 1), variant: str | None = None) -> None:
+    def dispatch(self, shader: str, bufs, push=(), groups=(1, 1, 1), variant: str | None = None,
+                 spec: tuple = ()) -> None:
         info = shader_info(shader, variant)
         bufs = list(bufs)
         if len(bufs) != info.bindings:
@@ -141,7 +143,8 @@ class Recorder:
                 self.copy(b, tmp)
                 moved.append((i, b, tmp))
                 bufs[i] = tmp
-        self.commands.append(Dispatch(shader, variant, tuple(bufs), info.readonly, packed, groups, self.label))
+        self.commands.append(Dispatch(shader, variant, tuple(bufs), info.readonly, packed, groups, self.label,
+                                      tuple(int(w) & 0xFFFFFFFF for w in spec)))
         for i, original, tmp in moved:
             if not info.readonly[i]:
                 self.copy(tmp, original)

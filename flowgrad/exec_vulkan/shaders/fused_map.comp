@@ -5,12 +5,15 @@
 // map_reduce.comp runs one at a time), instruction k writing register 4 + k,
 // and store one or two registers to the outputs.
 //
-// The program comes in the push constants, so one precompiled kernel runs
-// every fused chain: the machines flowgrad runs on have no shader compiler,
-// and a chain is at most a dozen ops. Each input is read through its own
+// The program comes as specialization constants: one precompiled kernel
+// runs every fused chain (the machines flowgrad runs on have no shader
+// compiler), and the driver compiles each chain's pipeline with its program
+// folded in, so registers are registers, not an array indexed at run time,
+// and no instruction decodes an op. Each input is read through its own
 // strides over an index space of rank <= 3 (0 on a broadcast axis). In the
 // f16 build every instruction's result is rounded to f16, as the same ops
 // run one dispatch each would store it, so fusing never changes a value.
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 #define FG_WG 256
@@ -27,13 +30,26 @@ layout(std430, set = 0, binding = 5) writeonly buffer Out1 { T y1[]; };
 
 layout(push_constant) uniform Push {
     uint n;         // elements of the index space
-    uint meta;      // rank | inputs << 2 | instructions << 5 | outputs << 9 | out0 reg << 12 | out1 reg << 16
     uint shape[3];
     uint st[12];    // input k's stride along axis d: st[3 * k + d]
-    uint prog[12];  // map op | a << 8 | b << 12 | c << 16 | param slot << 20 (registers 0..15)
     float param[2];
 } pc;
 
+// rank | inputs << 2 | instructions << 5 | outputs << 9 | out0 reg << 12 | out1 reg << 16
+layout(constant_id = 0) const uint META = 0u;
+// instruction k: map op | a << 8 | b << 12 | c << 16 | param slot << 20 (registers 0..15)
+layout(constant_id = 1) const uint P0 = 0u;
+layout(constant_id = 2) const uint P1 = 0u;
+layout(constant_id = 3) const uint P2 = 0u;
+layout(constant_id = 4) const uint P3 = 0u;
+layout(constant_id = 5) const uint P4 = 0u;
+layout(constant_id = 6) const uint P5 = 0u;
+layout(constant_id = 7) const uint P6 = 0u;
+layout(constant_id = 8) const uint P7 = 0u;
+layout(constant_id = 9) const uint P8 = 0u;
+layout(constant_id = 10) const uint P9 = 0u;
+layout(constant_id = 11) const uint P10 = 0u;
+layout(constant_id = 12) const uint P11 = 0u;
 #include "map_ops.glsl"
 #include "map_apply.glsl"
 
@@ -47,32 +63,37 @@ float load_input(uint k, uint at) {
 }
 
 void main() {
-    uint rank = pc.meta & 3u;
-    uint nin = (pc.meta >> 2) & 7u;
-    uint ninstr = (pc.meta >> 5) & 15u;
-    uint nout = (pc.meta >> 9) & 3u;
+    const uint rank = META & 3u;
+    const uint nin = (META >> 2) & 7u;
+    const uint ninstr = (META >> 5) & 15u;
+    const uint nout = (META >> 9) & 3u;
+    uint prog[12] = uint[12](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11);
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * FG_WG) {
         uint c[3] = uint[3](0u, 0u, 0u);
         uint rest = i;
-        for (int d = int(rank) - 1; d >= 0; --d) {
-            c[d] = rest % pc.shape[d];
-            rest /= pc.shape[d];
+        [[unroll]] for (int d = 2; d >= 0; --d) {
+            if (d < int(rank)) {
+                c[d] = rest % pc.shape[d];
+                rest /= pc.shape[d];
+            }
         }
         float r[16];
-        for (uint k = 0u; k < 4u; ++k) {
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
             r[k] = 0.0;
             if (k < nin) {
                 uint at = c[0] * pc.st[3u * k] + c[1] * pc.st[3u * k + 1u] + c[2] * pc.st[3u * k + 2u];
                 r[k] = load_input(k, at);
             }
         }
-        for (uint k = 0u; k < ninstr; ++k) {
-            uint ins = pc.prog[k];
-            float v = map_apply(ins & 0xffu, r[(ins >> 8) & 15u], r[(ins >> 12) & 15u], r[(ins >> 16) & 15u],
-                                pc.param[(ins >> 20) & 1u]);
-            r[4u + k] = float(T(v));
+        [[unroll]] for (uint k = 0u; k < 12u; ++k) {
+            if (k < ninstr) {
+                uint ins = prog[k];
+                float v = map_apply(ins & 0xffu, r[(ins >> 8) & 15u], r[(ins >> 12) & 15u], r[(ins >> 16) & 15u],
+                                    pc.param[(ins >> 20) & 1u]);
+                r[4u + k] = float(T(v));
+            }
         }
-        y0[i] = T(r[(pc.meta >> 12) & 15u]);
-        if (nout > 1u) y1[i] = T(r[(pc.meta >> 16) & 15u]);
+        y0[i] = T(r[(META >> 12) & 15u]);
+        if (nout > 1u) y1[i] = T(r[(META >> 16) & 15u]);
     }
 }

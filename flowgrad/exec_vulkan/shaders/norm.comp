@@ -23,6 +23,7 @@
 //                     by that workgroup) adds them up into dw and db.
 // `items` counts what the segments handle: rows, (chunk, column)s or columns.
 // flags bit 0: dx is added to what y holds (a gradient accumulated in place).
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 #define FG_WG 256
@@ -39,6 +40,7 @@ layout(std430, set = 0, binding = 5) writeonly buffer DW { T dw[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer DB { T db[]; };
 layout(std430, set = 0, binding = 7) coherent buffer Stats { uint stats[]; };  // f32 bits [N, 2]; modes 8, 9: a counter
 layout(std430, set = 0, binding = 8) coherent buffer Part { float part[]; };   // f32 [chunks or groups, D, 2]
+layout(std430, set = 0, binding = 8) coherent readonly buffer Part2 { vec2 part2[]; };
 
 layout(push_constant) uniform Push {
     uint items;
@@ -137,10 +139,17 @@ void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
     barrier();
     if (!last_group) return;
     memoryBarrierBuffer();
+    // one workgroup reads every group's sums: 8 loads in flight, added in group order
+    uint groups = gl_NumWorkGroups.x;
     for (uint j = lid; j < pc.D; j += FG_WG) {
         vec2 acc = vec2(0.0);
-        for (uint q = 0u; q < gl_NumWorkGroups.x; ++q)
-            acc += vec2(part[2u * (q * pc.D + j)], part[2u * (q * pc.D + j) + 1u]);
+        uint q = 0u;
+        for (; q + 8u <= groups; q += 8u) {
+            vec2 v[8];
+            [[unroll]] for (uint u = 0u; u < 8u; ++u) v[u] = part2[(q + u) * pc.D + j];
+            [[unroll]] for (uint u = 0u; u < 8u; ++u) acc += v[u];
+        }
+        for (; q < groups; ++q) acc += part2[q * pc.D + j];
         dw[j] = T(acc.x);
         if (!rms) db[j] = T(acc.y);
     }
