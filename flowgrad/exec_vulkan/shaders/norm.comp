@@ -75,6 +75,17 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
     return vec2(mean, inversesqrt(v + pc.eps));
 }
 
+// dx at column j of the row at `start`; returns (g * xhat, g) for the column sums
+vec2 dx_at(uint start, uint j, float mean, float rstd, float c, float a) {
+    float gi = float(g[start + j]);
+    precise float gw = gi * float(w[j]);
+    precise float xhat = (float(x[start + j]) - mean) * rstd;
+    float dx = rstd * ((gw - c) - xhat * a);
+    // added as the unfused step would: dx stored (rounded) first, then the sum
+    y[start + j] = T((pc.flags & 1u) != 0u ? float(y[start + j]) + float(T(dx)) : dx);
+    return vec2(gi * xhat, gi);
+}
+
 void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec2 cols[MAXC]) {
     uint start = row * pc.D;
     vec2 st = row_stats(start, live, lane, S, rms);
@@ -99,16 +110,16 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec
     acc = fg_seg_reduce2(acc, S, 0u, false) / float(pc.D);
     if (!live) return;
     float c = rms ? 0.0 : acc.x;
-    bool add = (pc.flags & 1u) != 0u;
-    for (uint j = lane, k = 0u; j < pc.D; j += S, ++k) {
-        float gi = float(g[start + j]);
-        precise float gw = gi * float(w[j]);
-        precise float xhat = (float(x[start + j]) - mean) * rstd;
-        float dx = rstd * ((gw - c) - xhat * acc.y);
-        // added as the unfused step would: dx stored (rounded) first, then the sum
-        y[start + j] = T(add ? float(y[start + j]) + float(T(dx)) : dx);
-        if (mode >= 8u && k < MAXC) cols[k] += vec2(gi * xhat, gi);
+    // the first MAXC columns of the lane unrolled, so cols is indexed at literal
+    // indices (indexed at run time, NVIDIA keeps it in local memory)
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        uint j = lane + k * S;
+        if (j < pc.D) {
+            vec2 col = dx_at(start, j, mean, rstd, c, acc.y);
+            if (mode >= 8u) cols[k] += col;
+        }
     }
+    for (uint j = lane + MAXC * S; j < pc.D; j += S) dx_at(start, j, mean, rstd, c, acc.y);
     if (lane == 0u && mode < 8u) {
         stats[2u * row] = floatBitsToUint(mean);
         stats[2u * row + 1u] = floatBitsToUint(rstd);
@@ -121,7 +132,8 @@ void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
     uint lid = gl_LocalInvocationID.x;
     uint per_group = FG_WG / S;
     uint base = gl_WorkGroupID.x * pc.D;
-    for (uint k = 0u; k < MAXC && k * S < pc.D; ++k) {
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        if (k * S >= pc.D) break;
         fg_seg[lid] = cols[k];
         barrier();
         uint j = lane + k * S;
@@ -198,7 +210,7 @@ void main() {
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     vec2 cols[MAXC];
-    for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
