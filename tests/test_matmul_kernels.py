@@ -186,14 +186,15 @@ def test_default_selection_is_checked_too(vk_device):
 
 def test_coop_kernel_when_offered(vk_device):
     info = vk_device.info
-    if not getattr(info, "coopmat_f16", False):
+    builds = [t.shader for t, have in ((mk.COOP, info.coopmat_f16), (mk.COOP_KHR, info.coopmat_khr_f16)) if have]
+    if not builds:
         if os.environ.get("CI") == "true" and "llvmpipe" not in info.name:
             pytest.fail(f"{info.name}: expected cooperative matrices to be detected")
         pytest.skip(f"{info.name} offers no cooperative matrices with 16x16x16 f16 products")
     shaders = check(vk_device, (2, 64, 96), (96, 144), "f16")
     # the default f16 pick is a cooperative-matrix kernel (matmul_cm2 first where the device has it)
-    assert mk.COOP.shader in shaders or any(s.startswith("matmul_cm2_") for s in shaders), shaders
-    for shader in sorted(mk.COOPS):       # K of 144: a last step that is part zeros
+    assert mk.coop_tile(info).shader in shaders or any(s.startswith("matmul_cm2_") for s in shaders), shaders
+    for shader in builds:                 # K of 144: a last step that is part zeros
         check(vk_device, (256, 144), (144, 272), "f16", shader=shader)
         check(vk_device, (3, 48, 64), (3, 64, 32), "f16", shader=shader)
 
@@ -204,6 +205,7 @@ def test_coop_kernel_when_offered(vk_device):
 class FakeInfo:
     name: str
     coopmat_f16: bool = False
+    coopmat_khr_f16: bool = False
 
 
 H200 = FakeInfo("NVIDIA H200")
@@ -250,6 +252,11 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
     assert mk.choose(coop, "f16", 512, 500, 512, 1, coop_aligned=True).tile is not mk.COOP
     assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=False).tile is not mk.COOP
     assert mk.choose(H200, "f16", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
+    # the KHR extension's build where the device has it; convolutions keep their NV builds
+    khr = FakeInfo("AMD Radeon", coopmat_khr_f16=True)
+    assert mk.choose(khr, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
+    assert mk.choose(attrs.evolve(khr, coopmat_f16=True), "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
+    assert mk.coop_ok(khr, "f16", 512, 512, 512, True) and not mk.coop_ok(khr, "f16", 512, 512, 512, True, khr=False)
 
 
 def test_bench_matmul_cli(vk_device, capsys, monkeypatch):

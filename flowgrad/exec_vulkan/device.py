@@ -13,7 +13,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
 from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_NEEDED, COOPMAT_EXT,
-                                            RawStruct, _extensions, compute_family, describe, features,
+                                            KHR_COOPMAT_EXT, RawStruct, _extensions, compute_family, describe, features,
                                             physical_devices)
 from flowgrad.exec_vulkan import submit
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
@@ -88,16 +88,19 @@ class Device:
         # structs are chained nowhere else: Debian's validation layer, 1.3.239, rejects them)
         exts = []
         chain = want_s16
-        if self.info.coopmat_f16 or self.info.cm2_invocations:
+        subgroup_coop = self.info.coopmat_f16 or self.info.coopmat_khr_f16
+        if subgroup_coop or self.info.cm2_invocations:
             # matmul_coop's barriers take device scope; matmul_cm2 has none
             chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
-                pNext=chain, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=int(self.info.coopmat_f16))
+                pNext=chain, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=int(subgroup_coop))
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
-        if self.info.cm2_invocations:   # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads
-            exts += CM2_EXTS
+        if self.info.coopmat_khr_f16 or self.info.cm2_invocations:
+            exts.append(KHR_COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
+        if self.info.cm2_invocations:   # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads
+            exts += [e for e in CM2_EXTS if e != KHR_COOPMAT_EXT]
             self._cm2_features = RawStruct(vk, CM2_FEATURES_STYPE, len(CM2_FEATURES), pnext=chain)
             for name in CM2_NEEDED:
                 self._cm2_features[CM2_FEATURES.index(name)] = 1

@@ -25,6 +25,7 @@ class DeviceInfo:
     max_storage_range: int = 0  # bytes one storage-buffer binding may address (0: unknown)
     max_groups: tuple = ()     # maxComputeWorkGroupCount ((): unknown)
     coopmat_f16: bool = False  # VK_NV_cooperative_matrix with 16x16x16 f16 products into f32 (matmul_coop)
+    coopmat_khr_f16: bool = False  # the same products on VK_KHR_cooperative_matrix (matmul_coop_khr)
     storage_buffers: int = 0   # maxPerStageDescriptorStorageBuffers (0: unknown)
     # VK_NV_cooperative_matrix2 (matmul_cm2): the workgroup sizes that take workgroup-scope f16 x f16 + f32
     # products of flexible dimensions, and those dimensions' (M, N, K) granularity; () where it is absent
@@ -100,7 +101,42 @@ def coopmat_f16_query(vk, physical) -> bool:
                == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
 
 
-CM2_EXTS = ("VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
+KHR_COOPMAT_EXT = "VK_KHR_cooperative_matrix"
+
+
+def coopmat_khr_f16(vk, physical, exts: set[str]) -> bool:
+    """The device runs matmul_coop_khr: VK_KHR_cooperative_matrix, its feature,
+    the memory model at device scope, and a 16x16x16 f16 x f16 + f32 subgroup
+    product. A query the binding cannot make counts as no."""
+    if KHR_COOPMAT_EXT not in exts:
+        return False
+    try:
+        memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
+        feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=memory_model)
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
+        vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
+        if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel
+                and memory_model.vulkanMemoryModelDeviceScope):
+            return False
+        raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        if raw == vk.ffi.NULL:
+            return False
+        query = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", raw)
+        count = vk.ffi.new("uint32_t*")
+        if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+            return False
+        props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+        for i in range(count[0]):
+            props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+        if query(physical, count, props) != vk.VK_SUCCESS:
+            return False
+        return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.ResultType, p.scope)
+                   == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return False
+
+
+CM2_EXTS = (KHR_COOPMAT_EXT, "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
 # the binding (Vulkan headers 1.3.275) predates VK_NV_cooperative_matrix2: its structs are built by hand
 CM2_FEATURES_STYPE = 1000593000   # VkPhysicalDeviceCooperativeMatrix2FeaturesNV
 CM2_FLEX_STYPE = 1000593001       # VkCooperativeMatrixFlexibleDimensionsPropertiesNV
@@ -223,6 +259,9 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
                      and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
                      and coopmat_f16(vk, physical, exts)),
+        coopmat_khr_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
+                         and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
+                         and coopmat_khr_f16(vk, physical, exts)),
         **_cm2_fields(vk, physical, exts, bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)))
 
 

@@ -186,7 +186,8 @@ def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
     kernels = [(None, None)]
     if every:
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
-        coops = sorted(mk.COOPS) if dtype == "f16" and device.info.coopmat_f16 else []
+        coops = [c for c, have in (("matmul_coop", device.info.coopmat_f16),
+                                   ("matmul_coop_khr", device.info.coopmat_khr_f16)) if dtype == "f16" and have]
         cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t)) if dtype == "f16" else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return kernels

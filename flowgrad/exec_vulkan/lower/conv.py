@@ -79,7 +79,7 @@ def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kern
         if tile.shader not in CONV_TILES:
             raise DeviceError(f"{forced} has no convolution build (the conv builds: {', '.join(CONV_TILES)})")
         return tile
-    if dtype == "f16" and kernels.coop_ok(info, dtype, *padded, True):
+    if dtype == "f16" and kernels.coop_ok(info, dtype, *padded, True, khr=False):   # conv_coop: NV builds
         return COOP_BUILDS[_COOP.get()]
     return kernels.TILES[CONV_TILE]
 

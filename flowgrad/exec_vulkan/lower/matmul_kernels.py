@@ -12,8 +12,9 @@ unbatched GEMM whose output has too few tiles to fill the device.
 f16 operands run on cooperative matrices where the device has them: first
 choice `matmul_cm2` (VK_NV_cooperative_matrix2: workgroup-scope matrices with
 tensor-addressed loads, any sizes and strides; the tile per shape class from
-CM2_TABLE), else `matmul_coop` (VK_NV_cooperative_matrix, subgroup-scope
-16x16x16 products), when its alignment rules hold (see COOP_ALIGN)."""
+CM2_TABLE), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
+VK_KHR_cooperative_matrix as matmul_coop_khr, and for the NV extension that
+preceded it), when its alignment rules hold (see COOP_ALIGN)."""
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,9 @@ TILES = {t.shader: t for t in (
 # f16 GEMMs that cooperative matrices cannot take (odd sizes, or no device
 # support) are rare enough that one f16-storage tile serves them all
 F16_TILE = "matmul_64x64_k16"
-COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),)}
-COOP = COOPS["matmul_coop"]   # the one f16 GEMMs get
+COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_khr", 128, 128, 32, True))}
+COOP = COOPS["matmul_coop"]            # on VK_NV_cooperative_matrix
+COOP_KHR = COOPS["matmul_coop_khr"]    # the same tile on VK_KHR_cooperative_matrix, where the device has it
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations)
         for name, t in matmul_cm2.TILES.items()}
@@ -129,8 +131,15 @@ def coop_fits(dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
     return dtype == "f16" and aligned and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0
 
 
-def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
-    return bool(getattr(info, "coopmat_f16", False)) and coop_fits(dtype, m, n, k, aligned)
+def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool, khr: bool = True) -> bool:
+    """A subgroup cooperative-matrix GEMM runs this (khr=False: on the NV extension)."""
+    have = getattr(info, "coopmat_f16", False) or (khr and getattr(info, "coopmat_khr_f16", False))
+    return bool(have) and coop_fits(dtype, m, n, k, aligned)
+
+
+def coop_tile(info) -> Tile:
+    """matmul_coop's build for the device: the KHR extension's where it has it."""
+    return COOP_KHR if getattr(info, "coopmat_khr_f16", False) else COOP
 
 
 def cm2_class(klass: str, m: int, n: int) -> str:
@@ -190,7 +199,7 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     elif tensor_loads and dtype == "f16" and cm2 is not None:
         tile = cm2
     elif coop_ok(info, dtype, m, n, k, coop_aligned):
-        tile = COOP
+        tile = coop_tile(info)
     elif dtype == "f16":
         tile = TILES[F16_TILE]
     else:

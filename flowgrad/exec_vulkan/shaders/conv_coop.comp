@@ -1,6 +1,7 @@
 #version 450
 // matmul_coop's cooperative-matrix tile (the same defines; a test compares them) over
 // conv_gemm.glsl's operands, f16 storage only.
+#define COOP_NV 1
 #define WGM 2
 #define WGN 4
 #define FM 4

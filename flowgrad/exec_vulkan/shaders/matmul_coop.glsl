@@ -1,4 +1,5 @@
-// GEMM on cooperative matrices (VK_NV_cooperative_matrix): f16 operands,
+// GEMM on cooperative matrices (VK_KHR_cooperative_matrix, or with COOP_NV
+// the NV extension that preceded it): f16 operands,
 // 16x16x16 products accumulated in f32, f16 result. Same contract and push
 // constants as matmul_tiled.glsl (strides, batches, summed batches, split-K);
 // the host sends only GEMMs whose M and N are multiples of 16, K a multiple
@@ -22,7 +23,27 @@
 // the depth) and packed, and each output fragment goes through shared memory
 // to store_c, element by element; so any M, N and K work (padded to the
 // fragments), where plain GEMMs keep the alignment rules above.
+#ifdef COOP_NV
 #extension GL_NV_cooperative_matrix : require
+#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAG_B FRAG_A
+#define FRAG_ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define FRAG_OUT FRAG_A
+#define LOAD_ROWS(f, buf, at, stride) coopMatLoadNV(f, buf, at, stride, false)
+#define LOAD_COLS(f, buf, at, stride) coopMatLoadNV(f, buf, at, stride, true)
+#define STORE_FRAG(f, buf, at, stride) coopMatStoreNV(f, buf, at, stride, false)
+#define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
+#else
+#extension GL_KHR_cooperative_matrix : require
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define FRAG_OUT coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define LOAD_ROWS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_COLS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutColumnMajor)
+#define STORE_FRAG(f, buf, at, stride) coopMatStore(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
+#define MUL_ADD(a, b, c) coopMatMulAdd(a, b, c)
+#endif
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
@@ -184,9 +205,9 @@ void main() {
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     bool kfast = A_KFAST, nfast = B_NFAST;
     for (uint z = gl_WorkGroupID.z; z < GEMM_NZ; z += gl_NumWorkGroups.z) {
-        fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[FM][FN];
+        FRAG_ACC acc[FM][FN];
         [[unroll]] for (uint i = 0u; i < FM; ++i)
-            [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+            [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = FRAG_ACC(0.0);
         uint kend = GEMM_KEND(z);
         uint steps = (kend + BK - 1u) / BK;
         for (uint r = 0u; r < GEMM_R; ++r) {
@@ -204,19 +225,20 @@ void main() {
                     load_b(bbase, n0, (s + 1u) * BK, kend);
                 }
                 [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
-                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN];
+                    FRAG_A fa[FM];
+                    FRAG_B fb[FN];
                     [[unroll]] for (uint i = 0u; i < FM; ++i) {
                         uint row = (wm * FM + i) * 16u;
-                        if (kfast) coopMatLoadNV(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW, false);
-                        else coopMatLoadNV(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW, true);
+                        if (kfast) LOAD_ROWS(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW);
+                        else LOAD_COLS(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW);
                     }
                     [[unroll]] for (uint j = 0u; j < FN; ++j) {
                         uint col = (wn * FN + j) * 16u;
-                        if (nfast) coopMatLoadNV(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW, false);
-                        else coopMatLoadNV(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW, true);
+                        if (nfast) LOAD_ROWS(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW);
+                        else LOAD_COLS(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW);
                     }
                     [[unroll]] for (uint i = 0u; i < FM; ++i)
-                        [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
+                        [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = MUL_ADD(fa[i], fb[j], acc[i][j]);
                 }
                 if (more) {
                     if (NBUF == 1) barrier();
@@ -235,7 +257,7 @@ void main() {
             uint m = m0 + (wm * FM + i) * 16u;
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
                 uint n = n0 + (wn * FN + j) * 16u;
-                coopMatStoreNV(acc[i][j], As, slot, 4u, false);
+                STORE_FRAG(acc[i][j], As, slot, 4u);
                 barrier();
                 [[unroll]] for (uint q = 0u; q < 8u; ++q) {
                     uint row = q * 2u + lane / 16u, col = lane % 16u;
@@ -252,8 +274,8 @@ void main() {
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
                 uint n = n0 + (wn * FN + j) * 16u;
                 if (m < p.M && n < p.N) {
-                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> h = fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>(acc[i][j]);
-                    coopMatStoreNV(h, c, cbase + m * p.scm + n, p.scm, false);
+                    FRAG_OUT h = FRAG_OUT(acc[i][j]);
+                    STORE_FRAG(h, c, cbase + m * p.scm + n, p.scm);
                 }
             }
         }
