@@ -62,78 +62,59 @@ _F16, _F32, _SUBGROUP = 0, 1, 3            # VkComponentTypeNV / VkScopeNV value
 COOP_SHARED_BYTES = 40960                  # matmul_coop's shared tiles (two 128x32 f16 buffers per operand, padded)
 
 
+KHR_COOPMAT_EXT = "VK_KHR_cooperative_matrix"
+
+
 def coopmat_f16(vk, physical, exts: set[str]) -> bool:
     """The device runs matmul_coop: the NV cooperative-matrix extension, its
     feature, and a 16x16x16 f16 x f16 + f32 shape in subgroup scope. A
     query the binding cannot make counts as no (the plain kernels run)."""
-    if COOPMAT_EXT not in exts:
+    return _offers(vk, physical, exts, COOPMAT_EXT, "NV")
+
+
+def coopmat_khr_f16(vk, physical, exts: set[str]) -> bool:
+    """The device runs matmul_coop_khr: the same on VK_KHR_cooperative_matrix."""
+    return _offers(vk, physical, exts, KHR_COOPMAT_EXT, "KHR")
+
+
+def _offers(vk, physical, exts: set[str], ext: str, kind: str) -> bool:
+    if ext not in exts:
         return False
     try:
-        return coopmat_f16_query(vk, physical)
+        return coopmat_f16_query(vk, physical, kind)
     except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
         return False
 
 
-def coopmat_f16_query(vk, physical) -> bool:
+def coopmat_f16_query(vk, physical, kind: str = "NV") -> bool:
+    """The extension `kind` ("NV" or "KHR") offers the feature and a
+    16x16x16 f16 x f16 + f32 subgroup product."""
     # glslc's cooperative-matrix SPIR-V declares the VulkanMemoryModel capability
     # and its barriers take device scope, so the device must offer (and the device
     # creation enable) both of those features too
     memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
-    feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=memory_model)
+    feat = getattr(vk, f"VkPhysicalDeviceCooperativeMatrixFeatures{kind}")(pNext=memory_model)
     f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
     if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel and memory_model.vulkanMemoryModelDeviceScope):
         return False
-    raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    name = f"vkGetPhysicalDeviceCooperativeMatrixProperties{kind}"
+    raw = vk.lib.vkGetInstanceProcAddr(instance().handle, name.encode())
     if raw == vk.ffi.NULL:
         return False
     # called directly: the binding's wrapper hands the driver structs without their sType
-    query = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", raw)
+    query = vk.ffi.cast(f"PFN_{name}", raw)
     count = vk.ffi.new("uint32_t*")
     if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
         return False
-    props = vk.ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+    props = vk.ffi.new(f"VkCooperativeMatrixProperties{kind}[]", count[0])
     for i in range(count[0]):
-        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
+        props[i].sType = getattr(vk, f"VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_{kind}")
     if query(physical, count, props) != vk.VK_SUCCESS:
         return False
-    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope)
+    result = "DType" if kind == "NV" else "ResultType"
+    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, getattr(p, result), p.scope)
                == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
-
-
-KHR_COOPMAT_EXT = "VK_KHR_cooperative_matrix"
-
-
-def coopmat_khr_f16(vk, physical, exts: set[str]) -> bool:
-    """The device runs matmul_coop_khr: VK_KHR_cooperative_matrix, its feature,
-    the memory model at device scope, and a 16x16x16 f16 x f16 + f32 subgroup
-    product. A query the binding cannot make counts as no."""
-    if KHR_COOPMAT_EXT not in exts:
-        return False
-    try:
-        memory_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures()
-        feat = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=memory_model)
-        f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
-        vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
-        if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel
-                and memory_model.vulkanMemoryModelDeviceScope):
-            return False
-        raw = vk.lib.vkGetInstanceProcAddr(instance().handle, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-        if raw == vk.ffi.NULL:
-            return False
-        query = vk.ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", raw)
-        count = vk.ffi.new("uint32_t*")
-        if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
-            return False
-        props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
-        for i in range(count[0]):
-            props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
-        if query(physical, count, props) != vk.VK_SUCCESS:
-            return False
-        return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.ResultType, p.scope)
-                   == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
-    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
-        return False
 
 
 CM2_EXTS = (KHR_COOPMAT_EXT, "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
