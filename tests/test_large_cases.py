@@ -86,6 +86,16 @@ def test_layernorm_over_long_rows(kernels):
                                  rng.standard_normal(1031).astype(np.float32)], {})
 
 
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+def test_norm_weight_gradient_summed_over_many_workgroups(kernels, op):
+    """4096 rows of 512: the one-pass backward's column sums come from 512
+    workgroups, added up in two levels (clusters of 23, the last one short)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4096, 512)).astype(np.float32) * 2 + 1
+    w = rng.uniform(0.5, 1.5, 512).astype(np.float32)
+    check(kernels, op, [x, w] + ([rng.standard_normal(512).astype(np.float32)] if op == "layernorm" else []), {})
+
+
 def test_dropout_mask_of_half_a_million_elements_is_numpys(kernels):
     x = np.random.default_rng(6).uniform(0.5, 1.5, (512, 1025)).astype(np.float32)
     attrs = {"p": 0.3, "stream": 5}

@@ -3,7 +3,8 @@
 The backward is one dispatch for rows of up to MAXC lanes' worth of
 columns: each row's mean and rstd are recomputed while dx is written, each
 workgroup sums the weight (and bias) gradients of its rows' columns, and
-the last workgroup to finish adds those sums up. Longer rows take three:
+the last to finish add those sums up, in two levels (clusters of about
+sqrt(groups) workgroups, then the clusters' sums). Longer rows take three:
 dx (keeping the row statistics in an f32 scratch), the column sums from
 them in pieces of rows, and the sum of the pieces. dx can be added into
 the gradient already there (Lowering.accumulates), saving the executor an
@@ -20,7 +21,7 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
 ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
 MAXC = 8            # norm.comp: columns per lane in the one-pass backward
-ONE_PASS_GROUPS = 128   # workgroups of the one-pass backward: each leaves D column sums for the last to add
+ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
 
 
 def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None):
@@ -74,11 +75,13 @@ def _norm(kind: str):
             dw = grads[1] if grads[1] is not None else unused(rec, t)
             db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
-            counter = rec.scratch((1,), "f32")
-            rec.fill(counter, 0)
-            part = rec.scratch((groups, d, 2), "f32")
-            _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counter, part],
-                      flags=flags, groups=groups)
+            size = math.isqrt(groups - 1) + 1   # groups per cluster: the sums are added in two levels
+            clusters = -(-groups // size)
+            counters = rec.scratch((1 + clusters,), "f32")
+            rec.fill(counters, 0)
+            part = rec.scratch((groups + clusters, d, 2), "f32")
+            _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
+                      chunks=size, flags=flags, groups=groups)
             return
         stats = rec.scratch((n, 2), "f32")
         _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,

@@ -15,12 +15,13 @@
 //                     (chunks > 1: the sums go to part[2 item], part[2 item + 1])
 //   6 / 7             layernorm / rmsnorm: dw, db = the sums of the chunks' parts
 // One-pass backward (rows of D <= MAXC * S):
-//   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3, while each lane
-//                     sums g * xhat and g for its columns over the workgroup's
-//                     rows; each workgroup leaves its column sums in part
-//                     [group, D, 2], and the last workgroup to finish (a
-//                     counter in stats[0], zero before the dispatch and reset
-//                     by that workgroup) adds them up into dw and db.
+//   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3 (each row read
+//                     once, into registers), while each lane sums g * xhat and
+//                     g for its columns over the workgroup's rows; each workgroup leaves its column sums in part
+//                     [group, D, 2], added up into dw and db by the last
+//                     workgroups to finish (finish_columns: counters in stats,
+//                     zero before the dispatch and reset by those workgroups;
+//                     `chunks` is the groups per cluster there).
 // `items` counts what the segments handle: rows, (chunk, column)s or columns.
 // flags bit 0: dx is added to what y holds (a gradient accumulated in place).
 #extension GL_EXT_control_flow_attributes : require
@@ -41,6 +42,7 @@ layout(std430, set = 0, binding = 6) writeonly buffer DB { T db[]; };
 layout(std430, set = 0, binding = 7) coherent buffer Stats { uint stats[]; };  // f32 bits [N, 2]; modes 8, 9: a counter
 layout(std430, set = 0, binding = 8) coherent buffer Part { float part[]; };   // f32 [chunks or groups, D, 2]
 layout(std430, set = 0, binding = 8) coherent readonly buffer Part2 { vec2 part2[]; };
+layout(std430, set = 0, binding = 8) coherent readonly buffer Part4 { vec4 part4[]; };
 
 layout(push_constant) uniform Push {
     uint items;
@@ -75,18 +77,29 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
     return vec2(mean, inversesqrt(v + pc.eps));
 }
 
-// dx at column j of the row at `start`; returns (g * xhat, g) for the column sums
-vec2 dx_at(uint start, uint j, float mean, float rstd, float c, float a) {
-    float gi = float(g[start + j]);
-    precise float gw = gi * float(w[j]);
-    precise float xhat = (float(x[start + j]) - mean) * rstd;
-    float dx = rstd * ((gw - c) - xhat * a);
-    // added as the unfused step would: dx stored (rounded) first, then the sum
-    y[start + j] = T((pc.flags & 1u) != 0u ? float(y[start + j]) + float(T(dx)) : dx);
-    return vec2(gi * xhat, gi);
+// dx into y; added as the unfused step would: dx stored (rounded) first, then the sum
+void store_dx(uint at, float dx) {
+    y[at] = T((pc.flags & 1u) != 0u ? float(y[at]) + float(T(dx)) : dx);
 }
 
-void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec2 cols[MAXC]) {
+shared vec4 seg4[FG_WG];
+
+// fg_seg_reduce2's sum, over vec4s (segments of consecutive lanes)
+vec4 seg_sum4(vec4 v, uint S) {
+    if (S == 1u) return v;
+    uint lid = gl_LocalInvocationID.x, lane = lid & (S - 1u);
+    seg4[lid] = v;
+    barrier();
+    for (uint s = S >> 1; s > 0u; s >>= 1) {
+        if (lane < s) seg4[lid] += seg4[lid + s];
+        barrier();
+    }
+    vec4 r = seg4[lid - lane];
+    barrier();
+    return r;
+}
+
+void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
     uint start = row * pc.D;
     vec2 st = row_stats(start, live, lane, S, rms);
     float mean = st.x, rstd = st.y;
@@ -110,24 +123,107 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms, inout vec
     acc = fg_seg_reduce2(acc, S, 0u, false) / float(pc.D);
     if (!live) return;
     float c = rms ? 0.0 : acc.x;
-    // the first MAXC columns of the lane unrolled, so cols is indexed at literal
-    // indices (indexed at run time, NVIDIA keeps it in local memory)
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        uint j = lane + k * S;
-        if (j < pc.D) {
-            vec2 col = dx_at(start, j, mean, rstd, c, acc.y);
-            if (mode >= 8u) cols[k] += col;
-        }
+    for (uint j = lane; j < pc.D; j += S) {
+        precise float gw = float(g[start + j]) * float(w[j]);
+        precise float xhat = (float(x[start + j]) - mean) * rstd;
+        store_dx(start + j, rstd * ((gw - c) - xhat * acc.y));
     }
-    for (uint j = lane + MAXC * S; j < pc.D; j += S) dx_at(start, j, mean, rstd, c, acc.y);
-    if (lane == 0u && mode < 8u) {
+    if (lane == 0u) {
         stats[2u * row] = floatBitsToUint(mean);
         stats[2u * row + 1u] = floatBitsToUint(rstd);
     }
 }
 
-// modes 8, 9 after the rows: the workgroup's column sums into part, then
-// the last workgroup adds every workgroup's sums into dw (and db).
+// The one-pass backward's row: the lane's MAXC columns held in registers
+// (one read of x and g), two reductions (the mean; then the variance and
+// the two sums dx needs, together), and the lane's column sums carried on.
+// Registers are indexed at literal indices only (indexed at run time,
+// NVIDIA keeps an array in local memory).
+void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], inout vec2 cols[MAXC]) {
+    uint start = row * pc.D;
+    float xs[MAXC], gs[MAXC];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        uint j = lane + k * S;
+        bool in_row = live && j < pc.D;
+        xs[k] = in_row ? float(x[start + j]) : 0.0;
+        gs[k] = in_row ? float(g[start + j]) : 0.0;
+        s += xs[k];
+    }
+    float mean = rms ? 0.0 : fg_seg_sum(s, S, false) / float(pc.D);
+    vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        if (lane + k * S < pc.D) {
+            float d = xs[k] - mean;
+            precise float gw = gs[k] * wk[k];
+            acc += vec4(d * d, gw, gw * d, 0.0);
+        }
+    }
+    acc = seg_sum4(acc, S) / float(pc.D);
+    if (!live) return;
+    float rstd = inversesqrt(acc.x + pc.eps);
+    float c = rms ? 0.0 : acc.y, a = rstd * acc.z;   // mean(gw), mean(gw * xhat)
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        uint j = lane + k * S;
+        if (j < pc.D) {
+            precise float gw = gs[k] * wk[k];
+            float xhat = (xs[k] - mean) * rstd;
+            store_dx(start + j, rstd * ((gw - c) - xhat * a));
+            cols[k] += vec2(gs[k] * xhat, gs[k]);
+        }
+    }
+}
+
+// Parts first .. first + count - 1 of part ([slot, D, 2]) added up in slot
+// order, into slot `to` or, when final, into dw (and db); two columns per
+// 16-byte load (D even), 8 loads in flight.
+void sum_parts(uint first, uint count, uint to, bool final, bool rms) {
+    uint step = pc.D % 2u == 0u ? 2u : 1u;
+    for (uint j = gl_LocalInvocationID.x * step; j < pc.D; j += FG_WG * step) {
+        vec4 acc = vec4(0.0);   // (dw, db) of columns j and j + 1
+        uint q = first, end = first + count;
+        if (step == 2u) {
+            for (; q + 8u <= end; q += 8u) {
+                vec4 v[8];
+                [[unroll]] for (uint u = 0u; u < 8u; ++u) v[u] = part4[((q + u) * pc.D + j) / 2u];
+                [[unroll]] for (uint u = 0u; u < 8u; ++u) acc += v[u];
+            }
+            for (; q < end; ++q) acc += part4[(q * pc.D + j) / 2u];
+        } else {
+            for (; q < end; ++q) acc.xy += part2[q * pc.D + j];
+        }
+        for (uint u = 0u; u < step; ++u) {
+            if (final) {
+                dw[j + u] = T(acc[2u * u]);
+                if (!rms) db[j + u] = T(acc[2u * u + 1u]);
+            } else {
+                part[2u * (to * pc.D + j + u)] = acc[2u * u];
+                part[2u * (to * pc.D + j + u) + 1u] = acc[2u * u + 1u];
+            }
+        }
+    }
+}
+
+// Whether this workgroup is the last of `count` to add one to counter i
+// (after its stores are visible); the last resets the counter for the next run.
+bool arrives_last(uint i, uint count) {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        last_group = atomicAdd(stats[i], 1u) == count - 1u;
+        if (last_group) stats[i] = 0u;
+    }
+    barrier();
+    bool last = last_group;
+    if (last) memoryBarrierBuffer();
+    return last;
+}
+
+// modes 8, 9 after the rows: the workgroup's column sums into part slot
+// (its group), then in two levels, so that no one workgroup reads them all:
+// the last of each cluster of `chunks` groups adds the cluster's into slot
+// groups + cluster, the last cluster to finish adds those into dw (and db).
+// Counters: stats[0] the clusters done, stats[1 + c] cluster c's groups.
 void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
     uint lid = gl_LocalInvocationID.x;
     uint per_group = FG_WG / S;
@@ -145,27 +241,12 @@ void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
         }
         barrier();
     }
-    memoryBarrierBuffer();
-    barrier();
-    if (lid == 0u) last_group = atomicAdd(stats[0], 1u) == gl_NumWorkGroups.x - 1u;
-    barrier();
-    if (!last_group) return;
-    memoryBarrierBuffer();
-    // one workgroup reads every group's sums: 8 loads in flight, added in group order
-    uint groups = gl_NumWorkGroups.x;
-    for (uint j = lid; j < pc.D; j += FG_WG) {
-        vec2 acc = vec2(0.0);
-        uint q = 0u;
-        for (; q + 8u <= groups; q += 8u) {
-            vec2 v[8];
-            [[unroll]] for (uint u = 0u; u < 8u; ++u) v[u] = part2[(q + u) * pc.D + j];
-            [[unroll]] for (uint u = 0u; u < 8u; ++u) acc += v[u];
-        }
-        for (; q < groups; ++q) acc += part2[q * pc.D + j];
-        dw[j] = T(acc.x);
-        if (!rms) db[j] = T(acc.y);
-    }
-    if (lid == 0u) stats[0] = 0u;   // ready for the next replay
+    uint groups = gl_NumWorkGroups.x, size = pc.chunks, cluster = gl_WorkGroupID.x / size;
+    uint clusters = (groups + size - 1u) / size, first = cluster * size;
+    uint members = min(size, groups - first);
+    if (!arrives_last(1u + cluster, members)) return;
+    sum_parts(first, members, groups + cluster, clusters == 1u, rms);
+    if (clusters > 1u && arrives_last(0u, clusters)) sum_parts(groups, clusters, 0u, true, rms);
 }
 
 void columns(uint item, bool live, uint lane, uint S, bool rms) {
@@ -210,13 +291,19 @@ void main() {
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
     vec2 cols[MAXC];
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
+    float wk[MAXC];   // the one-pass backward's weights: a lane's columns are the same in every row
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        cols[k] = vec2(0.0);
+        uint j = lane + k * S;
+        wk[k] = mode >= 8u && j < pc.D ? float(w[j]) : 0.0;
+    }
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else rows(item, live, lane, S, mode, rms, cols);
+        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, wk, cols);
+        else rows(item, live, lane, S, mode, rms);
     }
     if (mode >= 8u) finish_columns(cols, lane, S, rms);
 }
