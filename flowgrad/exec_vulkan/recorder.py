@@ -8,7 +8,8 @@ by `explain` to count dispatches), and the executors can encode one list with
 or without timestamp queries. Barriers go only where a command reads or
 overwrites a byte range that an earlier command since the last barrier wrote
 (or overwrites one it read): Hazards tracks that, here for counting and in the
-encoder for placing them. A lowering may chain dispatches that read each
+encoder for placing them, and which stages (compute, transfer) a barrier
+must wait for. A lowering may chain dispatches that read each
 other's output, and independent dispatches stay free to overlap."""
 from __future__ import annotations
 
@@ -264,42 +265,64 @@ def touched(cmd):
             [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
 
 
+# The pipeline stage a command's accesses happen in: barriers wait only for
+# the stages of the accesses a later command depends on, so a compute ->
+# compute barrier does not also wait for a read-back copy still in flight.
+COMPUTE, TRANSFER = 1, 2
+ALL_STAGES = COMPUTE | TRANSFER
+
+
+def stage_of(cmd) -> int:
+    return COMPUTE if isinstance(cmd, Dispatch) else TRANSFER
+
+
 class Hazards:
-    """Byte ranges read and written since the last barrier."""
+    """Byte ranges read and written, each with its stage, that no barrier
+    has waited for yet."""
 
     def __init__(self):
-        self.reads: dict[int, list] = {}
+        self.reads: dict[int, list] = {}    # id(buffer) -> [(lo, hi, stage)]
         self.writes: dict[int, list] = {}
         self.barriers = 0
 
     @staticmethod
-    def _hit(table, ranges) -> bool:
+    def _hit(table, ranges) -> int:
+        stages = 0
         for buf, lo, hi in ranges:
-            for a, b in table.get(id(buf), ()):
+            for a, b, stage in table.get(id(buf), ()):
                 if a < hi and lo < b:
-                    return True
-        return False
+                    stages |= stage
+        return stages
 
-    def needs_barrier(self, cmd) -> bool:
+    def wait_for(self, cmd) -> int:
+        """The stages whose earlier accesses `cmd` must wait for (0: none)."""
         reads, writes = touched(cmd)
-        return self._hit(self.writes, reads) or self._hit(self.writes, writes) or self._hit(self.reads, writes)
+        return self._hit(self.writes, reads) | self._hit(self.writes, writes) | self._hit(self.reads, writes)
 
     def note(self, cmd) -> None:
         reads, writes = touched(cmd)
+        stage = stage_of(cmd)
         for table, ranges in ((self.reads, reads), (self.writes, writes)):
             for buf, lo, hi in ranges:
-                table.setdefault(id(buf), []).append((lo, hi))
+                table.setdefault(id(buf), []).append((lo, hi, stage))
 
-    def clear(self) -> None:
-        self.reads.clear()
-        self.writes.clear()
+    def clear(self, stages: int = ALL_STAGES) -> None:
+        """A barrier waited for every earlier access in `stages`."""
+        for table in (self.reads, self.writes):
+            for key in list(table):
+                kept = [e for e in table[key] if not e[2] & stages]
+                if kept:
+                    table[key] = kept
+                else:
+                    del table[key]
         self.barriers += 1
 
 
 def count_barriers(commands) -> int:
     h = Hazards()
     for cmd in commands:
-        if h.needs_barrier(cmd):
-            h.clear()
+        stages = h.wait_for(cmd)
+        if stages:
+            h.clear(stages)
         h.note(cmd)
     return h.barriers

@@ -74,8 +74,9 @@ def _norm(kind: str):
             dw = grads[1] if grads[1] is not None else unused(rec, t)
             db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
-            counter = rec.scratch((1,), "f32")
-            rec.fill(counter, 0)
+            # zeroed at the recording's head and reset by the last workgroup: a fill here
+            # would be a transfer that the dispatch waits for, and with it any read-back in flight
+            counter = rec.counters(1)
             part = rec.scratch((groups, d, 2), "f32")
             _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counter, part],
                       flags=flags, groups=groups)
