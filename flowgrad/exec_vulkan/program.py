@@ -22,7 +22,7 @@ from flowgrad.exec_vulkan.readback import HostBlock
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, touched
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
@@ -64,8 +64,9 @@ class StepIO:
 def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
                 scale_record=None) -> None:
     """Record one step: feeds in, forward, backward (with gradient
-    accumulation), the loss scaler's unscale and overflow check, read-backs,
-    then the optimizer update."""
+    accumulation), the loss scaler's unscale and overflow check, then the
+    optimizer update; each read-back right after the last command that
+    writes its source."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
@@ -102,13 +103,47 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         flags = rec.checks.whole()
         rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
         io.downloads.append((INDEX_FLAGS, flags, io.download_region(io.down_staging, flags.shape, flags.dtype)))
+    start = len(rec.commands)
     with rec.section("read-back", "transfer"):
         for _name, device_view, staging in io.downloads:
             rec.copy(device_view, staging)
+    # the flag words stay last: after every index kernel, whatever it writes
+    early = [c for c in rec.commands[start:] if c.src.buffer is not rec.checks]
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
     merge_casts(rec, groups_for)
+    place_after_last_writer(rec.commands, early)
+
+
+def place_after_last_writer(commands: list, copies: list) -> None:
+    """Move each of `copies` (read-backs, recorded together after the step's
+    work) to right after the last earlier command that writes bytes it
+    reads: the same bytes reach the staging buffer, and a late layer's
+    gradient travels while the backward of the earlier layers runs. A copy
+    nothing before it writes stays where it is."""
+    if not copies:
+        return
+    start = next(i for i, c in enumerate(commands) if c is copies[0])
+    by_buffer: dict[int, list] = {}
+    for c in copies:
+        by_buffer.setdefault(id(c.src.buffer), []).append(c)
+    last: dict[int, int] = {}   # id(copy) -> index of its source's last writer
+    for i in range(start):
+        for buf, lo, hi in touched(commands[i])[1]:
+            for c in by_buffer.get(id(buf), ()):
+                if lo < c.src.offset + c.src.nbytes and c.src.offset < hi:
+                    last[id(c)] = i
+    after: dict[int, list] = {}
+    for c in copies:
+        if id(c) in last:
+            after.setdefault(last[id(c)], []).append(c)
+    out = []
+    for i, c in enumerate(commands):
+        if id(c) not in last:
+            out.append(c)
+        out += after.get(i, ())
+    commands[:] = out
 
 
 @contextlib.contextmanager

@@ -1,0 +1,151 @@
+"""Read-backs on the graph path: each download's copy is recorded right
+after the last command that writes its source (so a late layer's gradient
+travels while the backward of the earlier layers runs), and what a step
+returns is bitwise what reading everything back at the step's end gave."""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.exec_vulkan import program
+from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.exec_vulkan.recorder import Copy, touched
+from flowgrad.training.optim import Adam
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+READ_BACK = ("read-back", "transfer")
+GPT = {"d": 32, "layers": 2, "seq": 8, "batch": 4, "ff": 64}
+# an index computed on the device: its kernel flags a bad one, read back last
+EMBED = ("input f: f32[3]\nparam table: f32[5, 2] = normal()\ne = embedding(cast(f, i32), table)\n"
+         "loss = sum(e * e)\noutput e\nminimize loss\n")
+
+pytestmark = pytest.mark.vulkan
+
+
+def model(name):
+    if name == "embed":
+        return fg.loads(EMBED, file="idx.flow")
+    return fg.load(MODELS / f"{name}.flow", GPT if name == "tiny_gpt" else None)
+
+
+def compile_graph(m, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = m.compile(device="vulkan", backward="graph", **kw)
+    assert sess.last_path == "graph", sess.last_path
+    return sess
+
+
+@contextlib.contextmanager
+def reading_back_at_the_end(monkeypatch):
+    """Programs built inside record every read-back after the whole step, as before."""
+    with monkeypatch.context() as m:
+        m.setattr(program, "place_after_last_writer", lambda commands, copies: None)
+        yield
+
+
+def writes(cmd, view) -> bool:
+    end = view.offset + view.nbytes
+    return any(buf is view.buffer and lo < end and view.offset < hi for buf, lo, hi in touched(cmd)[1])
+
+
+def check_placement(prog):
+    cmds = prog.rec.commands
+    step_end = next((i for i, c in enumerate(cmds) if c.label == ("optimizer", "optimizer")), len(cmds))
+    copies = [i for i, c in enumerate(cmds) if c.label == READ_BACK and isinstance(c, Copy)]
+    assert copies and copies[-1] < step_end
+    for i in copies:
+        src = cmds[i].src
+        writers = [j for j in range(step_end) if j != i and writes(cmds[j], src)]
+        assert not [j for j in writers if j > i], f"read-back {i} is overwritten before the step's end"
+        if src.buffer is prog.rec.checks:   # the index flags: after every index kernel, with the last read-backs
+            assert all(c.label == READ_BACK for c in cmds[i:step_end])
+            continue
+        assert writers, f"read-back {i} has no writer"
+        # right after it: only other read-backs in between
+        assert all(c.label == READ_BACK for c in cmds[writers[-1] + 1:i]), i
+    return cmds, copies
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt", "mlp", "embed"])
+def test_each_read_back_follows_the_last_writer_of_its_source(vk_device, name):
+    sess = compile_graph(model(name))
+    prog = sess.runner._program(True, False, Adam(1e-3))   # gradients back and Adam on the device
+    cmds, copies = check_placement(prog)
+    backward = [i for i, c in enumerate(cmds) if c.label and c.label[1] == "backward"]
+    assert copies[0] < backward[-1], "every read-back still waits for the whole backward"
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt", "mlp", "cnn", "char_gpt"])
+@pytest.mark.parametrize("mode", ["grads", "grads+adam"])
+def test_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch, name, mode):
+    m = model(name)
+    new = compile_graph(m)
+    feeds = feeds_for(new.graph)
+    with reading_back_at_the_end(monkeypatch):
+        old = compile_graph(m)
+        old.set_params(new.params)
+        want = steps(old, feeds, mode)
+    got = steps(new, feeds, mode)
+    assert_same(got, want)
+    for prog in new.runner.programs.values():
+        check_placement(prog)
+    for prog in old.runner.programs.values():   # the reference did read back at the end
+        labels = [c.label for c in prog.rec.commands]
+        assert READ_BACK not in labels[:max(i for i, x in enumerate(labels) if x[1] == "backward")]
+
+
+def steps(sess, feeds, mode, n=2):
+    opt = Adam(1e-2) if mode == "grads+adam" else None
+    out = [sess.step(feeds, optimizer=opt) for _ in range(n)]
+    return out, sess.params
+
+
+def assert_same(got, want):
+    (got_steps, got_params), (want_steps, want_params) = got, want
+    for g, w in zip(got_steps, want_steps):
+        assert g.loss == w.loss
+        for part in ("outputs", "grads"):
+            a, b = getattr(g, part), getattr(w, part)
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=f"{part} {k}")
+    for k in want_params:
+        np.testing.assert_array_equal(got_params[k], want_params[k], err_msg=k)
+
+
+def test_mixed_precision_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch):
+    m = model("tiny_gpt")
+    new = compile_graph(m, dtype="mixed")
+    feeds = feeds_for(new.graph)
+    with reading_back_at_the_end(monkeypatch):
+        old = compile_graph(m, dtype="mixed")
+        old.set_params(new.params)
+        want = steps(old, feeds, "grads+adam", n=3)
+    got = steps(new, feeds, "grads+adam", n=3)
+    assert_same(got, want)
+
+
+def test_a_flagged_index_still_raises_and_updates_nothing(vk_device, monkeypatch):
+    m = model("embed")
+    good, bad = ({"f": np.array(v, np.float32)} for v in ([0.0, 4.0, 2.0], [0.0, 7.0, 2.0]))
+    results, start = [], None
+    for context in (contextlib.nullcontext(), reading_back_at_the_end(monkeypatch)):
+        with context:
+            sess = compile_graph(m)
+            if start is None:
+                start = sess.params
+            sess.set_params(start)
+            before = sess.params
+            opt = Adam(1e-2)
+            with pytest.raises(fg.FlowError, match="out of range"):
+                sess.step(bad, optimizer=opt)
+            for k, v in sess.params.items():
+                np.testing.assert_array_equal(v, before[k])
+            results.append(([sess.step(good, optimizer=opt) for _ in range(2)], sess.params))
+    assert_same(*results)
