@@ -1,10 +1,12 @@
 """Read-backs on the graph path: each download's copy is recorded right
 after the last command that writes its source (so a late layer's gradient
-travels while the backward of the earlier layers runs), and what a step
-returns is bitwise what reading everything back at the step's end gave."""
+travels while the backward of the earlier layers runs), the host copies
+each signalled group out of staging while the step still runs, and what a
+step returns is bitwise what reading everything back at the step's end gave."""
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from pathlib import Path
 
@@ -12,9 +14,9 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
-from flowgrad.exec_vulkan import program
+from flowgrad.exec_vulkan import program, readback, submit
 from flowgrad.exec_vulkan.bench import feeds_for
-from flowgrad.exec_vulkan.recorder import Copy, touched
+from flowgrad.exec_vulkan.recorder import Copy, Signal, touched
 from flowgrad.training.optim import Adam
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -43,10 +45,21 @@ def compile_graph(m, **kw):
 
 @contextlib.contextmanager
 def reading_back_at_the_end(monkeypatch):
-    """Programs built inside record every read-back after the whole step, as before."""
+    """Programs built inside record every read-back after the whole step and
+    copy them to the host after its fence, as before."""
     with monkeypatch.context() as m:
         m.setattr(program, "place_after_last_writer", lambda commands, copies: None)
+        m.setattr(readback, "GROUP_BYTES", 1 << 62)
         yield
+
+
+@pytest.fixture(params=["after the fence", "while waiting"])
+def groups(request, monkeypatch):
+    """Read-backs on the host after the fence (models this small fill no
+    group), or each its own group, read as the device signals it."""
+    if request.param == "while waiting":
+        monkeypatch.setattr(readback, "GROUP_BYTES", 1)
+    return request.param
 
 
 def writes(cmd, view) -> bool:
@@ -83,7 +96,7 @@ def test_each_read_back_follows_the_last_writer_of_its_source(vk_device, name):
 
 @pytest.mark.parametrize("name", ["tiny_gpt", "mlp", "cnn", "char_gpt"])
 @pytest.mark.parametrize("mode", ["grads", "grads+adam"])
-def test_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch, name, mode):
+def test_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch, groups, name, mode):
     m = model(name)
     new = compile_graph(m)
     feeds = feeds_for(new.graph)
@@ -95,6 +108,7 @@ def test_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypat
     assert_same(got, want)
     for prog in new.runner.programs.values():
         check_placement(prog)
+        assert (signals(prog) > 0) == (groups == "while waiting")
     for prog in old.runner.programs.values():   # the reference did read back at the end
         labels = [c.label for c in prog.rec.commands]
         assert READ_BACK not in labels[:max(i for i, x in enumerate(labels) if x[1] == "backward")]
@@ -119,7 +133,7 @@ def assert_same(got, want):
         np.testing.assert_array_equal(got_params[k], want_params[k], err_msg=k)
 
 
-def test_mixed_precision_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch):
+def test_mixed_precision_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypatch, groups):
     m = model("tiny_gpt")
     new = compile_graph(m, dtype="mixed")
     feeds = feeds_for(new.graph)
@@ -131,7 +145,7 @@ def test_mixed_precision_steps_return_what_reading_back_at_the_end_returned(vk_d
     assert_same(got, want)
 
 
-def test_a_flagged_index_still_raises_and_updates_nothing(vk_device, monkeypatch):
+def test_a_flagged_index_still_raises_and_updates_nothing(vk_device, monkeypatch, groups):
     m = model("embed")
     good, bad = ({"f": np.array(v, np.float32)} for v in ([0.0, 4.0, 2.0], [0.0, 7.0, 2.0]))
     results, start = [], None
@@ -149,3 +163,69 @@ def test_a_flagged_index_still_raises_and_updates_nothing(vk_device, monkeypatch
                 np.testing.assert_array_equal(v, before[k])
             results.append(([sess.step(good, optimizer=opt) for _ in range(2)], sess.params))
     assert_same(*results)
+
+
+def signals(prog) -> int:
+    return sum(isinstance(c, Signal) for c in prog.rec.commands)
+
+
+def test_ready_groups_are_read_before_the_fence(vk_device, monkeypatch):
+    m = model("tiny_gpt")
+    new = compile_graph(m)
+    feeds = feeds_for(new.graph)
+    with reading_back_at_the_end(monkeypatch):
+        old = compile_graph(m)
+        old.set_params(new.params)
+        want = steps(old, feeds, "grads+adam")
+    monkeypatch.setattr(readback, "GROUP_BYTES", 1)
+
+    def slow_fence(device, fences, timeout_ns):
+        """A device slower than any: the fence has not signalled by any poll."""
+        time.sleep(timeout_ns * 1e-9)
+        return submit.VK_TIMEOUT
+
+    monkeypatch.setattr(submit, "_short_wait", slow_fence)
+    stats = new.runner.device.stats
+    before = stats["reads_before_fence"]
+    got = steps(new, feeds, "grads+adam")
+    assert_same(got, want)
+    (prog,) = new.runner.programs.values()
+    assert len(prog.events.handles) == signals(prog) == len(prog.host.groups) > 5
+    assert stats["reads_before_fence"] - before == 2 * len(prog.host.groups)
+
+
+def test_arrays_a_caller_holds_keep_their_values(vk_device, monkeypatch, groups):
+    sess = compile_graph(model("tiny_gpt"))
+    feeds, opt = feeds_for(sess.graph), Adam(1e-2)
+    first = sess.step(feeds, optimizer=opt)
+    kept = {k: g.copy() for k, g in first.grads.items()}
+    second = sess.step(feeds, optimizer=opt)   # the params moved: other gradients, into another block
+    for k in kept:
+        np.testing.assert_array_equal(first.grads[k], kept[k])
+        assert not np.array_equal(second.grads[k], kept[k]), k
+    where = {k: g.__array_interface__["data"][0] for k, g in second.grads.items()}
+    del first, second
+    third = sess.step(feeds, optimizer=opt)   # nothing held: the second step's block again
+    assert {k: g.__array_interface__["data"][0] for k, g in third.grads.items()} == where
+
+
+def test_an_interrupted_wait_lets_the_step_finish_and_the_session_step_on(vk_device, monkeypatch):
+    monkeypatch.setattr(readback, "GROUP_BYTES", 1)
+    sess = compile_graph(model("mlp"))
+    feeds = feeds_for(sess.graph)
+    want = sess.step(feeds)
+    calls = []
+
+    def interrupted(self, k):
+        calls.append(k)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(readback.ReadyEvents, "is_set", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            sess.step(feeds)
+    assert calls
+    got = sess.step(feeds)    # the fence was waited for and reset: the next submission may use it
+    assert got.loss == want.loss
+    for k in want.grads:
+        np.testing.assert_array_equal(got.grads[k], want.grads[k])

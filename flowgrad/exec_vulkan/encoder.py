@@ -7,7 +7,7 @@ import time
 
 from flowgrad.exec_vulkan.device import PUSH_BYTES
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
-from flowgrad.exec_vulkan.recorder import ALL_STAGES, COMPUTE, TRANSFER, Dispatch, Fill, Hazards
+from flowgrad.exec_vulkan.recorder import ALL_STAGES, COMPUTE, TRANSFER, Dispatch, Fill, Hazards, Signal
 
 
 def _handle(buffer):
@@ -157,6 +157,10 @@ def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
             vk.vkCmdDispatch(cmd, *c.groups)
         elif isinstance(c, Fill):
             vk.vkCmdFillBuffer(cmd, _handle(c.view.buffer), c.view.offset, c.view.nbytes, c.value)
+        elif isinstance(c, Signal):
+            # the host reads the copies' staging once it sees the event; no later command waits
+            _barrier(vk, cmd, TRANSFER, dst_host=True)
+            vk.vkCmdSetEvent(cmd, c.events.handles[c.index], vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
         else:
             region = [vk.VkBufferCopy(srcOffset=c.src.offset, dstOffset=c.dst.offset, size=c.src.nbytes)]
             vk.vkCmdCopyBuffer(cmd, _handle(c.src.buffer), _handle(c.dst.buffer), 1, region)

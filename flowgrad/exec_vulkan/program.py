@@ -18,7 +18,7 @@ from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
-from flowgrad.exec_vulkan.readback import HostBlock
+from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
@@ -284,10 +284,13 @@ class StepProgram:
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
         io = self.layout.io
         self.feeds_in = FeedWriter(self.staging_up, io.uploads)
-        self.host = HostBlock(io.down_bytes, io.downloads)   # where read-backs land
+        self.events = ReadyEvents()
+        groups = signal_groups(self.rec.commands, down, self.events)
+        self.host = HostBlock(io.down_bytes, io.downloads, groups)   # where read-backs land
         self.traffic = (self.dispatches, len(io.uploads), len(io.downloads))
         self.rec.arena.materialize(device)
         self.rec.checks.materialize(device)
+        self.events.materialize(device, len(groups))
         self.graph = graph
         step_part, update_part = split_update(self.rec)
         self.cmd = device.command_buffer()
@@ -299,7 +302,7 @@ class StepProgram:
             self.update_enc = encode(device, self.update_cmd, update_part)
             self.update_submission = Submission(self.update_cmd)
         self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena,
-                                           self.rec.checks, self.update_cmd, self.update_enc)
+                                           self.rec.checks, self.update_cmd, self.update_enc, self.events)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
@@ -312,8 +315,14 @@ class StepProgram:
         stats["uploads"] += uploads
         stats["downloads"] += downloads
         self.feeds_in.write(feeds, hyper)
-        submit_and_wait(self.device, self.submission, "running a graph step")
-        got = self.host.read(self.staging_down.array if self.staging_down is not None else None)
+        reading = self.host.start(self.staging_down.array if self.staging_down is not None else None)
+        poll = None
+        if self.events.handles:
+            self.events.reset()
+            poll = lambda: reading.poll(self.events.is_set)   # noqa: E731
+        submit_and_wait(self.device, self.submission, "running a graph step", poll)
+        stats["reads_before_fence"] += reading.done
+        got = reading.finish()
         if INDEX_FLAGS in got:
             self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
         if self.update_submission is not None:
@@ -336,9 +345,11 @@ def split_update(rec: Recorder) -> tuple[list, list]:
     return commands[:k], commands[k:]
 
 
-def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None):
+def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None, events=None):
     if device.handle is None:
         return
+    if events is not None:
+        events.free()
     device.free_command_buffer(cmd)
     enc.free()
     if update_cmd is not None:

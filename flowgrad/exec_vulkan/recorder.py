@@ -26,7 +26,7 @@ from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
-__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "count_barriers", "grid"]
+__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "Signal", "count_barriers", "grid"]
 
 
 @attrs.frozen
@@ -52,6 +52,15 @@ class Fill:
 class Copy:
     src: BufView
     dst: BufView
+    label: tuple | None
+
+
+@attrs.frozen
+class Signal:
+    """Sets event `index` of `events` once the copies before it are done,
+    for the host to read what they wrote while the rest runs."""
+    events: object
+    index: int
     label: tuple | None
 
 
@@ -246,7 +255,8 @@ class Recorder:
     def counts(self) -> dict:
         out = {"dispatches": 0, "fills": 0, "copies": 0}
         for c in self.commands:
-            out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
+            if not isinstance(c, Signal):
+                out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
         return out
 
 
@@ -261,6 +271,8 @@ def touched(cmd):
         return reads, writes
     if isinstance(cmd, Fill):
         return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]
+    if isinstance(cmd, Signal):
+        return [], []
     return ([(cmd.src.buffer, cmd.src.offset, cmd.src.offset + cmd.src.nbytes)],
             [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
 
