@@ -4,12 +4,11 @@
 Adam on the device and only the loss read back, for each way of reading
 back, in one run:
 
-    at the end                 every copy after the whole backward, the host's copy after the fence
-    early, full barriers       each copy right after its source's last writer, every barrier
-                               waiting for compute and transfers alike
-    early                      the same with each barrier waiting only for the stages it depends on
-    early + host overlap       also the host copying each signalled group out of staging while
-                               the step runs (what sess.step does)
+    at the end          every copy after the whole step's work, the host's copy after the fence
+    each copy           each copy right after its source's last writer, and an event after it
+                        that the host polls to copy it out of staging while the step runs
+    groups of N MiB     the copies in groups of N MiB, each right after the last writer of its
+                        sources, an event after each (8 MiB: what sess.step does)
 
     python bench/readback_bench.py [--steps 20] [--set k=v ...] [--json OUT]
 
@@ -30,34 +29,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flowgrad as fg  # noqa: E402
 from flowgrad.dsl.config import parse_sets  # noqa: E402
-from flowgrad.exec_vulkan import program, readback, recorder  # noqa: E402
+from flowgrad.exec_vulkan import program, readback  # noqa: E402
 from flowgrad.exec_vulkan.bench import MODEL, feeds_for  # noqa: E402
 from flowgrad.training.optim import Adam  # noqa: E402
 
 GPT_SMALL = {"d": 512, "seq": 256, "heads": 8, "layers": 6, "batch": 16, "vocab": 256}
-VARIANTS = {   # (copies after their last writer, barriers per stage, host copies while waiting)
-    "at the end": (False, True, False),
-    "early, full barriers": (True, False, False),
-    "early": (True, True, False),
-    "early + host overlap": (True, True, True),
+VARIANTS = {   # read-back group bytes (None: every copy at the end, read after the fence)
+    "at the end": None,
+    "each copy": 1,
+    "groups of 4 MiB": 4 << 20,
+    "groups of 8 MiB": 8 << 20,
+    "groups of 16 MiB": 16 << 20,
+    "groups of 32 MiB": 32 << 20,
 }
 
 
 @contextlib.contextmanager
-def variant(early, per_stage, overlap):
+def variant(group_bytes):
     """Programs recorded inside read back the given way."""
-    saved = program.place_after_last_writer, recorder.Hazards.wait_for, readback.GROUP_BYTES
-    if not early:
-        program.place_after_last_writer = lambda commands, copies: None
-    if not per_stage:
-        wait_for = recorder.Hazards.wait_for
-        recorder.Hazards.wait_for = lambda self, cmd: recorder.ALL_STAGES if wait_for(self, cmd) else 0
-    if not overlap:
-        readback.GROUP_BYTES = 1 << 62
+    saved = program.place_after_last_writer, readback.GROUP_BYTES
+    if group_bytes is None:
+        program.place_after_last_writer = lambda commands, copies, batch_bytes: None
+    readback.GROUP_BYTES = 1 << 62 if group_bytes is None else group_bytes
     try:
         yield
     finally:
-        program.place_after_last_writer, recorder.Hazards.wait_for, readback.GROUP_BYTES = saved
+        program.place_after_last_writer, readback.GROUP_BYTES = saved
 
 
 def timed(sess, step, steps):
@@ -76,7 +73,7 @@ def measure(model, how, steps):
     sess = model.compile(device="vulkan", backward="graph")
     assert sess.last_path == "graph", sess.last_path
     feeds, opt = feeds_for(sess.graph), Adam(lr=1e-4)
-    with variant(*how):   # the programs are recorded at their first step
+    with variant(how):   # the programs are recorded at their first step
         for _ in range(3):
             sess.step(feeds)
             sess.step(feeds, grads=False, optimizer=opt)

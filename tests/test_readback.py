@@ -1,8 +1,10 @@
-"""Read-backs on the graph path: each download's copy is recorded right
-after the last command that writes its source (so a late layer's gradient
-travels while the backward of the earlier layers runs), the host copies
-each signalled group out of staging while the step still runs, and what a
-step returns is bitwise what reading everything back at the step's end gave."""
+"""Read-backs on the graph path: the download copies are recorded in
+groups of about readback.GROUP_BYTES, each right after the last command
+that writes a source of its copies (so a late layer's gradients travel
+while the backward of the earlier layers runs) and followed by an event,
+the host copies each signalled group out of staging while the step still
+runs, and what a step returns is bitwise what reading everything back at
+the step's end gave."""
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +27,8 @@ GPT = {"d": 32, "layers": 2, "seq": 8, "batch": 4, "ff": 64}
 # an index computed on the device: its kernel flags a bad one, read back last
 EMBED = ("input f: f32[3]\nparam table: f32[5, 2] = normal()\ne = embedding(cast(f, i32), table)\n"
          "loss = sum(e * e)\noutput e\nminimize loss\n")
+# models this small fill no group of the default size: smaller ones make the early path
+GROUPS = {"one, after the fence": None, "each copy": 1, "16 KiB": 16 << 10}
 
 pytestmark = pytest.mark.vulkan
 
@@ -48,17 +52,16 @@ def reading_back_at_the_end(monkeypatch):
     """Programs built inside record every read-back after the whole step and
     copy them to the host after its fence, as before."""
     with monkeypatch.context() as m:
-        m.setattr(program, "place_after_last_writer", lambda commands, copies: None)
+        m.setattr(program, "place_after_last_writer", lambda commands, copies, batch_bytes: None)
         m.setattr(readback, "GROUP_BYTES", 1 << 62)
         yield
 
 
-@pytest.fixture(params=["after the fence", "while waiting"])
+@pytest.fixture(params=sorted(GROUPS))
 def groups(request, monkeypatch):
-    """Read-backs on the host after the fence (models this small fill no
-    group), or each its own group, read as the device signals it."""
-    if request.param == "while waiting":
-        monkeypatch.setattr(readback, "GROUP_BYTES", 1)
+    """The read-back group size programs are recorded with."""
+    if GROUPS[request.param] is not None:
+        monkeypatch.setattr(readback, "GROUP_BYTES", GROUPS[request.param])
     return request.param
 
 
@@ -67,11 +70,17 @@ def writes(cmd, view) -> bool:
     return any(buf is view.buffer and lo < end and view.offset < hi for buf, lo, hi in touched(cmd)[1])
 
 
-def check_placement(prog):
+def check_placement(prog, each=False):
+    """Every run of read-back commands follows the last writer of a source
+    of its copies, each copy follows its own and nothing before the
+    optimizer overwrites its source; with each=True every copy comes right
+    after its own source's last writer."""
     cmds = prog.rec.commands
     step_end = next((i for i, c in enumerate(cmds) if c.label == ("optimizer", "optimizer")), len(cmds))
     copies = [i for i, c in enumerate(cmds) if c.label == READ_BACK and isinstance(c, Copy)]
     assert copies and copies[-1] < step_end
+    assert sorted(cmds[i].dst.offset for i in copies) == sorted(s.offset for _n, _d, s in prog.layout.io.downloads
+                                                                if s.nbytes)
     for i in copies:
         src = cmds[i].src
         writers = [j for j in range(step_end) if j != i and writes(cmds[j], src)]
@@ -80,18 +89,31 @@ def check_placement(prog):
             assert all(c.label == READ_BACK for c in cmds[i:step_end])
             continue
         assert writers, f"read-back {i} has no writer"
-        # right after it: only other read-backs in between
-        assert all(c.label == READ_BACK for c in cmds[writers[-1] + 1:i]), i
+        run = i
+        while cmds[run - 1].label == READ_BACK:
+            run -= 1
+        assert writers[-1] < run, i
+        placed = run - 1   # the command the run follows: the last writer of one of its copies
+        if each:
+            assert placed == writers[-1], i
+        else:
+            later = next(j for j in range(run, step_end) if cmds[j].label != READ_BACK) if any(
+                c.label != READ_BACK for c in cmds[run:step_end]) else step_end
+            assert any(isinstance(c, Copy) and writes(cmds[placed], c.src) for c in cmds[run:later]), i
     return cmds, copies
 
 
 @pytest.mark.parametrize("name", ["tiny_gpt", "mlp", "embed"])
-def test_each_read_back_follows_the_last_writer_of_its_source(vk_device, name):
+def test_read_backs_follow_the_last_writers_of_their_sources(vk_device, monkeypatch, groups, name):
     sess = compile_graph(model(name))
     prog = sess.runner._program(True, False, Adam(1e-3))   # gradients back and Adam on the device
-    cmds, copies = check_placement(prog)
+    cmds, copies = check_placement(prog, each=groups == "each copy")
     backward = [i for i, c in enumerate(cmds) if c.label and c.label[1] == "backward"]
-    assert copies[0] < backward[-1], "every read-back still waits for the whole backward"
+    if groups == "each copy" and name != "embed" or GROUPS[groups] and name == "tiny_gpt":
+        assert copies[0] < backward[-1], "every read-back still waits for the whole backward"
+    for k, c in enumerate(cmds):   # a signal closes each group of copies and stays with them
+        if isinstance(c, Signal):
+            assert cmds[k - 1].label == READ_BACK and isinstance(cmds[k - 1], Copy)
 
 
 @pytest.mark.parametrize("name", ["tiny_gpt", "mlp", "cnn", "char_gpt"])
@@ -107,8 +129,8 @@ def test_steps_return_what_reading_back_at_the_end_returned(vk_device, monkeypat
     got = steps(new, feeds, mode)
     assert_same(got, want)
     for prog in new.runner.programs.values():
-        check_placement(prog)
-        assert (signals(prog) > 0) == (groups == "while waiting")
+        check_placement(prog, each=groups == "each copy")
+        assert (signals(prog) > 0) == (GROUPS[groups] is not None)
     for prog in old.runner.programs.values():   # the reference did read back at the end
         labels = [c.label for c in prog.rec.commands]
         assert READ_BACK not in labels[:max(i for i, x in enumerate(labels) if x[1] == "backward")]

@@ -18,6 +18,7 @@ from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
+from flowgrad.exec_vulkan import readback
 from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
@@ -65,8 +66,8 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
                 scale_record=None) -> None:
     """Record one step: feeds in, forward, backward (with gradient
     accumulation), the loss scaler's unscale and overflow check, then the
-    optimizer update; each read-back right after the last command that
-    writes its source."""
+    optimizer update; the read-backs in groups, each right after the last
+    command that writes one of its sources."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
@@ -113,37 +114,51 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
     merge_casts(rec, groups_for)
-    place_after_last_writer(rec.commands, early)
+    place_after_last_writer(rec.commands, early, readback.GROUP_BYTES)
 
 
-def place_after_last_writer(commands: list, copies: list) -> None:
-    """Move each of `copies` (read-backs, recorded together after the step's
-    work) to right after the last earlier command that writes bytes it
-    reads: the same bytes reach the staging buffer, and a late layer's
-    gradient travels while the backward of the earlier layers runs. A copy
+def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) -> None:
+    """Move `copies` (read-backs, recorded together after the step's work)
+    in batches of at least `batch_bytes`, taken in the order their sources
+    become final, each to right after the last earlier command that writes
+    bytes one of its copies reads: the same bytes reach the staging buffer,
+    and a late layer's gradients are on their way (and on the host, see
+    readback.py) while the backward of the earlier layers runs. A copy
     nothing before it writes stays where it is."""
     if not copies:
         return
     start = next(i for i, c in enumerate(commands) if c is copies[0])
-    by_buffer: dict[int, list] = {}
-    for c in copies:
-        by_buffer.setdefault(id(c.src.buffer), []).append(c)
-    last: dict[int, int] = {}   # id(copy) -> index of its source's last writer
-    for i in range(start):
-        for buf, lo, hi in touched(commands[i])[1]:
-            for c in by_buffer.get(id(buf), ()):
-                if lo < c.src.offset + c.src.nbytes and c.src.offset < hi:
-                    last[id(c)] = i
+    last = _last_writers(commands[:start], copies)
     after: dict[int, list] = {}
-    for c in copies:
-        if id(c) in last:
-            after.setdefault(last[id(c)], []).append(c)
+    batch, size = [], 0
+    for c in sorted((c for c in copies if id(c) in last), key=lambda c: last[id(c)]):
+        batch.append(c)
+        size += c.src.nbytes
+        if size >= batch_bytes:
+            after.setdefault(last[id(c)], []).extend(batch)
+            batch, size = [], 0
+    if batch:
+        after.setdefault(last[id(batch[-1])], []).extend(batch)
     out = []
     for i, c in enumerate(commands):
         if id(c) not in last:
             out.append(c)
         out += after.get(i, ())
     commands[:] = out
+
+
+def _last_writers(commands: list, copies: list) -> dict[int, int]:
+    """{id(copy): index of the last of `commands` that writes bytes it reads}."""
+    by_buffer: dict[int, list] = {}
+    for c in copies:
+        by_buffer.setdefault(id(c.src.buffer), []).append(c)
+    last = {}
+    for i, cmd in enumerate(commands):
+        for buf, lo, hi in touched(cmd)[1]:
+            for c in by_buffer.get(id(buf), ()):
+                if lo < c.src.offset + c.src.nbytes and c.src.offset < hi:
+                    last[id(c)] = i
+    return last
 
 
 @contextlib.contextmanager

@@ -7,11 +7,12 @@ step is still held; one still held keeps its values. A large copy runs in
 pieces on a few threads (numpy copies without the GIL), since one core reads
 host memory at a fraction of what the memory system gives several.
 
-The device copies each read-back into staging as soon as its source is
-final, and the step's recording sets an event after every GROUP_BYTES or
-so of them (signal_groups): while the device runs the rest of the step, the
-host polls those events and copies each finished group into the block, so
-most of the read-back is on the host by the time the step's fence signals."""
+The step's recording copies the read-backs into staging in groups of about
+GROUP_BYTES, each as soon as its sources are final (program.py), and sets
+an event after each group (signal_groups): while the device runs the rest
+of the step, the host polls those events and copies each finished group
+into the block, so most of the read-back is on the host by the time the
+step's fence signals."""
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,11 @@ from flowgrad.exec_vulkan.submit import _check
 
 CHUNK = 8 << 20          # the largest piece one thread copies
 PIECE = 1 << 20          # the smallest: below two of these a copy stays on the calling thread
-GROUP_BYTES = 8 << 20    # read-backs per event: each costs a barrier and a poll or two
+# Read-back bytes per group. On the H200 the device's copies do not overlap its
+# compute on the one queue, and a step slows with every place they interleave with it
+# (gpt_small: a copy after each gradient's writer cost more than it saved); groups of
+# 8-32 MiB keep those few while the host's copy still overlaps the step.
+GROUP_BYTES = 8 << 20
 VK_EVENT_SET, VK_EVENT_RESET = 3, 4
 READ_BACK = ("read-back", "transfer")
 
