@@ -97,8 +97,7 @@ def check_placement(prog, each=False):
         if each:
             assert placed == writers[-1], i
         else:
-            later = next(j for j in range(run, step_end) if cmds[j].label != READ_BACK) if any(
-                c.label != READ_BACK for c in cmds[run:step_end]) else step_end
+            later = next((j for j in range(run, step_end) if cmds[j].label != READ_BACK), step_end)
             assert any(isinstance(c, Copy) and writes(cmds[placed], c.src) for c in cmds[run:later]), i
     return cmds, copies
 
