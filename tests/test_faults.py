@@ -30,6 +30,16 @@ def device(vk_device, request):
     return Device(vk_device.info.index, staging=request.param == "staging")
 
 
+@pytest.fixture(autouse=True, params=["after the fence", "while waiting"])
+def groups(request, monkeypatch):
+    """Each case with the read-back copied out after the fence, and with every
+    read-back a group of its own, copied out while the host waits."""
+    from flowgrad.exec_vulkan import readback
+
+    if request.param == "while waiting":
+        monkeypatch.setattr(readback, "GROUP_BYTES", 1)
+
+
 def setup(device):
     model = fg.load("flowgrad/models/mlp.flow", {"batch": 4, "hidden": 8})
     graph = model.graph

@@ -267,3 +267,22 @@ def test_vulkan_kernels_fall_back_to_numpy_without_a_lowering(vk_device):
     node = g.add("vk_test_sumsq", [x.id], TensorType((), "f32"))
     assert kern.forward(node, [np.array([1, 2, 3], np.float32)]) == 14
     assert kern.on_numpy == {"vk_test_sumsq"}
+
+
+def test_a_barrier_waits_only_for_the_stages_a_command_depends_on():
+    from flowgrad.exec_vulkan.recorder import COMPUTE, TRANSFER, Hazards
+
+    rec = Recorder(None)
+    a, b, c, staging = _fake(8), _fake(8), _fake(8), _fake(8)
+    rec.dispatch("accumulate", [a, b], push=[8])   # a += b
+    rec.copy(a, staging)                           # a read-back: waits for it, then stays in flight
+    rec.dispatch("accumulate", [c, a], push=[8])   # c += a: a only read since
+    rec.dispatch("accumulate", [c, b], push=[8])   # c again: waits for the dispatch, not the copy
+    rec.dispatch("accumulate", [a, b], push=[8])   # overwrites what the copy reads: waits for it
+    h, waits = Hazards(), []
+    for cmd in rec.commands:
+        waits.append(h.wait_for(cmd))
+        if waits[-1]:
+            h.clear(waits[-1])
+        h.note(cmd)
+    assert waits == [0, COMPUTE, 0, COMPUTE, TRANSFER]

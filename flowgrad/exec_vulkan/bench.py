@@ -48,8 +48,10 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
 def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tuple[float, dict]:
     """(median seconds per step, device traffic per step and host_seconds:
     the median of each step's time outside its fence waits, what the host
-    spends on a step while the device is not running it). With an
-    optimizer, each step updates the params and returns no gradients."""
+    spends on a step outside waiting for the device, read-back copies made
+    while the device runs included). reads_before_fence: groups of
+    read-backs the host copied out before the step's fence signalled. With
+    an optimizer, each step updates the params and returns no gradients."""
     def step():
         if optimizer is None:
             sess.step(feeds)
@@ -68,7 +70,8 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tu
         took = time.perf_counter_ns() - t0
         times.append(took * 1e-9)
         host.append((took - (stats["fence_wait_ns"] - waited)) * 1e-9)
-    per_step = {k: (stats[k] - before.get(k, 0)) / repeats for k in ("submits", "dispatches", "uploads", "downloads")}
+    per_step = {k: (stats[k] - before.get(k, 0)) / repeats
+                for k in ("submits", "dispatches", "uploads", "downloads", "reads_before_fence")}
     return statistics.median(times), {**per_step, "host_seconds": statistics.median(host)}
 
 

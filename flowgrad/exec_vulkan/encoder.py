@@ -7,7 +7,7 @@ import time
 
 from flowgrad.exec_vulkan.device import PUSH_BYTES
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
-from flowgrad.exec_vulkan.recorder import Dispatch, Fill, Hazards
+from flowgrad.exec_vulkan.recorder import ALL_STAGES, COMPUTE, TRANSFER, Dispatch, Fill, Hazards, Signal
 
 
 def _handle(buffer):
@@ -97,13 +97,20 @@ def _descriptor_sets(vk, device, dispatches, enc):
     return list(zip(pipelines, sets))
 
 
-def _barrier(vk, cmd, dst_host: bool = False):
-    src = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-    wrote = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+def _barrier(vk, cmd, stages: int = ALL_STAGES, dst_host: bool = False):
+    """Later commands (or, with dst_host, the host) wait for the earlier
+    work of `stages` and see what it wrote."""
+    src, wrote = 0, 0
+    if stages & COMPUTE:
+        src |= vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        wrote |= vk.VK_ACCESS_SHADER_WRITE_BIT
+    if stages & TRANSFER:
+        src |= vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        wrote |= vk.VK_ACCESS_TRANSFER_WRITE_BIT
     if dst_host:
         dst, access = vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT
     else:
-        dst = src
+        dst = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
                   | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
     barrier = [vk.VkMemoryBarrier(srcAccessMask=wrote, dstAccessMask=access)]
@@ -134,9 +141,10 @@ def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
             _barrier(vk, cmd)
             hazards.clear()
             vk.vkCmdWriteTimestamp(cmd, stage, enc.query_pool, starts[i])
-        if hazards.needs_barrier(c):
-            _barrier(vk, cmd)
-            hazards.clear()
+        stages = hazards.wait_for(c)
+        if stages:
+            _barrier(vk, cmd, stages)
+            hazards.clear(stages)
         hazards.note(c)
         if isinstance(c, Dispatch):
             pipe, dset = next(bound)
@@ -149,6 +157,10 @@ def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
             vk.vkCmdDispatch(cmd, *c.groups)
         elif isinstance(c, Fill):
             vk.vkCmdFillBuffer(cmd, _handle(c.view.buffer), c.view.offset, c.view.nbytes, c.value)
+        elif isinstance(c, Signal):
+            # the host reads the copies' staging once it sees the event; no later command waits
+            _barrier(vk, cmd, TRANSFER, dst_host=True)
+            vk.vkCmdSetEvent(cmd, c.events.handles[c.index], vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
         else:
             region = [vk.VkBufferCopy(srcOffset=c.src.offset, dstOffset=c.dst.offset, size=c.src.nbytes)]
             vk.vkCmdCopyBuffer(cmd, _handle(c.src.buffer), _handle(c.dst.buffer), 1, region)

@@ -18,11 +18,12 @@ from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
-from flowgrad.exec_vulkan.readback import HostBlock
+from flowgrad.exec_vulkan import readback
+from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, touched
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
@@ -64,8 +65,9 @@ class StepIO:
 def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
                 scale_record=None) -> None:
     """Record one step: feeds in, forward, backward (with gradient
-    accumulation), the loss scaler's unscale and overflow check, read-backs,
-    then the optimizer update."""
+    accumulation), the loss scaler's unscale and overflow check, then the
+    optimizer update; the read-backs in groups, each right after the last
+    command that writes one of its sources."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
@@ -102,13 +104,61 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         flags = rec.checks.whole()
         rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
         io.downloads.append((INDEX_FLAGS, flags, io.download_region(io.down_staging, flags.shape, flags.dtype)))
+    start = len(rec.commands)
     with rec.section("read-back", "transfer"):
         for _name, device_view, staging in io.downloads:
             rec.copy(device_view, staging)
+    # the flag words stay last: after every index kernel, whatever it writes
+    early = [c for c in rec.commands[start:] if c.src.buffer is not rec.checks]
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
     merge_casts(rec, groups_for)
+    place_after_last_writer(rec.commands, early, readback.GROUP_BYTES)
+
+
+def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) -> None:
+    """Move `copies` (read-backs, recorded together after the step's work)
+    in batches of at least `batch_bytes`, taken in the order their sources
+    become final, each to right after the last earlier command that writes
+    bytes one of its copies reads: the same bytes reach the staging buffer,
+    and a late layer's gradients are on their way (and on the host, see
+    readback.py) while the backward of the earlier layers runs. A copy
+    nothing before it writes stays where it is."""
+    if not copies:
+        return
+    start = next(i for i, c in enumerate(commands) if c is copies[0])
+    last = _last_writers(commands[:start], copies)
+    after: dict[int, list] = {}
+    batch, size = [], 0
+    for c in sorted((c for c in copies if id(c) in last), key=lambda c: last[id(c)]):
+        batch.append(c)
+        size += c.src.nbytes
+        if size >= batch_bytes:
+            after.setdefault(last[id(c)], []).extend(batch)
+            batch, size = [], 0
+    if batch:
+        after.setdefault(last[id(batch[-1])], []).extend(batch)
+    out = []
+    for i, c in enumerate(commands):
+        if id(c) not in last:
+            out.append(c)
+        out += after.get(i, ())
+    commands[:] = out
+
+
+def _last_writers(commands: list, copies: list) -> dict[int, int]:
+    """{id(copy): index of the last of `commands` that writes bytes it reads}."""
+    by_buffer: dict[int, list] = {}
+    for c in copies:
+        by_buffer.setdefault(id(c.src.buffer), []).append(c)
+    last = {}
+    for i, cmd in enumerate(commands):
+        for buf, lo, hi in touched(cmd)[1]:
+            for c in by_buffer.get(id(buf), ()):
+                if lo < c.src.offset + c.src.nbytes and c.src.offset < hi:
+                    last[id(c)] = i
+    return last
 
 
 @contextlib.contextmanager
@@ -249,10 +299,13 @@ class StepProgram:
         self.owned += [b for b in (self.staging_up, self.staging_down) if b is not None]
         io = self.layout.io
         self.feeds_in = FeedWriter(self.staging_up, io.uploads)
-        self.host = HostBlock(io.down_bytes, io.downloads)   # where read-backs land
+        self.events = ReadyEvents()
+        groups = signal_groups(self.rec.commands, down, self.events)
+        self.host = HostBlock(io.down_bytes, io.downloads, groups)   # where read-backs land
         self.traffic = (self.dispatches, len(io.uploads), len(io.downloads))
         self.rec.arena.materialize(device)
         self.rec.checks.materialize(device)
+        self.events.materialize(device, len(groups))
         self.graph = graph
         step_part, update_part = split_update(self.rec)
         self.cmd = device.command_buffer()
@@ -264,7 +317,7 @@ class StepProgram:
             self.update_enc = encode(device, self.update_cmd, update_part)
             self.update_submission = Submission(self.update_cmd)
         self._finalizer = weakref.finalize(self, free_program, device, self.cmd, self.enc, owned, self.rec.arena,
-                                           self.rec.checks, self.update_cmd, self.update_enc)
+                                           self.rec.checks, self.update_cmd, self.update_enc, self.events)
         self._finalizer.atexit = False
 
     def write_inputs(self, feeds: dict, hyper) -> None:
@@ -277,8 +330,14 @@ class StepProgram:
         stats["uploads"] += uploads
         stats["downloads"] += downloads
         self.feeds_in.write(feeds, hyper)
-        submit_and_wait(self.device, self.submission, "running a graph step")
-        got = self.host.read(self.staging_down.array if self.staging_down is not None else None)
+        reading = self.host.start(self.staging_down.array if self.staging_down is not None else None)
+        poll = None
+        if self.events.handles:
+            self.events.reset()
+            poll = lambda: reading.poll(self.events.is_set)   # noqa: E731
+        submit_and_wait(self.device, self.submission, "running a graph step", poll)
+        stats["reads_before_fence"] += reading.done
+        got = reading.finish()
         if INDEX_FLAGS in got:
             self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
         if self.update_submission is not None:
@@ -301,9 +360,11 @@ def split_update(rec: Recorder) -> tuple[list, list]:
     return commands[:k], commands[k:]
 
 
-def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None):
+def free_program(device, cmd, enc, owned, arena, checks=None, update_cmd=None, update_enc=None, events=None):
     if device.handle is None:
         return
+    if events is not None:
+        events.free()
     device.free_command_buffer(cmd)
     enc.free()
     if update_cmd is not None:

@@ -8,7 +8,8 @@ by `explain` to count dispatches), and the executors can encode one list with
 or without timestamp queries. Barriers go only where a command reads or
 overwrites a byte range that an earlier command since the last barrier wrote
 (or overwrites one it read): Hazards tracks that, here for counting and in the
-encoder for placing them. A lowering may chain dispatches that read each
+encoder for placing them, and which stages (compute, transfer) a barrier
+must wait for. A lowering may chain dispatches that read each
 other's output, and independent dispatches stay free to overlap."""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
-__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "count_barriers", "grid"]
+__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "Signal", "count_barriers", "grid"]
 
 
 @attrs.frozen
@@ -51,6 +52,15 @@ class Fill:
 class Copy:
     src: BufView
     dst: BufView
+    label: tuple | None
+
+
+@attrs.frozen
+class Signal:
+    """Sets event `index` of `events` once the copies before it are done,
+    for the host to read what they wrote while the rest runs."""
+    events: object
+    index: int
     label: tuple | None
 
 
@@ -245,7 +255,8 @@ class Recorder:
     def counts(self) -> dict:
         out = {"dispatches": 0, "fills": 0, "copies": 0}
         for c in self.commands:
-            out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
+            if not isinstance(c, Signal):
+                out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
         return out
 
 
@@ -260,46 +271,70 @@ def touched(cmd):
         return reads, writes
     if isinstance(cmd, Fill):
         return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]
+    if isinstance(cmd, Signal):
+        return [], []
     return ([(cmd.src.buffer, cmd.src.offset, cmd.src.offset + cmd.src.nbytes)],
             [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
 
 
+# The pipeline stage a command's accesses happen in: barriers wait only for
+# the stages of the accesses a later command depends on, so a compute ->
+# compute barrier does not also wait for a read-back copy still in flight.
+COMPUTE, TRANSFER = 1, 2
+ALL_STAGES = COMPUTE | TRANSFER
+
+
+def stage_of(cmd) -> int:
+    return COMPUTE if isinstance(cmd, Dispatch) else TRANSFER
+
+
 class Hazards:
-    """Byte ranges read and written since the last barrier."""
+    """Byte ranges read and written, each with its stage, that no barrier
+    has waited for yet."""
 
     def __init__(self):
-        self.reads: dict[int, list] = {}
+        self.reads: dict[int, list] = {}    # id(buffer) -> [(lo, hi, stage)]
         self.writes: dict[int, list] = {}
         self.barriers = 0
 
     @staticmethod
-    def _hit(table, ranges) -> bool:
+    def _hit(table, ranges) -> int:
+        stages = 0
         for buf, lo, hi in ranges:
-            for a, b in table.get(id(buf), ()):
+            for a, b, stage in table.get(id(buf), ()):
                 if a < hi and lo < b:
-                    return True
-        return False
+                    stages |= stage
+        return stages
 
-    def needs_barrier(self, cmd) -> bool:
+    def wait_for(self, cmd) -> int:
+        """The stages whose earlier accesses `cmd` must wait for (0: none)."""
         reads, writes = touched(cmd)
-        return self._hit(self.writes, reads) or self._hit(self.writes, writes) or self._hit(self.reads, writes)
+        return self._hit(self.writes, reads) | self._hit(self.writes, writes) | self._hit(self.reads, writes)
 
     def note(self, cmd) -> None:
         reads, writes = touched(cmd)
+        stage = stage_of(cmd)
         for table, ranges in ((self.reads, reads), (self.writes, writes)):
             for buf, lo, hi in ranges:
-                table.setdefault(id(buf), []).append((lo, hi))
+                table.setdefault(id(buf), []).append((lo, hi, stage))
 
-    def clear(self) -> None:
-        self.reads.clear()
-        self.writes.clear()
+    def clear(self, stages: int = ALL_STAGES) -> None:
+        """A barrier waited for every earlier access in `stages`."""
+        for table in (self.reads, self.writes):
+            for key in list(table):
+                kept = [e for e in table[key] if not e[2] & stages]
+                if kept:
+                    table[key] = kept
+                else:
+                    del table[key]
         self.barriers += 1
 
 
 def count_barriers(commands) -> int:
     h = Hazards()
     for cmd in commands:
-        if h.needs_barrier(cmd):
-            h.clear()
+        stages = h.wait_for(cmd)
+        if stages:
+            h.clear(stages)
         h.note(cmd)
     return h.barriers

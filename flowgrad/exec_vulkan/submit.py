@@ -6,7 +6,9 @@ info is built once (Submission) and the Vulkan calls go straight to the
 loader: the `vulkan` binding's wrappers convert every argument on each call,
 which costs more host time than the submission itself on a tiny step. The
 time spent waiting on the fence is counted in the device's stats
-("fence_wait_ns"), so that a benchmark can tell host time from device time.
+("fence_wait_ns"), so that a benchmark can tell host time from device time;
+a step that reads back while it waits counts its short waits, not the
+copies between them.
 
 FLOWGRAD_VK_SPIN_US=N polls the fence for up to N microseconds before
 blocking on it: a thread woken from a blocking wait can start late, which
@@ -14,6 +16,7 @@ shows on a step that takes well under a millisecond. Off by default (a
 polling thread takes a core, and on a CPU device the core that runs the work)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -23,8 +26,9 @@ from flowgrad.exec_vulkan import faults
 from flowgrad.exec_vulkan.instance import _VK_ERRORS, load_vulkan
 
 FENCE_TIMEOUT_NS = 600 * 10**9
+POLL_NS = 100_000    # a fence wait between two polls of the read-back: short against a step worth overlapping
 SPIN_ENV = "FLOWGRAD_VK_SPIN_US"
-VK_SUCCESS, VK_NOT_READY = 0, 1
+VK_SUCCESS, VK_NOT_READY, VK_TIMEOUT = 0, 1, 2
 
 
 class Submission:
@@ -39,9 +43,12 @@ class Submission:
                                                   "commandBufferCount": 1, "pCommandBuffers": self._cmds})
 
 
-def submit_and_wait(device, submission: Submission, what: str) -> None:
+def submit_and_wait(device, submission: Submission, what: str, poll=None) -> None:
     """Submit, wait for the fence, reset it. A timeout or a lost device marks
-    the device lost (device.check_usable says so from then on)."""
+    the device lost (device.check_usable says so from then on). poll, when
+    given, is called while the device works, between waits of POLL_NS on the
+    fence, until it returns False: the read-back copies what the device has
+    finished meanwhile."""
     device.check_usable()
     spin = spin_ns()
     if faults.hit("submit"):
@@ -49,16 +56,48 @@ def submit_and_wait(device, submission: Submission, what: str) -> None:
                           "(injected fault)")
     device.stats["submits"] += 1
     vk = load_vulkan()
-    lib = vk.lib
     fences = _fence(device, what)
-    _check(lib.vkQueueSubmit(device.queue, 1, submission._info, fences[0]), device, what)
+    _check(vk.lib.vkQueueSubmit(device.queue, 1, submission._info, fences[0]), device, what)
+    deadline = time.perf_counter_ns() + FENCE_TIMEOUT_NS
+    if poll is not None:
+        try:
+            _wait_polling(device, fences, poll, deadline)
+        except BaseException:
+            # the device may still write what poll reads, and the fence must be done with
+            with contextlib.suppress(DeviceError):
+                _wait_done(device, fences, what, deadline)
+            raise
+    _wait_done(device, fences, what, deadline, spin)
+
+
+def _wait_polling(device, fences, poll, deadline) -> None:
+    """Short fence waits with poll() between them, until poll() has nothing
+    left, the fence signals or fails, or the deadline passes (the final
+    wait says which)."""
+    while poll():
+        t0 = time.perf_counter_ns()
+        result = _short_wait(device, fences, max(0, min(POLL_NS, deadline - t0)))
+        t1 = time.perf_counter_ns()
+        device.stats["fence_wait_ns"] += t1 - t0
+        if result != VK_TIMEOUT or t1 >= deadline:
+            return
+
+
+def _short_wait(device, fences, timeout_ns: int) -> int:
+    """One wait on the fence between polls: its VkResult."""
+    return load_vulkan().lib.vkWaitForFences(device.handle, 1, fences, 1, timeout_ns)
+
+
+def _wait_done(device, fences, what, deadline, spin=0) -> None:
+    vk = load_vulkan()
+    lib = vk.lib
     t0 = time.perf_counter_ns()
     if spin:
         end = t0 + spin
         while lib.vkGetFenceStatus(device.handle, fences[0]) == VK_NOT_READY and time.perf_counter_ns() < end:
             pass
     # returns at once when the fence signalled while polling; a lost device is its result too
-    result = lib.vkWaitForFences(device.handle, 1, fences, 1, FENCE_TIMEOUT_NS)
+    result = lib.vkWaitForFences(device.handle, 1, fences, 1, max(0, deadline - t0))
     device.stats["fence_wait_ns"] += time.perf_counter_ns() - t0
     if result == VK_SUCCESS and faults.hit("fence_timeout"):   # the work is done; pretend it was not
         result = vk.VK_TIMEOUT

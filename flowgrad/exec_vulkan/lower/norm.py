@@ -77,8 +77,9 @@ def _norm(kind: str):
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
             size = math.isqrt(groups - 1) + 1   # groups per cluster: the sums are added in two levels
             clusters = -(-groups // size)
-            counters = rec.scratch((1 + clusters,), "f32")
-            rec.fill(counters, 0)
+            # zeroed at the recording's head and reset by the last workgroups: a fill here
+            # would be a transfer that the dispatch waits for, and with it any read-back in flight
+            counters = rec.counters(1 + clusters)
             part = rec.scratch((groups + clusters, d, 2), "f32")
             _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
                       chunks=size, flags=flags, groups=groups)
