@@ -195,7 +195,7 @@ param p: f32[4, 6] = normal()
 h = tanh(x @ w)
 u = h + x @ w
 v = p + u @ w
-loss = sum(tanh(v))
+loss = sum(v * v)
 minimize loss
 """
     graph = fg.loads(text).graph

@@ -35,8 +35,8 @@ def test_a_binding_is_read_only_only_if_every_block_aliasing_it_is():
     them readonly (the fixup reads the partials back): C is still written, so the
     executor puts a barrier after the GEMM before anything reads C."""
     for shader in ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16"):
-        # A, B, C, residual, bias, split-K's tile counters, D
-        assert shader_info(shader).readonly == (True, True, False, True, True, False, False), shader
+        # A, B, C, residual, bias, split-K's tile counters, D, the epilogue's pre-activation H
+        assert shader_info(shader).readonly == (True, True, False, True, True, False, False, False), shader
 
 
 def test_missing_spirv_is_a_device_error_naming_the_build_script():

@@ -49,10 +49,11 @@ class Lowering:
     can't take a node (the planner then leaves that one alone).
     window(node, in_shape) -> (axis, lo, hi): set when the output is input 0
     cut to [lo, hi) along one axis (a slice).
-    epilogue: forward also takes epilogue=Epilogue(residual, bias) (lower/
-    linalg.py) and adds a residual laid out as the output and a bias over
-    its last axis in its store where its kernel can (setting `applied`);
-    the planner fuses such a product with the adds after it.
+    epilogue: forward also takes epilogue=Epilogue(residual, bias, act)
+    (lower/linalg.py) and adds a residual laid out as the output and a bias
+    over its last axis, then applies an activation, in its store where its
+    kernel can (setting `applied`); the planner fuses such a product with
+    the adds and the activation after it.
     passes(node, in_shapes) -> positions: the inputs whose gradient is the
     incoming gradient itself; where that input's gradient is first written
     here, the memory plan puts it in the incoming gradient's place, and the
@@ -82,12 +83,14 @@ class Pointwise:
     output), or None where the input gets no gradient. The same rules record
     the unfused backward, so the two cannot disagree. adds: the op is
     x0 + x1 with both gradients the incoming one (a product's store can do
-    it: Lowering.epilogue)."""
+    it: Lowering.epilogue). activation: the op is unary and a product's store
+    can end with it (matmul_tiled.glsl's epi_act offers its map op)."""
 
     op: object
     grads: tuple
     param: float = 0.0
     adds: bool = False
+    activation: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}

@@ -185,19 +185,21 @@ def _same_sums(graph: Graph, users, members) -> bool:
 
 
 def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
-    """`node` (a product whose lowering takes an epilogue) and the adds after
+    """`node` (a product whose lowering takes an epilogue) and the ops after
     it that its store can do: each the only reader of the value before it,
-    adding a residual or a bias (lower/fused.py's epilogue_form). Kept when
-    it holds a residual, or when no pointwise op reads its value (which
-    would otherwise fuse the bias add with itself), and when it saves a
-    dispatch and changes no gradient sum's order."""
+    adding a residual or a bias, then maybe an activation ending the chain
+    (lower/fused.py's epilogue_form). Kept when no pointwise op reads its
+    value (which would otherwise fuse the bias add or the activation with
+    itself, and its backward with theirs), or when it holds a residual and
+    ends with an add; and when it saves a dispatch and changes no gradient
+    sum's order."""
     from flowgrad.exec_vulkan.lower.fused import epilogue_form
 
     low = lowering_for(node.op) if node.op not in LEAF_OPS else None
     if low is None or not low.epilogue or node.dtype not in FLOATS:
         return None
     members, best = [node.id], None
-    while len(members) < 3:
+    while len(members) < 4:
         last = members[-1]
         if last in roots or len(users[last]) != 1:
             break
@@ -210,8 +212,11 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
         if form is None:
             break
         members = chain
-        if form.residual is not None or not any(_pointwise(graph.nodes[u]) for u in users[nxt.id]):
+        read = any(_pointwise(graph.nodes[u]) for u in users[nxt.id])
+        if not read or (form.residual is not None and form.act is None):
             best = tuple(chain)
+        if form.act is not None:
+            break
     if best is None or not _same_sums(graph, users, best) or not _saves(graph, best):
         return None
     return best

@@ -81,8 +81,9 @@ WHERE = Lowering(_where_forward, _where_backward, FLOATS, FLOATS)
 # ---------------------------------------------------------------- unary
 
 
-def _unary(pick, param=lambda attrs: 0.0):
-    """pick(attrs) -> (forward map op, backward map op reading g, x, y)."""
+def _unary(pick, param=lambda attrs: 0.0, activation=False):
+    """pick(attrs) -> (forward map op, backward map op reading g, x, y).
+    activation: a product's store offers the forward op (Pointwise.activation)."""
 
     def forward(rec, node, ins, out):
         attrs = node.attrs
@@ -95,13 +96,13 @@ def _unary(pick, param=lambda attrs: 0.0):
 
     def pointwise(attrs):
         fwd, bwd = pick(attrs)
-        return Pointwise(fwd, ((bwd, ("g", "x0", "y")),), param(attrs))
+        return Pointwise(fwd, ((bwd, ("g", "x0", "y")),), param(attrs), activation=activation)
 
     return Lowering(forward, backward, FLOATS, FLOATS, pointwise=pointwise)
 
 
-def _fixed(fwd: MapOp, bwd: MapOp):
-    return _unary(lambda attrs: (fwd, bwd))
+def _fixed(fwd: MapOp, bwd: MapOp, activation=False):
+    return _unary(lambda attrs: (fwd, bwd), activation=activation)
 
 
 def _neg_backward(rec, node, g, ins, out, grads):
@@ -114,15 +115,15 @@ NEG = Lowering(_binary_forward(M.NEG), _neg_backward, FLOATS, FLOATS,
 EXP = _fixed(M.EXP, M.EXP_B)
 LOG = _fixed(M.LOG, M.LOG_B)
 SQRT = _fixed(M.SQRT, M.SQRT_B)
-TANH = _fixed(M.TANH, M.TANH_B)
-SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B)
-RELU = _fixed(M.RELU, M.RELU_B)
-SILU = _fixed(M.SILU, M.SILU_B)
+TANH = _fixed(M.TANH, M.TANH_B, activation=True)
+SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B, activation=True)
+RELU = _fixed(M.RELU, M.RELU_B, activation=True)
+SILU = _fixed(M.SILU, M.SILU_B, activation=True)
 ABS = _fixed(M.ABS, M.ABS_B)
 CLAMP_MIN = _unary(lambda attrs: (M.CLAMP_MIN, M.CLAMP_MIN_B), param=lambda attrs: float(attrs["min"]))
 CLAMP_MAX = _unary(lambda attrs: (M.CLAMP_MAX, M.CLAMP_MAX_B), param=lambda attrs: float(attrs["max"]))
 GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
-              else (M.GELU, M.GELU_B))
+              else (M.GELU, M.GELU_B), activation=True)
 POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
 
 # ---------------------------------------------------------------- cast

@@ -98,10 +98,11 @@ def _chain(b: _Builder, steps, n_in: int):
     return values, rules
 
 
-def forward_program(steps, n_in: int) -> Program:
+def forward_program(steps, n_in: int, pre: bool = False) -> Program:
+    """The chain's value; pre: first the value its last step reads (an activation's input)."""
     b = _Builder()
     values, _ = _chain(b, steps, n_in)
-    return b.finish([values[-1]])
+    return b.finish(values[-2:] if pre else values[-1:])
 
 
 def backward_values(steps, n_in: int, wanted):
@@ -197,13 +198,16 @@ def fused_backward(rec, node, g, ins, out, grads):
         sum_to_shape(rec, src, dst)
 
 
-# ---------------------------------------------------------------- a product and the adds after it
-# steps[0] is an op whose lowering takes an Epilogue (a matmul), each later
-# step adds one input to the value so far: a residual shaped as the value, or
-# a bias over its last axis (at most one of each). The GEMM's store does the
-# adds where its kernel can; the backward is the product's with the incoming
-# gradient itself (the adds pass it through), the residual's gradient that
-# gradient, the bias's its sum over the rows.
+# ---------------------------------------------------------------- a product and the ops after it
+# steps[0] is an op whose lowering takes an Epilogue (a matmul), the next
+# steps add one input each to the value so far: a residual shaped as the
+# value, or a bias over its last axis (at most one of each), and the chain
+# may end with an activation (Pointwise.activation). The GEMM's store does
+# them where its kernel can, keeping the activation's input h for the
+# backward; the backward is the activation's with the incoming gradient
+# (none: the gradient itself, the adds pass it through), then the product's
+# with that gradient dh, the residual's gradient dh, the bias's its sum
+# over the rows.
 
 
 @attrs.frozen
@@ -212,17 +216,27 @@ class EpilogueForm:
     residual: int | None    # input positions of the residual and the bias
     bias: int | None
     bias_first: bool
+    act: tuple | None = None   # the activation step, last in the chain
+
+
+def _activation(step, prev: int) -> bool:
+    """`step` is an activation of the value `prev`."""
+    op_name, refs, at = step
+    low = LOWERINGS.get(op_name)
+    return bool(low and low.pointwise and low.pointwise(at).activation and tuple(refs) == (prev,))
 
 
 def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
-    """The chain as a product and its adds, or None when it is not one."""
+    """The chain as a product, its adds and its activation, or None when it is not one."""
     first = LOWERINGS.get(steps[0][0]) if steps else None
-    if first is None or not first.epilogue or not 2 <= len(steps) <= 3:
+    if first is None or not first.epilogue or not 2 <= len(steps) <= 4:
         return None
     n_in = len(in_shapes)
+    act = steps[-1] if _activation(steps[-1], n_in + len(steps) - 2) else None
+    adds = steps[1:len(steps) - (act is not None)]
     product = tuple(steps[0][1])
     roles: dict[str, int] = {}
-    for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
+    for j, (op_name, refs, at) in enumerate(adds, start=1):
         low = LOWERINGS.get(op_name)
         pw = low.pointwise(at) if low and low.pointwise else None
         others = [r for r in refs if r != n_in + j - 1]
@@ -234,7 +248,7 @@ def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
             return None
         roles[role] = others[0]
     return EpilogueForm(product, roles.get("residual"), roles.get("bias"),
-                        list(roles) == ["bias", "residual"])
+                        list(roles) == ["bias", "residual"], act)
 
 
 def _product_node(node):
@@ -242,9 +256,19 @@ def _product_node(node):
     return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
-def _sum_parts(steps, ins, form):
+def _act_node(node, form):
+    op_name, _refs, at = form.act
+    return attrs.evolve(node, op=op_name, inputs=(), attrs=at)
+
+
+def _pre_key(node):
+    return ("epilogue's pre-activation", node.id)
+
+
+def _sum_parts(steps, ins, form, pre):
     """Epilogue.sum_parts for this chain: the partials summed in order, then
-    the chain's adds, as one fused_map program (when it has the inputs)."""
+    the chain's adds and activation (its input into `pre`), as one fused_map
+    program (when it has the inputs)."""
     def record(rec, parts, c):
         chunks, (m, n) = parts.shape[0], c.shape
         extra = [k for k in (form.residual, form.bias) if k is not None]
@@ -253,13 +277,14 @@ def _sum_parts(steps, ins, form):
         srcs = [parts.view(z * m * n, (m, n)) for z in range(chunks)]
         srcs += [ins[k].reshape((m, n)) if k == form.residual else ins[k] for k in extra]
         where = {k: chunks + j for j, k in enumerate(extra)}
-        # partial 0 + partial 1 + ..., then the chain's own adds on that sum
+        # partial 0 + partial 1 + ..., then the chain's own steps on that sum
         chain = [("add", (0, 1), {})] + [("add", (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
-        for j, (op_name, refs, at) in enumerate(steps[1:], start=1):
-            other = [r for r in refs if r < len(ins)][0]
-            chain.append((op_name, (len(srcs) + len(chain) - 1, where[other]), at))
-        prog = forward_program(tuple(chain), len(srcs))
-        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [c], (m, n))
+        for op_name, refs, at in steps[1:]:
+            value = len(srcs) + len(chain) - 1
+            chain.append((op_name, tuple(where.get(r, value) for r in refs), at))
+        outs = [c] if pre is None else [pre.reshape((m, n)), c]
+        prog = forward_program(tuple(chain), len(srcs), pre=pre is not None)
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, outs, (m, n))
         return True
     return record
 
@@ -268,17 +293,43 @@ def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
 
     steps = node.attrs["steps"]
+    pre = None if form.act is None else rec.keep(_pre_key(node), tuple(out.shape), out.dtype)
+    act = 0 if form.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
     epi = Epilogue(None if form.residual is None else ins[form.residual],
                    None if form.bias is None else ins[form.bias], form.bias_first,
-                   sum_parts=_sum_parts(steps, ins, form))
+                   sum_parts=_sum_parts(steps, ins, form, pre), act=act, pre=pre)
     LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
-    if not epi.applied:   # the product is in `out`: the adds in place, in one pass
+    if not epi.applied and len(steps) > 1:   # the product is in `out`: the rest in place, in one pass
         srcs = list(ins) + [out]
-        prog = forward_program(steps[1:], len(srcs))
-        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out], tuple(out.shape))
+        prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out],
+                    tuple(out.shape))
+
+
+def _pre_activation(rec, node, ins, out, form):
+    """The activation's input h: where the forward kept it, else (no forward
+    recorded beside this backward) recomputed into scratch."""
+    pre = rec.kept(_pre_key(node))
+    if pre is None:
+        pre = rec.scratch(tuple(out.shape), out.dtype)
+        head = attrs.evolve(node, attrs={**node.attrs, "steps": node.attrs["steps"][:-1]})
+        _epilogue_forward(rec, head, ins, pre, attrs.evolve(form, act=None))
+    return pre
+
+
+def _act_backward(rec, node, g, ins, out, grads, form):
+    """dh = the activation's VJP of g, by its own lowering; in the residual's
+    gradient when that is wanted (it is dh)."""
+    res = grads[form.residual] if form.residual is not None else None
+    dh = res if res is not None else rec.scratch(tuple(out.shape), out.dtype)
+    pre = _pre_activation(rec, node, ins, out, form)
+    LOWERINGS[form.act[0]].backward(rec, _act_node(node, form), g, [pre], out, [dh])
+    return dh
 
 
 def _epilogue_backward(rec, node, g, ins, out, grads, form):
+    if form.act is not None:
+        g = _act_backward(rec, node, g, ins, out, grads, form)
     low = LOWERINGS.get(node.attrs["steps"][0][0])
     low.backward(rec, _product_node(node), g, [ins[r] for r in form.product], out, [grads[r] for r in form.product])
     dres = grads[form.residual] if form.residual is not None else None
@@ -309,12 +360,13 @@ def backward(rec, node, g, ins, out, grads):
 
 
 def passes(node, in_shapes) -> frozenset:
-    """Lowering.passes: a product's residual; a chain's full-size inputs whose
+    """Lowering.passes: a product's residual (unless an activation ends the
+    chain: its gradient is then dh); a chain's full-size inputs whose
     gradient is the incoming one (the operands of an add)."""
     steps = node.attrs["steps"]
     form = epilogue_form(steps, in_shapes, node.shape)
     if form is not None:
-        return frozenset() if form.residual is None else frozenset({form.residual})
+        return frozenset() if form.residual is None or form.act is not None else frozenset({form.residual})
     _b, adj = backward_values(steps, len(in_shapes), range(len(in_shapes)))
     return frozenset(k for k, v in adj.items() if v == ("src", GRAD) and tuple(in_shapes[k]) == tuple(node.shape))
 

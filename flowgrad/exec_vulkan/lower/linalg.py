@@ -60,23 +60,31 @@ def _batch_strides(shape2, full):
 
 @attrs.define
 class Epilogue:
-    """Adds the tiled kernels' store makes to C (matmul_tiled.glsl's epi bits):
-    `residual` laid out as C, `bias` over C's columns, in the order `bias_first`
-    says. `applied` is set when the GEMM did them (a split-K or
-    cooperative-matrix GEMM does not: the caller adds them after)."""
+    """What the tiled kernels' store does to C (matmul_tiled.glsl's epi bits
+    and EPI_ACT): adds `residual` laid out as C and `bias` over C's columns,
+    in the order `bias_first` says, then, where `act` (a map op id) is set,
+    stores that sum in `pre` and its activation in C. `applied` is set when
+    the GEMM did all of it (a cooperative-matrix or batched GEMM does not:
+    the caller does it after)."""
 
     residual: object = None
     bias: object = None
     bias_first: bool = False
     applied: bool = False
     # sum_parts(rec, parts, c) -> bool: records C = the sum of split-K's
-    # partials [chunks, m, n] with the adds, in one pass, where it can (for
-    # the kernels whose split-K sums in a later pass)
+    # partials [chunks, m, n] with the epilogue, in one pass, where it can
+    # (for the kernels whose split-K sums in a later pass)
     sum_parts: object = None
+    act: int = 0
+    pre: object = None
 
     def bits(self) -> int:
         return (int(self.residual is not None) | 2 * int(self.bias is not None)
                 | 4 * int(self.bias_first and self.bias is not None))
+
+    def spec(self) -> tuple:
+        """The tiled kernel's specialization constants (a product without an activation keeps its pipeline)."""
+        return (self.act,) if self.act else ()
 
 
 def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed, epilogue=None) -> bool:
@@ -121,7 +129,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     else:
         rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
                      g.push() + (epi.bits() if epi else 0, 0, 0), _groups(choice.tile, m, n, nz),
-                     _variant(choice, c.view.dtype))
+                     _variant(choice, c.view.dtype), spec=epi.spec() if epi else ())
         if epi is not None:
             epi.applied = True
     return True
@@ -155,11 +163,13 @@ def _shifted(op: Operand, elems: int) -> Operand:
 
 def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
     """The tiled kernels' bindings past A, B, C: the epilogue's residual and
-    bias, split-K's tile counters and D (stand-ins where unused)."""
+    bias, split-K's tile counters and D, the epilogue's pre-activation
+    value (stand-ins where unused)."""
     def use(view, what):
         return view if view is not None else rec.scratch((1,), what)
 
-    return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype)]
+    return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype),
+            use(epi and epi.pre, dtype)]
 
 
 @attrs.frozen
@@ -248,7 +258,8 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
     counts = rec.counters(groups[0] * groups[1])
     c = g.c.view
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
-                 part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype))
+                 part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype),
+                 spec=epi.spec() if epi else ())
     if epi is not None:
         epi.applied = True
 

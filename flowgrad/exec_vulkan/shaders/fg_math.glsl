@@ -74,6 +74,10 @@ float fg_sigmoid(float x) {
     return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
 
+float fg_silu(float x) { return x * fg_sigmoid(x); }
+
+float fg_relu(float x) { return (x > 0.0 || isnan(x)) ? x : 0.0; }   // NaN stays NaN, as numpy's maximum
+
 float fg_gelu(float x) { return x * fg_phi(x); }
 
 float fg_gelu_grad(float x) {

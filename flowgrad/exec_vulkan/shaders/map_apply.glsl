@@ -15,10 +15,10 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_SQRT: return sqrt(a);
     case M_TANH: return fg_tanh(a);
     case M_SIGMOID: return fg_sigmoid(a);
-    case M_RELU: return (a > 0.0 || isnan(a)) ? a : 0.0;
+    case M_RELU: return fg_relu(a);
     case M_GELU: return fg_gelu(a);
     case M_GELU_TANH: return fg_gelu_tanh(a);
-    case M_SILU: return a * fg_sigmoid(a);
+    case M_SILU: return fg_silu(a);
     case M_POW: return fg_pow(a, param);
     case M_SQDIFF: { float d = a - b; return d * d; }
     case M_EQ: return a == b ? 1.0 : 0.0;

@@ -21,8 +21,10 @@
 //
 // The store may add to each output, in the order the epilogue bits give
 // (epi: 1 a residual R shaped and laid out as C, 2 a bias over n, 4 the bias
-// before the residual), each sum rounded to the storage type as a separate
-// dispatch would store it: a matmul followed by those adds is one dispatch.
+// before the residual), then end with an activation (EPI_ACT, a map op id;
+// 0: none), storing the value before it in H (laid out as C) for the
+// backward; each result rounded to the storage type as a separate dispatch
+// would store it: a matmul followed by those ops is one dispatch.
 //
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
@@ -77,6 +79,10 @@ layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { V4 par
 layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile
 layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
 layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { V4 d4[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer BufH { T pre[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer BufH4 { V4 pre4[]; };
+// a specialization constant: a product without an activation compiles with none of its code
+layout(constant_id = 0) const uint EPI_ACT = 0u;
 layout(push_constant, std430) uniform Push {
     uint M, N, K;
     uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
@@ -111,29 +117,69 @@ float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.
 vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
 vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
 uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
-float epilogue(uint at, uint n, float v) {
+#include "fg_math.glsl"
+#include "map_ops.glsl"
+// The activations the store offers (Pointwise.activation marks their ops),
+// each the function map_apply.glsl computes for that op.
+float epi_act(float v) {
+    switch (EPI_ACT) {
+    case M_GELU: return fg_gelu(v);
+    case M_GELU_TANH: return fg_gelu_tanh(v);
+    case M_RELU: return fg_relu(v);
+    case M_SILU: return fg_silu(v);
+    case M_TANH: return fg_tanh(v);
+    case M_SIGMOID: return fg_sigmoid(v);
+    }
+    return fg_nan();
+}
+float adds(uint at, uint n, float v) {
     v = float(T(v));
     if ((p.epi & 6u) == 6u) v = float(T(v + float(bias[n])));
     if ((p.epi & 1u) != 0u) v = float(T(v + float(res[at])));
     if ((p.epi & 6u) == 2u) v = float(T(v + float(bias[n])));
     return v;
 }
-vec4 epilogue4(uint at, uint n, vec4 v) {
+vec4 adds4(uint at, uint n, vec4 v) {
     v = vec4(V4(v));
     if ((p.epi & 6u) == 6u) v = vec4(V4(v + vec4(bias4[n / 4u])));
     if ((p.epi & 1u) != 0u) v = vec4(V4(v + vec4(res4[at / 4u])));
     if ((p.epi & 6u) == 2u) v = vec4(V4(v + vec4(bias4[n / 4u])));
     return v;
 }
+#define EPILOGUE (p.epi != 0u || EPI_ACT != 0u)
+// The epilogue of 4 outputs of a row from column n, element `at` of C (or
+// D) on: those below N, all 4 at once where vec. The activation runs in a
+// loop the compiler may leave rolled: one copy of its code per store.
+vec4 epilogue(uint at, uint n, vec4 v, bool vec) {
+    if (vec) {
+        v = adds4(at, n, v);
+    } else {
+        [[unroll]] for (uint q = 0u; q < 4u; ++q)
+            if (n + q < GEMM_N) v[q] = adds(at + q, n + q, v[q]);
+    }
+    if (EPI_ACT == 0u) return v;
+    if (vec) {
+        pre4[at / 4u] = V4(v);
+    } else {
+        [[unroll]] for (uint q = 0u; q < 4u; ++q)
+            if (n + q < GEMM_N) pre[at + q] = T(v[q]);
+    }
+    float r[4] = float[4](v.x, v.y, v.z, v.w);
+    for (uint q = 0u; q < 4u; ++q) r[q] = float(T(epi_act(r[q])));
+    return vec4(r[0], r[1], r[2], r[3]);
+}
+// the store's epilogue (store_acc), before store_c4 / store_c store its result
+#define GEMM_EPILOGUE(z, m, n, v, vec) \
+    if (p.fixup == 0u && EPILOGUE) v = epilogue(c_at(z, m, n), n, v, vec)
 void store_c(uint z, uint m, uint n, float v) {
     uint at = c_at(z, m, n);
     if (p.fixup != 0u) parts_w[at] = STORE(v);
-    else c[at] = STORE(p.epi == 0u ? v : epilogue(at, n, v));
+    else c[at] = STORE(v);
 }
 void store_c4(uint z, uint m, uint n, vec4 v) {
     uint at = c_at(z, m, n);
     if (p.fixup != 0u) parts_w4[at / 4u] = V4(v);
-    else c4[at / 4u] = V4(p.epi == 0u ? v : epilogue4(at, n, v));
+    else c4[at / 4u] = V4(v);
 }
 
 #endif
@@ -165,8 +211,9 @@ void fixup(uint m0, uint n0) {
         uint m = m0 + e / (BN / 4u), n = n0 + (e % (BN / 4u)) * 4u;
         if (m >= p.M || n >= p.N) continue;
         uint at = c_at(0u, m, n), o = m * p.sdm + n;
-        if (vec && n + 3u < p.N) {
-            vec4 v = vec4(0.0);
+        bool v4 = vec && n + 3u < p.N;
+        vec4 v = vec4(0.0);
+        if (v4) {
             uint z = 0u;
             for (; z + 4u <= p.nz; z += 4u) {
                 vec4 a0 = vec4(parts4[(at + z * p.zc) / 4u]), a1 = vec4(parts4[(at + (z + 1u) * p.zc) / 4u]);
@@ -174,13 +221,17 @@ void fixup(uint m0, uint n0) {
                 v = (((v + a0) + a1) + a2) + a3;
             }
             for (; z < p.nz; ++z) v += vec4(parts4[(at + z * p.zc) / 4u]);
-            d4[o / 4u] = V4(p.epi == 0u ? v : epilogue4(o, n, v));
-            continue;
+        } else {
+            [[unroll]] for (uint q = 0u; q < 4u; ++q)
+                if (n + q < p.N)
+                    for (uint z = 0u; z < p.nz; ++z) v[q] += float(parts[at + q + z * p.zc]);
         }
-        for (uint q = 0u; q < 4u && n + q < p.N; ++q) {
-            float v = 0.0;
-            for (uint z = 0u; z < p.nz; ++z) v += float(parts[at + q + z * p.zc]);
-            d[o + q] = STORE(p.epi == 0u ? v : epilogue(o + q, n + q, v));
+        if (EPILOGUE) v = epilogue(o, n, v, v4);
+        if (v4) {
+            d4[o / 4u] = V4(v);
+        } else {
+            [[unroll]] for (uint q = 0u; q < 4u; ++q)
+                if (n + q < p.N) d[o + q] = STORE(v[q]);
         }
     }
 }
@@ -297,6 +348,9 @@ void store_b(uint buf) {
 // the 128x128 tiles ran 15x slower once the epilogue made that loop large).
 void store_acc(uint z, uint m, uint n, vec4 v) {
     if (m >= GEMM_M) return;
+#ifdef GEMM_EPILOGUE
+    GEMM_EPILOGUE(z, m, n, v, C_VEC && n + 3u < GEMM_N);
+#endif
     if (C_VEC && n + 3u < GEMM_N) {
         store_c4(z, m, n, v);
         return;

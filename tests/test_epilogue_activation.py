@@ -1,0 +1,364 @@
+"""A matmul, its adds and an activation as one node (planner/fusion.py,
+lower/fused.py): the tiled GEMM's store computes h = the product plus its
+bias and/or residual, keeps h for the backward and stores act(h); where the
+kernel can't (a batched or cooperative-matrix product), one fused_map pass
+after the product does it. Bit-identical on numpy, 1e-5
+against the unfused plan on Vulkan, the path asserted first."""
+from __future__ import annotations
+
+import contextlib
+
+import attrs
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.exec_vulkan.program import count_dispatches
+from flowgrad.feeds import random_feeds
+from flowgrad.planner import make_plan
+from test_fusion import close, closure_step, run
+
+ACTS = {"gelu": "gelu({})", "gelu_tanh": 'gelu({}, approximate="tanh")', "relu": "relu({})",
+        "silu": "silu({})", "sigmoid": "sigmoid({})", "tanh": "tanh({})"}
+
+# an activation after a bias, after a bias and a residual, after a residual,
+# and right after the product; the residual r feeds two chains (its gradient
+# sums both dh), and each activation is read only by a product
+MODEL = """
+model acts
+config { m = 17
+         k = 3
+         n = 65 }
+input x: f32[m, k]
+input x2: f32[m, k]
+param w1: f32[k, n] = normal(std=0.3)
+param w2: f32[k, n] = normal(std=0.3)
+param w3: f32[k, n] = normal(std=0.3)
+param w4: f32[k, n] = normal(std=0.3)
+param wr: f32[k, n] = normal(std=0.3)
+param b1: f32[n] = normal(std=0.5)
+param b2: f32[n] = normal(std=0.5)
+param v: f32[n, 3] = normal(std=0.1)
+r = x2 @ wr
+a = ACT(x @ w1 + b1)
+c = ACT(x @ w2 + b2 + r)
+e = ACT(r + x @ w3)
+f = ACT(x @ w4)
+pa = a @ v
+pc = c @ v
+pe = e @ v
+pf = f @ v
+loss = sum(pa * pa) + sum(pc * pc) + sum(pe * pe) + sum(pf * pf)
+minimize loss
+"""
+CHAINS = [("matmul", "add", "act"), ("matmul", "add", "add", "act"), ("matmul", "add", "act"), ("matmul", "act")]
+# odd sizes (scalar stores), and a width of whole 4-vectors (the store's 16-byte path)
+SIZES = [dict(m=17, k=3, n=65), dict(m=1, k=17, n=3), dict(m=65, k=65, n=17), dict(m=3, k=1, n=1),
+         dict(m=65, k=17, n=64)]
+SIZE_IDS = [f"m{s['m']}k{s['k']}n{s['n']}" for s in SIZES]
+
+
+def acts(act="gelu", dtype="f32", **config):
+    text = MODEL.replace("f32", dtype)
+    for name in "acef":
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{name} = ACT("))
+        text = text.replace(line, f"{name} = " + ACTS[act].format(line[len(name) + 7:-1]))
+    return fg.loads(text, file="acts.flow", config=config or None)
+
+
+def act_groups(graph, plan):
+    """The fused groups that start with a product and end with an activation, in graph order."""
+    return [grp for grp in plan.fusion.groups
+            if graph.nodes[grp.members[0]].op == "matmul" and graph.nodes[grp.members[-1]].op != "add"]
+
+
+def shape_of(graph, grp):
+    return tuple("act" if graph.nodes[i].op not in ("matmul", "add") else graph.nodes[i].op for i in grp.members)
+
+
+@contextlib.contextmanager
+def dispatches():
+    """(label, shader, workgroups, specialization constants) of every dispatch recorded inside."""
+    from flowgrad.exec_vulkan.recorder import Recorder
+    seen, real = [], Recorder.dispatch
+
+    def dispatch(self, shader, bufs, push=(), groups=(1, 1, 1), variant=None, spec=()):
+        seen.append((self.label, shader, tuple(groups), tuple(spec)))
+        return real(self, shader, bufs, push, groups, variant, spec)
+
+    Recorder.dispatch = dispatch
+    try:
+        yield seen
+    finally:
+        Recorder.dispatch = real
+
+
+def forward_of(seen, graph, grp):
+    label = graph.nodes[grp.node].label
+    return [(shader, groups, spec) for lab, shader, groups, spec in seen if lab == (label, "forward")]
+
+
+def act_code(act):
+    from flowgrad.exec_vulkan.lower import lowering_for
+
+    at = {"approximate": "tanh" if act == "gelu_tanh" else "none"} if act.startswith("gelu") else {}
+    return int(lowering_for(act.removesuffix("_tanh")).pointwise(at).op)
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+def test_products_take_their_activation_in_the_epilogue(act):
+    graph = acts(act).graph
+    plan = make_plan(graph, None)
+    groups = act_groups(graph, plan)
+    assert [shape_of(graph, grp) for grp in groups] == CHAINS
+    from flowgrad.exec_vulkan.lower.fused import epilogue_form
+
+    ex = plan.exec_graph
+    forms = [epilogue_form(ex.nodes[g.node].attrs["steps"], [ex.nodes[i].shape for i in ex.nodes[g.node].inputs],
+                           ex.nodes[g.node].shape) for g in groups]
+    assert [(f.residual is not None, f.bias is not None, f.act is not None) for f in forms] == [
+        (False, True, True), (True, True, True), (True, False, True), (False, False, True)]
+
+
+def test_an_activation_in_the_epilogue_saves_one_forward_dispatch_per_chain(monkeypatch):
+    """The planner reads Pointwise.activation: without it each activation runs on its own (or with
+    the bias add), one forward dispatch more per chain, and no backward dispatch fewer."""
+    import flowgrad.exec_vulkan.lower.elementwise  # noqa: F401  (registers gelu's lowering)
+    from flowgrad.exec_vulkan.lowering import LOWERINGS
+
+    graph = acts().graph
+    fused = count_dispatches(graph, make_plan(graph, None))
+    low = LOWERINGS["gelu"]
+    monkeypatch.setitem(LOWERINGS, "gelu", attrs.evolve(
+        low, pointwise=lambda at: attrs.evolve(low.pointwise(at), activation=False)))
+    plan = make_plan(graph, None)
+    assert act_groups(graph, plan) == []
+    apart = count_dispatches(graph, plan)
+    assert fused["forward"] == apart["forward"] - len(CHAINS)
+    assert fused["backward"] <= apart["backward"]
+
+
+def test_a_residual_under_an_activation_takes_dh_not_the_incoming_gradient():
+    from flowgrad.exec_vulkan.lower import lowering_for
+
+    text = """
+model res
+input x: f32[4, 6]
+param w: f32[6, 6] = normal()
+param w2: f32[6, 6] = normal()
+h = tanh(x @ w2)
+u = gelu(h + x @ w)
+loss = sum(u @ w)
+minimize loss
+"""
+    graph = fg.loads(text).graph
+    plan = make_plan(graph, None)
+    (grp,) = act_groups(graph, plan)
+    node = plan.exec_graph.nodes[grp.node]
+    (h,) = [graph.nodes[i] for i in node.inputs if graph.nodes[i].name == "h"]
+    assert lowering_for("fused").passes(node, [plan.exec_graph.nodes[i].shape for i in node.inputs]) == frozenset()
+    mem = plan.memory
+    assert (mem.slots[("grad", h.id)].buffer, mem.slots[("grad", h.id)].offset) != (
+        mem.slots[("grad", grp.node)].buffer, mem.slots[("grad", grp.node)].offset)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+def test_activation_epilogues_are_bit_identical_on_numpy(size, dtype):
+    model = acts("gelu", dtype, **size)
+    graph = model.graph
+    plan = make_plan(graph, None)
+    assert [shape_of(graph, grp) for grp in act_groups(graph, plan)] == CHAINS
+    sess = model.compile(device="cpu")
+    feeds = random_feeds(graph, seed=3)
+    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
+    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
+    assert np.array_equal(loss, ref_loss)
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert np.array_equal(grads[name], ref_grads[name]), name
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+def test_activation_epilogues_match_finite_differences(act):
+    from flowgrad.ops.gradcheck import check_vjp
+
+    graph = acts(act, m=3, k=5, n=4).graph
+    plan = make_plan(graph, None)
+    ex = plan.exec_graph
+    rng = np.random.default_rng(1)
+    for grp in act_groups(graph, plan):
+        node = ex.nodes[grp.node]
+        ins = [rng.normal(0, 0.7, ex.nodes[i].shape) for i in node.inputs]
+        check_vjp("fused", ins, node.attrs)
+
+
+def vulkan_agrees(model, act="gelu", dtype="f32", tol=1e-5, tile_groups=1, tile=None):
+    """The fused graph step on Vulkan against the unfused plan (tol), its path asserted: each
+    activation chain's forward is one tiled GEMM with the activation's pipeline or, for f16 on
+    a device with cooperative matrices (whose store takes no epilogue), that GEMM and one
+    fused_map pass."""
+    from flowgrad.exec_vulkan.lower import matmul_kernels
+
+    with dispatches() as seen:
+        fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype=dtype)
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype=dtype)
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    info = fused.device.info
+    coop = dtype == "f16" and (info.coopmat_f16 or info.coopmat_khr_f16 or bool(info.cm2_invocations))
+    graph = fused.graph
+    groups = act_groups(graph, fused.plan)
+    assert [shape_of(graph, grp) for grp in groups] == CHAINS
+    for grp in groups:
+        (shader, groups_, spec), *rest = forward_of(seen, graph, grp)
+        if shader in matmul_kernels.TILES:
+            assert shader == (tile or shader) and rest == [] and spec == (act_code(act),), (shader, rest, spec)
+            assert groups_[2] == tile_groups, groups_
+        else:
+            assert coop and spec == () and [s for s, _, _ in rest] == ["fused_map"], (shader, rest, spec)
+    close(f_loss, p_loss, tol)
+    for k in p_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], tol)
+    return fused, f_loss, f_grads
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+def test_gelu_epilogues_match_unfused_and_closures_on_vulkan(vk_device, size):
+    model = acts("gelu", **size)
+    fused, f_loss, f_grads = vulkan_agrees(model)
+    clos, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert clos.last_path.startswith("closures")
+    close(f_loss, c_loss, 1e-4)
+    for k in c_grads:
+        close(f_grads[k], c_grads[k], 1e-4)
+
+
+@pytest.mark.parametrize("tile", ["matmul_128x128_k8", "matmul_128x128_k16"])
+@pytest.mark.parametrize("n", [64, 65])
+def test_gelu_epilogues_on_the_large_tiles_on_vulkan(vk_device, tile, n):
+    from flowgrad.exec_vulkan.lower import matmul_kernels
+
+    with matmul_kernels.forced(shader=tile):
+        vulkan_agrees(acts("gelu", m=130, k=17, n=n), tile=tile)
+
+
+@pytest.mark.parametrize("act", [a for a in ACTS if a != "gelu"])
+def test_each_activation_the_store_offers_matches_unfused_on_vulkan(vk_device, act):
+    vulkan_agrees(acts(act), act)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+def test_f16_gelu_epilogues_match_unfused_on_vulkan(vk_device, size):
+    vulkan_agrees(acts("gelu", "f16", **size), dtype="f16")
+
+
+@pytest.mark.parametrize("n", [16, 17])
+def test_split_k_takes_the_activation_where_it_sums_the_partials_on_vulkan(vk_device, n):
+    """K 1024 over one output tile: the kernel splits K in 4 (matmul_kernels.split_count), and the
+    workgroup that sums a tile's partials applies the epilogue, in the same dispatch."""
+    vulkan_agrees(acts("gelu", m=5, k=1024, n=n), tile_groups=4)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_an_activation_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device, dtype):
+    """A batched weight makes the GEMM a batch of products, whose store takes no epilogue (as a
+    cooperative-matrix GEMM's): the adds and the activation run in one fused_map pass after the
+    product (h kept, act(h) stored), each rounded as its own dispatch would store it."""
+    text = """
+model batched_act
+input x: f32[2, 5, 8]
+input y: f32[2, 5, 6]
+param w: f32[2, 8, 6] = normal(std=0.3)
+param b: f32[6] = normal(std=0.3)
+param v: f32[6, 3] = normal(std=0.3)
+u = gelu(x @ w + b + y)
+p = u @ v
+loss = sum(p * p)
+minimize loss
+"""
+    model = fg.loads(text.replace("f32", dtype))
+    with dispatches() as seen:
+        fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype=dtype)
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype=dtype)
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    (grp,) = act_groups(model.graph, fused.plan)
+    assert [s for s, _, _ in forward_of(seen, model.graph, grp)] == ["matmul_64x64_k16", "fused_map"]
+    close(f_loss, p_loss, 1e-5)
+    for k in p_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], 1e-5)
+
+
+def _act_chain():
+    """A gelu(x @ w + b + r) fused node and random f32 inputs for it."""
+    text = """
+model one
+input x: f32[5, 7]
+input r: f32[5, 6]
+param w: f32[7, 6] = normal(std=0.5)
+param b: f32[6] = normal(std=0.5)
+param v: f32[6, 2] = normal()
+u = gelu(x @ w + b + r)
+loss = sum(u @ v)
+minimize loss
+"""
+    graph = fg.loads(text).graph
+    plan = make_plan(graph, None)
+    (grp,) = act_groups(graph, plan)
+    node = plan.exec_graph.nodes[grp.node]
+    rng = np.random.default_rng(2)
+    ins = [rng.normal(0, 0.7, graph.nodes[i].shape).astype(np.float32) for i in node.inputs]
+    return node, ins
+
+
+def test_split_k_partials_summed_with_the_activation_on_vulkan(vk_device):
+    """The pass that sums split-K's partials for the cooperative-matrix kernels (Epilogue.sum_parts):
+    the partials summed, the adds, h into the kept view, act(h) into the output."""
+    from flowgrad.exec_vulkan.lower.fused import _form, _sum_parts
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.ops import get_op
+
+    node, ins = _act_chain()
+    m, n = node.shape
+    # two partials: with the residual and the bias, the four inputs fused_map takes
+    parts = np.random.default_rng(3).normal(0, 1, (2, m, n)).astype(np.float32)
+    with OneShot(vk_device) as s:
+        views = [s.upload(x) for x in ins]
+        pv, pre, out = s.upload(parts), s.empty((m, n), "f32"), s.empty((m, n), "f32")
+        form = _form(node, views, out)
+        assert _sum_parts(node.attrs["steps"], views, form, pre)(s.rec, pv, out)
+        assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["fused_map"]
+        s.download(pre), s.download(out)
+        got_pre, got = s.run()
+    steps = node.attrs["steps"]
+    product = parts[0] + parts[1]
+    # the adds read the product as value len(ins), where it is appended here
+    want_pre = get_op("fused").forward(list(ins) + [product], {"steps": steps[1:-1]})
+    np.testing.assert_allclose(got_pre, want_pre, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, get_op("gelu").forward([want_pre], steps[-1][2]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_backward_recorded_without_its_forward_recomputes_h_on_vulkan(vk_device):
+    """With no forward beside it in the recording (nothing kept), the backward computes h itself."""
+    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.ops import get_op
+
+    node, ins = _act_chain()
+    op = get_op("fused")
+    out = op.forward(ins, node.attrs)
+    g = np.random.default_rng(4).normal(0, 1, out.shape).astype(np.float32)
+    want = op.vjp(g, ins, out, node.attrs)
+    with OneShot(vk_device) as s:
+        views = [s.upload(x) for x in ins]
+        grads = [s.empty(x.shape, "f32") for x in ins]
+        lowering_for("fused").backward(s.rec, node, s.upload(g), views, s.upload(out), grads)
+        shaders = [c.shader for c in s.rec.commands if hasattr(c, "shader")]
+        for v in grads:
+            s.download(v)
+        got = s.run()
+    # h's GEMM (its adds in the store), dh, the product's two GEMMs, the bias's sum
+    assert [sh.startswith("matmul_") for sh in shaders] == [True, False, True, True, False], shaders
+    for a, b in zip(got, want):
+        close(a, b, 1e-5)
