@@ -291,9 +291,16 @@ def _sum_parts(steps, ins, form, pre):
 
 def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
+    from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps = node.attrs["steps"]
     pre = None if form.act is None else rec.keep(_pre_key(node), tuple(out.shape), out.dtype)
+    if pre is not None and not store_takes_activation(getattr(rec, "info", None)):
+        # the product and its adds into h, then the activation on its own
+        _epilogue_forward(rec, _head(node), ins, pre, attrs.evolve(form, act=None))
+        op_name, _refs, at = form.act
+        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], tuple(out.shape))
+        return
     act = 0 if form.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
     epi = Epilogue(None if form.residual is None else ins[form.residual],
                    None if form.bias is None else ins[form.bias], form.bias_first,
@@ -306,14 +313,18 @@ def _epilogue_forward(rec, node, ins, out, form):
                     tuple(out.shape))
 
 
+def _head(node):
+    """The chain without its activation."""
+    return attrs.evolve(node, attrs={**node.attrs, "steps": node.attrs["steps"][:-1]})
+
+
 def _pre_activation(rec, node, ins, out, form):
     """The activation's input h: where the forward kept it, else (no forward
     recorded beside this backward) recomputed into scratch."""
     pre = rec.kept(_pre_key(node))
     if pre is None:
         pre = rec.scratch(tuple(out.shape), out.dtype)
-        head = attrs.evolve(node, attrs={**node.attrs, "steps": node.attrs["steps"][:-1]})
-        _epilogue_forward(rec, head, ins, pre, attrs.evolve(form, act=None))
+        _epilogue_forward(rec, _head(node), ins, pre, attrs.evolve(form, act=None))
     return pre
 
 

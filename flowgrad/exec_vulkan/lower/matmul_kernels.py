@@ -80,6 +80,11 @@ TABLES = {
     "nvidia": {"square": "matmul_128x128_k16", "tall": "matmul_128x128_k16", "narrow": "matmul_64x64_k16",
                "deep": "matmul_128x128_k16", "batched": "matmul_64x64_k16"},
 }
+# Whether the tiled kernels' store takes an activation (matmul_tiled.glsl's EPI_ACT). On the
+# H200 it does not pay: gpt_small f32 stepped in 22.1-22.3 ms with gelu in the MLP's product's
+# store against 21.8 ms with the product (and its bias) stored and gelu run as its own pass
+# (one run, same process); there the product and its adds go to h and the activation runs after.
+ACTIVATION_IN_STORE = {"default": True, "nvidia": False}
 # Split-K fills whole waves: the most chunks that keep the grid at or under this
 # many workgroups (H200: two waves of 132 SMs; measured, 128 or 256 workgroups
 # ran well and 192 slower than either)
@@ -114,6 +119,10 @@ def forced(shader: str | None = None, chunks: int | None = None):
 def device_family(info) -> str:
     name = getattr(info, "name", "") or ""
     return "nvidia" if "NVIDIA" in name.upper() else "default"
+
+
+def store_takes_activation(info) -> bool:
+    return ACTIVATION_IN_STORE[device_family(info)]
 
 
 def shape_class(m: int, n: int, k: int, nz: int) -> str:
