@@ -31,7 +31,6 @@ MAX_INSTRS = 12     # its program slots (instruction k writes register 4 + k)
 MAX_OUTPUTS = 2
 MAX_PARAMS = 2
 MAX_RANK = 3
-UNROLL = 4          # fused_map.comp: elements per invocation and round
 GRAD = ("g",)       # the incoming gradient, as a program source
 
 
@@ -153,7 +152,7 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     dtype = outs[0].dtype
     bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]
-    rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(-(-n // UNROLL)), variant(dtype),
+    rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(n), variant(dtype),
                  spec=(meta, *prog_words))
 
 

@@ -62,51 +62,38 @@ float load_input(uint k, uint at) {
     return float(x3[at]);
 }
 
-// Input k's element at index-space position i.
-float input_at(uint k, uint i, uint rank) {
-    uint at = 0u, rest = i;
-    [[unroll]] for (int d = 2; d >= 0; --d) {
-        if (d < int(rank)) {
-            uint c = rest % pc.shape[d];
-            rest /= pc.shape[d];
-            at += c * pc.st[3u * k + uint(d)];
-        }
-    }
-    return load_input(k, at);
-}
-
-// Each invocation takes UNROLL elements a grid apart per round, their loads
-// issued before any is used: one element's load at a time leaves too few
-// bytes in flight to reach the memory's bandwidth.
-#define UNROLL 4u
-
 void main() {
     const uint rank = META & 3u;
     const uint nin = (META >> 2) & 7u;
     const uint ninstr = (META >> 5) & 15u;
     const uint nout = (META >> 9) & 3u;
     uint prog[12] = uint[12](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11);
-    uint grid = gl_NumWorkGroups.x * FG_WG;
-    for (uint base = gl_GlobalInvocationID.x; base < pc.n; base += UNROLL * grid) {
-        float r[UNROLL][16];
-        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-            uint i = base + u * grid;
-            [[unroll]] for (uint k = 0u; k < 4u; ++k)
-                r[u][k] = k < nin && i < pc.n ? input_at(k, i, rank) : 0.0;
-        }
-        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-            uint i = base + u * grid;
-            if (i >= pc.n) break;
-            [[unroll]] for (uint k = 0u; k < 12u; ++k) {
-                if (k < ninstr) {
-                    uint ins = prog[k];
-                    float v = map_apply(ins & 0xffu, r[u][(ins >> 8) & 15u], r[u][(ins >> 12) & 15u],
-                                        r[u][(ins >> 16) & 15u], pc.param[(ins >> 20) & 1u]);
-                    r[u][4u + k] = float(T(v));
-                }
+    for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * FG_WG) {
+        uint c[3] = uint[3](0u, 0u, 0u);
+        uint rest = i;
+        [[unroll]] for (int d = 2; d >= 0; --d) {
+            if (d < int(rank)) {
+                c[d] = rest % pc.shape[d];
+                rest /= pc.shape[d];
             }
-            y0[i] = T(r[u][(META >> 12) & 15u]);
-            if (nout > 1u) y1[i] = T(r[u][(META >> 16) & 15u]);
         }
+        float r[16];
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            r[k] = 0.0;
+            if (k < nin) {
+                uint at = c[0] * pc.st[3u * k] + c[1] * pc.st[3u * k + 1u] + c[2] * pc.st[3u * k + 2u];
+                r[k] = load_input(k, at);
+            }
+        }
+        [[unroll]] for (uint k = 0u; k < 12u; ++k) {
+            if (k < ninstr) {
+                uint ins = prog[k];
+                float v = map_apply(ins & 0xffu, r[(ins >> 8) & 15u], r[(ins >> 12) & 15u], r[(ins >> 16) & 15u],
+                                    pc.param[(ins >> 20) & 1u]);
+                r[4u + k] = float(T(v));
+            }
+        }
+        y0[i] = T(r[(META >> 12) & 15u]);
+        if (nout > 1u) y1[i] = T(r[(META >> 16) & 15u]);
     }
 }
