@@ -255,11 +255,6 @@ def _product_node(node):
     return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
-def _act_node(node, form):
-    op_name, _refs, at = form.act
-    return attrs.evolve(node, op=op_name, inputs=(), attrs=at)
-
-
 def _pre_key(node):
     return ("epilogue's pre-activation", node.id)
 
@@ -328,12 +323,15 @@ def _pre_activation(rec, node, ins, out, form):
 
 
 def _act_backward(rec, node, g, ins, out, grads, form):
-    """dh = the activation's VJP of g, by its own lowering; in the residual's
-    gradient when that is wanted (it is dh)."""
+    """dh = the activation's VJP of g, as a one-op chain (a fused_map program:
+    the activation's own lowering decodes its op per element); in the
+    residual's gradient when that is wanted (it is dh)."""
     res = grads[form.residual] if form.residual is not None else None
     dh = res if res is not None else rec.scratch(tuple(out.shape), out.dtype)
     pre = _pre_activation(rec, node, ins, out, form)
-    LOWERINGS[form.act[0]].backward(rec, _act_node(node, form), g, [pre], out, [dh])
+    op_name, _refs, at = form.act
+    alone = attrs.evolve(node, attrs={**node.attrs, "steps": ((op_name, (0,), at),)})
+    fused_backward(rec, alone, g, [pre], out, [dh])
     return dh
 
 
