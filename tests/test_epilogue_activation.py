@@ -217,8 +217,7 @@ def vulkan_agrees(model, act="gelu", dtype="f32", tol=1e-5, tile_groups=1, tile=
             assert groups_[2] == tile_groups, groups_
         else:   # the product (its adds in its store where it can), then a pass for the rest
             assert (coop or not takes) and spec == (), (shader, rest, spec)
-            passes = [s for s, _, _ in rest]
-            assert passes == ["fused_map"] or (not takes and passes == ["fused_map"] * 2), (shader, rest)
+            assert [s for s, _, _ in rest] == ["fused_map"], (shader, rest)
     close(f_loss, p_loss, tol)
     for k in p_grads:
         assert np.any(f_grads[k] != 0), k
@@ -256,14 +255,19 @@ def test_f16_gelu_epilogues_match_unfused_on_vulkan(vk_device, size):
     vulkan_agrees(acts("gelu", "f16", **size), dtype="f16")
 
 
+def declining(monkeypatch):
+    """The device's store declines activations; the plan is made without a device (as it is
+    everywhere), so it still fuses them."""
+    from flowgrad.exec_vulkan.lower import matmul_kernels
+
+    monkeypatch.setattr(matmul_kernels, "store_takes_activation", lambda info: info is None)
+
+
 @pytest.mark.parametrize("size", SIZES[:2], ids=SIZE_IDS[:2])
 def test_a_device_whose_store_declines_activations_runs_them_after_the_product(vk_device, monkeypatch, size):
     """Where the tile table says the store's activation does not pay (NVIDIA), the product and
     its adds go to h in the GEMM and the activation runs as one pass after it: same values."""
-    from flowgrad.exec_vulkan.lower import matmul_kernels
-
-    # the plan is made without a device (as it is everywhere); the device's store declines
-    monkeypatch.setattr(matmul_kernels, "store_takes_activation", lambda info: info is None)
+    declining(monkeypatch)
     model = acts("gelu", **size)
     fused, f_loss, f_grads = vulkan_agrees(model)
     clos, c_loss, c_grads = run(model, "vulkan", "closures")
@@ -272,15 +276,19 @@ def test_a_device_whose_store_declines_activations_runs_them_after_the_product(v
         close(f_grads[k], c_grads[k], 1e-4)
 
 
+@pytest.mark.parametrize("store", ["takes", "declines"])
 @pytest.mark.parametrize("n", [16, 17])
-def test_split_k_takes_the_activation_where_it_sums_the_partials_on_vulkan(vk_device, n):
+def test_split_k_takes_the_activation_where_it_sums_the_partials_on_vulkan(vk_device, monkeypatch, n, store):
     """K 1024 over one output tile: the kernel splits K in 4 (matmul_kernels.split_count), and the
     workgroup that sums a tile's partials applies the epilogue, in the same dispatch."""
+    if store == "declines":
+        declining(monkeypatch)
     vulkan_agrees(acts("gelu", m=5, k=1024, n=n), tile_groups=4)
 
 
+@pytest.mark.parametrize("store", ["takes", "declines"])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_an_activation_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device, dtype):
+def test_an_activation_the_gemm_cannot_take_runs_after_it_on_vulkan(vk_device, monkeypatch, dtype, store):
     """A batched weight makes the GEMM a batch of products, whose store takes no epilogue (as a
     cooperative-matrix GEMM's): the adds and the activation run in one fused_map pass after the
     product (h kept, act(h) stored), each rounded as its own dispatch would store it."""
@@ -296,6 +304,8 @@ p = u @ v
 loss = sum(p * p)
 minimize loss
 """
+    if store == "declines":
+        declining(monkeypatch)
     model = fg.loads(text.replace("f32", dtype))
     with dispatches() as seen:
         fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype=dtype)
@@ -303,7 +313,7 @@ minimize loss
     assert fused.last_path == "graph" and plain.last_path == "graph"
     (grp,) = act_groups(model.graph, fused.plan)
     gemm, *passes = [s for s, _, _ in forward_of(seen, model.graph, grp)]
-    assert gemm.startswith("matmul_") and passes in (["fused_map"], ["fused_map", "fused_map"]), (gemm, passes)
+    assert gemm.startswith("matmul_") and passes == ["fused_map"], (gemm, passes)
     close(f_loss, p_loss, 1e-5)
     for k in p_grads:
         assert np.any(f_grads[k] != 0), k

@@ -287,24 +287,24 @@ def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
     from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
-    steps = node.attrs["steps"]
-    pre = None if form.act is None else rec.keep(_pre_key(node), tuple(out.shape), out.dtype)
-    if pre is not None and not store_takes_activation(getattr(rec, "info", None)):
-        # the product and its adds into h, then the activation on its own
-        _epilogue_forward(rec, _head(node), ins, pre, attrs.evolve(form, act=None))
-        op_name, _refs, at = form.act
-        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], tuple(out.shape))
-        return
-    act = 0 if form.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
+    steps, shape = node.attrs["steps"], tuple(out.shape)
+    pre = None if form.act is None else rec.keep(_pre_key(node), shape, out.dtype)
+    # where the store declines the activation, the product and its adds go to h, the activation after
+    apart = pre is not None and not store_takes_activation(getattr(rec, "info", None))
+    dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
+    act = 0 if stored.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
     epi = Epilogue(None if form.residual is None else ins[form.residual],
                    None if form.bias is None else ins[form.bias], form.bias_first,
-                   sum_parts=_sum_parts(steps, ins, form, pre), act=act, pre=pre)
-    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], out, epilogue=epi)
-    if not epi.applied and len(steps) > 1:   # the product is in `out`: the rest in place, in one pass
-        srcs = list(ins) + [out]
+                   sum_parts=_sum_parts(steps[:-1] if apart else steps, ins, stored, None if apart else pre),
+                   act=act, pre=None if apart else pre)
+    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], dst, epilogue=epi)
+    if not epi.applied and len(steps) > 1:   # the product is in dst: the rest in place, in one pass
+        srcs = list(ins) + [dst]
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
-        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out],
-                    tuple(out.shape))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out], shape)
+    elif apart:   # h is in pre: the activation alone
+        op_name, _refs, at = form.act
+        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], shape)
 
 
 def _head(node):
