@@ -58,8 +58,8 @@ def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
     groups_for(n): the workgroups a tensor of n elements gets."""
     slots = UNSCALE_SLOTS if fits(rec, 2 + UNSCALE_SLOTS) else 0
     groups = batches(grads, slots, lambda g: g) if slots else [[g] for g in grads]
-    flags = rec.scratch((max(len(groups), 1),), "f32")
-    rec.fill(flags, 0)
+    # zeroed at the recording's head: a fill here is a transfer the unscale would wait for
+    flags = rec.counters(max(len(groups), 1))
     for k, batch in enumerate(groups):
         dtype = batch[0].dtype
         variant = "f16" if dtype == "f16" else None

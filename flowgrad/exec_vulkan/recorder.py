@@ -209,10 +209,10 @@ class Recorder:
         return view
 
     def counters(self, n: int) -> BufView:
-        """n 32-bit counters for one dispatch, 0 whenever a run of this
-        recording starts (their fill heads the recording): how the pieces of
-        a split reduction pass to the workgroup that finishes it within the
-        same dispatch (the last to count)."""
+        """n 32-bit words, 0 whenever a run of this recording starts (their
+        fill heads the recording, where no dispatch waits for it): how the
+        pieces of a split reduction pass to the workgroup that finishes it
+        within the same dispatch (the last to count), or flags a step sets."""
         self._counters += 1
         view = self.keep(("counters", self._counters), (n,), "i32")
         at = len(self.commands)
