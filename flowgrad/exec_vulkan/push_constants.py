@@ -191,11 +191,23 @@ def source_names(source: Path) -> list[str] | None:
             if found is not None:
                 return found
         return None
+    body = block.group(1)
+    for name, value in _defines(source).items():   # a block may hold a macro (gemm_push.glsl's)
+        body = re.sub(rf"\b{name}\b", value, body)
     names = []
-    for decl in filter(None, (d.strip() for d in block.group(1).split(";"))):
+    for decl in filter(None, (d.strip() for d in _strip_comments(body).split(";"))):
         _type, rest = decl.split(None, 1)
         names += [re.sub(r"\[.*\]", "", n).strip() for n in rest.split(",")]
     return names
+
+
+def _defines(source: Path) -> dict[str, str]:
+    """The object-like macros of a source and the files it includes."""
+    text = _strip_comments(source.read_text().replace("\\\n", " "))
+    out: dict[str, str] = {}
+    for inc in re.findall(r'#include\s+"([^"]+)"', text):
+        out |= _defines(source.parent / inc)
+    return out | dict(re.findall(r"^[ \t]*#define[ \t]+(\w+)[ \t]+(.*)$", text, re.M))
 
 
 def _strip_comments(text: str) -> str:

@@ -25,17 +25,9 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { float16_t a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { float16_t b[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
-layout(push_constant, std430) uniform Push {
-    uint M, N, K;
-    uint sam, sak;
-    uint sbk, sbn;
-    uint scm;
-    uint nz, za, zb, zc;
-    uint R, ra, rb;
-    uint offa, offb, offc;
-    uint klimit;
-    uint amode, bmode, cvec;   // amode: every stride and offset is a multiple of 8; bmode, cvec unused
-} p;
+#include "gemm_push.glsl"
+// amode: every stride and offset is a multiple of 8; bmode, cvec unused
+layout(push_constant, std430) uniform Push { GEMM_PUSH } p;
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>

@@ -68,28 +68,8 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
-layout(push_constant, std430) uniform Push {
-    uint M, N, K;
-    uint sam, sak;
-    uint sbk, sbn;
-    uint scm;
-    uint nz, za, zb, zc;
-    uint R, ra, rb;
-    uint offa, offb, offc;
-    uint klimit;
-    uint amode, bmode, cvec;   // unused here: vectors always
-} p;
-
-#define GEMM_M p.M
-#define GEMM_N p.N
-#define GEMM_K p.K
-#define GEMM_NZ p.nz
-#define GEMM_R p.R
-#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
-#define A_KFAST (p.sak == 1u)
-#define B_NFAST (p.sbn == 1u)
-#define A_BASE(z, r) (p.offa + (z) * p.za + (r) * p.ra)
-#define B_BASE(z, r) (p.offb + (z) * p.zb + (r) * p.rb)
+#include "gemm_push.glsl"
+layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
 
 // 8 elements along the operand's memory order from (m, k), one 16-byte vector
 // (the host checked that vectors stay inside rows and inside M, N and K)

@@ -83,35 +83,18 @@ layout(std430, set = 0, binding = 7) writeonly buffer BufH { T pre[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer BufH4 { V4 pre4[]; };
 // a specialization constant: a product without an activation compiles with none of its code
 layout(constant_id = 0) const uint EPI_ACT = 0u;
+#include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push {
-    uint M, N, K;
-    uint sam, sak;        // A(m, k) = a[offa + m*sam + k*sak]
-    uint sbk, sbn;        // B(k, n) = b[offb + k*sbk + n*sbn]
-    uint scm;             // C(m, n) = c[offc + m*scm + n]
-    uint nz, za, zb, zc;  // output batch: count and per-operand strides
-    uint R, ra, rb;       // summed batch: count and strides of A and B
-    uint offa, offb, offc;
-    uint klimit;          // split-K: the full K (0: no split)
-    uint amode, bmode;    // 1: 16-byte loads along the unit-stride dim (host-checked), 0: scalar
-    uint cvec;            // 1: 16-byte stores of C rows
+    GEMM_PUSH             // amode, bmode 1: 16-byte loads along the unit-stride dim, 0: scalar;
+                          // cvec 1: 16-byte stores of C rows
     uint epi;             // the store's adds: 1 residual, 2 bias, 4 bias first (see above)
     uint fixup;           // 1: split-K's partials summed into D in this dispatch (see above)
     uint sdm;             // D's row stride
 } p;
 
-#define GEMM_M p.M
-#define GEMM_N p.N
-#define GEMM_K p.K
-#define GEMM_NZ p.nz
-#define GEMM_R p.R
-#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - (z) * p.K))
-#define A_KFAST (p.sak == 1u)
-#define B_NFAST (p.sbn == 1u)
 #define A_VEC (p.amode == 1u)
 #define B_VEC (p.bmode == 1u)
 #define C_VEC (p.cvec == 1u)
-#define A_BASE(z, r) (p.offa + (z) * p.za + (r) * p.ra)
-#define B_BASE(z, r) (p.offb + (z) * p.zb + (r) * p.rb)
 float a_at(uint base, uint m, uint k) { return float(a[base + m * p.sam + k * p.sak]); }
 float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.sbn]); }
 vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
