@@ -13,9 +13,8 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.exec_vulkan.program import count_dispatches
-from flowgrad.feeds import random_feeds
 from flowgrad.planner import make_plan
-from test_fusion import agree, close, closure_step, f16_fused_agrees_with_unfused, run
+from test_fusion import agree, assert_numpy_bit_identical, close, f16_fused_agrees_with_unfused, run
 
 
 @contextlib.contextmanager
@@ -107,13 +106,7 @@ def test_epilogue_chains_are_bit_identical_on_numpy_and_match_finite_differences
     model = epilogues()
     graph = model.graph
     plan = make_plan(graph, None)
-    sess = model.compile(device="cpu")
-    feeds = random_feeds(graph, seed=3)
-    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
-    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
-    assert np.array_equal(loss, ref_loss)
-    for name in ref_grads:
-        assert np.array_equal(grads[name], ref_grads[name]), name
+    assert_numpy_bit_identical(model, plan)
     rng = np.random.default_rng(0)
     ex = plan.exec_graph
     for grp in plan.fusion.groups:

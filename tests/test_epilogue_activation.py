@@ -14,9 +14,8 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.exec_vulkan.program import count_dispatches
-from flowgrad.feeds import random_feeds
 from flowgrad.planner import make_plan
-from test_fusion import close, closure_step, run
+from test_fusion import assert_numpy_bit_identical, close, run
 
 ACTS = {"gelu": "gelu({})", "gelu_tanh": 'gelu({}, approximate="tanh")', "relu": "relu({})",
         "silu": "silu({})", "sigmoid": "sigmoid({})", "tanh": "tanh({})"}
@@ -169,14 +168,7 @@ def test_activation_epilogues_are_bit_identical_on_numpy(size, dtype):
     graph = model.graph
     plan = make_plan(graph, None)
     assert [shape_of(graph, grp) for grp in act_groups(graph, plan)] == CHAINS
-    sess = model.compile(device="cpu")
-    feeds = random_feeds(graph, seed=3)
-    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
-    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
-    assert np.array_equal(loss, ref_loss)
-    assert set(grads) == set(ref_grads)
-    for name in ref_grads:
-        assert np.array_equal(grads[name], ref_grads[name]), name
+    assert_numpy_bit_identical(model, plan)
 
 
 @pytest.mark.parametrize("act", list(ACTS))

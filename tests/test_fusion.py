@@ -104,6 +104,19 @@ def closure_step(graph, params, feeds):
     return loss, grads
 
 
+def assert_numpy_bit_identical(model, plan, int_high=1):
+    """The plan's fused graph on numpy closures gives the unfused graph's loss and gradients, bit for bit."""
+    graph = model.graph
+    sess = model.compile(device="cpu")
+    feeds = random_feeds(graph, seed=3, int_high=int_high)
+    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
+    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
+    assert np.array_equal(loss, ref_loss)
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert np.array_equal(grads[name], ref_grads[name]), name
+
+
 @pytest.mark.parametrize("make", [lambda: chains(), lambda: chains("f16"), lambda: gpt(GPT_TINY)],
                          ids=["chains", "chains-f16", "tiny_gpt"])
 def test_fused_graph_is_bit_identical_on_numpy(make):
@@ -111,14 +124,7 @@ def test_fused_graph_is_bit_identical_on_numpy(make):
     graph = model.graph
     plan = make_plan(graph, None)
     assert plan.fusion.groups
-    sess = model.compile(device="cpu")
-    feeds = random_feeds(graph, seed=3, int_high=4)
-    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
-    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
-    assert np.array_equal(loss, ref_loss)
-    assert set(grads) == set(ref_grads)
-    for name in ref_grads:
-        assert np.array_equal(grads[name], ref_grads[name]), name
+    assert_numpy_bit_identical(model, plan, int_high=4)
 
 
 def run(model, device, backward, fusion=True, dtype="f32", seed=5):
