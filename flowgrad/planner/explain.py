@@ -207,7 +207,8 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
         transfers_in=counts["transfers_in"],
         transfers_out=counts["transfers_out"],
         memory={"buffers": len(mem.buffers), "total_bytes": mem.total_bytes, "naive_bytes": mem.naive_bytes,
-                "peak_bytes": mem.peak_bytes, "reuse": mem.reuse},
+                "peak_bytes": mem.peak_bytes, "reuse": mem.reuse,
+                "kernel_bytes": counts["scratch_bytes"] + counts["kept_bytes"]},
     )
     return out
 
@@ -317,20 +318,21 @@ def render_plans(d: dict) -> list[str]:
     g_title = "graph (chosen)" if g["chosen"] else "graph (refused)"
     c_title = "closures (chosen)" if c["chosen"] else "closures"
     if g["dispatches"] is None:
-        g_disp = g_io = g_mem = f"not planned: {len(g['uncounted_nodes'])} node(s) without a lowering"
+        g_disp = g_io = g_mem = g_kmem = f"not planned: {len(g['uncounted_nodes'])} node(s) without a lowering"
     else:
         g_disp = f"1 submit / {g['dispatches']} dispatches"
         g_io = f"{g['transfers_in']} in, {g['transfers_out']} out"
         m = g["memory"]
         g_mem = f"{mib(m['peak_bytes'])} in {m['buffers']} buffers (reuse {m['reuse']:.0%})"
+        g_kmem = f"{mib(m['kernel_bytes'])} (scratch, kept for backward)"
     if c["submits"] is None:
         c_disp, c_io = f"{c['kernel_calls']} numpy kernel calls", "none (host memory)"
     else:
         c_disp, c_io = f"{c['submits']} submits", f"{c['transfers_in']} in, {c['transfers_out']} out"
     s = d["saved_for_backward"]
     rows = [("plan", g_title, c_title), ("dispatches", g_disp, c_disp), ("host transfers", g_io, c_io),
-            ("memory", g_mem, "n/a (allocated per op)")]
-    out = [f"{a:<16}{b:<44}{c_}" for a, b, c_ in rows]
+            ("memory", g_mem, "n/a (allocated per op)"), ("kernel memory", g_kmem, "")]
+    out = [f"{a:<16}{b:<44}{c_}".rstrip() for a, b, c_ in rows]
     out.append(f"{'saved for bwd':<16}{mib(s['bytes'])} in {len(s['tensors'])} tensors")
     return out
 
