@@ -53,6 +53,7 @@ def reading_back_at_the_end(monkeypatch):
     copy them to the host after its fence, as before."""
     with monkeypatch.context() as m:
         m.setattr(program, "place_after_last_writer", lambda commands, copies, batch_bytes: None)
+        m.setattr(program, "hoist", lambda commands, movers: None)
         m.setattr(readback, "GROUP_BYTES", 1 << 62)
         yield
 
@@ -200,6 +201,42 @@ def test_a_flagged_index_still_raises_and_updates_nothing(vk_device, monkeypatch
                 np.testing.assert_array_equal(v, before[k])
             results.append(([sess.step(good, optimizer=opt) for _ in range(2)], sess.params))
     assert_same(*results)
+
+
+def test_hoist_moves_a_command_to_right_after_the_nearest_it_depends_on():
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill
+
+    a, b, c = (BufView(FakeBuffer(64), 0, (16,), "f32") for _ in range(3))
+    label = ("x", "backward")
+    writes_a, writes_b, reads_c = Fill(a, 0, label), Fill(b, 0, label), Copy(c, b, label)
+    mover = Copy(a, c, label)   # reads a, writes c
+    cmds = [writes_a, writes_b, Fill(b, 1, label), mover]
+    program.hoist(cmds, [mover])
+    assert cmds.index(mover) == 1   # right after the write of a, before the unrelated fills of b
+    cmds = [writes_a, reads_c, writes_b, mover]
+    program.hoist(cmds, [mover])
+    assert cmds.index(mover) == 2   # not before a read of the c it overwrites
+    cmds = [writes_a, Fill(c, 0, label), writes_b, mover]
+    program.hoist(cmds, [mover])
+    assert cmds.index(mover) == 2   # nor before another write of c
+
+
+def test_a_blocks_unscale_runs_once_its_gradients_are_final(vk_device):
+    """Mixed precision: each unscale dispatch (a batch of gradients, in the order they become
+    final) sits right after the last command writing what it reads, so the early batches run,
+    and are read back, while the backward of the earlier blocks still runs."""
+    from flowgrad.exec_vulkan.recorder import Dispatch
+
+    sess = compile_graph(model("tiny_gpt"), dtype="mixed")
+    prog = sess.runner._program(True, False, None)
+    cmds = prog.rec.commands
+    unscales = [i for i, c in enumerate(cmds) if isinstance(c, Dispatch) and c.shader.startswith("unscale")]
+    backward = [i for i, c in enumerate(cmds) if isinstance(c, Dispatch) and c.label[0] != "loss scale"
+                and c.label[1] == "backward"]
+    assert len(unscales) > 1 and unscales[0] < backward[-1]
+    for u in unscales:
+        reads = touched(cmds[u])[0]
+        assert program._conflicts(cmds[u - 1], reads, touched(cmds[u])[1]), u
 
 
 def signals(prog) -> int:

@@ -26,15 +26,17 @@ def fits(rec, bindings: int) -> bool:
     return not limit or bindings <= limit
 
 
-def batches(items: list, slots: int, view_of) -> list[list]:
+def batches(items: list, slots: int, view_of, largest_first: bool = True) -> list[list]:
     """`items` in lists of at most `slots`, one dtype per list, largest
-    first; view_of(item) is the item's BufView (its shape and dtype)."""
+    first (or in their order); view_of(item) is the item's BufView (its
+    shape and dtype)."""
     by_dtype: dict = {}
     for t in items:
         by_dtype.setdefault(view_of(t).dtype, []).append(t)
     out = []
     for group in by_dtype.values():
-        group = sorted(group, key=lambda t: -math.prod(view_of(t).shape))
+        if largest_first:
+            group = sorted(group, key=lambda t: -math.prod(view_of(t).shape))
         out += [group[i:i + slots] for i in range(0, len(group), slots)]
     return out
 
@@ -54,10 +56,12 @@ def slot_push(sizes: list[int], slots: int, groups) -> tuple[list[int], list[int
 def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
     """Loss scaling's unscale: each gradient times 1/scale in place (scale: the
     [scale, 1/scale] view), then found = 1 if one held an inf or a NaN.
-    UNSCALE_SLOTS gradients per dispatch, one overflow flag per dispatch;
-    groups_for(n): the workgroups a tensor of n elements gets."""
+    UNSCALE_SLOTS gradients per dispatch, in the order given (the order they
+    become final: each dispatch can then run as soon as its batch is), one
+    overflow flag per dispatch; groups_for(n): the workgroups a tensor of n
+    elements gets."""
     slots = UNSCALE_SLOTS if fits(rec, 2 + UNSCALE_SLOTS) else 0
-    groups = batches(grads, slots, lambda g: g) if slots else [[g] for g in grads]
+    groups = batches(grads, slots, lambda g: g, largest_first=False) if slots else [[g] for g in grads]
     # zeroed at the recording's head: a fill here is a transfer the unscale would wait for
     flags = rec.counters(max(len(groups), 1))
     for k, batch in enumerate(groups):

@@ -97,9 +97,12 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
             for w in writes:
                 if w.accumulate_into is not None and w.pos not in in_place:
                     accumulate(rec, view(w.accumulate_into), view(w.key))
+    scaling = []
     if scale_record is not None:
+        at = len(rec.commands)
         with rec.section("loss scale", "backward"):
             scale_record(rec)
+        scaling = rec.commands[at:]
     if rec.checks.checks:   # the index kernels' flags: reset first, read back with the results
         flags = rec.checks.whole()
         rec.commands.insert(0, Fill(flags, UNSET, ("feeds", "transfer")))
@@ -114,7 +117,45 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
     merge_casts(rec, groups_for)
+    # a block's unscale as soon as its gradients are final, and with it their read-back
+    hoist(rec.commands, scaling)
     place_after_last_writer(rec.commands, early, readback.GROUP_BYTES)
+
+
+def hoist(commands: list, movers: list) -> None:
+    """Move each of `movers`, in order, to right after the nearest earlier
+    command it conflicts with (one that writes bytes it reads, or touches
+    bytes it writes): the earliest place where it computes the same."""
+    for m in movers:
+        at = next((i for i, c in enumerate(commands) if c is m), None)
+        if at is None:
+            continue
+        reads, writes = touched(m)
+        to = at
+        while to > 0 and not _conflicts(commands[to - 1], reads, writes):
+            to -= 1
+        commands.insert(to, commands.pop(at))
+
+
+def _by_final_write(views: list, commands: list) -> list:
+    """`views` in the order the commands so far last write them (a batch of
+    them is then final as early as its members allow)."""
+    last = {}
+    for i, cmd in enumerate(commands):
+        for buf, lo, hi in touched(cmd)[1]:
+            for k, v in enumerate(views):
+                if v.buffer is buf and lo < v.offset + v.nbytes and v.offset < hi:
+                    last[k] = i
+    return [views[k] for k in sorted(range(len(views)), key=lambda k: last.get(k, -1))]
+
+
+def _conflicts(cmd, reads, writes) -> bool:
+    their_reads, their_writes = touched(cmd)
+    return _overlap(their_writes, reads + writes) or _overlap(their_reads, writes)
+
+
+def _overlap(a, b) -> bool:
+    return any(x[0] is y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
 
 
 def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) -> None:
@@ -229,7 +270,7 @@ class StepLayout:
 
     def record_unscale(self, rec) -> None:
         """Each gradient times 1/scale, and found = 1 if one overflowed."""
-        record_unscale(rec, self.scaled_grads(), self.scale, self.found, groups_for)
+        record_unscale(rec, _by_final_write(self.scaled_grads(), rec.commands), self.scale, self.found, groups_for)
 
     def _download(self, name, key, staging):
         src = self.view(key)

@@ -37,8 +37,9 @@ PIECE = 1 << 20          # the smallest: below two of these a copy stays on the 
 GROUP_BYTES = 8 << 20
 # A group is signalled only where this share of the step's dispatches still follows it: the
 # host's copy of the group needs device work to hide behind. On the H200, gpt_small mixed (its
-# gradients all final at the end, after the unscale) returned them at 1.57-1.69x the Adam step
-# with every group signalled, where an earlier run reading back at the end gave 1.48x.
+# gradients then all final at the end, after one unscale of them all) returned them at
+# 1.57-1.69x the Adam step with every group signalled, where a run reading back at the end gave
+# 1.48x.
 FOLLOWING = 1 / 16
 VK_EVENT_SET, VK_EVENT_RESET = 3, 4
 READ_BACK = ("read-back", "transfer")
