@@ -4,13 +4,14 @@
 Adam on the device and only the loss read back, for each way of reading
 back, in one run:
 
-    at the end          every copy after the whole step's work, the host's copy after the fence
+    at the end          every copy after the whole step's work (and, mixed, one unscale of every
+                        gradient), the host's copy after the fence
     each copy           each copy right after its source's last writer, and an event after it
                         that the host polls to copy it out of staging while the step runs
     groups of N MiB     the copies in groups of N MiB, each right after the last writer of its
                         sources, an event after each (8 MiB: what sess.step does)
 
-    python bench/readback_bench.py [--steps 20] [--set k=v ...] [--json OUT]
+    python bench/readback_bench.py [--steps 20] [--dtype f32|mixed] [--set k=v ...] [--json OUT]
 
 Per variant: median step ms with gradients and with Adam, their ratio, the
 fence wait per step, and how many read-back groups the host copied before
@@ -47,14 +48,15 @@ VARIANTS = {   # read-back group bytes (None: every copy at the end, read after 
 @contextlib.contextmanager
 def variant(group_bytes):
     """Programs recorded inside read back the given way."""
-    saved = program.place_after_last_writer, readback.GROUP_BYTES
+    saved = program.place_after_last_writer, program.hoist, readback.GROUP_BYTES
     if group_bytes is None:
         program.place_after_last_writer = lambda commands, copies, batch_bytes: None
+        program.hoist = lambda commands, movers: None
     readback.GROUP_BYTES = 1 << 62 if group_bytes is None else group_bytes
     try:
         yield
     finally:
-        program.place_after_last_writer, readback.GROUP_BYTES = saved
+        program.place_after_last_writer, program.hoist, readback.GROUP_BYTES = saved
 
 
 def timed(sess, step, steps):
@@ -69,8 +71,8 @@ def timed(sess, step, steps):
     return statistics.median(times), per
 
 
-def measure(model, how, steps):
-    sess = model.compile(device="vulkan", backward="graph")
+def measure(model, how, steps, dtype="f32"):
+    sess = model.compile(device="vulkan", backward="graph", dtype=dtype)
     assert sess.last_path == "graph", sess.last_path
     feeds, opt = feeds_for(sess.graph), Adam(lr=1e-4)
     with variant(how):   # the programs are recorded at their first step
@@ -90,6 +92,7 @@ def measure(model, how, steps):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--dtype", default="f32", choices=["f32", "mixed"])
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="model config (default gpt_small)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
     rows = {}
     print(f"{'read-back':<24}{'grads ms':>10}{'adam ms':>10}{'cost':>8}{'fence ms':>10}{'early groups':>14}")
     for name, how in VARIANTS.items():
-        r = rows[name] = measure(model, how, args.steps)
+        r = rows[name] = measure(model, how, args.steps, args.dtype)
         print(f"{name:<24}{r['grads_ms']:>10.2f}{r['adam_ms']:>10.2f}{r['grads_cost']:>7.3f}x"
               f"{r['fence_wait_ms']:>10.2f}{r['groups_before_fence']:>8.1f} of {r['groups']}", flush=True)
     print(f"({rows[name]['read_back_mb']:.1f} MiB read back per step)")
