@@ -140,11 +140,14 @@ def hoist(commands: list, movers: list) -> None:
 def _by_final_write(views: list, commands: list) -> list:
     """`views` in the order the commands so far last write them (a batch of
     them is then final as early as its members allow)."""
+    by_buffer: dict[int, list] = {}
+    for k, v in enumerate(views):
+        by_buffer.setdefault(id(v.buffer), []).append(k)
     last = {}
     for i, cmd in enumerate(commands):
         for buf, lo, hi in touched(cmd)[1]:
-            for k, v in enumerate(views):
-                if v.buffer is buf and lo < v.offset + v.nbytes and v.offset < hi:
+            for k in by_buffer.get(id(buf), ()):
+                if lo < views[k].offset + views[k].nbytes and views[k].offset < hi:
                     last[k] = i
     return [views[k] for k in sorted(range(len(views)), key=lambda k: last.get(k, -1))]
 
