@@ -90,22 +90,12 @@ def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
 CAST_SLOTS = 15   # cast_f16_multi.comp's tensor pairs
 
 
-def _overlaps(a, b) -> bool:
-    return any(x[0] is y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
-
-
 def _joins(run: list, cmd) -> bool:
     """cmd can run in one dispatch with the run: same direction, no hazard."""
-    from flowgrad.exec_vulkan.recorder import touched
+    from flowgrad.exec_vulkan.recorder import depends
 
-    if cmd.push[4:8] != run[0].push[4:8]:   # the direction word
-        return False
-    reads, writes = touched(cmd)
-    for earlier in run:
-        r, w = touched(earlier)
-        if _overlaps(reads + writes, w) or _overlaps(writes, r):
-            return False
-    return True
+    # the direction word, then the hazards
+    return cmd.push[4:8] == run[0].push[4:8] and not any(depends(cmd, earlier) for earlier in run)
 
 
 def _merged(run: list, groups_for):

@@ -23,7 +23,7 @@ from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, touched
+from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, depends, touched
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
@@ -124,15 +124,13 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
 
 def hoist(commands: list, movers: list) -> None:
     """Move each of `movers`, in order, to right after the nearest earlier
-    command it conflicts with (one that writes bytes it reads, or touches
-    bytes it writes): the earliest place where it computes the same."""
+    command it depends on: the earliest place where it computes the same."""
     for m in movers:
         at = next((i for i, c in enumerate(commands) if c is m), None)
         if at is None:
             continue
-        reads, writes = touched(m)
         to = at
-        while to > 0 and not _conflicts(commands[to - 1], reads, writes):
+        while to > 0 and not depends(m, commands[to - 1]):
             to -= 1
         commands.insert(to, commands.pop(at))
 
@@ -140,25 +138,8 @@ def hoist(commands: list, movers: list) -> None:
 def _by_final_write(views: list, commands: list) -> list:
     """`views` in the order the commands so far last write them (a batch of
     them is then final as early as its members allow)."""
-    by_buffer: dict[int, list] = {}
-    for k, v in enumerate(views):
-        by_buffer.setdefault(id(v.buffer), []).append(k)
-    last = {}
-    for i, cmd in enumerate(commands):
-        for buf, lo, hi in touched(cmd)[1]:
-            for k in by_buffer.get(id(buf), ()):
-                if lo < views[k].offset + views[k].nbytes and views[k].offset < hi:
-                    last[k] = i
+    last = _last_writes(commands, views)
     return [views[k] for k in sorted(range(len(views)), key=lambda k: last.get(k, -1))]
-
-
-def _conflicts(cmd, reads, writes) -> bool:
-    their_reads, their_writes = touched(cmd)
-    return _overlap(their_writes, reads + writes) or _overlap(their_reads, writes)
-
-
-def _overlap(a, b) -> bool:
-    return any(x[0] is y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
 
 
 def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) -> None:
@@ -172,7 +153,7 @@ def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) 
     if not copies:
         return
     start = next(i for i, c in enumerate(commands) if c is copies[0])
-    last = _last_writers(commands[:start], copies)
+    last = {id(copies[k]): i for k, i in _last_writes(commands[:start], [c.src for c in copies]).items()}
     after: dict[int, list] = {}
     batch, size = [], 0
     for c in sorted((c for c in copies if id(c) in last), key=lambda c: last[id(c)]):
@@ -191,17 +172,17 @@ def place_after_last_writer(commands: list, copies: list, batch_bytes: int = 0) 
     commands[:] = out
 
 
-def _last_writers(commands: list, copies: list) -> dict[int, int]:
-    """{id(copy): index of the last of `commands` that writes bytes it reads}."""
+def _last_writes(commands: list, views: list) -> dict[int, int]:
+    """{k: index of the last of `commands` that writes bytes of views[k]}."""
     by_buffer: dict[int, list] = {}
-    for c in copies:
-        by_buffer.setdefault(id(c.src.buffer), []).append(c)
+    for k, v in enumerate(views):
+        by_buffer.setdefault(id(v.buffer), []).append(k)
     last = {}
     for i, cmd in enumerate(commands):
         for buf, lo, hi in touched(cmd)[1]:
-            for c in by_buffer.get(id(buf), ()):
-                if lo < c.src.offset + c.src.nbytes and c.src.offset < hi:
-                    last[id(c)] = i
+            for k in by_buffer.get(id(buf), ()):
+                if lo < views[k].offset + views[k].nbytes and views[k].offset < hi:
+                    last[k] = i
     return last
 
 

@@ -26,7 +26,7 @@ from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
-__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "Signal", "count_barriers", "grid"]
+__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "Signal", "count_barriers", "depends", "grid", "overlaps"]
 
 
 @attrs.frozen
@@ -275,6 +275,18 @@ def touched(cmd):
         return [], []
     return ([(cmd.src.buffer, cmd.src.offset, cmd.src.offset + cmd.src.nbytes)],
             [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
+
+
+def overlaps(a, b) -> bool:
+    """Two lists of touched (buffer, lo, hi) ranges share a byte."""
+    return any(x[0] is y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
+
+
+def depends(cmd, earlier) -> bool:
+    """cmd must run after `earlier`: one writes bytes the other reads or writes."""
+    reads, writes = touched(cmd)
+    their_reads, their_writes = touched(earlier)
+    return overlaps(their_writes, reads + writes) or overlaps(their_reads, writes)
 
 
 # The pipeline stage a command's accesses happen in: barriers wait only for

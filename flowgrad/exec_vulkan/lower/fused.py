@@ -303,8 +303,13 @@ def _epilogue_forward(rec, node, ins, out, form):
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
         run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out], shape)
     elif apart:   # h is in pre: the activation alone
-        op_name, _refs, at = form.act
-        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], shape)
+        run_program(rec, forward_program(_act_alone(form), 1), {("x", 0): pre}, [out], shape)
+
+
+def _act_alone(form) -> tuple:
+    """The chain's activation as a chain of its own, of one input (h)."""
+    op_name, _refs, at = form.act
+    return ((op_name, (0,), at),)
 
 
 def _head(node):
@@ -329,8 +334,7 @@ def _act_backward(rec, node, g, ins, out, grads, form):
     res = grads[form.residual] if form.residual is not None else None
     dh = res if res is not None else rec.scratch(tuple(out.shape), out.dtype)
     pre = _pre_activation(rec, node, ins, out, form)
-    op_name, _refs, at = form.act
-    alone = attrs.evolve(node, attrs={**node.attrs, "steps": ((op_name, (0,), at),)})
+    alone = attrs.evolve(node, attrs={**node.attrs, "steps": _act_alone(form)})
     fused_backward(rec, alone, g, [pre], out, [dh])
     return dh
 
