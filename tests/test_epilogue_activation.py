@@ -185,6 +185,11 @@ def test_activation_epilogues_match_finite_differences(act):
         check_vjp("fused", ins, node.attrs)
 
 
+# Where the product's store takes no adds (a cooperative-matrix GEMM), the unfused plan rounds
+# each add to f16 and the fused pass rounds once: an f16 ulp or two of the largest value apart.
+F16_TOL = 2 ** -9
+
+
 def vulkan_agrees(model, act="gelu", dtype="f32", tol=1e-5, tile_groups=1, tile=None):
     """The fused graph step on Vulkan against the unfused plan (tol), its path asserted: each
     activation chain's forward is one tiled GEMM with the activation's pipeline or, for f16 on
@@ -244,7 +249,7 @@ def test_each_activation_the_store_offers_matches_unfused_on_vulkan(vk_device, a
 
 @pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
 def test_f16_gelu_epilogues_match_unfused_on_vulkan(vk_device, size):
-    vulkan_agrees(acts("gelu", "f16", **size), dtype="f16")
+    vulkan_agrees(acts("gelu", "f16", **size), dtype="f16", tol=F16_TOL)
 
 
 def declining(monkeypatch):
@@ -306,10 +311,11 @@ minimize loss
     (grp,) = act_groups(model.graph, fused.plan)
     gemm, *passes = [s for s, _, _ in forward_of(seen, model.graph, grp)]
     assert gemm.startswith("matmul_") and passes == ["fused_map"], (gemm, passes)
-    close(f_loss, p_loss, 1e-5)
+    tol = F16_TOL if dtype == "f16" else 1e-5
+    close(f_loss, p_loss, tol)
     for k in p_grads:
         assert np.any(f_grads[k] != 0), k
-        close(f_grads[k], p_grads[k], 1e-5)
+        close(f_grads[k], p_grads[k], tol)
 
 
 def _act_chain():

@@ -298,7 +298,9 @@ def test_the_plan_records_each_matmuls_kernels_and_explain_shows_them(vk_device)
     assert matmuls and sess.plan.path == "graph"
     for node in matmuls:
         k = sess.plan.kernels[node.id]
-        assert k["forward"] and all(s in mk.TILES for s in k["forward"])
+        # a pass after the GEMM where its store declines the activation (NVIDIA)
+        gemm, *after = k["forward"]
+        assert gemm in mk.TILES and set(after) <= {"fused_map"}, k
         assert mk.TILES.keys() & set(k["backward"])
     report = sess.explain()
     data = report.to_dict()
