@@ -45,6 +45,22 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     return random_feeds(graph, seed, high)
 
 
+# A GPU that idled before a phase starts at its idle clock: on the H200 a
+# mixed-precision gpt_small step took 40 ms for its first ~200 ms of steps
+# after compiling, then 9 ms. Each phase warms up for at least this long.
+WARMUP_SECONDS = 1.0
+
+
+def warm_up(step, steps: int, sync=lambda: None) -> None:
+    """Run `step` at least `steps` times and for at least WARMUP_SECONDS."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < steps or time.perf_counter() - t0 < WARMUP_SECONDS:
+        step()
+        sync()
+        done += 1
+
+
 def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tuple[float, dict]:
     """(median seconds per step, device traffic per step and host_seconds:
     the median of each step's time outside its fence waits, what the host
@@ -58,8 +74,7 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tu
         else:
             sess.step(feeds, grads=False, optimizer=optimizer)
 
-    for _ in range(warmup):
-        step()
+    warm_up(step, warmup)
     stats = sess.device.stats
     before = dict(stats)
     times, host = [], []
@@ -108,9 +123,7 @@ def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None
             scaler.update()
 
     sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
-    for _ in range(3):
-        step()
-    sync()
+    warm_up(step, 3, sync)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -152,7 +165,7 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
         rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
     for name, compiled, amp in rows:
         what = ("torch.compile(mode='reduce-overhead') (compiling first)" if compiled else "PyTorch eager")
-        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after 3 warm-up)")
+        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
         try:
             out[name] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=compiled, amp=amp)}
         except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
@@ -177,11 +190,11 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
-    phase(f"timing the graph path, Adam on the device ({repeats} steps after 2 warm-up)")
+    phase(f"timing the graph path, Adam on the device ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
-    phase(f"timing the graph path, gradients to the host ({repeats} steps after 2 warm-up)")
+    phase(f"timing the graph path, gradients to the host ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
     r_time, r_traffic = time_steps(graph_sess, feeds, repeats)
-    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after 2 warm-up)")
+    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
