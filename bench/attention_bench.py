@@ -7,13 +7,15 @@ scaled_dot_product_attention on the same GPU, in one process.
 Each case is one attention node trained alone (q, k, v params, loss =
 sum(attention * y)); our time is the attention node's forward and backward
 sections from GPU timestamps (medians), SDPA's is forward + backward of the
-same shapes timed with CUDA events (medians). Also profiles gpt_small
+same shapes timed with CUDA events (medians); each row names the kernels that
+ran ("f16 scalar": f16 storage kept off cooperative matrices). Also profiles gpt_small
 (tiny_gpt at d512 T256 h8 L6 batch 16 vocab 256): attention's share of the
 step, and `sess.step(feeds)` (gradients read back) against the same step
 with AdamW on the device and nothing read back but the loss."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flowgrad as fg  # noqa: E402
 from flowgrad.exec_vulkan.bench import MODEL, feeds_for  # noqa: E402
+from flowgrad.exec_vulkan.lower.attention import forced_coop  # noqa: E402
 
 ONE = """
 model attn_alone
@@ -43,35 +46,46 @@ output a
 minimize loss
 """
 
-CASES = [  # batch, seq, heads, head width, causal, dtype
+CASES = [  # batch, seq, heads, head width, causal, dtype ("f16 scalar": f16 storage, no cooperative matrices)
     (1, 1024, 8, 64, True, "f32"),
     (16, 256, 8, 64, True, "f32"),
     (4, 1024, 8, 64, True, "f32"),
     (1, 1024, 8, 64, False, "f32"),
-    (1, 1024, 8, 64, True, "f16"),
-    (16, 256, 8, 64, True, "f16"),
     (1, 1024, 8, 128, True, "f32"),
     (1, 1024, 16, 32, True, "f32"),
+    (1, 1024, 8, 64, True, "f16"),
+    (1, 1024, 8, 64, True, "f16 scalar"),
+    (16, 256, 8, 64, True, "f16"),
+    (16, 256, 8, 64, True, "f16 scalar"),
+    (4, 1024, 8, 64, True, "f16"),
+    (1, 1024, 8, 64, False, "f16"),
+    (1, 1024, 8, 128, True, "f16"),
+    (1, 1024, 16, 32, True, "f16"),
 ]
 
 
 def ours(batch, seq, heads, dh, causal, dtype, steps):
+    """(forward s, backward s, device name, the attention kernels that ran)"""
     text = ONE.format(t="f32", causal=str(causal).lower())
     model = fg.loads(text, {"batch": batch, "seq": seq, "d": heads * dh, "heads": heads}, file="attn_alone.flow")
-    sess = model.compile(device="vulkan", dtype=dtype, backward="graph")
-    feeds = feeds_for(sess.graph)
-    sess.step(feeds)
-    prof = sess.runner.profile(sess.check_feeds(feeds), steps=steps)
+    scalar = dtype == "f16 scalar"
+    with forced_coop(False) if scalar else contextlib.nullcontext():
+        sess = model.compile(device="vulkan", dtype="f16" if scalar else dtype, backward="graph")
+        feeds = feeds_for(sess.graph)
+        sess.step(feeds)
+        prof = sess.runner.profile(sess.check_feeds(feeds), steps=steps)
     fwd = sum(t for label, d, t in prof if label == "a" and d == "forward")
     bwd = sum(t for label, d, t in prof if label == "a" and d == "backward")
-    return fwd, bwd, sess.device.info.name
+    kernels = sorted({c.shader for prog in sess.runner.programs.values() for c in prog.rec.commands
+                      if getattr(c, "shader", "").startswith("attn_")})
+    return fwd, bwd, sess.device.info.name, kernels
 
 
 def sdpa(batch, seq, heads, dh, causal, dtype, steps):
     import torch
     import torch.nn.functional as F
 
-    dt = torch.float16 if dtype == "f16" else torch.float32
+    dt = torch.float32 if dtype == "f32" else torch.float16
     q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
     g = torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt)
 
@@ -153,18 +167,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = []
     for case in CASES:
-        f, b, dev = ours(*case, args.steps)
+        f, b, dev, kernels = ours(*case, args.steps)
         try:
             sf, sb = sdpa(*case, args.steps)
         except Exception as e:  # noqa: BLE001 - a missing torch/CUDA leaves our numbers standing
             print(f"sdpa unavailable: {e}", file=sys.stderr)
             sf = sb = float("nan")
         rows.append({"case": case, "ours_fwd_ms": f * 1e3, "ours_bwd_ms": b * 1e3, "sdpa_fwd_ms": sf * 1e3,
-                     "sdpa_bwd_ms": sb * 1e3, "ratio": (f + b) / (sf + sb), "device": dev})
+                     "sdpa_bwd_ms": sb * 1e3, "ratio": (f + b) / (sf + sb), "device": dev,
+                     "kernels": kernels})
         r = rows[-1]
         print(f"b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'} {case[5]}: "
               f"ours {r['ours_fwd_ms']:.3f}+{r['ours_bwd_ms']:.3f} ms, sdpa {r['sdpa_fwd_ms']:.3f}+"
-              f"{r['sdpa_bwd_ms']:.3f} ms, ours/sdpa {r['ratio']:.2f}x", flush=True)
+              f"{r['sdpa_bwd_ms']:.3f} ms, ours/sdpa {r['ratio']:.2f}x  ({', '.join(kernels)})", flush=True)
     result = {"attention": rows}
     if not args.no_gpt:
         result["gpt_small"] = gpt_small(args.steps)

@@ -39,7 +39,7 @@ def main() -> int:
     if device.info.coopmat and not device.info.coopmat_f16:
         from flowgrad.exec_vulkan import discovery, instance
         try:
-            print("coopmat query:", discovery.coopmat_f16_query(instance.load_vulkan(), device.physical))
+            print("coopmat query:", discovery.coopmat_f16_sizes(instance.load_vulkan(), device.physical, "NV"))
         except Exception:  # noqa: BLE001 - diagnosis only
             traceback.print_exc()
     out = {"device": device.info.name, "f32": [], "splitk": [], "f16": []}

@@ -44,14 +44,13 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     """{stem: (glsl body, {spv file name: glslc flags})} for the table-built
     shaders, read from the lowering modules that own the tile choices."""
     sys.path.insert(0, str(ROOT))
-    from flowgrad.exec_vulkan.lower.attention import shader_builds
-    from flowgrad.exec_vulkan import matmul_cm2
+    from flowgrad.exec_vulkan import attention_builds, matmul_cm2
 
     out = {}
-    for stem, (body, defines) in shader_builds().items():
+    for stem, (body, defines) in attention_builds.shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
-    for stem, (body, defines) in matmul_cm2.builds().items():   # f16 only: one build each
+    for stem, (body, defines) in {**attention_builds.coop_builds(), **matmul_cm2.builds()}.items():   # f16 only
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 

@@ -84,19 +84,20 @@ class Device:
         want_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=f16.shaderFloat16)
         want_s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=want_f16,
                                                            storageBuffer16BitAccess=s16.storageBuffer16BitAccess)
-        # cooperative matrices only where matmul_coop / matmul_cm2 can use them (their feature
-        # structs are chained nowhere else: Debian's validation layer, 1.3.239, rejects them)
+        # cooperative matrices only where matmul_coop, matmul_cm2 or the attention kernels can
+        # use them (their feature structs are chained nowhere else: Debian's validation layer,
+        # 1.3.239, rejects them)
         exts = []
         chain = want_s16
-        subgroup_coop = self.info.coopmat_f16 or self.info.coopmat_khr_f16
+        subgroup_coop = self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes)
         if subgroup_coop or self.info.cm2_invocations:
-            # matmul_coop's barriers take device scope; matmul_cm2 has none
+            # subgroup-scope kernels' barriers take device scope; matmul_cm2 has none
             chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
                 pNext=chain, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=int(subgroup_coop))
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
-        if self.info.coopmat_khr_f16 or self.info.cm2_invocations:
+        if self.info.coopmat_khr_sizes or self.info.cm2_invocations:
             exts.append(KHR_COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
         if self.info.cm2_invocations:   # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads

@@ -31,6 +31,12 @@ class DeviceInfo:
     # products of flexible dimensions, and those dimensions' (M, N, K) granularity; () where it is absent
     cm2_invocations: tuple = ()
     cm2_granularity: tuple = ()
+    # VK_KHR_cooperative_matrix: the sizes n of its n x n x n f16 x f16 + f32 subgroup products
+    # (the attention kernels' fragments), and what those kernels ask of subgroups and shared memory
+    coopmat_khr_sizes: tuple = ()
+    subgroup_size: int = 0
+    subgroup_shuffle: bool = False   # subgroupShuffleXor in compute shaders
+    shared_memory: int = 0           # maxComputeSharedMemorySize, bytes
 
     @property
     def is_gpu(self) -> bool:
@@ -67,28 +73,28 @@ KHR_COOPMAT_EXT = "VK_KHR_cooperative_matrix"
 
 def coopmat_f16(vk, physical, exts: set[str]) -> bool:
     """The device runs matmul_coop: the NV cooperative-matrix extension, its
-    feature, and a 16x16x16 f16 x f16 + f32 shape in subgroup scope. A
-    query the binding cannot make counts as no (the plain kernels run)."""
-    return _offers(vk, physical, exts, COOPMAT_EXT, "NV")
+    feature, and a 16x16x16 f16 x f16 + f32 shape in subgroup scope."""
+    return 16 in _sizes(vk, physical, exts, COOPMAT_EXT, "NV")
 
 
-def coopmat_khr_f16(vk, physical, exts: set[str]) -> bool:
-    """The device runs matmul_coop_khr: the same on VK_KHR_cooperative_matrix."""
-    return _offers(vk, physical, exts, KHR_COOPMAT_EXT, "KHR")
+def coopmat_khr_sizes(vk, physical, exts: set[str]) -> tuple:
+    """coopmat_f16_sizes on VK_KHR_cooperative_matrix, () where it is absent."""
+    return _sizes(vk, physical, exts, KHR_COOPMAT_EXT, "KHR")
 
 
-def _offers(vk, physical, exts: set[str], ext: str, kind: str) -> bool:
+def _sizes(vk, physical, exts: set[str], ext: str, kind: str) -> tuple:
+    """A query the binding cannot make counts as none (the plain kernels run)."""
     if ext not in exts:
-        return False
+        return ()
     try:
-        return coopmat_f16_query(vk, physical, kind)
+        return coopmat_f16_sizes(vk, physical, kind)
     except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
-        return False
+        return ()
 
 
-def coopmat_f16_query(vk, physical, kind: str = "NV") -> bool:
-    """The extension `kind` ("NV" or "KHR") offers the feature and a
-    16x16x16 f16 x f16 + f32 subgroup product."""
+def coopmat_f16_sizes(vk, physical, kind: str = "KHR") -> tuple:
+    """The sizes n of the n x n x n f16 x f16 + f32 subgroup products the
+    extension `kind` ("NV" or "KHR") offers, with its feature; () if none."""
     # glslc's cooperative-matrix SPIR-V declares the VulkanMemoryModel capability
     # and its barriers take device scope, so the device must offer (and the device
     # creation enable) both of those features too
@@ -97,24 +103,26 @@ def coopmat_f16_query(vk, physical, kind: str = "NV") -> bool:
     f2 = vk.VkPhysicalDeviceFeatures2(pNext=feat)
     vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
     if not (feat.cooperativeMatrix and memory_model.vulkanMemoryModel and memory_model.vulkanMemoryModelDeviceScope):
-        return False
+        return ()
     name = f"vkGetPhysicalDeviceCooperativeMatrixProperties{kind}"
     raw = vk.lib.vkGetInstanceProcAddr(instance().handle, name.encode())
     if raw == vk.ffi.NULL:
-        return False
+        return ()
     # called directly: the binding's wrapper hands the driver structs without their sType
     query = vk.ffi.cast(f"PFN_{name}", raw)
     count = vk.ffi.new("uint32_t*")
     if query(physical, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
-        return False
+        return ()
     props = vk.ffi.new(f"VkCooperativeMatrixProperties{kind}[]", count[0])
     for i in range(count[0]):
         props[i].sType = getattr(vk, f"VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_{kind}")
     if query(physical, count, props) != vk.VK_SUCCESS:
-        return False
+        return ()
     result = "DType" if kind == "NV" else "ResultType"
-    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, getattr(p, result), p.scope)
-               == (16, 16, 16, _F16, _F16, _F32, _F32, _SUBGROUP) for p in props[0:count[0]])
+    return tuple(sorted({p.MSize for p in props[0:count[0]]
+                         if p.MSize == p.NSize == p.KSize
+                         and (p.AType, p.BType, p.CType, getattr(p, result), p.scope)
+                         == (_F16, _F16, _F32, _F32, _SUBGROUP)}))
 
 
 CM2_EXTS = (KHR_COOPMAT_EXT, "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
@@ -224,12 +232,16 @@ def describe(vk, index: int, physical) -> DeviceInfo:
     f2, s16, f16 = features(vk, physical)
     exts = _extensions(vk, physical)
     m3 = vk.VkPhysicalDeviceMaintenance3Properties()
-    p2 = vk.VkPhysicalDeviceProperties2(pNext=m3)
+    sub = vk.VkPhysicalDeviceSubgroupProperties(pNext=m3)
+    p2 = vk.VkPhysicalDeviceProperties2(pNext=sub)
     vk.vkGetPhysicalDeviceProperties2(physical, vk.ffi.addressof(p2))
     family = compute_family(vk, physical)
+    f16_ok = bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
+    shared = int(props.limits.maxComputeSharedMemorySize)
+    khr_sizes = coopmat_khr_sizes(vk, physical, exts) if f16_ok else ()
     return DeviceInfo(
         index=index, name=str(props.deviceName), type=DEVICE_TYPES.get(props.deviceType, "other"),
-        memory=int(max(local)), f16=bool(s16.storageBuffer16BitAccess and f16.shaderFloat16),
+        memory=int(max(local)), f16=f16_ok,
         coopmat=bool({"VK_KHR_cooperative_matrix", "VK_NV_cooperative_matrix"} & exts),
         api_version=_version(props.apiVersion), driver=_version(props.driverVersion),
         timestamps=bool(family and family[1] > 0 and props.limits.timestampPeriod > 0),
@@ -237,13 +249,13 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         max_storage_range=int(props.limits.maxStorageBufferRange),
         max_groups=tuple(int(x) for x in props.limits.maxComputeWorkGroupCount),
         storage_buffers=int(props.limits.maxPerStageDescriptorStorageBuffers),
-        coopmat_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
-                     and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
-                     and coopmat_f16(vk, physical, exts)),
-        coopmat_khr_f16=(bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
-                         and props.limits.maxComputeSharedMemorySize >= COOP_SHARED_BYTES
-                         and coopmat_khr_f16(vk, physical, exts)),
-        **_cm2_fields(vk, physical, exts, bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)))
+        coopmat_f16=f16_ok and shared >= COOP_SHARED_BYTES and coopmat_f16(vk, physical, exts),
+        coopmat_khr_f16=shared >= COOP_SHARED_BYTES and 16 in khr_sizes,
+        **_cm2_fields(vk, physical, exts, f16_ok),
+        coopmat_khr_sizes=khr_sizes, subgroup_size=int(sub.subgroupSize),
+        subgroup_shuffle=bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+                              and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT),
+        shared_memory=shared)
 
 
 def _cm2_fields(vk, physical, exts, f16_ok: bool) -> dict:

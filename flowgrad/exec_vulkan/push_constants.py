@@ -17,7 +17,7 @@ import numpy as np
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import PUSH_LIMIT
-from flowgrad.exec_vulkan import matmul_cm2
+from flowgrad.exec_vulkan import attention_builds, matmul_cm2
 from flowgrad.exec_vulkan.spirv import reflect_file
 
 SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", None, None)}
@@ -74,7 +74,7 @@ SPECS_TEXT = {
     "compare": "n: u32, op: u32, rank: u32, is_int: u32, shape: u32[6], sa: u32[6], sb: u32[6]",
     "bnorm": "N: u32, C: u32, S: u32, inner: u32, segments: u32, seg_len: u32, outer_stride: u32, seg_stride: u32, "
              "mode: u32, flags: u32, eps: f32, momentum: f32",
-    **{f"attn_{kind}_d{d}": ATTENTION for kind in ("fwd", "bwd_dq", "bwd_dkdv") for d in (32, 64, 128, 256)},
+    **{name: ATTENTION for name in attention_builds.shader_names()},
 }
 
 
@@ -225,9 +225,7 @@ def problems(spv: Path, shader_dir: Path) -> list[str]:
     out = layout_problems(spec, reflect_file(spv).push, spv.name)
     source = shader_dir / f"{shader}.comp"
     if not source.exists():  # a build from a table of variants: its .glsl body
-        from flowgrad.exec_vulkan.lower.attention import shader_builds  # lazy: lowerings import this module
-
-        body = shader_builds().get(shader) or matmul_cm2.builds().get(shader)
+        body = {**attention_builds.shader_builds(), **attention_builds.coop_builds(), **matmul_cm2.builds()}.get(shader)
         source = shader_dir / body[0] if body else source
     if source.exists():
         names = source_names(source) or []

@@ -1,5 +1,7 @@
 """attention's lowering: flash-attention kernels (attn_fwd, then for the
-backward attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound.
+backward attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound
+(attention_builds.py); in f16 storage, on a device with cooperative
+matrices of a built fragment shape, their builds on cooperative matrices.
 
 Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
@@ -15,52 +17,68 @@ dk and dv. Each gradient goes to its own view, whatever offset the
 executor gave it inside a shared buffer."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.attention_builds import (
+    COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
+    shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-# Tile configuration per head-width bound MAXD and kernel: (BR own rows per
-# workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
-# Chosen to fit 32 KiB of shared memory (lavapipe's limit; NVIDIA has 48)
-# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 and
-# 128 rows were picked on an H200 from eight and five candidate tables
-# (bench/attention_tiles.py; the numbers are in bench/MATMUL_NOTES.md).
-TILES = {
-    32: {"fwd": (64, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
-    64: {"fwd": (32, 32, 16, 2), "bwd_dq": (32, 32, 16, 1), "bwd_dkdv": (32, 16, 16, 0)},
-    128: {"fwd": (32, 16, 16, 1), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (12, 16, 16, 0)},
-    256: {"fwd": (8, 8, 8, 2), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
-}
-HEAD_BOUNDS = tuple(sorted(TILES))
-SHARED_LIMIT = 32768
+__all__ = ["ATTENTION", "TILES", "HEAD_BOUNDS", "SHARED_LIMIT", "shared_bytes", "shader_builds", "coop_kernels",
+           "forced_coop"]   # the build tables are read through this module too (tests, benches)
+
 MASK_MODES = {None: 0, "additive": 1, "boolean": 2}
 
-
-def shared_bytes(kernel: str, maxd: int, br: int, bc: int, ct: int, slots: int) -> int:
-    """Shared memory one build declares (mirrors the .glsl declarations)."""
-    pad, rg = maxd // 4 + 1, br // 4
-    vec4s = {"fwd": br * pad + slots * bc * pad + bc * rg + ct * rg,
-             "bwd_dq": 2 * br * pad + slots * bc * pad + bc * rg + ct * rg,
-             "bwd_dkdv": 2 * br * pad + 2 * bc * pad + 2 * bc * rg}[kernel]
-    return 16 * vec4s + (8 * bc if kernel == "bwd_dkdv" else 0)
+_COOP: contextvars.ContextVar = contextvars.ContextVar("attention_coop", default=None)
 
 
-def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
-    """{spv stem: (glsl body, defines)}: the table scripts/build_shaders.py compiles."""
-    out = {}
-    for maxd, kernels in TILES.items():
-        for kernel, (br, bc, ct, slots) in kernels.items():
-            if (br % 4 or bc % ct or (maxd // 4) % ct
-                    or shared_bytes(kernel, maxd, br, bc, ct, slots) > SHARED_LIMIT):
-                raise ValueError(f"attention tiles {kernel} d{maxd} {(br, bc, ct, slots)} do not fit")
-            defines = {"MAXD": maxd, "BR": br, "BC": bc, "CT": ct}
-            if slots:
-                defines["KV_SLOTS"] = slots
-            out[f"attn_{kernel}_d{maxd}"] = (f"attn_{kernel}.glsl", defines)
-    return out
+@contextlib.contextmanager
+def forced_coop(on: bool):
+    """Within the block f16 attention runs on the cooperative-matrix kernels
+    (on=True: an error where the device has none of their builds) or on the
+    scalar ones (on=False); outside it, on cooperative matrices wherever the
+    device takes a build."""
+    token = _COOP.set(on)
+    try:
+        yield
+    finally:
+        _COOP.reset(token)
+
+
+def coop_build(info, dh: int) -> tuple[int, int, int] | None:
+    """(FR, SG, MAXD) of the cooperative-matrix build an f16 attention of head
+    width dh takes on this device, or None: the device offers FR x FR x FR f16
+    products with subgroups of SG, subgroup shuffles, and the shared memory."""
+    if info is None or not getattr(info, "subgroup_shuffle", False):
+        return None
+    for (fr, sg), bounds in COOP_TILES.items():
+        if fr not in getattr(info, "coopmat_khr_sizes", ()) or sg != getattr(info, "subgroup_size", 0):
+            continue
+        maxd = next((m for m in sorted(bounds) if dh <= m), None)
+        if maxd is not None and all(coop_shared_bytes(kernel, maxd, fr, *tiles) <= info.shared_memory
+                                    for kernel, tiles in bounds[maxd].items()):
+            return fr, sg, maxd
+    return None
+
+
+def coop_kernels(rec, dtype: str, dh: int) -> tuple[int, int, int] | None:
+    """The cooperative-matrix build this attention runs on, or None (the scalar kernels)."""
+    want = _COOP.get()
+    if want is False or dtype != "f16":
+        return None
+    build = coop_build(getattr(rec, "info", None), dh)
+    if want and build is None:
+        info = getattr(rec, "info", None)
+        raise DeviceError(f"no cooperative-matrix attention build runs on {getattr(info, 'name', 'this device')} "
+                          f"for head width {dh} (it needs f16 storage, VK_KHR_cooperative_matrix with one of the "
+                          f"fragment and subgroup sizes {sorted(COOP_TILES)}, and head widths up to "
+                          f"{max(max(b) for b in COOP_TILES.values())})")
+    return build
 
 
 def _geometry(node, q, k):
@@ -104,8 +122,15 @@ def _stats_key(node):
     return ("attention lse and D", node.id)
 
 
-def _groups(kernel, bound, rows, heads, batch):
-    return (math.ceil(rows / TILES[bound][kernel][0]), heads, batch)
+def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
+    """One of the kernels, on cooperative matrices where coop_kernels says so."""
+    coop = coop_kernels(rec, q.dtype, dh)
+    if coop is None:
+        shader, build, own = scalar_name(kernel, bound), variant(q.dtype), TILES[bound][kernel][0]
+    else:
+        fr, sg, maxd = coop
+        shader, build, own = coop_name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+    rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
 
 
 def attention_forward(rec, node, ins, out):
@@ -114,8 +139,8 @@ def attention_forward(rec, node, ins, out):
     mask, words = _mask(node, ins, q, k)
     nstat = batch * heads * sq
     stats = rec.keep(_stats_key(node), (2 * nstat,), "f32")  # the forward writes lse, the backward D
-    rec.dispatch(f"attn_fwd_d{bound}", [q, k, v, mask if mask is not None else q, out, stats],
-                 _push(node, sq, sk, d, dh, words, nstat), _groups("fwd", bound, sq, heads, batch), variant(q.dtype))
+    _dispatch(rec, "fwd", q, dh, bound, [q, k, v, mask if mask is not None else q, out, stats],
+              _push(node, sq, sk, d, dh, words, nstat), sq, heads, batch)
 
 
 def attention_backward(rec, node, g, ins, out, grads):
@@ -130,11 +155,8 @@ def attention_backward(rec, node, g, ins, out, grads):
         stats = rec.scratch((2 * nstat,), "f32")  # each row's lse, then its D
     dq, dk, dv = (grads[i] if grads[i] is not None else rec.scratch(x.shape, x.dtype) for i, x in enumerate((q, k, v)))
     push = _push(node, sq, sk, d, dh, words, nstat, saved)
-    build = variant(q.dtype)
-    rec.dispatch(f"attn_bwd_dq_d{bound}", [q, k, v, mview, out, g, dq, stats], push,
-                 _groups("bwd_dq", bound, sq, heads, batch), build)
-    rec.dispatch(f"attn_bwd_dkdv_d{bound}", [q, k, v, mview, g, stats, dk, dv], push,
-                 _groups("bwd_dkdv", bound, sk, heads, batch), build)
+    _dispatch(rec, "bwd_dq", q, dh, bound, [q, k, v, mview, out, g, dq, stats], push, sq, heads, batch)
+    _dispatch(rec, "bwd_dkdv", q, dh, bound, [q, k, v, mview, g, stats, dk, dv], push, sk, heads, batch)
 
 
 # i32: a boolean mask input (q, k, v and the result are always float)

@@ -4,7 +4,7 @@
 // in tiles of BC (causal: only tiles at or below the diagonal):
 //   dv_j = sum_i p_ij g_i,   dk_j = scale * sum_i ds_ij q_i
 // Each workgroup writes only its own rows of dk and dv: no atomics.
-#include "attn_common.glsl"
+#include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };

@@ -8,7 +8,7 @@
 //   dq_i = scale * sum_j ds_ij k_j        with D_i = g_i . out_i
 // and D_i (and a recomputed lse_i) are saved for the dk/dv pass. A fully masked row saves
 // lse = +inf, so every p_ij of it is 0 here and in the dk/dv pass.
-#include "attn_common.glsl"
+#include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) readonly buffer G { T g[]; };

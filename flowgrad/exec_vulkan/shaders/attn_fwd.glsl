@@ -5,7 +5,7 @@
 // an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
 // A fully masked row gives 0, as PyTorch's SDPA does. Each row's
 // log-sum-exp goes to stats for the backward (+inf for a fully masked row).
-#include "attn_common.glsl"
+#include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };

@@ -1,0 +1,94 @@
+"""The builds of the flash-attention kernels: the scalar ones (attn_fwd,
+attn_bwd_dq, attn_bwd_dkdv; f32 and f16 storage) once per head-width bound,
+and those on cooperative matrices (attn_coop_*; f16 storage) once per
+head-width bound and fragment shape. Plain data: the shader build, the
+push-constant specs and the lowering all read it."""
+from __future__ import annotations
+
+KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
+
+# Scalar kernels: per head-width bound MAXD and kernel, (BR own rows per
+# workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
+# Chosen to fit 32 KiB of shared memory (lavapipe's limit; NVIDIA has 48)
+# with the head rows of the tiles held as padded vec4 rows. The MAXD 64 and
+# 128 rows were picked on an H200 from eight and five candidate tables
+# (bench/attention_tiles.py; the numbers are in bench/MATMUL_NOTES.md).
+TILES = {
+    32: {"fwd": (64, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
+    64: {"fwd": (32, 32, 16, 2), "bwd_dq": (32, 32, 16, 1), "bwd_dkdv": (32, 16, 16, 0)},
+    128: {"fwd": (32, 16, 16, 1), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (12, 16, 16, 0)},
+    256: {"fwd": (8, 8, 8, 2), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
+}
+HEAD_BOUNDS = tuple(sorted(TILES))
+SHARED_LIMIT = 32768
+
+# Cooperative-matrix kernels: per (fragment size FR, subgroup size SG) a
+# device may offer (FR x FR x FR f16 products; NVIDIA: 16 with subgroups of
+# 32, lavapipe: 8 with 8), per head-width bound and kernel, (NSG subgroups
+# per workgroup, BC streamed rows per tile). A workgroup owns NSG * FR rows.
+COOP_TILES = {
+    (16, 32): {maxd: {kernel: (4, 32) for kernel in KERNELS} for maxd in (32, 64, 128)},
+    (8, 8): {maxd: {kernel: (4, 32) for kernel in KERNELS} for maxd in (32, 64, 128)},
+}
+COOP_SHARED_LIMIT = 49152   # the most any build may declare (NVIDIA's 48 KiB); each device's own is checked too
+
+
+def shared_bytes(kernel: str, maxd: int, br: int, bc: int, ct: int, slots: int) -> int:
+    """Shared memory one scalar build declares (mirrors the .glsl declarations)."""
+    pad, rg = maxd // 4 + 1, br // 4
+    vec4s = {"fwd": br * pad + slots * bc * pad + bc * rg + ct * rg,
+             "bwd_dq": 2 * br * pad + slots * bc * pad + bc * rg + ct * rg,
+             "bwd_dkdv": 2 * br * pad + 2 * bc * pad + 2 * bc * rg}[kernel]
+    return 16 * vec4s + (8 * bc if kernel == "bwd_dkdv" else 0)
+
+
+def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int:
+    """Shared memory one cooperative-matrix build declares (mirrors attn_coop*.glsl)."""
+    tiles = 2 * bc * (maxd // 8 + 1) * 16            # two staged tiles of head rows, f16
+    scores = nsg * fr * (bc + 4) * 4                  # a subgroup's rows of f32 scores
+    probs = nsg * fr * (bc + 8) * 2                   # ... and of f16 probabilities
+    return tiles + {"fwd": scores + probs + fr * fr * 4 + nsg * fr * 4,
+                    "bwd_dq": 2 * scores + probs,
+                    "bwd_dkdv": 2 * scores + 2 * probs + 2 * bc * 4}[kernel]
+
+
+def scalar_name(kernel: str, maxd: int) -> str:
+    return f"attn_{kernel}_d{maxd}"
+
+
+def coop_name(kernel: str, maxd: int, fr: int, sg: int) -> str:
+    return f"attn_{kernel}_d{maxd}_fr{fr}_sg{sg}"
+
+
+def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the scalar kernels (each built in
+    f32 and f16 storage)."""
+    out = {}
+    for maxd, kernels in TILES.items():
+        for kernel, (br, bc, ct, slots) in kernels.items():
+            if (br % 4 or bc % ct or (maxd // 4) % ct
+                    or shared_bytes(kernel, maxd, br, bc, ct, slots) > SHARED_LIMIT):
+                raise ValueError(f"attention tiles {kernel} d{maxd} {(br, bc, ct, slots)} do not fit")
+            defines = {"MAXD": maxd, "BR": br, "BC": bc, "CT": ct}
+            if slots:
+                defines["KV_SLOTS"] = slots
+            out[scalar_name(kernel, maxd)] = (f"attn_{kernel}.glsl", defines)
+    return out
+
+
+def coop_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the cooperative-matrix kernels (f16 only)."""
+    out = {}
+    for (fr, sg), bounds in COOP_TILES.items():
+        for maxd, kernels in bounds.items():
+            for kernel, (nsg, bc) in kernels.items():
+                if (sg % fr or maxd % fr or bc % fr or 2 * bc < nsg * fr
+                        or coop_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT):
+                    raise ValueError(f"attention tiles {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
+                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1}
+                out[coop_name(kernel, maxd, fr, sg)] = (f"attn_coop_{kernel}.glsl", defines)
+    return out
+
+
+def shader_names() -> list[str]:
+    return sorted({**shader_builds(), **coop_builds()})

@@ -1,0 +1,139 @@
+// The attention kernels on cooperative matrices (VK_KHR_cooperative_matrix,
+// subgroup scope; f16 storage, f32 accumulation): attn_coop_fwd,
+// attn_coop_bwd_dq and attn_coop_bwd_dkdv, with the same contract as the
+// scalar kernels (attn_common.glsl). The build table in lower/attention.py
+// gives:
+//   MAXD  head-width bound: head rows are staged zero-padded to MAXD columns
+//   FR    fragment size: FR x FR x FR products (16 on NVIDIA, 8 on lavapipe)
+//   SG    subgroup size the build assumes (the lowering checks the device's)
+//   NSG   subgroups per workgroup; subgroup s owns rows s*FR .. s*FR+FR-1 of
+//         the workgroup's BR = NSG*FR (queries; keys in the dk/dv pass)
+//   BC    streamed rows (keys, or queries in the dk/dv pass) per shared tile
+// Products run on fragments: the own rows' head rows are A fragments held
+// for the whole kernel; a streamed tile is staged in shared memory and read
+// as B fragments, row-major or transposed (column-major) at no cost. What is
+// not a product (masking, exponentials, row statistics) runs on scalars: a
+// subgroup stores its score fragments to its own rows of shared memory,
+// and LPR = SG/FR lanes of it take each row.
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#include "attn_common.glsl"
+
+#define BR (NSG * FR)
+#define NT (NSG * SG)
+#define LPR (SG / FR)          // lanes per row in the scalar phases
+#define ND (MAXD / FR)         // fragments across a head row
+#define NB (BC / FR)           // fragments across a streamed tile
+#define HROW (MAXD / 8 + 1)    // a staged head row, in 16-byte vectors (+1: rows start in other banks)
+#define SROW (BC + 4)          // a row of scores, in floats
+#define PROW (BC + 8)          // a row of f16 probabilities (or their gradients), in halves
+#define PER_LANE (BC / LPR)    // a lane's columns of its row: part + LPR * x
+
+#if SG % FR != 0 || MAXD % FR != 0 || BC % FR != 0 || 2 * BC < BR
+#error "attention tile: FR must divide SG, MAXD and BC, and two streamed tiles must hold the own rows"
+#endif
+
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
+#define ROWS gl_CooperativeMatrixLayoutRowMajor
+#define COLS gl_CooperativeMatrixLayoutColumnMajor
+
+layout(local_size_x = NT) in;
+
+// 8 halves at a time where every head row starts 16-byte aligned
+layout(std430, set = 0, binding = 0) readonly buffer Q8 { uvec4 q8[]; };
+layout(std430, set = 0, binding = 1) readonly buffer K8 { uvec4 k8[]; };
+layout(std430, set = 0, binding = 2) readonly buffer V8 { uvec4 v8[]; };
+
+uint sg_index() { return gl_LocalInvocationIndex / SG; }
+uint lane_row() { return (gl_LocalInvocationIndex % SG) / LPR; }
+uint lane_part() { return gl_LocalInvocationIndex % LPR; }
+
+// within a subgroup: what its lanes wrote to shared memory is visible to all of them
+void subgroup_sync() {
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+}
+
+// the sum and the max over the LPR lanes that share a row
+float row_sum(float x) {
+    [[unroll]] for (uint o = 1u; o < LPR; o *= 2u) x += subgroupShuffleXor(x, o);
+    return x;
+}
+float row_max(float x) {
+    [[unroll]] for (uint o = 1u; o < LPR; o *= 2u) x = max(x, subgroupShuffleXor(x, o));
+    return x;
+}
+
+#define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
+
+// dst[off + r * HROW + c / 8] (r < nrows, c < MAXD) <- head h's row r0 + r
+// of src as f16, 8 columns per vector, zero past seq and past dh. Every
+// invocation of the workgroup takes part.
+#define STAGE(dst, off, src, src8, seq, r0, nrows, b, h)                             \
+    for (uint e_ = gl_LocalInvocationIndex; e_ < (nrows) * (MAXD / 8u); e_ += NT) {  \
+        uint r_ = e_ / (MAXD / 8u), c_ = (e_ % (MAXD / 8u)) * 8u;                      \
+        uvec4 x_ = uvec4(0u);                                                         \
+        if ((r0) + r_ < (seq) && c_ < p.dh) {                                         \
+            uint at_ = row_base(b, seq, (r0) + r_, h) + c_;                           \
+            if (VEC8) {                                                               \
+                x_ = src8[at_ / 8u];                                                  \
+            } else {                                                                  \
+                float16_t h_[8];                                                      \
+                [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                          \
+                    h_[t_] = c_ + t_ < p.dh ? src[at_ + t_] : float16_t(0.0);         \
+                x_ = uvec4(packFloat2x16(f16vec2(h_[0], h_[1])), packFloat2x16(f16vec2(h_[2], h_[3])), \
+                           packFloat2x16(f16vec2(h_[4], h_[5])), packFloat2x16(f16vec2(h_[6], h_[7]))); \
+            }                                                                         \
+        }                                                                             \
+        dst[(off) + r_ * HROW + c_ / 8u] = x_;                                        \
+    }
+
+// frags[d] <- the A fragments of rows row0 .. row0+FR-1 of a staged tile
+#define LOAD_ROWS_A(frags, tile, off, row0)                                          \
+    [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_)                                      \
+        coopMatLoad(frags[d_], tile, (off) + (row0) * HROW + d_ * (FR / 8u), HROW, ROWS)
+
+// s[n] <- A(FR x MAXD, fragments a) times the transpose of streamed rows
+// n*FR .. n*FR+FR-1 of a staged tile, stored to this subgroup's score rows
+#define SCORES(dst, a, tile, off)                                                    \
+    [[unroll]] for (uint n_ = 0u; n_ < NB; ++n_) {                                   \
+        FRAG_C s_ = FRAG_C(0.0);                                                      \
+        [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                \
+            FRAG_B t_;                                                                \
+            coopMatLoad(t_, tile, (off) + n_ * FR * HROW + d_ * (FR / 8u), HROW, COLS); \
+            s_ = coopMatMulAdd(a[d_], t_, s_);                                        \
+        }                                                                             \
+        coopMatStore(s_, dst, sg_index() * FR * SROW + n_ * FR, SROW, ROWS);          \
+    }
+
+// acc[d] += P (this subgroup's FR x BC f16 rows of src) times the streamed
+// tile's rows (BC x MAXD)
+#define ACCUMULATE(acc, src, tile, off)                                              \
+    [[unroll]] for (uint n_ = 0u; n_ < NB; ++n_) {                                   \
+        FRAG_A p_;                                                                    \
+        coopMatLoad(p_, src, sg_index() * FR * PROW + n_ * FR, PROW, ROWS);           \
+        [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                \
+            FRAG_B t_;                                                                \
+            coopMatLoad(t_, tile, (off) + n_ * FR * HROW + d_ * (FR / 8u), HROW, ROWS); \
+            acc[d_] = coopMatMulAdd(p_, t_, acc[d_]);                                 \
+        }                                                                             \
+    }
+
+// head h's columns of rows row0 + r (r < FR, below seq) of dst <- acc[d] * factor,
+// each fragment through this subgroup's score rows of stage
+#define STORE_ROWS(dst, acc, factor, stage, seq, row0, b, h)                          \
+    [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                    \
+        coopMatStore(acc[d_], stage, sg_index() * FR * SROW, SROW, ROWS);             \
+        subgroup_sync();                                                              \
+        uint r_ = lane_row(), row_ = (row0) + r_;                                     \
+        for (uint c_ = lane_part(); c_ < FR; c_ += LPR) {                             \
+            uint col_ = d_ * FR + c_;                                                 \
+            if (row_ < (seq) && col_ < p.dh)                                          \
+                dst[row_base(b, seq, row_, h) + col_] = STORE(stage[(sg_index() * FR + r_) * SROW + c_] * (factor)); \
+        }                                                                             \
+        subgroup_sync();                                                              \
+    }

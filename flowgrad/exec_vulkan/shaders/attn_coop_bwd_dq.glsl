@@ -1,0 +1,106 @@
+// compiler: glslc-2025 (GL_KHR_cooperative_matrix needs glslang 14 or newer)
+#version 450
+// Flash-attention backward, pass 1 of 2, on cooperative matrices (see
+// attn_coop.glsl and, for the algorithm, attn_bwd_dq.glsl): a workgroup owns
+// BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments; the
+// row's lanes form dS = P (dP - D) with P = exp(S - lse), as f16, and
+// dQ += dS K on fragments. Saves D (and, where it recomputed it, lse) for
+// the dk/dv pass.
+#include "attn_coop.glsl"
+
+layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) readonly buffer G { T g[]; };
+layout(std430, set = 0, binding = 5) readonly buffer G8 { uvec4 g8[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
+layout(std430, set = 0, binding = 7) buffer Stats { float stats[]; };  // lse then D
+
+shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
+shared float Ss[NSG * FR * SROW];       // each subgroup's scores, then its output
+shared float DPs[NSG * FR * SROW];      // each subgroup's dP
+shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS
+
+// The row's log-sum-exp from a sweep over the key tiles (every invocation
+// takes part; the score fragments as the forward makes them).
+float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row) {
+    uint sg = sg_index(), r = lane_row(), part = lane_part();
+    float m = NEG_INF, l = 0.0;
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        barrier();
+        STAGE(KVs, 0u, k, k8, p.sk, j0, BC, b, h);
+        barrier();
+        SCORES(Ss, qf, KVs, 0u);
+        subgroup_sync();
+        float s[PER_LANE];
+        float tmax = NEG_INF;
+        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
+            uint c = part + LPR * x;
+            s[x] = masked(Ss[(sg * FR + r) * SROW + c] * p.scale, b, h, row, j0 + c);
+            tmax = max(tmax, s[x]);
+        }
+        float mnew = max(m, row_max(tmax));
+        float mref = mnew == NEG_INF ? 0.0 : mnew;
+        l *= exp(m - mref);
+        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) l += exp(s[x] - mref);
+        m = mnew;
+        subgroup_sync();   // the scores are read before the next tile's are stored
+    }
+    l = row_sum(l);
+    return l > 0.0 ? m + log(l) : POS_INF;
+}
+
+void main() {
+    uint sg = sg_index(), r = lane_row(), part = lane_part();
+    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
+    uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
+
+    STAGE(KVs, 0u, q, q8, p.sq, i0, BR, b, h);
+    barrier();
+    FRAG_A qf[ND], gf[ND];
+    LOAD_ROWS_A(qf, KVs, 0u, sg * FR);
+    barrier();
+    STAGE(KVs, 0u, g, g8, p.sq, i0, BR, b, h);
+    barrier();
+    LOAD_ROWS_A(gf, KVs, 0u, sg * FR);
+
+    // D_i = g_i . out_i, from the row's lanes
+    float dpart = 0.0;
+    if (row < p.sq) {
+        uint base = row_base(b, p.sq, row, h);
+        for (uint c = part; c < p.dh; c += LPR) dpart += LOAD(g[base + c]) * LOAD(o[base + c]);
+    }
+    float drow = row_sum(dpart);
+
+    uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    float lse = POS_INF;
+    if (p.saved_lse != 0u) {
+        if (row < p.sq) lse = stats[stat_index(b, h, row)];
+    } else {
+        lse = recompute_lse(qf, b, h, i0, jend, row);
+    }
+
+    FRAG_C acc[ND];
+    [[unroll]] for (uint d = 0u; d < ND; ++d) acc[d] = FRAG_C(0.0);
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        barrier();
+        STAGE(KVs, 0u, k, k8, p.sk, j0, BC, b, h);
+        STAGE(KVs, BC * HROW, v, v8, p.sk, j0, BC, b, h);
+        barrier();
+        SCORES(Ss, qf, KVs, 0u);
+        SCORES(DPs, gf, KVs, BC * HROW);
+        subgroup_sync();
+        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
+            uint c = part + LPR * x, at = (sg * FR + r) * SROW + c;
+            float pij = exp(masked(Ss[at] * p.scale, b, h, row, j0 + c) - lse);
+            Ps[(sg * FR + r) * PROW + c] = float16_t(pij * (DPs[at] - drow));
+        }
+        subgroup_sync();
+        ACCUMULATE(acc, Ps, KVs, 0u);
+    }
+
+    STORE_ROWS(dq, acc, p.scale, Ss, p.sq, i0 + sg * FR, b, h);
+    if (part == 0u && row < p.sq) {
+        uint si = stat_index(b, h, row);
+        if (p.saved_lse == 0u) stats[si] = lse;
+        stats[p.nstat + si] = drow;
+    }
+}

@@ -1,0 +1,96 @@
+// compiler: glslc-2025 (GL_KHR_cooperative_matrix needs glslang 14 or newer)
+#version 450
+// Flash-attention forward on cooperative matrices (see attn_coop.glsl and,
+// for the algorithm, attn_fwd.glsl): per key tile, S = Q K^T on fragments;
+// the row's lanes mask and scale S, update the running max m and sum l, and
+// write P = exp(S - m) as f16; the output fragments are rescaled by
+// exp(m_old - m) and accumulate P V. The end divides by l and saves each
+// row's log-sum-exp (+inf for a fully masked row, whose output is 0).
+#include "attn_coop.glsl"
+
+layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
+
+shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q staged here first)
+shared float Ss[NSG * FR * SROW];       // each subgroup's scores, then its output
+shared float16_t Ps[NSG * FR * PROW];   // each subgroup's probabilities
+// Scaling an accumulator's rows uses a fragment whose elements hold their
+// own row numbers: element e of any accumulator fragment lies in row
+// ids[e], whatever layout the implementation gives fragments.
+shared float RowIds[FR * FR];           // RowIds[r * FR + c] = r
+shared float Rowf[BR];                  // a factor per own row: the softmax's correction, then 1/l
+
+// the row-number fragment (RowIds must be filled and a barrier passed)
+FRAG_C row_ids() {
+    FRAG_C ids;
+    coopMatLoad(ids, RowIds, 0u, FR, ROWS);
+    return ids;
+}
+
+void fill_row_ids() {
+    for (uint e = gl_LocalInvocationIndex; e < FR * FR; e += NT) RowIds[e] = float(e / FR);
+}
+
+// acc[d] rows scaled by Rowf of this subgroup's rows (Rowf written, the subgroup synced)
+#define SCALE_ROWS(acc, ids)                                                         \
+    [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_)                                      \
+        for (uint e_ = 0u; e_ < uint(acc[d_].length()); ++e_)                         \
+            acc[d_][e_] *= Rowf[sg_index() * FR + uint(ids[e_])]
+
+
+void main() {
+    uint sg = sg_index(), r = lane_row(), part = lane_part();
+    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
+    uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
+
+    fill_row_ids();
+    STAGE(KVs, 0u, q, q8, p.sq, i0, BR, b, h);
+    barrier();
+    FRAG_C ids = row_ids();
+    FRAG_A qf[ND];
+    LOAD_ROWS_A(qf, KVs, 0u, sg * FR);
+    FRAG_C acc[ND];
+    [[unroll]] for (uint d = 0u; d < ND; ++d) acc[d] = FRAG_C(0.0);
+    float m = NEG_INF, l = 0.0;   // the row's running max (same in its lanes) and this lane's share of its sum
+
+    uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+    for (uint j0 = 0u; j0 < jend; j0 += BC) {
+        barrier();   // Q's fragments are loaded, the previous tile is no longer read
+        STAGE(KVs, 0u, k, k8, p.sk, j0, BC, b, h);
+        STAGE(KVs, BC * HROW, v, v8, p.sk, j0, BC, b, h);
+        barrier();
+        SCORES(Ss, qf, KVs, 0u);
+        subgroup_sync();
+        float s[PER_LANE];
+        float tmax = NEG_INF;
+        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
+            uint c = part + LPR * x;
+            s[x] = masked(Ss[(sg * FR + r) * SROW + c] * p.scale, b, h, row, j0 + c);
+            tmax = max(tmax, s[x]);
+        }
+        float mnew = max(m, row_max(tmax));
+        // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
+        float mref = mnew == NEG_INF ? 0.0 : mnew;
+        float corr = exp(m - mref);
+        l *= corr;
+        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
+            float pv = exp(s[x] - mref);
+            l += pv;
+            Ps[(sg * FR + r) * PROW + part + LPR * x] = float16_t(pv);
+        }
+        m = mnew;
+        if (part == 0u) Rowf[sg * FR + r] = corr;
+        subgroup_sync();
+        SCALE_ROWS(acc, ids);
+        ACCUMULATE(acc, Ps, KVs, BC * HROW);
+    }
+
+    l = row_sum(l);
+    if (part == 0u) {
+        Rowf[sg * FR + r] = l > 0.0 ? 1.0 / l : 0.0;   // a fully masked row gives 0
+        if (row < p.sq) stats[stat_index(b, h, row)] = l > 0.0 ? m + log(l) : POS_INF;
+    }
+    subgroup_sync();
+    SCALE_ROWS(acc, ids);
+    STORE_ROWS(o, acc, 1.0, Ss, p.sq, i0 + sg * FR, b, h);
+}

@@ -1,0 +1,143 @@
+"""Flash attention on cooperative matrices (f16 storage, f32 accumulation)
+against the op's numpy forward and VJP in float64: head widths 8..128 (every
+head-width bound), sequence lengths across tile edges, sq != sk, every mask
+shape, additive and boolean masks, fully masked rows (output 0, gradient 0),
+and the backward both in its own recording (recomputing each row's lse) and
+after the forward in one. Each check first asserts that the
+cooperative-matrix builds ran. They run where the device offers
+VK_KHR_cooperative_matrix with a built fragment shape (NVIDIA: 16x16x16 with
+subgroups of 32; Mesa 26's lavapipe: 8x8x8 with 8); elsewhere (Debian
+bookworm's lavapipe, which CI runs) these tests skip and say why."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from flowgrad.exec_vulkan.lower import attention as attn_low
+from flowgrad.exec_vulkan.recorder import Recorder
+from tests.test_attention_vulkan import check, mask_of, qkv
+
+
+@pytest.fixture
+def coop(vk_device, monkeypatch):
+    """The attention shaders dispatched inside the test, with f16 attention
+    forced onto cooperative matrices (skips where the device has no build)."""
+    if attn_low.coop_build(vk_device.info, 8) is None:
+        info = vk_device.info
+        pytest.skip(f"{info.name} has no cooperative-matrix attention build (VK_KHR_cooperative_matrix f16 "
+                    f"sizes {info.coopmat_khr_sizes}, subgroup size {info.subgroup_size})")
+    shaders = []
+    dispatch = Recorder.dispatch
+
+    def spy(self, shader, *args, **kwargs):
+        if shader.startswith("attn_"):
+            shaders.append(shader)
+        return dispatch(self, shader, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "dispatch", spy)
+    with attn_low.forced_coop(True):
+        yield shaders
+
+
+@pytest.fixture(scope="module")
+def kernels(request):
+    from flowgrad.exec_vulkan import VulkanKernels
+
+    return VulkanKernels(request.getfixturevalue("vk_device"))
+
+
+def coop_check(kernels, shaders, ins, attrs):
+    out = check(kernels, ins, attrs, np.float16)
+    assert {re.match(r"attn_(\w+?)_d\d", s)[1] for s in shaders} == {"fwd", "bwd_dq", "bwd_dkdv"}
+    assert all("_fr" in s for s in shaders), f"an attention kernel ran without cooperative matrices: {shaders}"
+    return out
+
+
+def f16(xs):
+    return [x if x.dtype == np.int32 else x.astype(np.float16) for x in xs]
+
+
+# (batch, sq, sk, d, heads): head widths 8..128 cover every head-width bound, 40 and 100 its padding
+WIDTHS = [(2, 5, 5, 16, 2), (1, 9, 9, 32, 1), (2, 7, 7, 80, 2), (1, 6, 6, 64, 1),
+          (1, 5, 5, 200, 2), (1, 6, 6, 128, 1)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, sq, sk, d, heads", WIDTHS, ids=lambda v: str(v))
+def test_head_widths(kernels, coop, batch, sq, sk, d, heads, causal):
+    coop_check(kernels, coop, f16(qkv(np.random.default_rng(d), batch, sq, sk, d)), {"heads": heads, "causal": causal})
+
+
+@pytest.mark.parametrize("batch, sq, sk, d, heads", [
+    (1, 1, 1, 8, 1), (2, 1, 5, 16, 2), (2, 5, 1, 16, 2),   # a single query or key
+    (1, 200, 200, 16, 2),                                   # many tiles each way
+    (2, 7, 13, 24, 3), (2, 13, 7, 24, 3),                   # sq != sk, head width 8 (no 16-byte rows)
+    (1, 70, 33, 128, 2),                                    # past tile edges
+    (1, 37, 70, 192, 2),                                    # head width 96: the 128 bound, padded
+])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sequence_lengths(kernels, coop, batch, sq, sk, d, heads, causal):
+    ins = f16(qkv(np.random.default_rng(sq * 7 + sk), batch, sq, sk, d))
+    coop_check(kernels, coop, ins, {"heads": heads, "causal": causal})
+
+
+def test_long_sequence(kernels, coop):
+    coop_check(kernels, coop, f16(qkv(np.random.default_rng(1031), 1, 1031, 1031, 16)), {"heads": 1, "causal": True})
+
+
+@pytest.mark.parametrize("shape", [(6, 9), (9,), (6, 1), (2, 1, 6, 9), (2, 3, 6, 9), (1, 3, 1, 9)],
+                         ids=lambda v: "x".join(map(str, v)))
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+def test_mask_shapes(kernels, coop, kind, shape):
+    rng = np.random.default_rng(len(shape))
+    ins = f16(qkv(rng, 2, 6, 9, 48) + [mask_of(rng, kind, shape)])
+    coop_check(kernels, coop, ins, {"heads": 3, "causal": False})
+
+
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, causal):
+    rng = np.random.default_rng(21)
+    keep = np.ones((2, 1, 40, 40), bool)
+    keep[0, 0, 3] = False          # example 0: query 3 sees no key
+    keep[1, 0, :, 0] = False       # example 1: key 0 hidden, so under causality query 0 sees none
+    keep[1, 0, 35:, :] = False     # example 1: the last queries see nothing
+    mask = keep.astype(np.int32) if kind == "boolean" else np.where(keep, 0.0, -np.inf).astype(np.float16)
+    out, (dq, dk, dv, _) = coop_check(kernels, coop, f16(qkv(rng, 2, 40, 40, 32)) + [mask],
+                                      {"heads": 2, "causal": causal})
+    assert np.all(out[0, 3] == 0) and np.all(dq[0, 3] == 0) and np.all(out[1, 35:] == 0)
+    assert np.all(dk[1, 0] == 0) and np.all(dv[1, 0] == 0)
+    if causal:
+        assert np.all(out[1, 0] == 0) and np.all(dq[1, 0] == 0)
+
+
+def test_the_builds_fit_shared_memory_and_exist():
+    from flowgrad.exec_vulkan.attention_builds import COOP_SHARED_LIMIT, COOP_TILES, coop_builds, coop_shared_bytes
+    from flowgrad.exec_vulkan.spirv import spv_path
+
+    builds = coop_builds()
+    assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
+    for stem, (_body, d) in builds.items():
+        kernel = re.match(r"attn_(\w+?)_d\d", stem)[1]
+        assert coop_shared_bytes(kernel, d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
+        assert spv_path(stem).exists()
+
+
+def test_the_build_follows_the_device():
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
+
+    def dev(sizes, sg, shared=49152, shuffle=True):
+        return DeviceInfo(0, "d", "discrete", 1, True, True, coopmat_khr_sizes=sizes, subgroup_size=sg,
+                          subgroup_shuffle=shuffle, shared_memory=shared)
+
+    assert attn_low.coop_build(dev((16,), 32), 64) == (16, 32, 64)
+    assert attn_low.coop_build(dev((16,), 32), 65) == (16, 32, 128)
+    assert attn_low.coop_build(dev((8, 16), 32), 8) == (16, 32, 32)
+    assert attn_low.coop_build(dev((8,), 8, 32768), 128) == (8, 8, 128)
+    assert attn_low.coop_build(dev((16,), 32), 129) is None            # past the widest bound
+    assert attn_low.coop_build(dev((16,), 64), 64) is None             # no build for subgroups of 64
+    assert attn_low.coop_build(dev((16,), 32, shuffle=False), 64) is None
+    assert attn_low.coop_build(dev((16,), 32, shared=16384), 64) is None
+    assert attn_low.coop_build(dev((), 32), 64) is None
