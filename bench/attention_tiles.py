@@ -4,7 +4,10 @@ tile configuration the shipped table holds, with SDPA's forward and backward
 on the same GPU in the same process. For a tile sweep, build candidate
 tables elsewhere and run this once per candidate with its .spv files in place:
 
-    python bench/attention_tiles.py [--steps 20] [--json OUT] [--label NAME]
+    python bench/attention_tiles.py [--steps 20] [--json OUT] [--label NAME] [--dtype f16]
+
+--dtype f16 times the kernels f16 storage runs on the device: on cooperative
+matrices where it has them (their candidate table: --coop).
 
 Forward and backward of each case are recorded into one command buffer (the
 graph path's order, so the dq pass reads the forward's lse), every dispatch
@@ -38,16 +41,17 @@ def ours(device, case, steps, check):
     from flowgrad.graph import Node, TensorType
     from flowgrad.ops import get_op
 
-    batch, seq, heads, dh, causal = case
+    batch, seq, heads, dh, causal, dtype = case
     attrs_ = {"heads": heads, "causal": causal}
     rng = np.random.default_rng(0)
-    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(np.float32) for _ in range(4))
-    t = TensorType(q.shape, "f32")
+    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype({"f32": np.float32, "f16": np.float16}[dtype])
+                  for _ in range(4))
+    t = TensorType(q.shape, dtype)
     node = Node(3, "attention", (0, 1, 2), t, attrs=attrs_)
     with OneShot(device) as s:
         views = [s.upload(x) for x in (q, k, v)]
-        out, gv = s.empty(q.shape, "f32"), s.upload(g)
-        grads = [s.empty(q.shape, "f32") for _ in range(3)]
+        out, gv = s.empty(q.shape, dtype), s.upload(g)
+        grads = [s.empty(q.shape, dtype) for _ in range(3)]
         with s.rec.section("a", "forward"):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
@@ -88,9 +92,10 @@ def sdpa(case, steps):
     import torch
     import torch.nn.functional as F
 
-    batch, seq, heads, dh, causal = case
-    q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", requires_grad=True) for _ in range(3))
-    g = torch.randn(batch, heads, seq, dh, device="cuda")
+    batch, seq, heads, dh, causal, dtype = case
+    dt = getattr(torch, {"f32": "float32", "f16": "float16"}[dtype])
+    q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+    g = torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt)
 
     def timed(back):
         times = []
@@ -123,13 +128,19 @@ def main(argv=None) -> int:
                    help="the build to time, at head width MAXD")
     p.add_argument("--tiles", default=None, help='JSON {"fwd": [BR, BC, CT, SLOTS], ...} for the MAXD builds '
                    "in place (a candidate table's, not the shipped one)")
+    p.add_argument("--dtype", default="f32", choices=("f32", "f16"))
+    p.add_argument("--coop", default=None, help='JSON {"fwd": [NSG, BC], ...} for the MAXD cooperative-matrix '
+                   "builds of the device's fragment shape in place (a candidate table's)")
     args = p.parse_args(argv)
     if args.tiles:
         attn_low.TILES[args.maxd].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
     device = select_device("vulkan")
+    if args.coop:
+        fr, sg, _maxd = attn_low.coop_build(device.info, args.maxd)
+        attn_low.COOP_TILES[(fr, sg)][args.maxd].update({k: tuple(v) for k, v in json.loads(args.coop).items()})
     rows = []
     for i, (batch, seq, heads, causal) in enumerate(CASES):
-        case = (batch, seq, heads, args.maxd, causal)
+        case = (batch, seq, heads, args.maxd, causal, args.dtype)
         kern, err = ours(device, case, args.steps, check=i == 0)
         ref = (float("nan"), float("nan"))
         if not args.no_sdpa:
@@ -142,7 +153,7 @@ def main(argv=None) -> int:
         rows.append({"label": args.label, "case": case, "tiles": attn_low.TILES[args.maxd], "ms": {k: v * 1e3 for k, v in kern.items()},
                      "sdpa_ms": [x * 1e3 for x in ref], "ratio": (fwd + bwd) / sum(ref), "err": err})
         parts = " ".join(f"{sh[5:sh.rindex('_d')]} {t * 1e3:.3f}" for sh, t in kern.items())
-        print(f"[{args.label}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'}: "
+        print(f"[{args.label}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'} {case[5]}: "
               f"{parts} ms; sdpa {ref[0] * 1e3:.3f}+{ref[1] * 1e3:.3f} ms; ours/sdpa {rows[-1]['ratio']:.2f}x"
               + (f"; max rel err {err:.1e}" if err is not None else ""), flush=True)
     if args.json:
