@@ -45,20 +45,40 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     return random_feeds(graph, seed, high)
 
 
-# A GPU that idled before a phase starts at its idle clock: on the H200 a
-# mixed-precision gpt_small step took 40 ms for its first ~200 ms of steps
-# after compiling, then 9 ms. Each phase warms up for at least this long.
+# A phase's first steps can run slow for a while: a GPU that idled starts at
+# its idle clock (on the H200 a mixed-precision gpt_small step took 33 ms for
+# the first few hundred milliseconds of work, then 8 ms), and a bench started
+# right after another process used the GPU (PyTorch's, in the same script)
+# timed that step at 27-31 ms for its first seconds, then ran its next phase
+# at full speed. So a phase warms up for at least WARMUP_SECONDS, then until
+# its steps stop getting faster, for at most WARMUP_LIMIT seconds.
 WARMUP_SECONDS = 1.0
+WARMUP_LIMIT = 10.0
+STEADY = 5          # steps per window compared
 
 
 def warm_up(step, steps: int, sync=lambda: None) -> None:
-    """Run `step` at least `steps` times and for at least WARMUP_SECONDS."""
-    t0 = time.perf_counter()
-    done = 0
-    while done < steps or time.perf_counter() - t0 < WARMUP_SECONDS:
+    """Run `step` at least `steps` times and for at least WARMUP_SECONDS,
+    then until the median of the last STEADY steps is no more than 10%
+    below the median of the STEADY before them (or WARMUP_LIMIT passes)."""
+    times = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
         step()
         sync()
-        done += 1
+        now = time.perf_counter()
+        times.append(now - t0)
+        if len(times) < steps or now - start < WARMUP_SECONDS:
+            continue
+        if now - start >= WARMUP_LIMIT or _steady(times):
+            return
+
+
+def _steady(times: list) -> bool:
+    if len(times) < 2 * STEADY:
+        return False
+    return statistics.median(times[-STEADY:]) >= 0.9 * statistics.median(times[-2 * STEADY:-STEADY])
 
 
 def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tuple[float, dict]:
@@ -165,7 +185,7 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
         rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
     for name, compiled, amp in rows:
         what = ("torch.compile(mode='reduce-overhead') (compiling first)" if compiled else "PyTorch eager")
-        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
+        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
         try:
             out[name] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=compiled, amp=amp)}
         except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
@@ -188,15 +208,14 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
-    phase(f"timing the graph path, Adam on the device ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
+    phase(f"timing the graph path, Adam on the device ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
-    phase(f"timing the graph path, gradients to the host ({repeats} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
+    phase(f"timing the graph path, gradients to the host ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
     r_time, r_traffic = time_steps(graph_sess, feeds, repeats)
-    # compiled only now: on the H200 a mixed-precision graph step with Adam timed at 27-31 ms with a
-    # closures session compiled before its first step, at 7.8 ms without one (same process otherwise)
+    # compiled only now: the graph path is timed with no other session's memory held
     phase("compiling the closures path")
     closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
-    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after {WARMUP_SECONDS:g}+ s of warm-up)")
+    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
