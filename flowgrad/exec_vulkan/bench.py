@@ -55,6 +55,7 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
 WARMUP_SECONDS = 1.0
 WARMUP_LIMIT = 10.0
 STEADY = 5          # steps per window compared
+WARMUP = f"a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s"
 
 
 def warm_up(step, steps: int, sync=lambda: None) -> None:
@@ -185,7 +186,7 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
         rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
     for name, compiled, amp in rows:
         what = ("torch.compile(mode='reduce-overhead') (compiling first)" if compiled else "PyTorch eager")
-        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
+        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after {WARMUP})")
         try:
             out[name] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=compiled, amp=amp)}
         except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
@@ -208,14 +209,14 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
     feeds = feeds_for(graph_sess.graph)
-    phase(f"timing the graph path, Adam on the device ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
+    phase(f"timing the graph path, Adam on the device ({repeats} steps after {WARMUP})")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
-    phase(f"timing the graph path, gradients to the host ({repeats} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
+    phase(f"timing the graph path, gradients to the host ({repeats} steps after {WARMUP})")
     r_time, r_traffic = time_steps(graph_sess, feeds, repeats)
     # compiled only now: the graph path is timed with no other session's memory held
     phase("compiling the closures path")
     closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
-    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after a warm-up of {WARMUP_SECONDS:g}-{WARMUP_LIMIT:g} s)")
+    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after {WARMUP})")
     c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
