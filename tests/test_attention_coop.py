@@ -17,7 +17,7 @@ import pytest
 
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.recorder import Recorder
-from tests.test_attention_vulkan import check, mask_of, qkv
+from tests.test_attention_vulkan import assert_masked_rows_zero, check, fully_masked, mask_of, qkv
 
 
 @pytest.fixture
@@ -100,17 +100,8 @@ def test_mask_shapes(kernels, coop, kind, shape):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, causal):
     rng = np.random.default_rng(21)
-    keep = np.ones((2, 1, 40, 40), bool)
-    keep[0, 0, 3] = False          # example 0: query 3 sees no key
-    keep[1, 0, :, 0] = False       # example 1: key 0 hidden, so under causality query 0 sees none
-    keep[1, 0, 35:, :] = False     # example 1: the last queries see nothing
-    mask = keep.astype(np.int32) if kind == "boolean" else np.where(keep, 0.0, -np.inf).astype(np.float16)
-    out, (dq, dk, dv, _) = coop_check(kernels, coop, f16(qkv(rng, 2, 40, 40, 32)) + [mask],
-                                      {"heads": 2, "causal": causal})
-    assert np.all(out[0, 3] == 0) and np.all(dq[0, 3] == 0) and np.all(out[1, 35:] == 0)
-    assert np.all(dk[1, 0] == 0) and np.all(dv[1, 0] == 0)
-    if causal:
-        assert np.all(out[1, 0] == 0) and np.all(dq[1, 0] == 0)
+    ins = f16(qkv(rng, 2, 40, 40, 32)) + [fully_masked(kind, np.float16)]
+    assert_masked_rows_zero(*coop_check(kernels, coop, ins, {"heads": 2, "causal": causal}), causal)
 
 
 def test_the_builds_fit_shared_memory_and_exist():

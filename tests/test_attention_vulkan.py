@@ -140,20 +140,31 @@ def test_mask_shapes(kernels, kind, shape):
     check(kernels, ins, {"heads": 3, "causal": False})
 
 
-@pytest.mark.parametrize("kind", ["additive", "boolean"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fully_masked_rows_give_zero_output_and_gradient(kernels, kind, causal):
-    rng = np.random.default_rng(21)
+def fully_masked(kind, dtype):
+    """A [2, 1, 40, 40] mask that leaves some query rows no key (see
+    assert_masked_rows_zero), boolean or additive in dtype."""
     keep = np.ones((2, 1, 40, 40), bool)
     keep[0, 0, 3] = False          # example 0: query 3 sees no key
     keep[1, 0, :, 0] = False       # example 1: key 0 hidden, so under causality query 0 sees none
     keep[1, 0, 35:, :] = False     # example 1: the last queries see nothing
-    mask = keep.astype(np.int32) if kind == "boolean" else np.where(keep, 0.0, -np.inf).astype(np.float32)
-    out, (dq, dk, dv, _) = check(kernels, qkv(rng, 2, 40, 40, 16) + [mask], {"heads": 2, "causal": causal})
+    return keep.astype(np.int32) if kind == "boolean" else np.where(keep, 0.0, -np.inf).astype(dtype)
+
+
+def assert_masked_rows_zero(out, grads, causal):
+    """Under fully_masked's mask: output 0 and gradient 0 where no key is seen."""
+    dq, dk, dv, _ = grads
     assert np.all(out[0, 3] == 0) and np.all(dq[0, 3] == 0) and np.all(out[1, 35:] == 0)
     assert np.all(dk[1, 0] == 0) and np.all(dv[1, 0] == 0)
     if causal:
         assert np.all(out[1, 0] == 0) and np.all(dq[1, 0] == 0)
+
+
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fully_masked_rows_give_zero_output_and_gradient(kernels, kind, causal):
+    rng = np.random.default_rng(21)
+    ins = qkv(rng, 2, 40, 40, 16) + [fully_masked(kind, np.float32)]
+    assert_masked_rows_zero(*check(kernels, ins, {"heads": 2, "causal": causal}), causal)
 
 
 @pytest.mark.parametrize("batch, sq, sk, d, heads, causal, mask", [
