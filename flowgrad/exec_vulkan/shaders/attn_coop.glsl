@@ -48,6 +48,8 @@ layout(std430, set = 0, binding = 0) readonly buffer Q8 { uvec4 q8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer K8 { uvec4 k8[]; };
 layout(std430, set = 0, binding = 2) readonly buffer V8 { uvec4 v8[]; };
 
+shared float Ss[NSG * FR * SROW];       // each subgroup's scores (S^T in the dk/dv pass), then its output
+
 uint sg_index() { return gl_LocalInvocationIndex / SG; }
 uint lane_row() { return (gl_LocalInvocationIndex % SG) / LPR; }
 uint lane_part() { return gl_LocalInvocationIndex % LPR; }
@@ -66,6 +68,19 @@ float row_sum(float x) {
 float row_max(float x) {
     [[unroll]] for (uint o = 1u; o < LPR; o *= 2u) x = max(x, subgroupShuffleXor(x, o));
     return x;
+}
+
+// s[x] <- this lane's scores of its query row in the key tile from j0, read
+// from Ss, scaled and masked; returns their max over the whole row
+float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
+    uint at = (sg_index() * FR + lane_row()) * SROW;
+    float tmax = NEG_INF;
+    [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
+        uint c = lane_part() + LPR * x;
+        s[x] = masked(Ss[at + c] * p.scale, b, h, row, j0 + c);
+        tmax = max(tmax, s[x]);
+    }
+    return row_max(tmax);
 }
 
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
@@ -91,6 +106,17 @@ float row_max(float x) {
         }                                                                             \
         dst[(off) + r_ * HROW + c_ / 8u] = x_;                                        \
     }
+
+// fa and fb <- A fragments of this subgroup's rows of src_a and src_b
+// (rows r0 .. r0+BR-1 of the workgroup), staged one after the other in tile
+#define OWN_ROWS(fa, src_a, src_a8, fb, src_b, src_b8, tile, seq, r0, b, h)       \
+    STAGE(tile, 0u, src_a, src_a8, seq, r0, BR, b, h);                             \
+    barrier();                                                                    \
+    LOAD_ROWS_A(fa, tile, 0u, sg_index() * FR);                                    \
+    barrier();                                                                    \
+    STAGE(tile, 0u, src_b, src_b8, seq, r0, BR, b, h);                             \
+    barrier();                                                                    \
+    LOAD_ROWS_A(fb, tile, 0u, sg_index() * FR)
 
 // frags[d] <- the A fragments of rows row0 .. row0+FR-1 of a staged tile
 #define LOAD_ROWS_A(frags, tile, off, row0)                                          \

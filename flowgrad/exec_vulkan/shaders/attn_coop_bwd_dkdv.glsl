@@ -15,7 +15,6 @@ layout(std430, set = 0, binding = 6) writeonly buffer DK { T dk[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 
 shared uvec4 QGs[2 * BC * HROW];        // Q at 0, G at BC * HROW (K, then V, staged here first)
-shared float Ss[NSG * FR * SROW];       // each subgroup's S^T, then its output
 shared float DPs[NSG * FR * SROW];      // each subgroup's dP^T
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's P^T
 shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T
@@ -27,14 +26,8 @@ void main() {
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
     uint j0 = gl_WorkGroupID.x * BR, key = j0 + sg * FR + r;
 
-    STAGE(QGs, 0u, k, k8, p.sk, j0, BR, b, h);
-    barrier();
     FRAG_A kf[ND], vf[ND];
-    LOAD_ROWS_A(kf, QGs, 0u, sg * FR);
-    barrier();
-    STAGE(QGs, 0u, v, v8, p.sk, j0, BR, b, h);
-    barrier();
-    LOAD_ROWS_A(vf, QGs, 0u, sg * FR);
+    OWN_ROWS(kf, k, k8, vf, v, v8, QGs, p.sk, j0, b, h);
     FRAG_C dka[ND], dva[ND];
     [[unroll]] for (uint d = 0u; d < ND; ++d) {
         dka[d] = FRAG_C(0.0);

@@ -15,7 +15,6 @@ layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 layout(std430, set = 0, binding = 7) buffer Stats { float stats[]; };  // lse then D
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
-shared float Ss[NSG * FR * SROW];       // each subgroup's scores, then its output
 shared float DPs[NSG * FR * SROW];      // each subgroup's dP
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS
 
@@ -31,13 +30,7 @@ float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row)
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
         float s[PER_LANE];
-        float tmax = NEG_INF;
-        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
-            uint c = part + LPR * x;
-            s[x] = masked(Ss[(sg * FR + r) * SROW + c] * p.scale, b, h, row, j0 + c);
-            tmax = max(tmax, s[x]);
-        }
-        float mnew = max(m, row_max(tmax));
+        float mnew = max(m, row_scores(j0, b, h, row, s));
         float mref = mnew == NEG_INF ? 0.0 : mnew;
         l *= exp(m - mref);
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) l += exp(s[x] - mref);
@@ -53,14 +46,8 @@ void main() {
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
     uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
 
-    STAGE(KVs, 0u, q, q8, p.sq, i0, BR, b, h);
-    barrier();
     FRAG_A qf[ND], gf[ND];
-    LOAD_ROWS_A(qf, KVs, 0u, sg * FR);
-    barrier();
-    STAGE(KVs, 0u, g, g8, p.sq, i0, BR, b, h);
-    barrier();
-    LOAD_ROWS_A(gf, KVs, 0u, sg * FR);
+    OWN_ROWS(qf, q, q8, gf, g, g8, KVs, p.sq, i0, b, h);
 
     // D_i = g_i . out_i, from the row's lanes
     float dpart = 0.0;

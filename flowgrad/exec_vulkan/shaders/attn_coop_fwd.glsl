@@ -12,7 +12,6 @@ layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q staged here first)
-shared float Ss[NSG * FR * SROW];       // each subgroup's scores, then its output
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's probabilities
 // Scaling an accumulator's rows uses a fragment whose elements hold their
 // own row numbers: element e of any accumulator fragment lies in row
@@ -62,13 +61,7 @@ void main() {
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
         float s[PER_LANE];
-        float tmax = NEG_INF;
-        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
-            uint c = part + LPR * x;
-            s[x] = masked(Ss[(sg * FR + r) * SROW + c] * p.scale, b, h, row, j0 + c);
-            tmax = max(tmax, s[x]);
-        }
-        float mnew = max(m, row_max(tmax));
+        float mnew = max(m, row_scores(j0, b, h, row, s));
         // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
         float mref = mnew == NEG_INF ? 0.0 : mnew;
         float corr = exp(m - mref);
