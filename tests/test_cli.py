@@ -121,4 +121,19 @@ def test_bench_reports_each_phase(vk_device):
                                                  "timing the graph path, Adam on the device",
                                                  "timing the graph path, gradients to the host",
                                                  "compiling the closures path",
-                                                 "timing the closures path, gradients to the host"]
+                                                 "timing the closures path, gradients to the host",
+                                                 "timing the graph path, Adam on the device, again"]
+
+
+def test_bench_warns_when_the_device_speed_changed_during_the_run():
+    from flowgrad.exec_vulkan.bench import report
+
+    def result(first_ms, last_ms):
+        path = {"seconds": first_ms / 1e3, "submits": 1, "dispatches": 9, "uploads": 3, "downloads": 3}
+        return {"model": "m", "config": {}, "device": "gpu", "dtype": "f32", "graph": path, "graph_grads": path,
+                "closures": path, "ratio": 1.0, "grads_cost": 1.0, "graph_last": {"seconds": last_ms / 1e3}}
+
+    steady = report(result(8.0, 8.5)).splitlines()
+    assert steady[-1] == "graph, Adam on the device, timed again last: 8.50 ms"
+    changed = report(result(22.2, 8.1)).splitlines()
+    assert changed[-1].startswith("warning: 22.20 ms first and 8.10 ms last: the device's speed changed")

@@ -225,7 +225,26 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
          "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time}
     if compare == "torch":
         r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
+    phase(f"timing the graph path, Adam on the device, again ({repeats} steps after {WARMUP})")
+    r["graph_last"] = {"seconds": time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))[0]}
     return r
+
+
+# The graph path is timed first and again last: apart by more than this, the
+# device's speed changed during the run (seen on the H200 for a minute after
+# another process had used the GPU), and phases timed at different moments
+# do not compare.
+DRIFT = 0.10
+
+
+def drift_line(r: dict) -> str:
+    first, last = r["graph"]["seconds"], r["graph_last"]["seconds"]
+    line = f"graph, Adam on the device, timed again last: {last * 1e3:.2f} ms"
+    if abs(last / first - 1) <= DRIFT:
+        return line
+    return (f"{line}\nwarning: {first * 1e3:.2f} ms first and {last * 1e3:.2f} ms last: the device's speed changed "
+            "during this run (another process using the GPU, or one that just exited), so the ratios above do not "
+            "hold; run again on an idle GPU")
 
 
 PATHS = (("graph", "graph, Adam on the device"), ("graph_grads", "graph, gradients to the host"),
@@ -265,4 +284,6 @@ def report(r: dict) -> str:
                 lines.append(f"  {label:<16} skipped ({e['skipped']})")
             else:
                 lines.append(f"  {label:<16}{e['seconds'] * 1e3:>10.2f} ms   graph / {label}: {g / e['seconds']:.2f}x")
+    if "graph_last" in r:
+        lines.append(drift_line(r))
     return "\n".join(lines)
