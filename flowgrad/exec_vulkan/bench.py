@@ -231,9 +231,9 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
 
 
 # The graph path is timed first and again last: apart by more than this, the
-# device's speed changed during the run (seen on the H200 for a minute after
-# another process had used the GPU), and phases timed at different moments
-# do not compare.
+# device's speed changed during the run (seen on the H200 right after another
+# process had used the GPU, and in that process's PyTorch timings too), and
+# phases timed at different moments do not compare.
 DRIFT = 0.10
 
 
