@@ -21,7 +21,6 @@ shared float Lrow[BR], Drow[BR];        // the own rows' lse and D
 // The row's log-sum-exp from a sweep over the key tiles (every invocation
 // takes part; the score fragments as the forward makes them).
 float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row) {
-    uint sg = sg_index(), r = lane_row(), part = lane_part();
     float m = NEG_INF, l = 0.0;
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
