@@ -5,7 +5,8 @@
 // owns BR key rows and streams the query rows. Per query tile, S^T = K Q^T
 // and dP^T = V G^T on fragments, and P^T = exp(S^T - lse) and dS^T = P^T
 // (dP^T - D) on their elements, stored as f16 and read back as A fragments
-// for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows of dk and dv.
+// for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows
+// of dk and dv.
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };

@@ -4,8 +4,8 @@
 // attn_coop.glsl and, for the algorithm, attn_bwd_dq.glsl): a workgroup owns
 // BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments, and
 // dS = P (dP - D) with P = exp(S - lse) on their elements, stored as f16 and
-// read back as A fragments for dQ += dS K. Saves D (and, where it recomputed it, lse) for
-// the dk/dv pass.
+// read back as A fragments for dQ += dS K. Saves D (and, where it recomputed
+// it, lse) for the dk/dv pass.
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
