@@ -100,6 +100,20 @@ float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
     return row_max(tmax);
 }
 
+// One key tile of the online softmax: s <- the row's scores (row_scores),
+// m <- the running max with them, and l (this lane's share of the row's
+// sum) rescaled to it by corr; returns the shift the tile's exponentials take
+float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float l,
+                  out float s[PER_LANE], out float corr) {
+    float mnew = max(m, row_scores(j0, b, h, row, s));
+    // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
+    float mref = mnew == NEG_INF ? 0.0 : mnew;
+    corr = exp(m - mref);
+    l *= corr;
+    m = mnew;
+    return mref;
+}
+
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
 
 // dst[off + r * HROW + c / 8] (r < nrows, c < MAXD) <- head h's row r0 + r

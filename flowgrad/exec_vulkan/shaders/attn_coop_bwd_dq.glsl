@@ -28,12 +28,9 @@ float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row)
         barrier();
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
-        float s[PER_LANE];
-        float mnew = max(m, row_scores(j0, b, h, row, s));
-        float mref = mnew == NEG_INF ? 0.0 : mnew;
-        l *= exp(m - mref);
+        float s[PER_LANE], corr;
+        float mref = online_step(j0, b, h, row, m, l, s, corr);
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) l += exp(s[x] - mref);
-        m = mnew;
         subgroup_sync();   // the scores are read before the next tile's are stored
     }
     l = row_sum(l);

@@ -46,18 +46,13 @@ void main() {
         barrier();
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
-        float s[PER_LANE];
-        float mnew = max(m, row_scores(j0, b, h, row, s));
-        // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
-        float mref = mnew == NEG_INF ? 0.0 : mnew;
-        float corr = exp(m - mref);
-        l *= corr;
+        float s[PER_LANE], corr;
+        float mref = online_step(j0, b, h, row, m, l, s, corr);
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
             float pv = exp(s[x] - mref);
             l += pv;
             Ps[(sg * FR + r) * PROW + part + LPR * x] = float16_t(pv);
         }
-        m = mnew;
         if (part == 0u) Rowf[sg * FR + r] = corr;
         subgroup_sync();
         SCALE_ROWS(acc, ids);
