@@ -52,9 +52,10 @@ def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int
     tiles = 2 * bc * (maxd // 8 + 1) * 16            # two staged tiles of head rows, f16
     scores = nsg * fr * (bc + 4) * 4                  # a subgroup's rows of f32 scores
     probs = nsg * fr * (bc + 8) * 2                   # ... and of f16 probabilities
-    return tiles + {"fwd": scores + probs + fr * fr * 4 + nsg * fr * 4,
-                    "bwd_dq": 2 * scores + probs,
-                    "bwd_dkdv": 2 * scores + 2 * probs + 2 * bc * 4}[kernel]
+    ids = 2 * fr * fr * 4                             # the row- and column-id fragments' source
+    return tiles + scores + ids + {"fwd": probs + nsg * fr * 4,
+                                   "bwd_dq": probs + 2 * nsg * fr * 4,
+                                   "bwd_dkdv": 2 * probs + 2 * bc * 4}[kernel]
 
 
 def scalar_name(kernel: str, maxd: int) -> str:

@@ -50,6 +50,13 @@ layout(std430, set = 0, binding = 2) readonly buffer V8 { uvec4 v8[]; };
 
 shared float Ss[NSG * FR * SROW];       // each subgroup's scores (S^T in the dk/dv pass), then its output
 
+// Element e of any accumulator fragment lies in row RowIds-fragment[e] and
+// column ColIds-fragment[e], whatever layout the implementation gives
+// fragments: element-wise work that needs an element's row or column reads
+// them from these two fragments.
+shared float RowIds[FR * FR];           // RowIds[r * FR + c] = r
+shared float ColIds[FR * FR];           // ColIds[r * FR + c] = c
+
 uint sg_index() { return gl_LocalInvocationIndex / SG; }
 uint lane_row() { return (gl_LocalInvocationIndex % SG) / LPR; }
 uint lane_part() { return gl_LocalInvocationIndex % LPR; }
@@ -70,6 +77,16 @@ float row_max(float x) {
     return x;
 }
 
+void fill_ids() {
+    for (uint e = gl_LocalInvocationIndex; e < FR * FR; e += NT) {
+        RowIds[e] = float(e / FR);
+        ColIds[e] = float(e % FR);
+    }
+}
+
+// an id fragment (fill_ids done and a barrier passed)
+#define LOAD_IDS(frag, ids) coopMatLoad(frag, ids, 0u, FR, ROWS)
+
 // s[x] <- this lane's scores of its query row in the key tile from j0, read
 // from Ss, scaled and masked; returns their max over the whole row
 float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
@@ -81,6 +98,20 @@ float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
         tmax = max(tmax, s[x]);
     }
     return row_max(tmax);
+}
+
+// One key tile of the online softmax: s <- the row's scores (row_scores),
+// m <- the running max with them, and l (this lane's share of the row's
+// sum) rescaled to it by corr; returns the shift the tile's exponentials take
+float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float l,
+                  out float s[PER_LANE], out float corr) {
+    float mnew = max(m, row_scores(j0, b, h, row, s));
+    // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
+    float mref = mnew == NEG_INF ? 0.0 : mnew;
+    corr = exp(m - mref);
+    l *= corr;
+    m = mnew;
+    return mref;
 }
 
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
@@ -135,6 +166,21 @@ float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
         }                                                                             \
         coopMatStore(s_, dst, sg_index() * FR * SROW + n_ * FR, SROW, ROWS);          \
     }
+
+// s <- A (FR x MAXD, fragments a) times the transpose of streamed rows
+// n*FR .. n*FR+FR-1 of a staged tile, kept in the accumulator
+#define SCORE_FRAG(s, a, tile, off, n)                                               \
+    s = FRAG_C(0.0);                                                                  \
+    [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                    \
+        FRAG_B t_;                                                                    \
+        coopMatLoad(t_, tile, (off) + (n) * FR * HROW + d_ * (FR / 8u), HROW, COLS);  \
+        s = coopMatMulAdd(a[d_], t_, s);                                              \
+    }
+
+// an accumulator fragment, as f16, to columns n*FR .. of this subgroup's rows of dst
+#define STORE_F16(frag, dst, n)                                                      \
+    coopMatStore(coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>(frag), \
+                 dst, sg_index() * FR * PROW + (n) * FR, PROW, ROWS)
 
 // acc[d] += P (this subgroup's FR x BC f16 rows of src) times the streamed
 // tile's rows (BC x MAXD)

@@ -3,9 +3,10 @@
 // Flash-attention backward, pass 2 of 2, on cooperative matrices (see
 // attn_coop.glsl and, for the algorithm, attn_bwd_dkdv.glsl): a workgroup
 // owns BR key rows and streams the query rows. Per query tile, S^T = K Q^T
-// and dP^T = V G^T on fragments; the key row's lanes form P^T = exp(S^T -
-// lse) and dS^T = P^T (dP^T - D) as f16; dV += P^T G and dK += dS^T Q on
-// fragments. Each workgroup writes only its own rows of dk and dv.
+// and dP^T = V G^T on fragments, and P^T = exp(S^T - lse) and dS^T = P^T
+// (dP^T - D) on their elements, stored as f16 and read back as A fragments
+// for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows
+// of dk and dv.
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
@@ -15,19 +16,22 @@ layout(std430, set = 0, binding = 6) writeonly buffer DK { T dk[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 
 shared uvec4 QGs[2 * BC * HROW];        // Q at 0, G at BC * HROW (K, then V, staged here first)
-shared float DPs[NSG * FR * SROW];      // each subgroup's dP^T
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's P^T
 shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T
 shared float Ls[BC];                    // the streamed queries' lse
 shared float Ds[BC];                    // and D
 
 void main() {
-    uint sg = sg_index(), r = lane_row(), part = lane_part();
+    uint sg = sg_index();
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint j0 = gl_WorkGroupID.x * BR, key = j0 + sg * FR + r;
+    uint j0 = gl_WorkGroupID.x * BR;
 
+    fill_ids();
     FRAG_A kf[ND], vf[ND];
     OWN_ROWS(kf, k, k8, vf, v, v8, QGs, p.sk, j0, b, h);
+    FRAG_C rid, cid;
+    LOAD_IDS(rid, RowIds);
+    LOAD_IDS(cid, ColIds);
     FRAG_C dka[ND], dva[ND];
     [[unroll]] for (uint d = 0u; d < ND; ++d) {
         dka[d] = FRAG_C(0.0);
@@ -46,14 +50,19 @@ void main() {
             Ds[c] = in_seq ? stats[p.nstat + sbase + i0 + c] : 0.0;
         }
         barrier();
-        SCORES(Ss, kf, QGs, 0u);
-        SCORES(DPs, vf, QGs, BC * HROW);
-        subgroup_sync();
-        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
-            uint c = part + LPR * x, at = (sg * FR + r) * SROW + c, pt = (sg * FR + r) * PROW + c;
-            float pij = exp(masked(Ss[at] * p.scale, b, h, i0 + c, key) - Ls[c]);
-            Ps[pt] = float16_t(pij);
-            DSs[pt] = float16_t(pij * (DPs[at] - Ds[c]));
+        // P^T and dS^T on the fragments' elements, each query's lse and D by its column id
+        [[unroll]] for (uint n = 0u; n < NB; ++n) {
+            FRAG_C s, dp;
+            SCORE_FRAG(s, kf, QGs, 0u, n);
+            SCORE_FRAG(dp, vf, QGs, BC * HROW, n);
+            for (uint e = 0u; e < uint(s.length()); ++e) {
+                uint c = n * FR + uint(cid[e]);
+                float pij = exp(masked(s[e] * p.scale, b, h, i0 + c, j0 + sg * FR + uint(rid[e])) - Ls[c]);
+                s[e] = pij;
+                dp[e] = pij * (dp[e] - Ds[c]);
+            }
+            STORE_F16(s, Ps, n);
+            STORE_F16(dp, DSs, n);
         }
         subgroup_sync();
         ACCUMULATE(dva, Ps, QGs, BC * HROW);

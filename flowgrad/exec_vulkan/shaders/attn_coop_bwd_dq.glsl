@@ -2,10 +2,10 @@
 #version 450
 // Flash-attention backward, pass 1 of 2, on cooperative matrices (see
 // attn_coop.glsl and, for the algorithm, attn_bwd_dq.glsl): a workgroup owns
-// BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments; the
-// row's lanes form dS = P (dP - D) with P = exp(S - lse), as f16, and
-// dQ += dS K on fragments. Saves D (and, where it recomputed it, lse) for
-// the dk/dv pass.
+// BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments, and
+// dS = P (dP - D) with P = exp(S - lse) on their elements, stored as f16 and
+// read back as A fragments for dQ += dS K. Saves D (and, where it recomputed
+// it, lse) for the dk/dv pass.
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
@@ -15,13 +15,12 @@ layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 layout(std430, set = 0, binding = 7) buffer Stats { float stats[]; };  // lse then D
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
-shared float DPs[NSG * FR * SROW];      // each subgroup's dP
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS
+shared float Lrow[BR], Drow[BR];        // the own rows' lse and D
 
 // The row's log-sum-exp from a sweep over the key tiles (every invocation
 // takes part; the score fragments as the forward makes them).
 float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row) {
-    uint sg = sg_index(), r = lane_row(), part = lane_part();
     float m = NEG_INF, l = 0.0;
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
@@ -29,12 +28,9 @@ float recompute_lse(FRAG_A qf[ND], uint b, uint h, uint i0, uint jend, uint row)
         barrier();
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
-        float s[PER_LANE];
-        float mnew = max(m, row_scores(j0, b, h, row, s));
-        float mref = mnew == NEG_INF ? 0.0 : mnew;
-        l *= exp(m - mref);
+        float s[PER_LANE], corr;
+        float mref = online_step(j0, b, h, row, m, l, s, corr);
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) l += exp(s[x] - mref);
-        m = mnew;
         subgroup_sync();   // the scores are read before the next tile's are stored
     }
     l = row_sum(l);
@@ -46,6 +42,7 @@ void main() {
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
     uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
 
+    fill_ids();
     FRAG_A qf[ND], gf[ND];
     OWN_ROWS(qf, q, q8, gf, g, g8, KVs, p.sq, i0, b, h);
 
@@ -65,6 +62,16 @@ void main() {
         lse = recompute_lse(qf, b, h, i0, jend, row);
     }
 
+    if (part == 0u) {
+        Lrow[sg * FR + r] = lse;
+        Drow[sg * FR + r] = drow;
+    }
+    barrier();   // the ids and the rows' statistics are visible
+    FRAG_C rid, cid;
+    LOAD_IDS(rid, RowIds);
+    LOAD_IDS(cid, ColIds);
+
+    // dS = P (dP - D) on the fragments' elements, each row's lse and D by its row id
     FRAG_C acc[ND];
     [[unroll]] for (uint d = 0u; d < ND; ++d) acc[d] = FRAG_C(0.0);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
@@ -72,13 +79,16 @@ void main() {
         STAGE(KVs, 0u, k, k8, p.sk, j0, BC, b, h);
         STAGE(KVs, BC * HROW, v, v8, p.sk, j0, BC, b, h);
         barrier();
-        SCORES(Ss, qf, KVs, 0u);
-        SCORES(DPs, gf, KVs, BC * HROW);
-        subgroup_sync();
-        [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
-            uint c = part + LPR * x, at = (sg * FR + r) * SROW + c;
-            float pij = exp(masked(Ss[at] * p.scale, b, h, row, j0 + c) - lse);
-            Ps[(sg * FR + r) * PROW + c] = float16_t(pij * (DPs[at] - drow));
+        [[unroll]] for (uint n = 0u; n < NB; ++n) {
+            FRAG_C s, dp;
+            SCORE_FRAG(s, qf, KVs, 0u, n);
+            SCORE_FRAG(dp, gf, KVs, BC * HROW, n);
+            for (uint e = 0u; e < uint(s.length()); ++e) {
+                uint own = sg * FR + uint(rid[e]);
+                float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Lrow[own]);
+                s[e] = pij * (dp[e] - Drow[own]);
+            }
+            STORE_F16(s, Ps, n);
         }
         subgroup_sync();
         ACCUMULATE(acc, Ps, KVs, 0u);

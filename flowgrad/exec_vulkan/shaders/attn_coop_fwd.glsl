@@ -13,22 +13,7 @@ layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q staged here first)
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's probabilities
-// Scaling an accumulator's rows uses a fragment whose elements hold their
-// own row numbers: element e of any accumulator fragment lies in row
-// ids[e], whatever layout the implementation gives fragments.
-shared float RowIds[FR * FR];           // RowIds[r * FR + c] = r
 shared float Rowf[BR];                  // a factor per own row: the softmax's correction, then 1/l
-
-// the row-number fragment (RowIds must be filled and a barrier passed)
-FRAG_C row_ids() {
-    FRAG_C ids;
-    coopMatLoad(ids, RowIds, 0u, FR, ROWS);
-    return ids;
-}
-
-void fill_row_ids() {
-    for (uint e = gl_LocalInvocationIndex; e < FR * FR; e += NT) RowIds[e] = float(e / FR);
-}
 
 // acc[d] rows scaled by Rowf of this subgroup's rows (Rowf written, the subgroup synced)
 #define SCALE_ROWS(acc, ids)                                                         \
@@ -42,10 +27,11 @@ void main() {
     uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
     uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
 
-    fill_row_ids();
+    fill_ids();
     STAGE(KVs, 0u, q, q8, p.sq, i0, BR, b, h);
     barrier();
-    FRAG_C ids = row_ids();
+    FRAG_C ids;
+    LOAD_IDS(ids, RowIds);
     FRAG_A qf[ND];
     LOAD_ROWS_A(qf, KVs, 0u, sg * FR);
     FRAG_C acc[ND];
@@ -60,18 +46,13 @@ void main() {
         barrier();
         SCORES(Ss, qf, KVs, 0u);
         subgroup_sync();
-        float s[PER_LANE];
-        float mnew = max(m, row_scores(j0, b, h, row, s));
-        // while every score so far is -inf, shift by 0 so exp() gives 0, not NaN
-        float mref = mnew == NEG_INF ? 0.0 : mnew;
-        float corr = exp(m - mref);
-        l *= corr;
+        float s[PER_LANE], corr;
+        float mref = online_step(j0, b, h, row, m, l, s, corr);
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
             float pv = exp(s[x] - mref);
             l += pv;
             Ps[(sg * FR + r) * PROW + part + LPR * x] = float16_t(pv);
         }
-        m = mnew;
         if (part == 0u) Rowf[sg * FR + r] = corr;
         subgroup_sync();
         SCALE_ROWS(acc, ids);
