@@ -26,12 +26,15 @@ SHARED_LIMIT = 32768
 # device may offer (FR x FR x FR f16 products; NVIDIA: 16 with subgroups of
 # 32, lavapipe: 8 with 8), per head-width bound and kernel, (NSG subgroups
 # per workgroup, BC streamed rows per tile). A workgroup owns NSG * FR rows.
-# On the H200 (bench/attention_tiles.py --dtype f16, head width 64) the
-# forward with 64 keys per tile ran 16% faster than with 32, and 2 subgroups
-# per workgroup ran every kernel 4-5x slower than 4; the other bounds are
-# unmeasured.
+# On the H200 (bench/attention_tiles.py --dtype f16) 64 keys per tile ran
+# the head-width-64 forward 16% faster than 32 keys, and the dq pass 10-20%
+# faster at b1 T1024 (head widths 32 and 64; the same at b16 T256 and b4
+# T1024); the width-32 forward was 12% faster at b1 T1024 but 11% slower at b4,
+# so it keeps 32. 2 subgroups per workgroup ran every kernel 1.2-5x slower
+# than 4. Width 128 is unmeasured.
+WIDE_KEY_TILES = {(64, "fwd"), (64, "bwd_dq"), (32, "bwd_dq")}
 COOP_TILES = {
-    (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) == (64, "fwd") else 32) for kernel in KERNELS}
+    (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in KERNELS}
                for maxd in (32, 64, 128)},
     (8, 8): {maxd: {kernel: (4, 32) for kernel in KERNELS} for maxd in (32, 64, 128)},
 }
