@@ -225,6 +225,29 @@ def test_shape_classes_pick_the_table_tile(m, n, k, nz, klass):
     assert default.tile.shader == mk.TABLES["default"][klass]
 
 
+@pytest.mark.parametrize("m,n,k,klass", [(4096, 4096, 4096, "square"), (4096, 512, 2048, "tall"),
+                                         (512, 1536, 4096, "deep"), (4096, 256, 512, "narrow")])
+def test_a_read_along_k_picks_its_own_table_tile(m, n, k, klass):
+    want = mk.A_KFAST_TABLES["nvidia"].get(klass, mk.TABLES["nvidia"][klass])
+    assert mk.choose(H200, "f32", m, n, k, 1, a_kfast=True).tile.shader == want
+    assert mk.choose(H200, "f32", m, n, k, 1).tile.shader == mk.TABLES["nvidia"][klass]
+    assert mk.choose(H200, "f32", m, n, k, 3, a_kfast=True).tile.shader == mk.TABLES["nvidia"][klass]
+    assert mk.choose(FakeInfo("llvmpipe (LLVM 15)"), "f32", m, n, k, 1, a_kfast=True).tile.shader == \
+        mk.TABLES["default"][klass]
+
+
+def test_a_layout_specialized_tile_gets_each_products_layout(vk_device):
+    """The forward (A and B untransposed) and the two backward products (B,
+    then A transposed) each run a pipeline specialized to their layout."""
+    shader = next(t.shader for t in mk.TILES.values() if t.fixed_layout)
+    for sa, sb in VARIANT_SHAPES:
+        commands = check(vk_device, sa, sb, shader=shader, dispatches=True)
+        layouts = [c.spec[1] for c in commands]
+        assert all(c.spec[0] == 0 for c in commands) and len(set(layouts)) == 3, layouts
+        aligned = sa[-1] % 4 == 0
+        assert layouts[0] == 16 | (3 * aligned) | 4 | 8, layouts   # A along k, B along n
+
+
 def test_split_k_only_when_the_output_is_small_and_unbatched():
     assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
     assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1

@@ -82,9 +82,6 @@ class Epilogue:
         return (int(self.residual is not None) | 2 * int(self.bias is not None)
                 | 4 * int(self.bias_first and self.bias is not None))
 
-    def spec(self) -> tuple:
-        """The tiled kernel's specialization constants (a product without an activation keeps its pipeline)."""
-        return (self.act,) if self.act else ()
 
 
 def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed, epilogue=None) -> bool:
@@ -113,7 +110,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
     info = getattr(rec, "info", None)
     choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
-                            tensor_loads=g.unit_strided())
+                            tensor_loads=g.unit_strided(), a_kfast=a.cs == 1)
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
@@ -129,7 +126,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     else:
         rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
                      g.push() + (epi.bits() if epi else 0, 0, 0), _groups(choice.tile, m, n, nz),
-                     _variant(choice, c.view.dtype), spec=epi.spec() if epi else ())
+                     _variant(choice, c.view.dtype), spec=g.spec(choice.tile, epi))
         if epi is not None:
             epi.applied = True
     return True
@@ -224,6 +221,16 @@ class _Gemm:
         cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
         return self._push(amode, bmode, cvec)
 
+    def spec(self, tile, epi) -> tuple:
+        """The tiled kernel's specialization constants: the store's activation
+        (EPI_ACT), then for a tile specialized per layout the operands' layout
+        (LAYOUT, matmul_tiled.glsl); () keeps the one generic pipeline."""
+        act = epi.act if epi is not None else 0
+        if not tile.fixed_layout:
+            return (act,) if act else ()
+        amode, bmode = self.push()[-3:-1]
+        return act, 16 | amode | 2 * bmode | 4 * (self.a.cs == 1) | 8 * (self.b.cs == 1)
+
     def _push(self, amode: int, bmode: int, cvec: int) -> tuple:
         a, b, c = self.a, self.b, self.c
         return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
@@ -259,7 +266,7 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
     c = g.c.view
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
                  part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype),
-                 spec=epi.spec() if epi else ())
+                 spec=part.spec(choice.tile, epi))
     if epi is not None:
         epi.applied = True
 

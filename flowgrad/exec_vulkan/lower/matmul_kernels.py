@@ -37,6 +37,7 @@ class Tile:
     f16: bool = False   # has an f16-storage build
     cm2: bool = False   # workgroup-scope cooperative matrices: one build per operand layout (matmul_cm2.py)
     invocations: int = 0
+    fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
 
     def shader_for(self, a_mfast: bool, b_kfast: bool) -> str:
         """The build to dispatch: cm2 tiles have one per operand layout."""
@@ -47,7 +48,7 @@ class Tile:
 # (128x64, 64x128, 64x64 with 8 deep; more cooperative-matrix shapes): add a
 # .comp of a few defines to try one.
 TILES = {t.shader: t for t in (
-    Tile("matmul_128x128_k8", 128, 128, 8), Tile("matmul_128x128_k16", 128, 128, 16),
+    Tile("matmul_128x128_k8", 128, 128, 8, fixed_layout=True), Tile("matmul_128x128_k16", 128, 128, 16),
     Tile("matmul_64x64_k16", 64, 64, 16, f16=True),
 )}
 # f16 GEMMs that cooperative matrices cannot take (odd sizes, or no device
@@ -80,6 +81,13 @@ TABLES = {
     "nvidia": {"square": "matmul_128x128_k16", "tall": "matmul_128x128_k16", "narrow": "matmul_64x64_k16",
                "deep": "matmul_128x128_k16", "batched": "matmul_64x64_k16"},
 }
+# Single products whose A is read along k (A not transposed): per device family, the classes
+# whose tile differs. On the H200 (bench/matmul_candidates.py, one run, share of cuBLAS) the
+# 8-deep tile specialized to the operand layout took nn and nt products from 0.60-0.69
+# (128x128_k16) to 0.65-0.75, 0.73 at 4096^3; products with A transposed ran slower on it
+# (0.61-0.64 against 0.66-0.67), as did the 16-deep tile specialized (0.62 at 4096^3). Batched
+# ones too: gpt_small's qkv product as three 4096x512 blocks took 1.47 ms a step against 1.23.
+A_KFAST_TABLES = {"nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k8"}}
 # Whether the tiled kernels' store takes an activation (matmul_tiled.glsl's EPI_ACT). On the
 # H200 it does not pay: gpt_small f32 stepped in 22.1-22.3 ms with gelu in the MLP's product's
 # store against 21.8 ms with the product (and its bias) stored and gelu run as its own pass
@@ -192,10 +200,11 @@ def _check_forced(info, tile: Tile, dtype: str, m: int, n: int, k: int, coop_ali
 
 
 def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
-           tensor_loads: bool = False) -> Choice:
+           tensor_loads: bool = False, a_kfast: bool = False) -> Choice:
     """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K only
     when nz == 1 (the caller passes nz > 1 for summed batches too).
-    tensor_loads: the caller dispatches matmul_cm2 builds (Tile.shader_for)."""
+    tensor_loads: the caller dispatches matmul_cm2 builds (Tile.shader_for);
+    a_kfast: A's unit stride is along k."""
     shader = forced_shader()
     klass = shape_class(m, n, k, nz)
     family = device_family(info)
@@ -212,7 +221,8 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     elif dtype == "f16":
         tile = TILES[F16_TILE]
     else:
-        tile = TILES[TABLES[family][klass]]
+        kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
+        tile = TILES[kfast.get(klass) or TABLES[family][klass]]
     chunks = split_count(info, tile, math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if nz == 1 else 1
     return Choice(tile, chunks, klass)
 

@@ -92,8 +92,17 @@ layout(push_constant, std430) uniform Push {
     uint sdm;             // D's row stride
 } p;
 
-#define A_VEC (p.amode == 1u)
-#define B_VEC (p.bmode == 1u)
+// A pipeline specialized to its product's operand layout (LAYOUT: 16 | the
+// bits below; 0: the push block says, at run time) compiles without the other
+// layouts' load and store code, and without the branches choosing among them.
+layout(constant_id = 1) const uint LAYOUT = 0u;
+#define FIXED(bit, v) (LAYOUT != 0u ? (LAYOUT & (bit)) != 0u : (v))
+#define A_VEC FIXED(1u, p.amode == 1u)
+#define B_VEC FIXED(2u, p.bmode == 1u)
+#undef A_KFAST
+#define A_KFAST FIXED(4u, p.sak == 1u)
+#undef B_NFAST
+#define B_NFAST FIXED(8u, p.sbn == 1u)
 #define C_VEC (p.cvec == 1u)
 float a_at(uint base, uint m, uint k) { return float(a[base + m * p.sam + k * p.sak]); }
 float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.sbn]); }
