@@ -84,9 +84,10 @@ TABLES = {
 # Single products whose A is read along k (A not transposed): per device family, the classes
 # whose tile differs. On the H200 (bench/matmul_candidates.py, one run, share of cuBLAS) the
 # 8-deep tile specialized to the operand layout took nn and nt products from 0.60-0.69
-# (128x128_k16) to 0.65-0.75, 0.73 at 4096^3; products with A transposed ran slower on it
-# (0.61-0.64 against 0.66-0.67), as did the 16-deep tile specialized (0.62 at 4096^3). Batched
-# ones too: gpt_small's qkv product as three 4096x512 blocks took 1.47 ms a step against 1.23.
+# (128x128_k16) to 0.65-0.75, 0.73 at 4096^3; it ran products with A transposed slower (the
+# three largest 0.61-0.64 against 0.64-0.67), and so did the 16-deep tile specialized (0.62 at
+# 4096^3). Batched products too: gpt_small's qkv product as three 4096x512 blocks took 1.47 ms
+# of forward a step on it against 1.23.
 A_KFAST_TABLES = {"nvidia": {"square": "matmul_128x128_k8", "tall": "matmul_128x128_k8"}}
 # Whether the tiled kernels' store takes an activation (matmul_tiled.glsl's EPI_ACT). On the
 # H200 it does not pay: gpt_small f32 stepped in 22.1-22.3 ms with gelu in the MLP's product's
