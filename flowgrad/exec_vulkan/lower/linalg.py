@@ -83,7 +83,6 @@ class Epilogue:
                 | 4 * int(self.bias_first and self.bias is not None))
 
 
-
 def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed, epilogue=None) -> bool:
     """C[z] = sum_r A[z, r] @ B[z, r] over batch dims `full` (summed[i]: dim i
     is summed, C's stride there is ignored). Returns False when the batch

@@ -2,7 +2,8 @@
 shape classes, and per device the tile measured fastest for each class.
 
 A GEMM is classified by its sizes alone (M x N outputs, K deep, nz batched
-products); the table maps (device family, class) to a tile. The tables come
+products); the table maps (device family, class) to a tile, and a device
+family may map single products whose A is read along k to other tiles. The tables come
 from bench/matmul_sweep.py on the device named beside them; a
 device with no table of its own gets the default one, tuned for no device in
 particular (64x64 tiles keep a small GPU busy and a CPU device fast enough).
