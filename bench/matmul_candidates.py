@@ -8,8 +8,9 @@ steps, since the GPU machine may have no glslc:
 CANDIDATES.json maps a name to the defines of one build, e.g.
 {"c_128x256_k8": {"BM": 128, "BN": 256, "BK": 8, "TM": 8, "TN": 16}}: the tile
 (BM x BN outputs, BK deep, TM x TN per invocation, PAD), plus any define an
-experimental edit of the shader reads. `time` prints each product's share
-of cuBLAS per kernel, the driver's register counts where it reports them,
+experimental edit of the shader reads; "FIXED_LAYOUT": 1 specializes each
+dispatch's pipeline to its product's operand layout, as the shipped
+128x128_k8 is. `time` prints each product's share of cuBLAS per kernel, the driver's register counts where it reports them,
 and per kernel the share at 4096^3 and the mean and min over gpt_small's
 13 products; every product is spot-checked against float64 (bench/MATMUL_NOTES.md
 says how its tables were made). --small: three odd-sized products, checked only."""
@@ -57,7 +58,7 @@ def register(folder: Path) -> dict:
     spirv.spv_path = lambda shader, variant=None: (folder / f"{shader}.spv" if shader in table
                                                    else shipped(shader, variant))
     for name, d in table.items():
-        mk.TILES[name] = mk.Tile(name, d["BM"], d["BN"], d["BK"])
+        mk.TILES[name] = mk.Tile(name, d["BM"], d["BN"], d["BK"], fixed_layout=bool(d.get("FIXED_LAYOUT")))
         push_constants.SPECS[name] = push_constants.SPECS[SHIPPED[0]]
     return table
 
