@@ -35,6 +35,7 @@ CASES = [  # batch, seq, heads, causal (head width: --maxd)
 
 
 def ours(device, case, steps, check):
+    from flowgrad.dtypes import NUMPY_DTYPE
     from flowgrad.exec_vulkan.encoder import encode, read_timestamps
     from flowgrad.exec_vulkan.lower import attention as attn_low
     from flowgrad.exec_vulkan.oneshot import OneShot
@@ -44,8 +45,7 @@ def ours(device, case, steps, check):
     batch, seq, heads, dh, causal, dtype = case
     attrs_ = {"heads": heads, "causal": causal}
     rng = np.random.default_rng(0)
-    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype({"f32": np.float32, "f16": np.float16}[dtype])
-                  for _ in range(4))
+    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(NUMPY_DTYPE[dtype]) for _ in range(4))
     t = TensorType(q.shape, dtype)
     node = Node(3, "attention", (0, 1, 2), t, attrs=attrs_)
     with OneShot(device) as s:
