@@ -1,7 +1,7 @@
 // The attention kernels on cooperative matrices (VK_KHR_cooperative_matrix,
 // subgroup scope; f16 storage, f32 accumulation): attn_coop_fwd,
 // attn_coop_bwd_dq and attn_coop_bwd_dkdv, with the same contract as the
-// scalar kernels (attn_common.glsl). The build table in lower/attention.py
+// scalar kernels (attn_common.glsl). The build table in attention_builds.py
 // gives:
 //   MAXD  head-width bound: head rows are staged zero-padded to MAXD columns
 //   FR    fragment size: FR x FR x FR products (16 on NVIDIA, 8 on lavapipe)

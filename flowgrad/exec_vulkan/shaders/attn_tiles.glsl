@@ -1,5 +1,5 @@
 // The scalar attention kernels' tiling (attn_fwd, attn_bwd_dq, attn_bwd_dkdv).
-// The tile defines come from the variant table in lower/attention.py, which
+// The tile defines come from the build table in attention_builds.py, which
 // scripts/build_shaders.py compiles once per entry:
 //   MAXD      head-width bound (zero padding past dh adds nothing to a dot)
 //   BR        own rows per workgroup (queries; keys in the dk/dv pass)
