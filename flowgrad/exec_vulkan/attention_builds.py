@@ -56,9 +56,9 @@ def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int
     scores = nsg * fr * (bc + 4) * 4                  # a subgroup's rows of f32 scores
     probs = nsg * fr * (bc + 8) * 2                   # ... and of f16 probabilities
     ids = 2 * fr * fr * 4                             # the row- and column-id fragments' source
-    return tiles + scores + ids + {"fwd": probs + nsg * fr * 4,
-                                   "bwd_dq": probs + 2 * nsg * fr * 4,
-                                   "bwd_dkdv": 2 * probs + 2 * bc * 4}[kernel]
+    return tiles + ids + {"fwd": scores + probs + nsg * fr * 4,
+                          "bwd_dq": scores + probs + 2 * nsg * fr * 4,
+                          "bwd_dkdv": 2 * probs + 2 * bc * 4}[kernel]
 
 
 def scalar_name(kernel: str, maxd: int) -> str:

@@ -48,8 +48,6 @@ layout(std430, set = 0, binding = 0) readonly buffer Q8 { uvec4 q8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer K8 { uvec4 k8[]; };
 layout(std430, set = 0, binding = 2) readonly buffer V8 { uvec4 v8[]; };
 
-shared float Ss[NSG * FR * SROW];       // each subgroup's scores (S^T in the dk/dv pass), then its output
-
 // Element e of any accumulator fragment lies in row RowIds-fragment[e] and
 // column ColIds-fragment[e], whatever layout the implementation gives
 // fragments: element-wise work that needs an element's row or column reads
@@ -87,6 +85,9 @@ void fill_ids() {
 // an id fragment (fill_ids done and a barrier passed)
 #define LOAD_IDS(frag, ids) coopMatLoad(frag, ids, 0u, FR, ROWS)
 
+#ifdef SCORE_ROWS   // the kernels whose lanes read score rows (forward, dq)
+shared float Ss[NSG * FR * SROW];       // each subgroup's scores
+
 // s[x] <- this lane's scores of its query row in the key tile from j0, read
 // from Ss, scaled and masked; returns their max over the whole row
 float row_scores(uint j0, uint b, uint h, uint row, out float s[PER_LANE]) {
@@ -113,6 +114,7 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
     m = mnew;
     return mref;
 }
+#endif
 
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
 
@@ -196,16 +198,18 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
     }
 
 // head h's columns of rows row0 + r (r < FR, below seq) of dst <- acc[d] * factor,
-// each fragment through this subgroup's score rows of stage
+// rounded to f16 once, each fragment through this subgroup's f16 rows of stage
+// (after its lanes' last reads of them)
 #define STORE_ROWS(dst, acc, factor, stage, seq, row0, b, h)                          \
+    subgroup_sync();                                                                  \
     [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                    \
-        coopMatStore(acc[d_], stage, sg_index() * FR * SROW, SROW, ROWS);             \
+        STORE_F16(acc[d_] * (factor), stage, 0u);                                     \
         subgroup_sync();                                                              \
         uint r_ = lane_row(), row_ = (row0) + r_;                                     \
         for (uint c_ = lane_part(); c_ < FR; c_ += LPR) {                             \
             uint col_ = d_ * FR + c_;                                                 \
             if (row_ < (seq) && col_ < p.dh)                                          \
-                dst[row_base(b, seq, row_, h) + col_] = STORE(stage[(sg_index() * FR + r_) * SROW + c_] * (factor)); \
+                dst[row_base(b, seq, row_, h) + col_] = stage[(sg_index() * FR + r_) * PROW + c_]; \
         }                                                                             \
         subgroup_sync();                                                              \
     }

@@ -69,6 +69,6 @@ void main() {
         ACCUMULATE(dka, DSs, QGs, 0u);
     }
 
-    STORE_ROWS(dk, dka, p.scale, Ss, p.sk, j0 + sg * FR, b, h);
-    STORE_ROWS(dv, dva, 1.0, Ss, p.sk, j0 + sg * FR, b, h);
+    STORE_ROWS(dk, dka, p.scale, DSs, p.sk, j0 + sg * FR, b, h);
+    STORE_ROWS(dv, dva, 1.0, DSs, p.sk, j0 + sg * FR, b, h);
 }

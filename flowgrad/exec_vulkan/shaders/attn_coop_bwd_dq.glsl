@@ -6,6 +6,7 @@
 // dS = P (dP - D) with P = exp(S - lse) on their elements, stored as f16 and
 // read back as A fragments for dQ += dS K. Saves D (and, where it recomputed
 // it, lse) for the dk/dv pass.
+#define SCORE_ROWS
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer O { T o[]; };
@@ -94,7 +95,7 @@ void main() {
         ACCUMULATE(acc, Ps, KVs, 0u);
     }
 
-    STORE_ROWS(dq, acc, p.scale, Ss, p.sq, i0 + sg * FR, b, h);
+    STORE_ROWS(dq, acc, p.scale, Ps, p.sq, i0 + sg * FR, b, h);
     if (part == 0u && row < p.sq) {
         uint si = stat_index(b, h, row);
         if (p.saved_lse == 0u) stats[si] = lse;

@@ -6,6 +6,7 @@
 // write P = exp(S - m) as f16; the output fragments are rescaled by
 // exp(m_old - m) and accumulate P V. The end divides by l and saves each
 // row's log-sum-exp (+inf for a fully masked row, whose output is 0).
+#define SCORE_ROWS
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
@@ -66,5 +67,5 @@ void main() {
     }
     subgroup_sync();
     SCALE_ROWS(acc, ids);
-    STORE_ROWS(o, acc, 1.0, Ss, p.sq, i0 + sg * FR, b, h);
+    STORE_ROWS(o, acc, 1.0, Ps, p.sq, i0 + sg * FR, b, h);
 }
