@@ -27,12 +27,13 @@ SHARED_LIMIT = 32768
 # 32, lavapipe: 8 with 8), per head-width bound and kernel, (NSG subgroups
 # per workgroup, BC streamed rows per tile). A workgroup owns NSG * FR rows.
 # On the H200 (bench/attention_tiles.py --dtype f16) 64 keys per tile ran
-# the head-width-64 forward 16% faster than 32 keys, and the dq pass 10-20%
+# the head-width-64 forward 16% faster than 32 keys, the dq pass 10-20%
 # faster at b1 T1024 (head widths 32 and 64; the same at b16 T256 and b4
-# T1024); the width-32 forward was 12% faster at b1 T1024 but 11% slower at b4,
-# so it keeps 32. 2 subgroups per workgroup ran every kernel 1.2-5x slower
-# than 4. Width 128 is unmeasured.
-WIDE_KEY_TILES = {(64, "fwd"), (64, "bwd_dq"), (32, "bwd_dq")}
+# T1024), and the dk/dv pass 20-45% faster at b1 T1024, b16 T256 and b4
+# T1024 (widths 32 and 64); the width-32 forward was 12% faster at b1 T1024
+# but 11% slower at b4, so it keeps 32. 2 subgroups per workgroup ran every
+# kernel 1.2-5x slower than 4. Width 128 is unmeasured.
+WIDE_KEY_TILES = {(64, "fwd"), (64, "bwd_dq"), (32, "bwd_dq"), (64, "bwd_dkdv"), (32, "bwd_dkdv")}
 COOP_TILES = {
     (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in KERNELS}
                for maxd in (32, 64, 128)},
