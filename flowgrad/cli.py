@@ -289,7 +289,8 @@ def cmd_bench_matmul(args) -> int:
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
     shapes = [matmul_bench.parse_shape(s) for s in args.shape] or None
-    rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all))
+    chunks = matmul_bench.parse_chunks(args.chunks) if args.chunks else None
+    rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all, chunks))
     print(matmul_bench.report(rows, device.info.name, args.dtype))
     return 0
 
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
                    help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
     p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")
+    p.add_argument("--chunks", default=None, metavar="C1,C2,...",
+                   help="bench matmul: time each kernel split over K into each of these chunk counts "
+                        "(default: as the lowering splits)")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="data-parallel training steps at 1..N ranks (mpiexec): step time, samples/s, all-reduce share")
     p.set_defaults(func=cmd_bench)

@@ -297,6 +297,23 @@ def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
     assert "bad --shape '1,2'" in capsys.readouterr().err
 
 
+def test_bench_matmul_chunks(vk_device, capsys, monkeypatch):
+    from flowgrad.cli import main
+    from flowgrad.exec_vulkan import matmul_bench
+
+    monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)
+    monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
+    counts, real = [], mk.split_count
+    monkeypatch.setattr(mk, "split_count", lambda *a: counts.append(real(*a)) or counts[-1])
+    assert main(["bench", "matmul", "--device", "vulkan", "--shape", "33,40,600,tn", "--chunks", "1,3"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("33,40,600 tn")]
+    assert [r.split()[2:4] for r in rows] == [["auto", "x1"], ["auto", "x3"]]
+    assert set(counts) == {1, 3}
+    assert all(float(r.split()[-1]) < 1e-5 for r in rows)
+    assert main(["bench", "matmul", "--device", "vulkan", "--chunks", "2,0"]) == 1
+    assert "bad --chunks '2,0'" in capsys.readouterr().err
+
+
 def test_bench_matmul_shape_errors():
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.matmul_bench import parse_shape

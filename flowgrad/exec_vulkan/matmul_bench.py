@@ -44,6 +44,17 @@ def parse_shape(text: str) -> tuple[int, int, int, str]:
     return m, n, k, layout
 
 
+def parse_chunks(text: str) -> list[int]:
+    """--chunks 1,2,4: split-K chunk counts, each positive."""
+    try:
+        chunks = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise FlowError(f"bad --chunks {text!r}: expected chunk counts like 1,2,4,8") from None
+    if not chunks or min(chunks) < 1:
+        raise FlowError(f"bad --chunks {text!r}: chunk counts must be positive")
+    return chunks
+
+
 def _operands(m, n, k, layout):
     """(A array shape, B array shape, A (rs, cs), B (rs, cs)) for the layout."""
     if layout == "nn":
@@ -114,7 +125,7 @@ def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
             s.rec.arena.materialize(device, device.pool)
             times = timed_submits(device, s.rec.commands, SUBMITS + 1, "timing a matmul")
     sec = statistics.median(times[1:]) / reps
-    asked = "auto" if shader is None else shader + (f" x{chunks}" if chunks else "")
+    asked = (shader or "auto") + (f" x{chunks}" if chunks else "")
     return {"shape": shape, "asked": asked, "kernel": "+".join(used), "tflops": flop / sec / 1e12,
             "seconds": sec, "c": c}
 
@@ -178,9 +189,10 @@ def report(rows, device_name: str, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
+def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tuple]:
     """(tile shader, split chunks) to time: what the lowering picks, and with
-    `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16)."""
+    `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16);
+    with `chunks`, each of those at each split-K chunk count instead of the lowering's."""
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 
     kernels = [(None, None)]
@@ -190,4 +202,4 @@ def kernels_for(device, dtype: str, every: bool = False) -> list[tuple]:
                                    ("matmul_coop_khr", device.info.coopmat_khr_f16)) if dtype == "f16" and have]
         cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t)) if dtype == "f16" else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
-    return kernels
+    return [(shader, c) for shader, _ in kernels for c in chunks] if chunks else kernels
