@@ -51,7 +51,9 @@ def test_array_batches_depend_only_on_seed_and_step():
 
 
 def test_float_data_feeds_an_f16_model():
-    make_data(call("digits"), SPAN).bind(model_graph(x=("f16", (32, 64)), y=("i32", (32,))))
+    d = make_data(call("digits"), SPAN).bind(model_graph(x=("f16", (32, 64)), y=("i32", (32,))))
+    batch = d.train_batch(0)
+    assert batch["x"].shape == (32, 64) and np.issubdtype(batch["x"].dtype, np.floating)   # cast on feeding
 
 
 def test_an_epoch_visits_each_training_row_once():
