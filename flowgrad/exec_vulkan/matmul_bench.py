@@ -50,7 +50,7 @@ def parse_chunks(text: str) -> list[int]:
         chunks = [int(p) for p in text.split(",")]
     except ValueError:
         raise FlowError(f"bad --chunks {text!r}: expected chunk counts like 1,2,4,8") from None
-    if not chunks or min(chunks) < 1:
+    if min(chunks) < 1:
         raise FlowError(f"bad --chunks {text!r}: chunk counts must be positive")
     return chunks
 
