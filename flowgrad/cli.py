@@ -289,7 +289,7 @@ def cmd_bench_matmul(args) -> int:
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
     shapes = [matmul_bench.parse_shape(s) for s in args.shape] or None
-    chunks = matmul_bench.parse_chunks(args.chunks) if args.chunks else None
+    chunks = matmul_bench.parse_chunks(args.chunks) if args.chunks is not None else None
     rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all, chunks))
     print(matmul_bench.report(rows, device.info.name, args.dtype))
     return 0
