@@ -208,17 +208,22 @@ class _Gemm:
         return tile.shader_for(self.a.cs != 1, self.b.cs != 1)
 
     def push(self, tile=None) -> tuple:
-        a, b, c = self.a, self.b, self.c
+        c = self.c
         if tile is not None and tile.cm2:   # amode: every stride a multiple of 8 (16-byte rows: vector loads)
             return self._push(int(self.coop_aligned(8)), 0, 0)
+        cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
+        return self._push(*self._modes(), cvec)
+
+    def _modes(self) -> tuple[int, int]:
+        """(amode, bmode): 1 where an operand's tiles load as 16-byte vectors."""
+        a, b = self.a, self.b
         batch_a, batch_b = (self.za, self.ra), (self.zb, self.rb)
         # the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1, else along k
         amode = (self._mode(True, a.rs, batch_a, self.k) if a.cs == 1
                  else self._mode(a.rs == 1, a.cs, batch_a, self.m))
         bmode = (self._mode(True, b.rs, batch_b, self.n) if b.cs == 1
                  else self._mode(b.rs == 1, b.cs, batch_b, self.k))
-        cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
-        return self._push(amode, bmode, cvec)
+        return amode, bmode
 
     def spec(self, tile, epi) -> tuple:
         """The tiled kernel's specialization constants: the store's activation
@@ -227,7 +232,7 @@ class _Gemm:
         act = epi.act if epi is not None else 0
         if not tile.fixed_layout:
             return (act,) if act else ()
-        amode, bmode = self.push()[-3:-1]
+        amode, bmode = self._modes()
         return act, 16 | amode | 2 * bmode | 4 * (self.a.cs == 1) | 8 * (self.b.cs == 1)
 
     def _push(self, amode: int, bmode: int, cvec: int) -> tuple:
