@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,18 +88,46 @@ def test_families_of_what_libraries_and_launchers_print():
 
 def test_the_rank_that_ended_first_without_finishing_is_named():
     records = {100: (0, ""), 101: (1, ""), 102: (2, "")}
-    assert mpi_launch.died_first([{101}, {100, 102}], records, "") == [(1, 101)]
+    assert mpi_launch.died_first([101, 100, 102], records, "") == [(1, 101)]
+    assert mpi_launch.died_first([999, 102, 101], records, "") == [(2, 102)]      # a pid of no rank
     # the first to end ended by itself (an error it reported, or Ctrl-C): the rest were stopped after it
-    assert mpi_launch.died_first([{100}, {101, 102}], {**records, 100: (0, "ended")}, "") == []
-    assert mpi_launch.died_first([{101, 100}], {**records, 100: (0, "failed")}, "") == []
-    # ended together: the launcher's report decides (MPICH names a pid, Open MPI a rank)
-    assert mpi_launch.died_first([{100, 101, 102}], records, "=   PID 102 RUNNING AT vm") == [(2, 102)]
+    assert mpi_launch.died_first([100, 101, 102], {**records, 100: (0, "ended")}, "") == []
+    assert mpi_launch.died_first([100, 101], {**records, 100: (0, "failed")}, "") == []
+    # no exit seen (no pidfd): Open MPI's report alone; MPICH's pid is not trusted
     report = "mpiexec noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
-    assert mpi_launch.died_first([{100, 101}], records, report) == [(1, 101)]
-    assert mpi_launch.died_first([{100, 101}], records, "") == [(0, 100), (1, 101)]
-    # no exit seen (no pidfd): Open MPI's report alone
     assert mpi_launch.died_first([], records, report) == [(1, 101)]
+    assert mpi_launch.died_first([], records, "=   PID 102 RUNNING AT vm") == []
     assert mpi_launch.died_first([], records, "") == []
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3, Python 3.9)")
+def test_the_exit_order_holds_when_the_watcher_wakes_late(tmp_path):
+    """The ranks end one after another while the watcher's thread cannot run
+    (this thread holds the interpreter): it still sees them in that order."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
+    try:
+        for rank, proc in enumerate(procs):
+            (tmp_path / str(proc.pid)).write_text(str(rank))
+        exits = mpi_launch._ExitOrder(str(tmp_path), len(procs))
+        exits.start()
+        time.sleep(0.5)     # every pid registered
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)
+        try:
+            for i in [2, 0, 3, 1]:
+                procs[i].kill()
+                end = time.perf_counter() + 0.05
+                while time.perf_counter() < end:      # holds the interpreter, unlike sleep
+                    pass
+        finally:
+            sys.setswitchinterval(switch)
+        time.sleep(0.2)
+        exits.stop()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert exits.order == [procs[i].pid for i in [2, 0, 3, 1]]
 
 
 def test_ranks_record_their_start_and_end(tmp_path):

@@ -292,14 +292,16 @@ class _Forward(threading.Thread):
 
 
 class _ExitOrder(threading.Thread):
-    """The order in which the ranks' processes end, seen as it happens (a
-    pidfd per rank, Linux): the first to end without finishing by itself is
-    the one that died; the launcher's own report can name the wrong one."""
+    """The order in which the ranks' processes end (a pidfd per rank, Linux):
+    the first to end without finishing by itself is the one that died; the
+    launcher's own report can name the wrong one. epoll queues each pidfd as
+    its process ends, so the order holds even when this thread wakes only
+    after the launcher has killed the rest."""
 
     def __init__(self, directory: str, ranks: int):
         super().__init__(daemon=True)
         self.directory, self.ranks = directory, ranks
-        self.order: list[set[int]] = []      # pids that ended together, in order
+        self.order: list[int] = []      # pids, first to end first
         self._done = threading.Event()
 
     def stop(self) -> None:
@@ -311,46 +313,39 @@ class _ExitOrder(threading.Thread):
 
         if not hasattr(os, "pidfd_open"):
             return
-        poller, fds, known = select.poll(), {}, set()
-        try:
-            while not self._done.is_set():
-                if len(known) < self.ranks:
-                    for pid in set(read_records(self.directory)) - known:
-                        known.add(pid)
-                        try:
-                            fd = os.pidfd_open(pid)
-                        except OSError:      # already ended
-                            self.order.append({pid})
-                            continue
-                        fds[fd] = pid
-                        poller.register(fd, select.POLLIN)
-                ready = poller.poll(20)
-                if ready:
-                    self.order.append({fds[fd] for fd, _ in ready})
-                    for fd, _ in ready:
-                        poller.unregister(fd)
-                        del fds[fd]
+        fds, known = {}, set()
+        with select.epoll() as ready:
+            try:
+                while not self._done.is_set():
+                    if len(known) < self.ranks:
+                        for pid in set(read_records(self.directory)) - known:
+                            known.add(pid)
+                            try:
+                                fd = os.pidfd_open(pid)
+                            except OSError:      # already ended
+                                self.order.append(pid)
+                                continue
+                            fds[fd] = pid
+                            ready.register(fd, select.EPOLLIN)
+                    for fd, _ in ready.poll(0.02):
+                        self.order.append(fds.pop(fd))
+                        ready.unregister(fd)
                         os.close(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
 
-def died_first(order: list[set[int]], records: dict, report: str) -> list[tuple[int, int]]:
-    """[(rank, pid)] of the rank(s) whose end ended the job without finishing
-    by themselves; [] when the first rank to end ended by itself (its own
-    error, or Ctrl-C: the rest were stopped after it)."""
-    named_pids = {int(p) for p in re.findall(r"PID (\d+) RUNNING AT", report)}            # MPICH
+def died_first(order: list[int], records: dict, report: str) -> list[tuple[int, int]]:
+    """[(rank, pid)] of the rank whose end ended the job without finishing by
+    itself; [] when the first rank to end ended by itself (its own error, or
+    Ctrl-C: the rest were stopped after it). With no exit seen (no pidfd),
+    Open MPI's report names the rank; MPICH's names a pid that may be wrong."""
+    for pid in order:
+        if pid in records:
+            rank, end = records[pid]
+            return [] if end else [(rank, pid)]
     named_ranks = {int(r) for r in re.findall(r"process rank (\d+) with PID \d+ on node \S+ exited on signal",
-                                              report)}                                    # Open MPI
-    for ended in order:
-        ended = {p for p in ended if p in records}
-        if not ended:
-            continue
-        if any(records[p][1] for p in ended):
-            return []
-        if len(ended) > 1:     # ended together (a loaded machine): the launcher's report may decide
-            ended = {p for p in ended if p in named_pids or records[p][0] in named_ranks} or ended
-        return sorted((records[p][0], p) for p in ended)
+                                              report)}
     by_rank = {rank: pid for pid, (rank, end) in records.items() if not end}
     return sorted((r, by_rank[r]) for r in named_ranks if r in by_rank)
