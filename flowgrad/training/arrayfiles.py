@@ -81,7 +81,7 @@ def read_csv_numbers(file: str, what: str) -> np.ndarray:
         raise FlowError(f"{what}: no such file {file!r}") from None
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise FlowError(f"{what}: cannot read {file!r} as CSV: {e}") from None
-    if rows and not all(_is_number(c) for c in rows[0]):
+    if rows and not all(is_number(c) for c in rows[0]):
         rows = rows[1:]  # a header
     if not rows:
         raise FlowError(f"{what}: {file!r} has no rows of numbers")
@@ -91,7 +91,7 @@ def read_csv_numbers(file: str, what: str) -> np.ndarray:
         raise FlowError(f"{what}: {file!r}: {e} (every cell after the header must be a number)") from None
 
 
-def _is_number(cell: str) -> bool:
+def is_number(cell: str) -> bool:
     try:
         float(cell)
         return True

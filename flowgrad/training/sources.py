@@ -34,6 +34,7 @@ import numpy as np
 from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
+from flowgrad.training.arrayfiles import is_number
 from flowgrad.training.data import ArrayData, Dataset, SequenceTask
 from flowgrad.training.text import TextData, TextLines
 
@@ -181,7 +182,7 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
     meta = {}
     if y_cols:
         cells = [r[y_cols[0]] for r in rows]
-        if not many_y and not all(_is_number(c) for c in cells):
+        if not many_y and not all(is_number(c) for c in cells):
             classes = sorted(set(cells))   # words: class ids in sorted order
             meta["classes"] = classes
             arrays["y"] = np.asarray([classes.index(c) for c in cells], np.int64)
@@ -192,14 +193,6 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
                 arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
     return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
                            f"csv({str(path)!r})", span, meta)
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-        return True
-    except ValueError:
-        return False
 
 
 def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
