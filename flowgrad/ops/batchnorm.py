@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.ops.define import defop
+from flowgrad.ops.norm import standardize
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE
 from flowgrad.ops.registry import Arg, OpTypeError
@@ -142,16 +143,10 @@ def _grouped(x, groups):
     return x.reshape(x.shape[0], groups, -1)
 
 
-def _gn_stats(xg, eps):
-    mean = xg.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(((xg - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
-    return (xg - mean) * rstd, rstd
-
-
 def _gn_forward(ins, attrs):
     x, w, b = ins
     xw = wide(x)
-    xhat, _ = _gn_stats(_grouped(xw, attrs["groups"]), attrs["eps"])
+    xhat, _ = standardize(_grouped(xw, attrs["groups"]), attrs["eps"])
     y = xhat.reshape(xw.shape) * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
     return narrow(y, x)
 
@@ -160,7 +155,7 @@ def _gn_vjp(g, ins, out, attrs):
     x, w, b = ins
     xw, gw = wide(x), wide(g)
     groups = attrs["groups"]
-    xhat, rstd = _gn_stats(_grouped(xw, groups), attrs["eps"])
+    xhat, rstd = standardize(_grouped(xw, groups), attrs["eps"])
     dxhat = _grouped(gw * _per_channel(wide(w), xw), groups)
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     axes = _axes(xw)

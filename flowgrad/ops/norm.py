@@ -39,7 +39,8 @@ def _rows(x, w):
     return x.reshape(x.shape[:x.ndim - w.ndim] + (w.size,))
 
 
-def _ln_stats(x, eps):
+def standardize(x, eps):
+    """(x - mean) / std over the last axis, and 1 / std."""
     mu = x.mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
     return (x - mu) * rstd, rstd
@@ -47,14 +48,14 @@ def _ln_stats(x, eps):
 
 def _ln_forward(ins, attrs):
     x, w, b = ins
-    xhat, _ = _ln_stats(_rows(wide(x), w), attrs["eps"])
+    xhat, _ = standardize(_rows(wide(x), w), attrs["eps"])
     return narrow((xhat * wide(w).reshape(-1) + wide(b).reshape(-1)).reshape(x.shape), x)
 
 
 def _ln_vjp(g, ins, out, attrs):
     x, w, b = ins
     gw = _rows(wide(g), w)
-    xhat, rstd = _ln_stats(_rows(wide(x), w), attrs["eps"])
+    xhat, rstd = standardize(_rows(wide(x), w), attrs["eps"])
     dxhat = gw * wide(w).reshape(-1)
     dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
                  - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
