@@ -66,7 +66,7 @@ def test_no_device_is_a_refusal():
     plan = plan_of(attn_model(), device=None)
     assert plan.path == "closures"
     assert [r.code for r in plan.refusals] == ["device"]
-    assert plan.last_path.startswith("closures (no Vulkan device")
+    assert plan.last_path.startswith("closures (the session runs on numpy (CPU)")
 
 
 def test_python_op_refuses_the_whole_backward_and_names_op_and_line():

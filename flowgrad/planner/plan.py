@@ -205,8 +205,9 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []
     if device is None:
-        refusals.append(Refusal("device", "no Vulkan device: the session runs on numpy (CPU)",
-                                "compile with device='vulkan' (or --device vulkan) to use the graph path"))
+        refusals.append(Refusal("device", "the session runs on numpy (CPU), not on Vulkan",
+                                "device='vulkan' (or --device vulkan) for the graph path; 'auto' takes GPUs, "
+                                "not lavapipe"))
     else:
         refusals += memory_refusal(memory, device)
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
