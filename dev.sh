@@ -2,8 +2,9 @@
 # The README's two set-up commands:
 #   ./dev.sh train   install flowgrad into .venv and train models/mlp.flow on the digits data
 #   ./dev.sh test    also install lavapipe (CPU Vulkan), glslc and the Vulkan validation layers,
-#                    fetch Debian trixie's glslc for the shaders that need it (scripts/fetch_glslc.sh),
-#                    then run the whole test suite
+#                    fetch Debian trixie's glslc for the shaders that need it (scripts/fetch_glslc.sh)
+#                    and trixie-backports' lavapipe (scripts/fetch_lavapipe.sh), then run the whole
+#                    test suite, and its cooperative-matrix tests again on that lavapipe
 # Extra arguments go to `flowgrad train` / `pytest`.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -33,6 +34,17 @@ venv() {  # .venv with flowgrad (editable) and its dev extra; reinstalled when p
     fi
 }
 
+COOP_TESTS="tests/test_attention_coop.py tests/test_mixed_precision.py tests/test_graph_path_attention.py"
+
+names_tests() {  # whether pytest's arguments name tests (a file, a folder, -k, -m): then one pass runs just those
+    local arg
+    for arg in "$@"; do
+        case "$arg" in -k|-m|-k*|-m*|--deselect*) return 0 ;; esac
+        [ -e "${arg%%::*}" ] && return 0
+    done
+    return 1
+}
+
 case "${1:-}" in
     train)
         shift
@@ -44,10 +56,18 @@ case "${1:-}" in
         apt_install glslc mesa-vulkan-drivers vulkan-validationlayers libvulkan1
         # the cooperative-matrix-2 shaders need a newer glslc: Debian trixie's, unpacked privately
         scripts/fetch_glslc.sh >/dev/null
+        # and the cooperative-matrix attention kernels a newer lavapipe (Mesa 26, trixie-backports)
+        scripts/fetch_lavapipe.sh >/dev/null
         venv
         set +e
         .venv/bin/python -m pytest "$@"
         rc=$?
+        if ! names_tests "$@"; then
+            echo "dev.sh: the cooperative-matrix tests again, on Mesa 26's lavapipe" >&2
+            FLOWGRAD_TEST_COOP=1 scripts/fetch_lavapipe.sh --run .venv/bin/python -m pytest "$@" $COOP_TESTS
+            coop_rc=$?
+            [ $rc -ne 0 ] || rc=$coop_rc
+        fi
         set -e
         if [ $rc -eq 5 ]; then echo "dev.sh: pytest collected no tests; that is a failure" >&2; exit 1; fi
         exit $rc

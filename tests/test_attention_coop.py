@@ -7,9 +7,11 @@ after the forward in one. Each check first asserts that the
 cooperative-matrix builds ran. They run where the device offers
 VK_KHR_cooperative_matrix with a built fragment shape (NVIDIA: 16x16x16 with
 subgroups of 32; Mesa 26's lavapipe: 8x8x8 with 8); elsewhere (Debian
-bookworm's lavapipe, which CI runs) these tests skip and say why."""
+bookworm's lavapipe) these tests skip and say why. `./dev.sh test` runs them
+again on Mesa 26's lavapipe (scripts/fetch_lavapipe.sh), where they must run."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -19,6 +21,8 @@ from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.recorder import Recorder
 from tests.test_attention_vulkan import assert_masked_rows_zero, check, fully_masked, mask_of, qkv
 
+COOP_ENV = "FLOWGRAD_TEST_COOP"     # "1": the device must run these builds (./dev.sh test's second pass)
+
 
 @pytest.fixture
 def coop(vk_device, monkeypatch):
@@ -26,8 +30,11 @@ def coop(vk_device, monkeypatch):
     forced onto cooperative matrices (skips where the device has no build)."""
     if attn_low.coop_build(vk_device.info, 8) is None:
         info = vk_device.info
-        pytest.skip(f"{info.name} has no cooperative-matrix attention build (VK_KHR_cooperative_matrix f16 "
-                    f"sizes {info.coopmat_khr_sizes}, subgroup size {info.subgroup_size})")
+        why = (f"{info.name} has no cooperative-matrix attention build (VK_KHR_cooperative_matrix f16 "
+               f"sizes {info.coopmat_khr_sizes}, subgroup size {info.subgroup_size})")
+        if os.environ.get(COOP_ENV) == "1":
+            pytest.fail(f"{COOP_ENV}=1, but {why}")
+        pytest.skip(why)
     shaders = []
     dispatch = Recorder.dispatch
 

@@ -29,12 +29,22 @@ def _runnable(device):
 @pytest.fixture(scope="module")
 def cm2_device(vk_device):
     info = vk_device.info
-    offered = set(discovery.CM2_EXTS) <= discovery._extensions(load_vulkan(), vk_device.physical)
     if not info.cm2_invocations:
-        if offered and os.environ.get("CI") == "true":
-            pytest.fail(f"{info.name} lists {' and '.join(discovery.CM2_EXTS)} but matmul_cm2 was not enabled")
-        pytest.skip(f"{info.name} lacks VK_NV_cooperative_matrix2 workgroup-scope f16 products (matmul_cm2)")
+        missing = _cm2_missing(vk_device)
+        if not missing and os.environ.get("CI") == "true":
+            pytest.fail(f"{info.name} offers what matmul_cm2 needs, but matmul_cm2 was not enabled")
+        pytest.skip(f"{info.name} cannot run matmul_cm2: no {', '.join(missing) or 'workgroup-scope f16 products'}")
     return vk_device
+
+
+def _cm2_missing(device) -> list[str]:
+    """The extensions, else the features, that matmul_cm2 needs and the device lacks."""
+    vk = load_vulkan()
+    missing = [e for e in discovery.CM2_EXTS if e not in discovery._extensions(vk, device.physical)]
+    if missing:
+        return missing
+    have = discovery.cm2_features(vk, device.physical)
+    return [n for n in (*discovery.CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel") if not have[n]]
 
 
 def test_selected_by_default_where_offered(cm2_device):
