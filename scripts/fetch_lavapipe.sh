@@ -27,9 +27,8 @@ fail() {
 fetch() {
     command -v apt-get >/dev/null && command -v dpkg >/dev/null || fail "apt-get and dpkg are needed to fetch it"
     [ "$(dpkg --print-architecture)" = amd64 ] || fail "only amd64 is fetched (this is $(dpkg --print-architecture))"
-    local work
     work=$(mktemp -d)
-    trap 'rm -rf "$work"' RETURN
+    trap 'rm -rf "$work"' EXIT
     mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/state"
     touch "$work/state/status"      # nothing installed: apt resolves the whole set of libraries
     printf 'deb http://deb.debian.org/debian trixie main\ndeb http://deb.debian.org/debian trixie-backports main\n' \
@@ -64,7 +63,7 @@ fi
 
 if [ "${1:-}" = --run ]; then
     shift
-    [ $# -gt 0 ] || fail "--run needs a command"
+    [ $# -gt 0 ] || { echo "usage: scripts/fetch_lavapipe.sh [--run CMD ...]" >&2; exit 2; }
     export VK_DRIVER_FILES="$root/lvp_icd.json"
     exec "$root/usr/lib64/ld-linux-x86-64.so.2" --library-path "$libs:/usr/lib/x86_64-linux-gnu" "$@"
 fi
