@@ -110,7 +110,9 @@ def test_the_exit_order_holds_when_the_watcher_wakes_late(tmp_path):
             (tmp_path / str(proc.pid)).write_text(str(rank))
         exits = mpi_launch._ExitOrder(str(tmp_path), len(procs))
         exits.start()
-        time.sleep(0.5)     # every pid registered
+        deadline = time.monotonic() + 10
+        while _pidfds() < len(procs) and time.monotonic() < deadline:      # every pid watched
+            time.sleep(0.01)
         switch = sys.getswitchinterval()
         sys.setswitchinterval(5.0)
         try:
@@ -128,6 +130,16 @@ def test_the_exit_order_holds_when_the_watcher_wakes_late(tmp_path):
             proc.kill()
             proc.wait()
     assert exits.order == [procs[i].pid for i in [2, 0, 3, 1]]
+
+
+def _pidfds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "pidfd" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return count
 
 
 def test_ranks_record_their_start_and_end(tmp_path):
