@@ -34,7 +34,8 @@ venv() {  # .venv with flowgrad (editable) and its dev extra; reinstalled when p
     fi
 }
 
-COOP_TESTS="tests/test_attention_coop.py tests/test_mixed_precision.py tests/test_graph_path_attention.py"
+COOP_TESTS="tests/test_attention_coop.py tests/test_mixed_precision.py tests/test_graph_path_attention.py
+            tests/test_matmul_kernels.py::test_coop_kernel_when_offered"
 
 names_tests() {  # whether pytest's arguments name tests (a file, a folder, -k, -m): then one pass runs just those
     local arg

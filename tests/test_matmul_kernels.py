@@ -186,11 +186,14 @@ def test_default_selection_is_checked_too(vk_device):
 
 def test_coop_kernel_when_offered(vk_device):
     info = vk_device.info
-    builds = [t.shader for t, have in ((mk.COOP, info.coopmat_f16), (mk.COOP_KHR, info.coopmat_khr_f16)) if have]
+    builds = [t.shader for t, have in ((mk.COOP, info.coopmat_f16), (mk.COOP_KHR, info.coopmat_khr_f16),
+                                       (mk.COOP_FR8, mk.coop_tile(info) is mk.COOP_FR8)) if have]
     if not builds:
-        if os.environ.get("CI") == "true" and "llvmpipe" not in info.name:
-            pytest.fail(f"{info.name}: expected cooperative matrices to be detected")
-        pytest.skip(f"{info.name} offers no cooperative matrices with 16x16x16 f16 products")
+        why = f"{info.name} offers no cooperative matrices of 16x16x16 f16 products, nor 8x8x8 with subgroups of 8"
+        if os.environ.get("FLOWGRAD_TEST_COOP") == "1" or (os.environ.get("CI") == "true"
+                                                           and "llvmpipe" not in info.name):
+            pytest.fail(why)
+        pytest.skip(why)
     shaders = check(vk_device, (2, 64, 96), (96, 144), "f16")
     # the default f16 pick is a cooperative-matrix kernel (matmul_cm2 first where the device has it)
     assert mk.coop_tile(info).shader in shaders or any(s.startswith("matmul_cm2_") for s in shaders), shaders
@@ -206,6 +209,9 @@ class FakeInfo:
     name: str
     coopmat_f16: bool = False
     coopmat_khr_f16: bool = False
+    coopmat_khr_sizes: tuple = ()
+    subgroup_size: int = 32
+    shared_memory: int = 49152
 
 
 H200 = FakeInfo("NVIDIA H200")
@@ -280,6 +286,12 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
     assert mk.choose(khr, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.choose(attrs.evolve(khr, coopmat_f16=True), "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.coop_ok(khr, "f16", 512, 512, 512, True) and not mk.coop_ok(khr, "f16", 512, 512, 512, True, khr=False)
+    # 8x8x8 products only (Mesa 26's lavapipe): the 8x8x8 build, where its subgroups are 8 wide and it fits
+    lvp = FakeInfo("llvmpipe (LLVM 19)", coopmat_khr_sizes=(8,), subgroup_size=8, shared_memory=32768)
+    assert mk.choose(lvp, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_FR8
+    assert not mk.coop_ok(lvp, "f16", 512, 512, 512, True, khr=False)
+    for other in (attrs.evolve(lvp, subgroup_size=16), attrs.evolve(lvp, shared_memory=16384)):
+        assert mk.choose(other, "f16", 512, 512, 512, 1, coop_aligned=True).tile.shader == mk.F16_TILE
 
 
 def test_bench_matmul_cli(vk_device, capsys, monkeypatch):

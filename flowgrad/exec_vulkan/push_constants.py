@@ -52,6 +52,7 @@ SPECS_TEXT = {
        for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
     "matmul_coop": MATMUL,
     "matmul_coop_khr": MATMUL,
+    "matmul_coop_khr_fr8": MATMUL,
     **{name: MATMUL for name in matmul_cm2.shader_names()},
     "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32",
     "sgd": "n: u32",

@@ -1,16 +1,17 @@
 // GEMM on cooperative matrices (VK_KHR_cooperative_matrix, or with COOP_NV
-// the NV extension that preceded it): f16 operands,
-// 16x16x16 products accumulated in f32, f16 result. Same contract and push
-// constants as matmul_tiled.glsl (strides, batches, summed batches, split-K);
+// the NV extension that preceded it): f16 operands, FR x FR x FR products
+// (FR 16, or 8 where the .comp says so) accumulated in f32, f16 result. Same
+// contract and push constants as matmul_tiled.glsl (strides, batches, summed batches, split-K);
 // the host sends only GEMMs whose M and N are multiples of 16, K a multiple
 // of 8, and whose unit-stride rows start 16-byte aligned (8 f16), so tiles
 // move as 16-byte vectors. Each operand's tile is kept in shared memory in
 // its own memory order (k-fast or m-fast for A, n-fast or k-fast for B) and
 // loaded into fragments row- or column-major to match: a transposed operand
-// costs nothing. The including .comp defines WGM x WGN subgroups (of 32) per
-// workgroup, each computing FM x FN 16x16 fragments; BK deep per step; NBUF
-// shared buffers (2: the next step's tiles land in the other buffer, one
-// barrier per step; 1: deeper steps fit, two barriers per step).
+// costs nothing. The including .comp defines WGM x WGN subgroups (of SG
+// invocations, 32 unless it says otherwise) per workgroup, each computing
+// FM x FN fragments; BK deep per step; NBUF shared buffers (2: the next
+// step's tiles land in the other buffer, one barrier per step; 1: deeper
+// steps fit, two barriers per step).
 //
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers (f16
@@ -25,9 +26,9 @@
 // fragments), where plain GEMMs keep the alignment rules above.
 #ifdef COOP_NV
 #extension GL_NV_cooperative_matrix : require
-#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, FR, FR>
 #define FRAG_B FRAG_A
-#define FRAG_ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define FRAG_ACC fcoopmatNV<32, gl_ScopeSubgroup, FR, FR>
 #define FRAG_OUT FRAG_A
 #define LOAD_ROWS(f, buf, at, stride) coopMatLoadNV(f, buf, at, stride, false)
 #define LOAD_COLS(f, buf, at, stride) coopMatLoadNV(f, buf, at, stride, true)
@@ -35,23 +36,31 @@
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #else
 #extension GL_KHR_cooperative_matrix : require
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAG_ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define FRAG_OUT coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
+#define FRAG_ACC coopmat<float, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
+#define FRAG_OUT coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
 #define LOAD_ROWS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
 #define LOAD_COLS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutColumnMajor)
 #define STORE_FRAG(f, buf, at, stride) coopMatStore(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
 #define MUL_ADD(a, b, c) coopMatMulAdd(a, b, c)
 #endif
+#ifndef FR
+#define FR 16                     // fragments of FR x FR, products FR deep
+#endif
+#ifndef SG
+#define SG 32                     // invocations per subgroup
+#endif
+#define FRU uint(FR)
+#define SGU uint(SG)
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
-#define BM (WGM * FM * 16)
-#define BN (WGN * FN * 16)
-#define NT (WGM * WGN * 32)
+#define BM (WGM * FM * FR)
+#define BN (WGN * FN * FR)
+#define NT (WGM * WGN * SG)
 #define AV (BM * BK / 8)          // 16-byte vectors per operand tile
 #define BV (BN * BK / 8)
 #define AL ((AV + NT - 1) / NT)
@@ -180,7 +189,7 @@ void store_tiles(uint buf) {
 }
 
 void main() {
-    uint warp = gl_LocalInvocationIndex / 32u;
+    uint warp = gl_LocalInvocationIndex / SGU;
     uint wm = warp / WGN, wn = warp % WGN;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     bool kfast = A_KFAST, nfast = B_NFAST;
@@ -204,16 +213,16 @@ void main() {
                     load_a(abase, m0, (s + 1u) * BK, kend);
                     load_b(bbase, n0, (s + 1u) * BK, kend);
                 }
-                [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+                [[unroll]] for (uint kk = 0u; kk < BK; kk += FRU) {
                     FRAG_A fa[FM];
                     FRAG_B fb[FN];
                     [[unroll]] for (uint i = 0u; i < FM; ++i) {
-                        uint row = (wm * FM + i) * 16u;
+                        uint row = (wm * FM + i) * FRU;
                         if (kfast) LOAD_ROWS(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW);
                         else LOAD_COLS(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW);
                     }
                     [[unroll]] for (uint j = 0u; j < FN; ++j) {
-                        uint col = (wn * FN + j) * 16u;
+                        uint col = (wn * FN + j) * FRU;
                         if (nfast) LOAD_ROWS(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW);
                         else LOAD_COLS(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW);
                     }
@@ -228,21 +237,21 @@ void main() {
             }
         }
 #ifdef GEMM_OPERANDS
-        // Each fragment goes through this subgroup's 16x16 f32 slot of As (64
-        // vectors; As holds all NT / 32 slots, and is free: the last step's
+        // Each fragment goes through this subgroup's FR x FR f32 slot of As (FR * FR / 4
+        // vectors; As holds all NT / SG slots, and is free: the last step's
         // barrier has passed) to store_c. Every invocation runs every fragment,
         // so the barriers are uniform.
-        uint slot = warp * 64u, lane = gl_LocalInvocationIndex % 32u;
+        uint slot = warp * (FRU * FRU / 4u), lane = gl_LocalInvocationIndex % SGU;
         [[unroll]] for (uint i = 0u; i < FM; ++i) {
-            uint m = m0 + (wm * FM + i) * 16u;
+            uint m = m0 + (wm * FM + i) * FRU;
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
-                uint n = n0 + (wn * FN + j) * 16u;
-                STORE_FRAG(acc[i][j], As, slot, 4u);
+                uint n = n0 + (wn * FN + j) * FRU;
+                STORE_FRAG(acc[i][j], As, slot, FRU / 4u);
                 barrier();
-                [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-                    uint row = q * 2u + lane / 16u, col = lane % 16u;
+                [[unroll]] for (uint q = 0u; q < FRU * FRU / SGU; ++q) {
+                    uint row = q * (SGU / FRU) + lane / FRU, col = lane % FRU;
                     if (m + row < GEMM_M && n + col < GEMM_N)
-                        store_c(z, m + row, n + col, uintBitsToFloat(As[slot + row * 4u + col / 4u][col % 4u]));
+                        store_c(z, m + row, n + col, uintBitsToFloat(As[slot + row * (FRU / 4u) + col / 4u][col % 4u]));
                 }
                 barrier();
             }
@@ -250,9 +259,9 @@ void main() {
 #else
         uint cbase = p.offc + z * p.zc;
         [[unroll]] for (uint i = 0u; i < FM; ++i) {
-            uint m = m0 + (wm * FM + i) * 16u;
+            uint m = m0 + (wm * FM + i) * FRU;
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
-                uint n = n0 + (wn * FN + j) * 16u;
+                uint n = n0 + (wn * FN + j) * FRU;
                 if (m < p.M && n < p.N) {
                     FRAG_OUT h = FRAG_OUT(acc[i][j]);
                     STORE_FRAG(h, c, cbase + m * p.scm + n, p.scm);
