@@ -198,9 +198,7 @@ def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tu
     kernels = [(None, None)]
     if every:
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
-        coops = [t.shader for t, have in ((mk.COOP, device.info.coopmat_f16), (mk.COOP_KHR, device.info.coopmat_khr_f16),
-                                          (mk.COOP_FR8, mk.coop_tile(device.info) is mk.COOP_FR8))
-                 if dtype == "f16" and have]
+        coops = [t.shader for t in mk.coop_builds(device.info)] if dtype == "f16" else []
         cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t)) if dtype == "f16" else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return [(shader, c) for shader, _ in kernels for c in chunks] if chunks else kernels

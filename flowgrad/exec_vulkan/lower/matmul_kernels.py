@@ -15,7 +15,8 @@ choice `matmul_cm2` (VK_NV_cooperative_matrix2: workgroup-scope matrices with
 tensor-addressed loads, any sizes and strides; the tile per shape class from
 CM2_TABLE), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
 VK_KHR_cooperative_matrix as matmul_coop_khr, and for the NV extension that
-preceded it; 8x8x8 as matmul_coop_khr_fr8), when its alignment rules hold (see COOP_ALIGN)."""
+preceded it), when its alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8
+(8x8x8 products) is for tests and benches to force where only those are offered."""
 from __future__ import annotations
 
 import contextlib
@@ -59,7 +60,8 @@ COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("ma
                                 Tile("matmul_coop_khr_fr8", 64, 64, 32, True))}
 COOP = COOPS["matmul_coop"]            # on VK_NV_cooperative_matrix
 COOP_KHR = COOPS["matmul_coop_khr"]    # the same tile on VK_KHR_cooperative_matrix, where the device has it
-# 8x8x8 products with subgroups of 8, the only ones Mesa 26's lavapipe offers (so its tests run matmul_coop)
+# 8x8x8 products with subgroups of 8, the only ones Mesa 26's lavapipe offers: built so that the
+# tests run matmul_coop there, never chosen by default (lavapipe's emulated products gain nothing)
 COOP_FR8 = COOPS["matmul_coop_khr_fr8"]
 COOP_FR8_SHARED = 20480
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
@@ -156,20 +158,21 @@ def coop_fits(dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
 
 def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool, khr: bool = True) -> bool:
     """A subgroup cooperative-matrix GEMM runs this (khr=False: on the NV extension)."""
-    return coop_tile(info, khr) is not None and coop_fits(dtype, m, n, k, aligned)
+    have = getattr(info, "coopmat_f16", False) or (khr and getattr(info, "coopmat_khr_f16", False))
+    return bool(have) and coop_fits(dtype, m, n, k, aligned)
 
 
-def coop_tile(info, khr: bool = True) -> Tile | None:
-    """matmul_coop's build for the device, if any: 16x16x16 products on the KHR
-    extension, else on the NV one, else 8x8x8 on the KHR one with subgroups of 8."""
-    if khr and getattr(info, "coopmat_khr_f16", False):
-        return COOP_KHR
-    if getattr(info, "coopmat_f16", False):
-        return COOP
-    if (khr and 8 in getattr(info, "coopmat_khr_sizes", ()) and getattr(info, "subgroup_size", 0) == 8
-            and getattr(info, "shared_memory", 0) >= COOP_FR8_SHARED):
-        return COOP_FR8
-    return None
+def coop_tile(info) -> Tile:
+    """matmul_coop's build for the device: the KHR extension's where it has it."""
+    return COOP_KHR if getattr(info, "coopmat_khr_f16", False) else COOP
+
+
+def coop_builds(info) -> list[Tile]:
+    """Every matmul_coop build the device runs (the chosen one, and the others a test or bench may force)."""
+    fr8 = (8 in getattr(info, "coopmat_khr_sizes", ()) and getattr(info, "subgroup_size", 0) == 8
+           and getattr(info, "shared_memory", 0) >= COOP_FR8_SHARED)
+    return [t for t, have in ((COOP, getattr(info, "coopmat_f16", False)),
+                              (COOP_KHR, getattr(info, "coopmat_khr_f16", False)), (COOP_FR8, fr8)) if have]
 
 
 def cm2_class(klass: str, m: int, n: int) -> str:
