@@ -32,13 +32,13 @@ SHARED_LIMIT = 32768
 # T1024), and the dk/dv pass 20-45% faster at b1 T1024, b16 T256 and b4
 # T1024 (widths 32 and 64); the width-32 forward was 12% faster at b1 T1024
 # but 11% slower at b4, so it keeps 32. 2 subgroups per workgroup ran every
-# kernel 1.2-5x slower than 4. Width 128 is unmeasured. Lavapipe's 8x8x8
-# builds take the same key tiles, so the tests on it run the tile shapes
-# NVIDIA's builds run (its speed does not matter).
+# kernel 1.2-5x slower than 4. Width 128 is unmeasured.
 WIDE_KEY_TILES = {(64, "fwd"), (64, "bwd_dq"), (32, "bwd_dq"), (64, "bwd_dkdv"), (32, "bwd_dkdv")}
-COOP_TILES = {frag: {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in KERNELS}
-                     for maxd in (32, 64, 128)}
-              for frag in ((16, 32), (8, 8))}
+COOP_TILES = {
+    (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in KERNELS}
+               for maxd in (32, 64, 128)},
+    (8, 8): {maxd: {kernel: (4, 32) for kernel in KERNELS} for maxd in (32, 64, 128)},
+}
 COOP_SHARED_LIMIT = 49152   # the most any build may declare (NVIDIA's 48 KiB); each device's own is checked too
 
 
