@@ -30,21 +30,12 @@ def _runnable(device):
 def cm2_device(vk_device):
     info = vk_device.info
     if not info.cm2_invocations:
-        missing = _cm2_missing(vk_device)
+        vk = load_vulkan()
+        missing = discovery.cm2_lacks(vk, vk_device.physical, discovery._extensions(vk, vk_device.physical))
         if not missing and os.environ.get("CI") == "true":
             pytest.fail(f"{info.name} offers what matmul_cm2 needs, but matmul_cm2 was not enabled")
         pytest.skip(f"{info.name} cannot run matmul_cm2: no {', '.join(missing) or 'workgroup-scope f16 products'}")
     return vk_device
-
-
-def _cm2_missing(device) -> list[str]:
-    """The extensions, else the features, that matmul_cm2 needs and the device lacks."""
-    vk = load_vulkan()
-    missing = [e for e in discovery.CM2_EXTS if e not in discovery._extensions(vk, device.physical)]
-    if missing:
-        return missing
-    have = discovery.cm2_features(vk, device.physical)
-    return [n for n in (*discovery.CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel") if not have[n]]
 
 
 def test_selected_by_default_where_offered(cm2_device):

@@ -166,10 +166,8 @@ def cm2_f16(vk, physical, exts: set[str]) -> tuple[tuple, tuple]:
     """(workgroup sizes, (M, N, K) granularity) for matmul_cm2 on this device, or
     ((), ()) where the extensions, features or an f16 x f16 + f32 workgroup-scope
     shape are missing. A query the binding cannot make counts as absent."""
-    if not set(CM2_EXTS) <= exts:
-        return (), ()
     try:
-        return cm2_f16_query(vk, physical)
+        return ((), ()) if cm2_lacks(vk, physical, exts) else cm2_f16_query(vk, physical)
     except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
         return (), ()
 
@@ -187,10 +185,16 @@ def cm2_features(vk, physical) -> dict[str, bool]:
     return out
 
 
-def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
+def cm2_lacks(vk, physical, exts: set[str]) -> list[str]:
+    """The extensions, else the features, that matmul_cm2 needs and the device lacks."""
+    missing = [e for e in CM2_EXTS if e not in exts]
+    if missing:
+        return missing
     have = cm2_features(vk, physical)
-    if not all(have[n] for n in (*CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel")):
-        return (), ()
+    return [n for n in (*CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel") if not have[n]]
+
+
+def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
     raw = vk.lib.vkGetInstanceProcAddr(instance().handle,
                                        b"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV")
     if raw == vk.ffi.NULL:
