@@ -140,12 +140,15 @@ def spin_env(monkeypatch):
     from flowgrad.exec_vulkan import submit
 
     def set_spin(text):
-        monkeypatch.setenv(submit.SPIN_ENV, text)
-        submit.spin_ns.cache_clear()
+        if text is None:
+            monkeypatch.delenv(submit.SPIN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(submit.SPIN_ENV, text)
+        submit.spin_setting.cache_clear()
 
     yield set_spin
     monkeypatch.delenv(submit.SPIN_ENV, raising=False)
-    submit.spin_ns.cache_clear()
+    submit.spin_setting.cache_clear()
 
 
 def test_polling_the_fence_first_gives_the_same_step(sess, spin_env):
@@ -154,6 +157,21 @@ def test_polling_the_fence_first_gives_the_same_step(sess, spin_env):
     same_step(sess.step(feeds()), want)
     spin_env("1")                      # polls for less than the step takes, then blocks
     same_step(sess.step(feeds()), want)
+
+
+@pytest.mark.parametrize("kind, setting, want_us", [
+    ("discrete", None, None), ("integrated", None, None), ("cpu", None, 0),
+    ("cpu", "50", 50), ("discrete", "0", 0), ("discrete", "7", 7),
+])
+def test_the_fence_is_polled_on_gpus_unless_the_setting_says_otherwise(spin_env, kind, setting, want_us):
+    from types import SimpleNamespace
+
+    from flowgrad.exec_vulkan import submit
+
+    spin_env(setting)
+    device = SimpleNamespace(info=SimpleNamespace(type=kind))
+    want = submit.GPU_SPIN_US if want_us is None else want_us
+    assert submit.spin_ns(device) == want * 1000
 
 
 def test_a_bad_spin_setting_is_an_error_naming_it_and_the_session_steps_on(sess, spin_env):
