@@ -122,8 +122,10 @@ def test_feed_writer_converts_as_it_copies_and_names_a_wrong_shape():
         w.write({"a": np.zeros((2, 2))}, [0, 0])
 
 
-def test_bench_reports_host_time_outside_the_fence_waits(vk_device):
+def test_bench_reports_host_time_outside_the_fence_waits(vk_device, spin_env):
     from flowgrad.exec_vulkan import bench
+
+    spin_env(None)
 
     r = bench.run("mlp", repeats=3, config=CONFIG)
     for path in ("graph", "graph_grads", "closures"):
@@ -133,6 +135,9 @@ def test_bench_reports_host_time_outside_the_fence_waits(vk_device):
     assert r["grads_cost"] == pytest.approx(r["graph_grads"]["seconds"] / r["graph"]["seconds"])
     text = bench.report(r)
     assert "graph, Adam on the device" in text and "graph, gradients to the host / Adam on the device: " in text
+    # lavapipe is a CPU device: its fence waits block at once, and the report says so
+    assert r["fence_poll_us"] == 0 and "; each wait blocks)" in text
+    assert "each wait polls the fence for up to 2000 us, then blocks" in bench.report({**r, "fence_poll_us": 2000})
 
 
 @pytest.fixture

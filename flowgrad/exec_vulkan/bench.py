@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.exec_vulkan.submit import spin_ns
 from flowgrad.feeds import random_feeds
 from flowgrad.ops.random import RNG_INPUT
 from flowgrad.training.optim import Adam
@@ -222,7 +223,8 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
          "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
          "graph": {"seconds": g_time, **g_traffic}, "graph_grads": {"seconds": r_time, **r_traffic},
-         "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time}
+         "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time,
+         "fence_poll_us": spin_ns(graph_sess.device) // 1000}
     if compare == "torch":
         r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
     phase(f"timing the graph path, Adam on the device, again ({repeats} steps after {WARMUP})")
@@ -262,7 +264,9 @@ def report(r: dict) -> str:
         host = f"{p['host_seconds'] * 1e3:>9.3f}" if "host_seconds" in p else ""
         lines.append(f"{label:<34}{p['seconds'] * 1e3:>10.2f}{p['submits']:>10.0f}{p['dispatches']:>12.0f}"
                      f"{p['uploads']:>9.0f}{p['downloads']:>9.0f}{host}")
-    lines.append("(host ms: the step's time outside its fence waits)")
+    poll = r.get("fence_poll_us")
+    lines.append("(host ms: the step's time outside its fence waits" +
+                 (f"; each wait polls the fence for up to {poll} us, then blocks)" if poll else "; each wait blocks)"))
     if "grads_cost" in r:
         lines.append(f"graph, gradients to the host / Adam on the device: {r['grads_cost']:.2f}x")
     lines.append(f"closures / graph (both returning the gradients): {r['ratio']:.2f}x")
