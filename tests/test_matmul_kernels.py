@@ -18,6 +18,7 @@ from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 from flowgrad.exec_vulkan.recorder import Fill
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
+from tests.test_attention_coop import COOP_ENV
 
 TOL = {"f32": 1e-4, "f16": 2e-2}
 NP = {"f32": np.float32, "f16": np.float16}
@@ -189,7 +190,7 @@ def test_coop_kernel_when_offered(vk_device):
     builds = [t.shader for t in mk.coop_builds(info)]
     if not builds:
         why = f"{info.name} offers no cooperative matrices of 16x16x16 f16 products, nor 8x8x8 with subgroups of 8"
-        if os.environ.get("FLOWGRAD_TEST_COOP") == "1" or (os.environ.get("CI") == "true"
+        if os.environ.get(COOP_ENV) == "1" or (os.environ.get("CI") == "true"
                                                            and "llvmpipe" not in info.name):
             pytest.fail(why)
         pytest.skip(why)

@@ -126,7 +126,6 @@ def test_bench_reports_host_time_outside_the_fence_waits(vk_device, spin_env):
     from flowgrad.exec_vulkan import bench
 
     spin_env(None)
-
     r = bench.run("mlp", repeats=3, config=CONFIG)
     for path in ("graph", "graph_grads", "closures"):
         assert 0 < r[path]["host_seconds"] <= r[path]["seconds"], r[path]
