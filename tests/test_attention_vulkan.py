@@ -8,11 +8,14 @@ log-sum-exp) and recorded after the forward in one recording, as the graph
 path does (reading the lse the forward saved)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from flowgrad.dtypes import dtype_of
 from flowgrad.exec_vulkan.lower import attention as attn_low
+from flowgrad.exec_vulkan.recorder import depends
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
 
@@ -52,9 +55,12 @@ def one_recording(device, node, ins, g):
         with s.rec.section("a", "backward"):
             attn_low.ATTENTION.backward(s.rec, node, g_view, views, out, grads)
         stats = s.rec.kept(attn_low._stats_key(node))
-        assert stats is not None and any(c.views[-1] == stats for c in s.rec.commands
-                                         if getattr(c, "shader", "").startswith("attn_bwd_dq")), \
-            "the dq pass did not bind the forward's saved lse"
+        assert stats is not None and any(stats in c.views for c in s.rec.commands
+                                         if getattr(c, "shader", "").startswith("attn_bwd_stats")), \
+            "the backward did not bind the forward's saved lse"
+        passes = {re.match(r"attn_(\w+?)_d\d", c.shader)[1]: c for c in s.rec.commands
+                  if getattr(c, "shader", "").startswith("attn_bwd")}
+        assert not depends(passes["bwd_dkdv"], passes["bwd_dq"]), "the dk/dv pass waits for the dq pass"
         for v in [out, *grads[:3]]:
             s.download(v)
         out, *grads = s.run()

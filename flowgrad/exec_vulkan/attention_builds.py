@@ -1,23 +1,28 @@
 """The builds of the flash-attention kernels: the scalar ones (attn_fwd,
-attn_bwd_dq, attn_bwd_dkdv; f32 and f16 storage) once per head-width bound,
-and those on cooperative matrices (attn_coop_*; f16 storage) once per
-head-width bound and fragment shape. Plain data: the shader build, the
+attn_bwd_stats, attn_bwd_dq, attn_bwd_dkdv; f32 and f16 storage) once per
+head-width bound, and those on cooperative matrices (attn_coop_*; f16
+storage; every kernel but attn_bwd_stats) once per head-width bound and
+fragment shape. Plain data: the shader build, the
 push-constant specs and the lowering all read it."""
 from __future__ import annotations
 
-KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
+COOP_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
 
 # Scalar kernels: per head-width bound MAXD and kernel, (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
+# bwd_stats takes dq's rows and threads (its key sweep runs only where the
+# forward's lse was not kept).
 # Chosen to fit 32 KiB of shared memory (lavapipe's limit; NVIDIA has 48)
 # with the head rows of the tiles held as padded vec4 rows. The MAXD 64 and
 # 128 rows were picked on an H200 from eight and five candidate tables
 # (bench/attention_tiles.py; the numbers are in bench/MATMUL_NOTES.md).
 TILES = {
-    32: {"fwd": (64, 32, 8, 2), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
-    64: {"fwd": (32, 32, 16, 2), "bwd_dq": (32, 32, 16, 1), "bwd_dkdv": (32, 16, 16, 0)},
-    128: {"fwd": (32, 16, 16, 1), "bwd_dq": (16, 16, 16, 1), "bwd_dkdv": (12, 16, 16, 0)},
-    256: {"fwd": (8, 8, 8, 2), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
+    32: {"fwd": (64, 32, 8, 2), "bwd_stats": (32, 32, 8, 0), "bwd_dq": (32, 32, 8, 2), "bwd_dkdv": (32, 32, 8, 0)},
+    64: {"fwd": (32, 32, 16, 2), "bwd_stats": (32, 32, 16, 0), "bwd_dq": (32, 32, 16, 1),
+         "bwd_dkdv": (32, 16, 16, 0)},
+    128: {"fwd": (32, 16, 16, 1), "bwd_stats": (16, 16, 16, 0), "bwd_dq": (16, 16, 16, 1),
+          "bwd_dkdv": (12, 16, 16, 0)},
+    256: {"fwd": (8, 8, 8, 2), "bwd_stats": (8, 8, 8, 0), "bwd_dq": (8, 8, 8, 1), "bwd_dkdv": (4, 8, 8, 0)},
 }
 HEAD_BOUNDS = tuple(sorted(TILES))
 SHARED_LIMIT = 32768
@@ -35,9 +40,9 @@ SHARED_LIMIT = 32768
 # kernel 1.2-5x slower than 4. Width 128 is unmeasured.
 WIDE_KEY_TILES = {(64, "fwd"), (64, "bwd_dq"), (32, "bwd_dq"), (64, "bwd_dkdv"), (32, "bwd_dkdv")}
 COOP_TILES = {
-    (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in KERNELS}
+    (16, 32): {maxd: {kernel: (4, 64 if (maxd, kernel) in WIDE_KEY_TILES else 32) for kernel in COOP_KERNELS}
                for maxd in (32, 64, 128)},
-    (8, 8): {maxd: {kernel: (4, 32) for kernel in KERNELS} for maxd in (32, 64, 128)},
+    (8, 8): {maxd: {kernel: (4, 32) for kernel in COOP_KERNELS} for maxd in (32, 64, 128)},
 }
 COOP_SHARED_LIMIT = 49152   # the most any build may declare (NVIDIA's 48 KiB); each device's own is checked too
 
@@ -46,7 +51,8 @@ def shared_bytes(kernel: str, maxd: int, br: int, bc: int, ct: int, slots: int) 
     """Shared memory one scalar build declares (mirrors the .glsl declarations)."""
     pad, rg = maxd // 4 + 1, br // 4
     vec4s = {"fwd": br * pad + slots * bc * pad + bc * rg + ct * rg,
-             "bwd_dq": 2 * br * pad + slots * bc * pad + bc * rg + ct * rg,
+             "bwd_stats": br * pad + bc * pad + ct * rg,
+             "bwd_dq": 2 * br * pad + slots * bc * pad + bc * rg,
              "bwd_dkdv": 2 * br * pad + 2 * bc * pad + 2 * bc * rg}[kernel]
     return 16 * vec4s + (8 * bc if kernel == "bwd_dkdv" else 0)
 
@@ -58,7 +64,7 @@ def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int
     probs = nsg * fr * (bc + 8) * 2                   # ... and of f16 probabilities
     ids = 2 * fr * fr * 4                             # the row- and column-id fragments' source
     return tiles + ids + {"fwd": scores + probs + nsg * fr * 4,
-                          "bwd_dq": scores + probs + 2 * nsg * fr * 4,
+                          "bwd_dq": probs + 2 * nsg * fr * 4,
                           "bwd_dkdv": 2 * probs + 2 * bc * 4}[kernel]
 
 

@@ -1,5 +1,5 @@
 """attention's lowering: flash-attention kernels (attn_fwd, then for the
-backward attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound
+backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound
 (attention_builds.py); in f16 storage, on a device with cooperative
 matrices of a built fragment shape, their builds on cooperative matrices.
 
@@ -9,12 +9,12 @@ key (or query) tiles wholly past the diagonal; an explicit mask is the op's
 through per-dim strides so [sq, sk], [batch, 1, sq, sk] and
 [batch, heads, sq, sk] masks all bind as they are. The forward
 saves each row's log-sum-exp (an f32 view kept for the backward of the
-same recording). The backward's first pass (one workgroup per query tile)
-reads it (or, where the forward ran in another recording, recomputes it),
-saves it with D_i = g_i . out_i, and writes dq; the second (one workgroup
-per key tile) recomputes the probabilities from the saved lse and writes
-dk and dv. Each gradient goes to its own view, whatever offset the
-executor gave it inside a shared buffer."""
+same recording). The backward first saves D_i = g_i . out_i beside it
+(and, where the forward ran in another recording, recomputes it); then two
+passes that only read these statistics, so the device may run them side by
+side, recompute the probabilities: one (a workgroup per query tile) writes
+dq, the other (a workgroup per key tile) dk and dv. Each gradient goes to
+its own view, whatever offset the executor gave it inside a shared buffer."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +23,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.attention_builds import (
-    COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
+    COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
     shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
@@ -123,8 +123,9 @@ def _stats_key(node):
 
 
 def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
-    """One of the kernels, on cooperative matrices where coop_kernels says so."""
-    coop = coop_kernels(rec, q.dtype, dh)
+    """One of the kernels, on cooperative matrices where coop_kernels says so
+    and the kernel has such builds."""
+    coop = coop_kernels(rec, q.dtype, dh) if kernel in COOP_KERNELS else None
     if coop is None:
         shader, build, own = scalar_name(kernel, bound), variant(q.dtype), TILES[bound][kernel][0]
     else:
@@ -155,7 +156,8 @@ def attention_backward(rec, node, g, ins, out, grads):
         stats = rec.scratch((2 * nstat,), "f32")  # each row's lse, then its D
     dq, dk, dv = (grads[i] if grads[i] is not None else rec.scratch(x.shape, x.dtype) for i, x in enumerate((q, k, v)))
     push = _push(node, sq, sk, d, dh, words, nstat, saved)
-    _dispatch(rec, "bwd_dq", q, dh, bound, [q, k, v, mview, out, g, dq, stats], push, sq, heads, batch)
+    _dispatch(rec, "bwd_stats", q, dh, bound, [q, k, out, mview, g, stats], push, sq, heads, batch)
+    _dispatch(rec, "bwd_dq", q, dh, bound, [q, k, v, mview, g, stats, dq], push, sq, heads, batch)
     _dispatch(rec, "bwd_dkdv", q, dh, bound, [q, k, v, mview, g, stats, dk, dv], push, sk, heads, batch)
 
 

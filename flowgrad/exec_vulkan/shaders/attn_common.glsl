@@ -22,7 +22,9 @@ layout(push_constant, std430) uniform Push {
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer K { T k[]; };
+#ifndef NO_V   // a kernel that does not read v binds something else at 2
 layout(std430, set = 0, binding = 2) readonly buffer V { T v[]; };
+#endif
 // The mask is read as raw words so one binding serves an additive mask of
 // the storage type and a boolean i32 mask.
 #ifdef F16
