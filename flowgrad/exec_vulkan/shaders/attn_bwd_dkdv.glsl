@@ -22,8 +22,9 @@ shared float Ds[BC];
 
 void main() {
     uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint j0 = gl_WorkGroupID.x * BR;
+    uvec3 tile = own_tile(false);
+    uint h = tile.y, b = tile.z;
+    uint j0 = tile.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
     LOAD_TILE(Ks, 0u, k, p.sk, j0, BR, b, h);

@@ -63,8 +63,9 @@ vec4 recompute_lse(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc)
 
 void main() {
     uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i0 = gl_WorkGroupID.x * BR;
+    uvec3 tile = own_tile(true);
+    uint h = tile.y, b = tile.z;
+    uint i0 = tile.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
     vec4 dpart = vec4(0.0);  // this thread's share of D_i

@@ -37,6 +37,20 @@ float mask_add(uint e) { return uintBitsToFloat(mbits[e]); }
 bool mask_keep(uint e) { return mbits[e] != 0u; }
 #endif
 
+// This workgroup's (row tile, head, batch). Under causality the work of a
+// query tile grows with its index (it sees more keys) and that of a key tile
+// shrinks; the device starts workgroups in order of their linear index (x
+// fastest), so those ordered by work go out longest first over every head
+// and batch, and the short ones fill in at the end. Without causality they
+// keep the grid's order.
+uvec3 own_tile(bool longest_last) {
+    if (p.causal == 0u) return gl_WorkGroupID;
+    uvec3 n = gl_NumWorkGroups;
+    uint lin = gl_WorkGroupID.x + n.x * (gl_WorkGroupID.y + n.y * gl_WorkGroupID.z);
+    uint t = lin / (n.y * n.z), hb = lin % (n.y * n.z);
+    return uvec3(longest_last ? n.x - 1u - t : t, hb % n.y, hb / n.y);
+}
+
 // each row's slot in the stats buffers (lse at i, D at nstat + i)
 uint stat_index(uint b, uint h, uint i) {
     return (b * gl_NumWorkGroups.y + h) * p.sq + i;

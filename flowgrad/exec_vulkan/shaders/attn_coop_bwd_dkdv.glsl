@@ -23,8 +23,9 @@ shared float Ds[BC];                    // and D
 
 void main() {
     uint sg = sg_index();
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint j0 = gl_WorkGroupID.x * BR;
+    uvec3 tile = own_tile(false);
+    uint h = tile.y, b = tile.z;
+    uint j0 = tile.x * BR;
 
     fill_ids();
     FRAG_A kf[ND], vf[ND];

@@ -19,8 +19,9 @@ shared float Lrow[BR], Drow[BR];        // the own rows' lse and D
 
 void main() {
     uint sg = sg_index(), r = lane_row(), part = lane_part();
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
+    uvec3 tile = own_tile(true);
+    uint h = tile.y, b = tile.z;
+    uint i0 = tile.x * BR, row = i0 + sg * FR + r;
 
     fill_ids();
     FRAG_A qf[ND], gf[ND];

@@ -25,8 +25,9 @@ shared float Rowf[BR];                  // a factor per own row: the softmax's c
 
 void main() {
     uint sg = sg_index(), r = lane_row(), part = lane_part();
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i0 = gl_WorkGroupID.x * BR, row = i0 + sg * FR + r;
+    uvec3 tile = own_tile(true);
+    uint h = tile.y, b = tile.z;
+    uint i0 = tile.x * BR, row = i0 + sg * FR + r;
 
     fill_ids();
     STAGE(KVs, 0u, q, q8, p.sq, i0, BR, b, h);

@@ -23,8 +23,9 @@ shared vec4 red[CT * RG];  // per-thread partial row statistics
 
 void main() {
     uint t = gl_LocalInvocationID.x, rg = t / CT, c = t % CT;
-    uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-    uint i0 = gl_WorkGroupID.x * BR;
+    uvec3 tile = own_tile(true);
+    uint h = tile.y, b = tile.z;
+    uint i0 = tile.x * BR;
     uint nc = (p.dh + 3u) / 4u;
 
     LOAD_TILE(Qs, 0u, q, p.sq, i0, BR, b, h);
