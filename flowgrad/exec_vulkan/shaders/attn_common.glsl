@@ -17,7 +17,7 @@ layout(push_constant, std430) uniform Push {
     float scale;            // 1/sqrt(dh)
     uint causal;            // key j attends to query i only where j <= i
     uint nstat;             // batch*heads*sq (offset of D in stats)
-    uint saved_lse;         // dq pass: 1 reads the forward's lse from stats, 0 recomputes it
+    uint saved_lse;         // stats pass: 1 the forward kept lse in stats, 0 recompute it
 } p;
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { T q[]; };
