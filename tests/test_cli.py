@@ -137,3 +137,15 @@ def test_bench_warns_when_the_device_speed_changed_during_the_run():
     assert steady[-1] == "graph, Adam on the device, timed again last: 8.50 ms"
     changed = report(result(22.2, 8.1)).splitlines()
     assert changed[-1].startswith("warning: 22.20 ms first and 8.10 ms last: the device's speed changed")
+
+
+def test_the_bench_times_its_contenders_in_turns():
+    """Every round times each step in turn, after one untimed step, so a
+    device that speeds up halfway through the run speeds up both sides."""
+    from flowgrad.exec_vulkan import bench
+
+    order = []
+    steps = {name: (lambda n=name: order.append(n), lambda: None) for name in ("graph", "eager")}
+    times = bench.in_turns(steps, repeats=6, rounds=3)
+    assert {k: len(v) for k, v in times.items()} == {"graph": 6, "eager": 6}   # 2 a round
+    assert order == ["graph"] * 3 + ["eager"] * 3 + ["graph"] * 3 + ["eager"] * 3 + ["graph"] * 3 + ["eager"] * 3

@@ -2,9 +2,10 @@
 d=64, seq=64) on the graph path and on closures, on the same Vulkan
 device; with compare="torch", also its PyTorch twin
 (flowgrad.torch_twin, generated from the same graph) on the CUDA GPU in the
-same process, eager and under torch.compile(mode="reduce-overhead"), after
-checking that the twin's first loss equals flowgrad's (in an eval step
-when the model has random ops: torch draws its own dropout masks). Under
+same process, eager and under torch.compile(mode="reduce-overhead"), each
+timed in turns with the graph path, after checking that the twin's first
+loss equals flowgrad's (in an eval step when the model has random ops:
+torch draws its own dropout masks). Under
 dtype="mixed" the twin is the f32 model run as PyTorch AMP runs it, eager
 (torch.autocast in f16 with a GradScaler, and in bf16), beside its plain
 f32 eager step. Prints median step times and their ratios, what each
@@ -112,12 +113,12 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tu
     return statistics.median(times), {**per_step, "host_seconds": statistics.median(host)}
 
 
-def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
-    """Median seconds of one training step of the twin on its GPU: forward,
-    backward and torch.optim.Adam (torch.compile, when compiled, takes the
-    forward; the optimizer runs eager, as its default foreach kernels); amp
-    "f16" or "bf16": under torch.autocast in that dtype (f16 with a
-    GradScaler's scaled backward and step, as AMP training runs it)."""
+def torch_step(twin, feeds, compiled: bool, amp: str | None = None):
+    """(step, sync): one training step of the twin on its device, and the
+    wait for it: forward, backward and torch.optim.Adam (torch.compile, when
+    compiled, takes the forward; the optimizer runs eager, as its default
+    foreach kernels); amp "f16" or "bf16": under torch.autocast in that dtype
+    (f16 with a GradScaler's scaled backward and step, as AMP training runs it)."""
     torch = twin.torch
     kind = torch.device(twin.device).type
     autocast = None if amp is None else {"f16": torch.float16, "bf16": torch.bfloat16}[amp]
@@ -144,19 +145,43 @@ def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None
             scaler.step(opt)
             scaler.update()
 
-    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
+    return step, (torch.cuda.synchronize if kind == "cuda" else (lambda: None))
+
+
+def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
+    """Median seconds of torch_step's step, after a warm-up."""
+    step, sync = torch_step(twin, feeds, compiled, amp)
     warm_up(step, 3, sync)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(in_turns({"torch": (step, sync)}, repeats, rounds=1)["torch"])
+
+
+# PyTorch's step and the graph path's are timed in turns, this many rounds: a
+# change of the device's speed during the run (PyTorch's eager step on the
+# H200 moved by 1.3-1.5x between two runs minutes apart) then falls on both alike.
+ROUNDS = 5
+
+
+def in_turns(steps: dict, repeats: int, rounds: int = ROUNDS) -> dict[str, list[float]]:
+    """{name: seconds of each timed step} for steps {name: (step, sync)}:
+    `rounds` rounds, each timing every step in turn for repeats / rounds
+    steps (at least one) after one untimed step."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, (step, sync) in steps.items():
+            step()
+            sync()
+            for _ in range(max(1, repeats // rounds)):
+                t0 = time.perf_counter()
+                step()
+                sync()
+                times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
-    """PyTorch eager and torch.compile on the twin, or {"skipped": why}."""
+    """PyTorch eager and torch.compile on the twin, each timed in turns with
+    the graph path's Adam step (whose time in those turns is "graph"), or
+    {"skipped": why}."""
     from flowgrad.torch_twin import TorchTwin, require_torch
 
     torch = require_torch()
@@ -185,15 +210,23 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     rows = [("eager", False, None), ("compile", True, None)]
     if mixed:
         rows = [("eager", False, None), ("amp_f16", False, "f16"), ("amp_bf16", False, "bf16")]
+    opt = Adam(lr=LR)
+    steps = {"graph": (lambda: graph_sess.step(feeds, grads=False, optimizer=opt), lambda: None)}
+    warm_up(steps["graph"][0], 2)
     for name, compiled, amp in rows:
         what = ("torch.compile(mode='reduce-overhead') (compiling first)" if compiled else "PyTorch eager")
-        phase(f"timing {what}{f' under autocast {amp}' if amp else ''} ({repeats} steps after {WARMUP})")
+        phase(f"warming up {what}{f' under autocast {amp}' if amp else ''} ({WARMUP})")
+        steps[name] = torch_step(twin, tfeeds, compiled=compiled, amp=amp)
         try:
-            out[name] = {"seconds": time_torch(twin, tfeeds, repeats, compiled=compiled, amp=amp)}
+            warm_up(steps[name][0], 3, steps[name][1])
         except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager numbers standing
             if not compiled:
                 raise
+            del steps[name]
             out[name] = {"skipped": f"{type(e).__name__}: {e}"[:200]}
+    phase(f"timing {', '.join(steps)} in turns ({ROUNDS} rounds of {max(1, repeats // ROUNDS)} steps each)")
+    for name, times in in_turns(steps, repeats).items():
+        out[name] = {"seconds": statistics.median(times)}
     return out
 
 
@@ -245,8 +278,9 @@ def drift_line(r: dict) -> str:
     if abs(last / first - 1) <= DRIFT:
         return line
     return (f"{line}\nwarning: {first * 1e3:.2f} ms first and {last * 1e3:.2f} ms last: the device's speed changed "
-            "during this run (another process using the GPU, or one that just exited), so the ratios above do not "
-            "hold; run again on an idle GPU")
+            "during this run (another process using the GPU, or one that just exited), so the paths timed in "
+            "separate phases above do not compare (the PyTorch rows, timed in turns with the graph path, still do); "
+            "run again on an idle GPU")
 
 
 PATHS = (("graph", "graph, Adam on the device"), ("graph_grads", "graph, gradients to the host"),
@@ -274,10 +308,10 @@ def report(r: dict) -> str:
     if t is not None and "skipped" in t:
         lines.append(f"PyTorch: skipped ({t['skipped']})")
     elif t is not None:
+        g = t["graph"]["seconds"]
         lines.append(f"PyTorch on {t['device']}, forward + backward + torch.optim.Adam (twin loss "
                      f"{t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, {t['checked_in']} step), "
-                     "beside the graph path with Adam on the device:")
-        g = r["graph"]["seconds"]
+                     f"timed in turns with the graph path with Adam on the device ({g * 1e3:.2f} ms in those turns):")
         amp = "amp_f16" in t   # mixed: the twin's plain eager step is the f32 model's
         for name, label in (("eager", "eager f32" if amp else "eager"), ("amp_f16", "AMP f16 eager"),
                             ("amp_bf16", "AMP bf16 eager"), ("compile", "torch.compile")):
