@@ -242,7 +242,7 @@ def test_a_checkpoint_keeps_the_loss_scale(tmp_path):
 
 def test_the_bench_twin_runs_the_f32_model_under_autocast():
     torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
-    from flowgrad.exec_vulkan.bench import feeds_for, time_torch
+    from flowgrad.exec_vulkan.bench import feeds_for, in_turns, torch_step
     from flowgrad.torch_twin import TorchTwin
 
     model = gpt()
@@ -253,7 +253,7 @@ def test_the_bench_twin_runs_the_f32_model_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = float(twin.forward(tfeeds)[0].detach())
     np.testing.assert_allclose(loss, sess.step(feeds).loss, rtol=2e-2)
-    assert time_torch(twin, tfeeds, 1, compiled=False, amp="bf16") > 0
+    assert in_turns({"amp": torch_step(twin, tfeeds, compiled=False, amp="bf16")}, 1, rounds=1)["amp"][0] > 0
 
 
 def test_the_bench_report_puts_the_amp_rows_beside_f32_eager():

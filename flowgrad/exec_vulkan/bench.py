@@ -148,13 +148,6 @@ def torch_step(twin, feeds, compiled: bool, amp: str | None = None):
     return step, (torch.cuda.synchronize if kind == "cuda" else (lambda: None))
 
 
-def time_torch(twin, feeds, repeats: int, compiled: bool, amp: str | None = None) -> float:
-    """Median seconds of torch_step's step, after a warm-up."""
-    step, sync = torch_step(twin, feeds, compiled, amp)
-    warm_up(step, 3, sync)
-    return statistics.median(in_turns({"torch": (step, sync)}, repeats, rounds=1)["torch"])
-
-
 # PyTorch's step and the graph path's are timed in turns, this many rounds: a
 # change of the device's speed during the run (PyTorch's eager step on the
 # H200 moved by 1.3-1.5x between two runs minutes apart) then falls on both alike.
