@@ -1,7 +1,5 @@
-"""flowgrad: train, run and export models written in the .flow language.
-
-Commands: check, explain, train, run, generate, export, bench, devices;
-`flowgrad COMMAND --help` shows each one's options and an example.
+"""The `flowgrad` command: check, explain, train, run, generate, export,
+bench, devices.
 
 Every command's argv-to-library adapter lives in this one file (it runs past
 400 lines for that reason), so that no library module imports the CLI."""
@@ -174,9 +172,11 @@ def train_summary(result) -> str:
 # -- run ---------------------------------------------------------------------------------
 
 def cmd_run(args) -> int:
-    from flowgrad.training.arrayfiles import parse_feeds, write_outputs
+    from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
     from flowgrad.training.overrides import load_trained
 
+    if args.out:
+        out_format(args.out)  # a bad --out fails before the model loads and runs, not after
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     outputs = sess.predict(parse_feeds(args.feed, sess.graph))
     if args.output:
@@ -198,7 +198,7 @@ def cmd_run(args) -> int:
 # -- generate, export ---------------------------------------------------------------------
 
 def cmd_generate(args) -> int:
-    from flowgrad.training.generate import generate
+    from flowgrad.training.generate import stream
     from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
@@ -206,8 +206,14 @@ def cmd_generate(args) -> int:
     if "vocab" not in data:
         raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
                         "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
-    print(generate(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
-                   args.top_k, args.seed))
+    pieces = stream(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
+                    args.top_k, args.seed)
+    # printed as sampled, so a long --tokens shows its progress and Ctrl-C keeps what came
+    try:
+        for piece in pieces:
+            print(piece, end="", flush=True)
+    finally:
+        print()
     return 0
 
 
@@ -258,17 +264,22 @@ def devices_text() -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.repeats < 1:
+        raise FlowError(f"--repeats must be at least 1, got {args.repeats}")
     if args.file == "matmul":
         return cmd_bench_matmul(args)
     from flowgrad.exec_vulkan import bench
 
     if args.ranks is not None:
+        if args.ranks < 1:
+            raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
         from flowgrad.training import bench_ranks
 
         rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
                                {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
         print(bench_ranks.report(rows))
         return 0
+    check_bench_device(args.device)
     t0 = time.perf_counter()
 
     def phase(text):
@@ -278,6 +289,16 @@ def cmd_bench(args) -> int:
                   dtype=args.dtype, phase=phase, compare=args.compare)
     print(json.dumps(r, indent=2) if args.json else bench.report(r))
     return 0
+
+
+def check_bench_device(spec: str) -> None:
+    from flowgrad.api import open_device
+
+    # else the planner refuses a graph path the user never asked for by name
+    if open_device(spec) is None:
+        raise FlowError(f"bench times the graph path, which needs a Vulkan device: use --device vulkan or "
+                        f"vulkan:N (device={spec!r} runs on numpy); --ranks N benches data-parallel steps "
+                        "on any device")
 
 
 def cmd_bench_matmul(args) -> int:
@@ -310,6 +331,11 @@ EXAMPLES = {
 }
 
 
+DESCRIPTION = """Train, run and export neural nets written in the .flow language.
+
+`flowgrad COMMAND --help` shows each command's options and an example."""
+
+
 def _sub(sub, name: str, help: str):
     return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
                           epilog=f"example:\n  {EXAMPLES[name]}", formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -318,7 +344,7 @@ def _sub(sub, name: str, help: str):
 def build_parser() -> argparse.ArgumentParser:
     from flowgrad import __version__
 
-    parser = argparse.ArgumentParser(prog="flowgrad", description=__doc__,
+    parser = argparse.ArgumentParser(prog="flowgrad", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="example:\n  flowgrad train models/mlp.flow --out runs/mlp")
     parser.add_argument("--version", action="version", version=f"flowgrad {__version__}")

@@ -110,14 +110,28 @@ def fit_rows(arr: np.ndarray, t, what: str) -> np.ndarray:
     return arr
 
 
+OUT_FORMATS = (".npz", ".npy", ".csv")
+
+
+def out_format(path: str) -> str:
+    """The --out file's format, from its extension."""
+    for fmt in OUT_FORMATS:
+        if path.endswith(fmt):
+            return fmt
+    # np.save and np.savez would add their own extension to any other name, writing elsewhere than asked
+    raise FlowError(f"--out {path}: unknown file type {Path(path).suffix or '(no extension)'}; use .npz "
+                    "(all outputs), .npy (one) or .csv (one column per value)")
+
+
 def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
+    fmt = out_format(path)
     try:
-        if path.endswith(".npy"):
+        if fmt == ".npy":
             if len(outputs) != 1:
                 raise FlowError(f"--out {path}: a .npy holds one array, and there are {len(outputs)} outputs "
                                 f"({', '.join(outputs)})", hint="choose one with --output NAME, or write an .npz")
             np.save(path, next(iter(outputs.values())))
-        elif path.endswith(".csv"):
+        elif fmt == ".csv":
             Path(path).write_text(outputs_csv(outputs))
         else:
             np.savez(path, **outputs)

@@ -5,16 +5,19 @@ Each new token re-runs the whole window (the last `seq` tokens, no cache of
 attention keys and values): slow for long windows, but it is the forward
 pass that was trained. The window sits at positions 0..L-1 and the rest of
 the row is padding, so the model must be causal (position i reads positions
-up to i only), as a decoder with causal attention is; that is checked on the
-first token, by padding with two different tokens and comparing."""
+up to i only), as a decoder with causal attention is; that is checked before
+the first token, by padding with two different tokens and comparing."""
 from __future__ import annotations
 
+import codecs
+import itertools
+import math
 
 import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.training.data import output_inputs
-from flowgrad.training.text import decode, encode
+from flowgrad.training.text import encode
 
 
 def lm_io(graph) -> tuple[str, str, int]:
@@ -35,40 +38,84 @@ def lm_io(graph) -> tuple[str, str, int]:
 
 
 def sample(logits: np.ndarray, temperature: float, top_k: int, rng) -> int:
-    if temperature <= 0:
+    with np.errstate(over="ignore"):
+        z = logits.astype(np.float64) / temperature if temperature > 0 else None
+    # a temperature so small that logits / T overflows is the greedy choice it tends to
+    if z is None or not np.isfinite(z.max()):
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
     if 0 < top_k < len(z):
         z[z < np.sort(z)[-top_k]] = -np.inf
     p = np.exp(z - z.max())
     return int(rng.choice(len(z), p=p / p.sum()))
 
 
+def check_options(tokens: int, temperature: float, top_k: int, seed: int) -> None:
+    # NaN passes `< 0` and inf samples uniformly: neither is a temperature anyone means
+    if not math.isfinite(temperature) or temperature < 0:
+        raise FlowError(f"--temperature must be a finite number >= 0 (0: always the likeliest token), "
+                        f"got {temperature}")
+    for name, value in (("--tokens", tokens), ("--top-k", top_k), ("--seed", seed)):
+        if value < 0:
+            raise FlowError(f"{name} must be >= 0, got {value}")
+
+
 def generate(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
              top_k: int = 0, seed: int = 0) -> str:
     """`prompt` followed by `tokens` sampled symbols, as text."""
-    if temperature < 0:
-        raise FlowError(f"--temperature must be >= 0 (0: always the likeliest token), got {temperature}")
-    if tokens < 0 or top_k < 0:
-        raise FlowError("--tokens and --top-k must be >= 0")
+    return "".join(stream(sess, vocab, level, prompt, tokens, temperature, top_k, seed))
+
+
+def stream(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
+           top_k: int = 0, seed: int = 0):
+    """The text generate returns, in pieces as it is sampled: the prompt, then
+    each token's. The options, the prompt and the model's causality are checked
+    here, before any piece is made."""
+    check_options(tokens, temperature, top_k, seed)
     tok_in, logits_out, seq = lm_io(sess.graph)
     if not prompt:
         raise FlowError("the prompt is empty: generate continues a prompt of at least one character")
     ids = list(encode(prompt if level == "char" else prompt.encode(), vocab, level))
+    check_causal(sess, tok_in, logits_out, seq, ids, len(vocab))
+    sampled = sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed)
+    return pieces(itertools.chain(list(ids), sampled), vocab, level)
+
+
+def window_logits(sess, tok_in, logits_out, seq, ids, pad: int = 0) -> np.ndarray:
+    """Next-token logits after the last `seq` ids, the row padded with `pad`."""
+    window = ids[-seq:]
+    row = np.full((1, seq), pad, np.int32)
+    row[0, :len(window)] = window
+    return sess.predict({tok_in: row})[logits_out][0, len(window) - 1]
+
+
+def check_causal(sess, tok_in, logits_out, seq, ids, vocab_size) -> None:
+    # only a window shorter than the row is padded, so only then can the padding leak in
+    if len(ids) >= seq:
+        return
+    a = window_logits(sess, tok_in, logits_out, seq, ids)
+    b = window_logits(sess, tok_in, logits_out, seq, ids, pad=vocab_size - 1)
+    if not np.allclose(a, b, rtol=1e-4, atol=1e-4):
+        raise FlowError(f"{sess.graph.name} is not causal: its logits at position {len(ids) - 1} "
+                        "change with the tokens after it, so a window padded at the end gives wrong "
+                        "predictions", hint="generate drives decoders with causal attention "
+                                            "(attention(..., causal=true))")
+
+
+def sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed):
+    """Each new id as it is sampled (ids grows with them)."""
     rng = np.random.default_rng(seed)
-    for k in range(tokens):
-        window = ids[-seq:]
-        row = np.zeros((1, seq), np.int32)
-        row[0, :len(window)] = window
-        logits = sess.predict({tok_in: row})[logits_out][0, len(window) - 1]
-        if k == 0 and len(window) < seq:
-            other = row.copy()
-            other[0, len(window):] = len(vocab) - 1
-            again = sess.predict({tok_in: other})[logits_out][0, len(window) - 1]
-            if not np.allclose(logits, again, rtol=1e-4, atol=1e-4):
-                raise FlowError(f"{sess.graph.name} is not causal: its logits at position {len(window) - 1} "
-                                "change with the tokens after it, so a window padded at the end gives wrong "
-                                "predictions", hint="generate drives decoders with causal attention "
-                                                    "(attention(..., causal=true))")
-        ids.append(sample(logits, temperature, top_k, rng))
-    return decode(ids, vocab, level)
+    for _ in range(tokens):
+        ids.append(sample(window_logits(sess, tok_in, logits_out, seq, ids), temperature, top_k, rng))
+        yield ids[-1]
+
+
+def pieces(ids, vocab: list, level: str):
+    """The text of each id in turn, as decode gives it for them all."""
+    if level == "char":
+        yield from (vocab[int(i)] for i in ids)
+        return
+    # a character of a byte-level model can span several tokens: its bytes wait in the decoder
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in ids:
+        yield dec.decode(bytes([int(vocab[int(i)])]))
+    yield dec.decode(b"", final=True)
