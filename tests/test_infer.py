@@ -38,9 +38,7 @@ def reference_logits(ckpt_path, x):
 
 
 def test_predict_at_batch_sizes_1_7_and_the_training_batch_gives_the_same_rows(mlp_run):
-    from flowgrad.training.overrides import load_trained
-
-    sess, _ = load_trained(MODELS / "mlp.flow", mlp_run, device="cpu")
+    sess, _ = fg.load_trained(MODELS / "mlp.flow", mlp_run, device="cpu")   # the public name
     assert sess.graph.config["batch"] == 16 and sess.graph.config["hidden"] == 16  # from the checkpoint
     x = digits_rows(40)
     whole = sess.predict({"x": x})["logits"]   # 16 + 16 + 8: two sizes of session
