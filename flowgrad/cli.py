@@ -56,17 +56,21 @@ def cmd_check(args) -> int:
 
 
 def summary(graph) -> str:
-    """One screen: inputs, params (a block's instances on one line), outputs."""
+    """One screen: inputs, params and state (a block's instances on one line), outputs."""
     lines = [f"model {graph.name}   ({graph.file}, {len(graph.nodes)} nodes)"]
     if graph.config:
         lines.append("config  " + "  ".join(f"{k}={v}" for k, v in graph.config.items()))
     lines.append("inputs")
     lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.inputs.items()]
-    lines.append(f"params ({graph.param_count():,} values)")
-    for name, nodes in grouped_params(graph):
-        node = nodes[0]
-        count = f"  x{len(nodes)}" if len(nodes) > 1 else ""
-        lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {node.attrs['init'][0]}(){count}")
+    for state, title in ((False, "params"), (True, "state")):
+        groups = grouped_params(graph, state)
+        if groups or not state:
+            total = sum(node.type.size for _, nodes in groups for node in nodes)
+            lines.append(f"{title} ({total:,} values)")
+        for name, nodes in groups:
+            node = nodes[0]
+            count = f"  x{len(nodes)}" if len(nodes) > 1 else ""
+            lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {init_text(node)}{count}")
     lines.append("outputs")
     lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
     if graph.loss is not None:
@@ -74,14 +78,23 @@ def summary(graph) -> str:
     return "\n".join(lines)
 
 
-def grouped_params(graph):
-    """decoder.0.wqkv, decoder.1.wqkv, ... -> ("decoder.0-1.wqkv", [nodes])."""
+def init_text(node) -> str:
+    """The initialiser as the model file calls it, arguments evaluated: normal(std=0.02)."""
+    name, args = node.attrs["init"]
+    return f"{name}({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in args.items())})"
+
+
+def grouped_params(graph, state: bool):
+    """decoder.0.wqkv, decoder.1.wqkv, ... -> ("decoder.0-1.wqkv", [nodes]);
+    the trainable params, or with state the state tensors (batch norm's running statistics)."""
     import re
 
     groups: dict[tuple, list] = {}
     for name, i in graph.params.items():
         node = graph.nodes[i]
-        key = (re.sub(r"\.\d+\.", ".#.", name), node.type, node.attrs["init"][0])
+        if bool(node.attrs.get("state")) != state:
+            continue
+        key = (re.sub(r"\.\d+\.", ".#.", name), node.type, init_text(node))
         groups.setdefault(key, []).append((name, node))
     out = []
     for (pattern, _, _), members in groups.items():

@@ -76,3 +76,14 @@ def test_check_as_a_process_has_no_traceback(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "flowgrad.cli", "check", MLP], cwd=ROOT,
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.startswith("model mlp") and ok.stderr == ""
+
+
+def test_check_lists_state_apart_and_initialisers_with_their_arguments(capsys):
+    rc, out, _ = run_main(capsys, "check", str(ROOT / "models" / "cnn.flow"))
+    assert rc == 0
+    lines = out.splitlines()
+    params, state = lines.index("params (6,274 values)"), lines.index("state (112 values)")
+    assert params < state
+    assert any(line.split() == ["conv_bn.0.w", "f32[8,1,3,3]", "72", "normal(std=0.47)"] for line in lines[params:state])
+    assert not any("running" in line for line in lines[params:state])
+    assert lines[state + 1].split() == ["conv_bn.0.running_mean", "f32[8]", "8", "zeros()"]
