@@ -137,6 +137,7 @@ def test_bench_warns_when_the_device_speed_changed_during_the_run():
     assert steady[-1] == "graph, Adam on the device, timed again last: 8.50 ms"
     changed = report(result(22.2, 8.1)).splitlines()
     assert changed[-1].startswith("warning: 22.20 ms first and 8.10 ms last: the device's speed changed")
+    assert "PyTorch rows" not in changed[-1]   # none were timed
 
 
 def test_the_bench_times_its_contenders_in_turns():

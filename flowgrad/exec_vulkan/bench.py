@@ -270,10 +270,10 @@ def drift_line(r: dict) -> str:
     line = f"graph, Adam on the device, timed again last: {last * 1e3:.2f} ms"
     if abs(last / first - 1) <= DRIFT:
         return line
+    in_turns = " (the PyTorch rows, timed in turns with the graph path, still do)" if "torch" in r else ""
     return (f"{line}\nwarning: {first * 1e3:.2f} ms first and {last * 1e3:.2f} ms last: the device's speed changed "
             "during this run (another process using the GPU, or one that just exited), so the paths timed in "
-            "separate phases above do not compare (the PyTorch rows, timed in turns with the graph path, still do); "
-            "run again on an idle GPU")
+            f"separate phases above do not compare{in_turns}; run again on an idle GPU")
 
 
 PATHS = (("graph", "graph, Adam on the device"), ("graph_grads", "graph, gradients to the host"),
