@@ -225,6 +225,17 @@ def test_split_product_parts_are_views_inside_the_product():
         assert mem.grad_writes[p] == []
 
 
+def test_explain_lists_no_kernels_for_the_parts_of_a_split_product(vk_device):
+    sess = gpt(GPT_TINY).compile(device="vulkan", backward="graph")
+    split = sess.plan.fusion.splits[0]
+    assert sess.plan.kernels[split.node]["forward"] and all(
+        sess.plan.kernels[p] == {"forward": [], "backward": []} for p in split.parts)
+    lines = str(sess.explain()).splitlines()
+    for p in split.parts:
+        line = next(line for line in lines if line.lstrip().startswith(f"%{p}:"))
+        assert line.endswith("kernels: none (a view)"), line
+
+
 def test_slices_that_do_not_tile_the_product_stay_slices():
     text = """
 model uneven

@@ -371,7 +371,7 @@ def kernels_text(k: dict | None) -> str:
     if not k:
         return ""
     parts = [f"{label} {', '.join(k[d])}" for d, label in (("forward", "fwd"), ("backward", "bwd")) if k[d]]
-    return "kernels: " + " | ".join(parts)
+    return "kernels: " + (" | ".join(parts) or "none (a view)")
 
 
 def render_analyze(a: dict) -> list[str]:

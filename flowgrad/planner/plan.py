@@ -185,7 +185,8 @@ def index_refusal(graph: Graph, node: Node, op, low) -> Refusal | None:
 
 
 def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict) -> None:
-    """Each fused chain's members run the fused node's kernels, a split product its batched GEMM's."""
+    """Each fused chain's members run the fused node's kernels, a split product its batched GEMM's;
+    the product's slices, views of its blocks, run none."""
     runs = [(grp.node, grp.members) for grp in fused.groups] + [(sp.node, (sp.node,)) for sp in fused.splits]
     for nid, members in runs:
         node = fused.graph.nodes[nid]
@@ -193,6 +194,9 @@ def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict)
         if limit_refusal(fused.graph, node, get_op(node.op), nid in backward_ids, device, found) is None:
             for m in members:
                 kernels[m] = found[nid]
+    for sp in fused.splits:
+        for part in sp.parts:
+            kernels[part] = {"forward": [], "backward": []}
 
 
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
