@@ -17,6 +17,7 @@ from flowgrad.dsl import ast, limits
 from flowgrad.dsl.builtins import BUILTINS, Builtins
 from flowgrad.dsl.calls import Calls
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
+from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
@@ -89,6 +90,8 @@ class Builder(Calls, Builtins):
             if name in blocks:
                 raise self.error(f"block {name!r} is defined twice (first at line {blocks[name].pos[0]})",
                                  b.name.pos)
+            if reserved(name):
+                raise self.error(f"{name!r} is {reserved(name)} and cannot name a block", b.name.pos)
             if name in OPS or name in BUILTINS:
                 raise self.error(f"block {name!r} has the name of {'an op' if name in OPS else 'a builtin'}; "
                                  "choose another name", b.name.pos)
@@ -102,8 +105,8 @@ class Builder(Calls, Builtins):
             for p in b.params:
                 if p.id in seen:
                     raise self.error(f"block {name!r} has two parameters named {p.id!r}", p.pos)
-                if p.id in self.config or p.id in CONSTANT_NAMES:
-                    what = "a config key" if p.id in self.config else "a reserved name"
+                if p.id in self.config or reserved(p.id):
+                    what = "a config key" if p.id in self.config else reserved(p.id)
                     raise self.error(f"block {name!r}: parameter {p.id!r} is {what}", p.pos)
                 seen.add(p.id)
             blocks[name] = b
@@ -127,8 +130,9 @@ class Builder(Calls, Builtins):
     def check_new_name(self, name: ast.Name, kind: str, scope: Scope):
         """Inputs and params are defined once; values may be rebound (x = f(x)),
         but never over an input, a param or a config key."""
-        if name.id in CONSTANT_NAMES:
-            raise self.error(f"{name.id!r} is a reserved name", name.pos, scope)
+        if reserved(name.id):
+            article = "an" if kind == "input" else "a"
+            raise self.error(f"{name.id!r} is {reserved(name.id)} and cannot name {article} {kind}", name.pos, scope)
         if name.id in self.config:
             raise self.error(f"redefined name {name.id!r}: it is a config key "
                              f"(line {self.config_line(name.id)})", name.pos, scope)

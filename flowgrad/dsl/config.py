@@ -8,6 +8,7 @@ import math
 
 from flowgrad.dsl import ast, limits
 from flowgrad.binder import suggest
+from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.values import (
     CONFIG_TYPES, CONSTANT_NAMES, StaticError, coerce, show, static_binop, static_neg, type_name,
 )
@@ -80,8 +81,8 @@ class ConfigEvaluator:
         if key in self.items:
             raise self.error(f"config key {key!r} is defined twice (first at line {self.items[key].pos[0]})",
                              item.name.pos)
-        if key in CONSTANT_NAMES:
-            raise self.error(f"{key!r} is a reserved name and cannot be a config key", item.name.pos)
+        if reserved(key):
+            raise self.error(f"{key!r} is {reserved(key)} and cannot be a config key", item.name.pos)
 
         def no_calls(call, _ev):
             raise self.error(f"config values must be constants; {call.func}(...) is not", call.pos)

@@ -17,6 +17,7 @@ from lark.lexer import PatternStr
 from flowgrad.dsl import ast
 from flowgrad.dsl import limits
 from flowgrad.dsl.source import make_span, source_lines
+from flowgrad.dsl.values import CONSTANT_NAMES
 from flowgrad.errors import FlowError
 
 OPEN, CLOSE = {"LPAR": "RPAR", "LSQB": "RSQB"}, {"RPAR", "RSQB"}
@@ -46,6 +47,24 @@ def lark_parser() -> Lark:
     grammar = importlib.resources.files("flowgrad").joinpath("grammars/flow.lark").read_text()
     return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
                 postlex=JoinBracketedLines(), maybe_placeholders=False)
+
+
+@functools.cache
+def keyword_names() -> frozenset[str]:
+    """The words the grammar spells out (model, input, state, ...), read from it
+    so that the list cannot drift from the language."""
+    return frozenset(t.pattern.value for t in lark_parser().terminals
+                     if isinstance(t.pattern, PatternStr) and t.pattern.value.isidentifier())
+
+
+def reserved(name: str) -> str | None:
+    """What `name` is when no config key, tensor or block may take it ("a keyword",
+    "a reserved name" for a constant), else None. The contextual lexer would read a
+    keyword as a name after `config {` or `param`, but not at a statement's start,
+    so one used as a name could be declared and then not assigned."""
+    if name in keyword_names():
+        return "a keyword"
+    return "a reserved name" if name in CONSTANT_NAMES else None
 
 
 def grammar_path() -> str:

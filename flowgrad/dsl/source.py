@@ -10,6 +10,7 @@ from flowgrad.graph import Span
 # carriage return, Unicode line separators): shown as one space each, the
 # caret stays under the column Lark counted.
 UNPRINTED = re.compile("[\t\x0b\x0c\r\x1c-\x1f\x85\u2028\u2029]")
+BOM = "\ufeff"
 
 
 def source_lines(text: str) -> tuple[str, ...]:
@@ -23,12 +24,14 @@ def line_text(lines, line: int) -> str:
 
 
 def decode_source(data, file: str) -> str:
-    """A model file's bytes as text; a byte that is not UTF-8 is a positioned error."""
+    """A model file's bytes as text; a byte that is not UTF-8 is a positioned error.
+    A leading byte-order mark (some Windows editors write one) is dropped: it
+    is not part of the program, and the first line's columns start after it."""
     if isinstance(data, str):
-        return data
+        return data.removeprefix(BOM)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FlowError(f"model source must be text (str), got {type(data).__name__}")
-    data = bytes(data)
+    data = bytes(data).removeprefix(BOM.encode("utf-8"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -168,6 +168,14 @@ class ClosureSession:
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
         """on_grad_final(name, grad): see session.Session.step; here it is called
         during the backward, as each param's gradient becomes final."""
+        # A diverging run overflows in op after op: numpy would print a
+        # RuntimeWarning (file and source line) for each, ahead of the one clear
+        # error the training loop or check_finite gives for the non-finite loss.
+        # Every closure step (training, evals, `flowgrad run`, `explain --analyze`) runs here.
+        with np.errstate(all="ignore"):
+            return self._step(feeds, grads, optimizer, grad_inputs, on_grad_final)
+
+    def _step(self, feeds, grads, optimizer, grad_inputs, on_grad_final):
         g = self.graph
         roots = g.roots()
         values, tape = self.executor.forward(feeds, self.params, roots)
@@ -211,7 +219,8 @@ class ClosureSession:
         one of them overflowed."""
         found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
         if not found_inf:
-            self._update(optimizer, grads)
+            with np.errstate(all="ignore"):   # as in step: the loop reports a non-finite loss itself
+                self._update(optimizer, grads)
         if self.scaler is not None:
             self.scaler.update(found_inf)
 

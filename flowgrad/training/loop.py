@@ -280,14 +280,17 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
                         hint="run without --resume to start training")
     ckpt = checkpoint.load(ckpt_path)
     graph = sess.graph
+    if ckpt.model != graph.name:
+        # another model's config differs in most keys: a diff of them would hide the cause
+        raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model}, not {graph.name}",
+                        hint=f"resume with model {ckpt.model}, or start a new --out")
     changed = sorted(k for k in set(ckpt.config) | set(config)
                      if json.dumps(ckpt.config.get(k), default=str) != json.dumps(config.get(k), default=str))
-    if ckpt.model != graph.name or changed:
+    if changed:
         what = ", ".join(f"{k}: {ckpt.config.get(k)!r} -> {config.get(k)!r}" for k in changed)
-        raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model}"
-                        + (f" with another config ({what})" if changed else f", not {graph.name}"),
-                        hint="resume with the same model and --set values (data-parallel runs record the "
-                             "global batch, batch x ranks), or start a new --out")
+        raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model} with another config "
+                        f"({what})", hint="resume with the same model and --set values (data-parallel runs record "
+                                          "the global batch, batch x ranks), or start a new --out")
     if ckpt.step > ts.steps:
         raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
                         hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")

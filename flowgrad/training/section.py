@@ -94,9 +94,11 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
         attempt(lambda: _fail(f"{graph.name} has no data to train on: add `data = ...` to its train section, "
                               "e.g. `data = digits()`", _section_span(spans)))
     for key in ("seed", "steps", "eval_every", "checkpoint_every", "early_stop"):
-        if key in items:
+        if key in items and not (key == "steps" and steps is not None):
             attempt(lambda key=key: spec.number("train", key, items[key], where(key), low=1 if key != "seed" else 0,
                                                 integer=True))
+    if steps is not None:
+        attempt(lambda: _steps(items, steps, where))
     if optimizer is None:
         attempt(lambda: _optimizer(items, where, 100))
     bound = None
@@ -121,6 +123,14 @@ def _seed(items, graph, seed, where) -> int:
     if seed is None:
         seed = items.get("seed", graph.config.get("seed", 0))
     return spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
+
+
+def _steps(items, steps, where) -> int:
+    """The train section's steps, or `steps` when given: that one comes from
+    the caller (--steps), so its error must not point at the file's line."""
+    if steps is None:
+        return spec.number("train", "steps", items["steps"], where("steps"), low=1, integer=True)
+    return spec.number("--steps", "steps", steps, None, low=1, integer=True)
 
 
 def _fail(message, span, hint=None):
@@ -151,8 +161,7 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
     where = spans.get  # the span of one setting, for messages
 
     seed = _seed(items, graph, seed, where)
-    steps = spec.number("train", "steps", items["steps"] if steps is None else steps, where("steps"), low=1,
-                        integer=True)
+    steps = _steps(items, steps, where)
     eval_every = spec.number("train", "eval_every", items.get("eval_every", max(1, steps // 10)),
                              where("eval_every"), low=1, integer=True)
     checkpoint_every = spec.number("train", "checkpoint_every", items.get("checkpoint_every", eval_every),

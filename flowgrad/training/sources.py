@@ -22,7 +22,8 @@
         synthetic sequence tasks for a causal decoder (flowgrad.training.data)
 
 A relative path is relative to the model file's directory. Fractions are of
-all rows; the split is seeded by the train section's seed."""
+all rows; the split is seeded by the train section's seed. A nan or inf in a
+file's numbers is an error naming the file, row and column."""
 from __future__ import annotations
 
 import csv as csv_module
@@ -92,9 +93,10 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
     if y_test is not None and x_test is None:
         raise FlowError(f"{what}: y_test needs x_test", span)
     describe = f"npz({str(path)!r})"
-    train = {"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {})
+    train = _finite({"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {}), keys, full, what, span)
     if x_test is not None:
-        test = {"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {})
+        test = _finite({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
+                       {"x": x_test, "y": y_test}, full, what, span)
         val_frac, _ = _fractions(what, val_fraction, 0.0, span)
         data = ArrayData.split(train, val_frac, 0.0, seed, describe, span)
         return ArrayData(data.parts["train"], data.parts["val"], test, seed, describe, data.roles)
@@ -117,6 +119,7 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
             raise FlowError(f"{what}: cannot read {str(full)!r} as .npy: {e}", span) from None
         if not isinstance(arrays[role], np.ndarray):
             raise FlowError(f"{what}: {str(full)!r} holds several arrays (an .npz): use npz(...)", span)
+        _finite({role: arrays[role]}, {role: role}, full, what, span)
     return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
                            f"npy({str(x)!r})", span)
 
@@ -153,6 +156,11 @@ def _column(names, key, what, span) -> int:
     return names.index(key)
 
 
+# float() reads "nan" and "inf", and np.load keeps them: such a value would
+# surface steps later as a nan loss that reads like a too-high learning rate
+NON_FINITE_HINT = "fill in or drop the rows with missing values"
+
+
 def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
     out = np.empty((len(rows), len(cols)), np.float64)
     for i, r in enumerate(rows):
@@ -162,7 +170,27 @@ def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
             except ValueError:
                 raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[c]!r} holds {r[c]!r}, not a "
                                 "number", span) from None
+    bad = np.argwhere(~np.isfinite(out))
+    if len(bad):
+        i, j = bad[0]
+        raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[cols[j]]!r} holds {rows[i][cols[j]]!r}, "
+                        "not a finite number", span, hint=NON_FINITE_HINT)
     return out
+
+
+def _finite(arrays: dict, keys: dict, full, what, span) -> dict:
+    """`arrays` after checking that their float values are finite; `keys`
+    maps each role to the array's name in the file, for the message."""
+    for role, arr in arrays.items():
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        bad = np.argwhere(~np.isfinite(arr))
+        if len(bad):
+            at = tuple(int(k) for k in bad[0])
+            where = {1: f"row {at[0]}", 2: f"row {at[0]}, column {at[1]}"}.get(arr.ndim, f"index {list(at)}")
+            raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]} at {where} (0-based), "
+                            "not a finite number", span, hint=NON_FINITE_HINT)
+    return arrays
 
 
 def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, *,

@@ -1,0 +1,217 @@
+"""Bad input named where it came from: a nan in a data file (not a learning
+rate problem), numpy's floating-point warnings kept out of a diverging run,
+a resume on another model's run, --steps out of range, a file starting with a
+byte-order mark, keywords as names, and the docs' block-error example."""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.cli import main as cli_main
+from flowgrad.dsl.parser import keyword_names
+from flowgrad.errors import FlowError
+from flowgrad.training.section import check_train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# line 14 is the data source, line 15 `steps = 4`
+TINY = """model tiny
+config {
+  batch = 4
+}
+input x: f32[batch, 2]
+input y: i32[batch]
+param w1: f32[2, 8] = xavier()
+param w2: f32[8, 3] = xavier()
+logits = relu(x @ w1) @ w2
+loss = cross_entropy(logits, y)
+minimize loss
+output logits
+train {
+  data = DATA
+  steps = 4
+  optimizer = sgd(lr=0.1)
+}
+"""
+
+
+def tiny(tmp_path, data='csv("rows.csv", y="label", val_fraction=0, test_fraction=0.25)', name="tiny", steps=4,
+         optimizer="sgd(lr=0.1)"):
+    text = (TINY.replace("DATA", data).replace("model tiny", f"model {name}").replace("steps = 4", f"steps = {steps}")
+            .replace("sgd(lr=0.1)", optimizer))
+    path = tmp_path / f"{name}.flow"
+    path.write_text(text)
+    return path
+
+
+def write_rows(tmp_path, bad_cell=None):
+    """rows.csv: 16 rows of a, b, label; bad_cell = (row, column, text)."""
+    rows = [[str(i % 5 * 0.1), str(i % 3 * 0.2), str(i % 3)] for i in range(16)]
+    if bad_cell is not None:
+        r, c, text = bad_cell
+        rows[r][c] = text
+    (tmp_path / "rows.csv").write_text("a,b,label\n" + "".join(",".join(r) + "\n" for r in rows))
+
+
+# -- 1. non-finite values in data files ---------------------------------------------
+
+@pytest.mark.parametrize("cell, column", [((1, 0, "nan"), "a"), ((5, 1, "-inf"), "b"), ((2, 2, "nan"), "label")])
+def test_a_non_finite_csv_cell_is_named_by_file_line_and_column(tmp_path, cell, column):
+    write_rows(tmp_path, cell)
+    model = fg.load(tiny(tmp_path))
+    line = cell[0] + 2   # the header is line 1
+    want = (f"data csv(): {tmp_path / 'rows.csv'}:{line}: column {column!r} holds {cell[2]!r}, "
+            "not a finite number")
+    with pytest.raises(FlowError) as e:
+        fg.train(model, device="cpu", progress=False)
+    assert e.value.message == want
+    assert e.value.span.line == 14 and e.value.hint == "fill in or drop the rows with missing values"
+    assert [err.message for err in check_train(model.graph)] == [want]   # what `flowgrad check` lists
+
+
+def test_flowgrad_check_reports_the_nan_instead_of_train_ok(tmp_path, capsys):
+    write_rows(tmp_path, (3, 0, "nan"))
+    rc = cli_main(["check", str(tiny(tmp_path))])
+    shown = capsys.readouterr()
+    assert rc != 0
+    assert "rows.csv:5: column 'a' holds 'nan', not a finite number" in shown.err
+    assert "train   ok" not in shown.out + shown.err
+
+
+def test_a_non_finite_value_in_an_npz_or_npy_names_the_array_and_its_index(tmp_path):
+    x = np.ones((16, 2), np.float32)
+    x[6, 1] = np.inf
+    y = np.arange(16) % 3
+    np.savez(tmp_path / "d.npz", feats=x, y=y)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path, 'npz("d.npz", x="feats", val_fraction=0)')), device="cpu", progress=False)
+    assert e.value.message == (f"data npz(): {str(tmp_path / 'd.npz')!r}: array 'feats' holds inf at row 6, "
+                               "column 1 (0-based), not a finite number")
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path, 'npy("x.npy", "y.npy", val_fraction=0)')), device="cpu", progress=False)
+    assert e.value.message == (f"data npy(): {str(tmp_path / 'x.npy')!r}: array 'x' holds inf at row 6, "
+                               "column 1 (0-based), not a finite number")
+
+
+def test_finite_data_still_trains(tmp_path):
+    write_rows(tmp_path)
+    assert fg.train(fg.load(tiny(tmp_path)), device="cpu", progress=False).steps == 4
+
+
+# -- 2. numpy's warnings on divergence --------------------------------------------
+
+def test_a_diverging_run_gives_one_error_and_no_numpy_warnings(tmp_path):
+    write_rows(tmp_path)
+    model = fg.load(tiny(tmp_path, steps=30, optimizer="adam(lr=1e30)"))
+    before = np.geterr()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(FlowError) as e:
+            fg.train(model, device="cpu", progress=False)
+    assert re.fullmatch(r"the loss became (nan|inf) at step \d+: training diverged", e.value.message)
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+    assert np.geterr() == before   # silenced for the steps only
+
+
+# -- 3. resuming another model's run ----------------------------------------------
+
+def test_resume_on_another_models_run_names_both_models(tmp_path):
+    write_rows(tmp_path)
+    fg.train(fg.load(tiny(tmp_path, name="first")), device="cpu", progress=False, out=tmp_path / "run")
+    other = fg.load(tiny(tmp_path, name="second"))
+    with pytest.raises(FlowError) as e:
+        fg.train(other, device="cpu", progress=False, out=tmp_path / "run", resume=True)
+    assert e.value.message == (f"cannot resume {tmp_path / 'run' / 'checkpoint.safetensors'}: it was written by "
+                               "model first, not second")
+    assert e.value.hint == "resume with model first, or start a new --out"
+
+
+# -- 4. --steps out of range --------------------------------------------------------
+
+@pytest.mark.parametrize("steps", [-3, 0])
+def test_bad_steps_from_the_command_line_point_at_the_command_line(tmp_path, capsys, steps):
+    write_rows(tmp_path)
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path)), steps=steps, device="cpu", progress=False)
+    assert str(e.value) == f"--steps: steps must be >= 1, got {steps}" and e.value.span is None
+    rc = cli_main(["train", str(tiny(tmp_path)), "--steps", str(steps), "--device", "cpu", "--out",
+                   str(tmp_path / "run")])
+    assert rc != 0
+    assert capsys.readouterr().err.splitlines()[0] == f"error: --steps: steps must be >= 1, got {steps}"
+
+
+def test_bad_steps_in_the_file_point_at_the_file(tmp_path):
+    write_rows(tmp_path)
+    path = tiny(tmp_path, steps=0)
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(path), device="cpu", progress=False)
+    assert str(e.value).splitlines()[0] == f"{path}:15:3: train: steps must be >= 1, got 0"
+    # --steps replaces the file's value, so the file's is not checked then
+    assert fg.train(fg.load(path), steps=2, device="cpu", progress=False).steps == 2
+
+
+# -- 5. a byte-order mark -----------------------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+MINI = "model m\ninput x: f32[2]\nparam w: f32[2] = zeros()\nloss = sum(x * w)\nminimize loss\n"
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_a_leading_byte_order_mark_is_accepted(as_bytes):
+    text = BOM + MINI.encode() if as_bytes else "\ufeff" + MINI
+    assert fg.loads(text, file="bom.flow").graph.name == "m"
+
+
+def test_positions_after_a_byte_order_mark_count_from_the_first_real_character(tmp_path):
+    path = tmp_path / "bom.flow"
+    path.write_bytes(BOM + b"y = q\n" + MINI.encode())
+    with pytest.raises(FlowError) as e:
+        fg.load(path)
+    assert str(e.value).splitlines()[:3] == [f"{path}:1:5: unknown name 'q'", "    y = q", "        ^"]
+    path.write_bytes(BOM + b"model m\xff\n")
+    with pytest.raises(FlowError) as e:
+        fg.load(path)
+    assert str(e.value).splitlines()[0] == (f"{path}:1:8: the file is not UTF-8 text: byte 0xff cannot be "
+                                            "decoded")
+
+
+# -- 6. keywords are reserved -------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ("config { input = 3 }", "3:10: 'input' is a keyword and cannot be a config key"),
+    ("config { state = 3 }", "3:10: 'state' is a keyword and cannot be a config key"),
+    ("param output: f32[2] = zeros()", "3:7: 'output' is a keyword and cannot name a param"),
+    ("a, train = split(x, 2)", "3:4: 'train' is a keyword and cannot name a value"),
+    ("block f(model) { return model }", "3:9: block 'f': parameter 'model' is a keyword"),
+    ("block minimize(a) { return a }", "3:7: 'minimize' is a keyword and cannot name a block"),
+    ("config { true = 3 }", "3:10: 'true' is a reserved name and cannot be a config key"),
+])
+def test_a_keyword_as_a_name_is_a_positioned_error(line, message):
+    text = MINI.replace("input x: f32[2]\n", f"input x: f32[2]\n{line}\n")
+    with pytest.raises(FlowError) as e:
+        fg.loads(text, file="k.flow")
+    assert str(e.value).splitlines()[0] == f"k.flow:{message}"
+
+
+def test_the_docs_list_the_grammars_keywords():
+    doc = (ROOT / "docs" / "language.md").read_text()
+    listed = re.search(r"Reserved: the keywords `([^`]*)`", doc.replace("\n  ", " ")).group(1).split()
+    assert sorted(listed) == sorted(keyword_names())
+
+
+# -- 7. the docs' example of an error inside a block --------------------------------
+
+def test_the_block_error_example_in_the_docs_is_what_flowgrad_prints():
+    doc = (ROOT / "docs" / "language.md").read_text()
+    code = re.search(r"```flow\n(model stack\n.*?)```", doc, re.S).group(1)
+    with pytest.raises(FlowError) as e:
+        fg.loads(code, {"heads": 5}, file="stack.flow")
+    shown = re.search(r"```\n(stack\.flow:.*?)\n```", doc, re.S).group(1)
+    assert str(e.value) == shown
