@@ -146,10 +146,19 @@ def test_output_files(tmp_path):
 
 def test_a_fresh_run_does_not_replace_a_checkpoint(tmp_path):
     fg.train(small(), steps=5, device="cpu", progress=False, out=tmp_path)
-    with pytest.raises(FlowError, match="already holds a checkpoint"):
+    with pytest.raises(FlowError, match="already holds a checkpoint") as e:
         fg.train(small(), steps=5, device="cpu", progress=False, out=tmp_path)
+    assert "resume=True" in str(e.value) and "overwrite=True" in str(e.value)   # said for Python too
     fg.train(small(), steps=3, device="cpu", progress=False, out=tmp_path, overwrite=True)
     assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 3
+
+
+def test_a_run_is_not_written_into_a_file(tmp_path):
+    target = tmp_path / "afile"
+    target.write_text("keep me")
+    with pytest.raises(FlowError, match="it is a file, not a directory"):
+        fg.train(small(), steps=3, device="cpu", progress=False, out=target)
+    assert target.read_text() == "keep me"
 
 
 def test_unwritable_output_directory_is_a_flow_error(tmp_path):
@@ -200,7 +209,6 @@ def test_cli_train_prints_a_summary(tmp_path, capsys):
     assert "20 steps" in out and "final train loss" in out and "test accuracy" in out and "path" in out
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow warnings on the way to nan
 def test_diverging_loss_is_a_flow_error():
     text = SMALL_MLP.replace("adamw(lr=3e-3, schedule=\"cosine\", warmup=5, clip=1.0)", "sgd(lr=1e30)")
     with pytest.raises(FlowError, match="training diverged"):

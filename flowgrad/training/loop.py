@@ -176,6 +176,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
     graph = sess.graph
     config = graph.config if config is None else config
     out = Path(out) if out is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise FlowError(f"cannot write the run into {str(out)!r}: it is a file, not a directory")
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
     header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": config,
@@ -188,8 +190,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
         history = log.resume(start, header)
     else:
         if ckpt_path is not None and ckpt_path.exists() and not overwrite:
-            raise FlowError(f"{out} already holds a checkpoint: pass --resume to continue that run, or "
-                            "--overwrite to start again (or choose another --out)")
+            raise FlowError(f"{out} already holds a checkpoint: resume that run (--resume; resume=True from "
+                            "Python), start again over it (--overwrite; overwrite=True), or choose another --out")
         log.start(header)
         if out is not None:
             (out / BEST_FILENAME).unlink(missing_ok=True)  # a best of an earlier run would mislead
