@@ -205,6 +205,8 @@ CONVERTERS = {
     "cross_entropy": _class_loss("SoftmaxCrossEntropyLoss"), "nll_loss": _class_loss("NegativeLogLikelihoodLoss"),
     "mse_loss": _mse,
     "cast": _cast,
+    # the export is the inference graph, where dropout is the identity (its hidden rng input is not exported)
+    "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
 
 
@@ -234,6 +236,8 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
     names: dict[int, str] = {}
     inputs = []
     for node in needed:
+        if node.op == "input" and node.name not in graph.inputs:
+            continue   # a hidden input (dropout's train-mode switch and step) only train mode reads
         if node.op == "input":
             names[node.id] = node.name
             inputs.append(helper.make_tensor_value_info(node.name, elem[node.dtype], list(node.shape)))
@@ -248,7 +252,7 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
                 raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}){where} has "
                                 "no ONNX counterpart here", node.span,
                                 hint="exported ops: " + ", ".join(sorted(CONVERTERS)))
-            names[node.id] = convert(w, node, [names[i] for i in node.inputs],
+            names[node.id] = convert(w, node, [names.get(i) for i in node.inputs],
                                      [graph.nodes[i].type for i in node.inputs])
     outs = []
     for o in outputs:
