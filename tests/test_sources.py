@@ -131,6 +131,10 @@ def test_csv_with_a_header_and_word_labels(tmp_path):
     (tmp_path / "n.csv").write_text("\n".join(r.rsplit(",", 1)[0] + f",{i % 3}" for i, r in enumerate(rows[1:])))
     ts = setup(model(CLASSIFIER, 'data = csv("n.csv", x=[0, 1], y=2, header=false)', tmp_path).graph)
     assert ts.data.size("train") == 21
+    # a spreadsheet's "CSV UTF-8" starts with a byte-order mark: not part of the first column's name
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + ("\n".join(rows) + "\n").encode())
+    ts = setup(model(CLASSIFIER, 'data = csv("bom.csv", x=["a", "b"], y="kind")', tmp_path).graph)
+    assert ts.data.size("train") == 21
 
 
 @pytest.mark.parametrize("args, message", [

@@ -75,7 +75,7 @@ def _read_npz(file, what) -> dict[str, np.ndarray]:
 
 def read_csv_numbers(file: str, what: str) -> np.ndarray:
     try:
-        with open(file, newline="") as f:
+        with open(file, newline="", encoding="utf-8-sig") as f:
             rows = [r for r in csv.reader(f) if r]
     except FileNotFoundError:
         raise FlowError(f"{what}: no such file {file!r}") from None

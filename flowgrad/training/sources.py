@@ -127,7 +127,7 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
 def read_csv(full: Path, header: bool, delimiter: str, what: str, span=None) -> tuple[list[str], list[list[str]]]:
     """(column names, rows of cells); names are "0", "1", ... without a header."""
     try:
-        with open(full, newline="") as f:
+        with open(full, newline="", encoding="utf-8-sig") as f:   # a spreadsheet's BOM is not a column name
             rows = [r for r in csv_module.reader(f, delimiter=delimiter) if r]
     except FileNotFoundError:
         raise _missing(what, full, span) from None
