@@ -83,6 +83,14 @@ def test_plain_f16_is_unchanged():
     assert sess.loss_scaler is None
 
 
+def test_a_minimized_f16_value_that_no_loss_op_made_is_cast_to_f32():
+    model = fg.loads("input x: f32[4]\nparam w: f32[4] = ones()\nloss = mean(x * w)\nminimize loss\n")
+    sess = model.compile(device="cpu", dtype="mixed")
+    loss = sess.graph.nodes[sess.graph.loss]
+    assert loss.op == "cast" and loss.dtype == "f32"
+    assert sess.step({"x": np.arange(4, dtype=np.float32)}).loss == 1.5
+
+
 def reverse_run(device, dtype, tmp=None):
     """50 steps of a very small tiny_gpt on `reverse` (lavapipe is slow)."""
     model = gpt(d=16, heads=2, ff=32, batch=4)

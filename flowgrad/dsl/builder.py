@@ -252,7 +252,7 @@ class Builder(Calls, Builtins):
         if ttype.dtype not in FLOAT_DTYPES:
             raise self.error(f"minimize needs a float scalar, but {s.name.id} is {ttype}", s.name.pos, scope)
         if self.mixed and ttype.dtype == "f16":   # the scaled loss and its seed gradient need f32's range
-            t = self.apply_op("cast", [(t, s.name.pos)], {"dtype": DType("f32")}, s.name.pos, scope)
+            t = self.apply_op("cast", [(t, s.name.pos)], {"dtype": (DType("f32"), s.name.pos)}, s.name.pos, scope)
         self.graph.loss = t.id
         self.graph.outputs.setdefault(s.name.id, t.id)
 
