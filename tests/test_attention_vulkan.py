@@ -173,6 +173,20 @@ def test_fully_masked_rows_give_zero_output_and_gradient(kernels, kind, causal):
     assert_masked_rows_zero(*check(kernels, ins, {"heads": 2, "causal": causal}), causal)
 
 
+@pytest.mark.parametrize("big", [1e4, 1e8])
+def test_a_row_under_a_large_finite_mask_is_uniform_in_both_passes(kernels, big):
+    """The "-1e9 padding" idiom: a row whose keys all carry -big attends to them
+    evenly, as softmax does. Its query is 0, so f32 and float64 agree on the
+    scores; f32 cannot hold m + log n beside m = -1e8, so the backward must
+    not rebuild p from a log-sum-exp."""
+    rng = np.random.default_rng(5)
+    q, k, v = qkv(rng, 1, 12, 12, 16)
+    q[0, 4] = 0.0
+    mask = np.zeros((12, 12), np.float32)
+    mask[4] = -big
+    check(kernels, [q, k, v, mask], {"heads": 2, "causal": False})
+
+
 @pytest.mark.parametrize("batch, sq, sk, d, heads, causal, mask", [
     (2, 20, 20, 64, 4, True, None),
     (2, 6, 9, 16, 2, False, "boolean"),

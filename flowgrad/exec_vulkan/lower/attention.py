@@ -119,7 +119,7 @@ def _push(node, sq, sk, d, dh, mask_words, nstat, saved_lse=False):
 
 
 def _stats_key(node):
-    return ("attention lse and D", node.id)
+    return ("attention row statistics", node.id)
 
 
 def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
@@ -139,7 +139,7 @@ def attention_forward(rec, node, ins, out):
     batch, sq, sk, d, heads, dh, bound = _geometry(node, q, k)
     mask, words = _mask(node, ins, q, k)
     nstat = batch * heads * sq
-    stats = rec.keep(_stats_key(node), (2 * nstat,), "f32")  # the forward writes lse, the backward D
+    stats = rec.keep(_stats_key(node), (3 * nstat,), "f32")  # the forward writes m and log l, the backward D
     _dispatch(rec, "fwd", q, dh, bound, [q, k, v, mask if mask is not None else q, out, stats],
               _push(node, sq, sk, d, dh, words, nstat), sq, heads, batch)
 
@@ -153,7 +153,7 @@ def attention_backward(rec, node, g, ins, out, grads):
     stats = rec.kept(_stats_key(node))
     saved = stats is not None
     if not saved:
-        stats = rec.scratch((2 * nstat,), "f32")  # each row's lse, then its D
+        stats = rec.scratch((3 * nstat,), "f32")  # each row's m and log l, then its D
     dq, dk, dv = (grads[i] if grads[i] is not None else rec.scratch(x.shape, x.dtype) for i, x in enumerate((q, k, v)))
     push = _push(node, sq, sk, d, dh, words, nstat, saved)
     _dispatch(rec, "bwd_stats", q, dh, bound, [q, k, out, mview, g, stats], push, sq, heads, batch)

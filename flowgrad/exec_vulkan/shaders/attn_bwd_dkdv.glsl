@@ -1,6 +1,6 @@
 #version 450
 // Flash-attention backward, pass 2 of 2: a workgroup owns BR key rows of one
-// head and streams the query rows (q, g and the lse_i / D_i saved by pass 1)
+// head and streams the query rows (q, g and the m_i, log l_i and D_i saved before it)
 // in tiles of BC (causal: only tiles at or below the diagonal):
 //   dv_j = sum_i p_ij g_i,   dk_j = scale * sum_i ds_ij q_i
 // Each workgroup writes only its own rows of dk and dv: no atomics.
@@ -17,7 +17,7 @@ shared vec4 Qs[BC * PAD];
 shared vec4 Gs[BC * PAD];
 shared vec4 Pt[BC * RG];   // p of query i for row group rg's 4 keys
 shared vec4 Dt[BC * RG];   // ds, likewise
-shared float Ls[BC];
+shared float Ms[BC], LLs[BC];  // the streamed queries' m and log l
 shared float Ds[BC];
 
 void main() {
@@ -47,8 +47,9 @@ void main() {
         PUT_TILE(Gs, 0u, ng, g, p.sq, i0, b, h);
         for (uint r = gl_LocalInvocationID.x; r < BC; r += NT) {
             bool in_seq = i0 + r < p.sq;
-            Ls[r] = in_seq ? stats[sbase + i0 + r] : POS_INF;
-            Ds[r] = in_seq ? stats[p.nstat + sbase + i0 + r] : 0.0;
+            Ms[r] = in_seq ? stats[sbase + i0 + r] : POS_INF;
+            LLs[r] = in_seq ? stats[p.nstat + sbase + i0 + r] : 0.0;
+            Ds[r] = in_seq ? stats[2u * p.nstat + sbase + i0 + r] : 0.0;
         }
         barrier();
         if (i0 + BC < p.sq) {
@@ -61,7 +62,7 @@ void main() {
         for (uint x = 0u; x < KPT; ++x) {
             uint ii = c + CT * x;
             for (uint a = 0u; a < RQ; ++a) {
-                float pij = exp(masked(sv[a][x] * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ls[ii]);
+                float pij = exp(masked(sv[a][x] * p.scale, b, h, i0 + ii, j0 + rg * RQ + a) - Ms[ii] - LLs[ii]);
                 pv[x][a] = pij;
                 dsv[x][a] = pij * (dp[a][x] - Ds[ii]);
             }

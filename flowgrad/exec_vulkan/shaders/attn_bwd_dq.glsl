@@ -1,13 +1,13 @@
 #version 450
 // Flash-attention backward, pass 1 of 2: a workgroup owns BR query rows of
-// one head. With each row's lse_i and D_i = g_i . out_i (attn_bwd_stats),
+// one head. With each row's m_i, log l_i and D_i = g_i . out_i (attn_bwd_stats),
 // the sweep over the key tiles accumulates
-//   p_ij = exp(s_ij - lse_i), dp_ij = g_i . v_j, ds_ij = p_ij (dp_ij - D_i)
+//   p_ij = exp((s_ij - m_i) - log l_i), dp_ij = g_i . v_j, ds_ij = p_ij (dp_ij - D_i)
 //   dq_i = scale * sum_j ds_ij k_j
 #include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
-layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  // lse then D
+layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  // m, log l, D
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 
 shared vec4 Qs[BR * PAD];
@@ -32,12 +32,13 @@ void main() {
     LOAD_TILE(Gs, 0u, g, p.sq, i0, BR, b, h);
     barrier();
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
-    vec4 lse = vec4(POS_INF), drow = vec4(0.0);
+    vec4 mrow = vec4(POS_INF), logl = vec4(0.0), drow = vec4(0.0);
     for (uint a = 0u; a < RQ; ++a) {
         uint i = i0 + rg * RQ + a;
         if (i < p.sq) {
-            lse[a] = stats[stat_index(b, h, i)];
-            drow[a] = stats[p.nstat + stat_index(b, h, i)];
+            mrow[a] = stats[stat_index(b, h, i)];
+            logl[a] = stats[p.nstat + stat_index(b, h, i)];
+            drow[a] = stats[2u * p.nstat + stat_index(b, h, i)];
         }
     }
 
@@ -70,7 +71,7 @@ void main() {
         TILE_DOTS(sc, Qs, rg * RQ, KVs, c, CT, nc);
         for (uint a = 0u; a < RQ; ++a) {
             for (uint x = 0u; x < KPT; ++x) {
-                float pij = exp(masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - lse[a]);
+                float pij = exp(masked(sc[a][x] * p.scale, b, h, i0 + rg * RQ + a, j0 + c + CT * x) - mrow[a] - logl[a]);
                 dsv[x][a] = pij * (dpv[a][x] - drow[a]);
             }
         }

@@ -3,16 +3,16 @@
 // rows of one head and saves, for each,
 //   D_i = g_i . out_i
 // and, where the forward ran in another recording (saved_lse 0), its
-// log-sum-exp from a sweep over the key tiles (each thread an online softmax
-// over its own keys, merged once at the end). A fully masked row saves
-// lse = +inf, so every p_ij of it is 0 in both passes. The dq and dk/dv
+// score max m and log l from a sweep over the key tiles (each thread an online
+// softmax over its own keys, merged once at the end). A fully masked row saves
+// m = +inf, so every p_ij of it is 0 in both passes. The dq and dk/dv
 // passes only read these statistics, so nothing orders one after the other.
 #define NO_V
 #include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 2) readonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };  // lse then D
+layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };  // m, log l, D
 
 shared vec4 Qs[BR * PAD];
 shared vec4 Ks[BC * PAD];
@@ -28,9 +28,9 @@ vec4 group_sum(vec4 x, uint rg, uint c) {
     return t;
 }
 
-// The rows' log-sum-exp from a sweep over the key tiles (every thread of
+// The rows' m and log l from a sweep over the key tiles (every thread of
 // the workgroup takes part; uniform control flow).
-vec4 recompute_lse(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc) {
+void recompute_stats(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc, out vec4 mout, out vec4 logl) {
     vec4 m = vec4(NEG_INF), l = vec4(0.0);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
@@ -56,9 +56,10 @@ vec4 recompute_lse(uint b, uint h, uint i0, uint jend, uint rg, uint c, uint nc)
     vec4 mine = vec4(0.0);
     for (uint a = 0u; a < RQ; ++a) mine[a] = m[a] == NEG_INF ? 0.0 : l[a] * exp(m[a] - mrow[a]);
     vec4 lrow = group_sum(mine, rg, c);
-    vec4 lse;
-    for (uint a = 0u; a < RQ; ++a) lse[a] = mrow[a] == NEG_INF ? POS_INF : mrow[a] + log(lrow[a]);
-    return lse;
+    for (uint a = 0u; a < RQ; ++a) {
+        mout[a] = mrow[a] == NEG_INF ? POS_INF : mrow[a];
+        logl[a] = mrow[a] == NEG_INF ? 0.0 : log(lrow[a]);
+    }
 }
 
 void main() {
@@ -81,10 +82,10 @@ void main() {
     }
     vec4 drow = group_sum(dpart, rg, c);
 
-    vec4 lse = vec4(POS_INF);
+    vec4 mrow = vec4(POS_INF), logl = vec4(0.0);
     if (p.saved_lse == 0u) {
         LOAD_TILE(Qs, 0u, q, p.sq, i0, BR, b, h);
-        lse = recompute_lse(b, h, i0, p.causal != 0u ? min(p.sk, i0 + BR) : p.sk, rg, c, nc);
+        recompute_stats(b, h, i0, p.causal != 0u ? min(p.sk, i0 + BR) : p.sk, rg, c, nc, mrow, logl);
     }
 
     if (c != 0u) return;
@@ -92,7 +93,10 @@ void main() {
         uint i = i0 + rg * RQ + a;
         if (i >= p.sq) break;
         uint si = stat_index(b, h, i);
-        if (p.saved_lse == 0u) stats[si] = lse[a];
-        stats[p.nstat + si] = drow[a];
+        if (p.saved_lse == 0u) {
+            stats[si] = mrow[a];
+            stats[p.nstat + si] = logl[a];
+        }
+        stats[2u * p.nstat + si] = drow[a];
     }
 }

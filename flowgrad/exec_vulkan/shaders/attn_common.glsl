@@ -51,7 +51,10 @@ uvec3 own_tile(bool longest_last) {
     return uvec3(longest_last ? n.x - 1u - t : t, hb % n.y, hb / n.y);
 }
 
-// each row's slot in the stats buffers (lse at i, D at nstat + i)
+// each row's slot in the stats buffers: its score max m at i, log l (l the sum
+// of exp(s - m)) at nstat + i, D at 2 nstat + i. Kept apart, not as one
+// log-sum-exp m + log l: where a mask puts a whole row near -1e8, f32 cannot
+// hold m + log l, and exp(s - lse) would come back n times too large.
 uint stat_index(uint b, uint h, uint i) {
     return (b * gl_NumWorkGroups.y + h) * p.sq + i;
 }

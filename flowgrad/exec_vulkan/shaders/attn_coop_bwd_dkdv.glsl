@@ -3,7 +3,7 @@
 // Flash-attention backward, pass 2 of 2, on cooperative matrices (see
 // attn_coop.glsl and, for the algorithm, attn_bwd_dkdv.glsl): a workgroup
 // owns BR key rows and streams the query rows. Per query tile, S^T = K Q^T
-// and dP^T = V G^T on fragments, and P^T = exp(S^T - lse) and dS^T = P^T
+// and dP^T = V G^T on fragments, and P^T = exp(S^T - m - log l) and dS^T = P^T
 // (dP^T - D) on their elements, stored as f16 and read back as A fragments
 // for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows
 // of dk and dv.
@@ -18,7 +18,7 @@ layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 shared uvec4 QGs[2 * BC * HROW];        // Q at 0, G at BC * HROW (K, then V, staged here first)
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's P^T
 shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T
-shared float Ls[BC];                    // the streamed queries' lse
+shared float Ms[BC], LLs[BC];           // the streamed queries' m and log l
 shared float Ds[BC];                    // and D
 
 void main() {
@@ -47,18 +47,19 @@ void main() {
         STAGE(QGs, BC * HROW, g, g8, p.sq, i0, BC, b, h);
         for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) {
             bool in_seq = i0 + c < p.sq;
-            Ls[c] = in_seq ? stats[sbase + i0 + c] : POS_INF;
-            Ds[c] = in_seq ? stats[p.nstat + sbase + i0 + c] : 0.0;
+            Ms[c] = in_seq ? stats[sbase + i0 + c] : POS_INF;
+            LLs[c] = in_seq ? stats[p.nstat + sbase + i0 + c] : 0.0;
+            Ds[c] = in_seq ? stats[2u * p.nstat + sbase + i0 + c] : 0.0;
         }
         barrier();
-        // P^T and dS^T on the fragments' elements, each query's lse and D by its column id
+        // P^T and dS^T on the fragments' elements, each query's m, log l and D by its column id
         [[unroll]] for (uint n = 0u; n < NB; ++n) {
             FRAG_C s, dp;
             SCORE_FRAG(s, kf, QGs, 0u, n);
             SCORE_FRAG(dp, vf, QGs, BC * HROW, n);
             for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint c = n * FR + uint(cid[e]);
-                float pij = exp(masked(s[e] * p.scale, b, h, i0 + c, j0 + sg * FR + uint(rid[e])) - Ls[c]);
+                float pij = exp(masked(s[e] * p.scale, b, h, i0 + c, j0 + sg * FR + uint(rid[e])) - Ms[c] - LLs[c]);
                 s[e] = pij;
                 dp[e] = pij * (dp[e] - Ds[c]);
             }

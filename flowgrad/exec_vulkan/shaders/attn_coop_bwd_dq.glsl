@@ -3,19 +3,19 @@
 // Flash-attention backward, pass 1 of 2, on cooperative matrices (see
 // attn_coop.glsl and, for the algorithm, attn_bwd_dq.glsl): a workgroup owns
 // BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments, and
-// dS = P (dP - D) with P = exp(S - lse) on their elements, stored as f16 and
-// read back as A fragments for dQ += dS K; each row's lse and D come from
+// dS = P (dP - D) with P = exp(S - m - log l) on their elements, stored as f16 and
+// read back as A fragments for dQ += dS K; each row's m, log l and D come from
 // attn_bwd_stats.
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G8 { uvec4 g8[]; };
-layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  // lse then D
+layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  // m, log l, D
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS
-shared float Lrow[BR], Drow[BR];        // the own rows' lse and D
+shared float Mrow[BR], LLrow[BR], Drow[BR];  // the own rows' m, log l and D
 
 void main() {
     uint sg = sg_index(), r = lane_row(), part = lane_part();
@@ -30,15 +30,16 @@ void main() {
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
     if (part == 0u) {
         uint si = stat_index(b, h, row);
-        Lrow[sg * FR + r] = row < p.sq ? stats[si] : POS_INF;
-        Drow[sg * FR + r] = row < p.sq ? stats[p.nstat + si] : 0.0;
+        Mrow[sg * FR + r] = row < p.sq ? stats[si] : POS_INF;
+        LLrow[sg * FR + r] = row < p.sq ? stats[p.nstat + si] : 0.0;
+        Drow[sg * FR + r] = row < p.sq ? stats[2u * p.nstat + si] : 0.0;
     }
     barrier();   // the ids and the rows' statistics are visible
     FRAG_C rid, cid;
     LOAD_IDS(rid, RowIds);
     LOAD_IDS(cid, ColIds);
 
-    // dS = P (dP - D) on the fragments' elements, each row's lse and D by its row id
+    // dS = P (dP - D) on the fragments' elements, each row's m, log l and D by its row id
     FRAG_C acc[ND];
     [[unroll]] for (uint d = 0u; d < ND; ++d) acc[d] = FRAG_C(0.0);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
@@ -52,7 +53,7 @@ void main() {
             SCORE_FRAG(dp, gf, KVs, BC * HROW, n);
             for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint own = sg * FR + uint(rid[e]);
-                float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Lrow[own]);
+                float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Mrow[own] - LLrow[own]);
                 s[e] = pij * (dp[e] - Drow[own]);
             }
             STORE_F16(s, Ps, n);

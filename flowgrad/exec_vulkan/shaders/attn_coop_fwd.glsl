@@ -64,7 +64,10 @@ void main() {
     l = row_sum(l);
     if (part == 0u) {
         Rowf[sg * FR + r] = l > 0.0 ? 1.0 / l : 0.0;   // a fully masked row gives 0
-        if (row < p.sq) stats[stat_index(b, h, row)] = l > 0.0 ? m + log(l) : POS_INF;
+        if (row < p.sq) {
+            stats[stat_index(b, h, row)] = l > 0.0 ? m : POS_INF;
+            stats[p.nstat + stat_index(b, h, row)] = l > 0.0 ? log(l) : 0.0;
+        }
     }
     subgroup_sync();
     SCALE_ROWS(acc, ids);

@@ -4,7 +4,7 @@
 // diagonal), keeping per row an online softmax (running max m, sum l) and
 // an unnormalised output; no [seq, seq] score matrix exists beyond a tile.
 // A fully masked row gives 0, as PyTorch's SDPA does. Each row's
-// log-sum-exp goes to stats for the backward (+inf for a fully masked row).
+// m and log l go to stats for the backward (m = +inf for a fully masked row).
 #include "attn_tiles.glsl"
 
 layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
@@ -104,7 +104,10 @@ void main() {
         uint i = i0 + rg * RQ + a;
         if (i >= p.sq) break;
         float inv = lsum[a] > 0.0 ? 1.0 / lsum[a] : 0.0;  // a fully masked row gives 0
-        if (c == 0u) stats[stat_index(b, h, i)] = lsum[a] > 0.0 ? m[a] + log(lsum[a]) : POS_INF;
+        if (c == 0u) {
+            stats[stat_index(b, h, i)] = lsum[a] > 0.0 ? m[a] : POS_INF;
+            stats[p.nstat + stat_index(b, h, i)] = lsum[a] > 0.0 ? log(lsum[a]) : 0.0;
+        }
         uint ob = row_base(b, p.sq, i, h);
         for (uint y = 0u; y < CPT; ++y) {
             uint ch = c + CT * y;
