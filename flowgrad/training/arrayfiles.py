@@ -63,9 +63,10 @@ def read_array(file: str, what: str) -> np.ndarray:
 
 def _read_npz(file, what) -> dict[str, np.ndarray]:
     try:
-        with np.load(file, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise ValueError("not an .npz")
+        f = np.load(file, allow_pickle=False)
+        if not hasattr(f, "files"):   # a .npy loads as the array itself
+            raise ValueError("it holds one array (a .npy), not an .npz")
+        with f:
             return {k: f[k] for k in f.files}
     except FileNotFoundError:
         raise FlowError(f"{what}: no such file {file!r}") from None

@@ -72,9 +72,10 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
     what = "data npz()"
     full = _path(what, path, span, base_dir)
     try:
-        with np.load(full, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise ValueError("it holds one array (a .npy): use npy(x=...)")
+        f = np.load(full, allow_pickle=False)
+        if not hasattr(f, "files"):   # a .npy loads as the array itself, which is no context manager
+            raise ValueError("it holds one array (a .npy): use npy(x=...)")
+        with f:
             arrays = {k: f[k] for k in f.files}
     except FileNotFoundError:
         raise _missing(what, full, span) from None
