@@ -150,7 +150,8 @@ def format_node(node: Node) -> str:
         shown = node.attrs
     attr_text = " ".join(f"{k}={_show_attr(v)}" for k, v in shown.items())
     leaf_name = node.name if node.op in LEAF_OPS else ""
-    rhs = " ".join(x for x in (node.op, leaf_name, args, attr_text) if x)
+    op = "state" if node.attrs.get("state") else node.op   # a param the step updates, not the optimizer
+    rhs = " ".join(x for x in (op, leaf_name, args, attr_text) if x)
     named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
     where = f"   # {os.path.basename(node.span.file)}:{node.span.line}" if node.span else ""
     return f"%{node.id}:{node.type} = {rhs}{named}{where}"

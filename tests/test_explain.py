@@ -154,3 +154,9 @@ def test_analyze_on_the_graph_path_uses_gpu_timestamps(vk_device):
     timed = {(op["node"], op["direction"]) for op in a["ops"]}
     assert ("h", "forward") in timed and ("h", "backward") in timed
     assert all(op["op"] for op in a["ops"])
+
+
+def test_explain_shows_state_as_state():
+    text = str(fg.load(ROOT / "models" / "cnn.flow").compile(device="cpu").explain())
+    assert re.search(r"= state conv_bn\.0\.running_mean init=zeros", text)
+    assert re.search(r"= param conv_bn\.0\.w init=normal", text)
