@@ -256,6 +256,13 @@ def test_literal_on_either_side_and_constant_folding():
     assert float(g.nodes[b.inputs[1]].attrs["value"]) == 0.5
 
 
+def test_a_literal_takes_the_data_dtype_not_the_condition_dtype():
+    g = build("input c: i32[2]\ninput x: f32[2]\na = where(c, x, 0.0)\nb = where(c, 0, x)\n")
+    for name in ("a", "b"):
+        node = g.node(name)
+        assert node.dtype == "f32" and {g.nodes[i].dtype for i in node.inputs[1:]} == {"f32"}
+
+
 def test_unary_minus_and_power():
     g = build("input x: f32[2]\na = -x\nb = -x ** 2\nc = x ** -1\n")
     assert g.node("a").op == "neg"

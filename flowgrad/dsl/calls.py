@@ -105,7 +105,10 @@ class Calls:
             raise self.error(f"unknown op {op_name!r}{suggest(op_name, OPS)}", call_pos, scope)
         slots = self.bind(op_name, op.args, pos_args, kwargs, call_pos, scope)
         given = [slots[a.name][0] for a in op.args if a.kind != "attr"]
-        like = next((self.node_type(v).dtype for v in _flat(given) if isinstance(v, Tensor)), None)
+        # a number takes the dtype of the data it meets, not of a condition or
+        # index argument: where(mask_i32, x, 0.0) is an f32 where
+        data = [v for k, v in enumerate(given) if k not in op.nondiff]
+        like = next((self.node_type(v).dtype for v in (*_flat(data), *_flat(given)) if isinstance(v, Tensor)), None)
         ins, attr_values = [], {}
         for arg in op.args:
             value, pos = slots[arg.name]
