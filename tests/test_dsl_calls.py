@@ -11,6 +11,7 @@ import flowgrad as fg
 from flowgrad import dsl
 from flowgrad.graph import TrainSpec
 from flowgrad.graph_check import check_graph
+from flowgrad.training.section import setup
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -194,6 +195,9 @@ def test_language_doc_examples_parse_and_whole_models_build():
     for line, code in blocks:
         prog = dsl.parse(code, f"language.md:{line}")
         if code.startswith("model "):   # a whole model: it must build, too
-            check_graph(dsl.build(prog))
+            graph = dsl.build(prog)
+            check_graph(graph)
+            if "\ntrain {" in code:       # and its train section check, as `flowgrad check` runs it
+                setup(graph)
             built += 1
     assert built >= 6
