@@ -220,6 +220,10 @@ class ArrayData(Dataset):
         rows); integer class labels of rank 1 are stratified."""
         from sklearn.model_selection import train_test_split
 
+        for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not (isinstance(f, (int, float)) and 0 <= f < 1):
+                raise FlowError(f"data {describe}: {name} must be a number in [0, 1), got {f!r}", span)
+        arrays = {r: np.asarray(a) for r, a in arrays.items()}   # lists too, as numpy reads them
         roles = tuple(arrays)
         lengths = {r: len(a) for r, a in arrays.items()}
         if len(set(lengths.values())) != 1:

@@ -109,6 +109,10 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
             seed = 0  # reported above
         bound = attempt(lambda: make_data(items["data"], where("data"), seed, base_dir=Path(graph.file).parent))
     elif data is not None:
+        if not callable(getattr(data, "bind", None)):
+            raise FlowError(f"data= takes an fg.Dataset (fg.ArrayData is one), not a {type(data).__name__}",
+                            hint="e.g. data=fg.ArrayData.split({'x': X, 'y': Y}, 0.1, 0.2, seed=0, "
+                                 "describe='my arrays')")
         bound = data
     if bound is not None:
         bound = attempt(lambda: bound.bind(graph, where("data")))
