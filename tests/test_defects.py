@@ -126,6 +126,13 @@ def test_builtin_ops_cannot_be_replaced():
         user_model("probe_again")
 
 
+def test_register_op_wants_functions_when_registering():
+    with pytest.raises(fg.FlowError, match=r"register_op\('probe_none'\): shape must be a function, got NoneType"):
+        fg.register_op("probe_none", shape=None, forward=lambda x: x)
+    with pytest.raises(fg.FlowError, match="vjp must be a function, got int"):
+        fg.register_op("probe_none", shape=lambda s: s, forward=lambda x: x, vjp=3)
+
+
 # ---------------------------------------------------------------- device limits at plan time
 
 MLP = "flowgrad/models/mlp.flow"

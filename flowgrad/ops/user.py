@@ -26,6 +26,9 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise FlowError(f"op name must be an identifier, got {name!r}")
+    for what, fn in (("shape", shape), ("forward", forward), ("vjp", vjp)):
+        if not callable(fn) and not (what == "vjp" and fn is None):
+            raise FlowError(f"register_op({name!r}): {what} must be a function, got {type(fn).__name__}")
     if name in OPS and not (replace and name in USER_OPS):
         what = ("a built-in op: built-in ops can't be replaced (their graph lowerings and gradients are "
                 "tested together); register yours under another name") if name not in USER_OPS else \
