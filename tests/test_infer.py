@@ -138,3 +138,9 @@ def test_generate_refuses_a_model_that_is_not_causal(tmp_path):
     sess = fg.loads(text, TINY_GPT).compile(device="cpu")
     with pytest.raises(FlowError, match="is not causal"):
         generate(sess, [chr(97 + i) for i in range(16)], "char", "abc", 3)
+
+
+def test_predict_names_the_feed_it_was_given_when_its_rank_is_wrong():
+    sess = fg.load(MODELS / "mlp.flow", {"batch": 4, "hidden": 8}).compile(device="cpu")
+    with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[64\], but input x is f32\[4,64\]"):
+        sess.predict({"x": np.ones(64, np.float32)})

@@ -125,6 +125,11 @@ class Predictor:
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         graph = self.sess.graph
+        for name, a in feeds.items():
+            t = graph.nodes[graph.inputs[name]].type if name in graph.inputs else None
+            if t is not None and np.ndim(a) != len(t.shape):   # else a chunk of it would be named below
+                raise FlowError(f"feed {name!r} has shape {list(np.shape(a))}, but input {name} is {t}: "
+                                "predict takes any number of rows along the first axis, each shaped as the rest")
         n = rows_of(graph, feeds)
         if n == 0:
             raise FlowError("feeds have no rows")
