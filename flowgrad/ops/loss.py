@@ -81,9 +81,10 @@ def _ce_forward(ins, at):
     z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
     eps, c = at["label_smoothing"], z.shape[-1]
     nll = -(tw * lp[rows, t]).sum()
-    smooth = -(valid[:, None] * lp * w).sum()
+    # without smoothing the term is left out, not multiplied by 0: a -inf logit makes it inf
+    smooth = -(valid[:, None] * lp * w).sum() * (eps / c) if eps else 0.0
     with np.errstate(invalid="ignore", divide="ignore"):  # every target ignored: NaN, as PyTorch
-        return narrow(((1 - eps) * nll + eps / c * smooth) / den, ins[0])
+        return narrow(((1 - eps) * nll + smooth) / den, ins[0])
 
 
 def _ce_vjp(g, ins, out, at):

@@ -9,6 +9,36 @@ const float FG_GELU_C = 0.044715;
 
 float fg_nan() { return uintBitsToFloat(0x7fc00000u); }
 float fg_inf() { return uintBitsToFloat(0x7f800000u); }
+// GLSL has neither log1p nor expm1, and a GPU's log and exp are too coarse
+// near 1 for Kahan's corrections: short series instead.
+// log(1 + y) for 0 <= y <= 1 (softplus's e^-|x|) as 2 atanh(y / (2 + y)): an
+// odd series in z <= 1/3 without cancellation, where log(1.0 + y) loses every
+// digit of y below 1's rounding.
+float fg_log1p01(float y) {
+    float z = y / (2.0 + y), z2 = z * z;
+    float s = 1.0 / 15.0;
+    s = s * z2 + 1.0 / 13.0;
+    s = s * z2 + 1.0 / 11.0;
+    s = s * z2 + 1.0 / 9.0;
+    s = s * z2 + 1.0 / 7.0;
+    s = s * z2 + 1.0 / 5.0;
+    s = s * z2 + 1.0 / 3.0;
+    return 2.0 * z * (s * z2 + 1.0);
+}
+// e^x - 1: Taylor's series to x^9 for |x| < 1/2 (the next term is below f32's
+// rounding there), e^x - 1 beyond.
+float fg_expm1(float x) {
+    if (abs(x) >= 0.5) return exp(x) - 1.0;
+    float s = 1.0 + x / 9.0;
+    s = 1.0 + x / 8.0 * s;
+    s = 1.0 + x / 7.0 * s;
+    s = 1.0 + x / 6.0 * s;
+    s = 1.0 + x / 5.0 * s;
+    s = 1.0 + x / 4.0 * s;
+    s = 1.0 + x / 3.0 * s;
+    s = 1.0 + x / 2.0 * s;
+    return x * s;
+}
 
 // erf: rational fit x*P(x^2)/Q(x^2) on [-4, 4] (the one XLA uses for f32);
 // max error 4.2e-7 absolute and relative (Abramowitz-Stegun 7.1.26 is 1.5e-7

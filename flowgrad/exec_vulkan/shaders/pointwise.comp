@@ -25,7 +25,7 @@ layout(push_constant, std430) uniform Push {
 } p;
 
 float sigm(float x) { return x >= 0.0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
-float softplus0(float x) { return max(x, 0.0) + log(1.0 + exp(-abs(x))); }
+float softplus0(float x) { return max(x, 0.0) + fg_log1p01(exp(-abs(x))); }
 
 float f(uint op, float x, float y) {
     switch (op) {
@@ -35,13 +35,13 @@ float f(uint op, float x, float y) {
     case 3u: return p.p0 * x > p.p1 ? 1.0 : sigm(p.p0 * x);
     case 4u: return x > 0.0 ? x : p.p0 * x;
     case 5u: return x > 0.0 ? 1.0 : p.p0;
-    case 6u: return x > 0.0 ? x : p.p0 * (exp(x) - 1.0);
+    case 6u: return x > 0.0 ? x : p.p0 * fg_expm1(x);
     case 7u: return x > 0.0 ? 1.0 : p.p0 * exp(x);
     case 8u: return abs(x - y);
     case 9u: return sign(x - y);
     case 10u: { float d = abs(x - y); return d < p.p0 ? 0.5 * d * d : p.p0 * (d - 0.5 * p.p0); }
     case 11u: return clamp(x - y, -p.p0, p.p0);
-    case 12u: return max(x, 0.0) - x * y + log(1.0 + exp(-abs(x)));
+    case 12u: return max(x, 0.0) - x * y + fg_log1p01(exp(-abs(x)));
     case 13u: return sigm(x) - y;
     default: return -x;
     }

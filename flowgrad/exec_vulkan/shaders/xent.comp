@@ -96,7 +96,9 @@ void main() {
             if (lane == 0u) {
                 float nll = ignored || !ok ? 0.0 : lse - float(x[start + uint(t)]);
                 // -sum_c w_c logp_c = W lse - sum_c w_c z_c
-                rl[2u * row] = ok ? (1.0 - pc.eps) * tw * nll + sm * (wsum * lse - wz) : nan;
+                // no smoothing leaves its term out: a -inf logit makes it inf, and 0 * inf is NaN
+                float smoothing = sm == 0.0 ? 0.0 : sm * (wsum * lse - wz);
+                rl[2u * row] = ok ? (1.0 - pc.eps) * tw * nll + smoothing : nan;
                 rl[2u * row + 1u] = tw;
                 if (!ok) atomicMin(bad, row);
             }
