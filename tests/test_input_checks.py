@@ -227,3 +227,12 @@ def test_array_data_from_python_takes_lists_and_refuses_bad_fractions():
 def test_train_refuses_data_that_is_not_a_dataset():
     with pytest.raises(FlowError, match="data= takes an fg.Dataset .* not a dict"):
         fg.train(fg.load(ROOT / "models" / "mlp.flow"), data={"x": 1}, steps=1, device="cpu", progress=False)
+
+
+def test_an_error_in_data_from_python_does_not_point_at_the_files_data_line():
+    few = fg.ArrayData.split({"x": np.ones((5, 64), np.float32), "y": np.arange(5) % 10}, 0.0, 0.0, seed=0,
+                             describe="five rows")
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(ROOT / "models" / "mlp.flow"), data=few, steps=1, device="cpu", progress=False)
+    assert str(e.value).startswith("data five rows has 5 training rows, fewer than the model's batch size 64")
+    assert e.value.span is None

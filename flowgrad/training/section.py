@@ -114,10 +114,11 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
                             hint="e.g. data=fg.ArrayData.split({'x': X, 'y': Y}, 0.1, 0.2, seed=0, "
                                  "describe='my arrays')")
         bound = data
+    data_span = where("data") if data is None else None   # data= from Python: no line of the file made it
     if bound is not None:
-        bound = attempt(lambda: bound.bind(graph, where("data")))
+        bound = attempt(lambda: bound.bind(graph, data_span))
     if bound is not None:
-        attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or where("data")))
+        attempt(lambda: metrics.choose(graph, bound, items.get("metric"), where("metric") or data_span))
         if "early_stop" in items:
             attempt(lambda: _eval_split(bound, where("early_stop"), need_val=True))
     return errors, bound
