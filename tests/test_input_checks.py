@@ -236,3 +236,12 @@ def test_an_error_in_data_from_python_does_not_point_at_the_files_data_line():
         fg.train(fg.load(ROOT / "models" / "mlp.flow"), data=few, steps=1, device="cpu", progress=False)
     assert str(e.value).startswith("data five rows has 5 training rows, fewer than the model's batch size 64")
     assert e.value.span is None
+
+
+def test_array_data_takes_y_as_the_target_whatever_the_dicts_order():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((200, 64), dtype=np.float32), (np.arange(200) % 10).astype(np.int32)
+    data = fg.ArrayData.split({"y": y, "x": x}, 0.1, 0.2, seed=0, describe="y first")
+    assert data.roles == ("x", "y") and data.default_metric == "accuracy"
+    res = fg.train(fg.load(ROOT / "models" / "mlp.flow"), data=data, steps=2, device="cpu", progress=False)
+    assert "accuracy" in res.metrics

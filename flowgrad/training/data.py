@@ -195,6 +195,12 @@ def _rows(arrays: dict, idx) -> dict:
     return {k: v[idx] for k, v in arrays.items()}
 
 
+def role_order(names) -> tuple[str, ...]:
+    """Features first, the targets last: a role named y is the target wherever
+    the caller's dict put it ({"y": Y, "x": X} as {"x": X, "y": Y})."""
+    return tuple(sorted(names, key=lambda r: r == "y"))
+
+
 class ArrayData(Dataset):
     """Rows of arrays: `train`, `val` and `test` map a role (x, and y unless
     there are no targets) to an array of rows. Epochs are seeded
@@ -203,7 +209,7 @@ class ArrayData(Dataset):
     def __init__(self, train: dict, val: dict | None = None, test: dict | None = None, seed: int = 0,
                  describe: str = "arrays", roles: tuple[str, ...] | None = None, meta: dict | None = None):
         super().__init__(seed)
-        self.roles = tuple(roles or train)
+        self.roles = tuple(roles or role_order(train))
         self.parts = {"train": {r: np.asarray(train[r]) for r in self.roles}}
         for split, arrays in (("val", val), ("test", test)):
             self.parts[split] = ({r: np.asarray(arrays[r]) for r in self.roles} if arrays
@@ -224,7 +230,7 @@ class ArrayData(Dataset):
             if not (isinstance(f, (int, float)) and 0 <= f < 1):
                 raise FlowError(f"data {describe}: {name} must be a number in [0, 1), got {f!r}", span)
         arrays = {r: np.asarray(a) for r, a in arrays.items()}   # lists too, as numpy reads them
-        roles = tuple(arrays)
+        roles = role_order(arrays)
         lengths = {r: len(a) for r, a in arrays.items()}
         if len(set(lengths.values())) != 1:
             raise FlowError(f"data {describe}: "
