@@ -195,6 +195,16 @@ def _rows(arrays: dict, idx) -> dict:
     return {k: v[idx] for k, v in arrays.items()}
 
 
+def fractions(what, val_fraction, test_fraction, span=None) -> tuple[float, float]:
+    """The split's fractions, checked: each in [0, 1), leaving rows to train on."""
+    val = spec.number(what, "val_fraction", val_fraction, span, low=0.0, high=1.0, high_open=True)
+    test = spec.number(what, "test_fraction", test_fraction, span, low=0.0, high=1.0, high_open=True)
+    if val + test >= 1.0:
+        raise FlowError(f"{what}: val_fraction + test_fraction must leave rows to train on, got {val} + {test}",
+                        span)
+    return val, test
+
+
 def role_order(names) -> tuple[str, ...]:
     """Features first, the targets last: a role named y is the target wherever
     the caller's dict put it ({"y": Y, "x": X} as {"x": X, "y": Y})."""
@@ -226,9 +236,7 @@ class ArrayData(Dataset):
         rows); integer class labels of rank 1 are stratified."""
         from sklearn.model_selection import train_test_split
 
-        for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not (isinstance(f, (int, float)) and 0 <= f < 1):
-                raise FlowError(f"data {describe}: {name} must be a number in [0, 1), got {f!r}", span)
+        val_fraction, test_fraction = fractions(f"data {describe}", val_fraction, test_fraction, span)
         arrays = {r: np.asarray(a) for r, a in arrays.items()}   # lists too, as numpy reads them
         roles = role_order(arrays)
         lengths = {r: len(a) for r, a in arrays.items()}

@@ -36,17 +36,8 @@ from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.arrayfiles import is_number
-from flowgrad.training.data import ArrayData, Dataset, SequenceTask
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions
 from flowgrad.training.text import TextData, TextLines
-
-
-def _fractions(what, val_fraction, test_fraction, span):
-    val = spec.number(what, "val_fraction", val_fraction, span, low=0.0, high=1.0, high_open=True)
-    test = spec.number(what, "test_fraction", test_fraction, span, low=0.0, high=1.0, high_open=True)
-    if val + test >= 1.0:
-        raise FlowError(f"{what}: val_fraction + test_fraction must leave rows to train on, got {val} + {test}",
-                        span)
-    return val, test
 
 
 def _path(what, path, span, base_dir) -> Path:
@@ -62,7 +53,7 @@ def _missing(what, full, span):
 def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
     from sklearn.datasets import load_digits
 
-    val, test = _fractions("data digits()", val_fraction, test_fraction, span)
+    val, test = fractions("data digits()", val_fraction, test_fraction, span)
     d = load_digits()
     return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val, test, seed, "digits()", span)
 
@@ -98,10 +89,10 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
     if x_test is not None:
         test = _finite({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
                        {"x": x_test, "y": y_test}, full, what, span)
-        val_frac, _ = _fractions(what, val_fraction, 0.0, span)
+        val_frac, _ = fractions(what, val_fraction, 0.0, span)
         data = ArrayData.split(train, val_frac, 0.0, seed, describe, span)
         return ArrayData(data.parts["train"], data.parts["val"], test, seed, describe, data.roles)
-    return ArrayData.split(train, *_fractions(what, val_fraction, test_fraction, span), seed, describe, span)
+    return ArrayData.split(train, *fractions(what, val_fraction, test_fraction, span), seed, describe, span)
 
 
 def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
@@ -121,7 +112,7 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
         if not isinstance(arrays[role], np.ndarray):
             raise FlowError(f"{what}: {str(full)!r} holds several arrays (an .npz): use npz(...)", span)
         _finite({role: arrays[role]}, {role: role}, full, what, span)
-    return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
+    return ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
                            f"npy({str(x)!r})", span)
 
 
@@ -220,7 +211,7 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
             arrays["y"] = ys if many_y else ys[:, 0]
             if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
                 arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
-    return ArrayData.split(arrays, *_fractions(what, val_fraction, test_fraction, span), seed,
+    return ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
                            f"csv({str(path)!r})", span, meta)
 
 
@@ -249,7 +240,7 @@ def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fract
     vocab = sorted(set(symbols))
     index = {s: i for i, s in enumerate(vocab)}
     ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
-    val, test = _fractions(what, val_fraction, test_fraction, span)
+    val, test = fractions(what, val_fraction, test_fraction, span)
     describe = f"text({str(path)!r}, level={level!r})"
     if rows == "lines":
         newline = index.get("\n" if level == "char" else 10)

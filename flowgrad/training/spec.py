@@ -69,6 +69,8 @@ def number(what: str, key: str, value, span, *, low=None, high=None, low_open=Fa
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise FlowError(f"{what}: {key} must be {'an integer' if integer else 'a number'}, got {show(value)}", span)
+    if value != value:   # NaN: every range comparison below would be false, and pass it
+        raise FlowError(f"{what}: {key} must be a number, got nan", span)
     bad = ((low is not None and (value <= low if low_open else value < low))
            or (high is not None and (value >= high if high_open else value > high)))
     if bad:
