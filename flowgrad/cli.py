@@ -142,6 +142,8 @@ def cmd_train(args) -> int:
         from flowgrad.training import mpi_launch
 
         return mpi_launch.launch(args.ranks, mpi_launch.strip_ranks(args.argv))
+    if args.steps is not None and args.steps < 1:
+        raise FlowError(f"--steps must be at least 1, got {args.steps}")
     model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:

@@ -132,10 +132,11 @@ def _seed(items, graph, seed, where) -> int:
 
 def _steps(items, steps, where) -> int:
     """The train section's steps, or `steps` when given: that one comes from
-    the caller (--steps), so its error must not point at the file's line."""
+    the caller (the command line checks --steps itself), so its error must
+    not point at the file's line."""
     if steps is None:
         return spec.number("train", "steps", items["steps"], where("steps"), low=1, integer=True)
-    return spec.number("--steps", "steps", steps, None, low=1, integer=True)
+    return spec.number("train(steps=...)", "steps", steps, None, low=1, integer=True)
 
 
 def _fail(message, span, hint=None):
