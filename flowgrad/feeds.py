@@ -54,15 +54,22 @@ def check_feeds(graph: Graph, feeds: dict[str, np.ndarray], uses: dict[int, list
 def converted(node, name: str, value) -> np.ndarray:
     """Feed `name` for input `node` as a C-ordered array of its dtype, after
     checking its shape, dtype and i32 range."""
-    arr = numeric_array(value, f"feed {name!r}", node.span)
+    return typed_array(value, f"feed {name!r}", f"input {name}", node)
+
+
+def typed_array(value, what: str, target: str, node) -> np.ndarray:
+    """`value` (called `what` in errors) as a C-ordered array of node's type
+    (`target`'s, in errors): the same shape, any float for a float type, any
+    int in i32's range for i32."""
+    arr = numeric_array(value, what, node.span)
     if arr.shape != node.shape:
-        raise FlowError(f"feed {name!r} has shape {list(arr.shape)}, but input {name} is {node.type}", node.span)
+        raise FlowError(f"{what} has shape {list(arr.shape)}, but {target} is {node.type}", node.span)
     try:
-        narrowed = dtype_of(arr, narrow=True)   # any float feeds a float input, any int an i32 one
+        narrowed = dtype_of(arr, narrow=True)
     except TypeError:
         narrowed = None
     if narrowed is None or (narrowed == "i32") != (node.dtype == "i32"):
-        raise FlowError(f"feed {name!r} has dtype {arr.dtype}, but input {name} is {node.type}", node.span)
+        raise FlowError(f"{what} has dtype {arr.dtype}, but {target} is {node.type}", node.span)
     if node.dtype == "i32":
         check_int32(node, arr)
     # not ascontiguousarray, which would make a 0-d feed [1]

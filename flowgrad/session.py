@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from flowgrad.errors import FlowError, FlowWarning
-from flowgrad.feeds import check_feeds, index_uses, numeric_array
+from flowgrad.feeds import check_feeds, index_uses, typed_array
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.planner import Plan
@@ -68,18 +68,21 @@ class Session:
         return self.runner.get_params()
 
     def set_params(self, values: dict[str, np.ndarray]) -> None:
+        self.runner.set_params(self._per_param("set_params", values, self.graph.params))
+
+    def _per_param(self, what: str, values, names) -> dict[str, np.ndarray]:
+        """values (a dict of param name -> array) checked against the params
+        `names` lists, each as an array of its param's type."""
         if not isinstance(values, dict):
-            raise FlowError(f"set_params takes a dict of param name -> array, got {type(values).__name__}")
+            raise FlowError(f"{what} takes a dict of param name -> array, got {type(values).__name__}")
         arrays = {}
         for name, value in values.items():
-            if not isinstance(name, str) or name not in self.graph.params:
-                raise FlowError(f"set_params: {self.graph.name} has no param {name!r}")
-            want = self.graph.nodes[self.graph.params[name]].type
-            arr = numeric_array(value, f"set_params: param {name!r}")
-            if arr.shape != want.shape:
-                raise FlowError(f"set_params: param {name!r} is {want}, got shape {list(arr.shape)}")
-            arrays[name] = arr
-        self.runner.set_params(arrays)
+            if not isinstance(name, str) or name not in names:
+                raise FlowError(f"{what}: {self.graph.name} has no {'trainable ' * (names is not self.graph.params)}"
+                                f"param {name!r}")
+            node = self.graph.nodes[self.graph.params[name]]
+            arrays[name] = typed_array(value, f"{what}: param {name!r}", f"param {name}", node)
+        return arrays
 
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The feeds as the graph's inputs take them (see feeds.check_feeds)."""
@@ -106,11 +109,7 @@ class Session:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         if optimizer is not None:
-            from flowgrad.training.optim import Optimizer
-
-            if not isinstance(optimizer, Optimizer):
-                raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
-                                f"got {type(optimizer).__name__}")
+            _check_optimizer(optimizer)
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
@@ -124,6 +123,22 @@ class Session:
         # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
+
+    def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
+        """One optimizer update from the given gradients (every trainable
+        param's), as step(..., optimizer=) would make from its own: for
+        gradients changed on the host, accumulated over steps, or averaged
+        across ranks. Under dtype="mixed", a non-finite one skips the update
+        and halves the loss scale."""
+        _check_optimizer(optimizer)
+        trainable = self.graph.trainable()
+        arrays = self._per_param("apply_update", grads, trainable)
+        missing = [name for name in trainable if name not in arrays]
+        if missing:
+            raise FlowError(f"apply_update: no gradient for param {missing[0]!r} (it needs one for every "
+                            f"trainable param: {', '.join(trainable)})")
+        self.optimizer = optimizer
+        self.runner.apply_update(optimizer, arrays)
 
     def _checked_step(self, feeds, grads, optimizer, grad_inputs, on_grad_final=None):
         """A step whose loss and gradients are read back and checked; on a
@@ -219,6 +234,14 @@ class Session:
 class ClosedRunner:
     def __getattr__(self, name):
         raise FlowError("this session is closed; compile the model again to step it")
+
+
+def _check_optimizer(optimizer) -> None:
+    from flowgrad.training.optim import Optimizer
+
+    if not isinstance(optimizer, Optimizer):
+        raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
+                        f"got {type(optimizer).__name__}")
 
 
 def _hook(on_grad_final) -> dict:

@@ -136,15 +136,15 @@ def test_resume_on_another_models_run_names_both_models(tmp_path):
 # -- 4. --steps out of range --------------------------------------------------------
 
 @pytest.mark.parametrize("steps", [-3, 0])
-def test_bad_steps_from_the_command_line_point_at_the_command_line(tmp_path, capsys, steps):
+def test_bad_steps_from_the_caller_name_the_caller(tmp_path, capsys, steps):
     write_rows(tmp_path)
     with pytest.raises(FlowError) as e:
         fg.train(fg.load(tiny(tmp_path)), steps=steps, device="cpu", progress=False)
-    assert str(e.value) == f"--steps: steps must be >= 1, got {steps}" and e.value.span is None
+    assert str(e.value) == f"train(steps=...): steps must be >= 1, got {steps}" and e.value.span is None
     rc = cli_main(["train", str(tiny(tmp_path)), "--steps", str(steps), "--device", "cpu", "--out",
                    str(tmp_path / "run")])
     assert rc != 0
-    assert capsys.readouterr().err.splitlines()[0] == f"error: --steps: steps must be >= 1, got {steps}"
+    assert capsys.readouterr().err.splitlines()[0] == f"error: --steps must be at least 1, got {steps}"
 
 
 def test_bad_steps_in_the_file_point_at_the_file(tmp_path):
@@ -245,3 +245,31 @@ def test_array_data_takes_y_as_the_target_whatever_the_dicts_order():
     assert data.roles == ("x", "y") and data.default_metric == "accuracy"
     res = fg.train(fg.load(ROOT / "models" / "mlp.flow"), data=data, steps=2, device="cpu", progress=False)
     assert "accuracy" in res.metrics
+
+
+def test_set_params_takes_what_a_feed_takes():
+    sess = fg.load(ROOT / "models" / "mlp.flow").compile(device="cpu")
+    w = sess.params["w2"]
+    with pytest.raises(FlowError, match=r"set_params: param 'w2' has dtype int32, but param w2 is f32\[128,10\]"):
+        sess.set_params({"w2": w.astype(np.int32)})
+    with pytest.raises(FlowError, match=r"set_params: param 'w2' has shape \[10, 128\], but param w2 is"):
+        sess.set_params({"w2": w.T})
+    sess.set_params({"w2": w.astype(np.float64) + 1})
+    np.testing.assert_array_equal(sess.params["w2"], w + 1)
+
+
+def test_apply_update_checks_its_gradients_then_updates():
+    from flowgrad.training.optim import SGD
+
+    sess = fg.load(ROOT / "models" / "mlp.flow").compile(device="cpu")
+    grads = {k: np.ones_like(v) for k, v in sess.params.items()}
+    with pytest.raises(FlowError, match="apply_update: no gradient for param 'b2'"):
+        sess.apply_update(SGD(lr=0.5), {k: v for k, v in grads.items() if k != "b2"})
+    with pytest.raises(FlowError, match="apply_update: mlp has no trainable param 'nope'"):
+        sess.apply_update(SGD(lr=0.5), {**grads, "nope": 1.0})
+    with pytest.raises(FlowError, match="optimizer must be a flowgrad optimizer"):
+        sess.apply_update("sgd", grads)
+    before = sess.params
+    sess.apply_update(SGD(lr=0.5), grads)
+    for k, v in sess.params.items():
+        np.testing.assert_allclose(v, before[k] - 0.5, err_msg=k)

@@ -174,6 +174,22 @@ def test_grads_come_back_unscaled(device):
     assert sess.loss_scaler.scale == 65536.0   # a step without an optimizer leaves the scale alone
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_only_an_update_moves_the_scale(device):
+    """A step without an optimizer hands back overflowed gradients as they
+    are and leaves the scale; apply_update with them skips and halves it
+    (data-parallel training steps each rank so, then updates once)."""
+    sess = compiled(fg.loads(LINEAR), device)
+    before = sess.params
+    grads = sess.step(linear_feeds(np.random.default_rng(3), bad=True)).grads
+    assert not all(np.isfinite(g).all() for g in grads.values())
+    assert sess.loss_scaler.scale == 65536.0 and sess.loss_scaler.skipped == 0
+    sess.apply_update(SGD(lr=0.1), grads)
+    assert sess.loss_scaler.scale == 32768.0 and sess.loss_scaler.skipped == 1
+    for k, v in sess.params.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+
 def test_graph_and_closures_agree_under_mixed(vk_device):
     model = gpt()
     graph = model.compile(device="vulkan", dtype="mixed", backward="graph")
