@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from flowgrad import dsl
+from flowgrad.dsl.parser import reserved
 from flowgrad.dtypes import COMPILE_DTYPES
 from flowgrad.errors import FlowError, GraphPathRefused
 from flowgrad.graph import Graph
 from flowgrad.initializers import init_params
+from flowgrad.ops import user as ops_user
 from flowgrad.planner import make_plan
 from flowgrad.session import Session, StepResult
 
@@ -135,3 +137,12 @@ def loads(text: str | bytes, config: dict | None = None, file: str = "<string>")
 
 
 __all__ = ["Model", "Session", "StepResult", "load", "loads", "open_device"]
+
+
+def register_op(name, *args, **kwargs):
+    """flowgrad.ops.user.register_op (see there), refusing the language's
+    keywords and constants, which a model file could never call."""
+    if isinstance(name, str) and reserved(name):
+        raise FlowError(f"op name {name!r} is {reserved(name)} of the .flow language: register it under another name")
+    return ops_user.register_op(name, *args, **kwargs)
+

@@ -133,6 +133,16 @@ def test_register_op_wants_functions_when_registering():
         fg.register_op("probe_none", shape=lambda s: s, forward=lambda x: x, vjp=3)
 
 
+
+@pytest.mark.parametrize("name", ["param", "minimize", "true"])
+def test_register_op_refuses_the_languages_own_words(name):
+    """A model file could never call them: `param(x)` reads as a declaration."""
+    with pytest.raises(fg.FlowError, match=rf"op name '{name}' is a (keyword|reserved name) of the .flow language"):
+        fg.register_op(name, shape=lambda s: s, forward=lambda x: x)
+    from flowgrad.ops.user import USER_OPS
+
+    assert name not in USER_OPS
+
 # ---------------------------------------------------------------- device limits at plan time
 
 MLP = "flowgrad/models/mlp.flow"
