@@ -117,7 +117,7 @@ def test_npy_files(tmp_path):
     np.save(tmp_path / "y.npy", np.arange(30) % 3)
     ts = setup(model(CLASSIFIER, 'data = npy(x="x.npy", y="y.npy")', tmp_path).graph)
     assert ts.metric.name == "accuracy" and ts.data.size("train") + ts.data.size("val") + ts.data.size("test") == 30
-    with pytest.raises(FlowError, match=r"holds one array \(a \.npy\): use npy"):
+    with pytest.raises(FlowError, match=r"holds one array \(a \.npy\), not an \.npz: use npy\(x=\.\.\.\)"):
         setup(model(CLASSIFIER, 'data = npz("x.npy")', tmp_path).graph)
 
 

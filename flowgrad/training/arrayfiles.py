@@ -20,7 +20,7 @@ def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
     for item in items or []:
         name, sep, file = item.partition("=")
         if not sep and item.endswith(".npz"):
-            for key, arr in _read_npz(item, "--feed").items():
+            for key, arr in read_npz(item, "--feed").items():
                 _add(feeds, key, arr)
             continue
         name = name.strip()
@@ -45,33 +45,42 @@ def read_array(file: str, what: str) -> np.ndarray:
     if file.endswith(".csv"):
         return read_csv_numbers(file, what)
     if file.endswith(".npz"):
-        arrays = _read_npz(file, what)
+        arrays = read_npz(file, what)
         if len(arrays) != 1:
             raise FlowError(f"{what}: {file!r} holds {len(arrays)} arrays ({', '.join(arrays)}); give one .npy, "
                             "or pass the .npz alone (--feed FILE.npz) to feed its arrays by name")
         return next(iter(arrays.values()))
-    try:
-        arr = np.load(file, allow_pickle=False)
-    except FileNotFoundError:
-        raise FlowError(f"{what}: no such file {file!r}") from None
-    except (OSError, ValueError, EOFError) as e:
-        raise FlowError(f"{what}: cannot read {file!r} as a .npy array: {e}") from None
+    return read_npy(file, what, other="give one .npy per input")
+
+
+def read_npy(file, what: str, span=None, other: str = "", missing_hint=None) -> np.ndarray:
+    """The one array of a .npy file; `other` says what to do with an .npz instead."""
+    arr = _load(file, what, ".npy", span, missing_hint)
     if not isinstance(arr, np.ndarray):
-        raise FlowError(f"{what}: {file!r} holds several arrays (an .npz); give one .npy per input")
+        raise FlowError(f"{what}: {str(file)!r} holds several arrays (an .npz): {other}", span)
     return arr
 
 
-def _read_npz(file, what) -> dict[str, np.ndarray]:
+def read_npz(file, what: str, span=None, other: str = "", missing_hint=None) -> dict[str, np.ndarray]:
+    """An .npz file's arrays by name; `other` says what to do with a .npy instead."""
+    f = _load(file, what, ".npz", span, missing_hint)
+    if not hasattr(f, "files"):   # a .npy loads as the array itself, which is no context manager
+        raise FlowError(f"{what}: {str(file)!r} holds one array (a .npy), not an .npz"
+                        + (f": {other}" if other else ""), span)
     try:
-        f = np.load(file, allow_pickle=False)
-        if not hasattr(f, "files"):   # a .npy loads as the array itself
-            raise ValueError("it holds one array (a .npy), not an .npz")
         with f:
             return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError) as e:   # a member's bytes are read only here
+        raise FlowError(f"{what}: cannot read {str(file)!r} as .npz: {e}", span) from None
+
+
+def _load(file, what, kind, span, missing_hint):
+    try:
+        return np.load(file, allow_pickle=False)
     except FileNotFoundError:
-        raise FlowError(f"{what}: no such file {file!r}") from None
+        raise FlowError(f"{what}: no such file {str(file)!r}", span, hint=missing_hint) from None
     except (OSError, ValueError, EOFError) as e:
-        raise FlowError(f"{what}: cannot read {file!r} as .npz: {e}") from None
+        raise FlowError(f"{what}: cannot read {str(file)!r} as {kind}: {e}", span) from None
 
 
 def read_csv_numbers(file: str, what: str) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
-from flowgrad.training.arrayfiles import is_number
+from flowgrad.training.arrayfiles import is_number, read_npy, read_npz
 from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions
 from flowgrad.training.text import TextData, TextLines
 
@@ -45,9 +45,11 @@ def _path(what, path, span, base_dir) -> Path:
     return Path(path) if base_dir is None or Path(path).is_absolute() else Path(base_dir) / path
 
 
+RELATIVE = "a relative path is relative to the model file's directory"
+
+
 def _missing(what, full, span):
-    return FlowError(f"{what}: no such file {str(full)!r}", span,
-                     hint="a relative path is relative to the model file's directory")
+    return FlowError(f"{what}: no such file {str(full)!r}", span, hint=RELATIVE)
 
 
 def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
@@ -62,16 +64,7 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
         seed=0, span=None, base_dir=None) -> ArrayData:
     what = "data npz()"
     full = _path(what, path, span, base_dir)
-    try:
-        f = np.load(full, allow_pickle=False)
-        if not hasattr(f, "files"):   # a .npy loads as the array itself, which is no context manager
-            raise ValueError("it holds one array (a .npy): use npy(x=...)")
-        with f:
-            arrays = {k: f[k] for k in f.files}
-    except FileNotFoundError:
-        raise _missing(what, full, span) from None
-    except (OSError, ValueError, EOFError) as e:
-        raise FlowError(f"{what}: cannot read {str(full)!r} as .npz: {e}", span) from None
+    arrays = read_npz(full, what, span, other="use npy(x=...)", missing_hint=RELATIVE)
     keys = {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
     for arg, key in keys.items():
         if key is not None:
@@ -103,14 +96,7 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
         if file is None:
             continue
         full = _path(what, file, span, base_dir)
-        try:
-            arrays[role] = np.load(full, allow_pickle=False)
-        except FileNotFoundError:
-            raise _missing(what, full, span) from None
-        except (OSError, ValueError, EOFError) as e:
-            raise FlowError(f"{what}: cannot read {str(full)!r} as .npy: {e}", span) from None
-        if not isinstance(arrays[role], np.ndarray):
-            raise FlowError(f"{what}: {str(full)!r} holds several arrays (an .npz): use npz(...)", span)
+        arrays[role] = read_npy(full, what, span, other="use npz(...)", missing_hint=RELATIVE)
         _finite({role: arrays[role]}, {role: role}, full, what, span)
     return ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
                            f"npy({str(x)!r})", span)
