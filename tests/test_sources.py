@@ -152,6 +152,20 @@ def test_csv_errors(tmp_path, args, message):
     assert message in str(e.value) and str(e.value).startswith(f"{tmp_path / 'm.flow'}:15:")
 
 
+def test_a_missing_cell_in_a_float_target_column_is_an_error(tmp_path):
+    # "" is not a number, so the column reads as class names; their ids must not become regression targets
+    (tmp_path / "r.csv").write_text("f1,f2,f3,price\n" + "\n".join(f"{i},1,2,{i * 0.5 + 0.25}" for i in range(30))
+                                    + "\n31,1,2,\n")
+    with pytest.raises(FlowError) as e:
+        setup(model(REGRESSION, 'data = csv("r.csv", y="price")', tmp_path).graph)
+    assert "r.csv:32: column 'price' holds '', not a number" in str(e.value)
+    assert "input target is f32[8]" in str(e.value) and "missing values" in str(e.value)
+    assert str(e.value).startswith(f"{tmp_path / 'm.flow'}:16:")
+    # word labels still make class ids for an i32 target
+    (tmp_path / "c.csv").write_text("a,b,kind\n" + "\n".join(f"{i},1,{'cat' if i % 2 else ''}" for i in range(30)))
+    assert setup(model(CLASSIFIER, 'data = csv("c.csv", y="kind")', tmp_path).graph).data.meta()["classes"] == ["", "cat"]
+
+
 def test_regression_trains_from_csv_with_mse_falling(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(200, 3))

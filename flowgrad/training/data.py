@@ -216,6 +216,9 @@ class ArrayData(Dataset):
     there are no targets) to an array of rows. Epochs are seeded
     permutations of the training rows."""
 
+    # where a source read the targets as words (csv: "file:line: column 'c' holds 'x'"), if it did
+    words_at: str | None = None
+
     def __init__(self, train: dict, val: dict | None = None, test: dict | None = None, seed: int = 0,
                  describe: str = "arrays", roles: tuple[str, ...] | None = None, meta: dict | None = None):
         super().__init__(seed)
@@ -281,6 +284,13 @@ class ArrayData(Dataset):
         return len(self.parts[split][self.roles[0]])
 
     def check_role(self, role, name, t, index_bounds):
+        if role == self.roles[-1] and len(self.roles) > 1 and t.dtype in FLOAT_DTYPES and self.words_at:
+            # one missing or mistyped cell turns a numeric column into class names: fed to a float
+            # target, their ids (ranks of the values) would train a regression on nonsense, silently
+            raise FlowError(f"data {self.describe}: {self.words_at}, not a number, so the column was read as "
+                            f"class names; but input {name} is {t}, a real-valued target", self.span,
+                            hint="fill in or drop the rows with missing values (for class labels declare "
+                                 f"input {name} as i32)")
         for split, arrays in self.parts.items():
             arrays[role] = self.check_array(f"{role} ({split})" if split != "train" else role, name, arrays[role],
                                             t, index_bounds)

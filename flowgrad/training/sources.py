@@ -188,17 +188,22 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
     meta = {}
     if y_cols:
         cells = [r[y_cols[0]] for r in rows]
+        words_at = None
         if not many_y and not all(is_number(c) for c in cells):
             classes = sorted(set(cells))   # words: class ids in sorted order
             meta["classes"] = classes
             arrays["y"] = np.asarray([classes.index(c) for c in cells], np.int64)
+            i = next(i for i, c in enumerate(cells) if not is_number(c))
+            words_at = f"{full}:{i + 1 + header}: column {names[y_cols[0]]!r} holds {cells[i]!r}"
         else:
             ys = _numbers(rows, y_cols, names, full, header, what, span)
             arrays["y"] = ys if many_y else ys[:, 0]
             if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
                 arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
-    return ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
+    data = ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
                            f"csv({str(path)!r})", span, meta)
+    data.words_at = words_at if y_cols else None
+    return data
 
 
 def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
