@@ -246,6 +246,20 @@ def test_a_metric_that_does_not_fit_is_a_load_time_error(tmp_path, text, extra, 
     assert str(e.value).startswith(f"{tmp_path / 'm.flow'}:{data_line + bool(extra)}:")  # the metric's line, or data's
 
 
+def test_the_metric_reads_the_output_the_loss_compares_with_the_targets(tmp_path):
+    # outputs declared before the prediction, shaped as the metric wants: not the ones to score
+    rng = np.random.default_rng(0)
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    text = TOKENS.replace("output logits", "probs = softmax(logits)\noutput probs, logits")
+    ts = setup(model(text, 'data = text("t.txt", seq=seq)', tmp_path, vocab=28).graph)
+    assert ts.metric == Metric("perplexity", "logits", "labels")
+    res = fg.train(model(text, 'data = text("t.txt", seq=seq)', tmp_path, vocab=28), device="cpu", progress=False)
+    assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
+    np.savez(tmp_path / "r.npz", x=rng.normal(size=(40, 3)), y=rng.normal(size=40))
+    text = REGRESSION.replace("output pred", "half = pred * 0.5\noutput half, pred")
+    assert setup(model(text, 'data = npz("r.npz")', tmp_path).graph).metric == Metric("mse", "pred", "target")
+
+
 def test_no_minimize_is_a_load_time_error_at_the_train_section(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.zeros((40, 2)), y=np.arange(40) % 3)
     m = model(CLASSIFIER.replace("minimize loss", ""), 'data = npz("d.npz")', tmp_path)

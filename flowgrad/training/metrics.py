@@ -99,12 +99,32 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
                             "class ids", span, hint='for class ids use metric = "accuracy" or "token_accuracy"')
         fits = [n for n, o in outputs.items() if o.shape == t.shape and o.dtype in FLOAT_DTYPES]
         want = f"shaped like {target} ({list(t.shape)})"
+    # of several outputs that fit (`probs` declared before `logits`), the one the model compares with the
+    # targets is what it predicts: perplexity of a softmax's output read as logits is nonsense
+    compared = _compared_with(graph, graph.inputs[target])
+    fits.sort(key=lambda n: graph.outputs[n] not in compared)
     if not fits:
         have = ", ".join(f"{n}: {o}" for n, o in outputs.items()) or "none"
         raise FlowError(f"metric {name} needs an output {want}, and {graph.name} has none (outputs: {have})", span,
                         hint="declare it: `output logits`" if name in CLASS_METRICS else
                         "declare the prediction as an output: `output pred`")
     return Metric(name, fits[0], target)
+
+
+def _compared_with(graph: Graph, target: int) -> set[int]:
+    """The values an op reads beside the target input (through casts, as
+    mixed precision casts a loss's inputs): a loss's prediction."""
+    def through_casts(i):
+        while graph.nodes[i].op == "cast":
+            i = graph.nodes[i].inputs[0]
+        return i
+
+    out = set()
+    for node in graph.nodes:
+        ins = [through_casts(i) for i in node.inputs]
+        if target in ins:
+            out.update(i for i in ins if i != target)
+    return out
 
 
 def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
