@@ -193,7 +193,13 @@ def cmd_run(args) -> int:
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    outputs = sess.predict(parse_feeds(args.feed, sess.graph))
+    if args.output:
+        unknown = [o for o in args.output if o not in sess.graph.outputs]
+        if unknown:
+            raise FlowError(f"--output {unknown[0]}: not an output of {sess.graph.name} "
+                            f"(outputs: {', '.join(sess.graph.outputs)})")
+    # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
+    outputs = sess.predict(parse_feeds(args.feed, sess.graph), args.output or None)
     if args.output:
         unknown = [o for o in args.output if o not in outputs]
         if unknown:

@@ -186,15 +186,16 @@ class Session:
             self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
         return rng_feed(training, self.train_steps, self.seed)
 
-    def predict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
         with its batch config key set to the size, once per size); inputs
-        only the loss reads may be left out."""
+        only the loss reads may be left out. outputs: the names to compute
+        (default all); inputs none of them reads may then be left out too."""
         from flowgrad.training.infer import Predictor
 
         if self._predictor is None:
             self._predictor = Predictor(self)
-        return self._predictor(feeds)
+        return self._predictor(feeds, outputs)
 
     def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
         """Write the forward graph with the current params as an ONNX model

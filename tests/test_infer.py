@@ -88,6 +88,26 @@ def test_run_cli_csv_in_csv_out_with_the_checkpoint_config(mlp_run, tmp_path, ca
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), got, rtol=1e-5, atol=1e-5)
 
 
+def test_run_output_needs_only_the_inputs_that_output_reads(mlp_run, tmp_path, capsys):
+    # an accuracy output reads the labels: asking for the logits alone must not need them
+    src = (MODELS / "mlp.flow").read_text().replace("output logits", "acc = mean(cast(eq(argmax(logits), y), f32))\n"
+                                                                      "output logits, acc")
+    (tmp_path / "m.flow").write_text(src)
+    x = digits_rows(20)
+    np.save(tmp_path / "x.npy", x)
+    args = ["run", str(tmp_path / "m.flow"), "--checkpoint", str(mlp_run), "--device", "cpu",
+            "--feed", f"x={tmp_path / 'x.npy'}"]
+    assert cli_main(args) == 1 and "missing feed for input y" in capsys.readouterr().err   # acc needs y
+    assert cli_main(args + ["--output", "logits", "--out", str(tmp_path / "o.npy")]) == 0, capsys.readouterr().err
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), reference_logits(mlp_run, x), rtol=1e-5, atol=1e-5)
+    assert cli_main(args + ["--output", "nope"]) == 1
+    assert "--output nope: not an output of mlp (outputs: logits, acc, loss)" in capsys.readouterr().err
+    sess, _ = fg.load_trained(tmp_path / "m.flow", mlp_run, device="cpu")
+    assert set(sess.predict({"x": x}, outputs=["logits"])) == {"logits"}
+    with pytest.raises(FlowError, match="'nope' is not an output of mlp"):
+        sess.predict({"x": x}, outputs=["nope"])
+
+
 def test_run_cli_set_overrides_the_checkpoint_config(mlp_run, tmp_path, capsys):
     np.save(tmp_path / "x.npy", digits_rows(3))
     rc = cli_main(["run", str(MODELS / "mlp.flow"), "--checkpoint", str(mlp_run), "--device", "cpu",

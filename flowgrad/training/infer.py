@@ -28,10 +28,12 @@ def uses_inputs(graph, nid) -> set[str]:
     return {name for name, i in graph.inputs.items() if i in ids}
 
 
-def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], set[str]]:
-    """Add zeros for inputs that only the loss needs. Returns (feeds, the
-    names of the inputs filled with zeros)."""
-    wanted = [i for i in graph.outputs.values() if i != graph.loss] or list(graph.outputs.values())
+def complete_feeds(graph, feeds: dict[str, np.ndarray], outputs=None) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Add zeros for inputs that only the loss needs (or, given `outputs`,
+    that none of those outputs needs). Returns (feeds, the names of the
+    inputs filled with zeros)."""
+    wanted = ([graph.outputs[o] for o in outputs] if outputs else
+              [i for i in graph.outputs.values() if i != graph.loss] or list(graph.outputs.values()))
     needed = set().union(*(uses_inputs(graph, i) for i in wanted)) if wanted else set()
     out, filled = dict(feeds), set()
     for name, nid in graph.inputs.items():
@@ -46,14 +48,15 @@ def complete_feeds(graph, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.nd
     return out, filled
 
 
-def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The outputs of one forward pass at the session's own batch size,
-    leaving out those that depend on an input that was not fed."""
+def run(sess, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    """The outputs of one forward pass at the session's own batch size
+    (those named in `outputs`, if given), leaving out those that depend on
+    an input that was not fed."""
     graph = sess.graph
-    full, filled = complete_feeds(graph, feeds)
+    full, filled = complete_feeds(graph, feeds, outputs)
     res = sess.step(full, grads=False)
     return {name: value for name, value in res.outputs.items()
-            if not uses_inputs(graph, graph.outputs[name]) & filled}
+            if (not outputs or name in outputs) and not uses_inputs(graph, graph.outputs[name]) & filled}
 
 
 def batch_size(graph) -> int | None:
@@ -123,8 +126,14 @@ class Predictor:
             self.sized[n] = type(sess)(model, graph, plan, dev, sess.params)
         return self.sized[n]
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         graph = self.sess.graph
+        if outputs is not None:
+            outputs = [outputs] if isinstance(outputs, str) else list(outputs)
+            unknown = [o for o in outputs if not isinstance(o, str) or o not in graph.outputs]
+            if unknown:
+                raise FlowError(f"{unknown[0]!r} is not an output of {graph.name} "
+                                f"(outputs: {', '.join(graph.outputs)})")
         for name, a in feeds.items():
             t = graph.nodes[graph.inputs[name]].type if name in graph.inputs else None
             if t is not None and np.ndim(a) != len(t.shape):   # else a chunk of it would be named below
@@ -134,7 +143,7 @@ class Predictor:
         if n == 0:
             raise FlowError("feeds have no rows")
         b = batch_size(graph)
-        chunked = b is not None and n > b and self._batch_major(feeds)
+        chunked = b is not None and n > b and self._batch_major(feeds, outputs)
         sizes = [b] * (n // b) + ([n % b] if n % b else []) if chunked else [n]
         params = self.sess.params
         parts, start = [], 0
@@ -143,14 +152,14 @@ class Predictor:
             if sess is not self.sess:
                 sess.runner.set_params(params)
             chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
-            parts.append(run(sess, chunk))
+            parts.append(run(sess, chunk, outputs))
             start += size
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
-    def _batch_major(self, feeds) -> bool:
+    def _batch_major(self, feeds, outputs=None) -> bool:
         graph, b = self.sess.graph, batch_size(self.sess.graph)
-        _, filled = complete_feeds(graph, {k: v for k, v in feeds.items() if k in graph.inputs})
+        _, filled = complete_feeds(graph, {k: v for k, v in feeds.items() if k in graph.inputs}, outputs)
         return all(graph.nodes[i].shape[:1] == (b,) for name, i in graph.outputs.items()
-                   if not uses_inputs(graph, i) & filled)
+                   if (not outputs or name in outputs) and not uses_inputs(graph, i) & filled)
