@@ -12,23 +12,44 @@ from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import Graph
 
 
-def _fans(shape):
+def _fans(shape, conv: bool = False):
+    """(fan_in, fan_out). A matmul weight is [.., in, out] (x @ w); a
+    convolution's is [out, in/groups, *kernel], whose kernel counts in both
+    fans (as torch.nn.init computes them): its last two dims are the kernel's
+    height and width, which alone gave 3x3 kernels a fan-in of 3."""
+    if conv and len(shape) >= 3:
+        field = int(np.prod(shape[2:]))
+        return shape[1] * field, shape[0] * field
     if len(shape) < 2:
         n = shape[0] if shape else 1
         return n, n
     return shape[-2], shape[-1]
 
 
-def _xavier(rng, shape, gain=1.0):
-    fan_in, fan_out = _fans(shape)
+def _xavier(rng, shape, gain=1.0, fans=None):
+    fan_in, fan_out = fans or _fans(shape)
     limit = gain * np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, shape)
 
 
-def _kaiming(rng, shape, gain=float(np.sqrt(2.0))):
-    fan_in, _ = _fans(shape)
+def _kaiming(rng, shape, gain=float(np.sqrt(2.0)), fans=None):
+    fan_in, _ = fans or _fans(shape)
     limit = gain * np.sqrt(3.0 / fan_in)
     return rng.uniform(-limit, limit, shape)
+
+
+CONV_OPS = ("conv1d", "conv2d", "conv_transpose2d")
+
+
+def conv_weights(graph: Graph) -> set[int]:
+    """The params a convolution reads as its weight (through the casts of
+    mixed precision)."""
+    def origin(i):
+        while graph.nodes[i].op == "cast":
+            i = graph.nodes[i].inputs[0]
+        return i
+
+    return {origin(n.inputs[1]) for n in graph.nodes if n.op in CONV_OPS and len(n.inputs) > 1}
 
 
 INITIALISERS = {
@@ -36,17 +57,24 @@ INITIALISERS = {
     "ones": lambda rng, shape: np.ones(shape),
     "normal": lambda rng, shape, mean=0.0, std=1.0: rng.normal(mean, std, shape),
     "uniform": lambda rng, shape, low=0.0, high=1.0: rng.uniform(low, high, shape),
-    "xavier": _xavier,
-    "kaiming": _kaiming,
+    # `fans` is not a .flow argument (the DSL takes the arguments after (rng, shape) from these
+    # signatures): init_params passes it, from how the graph uses the param
+    "xavier": lambda rng, shape, gain=1.0: _xavier(rng, shape, gain),
+    "kaiming": lambda rng, shape, gain=float(np.sqrt(2.0)): _kaiming(rng, shape, gain),
 }
+FAN_INITIALISERS = {"xavier": _xavier, "kaiming": _kaiming}
 
 
 def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     out = {}
+    conv = conv_weights(graph)
     for name, nid in graph.params.items():
         node = graph.nodes[nid]
         init_name, kwargs = node.attrs["init"]
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        value = INITIALISERS[init_name](rng, node.shape, **kwargs)
+        if init_name in FAN_INITIALISERS:
+            value = FAN_INITIALISERS[init_name](rng, node.shape, fans=_fans(node.shape, nid in conv), **kwargs)
+        else:
+            value = INITIALISERS[init_name](rng, node.shape, **kwargs)
         out[name] = np.asarray(value, dtype=NUMPY_DTYPE[node.dtype])
     return out

@@ -143,6 +143,31 @@ param g: f32[3] = normal(0.0, 2)
     assert [inits[k][0] for k in "abef"] == ["zeros", "ones", "xavier", "kaiming"]
 
 
+def test_xavier_and_kaiming_count_a_convolution_kernel_in_the_fans():
+    # fans as torch.nn.init computes them: a conv weight [out, in, kh, kw] has fan_in in*kh*kw,
+    # not kh (its second-to-last dim), which made kaiming() 4x too wide for 6 channels in
+    import numpy as np
+
+    from flowgrad.initializers import init_params
+
+    g = build("""
+input x: f32[2, 6, 8, 8]
+param k: f32[12, 6, 3, 3] = kaiming()
+param kx: f32[12, 6, 3, 3] = xavier()
+param t: f32[12, 5, 2, 2] = kaiming()
+param c: f32[4, 5, 3] = xavier()
+param w: f32[79, 16] = kaiming()
+h = conv_transpose2d(conv2d(x, k, padding=1) + conv2d(x, kx, padding=1), t)
+z = conv1d(reshape(h, [2, 5, 81]), c) @ w
+output z
+""")
+    p = init_params(g, 0)
+    bounds = {"k": np.sqrt(2) * np.sqrt(3 / 54), "kx": np.sqrt(6 / (54 + 108)), "t": np.sqrt(2) * np.sqrt(3 / 20),
+              "c": np.sqrt(6 / (15 + 12)), "w": np.sqrt(2) * np.sqrt(3 / 79)}
+    for name, bound in bounds.items():
+        assert bound * 0.9 < np.abs(p[name]).max() <= bound, name
+
+
 # ---------------------------------------------------------------- outputs, minimize, train
 
 def test_minimized_value_is_an_output_once():
