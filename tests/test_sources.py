@@ -99,6 +99,33 @@ def test_npz_int_tokens_with_per_token_targets(tmp_path):
     assert set(res.metrics) == {"loss", "token_accuracy"}
 
 
+def test_padding_targets_at_the_losss_ignore_index_train_and_are_not_scored(tmp_path):
+    # -100 is cross_entropy's ignore_index: a step takes it, so the data check must too
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 10, (40, 8))
+    nxt = np.roll(toks, -1, axis=1)
+    nxt[:, -3:] = -100
+    np.savez(tmp_path / "t.npz", x=toks, y=nxt)
+    m = model(TOKENS, 'data = npz("t.npz", val_fraction=0.25, test_fraction=0.25)', tmp_path)
+    res = fg.train(m, device="cpu", progress=False)
+    assert res.metric == "token_accuracy" and 0 < res.metrics["token_accuracy"]
+    ts = setup(m.graph)
+    feeds, n = next(ts.data.eval_batches("test"))
+    mask = ts.data.score_mask(feeds)
+    assert mask is not None and not mask[:, -3:].any() and mask[:, :-3].all()
+    m = model(TOKENS.replace("steps = 20", 'steps = 20\n  metric = "perplexity"'),
+              'data = npz("t.npz", val_fraction=0.25, test_fraction=0.25)', tmp_path)
+    res = fg.train(m, device="cpu", progress=False)
+    assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
+    # a negative id that is no ignore_index is still an error, with a hint that fits it
+    nxt[0, 0] = -1
+    np.savez(tmp_path / "t.npz", x=toks, y=nxt)
+    with pytest.raises(FlowError) as e:
+        setup(model(TOKENS, 'data = npz("t.npz")', tmp_path).graph)
+    assert "holds -1, but cross_entropy at" in str(e.value) and "ignore_index (-100)" in str(e.value)
+    assert "--set classes" not in str(e.value)
+
+
 def test_npz_float_targets_and_token_range(tmp_path):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 3))

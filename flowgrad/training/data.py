@@ -78,6 +78,9 @@ class Dataset:
     roles: tuple[str, ...] = ("x", "y")
     default_metric = "accuracy"
     describe = "data"
+    # target values the data holds that its loss ignores (cross_entropy's ignore_index: padding);
+    # the metric does not score them either
+    ignored: frozenset = frozenset()
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
@@ -97,7 +100,9 @@ class Dataset:
         return {"source": self.describe}
 
     def score_mask(self, feeds) -> np.ndarray | None:
-        return None
+        if not self.ignored or self.target not in feeds:
+            return None
+        return ~np.isin(feeds[self.target], sorted(self.ignored))
 
     # -- model check --------------------------------------------------------
     def bind(self, graph: Graph, span=None) -> Dataset:
@@ -171,12 +176,20 @@ class Dataset:
                             self.span)
         out = np.ascontiguousarray(arr, np.int32)
         for n, user in index_bounds:
-            lo, hi = (int(out.min()), int(out.max())) if out.size else (0, 0)
+            # a target equal to the loss's ignore_index is padding, as a step's feed check allows it
+            ignore = user.attrs.get("ignore_index")
+            kept = out if ignore is None else out[out != ignore]
+            if kept.size < out.size:
+                self.ignored = self.ignored | {ignore}
+            lo, hi = (int(kept.min()), int(kept.max())) if kept.size else (0, 0)
             if lo < 0 or hi >= n:
                 bad = lo if lo < 0 else hi
+                hint = (self.range_hint(name, hi + 1) if bad >= n else
+                        f"ids start at 0; padding takes {user.op}'s ignore_index ({ignore})" if ignore is not None
+                        else "ids start at 0")
                 raise FlowError(f"data {self.describe}: {what} holds {bad}, but {user.op} at "
                                 f"{user.span.where() if user.span else '?'} takes {name} in 0..{n - 1}", self.span,
-                                hint=self.range_hint(name, hi + 1))
+                                hint=hint)
         return out
 
     def shape_hint(self, name: str, arr) -> str | None:
