@@ -44,6 +44,8 @@ CASES = [
      ["relu() takes 1 positional argument but 2 were given"]),
     ("bad-attribute-type", "input x: f32[2, 3]\ny = softmax(x, axis=0.5)\n", None, "2:16",
      ["softmax(): argument 'axis' must be an int, got float 0.5"]),
+    ("none-attribute", "input x: f32[2, 3]\ny = gelu(x, approximate=none)\n", None, "2:13",
+     ["gelu(): argument 'approximate' must be a string, got none\n"]),
     ("tensor-as-attribute", "input x: f32[2, 3]\ny = softmax(x, axis=x)\n", None, "2:16",
      ["softmax(): argument 'axis' must be a constant, not a tensor"]),
     ("matmul-shapes", "input x: f32[2, 3]\nparam w: f32[4, 5] = xavier()\ny = x @ w\n", None, "3:5",

@@ -263,6 +263,8 @@ class Builder(Calls, Builtins):
             return f"a tensor {self.node_type(v)}"
         if isinstance(v, tuple):
             return f"{len(v)} values"
+        if v is None:
+            return "none"   # its type's name is its value: "none none" read as a typo
         return f"{type_name(v)} {show(v)}"
 
     def lookup(self, name: ast.Name, scope: Scope):
