@@ -153,7 +153,7 @@ def cmd_train(args) -> int:
     except TrainInterrupted as e:
         if getattr(e, "rank", 0) == 0:
             print(f"\n{e}", file=sys.stderr)
-        return 130
+        return 128 + e.signum   # the shell's status for a death by that signal: 130 Ctrl-C, 143 SIGTERM
     if result.rank == 0:
         print(train_summary(result))
     return 0

@@ -178,7 +178,10 @@ def test_resume_errors(tmp_path):
         fg.train(small(text), device="cpu", progress=False, out=tmp_path, resume=True)
 
 
-def test_ctrl_c_from_the_cli_saves_and_exits_130(tmp_path):
+@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "interrupted: saved step"),
+                                               (signal.SIGTERM, 143, "interrupted by SIGTERM: saved step")])
+def test_ctrl_c_or_sigterm_from_the_cli_saves_and_exits_128_plus_the_signal(tmp_path, sig, status, said):
+    """SIGTERM is what kill, docker stop and batch schedulers send before SIGKILL: it saves as Ctrl-C does."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "flowgrad.cli", "train", str(MODELS / "logreg.flow"), "--device", "cpu",
            "--steps", "1000000", "--out", str(out)]
@@ -191,12 +194,12 @@ def test_ctrl_c_from_the_cli_saves_and_exits_130(tmp_path):
             if metrics.exists() and len(metrics.read_text().splitlines()) > 20:
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted: saved step" in err and "--resume" in err and "Traceback" not in err
+    assert proc.returncode == status, err
+    assert said in err and "--resume" in err and "Traceback" not in err
     step = checkpoint.load(out / "checkpoint.safetensors").step
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert step == last["step"] > 0

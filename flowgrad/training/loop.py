@@ -5,7 +5,7 @@ optimizer, the metric and the step counts; arguments override it. Evals run
 on the validation split (the test split when there is none); the test split
 is evaluated once, at the end. Writes to the output directory:
 checkpoint.safetensors (atomically, every checkpoint_every steps, at the
-end, and on Ctrl-C), best.safetensors (at the eval with the lowest
+end, and on Ctrl-C or SIGTERM), best.safetensors (at the eval with the lowest
 validation loss), metrics.jsonl and loss.png (flowgrad.training.outputs).
 A resumed run gives the same result as an uninterrupted one: the batch of
 step s depends only on (seed, s), and the checkpoint holds the params and
@@ -56,24 +56,31 @@ class TrainResult:
 
 
 class TrainInterrupted(KeyboardInterrupt):
-    """Ctrl-C: raised after the checkpoint (if any) is saved; str() says what was kept."""
+    """Ctrl-C or SIGTERM: raised after the checkpoint (if any) is saved; str()
+    says what was kept, `signum` which signal it was."""
 
-    def __init__(self, message: str, step: int):
+    def __init__(self, message: str, step: int, signum: int = signal.SIGINT):
         super().__init__(message)
-        self.message, self.step = message, step
+        self.message, self.step, self.signum = message, step, signum
 
     def __str__(self) -> str:
         return self.message
 
 
-# -- Ctrl-C --------------------------------------------------------------------------
+# -- Ctrl-C and SIGTERM ---------------------------------------------------------------
+
+# SIGTERM is how kill, docker stop, systemd and batch schedulers (on preemption,
+# at the time limit) ask a job to end before they send SIGKILL: without a
+# handler the process dies at once and the steps since the last checkpoint are lost
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 @contextlib.contextmanager
-def deferred_sigint():
-    """Turn the first Ctrl-C into a flag the loop checks between steps, so a
-    step is never cut in half (params updated for some tensors only) before
-    the checkpoint is written. A second Ctrl-C interrupts at once."""
-    flag = {"stop": False}
+def deferred_signals():
+    """Turn the first Ctrl-C or SIGTERM into a flag the loop checks between
+    steps, so a step is never cut in half (params updated for some tensors
+    only) before the checkpoint is written. A second one interrupts at once."""
+    flag = {"stop": False, "signal": signal.SIGINT}
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
@@ -81,13 +88,15 @@ def deferred_sigint():
     def handler(signum, frame):
         if flag["stop"]:
             raise KeyboardInterrupt
-        flag["stop"] = True
+        flag["stop"], flag["signal"] = True, signum
 
-    old = signal.signal(signal.SIGINT, handler)
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, previous in old.items():
+            if previous is not None:   # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, previous)
 
 
 # -- the loop ------------------------------------------------------------------------
@@ -113,8 +122,8 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     check_every: data-parallel runs (started by mpiexec): steps between checks
         that every rank holds the same params (default: eval_every).
 
-    Returns a TrainResult. Ctrl-C finishes the current step, saves a
-    checkpoint and raises TrainInterrupted."""
+    Returns a TrainResult. Ctrl-C or SIGTERM finishes the current step, saves
+    a checkpoint and raises TrainInterrupted."""
     from flowgrad.api import Model, load
 
     if not isinstance(model, Model):
@@ -209,7 +218,7 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
     bar = Progress(ts.steps, start, graph.name, progress)
     t0 = time.perf_counter()
     try:
-        with deferred_sigint() as stop:
+        with deferred_signals() as stop:
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 scaler = sess.loss_scaler
@@ -249,7 +258,8 @@ def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, che
                     break
     except KeyboardInterrupt:
         bar.close()
-        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config) from None
+        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config,
+                           stop["signal"]) from None
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
@@ -311,17 +321,18 @@ def _save(sess, ts, path, step, config):
                     checkpoint.with_loss_scale(ts.optimizer.describe(), sess), data=ts.data.meta())
 
 
-def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config) -> TrainInterrupted:
+def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config, signum) -> TrainInterrupted:
+    what = "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
     if ckpt_path is None:
-        return TrainInterrupted(f"interrupted at step {step}; nothing saved (no output directory)", step)
+        return TrainInterrupted(f"{what} at step {step}; nothing saved (no output directory)", step, signum)
     if in_step:
-        return TrainInterrupted(f"interrupted inside step {step + 1}: kept the last checkpoint in {ckpt_path}; "
-                                "continue with --resume", step)
+        return TrainInterrupted(f"{what} inside step {step + 1}: kept the last checkpoint in {ckpt_path}; "
+                                "continue with --resume", step, signum)
     _save(sess, ts, ckpt_path, step, config)
     if history:
         plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
              ts.eval_split)
-    return TrainInterrupted(f"interrupted: saved step {step} to {ckpt_path}; continue with --resume", step)
+    return TrainInterrupted(f"{what}: saved step {step} to {ckpt_path}; continue with --resume", step, signum)
 
 
 def _record(step: int, loss, optimizer) -> dict:
