@@ -167,6 +167,27 @@ def test_unwritable_output_directory_is_a_flow_error(tmp_path):
         fg.train(small(), steps=2, device="cpu", progress=False, out=tmp_path / "file" / "run")
 
 
+def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
+    """Two runs in one directory interleaved metrics.jsonl, replaced each other's checkpoints and deleted
+    each other's temp files, and both reported success."""
+    refused = []
+
+    def callback(step, rec):
+        if step == 3:
+            for kw in ({"overwrite": True}, {"resume": True}):
+                with pytest.raises(FlowError, match="in use by another training run"):
+                    fg.train(small(), steps=5, device="cpu", progress=False, out=tmp_path, **kw)
+            refused.append(step)
+
+    fg.train(small(), device="cpu", progress=False, out=tmp_path, callback=callback)
+    assert refused == [3]
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()[1:]]
+    assert [r["step"] for r in records] == list(range(1, 41))
+    assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 40
+    fg.train(small(), steps=50, device="cpu", progress=False, out=tmp_path, resume=True)   # free once it ended
+    assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 50
+
+
 def test_resume_errors(tmp_path):
     with pytest.raises(FlowError, match="nothing to resume"):
         fg.train(small(), device="cpu", progress=False, out=tmp_path, resume=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -178,15 +179,50 @@ def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, ch
 
 def _train(sess, ts, out, resume, overwrite, progress, callback, world=None, check_every=0,
            config=None) -> TrainResult:
+    """`_run`, holding the output directory for the whole run."""
+    out = Path(out) if out is not None else None
+    with _only_run_in(out):
+        return _run(sess, ts, out, resume, overwrite, progress, callback, world, check_every, config)
+
+
+@contextlib.contextmanager
+def _only_run_in(out: Path | None):
+    """An exclusive lock on the output directory while a run writes it. Two
+    runs in one directory interleave their metrics.jsonl lines, replace each
+    other's checkpoints and remove each other's half-written temp files, and
+    each reports success. flock on the directory itself: no lock file to
+    leave behind, and the kernel lets go when the process ends, however it ends."""
+    if out is None:
+        yield
+        return
+    if out.exists() and not out.is_dir():
+        raise FlowError(f"cannot write the run into {str(out)!r}: it is a file, not a directory")
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FlowError(f"{out} is in use by another training run, which writes its checkpoints and "
+                            "metrics there", hint="wait until it ends, or choose another --out") from None
+        except (ImportError, OSError):
+            pass   # no flock here (Windows, some network file systems): run without the lock
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check_every=0,
+         config=None) -> TrainResult:
     """config: what the checkpoint and metrics.jsonl record (default the model's;
     a data-parallel run records its global batch). With a `world`, every rank
     runs this loop on its shard of each batch; evals give every rank the
     numbers of one process, so best and early stop are decided alike."""
     graph = sess.graph
     config = graph.config if config is None else config
-    out = Path(out) if out is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise FlowError(f"cannot write the run into {str(out)!r}: it is a file, not a directory")
     ckpt_path = out / checkpoint.FILENAME if out is not None else None
     log = MetricsLog(out / "metrics.jsonl" if out is not None else None)
     header = {"model": graph.name, "metric": ts.metric.name, "eval_split": ts.eval_split, "config": config,
