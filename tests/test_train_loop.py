@@ -197,6 +197,10 @@ def test_resume_errors(tmp_path):
     text = SMALL_MLP.replace("adamw(lr=3e-3, schedule=\"cosine\", warmup=5, clip=1.0)", "sgd(lr=0.1, momentum=0.9)")
     with pytest.raises(FlowError, match="trained with optimizer adamw, not sgd"):
         fg.train(small(text), device="cpu", progress=False, out=tmp_path, resume=True)
+    before = (tmp_path / "checkpoint.safetensors").read_bytes()
+    with pytest.raises(FlowError, match="resume and overwrite contradict each other"):   # not: resume, ignoring overwrite
+        fg.train(small(), device="cpu", progress=False, out=tmp_path, resume=True, overwrite=True)
+    assert (tmp_path / "checkpoint.safetensors").read_bytes() == before
 
 
 @pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "interrupted: saved step"),

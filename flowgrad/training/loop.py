@@ -127,6 +127,9 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     a checkpoint and raises TrainInterrupted."""
     from flowgrad.api import Model, load
 
+    if resume and overwrite:   # one of them would be ignored, silently
+        raise FlowError("resume and overwrite contradict each other: --resume continues the run in --out, "
+                        "--overwrite starts a new one over it; pass one of them")
     if not isinstance(model, Model):
         model = load(model)
     world = _join()
