@@ -136,6 +136,39 @@ def test_npz_errors(tmp_path, kwargs, message):
     assert message in str(e.value) and str(e.value).startswith("m.flow:27:10:")
 
 
+def _damaged_archives(tmp_path):
+    """Three .npz files np.load opens as zip archives and cannot read: cut
+    short, a flipped byte in a stored member (its CRC fails), a damaged
+    deflate stream."""
+    x = np.random.default_rng(0).random((40, 2))
+    np.savez(tmp_path / "good.npz", x=x, y=np.zeros(40, np.int64))
+    good = (tmp_path / "good.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(good[:len(good) // 2])
+    flipped = bytearray(good)
+    flipped[len(good) // 4] ^= 1
+    (tmp_path / "crc.npz").write_bytes(bytes(flipped))
+    np.savez_compressed(tmp_path / "packed.npz", x=x, y=np.zeros(40, np.int64))
+    packed = bytearray((tmp_path / "packed.npz").read_bytes())
+    for i in range(200, 260):
+        packed[i] ^= 0x5A
+    (tmp_path / "deflate.npz").write_bytes(bytes(packed))
+    return ["cut.npz", "crc.npz", "deflate.npz"]
+
+
+def test_a_damaged_npz_is_a_flow_error_not_a_traceback(tmp_path):
+    from flowgrad.training.arrayfiles import parse_feeds
+
+    for name in _damaged_archives(tmp_path):
+        with pytest.raises(FlowError, match=f"cannot read .*{name}") as e:
+            make_data(call("npz", path=name), SPAN, base_dir=tmp_path)
+        assert str(e.value).startswith("m.flow:27:10:")
+        with pytest.raises(FlowError, match=name):   # np.load takes any zip for an npz
+            make_data(call("npy", x=name), SPAN, base_dir=tmp_path)
+        for feed in (str(tmp_path / name), f"x={tmp_path / name}"):   # flowgrad run --feed
+            with pytest.raises(FlowError, match=f"--feed.*cannot read .*{name}"):
+                parse_feeds([feed])
+
+
 def test_reverse_layout():
     d = make_data(call("reverse", seq=8, vocab=8, test=20), SPAN, seed=0)
     d.bind(model_graph(tokens=("i32", (5, 8)), targets=("i32", (5, 8))))

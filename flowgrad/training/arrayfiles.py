@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import csv
 import io
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from flowgrad.errors import FlowError
+
+# np.load reads a file that starts as a zip archive as an .npz: one cut short
+# or damaged raises zipfile's and zlib's own errors, which are no OSError or
+# ValueError, when it opens or when an array is read from it
+UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
 def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
@@ -70,7 +77,7 @@ def read_npz(file, what: str, span=None, other: str = "", missing_hint=None) -> 
     try:
         with f:
             return {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError) as e:   # a member's bytes are read only here
+    except UNREADABLE as e:   # a member's bytes are read only here
         raise FlowError(f"{what}: cannot read {str(file)!r} as .npz: {e}", span) from None
 
 
@@ -79,7 +86,7 @@ def _load(file, what, kind, span, missing_hint):
         return np.load(file, allow_pickle=False)
     except FileNotFoundError:
         raise FlowError(f"{what}: no such file {str(file)!r}", span, hint=missing_hint) from None
-    except (OSError, ValueError, EOFError) as e:
+    except UNREADABLE as e:
         raise FlowError(f"{what}: cannot read {str(file)!r} as {kind}: {e}", span) from None
 
 
