@@ -153,6 +153,26 @@ def test_a_fresh_run_does_not_replace_a_checkpoint(tmp_path):
     assert checkpoint.load(tmp_path / "checkpoint.safetensors").step == 3
 
 
+def test_an_overwriting_run_that_fails_leaves_none_of_the_earlier_runs_files(tmp_path):
+    """Else its old checkpoint sat beside the new metrics.jsonl, and --resume carried the dead run's records."""
+    fg.train(small(), steps=10, device="cpu", progress=False, out=tmp_path)
+    with pytest.raises(ZeroDivisionError):
+        fg.train(small(), steps=10, device="cpu", progress=False, out=tmp_path, overwrite=True,
+                 callback=stop_at(2, ZeroDivisionError))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    with pytest.raises(FlowError, match="nothing to resume"):
+        fg.train(small(), steps=10, device="cpu", progress=False, out=tmp_path, resume=True)
+
+
+def test_resume_warns_of_records_missing_before_the_checkpoint(tmp_path):
+    fg.train(small(), steps=10, device="cpu", progress=False, out=tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines[:-1] + [lines[-1][:7]]) + "\n")   # step 10's record cut short
+    with pytest.warns(fg.FlowWarning, match="holds no record of 1 of the checkpoint's 10 steps"):
+        fg.train(small(), steps=12, device="cpu", progress=False, out=tmp_path, resume=True)
+
+
 def test_a_run_is_not_written_into_a_file(tmp_path):
     target = tmp_path / "afile"
     target.write_text("keep me")

@@ -240,9 +240,13 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
         if ckpt_path is not None and ckpt_path.exists() and not overwrite:
             raise FlowError(f"{out} already holds a checkpoint: resume that run (--resume; resume=True from "
                             "Python), start again over it (--overwrite; overwrite=True), or choose another --out")
-        log.start(header)
         if out is not None:
-            (out / BEST_FILENAME).unlink(missing_ok=True)  # a best of an earlier run would mislead
+            # the earlier run's files go before the new one writes: one kept beside the new
+            # metrics.jsonl (the new run failing before its first checkpoint) would mislead, or be resumed
+            for name in (checkpoint.FILENAME, BEST_FILENAME, "loss.png"):
+                with writing(out / name):
+                    (out / name).unlink(missing_ok=True)
+        log.start(header)
     if world is not None:
         start = world.sync_from_root(sess.runner)   # rank 0's params (and resumed state) everywhere
         history = world.share(history, "the broadcast of the resumed history")   # for best and early stop

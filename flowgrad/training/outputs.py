@@ -40,6 +40,11 @@ class MetricsLog:
                     continue  # a line cut short by a kill
                 if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
                     kept.append(rec)
+        missing = step - len({r["step"] for r in kept})
+        if missing > 0:   # a copy or a crash lost them (the file is not fsynced per line as checkpoints are)
+            warnings.warn(f"{self.path} holds no record of {missing} of the checkpoint's {step} steps: the "
+                          "resumed run's history, plot, best checkpoint and early stop go without them",
+                          FlowWarning, stacklevel=2)
         lines = [json.dumps({"version": METRICS_VERSION, **header}, default=str)] + [json.dumps(r) for r in kept]
         with writing(self.path):
             checkpoint.write_atomic(self.path, ("\n".join(lines) + "\n").encode())
