@@ -231,6 +231,18 @@ def test_text_source_windows_and_vocab(tmp_path):
     assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
 
 
+
+def test_text_lines_eval_loss_is_the_mean_over_scored_tokens(tmp_path):
+    """Lines of different lengths pad their rows differently: the loss (a mean over each batch's
+    scored targets) weighted by rows disagreed with the perplexity (2.6842 against log 2.6888)."""
+    lines = ["a quick line", "no", "the lazy dog sleeps all day long", "x y", "brown fox"] * 12
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    vocab = len(set("\n".join(lines) + "\n"))
+    m = model(TOKENS, 'data = text("t.txt", seq=seq, rows="lines", val_fraction=0.2, test_fraction=0.2)',
+              tmp_path, vocab=vocab)
+    res = fg.train(m, device="cpu", progress=False)
+    assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
+
 # -- metrics against hand computations ---------------------------------------------
 
 def test_metrics_by_hand():

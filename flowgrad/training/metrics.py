@@ -137,7 +137,7 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
     from flowgrad.training.infer import FixedBatchError
 
     loss_name = next((n for n, i in sess.graph.outputs.items() if i == sess.graph.loss), None)
-    loss_sum, rows, total, count = 0.0, 0, 0.0, 0.0
+    loss_sum, weights, rows, total, count = 0.0, 0, 0, 0.0, 0.0
     for feeds, n_valid in data.eval_batches(split):
         valid = {f: a[:n_valid] for f, a in feeds.items()}
         outputs = None
@@ -149,15 +149,19 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
         if outputs is None:
             res = sess.step(feeds, grads=False)
             outputs = {k: v[:n_valid] if np.ndim(v) else v for k, v in res.outputs.items()}
-        if loss_name in outputs:
-            loss_sum += float(outputs[loss_name]) * n_valid
+        mask = data.score_mask(valid)
+        # a loss over padded targets is a mean over the scored ones: weighted by their count, the
+        # split's loss is the mean over all its scored targets (log of its perplexity), not over rows
+        weight = n_valid if mask is None else int(np.count_nonzero(mask))
+        if loss_name in outputs and weight:
+            loss_sum, weights = loss_sum + float(outputs[loss_name]) * weight, weights + weight
         rows += n_valid
         if metric.output is not None:
-            t, c = metric.sums(outputs[metric.output][:n_valid], valid[metric.target], data.score_mask(valid))
+            t, c = metric.sums(outputs[metric.output][:n_valid], valid[metric.target], mask)
             total, count = total + t, count + c
     if rows == 0:
         return {}
-    out = {"loss": loss_sum / rows}
+    out = {"loss": loss_sum / weights if weights else float("nan")}
     if metric.output is not None and count:
         out[metric.name] = metric.finish(total / count)
     return out
