@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import env_with_path
+
+import flowgrad as fg
 
 from flowgrad.cli import build_parser, main as cli_main
 
@@ -123,6 +126,20 @@ def test_bench_reports_each_phase(vk_device):
                                                  "compiling the closures path",
                                                  "timing the closures path, gradients to the host",
                                                  "timing the graph path, Adam on the device, again"]
+
+
+def test_bench_feeds_come_from_the_models_own_data_when_it_fits():
+    """A model that computes indices from its float inputs cannot step on random floats."""
+    from flowgrad.exec_vulkan.bench import bench_feeds
+
+    graph = fg.load(ROOT / "models" / "mlp.flow").build()
+    feeds, source = bench_feeds(graph)
+    assert source == "the first training batch of digits()" and feeds["x"].shape == (64, 64)
+    assert feeds["x"].min() >= 0 and set(np.unique(feeds["y"])) <= set(range(10))   # digits' rows, not N(0, 1)
+    bare = fg.loads("model bare\ninput x: f32[2, 3]\nparam w: f32[3] = ones()\nloss = sum(x @ w)\nminimize loss\n")
+    feeds, source = bench_feeds(bare.build())
+    assert source.startswith("random (the model's own data does not fit: bare has no data to train on")
+    assert feeds["x"].shape == (2, 3)
 
 
 def test_bench_warns_when_the_device_speed_changed_during_the_run():

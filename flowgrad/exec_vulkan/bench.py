@@ -47,6 +47,20 @@ def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
     return random_feeds(graph, seed, high)
 
 
+def bench_feeds(graph) -> tuple[dict[str, np.ndarray], str]:
+    """(feeds, where they come from): the first training batch of the
+    model's own data where its train section has data that fits it (a model
+    that computes indices from its inputs needs real rows: random floats
+    cast to i32 fall outside an embedding), else random feeds."""
+    from flowgrad.training.section import setup
+
+    try:
+        data = setup(graph, steps=1).data   # the data alone matters here, not how long it trains
+        return data.train_batch(0), f"the first training batch of {data.describe}"
+    except FlowError as e:
+        return feeds_for(graph), f"random (the model's own data does not fit: {e.message})"
+
+
 # A phase's first steps can run slow for a while: a GPU that idled starts at
 # its idle clock (on the H200 a mixed-precision gpt_small step took 33 ms for
 # the first few hundred milliseconds of work, then 8 ms), and a bench started
@@ -235,7 +249,7 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
     if graph_sess.device is None:
         raise FlowError(f"bench needs a Vulkan device; device={device!r} gave none")
-    feeds = feeds_for(graph_sess.graph)
+    feeds, source = bench_feeds(graph_sess.graph)
     phase(f"timing the graph path, Adam on the device ({repeats} steps after {WARMUP})")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
     phase(f"timing the graph path, gradients to the host ({repeats} steps after {WARMUP})")
@@ -250,7 +264,7 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
          "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
          "graph": {"seconds": g_time, **g_traffic}, "graph_grads": {"seconds": r_time, **r_traffic},
          "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time,
-         "fence_poll_us": spin_ns(graph_sess.device) // 1000}
+         "fence_poll_us": spin_ns(graph_sess.device) // 1000, "feeds": source}
     if compare == "torch":
         r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
     phase(f"timing the graph path, Adam on the device, again ({repeats} steps after {WARMUP})")
@@ -294,6 +308,8 @@ def report(r: dict) -> str:
     poll = r.get("fence_poll_us")
     lines.append("(host ms: the step's time outside its fence waits" +
                  (f"; each wait polls the fence for up to {poll} us, then blocks)" if poll else "; each wait blocks)"))
+    if "feeds" in r:
+        lines.append(f"feeds: {r['feeds']}")
     if "grads_cost" in r:
         lines.append(f"graph, gradients to the host / Adam on the device: {r['grads_cost']:.2f}x")
     lines.append(f"closures / graph (both returning the gradients): {r['ratio']:.2f}x")
