@@ -164,3 +164,17 @@ def test_predict_names_the_feed_it_was_given_when_its_rank_is_wrong():
     sess = fg.load(MODELS / "mlp.flow", {"batch": 4, "hidden": 8}).compile(device="cpu")
     with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[64\], but input x is f32\[4,64\]"):
         sess.predict({"x": np.ones(64, np.float32)})
+
+
+def test_a_bad_feed_csv_names_the_line(tmp_path):
+    from flowgrad.training.arrayfiles import read_array
+
+    path = tmp_path / "x.csv"
+    path.write_text("a,b\n1,2\n\n3,oops\n")
+    with pytest.raises(fg.FlowError, match=rf"--feed x: {path}:4: 'oops' is not a number"):
+        read_array(str(path), "--feed x")
+    path.write_text("a,b\n1,2\n3\n")
+    with pytest.raises(fg.FlowError, match=rf"--feed x: {path}:3: 1 cells, where the first row has 2"):
+        read_array(str(path), "--feed x")
+    path.write_text("a,b\n1,2\n3,4.5\n")
+    np.testing.assert_array_equal(read_array(str(path), "--feed x"), [[1, 2], [3, 4.5]])

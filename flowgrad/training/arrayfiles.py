@@ -93,19 +93,25 @@ def _load(file, what, kind, span, missing_hint):
 def read_csv_numbers(file: str, what: str) -> np.ndarray:
     try:
         with open(file, newline="", encoding="utf-8-sig") as f:
-            rows = [r for r in csv.reader(f) if r]
+            reader = csv.reader(f)
+            rows = [(reader.line_num, r) for r in reader if r]
     except FileNotFoundError:
         raise FlowError(f"{what}: no such file {file!r}") from None
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise FlowError(f"{what}: cannot read {file!r} as CSV: {e}") from None
-    if rows and not all(is_number(c) for c in rows[0]):
+    if rows and not all(is_number(c) for c in rows[0][1]):
         rows = rows[1:]  # a header
     if not rows:
         raise FlowError(f"{what}: {file!r} has no rows of numbers")
-    try:
-        return np.array([[float(c) for c in r] for r in rows])
-    except ValueError as e:
-        raise FlowError(f"{what}: {file!r}: {e} (every cell after the header must be a number)") from None
+    width = len(rows[0][1])
+    for line, r in rows:
+        bad = next((c for c in r if not is_number(c)), None)
+        if bad is not None:
+            raise FlowError(f"{what}: {file}:{line}: {bad!r} is not a number (every cell after the header "
+                            "must be one)")
+        if len(r) != width:
+            raise FlowError(f"{what}: {file}:{line}: {len(r)} cells, where the first row has {width}")
+    return np.array([[float(c) for c in r] for _, r in rows])
 
 
 def is_number(cell: str) -> bool:
