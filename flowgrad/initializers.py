@@ -26,15 +26,14 @@ def _fans(shape, conv: bool = False):
     return shape[-2], shape[-1]
 
 
-def _xavier(rng, shape, gain=1.0, fans=None):
-    fan_in, fan_out = fans or _fans(shape)
+def _xavier(rng, shape, fans, gain=1.0):
+    fan_in, fan_out = fans
     limit = gain * np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, shape)
 
 
-def _kaiming(rng, shape, gain=float(np.sqrt(2.0)), fans=None):
-    fan_in, _ = fans or _fans(shape)
-    limit = gain * np.sqrt(3.0 / fan_in)
+def _kaiming(rng, shape, fans, gain=float(np.sqrt(2.0))):
+    limit = gain * np.sqrt(3.0 / fans[0])
     return rng.uniform(-limit, limit, shape)
 
 
@@ -52,17 +51,15 @@ def conv_weights(graph: Graph) -> set[int]:
     return {origin(n.inputs[1]) for n in graph.nodes if n.op in CONV_OPS and len(n.inputs) > 1}
 
 
+# (rng, shape, fans, arguments a .flow file may give): fans come from how the graph uses the param
 INITIALISERS = {
-    "zeros": lambda rng, shape: np.zeros(shape),
-    "ones": lambda rng, shape: np.ones(shape),
-    "normal": lambda rng, shape, mean=0.0, std=1.0: rng.normal(mean, std, shape),
-    "uniform": lambda rng, shape, low=0.0, high=1.0: rng.uniform(low, high, shape),
-    # `fans` is not a .flow argument (the DSL takes the arguments after (rng, shape) from these
-    # signatures): init_params passes it, from how the graph uses the param
-    "xavier": lambda rng, shape, gain=1.0: _xavier(rng, shape, gain),
-    "kaiming": lambda rng, shape, gain=float(np.sqrt(2.0)): _kaiming(rng, shape, gain),
+    "zeros": lambda rng, shape, fans: np.zeros(shape),
+    "ones": lambda rng, shape, fans: np.ones(shape),
+    "normal": lambda rng, shape, fans, mean=0.0, std=1.0: rng.normal(mean, std, shape),
+    "uniform": lambda rng, shape, fans, low=0.0, high=1.0: rng.uniform(low, high, shape),
+    "xavier": _xavier,
+    "kaiming": _kaiming,
 }
-FAN_INITIALISERS = {"xavier": _xavier, "kaiming": _kaiming}
 
 
 def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
@@ -72,9 +69,6 @@ def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         node = graph.nodes[nid]
         init_name, kwargs = node.attrs["init"]
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        if init_name in FAN_INITIALISERS:
-            value = FAN_INITIALISERS[init_name](rng, node.shape, fans=_fans(node.shape, nid in conv), **kwargs)
-        else:
-            value = INITIALISERS[init_name](rng, node.shape, **kwargs)
+        value = INITIALISERS[init_name](rng, node.shape, _fans(node.shape, nid in conv), **kwargs)
         out[name] = np.asarray(value, dtype=NUMPY_DTYPE[node.dtype])
     return out

@@ -34,7 +34,7 @@ class Calls:
         if fn is None:
             raise self.error(f"unknown initialiser {call.func!r}{suggest(call.func, INITIALISERS)}", call.func_pos,
                              scope, hint=f"initialisers: {', '.join(f'{n}()' for n in INITIALISERS)}")
-        names = list(inspect.signature(fn).parameters)[2:]  # after (rng, shape)
+        names = list(inspect.signature(fn).parameters)[3:]  # after (rng, shape, fans)
         try:
             given = Signature([(n, None) for n in names]).bind(call.args, {k.name: k.value for k in call.kwargs})
         except BindError as err:
