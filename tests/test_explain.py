@@ -160,3 +160,28 @@ def test_explain_shows_state_as_state():
     text = str(fg.load(ROOT / "models" / "cnn.flow").compile(device="cpu").explain())
     assert re.search(r"= state conv_bn\.0\.running_mean init=zeros", text)
     assert re.search(r"= param conv_bn\.0\.w init=normal", text)
+
+
+WIDE_HEADS_MODEL = """
+model wide
+input x: f32[4, 600]
+input y: f32[4, 600]
+param w: f32[600, 600] = normal(std=0.01)
+h = x @ w
+a = attention(h, h, h, heads=2)
+loss = mse_loss(a, y)
+minimize loss
+"""
+
+
+def test_explain_shows_a_limit_refusal_instead_of_failing_to_count_it(capsys):
+    """A head width past the attention kernels' is a `limit` refusal: explain
+    lists it and leaves the graph plan's counts null, as for a node without a
+    lowering, rather than failing while counting the graph path's dispatches."""
+    data = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="cpu").explain().to_dict()
+    jsonschema.validate(data, SCHEMA)
+    assert [(r["code"], r["node"]) for r in data["refusals"] if r["node"]] == [("limit", "a")]
+    plan = data["graph_plan"]
+    assert plan["uncounted_nodes"] == ["a"] and plan["dispatches"] is None and plan["memory"] is None
+    text = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="cpu").explain().text()
+    assert "not planned: 1 node(s) it can't record" in text and "[limit] a = attention   wide.flow:7:5" in text

@@ -191,13 +191,24 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
     Nodes that have no lowering can't be counted: they are listed as refused."""
     from flowgrad.exec_vulkan import count_dispatches
 
+    from flowgrad.errors import FlowError
+
     uncountable = [r.node.label for r in plan.refusals if r.node is not None and r.code in
                    ("no-op-record", "no-lowering")]
+    counts = None
+    if not uncountable:
+        try:
+            counts = count_dispatches(graph, plan)
+        except (FlowError, ValueError):
+            # a lowering that refuses its node's shapes (a `limit` refusal) can't be recorded to
+            # count it either; explain must still show the plan and that refusal
+            uncountable = [r.node.label for r in plan.refusals if r.node is not None and r.code == "limit"]
+            if not uncountable:
+                raise
     out = {"chosen": plan.path == "graph", "uncounted_nodes": uncountable}
     if uncountable:
         out.update(dispatches=None, submits=None, transfers_in=None, transfers_out=None, memory=None)
         return out
-    counts = count_dispatches(graph, plan)
     mem = plan.memory
     out.update(
         submits=1,
@@ -318,7 +329,7 @@ def render_plans(d: dict) -> list[str]:
     g_title = "graph (chosen)" if g["chosen"] else "graph (refused)"
     c_title = "closures (chosen)" if c["chosen"] else "closures"
     if g["dispatches"] is None:
-        g_disp = g_io = g_mem = g_kmem = f"not planned: {len(g['uncounted_nodes'])} node(s) without a lowering"
+        g_disp = g_io = g_mem = g_kmem = f"not planned: {len(g['uncounted_nodes'])} node(s) it can't record"
     else:
         g_disp = f"1 submit / {g['dispatches']} dispatches"
         g_io = f"{g['transfers_in']} in, {g['transfers_out']} out"
