@@ -185,3 +185,28 @@ def test_explain_shows_a_limit_refusal_instead_of_failing_to_count_it(capsys):
     assert plan["uncounted_nodes"] == ["a"] and plan["dispatches"] is None and plan["memory"] is None
     text = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="cpu").explain().text()
     assert "not planned: 1 node(s) it can't record" in text and "[limit] a = attention   wide.flow:7:5" in text
+
+
+def planned_for(info, name="tiny_gpt", **config):
+    from flowgrad.planner import make_plan
+
+    return make_plan(fg.load(f"models/{name}.flow", config).build(), info)
+
+
+def generic_gpu(name="Generic GPU"):
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
+
+    return DeviceInfo(0, name, "discrete", 8 << 30, True, False)
+
+
+def test_node_kernels_are_listed_in_dispatch_order():
+    """A product ending in an activation computes dh = g * act'(h) first, from
+    the h its forward kept, then the product's backward; layernorm's
+    backward zeroes its counters at the recording's head, which must not
+    move its forward kernel into the backward's list."""
+    plan = planned_for(generic_gpu(), layers=1, d=16, heads=2, batch=2, seq=8)
+    by_name = {n.label: n.id for n in plan.graph.nodes}
+    gelu = plan.kernels[by_name["decoder.0.m"]]
+    assert gelu["forward"] == ["matmul_64x64_k16"]
+    assert gelu["backward"] == ["fused_map", "matmul_64x64_k16", "map_reduce"]
+    assert plan.kernels[by_name["decoder.0.h"]] == {"forward": ["norm"], "backward": ["norm"]}

@@ -144,8 +144,9 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.recorder import BufView, Dispatch, FakeBuffer, Recorder
 
-    def shaders(rec):
-        return list(dict.fromkeys(c.shader for c in rec.commands if isinstance(c, Dispatch)))
+    def shaders(rec, direction):
+        return list(dict.fromkeys(c.shader for c in rec.commands if isinstance(c, Dispatch)
+                                  and c.label[1] == direction))
 
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
@@ -156,12 +157,16 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     dry = DryLimits(device) if device is not None else None
     try:
         low = lowering_for(node.op)
-        fwd, bwd = Recorder(dry), Recorder(dry)
-        low.forward(fwd, node, ins, out)
+        # one recorder for both directions, as a step records them: a backward finds what its
+        # forward kept (an epilogue's pre-activation) instead of recomputing it
+        rec = Recorder(dry)
+        with rec.section(node.label, "forward"):
+            low.forward(rec, node, ins, out)
         if backward:
-            low.backward(bwd, node, view(node.type), ins, out, grads)
+            with rec.section(node.label, "backward"):
+                low.backward(rec, node, view(node.type), ins, out, grads)
         if device is not None and kernels is not None:
-            kernels[node.id] = {"forward": shaders(fwd), "backward": shaders(bwd)}
+            kernels[node.id] = {"forward": shaders(rec, "forward"), "backward": shaders(rec, "backward")}
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
