@@ -210,3 +210,16 @@ def test_node_kernels_are_listed_in_dispatch_order():
     assert gelu["forward"] == ["matmul_64x64_k16"]
     assert gelu["backward"] == ["fused_map", "matmul_64x64_k16", "map_reduce"]
     assert plan.kernels[by_name["decoder.0.h"]] == {"forward": ["norm"], "backward": ["norm"]}
+
+
+def test_dispatch_count_follows_the_planned_devices_kernels():
+    """The graph plan's dispatches are counted with the kernels the planned
+    device runs: on NVIDIA the GEMM's store declines relu, which then runs
+    as a pass of its own after the product (as the node's kernels say)."""
+    from flowgrad.planner.explain import graph_plan_dict
+
+    generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(generic_gpu("NVIDIA H100 80GB HBM3"), "mlp")
+    h = {n.label: n.id for n in nvidia.graph.nodes}["h"]
+    assert "fused_map" in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
+    ours, theirs = graph_plan_dict(nvidia.graph, nvidia), graph_plan_dict(generic.graph, generic)
+    assert ours["dispatches_forward"] == theirs["dispatches_forward"] + 1
