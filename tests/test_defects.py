@@ -67,8 +67,8 @@ def test_f16_broadcast_gradient_is_summed_in_f32_on_numpy():
 
 # ---------------------------------------------------------------- user ops
 
-USER = "input x: f32[4, 3]\ny = {op}(x)\nloss = sum(y * y)\noutput y\nminimize loss\n"
-X = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+# the op reads a param, so that its vjp runs: a backward differentiates only what a param reaches
+USER = "param x: f32[4, 3] = ones()\ny = {op}(x)\nloss = sum(y * y)\noutput y\nminimize loss\n"
 
 
 def user_model(name, **kw):
@@ -99,7 +99,7 @@ def user_path(request):
 def test_user_op_failures_name_the_op_and_the_line(user_path, kw, words):
     sess = compile_on(user_model("probe_twice", **kw), *user_path)
     with pytest.raises(fg.FlowError) as e:
-        sess.step({"x": X})
+        sess.step({})
     assert "probe_twice" in e.value.message and words in e.value.message, str(e.value)
     assert e.value.span.where() == "user.flow:2:5", str(e.value)
 
@@ -210,3 +210,35 @@ def test_one_nan_in_the_input_makes_the_loss_nan_on_every_path(path, name):
     with np.errstate(all="ignore"):
         r = compile_on(model, *path).step(feeds)
     assert np.isnan(r.loss), r.loss     # GLSL's max dropped the NaN: the loss looked finite
+
+
+INPUT_FEATURE_MODEL = """
+model features
+input x: f32[4, 3]
+input y: i32[4]
+param w: f32[3, 2] = normal(std=0.5)
+f = squared_feature(x)
+loss = cross_entropy(reshape(f, [4, 3]) @ w, y)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_closures_differentiate_only_what_a_param_reaches(device, request):
+    """A node that only the inputs reach (a user op preprocessing a feature,
+    registered without a vjp; a reshape of an input) needs no gradient: the
+    closure path ran its VJP anyway, so the step failed on the missing vjp
+    and, on Vulkan, submitted kernels the graph path never runs."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    fg.register_op("squared_feature", shape=lambda s: s, forward=lambda x: x * x, replace=True)
+    sess = compile_on(fg.loads(INPUT_FEATURE_MODEL, file="features.flow"), device, "auto")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    feeds = {"x": x, "y": np.array([0, 1, 0, 1], np.int32)}
+    calls = []
+    kernels = sess.runner.executor.kernels
+    vjp = kernels.vjp
+    kernels.vjp = lambda node, *a: calls.append(node.op) or vjp(node, *a)
+    res = sess.step(feeds)
+    assert np.isfinite(res.loss) and set(res.grads) == {"w"}
+    assert sorted(calls) == ["cross_entropy", "matmul"]

@@ -72,6 +72,7 @@ class ClosureExecutor:
         self.graph = graph
         self.kernels = kernels or NumpyKernels()
         self.timings: dict[int, list[float]] | None = None
+        self._differentiated: dict[bool, frozenset] = {}
 
     def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> tuple[dict, list]:
         """Evaluate what `roots` need. Returns (values by node id, tape)."""
@@ -103,10 +104,21 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
+    def differentiated(self, grad_inputs: bool = False) -> frozenset:
+        """The nodes whose VJP runs: those on a differentiable path from a
+        param (with grad_inputs, a float input too) to the loss, the graph
+        path's backward set. A node that only inputs reach needs no gradient,
+        and may have no VJP at all (a user op registered without one)."""
+        if grad_inputs not in self._differentiated:
+            from flowgrad.planner.memory import backward_nodes
+
+            self._differentiated[grad_inputs] = backward_nodes(self.graph, grad_inputs)[0]
+        return self._differentiated[grad_inputs]
+
     def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, on_final=None,
-                 watch=(), seed=None) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for every node on the tape,
-        starting from `seed` (1 unless given: a loss scale).
+                 watch=(), seed=None, grad_inputs: bool = False) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for the nodes of the tape
+        that need one (`differentiated`), starting from `seed` (1 unless given: a loss scale).
         on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection).
         on_final(id, grad or None) is called for each node id in `watch` as soon
         as its gradient is final: after the VJP of the earliest node reading it."""
@@ -121,10 +133,11 @@ class ClosureExecutor:
                     if i in watch and i not in seen:
                         seen.add(i)
                         final_at.setdefault(pos, []).append(i)
+        needed = self.differentiated(grad_inputs)
         for pos in reversed(range(len(tape))):
             node, closure = tape[pos]
             g = grads.pop(node.id, None)  # intermediates are freed as we go
-            if g is not None:
+            if g is not None and node.id in needed:
                 self._vjp(node, closure, g, grads, on_grad)
             for i in final_at.get(pos, ()):
                 on_final(i, grads.get(i))
@@ -195,7 +208,7 @@ class ClosureSession:
 
             seed = None if self.scaler is None else self.scaler.seed()
             by_id = self.executor.backward(values, tape, g.loss, on_final=final if on_grad_final else None,
-                                           watch=names, seed=seed)
+                                           watch=names, seed=seed, grad_inputs=grad_inputs)
             for name, i in trainable.items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
                 if on_grad_final is not None and i not in told:
