@@ -144,9 +144,8 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.recorder import BufView, Dispatch, FakeBuffer, Recorder
 
-    def shaders(rec, direction):
-        return list(dict.fromkeys(c.shader for c in rec.commands if isinstance(c, Dispatch)
-                                  and c.label[1] == direction))
+    def shaders(commands):
+        return list(dict.fromkeys(c.shader for c in commands if isinstance(c, Dispatch)))
 
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
@@ -160,13 +159,14 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
         # one recorder for both directions, as a step records them: a backward finds what its
         # forward kept (an epilogue's pre-activation) instead of recomputing it
         rec = Recorder(dry)
-        with rec.section(node.label, "forward"):
-            low.forward(rec, node, ins, out)
+        low.forward(rec, node, ins, out)
+        # by identity, not position: a lowering may insert at the recording's head (counters it zeroes)
+        forward = {id(c) for c in rec.commands}
         if backward:
-            with rec.section(node.label, "backward"):
-                low.backward(rec, node, view(node.type), ins, out, grads)
+            low.backward(rec, node, view(node.type), ins, out, grads)
         if device is not None and kernels is not None:
-            kernels[node.id] = {"forward": shaders(rec, "forward"), "backward": shaders(rec, "backward")}
+            kernels[node.id] = {"forward": shaders(c for c in rec.commands if id(c) in forward),
+                                "backward": shaders(c for c in rec.commands if id(c) not in forward)}
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
