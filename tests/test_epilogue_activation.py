@@ -94,7 +94,7 @@ def dispatches():
 
 def forward_of(seen, graph, grp):
     label = graph.nodes[grp.node].label
-    return [(shader, groups, spec) for lab, shader, groups, spec in seen if lab == (label, "forward")]
+    return [(shader, groups, spec) for lab, shader, groups, spec in seen if lab and lab[:2] == (label, "forward")]
 
 
 def act_code(act):

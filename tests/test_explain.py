@@ -223,3 +223,34 @@ def test_dispatch_count_follows_the_planned_devices_kernels():
     assert "fused_map" in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
     ours, theirs = graph_plan_dict(nvidia.graph, nvidia), graph_plan_dict(generic.graph, generic)
     assert ours["dispatches_forward"] == theirs["dispatches_forward"] + 1
+
+
+REBOUND_MODEL = """
+model rebound
+input x: f32[4, 8]
+param w: f32[8, 8] = normal(std=0.3)
+param g: f32[8] = ones()
+param b: f32[8] = zeros()
+h = x @ w
+h = tanh(h)
+h = layernorm(h, g, b)
+h = softmax(h)
+loss = mean(h * h)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_analyze_names_each_timed_nodes_own_op(device, request):
+    """Rows are labelled with the node's name and that node's op, in the
+    graph the path runs: four nodes named h are a matmul, a tanh, a
+    layernorm and a softmax on closures (not the op of the last node named
+    h, nor the fused chain the graph path would run), and on the graph path
+    the fused product, the layernorm and the softmax."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    sess = fg.loads(REBOUND_MODEL, file="rebound.flow").compile(device=device)
+    rows = sess.explain(analyze=True).to_dict()["analyze"]["ops"]
+    ops = sorted({op["op"] for op in rows if op["node"] == "h" and op["direction"] == "forward"})
+    assert ops == (["fused", "layernorm", "softmax"] if device == "vulkan" else
+                   ["layernorm", "matmul", "softmax", "tanh"])

@@ -260,8 +260,9 @@ class ClosureSession:
         self.opt_step = int(step)
         self.opt_state = {p: {k: np.array(v, dtype=np.float32) for k, v in s.items()} for p, s in state.items()}
 
-    def profile(self, feeds, steps: int, grads: bool = True) -> list[tuple[str, str, float]]:
-        """Median wall time per op and direction over `steps` steps."""
+    def profile(self, feeds, steps: int, grads: bool = True, nodes: bool = False) -> list[tuple]:
+        """Median wall time per op and direction over `steps` steps:
+        [(node label, direction, seconds)], and with nodes=True the node's id."""
         self.executor.timings = {}
         try:
             for _ in range(steps):
@@ -269,6 +270,6 @@ class ClosureSession:
             timings = self.executor.timings
         finally:
             self.executor.timings = None
-        nodes = self.graph.nodes
-        return [(nodes[i].label, "backward" if bwd else "forward", float(np.median(ts)))
+        graph_nodes = self.graph.nodes
+        return [(graph_nodes[i].label, "backward" if bwd else "forward", float(np.median(ts))) + ((i,) * nodes)
                 for (i, bwd), ts in timings.items()]

@@ -270,12 +270,14 @@ class GraphSession:
         return "gpu timestamps" if self.device.info.timestamps else "wall clock per section"
 
     def profile(self, feeds, steps: int = 3, grads: bool = True, optimizer=None,
-                timer: str | None = None) -> list[tuple[str, str, float]]:
+                timer: str | None = None, nodes: bool = False) -> list[tuple]:
         """[(node label, direction, seconds)], one entry per recorded section
         in step order (medians over `steps` runs): GPU timestamps where the
         device has them, else (or with timer="wall") wall time of each section
         submitted alone. Directions: forward, backward, optimizer, and transfer
-        (feeds in, read-back). With an optimizer, each profiled step updates the params too."""
+        (feeds in, read-back). With an optimizer, each profiled step updates the params too.
+        nodes=True adds each section's node id in self.graph (None for a transfer, the
+        optimizer or the loss scale): labels alone do not tell a rebound name's nodes apart."""
         prog = self._program(grads, False, optimizer)
         hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
         feeds = self._feeds(feeds, prog)
@@ -283,7 +285,8 @@ class GraphSession:
             runs = profile.by_timestamps(self.device, prog, feeds, hyper, steps)
         else:
             runs = profile.by_wall_clock(self.device, prog, feeds, hyper, steps)
-        return [(label[0], label[1], statistics.median(times)) for label, times in runs]
+        return [(label[0], label[1], statistics.median(times)) + ((label[2] if len(label) > 2 else None,) * nodes)
+                for label, times in runs]
 
 
 

@@ -81,7 +81,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":
-            with rec.section(node.label, "forward"), _lowering_errors(node, "forward"):
+            with rec.section(node.label, "forward", node.id), _lowering_errors(node, "forward"):
                 low.forward(rec, node, ins, out)
             continue
         writes = mem.grad_writes[node.id]
@@ -89,7 +89,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         for w in writes:
             grads[w.pos] = view(w.key)
         in_place = frozenset(w.pos for w in writes if w.accumulate_into == w.key)
-        with rec.section(node.label, "backward"), _lowering_errors(node, "backward"):
+        with rec.section(node.label, "backward", node.id), _lowering_errors(node, "backward"):
             if in_place:
                 low.backward(rec, node, view(("grad", node.id)), ins, out, grads, add=in_place)
             else:

@@ -242,11 +242,13 @@ class Recorder:
     # -- for executors
 
     @contextlib.contextmanager
-    def section(self, label: str, direction: str):
+    def section(self, label: str, direction: str, node: int | None = None):
         """Commands recorded inside are tagged (label, direction) for
-        profiling; scratch taken inside is released at the end."""
+        profiling, or (label, direction, node) for a graph node's section:
+        two nodes may share a label (a rebound name), and a profile tells them
+        apart by the id; scratch taken inside is released at the end."""
         saved, top = self.label, self.arena.top
-        self.label = (label, direction)
+        self.label = (label, direction) if node is None else (label, direction, node)
         try:
             yield self
         finally:

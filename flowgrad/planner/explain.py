@@ -252,16 +252,18 @@ def run_analyze(sess, steps: int) -> dict:
         t0 = time.perf_counter()
         sess.step(feeds, grads=grads)
         step_times.append(time.perf_counter() - t0)
-    per_op = sess.runner.profile(sess.runner_feeds(feeds, grads), steps, grads=grads)
-    total = sum(t for _, _, t in per_op) or 1.0
+    per_op = sess.runner.profile(sess.runner_feeds(feeds, grads), steps, grads=grads, nodes=True)
+    total = sum(row[2] for row in per_op) or 1.0
     top = sorted(per_op, key=lambda r: -r[2])
-    op_of = {n.label: n.op for n in sess.plan.exec_graph.nodes}
+    # by node id, in the graph the runner runs (the fused one on the graph path only): a label
+    # may name several nodes (`h = relu(h)`), and closures run the unfused graph
+    ran = sess.runner.graph.nodes
     return {
         "steps": steps,
         "step_seconds_median": statistics.median(step_times),
         "timer": sess.runner.timer,
-        "ops": [{"node": label, "op": op_of.get(label, direction), "direction": direction, "seconds": t, "share": t / total}
-                for label, direction, t in top],
+        "ops": [{"node": label, "op": direction if nid is None else ran[nid].op, "direction": direction,
+                 "seconds": t, "share": t / total} for label, direction, t, nid in top],
     }
 
 
