@@ -254,3 +254,23 @@ def test_analyze_names_each_timed_nodes_own_op(device, request):
     ops = sorted({op["op"] for op in rows if op["node"] == "h" and op["direction"] == "forward"})
     assert ops == (["fused", "layernorm", "softmax"] if device == "vulkan" else
                    ["layernorm", "matmul", "softmax", "tanh"])
+
+
+def test_analyze_says_its_random_feeds_are_what_the_model_could_not_take():
+    """--analyze steps on random feeds: a model that computes indices from
+    its float inputs fails on them, and the error must say that it was
+    explain's feeds, not the user's data, that held the bad index."""
+    model = fg.loads("""
+model computed_ids
+input x: f32[16]
+input y: i32[16]
+param table: f32[5, 3] = normal(std=0.1)
+param w: f32[3, 5] = xavier()
+h = embedding(cast(x * 3.0, i32), table)
+loss = cross_entropy(h @ w, y)
+minimize loss
+""", file="ids.flow")
+    with pytest.raises(fg.FlowError) as e:
+        model.compile(device="cpu").explain(analyze=True)
+    assert e.value.message.startswith("explain --analyze steps on random feeds")
+    assert "out of range" in e.value.message and e.value.span.where() == "ids.flow:7:5"

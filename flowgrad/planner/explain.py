@@ -244,9 +244,21 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
 
 
 def run_analyze(sess, steps: int) -> dict:
+    from flowgrad.errors import DeviceError, FlowError
+
     feeds = random_feeds(sess.graph)
     grads = sess.graph.loss is not None
-    sess.step(feeds, grads=grads)  # warm-up: pipelines built, command buffer recorded
+    try:
+        sess.step(feeds, grads=grads)  # warm-up: pipelines built, command buffer recorded
+    except DeviceError:
+        raise
+    except FlowError as e:
+        # the model's error alone reads as a fault of the model or its data, which it may not be
+        raise FlowError(f"explain --analyze steps on random feeds (floats from N(0, 1), integer inputs 0), "
+                        f"and this model can't take them: {e.message}", e.span,
+                        (f"{e.hint}; " if e.hint else "") + "a model that computes indices from its float inputs "
+                        "needs real rows: time it with `flowgrad bench FILE`, which steps on the first batch of "
+                        "its train section's data") from e
     step_times = []
     for _ in range(steps):
         t0 = time.perf_counter()
