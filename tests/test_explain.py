@@ -274,3 +274,27 @@ minimize loss
         model.compile(device="cpu").explain(analyze=True)
     assert e.value.message.startswith("explain --analyze steps on random feeds")
     assert "out of range" in e.value.message and e.value.span.where() == "ids.flow:7:5"
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("name, source", [
+    ("mlp", None),          # targets are i32: their "gradient" is never read back
+    ("cnn", None),          # batch norm reads back the running statistics it updates
+    ("userop", USER_OP_MODEL),   # py_tanh has no lowering: numpy, no submit, no transfer
+])
+def test_closure_plan_counts_what_a_vulkan_closures_step_sends(vk_device, name, source):
+    import numpy as np
+
+    from flowgrad.feeds import random_feeds
+
+    register_py_tanh()
+    model = fg.loads(source, file=f"{name}.flow") if source else fg.load(f"models/{name}.flow", {"batch": 4})
+    sess = model.compile(device="vulkan", backward="closures")
+    assert sess.last_path.startswith("closures")
+    plan = sess.explain().to_dict()["closure_plan"]
+    feeds = random_feeds(sess.graph, 0, 2)
+    before = dict(sess.device.stats)
+    sess.step(feeds)
+    sent = {k: sess.device.stats[k] - before.get(k, 0) for k in ("submits", "uploads", "downloads")}
+    assert sent == {"submits": plan["submits"], "uploads": plan["transfers_in"], "downloads": plan["transfers_out"]}
+    assert np.isfinite(sess.step(feeds).loss)

@@ -14,6 +14,7 @@ import attrs
 
 from flowgrad.feeds import random_feeds
 from flowgrad.graph import LEAF_OPS, Graph, Node, format_node
+from flowgrad.ops import get_op
 from flowgrad.planner.plan import Plan, Refusal
 
 EXPLAIN_VERSION = 1
@@ -226,21 +227,46 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
 
 def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     """One kernel call per op forward and per backward node; on a Vulkan
-    device each is its own submit, uploading its inputs and reading back."""
+    device each that runs there (exec_vulkan.kernels.VulkanKernels) is its
+    own submit, uploading its inputs and reading back its results; one
+    without a lowering that takes it runs on numpy (_closure_traffic)."""
     fwd = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
     bwd = [graph.nodes[i] for i in sorted(plan.grad_nodes)]
-    on_device = plan.device is not None
     calls = len(fwd) + len(bwd)
-    # a VJP is handed g, its inputs and its output; it returns one grad per input
-    ins = sum(len(n.inputs) for n in fwd) + sum(len(n.inputs) + 2 for n in bwd)
-    outs = len(fwd) + sum(len(n.inputs) for n in bwd)
-    return {
-        "chosen": plan.path != "graph",
-        "kernel_calls": calls,
-        "submits": calls if on_device else None,
-        "transfers_in": ins if on_device else None,
-        "transfers_out": outs if on_device else None,
-    }
+    if plan.device is None:
+        return {"chosen": plan.path != "graph", "kernel_calls": calls, "submits": None,
+                "transfers_in": None, "transfers_out": None}
+    submits = ins = outs = 0
+    for n, backward in [(n, False) for n in fwd] + [(n, True) for n in bwd]:
+        s, i, o = _closure_traffic(graph, plan, n, backward)
+        submits, ins, outs = submits + s, ins + i, outs + o
+    return {"chosen": plan.path != "graph", "kernel_calls": calls, "submits": submits,
+            "transfers_in": ins, "transfers_out": outs}
+
+
+def _closure_traffic(graph: Graph, plan: Plan, node: Node, backward: bool) -> tuple[int, int, int]:
+    """(submits, uploads, read-backs) of one kernel call of Vulkan closures
+    (exec_vulkan.kernels.VulkanKernels): a node runs on the device where its
+    lowering exists and takes its dtypes (f16 computed as f32 counts), else
+    on numpy; one whose lowering then refuses its shapes while recording (a
+    `limit` refusal, no kernels planned) has had its inputs uploaded first."""
+    from flowgrad.exec_vulkan.kernels import run_dtypes
+    from flowgrad.exec_vulkan.lower import lowering_for
+
+    low, op = lowering_for(node.op), get_op(node.op)
+    if low is None or (backward and low.backward is None):
+        return 0, 0, 0
+    ins = [graph.nodes[i].dtype for i in node.inputs]
+    dtypes = {node.dtype, *(d for d in ins if d != "i32")} if backward else {node.dtype, *ins}
+    if run_dtypes(dtypes, low.bwd_dtypes if backward else low.dtypes) is None:
+        return 0, 0, 0
+    # a VJP is handed its inputs, its output and g
+    uploads = len(node.inputs) + 2 * backward
+    if any(r.node is node and r.code == "limit" for r in plan.refusals) and node.id not in plan.kernels:
+        return 0, uploads, 0
+    if backward:   # it reads back the float inputs' gradients
+        return 1, uploads, sum(pos not in op.nondiff and d != "i32" for pos, d in enumerate(ins))
+    return 1, uploads, 1 + len(op.updates)   # the result, and the state it updates in place
 
 
 def run_analyze(sess, steps: int) -> dict:
