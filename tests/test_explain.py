@@ -298,3 +298,14 @@ def test_closure_plan_counts_what_a_vulkan_closures_step_sends(vk_device, name, 
     sent = {k: sess.device.stats[k] - before.get(k, 0) for k in ("submits", "uploads", "downloads")}
     assert sent == {"submits": plan["submits"], "uploads": plan["transfers_in"], "downloads": plan["transfers_out"]}
     assert np.isfinite(sess.step(feeds).loss)
+
+
+def test_text_memory_is_what_the_planned_buffers_hold():
+    """The text's graph memory is the bytes of the buffers it counts (what
+    the session allocates, and what a memory refusal compares with the
+    device's), not the plan's peak, a lower bound below it for tiny_gpt."""
+    report = fg.load("models/tiny_gpt.flow").compile(device="cpu").explain()
+    m = report.to_dict()["graph_plan"]["memory"]
+    assert m["peak_bytes"] < m["total_bytes"]
+    line = next(line for line in report.text().splitlines() if line.startswith("memory"))
+    assert f"{m['total_bytes'] / 2**20:.1f} MiB in {m['buffers']} buffers" in line, line

@@ -374,7 +374,9 @@ def render_plans(d: dict) -> list[str]:
         g_disp = f"1 submit / {g['dispatches']} dispatches"
         g_io = f"{g['transfers_in']} in, {g['transfers_out']} out"
         m = g["memory"]
-        g_mem = f"{mib(m['peak_bytes'])} in {m['buffers']} buffers (reuse {m['reuse']:.0%})"
+        # what the buffers hold (what is allocated, and what a memory refusal compares), not
+        # peak_bytes, the most live at once: a lower bound no packing of these buffers reaches
+        g_mem = f"{mib(m['total_bytes'])} in {m['buffers']} buffers (reuse {m['reuse']:.0%})"
         g_kmem = f"{mib(m['kernel_bytes'])} (scratch, kept for backward)"
     if c["submits"] is None:
         c_disp, c_io = f"{c['kernel_calls']} numpy kernel calls", "none (host memory)"
