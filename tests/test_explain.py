@@ -309,3 +309,17 @@ def test_text_memory_is_what_the_planned_buffers_hold():
     assert m["peak_bytes"] < m["total_bytes"]
     line = next(line for line in report.text().splitlines() if line.startswith("memory"))
     assert f"{m['total_bytes'] / 2**20:.1f} MiB in {m['buffers']} buffers" in line, line
+
+
+def test_node_kernels_are_what_the_step_records():
+    """A residual add whose gradients the memory plan places where the
+    incoming one already is runs nothing backward (char_gpt's x + dropout(.)):
+    its kernels are the step's, not those of the add recorded on its own."""
+    from flowgrad.planner.explain import graph_plan_dict, node_kernels
+
+    plan = planned_for(generic_gpu(), "char_gpt", layers=1, d=16, heads=2, batch=2, seq=8)
+    recorded: dict = {}
+    graph_plan_dict(plan.graph, plan, recorded)
+    kernels = node_kernels(plan, recorded)
+    add = {n.label: n.id for n in plan.graph.nodes}["decoder.0.x"]
+    assert plan.graph.nodes[add].op == "add" and kernels[add] == {"forward": ["fused_map"], "backward": []}

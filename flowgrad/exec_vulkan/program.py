@@ -457,11 +457,16 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
               "fills": 0, "copies": 0}
+    kernels: dict = {}   # node id -> {"forward": [shader, ...], "backward": [...]}, in dispatch order
     for c in rec.commands:
         direction = c.label[1] if c.label else "other"
         kind = type(c).__name__
         if kind == "Dispatch":
             counts[direction] = counts.get(direction, 0) + 1
+            if len(c.label) > 2:
+                shaders = kernels.setdefault(c.label[2], {"forward": [], "backward": []})[direction]
+                if c.shader not in shaders:
+                    shaders.append(c.shader)
         elif direction == "transfer" and kind == "Copy":
             counts["transfers_in" if c.label[0] == "feeds" else "transfers_out"] += 1
         else:
@@ -471,6 +476,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     counts["submits"] = 2 if split_update(rec)[1] else 1
     counts["scratch_bytes"] = rec.arena.high
     counts["kept_bytes"] = rec.arena.lasting.high   # what kernels keep across the step (rec.keep, counters)
+    counts["kernels"] = kernels
     return counts
 
 

@@ -38,6 +38,9 @@ class Explain:
 def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     plan, graph = sess.plan, sess.graph
     refused = {r.node.id: r for r in plan.refusals if r.node is not None}
+    recorded: dict = {}
+    graph_plan = graph_plan_dict(graph, plan, recorded)
+    kernels = node_kernels(plan, recorded)
     data = {
         "version": EXPLAIN_VERSION,
         "model": graph.name,
@@ -56,15 +59,15 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
             "refusals": len(plan.refusals),
         },
         "refusals": [refusal_dict(r) for r in plan.refusals],
-        "nodes": [node_dict(graph, n, plan, refused) for n in graph.nodes],
+        "nodes": [node_dict(graph, n, plan, refused, kernels) for n in graph.nodes],
         "saved_for_backward": saved_dict(plan),
         "fusion": fusion_dict(graph, plan),
-        "graph_plan": graph_plan_dict(graph, plan),
+        "graph_plan": graph_plan,
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
     if plan.dtype == "mixed":
-        data["precision"] = precision_dict(sess)
+        data["precision"] = precision_dict(sess, kernels)
     ranks = getattr(sess, "ranks", 1)
     if ranks > 1:
         data["ranks"] = ranks_dict(ranks, plan.path)
@@ -84,7 +87,7 @@ def ranks_dict(ranks: int, path: str) -> dict:
     return {"count": ranks, "submits_per_step": submits, "step": step}
 
 
-def precision_dict(sess) -> dict:
+def precision_dict(sess, kernels: dict) -> dict:
     """dtype="mixed": what runs in which precision, and the loss scale."""
     graph, plan = sess.graph, sess.plan
     masters = [graph.nodes[i] for i in graph.trainable().values() if graph.nodes[i].dtype == "f32"]
@@ -92,7 +95,7 @@ def precision_dict(sess) -> dict:
     kernels: dict[str, int] = {}
     for n in graph.nodes:
         if n.op == "matmul":
-            for k in plan.kernels.get(n.id, {}).get("forward", []) + plan.kernels.get(n.id, {}).get("backward", []):
+            for k in kernels.get(n.id, {}).get("forward", []) + kernels.get(n.id, {}).get("backward", []):
                 kernels[k] = kernels.get(k, 0) + 1
     scaler = sess.loss_scaler
     return {
@@ -135,7 +138,24 @@ def refusal_dict(r: Refusal) -> dict:
     }
 
 
-def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
+def node_kernels(plan: Plan, recorded: dict) -> dict:
+    """Each node's kernels on the planned device: as the graph plan's dry run of
+    the whole step records them where it could be recorded (a fused chain's
+    members and a split product's slices take what their node runs there;
+    nothing recorded is a view, or a backward whose gradients the memory plan
+    placed where they already are), else each node's own dry run (plan.kernels)."""
+    if not recorded:
+        return plan.kernels
+    runs_as = {m: grp.node for grp in plan.fusion.groups for m in grp.members} if plan.fusion is not None else {}
+    scheduled = {s.node for s in plan.memory.schedule if s.kind == "forward"}
+    out = {}
+    for nid, own in plan.kernels.items():
+        run = runs_as.get(nid, nid)
+        out[nid] = recorded.get(run, {"forward": [], "backward": []}) if run in scheduled else own
+    return out
+
+
+def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict) -> dict:
     if node.op in LEAF_OPS:
         verdict = node.op
     elif node.id in refused:
@@ -153,8 +173,8 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict) -> dict:
         "backward": node.id in plan.grad_nodes,
         "verdict": verdict,
     }
-    if node.id in plan.kernels:   # planned for a device: the kernels its lowering dispatches there
-        out["kernels"] = plan.kernels[node.id]
+    if node.id in kernels:   # planned for a device: the kernels its lowering dispatches there
+        out["kernels"] = kernels[node.id]
     group = plan.fusion.group_of().get(node.id) if plan.fusion is not None else None
     if group is not None:
         out["fused_into"] = graph.nodes[group.node].label
@@ -187,9 +207,10 @@ def saved_dict(plan: Plan) -> dict:
     }
 
 
-def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
+def graph_plan_dict(graph: Graph, plan: Plan, recorded: dict | None = None) -> dict:
     """Dispatches and memory of the graph path, planned without a device.
-    Nodes that have no lowering can't be counted: they are listed as refused."""
+    Nodes that have no lowering can't be counted: they are listed as refused.
+    `recorded`, when given, receives the kernels each node's section recorded."""
     from flowgrad.exec_vulkan import count_dispatches
 
     from flowgrad.errors import FlowError
@@ -210,6 +231,8 @@ def graph_plan_dict(graph: Graph, plan: Plan) -> dict:
     if uncountable:
         out.update(dispatches=None, submits=None, transfers_in=None, transfers_out=None, memory=None)
         return out
+    if recorded is not None:
+        recorded.update(counts["kernels"])
     mem = plan.memory
     out.update(
         submits=1,
