@@ -323,3 +323,27 @@ def test_node_kernels_are_what_the_step_records():
     kernels = node_kernels(plan, recorded)
     add = {n.label: n.id for n in plan.graph.nodes}["decoder.0.x"]
     assert plan.graph.nodes[add].op == "add" and kernels[add] == {"forward": ["fused_map"], "backward": []}
+
+
+def test_the_reason_places_a_block_node_with_the_call_that_expanded_it():
+    """The one-line reason (last_path, `why:`) gives a refused node's place
+    as the refusal list does: with the repeat that expanded the block."""
+    model = fg.loads("""
+model blocks
+input x: f32[4, 600]
+block layer(x) {
+  a = attention(x, x, x, heads=2)
+  return a + x
+}
+y = repeat(2, layer, x)
+loss = mean(y * y)
+minimize loss
+""", file="blocks.flow")
+    data = model.compile(device="cpu").explain().to_dict()
+    assert data["reason"].startswith("the session runs on numpy")
+    limit = next(r for r in data["refusals"] if r["code"] == "limit")
+    assert limit["where"]["via"], limit
+    from flowgrad.planner import make_plan
+
+    plan = make_plan(model.build(), generic_gpu())
+    assert plan.last_path.startswith("closures (layer.0.a at blocks.flow:5:7 (via :8:5): the attention lowering")

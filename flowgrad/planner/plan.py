@@ -232,7 +232,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         path = "closures"
         first = refusals[0]
         more = f"; {len(refusals) - 1} more" if len(refusals) > 1 else ""
-        where = f" at {first.node.span.where()}" if first.node is not None and first.node.span else ""
+        # with the call or repeat that expanded a block's node, as the refusal lists give it
+        where = f" at {first.node.span.short()}" if first.node is not None and first.node.span else ""
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
