@@ -34,11 +34,14 @@ def measure(model, device, fusion, repeats):
     feeds = feeds_for(sess.graph)
     step, traffic = time_steps(sess, feeds, repeats)
     # a product fused with the adds after it (its epilogue) counts as the product
-    ops = {n.label: n.attrs["steps"][0][0] if n.op == "fused" else n.op for n in sess.plan.exec_graph.nodes}
-    per_op = sess.runner.profile(sess.runner_feeds(feeds, True), 5)
+    # by node id: a label may name several nodes (a rebound name)
+    nodes = sess.runner.graph.nodes
+    per_op = sess.runner.profile(sess.runner_feeds(feeds, True), 5, nodes=True)
     kinds: dict[str, float] = {}
-    for label, direction, seconds in per_op:
-        kind = "transfer" if direction == "transfer" else KINDS.get(ops.get(label, ""), "other")
+    for _label, direction, seconds, nid in per_op:
+        node = None if nid is None else nodes[nid]
+        op = "" if node is None else node.attrs["steps"][0][0] if node.op == "fused" else node.op
+        kind = "transfer" if direction == "transfer" else KINDS.get(op, "other")
         kinds[kind] = kinds.get(kind, 0.0) + seconds
     return {"fusion": fusion, "step_ms": step * 1e3, "dispatches": traffic["dispatches"],
             "gpu_ms": {k: round(v * 1e3, 3) for k, v in sorted(kinds.items())}, "timer": sess.runner.timer}

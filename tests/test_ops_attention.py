@@ -212,7 +212,7 @@ def _tape_grad(build, x):
     check_graph(g)
     ex = ClosureExecutor(g)
     values, tape = ex.forward({"x": x.astype(np.float32)}, {}, [loss])
-    return ex.backward(values, tape, loss)[xi], r
+    return ex.backward(values, tape, loss, grad_inputs=True)[xi], r
 
 
 def test_tape_accumulates_x_times_x():
