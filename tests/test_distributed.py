@@ -67,13 +67,16 @@ RANK = textwrap.dedent("""
     from flowgrad.training.optim import Adam
     r = fg.train(model, steps=args["steps"], device=args["device"], out=args.get("out"), progress=False,
                  optimizer=Adam(lr=args.get("lr", 3e-3)),
-                 callback=callback, resume=args.get("resume", False), check_every=args.get("check_every"))
+                 callback=callback, resume=args.get("resume", False), check_every=args.get("check_every"),
+                 dtype=args.get("dtype", "f32"))
     if args["device"] != "cpu":
         from flowgrad.exec_vulkan import runtime
         errors = runtime.validation_errors()
         assert not errors, errors[0]
     with open(args["save"] + f".rank{rank}", "w") as f:
-        json.dump({"wrote_to": None if r.out is None else str(r.out)}, f)
+        scaler = r.session.loss_scaler
+        json.dump({"wrote_to": None if r.out is None else str(r.out),
+                   "loss_scale": None if scaler is None else scaler.state()}, f)
     if r.rank == 0:
         np.savez(args["save"], **r.session.params)
         with open(args["save"] + ".json", "w") as f:
@@ -226,6 +229,23 @@ def test_resume_from_one_process_on_two_ranks(tmp_path, mlp, default_mpi):
     assert proc.returncode == 0, proc.stderr
     assert_same_params(save, one_process(mlp, 32, 20, "cpu").session.params)
     assert checkpoint.load(out / checkpoint.FILENAME).step == 20
+
+
+def test_resume_under_mixed_precision_gives_every_rank_the_saved_loss_scale(tmp_path, mlp, default_mpi):
+    """Rank 0 alone reads the checkpoint: a rank left at the initial scale would
+    scale its backward differently and overflow (skipping the step everywhere)
+    where rank 0 does not."""
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    one_process(mlp, 32, 4, "cpu", out=out, dtype="mixed")
+    ckpt = checkpoint.load(out / checkpoint.FILENAME)
+    saved = {"scale": 1024.0, "good_steps": 3, "skipped": 2}      # as after overflows
+    checkpoint.save(out / checkpoint.FILENAME, ckpt.params, ckpt.opt_state, ckpt.step, ckpt.model, ckpt.config,
+                    {**ckpt.optimizer, "loss_scale": saved}, data=ckpt.data)
+    proc, _ = launch(tmp_path, default_mpi, 2, batch=16, steps=6, device="cpu", out=str(out), save=save,
+                     resume=True, dtype="mixed")
+    assert proc.returncode == 0, proc.stderr
+    want = {"scale": 1024.0, "good_steps": 5, "skipped": 2}
+    assert [json.loads(Path(f"{save}.rank{r}").read_text())["loss_scale"] for r in range(2)] == [want, want]
 
 
 def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, mlp, mpi):

@@ -228,8 +228,9 @@ class World:
         sess.runner.apply_update(optimizer, grads)
         return loss, stop
 
-    def sync_from_root(self, runner) -> int:
-        """Every rank takes rank 0's params, optimizer state and step (returned)."""
+    def sync_from_root(self, runner, scaler=None) -> int:
+        """Every rank takes rank 0's params, optimizer state, step (returned)
+        and loss scale (dtype="mixed"): rank 0 alone read the checkpoint."""
         from safetensors.numpy import load, save
 
         data = None
@@ -251,6 +252,9 @@ class World:
                     state.setdefault(p, {})[name] = v
             runner.set_params(params)
             runner.set_opt_state(step, state)
+        if scaler is not None:
+            # a rank at another scale overflows where the others do not, and its skip skips every rank's step
+            scaler.load_state(self.share(scaler.state(), "the broadcast of rank 0's loss scale"))
         return step
 
     def check_same_params(self, params: dict[str, np.ndarray], step: int) -> None:
