@@ -304,6 +304,25 @@ def test_ctrl_c_stops_every_rank_after_the_same_step(tmp_path, mlp, mpi):
     assert last["step"] == step
 
 
+def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path, mlp, mpi):
+    """`kill`, `docker stop` and schedulers send SIGTERM to the process they
+    started: under --ranks the launcher, which must pass it on rather than die
+    and leave mpiexec to kill the ranks before they save."""
+    proc = start_ranks(tmp_path, mlp, mpi)
+    try:
+        wait_for_steps(tmp_path / "run", 3)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    step = checkpoint.load(tmp_path / "run" / checkpoint.FILENAME).step
+    assert f"interrupted by SIGTERM: saved step {step} to" in err, err
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == step
+
+
 def test_a_hung_rank_is_a_timeout_not_a_hang(tmp_path, mlp, mpi):
     proc, seconds = launch(tmp_path, mpi, 2, timeout=TIMEOUT, env={distributed.TIMEOUT_ENV: "2"}, batch=16, steps=50,
                            device="cpu", save=str(tmp_path / "x.npz"), fault="hang", fault_step=3)

@@ -196,10 +196,11 @@ def read_records(directory: str) -> dict[int, tuple[int, str]]:
 
 def launch(ranks: int, argv: list[str]) -> int:
     """Run `python -m flowgrad.cli *argv` on `ranks` ranks of this host; returns
-    the exit status (130 after Ctrl-C). mpiexec runs in its own process group,
-    so a terminal's Ctrl-C reaches this process alone, which passes it to each
-    rank: the ranks finish the same step and save (Open MPI's mpiexec would
-    kill them; MPICH's would pass it on a second time, which interrupts at once)."""
+    the exit status (130 after Ctrl-C, 143 after SIGTERM). mpiexec runs in its
+    own process group, so a terminal's Ctrl-C reaches this process alone, which
+    passes it to each rank: the ranks finish the same step and save (Open MPI's
+    mpiexec would kill them; MPICH's would pass it on a second time, which
+    interrupts at once). SIGTERM to this process is passed on alike."""
     import tempfile
 
     cmd = mpiexec_command(ranks) + [sys.executable, "-m", "flowgrad.cli", *argv]
@@ -210,7 +211,7 @@ def launch(ranks: int, argv: list[str]) -> int:
         streams = [_Forward(proc.stdout, sys.stdout), _Forward(proc.stderr, sys.stderr)]
         for t in [exits, *streams]:
             t.start()
-        rc, interrupted = _wait(proc, records)
+        rc, passed = _wait(proc, records)
         for t in streams:
             t.join()
         exits.stop()
@@ -219,7 +220,7 @@ def launch(ranks: int, argv: list[str]) -> int:
         who = ", ".join(f"rank {r} (pid {p})" for r, p in dead)
         print(f"error: {who} of {ranks} ended abnormally (killed or crashed); {os.path.basename(cmd[0])} "
               f"stopped the other ranks (exit status {rc})", file=sys.stderr, flush=True)
-    return 130 if interrupted and rc != 0 else rc
+    return 128 + passed if passed and rc != 0 else rc
 
 
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -244,27 +245,41 @@ def _ends_with_parent():
     return lambda: prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
 
 
-def _wait(proc: subprocess.Popen, records: str) -> tuple[int, bool]:
-    interrupted = False
-    while True:
-        try:
-            return proc.wait(), interrupted
-        except KeyboardInterrupt:
-            interrupted = True
-            pass_ctrl_c(proc, records)
+def _wait(proc: subprocess.Popen, records: str) -> tuple[int, int | None]:
+    """(mpiexec's exit status, the last stop signal passed to the ranks, if any)."""
+    passed: list[int] = []
+
+    def on_term(signum, frame):
+        # SIGTERM (kill, docker stop, a scheduler) reaches this process alone: dying of it
+        # would leave mpiexec (sent SIGTERM on our death) to kill the ranks before they save
+        passed.append(signum)
+        pass_signal(proc, records, signum)
+
+    old = (signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread()
+           else None)
+    try:
+        while True:
+            try:
+                return proc.wait(), (passed[-1] if passed else None)
+            except KeyboardInterrupt:
+                passed.append(signal.SIGINT)
+                pass_signal(proc, records, signal.SIGINT)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
-def pass_ctrl_c(proc: subprocess.Popen, records: str) -> None:
-    """SIGINT to each running rank (a second one interrupts its step at once);
-    before any rank has recorded its pid, to mpiexec, which ends the job."""
+def pass_signal(proc: subprocess.Popen, records: str, signum: int) -> None:
+    """SIGINT or SIGTERM to each running rank (a second one interrupts its step
+    at once); before any rank has recorded its pid, to mpiexec, which ends the job."""
     running = [pid for pid, (_, end) in read_records(records).items() if not end]
     for pid in running:
         try:
-            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signum)
         except ProcessLookupError:
             pass
     if not running and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
 
 
 class _Forward(threading.Thread):
