@@ -350,6 +350,22 @@ def test_without_mpi4py_the_error_says_what_to_install(monkeypatch, tmp_path):
         mpi_launch.mpiexec_command(2, env={**os.environ, "PYTHONPATH": str(no_mpi4py.parent)})
 
 
+def test_mpi4py_without_an_mpi_library_is_an_error_saying_what_to_install(monkeypatch):
+    """mpi4py's wheel finds no libmpi (no mpich wheel, no system MPI): it raises
+    RuntimeError, not ImportError, from `from mpi4py import MPI`."""
+    import types
+
+    def no_library(name):
+        raise RuntimeError("cannot load MPI library\nlibmpi.so.12: cannot open shared object file")
+
+    fake = types.ModuleType("mpi4py")
+    fake.__getattr__ = no_library
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setitem(sys.modules, "mpi4py", fake)
+    with pytest.raises(FlowError, match=r"cannot load MPI library(.|\n)*pip install 'flowgrad\[mpi\]'"):
+        distributed.join()
+
+
 def test_one_process_does_not_touch_mpi(monkeypatch, mlp):
     for var in distributed.LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)

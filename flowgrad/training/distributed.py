@@ -58,6 +58,9 @@ def import_mpi():
     except ImportError as e:
         raise FlowError(f"data-parallel training needs mpi4py and an MPI library ({e})",
                         hint=f"install them with: {INSTALL}") from None
+    except RuntimeError as e:   # mpi4py's wheel found no libmpi to load: no mpich wheel, no system MPI
+        raise FlowError(f"data-parallel training needs an MPI library, and mpi4py found none: {e}",
+                        hint=f"install one with: {INSTALL}; or name one with MPI4PY_LIBMPI") from None
     return MPI
 
 
