@@ -222,6 +222,56 @@ def test_early_stop_and_best_are_decided_alike_on_every_rank(tmp_path, default_m
     assert again["stopped_early"] and again["steps"] == ref.steps
 
 
+LINES_MODEL = """model lm
+
+config {
+  vocab = 9
+  seq = 32
+  d = 8
+  batch = 8
+}
+
+input tokens: i32[batch, seq]
+input targets: i32[batch, seq]
+param emb: f32[vocab, d] = normal(std=0.1)
+param w: f32[d, vocab] = normal(std=0.1)
+logits = embedding(tokens, emb) @ w
+loss = cross_entropy(logits, targets)
+
+output logits
+minimize loss
+
+train {
+  data = text("lines.txt", seq=seq, rows="lines")
+  optimizer = adam(lr=0.01)
+  steps = 2
+  eval_every = 1
+}
+"""
+
+
+def test_eval_loss_over_padded_targets_is_one_processes(tmp_path, default_mpi):
+    """Lines of very different lengths: each rank's rows hold another number of
+    scored targets, so the eval loss is the ranks' losses weighted by those
+    counts (the mean over the batch's scored targets, as one process computes
+    it), and perplexity stays exp(loss). A learning rate too small to move a
+    param keeps the training steps (per-rank means of their own) out of it."""
+    rng = np.random.default_rng(0)
+    lines = ["".join(rng.choice(list("abcdefgh"), rng.choice([2, 3, 25, 28]))) for _ in range(400)]
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    model = tmp_path / "lm.flow"
+    model.write_text(LINES_MODEL)
+    save = str(tmp_path / "ranks.npz")
+    ref = one_process(str(model), 16, 2, "cpu", lr=1e-30)
+    proc, _ = launch(tmp_path, default_mpi, 2, batch=8, steps=2, device="cpu", save=save, lr=1e-30, model=str(model))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    for got, want in zip(summary["history"], ref.history):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6)
+        assert got["val_perplexity"] == pytest.approx(np.exp(got["val_loss"]), rel=1e-6)
+    assert summary["metrics"]["loss"] == pytest.approx(ref.metrics["loss"], rel=1e-6)
+
+
 def test_resume_from_one_process_on_two_ranks(tmp_path, mlp, default_mpi):
     out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
     one_process(mlp, 32, 10, "cpu", out=out)

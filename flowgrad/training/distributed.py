@@ -337,21 +337,26 @@ class _GatheringSession:
         return getattr(self._sess, name)
 
     def step(self, feeds, grads: bool = False, **kw):
-        res = self._sess.step(self._shard.rows(feeds), grads=False)
+        rows = self._shard.rows(feeds)
+        res = self._sess.step(rows, grads=False)
         world, local = self._shard.world, self._shard.local
-        outs = {k: self._gather(k, v, world, local) for k, v in res.outputs.items()}
+        mask = self._shard.data.score_mask(rows)
+        weight = local if mask is None else int(np.count_nonzero(mask))
+        outs = {k: self._gather(k, v, world, local, weight) for k, v in res.outputs.items()}
         loss = outs.get(self._loss_name)
         return type(res)(outs, {}, None if loss is None else float(loss))
 
-    def _gather(self, name, value, world, local):
+    def _gather(self, name, value, world, local, weight):
         value = np.asarray(value)
         if value.ndim and value.shape[0] == local:
             return world.allgather(value, "the gathering of eval outputs").reshape((-1,) + value.shape[1:])
         if name == self._loss_name:
-            # a loss that is a mean over the batch (as the gradient average assumes): the mean of the
-            # ranks' means, summed in rank order so every rank gets the same bits
-            every = world.allgather(value.astype(np.float64).reshape(1), "the gathering of eval losses")
-            return np.float64(every.mean())
+            # a loss that is a mean over the scored targets (over the rows when all are scored): each
+            # rank's mean weighted by its count is the batch's mean, as one process computes it (with
+            # padded lines the ranks' counts differ); summed in rank order, every rank gets the same bits
+            every = world.allgather(np.array([float(value), weight], np.float64), "the gathering of eval losses")
+            total = every[:, 1].sum()
+            return np.float64((every[:, 0] * every[:, 1]).sum() / total if total else every[:, 0].mean())
         return value
 
     @property
