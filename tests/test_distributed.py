@@ -388,6 +388,28 @@ def test_diverged_params_are_an_error_naming_the_param(tmp_path, mlp, mpi):
     assert "ranks diverged at step 4: param b2 on rank 1 differs from rank 0" in proc.stderr
 
 
+def test_a_failed_rank_ends_even_when_mpi_abort_returns():
+    """MPICH's MPI_Abort can return before its launcher kills the process: the
+    rank went on to print its error a second time, without the rank, and a
+    script's except/finally blocks ran in a rank meant to be gone."""
+    script = textwrap.dedent("""
+        import sys
+        from flowgrad.errors import FlowError
+        from flowgrad.training import distributed
+        class Comm:
+            def Abort(self, code):
+                pass
+        world = object.__new__(distributed.World)
+        world.comm, world.rank, world.size = Comm(), 1, 2
+        world.abort(FlowError("bad data"))
+        print("abort returned", file=sys.stderr)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=env_with_path(ROOT))
+    assert proc.returncode == 1, proc.stderr
+    assert "error: rank 1 of 2 failed: bad data" in proc.stderr and "abort returned" not in proc.stderr
+
+
 def test_without_mpi4py_the_error_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setitem(sys.modules, "mpi4py", None)    # import mpi4py raises ImportError

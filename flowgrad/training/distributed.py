@@ -284,6 +284,13 @@ class World:
         mpi_launch.record_failed(self.rank)
         time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
         self.comm.Abort(1)
+        # MPICH's Abort can return before its launcher kills this process: going on would print the
+        # error again (without the rank) and run the caller's except/finally blocks in a rank meant gone
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(1)
 
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
