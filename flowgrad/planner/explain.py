@@ -70,19 +70,29 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         data["precision"] = precision_dict(sess, kernels)
     ranks = getattr(sess, "ranks", 1)
     if ranks > 1:
-        data["ranks"] = ranks_dict(ranks, plan.path)
+        data["ranks"] = ranks_dict(ranks, plan.path, graph)
     return Explain(data, graph)
 
 
-def ranks_dict(ranks: int, path: str) -> dict:
+def ranks_dict(ranks: int, path: str, graph) -> dict:
     """Data-parallel training on `ranks` ranks: how a training step changes."""
     if path == "graph":
         step = ("forward+backward submit, the packed gradients read back and averaged across ranks "
                 "(all-reduce), optimizer submit: 2 submits per step")
         submits = 2
     else:
-        step = ("forward and backward closures, each gradient bucket averaged across ranks (all-reduce) "
-                "while the backward goes on, optimizer update")
+        from flowgrad.training.distributed import bucket_bytes
+        from flowgrad.training.grad_buckets import bucket_count
+
+        buckets = bucket_count(graph, bucket_bytes())
+        if buckets == 1:
+            # one bucket is posted when the last gradient is final, i.e. after the whole backward
+            step = ("forward and backward closures, then the gradients (one bucket, within "
+                    "FLOWGRAD_MPI_BUCKET_MB) averaged across ranks (all-reduce), optimizer update")
+        else:
+            step = (f"forward and backward closures, each of the {buckets} gradient buckets averaged across "
+                    "ranks (all-reduce) as soon as its gradients are final, while the backward goes on, "
+                    "optimizer update")
         submits = None
     return {"count": ranks, "submits_per_step": submits, "step": step}
 

@@ -75,8 +75,12 @@ def join(timeout: float | None = None) -> World | None:
         return None
     if timeout is None:
         timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
-    bucket_mb = _env_number(BUCKET_ENV, DEFAULT_BUCKET_MB, "a size in MiB")
-    return World(MPI, comm, timeout, max(4, int(bucket_mb * (1 << 20))))
+    return World(MPI, comm, timeout, bucket_bytes())
+
+
+def bucket_bytes() -> int:
+    """The gradient all-reduce bucket size that FLOWGRAD_MPI_BUCKET_MB asks for, in bytes."""
+    return max(4, int(_env_number(BUCKET_ENV, DEFAULT_BUCKET_MB, "a size in MiB") * (1 << 20)))
 
 
 def _check_launcher_matches(MPI, size: int) -> None:

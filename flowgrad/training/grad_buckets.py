@@ -16,28 +16,48 @@ import numpy as np
 DEFAULT_BUCKET_MB = 16.0
 
 
+def layout(order: list[str], sizes: dict[str, int], bucket_bytes: int):
+    """(name -> (bucket, start, stop), [[start, stop] of each bucket]) of f32
+    gradients of `sizes` elements packed in `order`."""
+    slot: dict[str, tuple[int, int, int]] = {}
+    bounds: list[list[int]] = []
+    per_bucket = max(1, bucket_bytes // 4)
+    at = 0
+    for n in order:
+        if not bounds or (at - bounds[-1][0] + sizes[n] > per_bucket and at > bounds[-1][0]):
+            bounds.append([at, at])
+        slot[n] = (len(bounds) - 1, at, at + sizes[n])
+        at += sizes[n]
+        bounds[-1][1] = at
+    return slot, bounds
+
+
+def final_order(graph) -> list[str]:
+    """The trainable params in the order their gradients become final."""
+    trainable = graph.trainable()
+    users = graph.users()
+    # the last param to become final is the one read first; params nothing reads come last
+    first_use = {name: min(users[i], default=len(graph.nodes)) for name, i in trainable.items()}
+    return sorted(trainable, key=lambda n: -first_use[n])
+
+
+def bucket_count(graph, bucket_bytes: int) -> int:
+    """How many buckets GradBuckets(graph, bucket_bytes) cuts (without its buffer)."""
+    sizes = {n: graph.nodes[i].type.size for n, i in graph.trainable().items()}
+    return len(layout(final_order(graph), sizes, bucket_bytes)[1])
+
+
 class GradBuckets:
     def __init__(self, graph, bucket_bytes: int):
         self.graph = graph
         trainable = graph.trainable()
-        users = graph.users()
-        # the last param to become final is the one read first; params nothing reads come last
-        first_use = {name: min(users[i], default=len(graph.nodes)) for name, i in trainable.items()}
-        self.order = sorted(trainable, key=lambda n: -first_use[n])
+        self.order = final_order(graph)
         self.shapes = {n: graph.nodes[trainable[n]].shape for n in trainable}
         self.names = list(trainable)
         sizes = {n: graph.nodes[trainable[n]].type.size for n in trainable}
         self.flat = np.empty(sum(sizes.values()), np.float32)
-        self.slot: dict[str, tuple[int, int, int]] = {}   # name -> (bucket, start, stop) in flat
-        self.bounds: list[list[int]] = []                  # [start, stop] of each bucket
-        per_bucket = max(1, bucket_bytes // 4)
-        at = 0
-        for n in self.order:
-            if not self.bounds or (at - self.bounds[-1][0] + sizes[n] > per_bucket and at > self.bounds[-1][0]):
-                self.bounds.append([at, at])
-            self.slot[n] = (len(self.bounds) - 1, at, at + sizes[n])
-            at += sizes[n]
-            self.bounds[-1][1] = at
+        # slot: name -> (bucket, start, stop) in flat; bounds: [start, stop] of each bucket
+        self.slot, self.bounds = layout(self.order, sizes, bucket_bytes)
         self.count = [0] * len(self.bounds)
         for b, _, _ in self.slot.values():
             self.count[b] += 1
