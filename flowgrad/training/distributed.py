@@ -367,7 +367,10 @@ class _GatheringSession:
             # padded lines the ranks' counts differ); summed in rank order, every rank gets the same bits
             every = world.allgather(np.array([float(value), weight], np.float64), "the gathering of eval losses")
             total = every[:, 1].sum()
-            return np.float64((every[:, 0] * every[:, 1]).sum() / total if total else every[:, 0].mean())
+            if not total:
+                return np.float64(every[:, 0].mean())
+            # a rank with nothing scored has a loss of 0/0: it counts for nothing, as in one process
+            return np.float64(np.where(every[:, 1] > 0, every[:, 0] * every[:, 1], 0.0).sum() / total)
         return value
 
     @property
