@@ -272,6 +272,22 @@ def test_eval_loss_over_padded_targets_is_one_processes(tmp_path, default_mpi):
     assert summary["metrics"]["loss"] == pytest.approx(ref.metrics["loss"], rel=1e-6)
 
 
+def test_eval_rows_of_a_rank_with_nothing_scored_count_for_nothing(tmp_path, default_mpi):
+    """The first test batch's rows of rank 0 are all at ignore_index: its loss is
+    0/0, which must not make the batch's loss (finite in one process) NaN."""
+    model = write_mlp(tmp_path)
+    data = dict(np.load(tmp_path / "data.npz"))
+    data["yt"][:16] = -100
+    np.savez(tmp_path / "data.npz", **data)
+    save = str(tmp_path / "ranks.npz")
+    ref = one_process(model, 32, 2, "cpu")
+    proc, _ = launch(tmp_path, default_mpi, 2, batch=16, steps=2, device="cpu", save=save, model=model)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    assert np.isfinite(ref.metrics["loss"])
+    assert summary["metrics"]["loss"] == pytest.approx(ref.metrics["loss"], rel=1e-6)
+
+
 def test_resume_from_one_process_on_two_ranks(tmp_path, mlp, default_mpi):
     out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
     one_process(mlp, 32, 10, "cpu", out=out)
