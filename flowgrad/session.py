@@ -31,6 +31,7 @@ class Session:
         self.seed = seed
         # training steps taken, for the random ops' counter (see flowgrad.ops.random)
         self.train_steps = 0
+        self.rank = 0   # this process's rank in data-parallel training: its dropout masks' place
         self.graph = graph
         self.plan = plan
         self.device = device
@@ -184,7 +185,7 @@ class Session:
         the optimizer's step, so a resumed run draws the masks it would have."""
         if training:
             self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
-        return rng_feed(training, self.train_steps, self.seed)
+        return rng_feed(training, self.train_steps, self.seed, self.rank)
 
     def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt

@@ -5,10 +5,13 @@ Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
 element needs no state and every path computes the same bits: numpy here,
 dropout.comp on the device. Element i of a dropout node's mask at training
 step s uses counter (i, s, 0, 0) and key (seed, stream); stream is the
-node's id unless the call names one.
+node's id unless the call names one. In data-parallel training rank r
+counts its elements from r * n (n: the elements of its own x), so its rows
+of a batch-major x (batch outermost, as dropout's inputs are in practice)
+get the mask one process draws for those rows of the global batch.
 
 The step, the seed and whether this step trains reach the graph as one
-hidden i32[4] input, RNG_INPUT = [training, step, seed, 0], that the session
+hidden i32[4] input, RNG_INPUT = [training, step, seed, rank], that the session
 fills in every step: the graph path's recorded command buffer reads them
 from a buffer, so train and eval steps and every step's fresh mask replay the
 same recording. A training step is one that computes gradients or takes an
@@ -48,8 +51,8 @@ def philox4x32(counter, key, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def rng_feed(training: bool, step: int, seed: int) -> np.ndarray:
-    return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, 0], np.int32)
+def rng_feed(training: bool, step: int, seed: int, rank: int = 0) -> np.ndarray:
+    return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, rank], np.int32)
 
 
 def drop_threshold(p: float) -> int:
@@ -61,10 +64,13 @@ def keep_scale(p: float) -> float:
     return 0.0 if p >= 1.0 else float(np.float32(1.0 / (1.0 - p)))
 
 
-def dropout_mask(shape, p: float, step: int, seed: int, stream: int) -> np.ndarray:
+def dropout_mask(shape, p: float, step: int, seed: int, stream: int, rank: int = 0) -> np.ndarray:
     """True where an element is kept."""
     n = int(np.prod(shape))
-    word = philox4x32((np.arange(n, dtype=np.uint32), step, 0, 0), (seed, stream))[0]
+    first = np.uint32((rank * n) & 0xFFFFFFFF)   # the shader's uint arithmetic wraps alike
+    with np.errstate(over="ignore"):
+        counter = np.arange(n, dtype=np.uint32) + first
+    word = philox4x32((counter, step, 0, 0), (seed, stream))[0]
     return ((word >> np.uint32(8)) >= drop_threshold(p)).reshape(shape)
 
 
@@ -98,10 +104,10 @@ def _scaled_mask(x, rng, attrs):
     so is a call with no random state, as written before the build adds it)."""
     if rng is None:
         return None
-    training, step, seed, _ = (int(v) for v in rng)
+    training, step, seed, rank = (int(v) for v in rng)
     if not training:
         return None
-    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0)
+    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0, rank)
     return np.where(mask, np.float32(keep_scale(attrs["p"])), np.float32(0.0))
 
 

@@ -160,6 +160,7 @@ def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, ch
 
     ts.data = distributed.Shard(ts.data, world)
     sess.ranks = world.size      # sess.explain() states how a step runs at this many ranks
+    sess.rank = world.rank       # its dropout masks are those of its rows of the global batch
     config = dict(sess.graph.config)
     if config.get("batch") == ts.data.local:
         config["batch"] = ts.data.data.batch     # the global batch: a resume at another N checks it

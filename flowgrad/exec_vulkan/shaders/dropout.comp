@@ -1,10 +1,10 @@
 // variants: f32 f16
 #version 450
 // dropout forward and backward (the same map: y = x * mask / (1 - p)).
-// The mask is Philox4x32-10 of counter (i, step, 0, 0) under key (seed,
-// stream), bit for bit flowgrad.ops.random.philox4x32: element i is kept when
-// the top 24 bits of the first word are >= thr. rng = [training, step, seed, 0],
-// written by the host every step; training == 0 is the identity.
+// The mask is Philox4x32-10 of counter (rank * n + i, step, 0, 0) under key
+// (seed, stream), bit for bit flowgrad.ops.random.philox4x32: element i is kept
+// when the top 24 bits of the first word are >= thr. rng = [training, step,
+// seed, rank], written by the host every step; training == 0 is the identity.
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -31,11 +31,11 @@ uint philox_word(uint c0, uint c1, uint k0, uint k1) {
 
 void main() {
     bool training = rng[0] != 0u;
-    uint step = rng[1], seed = rng[2];
+    uint step = rng[1], seed = rng[2], first = rng[3] * p.n;
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
         float v = float(x[i]);
-        if (training) v = (philox_word(i, step, seed, p.stream) >> 8) >= p.thr ? v * p.scale : 0.0;
+        if (training) v = (philox_word(first + i, step, seed, p.stream) >> 8) >= p.thr ? v * p.scale : 0.0;
         y[i] = STORE(v);
     }
 }
