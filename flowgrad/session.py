@@ -181,7 +181,7 @@ class Session:
         return feeds
 
     def _random_state(self, training: bool) -> np.ndarray:
-        """[training, step, seed, 0]. A training step's counter continues from
+        """[training, step, seed, rank]. A training step's counter continues from
         the optimizer's step, so a resumed run draws the masks it would have."""
         if training:
             self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
