@@ -72,7 +72,7 @@ class ClosureExecutor:
         self.graph = graph
         self.kernels = kernels or NumpyKernels()
         self.timings: dict[int, list[float]] | None = None
-        self._differentiated: dict[bool, frozenset] = {}
+        self._differentiated: dict[tuple, frozenset] = {}
 
     def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> tuple[dict, list]:
         """Evaluate what `roots` need. Returns (values by node id, tape)."""
@@ -104,16 +104,17 @@ class ClosureExecutor:
             return self.kernels.vjp(node, g, ins, out)
         return backward
 
-    def differentiated(self, grad_inputs: bool = False) -> frozenset:
+    def differentiated(self, loss_id: int, grad_inputs: bool = False) -> frozenset:
         """The nodes whose VJP runs: those on a differentiable path from a
         param (with grad_inputs, a float input too) to the loss, the graph
         path's backward set. A node that only inputs reach needs no gradient,
         and may have no VJP at all (a user op registered without one)."""
-        if grad_inputs not in self._differentiated:
+        key = (loss_id, grad_inputs)
+        if key not in self._differentiated:
             from flowgrad.planner.memory import backward_nodes
 
-            self._differentiated[grad_inputs] = backward_nodes(self.graph, grad_inputs)[0]
-        return self._differentiated[grad_inputs]
+            self._differentiated[key] = backward_nodes(self.graph, grad_inputs, loss_id)[0]
+        return self._differentiated[key]
 
     def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, on_final=None,
                  watch=(), seed=None, grad_inputs: bool = False) -> dict[int, np.ndarray]:
@@ -133,7 +134,7 @@ class ClosureExecutor:
                     if i in watch and i not in seen:
                         seen.add(i)
                         final_at.setdefault(pos, []).append(i)
-        needed = self.differentiated(grad_inputs)
+        needed = self.differentiated(loss_id, grad_inputs)
         for pos in reversed(range(len(tape))):
             node, closure = tape[pos]
             g = grads.pop(node.id, None)  # intermediates are freed as we go

@@ -109,14 +109,16 @@ def _nbytes(node) -> int:
     return max(node.type.nbytes, 1)
 
 
-def backward_nodes(graph: Graph, grad_inputs: bool = False) -> tuple[frozenset, dict]:
+def backward_nodes(graph: Graph, grad_inputs: bool = False, loss: int | None = None) -> tuple[frozenset, dict]:
     """The nodes whose backward runs, and for each, the input positions that
     get a gradient: the planner's backward set (param -> loss) less what only
     reaches the loss through non-differentiable inputs; with grad_inputs,
-    float inputs are differentiated too."""
+    float inputs are differentiated too. loss: the node differentiated
+    (default the graph's loss)."""
     from flowgrad.ops import get_op
 
-    if graph.loss is None:
+    loss = graph.loss if loss is None else loss
+    if loss is None:
         return frozenset(), {}
     needs: set[int] = {i for i in graph.params.values() if graph.nodes[i].dtype != "i32"}
     if grad_inputs:
@@ -131,7 +133,7 @@ def backward_nodes(graph: Graph, grad_inputs: bool = False) -> tuple[frozenset, 
             needs.add(node.id)
             diff_pos[node.id] = pos
     # only what the loss depends on through differentiable positions gets a gradient
-    has_grad = {graph.loss} if graph.loss in needs else set()
+    has_grad = {loss} if loss in needs else set()
     for node in reversed(graph.nodes):
         if node.id in has_grad and node.id in diff_pos:
             has_grad.update(node.inputs[p] for p in diff_pos[node.id])
