@@ -113,6 +113,10 @@ class RanksDisagree(FlowError):
     """An error every rank raises together (seen in a collective's result): no abort needed."""
 
 
+class NoAnswer(FlowError):
+    """A collective this rank waited on timed out: another rank failed or hangs."""
+
+
 class World:
     def __init__(self, MPI, comm, timeout: float, bucket_bytes: int = int(DEFAULT_BUCKET_MB * (1 << 20))):
         self.MPI, self.comm, self.timeout, self.bucket_bytes = MPI, comm, timeout, bucket_bytes
@@ -164,8 +168,8 @@ class World:
         while not self.MPI.Request.Testall(requests):
             waited = time.monotonic() - start
             if waited > self.timeout:
-                raise FlowError(f"{self}: {what} got no answer from the other ranks within {self.timeout:g} s: "
-                                "a rank failed or hangs", hint=f"the limit is {TIMEOUT_ENV} (seconds)")
+                raise NoAnswer(f"{what} got no answer from the other ranks within {self.timeout:g} s: "
+                               "another rank failed or hangs", hint=f"the limit is {TIMEOUT_ENV} (seconds)")
             if waited < SPIN:
                 _yield()
             else:
@@ -284,7 +288,9 @@ class World:
 
         if not isinstance(error, (FlowError, KeyboardInterrupt)):
             traceback.print_exception(error, file=sys.stderr)
-        print(f"error: {self} failed: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
+        # the rank that waited in vain is not the one that failed: it says so
+        verb = "stopped waiting" if isinstance(error, NoAnswer) else "failed"
+        print(f"error: {self} {verb}: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
         mpi_launch.record_failed(self.rank)
         time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
         self.comm.Abort(1)
