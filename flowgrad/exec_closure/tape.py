@@ -245,8 +245,8 @@ class ClosureSession:
         self.opt_step += 1
         optimizer.update(trained, grads, self.opt_state, self.opt_step)
 
-    def get_params(self):
-        return {k: v.copy() for k, v in self.params.items()}
+    def get_params(self, names=None):
+        return {k: self.params[k].copy() for k in (self.params if names is None else names)}
 
     def set_params(self, values):
         for k, v in values.items():

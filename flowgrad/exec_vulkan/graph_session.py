@@ -214,9 +214,9 @@ class GraphSession:
 
     # -- params
 
-    def get_params(self) -> dict[str, np.ndarray]:
+    def get_params(self, names=None) -> dict[str, np.ndarray]:
         with OneShot(self.device) as s:
-            names = list(self.graph.params)
+            names = list(self.graph.params if names is None else names)
             for name in names:
                 s.download(self.param_view(name))
             return dict(zip(names, s.run()))

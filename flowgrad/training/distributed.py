@@ -208,33 +208,50 @@ class World:
         self._buckets.begin(lambda a: self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM))
         return self._buckets
 
-    def finish(self, buckets: GradBuckets, loss: float, stop: bool, step: int):
+    def finish(self, buckets: GradBuckets, loss: float, stop: bool, step: int, state=None):
         """(grads averaged across ranks, mean loss, whether any rank was asked
-        to stop), once every bucket was posted (as its gradients became final)."""
+        to stop, `state` averaged across ranks), once every bucket was posted
+        (as its gradients became final). The loss, the stop flag and the
+        state travel in one small all-reduce beside the buckets."""
         missing = buckets.unposted()
         if missing:
             raise FlowError(f"{self}: the step reported no gradient for {missing[0]}; its bucket was never reduced")
-        extra = np.array([loss, float(stop)], np.float64)
+        state = state or {}
+        extra = np.concatenate([[loss, float(stop)]] + [v.ravel().astype(np.float64) for v in state.values()])
         reqs = buckets.requests + [self.comm.Iallreduce(self.MPI.IN_PLACE, extra, op=self.MPI.SUM)]
         self._wait(reqs, f"the gradient all-reduce of step {step}")
-        return buckets.averaged(self.size), float(extra[0] / self.size), bool(extra[1] > 0)
+        means, at = {}, 2
+        for name, v in state.items():
+            means[name] = (extra[at:at + v.size] / self.size).astype(v.dtype).reshape(v.shape)
+            at += v.size
+        return buckets.averaged(self.size), float(extra[0] / self.size), bool(extra[1] > 0), means
 
     def average(self, graph, grads: dict[str, np.ndarray], loss: float, stop: bool, step: int):
         """finish() for gradients already computed (every bucket posted at once)."""
         buckets = self.buckets(graph)
         for name in buckets.order:
             buckets.final(name, grads[name])
-        return self.finish(buckets, loss, stop, step)
+        return self.finish(buckets, loss, stop, step)[:3]
 
     def step(self, sess, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool]:
         """One data-parallel step: forward + backward, each gradient bucket's
         all-reduce posted as soon as its gradients are final (during the
         backward on closures; after it on the graph path, whose backward is
         one submit), then the optimizer update alone (on the graph path a
-        second submit). Returns (mean loss, stop agreed)."""
+        second submit). Returns (mean loss, stop agreed).
+
+        State the forward updates (batch norm's running statistics, from each
+        rank's own rows) is averaged across ranks every step: an average of
+        running means over equal shards is the running mean of the global
+        batches, as one process keeps it (a running variance's average leaves
+        out the spread between the shards' means)."""
         buckets = self.buckets(sess.graph)
         res = sess.step(feeds, grads=True, on_grad_final=buckets.final)
-        grads, loss, stop = self.finish(buckets, res.loss, stop, step)
+        state = sess.graph.params.keys() - sess.graph.trainable().keys()
+        grads, loss, stop, means = self.finish(buckets, res.loss, stop, step,
+                                               sess.runner.get_params(sorted(state)) if state else None)
+        if means:
+            sess.runner.set_params(means)
         sess.optimizer = optimizer
         sess.runner.apply_update(optimizer, grads)
         return loss, stop
