@@ -210,11 +210,15 @@ def test_ranks_draw_the_dropout_masks_of_their_rows(tmp_path, default_mpi, devic
     assert_same_params(save, ref.session.params)
 
 
-def test_batch_norm_statistics_are_averaged_across_ranks(tmp_path, default_mpi):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
+def test_batch_norm_statistics_are_averaged_across_ranks(tmp_path, default_mpi, device, request):
     """Each rank's running statistics come from its own rows: unsynchronised,
     the ranks' states differed after one step and the param check stopped every
-    data-parallel run of a model with batch norm. Averaged each step, a
-    running mean over the inputs is one process's."""
+    data-parallel run of a model with batch norm (on the graph path the update
+    program asked the optimizer to update the states too). Averaged each step,
+    a running mean over the inputs is one process's."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
     model = write_mlp(tmp_path)
     text = Path(model).read_text()
     text = text.replace("h = relu(x @ w1 + b1)", "h = relu(batchnorm(x, g, bn, rm, rv) @ w1 + b1)")
@@ -222,10 +226,11 @@ def test_batch_norm_statistics_are_averaged_across_ranks(tmp_path, default_mpi):
                                      "state rm: f32[64] = zeros()\nstate rv: f32[64] = ones()\nparam b1:")
     Path(model).write_text(text)
     save = str(tmp_path / "ranks.npz")
-    proc, _ = launch(tmp_path, default_mpi, 2, batch=16, steps=20, device="cpu", save=save, model=model,
+    proc, _ = launch(tmp_path, default_mpi, 2, batch=16, steps=20, device=device, save=save, model=model,
                      check_every=1)
     assert proc.returncode == 0, proc.stderr
-    ref = one_process(model, 32, 20, "cpu")
+    ref = one_process(model, 32, 20, device)
+    assert json.loads(Path(save + ".json").read_text())["path"] == ref.path
     got = np.load(save)
     np.testing.assert_allclose(got["rm"], ref.session.params["rm"], rtol=1e-5, atol=1e-6)
     # the variance's average misses the spread between the two shards' means: close, not equal

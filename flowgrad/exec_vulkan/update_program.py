@@ -26,7 +26,8 @@ class UpdateProgram:
         self.device = device
         offset = 0
         layout = {}
-        for name, i in graph.params.items():
+        trained = graph.trainable()   # state (batch norm's running statistics) takes no update
+        for name, i in trained.items():
             node = graph.nodes[i]
             layout[name] = (offset, node.shape, node.dtype)
             offset = align_up(offset + max(node.type.nbytes, 4), ALIGN)
@@ -37,7 +38,7 @@ class UpdateProgram:
         self.packed = device.buffer(self.nbytes, "device")
         self.grads = {name: BufView(self.packed, off, shape, dtype) for name, (off, shape, dtype) in layout.items()}
         hyper = BufView(self.packed, self.hyper_offset, h.shape, "f32")
-        params = {name: sess.param_view(name) for name in graph.params}
+        params = {name: sess.param_view(name) for name in trained}
         state = sess.optimizer_state_views(optimizer)
         words = (self.nbytes // 4,)
         rec = Recorder(device)
