@@ -160,6 +160,18 @@ def test_generate_refuses_a_model_that_is_not_causal(tmp_path):
         generate(sess, [chr(97 + i) for i in range(16)], "char", "abc", 3)
 
 
+def test_generate_samples_only_ids_of_the_vocabulary_when_the_model_is_sized_past_it():
+    from flowgrad.training.generate import generate
+
+    # tiny_gpt has vocab = 16; a text of 4 characters leaves ids 4..15 without a symbol, and an
+    # untrained model gives them about the same probability as the rest
+    sess = fg.load(MODELS / "tiny_gpt.flow", TINY_GPT).compile(device="cpu")
+    for seed in range(3):
+        sample = generate(sess, list("abcd"), "char", "abc", 20, seed=seed)
+        assert len(sample) == 23 and set(sample) <= set("abcd")
+    assert generate(sess, [97, 98, 99, 100], "byte", "abc", 20, seed=0).isascii()
+
+
 def test_predict_names_the_feed_it_was_given_when_its_rank_is_wrong():
     sess = fg.load(MODELS / "mlp.flow", {"batch": 4, "hidden": 8}).compile(device="cpu")
     with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[64\], but input x is f32\[4,64\]"):

@@ -76,7 +76,7 @@ def stream(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temper
         raise FlowError("the prompt is empty: generate continues a prompt of at least one character")
     ids = list(encode(prompt if level == "char" else prompt.encode(), vocab, level))
     check_causal(sess, tok_in, logits_out, seq, ids, len(vocab))
-    sampled = sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed)
+    sampled = sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed, len(vocab))
     return pieces(itertools.chain(list(ids), sampled), vocab, level)
 
 
@@ -101,11 +101,15 @@ def check_causal(sess, tok_in, logits_out, seq, ids, vocab_size) -> None:
                                             "(attention(..., causal=true))")
 
 
-def sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed):
-    """Each new id as it is sampled (ids grows with them)."""
+def sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed, n_symbols=None):
+    """Each new id as it is sampled (ids grows with them), among the first
+    `n_symbols` ids (default: all the logits)."""
     rng = np.random.default_rng(seed)
     for _ in range(tokens):
-        ids.append(sample(window_logits(sess, tok_in, logits_out, seq, ids), temperature, top_k, rng))
+        # a model may be sized past its text's vocabulary (vocab = 64 for 38 characters): the ids
+        # beyond it stand for no symbol, so they are never sampled
+        logits = window_logits(sess, tok_in, logits_out, seq, ids)[:n_symbols]
+        ids.append(sample(logits, temperature, top_k, rng))
         yield ids[-1]
 
 
