@@ -13,6 +13,7 @@ from flowgrad.errors import FlowError
 from flowgrad.training import checkpoint
 from flowgrad.training.section import check_train, setup
 from flowgrad.training.metrics import Metric
+from flowgrad.training.text import decode
 
 REGRESSION = """
 model reg
@@ -230,6 +231,19 @@ def test_text_source_windows_and_vocab(tmp_path):
     assert checkpoint.load(tmp_path / "run" / "checkpoint.safetensors").data["vocab"] == vocab
     assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
 
+
+
+def test_text_char_level_leaves_out_a_byte_order_mark(tmp_path):
+    text = "caf\u00e9 \u65e5\u672c \U0001f642 e\u0301\r\nno newline at the end " * 8
+    (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    for rows in ("windows", "lines"):
+        data = setup(model(TOKENS, f'data = text("t.txt", seq=seq, rows="{rows}")', tmp_path,
+                           vocab=len(set(text))).graph).data
+        assert data.vocab == sorted(set(text)) and "\ufeff" not in data.vocab
+        assert decode(data.ids, data.vocab, "char") == text
+    # bytes are the file's, all of them
+    data = setup(model(TOKENS, 'data = text("t.txt", seq=seq, level="byte")', tmp_path, vocab=40).graph).data
+    assert bytes(data.vocab[i] for i in data.ids) == b"\xef\xbb\xbf" + text.encode()
 
 
 def test_text_lines_eval_loss_is_the_mean_over_scored_tokens(tmp_path):

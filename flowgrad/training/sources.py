@@ -222,7 +222,9 @@ def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fract
         raise FlowError(f"{what}: cannot read {str(full)!r}: {e.strerror or e}", span) from None
     if level == "char":
         try:
-            symbols = raw.decode("utf-8")
+            # a BOM (Notepad writes one) marks the encoding, it is no character of the text: kept, it
+            # would be a symbol of the vocabulary, one more than the text shows
+            symbols = raw.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise FlowError(f"{what}: {str(full)!r} is not UTF-8 text ({e})", span,
                             hint='level="byte" reads any file') from None
