@@ -257,6 +257,16 @@ def test_text_lines_eval_loss_is_the_mean_over_scored_tokens(tmp_path):
     res = fg.train(m, device="cpu", progress=False)
     assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
 
+def test_text_lines_pad_that_the_loss_does_not_ignore_is_a_load_time_error(tmp_path):
+    (tmp_path / "t.txt").write_text("a quick line\nno\nthe lazy dog sleeps\n" * 10)
+    with pytest.raises(FlowError) as e:
+        setup(model(TOKENS, 'data = text("t.txt", seq=seq, rows="lines", pad=-1)', tmp_path, vocab=20).graph)
+    assert "pads the targets of its rows with -1, but cross_entropy at" in str(e.value)
+    assert "ignores target -100" in str(e.value) and "text(..., pad=-100)" in e.value.hint
+    text = TOKENS.replace("cross_entropy(logits, labels)", "cross_entropy(logits, labels, ignore_index=-1)")
+    assert setup(model(text, 'data = text("t.txt", seq=seq, rows="lines", pad=-1)', tmp_path, vocab=20).graph)
+
+
 # -- metrics against hand computations ---------------------------------------------
 
 def test_metrics_by_hand():

@@ -129,6 +129,23 @@ class TextLines(TextData):
         shape = (len(tokens), self.seq)
         return (np.array(tokens, np.int32).reshape(shape), np.array(targets, np.int32).reshape(shape))
 
+    def check_role(self, role, name, t, index_bounds):
+        super().check_role(role, name, t, index_bounds)
+        if role != "targets":
+            return
+        # padding the loss does not ignore is an out-of-range target: the first step would stop
+        # with an error about the feed, not about text(pad=...)
+        for _, user in index_bounds:
+            ignore = user.attrs.get("ignore_index")
+            if ignore != self.pad:
+                where = user.span.where() if user.span else "?"
+                ignores = "ignores no target" if ignore is None else f"ignores target {ignore}"
+                raise FlowError(f"data {self.describe} pads the targets of its rows with {self.pad}, but "
+                                f"{user.op} at {where} {ignores}", self.span,
+                                hint=f"pad with the value the loss ignores: text(..., pad={ignore})"
+                                if isinstance(ignore, int) and ignore < 0 else
+                                f"give {user.op} ignore_index={self.pad}")
+
     def score_mask(self, feeds) -> np.ndarray:
         return feeds[self.inputs["targets"]] != self.pad
 
