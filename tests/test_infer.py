@@ -172,6 +172,22 @@ def test_generate_samples_only_ids_of_the_vocabulary_when_the_model_is_sized_pas
     assert generate(sess, [97, 98, 99, 100], "byte", "abc", 20, seed=0).isascii()
 
 
+def test_generate_samples_from_the_logits_when_a_softmax_output_is_declared_first():
+    from flowgrad.training.generate import generate, lm_io
+
+    text = (MODELS / "tiny_gpt.flow").read_text()
+    plain = fg.loads(text, TINY_GPT).compile(device="cpu")
+    probs_first = fg.loads(text.replace("output logits", "probs = softmax(logits)\noutput probs, logits"),
+                           TINY_GPT).compile(device="cpu")
+    assert lm_io(probs_first.graph)[1] == "logits"
+    # peaked logits: read as logits, softmax's output (all in [0, 1]) samples almost uniformly
+    params = {k: v * 200 if k == "w_out" else v for k, v in plain.params.items()}
+    plain.set_params(params)
+    probs_first.set_params(params)
+    vocab = [chr(97 + i) for i in range(16)]
+    assert generate(probs_first, vocab, "char", "abc", 30, seed=1) == generate(plain, vocab, "char", "abc", 30, seed=1)
+
+
 def test_predict_names_the_feed_it_was_given_when_its_rank_is_wrong():
     sess = fg.load(MODELS / "mlp.flow", {"batch": 4, "hidden": 8}).compile(device="cpu")
     with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[64\], but input x is f32\[4,64\]"):

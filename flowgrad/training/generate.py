@@ -17,22 +17,27 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.training.data import output_inputs
+from flowgrad.training.metrics import _compared_with
 from flowgrad.training.text import encode
 
 
 def lm_io(graph) -> tuple[str, str, int]:
     """(token input, logits output, window length) of a language model."""
-    feats, _ = output_inputs(graph)
+    feats, targets = output_inputs(graph)
     tokens = [n for n in feats if graph.nodes[graph.inputs[n]].dtype == "i32"
               and len(graph.nodes[graph.inputs[n]].shape) == 2]
     if len(tokens) != 1:
         raise FlowError(f"{graph.name} is not a language model that generate can drive: it needs one input of "
                         "token ids shaped [batch, seq] that its outputs read")
     t = graph.nodes[graph.inputs[tokens[0]]].type
-    for name, i in graph.outputs.items():
-        o = graph.nodes[i].type
-        if i != graph.loss and len(o.shape) == 3 and o.shape[:2] == t.shape:
-            return tokens[0], name, t.shape[1]
+    fits = [name for name, i in graph.outputs.items()
+            if i != graph.loss and len(graph.nodes[i].type.shape) == 3 and graph.nodes[i].type.shape[:2] == t.shape]
+    # of several (`probs = softmax(logits)` declared first), the logits are what the loss compares
+    # with the targets: sampling from softmax(probs / T) would draw nearly uniformly
+    compared = set().union(*(_compared_with(graph, graph.inputs[n]) for n in targets))
+    fits.sort(key=lambda n: graph.outputs[n] not in compared)
+    if fits:
+        return tokens[0], fits[0], t.shape[1]
     raise FlowError(f"{graph.name} has no output of next-token logits shaped [batch, seq, vocab]",
                     hint="declare it: `output logits`")
 
