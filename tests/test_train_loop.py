@@ -223,6 +223,23 @@ def test_resume_errors(tmp_path):
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == before
 
 
+
+def test_resume_refuses_a_text_whose_vocabulary_changed(tmp_path):
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    text = (MODELS / "char_lm.flow").read_text().replace("data/lincoln_dickens.txt", "t.txt")
+    (tmp_path / "lm.flow").write_text(text)
+    config = {"vocab": 40, "d": 8, "heads": 1, "layers": 1, "seq": 8, "batch": 4}
+    out = tmp_path / "run"
+    fg.train(fg.load(tmp_path / "lm.flow", config), steps=3, device="cpu", progress=False, out=out)
+    fg.train(fg.load(tmp_path / "lm.flow", config), steps=4, device="cpu", progress=False, out=out, resume=True)
+    # "!" sorts first: every id of the text moves by one, the params would learn other characters
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog!\n" * 20)
+    before = (out / "checkpoint.safetensors").read_bytes()
+    with pytest.raises(FlowError, match=r"the data's vocab changed since it was written \(28 symbols -> 29, "
+                                        r"new: '!'\)"):
+        fg.train(fg.load(tmp_path / "lm.flow", config), steps=6, device="cpu", progress=False, out=out, resume=True)
+    assert (out / "checkpoint.safetensors").read_bytes() == before
+
 @pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "interrupted: saved step"),
                                                (signal.SIGTERM, 143, "interrupted by SIGTERM: saved step")])
 def test_ctrl_c_or_sigterm_from_the_cli_saves_and_exits_128_plus_the_signal(tmp_path, sig, status, said):

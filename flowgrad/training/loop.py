@@ -347,6 +347,7 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
         raise FlowError(f"cannot resume {ckpt_path}: it was written by model {ckpt.model} with another config "
                         f"({what})", hint="resume with the same model and --set values (data-parallel runs record "
                                           "the global batch, batch x ranks), or start a new --out")
+    _check_same_symbols(ckpt, ts.data.meta(), ckpt_path)
     if ckpt.step > ts.steps:
         raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
                         hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
@@ -357,6 +358,27 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
     checkpoint.restore_loss_scale(ckpt, sess)
     return ckpt.step
+
+
+def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
+    """The params were trained on ids of the checkpoint's vocabulary (or class names): a text
+    edited since (a new character shifts the sorted ids of those after it) would go on training
+    them on other symbols, with no error."""
+    kept, now = ckpt.data or {}, json.loads(json.dumps(meta, default=str))
+    for key in ("level", "vocab", "classes"):
+        if key not in kept or kept[key] == now.get(key):
+            continue
+        what = f"{kept[key]!r} -> {now.get(key)!r}"
+        if key != "level" and isinstance(now.get(key), list):
+            old, new = kept[key], now[key]
+            gained, lost = [x for x in new if x not in old], [x for x in old if x not in new]
+            what = (f"{len(old)} symbols -> {len(new)}" + (f", new: {', '.join(map(repr, gained[:10]))}" if gained
+                                                              else "") +
+                    (f", gone: {', '.join(map(repr, lost[:10]))}" if lost else "") +
+                    ("" if gained or lost else ", in another order"))
+        raise FlowError(f"cannot resume {ckpt_path}: the data's {key} changed since it was written ({what}), so "
+                        "the params' ids would stand for other symbols",
+                        hint="resume on the data it was trained on, or start a new --out")
 
 
 def _save(sess, ts, path, step, config):
