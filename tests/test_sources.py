@@ -257,6 +257,19 @@ def test_text_lines_eval_loss_is_the_mean_over_scored_tokens(tmp_path):
     res = fg.train(m, device="cpu", progress=False)
     assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
 
+def test_text_lines_eval_loss_is_the_mean_over_scored_tokens_at_a_fixed_batch(tmp_path):
+    """A model whose batch is no config key runs a short last batch whole: its filler rows (copies
+    of the first) counted in the loss, so exp(loss) missed the perplexity."""
+    lines = ["a quick line", "no", "the lazy dog sleeps all day long", "x y", "brown fox"] * 12
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    vocab = len(set("\n".join(lines) + "\n"))
+    fixed = TOKENS.replace("[batch, seq]", "[4, seq]")
+    m = model(fixed, 'data = text("t.txt", seq=seq, rows="lines", val_fraction=0.2, test_fraction=0.15)',
+              tmp_path, vocab=vocab)
+    res = fg.train(m, device="cpu", progress=False)
+    assert res.metrics["perplexity"] == pytest.approx(np.exp(res.metrics["loss"]), rel=1e-5)
+
+
 def test_text_lines_pad_that_the_loss_does_not_ignore_is_a_load_time_error(tmp_path):
     (tmp_path / "t.txt").write_text("a quick line\nno\nthe lazy dog sleeps\n" * 10)
     with pytest.raises(FlowError) as e:

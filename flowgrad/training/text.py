@@ -160,4 +160,9 @@ class TextLines(TextData):
     def eval_batches(self, split: str = "test"):
         n = len(self.rows[split][0])
         for start in range(0, n, self.batch):
-            yield self._rows_at(split, np.arange(start, start + self.batch) % n), min(self.batch, n - start)
+            feeds = self._rows_at(split, np.arange(start, start + self.batch) % n)
+            # a model of fixed batch runs a short last batch whole: fill rows with nothing scored, so
+            # its loss (a mean over scored targets) is the valid rows' alone, as when it runs at their size
+            feeds[self.inputs["tokens"]][n - start:] = 0
+            feeds[self.inputs["targets"]][n - start:] = self.pad
+            yield feeds, min(self.batch, n - start)
