@@ -221,6 +221,13 @@ class Graph:
                 stack.extend(self.nodes[i].inputs)
         return [n for n in self.nodes if n.id in keep]
 
+    def uncast(self, i: int) -> int:
+        """The node that node i casts, through any chain of casts (mixed
+        precision casts params to f16 and losses' inputs to f32)."""
+        while self.nodes[i].op == "cast":
+            i = self.nodes[i].inputs[0]
+        return i
+
     def trainable(self) -> dict[str, int]:
         """The params the optimizer updates and gradients are reported for:
         all but `state` declarations (which ops update in place)."""

@@ -43,12 +43,7 @@ CONV_OPS = ("conv1d", "conv2d", "conv_transpose2d")
 def conv_weights(graph: Graph) -> set[int]:
     """The params a convolution reads as its weight (through the casts of
     mixed precision)."""
-    def origin(i):
-        while graph.nodes[i].op == "cast":
-            i = graph.nodes[i].inputs[0]
-        return i
-
-    return {origin(n.inputs[1]) for n in graph.nodes if n.op in CONV_OPS and len(n.inputs) > 1}
+    return {graph.uncast(n.inputs[1]) for n in graph.nodes if n.op in CONV_OPS and len(n.inputs) > 1}
 
 
 # (rng, shape, fans, arguments a .flow file may give): fans come from how the graph uses the param

@@ -17,7 +17,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.training.data import output_inputs
-from flowgrad.training.metrics import _compared_with
+from flowgrad.training.metrics import compared_with
 from flowgrad.training.text import encode
 
 
@@ -34,7 +34,7 @@ def lm_io(graph) -> tuple[str, str, int]:
             if i != graph.loss and len(graph.nodes[i].type.shape) == 3 and graph.nodes[i].type.shape[:2] == t.shape]
     # of several (`probs = softmax(logits)` declared first), the logits are what the loss compares
     # with the targets: sampling from softmax(probs / T) would draw nearly uniformly
-    compared = set().union(*(_compared_with(graph, graph.inputs[n]) for n in targets))
+    compared = set().union(*(compared_with(graph, graph.inputs[n]) for n in targets))
     fits.sort(key=lambda n: graph.outputs[n] not in compared)
     if fits:
         return tokens[0], fits[0], t.shape[1]

@@ -101,7 +101,7 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
         want = f"shaped like {target} ({list(t.shape)})"
     # of several outputs that fit (`probs` declared before `logits`), the one the model compares with the
     # targets is what it predicts: perplexity of a softmax's output read as logits is nonsense
-    compared = _compared_with(graph, graph.inputs[target])
+    compared = compared_with(graph, graph.inputs[target])
     fits.sort(key=lambda n: graph.outputs[n] not in compared)
     if not fits:
         have = ", ".join(f"{n}: {o}" for n, o in outputs.items()) or "none"
@@ -111,17 +111,12 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
     return Metric(name, fits[0], target)
 
 
-def _compared_with(graph: Graph, target: int) -> set[int]:
+def compared_with(graph: Graph, target: int) -> set[int]:
     """The values an op reads beside the target input (through casts, as
     mixed precision casts a loss's inputs): a loss's prediction."""
-    def through_casts(i):
-        while graph.nodes[i].op == "cast":
-            i = graph.nodes[i].inputs[0]
-        return i
-
     out = set()
     for node in graph.nodes:
-        ins = [through_casts(i) for i in node.inputs]
+        ins = [graph.uncast(i) for i in node.inputs]
         if target in ins:
             out.update(i for i in ins if i != target)
     return out
