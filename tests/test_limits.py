@@ -84,6 +84,28 @@ def test_deep_config_expression():
     at(e, 2)
 
 
+NESTINGS = {
+    "sum chain": lambda n: " + ".join(["a"] * (n + 1)),
+    "negations": lambda n: "-" * n + "a",
+    "calls": lambda n: "relu(" * n + "a" + ")" * n,
+    "mixed": lambda n: "relu(" * (n // 2) + "-" * (n - n // 2) + "a" + ")" * (n // 2),
+}
+PLACES = {
+    "statement": lambda e: f"input a: f32[2]\ny = {e}\noutput y\n",
+    "block": lambda e: f"input x: f32[2]\nblock b(a) {{\n  return {e}\n}}\ny = b(x)\noutput y\n",
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("nesting", NESTINGS)
+def test_nesting_limit_is_the_same_for_every_expression_and_place(nesting, place):
+    # the limit counts expression levels only: not the statement, block or
+    # argument list around them (a call nests once)
+    fg.loads(PLACES[place](NESTINGS[nesting](limits.MAX_DEPTH)))
+    e = err(PLACES[place](NESTINGS[nesting](limits.MAX_DEPTH + 1)))
+    assert "nested more than" in e.message
+
+
 @pytest.mark.parametrize("literal", ["9" * 5000, "1" + "0" * 40, "1e400"])
 def test_number_literal_limits(literal):
     e = err(f"config {{\n  a = {literal}\n}}\n")
