@@ -55,6 +55,25 @@ def test_block_call_depth_limit():
     assert "deep" in e.message and e.span is not None
 
 
+@pytest.mark.parametrize("nesting", ["relu({})", "softmax(x={})", "-{}", "{} + a"])
+def test_deep_expressions_in_nested_blocks_at_the_limits_build(nesting):
+    # each limit alone is fine; a block call at the bottom of a deep
+    # expression in each of the nested blocks multiplies them
+    import sys
+
+    inner = "b{}(a)"
+    for _ in range(limits.MAX_DEPTH - 1):
+        inner = nesting.format(inner)
+    n = limits.MAX_BLOCK_DEPTH - 1
+    lines = ["input x: f32[2]", f"block b{n}(a) {{", "  return a", "}"]
+    for i in range(n):
+        lines += [f"block b{i}(a) {{", "  return " + inner.replace("b{}", f"b{i + 1}"), "}"]
+    before = sys.getrecursionlimit()
+    m = fg.loads("\n".join(lines + ["y = b0(x)", "output y"]) + "\n")
+    assert "y" in m.graph.outputs
+    assert sys.getrecursionlimit() == before
+
+
 @pytest.mark.parametrize("n", [150, 2000])
 def test_long_sum_chain_is_a_positioned_error(n):
     e = err("input x: f32[2]\ny = " + " + ".join(["x"] * n) + "\n")

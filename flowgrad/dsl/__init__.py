@@ -7,6 +7,7 @@ tree -> syntax tree (a Lark Transformer) -> Graph, with source spans on every no
 """
 from __future__ import annotations
 
+from flowgrad.dsl import limits
 from flowgrad.dsl.ast import Program
 from flowgrad.dsl.builder import Builder
 from flowgrad.dsl.parser import grammar_path, parse_program
@@ -22,7 +23,8 @@ def parse(text: str | bytes, file: str = "<string>") -> Program:
 
 def build(program: Program, config: dict | None = None, dtype: str = "f32") -> Graph:
     """Config overrides typed and applied, every node's type inferred; a checked Graph."""
-    return Builder(program, config, dtype).build()
+    with limits.recursion_room(limits.BUILD_FRAMES):
+        return Builder(program, config, dtype).build()
 
 
 __all__ = ["Program", "build", "grammar_path", "parse"]

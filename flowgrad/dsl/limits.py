@@ -3,7 +3,9 @@ unbounded amount of work (a hang) or memory (a crash) and turns the attempt
 into a positioned FlowError; docs/language.md lists them."""
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 
 MAX_DEPTH = 100              # nesting of expressions (a + b + c nests twice), on the parse tree
 MAX_NUMBER_DIGITS = 100      # characters in a number literal or an int --set value
@@ -14,6 +16,31 @@ MAX_NODES = 50_000           # graph nodes after blocks and repeats are expanded
 MAX_RANK = 8                 # axes of a tensor
 MAX_ELEMENTS = 2**31 - 1     # elements of one tensor (device kernels index with 32 bits)
 MAX_STRING = 4096            # characters in a string literal or a --set value
+
+# Python frames building a model may stack: the builder recurses once per
+# expression level (up to 6 frames for a call), inside each of up to
+# MAX_BLOCK_DEPTH nested block instances, so a file within the limits above
+# can nest far past Python's default recursion limit of 1,000.
+BUILD_FRAMES = (MAX_BLOCK_DEPTH + 1) * (MAX_DEPTH * 6 + 50)
+
+
+@contextlib.contextmanager
+def recursion_room(frames: int):
+    """Let the code inside recurse `frames` deeper than the caller stands.
+    From Python 3.11 a Python-to-Python call takes no C stack, so this
+    costs heap memory only. The limit goes back unless something else
+    changed it meanwhile (another thread's build)."""
+    old = sys.getrecursionlimit()
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    new = max(old, depth + frames)
+    sys.setrecursionlimit(new)
+    try:
+        yield
+    finally:
+        if sys.getrecursionlimit() == new:
+            sys.setrecursionlimit(old)
 
 
 def type_problem(shape: tuple[int, ...]) -> str | None:
