@@ -138,6 +138,15 @@ def test_huge_static_power_is_refused_without_computing_it():
     at(e, 2)
 
 
+@pytest.mark.parametrize("expr", ["1e308 * 10", "1e308 + 1e308", "-1e308 - 1e308", "1 / 1e-320"])
+def test_static_float_arithmetic_stays_finite(expr):
+    e = err(f"config {{\n  a = {expr}\n}}\n")
+    at(e, 2, 7)
+    assert "out of a float's range" in e.message
+    e = err(f"param w: f32[2] = normal(std={expr})\n")
+    at(e, 1, 30)
+
+
 @pytest.mark.parametrize("value", ["9" * 5000, "99999999999999999999999", 2**70, "x" * 10000])
 def test_set_value_limits(value):
     e = err("config {\n  n = 2\n}\n", {"n": value})

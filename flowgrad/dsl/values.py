@@ -73,6 +73,11 @@ def static_binop(op: str, a, b):
     problem = int_problem(out) if isinstance(out, int) and not isinstance(out, bool) else None
     if problem:
         raise StaticError(problem)
+    # a float literal is finite, and so must be what arithmetic makes of them:
+    # Python's float * + - / overflow to inf silently, and an inf std or lr
+    # would only show up as NaNs in training
+    if isinstance(out, float) and not math.isfinite(out):
+        raise StaticError(f"{show(a)} {op} {show(b)} is out of a float's range")
     return out
 
 
