@@ -116,6 +116,8 @@ CASES = [
     ("initialiser-as-op", "input x: f32[2]\ny = xavier()\n", None, "2:5",
      ["xavier() is an initialiser"]),
     ("non-ascii-digit", "input x: f32[\uff18]\n", None, "1:14", ["syntax error: unexpected character '\uff18'"]),
+    ("string-plus-dtype", "config {\n  a = 'x' + f32\n}\n", None, "2:7",
+     ["cannot apply '+' to str 'x' and dtype f32"]),
     ("train-unknown-name", "config { lr = 0.1 }\ntrain {\n  optimizer = adam(lr=lrr)\n}\n", None, "3:23",
      ["unknown name 'lrr' in train section (did you mean lr?)"]),
 ]

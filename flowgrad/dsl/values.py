@@ -82,7 +82,7 @@ def static_binop(op: str, a, b):
 
 
 def _binop(op: str, a, b):
-    if isinstance(a, str) and isinstance(b, str) and op == "+" and not isinstance(a, DType):
+    if op == "+" and type_name(a) == type_name(b) == "str":   # a DType is a str, but not text to join
         return a + b
     if not (is_number(a) and is_number(b)):
         raise StaticError(f"cannot apply '{op}' to {type_name(a)} {show(a)} and {type_name(b)} {show(b)}")
