@@ -154,6 +154,29 @@ def test_bad_input(case_id, src, config, where, fragments):
     assert_no_traceback_chain(err)
 
 
+@pytest.mark.parametrize("src", [
+    "block f(a) {\n  h = a +* a\n  return h\n}\n",
+    "config {\n  a = = 1\n}\n",
+    "train {\n  steps 10\n}\n",
+    "config {\n  a = \"(\"\n  b = = 2\n}\n",
+])
+def test_a_syntax_error_inside_braces_closed_later_blames_no_bracket(src):
+    # the { } is open where the error is, but it is closed: not the cause
+    err = error_of(src)
+    assert err.span.line > 1 and "never closed" not in str(err), str(err)
+
+
+@pytest.mark.parametrize("src, where, hint", [
+    ("block f(a) {\n  return a\ninput x: f32[2]\n", "3:7", "the '{' at line 1, column 12 is never closed"),
+    ("config {\n  a = 1\n", "2:8", "the '{' at line 1, column 8 is never closed"),
+    ("config {\n  a = (1\n  b = 2\n}\n", "3:3", "the '(' at line 2, column 7 is never closed"),
+    ("block f(a) {\n  h = relu(a\n  return h\n}\n", "3:3", "the '(' at line 2, column 11 is never closed"),
+])
+def test_a_bracket_never_closed_is_named(src, where, hint):
+    err = error_of(src)
+    assert f"{err.span.line}:{err.span.col}" == where and f"hint: {hint}" in str(err), str(err)
+
+
 def test_at_least_twenty_distinct_bad_inputs():
     assert len({c[1] + repr(c[2]) for c in CASES}) >= 20
 

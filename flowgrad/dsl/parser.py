@@ -334,23 +334,34 @@ def end_of_text(lines) -> int:
 
 
 BRACKET_RE = re.compile(r"""#[^\n]*|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|[()\[\]{}]""")
+OPENER = {")": "(", "]": "[", "}": "{"}
 
 
 def unclosed_hint(text: str, offset: int | None, line: int) -> str | None:
-    """When a bracket opened on an earlier line is still open where the error
-    is, say so: the error itself shows up only at the next statement."""
+    """When a bracket opened on an earlier line is never closed, say so: the
+    error itself shows up only at the next statement. A bracket that is
+    open where the error is but closed further on is no such cause: every
+    error inside a block's or a config's { } is in one."""
     if offset is None:
         return None
-    stack = []
-    for m in BRACKET_RE.finditer(text, 0, offset):
+    stack, never_closed, open_at_error = [], set(), None
+    for m in BRACKET_RE.finditer(text):
+        if open_at_error is None and m.start() >= offset:
+            open_at_error = list(stack)
         c = m.group()
         if c in "([{":
             stack.append(m.start())
-        elif c in ")]}" and stack:
-            stack.pop()
-    if not stack:
+        elif c in OPENER:
+            for i in range(len(stack) - 1, -1, -1):
+                if text[stack[i]] == OPENER[c]:
+                    never_closed.update(stack[i + 1:])   # skipped over: those were left open
+                    del stack[i:]
+                    break
+    never_closed.update(stack)
+    culprits = [start for start in (stack if open_at_error is None else open_at_error) if start in never_closed]
+    if not culprits:
         return None
-    start = stack[-1]
+    start = culprits[-1]
     open_line = text.count("\n", 0, start) + 1
     if open_line == line:
         return None
