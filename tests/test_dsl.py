@@ -209,6 +209,16 @@ def test_config_overrides_are_typed_against_the_declaration():
     assert g.config["half"] == 5 and g.nodes[0].shape == (6, 5)
 
 
+def test_an_overridden_key_need_not_evaluate_under_the_other_overrides():
+    # half = n / 2 fails for n=7, but half is given too: its expression is replaced
+    g = build(CFG, {"n": "7", "half": "3"})
+    assert g.config["n"] == 7 and g.config["half"] == 3 and g.nodes[0].shape == (7, 3)
+    with pytest.raises(fg.FlowError, match="declared as 2 here"):   # still typed as declared
+        build(CFG, {"n": "7", "half": "3.5"})
+    with pytest.raises(fg.FlowError, match="7 / 2 is not an exact integer division"):
+        build(CFG, {"n": "7"})
+
+
 def test_config_dtype_in_a_declaration():
     g = build("config { t = f16 }\ninput x: t[2]\n")
     assert g.nodes[0].dtype == "f16"

@@ -63,6 +63,7 @@ class ConfigEvaluator:
         self.error = error
         self.values: dict = {}
         self.items: dict[str, ast.Item] = {}
+        self.declared = self._declared(blocks) if overrides else {}
         for block in blocks:
             for item in block.items:
                 self._add(item, overrides)
@@ -76,6 +77,27 @@ class ConfigEvaluator:
         raise self.error(f"unknown name {name.id!r} in config{suggest(name.id, self.values)}", name.pos,
                          hint="a config value may use literals and the config keys defined above it")
 
+    def _declared(self, blocks: list[ast.ConfigBlock]) -> dict:
+        """The values as the file declares them, no override applied, where
+        they evaluate."""
+        values: dict = {}
+
+        def lookup(name: ast.Name):
+            if name.id in values or name.id in CONSTANT_NAMES:
+                return values[name.id] if name.id in values else CONSTANT_NAMES[name.id]
+            raise self.error(f"unknown name {name.id!r}", name.pos)
+
+        for block in blocks:
+            for item in block.items:
+                try:
+                    values[item.name.id] = evaluate_static(item.value, lookup, self._no_calls, self.error)
+                except FlowError:
+                    pass
+        return values
+
+    def _no_calls(self, call: ast.Call, _ev):
+        raise self.error(f"config values must be constants; {call.func}(...) is not", call.pos)
+
     def _add(self, item: ast.Item, overrides: dict):
         key = item.name.id
         if key in self.items:
@@ -84,10 +106,15 @@ class ConfigEvaluator:
         if reserved(key):
             raise self.error(f"{key!r} is {reserved(key)} and cannot be a config key", item.name.pos)
 
-        def no_calls(call, _ev):
-            raise self.error(f"config values must be constants; {call.func}(...) is not", call.pos)
-
-        value = evaluate_static(item.value, self.lookup, no_calls, self.error)
+        try:
+            value = evaluate_static(item.value, self.lookup, self._no_calls, self.error)
+        except FlowError:
+            # an overridden key's expression need not hold for the overrides of
+            # the keys it uses (--set d=7 --set hd=7 where hd = d / heads): the
+            # override replaces it, typed against the value the file declares
+            if key not in overrides or key not in self.declared:
+                raise
+            value = self.declared[key]
         if type_name(value) not in CONFIG_TYPES:
             raise self.error(f"config {key} = {show(value)}: a config value is an int, float, bool, "
                              "string or dtype", item.value.pos)
