@@ -47,6 +47,14 @@ def test_nested_blocks_doubling_hit_the_node_bound(monkeypatch):
     assert "nodes" in e.message and e.span is not None
 
 
+def test_split_into_more_parts_than_the_node_bound():
+    # one slice node a part: a short split(x, n) must not build n nodes first
+    n = limits.MAX_NODES + 1
+    e = err(f"input x: f32[{n}]\nparts = split(x, {n})\n")
+    at(e, 2, 18)
+    assert "nodes" in e.message
+
+
 def test_block_call_depth_limit():
     lines = ["input x: f32[2]", "block b0(a) {", "  return a", "}"]
     for i in range(1, 60):

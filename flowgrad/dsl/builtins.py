@@ -44,6 +44,9 @@ class Builtins:
         else:
             raise self.error(f"split(): n must be a positive int or a list of sizes, got {self.show_value(n)}",
                              npos, scope)
+        if len(self.graph.nodes) + len(sizes) > limits.MAX_NODES:   # one slice node a part: n is unbounded
+            raise self.error(f"split(): {len(sizes):,} parts would take the model past {limits.MAX_NODES:,} "
+                             "nodes", npos, scope)
         span = self.span(c.pos, scope)
         out, start = [], 0
         for s in sizes:
