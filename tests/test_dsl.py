@@ -273,6 +273,13 @@ def test_a_literal_takes_the_data_dtype_not_the_condition_dtype():
         assert node.dtype == "f32" and {g.nodes[i].dtype for i in node.inputs[1:]} == {"f32"}
 
 
+def test_literals_alone_beside_an_i32_condition_keep_their_own_dtype():
+    g = build("input c: i32[2]\na = where(c, 1.0, 0.0)\nb = where(c, 1, 0)\n")
+    assert g.node("a").dtype == "f32" and g.node("b").dtype == "i32"
+    with pytest.raises(fg.FlowError, match="the float 1.5, but the tensor it meets is i32"):
+        build("input c: i32[2]\na = eq(c, 1.5)\n")   # c is data here, not a condition
+
+
 def test_unary_minus_and_power():
     g = build("input x: f32[2]\na = -x\nb = -x ** 2\nc = x ** -1\n")
     assert g.node("a").op == "neg"

@@ -109,6 +109,10 @@ class Calls:
         # index argument: where(mask_i32, x, 0.0) is an f32 where
         data = [v for k, v in enumerate(given) if k not in op.nondiff]
         like = next((self.node_type(v).dtype for v in (*_flat(data), *_flat(given)) if isinstance(v, Tensor)), None)
+        if like == "i32" and data and not any(isinstance(v, Tensor) for v in _flat(data)):
+            # only an i32 condition or index to go by: numbers keep their own
+            # dtype, so where(mask_i32, 1.0, 0.0) is an f32 where, not an error
+            like = None
         ins, attr_values = [], {}
         for arg in op.args:
             value, pos = slots[arg.name]
