@@ -209,6 +209,19 @@ def test_config_overrides_are_typed_against_the_declaration():
     assert g.config["half"] == 5 and g.nodes[0].shape == (6, 5)
 
 
+@pytest.mark.parametrize("key, text", [("n", "1_000"), ("n", "\u0663"), ("n", "\uff18"), ("rate", "1_0.5"),
+                                       ("rate", "infinity"), ("rate", "\u0661.5")])
+def test_set_numbers_are_spelled_as_literals(key, text):
+    # int() and float() take these; a .flow file cannot write them
+    with pytest.raises(fg.FlowError, match=f"got '{text}'"):
+        build(CFG, {key: text})
+
+
+def test_set_numbers_may_have_a_sign_and_spaces():
+    g = build(CFG, {"n": " +8 ", "rate": "-.5e1"})
+    assert g.config["n"] == 8 and g.config["rate"] == -5.0
+
+
 def test_an_overridden_key_need_not_evaluate_under_the_other_overrides():
     # half = n / 2 fails for n=7, but half is given too: its expression is replaced
     g = build(CFG, {"n": "7", "half": "3"})

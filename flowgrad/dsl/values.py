@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 from flowgrad.dtypes import DTYPES
 
@@ -127,6 +128,12 @@ def static_neg(a):
 
 CONFIG_TYPES = ("int", "float", "bool", "str", "dtype")
 
+# What `--set` text may spell a number with: the grammar's literals, signed.
+# Python's int() and float() also take "1_000", other scripts' digits and
+# "inf", none of which a .flow file may write.
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
 
 def coerce(value, want: str):
     """An override (a Python value from the API, or a string from `--set`)
@@ -139,19 +146,13 @@ def coerce(value, want: str):
     elif want == "int":
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
             return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
+        if isinstance(value, str) and INT_TEXT.fullmatch(value.strip()):
+            return int(value.strip())
     elif want == "float":
         if is_number(value):
             return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
+        if isinstance(value, str) and FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value.strip())
     elif want == "dtype":
         if isinstance(value, str) and value.strip() in DTYPES:
             return DType(value.strip())
