@@ -310,3 +310,15 @@ def test_out_of_range_indices_in_a_feed_are_refused_before_the_step(device, requ
     targets[0, 0] = -1
     with pytest.raises(fg.FlowError, match=r"feed 'targets' holds -1 at \[0, 0\], out of range for cross_entropy"):
         sess.step({"tokens": tokens, "targets": targets})
+
+
+@pytest.mark.parametrize("dtype, literal, largest", [("f32", "1e39", "3.40282e+38"), ("f16", "-1e9", "65504"),
+                                                     ("mixed", "-1e9", "65504")])
+def test_a_number_past_its_tensors_float_range_is_an_error(dtype, literal, largest):
+    """It became an inf: `(1 - m) * -1e9` in f16, then 0 * -inf = NaN in the masked rows."""
+    with pytest.raises(FlowError) as e:   # f32 fails as the model loads (it builds in f32 then)
+        fg.loads(f"model t\ninput x: f32[2]\ninput m: f32[2]\ny = x + (1.0 - m) * {literal}\noutput y\n").build(dtype)
+    assert e.value.message.endswith(f"outside the range of the {'f32' if dtype == 'f32' else 'f16'} tensor it "
+                                    f"meets (largest {largest})") and e.value.span.where() == "<string>:4:21"
+    model_ok = fg.loads("model t\ninput x: f32[2]\ninput m: f32[2]\ny = x + (1.0 - m) * -3e4\noutput y\n")
+    model_ok.build(dtype)

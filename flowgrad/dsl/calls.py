@@ -5,6 +5,7 @@ attrs checked against their types, and the node typed by its op's rule.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 
 import numpy as np
@@ -181,6 +182,13 @@ class Calls:
                              pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
         if dtype == "i32" and not -2**31 <= value < 2**31:
             raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
+        largest = float(np.finfo(NUMPY_DTYPE[dtype]).max) if dtype != "i32" else math.inf
+        if abs(value) > largest:
+            # it would be an inf (a mask's `(1 - m) * -1e9` in f16, then 0 * -inf = NaN)
+            raise self.error(f"{what} is {show(value)}, outside the range of the {dtype} tensor it meets "
+                             f"(largest {largest:g})", pos, scope,
+                             hint="under dtype f16 or mixed an f32 tensor is f16: use a value within "
+                                  f"{largest:g} (e.g. -3e4 for a mask's fill)" if dtype == "f16" else None)
         return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
