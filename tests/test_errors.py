@@ -322,3 +322,9 @@ def test_a_number_past_its_tensors_float_range_is_an_error(dtype, literal, large
                                     f"meets (largest {largest})") and e.value.span.where() == "<string>:4:21"
     model_ok = fg.loads("model t\ninput x: f32[2]\ninput m: f32[2]\ny = x + (1.0 - m) * -3e4\noutput y\n")
     model_ok.build(dtype)
+
+
+def test_reducing_over_an_empty_axis_list_is_refused():
+    """numpy reduces no axis, PyTorch every axis: sum(x, axis=[]) gave x unchanged."""
+    with pytest.raises(FlowError, match=r"sum: axis=\[\] is ambiguous"):
+        fg.loads("model t\ninput x: f32[2, 3]\ny = sum(x, axis=[])\noutput y\n")

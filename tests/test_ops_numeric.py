@@ -218,7 +218,7 @@ def reduction(draw):
     axis = draw(st.one_of(
         st.none(),
         st.integers(-len(shape), len(shape) - 1),
-        st.lists(st.integers(0, len(shape) - 1), unique=True, max_size=len(shape)),
+        st.lists(st.integers(0, len(shape) - 1), unique=True, min_size=1, max_size=len(shape)),
     ))
     return shape, {"axis": axis, "keepdims": draw(st.booleans())}
 

@@ -21,6 +21,9 @@ def reduce_axes(axis, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     listed = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    if not listed:   # numpy reduces no axis, PyTorch every axis: either reading would surprise someone
+        raise OpTypeError("axis=[] is ambiguous (no axis in numpy, every axis in PyTorch): leave axis out to "
+                          "reduce every axis, or name the axes")
     if not all(isinstance(a, int) and not isinstance(a, bool) for a in listed):
         raise OpTypeError(f"axis={axis!r} must be an int, a list of ints or None")
     axes = [norm_axis(a, ndim) for a in listed]
