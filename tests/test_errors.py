@@ -328,3 +328,9 @@ def test_reducing_over_an_empty_axis_list_is_refused():
     """numpy reduces no axis, PyTorch every axis: sum(x, axis=[]) gave x unchanged."""
     with pytest.raises(FlowError, match=r"sum: axis=\[\] is ambiguous"):
         fg.loads("model t\ninput x: f32[2, 3]\ny = sum(x, axis=[])\noutput y\n")
+
+
+def test_float_is_reserved_as_the_compile_dtypes_name():
+    """A config key `float` silently changed what cast(x, float) casts to."""
+    with pytest.raises(FlowError, match="'float' is a reserved name and cannot be a config key"):
+        fg.loads("model t\nconfig {\n  float = 3\n}\ninput x: f32[2]\ny = cast(x, float)\noutput y\n")

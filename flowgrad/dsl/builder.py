@@ -20,7 +20,7 @@ from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
-from flowgrad.dsl.values import CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
+from flowgrad.dsl.values import COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
 from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
@@ -275,7 +275,7 @@ class Builder(Calls, Builtins):
             return self.config[name.id]
         if name.id in CONSTANT_NAMES:
             return CONSTANT_NAMES[name.id]
-        if name.id == "float":  # the compile dtype, so `cast(a, float)` returns to it from an f32 island
+        if name.id == COMPILE_DTYPE:  # the compile dtype, so `cast(a, float)` returns to it from an f32 island
             return DType(self.dtype)
         if name.id in self.blocks or name.id in OPS or name.id in BUILTINS:
             raise self.error(f"{name.id} is {'a block' if name.id in self.blocks else 'an op'}; "

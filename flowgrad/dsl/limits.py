@@ -55,7 +55,8 @@ def type_problem(shape: tuple[int, ...]) -> str | None:
 
 def int_problem(value: int) -> str | None:
     if abs(value) > MAX_INT:
-        return f"the integer {describe_int(value)} is larger than {MAX_INT:,}, the largest one a model may use"
+        return (f"the integer {describe_int(value)} is past ±{MAX_INT:,}, the largest magnitude a model may "
+                "use")
     return None
 
 

@@ -17,7 +17,7 @@ from lark.lexer import PatternStr
 from flowgrad.dsl import ast
 from flowgrad.dsl import limits
 from flowgrad.dsl.source import make_span, source_lines
-from flowgrad.dsl.values import CONSTANT_NAMES
+from flowgrad.dsl.values import COMPILE_DTYPE, CONSTANT_NAMES
 from flowgrad.errors import FlowError
 
 OPEN, CLOSE = {"LPAR": "RPAR", "LSQB": "RSQB"}, {"RPAR", "RSQB"}
@@ -64,7 +64,7 @@ def reserved(name: str) -> str | None:
     so one used as a name could be declared and then not assigned."""
     if name in keyword_names():
         return "a keyword"
-    return "a reserved name" if name in CONSTANT_NAMES else None
+    return "a reserved name" if name in CONSTANT_NAMES or name == COMPILE_DTYPE else None
 
 
 def grammar_path() -> str:

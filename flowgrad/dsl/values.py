@@ -21,6 +21,7 @@ class DType(str):
 
 CONSTANT_NAMES = {"true": True, "false": False, "none": None, "None": None,
                   **{d: DType(d) for d in DTYPES}}
+COMPILE_DTYPE = "float"   # the name of the dtype a model is compiled for (f16 under mixed)
 
 
 class StaticError(Exception):
