@@ -334,3 +334,9 @@ def test_float_is_reserved_as_the_compile_dtypes_name():
     """A config key `float` silently changed what cast(x, float) casts to."""
     with pytest.raises(FlowError, match="'float' is a reserved name and cannot be a config key"):
         fg.loads("model t\nconfig {\n  float = 3\n}\ninput x: f32[2]\ny = cast(x, float)\noutput y\n")
+
+
+def test_arithmetic_on_a_train_sections_call_names_the_call():
+    with pytest.raises(FlowError, match=r"cannot apply '\+' to call adam\(\.\.\.\) and int 1"):
+        fg.loads("model t\ninput x: f32[2]\nparam w: f32[2] = ones()\nl = sum(x * w)\nminimize l\n"
+                 "train {\n  steps = adam() + 1\n}\n")

@@ -32,6 +32,11 @@ def is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def is_call(v) -> bool:
+    """A train section's call as evaluated: ("call", name, args, kwargs)."""
+    return isinstance(v, tuple) and len(v) == 4 and v[0] == "call"
+
+
 def type_name(v) -> str:
     if isinstance(v, bool):
         return "bool"
@@ -43,6 +48,8 @@ def type_name(v) -> str:
         return "float"
     if isinstance(v, str):
         return "str"
+    if is_call(v):
+        return "call"
     if isinstance(v, (list, tuple)):
         return "list"
     if v is None:
@@ -58,6 +65,8 @@ def show(v) -> str:
         return "none"
     if isinstance(v, DType):
         return str(v)
+    if is_call(v):
+        return f"{v[1]}(...)"
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(show(x) for x in v) + "]"
     if isinstance(v, numbers.Integral):
