@@ -136,13 +136,13 @@ def loads(text: str | bytes, config: dict | None = None, file: str = "<string>")
     return Model(dsl.parse(text, file), config)
 
 
-__all__ = ["Model", "Session", "StepResult", "load", "loads", "open_device"]
-
-
 def register_op(name, *args, **kwargs):
     """flowgrad.ops.user.register_op (see there), refusing the language's
     keywords and constants, which a model file could never call."""
     if isinstance(name, str) and reserved(name):
-        raise FlowError(f"op name {name!r} is {reserved(name)} of the .flow language: register it under another name")
+        raise FlowError(f"op name {name!r} is {reserved(name)} of the .flow language: register it under "
+                        "another name")
     return ops_user.register_op(name, *args, **kwargs)
 
+
+__all__ = ["Model", "Session", "StepResult", "load", "loads", "open_device", "register_op"]

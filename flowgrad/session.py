@@ -69,18 +69,18 @@ class Session:
         return self.runner.get_params()
 
     def set_params(self, values: dict[str, np.ndarray]) -> None:
-        self.runner.set_params(self._per_param("set_params", values, self.graph.params))
+        self.runner.set_params(self._per_param("set_params", values))
 
-    def _per_param(self, what: str, values, names) -> dict[str, np.ndarray]:
+    def _per_param(self, what: str, values, trainable: bool = False) -> dict[str, np.ndarray]:
         """values (a dict of param name -> array) checked against the params
-        `names` lists, each as an array of its param's type."""
+        (the trainable ones only, if asked), each as an array of its type."""
         if not isinstance(values, dict):
             raise FlowError(f"{what} takes a dict of param name -> array, got {type(values).__name__}")
+        names = self.graph.trainable() if trainable else self.graph.params
         arrays = {}
         for name, value in values.items():
             if not isinstance(name, str) or name not in names:
-                raise FlowError(f"{what}: {self.graph.name} has no {'trainable ' * (names is not self.graph.params)}"
-                                f"param {name!r}")
+                raise FlowError(f"{what}: {self.graph.name} has no {'trainable ' * trainable}param {name!r}")
             node = self.graph.nodes[self.graph.params[name]]
             arrays[name] = typed_array(value, f"{what}: param {name!r}", f"param {name}", node)
         return arrays
@@ -133,7 +133,7 @@ class Session:
         and halves the loss scale."""
         _check_optimizer(optimizer)
         trainable = self.graph.trainable()
-        arrays = self._per_param("apply_update", grads, trainable)
+        arrays = self._per_param("apply_update", grads, trainable=True)
         missing = [name for name in trainable if name not in arrays]
         if missing:
             raise FlowError(f"apply_update: no gradient for param {missing[0]!r} (it needs one for every "

@@ -191,7 +191,8 @@ def test_a_missing_cell_in_a_float_target_column_is_an_error(tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'm.flow'}:16:")
     # word labels still make class ids for an i32 target
     (tmp_path / "c.csv").write_text("a,b,kind\n" + "\n".join(f"{i},1,{'cat' if i % 2 else ''}" for i in range(30)))
-    assert setup(model(CLASSIFIER, 'data = csv("c.csv", y="kind")', tmp_path).graph).data.meta()["classes"] == ["", "cat"]
+    meta = setup(model(CLASSIFIER, 'data = csv("c.csv", y="kind")', tmp_path).graph).data.meta()
+    assert meta["classes"] == ["", "cat"]
 
 
 def test_regression_trains_from_csv_with_mse_falling(tmp_path):

@@ -218,7 +218,7 @@ def test_resume_errors(tmp_path):
     with pytest.raises(FlowError, match="trained with optimizer adamw, not sgd"):
         fg.train(small(text), device="cpu", progress=False, out=tmp_path, resume=True)
     before = (tmp_path / "checkpoint.safetensors").read_bytes()
-    with pytest.raises(FlowError, match="resume and overwrite contradict each other"):   # not: resume, ignoring overwrite
+    with pytest.raises(FlowError, match="resume and overwrite contradict each other"):   # not resumed silently
         fg.train(small(), device="cpu", progress=False, out=tmp_path, resume=True, overwrite=True)
     assert (tmp_path / "checkpoint.safetensors").read_bytes() == before
 

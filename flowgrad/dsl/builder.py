@@ -20,7 +20,8 @@ from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
-from flowgrad.dsl.values import COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg, type_name
+from flowgrad.dsl.values import (COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg,
+                                  type_name)
 from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType

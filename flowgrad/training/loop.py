@@ -249,7 +249,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                     (out / name).unlink(missing_ok=True)
         log.start(header)
     if world is not None:
-        start = world.sync_from_root(sess.runner, sess.loss_scaler)   # rank 0's params (and resumed state) everywhere
+        start = world.sync_from_root(sess.runner, sess.loss_scaler)   # rank 0's params and state everywhere
         history = world.share(history, "the broadcast of the resumed history")   # for best and early stop
     evaluate = _evaluator(sess, ts, world)
 
