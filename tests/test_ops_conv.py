@@ -13,6 +13,7 @@ import pytest
 
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
+from tests.op_harness import backend  # noqa: F401  (the fixture)
 
 # ---------------------------------------------------------------- independent references
 
@@ -171,6 +172,19 @@ def test_maxpool_ties_send_the_gradient_to_the_first_maximum():
     x = np.array([[[[1.0, 3.0], [3.0, 2.0]]]])
     (dx,) = get_op("maxpool2d").vjp(np.ones((1, 1, 1, 1)), [x], None, {"kernel_size": 2})
     assert dx.tolist() == [[[[0.0, 1.0], [0.0, 0.0]]]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_maxpool_nan_and_all_minus_inf_windows_follow_pytorch(backend, dtype):
+    # PyTorch's max_pool2d: a NaN in a window is its maximum (the last NaN gets the gradient),
+    # and a window whose real pixels are all -inf sends its gradient to the first of them, never
+    # to the padding; numbers from F.max_pool2d(x, 2, 2, 1)
+    nan, inf = np.nan, np.inf
+    x = np.array([[[[-inf, 1, 2], [-inf, nan, 3], [nan, -inf, nan]]]], dtype=dtype)
+    g = np.array([[[[1, 2], [3, 4]]]], dtype=dtype)
+    out, (dx,) = backend.run("maxpool2d", [x], {"kernel_size": 2, "stride": 2, "padding": 1}, g)
+    np.testing.assert_array_equal(out, np.array([[[[-inf, 2], [nan, nan]]]]))
+    np.testing.assert_array_equal(dx, np.array([[[[1, 0, 2], [0, 0, 0], [3, 0, 4]]]]))
 
 
 @pytest.mark.parametrize("shape, out", [((2, 3, 5, 7), [2, 3]), ((1, 2, 4, 4), 1), ((1, 1, 6, 3), [6, 2])])

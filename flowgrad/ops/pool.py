@@ -3,7 +3,8 @@ maxpool2d, avgpool2d and adaptive_avgpool2d (adaptive_avgpool2d(x, 1) is
 global average pooling).
 
 maxpool's gradient goes to the first maximum of each window in row-major
-order, as PyTorch's: ties never split a gradient."""
+order, as PyTorch's: ties never split a gradient. As in PyTorch, a NaN is a
+window's maximum."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,13 +67,17 @@ def _crop(a, win, shape):
 
 
 def _argmax(x, win):
-    """(max, tap index of the first max) of every window."""
+    """(max, tap index of the max) of every window, chosen as PyTorch's max_pool2d
+    chooses: the first maximum, but a NaN beats everything (the last NaN, as its
+    scan keeps moving to each NaN), so NaN propagates; a window of -inf picks its
+    first real pixel, not the padding, which would swallow its gradient."""
     xp = _padded(x, win, -np.inf)
+    real = _padded(np.ones((1, 1) + tuple(x.shape[2:]), dtype=bool), win, False)
     best = np.full(x.shape[:2] + win["out"], -np.inf, dtype=x.dtype)
-    arg = np.zeros(best.shape, dtype=np.int64)
+    arg = np.full(best.shape, -1, dtype=np.int64)
     for t, (hs, ws) in _taps(win):
         v = xp[..., hs, ws]
-        better = v > best
+        better = real[..., hs, ws] & ((arg < 0) | (v > best) | np.isnan(v))
         best = np.where(better, v, best)
         arg = np.where(better, t, arg)
     return best, arg

@@ -17,7 +17,9 @@ layout(push_constant, std430) uniform Push {
     uint mode, include_pad;
 } p;
 
-// first (row-major) maximum of window (oh, ow) of plane base, as a flat pixel index
+// first (row-major) maximum of window (oh, ow) of plane base, as a flat pixel index; as
+// PyTorch's max_pool2d, a NaN beats everything (so it propagates; the last NaN wins) and a
+// window of -inf picks its first real pixel
 uint argmax_of(uint base, uint oh, uint ow) {
     float best = 0.0;
     uint at = 0xFFFFFFFFu;
@@ -29,7 +31,7 @@ uint argmax_of(uint base, uint oh, uint ow) {
             if (w < 0 || w >= int(p.W)) continue;
             uint idx = uint(h) * p.W + uint(w);
             float v = float(x[base + idx]);
-            if (at == 0xFFFFFFFFu || v > best) { best = v; at = idx; }
+            if (at == 0xFFFFFFFFu || v > best || isnan(v)) { best = v; at = idx; }
         }
     }
     return at;
