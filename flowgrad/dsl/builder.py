@@ -195,8 +195,12 @@ class Builder(Calls, Builtins):
         # a state is a param the optimizer leaves alone: saved, loaded and resident like one
         attrs = {"init": init, "state": True} if s.state else {"init": init}
         span = self.span(s.pos, scope)
-        master = self.mixed and not s.state and declared.dtype == "f32"
-        if master:   # the f32 master copy is what the optimizer updates; the model reads it as f16
+        # under mixed a param declared f32 stays so (the master copy the optimizer updates, which
+        # the model reads as f16), and so does a state: batch norm keeps its running statistics
+        # in f32 beside f16 data, as AMP does (in f16 they could not move by less than half an ulp)
+        kept = self.mixed and declared.dtype == "f32"
+        master = kept and not s.state
+        if kept:
             ttype = TensorType(ttype.shape, "f32")
         node = self.graph.add("param", (), ttype, full, attrs, span)
         self.graph.params[full] = node.id

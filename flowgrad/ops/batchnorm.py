@@ -58,7 +58,10 @@ def _bn_infer(ins, attrs):
         raise OpTypeError("its last input is its random state (added when the model is built)")
     x = ins[0]
     _channels_first(x)
-    same_dtype(ins[:5], "x, weight, bias and the running statistics")
+    same_dtype(ins[:3], "x, weight and bias")
+    stats = same_dtype(ins[3:5], "the running statistics")
+    if stats not in (x.dtype, "f32"):   # f32 beside f16 data: how dtype="mixed" keeps them
+        raise OpTypeError(f"the running statistics are {stats}, but x is {x}: they are x's dtype or f32")
     c = x.shape[1]
     for name, t in zip(("weight", "bias", "running_mean", "running_var"), ins[1:5]):
         if t.shape != (c,):

@@ -15,7 +15,7 @@ from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
-HAS_RUNNING, UPDATE = 1, 2
+HAS_RUNNING, UPDATE, STATS_F32 = 1, 2, 4
 
 
 def _geometry(node, x_shape, running: bool):
@@ -39,7 +39,7 @@ class _Call:
         self.attrs = node.attrs
         self.x, self.w, self.b, self.rng = x, w, b, rng if rng is not None else unused(rec, "i32")
         self.rm, self.rv = running if running else (unused(rec, t), unused(rec, t))
-        self.flags = HAS_RUNNING if running else 0
+        self.flags = (HAS_RUNNING | (STATS_F32 if running[0].dtype == "f32" else 0)) if running else 0
         self.stats = rec.scratch((self.geo[4], 4), "f32")
 
     def run(self, mode, g=None, out=None, db=None, update=False):

@@ -15,6 +15,9 @@
 //   2 segment sums of dxhat = g * w and of dxhat * xhat -> stats[k].zw
 //   3 channel sums: out[c] = sum g * xhat (dw), db[c] = sum g
 //   4 dx from stats (an evaluation step: dxhat * rstd)
+// flags bit 2: the running statistics are f32 beside f16 data (dtype="mixed"
+// keeps them f32, as AMP keeps batch norm's buffers: an f16 running variance
+// near 1 cannot move by less than half its ulp, 4.9e-4, so small updates vanish).
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -23,7 +26,9 @@ layout(std430, set = 0, binding = 1) readonly buffer BufG { T g[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BufW { T w[]; };
 layout(std430, set = 0, binding = 3) readonly buffer BufB { T b[]; };
 layout(std430, set = 0, binding = 4) buffer BufRM { T rm[]; };
+layout(std430, set = 0, binding = 4) buffer BufRM32 { float rm32[]; };
 layout(std430, set = 0, binding = 5) buffer BufRV { T rv[]; };
+layout(std430, set = 0, binding = 5) buffer BufRV32 { float rv32[]; };
 layout(std430, set = 0, binding = 6) readonly buffer BufRng { uint rng[]; };
 layout(std430, set = 0, binding = 7) buffer BufStats { vec4 stats[]; };
 layout(std430, set = 0, binding = 8) writeonly buffer BufOut { T o[]; };
@@ -53,12 +58,15 @@ uint seg_index(uint k, uint j) { return (j / p.inner) * p.outer_stride + k * p.s
 uint channel_of(uint i) { return (i / p.S) % p.C; }
 uint segment_of(uint i) { return (i / p.inner) % p.segments; }
 bool running_eval() { return (p.flags & 1u) != 0u && rng[0] == 0u; }
+bool stats_f32() { return (p.flags & 4u) != 0u; }
+float rm_at(uint k) { return stats_f32() ? rm32[k] : float(rm[k]); }
+float rv_at(uint k) { return stats_f32() ? rv32[k] : float(rv[k]); }
 float xhat_at(uint i) { vec4 s = stats[segment_of(i)]; return (float(x[i]) - s.x) * s.y; }
 
 void segment_stats(uint k) {
     uint lid = gl_LocalInvocationID.x;
     if (running_eval()) {
-        if (lid == 0u) stats[k] = vec4(float(rm[k]), inversesqrt(float(rv[k]) + p.eps), 0.0, 0.0);
+        if (lid == 0u) stats[k] = vec4(rm_at(k), inversesqrt(rv_at(k) + p.eps), 0.0, 0.0);
         return;
     }
     float acc = 0.0;
@@ -75,8 +83,15 @@ void segment_stats(uint k) {
         if ((p.flags & 3u) == 3u && rng[0] != 0u) {
             float n = float(p.seg_len);
             float unbiased = p.seg_len > 1u ? var * n / (n - 1.0) : var;
-            rm[k] = STORE((1.0 - p.momentum) * float(rm[k]) + p.momentum * mean);
-            rv[k] = STORE((1.0 - p.momentum) * float(rv[k]) + p.momentum * unbiased);
+            float m = (1.0 - p.momentum) * rm_at(k) + p.momentum * mean;
+            float v = (1.0 - p.momentum) * rv_at(k) + p.momentum * unbiased;
+            if (stats_f32()) {
+                rm32[k] = m;
+                rv32[k] = v;
+            } else {
+                rm[k] = STORE(m);
+                rv[k] = STORE(v);
+            }
         }
     }
 }
