@@ -85,6 +85,33 @@ def test_adamw_decays_the_param_itself():
     assert got == pytest.approx(adam_by_hand([0.5, -1.0, 0.25], 0.1, wd=0.1, decoupled=True), abs=1e-6)
 
 
+def test_adam_one_minus_beta_is_exact():
+    # f32(0.99999) = 0.99998999: 1 - that is 1.00136e-5, not 1e-5. The first step
+    # moves p by exactly lr (m_hat = g, v_hat = g²) only with 1 - β2 taken in double.
+    assert run(Adam(lr=0.1, betas=[0.9, 0.99999]), [0.5]) == pytest.approx([0.9], abs=1e-7)
+    assert run(AdamW(lr=0.1, betas=[0.9, 0.9999], weight_decay=0.0), [-2.0]) == pytest.approx([1.1], abs=1e-7)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_matches_torch_over_many_steps(name):
+    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    rng = np.random.default_rng(3)
+    p0 = rng.normal(0, 1, (20, 30)).astype(np.float32)
+    grads = [(rng.normal(0, 1, p0.shape) * 10.0 ** rng.uniform(-4, 0, p0.shape)).astype(np.float32)
+             for _ in range(50)]
+    kw = dict(lr=0.01, betas=(0.9, 0.9999), eps=1e-8, weight_decay=0.1)
+    ours = (Adam if name == "adam" else AdamW)(**{**kw, "betas": list(kw["betas"])})
+    params = {"w": p0.copy()}
+    state = ours.init_state(params)
+    tp = torch.tensor(p0.copy(), requires_grad=True)
+    theirs = (torch.optim.Adam if name == "adam" else torch.optim.AdamW)([tp], **kw)
+    for t, g in enumerate(grads, start=1):
+        ours.update(params, {"w": g}, state, t)
+        tp.grad = torch.tensor(g)
+        theirs.step()
+    np.testing.assert_allclose(params["w"], tp.detach().numpy(), rtol=0, atol=2e-6)
+
+
 def test_pytorch_defaults():
     assert (SGD().lr, SGD().momentum, SGD().nesterov) == (1e-3, 0.0, False)
     a, w = Adam(), AdamW()

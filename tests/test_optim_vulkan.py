@@ -176,3 +176,19 @@ def test_unscale_many_gradients_per_dispatch(vk_device, bad):
     assert out[fi][0] == (0.0 if bad is None else 1.0)
     for k, v in grads.items():
         np.testing.assert_array_equal(out[idx[k]], v * np.float32(1 / 64.0), err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["adam", "adam_multi"])
+def test_adam_first_step_is_lr_with_beta2_near_one(vk_device, monkeypatch, name):
+    """1 - β2 comes from the host in double: the first step moves every element
+    by lr (f32 1 - 0.99999 on the device made it lr / 1.00068)."""
+    import flowgrad.exec_vulkan.multi_tensor as multi
+
+    if name == "adam":
+        monkeypatch.setattr(multi, "fits", lambda rec, bindings: False)
+    params, grads = problem("f32", steps=1)
+    got, _ = device_steps(vk_device, Adam(lr=0.1, betas=[0.9, 0.99999]), params, grads, "f32")
+    for k in params:
+        g = grads[0][k].astype(np.float64)
+        want = params[k] - 0.1 * g / (np.abs(g) + 1e-8)
+        np.testing.assert_allclose(got[k], want, rtol=0, atol=2e-6, err_msg=k)

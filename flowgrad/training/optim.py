@@ -209,11 +209,15 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """torch.optim.Adam; AdamW when decoupled:
     p *= 1 - lr·d (AdamW) | g += d·p (Adam);  m = β1·m + (1-β1)·g;
-    v = β2·v + (1-β2)·g²;  p -= lr/(1-β1ᵗ) · m / (sqrt(v)/sqrt(1-β2ᵗ) + eps)."""
+    v = β2·v + (1-β2)·g²;  p -= lr/(1-β1ᵗ) · m / (sqrt(v)/sqrt(1-β2ᵗ) + eps).
+    1-β1 and 1-β2 come in the hyper array, computed in double as PyTorch does:
+    1 - f32(β) loses β's low bits (β2 = 0.999 gives 0.99998713e-3, and the
+    bias correction, exact in double, then no longer cancels)."""
 
     name = "adam"
     ARGS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-    HYPER = ("lr", "beta1", "beta2", "eps", "grad_decay", "param_decay", "step_size", "inv_sqrt_bc2")
+    HYPER = ("lr", "beta1", "beta2", "eps", "grad_decay", "param_decay", "step_size", "inv_sqrt_bc2",
+             "one_minus_beta1", "one_minus_beta2")
     STATE = ("exp_avg", "exp_avg_sq")
     shader = "adam"
     multi_shader = "adam_multi"   # several params per dispatch (adam_multi.comp)
@@ -235,7 +239,8 @@ class Adam(Optimizer):
         return {"lr": lr, "beta1": b1, "beta2": b2, "eps": self.eps,
                 "grad_decay": 0.0 if self.decoupled else wd,
                 "param_decay": 1.0 - lr * wd if self.decoupled else 1.0,
-                "step_size": lr / (1.0 - b1 ** step), "inv_sqrt_bc2": 1.0 / math.sqrt(1.0 - b2 ** step)}
+                "step_size": lr / (1.0 - b1 ** step), "inv_sqrt_bc2": 1.0 / math.sqrt(1.0 - b2 ** step),
+                "one_minus_beta1": 1.0 - b1, "one_minus_beta2": 1.0 - b2}
 
     def _update_one(self, p, g, st, h):
         if h["grad_decay"]:
@@ -243,9 +248,9 @@ class Adam(Optimizer):
         p = p * h["param_decay"]
         m, v = st["exp_avg"], st["exp_avg_sq"]
         m *= h["beta1"]
-        m += (1 - h["beta1"]) * g
+        m += h["one_minus_beta1"] * g
         v *= h["beta2"]
-        v += (1 - h["beta2"]) * g * g
+        v += h["one_minus_beta2"] * g * g
         return p - h["step_size"] * m / (np.sqrt(v) * h["inv_sqrt_bc2"] + h["eps"])
 
 

@@ -7,7 +7,7 @@
 #version 450
 #include "common.glsl"
 layout(local_size_x = 256) in;
-// lr beta1 beta2 eps grad_decay param_decay step_size inv_sqrt_bc2
+// lr beta1 beta2 eps grad_decay param_decay step_size inv_sqrt_bc2 one_minus_beta1 one_minus_beta2
 layout(binding = 0) readonly buffer Hyper { float h[]; };
 layout(binding = 1) readonly buffer Scale { float clip_scale; float skip; };  // skip: the loss scaler found an overflow
 layout(binding = 2) buffer P0 { T p0[]; };
@@ -45,8 +45,8 @@ layout(push_constant) uniform Push { uint n[7]; uint first[8]; } pc;
         float w = LOAD(P[i]);                                                 \
         float d = LOAD(G[i]) * clip_scale + grad_decay * w;                   \
         w *= param_decay;                                                     \
-        float mi = b1 * M[i] + (1.0 - b1) * d;                                \
-        float vi = b2 * V[i] + (1.0 - b2) * d * d;                            \
+        float mi = b1 * M[i] + c1 * d;                                        \
+        float vi = b2 * V[i] + c2 * d * d;                                    \
         M[i] = mi;                                                            \
         V[i] = vi;                                                            \
         P[i] = STORE(w - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps));   \
@@ -62,6 +62,7 @@ void main() {
     uint stride = (pc.first[slot + 1u] - pc.first[slot]) * 256u;
     float b1 = h[1], b2 = h[2], eps = h[3], grad_decay = h[4], param_decay = h[5];
     float step_size = h[6], inv_sqrt_bc2 = h[7];
+    float c1 = h[8], c2 = h[9];   // 1 - beta, from the host in double: 1.0 - b2 here drops b2's low bits
     switch (slot) {
     case 0u: ADAM(p0, g0, m0, v0); break;
     case 1u: ADAM(p1, g1, m1, v1); break;
