@@ -43,6 +43,16 @@ def test_sgd_dampening_not_on_first_step():
     assert run(SGD(lr=0.1, momentum=0.9, dampening=0.5), [0.5, 0.5]) == pytest.approx([0.95, 0.88], abs=1e-6)
 
 
+def test_sgd_one_minus_dampening_is_exact():
+    # 1 - f32(0.9999) is 1.000166e-4: the buffer took the gradient 1.7e-4 too strongly
+    opt = SGD(lr=1.0, momentum=1e-3, dampening=0.9999)
+    params = {"w": np.zeros(1, np.float32)}
+    state = opt.init_state(params)
+    for step in (1, 2):
+        opt.update(params, {"w": np.ones(1, np.float32)}, state, step)
+    assert state["w"]["momentum_buffer"][0] == pytest.approx(1e-3 + 1e-4, rel=1e-6)
+
+
 def test_sgd_nesterov():
     # step 1: buf=0.5, d = 0.5 + 0.9*0.5 = 0.95; step 2: buf=0.95, d = 0.5 + 0.855 = 1.355
     assert run(SGD(lr=0.1, momentum=0.9, nesterov=True), [0.5, 0.5]) == pytest.approx([0.905, 0.7695], abs=1e-6)

@@ -192,3 +192,11 @@ def test_adam_first_step_is_lr_with_beta2_near_one(vk_device, monkeypatch, name)
         g = grads[0][k].astype(np.float64)
         want = params[k] - 0.1 * g / (np.abs(g) + 1e-8)
         np.testing.assert_allclose(got[k], want, rtol=0, atol=2e-6, err_msg=k)
+
+
+def test_sgd_dampening_near_one(vk_device):
+    params, grads = problem("f32", steps=2)
+    _, state = device_steps(vk_device, SGD(lr=0.1, momentum=1e-3, dampening=0.9999), params, grads, "f32")
+    for k in params:
+        want = 1e-3 * grads[0][k].astype(np.float64) + 1e-4 * grads[1][k]
+        np.testing.assert_allclose(state[k]["momentum_buffer"], want, rtol=1e-6, atol=2e-10, err_msg=k)

@@ -171,11 +171,12 @@ class Optimizer:
 class SGD(Optimizer):
     """torch.optim.SGD: with weight decay d, momentum m, dampening τ:
     g += d·p;  buf = g on the first step, else m·buf + (1-τ)·g;
-    g = g + m·buf (nesterov) or buf;  p -= lr·g."""
+    g = g + m·buf (nesterov) or buf;  p -= lr·g.
+    1-τ comes in the hyper array, computed in double (as Adam's 1-β)."""
 
     name = "sgd"
     ARGS = {"lr": 1e-3, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
-    HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "first")
+    HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "first", "one_minus_dampening")
 
     def _configure(self, a, what, span):
         self.momentum = spec.number(what, "momentum", a["momentum"], span, low=0.0)
@@ -190,7 +191,8 @@ class SGD(Optimizer):
 
     def _hyper(self, step, lr):
         return {"lr": lr, "momentum": self.momentum, "dampening": self.dampening,
-                "weight_decay": self.weight_decay, "nesterov": float(self.nesterov), "first": float(step == 1)}
+                "weight_decay": self.weight_decay, "nesterov": float(self.nesterov), "first": float(step == 1),
+                "one_minus_dampening": 1.0 - self.dampening}
 
     def _update_one(self, p, g, st, h):
         if h["weight_decay"]:
@@ -201,7 +203,7 @@ class SGD(Optimizer):
                 buf[...] = g
             else:
                 buf *= h["momentum"]
-                buf += (1 - h["dampening"]) * g
+                buf += h["one_minus_dampening"] * g
             g = g + h["momentum"] * buf if h["nesterov"] else buf
         return p - h["lr"] * g
 

@@ -7,7 +7,7 @@
 layout(local_size_x = 256) in;
 layout(binding = 0) buffer Param { T p[]; };
 layout(binding = 1) readonly buffer Grad { T g[]; };
-layout(binding = 2) readonly buffer Hyper { float h[]; };   // lr momentum dampening weight_decay nesterov first
+layout(binding = 2) readonly buffer Hyper { float h[]; };   // lr momentum dampening weight_decay nesterov first one_minus_dampening
 layout(binding = 3) readonly buffer Scale { float clip_scale; float skip; };  // skip: the loss scaler found an overflow
 layout(push_constant) uniform Push { uint n; } pc;
 
