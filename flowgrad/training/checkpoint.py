@@ -202,6 +202,8 @@ def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) 
     if saved != optimizer.describe()["name"]:
         raise FlowError(f"checkpoint {ckpt.path!r} was trained with optimizer {saved}, not {optimizer.name}; "
                         "resuming needs the same optimizer")
+    if not ckpt.opt_state and optimizer_updates(ckpt) == 0:
+        return   # every step so far was skipped (loss scaling): no state yet, and none is needed
     problems = []
     for pname, p in params.items():
         have = ckpt.opt_state.get(pname, {})
@@ -225,7 +227,26 @@ def save_session(sess, path, optimizer=None) -> None:
     step, state = sess.runner.get_opt_state()
     optimizer = optimizer or sess.optimizer
     describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
-    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, with_loss_scale(describe, sess))
+    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, optimizer_meta(describe, sess, step))
+
+
+def optimizer_meta(describe: dict | None, sess, updates: int) -> dict | None:
+    """The checkpoint's `optimizer` metadata: the optimizer's description, the
+    loss scaler's state, and `updates`, the optimizer's own step count. Under
+    dtype="mixed" a skipped step applies no update, so Adam's bias correction
+    and the lr schedule count fewer steps than the run: a resume that took the
+    run's step for them would go on from another point than the run did."""
+    meta = with_loss_scale(describe, sess)
+    return None if meta is None else {**meta, "updates": int(updates)}
+
+
+def optimizer_updates(ckpt: Checkpoint) -> int:
+    """The optimizer's step count at the checkpoint (files without it: the checkpoint's step)."""
+    n = (ckpt.optimizer or {}).get("updates", ckpt.step)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= ckpt.step:
+        raise FlowError(f"checkpoint {ckpt.path!r}: bad optimizer update count {n!r} (an int from 0 to its "
+                        f"step, {ckpt.step})")
+    return n
 
 
 def with_loss_scale(describe: dict | None, sess) -> dict | None:
@@ -253,7 +274,8 @@ def load_into_session(sess, path) -> Checkpoint:
     check_matches(ckpt, sess.graph)
     sess.runner.set_params(ckpt.params)
     if ckpt.optimizer is not None:
-        sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+        sess.runner.set_opt_state(optimizer_updates(ckpt), ckpt.opt_state)
+        sess.train_steps = max(sess.train_steps, ckpt.step)   # dropout masks go on from the checkpoint's step
         if sess.optimizer is None:
             sess.optimizer = ckpt.optimizer  # its description: saving again keeps it
         restore_loss_scale(ckpt, sess)

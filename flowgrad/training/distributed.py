@@ -256,9 +256,10 @@ class World:
         sess.runner.apply_update(optimizer, grads)
         return loss, stop
 
-    def sync_from_root(self, runner, scaler=None) -> int:
-        """Every rank takes rank 0's params, optimizer state, step (returned)
-        and loss scale (dtype="mixed"): rank 0 alone read the checkpoint."""
+    def sync_from_root(self, runner, scaler=None, start: int = 0) -> int:
+        """Every rank takes rank 0's params, optimizer state and step count,
+        loss scale (dtype="mixed") and the run's step, `start` on rank 0
+        (returned): rank 0 alone read the checkpoint."""
         from safetensors.numpy import load, save
 
         data = None
@@ -268,9 +269,11 @@ class World:
             tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v)
                             for p, st in state.items() for k, v in st.items()})
             tensors["step"] = np.array([step], np.int64)
+            tensors["start"] = np.array([start], np.int64)
             data = save(tensors)
         tensors = load(self.bcast_bytes(data, "the broadcast of rank 0's params"))
         step = int(tensors.pop("step")[0])
+        start = int(tensors.pop("start")[0])
         if not self.is_root:
             params = {k[6:]: v for k, v in tensors.items() if k.startswith("param/")}
             state: dict = {}
@@ -283,7 +286,7 @@ class World:
         if scaler is not None:
             # a rank at another scale overflows where the others do not, and its skip skips every rank's step
             scaler.load_state(self.share(scaler.state(), "the broadcast of rank 0's loss scale"))
-        return step
+        return start
 
     def check_same_params(self, params: dict[str, np.ndarray], step: int) -> None:
         """A checksum per param (the sum of its bit patterns, exact), gathered;

@@ -249,7 +249,8 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                     (out / name).unlink(missing_ok=True)
         log.start(header)
     if world is not None:
-        start = world.sync_from_root(sess.runner, sess.loss_scaler)   # rank 0's params and state everywhere
+        start = world.sync_from_root(sess.runner, sess.loss_scaler, start)   # rank 0's params and state everywhere
+        sess.train_steps = start
         history = world.share(history, "the broadcast of the resumed history")   # for best and early stop
     evaluate = _evaluator(sess, ts, world)
 
@@ -355,7 +356,8 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     trained = graph.trainable()
     checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
-    sess.runner.set_opt_state(ckpt.step, ckpt.opt_state)
+    sess.runner.set_opt_state(checkpoint.optimizer_updates(ckpt), ckpt.opt_state)
+    sess.train_steps = ckpt.step   # dropout masks are counted by the run's steps, skipped ones included
     checkpoint.restore_loss_scale(ckpt, sess)
     return ckpt.step
 
@@ -382,9 +384,9 @@ def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
 
 
 def _save(sess, ts, path, step, config):
-    _, state = sess.runner.get_opt_state()
+    updates, state = sess.runner.get_opt_state()
     checkpoint.save(path, sess.params, state, step, sess.graph.name, config,
-                    checkpoint.with_loss_scale(ts.optimizer.describe(), sess), data=ts.data.meta())
+                    checkpoint.optimizer_meta(ts.optimizer.describe(), sess, updates), data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config, signum) -> TrainInterrupted:
