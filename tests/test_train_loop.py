@@ -114,6 +114,22 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(tmp_path):
     assert [json.loads(x) for x in lines[1:]] == full.history
 
 
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_a_python_optimizer_without_total_steps_schedules_over_the_run(kind):
+    """Adam(schedule="cosine") made in Python has no step count of its own:
+    the schedule spans the run's steps, as the train section's does (its lr
+    was min_lr from the step after warmup on)."""
+    from flowgrad.training.optim import Adam
+    from flowgrad.training.schedules import Schedule
+
+    opt = Adam(lr=1e-2, schedule=kind, warmup=2)
+    res = fg.train(small(), steps=10, device="cpu", optimizer=opt, progress=False)
+    want = [1e-2 * Schedule(kind, 2, 10).factor(t) for t in range(1, 11)]
+    assert [r["lr"] for r in res.history] == pytest.approx(want)
+    assert min(want) > 1e-4
+    assert opt.schedule.total == 0   # the caller's optimizer is unchanged
+
+
 def test_resume_after_a_crash_restarts_from_the_last_checkpoint(tmp_path):
     full = fg.train(small(), device="cpu", progress=False)
     with pytest.raises(ZeroDivisionError):  # not Ctrl-C: nothing is saved at step 13

@@ -17,6 +17,7 @@ needs, is an error here, before any step.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import attrs
@@ -180,6 +181,12 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
     split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
     if optimizer is None:
         optimizer = _optimizer(items, where, steps)
+    elif isinstance(optimizer, Optimizer) and optimizer.schedule.kind != "constant" and optimizer.schedule.total == 0:
+        # made in Python without total_steps: a cosine or linear schedule over no steps would end at
+        # min_lr after the first. It spans this run, as the train section's does (and stretches
+        # with --steps on a resume); a copy, so the caller's optimizer is left as it was.
+        optimizer = copy.copy(optimizer)
+        optimizer.schedule = attrs.evolve(optimizer.schedule, total=steps)
     return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop)
 
 
