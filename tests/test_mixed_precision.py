@@ -348,6 +348,9 @@ def test_resume_after_skipped_steps_equals_the_run_straight_through(device, tmp_
     straight = fg.train(model, data=_far_targets(), optimizer=opt(), out=tmp_path / "a", **kw)
     skipped = straight.session.loss_scaler.skipped
     assert 3 < skipped < 8 and straight.session.runner.get_opt_state()[0] == 12 - skipped
+    # metrics.jsonl's lr is the lr each step's update used (or would have, when skipped)
+    lrs = [r["lr"] for r in straight.history]
+    assert lrs[:skipped + 1] == [0.05] * (skipped + 1) and lrs[-1] == pytest.approx(opt().lr_at(12 - skipped))
 
     def interrupt(step, rec):
         if step == stop:

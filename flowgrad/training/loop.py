@@ -275,7 +275,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                     loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
-                rec = _record(step, loss, ts.optimizer)
+                rec = _record(step, loss, ts.optimizer, _update_number(sess, step))
                 if scaler is not None:
                     rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
                 if step % ts.eval_every == 0 or step == ts.steps:
@@ -403,8 +403,19 @@ def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config,
     return TrainInterrupted(f"{what}: saved step {step} to {ckpt_path}; continue with --resume", step, signum)
 
 
-def _record(step: int, loss, optimizer) -> dict:
+def _update_number(sess, step: int) -> int:
+    """The optimizer step whose lr this run step used: under mixed, skipped steps
+    do not advance the schedule, so it falls behind the run's step (a skipped
+    step is given the lr its update would have had)."""
+    updates = getattr(sess.runner, "opt_step", None)
+    if updates is None:
+        return step
+    scaler = sess.loss_scaler
+    return updates + bool(scaler is not None and scaler.last_skipped)
+
+
+def _record(step: int, loss, optimizer, update: int | None = None) -> dict:
     if loss is None or not math.isfinite(loss):
         raise FlowError(f"the loss became {loss} at step {step}: training diverged",
                         hint="lower the learning rate, or add clip=1.0 to the optimizer")
-    return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step)}
+    return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step if update is None else update)}
