@@ -75,3 +75,31 @@ def test_graph_path_resume_equals_uninterrupted(vk_device, tmp_path):
     assert [r["loss"] for r in resumed.history] == [r["loss"] for r in full.history]
     for k, v in full.session.params.items():
         np.testing.assert_array_equal(v, resumed.session.params[k])
+
+
+def test_a_new_optimizer_object_goes_on_from_the_sessions_state(vk_device):
+    """An optimizer made afresh each step (to set its lr by hand, say) steps the
+    one state the session holds, as on closures: the graph path started each
+    new object from zero moments at the session's step count, and kept a
+    recorded program per object."""
+    from flowgrad.training.optim import Adam
+
+    file, config = CASES["mlp"]
+    model = fg.load(MODELS / file, config)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.random((64, 64), dtype=np.float32), "y": rng.integers(0, 10, 64).astype(np.int32)}
+             for _ in range(6)]
+    graph = model.compile(device="vulkan", backward="graph", seed=0)
+    assert graph.last_path == "graph"
+    closures = model.compile(device="cpu", seed=0)
+    for i, f in enumerate(feeds):
+        lr = 1e-2 / (1 + i)
+        graph.step(f, grads=False, optimizer=Adam(lr=lr))
+        closures.step(f, grads=False, optimizer=Adam(lr=lr))
+    assert len(graph.runner.programs) == 1 and len(graph.runner.opt_state) == 1
+    for k, v in graph.params.items():
+        np.testing.assert_allclose(v, closures.params[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    steps, state = graph.runner.get_opt_state()
+    assert steps == 6
+    np.testing.assert_allclose(state["w1"]["exp_avg_sq"], closures.runner.get_opt_state()[1]["w1"]["exp_avg_sq"],
+                               rtol=1e-4, atol=1e-10)

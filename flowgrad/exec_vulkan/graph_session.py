@@ -98,6 +98,7 @@ class GraphSession:
     def optimizer_state_views(self, optimizer) -> dict:
         key = id(optimizer)
         if key not in self.opt_state:
+            self._retire_optimizers()
             trained = self.graph.trainable()
             state = optimizer.init_state({k: v for k, v in self.get_params().items() if k in trained})
             for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
@@ -116,6 +117,29 @@ class GraphSession:
                 s.run()
             self.opt_state[key] = (optimizer, bufs)
         return self.opt_state[key][1]
+
+    def _retire_optimizers(self) -> None:
+        """Before a new optimizer object's first step: it goes on from the state
+        the session holds, as on closures, whose one state every optimizer
+        object steps. Without this a fresh object (one made per step to set
+        its lr, say) started from zero moments at the session's step count, and
+        each kept a recorded program and state buffers of its own. The state
+        stepped so far becomes the loaded state; the programs and buffers of
+        the optimizers that held it go."""
+        if self.last_opt_key is None:
+            return   # nothing stepped: a loaded state (if any) stands
+        _, held = self.get_opt_state()
+        self.loaded_opt_state = {p: {k: np.array(v, np.float32) for k, v in st.items()} for p, st in held.items()}
+        self.host_opt_state = {}
+        old = set(self.opt_state)
+        for key in [k for k in self.programs if (k[1] if k[0] == "update" else k[2]) in old]:
+            self.programs.pop(key).free()
+        for _opt, bufs in self.opt_state.values():
+            for entries in bufs.values():
+                for view in entries.values():
+                    view.buffer.free()
+        self.opt_state.clear()
+        self.last_opt_key = None
 
     def check_backward(self, mem: MemoryPlan) -> None:
         """grad_inputs can reach nodes the planner did not check; refuse them
