@@ -130,6 +130,25 @@ def test_a_python_optimizer_without_total_steps_schedules_over_the_run(kind):
     assert opt.schedule.total == 0   # the caller's optimizer is unchanged
 
 
+def test_a_session_steps_with_another_kind_of_optimizer():
+    """sgd with momentum, then adam: adam's moments start at zero (a KeyError
+    on numpy before), and the state saved is adam's alone."""
+    from flowgrad.training.optim import SGD, Adam
+
+    sess = small().compile(device="cpu", seed=0)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.random((32, 64), dtype=np.float32), "y": rng.integers(0, 10, 32).astype(np.int32)}
+             for _ in range(4)]
+    for f in feeds[:2]:
+        sess.step(f, grads=False, optimizer=SGD(lr=0.1, momentum=0.9))
+    before = sess.params
+    for f in feeds[2:]:
+        sess.step(f, grads=False, optimizer=Adam(lr=1e-2))
+    steps, state = sess.runner.get_opt_state()
+    assert steps == 4 and {tuple(sorted(st)) for st in state.values()} == {("exp_avg", "exp_avg_sq")}
+    assert not np.array_equal(sess.params["w1"], before["w1"])
+
+
 def test_resume_after_a_crash_restarts_from_the_last_checkpoint(tmp_path):
     full = fg.train(small(), device="cpu", progress=False)
     with pytest.raises(ZeroDivisionError):  # not Ctrl-C: nothing is saved at step 13

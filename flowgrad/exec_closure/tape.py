@@ -240,8 +240,13 @@ class ClosureSession:
 
     def _update(self, optimizer, grads) -> None:
         trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
-        if not self.opt_state:
-            self.opt_state = optimizer.init_state(trained)
+        if not self.opt_state or any(set(st) != set(optimizer.STATE) for st in self.opt_state.values()):
+            # the first update, or an optimizer of another kind than the state's (sgd's momentum
+            # buffer, then adam): what it keeps goes on, the rest starts at zero, as on the graph path
+            state = optimizer.init_state(trained)
+            for name, entries in state.items():
+                entries.update({k: v for k, v in self.opt_state.get(name, {}).items() if k in entries})
+            self.opt_state = state
         self.opt_step += 1
         optimizer.update(trained, grads, self.opt_state, self.opt_step)
 
