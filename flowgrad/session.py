@@ -244,6 +244,7 @@ def _check_optimizer(optimizer) -> None:
     if not isinstance(optimizer, Optimizer):
         raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
                         f"got {type(optimizer).__name__}")
+    optimizer.lr_at(1)   # a schedule it cannot compute is an error before the step changes anything
 
 
 def _hook(on_grad_final) -> dict:

@@ -196,6 +196,24 @@ def test_schedule_drives_the_lr_of_updates():
     assert run(opt, [1.0, 1.0]) == pytest.approx([0.5, -0.5])
 
 
+def test_a_schedule_without_total_steps_is_an_error_not_min_lr():
+    opt = Adam(lr=0.1, schedule="cosine", warmup=2)
+    with pytest.raises(FlowError, match="needs the run's length"):
+        run(opt, [0.5, 0.5, 0.5])
+    assert run(Adam(lr=0.1, warmup=2), [0.5]) == pytest.approx([0.95], abs=1e-6)   # constant needs none
+
+
+
+def test_a_session_refuses_a_schedule_without_total_steps_before_stepping():
+    import flowgrad as fg
+
+    sess = fg.loads("model m\ninput x: f32[2, 3]\nparam w: f32[3] = ones()\nloss = sum(x * w)\nminimize loss\n"
+                    ).compile(device="cpu")
+    with pytest.raises(FlowError, match="needs the run's length"):
+        sess.step({"x": np.ones((2, 3), np.float32)}, optimizer=SGD(lr=0.1, schedule="linear"))
+    assert sess.runner.get_opt_state()[0] == 0 and sess.params["w"].tolist() == [1.0, 1.0, 1.0]
+
+
 # -- built from the train section ----------------------------------------------------
 
 SPAN = Span("m.flow", 30, 15, "  optimizer = adma(lr=1e-3)", 41)

@@ -70,6 +70,11 @@ class Optimizer:
 
     # -- the protocol -------------------------------------------------------
     def lr_at(self, step: int) -> float:
+        if self.schedule.kind != "constant" and self.schedule.total == 0:
+            # over no steps the schedule would be at min_lr from the first step after warmup on
+            raise FlowError(f"optimizer {self.name}(): schedule={self.schedule.kind!r} needs the run's length, "
+                            "and total_steps was not given",
+                            hint="pass total_steps=N (fg.train and the train section set it to the run's steps)")
         return self.lr * self.schedule.factor(step)
 
     def hyper(self, step: int) -> np.ndarray:
