@@ -240,7 +240,8 @@ class ClosureSession:
 
     def _update(self, optimizer, grads) -> None:
         trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
-        if not self.opt_state or any(set(st) != set(optimizer.STATE) for st in self.opt_state.values()):
+        kept = getattr(optimizer, "STATE", None)   # the state names a flowgrad optimizer keeps per param
+        if not self.opt_state or (kept is not None and any(set(st) != set(kept) for st in self.opt_state.values())):
             # the first update, or an optimizer of another kind than the state's (sgd's momentum
             # buffer, then adam): what it keeps goes on, the rest starts at zero, as on the graph path
             state = optimizer.init_state(trained)
