@@ -363,3 +363,23 @@ def test_resume_after_skipped_steps_equals_the_run_straight_through(device, tmp_
     assert resumed.session.runner.get_opt_state()[0] == 12 - skipped
     for k, v in straight.session.params.items():
         np.testing.assert_array_equal(resumed.session.params[k], v, err_msg=k)
+
+
+UNREACHED = LINEAR.replace("param b: f32[2] = zeros()", "param b: f32[2] = zeros()\nparam spare: f32[3] = ones()")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "mixed"])
+def test_a_param_the_loss_does_not_reach_takes_no_update(device, dtype):
+    """As in PyTorch, where its .grad stays None: weight decay moved it (AdamW with
+    weight_decay=0.3 took it 0.33 in 30 steps) and its moments decayed."""
+    sess = fg.loads(UNREACHED).compile(device=device, dtype=dtype)
+    if device == "vulkan":
+        assert sess.last_path == "graph", sess.last_path
+    rng = np.random.default_rng(4)
+    opt = AdamW(lr=0.02, weight_decay=0.3)
+    before = sess.params
+    for _ in range(5):
+        res = sess.step(linear_feeds(rng), optimizer=opt)
+    np.testing.assert_array_equal(sess.params["spare"], before["spare"])
+    assert not np.array_equal(sess.params["w"], before["w"])
+    np.testing.assert_array_equal(res.grads["spare"], np.zeros(3, np.float32))   # reported, as zeros

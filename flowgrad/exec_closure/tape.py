@@ -178,6 +178,7 @@ class ClosureSession:
         self.opt_state: dict = {}
         self.opt_step = 0
         self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
+        self._updated_names = None
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
         """on_grad_final(name, grad): see session.Session.step; here it is called
@@ -249,7 +250,16 @@ class ClosureSession:
                 entries.update({k: v for k, v in self.opt_state.get(name, {}).items() if k in entries})
             self.opt_state = state
         self.opt_step += 1
-        optimizer.update(trained, grads, self.opt_state, self.opt_step)
+        updated = {name: trained[name] for name in self._updated()}
+        optimizer.update(updated, grads, self.opt_state, self.opt_step)
+
+    def _updated(self) -> list[str]:
+        """The params the optimizer updates: those the loss reaches."""
+        if self._updated_names is None:
+            from flowgrad.planner.memory import updated_params
+
+            self._updated_names = updated_params(self.graph)
+        return self._updated_names
 
     def get_params(self, names=None):
         return {k: self.params[k].copy() for k in (self.params if names is None else names)}

@@ -23,7 +23,7 @@ from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
-from flowgrad.planner.memory import MemoryPlan
+from flowgrad.planner.memory import MemoryPlan, updated_params
 
 
 class GraphSession:
@@ -233,8 +233,9 @@ class GraphSession:
             for pname, entries in (self.loaded_opt_state or {}).items():
                 self.host_opt_state.get(pname, {}).update(entries)
         self.opt_step += 1
-        optimizer.update(params, grads, self.host_opt_state, self.opt_step)
-        self.set_params(params)
+        updated = {name: params[name] for name in updated_params(self.graph)}
+        optimizer.update(updated, grads, self.host_opt_state, self.opt_step)
+        self.set_params(updated)
 
     # -- params
 

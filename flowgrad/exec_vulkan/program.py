@@ -28,7 +28,7 @@ from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
-from flowgrad.planner.memory import MemoryPlan, plan_memory
+from flowgrad.planner.memory import MemoryPlan, plan_memory, updated_params
 
 INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
 
@@ -220,7 +220,6 @@ class StepLayout:
                 node = graph.nodes[i]
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
         self.hyper = None
-        self.zero_grads: dict[str, BufView] = {}
         if optimizer is not None and hasattr(optimizer, "record"):
             h = np.asarray(optimizer.hyper(1), np.float32)
             self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
@@ -264,19 +263,10 @@ class StepLayout:
         s = self.mem.slots[key]
         return BufView(self.buffers[s.buffer], s.offset, s.shape, s.dtype)
 
-    def param_grads(self, make_buffer) -> dict[str, BufView]:
-        """Each param's gradient view; a param the loss does not reach gets a zeroed buffer."""
-        out = {}
-        for name, i in self.graph.trainable().items():
-            if ("grad", i) in self.mem.slots:
-                out[name] = self.view(("grad", i))
-            else:
-                node = self.graph.nodes[i]
-                if name not in self.zero_grads:
-                    self.zero_grads[name] = BufView(make_buffer(node.type.nbytes, f"zero-grad:{name}"), 0,
-                                                    node.shape, node.dtype)
-                out[name] = self.zero_grads[name]
-        return out
+    def param_grads(self) -> dict[str, BufView]:
+        """The gradient of each param the optimizer updates (the loss reaches it)."""
+        trainable = self.graph.trainable()
+        return {name: self.view(("grad", trainable[name])) for name in updated_params(self.graph)}
 
 
 class StepProgram:
@@ -303,16 +293,13 @@ class StepProgram:
         self.owned = owned
         opt_record = None
         if optimizer is not None and hasattr(optimizer, "record"):
-            grads = self.layout.param_grads(make_buffer)
+            grads = self.layout.param_grads()
             state = sess.optimizer_state_views(optimizer)
-            params = {name: sess.param_view(name) for name in graph.trainable()}
+            params = {name: sess.param_view(name) for name in grads}
             hyper = self.layout.hyper
-            zero = dict(self.layout.zero_grads)
             skip = self.layout.found
 
             def opt_record(rec):
-                for v in zero.values():
-                    rec.fill(v, 0)
                 # skip only under a loss scaler: an optimizer of the plain protocol works without it
                 optimizer.record(rec, params, grads, state, hyper, *([] if skip is None else [skip]))
         self.rec = Recorder(device)
@@ -440,13 +427,13 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
                         (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
     opt_record = None
     if on_device is not None:
+        grads_views = layout.param_grads()
         params = {name: BufView(leaf_buffer(_pb_for(mem, ("val", i))), 0, graph.nodes[i].shape, graph.nodes[i].dtype)
-                  for name, i in graph.trainable().items()}
+                  for name, i in graph.trainable().items() if name in grads_views}
         zeros = {name: np.zeros(v.shape, NUMPY[v.dtype]) for name, v in params.items()}
         state = {p: {k: BufView(FakeBuffer(np.asarray(a).nbytes), 0, np.shape(a),
                                 dtype_of(np.asarray(a), narrow=True))
                      for k, a in entries.items()} for p, entries in on_device.init_state(zeros).items()}
-        grads_views = layout.param_grads(make_buffer)
 
         def opt_record(rec):
             on_device.record(rec, params, grads_views, state, layout.hyper,

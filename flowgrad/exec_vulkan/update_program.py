@@ -18,6 +18,7 @@ from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up
 from flowgrad.exec_vulkan.program import free_program
 from flowgrad.exec_vulkan.recorder import BufView, Recorder
+from flowgrad.planner.memory import updated_params
 
 
 class UpdateProgram:
@@ -38,14 +39,14 @@ class UpdateProgram:
         self.packed = device.buffer(self.nbytes, "device")
         self.grads = {name: BufView(self.packed, off, shape, dtype) for name, (off, shape, dtype) in layout.items()}
         hyper = BufView(self.packed, self.hyper_offset, h.shape, "f32")
-        params = {name: sess.param_view(name) for name in trained}
+        params = {name: sess.param_view(name) for name in updated_params(graph)}   # those the loss reaches
         state = sess.optimizer_state_views(optimizer)
         words = (self.nbytes // 4,)
         rec = Recorder(device)
         with rec.section("averaged gradients in", "transfer"):
             rec.copy(BufView(self.staging, 0, words, "f32"), BufView(self.packed, 0, words, "f32"))
         with rec.section("optimizer", "optimizer"):
-            optimizer.record(rec, params, self.grads, state, hyper)
+            optimizer.record(rec, params, {name: self.grads[name] for name in params}, state, hyper)
         self.dispatches = rec.counts()["dispatches"]
         rec.arena.materialize(device)
         self.cmd = device.command_buffer()

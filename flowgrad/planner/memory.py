@@ -141,6 +141,16 @@ def backward_nodes(graph: Graph, grad_inputs: bool = False, loss: int | None = N
     return nodes, {n: diff_pos[n] for n in nodes}
 
 
+def updated_params(graph: Graph) -> list[str]:
+    """The trainable params the optimizer updates: those the loss reaches
+    through differentiable inputs. One it does not reach has no gradient and,
+    as in PyTorch (where its .grad stays None), takes no update: no weight
+    decay, and its optimizer state stays as it is."""
+    nodes, positions = backward_nodes(graph)
+    reached = {graph.nodes[n].inputs[p] for n in nodes for p in positions[n]} | {graph.loss}
+    return [name for name, i in graph.trainable().items() if i in reached]
+
+
 def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
     """The memory plan of one step; backward=False plans a forward-only step.
     The backward set is derived from the graph exactly as the planner's. The
