@@ -150,7 +150,14 @@ def _attention(w, n, ins, ts):
     if n.attrs["causal"]:   # an index rule in flowgrad; a const additive mask here
         above = np.triu(np.ones((ts[0].shape[-2], ts[1].shape[-2]), bool), k=1)
         scores = w.op("Add", [scores, w.const(np.where(above, -np.inf, 0.0).astype(dt))])
-    out = w.op("MatMul", [w.op("Softmax", [scores], axis=-1), vh])
+    probs = w.op("Softmax", [scores], axis=-1)
+    if len(ins) > 3:
+        # ONNX's Softmax of a row that is -inf throughout is NaN; flowgrad (and PyTorch's
+        # scaled_dot_product_attention) give such a fully masked query row zeros
+        top = w.op("ReduceMax", [scores], axes=[-1], keepdims=1)
+        attends = w.op("Not", [w.op("IsInf", [top], detect_positive=0)])
+        probs = w.op("Where", [attends, probs, w.scalar(0.0, dt)])
+    out = w.op("MatMul", [probs, vh])
     return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.ints(ts[0].shape)])
 
 

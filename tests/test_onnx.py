@@ -165,3 +165,19 @@ def test_a_single_row_cross_entropy_exports(tmp_path):
     feeds = {"x": np.arange(5, dtype=np.float32) / 3, "t": np.array(3, np.int32)}
     np.testing.assert_allclose(run_onnx(tmp_path / "o.onnx", feeds)["l"], sess.step(feeds, grads=False).outputs["l"],
                                rtol=1e-6)
+
+
+def test_a_fully_masked_attention_row_exports_as_zeros_not_nan(tmp_path):
+    # a padding mask that hides every key of a query (here row 1, and row 0 once causal
+    # also hides keys 1..3) gives that row zeros in flowgrad; ONNX's Softmax alone gives NaN
+    sess = fg.loads("model a\ninput q: f32[2, 4, 8]\ninput m: i32[4, 4]\ninput p: i32[4]\n"
+                    "y = attention(q, q, q, heads=2, mask=m)\nz = attention(q, q, q, heads=2, causal=true, mask=p)\n"
+                    "output y, z\n").compile(device="cpu")
+    m = np.ones((4, 4), np.int32)
+    m[1] = 0
+    feeds = {"q": np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32), "m": m,
+             "p": np.array([0, 1, 1, 1], np.int32)}
+    sess.to_onnx(tmp_path / "a.onnx", outputs=["y", "z"])
+    got, want = run_onnx(tmp_path / "a.onnx", feeds), sess.step(feeds, grads=False).outputs
+    for name in ("y", "z"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
