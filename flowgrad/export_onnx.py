@@ -255,9 +255,10 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
         else:
             convert = CONVERTERS.get(node.op)
             if convert is None:
-                where = f" at {node.span.where()}" if node.span else ""
-                raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}){where} has "
-                                "no ONNX counterpart here", node.span,
+                # the span places it (file:line:col, and the block call that expanded it)
+                raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}) has no ONNX "
+                                "counterpart here",
+                                node.span,
                                 hint="exported ops: " + ", ".join(sorted(CONVERTERS)))
             names[node.id] = convert(w, node, [names.get(i) for i in node.inputs],
                                      [graph.nodes[i].type for i in node.inputs])

@@ -181,3 +181,14 @@ def test_a_fully_masked_attention_row_exports_as_zeros_not_nan(tmp_path):
     got, want = run_onnx(tmp_path / "a.onnx", feeds), sess.step(feeds, grads=False).outputs
     for name in ("y", "z"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
+    pytest.importorskip("onnx")
+    sess = fg.load("cnn").compile(device="cpu")
+    with pytest.raises(FlowError) as e:
+        sess.to_onnx(tmp_path / "cnn.onnx")
+    text = str(e.value)
+    assert e.value.message.startswith("cannot export cnn to ONNX: op conv2d (node ")
+    assert "cnn.flow:" not in e.value.message and text.startswith(str(e.value.span.where()))   # once: the span's
+    assert not (tmp_path / "cnn.onnx").exists()
