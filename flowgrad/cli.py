@@ -123,7 +123,9 @@ def cmd_explain(args) -> int:
     if args.ranks is not None:
         if args.ranks < 1:
             raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
-        sess.ranks = args.ranks
+        from flowgrad.training.distributed import describe_ranks
+
+        describe_ranks(sess, args.ranks)
     report = sess.explain(analyze=args.analyze)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0

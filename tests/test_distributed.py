@@ -515,7 +515,7 @@ def test_explain_states_the_two_submit_step():
 
     sess = fg.load("mlp").compile(device="cpu")
     assert "ranks" not in explain(sess).to_dict()
-    sess.ranks = 2
+    distributed.describe_ranks(sess, 2)
     report = explain(sess)
     assert report.to_dict()["ranks"]["count"] == 2
     assert "ranks: 2, data-parallel:" in report.text()
@@ -527,9 +527,10 @@ def test_explain_claims_overlap_only_with_several_buckets(monkeypatch):
     from flowgrad.planner.explain import explain
 
     sess = fg.load("mlp").compile(device="cpu")
-    sess.ranks = 2
+    distributed.describe_ranks(sess, 2)
     step = explain(sess).to_dict()["ranks"]["step"]
     assert "one bucket" in step and "while the backward goes on" not in step, step
     monkeypatch.setenv(distributed.BUCKET_ENV, "0.01")
+    distributed.describe_ranks(sess, 2)
     step = explain(sess).to_dict()["ranks"]["step"]
     assert "each of the 2 gradient buckets" in step and "while the backward goes on" in step, step

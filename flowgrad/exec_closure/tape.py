@@ -12,6 +12,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
+from flowgrad.grad_paths import backward_nodes, updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
 from flowgrad.ops.registry import OpTypeError
@@ -111,8 +112,6 @@ class ClosureExecutor:
         and may have no VJP at all (a user op registered without one)."""
         key = (loss_id, grad_inputs)
         if key not in self._differentiated:
-            from flowgrad.planner.memory import backward_nodes
-
             self._differentiated[key] = backward_nodes(self.graph, grad_inputs, loss_id)[0]
         return self._differentiated[key]
 
@@ -256,8 +255,6 @@ class ClosureSession:
     def _updated(self) -> list[str]:
         """The params the optimizer updates: those the loss reaches."""
         if self._updated_names is None:
-            from flowgrad.planner.memory import updated_params
-
             self._updated_names = updated_params(self.graph)
         return self._updated_names
 

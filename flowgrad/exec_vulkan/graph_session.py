@@ -23,7 +23,8 @@ from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
-from flowgrad.planner.memory import MemoryPlan, updated_params
+from flowgrad.grad_paths import updated_params
+from flowgrad.planner.memory import MemoryPlan
 
 
 class GraphSession:

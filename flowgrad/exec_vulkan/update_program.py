@@ -18,7 +18,7 @@ from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up
 from flowgrad.exec_vulkan.program import free_program
 from flowgrad.exec_vulkan.recorder import BufView, Recorder
-from flowgrad.planner.memory import updated_params
+from flowgrad.grad_paths import updated_params
 
 
 class UpdateProgram:

@@ -68,23 +68,20 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     }
     if plan.dtype == "mixed":
         data["precision"] = precision_dict(sess, kernels)
-    ranks = getattr(sess, "ranks", 1)
+    ranks = getattr(sess, "ranks", 1)   # set by data-parallel training and `explain --ranks`, with grad_buckets
     if ranks > 1:
-        data["ranks"] = ranks_dict(ranks, plan.path, graph)
+        data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1))
     return Explain(data, graph)
 
 
-def ranks_dict(ranks: int, path: str, graph) -> dict:
-    """Data-parallel training on `ranks` ranks: how a training step changes."""
+def ranks_dict(ranks: int, path: str, buckets: int) -> dict:
+    """Data-parallel training on `ranks` ranks, its gradients all-reduced in
+    `buckets` buckets: how a training step changes."""
     if path == "graph":
         step = ("forward+backward submit, the packed gradients read back and averaged across ranks "
                 "(all-reduce), optimizer submit: 2 submits per step")
         submits = 2
     else:
-        from flowgrad.training.distributed import bucket_bytes
-        from flowgrad.training.grad_buckets import bucket_count
-
-        buckets = bucket_count(graph, bucket_bytes())
         if buckets == 1:
             # one bucket is posted when the last gradient is final, i.e. after the whole backward
             step = ("forward and backward closures, then the gradients (one bucket, within "

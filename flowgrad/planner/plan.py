@@ -12,7 +12,8 @@ from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
 from flowgrad.planner.fusion import Fusion, fuse, no_fusion
-from flowgrad.planner.memory import MemoryPlan, backward_nodes, plan_memory
+from flowgrad.grad_paths import backward_nodes
+from flowgrad.planner.memory import MemoryPlan, plan_memory
 
 
 @attrs.frozen

@@ -35,7 +35,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.training import mpi_launch
-from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets
+from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets, bucket_count
 from flowgrad.training.mpi_launch import INSTALL
 
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
@@ -76,6 +76,14 @@ def join(timeout: float | None = None) -> World | None:
     if timeout is None:
         timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
     return World(MPI, comm, timeout, bucket_bytes())
+
+
+def describe_ranks(sess, ranks: int) -> None:
+    """What sess.explain() says of a step on `ranks` ranks: their count and the
+    gradient buckets the all-reduce cuts (one bucket is posted only after the
+    whole backward; several overlap it)."""
+    sess.ranks = ranks
+    sess.grad_buckets = bucket_count(sess.graph, bucket_bytes())
 
 
 def bucket_bytes() -> int:

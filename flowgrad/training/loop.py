@@ -159,7 +159,7 @@ def _train_ranks(world, sess, ts, out, resume, overwrite, progress, callback, ch
     from flowgrad.training import distributed
 
     ts.data = distributed.Shard(ts.data, world)
-    sess.ranks = world.size      # sess.explain() states how a step runs at this many ranks
+    distributed.describe_ranks(sess, world.size)   # for sess.explain()
     sess.rank = world.rank       # its dropout masks are those of its rows of the global batch
     config = dict(sess.graph.config)
     if config.get("batch") == ts.data.local:
