@@ -243,7 +243,10 @@ class ClosureSession:
         kept = getattr(optimizer, "STATE", None)   # the state names a flowgrad optimizer keeps per param
         if not self.opt_state or (kept is not None and any(set(st) != set(kept) for st in self.opt_state.values())):
             # the first update, or an optimizer of another kind than the state's (sgd's momentum
-            # buffer, then adam): what it keeps goes on, the rest starts at zero, as on the graph path
+            # buffer, then adam): what it keeps goes on, the rest starts at zero, and its step count
+            # (Adam's bias correction) starts again, as a new torch optimizer's; so on the graph path
+            if self.opt_state:
+                self.opt_step = 0
             state = optimizer.init_state(trained)
             for name, entries in state.items():
                 entries.update({k: v for k, v in self.opt_state.get(name, {}).items() if k in entries})

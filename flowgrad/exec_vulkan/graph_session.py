@@ -100,6 +100,9 @@ class GraphSession:
         key = id(optimizer)
         if key not in self.opt_state:
             self._retire_optimizers()
+            kept = getattr(optimizer, "STATE", None)
+            if kept is not None and any(set(st) != set(kept) for st in (self.loaded_opt_state or {}).values()):
+                self.opt_step = 0   # another kind of optimizer counts its steps afresh, as a new torch one does
             trained = self.graph.trainable()
             state = optimizer.init_state({k: v for k, v in self.get_params().items() if k in trained})
             for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
