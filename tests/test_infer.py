@@ -206,3 +206,11 @@ def test_a_bad_feed_csv_names_the_line(tmp_path):
         read_array(str(path), "--feed x")
     path.write_text("a,b\n1,2\n3,4.5\n")
     np.testing.assert_array_equal(read_array(str(path), "--feed x"), [[1, 2], [3, 4.5]])
+
+
+def test_a_byte_level_prompt_names_the_character_a_missing_byte_belongs_to():
+    from flowgrad.training.text import encode
+
+    vocab = sorted(set("hello world".encode()))
+    with pytest.raises(FlowError, match=r"byte 0xc3 of character 'ö' \(position 4\) is not in the model's vocabulary"):
+        encode("hellö".encode(), vocab, "byte")

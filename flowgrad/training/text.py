@@ -75,11 +75,19 @@ def encode(text_or_bytes, vocab: list, level: str) -> np.ndarray:
     ids = []
     for pos, sym in enumerate(text_or_bytes):
         if sym not in index:
-            shown = repr(sym) if level == "char" else f"byte {sym}"
-            raise FlowError(f"{shown} (position {pos}) is not in the model's vocabulary of {len(vocab)} "
+            shown = f"{sym!r} (position {pos})" if level == "char" else _byte_in_text(bytes(text_or_bytes), pos)
+            raise FlowError(f"{shown} is not in the model's vocabulary of {len(vocab)} "
                             f"{'characters' if level == 'char' else 'bytes'} (those of its training text)")
         ids.append(index[sym])
     return np.asarray(ids, np.int32)
+
+
+def _byte_in_text(data: bytes, pos: int) -> str:
+    """Byte `pos` of UTF-8 text, named with the character it belongs to."""
+    char = len(data[:pos].decode("utf-8", errors="ignore"))
+    text = data.decode("utf-8", errors="replace")
+    where = f"character {text[char]!r} (position {char})" if char < len(text) else f"position {pos}"
+    return f"byte 0x{data[pos]:02x} of {where}"
 
 
 def decode(ids, vocab: list, level: str) -> str:
