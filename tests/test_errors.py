@@ -340,3 +340,9 @@ def test_arithmetic_on_a_train_sections_call_names_the_call():
     with pytest.raises(FlowError, match=r"cannot apply '\+' to call adam\(\.\.\.\) and int 1"):
         fg.loads("model t\ninput x: f32[2]\nparam w: f32[2] = ones()\nl = sum(x * w)\nminimize l\n"
                  "train {\n  steps = adam() + 1\n}\n")
+
+
+def test_a_name_assigned_twice_in_one_statement_is_an_error():
+    with pytest.raises(FlowError, match="'a' is assigned twice in one statement") as e:
+        fg.loads("model t\ninput x: f32[4]\na, a = split(x, 2)\noutput a\n")
+    assert e.value.span.where() == "<string>:3:4"

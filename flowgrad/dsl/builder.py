@@ -222,7 +222,11 @@ class Builder(Calls, Builtins):
             raise self.error(f"the right side gives one value, but {n} names are assigned", s.pos, scope)
         else:
             values = (value,)
+        seen = set()
         for target, v in zip(s.targets, values):
+            if target.id in seen:   # the later would silently replace the earlier
+                raise self.error(f"{target.id!r} is assigned twice in one statement", target.pos, scope)
+            seen.add(target.id)
             self.check_new_name(target, "value", scope)
             if isinstance(v, Tensor):
                 self.name_node(v, scope.prefix + target.id)
