@@ -135,3 +135,31 @@ def test_an_op_without_a_twin_is_a_flow_error():
     sess = fg.loads(text, file="t.flow").compile(device="cpu")
     with pytest.raises(FlowError, match="py_half"):
         TorchTwin(sess.graph, sess.params)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "mixed"])
+@pytest.mark.parametrize("stem, config", [("mlp", {"hidden": 16}),
+                                          ("tiny_gpt", {"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2})])
+def test_bench_compare_checks_and_times_the_twin_at_each_dtype(stem, config, dtype, monkeypatch):
+    """compare_torch wants CUDA; CPU torch stands in for it. An f16 model's
+    float feeds reach the twin as f16 (as flowgrad's step takes them), and
+    its loss is checked at f16's precision, not f32's."""
+    from flowgrad.exec_vulkan import bench
+    import flowgrad.torch_twin as twin_module
+
+    class CPUTwin(TorchTwin):
+        def __init__(self, graph, params, device="cpu"):
+            super().__init__(graph, params, device="cpu")
+
+    autocast = torch.autocast
+    monkeypatch.setattr(twin_module, "TorchTwin", CPUTwin)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu")
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: f)
+    monkeypatch.setattr(torch, "autocast", lambda kind, dtype=None: autocast("cpu", dtype=dtype))
+    monkeypatch.setattr(bench, "WARMUP_SECONDS", 0.0)
+    path = next(p for p in MODELS if p.stem == stem)
+    sess = fg.load(path, config=config).compile(device="cpu", dtype=dtype)
+    feeds, _ = bench.bench_feeds(sess.graph)
+    out = bench.compare_torch(sess, feeds, repeats=1, phase=lambda text: None)
+    assert out["checked_in"] == "training" and out["eager"]["seconds"] > 0

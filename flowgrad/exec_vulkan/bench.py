@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.submit import spin_ns
 from flowgrad.feeds import random_feeds
@@ -199,7 +200,9 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     mixed = graph_sess.plan.dtype == "mixed"
     graph = graph_sess.model.build("f32") if mixed else graph_sess.graph
     twin = TorchTwin(graph, graph_sess.params, device="cuda")
-    tfeeds = twin.feeds({k: np.asarray(v, np.float32) if graph.nodes[graph.inputs[k]].dtype == "f32" else v
+    # each feed in its input's dtype, as flowgrad's step takes it: an f16 model's float rows arrive as f32
+    # (its data, random feeds), and torch does not promote them against f16 params
+    tfeeds = twin.feeds({k: np.asarray(v, NUMPY_DTYPE[graph.nodes[graph.inputs[k]].dtype])
                          for k, v in feeds.items()})
     # dropout draws torch's own masks in training: a model with random ops is checked in eval
     training = RNG_INPUT not in {n.name for n in graph.nodes if n.op == "input"}
