@@ -217,6 +217,14 @@ def counterpart(op_name: str) -> str | None:
     return COUNTERPART.get(op_name) or get_op(op_name).torch or None
 
 
+def check_twin(graph: Graph) -> None:
+    """Refuse a graph with an op the twin has no rule for."""
+    missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and rule_for(n.op) is None})
+    if missing:
+        raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
+                        hint="flowgrad.torch_twin.LOWER lists the ops it maps")
+
+
 class TorchTwin:
     """graph's forward as torch ops on `device`, params initialised from
     `params` (numpy arrays, e.g. a flowgrad session's get_params()). `state`
@@ -227,10 +235,7 @@ class TorchTwin:
 
     def __init__(self, graph: Graph, params: dict[str, np.ndarray], device: str = "cpu"):
         torch = require_torch()
-        missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and rule_for(n.op) is None})
-        if missing:
-            raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
-                            hint="flowgrad.torch_twin.LOWER lists the ops it maps")
+        check_twin(graph)
         self.torch, self.graph, self.device = torch, graph, device
         trainable = graph.trainable()
         self.params = {name: torch.tensor(np.asarray(params[name]), device=device).requires_grad_(name in trainable)

@@ -137,6 +137,22 @@ def test_an_op_without_a_twin_is_a_flow_error():
         TorchTwin(sess.graph, sess.params)
 
 
+def test_bench_refuses_a_model_without_a_twin_before_timing(tmp_path, monkeypatch):
+    """It timed both paths for minutes, then found the op it could not compare."""
+    from flowgrad.exec_vulkan import bench
+
+    fg.register_op("py_third", shape=lambda s: s, forward=lambda x: x / 3, vjp=lambda g, out, x: (g / 3,),
+                   replace=True)
+    (tmp_path / "t.flow").write_text("model t\ninput x: f32[3]\ny = py_third(x)\nloss = sum(y)\nminimize loss\n")
+
+    def timed(*args, **kw):
+        raise AssertionError("timed before the twin was checked")
+
+    monkeypatch.setattr(bench, "time_steps", timed)
+    with pytest.raises(FlowError, match="no PyTorch twin for op\\(s\\) py_third"):
+        bench.run(str(tmp_path / "t.flow"), device="cpu", repeats=1, compare="torch")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "mixed"])
 @pytest.mark.parametrize("stem, config", [("mlp", {"hidden": 16}),
                                           ("tiny_gpt", {"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2})])

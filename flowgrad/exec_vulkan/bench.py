@@ -250,6 +250,11 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
 
     phase = phase or (lambda text: None)
     model = load(model_path, {**DECODER, **(config or {})} if model_path == MODEL else config)
+    if compare == "torch":   # before minutes of timing, not after them
+        from flowgrad.torch_twin import check_twin, require_torch
+
+        require_torch()
+        check_twin(model.build("f32"))
     phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")
     if graph_sess.device is None:
