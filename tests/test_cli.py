@@ -118,8 +118,9 @@ def test_bench_reports_each_phase(vk_device):
     from flowgrad.exec_vulkan.bench import run
 
     phases = []
-    run(device="vulkan", repeats=1, config={"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2},
-        phase=phases.append)
+    r = run(device="vulkan", repeats=1, config={"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2},
+            phase=phases.append)
+    assert r["closures"]["samples"] == 3   # closures take max(3, repeats // 4) steps, and --json says so
     assert [p.split(" (")[0] for p in phases] == ["compiling the graph path",
                                                  "timing the graph path, Adam on the device",
                                                  "timing the graph path, gradients to the host",

@@ -165,6 +165,7 @@ def test_bench_compare_checks_and_times_the_twin_at_each_dtype(stem, config, dty
     feeds, _ = bench.bench_feeds(sess.graph)
     out = bench.compare_torch(sess, feeds, repeats=1, phase=lambda text: None)
     assert out["checked_in"] == "training" and out["eager"]["seconds"] > 0
+    assert out["eager"]["samples"] == bench.ROUNDS   # --json says how many steps each median is of
 
 
 @pytest.mark.vulkan

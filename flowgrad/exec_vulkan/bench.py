@@ -238,7 +238,7 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
             out[name] = {"skipped": f"{type(e).__name__}: {e}"[:200]}
     phase(f"timing {', '.join(steps)} in turns ({ROUNDS} rounds of {max(1, repeats // ROUNDS)} steps each)")
     for name, times in in_turns(steps, repeats).items():
-        out[name] = {"seconds": statistics.median(times)}
+        out[name] = {"seconds": statistics.median(times), "samples": len(times)}
     return out
 
 
@@ -267,13 +267,15 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     # compiled only now: the graph path is timed with no other session's memory held
     phase("compiling the closures path")
     closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
-    phase(f"timing the closures path, gradients to the host ({max(3, repeats // 4)} steps after {WARMUP})")
-    c_time, c_traffic = time_steps(closure_sess, feeds, max(3, repeats // 4))
+    c_repeats = max(3, repeats // 4)
+    phase(f"timing the closures path, gradients to the host ({c_repeats} steps after {WARMUP})")
+    c_time, c_traffic = time_steps(closure_sess, feeds, c_repeats)
     shown = (*DECODER, "batch")
     r = {"model": model.name, "config": {k: model.config[k] for k in shown if k in model.config},
          "device": graph_sess.device.info.name, "dtype": dtype, "repeats": repeats,
          "graph": {"seconds": g_time, **g_traffic}, "graph_grads": {"seconds": r_time, **r_traffic},
-         "closures": {"seconds": c_time, **c_traffic}, "ratio": c_time / r_time, "grads_cost": r_time / g_time,
+         "closures": {"seconds": c_time, "samples": c_repeats, **c_traffic}, "ratio": c_time / r_time,
+         "grads_cost": r_time / g_time,
          "fence_poll_us": spin_ns(graph_sess.device) // 1000, "feeds": source}
     if compare == "torch":
         r["torch"] = compare_torch(graph_sess, feeds, repeats, phase)
