@@ -399,39 +399,37 @@ def wait_for_steps(out: Path, n: int) -> None:
     raise AssertionError("the ranks did not start training")
 
 
-def test_ctrl_c_stops_every_rank_after_the_same_step(tmp_path, mlp, mpi):
+def stop_mid_run(tmp_path, mlp, mpi, send) -> tuple[int, str, int]:
+    """(exit status, stderr, checkpoint step) of ranks stopped by send(proc)
+    after their third step; the last metrics record is the checkpoint's step."""
     proc = start_ranks(tmp_path, mlp, mpi)
     try:
         wait_for_steps(tmp_path / "run", 3)
-        os.killpg(proc.pid, signal.SIGINT)      # a terminal's Ctrl-C: the launcher, mpiexec and the ranks
+        send(proc)
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err
     step = checkpoint.load(tmp_path / "run" / checkpoint.FILENAME).step
-    assert f"interrupted: saved step {step} to" in err and err.count("interrupted: saved") == 1
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == step
+    return proc.returncode, err, step
+
+
+def test_ctrl_c_stops_every_rank_after_the_same_step(tmp_path, mlp, mpi):
+    # a terminal's Ctrl-C: the launcher, mpiexec and the ranks
+    rc, err, step = stop_mid_run(tmp_path, mlp, mpi, lambda proc: os.killpg(proc.pid, signal.SIGINT))
+    assert rc == 130, err
+    assert f"interrupted: saved step {step} to" in err and err.count("interrupted: saved") == 1
 
 
 def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path, mlp, mpi):
     """`kill`, `docker stop` and schedulers send SIGTERM to the process they
     started: under --ranks the launcher, which must pass it on rather than die
     and leave mpiexec to kill the ranks before they save."""
-    proc = start_ranks(tmp_path, mlp, mpi)
-    try:
-        wait_for_steps(tmp_path / "run", 3)
-        os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, err
-    step = checkpoint.load(tmp_path / "run" / checkpoint.FILENAME).step
+    rc, err, step = stop_mid_run(tmp_path, mlp, mpi, lambda proc: os.kill(proc.pid, signal.SIGTERM))
+    assert rc == 143, err
     assert f"interrupted by SIGTERM: saved step {step} to" in err, err
-    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == step
 
 
 def test_a_hung_rank_is_a_timeout_not_a_hang(tmp_path, mlp, mpi):
