@@ -9,7 +9,6 @@ up to i only), as a decoder with causal attention is; that is checked before
 the first token, by padding with two different tokens and comparing."""
 from __future__ import annotations
 
-import codecs
 import itertools
 import math
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.training.data import output_inputs
-from flowgrad.training.metrics import compared_with
-from flowgrad.training.text import encode
+from flowgrad.training.metrics import predictions_first
+from flowgrad.training.text import encode, pieces
 
 
 def lm_io(graph) -> tuple[str, str, int]:
@@ -32,10 +31,8 @@ def lm_io(graph) -> tuple[str, str, int]:
     t = graph.nodes[graph.inputs[tokens[0]]].type
     fits = [name for name, i in graph.outputs.items()
             if i != graph.loss and len(graph.nodes[i].type.shape) == 3 and graph.nodes[i].type.shape[:2] == t.shape]
-    # of several (`probs = softmax(logits)` declared first), the logits are what the loss compares
-    # with the targets: sampling from softmax(probs / T) would draw nearly uniformly
-    compared = set().union(*(compared_with(graph, graph.inputs[n]) for n in targets))
-    fits.sort(key=lambda n: graph.outputs[n] not in compared)
+    # sampling from softmax(probs / T) would draw nearly uniformly
+    fits = predictions_first(graph, fits, targets)
     if fits:
         return tokens[0], fits[0], t.shape[1]
     raise FlowError(f"{graph.name} has no output of next-token logits shaped [batch, seq, vocab]",
@@ -116,15 +113,3 @@ def sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, s
         logits = window_logits(sess, tok_in, logits_out, seq, ids)[:n_symbols]
         ids.append(sample(logits, temperature, top_k, rng))
         yield ids[-1]
-
-
-def pieces(ids, vocab: list, level: str):
-    """The text of each id in turn, as decode gives it for them all."""
-    if level == "char":
-        yield from (vocab[int(i)] for i in ids)
-        return
-    # a character of a byte-level model can span several tokens: its bytes wait in the decoder
-    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for i in ids:
-        yield dec.decode(bytes([int(vocab[int(i)])]))
-    yield dec.decode(b"", final=True)

@@ -99,10 +99,8 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
                             "class ids", span, hint='for class ids use metric = "accuracy" or "token_accuracy"')
         fits = [n for n, o in outputs.items() if o.shape == t.shape and o.dtype in FLOAT_DTYPES]
         want = f"shaped like {target} ({list(t.shape)})"
-    # of several outputs that fit (`probs` declared before `logits`), the one the model compares with the
-    # targets is what it predicts: perplexity of a softmax's output read as logits is nonsense
-    compared = compared_with(graph, graph.inputs[target])
-    fits.sort(key=lambda n: graph.outputs[n] not in compared)
+    # perplexity of a softmax's output read as logits is nonsense
+    fits = predictions_first(graph, fits, [target])
     if not fits:
         have = ", ".join(f"{n}: {o}" for n, o in outputs.items()) or "none"
         raise FlowError(f"metric {name} needs an output {want}, and {graph.name} has none (outputs: {have})", span,
@@ -111,7 +109,15 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
     return Metric(name, fits[0], target)
 
 
-def compared_with(graph: Graph, target: int) -> set[int]:
+def predictions_first(graph: Graph, outputs: list[str], targets) -> list[str]:
+    """outputs, those the model compares with a target input first: of
+    several that fit (`probs = softmax(logits)` declared before `logits`),
+    the loss's prediction is what the model predicts."""
+    compared = set().union(*(_compared_with(graph, graph.inputs[t]) for t in targets))
+    return sorted(outputs, key=lambda n: graph.outputs[n] not in compared)
+
+
+def _compared_with(graph: Graph, target: int) -> set[int]:
     """The values an op reads beside the target input (through casts, as
     mixed precision casts a loss's inputs): a loss's prediction."""
     out = set()

@@ -3,6 +3,8 @@ decoding (used by `generate` too), and the Dataset that cuts the ids into
 windows of `seq` tokens."""
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 
 from flowgrad.errors import FlowError
@@ -91,9 +93,19 @@ def _byte_in_text(data: bytes, pos: int) -> str:
 
 
 def decode(ids, vocab: list, level: str) -> str:
+    return "".join(pieces(ids, vocab, level))
+
+
+def pieces(ids, vocab: list, level: str):
+    """The text of each id in turn (bytes that are not valid UTF-8 as U+FFFD)."""
     if level == "char":
-        return "".join(vocab[int(i)] for i in ids)
-    return bytes(int(vocab[int(i)]) for i in ids).decode("utf-8", errors="replace")
+        yield from (vocab[int(i)] for i in ids)
+        return
+    # a character of a byte-level model can span several tokens: its bytes wait in the decoder
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in ids:
+        yield dec.decode(bytes([int(vocab[int(i)])]))
+    yield dec.decode(b"", final=True)
 
 
 class TextLines(TextData):
