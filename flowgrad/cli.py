@@ -121,8 +121,7 @@ def cmd_explain(args) -> int:
     model = load_model(args.file, parse_sets(args.set))
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
     if args.ranks is not None:
-        if args.ranks < 1:
-            raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
+        at_least_one("--ranks", args.ranks)
         from flowgrad.training.distributed import describe_ranks
 
         describe_ranks(sess, args.ranks)
@@ -144,8 +143,8 @@ def cmd_train(args) -> int:
         from flowgrad.training import mpi_launch
 
         return mpi_launch.launch(args.ranks, mpi_launch.strip_ranks(args.argv))
-    if args.steps is not None and args.steps < 1:
-        raise FlowError(f"--steps must be at least 1, got {args.steps}")
+    if args.steps is not None:
+        at_least_one("--steps", args.steps)
     model = load_model(args.file, parse_sets(args.set))
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
@@ -284,15 +283,13 @@ def devices_text() -> str:
 
 
 def cmd_bench(args) -> int:
-    if args.repeats < 1:
-        raise FlowError(f"--repeats must be at least 1, got {args.repeats}")
+    at_least_one("--repeats", args.repeats)
     if args.file == "matmul":
         return cmd_bench_matmul(args)
     from flowgrad.exec_vulkan import bench
 
     if args.ranks is not None:
-        if args.ranks < 1:
-            raise FlowError(f"--ranks must be at least 1, got {args.ranks}")
+        at_least_one("--ranks", args.ranks)
         from flowgrad.training import bench_ranks
 
         rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
@@ -309,6 +306,11 @@ def cmd_bench(args) -> int:
                   dtype=args.dtype, phase=phase, compare=args.compare)
     print(json.dumps(r, indent=2) if args.json else bench.report(r))
     return 0
+
+
+def at_least_one(flag: str, value: int) -> None:
+    if value < 1:
+        raise FlowError(f"{flag} must be at least 1, got {value}")
 
 
 def check_bench_device(spec: str) -> None:
