@@ -131,9 +131,9 @@ output y""")
     assert g.node("y").op == "add" and g.node("y").shape == (3, 2)
 
 
-def test_empty_file_and_model_name_from_file():
-    g = build("# nothing here\n", file="dir/my_model.flow")
-    assert g.name == "my_model" and g.nodes == []
+def test_model_name_from_file():
+    g = build("# no model line\ninput x: f32[2]\n", file="dir/my_model.flow")
+    assert g.name == "my_model" and [n.name for n in g.nodes] == ["x"]
 
 
 # ---------------------------------------------------------------- spans

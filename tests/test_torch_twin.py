@@ -153,6 +153,19 @@ def test_bench_refuses_a_model_without_a_twin_before_timing(tmp_path, monkeypatc
         bench.run(str(tmp_path / "t.flow"), device="cpu", repeats=1, compare="torch")
 
 
+def test_bench_compare_without_cuda_is_refused_before_timing(monkeypatch):
+    """It timed for minutes, printed "PyTorch: skipped" and exited 0."""
+    from flowgrad.exec_vulkan import bench
+
+    def timed(*args, **kw):
+        raise AssertionError("timed without a GPU to compare on")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench, "time_steps", timed)
+    with pytest.raises(FlowError, match="--compare torch times PyTorch on a CUDA GPU"):
+        bench.run("mlp", device="cpu", repeats=1, compare="torch")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "mixed"])
 @pytest.mark.parametrize("stem, config", [("mlp", {"hidden": 16}),
                                           ("tiny_gpt", {"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2})])

@@ -85,6 +85,9 @@ def parse_program(text: str, file: str) -> ast.Program:
         if isinstance(e.orig_exc, FlowError):
             raise e.orig_exc from None
         raise
+    if not stmts:   # checked, it would "train" nothing and report success
+        raise FlowError("the model file declares nothing", make_span(file, lines, (1, 1, 1, 2)),
+                        hint="a model needs at least an input or param, and an output or a minimize")
     return ast.Program(file, lines, tuple(stmts))
 
 
@@ -211,6 +214,9 @@ class ToAst(Transformer_NonRecursive):
         if len(text) > limits.MAX_NUMBER_DIGITS:
             raise self.error(f"a number literal has at most {limits.MAX_NUMBER_DIGITS} characters, "
                              f"this one has {len(text)}", meta_pos(meta))
+        if text.isdigit() and len(text) > 1 and text[0] == "0":   # as Python: 007 is no octal here
+            raise self.error(f"leading zeros in the integer {text}: write {text.lstrip('0') or '0'}",
+                             meta_pos(meta))
         value = int(text) if text.isdigit() else float(text)
         problem = limits.int_problem(value) if isinstance(value, int) else None
         if problem or value == float("inf"):
@@ -323,7 +329,18 @@ def syntax_error(e: UnexpectedInput, text: str, file: str, lines) -> FlowError:
             line, col, offset = tok.line, tok.column, tok.start_pos
             width = max(1, len(str(tok).split("\n")[0]))
     span = make_span(file, lines, (line, col, line, col + width))
-    return FlowError(message, span, hint=unclosed_hint(text, offset, line))
+    return FlowError(message, span, hint=unclosed_hint(text, offset, line) or top_level_return_hint(e, lines))
+
+
+def top_level_return_hint(e: UnexpectedInput, lines) -> str | None:
+    """Outside a block `return` is read as the name of an assignment's target,
+    so the error alone ("expected '='") misleads."""
+    if not isinstance(e, UnexpectedToken) or e.token.type == "$END":
+        return None
+    words = lines[e.token.line - 1].split(None, 1)
+    if words and words[0] == "return" and "EQUAL" in (e.accepts or e.expected):
+        return "'return' ends a block's body; a model names its results with 'output NAME'"
+    return None
 
 
 def end_of_text(lines) -> int:

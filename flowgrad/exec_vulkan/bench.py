@@ -189,12 +189,10 @@ def in_turns(steps: dict, repeats: int, rounds: int = ROUNDS) -> dict[str, list[
 def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     """PyTorch eager and torch.compile on the twin, each timed in turns with
     the graph path's Adam step (whose time in those turns is "graph"), or
-    {"skipped": why}."""
+    {"skipped": why} for a phase that failed."""
     from flowgrad.torch_twin import TorchTwin, require_torch
 
     torch = require_torch()
-    if not torch.cuda.is_available():
-        return {"skipped": "PyTorch has no CUDA device here"}
     phase("building the PyTorch twin")
     # mixed precision: PyTorch's counterpart is AMP, autocast over the f32 model (same f32 params)
     mixed = graph_sess.plan.dtype == "mixed"
@@ -253,8 +251,11 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     if compare == "torch":   # before minutes of timing, not after them
         from flowgrad.torch_twin import check_twin, require_torch
 
-        require_torch()
+        torch = require_torch()
         check_twin(model.build("f32"))
+        if not torch.cuda.is_available():
+            raise FlowError("--compare torch times PyTorch on a CUDA GPU, and this PyTorch sees none",
+                            hint="run it where a CUDA build of torch sees the GPU, or leave out --compare")
     phase("compiling the graph path")
     graph_sess = model.compile(device=device, dtype=dtype, backward="graph")   # refused without Vulkan
     feeds, source = bench_feeds(graph_sess.graph)
@@ -324,9 +325,7 @@ def report(r: dict) -> str:
         lines.append(f"graph, gradients to the host / Adam on the device: {r['grads_cost']:.2f}x")
     lines.append(f"closures / graph (both returning the gradients): {r['ratio']:.2f}x")
     t = r.get("torch")
-    if t is not None and "skipped" in t:
-        lines.append(f"PyTorch: skipped ({t['skipped']})")
-    elif t is not None:
+    if t is not None:
         g = t["graph"]["seconds"]
         lines.append(f"PyTorch on {t['device']}, forward + backward + torch.optim.Adam (twin loss "
                      f"{t['loss_torch']:.6g}, flowgrad {t['loss_flowgrad']:.6g}, {t['checked_in']} step), "
