@@ -235,7 +235,7 @@ def test_text_source_windows_and_vocab(tmp_path):
 
 
 def test_text_char_level_leaves_out_a_byte_order_mark(tmp_path):
-    text = "caf\u00e9 \u65e5\u672c \U0001f642 e\u0301\r\nno newline at the end " * 8
+    text = "caf\u00e9 \u65e5\u672c \U0001f642 e\u0301\nno newline at the end " * 8
     (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
     for rows in ("windows", "lines"):
         data = setup(model(TOKENS, f'data = text("t.txt", seq=seq, rows="{rows}")', tmp_path,
@@ -245,6 +245,18 @@ def test_text_char_level_leaves_out_a_byte_order_mark(tmp_path):
     # bytes are the file's, all of them
     data = setup(model(TOKENS, 'data = text("t.txt", seq=seq, level="byte")', tmp_path, vocab=40).graph).data
     assert bytes(data.vocab[i] for i in data.ids) == b"\xef\xbb\xbf" + text.encode()
+
+
+def test_text_char_level_reads_windows_and_old_mac_line_ends_as_newlines(tmp_path):
+    """As Python's text files: "\r" was a vocabulary symbol and the end of each line under rows="lines"."""
+    text = "one line\nanother one\nthe last\n" * 6
+    for name, raw in (("unix.txt", text), ("windows.txt", text.replace("\n", "\r\n")),
+                      ("mac.txt", text.replace("\n", "\r"))):
+        (tmp_path / name).write_bytes(raw.encode())
+        for rows in ("windows", "lines"):
+            data = setup(model(TOKENS, f'data = text("{name}", seq=seq, rows="{rows}")', tmp_path,
+                               vocab=len(set(text))).graph).data
+            assert data.vocab == sorted(set(text)) and decode(data.ids, data.vocab, "char") == text
 
 
 def test_text_lines_eval_loss_is_the_mean_over_scored_tokens(tmp_path):

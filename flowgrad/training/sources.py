@@ -228,6 +228,9 @@ def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fract
         except UnicodeDecodeError as e:
             raise FlowError(f"{what}: {str(full)!r} is not UTF-8 text ({e})", span,
                             hint='level="byte" reads any file') from None
+        # line ends read as Python's text files read them: a file saved on Windows
+        # has the same vocabulary and lines as the one saved elsewhere
+        symbols = symbols.replace("\r\n", "\n").replace("\r", "\n")
     else:
         symbols = list(raw)
     vocab = sorted(set(symbols))
