@@ -146,14 +146,16 @@ def test_ranks_record_their_start_and_end(tmp_path):
     code = ("import sys; from flowgrad.training import mpi_launch\n"
             "mpi_launch.record_start(int(sys.argv[1]))\n"
             "if sys.argv[2] == 'fail': mpi_launch.record_failed(int(sys.argv[1]))\n"
+            "if sys.argv[2] == 'wait': mpi_launch.record_failed(int(sys.argv[1]), waited=True)\n"
             "if sys.argv[2] == 'die': import os; os._exit(9)\n")
     env = {**env_with_path(ROOT), mpi_launch.RANK_DIR_ENV: str(tmp_path)}
     pids = {}
-    for rank, how in enumerate(["end", "fail", "die"]):
+    ends = ["ended", "failed", "waited", ""]
+    for rank, how in enumerate(["end", "fail", "wait", "die"]):
         proc = subprocess.Popen([sys.executable, "-c", code, str(rank), how], env=env)
         proc.wait()
         pids[proc.pid] = rank
-    assert mpi_launch.read_records(str(tmp_path)) == {p: (r, ["ended", "failed", ""][r]) for p, r in pids.items()}
+    assert mpi_launch.read_records(str(tmp_path)) == {p: (r, ends[r]) for p, r in pids.items()}
 
 
 def test_strip_ranks():

@@ -319,7 +319,7 @@ class World:
         # the rank that waited in vain is not the one that failed: it says so
         verb = "stopped waiting" if isinstance(error, NoAnswer) else "failed"
         print(f"error: {self} {verb}: {str(error) or type(error).__name__}", file=sys.stderr, flush=True)
-        mpi_launch.record_failed(self.rank)
+        mpi_launch.record_failed(self.rank, waited=isinstance(error, NoAnswer))
         time.sleep(0.5)   # mpiexec forwards output from a pipe: give it the message before Abort kills the ranks
         self.comm.Abort(1)
         # MPICH's Abort can return before its launcher kills this process: going on would print the

@@ -149,18 +149,20 @@ def strip_ranks(argv: list[str]) -> list[str]:
 
 def record_start(rank: int) -> None:
     """<dir>/<pid> holds the rank; `ended` or `failed` is added when it ends
-    by itself, so a rank with no end died from outside (or was stopped)."""
+    by itself, `waited` when it gave up waiting for another rank, so a rank
+    with no end died from outside, hung, or was stopped."""
     directory = os.environ.get(RANK_DIR_ENV)
     if directory:
         _write(directory, f"{rank}")
         atexit.register(_record_end, directory, rank)
 
 
-def record_failed(rank: int) -> None:
+def record_failed(rank: int, waited: bool = False) -> None:
+    """`waited`: the rank failed only because another did not answer."""
     directory = os.environ.get(RANK_DIR_ENV)
     if directory:
-        _ended[rank] = "failed"
-        _write(directory, f"{rank} failed")
+        _ended[rank] = end = "waited" if waited else "failed"
+        _write(directory, f"{rank} {end}")
 
 
 _ended: dict[int, str] = {}     # how this process's rank ended, once known
