@@ -381,11 +381,49 @@ def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, mlp, mpi):
     assert err.count("ended abnormally") == 1, err
 
 
-def start_ranks(tmp_path, mlp, mpi, pids=None, ranks=2):
+# Loaded at start by every Python of a run (PYTHONPATH): rank 1 hangs in its third step
+HANG = textwrap.dedent("""
+    import os, time
+    if "1" in (os.environ.get("PMI_RANK"), os.environ.get("OMPI_COMM_WORLD_RANK")):
+        from flowgrad.training import distributed
+        step = distributed.World.step
+        def hang(self, sess, feeds, optimizer, stop, n):
+            if n == 3:
+                time.sleep(3600)
+            return step(self, sess, feeds, optimizer, stop, n)
+        distributed.World.step = hang
+""")
+
+
+def test_a_hung_rank_is_named(tmp_path, mlp, mpi):
+    """`flowgrad train --ranks 2`, rank 1 stuck in a step: rank 0 stops waiting
+    and aborts, mpiexec kills rank 1, and flowgrad names rank 1 (the first
+    rank to end was the one that waited)."""
+    pids, hook = tmp_path / "pids", tmp_path / "hook"
+    pids.mkdir()
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HANG)
+    env = {"PYTHONPATH": f"{hook}{os.pathsep}{env_with_path(ROOT)['PYTHONPATH']}", distributed.TIMEOUT_ENV: "2"}
+    proc = start_ranks(tmp_path, mlp, mpi, pids, env=env)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    rank1 = next(pid for pid, (rank, _) in mpi_launch.read_records(str(pids)).items() if rank == 1)
+    assert "error: rank 0 of 2 stopped waiting: the gradient all-reduce of step 3" in err, err
+    assert (f"error: rank 1 (pid {rank1}) of 2 did not answer: the other ranks stopped waiting for it after 2 s "
+            "(it hangs, or is stuck in a device call)") in err, err
+    assert err.count("did not answer") == 1 and "ended abnormally" not in err, err
+
+
+def start_ranks(tmp_path, mlp, mpi, pids=None, ranks=2, env=None):
     """`flowgrad train --ranks N` of a long run, in its own process group (as from a terminal)."""
     cmd = [mpi.python, "-m", "flowgrad.cli", "train", mlp, "--ranks", str(ranks), "--device", "cpu",
            "--steps", "1000000", "--set", "batch=8", "--out", str(tmp_path / "run")]
-    env = mpi.environ({**env_with_path(ROOT), **({mpi_launch.RANK_DIR_ENV: str(pids)} if pids else {})})
+    env = mpi.environ({**env_with_path(ROOT), **({mpi_launch.RANK_DIR_ENV: str(pids)} if pids else {}),
+                       **(env or {})})
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
                             start_new_session=True)
 

@@ -14,7 +14,7 @@ import pytest
 import mpi_flavours
 from conftest import env_with_path
 from flowgrad.errors import FlowError
-from flowgrad.training import mpi_launch
+from flowgrad.training import distributed, mpi_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +98,68 @@ def test_the_rank_that_ended_first_without_finishing_is_named():
     assert mpi_launch.died_first([], records, report) == [(1, 101)]
     assert mpi_launch.died_first([], records, "=   PID 102 RUNNING AT vm") == []
     assert mpi_launch.died_first([], records, "") == []
+
+
+def test_the_ranks_that_others_stopped_waiting_for_are_named():
+    records = {100: (0, "waited"), 101: (1, ""), 102: (2, "waited")}
+    assert mpi_launch.did_not_answer(records) == [(1, 101)]
+    # whatever the order: after the Abort of a rank that waited, mpiexec may kill the hung one first
+    assert mpi_launch.died_first([101, 100, 102], records, "") == []
+    # every rank with no end of its own, hung or stopped
+    assert mpi_launch.did_not_answer({**records, 102: (2, "")}) == [(1, 101), (2, 102)]
+    # a rank failed by itself: it said why, the others waited for it
+    assert mpi_launch.did_not_answer({**records, 102: (2, "failed")}) == []
+    # nobody waited: a rank that died (died_first), a run that ended, or was stopped
+    assert mpi_launch.did_not_answer({100: (0, "ended"), 101: (1, "")}) == []
+    assert mpi_launch.did_not_answer({100: (0, ""), 101: (1, "")}) == []
+
+
+# A rank in the fake mpiexec below: records its pid, then `hang` sleeps; `waited` and `failed` record that
+# end, then wait to be killed, as after MPI's Abort
+FAKE_RANK = """
+import sys, time
+from flowgrad.training import mpi_launch
+rank, how = int(sys.argv[1]), sys.argv[2]
+mpi_launch.record_start(rank)
+if how != "hang":
+    time.sleep(0.5)
+    mpi_launch.record_failed(rank, waited=how == "waited")
+time.sleep(60)
+"""
+# mpiexec in the launcher's place: a rank per word before `--`; once one records its end (its Abort), it
+# kills the rest, those with no end first (as MPICH's may: the hung rank ends before the one that waited)
+FAKE_MPIEXEC = """
+import os, subprocess, sys, time
+from flowgrad.training import mpi_launch
+hows = sys.argv[2:sys.argv.index("--")]
+procs = [subprocess.Popen([sys.executable, "-c", sys.argv[1], str(r), how]) for r, how in enumerate(hows)]
+directory, deadline = os.environ[mpi_launch.RANK_DIR_ENV], time.monotonic() + 30
+while not any(end for _, end in mpi_launch.read_records(directory).values()) and time.monotonic() < deadline:
+    time.sleep(0.01)
+ends = {pid: end for pid, (_, end) in mpi_launch.read_records(directory).items()}
+for p in sorted(procs, key=lambda p: bool(ends.get(p.pid))):
+    p.kill()
+    p.wait()
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("hows,named", [
+    (["waited", "hang"], "rank 1 (pid {1}) of 2 did not answer: the other ranks stopped waiting for it after 2 s "
+                         "(it hangs, or is stuck in a device call)"),
+    (["hang", "waited", "hang"], "rank 0 (pid {0}), rank 2 (pid {2}) of 3 did not answer: the other ranks stopped "
+                                 "waiting for them after 2 s (they hang, or are stuck in a device call)")])
+def test_the_launcher_names_the_ranks_the_others_stopped_waiting_for(tmp_path, monkeypatch, capfd, hows, named):
+    monkeypatch.setenv(mpi_launch.RANK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", env_with_path(ROOT)["PYTHONPATH"])
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "2")
+    fake = [sys.executable, "-c", FAKE_MPIEXEC, FAKE_RANK, *hows, "--"]
+    monkeypatch.setattr(mpi_launch, "mpiexec_command", lambda ranks: fake)
+    assert mpi_launch.launch(len(hows), ["train", "mlp"]) == 1
+    err = capfd.readouterr().err
+    pids = {rank: pid for pid, (rank, _) in mpi_launch.read_records(str(tmp_path)).items()}
+    assert f"error: {named.format(*[pids[r] for r in range(len(hows))])}\n" in err, err
+    assert "ended abnormally" not in err, err
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3, Python 3.9)")
@@ -191,8 +253,6 @@ def test_flavours_are_found_where_their_launcher_is():
 
 def test_ranks_of_another_mpis_launcher_are_an_error_not_singletons(monkeypatch):
     """Each would see one rank and train alone over the same outputs."""
-    from flowgrad.training import distributed
-
     class FakeMPI:
         @staticmethod
         def Get_library_version():

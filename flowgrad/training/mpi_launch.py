@@ -1,6 +1,6 @@
 """Starting ranks on this host: the MPI launcher that matches the MPI library
 mpi4py loads, and `flowgrad train --ranks N`, which runs mpiexec itself,
-passes Ctrl-C to the ranks and names a rank that died.
+passes Ctrl-C to the ranks and names a rank that died or hangs.
 
 An mpiexec of one MPI cannot start the ranks of another (MPICH's starts
 singletons of Open MPI, or they hang), and a machine can hold several (the
@@ -217,12 +217,27 @@ def launch(ranks: int, argv: list[str]) -> int:
         for t in streams:
             t.join()
         exits.stop()
-        dead = died_first(exits.order, read_records(records), "".join(s.tail for s in streams))
+        ends = read_records(records)
+        dead = died_first(exits.order, ends, "".join(s.tail for s in streams))
+        silent = did_not_answer(ends)
     if rc != 0 and dead:
-        who = ", ".join(f"rank {r} (pid {p})" for r, p in dead)
-        print(f"error: {who} of {ranks} ended abnormally (killed or crashed); {os.path.basename(cmd[0])} "
-              f"stopped the other ranks (exit status {rc})", file=sys.stderr, flush=True)
+        print(f"error: {_ranks(dead)} of {ranks} ended abnormally (killed or crashed); "
+              f"{os.path.basename(cmd[0])} stopped the other ranks (exit status {rc})", file=sys.stderr, flush=True)
+    elif rc != 0 and silent:
+        print(f"error: {_ranks(silent)} of {ranks} {_no_answer(len(silent))}", file=sys.stderr, flush=True)
     return 128 + passed if passed and rc != 0 else rc
+
+
+def _ranks(named: list[tuple[int, int]]) -> str:
+    return ", ".join(f"rank {r} (pid {p})" for r, p in named)
+
+
+def _no_answer(count: int) -> str:
+    from flowgrad.training import distributed
+
+    it, they = ("it", "it hangs, or is") if count == 1 else ("them", "they hang, or are")
+    return (f"did not answer: the other ranks stopped waiting for {it} after {distributed.timeout_seconds():g} s "
+            f"({they} stuck in a device call)")
 
 
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -357,7 +372,11 @@ def died_first(order: list[int], records: dict, report: str) -> list[tuple[int, 
     """[(rank, pid)] of the rank whose end ended the job without finishing by
     itself; [] when the first rank to end ended by itself (its own error, or
     Ctrl-C: the rest were stopped after it). With no exit seen (no pidfd),
-    Open MPI's report names the rank; MPICH's names a pid that may be wrong."""
+    Open MPI's report names the rank; MPICH's names a pid that may be wrong.
+    [] when a rank gave up waiting (did_not_answer): its Abort has mpiexec
+    kill the others in no set order, the hung one maybe first."""
+    if any(end == "waited" for _, end in records.values()):
+        return []
     for pid in order:
         if pid in records:
             rank, end = records[pid]
@@ -366,3 +385,15 @@ def died_first(order: list[int], records: dict, report: str) -> list[tuple[int, 
                                               report)}
     by_rank = {rank: pid for pid, (rank, end) in records.items() if not end}
     return sorted((r, by_rank[r]) for r in named_ranks if r in by_rank)
+
+
+def did_not_answer(records: dict) -> list[tuple[int, int]]:
+    """[(rank, pid)] of the ranks the others gave up waiting for: those with
+    no end of their own (hung or stopped), when a rank waited and none failed
+    by itself (it said why, and the rest waited for it). A rank more than
+    abort's half second behind the first to give up is killed before its own
+    timeout, so it is named too."""
+    ends = [end for _, end in records.values()]
+    if "waited" not in ends or "failed" in ends:
+        return []
+    return sorted((rank, pid) for pid, (rank, end) in records.items() if not end)
