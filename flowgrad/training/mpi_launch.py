@@ -373,9 +373,9 @@ def died_first(order: list[int], records: dict, report: str) -> list[tuple[int, 
     itself; [] when the first rank to end ended by itself (its own error, or
     Ctrl-C: the rest were stopped after it). With no exit seen (no pidfd),
     Open MPI's report names the rank; MPICH's names a pid that may be wrong.
-    [] when a rank gave up waiting (did_not_answer): its Abort has mpiexec
-    kill the others in no set order, the hung one maybe first."""
-    if any(end == "waited" for _, end in records.values()):
+    [] when a rank failed or gave up waiting (did_not_answer): its Abort has
+    mpiexec kill the others in no set order, maybe before it ends itself."""
+    if any(end in ("failed", "waited") for _, end in records.values()):
         return []
     for pid in order:
         if pid in records:
