@@ -97,6 +97,11 @@ class Session:
         on batch statistics); by default, a step that computes gradients or
         updates is one, a forward-only step is an evaluation.
 
+        optimizer: each step given one is an iteration of its lr schedule, an
+        update the loss scaler skips (dtype="mixed") included, as a torch
+        scheduler stepped every iteration; Adam's bias correction counts the
+        updates applied (see training.optim.Counts). apply_update counts alike.
+
         on_grad_final(name, grad): called once for each trainable param, as
         soon as its gradient is final: during the backward on closures (in
         reverse topological order; grad is None for a param no gradient
@@ -130,7 +135,8 @@ class Session:
         param's), as step(..., optimizer=) would make from its own: for
         gradients changed on the host, accumulated over steps, or averaged
         across ranks. Under dtype="mixed", a non-finite one skips the update
-        and halves the loss scale."""
+        and halves the loss scale; the call is an iteration of the lr
+        schedule all the same, as a step(..., optimizer=) is."""
         _check_optimizer(optimizer)
         trainable = self.graph.trainable()
         arrays = self._per_param("apply_update", grads, trainable=True)
@@ -182,9 +188,10 @@ class Session:
 
     def _random_state(self, training: bool) -> np.ndarray:
         """[training, step, seed, rank]. A training step's counter continues from
-        the optimizer's step, so a resumed run draws the masks it would have."""
+        the optimizer's iterations (the run's steps, skipped ones included), so a
+        resumed run draws the masks it would have."""
         if training:
-            self.train_steps = max(self.train_steps, getattr(self.runner, "opt_step", 0)) + 1
+            self.train_steps = max(self.train_steps, self.runner.counts.iterations) + 1
         return rng_feed(training, self.train_steps, self.seed, self.rank)
 
     def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:

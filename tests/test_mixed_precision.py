@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
+from flowgrad.training import checkpoint
 from flowgrad.training.loss_scale import LossScaler
-from flowgrad.training.optim import SGD, Adam, AdamW
+from flowgrad.training.optim import SGD, Adam, AdamW, Counts
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 GPT = {"d": 32, "layers": 1, "seq": 8, "batch": 8, "ff": 64}
@@ -70,8 +71,8 @@ def test_master_params_and_optimizer_state_stay_f32(device):
     assert all(v.dtype == np.float32 for v in after.values())
     # an update smaller than f16's spacing still moves the f32 master copy
     assert any(not np.array_equal(after[k], before[k]) for k in after)
-    steps, state = sess.runner.get_opt_state()
-    assert steps == 1 and state
+    counts, state = sess.runner.get_opt_state()
+    assert counts == Counts(updates=1, iterations=1) and state
     assert all(a.dtype == np.float32 for st in state.values() for a in st.values())
 
 
@@ -143,8 +144,8 @@ def test_an_overflow_skips_the_step_then_the_scale_recovers(device):
     assert sc.scale == 32768.0 and sc.skipped == 1 and sc.last_skipped and sc.good_steps == 0
     for k, v in skipped.params.items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
-    steps, state = skipped.runner.get_opt_state()
-    assert steps == state_before[0] == 1
+    counts, state = skipped.runner.get_opt_state()
+    assert state_before[0] == Counts(updates=1, iterations=1) and counts == Counts(updates=1, iterations=2)
     for p, entries in state.items():
         for k, arr in entries.items():
             np.testing.assert_array_equal(arr, state_before[1][p][k], err_msg=f"{p}/{k}")
@@ -325,42 +326,168 @@ def test_batch_norm_keeps_its_running_statistics_in_f32(device):
     assert sess.params["rm"][0] == pytest.approx(want_rm, abs=2e-4)
 
 
-def _far_targets():
+class _Spikes(fg.ArrayData):
+    """Far targets, 4 times farther on steps 10 and 13: after the first steps have
+    taken the scale down to where the far targets' f16 gradients fit, these overflow again."""
+
+    def train_batch(self, step):
+        batch = super().train_batch(step)
+        return {**batch, "y": batch["y"] * 4} if step + 1 in (10, 13) else batch
+
+
+def _far_targets(kind=fg.ArrayData):
     """Targets near 100: at the initial scale 2^16 the f16 gradient of the
-    prediction overflows, so the first steps are skipped until the scale is 2^11."""
+    prediction overflows, so the first steps are skipped until the scale is 2^9."""
     rng = np.random.default_rng(7)
     x = rng.normal(size=(64, 3)).astype(np.float32)
     y = (100 + rng.normal(size=(64, 2))).astype(np.float32)
-    return fg.ArrayData.split({"x": x, "y": y}, val_fraction=0.0, test_fraction=0.25, seed=0, describe="far")
+    return kind.split({"x": x, "y": y}, val_fraction=0.0, test_fraction=0.25, seed=0, describe="far")
 
 
-@pytest.mark.parametrize("stop", [3, 8])
-def test_resume_after_skipped_steps_equals_the_run_straight_through(device, tmp_path, stop):
-    """The checkpoint keeps the optimizer's own step count, which skipped steps
-    do not advance (Adam's bias correction, the schedule): a resume that took
-    the run's step for it went on with other updates. Stopped at step 3 every
-    step so far was skipped, so the checkpoint holds no optimizer state yet."""
-    model = fg.loads(LINEAR.replace("loss = mse_loss(x @ w + b, y)", "pred = x @ w + b\nloss = mse_loss(pred, y)\n"
-                                                                     "output pred"))
-    kw = dict(steps=12, device=device, dtype="mixed", progress=False,
-              backward="graph" if device == "vulkan" else "auto")
-    opt = lambda: Adam(lr=0.05, schedule="cosine", total_steps=12)   # noqa: E731
-    straight = fg.train(model, data=_far_targets(), optimizer=opt(), out=tmp_path / "a", **kw)
-    skipped = straight.session.loss_scaler.skipped
-    assert 3 < skipped < 8 and straight.session.runner.get_opt_state()[0] == 12 - skipped
+PRED = LINEAR.replace("loss = mse_loss(x @ w + b, y)", "pred = x @ w + b\nloss = mse_loss(pred, y)\noutput pred")
+SKIPPED = [1, 2, 3, 4, 5, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9, 9]   # so far, at each of _Spikes' 16 steps
+
+
+def spiky_run(device, optimizer, **kw):
+    return fg.train(fg.loads(PRED), data=_far_targets(_Spikes), optimizer=optimizer, steps=16, device=device,
+                    dtype="mixed", progress=False, backward="graph" if device == "vulkan" else "auto", **kw)
+
+
+def torch_amp(torch, params: dict, batches, optimizer, scheduler, scale=65536.0):
+    """PyTorch's AMP loop for PRED on the CPU, its GradScaler written out (it
+    wants CUDA): forward in f16 from f32 master params, the loss in f32, the
+    scaled backward; optimizer.step() only when the unscaled gradients are
+    finite, else the scale halves (no growth: 2000 good steps are far off);
+    scheduler.step() every iteration. Returns ([lr], [skipped so far]) per iteration."""
+    lrs, skipped = [], [0]
+    for batch in batches:
+        x, y = (torch.tensor(batch[k]).half() for k in ("x", "y"))
+        pred = x @ params["w"].half() + params["b"].half()
+        (torch.nn.functional.mse_loss(pred.float(), y.float()) * scale).backward()
+        for p in params.values():
+            p.grad /= scale
+        lrs.append(optimizer.param_groups[0]["lr"])
+        if all(torch.isfinite(p.grad).all() for p in params.values()):
+            optimizer.step()
+            skipped.append(skipped[-1])
+        else:
+            scale /= 2
+            skipped.append(skipped[-1] + 1)
+        optimizer.zero_grad()
+        scheduler.step()
+    return lrs, skipped[1:]
+
+
+# torch warns when the first update is skipped: its scheduler then steps before its optimizer has
+TORCH_SKIPS_FIRST = "ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`"
+
+
+@pytest.mark.filterwarnings(TORCH_SKIPS_FIRST)
+@pytest.mark.parametrize("kind", ["adam-cosine", "adamw-linear"])
+def test_the_schedule_counts_skipped_steps_as_torchs_amp_loop_does(device, kind):
+    """In PyTorch's loop, scaler.step(opt); scaler.update(); sched.step(), the
+    scheduler steps every iteration, skipped or not, while Adam's step count
+    (its bias correction) advances only in the optimizer.step() GradScaler let
+    run. The schedule once followed the updates: it ended 9 steps behind (the
+    cosine at 0.0346 where torch's is at 0.0005) and the params 0.2 apart."""
+    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    name, schedule = kind.split("-")
+    start = fg.loads(PRED).compile(device="cpu", dtype="mixed").params   # the run's initial params (seed 0)
+    ours = {"adam": Adam, "adamw": AdamW}[name](lr=0.05, schedule=schedule, total_steps=16)
+    res = spiky_run(device, ours)
+    assert res.path == "graph" if device == "vulkan" else res.path.startswith("closures")
+
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
+    opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name](params.values(), lr=0.05)
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=16) if schedule == "cosine" else
+             torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=16))
+    data = _far_targets(_Spikes).bind(res.session.graph)
+    lrs, skipped = torch_amp(torch, params, [data.train_batch(i) for i in range(16)], opt, sched)
+    assert skipped == [r["skipped_steps"] for r in res.history] == SKIPPED   # the same steps overflowed
+    assert [r["lr"] for r in res.history] == pytest.approx(lrs, rel=1e-6)
+    for k, v in params.items():
+        np.testing.assert_allclose(res.session.params[k], v.detach().numpy(), rtol=0, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_each_step_or_update_given_an_optimizer_is_an_iteration(device):
+    """A loop of the user's own: each sess.step(..., optimizer=) and each
+    sess.apply_update is an iteration of the schedule, whether the loss scaler
+    applies its update or skips it, as sched.step() after scaler.step(opt) is.
+    Here iteration 2 (a step) and 3 (an apply_update) overflow."""
+    torch = pytest.importorskip("torch")
+    sess = compiled(fg.loads(LINEAR), device)
+    start = sess.params
+    rng = np.random.default_rng(2)
+    feeds = [linear_feeds(rng, bad=i in (1, 2)) for i in range(6)]
+    opt = Adam(lr=0.05, schedule="cosine", total_steps=6)
+    for i, f in enumerate(feeds):
+        if i in (2, 3):   # gradients the user handles first (accumulates, averages) and then hands over
+            sess.apply_update(opt, sess.step(f).grads)
+        else:
+            sess.step(f, grads=False, optimizer=opt)
+
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
+    theirs = torch.optim.Adam(params.values(), lr=0.05)
+    _, skipped = torch_amp(torch, params, feeds, theirs, torch.optim.lr_scheduler.CosineAnnealingLR(theirs, T_max=6))
+    assert skipped == [0, 1, 2, 2, 2, 2] and sess.loss_scaler.skipped == 2
+    for k, v in params.items():   # gradients of 0.1 in f16: torch's rounding moves Adam's steps by 2e-6
+        np.testing.assert_allclose(sess.params[k], v.detach().numpy(), rtol=0, atol=1e-5, err_msg=k)
+    assert sess.runner.get_opt_state()[0] == Counts(updates=4, iterations=6)
+
+
+def test_graph_and_closures_count_skipped_steps_alike(vk_device, tmp_path):
+    """The graph path takes each step's hyperparameters from the host
+    (GraphSession._hyper), computed at the counts the closures use: the same
+    lr at each step (the schedule's at the step), the same counts in the
+    checkpoint, the same params."""
+    opt = lambda: Adam(lr=0.05, schedule="cosine", total_steps=16)   # noqa: E731
+    runs = {device: spiky_run(device, opt(), out=tmp_path / device) for device in ("cpu", "vulkan")}
+    closures, graph = runs["cpu"], runs["vulkan"]
+    assert graph.path == "graph" and closures.path.startswith("closures")
+    assert [r["skipped_steps"] for r in graph.history] == [r["skipped_steps"] for r in closures.history] == SKIPPED
+    assert [r["lr"] for r in graph.history] == [r["lr"] for r in closures.history]
+    assert [r["lr"] for r in graph.history] == pytest.approx([opt().lr_at(i) for i in range(1, 17)])
+    for device in runs:
+        meta = checkpoint.load(tmp_path / device / checkpoint.FILENAME).optimizer
+        assert (meta["updates"], meta["iterations"]) == (7, 16), device
+    for k, v in graph.session.params.items():
+        np.testing.assert_allclose(v, closures.session.params[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _as_written_before_iterations(path):
+    """The checkpoint as flowgrad wrote it before it kept the iterations (its step stands for them)."""
+    ck = checkpoint.load(path)
+    meta = {k: v for k, v in ck.optimizer.items() if k != "iterations"}
+    checkpoint.save(path, ck.params, ck.opt_state, ck.step, ck.model, ck.config, meta, ck.data)
+
+
+@pytest.mark.parametrize("stop, old", [(3, False), (10, False), (10, True)])
+def test_resume_after_skipped_steps_equals_the_run_straight_through(device, tmp_path, stop, old):
+    """The checkpoint keeps both of the optimizer's counts: the iterations
+    (the schedule's, the run's step) and the updates, fewer by the skipped
+    steps (Adam's bias correction): a resume that took one for the other went
+    on with other updates. Stopped at step 3 every step so far was skipped, so
+    the checkpoint holds no optimizer state yet; step 10 was skipped mid-run.
+    A checkpoint written before the iterations were kept resumes at its step."""
+    opt = lambda: Adam(lr=0.05, schedule="cosine", total_steps=16)   # noqa: E731
+    straight = spiky_run(device, opt(), out=tmp_path / "a")
     # metrics.jsonl's lr is the lr each step's update used (or would have, when skipped)
-    lrs = [r["lr"] for r in straight.history]
-    assert lrs[:skipped + 1] == [0.05] * (skipped + 1) and lrs[-1] == pytest.approx(opt().lr_at(12 - skipped))
+    assert [r["lr"] for r in straight.history] == pytest.approx([opt().lr_at(i) for i in range(1, 17)])
+    assert straight.session.runner.get_opt_state()[0] == Counts(updates=16 - 9, iterations=16)
 
     def interrupt(step, rec):
         if step == stop:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fg.train(model, data=_far_targets(), optimizer=opt(), out=tmp_path / "b", callback=interrupt, **kw)
-    resumed = fg.train(model, data=_far_targets(), optimizer=opt(), out=tmp_path / "b", resume=True, **kw)
-    assert resumed.steps_run == 12 - stop
-    assert resumed.session.runner.get_opt_state()[0] == 12 - skipped
+        spiky_run(device, opt(), out=tmp_path / "b", callback=interrupt)
+    if old:
+        _as_written_before_iterations(tmp_path / "b" / checkpoint.FILENAME)
+    resumed = spiky_run(device, opt(), out=tmp_path / "b", resume=True)
+    assert resumed.steps_run == 16 - stop
+    assert resumed.session.runner.get_opt_state()[0] == Counts(updates=16 - 9, iterations=16)
+    assert [r["lr"] for r in resumed.history] == [r["lr"] for r in straight.history]
     for k, v in straight.session.params.items():
         np.testing.assert_array_equal(resumed.session.params[k], v, err_msg=k)
 

@@ -9,7 +9,7 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Span
-from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
+from flowgrad.training.optim import SGD, Adam, AdamW, Counts, make_optimizer
 from flowgrad.training.schedules import Schedule
 
 
@@ -211,7 +211,7 @@ def test_a_session_refuses_a_schedule_without_total_steps_before_stepping():
                     ).compile(device="cpu")
     with pytest.raises(FlowError, match="needs the run's length"):
         sess.step({"x": np.ones((2, 3), np.float32)}, optimizer=SGD(lr=0.1, schedule="linear"))
-    assert sess.runner.get_opt_state()[0] == 0 and sess.params["w"].tolist() == [1.0, 1.0, 1.0]
+    assert sess.runner.get_opt_state()[0] == Counts() and sess.params["w"].tolist() == [1.0, 1.0, 1.0]
 
 
 # -- built from the train section ----------------------------------------------------

@@ -82,7 +82,7 @@ def test_a_new_optimizer_object_goes_on_from_the_sessions_state(vk_device):
     one state the session holds, as on closures: the graph path started each
     new object from zero moments at the session's step count, and kept a
     recorded program per object."""
-    from flowgrad.training.optim import Adam
+    from flowgrad.training.optim import Adam, Counts
 
     file, config = CASES["mlp"]
     model = fg.load(MODELS / file, config)
@@ -99,7 +99,7 @@ def test_a_new_optimizer_object_goes_on_from_the_sessions_state(vk_device):
     assert len(graph.runner.programs) == 1 and len(graph.runner.opt_state) == 1
     for k, v in graph.params.items():
         np.testing.assert_allclose(v, closures.params[k], rtol=1e-4, atol=1e-5, err_msg=k)
-    steps, state = graph.runner.get_opt_state()
-    assert steps == 6
+    counts, state = graph.runner.get_opt_state()
+    assert counts == Counts(updates=6, iterations=6)
     np.testing.assert_allclose(state["w1"]["exp_avg_sq"], closures.runner.get_opt_state()[1]["w1"]["exp_avg_sq"],
                                rtol=1e-4, atol=1e-10)

@@ -133,10 +133,10 @@ def test_a_python_optimizer_without_total_steps_schedules_over_the_run(kind):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
 def test_a_session_steps_with_another_kind_of_optimizer(device, request):
     """sgd with momentum, then adam: adam's moments start at zero (a KeyError
-    on numpy before), the state saved is adam's alone, and its step count
-    starts again, as a new torch optimizer's (its bias correction started late:
+    on numpy before), the state saved is adam's alone, and its counts start
+    again, as a new torch optimizer's (its bias correction started late:
     its first steps were a tenth of a fresh adam's)."""
-    from flowgrad.training.optim import SGD, Adam
+    from flowgrad.training.optim import SGD, Adam, Counts
 
     if device == "vulkan":
         request.getfixturevalue("vk_device")
@@ -152,8 +152,9 @@ def test_a_session_steps_with_another_kind_of_optimizer(device, request):
     for f in feeds[2:]:
         sess.step(f, grads=False, optimizer=Adam(lr=1e-2))
         fresh.step(f, grads=False, optimizer=Adam(lr=1e-2))
-    steps, state = sess.runner.get_opt_state()
-    assert steps == 2 and {tuple(sorted(st)) for st in state.values()} == {("exp_avg", "exp_avg_sq")}
+    counts, state = sess.runner.get_opt_state()
+    assert counts == Counts(updates=2, iterations=2)
+    assert {tuple(sorted(st)) for st in state.values()} == {("exp_avg", "exp_avg_sq")}
     for name, value in fresh.params.items():
         np.testing.assert_allclose(sess.params[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 

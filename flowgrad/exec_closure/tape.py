@@ -16,6 +16,7 @@ from flowgrad.grad_paths import backward_nodes, updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
 from flowgrad.ops.registry import OpTypeError
+from flowgrad.training.optim import Counts
 
 
 class NumpyKernels:
@@ -175,7 +176,7 @@ class ClosureSession:
         self.executor = ClosureExecutor(graph, kernels)
         self.params = {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
-        self.opt_step = 0
+        self.counts = Counts()
         self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
         self._updated_names = None
 
@@ -221,10 +222,7 @@ class ClosureSession:
             if self.scaler is not None:
                 found_inf = self.scaler.unscale(out_grads)
         if optimizer is not None:
-            if not found_inf:
-                self._update(optimizer, out_grads)
-            if self.scaler is not None:
-                self.scaler.update(found_inf)
+            self._apply(optimizer, out_grads, found_inf)
         return outputs, loss, out_grads
 
     def apply_update(self, optimizer, grads) -> None:
@@ -232,28 +230,44 @@ class ClosureSession:
         training: averaged across ranks); under a loss scaler, skipped when
         one of them overflowed."""
         found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
+        with np.errstate(all="ignore"):   # as in step: the loop reports a non-finite loss itself
+            self._apply(optimizer, grads, found_inf)
+
+    def _apply(self, optimizer, grads, found_inf: bool) -> None:
+        """An update asked for: applied unless the loss scaler found an
+        overflow, counted either way (optim.Counts)."""
+        self._adopt(optimizer)
         if not found_inf:
-            with np.errstate(all="ignore"):   # as in step: the loop reports a non-finite loss itself
-                self._update(optimizer, grads)
+            self._update(optimizer, grads)
+        self.counts = self.counts.after(not found_inf)
         if self.scaler is not None:
             self.scaler.update(found_inf)
 
-    def _update(self, optimizer, grads) -> None:
-        trained = {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
+    def _adopt(self, optimizer) -> None:
+        """An optimizer of another kind than the state's (sgd's momentum buffer,
+        then adam): what it keeps goes on, the rest starts at zero, and its
+        counts (Adam's bias correction, the schedule) start again, as a new
+        torch optimizer's and its scheduler's; so on the graph path. Before
+        counting this update, so that it is the first of the new ones."""
         kept = getattr(optimizer, "STATE", None)   # the state names a flowgrad optimizer keeps per param
-        if not self.opt_state or (kept is not None and any(set(st) != set(kept) for st in self.opt_state.values())):
-            # the first update, or an optimizer of another kind than the state's (sgd's momentum
-            # buffer, then adam): what it keeps goes on, the rest starts at zero, and its step count
-            # (Adam's bias correction) starts again, as a new torch optimizer's; so on the graph path
-            if self.opt_state:
-                self.opt_step = 0
-            state = optimizer.init_state(trained)
-            for name, entries in state.items():
-                entries.update({k: v for k, v in self.opt_state.get(name, {}).items() if k in entries})
-            self.opt_state = state
-        self.opt_step += 1
+        if not self.opt_state or kept is None or all(set(st) == set(kept) for st in self.opt_state.values()):
+            return
+        self.counts = Counts()
+        state = optimizer.init_state(self._trained())
+        for name, entries in state.items():
+            entries.update({k: v for k, v in self.opt_state.get(name, {}).items() if k in entries})
+        self.opt_state = state
+
+    def _update(self, optimizer, grads) -> None:
+        trained = self._trained()
+        if not self.opt_state:
+            self.opt_state = optimizer.init_state(trained)
+        at = self.counts.after()
         updated = {name: trained[name] for name in self._updated()}
-        optimizer.update(updated, grads, self.opt_state, self.opt_step)
+        optimizer.update(updated, grads, self.opt_state, at.updates, at.iterations)
+
+    def _trained(self) -> dict[str, np.ndarray]:
+        return {name: self.params[name] for name in self.graph.trainable()}  # the same arrays: updated in place
 
     def _updated(self) -> list[str]:
         """The params the optimizer updates: those the loss reaches."""
@@ -269,12 +283,12 @@ class ClosureSession:
             self.params[k] = np.array(v, dtype=self.params[k].dtype)
 
     def get_opt_state(self):
-        """(optimizer steps taken, {param: {state name: array}}), copies: for checkpoints."""
-        return self.opt_step, {p: {k: v.copy() for k, v in s.items()} for p, s in self.opt_state.items()}
+        """(Counts, {param: {state name: array}}), copies: for checkpoints."""
+        return self.counts, {p: {k: v.copy() for k, v in s.items()} for p, s in self.opt_state.items()}
 
-    def set_opt_state(self, step: int, state) -> None:
-        """Restore what get_opt_state returned (resume): the next update is step + 1."""
-        self.opt_step = int(step)
+    def set_opt_state(self, counts: Counts, state) -> None:
+        """Restore what get_opt_state returned (resume): the next update goes on from these counts."""
+        self.counts = counts
         self.opt_state = {p: {k: np.array(v, dtype=np.float32) for k, v in s.items()} for p, s in state.items()}
 
     def profile(self, feeds, steps: int, grads: bool = True, nodes: bool = False) -> list[tuple]:

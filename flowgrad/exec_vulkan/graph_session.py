@@ -25,6 +25,7 @@ from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
 from flowgrad.planner.memory import MemoryPlan
+from flowgrad.training.optim import Counts
 
 
 class GraphSession:
@@ -45,7 +46,7 @@ class GraphSession:
         self.programs: dict[tuple, StepProgram] = {}
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`
-        self.opt_step = 0
+        self.counts = Counts()
         self.last_opt_key = None                   # the optimizer state get_opt_state reads
         self.loaded_opt_state: dict | None = None  # from set_opt_state, for optimizers not seen yet
         self.leaves: dict[tuple, object] = {}      # ("val", id) / ("seed",) -> Buffer
@@ -102,7 +103,7 @@ class GraphSession:
             self._retire_optimizers()
             kept = getattr(optimizer, "STATE", None)
             if kept is not None and any(set(st) != set(kept) for st in (self.loaded_opt_state or {}).values()):
-                self.opt_step = 0   # another kind of optimizer counts its steps afresh, as a new torch one does
+                self.counts = Counts()   # another kind of optimizer counts afresh, as a new torch one does
             trained = self.graph.trainable()
             state = optimizer.init_state({k: v for k, v in self.get_params().items() if k in trained})
             for pname, entries in (self.loaded_opt_state or {}).items():  # resumed from a checkpoint
@@ -174,17 +175,9 @@ class GraphSession:
         if optimizer is not None:
             self.last_opt_key = id(optimizer) if prog.optimizer is not None else "host"
         if prog.optimizer is not None:
-            self.opt_step += 1
-            hyper = np.asarray(optimizer.hyper(self.opt_step), np.float32)
-        try:
-            got = prog.run(self._feeds(feeds, prog), hyper)
-        except FlowError:   # an index out of range: the update did not run
-            if prog.optimizer is not None:
-                self.opt_step -= 1
-            raise
-        found_inf = bool(got["@found_inf"][0]) if "@found_inf" in got else False
-        if prog.optimizer is not None and found_inf:
-            self.opt_step -= 1    # the device skipped the update: Adam's step count stays
+            hyper = self._hyper(optimizer)
+        got = prog.run(self._feeds(feeds, prog), hyper)   # an index out of range raises: nothing is counted
+        found_inf = bool(got["@found_inf"][0]) if "@found_inf" in got else False   # the device skipped the update
         outputs = {name: got[name] for name in g.outputs}
         loss = got.get("@loss")
         out_grads = {}
@@ -200,10 +193,10 @@ class GraphSession:
         if on_grad_final is not None:
             for name, _key in self._grad_keys:
                 on_grad_final(name, out_grads[name])
-        if optimizer is not None and prog.optimizer is None and not found_inf:
-            self._host_update(optimizer, out_grads)
-        if optimizer is not None and self.scaler is not None:
-            self.scaler.update(found_inf)
+        if optimizer is not None:
+            if prog.optimizer is None and not found_inf:
+                self._host_update(optimizer, out_grads)
+            self._count(found_inf)
         if not grads:
             out_grads = {}
         return outputs, loss, out_grads
@@ -212,21 +205,31 @@ class GraphSession:
         """The optimizer update alone, on gradients the host supplies (averaged
         across ranks in data-parallel training): one submit of its own program.
         Under a loss scaler, skipped when one of them overflowed."""
-        if self.scaler is not None:
-            found_inf = not all(np.isfinite(g).all() for g in grads.values())
-            self.scaler.update(found_inf)
-            if found_inf:
-                return
+        found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
         if not hasattr(optimizer, "record"):
             self.last_opt_key = "host"
-            self._host_update(optimizer, grads)
+            if not found_inf:
+                self._host_update(optimizer, grads)
+            self._count(found_inf)
             return
         key = ("update", id(optimizer))
-        if key not in self.programs:
+        if key not in self.programs:   # even for a skipped update: a new kind of optimizer restarts the counts here
             self.programs[key] = UpdateProgram(self, optimizer)
         self.last_opt_key = id(optimizer)
-        self.opt_step += 1
-        self.programs[key].run(grads, optimizer.hyper(self.opt_step))
+        if not found_inf:
+            self.programs[key].run(grads, self._hyper(optimizer))
+        self._count(found_inf)
+
+    def _hyper(self, optimizer) -> np.ndarray:
+        """The hyper array of the update asked for now, at the counts it has if applied."""
+        at = self.counts.after()
+        return np.asarray(optimizer.hyper(at.updates, at.iterations), np.float32)
+
+    def _count(self, found_inf: bool) -> None:
+        """An update asked for: counted, applied or skipped (optim.Counts), and the loss scale moved."""
+        self.counts = self.counts.after(not found_inf)
+        if self.scaler is not None:
+            self.scaler.update(found_inf)
 
     def _host_update(self, optimizer, grads):
         """An optimizer without a graph-path `record`: update on the host (a round trip per step)."""
@@ -236,9 +239,9 @@ class GraphSession:
             self.host_opt_state = optimizer.init_state(params)
             for pname, entries in (self.loaded_opt_state or {}).items():
                 self.host_opt_state.get(pname, {}).update(entries)
-        self.opt_step += 1
+        at = self.counts.after()
         updated = {name: params[name] for name in updated_params(self.graph)}
-        optimizer.update(updated, grads, self.host_opt_state, self.opt_step)
+        optimizer.update(updated, grads, self.host_opt_state, at.updates, at.iterations)
         self.set_params(updated)
 
     # -- params
@@ -260,12 +263,12 @@ class GraphSession:
     # -- optimizer state (checkpoints)
 
     def get_opt_state(self):
-        """(optimizer steps taken, {param: {state name: array}}) of the optimizer
-        last stepped with, read back from the device: for checkpoints."""
+        """(Counts, {param: {state name: array}}) of the optimizer last stepped
+        with, read back from the device: for checkpoints."""
         entry = self.opt_state.get(self.last_opt_key)
         if entry is None:
             host = self.host_opt_state if self.last_opt_key == "host" else (self.loaded_opt_state or {})
-            return self.opt_step, {p: {k: np.array(v) for k, v in st.items()} for p, st in host.items()}
+            return self.counts, {p: {k: np.array(v) for k, v in st.items()} for p, st in host.items()}
         bufs = entry[1]
         keys = [(p, k) for p, st in bufs.items() for k in st]
         with OneShot(self.device) as s:
@@ -275,12 +278,12 @@ class GraphSession:
         out = {p: {} for p in bufs}
         for (p, k), a in zip(keys, arrays):
             out[p][k] = a
-        return self.opt_step, out
+        return self.counts, out
 
-    def set_opt_state(self, step: int, state) -> None:
-        """Restore what get_opt_state returned (resume): the next update is
-        step + 1, starting from these state arrays."""
-        self.opt_step = int(step)
+    def set_opt_state(self, counts: Counts, state) -> None:
+        """Restore what get_opt_state returned (resume): the next update goes
+        on from these counts and state arrays."""
+        self.counts = counts
         self.loaded_opt_state = {p: {k: np.array(v, np.float32) for k, v in st.items()} for p, st in state.items()}
         self.host_opt_state = {}
         with OneShot(self.device) as s:
@@ -308,7 +311,7 @@ class GraphSession:
         nodes=True adds each section's node id in self.graph (None for a transfer, the
         optimizer or the loss scale): labels alone do not tell a rebound name's nodes apart."""
         prog = self._program(grads, False, optimizer)
-        hyper = None if prog.optimizer is None else np.asarray(optimizer.hyper(max(self.opt_step, 1)), np.float32)
+        hyper = None if prog.optimizer is None else self._hyper(optimizer)
         feeds = self._feeds(feeds, prog)
         if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
             runs = profile.by_timestamps(self.device, prog, feeds, hyper, steps)

@@ -24,6 +24,7 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph
+from flowgrad.training.optim import Counts
 
 FORMAT = "flowgrad-checkpoint"
 VERSION = "2"          # 2: the checksum covers the metadata; version 1 files are still read
@@ -202,7 +203,7 @@ def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) 
     if saved != optimizer.describe()["name"]:
         raise FlowError(f"checkpoint {ckpt.path!r} was trained with optimizer {saved}, not {optimizer.name}; "
                         "resuming needs the same optimizer")
-    if not ckpt.opt_state and optimizer_updates(ckpt) == 0:
+    if not ckpt.opt_state and optimizer_counts(ckpt).updates == 0:
         return   # every step so far was skipped (loss scaling): no state yet, and none is needed
     problems = []
     for pname, p in params.items():
@@ -224,29 +225,33 @@ def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) 
 def save_session(sess, path, optimizer=None) -> None:
     """Session.save_checkpoint: params, and the optimizer state the session's
     runner holds (with the optimizer that made it, when known)."""
-    step, state = sess.runner.get_opt_state()
+    counts, state = sess.runner.get_opt_state()
     optimizer = optimizer or sess.optimizer
     describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
-    save(path, sess.params, state, step, sess.graph.name, sess.graph.config, optimizer_meta(describe, sess, step))
+    # its step is the iterations: what fg.train's step is, so a run resumed from it goes on alike
+    save(path, sess.params, state, counts.iterations, sess.graph.name, sess.graph.config,
+         optimizer_meta(describe, sess, counts))
 
 
-def optimizer_meta(describe: dict | None, sess, updates: int) -> dict | None:
+def optimizer_meta(describe: dict | None, sess, counts: Counts) -> dict | None:
     """The checkpoint's `optimizer` metadata: the optimizer's description, the
-    loss scaler's state, and `updates`, the optimizer's own step count. Under
+    loss scaler's state, and its Counts, `updates` and `iterations`. Under
     dtype="mixed" a skipped step applies no update, so Adam's bias correction
-    and the lr schedule count fewer steps than the run: a resume that took the
-    run's step for them would go on from another point than the run did."""
+    counts fewer steps than the lr schedule: a resume that took one count for
+    both would go on from another point than the run did."""
     meta = with_loss_scale(describe, sess)
-    return None if meta is None else {**meta, "updates": int(updates)}
+    return None if meta is None else {**meta, "updates": int(counts.updates), "iterations": int(counts.iterations)}
 
 
-def optimizer_updates(ckpt: Checkpoint) -> int:
-    """The optimizer's step count at the checkpoint (files without it: the checkpoint's step)."""
-    n = (ckpt.optimizer or {}).get("updates", ckpt.step)
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= ckpt.step:
-        raise FlowError(f"checkpoint {ckpt.path!r}: bad optimizer update count {n!r} (an int from 0 to its "
-                        f"step, {ckpt.step})")
-    return n
+def optimizer_counts(ckpt: Checkpoint) -> Counts:
+    """The optimizer's Counts at the checkpoint (files without them: the checkpoint's step)."""
+    meta = ckpt.optimizer or {}
+    updates, iterations = meta.get("updates", ckpt.step), meta.get("iterations", ckpt.step)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (updates, iterations)) \
+            or not 0 <= updates <= iterations <= ckpt.step:
+        raise FlowError(f"checkpoint {ckpt.path!r}: bad optimizer counts (updates {updates!r}, iterations "
+                        f"{iterations!r}; ints with 0 <= updates <= iterations <= its step, {ckpt.step})")
+    return Counts(updates, iterations)
 
 
 def with_loss_scale(describe: dict | None, sess) -> dict | None:
@@ -274,7 +279,7 @@ def load_into_session(sess, path) -> Checkpoint:
     check_matches(ckpt, sess.graph)
     sess.runner.set_params(ckpt.params)
     if ckpt.optimizer is not None:
-        sess.runner.set_opt_state(optimizer_updates(ckpt), ckpt.opt_state)
+        sess.runner.set_opt_state(optimizer_counts(ckpt), ckpt.opt_state)
         sess.train_steps = max(sess.train_steps, ckpt.step)   # dropout masks go on from the checkpoint's step
         if sess.optimizer is None:
             sess.optimizer = ckpt.optimizer  # its description: saving again keeps it

@@ -37,6 +37,7 @@ from flowgrad.errors import FlowError
 from flowgrad.training import mpi_launch
 from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets, bucket_count
 from flowgrad.training.mpi_launch import INSTALL
+from flowgrad.training.optim import Counts
 
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
@@ -268,22 +269,22 @@ class World:
         return loss, stop
 
     def sync_from_root(self, runner, scaler=None, start: int = 0) -> int:
-        """Every rank takes rank 0's params, optimizer state and step count,
+        """Every rank takes rank 0's params, optimizer state and counts,
         loss scale (dtype="mixed") and the run's step, `start` on rank 0
         (returned): rank 0 alone read the checkpoint."""
         from safetensors.numpy import load, save
 
         data = None
         if self.is_root:
-            step, state = runner.get_opt_state()
+            counts, state = runner.get_opt_state()
             tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in runner.get_params().items()}
             tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v)
                             for p, st in state.items() for k, v in st.items()})
-            tensors["step"] = np.array([step], np.int64)
+            tensors["counts"] = np.array([counts.updates, counts.iterations], np.int64)
             tensors["start"] = np.array([start], np.int64)
             data = save(tensors)
         tensors = load(self.bcast_bytes(data, "the broadcast of rank 0's params"))
-        step = int(tensors.pop("step")[0])
+        updates, iterations = (int(n) for n in tensors.pop("counts"))
         start = int(tensors.pop("start")[0])
         if not self.is_root:
             params = {k[6:]: v for k, v in tensors.items() if k.startswith("param/")}
@@ -293,7 +294,7 @@ class World:
                     p, _, name = k[6:].rpartition("/")
                     state.setdefault(p, {})[name] = v
             runner.set_params(params)
-            runner.set_opt_state(step, state)
+            runner.set_opt_state(Counts(updates, iterations), state)
         if scaler is not None:
             # a rank at another scale overflows where the others do not, and its skip skips every rank's step
             scaler.load_state(self.share(scaler.state(), "the broadcast of rank 0's loss scale"))

@@ -275,7 +275,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                     loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
-                rec = _record(step, loss, ts.optimizer, _update_number(sess, step))
+                rec = _record(step, loss, ts.optimizer, sess.runner.counts.iterations)
                 if scaler is not None:
                     rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
                 if step % ts.eval_every == 0 or step == ts.steps:
@@ -356,7 +356,7 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
     trained = graph.trainable()
     checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
     sess.runner.set_params(ckpt.params)
-    sess.runner.set_opt_state(checkpoint.optimizer_updates(ckpt), ckpt.opt_state)
+    sess.runner.set_opt_state(checkpoint.optimizer_counts(ckpt), ckpt.opt_state)
     sess.train_steps = ckpt.step   # dropout masks are counted by the run's steps, skipped ones included
     checkpoint.restore_loss_scale(ckpt, sess)
     return ckpt.step
@@ -384,9 +384,9 @@ def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
 
 
 def _save(sess, ts, path, step, config):
-    updates, state = sess.runner.get_opt_state()
+    counts, state = sess.runner.get_opt_state()
     checkpoint.save(path, sess.params, state, step, sess.graph.name, config,
-                    checkpoint.optimizer_meta(ts.optimizer.describe(), sess, updates), data=ts.data.meta())
+                    checkpoint.optimizer_meta(ts.optimizer.describe(), sess, counts), data=ts.data.meta())
 
 
 def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config, signum) -> TrainInterrupted:
@@ -403,19 +403,10 @@ def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config,
     return TrainInterrupted(f"{what}: saved step {step} to {ckpt_path}; continue with --resume", step, signum)
 
 
-def _update_number(sess, step: int) -> int:
-    """The optimizer step whose lr this run step used: under mixed, skipped steps
-    do not advance the schedule, so it falls behind the run's step (a skipped
-    step is given the lr its update would have had)."""
-    updates = getattr(sess.runner, "opt_step", None)
-    if updates is None:
-        return step
-    scaler = sess.loss_scaler
-    return updates + bool(scaler is not None and scaler.last_skipped)
-
-
-def _record(step: int, loss, optimizer, update: int | None = None) -> dict:
+def _record(step: int, loss, optimizer, iteration: int) -> dict:
+    """iteration: the count the schedule read for the step's update (the run's step), as the
+    session kept it: the lr recorded is the one the update used, or would have, when skipped."""
     if loss is None or not math.isfinite(loss):
         raise FlowError(f"the loss became {loss} at step {step}: training diverged",
                         hint="lower the learning rate, or add clip=1.0 to the optimizer")
-    return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(step if update is None else update)}
+    return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(iteration)}

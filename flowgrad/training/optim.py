@@ -5,10 +5,13 @@ adamw, with PyTorch's semantics and defaults; global-norm gradient clipping
 Each implements the Optimizer protocol both sessions use:
 
     init_state(params) -> {param: {state name: f32 array}}
-    hyper(step) -> f32 array          per-step scalars, laid out as HYPER
-    update(params, grads, state, step)   numpy, in place (closure path)
+    hyper(step, iteration) -> f32 array   per-step scalars, laid out as HYPER
+    update(params, grads, state, step, iteration)   numpy, in place (closure path)
     record(rec, params, grads, state, hyper)   the same update recorded into
                                       the graph path's command buffer
+
+`step` is the update's number among those applied, `iteration` its number
+among those asked for (see Counts): they differ once the loss scaler skipped one.
 
 The numpy update and the shaders read the SAME hyper array, so the two paths
 differ only in arithmetic order. Updates are computed in f32 (f16 params are
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 
 from flowgrad.binder import did_you_mean
@@ -35,6 +39,22 @@ CLIP_EPS = 1e-6       # torch.nn.utils.clip_grad_norm_'s
 
 def groups_for(n: int) -> int:
     return max(1, min(MAX_GROUPS, -(-n // GROUP)))
+
+
+@attrs.frozen
+class Counts:
+    """How far a session's optimizer has gone, as PyTorch's AMP loop counts:
+    `iterations`, the updates asked for (each step(optimizer=) and
+    apply_update), those the loss scaler skipped included, which the lr
+    schedule follows, as a scheduler stepped every iteration; and `updates`,
+    those applied, which Adam's bias correction and SGD's first momentum
+    step follow, as optimizer.step(), which GradScaler skips on an overflow."""
+    updates: int = 0
+    iterations: int = 0
+
+    def after(self, applied: bool = True) -> Counts:
+        """The counts once one more update was asked for, and applied or skipped."""
+        return Counts(self.updates + bool(applied), self.iterations + 1)
 
 
 class Optimizer:
@@ -77,15 +97,16 @@ class Optimizer:
                             hint="pass total_steps=N (fg.train and the train section set it to the run's steps)")
         return self.lr * self.schedule.factor(step)
 
-    def hyper(self, step: int) -> np.ndarray:
-        values = self._hyper(step, self.lr_at(step))
+    def hyper(self, step: int, iteration: int | None = None) -> np.ndarray:
+        """iteration: the schedule's step (by default `step`: no update skipped)."""
+        values = self._hyper(step, self.lr_at(step if iteration is None else iteration))
         return np.array([values[k] for k in self.HYPER], dtype=np.float32)
 
     def init_state(self, params: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
         return {name: {k: np.zeros(p.shape, np.float32) for k in self.STATE} for name, p in params.items()}
 
-    def update(self, params, grads, state, step: int) -> None:
-        h = dict(zip(self.HYPER, self.hyper(step)))
+    def update(self, params, grads, state, step: int, iteration: int | None = None) -> None:
+        h = dict(zip(self.HYPER, self.hyper(step, iteration)))
         scale = np.float32(self.clip_scale(grads))
         for name, p in params.items():
             g = grads[name].astype(np.float32)
