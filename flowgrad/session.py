@@ -100,7 +100,7 @@ class Session:
         optimizer: each step given one is an iteration of its lr schedule, an
         update the loss scaler skips (dtype="mixed") included, as a torch
         scheduler stepped every iteration; Adam's bias correction counts the
-        updates applied (see training.optim.Counts). apply_update counts alike.
+        updates applied (see update_counts.Counts). apply_update counts alike.
 
         on_grad_final(name, grad): called once for each trainable param, as
         soon as its gradient is final: during the backward on closures (in

@@ -413,7 +413,7 @@ def test_a_hung_rank_is_named(tmp_path, mlp, mpi):
     assert proc.returncode != 0
     rank1 = next(pid for pid, (rank, _) in mpi_launch.read_records(str(pids)).items() if rank == 1)
     assert "error: rank 0 of 2 stopped waiting: the gradient all-reduce of step 3" in err, err
-    assert (f"error: rank 1 (pid {rank1}) of 2 did not answer: the other ranks stopped waiting for it after 2 s "
+    assert (f"error: rank 1 (pid {rank1}) of 2 did not answer: the other ranks stopped waiting for it "
             "(it hangs, or is stuck in a device call)") in err, err
     assert err.count("did not answer") == 1 and "ended abnormally" not in err, err
 

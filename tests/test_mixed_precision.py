@@ -13,7 +13,8 @@ import pytest
 import flowgrad as fg
 from flowgrad.training import checkpoint
 from flowgrad.training.loss_scale import LossScaler
-from flowgrad.training.optim import SGD, Adam, AdamW, Counts
+from flowgrad.training.optim import SGD, Adam, AdamW
+from flowgrad.update_counts import Counts
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 GPT = {"d": 32, "layers": 1, "seq": 8, "batch": 8, "ff": 64}

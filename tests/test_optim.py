@@ -9,7 +9,8 @@ import pytest
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Span
-from flowgrad.training.optim import SGD, Adam, AdamW, Counts, make_optimizer
+from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
+from flowgrad.update_counts import Counts
 from flowgrad.training.schedules import Schedule
 
 

@@ -82,7 +82,8 @@ def test_a_new_optimizer_object_goes_on_from_the_sessions_state(vk_device):
     one state the session holds, as on closures: the graph path started each
     new object from zero moments at the session's step count, and kept a
     recorded program per object."""
-    from flowgrad.training.optim import Adam, Counts
+    from flowgrad.training.optim import Adam
+    from flowgrad.update_counts import Counts
 
     file, config = CASES["mlp"]
     model = fg.load(MODELS / file, config)

@@ -136,7 +136,8 @@ def test_a_session_steps_with_another_kind_of_optimizer(device, request):
     on numpy before), the state saved is adam's alone, and its counts start
     again, as a new torch optimizer's (its bias correction started late:
     its first steps were a tenth of a fresh adam's)."""
-    from flowgrad.training.optim import SGD, Adam, Counts
+    from flowgrad.training.optim import SGD, Adam
+    from flowgrad.update_counts import Counts
 
     if device == "vulkan":
         request.getfixturevalue("vk_device")

@@ -16,7 +16,7 @@ from flowgrad.grad_paths import backward_nodes, updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
 from flowgrad.ops.registry import OpTypeError
-from flowgrad.training.optim import Counts
+from flowgrad.update_counts import Counts
 
 
 class NumpyKernels:
@@ -235,7 +235,7 @@ class ClosureSession:
 
     def _apply(self, optimizer, grads, found_inf: bool) -> None:
         """An update asked for: applied unless the loss scaler found an
-        overflow, counted either way (optim.Counts)."""
+        overflow, counted either way (update_counts.Counts)."""
         self._adopt(optimizer)
         if not found_inf:
             self._update(optimizer, grads)

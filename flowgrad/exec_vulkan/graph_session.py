@@ -25,7 +25,7 @@ from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
 from flowgrad.planner.memory import MemoryPlan
-from flowgrad.training.optim import Counts
+from flowgrad.update_counts import Counts
 
 
 class GraphSession:
@@ -226,7 +226,7 @@ class GraphSession:
         return np.asarray(optimizer.hyper(at.updates, at.iterations), np.float32)
 
     def _count(self, found_inf: bool) -> None:
-        """An update asked for: counted, applied or skipped (optim.Counts), and the loss scale moved."""
+        """An update asked for: counted, applied or skipped (update_counts.Counts), and the loss scale moved."""
         self.counts = self.counts.after(not found_inf)
         if self.scaler is not None:
             self.scaler.update(found_inf)

@@ -24,7 +24,7 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph
-from flowgrad.training.optim import Counts
+from flowgrad.update_counts import Counts
 
 FORMAT = "flowgrad-checkpoint"
 VERSION = "2"          # 2: the checksum covers the metadata; version 1 files are still read

@@ -37,7 +37,7 @@ from flowgrad.errors import FlowError
 from flowgrad.training import mpi_launch
 from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets, bucket_count
 from flowgrad.training.mpi_launch import INSTALL
-from flowgrad.training.optim import Counts
+from flowgrad.update_counts import Counts
 
 # set by MPICH/Intel MPI (PMI), Open MPI, and PMIx launchers in every process they start
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")

@@ -233,11 +233,9 @@ def _ranks(named: list[tuple[int, int]]) -> str:
 
 
 def _no_answer(count: int) -> str:
-    from flowgrad.training import distributed
-
+    """(How long they waited is in each waiting rank's own error.)"""
     it, they = ("it", "it hangs, or is") if count == 1 else ("them", "they hang, or are")
-    return (f"did not answer: the other ranks stopped waiting for {it} after {distributed.timeout_seconds():g} s "
-            f"({they} stuck in a device call)")
+    return f"did not answer: the other ranks stopped waiting for {it} ({they} stuck in a device call)"
 
 
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:

@@ -11,7 +11,7 @@ Each implements the Optimizer protocol both sessions use:
                                       the graph path's command buffer
 
 `step` is the update's number among those applied, `iteration` its number
-among those asked for (see Counts): they differ once the loss scaler skipped one.
+among those asked for (see update_counts.Counts): they differ once the loss scaler skipped one.
 
 The numpy update and the shaders read the SAME hyper array, so the two paths
 differ only in arithmetic order. Updates are computed in f32 (f16 params are
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import numpy as np
 
 from flowgrad.binder import did_you_mean
@@ -39,22 +38,6 @@ CLIP_EPS = 1e-6       # torch.nn.utils.clip_grad_norm_'s
 
 def groups_for(n: int) -> int:
     return max(1, min(MAX_GROUPS, -(-n // GROUP)))
-
-
-@attrs.frozen
-class Counts:
-    """How far a session's optimizer has gone, as PyTorch's AMP loop counts:
-    `iterations`, the updates asked for (each step(optimizer=) and
-    apply_update), those the loss scaler skipped included, which the lr
-    schedule follows, as a scheduler stepped every iteration; and `updates`,
-    those applied, which Adam's bias correction and SGD's first momentum
-    step follow, as optimizer.step(), which GradScaler skips on an overflow."""
-    updates: int = 0
-    iterations: int = 0
-
-    def after(self, applied: bool = True) -> Counts:
-        """The counts once one more update was asked for, and applied or skipped."""
-        return Counts(self.updates + bool(applied), self.iterations + 1)
 
 
 class Optimizer:
