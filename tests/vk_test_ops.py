@@ -90,11 +90,11 @@ class ConstantSGD:
     def init_state(self, params):
         return {name: {} for name in params}
 
-    def update(self, params, grads, state, step):
+    def update(self, params, grads, state, step, iteration):
         for name in params:
             params[name] -= self.lr * grads[name]
 
-    def hyper(self, step):
+    def hyper(self, step, iteration):
         return np.array([self.lr], np.float32)
 
     def record(self, rec, params, grads, state, hyper):

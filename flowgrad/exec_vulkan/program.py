@@ -222,7 +222,7 @@ class StepLayout:
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
         self.hyper = None
         if optimizer is not None and hasattr(optimizer, "record"):
-            h = np.asarray(optimizer.hyper(1), np.float32)
+            h = np.asarray(optimizer.hyper(1, 1), np.float32)
             self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
             self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
         self.scale = self.found = None

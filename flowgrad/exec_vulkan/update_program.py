@@ -32,7 +32,7 @@ class UpdateProgram:
             node = graph.nodes[i]
             layout[name] = (offset, node.shape, node.dtype)
             offset = align_up(offset + max(node.type.nbytes, 4), ALIGN)
-        h = np.asarray(optimizer.hyper(1), np.float32)
+        h = np.asarray(optimizer.hyper(1, 1), np.float32)
         self.hyper_offset = offset
         self.nbytes = align_up(offset + max(h.nbytes, 4), ALIGN)
         self.staging = device.buffer(self.nbytes, "upload")
