@@ -74,12 +74,9 @@ def join(timeout: float | None = None) -> World | None:
     _check_launcher_matches(MPI, comm.size)
     if comm.size == 1:
         return None
-    return World(MPI, comm, timeout_seconds() if timeout is None else timeout, bucket_bytes())
-
-
-def timeout_seconds() -> float:
-    """How long a collective waits for the other ranks (FLOWGRAD_MPI_TIMEOUT)."""
-    return _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
+    if timeout is None:
+        timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, "a number of seconds")
+    return World(MPI, comm, timeout, bucket_bytes())
 
 
 def describe_ranks(sess, ranks: int) -> None:
