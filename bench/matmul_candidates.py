@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-SHIPPED = ("matmul_128x128_k16", "matmul_128x128_k8", "matmul_128x128_k16_l64")
+SHIPPED = ("matmul_128x128_k16", "matmul_128x128_k8")
 SMALL = [(67, 45, 93, "nn"), (256, 272, 144, "nt"), (130, 260, 70, "tn")]
 
 

@@ -49,7 +49,7 @@ SPECS_TEXT = {
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
     **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32"
-       for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_128x128_k16_l64", "matmul_64x64_k16")},
+       for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
     "matmul_coop": MATMUL,
     "matmul_coop_khr": MATMUL,
     "matmul_coop_khr_fr8": MATMUL,

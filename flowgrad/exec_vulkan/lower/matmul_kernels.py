@@ -46,13 +46,11 @@ class Tile:
         return f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.cm2 else self.shader
 
 
-# The tiles the tables use, and matmul_128x128_k16_l64 (its loads on
-# invocations of their own), which they do not until it is timed on a GPU.
-# bench/MATMUL_NOTES.md lists the others measured (128x64, 64x128, 64x64 with
-# 8 deep; more cooperative-matrix shapes): add a .comp of a few defines to try one.
+# The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
+# (128x64, 64x128, 64x64 with 8 deep; more cooperative-matrix shapes): add a
+# .comp of a few defines to try one.
 TILES = {t.shader: t for t in (
     Tile("matmul_128x128_k8", 128, 128, 8, fixed_layout=True), Tile("matmul_128x128_k16", 128, 128, 16),
-    Tile("matmul_128x128_k16_l64", 128, 128, 16),
     Tile("matmul_64x64_k16", 64, 64, 16, f16=True),
 )}
 # f16 GEMMs that cooperative matrices cannot take (odd sizes, or no device

@@ -18,10 +18,6 @@
 // global loads are in flight in registers, then land in the other buffer, one
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
-// With LOADERS defined, that many more invocations do the loads and the
-// shared stores and the NT others only multiply, the step's barrier handing
-// each tile over: Vulkan has no asynchronous global-to-shared copy, and this
-// keeps that path off the multiplying warps.
 //
 // The store may add to each output, in the order the epilogue bits give
 // (epi: 1 a residual R shaped and laid out as C, 2 a bias over n, 4 the bias
@@ -59,23 +55,10 @@
 #define BW (BN / 4 + PAD)
 #define AV (BM * BK / 4)        // vec4s per A tile
 #define BV (BN * BK / 4)
-#ifdef LOADERS
-#define LN LOADERS              // invocations that load: LOADERS more, after the NT that multiply
-#define LI (gl_LocalInvocationIndex - NT)
-#define NALL (NT + LOADERS)
-#define ONLY_IF(c) if (c)
-#else
-#define LN NT                   // every invocation loads and multiplies
-#define LI gl_LocalInvocationIndex
-#define NALL NT
-#define ONLY_IF(c)              // (a plain block: every invocation does both)
-#endif
-#define LOADS (gl_LocalInvocationIndex >= NT)
-#define MULTIPLIES (gl_LocalInvocationIndex < NT)
-#define AL ((AV + LN - 1) / LN) // vec4 loads per loading invocation
-#define BL ((BV + LN - 1) / LN)
+#define AL ((AV + NT - 1) / NT) // vec4 loads per invocation
+#define BL ((BV + NT - 1) / NT)
 
-layout(local_size_x = NALL) in;
+layout(local_size_x = NT) in;
 #ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };
 layout(std430, set = 0, binding = 0) readonly buffer BufA4 { V4 a4[]; };
@@ -216,7 +199,7 @@ void fixup(uint m0, uint n0) {
     // 4 outputs of a row per invocation and step, 4 chunks' loads in flight:
     // one workgroup reads every chunk of its tile, so this tail is latency-bound
     bool vec = C_VEC && p.sdm % 4u == 0u;
-    for (uint e = gl_LocalInvocationIndex; e < BM * BN / 4u; e += NALL) {
+    for (uint e = gl_LocalInvocationIndex; e < BM * BN / 4u; e += NT) {
         uint m = m0 + e / (BN / 4u), n = n0 + (e % (BN / 4u)) * 4u;
         if (m >= p.M || n >= p.N) continue;
         uint at = c_at(0u, m, n), o = m * p.sdm + n;
@@ -253,7 +236,7 @@ vec4 ra[AL], rb[BL];         // the next step's tiles, in flight
 void load_a(uint base, uint m0, uint k0, uint kend) {
     bool kfast = A_KFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
-        uint e = LI + l * LN;
+        uint e = gl_LocalInvocationIndex + l * NT;
         vec4 v = vec4(0.0);
         if (e < AV) {
             if (A_VEC) {
@@ -284,7 +267,7 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
 void load_b(uint base, uint n0, uint k0, uint kend) {
     bool nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
-        uint e = LI + l * LN;
+        uint e = gl_LocalInvocationIndex + l * NT;
         vec4 v = vec4(0.0);
         if (e < BV) {
             if (B_VEC) {
@@ -318,7 +301,7 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
 void store_a(uint buf) {
     bool kfast = A_KFAST;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
-        uint e = LI + l * LN;
+        uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= AV) continue;
         if (A_VEC && !kfast) {
             As[buf][e / (BM / 4)][e % (BM / 4)] = ra[l];
@@ -336,7 +319,7 @@ void store_a(uint buf) {
 void store_b(uint buf) {
     bool nfast = B_NFAST;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
-        uint e = LI + l * LN;
+        uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= BV) continue;
         if (B_VEC && nfast) {
             Bs[buf][e / (BN / 4)][e % (BN / 4)] = rb[l];
@@ -396,42 +379,33 @@ void main() {
         for (uint r = 0u; r < GEMM_R; ++r) {
             uint abase = A_BASE(z, r);
             uint bbase = B_BASE(z, r);
-            ONLY_IF(LOADS) {
-                load_a(abase, m0, 0u, kend);
-                load_b(bbase, n0, 0u, kend);
-                store_a(0u);
-                store_b(0u);
-            }
+            load_a(abase, m0, 0u, kend);
+            load_b(bbase, n0, 0u, kend);
+            store_a(0u);
+            store_b(0u);
             barrier();
             for (uint s = 0u; s < steps; ++s) {
                 uint cur = s & 1u;
                 bool more = s + 1u < steps;
-                if (more) ONLY_IF(LOADS) {
+                if (more) {
                     load_a(abase, m0, (s + 1u) * BK, kend);
                     load_b(bbase, n0, (s + 1u) * BK, kend);
-#ifdef LOADERS
-                    // stored at once, so no loaded register is live across the products
-                    store_a(cur ^ 1u);
-                    store_b(cur ^ 1u);
-#endif
                 }
-                ONLY_IF(MULTIPLIES) [[unroll]] for (uint kk = 0u; kk < BK; ++kk) {
+                [[unroll]] for (uint kk = 0u; kk < BK; ++kk) {
                     vec4 av[GM], bv[GN];
                     [[unroll]] for (uint g = 0u; g < GM; ++g) av[g] = As[cur][kk][g * WM + ty];
                     [[unroll]] for (uint g = 0u; g < GN; ++g) bv[g] = Bs[cur][kk][g * WN + tx];
                     [[unroll]] for (uint i = 0u; i < TM; ++i)
                         [[unroll]] for (uint j = 0u; j < GN; ++j) acc[i][j] += av[i / 4u][i % 4u] * bv[j];
                 }
-#ifndef LOADERS
                 if (more) {
                     store_a(cur ^ 1u);
                     store_b(cur ^ 1u);
                 }
-#endif
                 barrier();
             }
         }
-        ONLY_IF(MULTIPLIES) { STORE_ROWS(); }
+        STORE_ROWS();
 #ifndef GEMM_OPERANDS
         if (p.fixup != 0u) fixup(m0, n0);
 #endif
