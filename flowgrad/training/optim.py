@@ -11,7 +11,8 @@ Each implements the Optimizer protocol both sessions use:
                                       the graph path's command buffer
 
 `step` is the update's number among those applied, `iteration` its number
-among those asked for (see update_counts.Counts): they differ once the loss scaler skipped one.
+among those asked for (update_counts.Counts): they differ once the loss
+scaler skipped one.
 
 The numpy update and the shaders read the SAME hyper array, so the two paths
 differ only in arithmetic order. Updates are computed in f32 (f16 params are
