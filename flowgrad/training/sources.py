@@ -55,9 +55,8 @@ def _missing(what, full, span):
 def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=None) -> ArrayData:
     from sklearn.datasets import load_digits
 
-    val, test = fractions("data digits()", val_fraction, test_fraction, span)
     d = load_digits()
-    return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val, test, seed, "digits()", span)
+    return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val_fraction, test_fraction, seed, "digits()", span)
 
 
 def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, *,
@@ -82,10 +81,9 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
     if x_test is not None:
         test = _finite({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
                        {"x": x_test, "y": y_test}, full, what, span)
-        val_frac, _ = fractions(what, val_fraction, 0.0, span)
-        data = ArrayData.split(train, val_frac, 0.0, seed, describe, span)
+        data = ArrayData.split(train, val_fraction, 0.0, seed, describe, span)
         return ArrayData(data.parts["train"], data.parts["val"], test, seed, describe, data.roles)
-    return ArrayData.split(train, *fractions(what, val_fraction, test_fraction, span), seed, describe, span)
+    return ArrayData.split(train, val_fraction, test_fraction, seed, describe, span)
 
 
 def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
@@ -98,8 +96,7 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
         full = _path(what, file, span, base_dir)
         arrays[role] = read_npy(full, what, span, other="use npz(...)", missing_hint=RELATIVE)
         _finite({role: arrays[role]}, {role: role}, full, what, span)
-    return ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
-                           f"npy({str(x)!r})", span)
+    return ArrayData.split(arrays, val_fraction, test_fraction, seed, f"npy({str(x)!r})", span)
 
 
 def read_csv(full: Path, header: bool, delimiter: str, what: str, span=None) -> tuple[list[str], list[list[str]]]:
@@ -200,8 +197,7 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
             arrays["y"] = ys if many_y else ys[:, 0]
             if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
                 arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
-    data = ArrayData.split(arrays, *fractions(what, val_fraction, test_fraction, span), seed,
-                           f"csv({str(path)!r})", span, meta)
+    data = ArrayData.split(arrays, val_fraction, test_fraction, seed, f"csv({str(path)!r})", span, meta)
     data.words_at = words_at if y_cols else None
     return data
 
@@ -236,7 +232,7 @@ def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fract
     vocab = sorted(set(symbols))
     index = {s: i for i, s in enumerate(vocab)}
     ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
-    val, test = fractions(what, val_fraction, test_fraction, span)
+    val, test = fractions(what, val_fraction, test_fraction, span)   # text splits by position, not by ArrayData.split
     describe = f"text({str(path)!r}, level={level!r})"
     if rows == "lines":
         newline = index.get("\n" if level == "char" else 10)
