@@ -189,16 +189,13 @@ def train_summary(result) -> str:
 
 def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
+    from flowgrad.training.infer import output_names
     from flowgrad.training.overrides import load_trained
 
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    if args.output:
-        unknown = [o for o in args.output if o not in sess.graph.outputs]
-        if unknown:
-            raise FlowError(f"--output {unknown[0]}: not an output of {sess.graph.name} "
-                            f"(outputs: {', '.join(sess.graph.outputs)})")
+    output_names(sess.graph, args.output or None, "--output")   # a bad --output fails before the feeds are read
     # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
     outputs = sess.predict(parse_feeds(args.feed, sess.graph), args.output or None)
     if args.output:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.binder import did_you_mean
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 
@@ -99,6 +100,21 @@ def batch_key(model, graph, dtype: str) -> str:
                          "...]`)")
 
 
+def output_names(graph, outputs, option: str | None = None) -> list[str] | None:
+    """`outputs` (a name, names, or None for all) as a list, each one of
+    graph's outputs. `option` is the command-line option that named them,
+    so the error points at what the user typed."""
+    if outputs is None:
+        return None
+    names = [outputs] if isinstance(outputs, str) else list(outputs)
+    for name in names:
+        if not isinstance(name, str) or name not in graph.outputs:
+            said = f"{option} {name}: not" if option else f"{name!r} is not"
+            raise FlowError(f"{said} an output of {graph.name} (outputs: {', '.join(graph.outputs)})",
+                            hint=did_you_mean(name, graph.outputs))
+    return names
+
+
 class Predictor:
     """`sess.predict(feeds)`: sessions of the same model at other batch
     sizes, made on first use and kept; params are copied from the session
@@ -128,12 +144,7 @@ class Predictor:
 
     def __call__(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         graph = self.sess.graph
-        if outputs is not None:
-            outputs = [outputs] if isinstance(outputs, str) else list(outputs)
-            unknown = [o for o in outputs if not isinstance(o, str) or o not in graph.outputs]
-            if unknown:
-                raise FlowError(f"{unknown[0]!r} is not an output of {graph.name} "
-                                f"(outputs: {', '.join(graph.outputs)})")
+        outputs = output_names(graph, outputs)
         for name, a in feeds.items():
             t = graph.nodes[graph.inputs[name]].type if name in graph.inputs else None
             if t is not None and np.ndim(a) != len(t.shape):   # else a chunk of it would be named below
