@@ -111,7 +111,7 @@ def output_names(graph, outputs, option: str | None = None) -> list[str] | None:
         if not isinstance(name, str) or name not in graph.outputs:
             said = f"{option} {name}: not" if option else f"{name!r} is not"
             raise FlowError(f"{said} an output of {graph.name} (outputs: {', '.join(graph.outputs)})",
-                            hint=did_you_mean(name, graph.outputs))
+                            hint=did_you_mean(str(name), graph.outputs))
     return names
 
 
