@@ -31,6 +31,18 @@ def run_dtypes(present: set, accepted) -> dict | None:
     return None
 
 
+def promotion(node: Node, in_dtypes, backward: bool = False) -> dict | None:
+    """How a closure runs `node` on the device: run_dtypes' answer for its
+    lowering, or None (numpy) where it has none for that direction. The VJP
+    takes only the float inputs' dtypes (an index input is passed as is)."""
+    low = lowering_for(node.op)
+    if low is None or (backward and low.backward is None):
+        return None
+    if backward:
+        return run_dtypes({node.dtype, *(d for d in in_dtypes if d != "i32")}, low.bwd_dtypes)
+    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes)
+
+
 class VulkanKernels:
     name = "vulkan"
 
@@ -41,13 +53,12 @@ class VulkanKernels:
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
         op = get_op(node.op)
-        low = lowering_for(node.op)
         dtypes = [dtype_of(x, narrow=True) for x in ins]
-        promote = None if low is None else run_dtypes({node.dtype, *dtypes}, low.dtypes)
+        promote = promotion(node, dtypes)
         if promote is None:
             self.on_numpy.add(node.op)
             return self.numpy.forward(node, ins)
-        run_node = _retyped(node, promote)
+        low, run_node = lowering_for(node.op), _retyped(node, promote)
         with OneShot(self.device) as s:
             views = [s.upload(x, promote.get(d, d)) for x, d in zip(ins, dtypes)]
             out = s.empty(node.shape, run_node.dtype)
@@ -65,16 +76,12 @@ class VulkanKernels:
 
     def vjp(self, node: Node, g, ins, out) -> list:
         op = get_op(node.op)
-        low = lowering_for(node.op)
         dtypes = [dtype_of(x, narrow=True) for x in ins]
-        floats = {d for d in dtypes if d != "i32"}
-        promote = None
-        if low is not None and low.backward is not None:
-            promote = run_dtypes({node.dtype, *floats}, low.bwd_dtypes)
+        promote = promotion(node, dtypes, backward=True)
         if promote is None:
             self.on_numpy.add(node.op)
             return self.numpy.vjp(node, g, ins, out)
-        run_node = _retyped(node, promote)
+        low, run_node = lowering_for(node.op), _retyped(node, promote)
         wanted = [i not in op.nondiff and d != "i32" for i, d in enumerate(dtypes)]
         with OneShot(self.device) as s:
             views = [s.upload(x, promote.get(d, d)) for x, d in zip(ins, dtypes)]

@@ -276,19 +276,14 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
 
 def _closure_traffic(graph: Graph, plan: Plan, node: Node, backward: bool) -> tuple[int, int, int]:
     """(submits, uploads, read-backs) of one kernel call of Vulkan closures
-    (exec_vulkan.kernels.VulkanKernels): a node runs on the device where its
-    lowering exists and takes its dtypes (f16 computed as f32 counts), else
-    on numpy; one whose lowering then refuses its shapes while recording (a
+    (exec_vulkan.kernels.VulkanKernels): a node runs on the device where
+    `kernels.promotion`, VulkanKernels' own rule, says so, else on numpy; one whose lowering then refuses its shapes while recording (a
     `limit` refusal, no kernels planned) has had its inputs uploaded first."""
-    from flowgrad.exec_vulkan.kernels import run_dtypes
-    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.exec_vulkan.kernels import promotion
 
-    low, op = lowering_for(node.op), get_op(node.op)
-    if low is None or (backward and low.backward is None):
-        return 0, 0, 0
+    op = get_op(node.op)
     ins = [graph.nodes[i].dtype for i in node.inputs]
-    dtypes = {node.dtype, *(d for d in ins if d != "i32")} if backward else {node.dtype, *ins}
-    if run_dtypes(dtypes, low.bwd_dtypes if backward else low.dtypes) is None:
+    if promotion(node, ins, backward) is None:
         return 0, 0, 0
     # a VJP is handed its inputs, its output and g
     uploads = len(node.inputs) + 2 * backward
