@@ -80,6 +80,19 @@ def test_gpt_small_dispatch_counts_fused_and_not():
     assert (m["forward"], m["backward"], m["optimizer"]) == (48 + 9, 103 + 9 + 6 + 1, 10)
 
 
+def test_gpt_small_dispatches_on_nvidias_kernels_are_half_the_unfused():
+    """NVIDIA's tables run gelu as a pass of its own (6 more forward dispatches)
+    and split the qkv weight gradient over K, its three products in one
+    dispatch: at most half the 322 dispatches of the first unfused step."""
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
+
+    graph = gpt(GPT_SMALL).graph
+    h200 = DeviceInfo(0, "NVIDIA H200", "discrete", 140 << 30, True, False)
+    counts = count_dispatches(graph, make_plan(graph, h200))
+    assert (counts["forward"], counts["backward"]) == (48 + 6, 103)
+    assert counts["dispatches"] <= 322 // 2
+
+
 def test_a_chain_that_needs_too_many_inputs_is_cut():
     text = """
 model wide

@@ -81,10 +81,12 @@ def test_odd_sizes_in_each_position(vk_device, size):
 
 @pytest.mark.parametrize("shader", sorted(mk.TILES))
 @pytest.mark.parametrize("sa,sb,chunks", [((17, 600), (600, 9), 3), ((16, 640), (640, 8), 2),
-                                          ((130, 1000), (1000, 70), 5)])
+                                          ((130, 1000), (1000, 70), 5), ((5, 17, 600), (5, 600, 9), 3),
+                                          ((2, 16, 640), (2, 640, 8), 2)])
 def test_split_k(vk_device, shader, sa, sb, chunks):
-    """Split-K on a tiled kernel is one dispatch per product: the last chunk of
-    each output tile sums the partials (no separate summing pass)."""
+    """Split-K on a tiled kernel is one dispatch per GEMM, a batch of products
+    included: the last chunk of each product's output tile sums its partials
+    (no separate summing pass)."""
     from flowgrad.exec_vulkan.push_constants import push_spec
 
     commands = check(vk_device, sa, sb, shader=shader, chunks=chunks, dispatches=True)
@@ -93,8 +95,10 @@ def test_split_k(vk_device, shader, sa, sb, chunks):
     words = [dict(zip(names, np.frombuffer(c.push, np.uint32))) for c in commands]
     # the forward is split over K (z runs over the chunks, the partials summed in the kernel);
     # the backward's products are 9 to 17 deep, too shallow to split
-    assert words[0]["klimit"] == sa[1] and commands[0].groups[2] == words[0]["nz"] > 1, words[0]
-    assert all(w["fixup"] == (w["klimit"] > 0) for w in words)
+    batch = sa[0] if len(sa) == 3 else 1
+    assert words[0]["klimit"] == sa[-1] and commands[0].groups[2] == words[0]["nz"] > batch, words[0]
+    assert words[0]["nz"] == batch * words[0]["fixup"]
+    assert all((w["fixup"] > 0) == (w["klimit"] > 0) for w in words)
 
 
 def test_split_k_gemms_in_a_row(vk_device):
@@ -138,28 +142,34 @@ def _split_qkv_weight_gradient(rec, a, g, db, m, w, k):
                 linalg.Operand(db, 3 * w, 1, (w,)), m, w, k, (3,), (False,))
 
 
-def test_a_few_deep_batched_products_split_k_one_dispatch_each(vk_device):
-    """A batch of 3 deep products with too few tiles to fill the device is 3
-    split-K dispatches, each summing its own chunks; the result agrees with numpy."""
-    from flowgrad.exec_vulkan.oneshot import OneShot
+def test_a_few_deep_batched_products_split_k_in_one_dispatch():
+    """A batch of 3 deep products with too few tiles to fill the device (the
+    qkv weight gradient of gpt_small: 3 x 16 tiles, K 4096) is one split-K
+    dispatch, its z running over each product's chunks."""
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
     def view(shape):
         return BufView(FakeBuffer(4 * int(np.prod(shape))), 0, shape, "f32")
 
     rec = Recorder(None)
-    rec.info = H200                      # the qkv weight gradient of gpt_small: 3 x 16 tiles, K 4096
+    rec.info = H200
     _split_qkv_weight_gradient(rec, view((4096, 512)), view((3, 4096, 512)), view((512, 1536)), 512, 512, 4096)
-    gemms = [c for c in rec.commands if hasattr(c, "shader")]
-    chunks = {c.groups[2] for c in gemms}
-    assert len(gemms) == 3 and len(chunks) == 1 and 3 * 16 * chunks.pop() <= mk.SPLIT_TARGET["nvidia"]
+    (gemm,) = [c for c in rec.commands if hasattr(c, "shader")]
+    assert gemm.groups[:2] == (4, 4) and gemm.groups[2] % 3 == 0
+    assert 3 * 16 < 16 * gemm.groups[2] <= mk.SPLIT_TARGET["nvidia"]
+
+
+@pytest.mark.parametrize("shader", sorted(mk.TILES))
+@pytest.mark.parametrize("w", [8, 7])   # D's rows and product strides vector-aligned, and not
+def test_a_batch_of_split_products_sums_each_its_own_chunks(vk_device, shader, w):
+    from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(5)
-    a, g = rng.uniform(-1, 1, (600, 40)).astype(np.float32), rng.uniform(-1, 1, (3, 600, 8)).astype(np.float32)
-    with OneShot(vk_device) as s, mk.forced("matmul_64x64_k16", 4):
-        db = s.empty((40, 24), "f32")
-        _split_qkv_weight_gradient(s.rec, s.upload(a), s.upload(g), db, 40, 8, 600)
-        assert [c.groups[2] for c in s.rec.commands if hasattr(c, "shader")] == [4, 4, 4]
+    a, g = rng.uniform(-1, 1, (600, 40)).astype(np.float32), rng.uniform(-1, 1, (3, 600, w)).astype(np.float32)
+    with OneShot(vk_device) as s, mk.forced(shader, 4):
+        db = s.empty((40, 3 * w), "f32")
+        _split_qkv_weight_gradient(s.rec, s.upload(a), s.upload(g), db, 40, w, 600)
+        assert [c.groups[2] for c in s.rec.commands if hasattr(c, "shader")] == [12]
         s.download(db)
         (got,) = s.run()
     want = np.concatenate([a.astype(np.float64).T @ g[z] for z in range(3)], axis=1)
@@ -256,10 +266,11 @@ def test_a_layout_specialized_tile_gets_each_products_layout(vk_device):
         assert layouts[0] == 16 | (3 * aligned) | 4 | 8, layouts   # A along k, B along n
 
 
-def test_split_k_only_when_the_output_is_small_and_unbatched():
+def test_split_k_only_when_the_output_is_small_and_not_a_summed_batch():
     assert mk.choose(H200, "f32", 512, 512, 4096, 1).chunks > 1
     assert mk.choose(H200, "f32", 4096, 4096, 4096, 1).chunks == 1
-    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1   # (a batch of 4 or fewer splits per product)
+    assert mk.choose(H200, "f32", 64, 64, 4096, 8).chunks == 1   # a summed batch does not split
+    assert mk.choose(H200, "f32", 64, 64, 4096, 8, split_batch=True).chunks > 1
 
 
 def test_forcing_a_kernel_onto_what_it_cannot_take_is_an_error():

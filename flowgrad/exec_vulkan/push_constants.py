@@ -48,7 +48,7 @@ SPECS_TEXT = {
     "fused_map": "n: u32, shape: u32[3], st: u32[12], param: f32[2]",
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
-    **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32"
+    **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32, pza: u32, pzb: u32, pzd: u32"
        for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
     "matmul_coop": MATMUL,
     "matmul_coop_khr": MATMUL,

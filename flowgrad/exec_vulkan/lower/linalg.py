@@ -109,12 +109,10 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
     info = getattr(rec, "info", None)
     choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
-                            tensor_loads=g.unit_strided(), a_kfast=a.cs == 1)
+                            tensor_loads=g.unit_strided(), a_kfast=a.cs == 1, split_batch=nr == 1)
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
-    if _split_per_batch(rec, g, choice, info):
-        return True
     if choice.chunks > 1 and choice.tile.coop:
         _split_k(rec, g, choice, epilogue)
     elif choice.chunks > 1:
@@ -124,37 +122,11 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
                      _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
     else:
         rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
-                     g.push() + (epi.bits() if epi else 0, 0, 0), _groups(choice.tile, m, n, nz),
+                     g.push() + (epi.bits() if epi else 0, 0, 0, 0, 0, 0), _groups(choice.tile, m, n, nz),
                      _variant(choice, c.view.dtype), spec=g.spec(choice.tile, epi))
         if epi is not None:
             epi.applied = True
     return True
-
-
-MAX_SPLIT_BATCH = 4   # a batch this small, too few tiles and deep: one split-K dispatch per product,
-MIN_BATCH_CHUNKS = 4  # where each product splits at least this far (else the extra dispatches cost more)
-
-
-def _split_per_batch(rec, g: _Gemm, choice, info) -> bool:
-    """A few batched products whose tiles leave the device idle (the split
-    qkv product's weight gradient: 3 x 16 tiles, K 4096) run one split-K
-    dispatch each: the kernel's batch index cannot also count K-chunks."""
-    if g.nz == 1 or g.nz > MAX_SPLIT_BATCH or g.nr > 1 or choice.tile.coop:
-        return False
-    tiles = math.ceil(g.m / choice.tile.bm) * math.ceil(g.n / choice.tile.bn)
-    chunks = kernels.split_count(info, choice.tile, g.nz * tiles, g.k)
-    if chunks < MIN_BATCH_CHUNKS:
-        return False
-    for z in range(g.nz):
-        one = attrs.evolve(g, a=_shifted(g.a, z * g.za), b=_shifted(g.b, z * g.zb), c=_shifted(g.c, z * g.zc),
-                           nz=1, za=0, zb=0, zc=0)
-        _split_k_fixup(rec, one, attrs.evolve(choice, chunks=chunks), None)
-    return True
-
-
-def _shifted(op: Operand, elems: int) -> Operand:
-    view = op.view.reshape((op.view.size,)) if elems == 0 else op.view.view(elems, (op.view.size - elems,))
-    return attrs.evolve(op, view=view)
 
 
 def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
@@ -186,6 +158,8 @@ class _Gemm:
     ra: int = 0
     rb: int = 0
     klimit: int = 0
+    pza: int = 0   # split-K over a batch: A's and B's strides from one product to the next
+    pzb: int = 0
 
     def coop_aligned(self, q: int) -> bool:
         """Each operand is read along a unit-stride dim whose rows, like every batch
@@ -217,7 +191,7 @@ class _Gemm:
     def _modes(self) -> tuple[int, int]:
         """(amode, bmode): 1 where an operand's tiles load as 16-byte vectors."""
         a, b = self.a, self.b
-        batch_a, batch_b = (self.za, self.ra), (self.zb, self.rb)
+        batch_a, batch_b = (self.za, self.ra, self.pza), (self.zb, self.rb, self.pzb)
         # the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1, else along k
         amode = (self._mode(True, a.rs, batch_a, self.k) if a.cs == 1
                  else self._mode(a.rs == 1, a.cs, batch_a, self.m))
@@ -250,27 +224,28 @@ def _groups(tile, m, n, nz):
 
 
 def _split_parts(rec, g: _Gemm, choice):
-    """(the partials' scratch [chunks, m, n], the GEMM that writes them: batch z is K-chunk z)."""
+    """(the partials' scratch [nz * chunks, m, n], the GEMM that writes them:
+    batch z is K-chunk z % chunks of product z // chunks, the chunks' count)."""
     a, c, m, n, k = g.a, g.c, g.m, g.n, g.k
     step = max(16, choice.tile.bk)
     kc = math.ceil(k / choice.chunks / step) * step
     chunks = math.ceil(k / kc)
-    parts = rec.scratch((chunks, m, n), c.view.dtype)
-    return parts, attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=chunks, za=kc * a.cs, zb=kc * g.b.rs,
-                               zc=m * n, klimit=k)
+    parts = rec.scratch((g.nz * chunks, m, n), c.view.dtype)
+    return parts, attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=g.nz * chunks, za=kc * a.cs,
+                               zb=kc * g.b.rs, zc=m * n, klimit=k, pza=g.za, pzb=g.zb), chunks
 
 
 def _split_k_fixup(rec, g: _Gemm, choice, epi):
     """Split-K on a tiled kernel, one dispatch: each chunk stores its partial
     and the last chunk of each output tile sums them into C (matmul_tiled.glsl's
     fixup), with the epilogue's adds."""
-    parts, part = _split_parts(rec, g, choice)
+    parts, part, chunks = _split_parts(rec, g, choice)
     groups = _groups(choice.tile, g.m, g.n, part.nz)
-    counts = rec.counters(groups[0] * groups[1])
+    counts = rec.counters(groups[0] * groups[1] * g.nz)
     c = g.c.view
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
-                 part.push() + (epi.bits() if epi else 0, 1, g.c.rs), groups, _variant(choice, c.dtype),
-                 spec=part.spec(choice.tile, epi))
+                 part.push() + (epi.bits() if epi else 0, chunks, g.c.rs, g.za, g.zb, g.zc), groups,
+                 _variant(choice, c.dtype), spec=part.spec(choice.tile, epi))
     if epi is not None:
         epi.applied = True
 
@@ -280,7 +255,7 @@ def _split_k(rec, g: _Gemm, choice, epilogue=None):
     partials into scratch, then one sum (with the epilogue's adds, when its
     sum_parts can)."""
     c, m, n = g.c, g.m, g.n
-    parts, part = _split_parts(rec, g, choice)
+    parts, part, _ = _split_parts(rec, g, choice)
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts], part.push(choice.tile),
                  _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype))
     if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:

@@ -216,9 +216,10 @@ def _check_forced(info, tile: Tile, dtype: str, m: int, n: int, k: int, coop_ali
 
 
 def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
-           tensor_loads: bool = False, a_kfast: bool = False) -> Choice:
-    """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K only
-    when nz == 1 (the caller passes nz > 1 for summed batches too).
+           tensor_loads: bool = False, a_kfast: bool = False, split_batch: bool = False) -> Choice:
+    """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K when
+    nz == 1, or with split_batch (nz separate products, not a summed batch)
+    on the tiled kernels, which split each product of a batch in one dispatch.
     tensor_loads: the caller dispatches matmul_cm2 builds (Tile.shader_for);
     a_kfast: A's unit stride is along k."""
     shader = forced_shader()
@@ -239,7 +240,8 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
-    chunks = split_count(info, tile, math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if nz == 1 else 1
+    splits = nz == 1 or (split_batch and not tile.coop)
+    chunks = split_count(info, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
     return Choice(tile, chunks, klass)
 
 

@@ -3,12 +3,13 @@
 //   C[z](m, n) = sum_{r < R} sum_k A[z, r](m, k) * B[z, r](k, n)
 // The r loop sums over broadcast batch dims inside the kernel (matmul's
 // backward); z runs over the output batch (stride 0 = broadcast operand).
-// Split-K: with klimit != 0, z instead runs over K-chunks of length K (the
-// last one shorter), each writing a partial product into C. With fixup
-// set, the last workgroup to finish an output tile (a per-tile counter, 0
-// at the start) sums the tile's partials in chunk order into D and
-// applies the epilogue there: split-K in one dispatch, with the sum order,
-// and so the result, independent of which chunk finished last.
+// Split-K: with klimit != 0, z instead runs over the products' K-chunks
+// of length K (the last one shorter), z = product * fixup + chunk, each
+// writing a partial product into C. The last workgroup to finish an
+// output tile (a per-tile counter, 0 at the start) sums the tile's
+// partials in chunk order into D and applies the epilogue there: split-K
+// in one dispatch, a small batch of products included, with the sum
+// order, and so the result, independent of which chunk finished last.
 //
 // The including .comp defines the tile: BM x BN outputs per workgroup, BK
 // deep per step, TM x TN outputs per invocation (multiples of 4). A thread
@@ -88,9 +89,22 @@ layout(push_constant, std430) uniform Push {
     GEMM_PUSH             // amode, bmode 1: 16-byte loads along the unit-stride dim, 0: scalar;
                           // cvec 1: 16-byte stores of C rows
     uint epi;             // the store's adds: 1 residual, 2 bias, 4 bias first (see above)
-    uint fixup;           // 1: split-K's partials summed into D in this dispatch (see above)
+    uint fixup;           // split-K: each product's chunks, summed into D in this dispatch (0: no split)
     uint sdm;             // D's row stride
+    uint pza, pzb, pzd;   // split-K: A's, B's and D's strides from one product to the next
 } p;
+
+// z's chunk and product: without a split every z is a chunk of product 0,
+// so za, zb and zc step z as the push block's comment says
+#define CHUNKS (p.fixup == 0u ? p.nz : p.fixup)
+#define CHUNK(z) ((z) % CHUNKS)
+#define PRODUCT(z) ((z) / CHUNKS)
+#undef GEMM_KEND
+#define GEMM_KEND(z) (p.klimit == 0u ? p.K : min(p.K, p.klimit - CHUNK(z) * p.K))
+#undef A_BASE
+#define A_BASE(z, r) (p.offa + CHUNK(z) * p.za + PRODUCT(z) * p.pza + (r) * p.ra)
+#undef B_BASE
+#define B_BASE(z, r) (p.offb + CHUNK(z) * p.zb + PRODUCT(z) * p.pzb + (r) * p.rb)
 
 // A pipeline specialized to its product's operand layout (LAYOUT: 16 | the
 // bits below; 0: the push block says, at run time) compiles without the other
@@ -184,12 +198,13 @@ shared vec4 Bs[2][BK][BW];
 // sums every chunk's partial, in chunk order, into D. The flag saying so
 // passes through As (idle after the K loop; a shared word more would put
 // the 128x128_k16 tile over 32 KiB).
-void fixup(uint m0, uint n0) {
+void fixup(uint z, uint m0, uint n0) {
+    uint product = PRODUCT(z);
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
-        uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-        As[0][0][0].x = atomicAdd(counts[tile], 1u) == p.nz - 1u ? 1.0 : 0.0;
+        uint tile = (product * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+        As[0][0][0].x = atomicAdd(counts[tile], 1u) == p.fixup - 1u ? 1.0 : 0.0;
     }
     barrier();
     bool last = As[0][0][0].x != 0.0;
@@ -198,25 +213,25 @@ void fixup(uint m0, uint n0) {
     memoryBarrierBuffer();
     // 4 outputs of a row per invocation and step, 4 chunks' loads in flight:
     // one workgroup reads every chunk of its tile, so this tail is latency-bound
-    bool vec = C_VEC && p.sdm % 4u == 0u;
+    bool vec = C_VEC && p.sdm % 4u == 0u && p.pzd % 4u == 0u;
     for (uint e = gl_LocalInvocationIndex; e < BM * BN / 4u; e += NT) {
         uint m = m0 + e / (BN / 4u), n = n0 + (e % (BN / 4u)) * 4u;
         if (m >= p.M || n >= p.N) continue;
-        uint at = c_at(0u, m, n), o = m * p.sdm + n;
+        uint at = c_at(product * p.fixup, m, n), o = product * p.pzd + m * p.sdm + n;
         bool v4 = vec && n + 3u < p.N;
         vec4 v = vec4(0.0);
         if (v4) {
             uint z = 0u;
-            for (; z + 4u <= p.nz; z += 4u) {
+            for (; z + 4u <= p.fixup; z += 4u) {
                 vec4 a0 = vec4(parts4[(at + z * p.zc) / 4u]), a1 = vec4(parts4[(at + (z + 1u) * p.zc) / 4u]);
                 vec4 a2 = vec4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = vec4(parts4[(at + (z + 3u) * p.zc) / 4u]);
                 v = (((v + a0) + a1) + a2) + a3;
             }
-            for (; z < p.nz; ++z) v += vec4(parts4[(at + z * p.zc) / 4u]);
+            for (; z < p.fixup; ++z) v += vec4(parts4[(at + z * p.zc) / 4u]);
         } else {
             [[unroll]] for (uint q = 0u; q < 4u; ++q)
                 if (n + q < p.N)
-                    for (uint z = 0u; z < p.nz; ++z) v[q] += float(parts[at + q + z * p.zc]);
+                    for (uint z = 0u; z < p.fixup; ++z) v[q] += float(parts[at + q + z * p.zc]);
         }
         if (EPILOGUE) v = epilogue(o, n, v, v4);
         if (v4) {
@@ -407,7 +422,7 @@ void main() {
         }
         STORE_ROWS();
 #ifndef GEMM_OPERANDS
-        if (p.fixup != 0u) fixup(m0, n0);
+        if (p.fixup != 0u) fixup(z, m0, n0);
 #endif
     }
 }
