@@ -1,7 +1,7 @@
 """Bad input named where it came from: a nan in a data file (not a learning
 rate problem), numpy's floating-point warnings kept out of a diverging run,
 a resume on another model's run, --steps out of range, a file starting with a
-byte-order mark, keywords as names, and the docs' block-error example."""
+byte-order mark, keywords as names, and the docs' error examples."""
 from __future__ import annotations
 
 import re
@@ -13,6 +13,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
+from flowgrad.dsl.config import parse_sets
 from flowgrad.dsl.parser import keyword_names
 from flowgrad.errors import FlowError
 from flowgrad.training.section import check_train
@@ -216,6 +217,42 @@ def test_the_block_error_example_in_the_docs_is_what_flowgrad_prints():
     shown = re.search(r"```\n(stack\.flow:.*?)\n```", doc, re.S).group(1)
     assert str(e.value) == shown
 
+
+
+# the sources behind the errors docs/language.md shows under "Errors", in its order
+LANGUAGE_DOC_ERRORS = [
+    "input x: f32[4, 2]\ny = relo(x)\noutput y\n",
+    "input x: f32[4, 2]\noutput x y\n",
+    "input x: f32[2, 3]\nparam w: f32[4, 5] = zeros()\ny = x @ w\noutput y\n",
+    "input x: f32[4, 2]\nminimize x\n",
+]
+
+
+def test_the_error_examples_in_the_language_doc_are_what_flowgrad_prints():
+    doc = (ROOT / "docs" / "language.md").read_text()
+    shown = re.search(r"## Errors\n.*?```\n(.*?)\n```", doc, re.S).group(1)
+    printed = []
+    for text in LANGUAGE_DOC_ERRORS:
+        with pytest.raises(FlowError) as e:
+            fg.loads(text, file="bad.flow")
+        printed.append(str(e.value))
+    assert "\n".join(printed) == shown
+    # the config override example: the `configured` model's d, set from the command line
+    code = re.search(r"```flow\n(model configured\n.*?)```", doc, re.S).group(1)
+    with pytest.raises(FlowError) as e:
+        fg.loads(code, parse_sets(["d=2.5"]), file="model.flow")
+    shown = re.search(r"```\n(model\.flow:.*?)\n```", doc, re.S).group(1)
+    assert str(e.value) == shown
+
+
+def test_the_readme_check_error_is_what_flowgrad_check_prints(tmp_path, capsys, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"```\n\$ flowgrad check bad\.flow\n(.*?)\n```", readme, re.S).group(1)
+    text = (ROOT / "models" / "mlp.flow").read_text()
+    (tmp_path / "bad.flow").write_text(text.replace("param w1: f32[inputs, hidden]", "param w1: f32[32, hidden]"))
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["check", "bad.flow"]) == 1
+    assert capsys.readouterr().err.rstrip("\n") == shown
 
 def test_array_data_from_python_takes_lists_and_refuses_bad_fractions():
     data = fg.ArrayData.split({"x": [[1.0, 2.0]] * 10, "y": [0, 1] * 5}, 0.1, 0.2, seed=0, describe="lists")
