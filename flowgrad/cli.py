@@ -445,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the model's PyTorch twin on the CUDA GPU (eager and torch.compile)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--device", default="vulkan", help="vulkan or vulkan:N (default vulkan)")
+    p.add_argument("--device", default="vulkan",
+                   help="vulkan or vulkan:N (default vulkan); with --ranks any device, cpu too")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16", "mixed"],
                    help="compile dtype (default f32; bench matmul: f32 or f16)")
     p.add_argument("--repeats", type=int, default=20, help="timed graph-path steps; closures get a quarter "

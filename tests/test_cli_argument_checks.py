@@ -103,6 +103,14 @@ def test_bench_on_numpy_says_it_needs_a_vulkan_device(capsys):
                    "vulkan:N (device='cpu' runs on numpy); --ranks N benches data-parallel steps on any device\n")
 
 
+def test_bench_help_says_ranks_run_on_any_device(capsys):
+    """The README's `flowgrad bench --device cpu --ranks 2`: --help must not say vulkan only."""
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--device DEVICE vulkan or vulkan:N (default vulkan); with --ranks any device, cpu too" in out
+
+
 def test_the_top_level_help_describes_the_tool(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--help"])
