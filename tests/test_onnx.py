@@ -192,3 +192,14 @@ def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
     assert e.value.message.startswith("cannot export cnn to ONNX: op conv2d (node ")
     assert "cnn.flow:" not in e.value.message and text.startswith(str(e.value.span.where()))   # once: the span's
     assert not (tmp_path / "cnn.onnx").exists()
+
+
+def test_the_training_doc_lists_exactly_the_ops_that_export():
+    import re
+
+    from flowgrad.export_onnx import CONVERTERS
+
+    doc = (MODELS.parent / "docs" / "training.md").read_text()
+    paragraph = re.search(r"Each op becomes: (.*?) The test runs", doc, re.S).group(1)
+    listed = {op for group in re.findall(r"`([a-z_\s]+)`", paragraph) for op in group.split()}
+    assert listed == set(CONVERTERS)
