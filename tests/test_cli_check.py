@@ -33,6 +33,15 @@ def test_check_prints_a_summary(capsys):
     assert len(lines) < 40
 
 
+def test_the_training_docs_iris_check_is_what_check_prints(capsys, monkeypatch):
+    import re
+
+    doc = (ROOT / "docs" / "training.md").read_text()
+    shown = re.search(r"\$ flowgrad check models/iris\.flow\n(.*?\n)\$ ", doc, re.S).group(1)
+    monkeypatch.chdir(ROOT)   # the doc runs it beside models/
+    rc, out, err = run_main(capsys, "check", "models/iris.flow")
+    assert rc == 0 and err == "" and out == shown
+
 def test_check_with_overrides_groups_block_instances(capsys):
     rc, out, _ = run_main(capsys, "check", GPT, "--set", "layers=3", "--set", "d=32")
     assert rc == 0
