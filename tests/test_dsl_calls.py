@@ -226,3 +226,13 @@ def test_language_doc_examples_parse_and_whole_models_build():
                 setup(graph)
             built += 1
     assert built >= 6
+
+
+def test_the_readme_model_is_models_mlp():
+    """The README's "A model" is models/mlp.flow (comments aside)."""
+    from flowgrad.dsl.printer import to_source
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## A model\n\n```\n(.*?)```", readme, re.S).group(1)
+    shipped = (ROOT / "models" / "mlp.flow").read_text()
+    assert to_source(dsl.parse(code, "README.md")) == to_source(dsl.parse(shipped, "mlp.flow"))
