@@ -466,3 +466,35 @@ def test_an_autoencoder_without_targets(tmp_path):
     m = model(AUTOENCODER, 'data = npz("a.npz", y=none)\n  metric = "mse"', tmp_path)
     res = fg.train(m, device="cpu", progress=False)
     assert res.metrics["mse"] == pytest.approx(res.metrics["loss"], rel=1e-5)   # reconstruction error of x
+
+
+TWO_HEADS = """
+model two_heads
+config {
+  batch = 8
+}
+input x: f32[batch, 4]
+input y: i32[batch]
+input aux: f32[batch, 2]
+param wc: f32[4, 3] = xavier()
+param wr: f32[4, 2] = xavier()
+logits = x @ wc
+pred = x @ wr
+loss = cross_entropy(logits, y) + 0.5 * mse_loss(pred, aux)
+output logits, pred
+minimize loss
+train {
+  optimizer = adam(lr=1e-2)
+  steps = 20
+}
+"""
+
+
+def test_array_data_with_a_second_target_scores_the_one_named_y():
+    # roles are ordered features first and y last: y is the targets, whatever other arrays come along
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(80, 4)).astype(np.float32)
+    data = fg.ArrayData.split({"x": x, "y": np.arange(80) % 3, "aux": x[:, :2] * 2}, val_fraction=0.1,
+                              test_fraction=0.1, seed=0, describe="two targets")
+    res = fg.train(fg.loads(TWO_HEADS), data=data, device="cpu", progress=False)
+    assert res.metric == "accuracy" and data.target == "y"

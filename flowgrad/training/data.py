@@ -94,7 +94,8 @@ class Dataset:
 
     @property
     def target(self) -> str | None:
-        return self.inputs.get(self.roles[1]) if len(self.roles) > 1 else None
+        # roles run features first, the targets last (role_order); arrays between them are fed, not scored
+        return self.inputs.get(self.roles[-1]) if len(self.roles) > 1 else None
 
     def meta(self) -> dict:
         return {"source": self.describe}
