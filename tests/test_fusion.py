@@ -192,6 +192,29 @@ def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
 
+# a GRU's state update: the constant 1 is an input of the chain that gets no gradient, so the
+# backward writes fewer gradients than the planner's dry run, and pairs them differently
+GATE = """
+model gate
+param a: f32[4, 8] = normal()
+param z: f32[4, 8] = uniform()
+param h: f32[4, 8] = normal()
+out = (1 - z) * tanh(a) + z * h
+loss = mean(out)
+minimize loss
+"""
+
+
+def test_a_chain_with_a_constant_input_matches_unfused_and_closures_on_vulkan(vk_device):
+    model = fg.loads(GATE)
+    fused, f_loss, f_grads = run(model, "vulkan", "graph")
+    plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
+    clos, c_loss, c_grads = run(model, "vulkan", "closures")
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    assert fused.plan.fusion.groups
+    agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
+
+
 def test_each_fused_chain_is_a_pipeline_of_its_own(vk_device):
     """A chain's program is fused_map's specialization constants: each
     distinct program its own pipeline, the same program one."""

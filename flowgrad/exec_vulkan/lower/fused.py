@@ -187,14 +187,35 @@ def fused_backward(rec, node, g, ins, out, grads):
             tmp = rec.scratch(space, dst.dtype)
             targets.append((value, tmp))
             sums.append((tmp, dst))
-    for i in range(0, len(targets), MAX_OUTPUTS):
-        pair = targets[i:i + MAX_OUTPUTS]
+    for pair in _pairs(b, targets):
         if len(pair) == 1 and pair[0][0][0] == "src" and pair[0][0][1] in full:
             rec.copy(full[pair[0][0][1]], pair[0][1])   # the gradient is an input as it is
             continue
         run_program(rec, b.finish([v for v, _ in pair]), sources, [view for _, view in pair], space)
     for src, dst in sums:
         sum_to_shape(rec, src, dst)
+
+
+def _pairs(b: _Builder, targets) -> list[list]:
+    """targets in dispatches of up to MAX_OUTPUTS whose program fits. The
+    planner sized the chain on a dry run that differentiates every float
+    input; a step that wants fewer gradients (none for a constant) pairs
+    them otherwise, and two that fit alone may together read too many inputs."""
+    groups: list[list] = []
+    for t in targets:
+        if groups and len(groups[-1]) < MAX_OUTPUTS and _fits(b, [v for v, _ in groups[-1]] + [t[0]]):
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    return groups
+
+
+def _fits(b: _Builder, outputs) -> bool:
+    try:
+        b.finish(outputs)
+    except TooLarge:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- a product and the ops after it
