@@ -143,6 +143,19 @@ def test_bench_feeds_come_from_the_models_own_data_when_it_fits():
     assert feeds["x"].shape == (2, 3)
 
 
+def test_random_bench_feeds_fit_every_index_op_that_reads_them():
+    """Token ids below the vocabulary and class targets below the classes, in one model."""
+    from flowgrad.exec_vulkan.bench import bench_feeds
+
+    text = ("model cls\nconfig {\n  vocab = 50\n  classes = 3\n}\ninput x: i32[16, 4]\ninput y: i32[16]\n"
+            "param emb: f32[vocab, classes] = normal()\nlogits = mean(embedding(x, emb), axis=1)\n"
+            "loss = cross_entropy(logits, y)\nminimize loss\n")
+    sess = fg.loads(text).compile(device="cpu")
+    feeds, source = bench_feeds(sess.graph)
+    assert source.startswith("random") and feeds["y"].max() < 3 and feeds["x"].max() >= 3
+    assert np.isfinite(sess.step(feeds).loss)
+
+
 def test_bench_warns_when_the_device_speed_changed_during_the_run():
     from flowgrad.exec_vulkan.bench import report
 
