@@ -13,14 +13,17 @@ from flowgrad.ops import get_op
 
 
 def random_feeds(graph, seed: int = 0, int_high: int = 1) -> dict[str, np.ndarray]:
-    """Floats drawn from N(0, 1); integers (token ids, targets) from [0, int_high):
-    the default, all zeros, is a valid index for any index op."""
+    """Floats drawn from N(0, 1); integers (token ids, targets) from [0, int_high),
+    and below the size of each index op that reads them (a classifier's targets
+    below its classes): the default, all zeros, is a valid index for any index op."""
     rng = np.random.default_rng(seed)
+    uses = index_uses(graph)
     out = {}
     for name, i in graph.inputs.items():
         t = graph.nodes[i].type
         if t.dtype == "i32":
-            out[name] = rng.integers(0, int_high, t.shape, dtype=np.int32)
+            high = min([int_high] + [n for n, _ in uses.get(i, [])])
+            out[name] = rng.integers(0, high, t.shape, dtype=np.int32)
         else:
             out[name] = rng.standard_normal(t.shape).astype(NUMPY_DTYPE[t.dtype])
     return out

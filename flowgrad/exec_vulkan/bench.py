@@ -33,7 +33,7 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.submit import spin_ns
-from flowgrad.feeds import index_uses, random_feeds
+from flowgrad.feeds import random_feeds
 from flowgrad.ops.random import RNG_INPUT
 from flowgrad.training.optim import Adam
 
@@ -43,15 +43,9 @@ DECODER = {"d": 64, "seq": 64, "heads": 4, "layers": 2}
 
 
 def feeds_for(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random feeds of the right shapes; integer inputs (token ids, targets) below config `vocab`,
-    and below the size of each index op that reads them (a classifier's targets below its classes)."""
-    high = int(graph.config.get("vocab", graph.config.get("classes", 2)))
-    feeds = random_feeds(graph, seed, high)
-    uses = index_uses(graph)
-    for name, i in graph.inputs.items():
-        if i in uses:
-            feeds[name] %= np.int32(min(n for n, _ in uses[i]))   # ids already in range stay as they were
-    return feeds
+    """Random feeds of the right shapes; integer inputs (token ids, targets) below config `vocab`
+    and each index op's size."""
+    return random_feeds(graph, seed, int(graph.config.get("vocab", graph.config.get("classes", 2))))
 
 
 def bench_feeds(graph) -> tuple[dict[str, np.ndarray], str]:
