@@ -300,6 +300,50 @@ def test_closure_plan_counts_what_a_vulkan_closures_step_sends(vk_device, name, 
     assert np.isfinite(sess.step(feeds).loss)
 
 
+def test_closure_plan_sends_nothing_for_a_node_its_lowering_refuses(vk_device):
+    """attention's head width 300 is past its kernels: on Vulkan closures
+    it runs on numpy both ways, refused before anything is uploaded for it
+    (its inputs, and its VJP's output and g, used to go up unused), and
+    explain counts the step's traffic without them."""
+    from flowgrad.feeds import random_feeds
+    from flowgrad.planner.explain import _closure_traffic
+
+    sess = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="vulkan", backward="closures")
+    a = next(n for n in sess.graph.nodes if n.op == "attention")
+    assert [_closure_traffic(sess.graph, sess.plan, a, bwd) for bwd in (False, True)] == [(0, 0, 0)] * 2
+    plan = sess.explain().to_dict()["closure_plan"]
+    before = dict(sess.device.stats)
+    sess.step(random_feeds(sess.graph, 0, 2))
+    sent = {k: sess.device.stats[k] - before.get(k, 0) for k in ("submits", "uploads", "downloads")}
+    assert sent == {"submits": plan["submits"], "uploads": plan["transfers_in"], "downloads": plan["transfers_out"]}
+    assert "attention" in sess.runner.executor.kernels.on_numpy
+
+
+def test_closure_plan_counts_each_direction_as_its_lowering_takes_it(vk_device, monkeypatch):
+    """With 64 bytes a binding, vk_test_add's forward (a dispatch over 80)
+    is refused and runs on numpy, while its VJP (copies, which no binding
+    range limits) runs on the device: explain counts each direction as the
+    step runs it, not the node's one plan refusal for both."""
+    import attrs
+
+    from flowgrad.feeds import random_feeds
+    from flowgrad.planner.explain import _closure_traffic
+    from tests import vk_test_ops
+
+    vk_test_ops.ensure_registered()
+    monkeypatch.setattr(vk_device, "max_storage_range", 64)
+    monkeypatch.setattr(vk_device, "info", attrs.evolve(vk_device.info, max_storage_range=64))
+    sess = fg.loads("input x: f32[20]\nparam w: f32[20] = zeros()\ny = vk_test_add(x, w)\n"
+                    "loss = sum(y)\nminimize loss\n").compile(device="vulkan", backward="closures")
+    add = next(n for n in sess.graph.nodes if n.op == "vk_test_add")
+    assert [_closure_traffic(sess.graph, sess.plan, add, bwd) for bwd in (False, True)] == [(0, 0, 0), (1, 4, 2)]
+    plan = sess.explain().to_dict()["closure_plan"]
+    before = dict(sess.device.stats)
+    sess.step(random_feeds(sess.graph, 0, 2))
+    sent = {k: sess.device.stats[k] - before.get(k, 0) for k in ("submits", "uploads", "downloads")}
+    assert sent == {"submits": plan["submits"], "uploads": plan["transfers_in"], "downloads": plan["transfers_out"]}
+
+
 def test_text_memory_is_what_the_planned_buffers_hold():
     """The text's graph memory is the bytes of the buffers it counts (what
     the session allocates, and what a memory refusal compares with the

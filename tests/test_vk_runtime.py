@@ -269,6 +269,44 @@ def test_vulkan_kernels_fall_back_to_numpy_without_a_lowering(vk_device):
     assert kern.on_numpy == {"vk_test_sumsq"}
 
 
+TRAFFIC = ("submits", "uploads", "downloads")
+
+
+def _traffic(dev, before) -> dict:
+    return {k: dev.stats[k] - before.get(k, 0) for k in TRAFFIC}
+
+
+def test_vulkan_kernels_upload_nothing_for_a_node_its_lowering_refuses(dev, monkeypatch):
+    """A node whose buffers are past the device's binding range runs on
+    numpy. The call records its lowering before uploading, so the refusal
+    sends nothing (the inputs, and a VJP's output and g, used to go up
+    first, unused); a node the lowering takes still has its inputs in place
+    before its commands read them, on the staging path too."""
+    from flowgrad.exec_vulkan import VulkanKernels
+
+    vk_test_ops.ensure_registered()
+    monkeypatch.setattr(dev, "max_storage_range", 64)     # 16 f32 per binding
+    a, b = np.arange(20, dtype=np.float32), np.full(20, 0.5, np.float32)
+    kern = VulkanKernels(dev)
+    wide, narrow = _node("vk_test_twice", (20,), "f32", 1), _node("vk_test_add", (4,), "f32", 2)
+    before = dict(dev.stats)
+    out = kern.forward(wide, [a])
+    (grad,) = kern.vjp(wide, np.ones(20, np.float32), [a], out)
+    assert _traffic(dev, before) == {"submits": 0, "uploads": 0, "downloads": 0}
+    assert kern.on_numpy == {"vk_test_twice"}
+    np.testing.assert_array_equal(out, 2 * a)
+    assert grad.tolist() == [2.0] * 20
+
+    kern = VulkanKernels(dev)
+    before = dict(dev.stats)
+    out = kern.forward(narrow, [a[:4], b[:4]])
+    grads = kern.vjp(narrow, np.full(4, 2.0, np.float32), [a[:4], b[:4]], out)
+    assert _traffic(dev, before) == {"submits": 2, "uploads": 2 + 4, "downloads": 1 + 2}
+    assert kern.on_numpy == set()
+    np.testing.assert_array_equal(out, a[:4] + b[:4])
+    assert [g.tolist() for g in grads] == [[2.0] * 4] * 2
+
+
 def test_a_barrier_waits_only_for_the_stages_a_command_depends_on():
     from flowgrad.exec_vulkan.recorder import COMPUTE, TRANSFER, Hazards
 

@@ -7,7 +7,7 @@ import numpy as np
 from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.index_checks import UNSET
-from flowgrad.exec_vulkan.recorder import BufView, Fill, Recorder
+from flowgrad.exec_vulkan.recorder import BufView, Copy, Fill, Recorder
 
 
 class OneShot:
@@ -23,6 +23,7 @@ class OneShot:
         self.rec = Recorder(device)
         self._pooled = []
         self._downloads = []       # (view, staging BufView or None when read straight from mapped memory)
+        self._uploads = []         # staging copies, run before every recorded command
 
     def __enter__(self):
         return self
@@ -51,7 +52,9 @@ class OneShot:
         return view
 
     def write(self, view: BufView, array) -> None:
-        """Fill an existing device view with `array` by the time the commands run."""
+        """Fill an existing device view with `array` by the time the commands run,
+        even those recorded before the write (a closure records a lowering
+        first, and uploads only once it has taken the shapes)."""
         data = np.ascontiguousarray(array, dtype=NUMPY[view.dtype]).reshape(view.shape)
         self.device.stats["uploads"] += 1
         if view.buffer.mapped:
@@ -59,7 +62,8 @@ class OneShot:
         else:
             staging = BufView(self._acquire(view.nbytes, "upload"), 0, view.shape, view.dtype)
             staging.buffer.write(data)
-            self.rec.copy(staging, view)
+            if view.nbytes:
+                self._uploads.append(Copy(staging, view, None))
 
     def download(self, view: BufView) -> int:
         """Ask for `view` back after run(); returns its index in run()'s list."""
@@ -75,6 +79,7 @@ class OneShot:
         device = self.device
         device.stats["dispatches"] += self.rec.counts()["dispatches"]
         device.stats["downloads"] += len(self._downloads)
+        self.rec.commands[:0], self._uploads = self._uploads, []
         checks = self.rec.checks
         if checks.checks:   # index kernels flag into words reset first and read back last
             self.rec.commands.insert(0, Fill(checks.whole(), UNSET, None))

@@ -13,9 +13,9 @@ import time
 import attrs
 
 from flowgrad.feeds import random_feeds
-from flowgrad.graph import LEAF_OPS, Graph, Node, format_node
+from flowgrad.graph import LEAF_OPS, Graph, Node, TensorType, format_node
 from flowgrad.ops import get_op
-from flowgrad.planner.plan import Plan, Refusal
+from flowgrad.planner.plan import DryLimits, Plan, Refusal
 
 EXPLAIN_VERSION = 1
 
@@ -276,22 +276,24 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
 
 def _closure_traffic(graph: Graph, plan: Plan, node: Node, backward: bool) -> tuple[int, int, int]:
     """(submits, uploads, read-backs) of one kernel call of Vulkan closures
-    (exec_vulkan.kernels.VulkanKernels): a node runs on the device where
-    `kernels.promotion`, VulkanKernels' own rule, says so, else on numpy; one whose lowering then refuses its shapes while recording (a
-    `limit` refusal, no kernels planned) has had its inputs uploaded first."""
-    from flowgrad.exec_vulkan.kernels import promotion
+    (exec_vulkan.kernels.VulkanKernels): it records the call with
+    VulkanKernels' own `kernels.record_call`, dry, against the planned
+    device's limits; where that says numpy (no lowering takes the dtypes, or
+    the lowering refuses the shapes) the call sends nothing, since
+    VulkanKernels uploads only what it has recorded."""
+    from flowgrad.exec_vulkan.kernels import record_call
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
-    op = get_op(node.op)
-    ins = [graph.nodes[i].dtype for i in node.inputs]
-    if promotion(node, ins, backward) is None:
+    def empty(shape, dtype):
+        return BufView(FakeBuffer(max(TensorType(shape, dtype).nbytes, 4)), 0, shape, dtype)
+
+    types = [graph.nodes[i].type for i in node.inputs]
+    call = record_call(Recorder(DryLimits(plan.device)), node, types, empty, backward)
+    if call is None:
         return 0, 0, 0
-    # a VJP is handed its inputs, its output and g
-    uploads = len(node.inputs) + 2 * backward
-    if any(r.node is node and r.code == "limit" for r in plan.refusals) and node.id not in plan.kernels:
-        return 0, uploads, 0
-    if backward:   # it reads back the float inputs' gradients
-        return 1, uploads, sum(pos not in op.nondiff and d != "i32" for pos, d in enumerate(ins))
-    return 1, uploads, 1 + len(op.updates)   # the result, and the state it updates in place
+    if backward:   # a VJP is handed its inputs, its output and g, and reads back the gradients it computes
+        return 1, len(types) + 2, sum(v is not None for v in call.grads)
+    return 1, len(types), 1 + len(get_op(node.op).updates)   # the result, and the state it updates in place
 
 
 def run_analyze(sess, steps: int) -> dict:
