@@ -14,13 +14,17 @@ import flowgrad as fg
 PATHS = [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")]
 
 
-def loss_of(text, params, feeds, device, backward):
+def step_of(text, params, feeds, device, backward):
     sess = fg.loads(text).compile(device=device, backward=backward)
     sess.set_params(params)
     res = sess.step(feeds)
     if backward != "auto":   # the path asked for is the one that ran
         assert sess.last_path.startswith(backward), sess.last_path
-    return float(res.loss)
+    return res
+
+
+def loss_of(text, params, feeds, device, backward):
+    return float(step_of(text, params, feeds, device, backward).loss)
 
 
 def softplus64(x):
@@ -55,3 +59,87 @@ def test_edge_values_match_float64(name, device, backward):
     want = ref(*params.values())
     got = loss_of(text, params, feeds, device, backward)
     assert math.isfinite(got) and abs(got - want) <= 1e-5 * abs(want), (got, want)
+
+
+# ---------------------------------------------------------------- NaN and inf through max, maximum, minimum
+
+NAN, INF = math.nan, math.inf
+PAIR_A = [1.0, 2.0, 2.0, NAN, 1.0, NAN, INF, -INF, INF, -INF, NAN]
+PAIR_B = [2.0, 1.0, 2.0, 1.0, NAN, NAN, INF, -INF, 1.0, 1.0, INF]
+
+# name: (expression for m, params, g, PyTorch's m from torch and the params,
+# then m and each param's gradient as torch gives them in float64 for
+# loss = sum(m * g): g weighs each output, so that a gradient shows which
+# output it came from, and hands m a NaN or infinite gradient where it is
+# one). The max reduction is torch.amax: tied maxima share the gradient,
+# and a NaN makes its whole slice's gradient NaN. maximum / minimum give an
+# operand g unless it loses (0, even for a NaN g), half of g at a tie, and
+# both operands all of it where either is NaN.
+PICK_CASES = {
+    "max rows": ("max(x, axis=-1)",
+                 {"x": [[1.0, 3.0, 3.0, 2.0], [1.0, NAN, 3.0, 2.0], [NAN, NAN, 3.0, 2.0], [INF, 1.0, INF, 2.0],
+                        [-INF, -INF, -INF, -INF], [NAN, INF, -INF, 1.0], [INF, NAN, 0.0, 0.0]]},
+                 [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+                 lambda torch, x: torch.amax(x, dim=-1),
+                 [3.0, NAN, NAN, INF, -INF, NAN, NAN],
+                 {"x": [[0.0, 0.5, 0.5, 0.0], [NAN] * 4, [NAN] * 4, [2.0, 0.0, 2.0, 0.0], [1.25] * 4, [NAN] * 4,
+                        [NAN] * 4]}),
+    "max rows, a non-finite g": ("max(x, axis=-1)", {"x": [[1.0, 3.0, 3.0], [1.0, 2.0, 0.0]]}, [INF, NAN],
+                                 lambda torch, x: torch.amax(x, dim=-1),
+                                 [3.0, 2.0], {"x": [[NAN, INF, INF], [NAN, NAN, NAN]]}),
+    "max all, ties": ("max(x)", {"x": [[1.0, 3.0], [3.0, -INF]]}, 1.0, lambda torch, x: torch.amax(x),
+                      3.0, {"x": [[0.0, 0.5], [0.5, 0.0]]}),
+    "max all, a NaN": ("max(x)", {"x": [[1.0, 3.0], [NAN, -INF]]}, 1.0, lambda torch, x: torch.amax(x),
+                       NAN, {"x": [[NAN, NAN], [NAN, NAN]]}),
+    "maximum": ("maximum(a, b)", {"a": PAIR_A, "b": PAIR_B}, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+                lambda torch, a, b: torch.maximum(a, b),
+                [2.0, 2.0, 2.0, NAN, NAN, NAN, INF, -INF, INF, 1.0, NAN],
+                {"a": [0.0, 2.0, 1.5, 4.0, 5.0, 6.0, 3.5, 4.0, 9.0, 0.0, 11.0],
+                 "b": [1.0, 0.0, 1.5, 4.0, 5.0, 6.0, 3.5, 4.0, 0.0, 10.0, 11.0]}),
+    "minimum": ("minimum(a, b)", {"a": PAIR_A, "b": PAIR_B}, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+                lambda torch, a, b: torch.minimum(a, b),
+                [1.0, 1.0, 2.0, NAN, NAN, NAN, INF, -INF, 1.0, -INF, NAN],
+                {"a": [1.0, 0.0, 1.5, 4.0, 5.0, 6.0, 3.5, 4.0, 0.0, 10.0, 11.0],
+                 "b": [0.0, 2.0, 1.5, 4.0, 5.0, 6.0, 3.5, 4.0, 9.0, 0.0, 11.0]}),
+    "maximum, a non-finite g": ("maximum(a, b)", {"a": [1.0, 2.0, 2.0, NAN], "b": [2.0, 1.0, 2.0, 1.0]},
+                                [NAN, INF, INF, NAN], lambda torch, a, b: torch.maximum(a, b),
+                                [2.0, 2.0, 2.0, NAN], {"a": [0.0, INF, INF, NAN], "b": [NAN, 0.0, INF, NAN]}),
+    "maximum, broadcast": ("maximum(a, b)", {"a": [[1.0, NAN, -INF], [3.0, 0.0, 2.0]], "b": [NAN, 0.0, 2.0]},
+                           [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], lambda torch, a, b: torch.maximum(a, b),
+                           [[NAN, NAN, 2.0], [NAN, 0.0, 2.0]],
+                           {"a": [[1.0, 2.0, 0.0], [4.0, 2.5, 3.0]], "b": [5.0, 4.5, 6.0]}),
+}
+
+
+def pick_model(expr: str, params: dict, g) -> str:
+    decls = "".join(f"param {k}: f32{list(np.shape(v))} = zeros()\n" for k, v in params.items())
+    return f"{decls}input g: f32{list(np.shape(g))}\nm = {expr}\nloss = sum(m * g)\noutput m\nminimize loss\n"
+
+
+@pytest.mark.parametrize("device, backward", PATHS, ids=lambda v: v)
+@pytest.mark.parametrize("name", sorted(PICK_CASES))
+def test_max_and_maximum_give_pytorchs_values_and_gradients_at_nan_and_inf(name, device, backward, request):
+    """numpy gave a NaN slice for a NaN in a max reduction and Vulkan 0;
+    maximum and minimum gave 0 to both operands where either was NaN on
+    every path, where PyTorch gives both the whole gradient."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    expr, params, g, _, want_m, want_grads = PICK_CASES[name]
+    params = {k: np.array(v, np.float32) for k, v in params.items()}
+    with np.errstate(all="ignore"):
+        res = step_of(pick_model(expr, params, g), params, {"g": np.array(g, np.float32)}, device, backward)
+    np.testing.assert_array_equal(res.outputs["m"], np.array(want_m, np.float32))
+    for k, want in want_grads.items():
+        np.testing.assert_array_equal(res.grads[k], np.array(want, np.float32), err_msg=k)
+
+
+@pytest.mark.parametrize("name", sorted(PICK_CASES))
+def test_the_expected_max_and_maximum_gradients_are_pytorchs(name):
+    torch = pytest.importorskip("torch")
+    _, params, g, torch_m, want_m, want_grads = PICK_CASES[name]
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+    m = torch_m(torch, *leaves.values())
+    (m * torch.tensor(g, dtype=torch.float64)).sum().backward()
+    np.testing.assert_array_equal(m.detach().numpy(), want_m)
+    for k, want in want_grads.items():
+        np.testing.assert_array_equal(leaves[k].grad.numpy(), want, err_msg=k)

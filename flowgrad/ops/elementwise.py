@@ -45,20 +45,23 @@ div = _binary("div", np.divide, lambda g, a, b, out: (g / b, -g * out / b), "a /
               floats_only=True, torch="torch.div")
 
 
-def _pick_grads(wins):
-    """maximum / minimum: the gradient goes to the operand that wins, split
-    evenly at a tie (as PyTorch)."""
+def _pick_grads(loses):
+    """maximum / minimum as PyTorch: an operand gets the gradient unless it
+    loses, half of it at a tie; where either is NaN neither loses, so both
+    get all of it. A loser gets 0 even from a NaN or infinite g."""
     def grads(g, a, b, out):
-        tie = 0.5 * g * (a == b)
-        return g * wins(a, b) + tie, g * wins(b, a) + tie
+        share = np.where(a == b, 0.5 * g, g)
+        return np.where(loses(a, b), 0, share), np.where(loses(b, a), 0, share)
     return grads
 
 
 _PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
-maximum = _binary("maximum", np.maximum, _pick_grads(np.greater), "elementwise max; a tie splits the gradient evenly",
-                  samples=_PAIR, torch="torch.maximum")
-minimum = _binary("minimum", np.minimum, _pick_grads(np.less), "elementwise min; a tie splits the gradient evenly",
-                  samples=_PAIR, torch="torch.minimum")
+maximum = _binary("maximum", np.maximum, _pick_grads(np.less),
+                  "elementwise max, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
+                  "all of it", samples=_PAIR, torch="torch.maximum")
+minimum = _binary("minimum", np.minimum, _pick_grads(np.greater),
+                  "elementwise min, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
+                  "all of it", samples=_PAIR, torch="torch.minimum")
 
 
 def _where_infer(ins, attrs):

@@ -81,18 +81,21 @@ def _max_forward(ins, attrs):
 
 
 def _max_vjp(g, ins, out, attrs):
-    """Ties split the gradient evenly between the maxima (as torch.amax)."""
+    """torch.amax's g / count * (x == max): ties split the gradient evenly,
+    and a NaN (the max, equal to nothing: count 0) makes its whole slice's
+    gradient NaN."""
     (x,) = ins
     axes = reduce_axes(attrs["axis"], x.ndim)
-    top = np.max(x, axis=axes, keepdims=True)
-    hit = (x == top).astype(wide(x).dtype)
-    return [narrow(_spread(g, x, attrs) * hit / hit.sum(axis=axes, keepdims=True), x)]
+    hit = (x == np.max(x, axis=axes, keepdims=True)).astype(wide(x).dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):   # the count 0 of a NaN's slice
+        return [narrow(_spread(g, x, attrs) / hit.sum(axis=axes, keepdims=True) * hit, x)]
 
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
             lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
 reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (none: all); tied maxima share the gradient evenly")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (none: all), NaN if any is; tied maxima share the gradient "
+                   "evenly, a NaN makes its slice's gradient NaN")
 
 # ---------------------------------------------------------------- softmax
 

@@ -54,7 +54,7 @@ M.declare(COPY=0, ADD=1, SUB=2, MUL=3, DIV=4, NEG=5,
           SQDIFF=16,    # (x0 - x1)^2
           EQ=17,        # 1 where x0 equals x1, else 0
           DIV_DB=20,    # x1 = a, x2 = b: -g * a / b^2
-          MAX_B=31,     # g where x equals the max y, else 0 (g pre-divided by the tie count)
+          MAX_B=31,     # x0 = g / tie count, x1 = x, x2 = the max: g where x is the max, else 0; NaN as torch.amax
           DIFF_MUL=32)  # x0 = a, x1 = b, x2 = g: g * (a - b)
 
 

@@ -48,8 +48,8 @@ def _spread_backward(mean: bool):
 
 
 def _max_backward(rec, node, g, ins, out, grads):
-    """Ties share the gradient evenly (as torch.amax): count the maxima,
-    divide g by the count, hand it to every maximum."""
+    """As ops.reduce's max VJP (torch.amax): count the maxima, divide g by
+    the count, hand it to every maximum; a slice whose max is NaN is NaN."""
     (x,) = ins
     if grads[0] is None:
         return

@@ -37,14 +37,19 @@ float map_apply(uint op, float a, float b, float c, float param) {
         return a * s * (1.0 + x * (1.0 - s));
     }
     case M_POW_B: return param == 0.0 ? 0.0 : a * param * fg_pow(b, param - 1.0);  // d/dx x^0 = 0, at 0 too
-    case M_MAX_B: return b == c ? a : 0.0;
+    case M_MAX_B: {   // torch.amax's share * (x == max), a = share = g / count
+        if (isnan(c)) return fg_nan();   // a NaN max equals nothing: count 0, the whole slice NaN
+        return b == c ? a : (isinf(a) || isnan(a) ? fg_nan() : 0.0);   // 0 * a non-finite share
+    }
     case M_DIFF_MUL: return c * (a - b);
     case M_ABS: return abs(a);
     case M_ABS_B: return a * sign(b);
     case M_MAXIMUM: return fg_nanmax(a, b);
     case M_MINIMUM: return fg_nanmin(a, b);
-    case M_MAXIMUM_DA: { float s = b, o = c; return s > o ? a : (s == o ? 0.5 * a : 0.0); }
-    case M_MINIMUM_DA: { float s = b, o = c; return s < o ? a : (s == o ? 0.5 * a : 0.0); }
+    // as torch.maximum / minimum: g unless this operand loses (where either is NaN, neither
+    // does), half of it at a tie; a loser gets 0 even from a NaN g
+    case M_MAXIMUM_DA: { float s = b, o = c; return s < o ? 0.0 : (s == o ? 0.5 * a : a); }
+    case M_MINIMUM_DA: { float s = b, o = c; return s > o ? 0.0 : (s == o ? 0.5 * a : a); }
     case M_WHERE: return a != 0.0 ? b : c;
     case M_WHERE_DA: return b != 0.0 ? a : 0.0;
     case M_WHERE_DB: return b != 0.0 ? 0.0 : a;
