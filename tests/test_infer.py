@@ -104,6 +104,9 @@ def test_run_output_needs_only_the_inputs_that_output_reads(mlp_run, tmp_path, c
     assert "--output nope: not an output of mlp (outputs: logits, acc, loss)" in capsys.readouterr().err
     sess, _ = fg.load_trained(tmp_path / "m.flow", mlp_run, device="cpu")
     assert set(sess.predict({"x": x}, outputs=["logits"])) == {"logits"}
+    with pytest.raises(FlowError, match="missing feed for input y .*: output acc of mlp reads it") as err:
+        sess.predict({"x": x})
+    assert "outputs=[...]" in err.value.hint   # in Python the way out is naming the outputs, not a flag
     with pytest.raises(FlowError, match="'nope' is not an output of mlp"):
         sess.predict({"x": x}, outputs=["nope"])
 

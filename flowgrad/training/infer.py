@@ -35,15 +35,18 @@ def complete_feeds(graph, feeds: dict[str, np.ndarray], outputs=None) -> tuple[d
     inputs filled with zeros)."""
     wanted = ([graph.outputs[o] for o in outputs] if outputs else
               [i for i in graph.outputs.values() if i != graph.loss] or list(graph.outputs.values()))
-    needed = set().union(*(uses_inputs(graph, i) for i in wanted)) if wanted else set()
+    reads = {i: uses_inputs(graph, i) for i in wanted}
     out, filled = dict(feeds), set()
     for name, nid in graph.inputs.items():
         if name in out:
             continue
         node = graph.nodes[nid]
-        if name in needed:
-            raise FlowError(f"missing feed for input {name}: the outputs of {graph.name} need it ({node.type}); "
-                            f"on the command line: --feed {name}=FILE.npy", node.span)
+        readers = [o for o, i in graph.outputs.items() if name in reads.get(i, ())]
+        if readers:
+            raise FlowError(f"missing feed for input {name} ({node.type}): output {', '.join(readers)} of "
+                            f"{graph.name} reads it", node.span,
+                            hint=f"feed it (on the command line: --feed {name}=FILE.npy), or ask only for outputs "
+                                 "that do not read it (outputs=[...] in Python, --output NAME on the command line)")
         out[name] = np.zeros(node.shape, NUMPY_DTYPE[node.dtype])
         filled.add(name)
     return out, filled
