@@ -111,8 +111,10 @@ def test_matmul_deep_k_splits_in_one_dispatch():
     fill, gemm = rec.commands
     assert isinstance(fill, Fill) and gemm.shader.startswith("matmul_") and fill.view.buffer is gemm.views[5].buffer
     push = np.frombuffer(gemm.push, np.uint32)
-    # chunks of K = 1200 rows, klimit = K, the fixup on, D's row stride
-    assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200 and tuple(push[23:]) == (1, 6)
+    # chunks of K = 1200 rows, klimit = K, the fixup's chunk count (one product: all of z), D's row
+    # stride, and no strides from one product to the next
+    assert push[8] == math.ceil(1200 / push[2]) > 1 and push[18] == 1200
+    assert tuple(push[23:]) == (push[8], 6, 0, 0, 0)
 
 
 def test_embedding_backward_splits_many_ids_into_chunks():
