@@ -498,3 +498,13 @@ def test_array_data_with_a_second_target_scores_the_one_named_y():
                               test_fraction=0.1, seed=0, describe="two targets")
     res = fg.train(fg.loads(TWO_HEADS), data=data, device="cpu", progress=False)
     assert res.metric == "accuracy" and data.target == "y"
+
+
+def test_a_non_finite_value_in_a_one_axis_array_names_its_row(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=40)
+    y[5] = np.nan
+    np.savez(tmp_path / "r.npz", x=rng.normal(size=(40, 3)), y=y)
+    with pytest.raises(FlowError) as e:
+        setup(model(REGRESSION, 'data = npz("r.npz")', tmp_path).graph)
+    assert e.value.message.endswith("array 'y' holds nan at row 5 (0-based), not a finite number")

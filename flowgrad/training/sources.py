@@ -162,7 +162,8 @@ def _finite(arrays: dict, keys: dict, full, what, span) -> dict:
         bad = np.argwhere(~np.isfinite(arr))
         if len(bad):
             at = tuple(int(k) for k in bad[0])
-            where = {1: f"row {at[0]}", 2: f"row {at[0]}, column {at[1]}"}.get(arr.ndim, f"index {list(at)}")
+            where = (f"row {at[0]}" if arr.ndim == 1 else f"row {at[0]}, column {at[1]}" if arr.ndim == 2
+                     else f"index {list(at)}")
             raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]} at {where} (0-based), "
                             "not a finite number", span, hint=NON_FINITE_HINT)
     return arrays
