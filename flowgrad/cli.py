@@ -114,7 +114,10 @@ def section_summary(graph) -> str:
     sizes = getattr(data, "size", None)
     rows = (f" ({', '.join(f'{sizes(s)} {s}' for s in ('train', 'val', 'test'))} rows)" if sizes else "")
     metric = f"metric {ts.metric.name}" + (f" on {ts.metric.output}" if ts.metric.output else "")
-    return f"{data.describe}{rows}, {metric}, {ts.steps} steps"
+    # inputs fed beyond the features and targets: an npz feeds them by name, unseen otherwise
+    also = [n for n in data.inputs.values() if n not in (data.feature, data.target)]
+    feeds = f", also feeds {', '.join(also)}" if also else ""
+    return f"{data.describe}{rows}{feeds}, {metric}, {ts.steps} steps"
 
 
 def cmd_explain(args) -> int:

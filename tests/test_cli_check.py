@@ -96,3 +96,39 @@ def test_check_lists_state_apart_and_initialisers_with_their_arguments(capsys):
     assert any(line.split() == ["conv_bn.0.w", "f32[8,1,3,3]", "72", "normal(std=0.47)"] for line in lines[params:state])
     assert not any("running" in line for line in lines[params:state])
     assert lines[state + 1].split() == ["conv_bn.0.running_mean", "f32[8]", "8", "zeros()"]
+
+
+INKED = """
+model multi
+config {
+  batch = 8
+}
+input x: f32[batch, 2]
+input y: i32[batch]
+input ink: f32[batch]
+param w: f32[2, 3] = zeros()
+logits = x @ w
+loss = cross_entropy(logits, y) + mean(ink)
+output logits
+minimize loss
+train {
+  data = npz("multi.npz")
+  steps = 4
+}
+"""
+
+
+def test_check_names_the_inputs_an_npz_feeds_beyond_x_and_y(capsys, tmp_path):
+    import numpy as np
+
+    (tmp_path / "multi.flow").write_text(INKED)
+    np.savez(tmp_path / "multi.npz", x=np.zeros((60, 2)), y=np.arange(60) % 3, ink=np.ones(60),
+             notes=np.ones(60))
+    rc, out, err = run_main(capsys, "check", str(tmp_path / "multi.flow"))
+    assert rc == 0 and err == ""
+    assert out.splitlines()[-1] == ("train   ok: npz('multi.npz') (42 train, 6 val, 12 test rows), also feeds ink, "
+                                    "metric accuracy on logits, 4 steps")
+    np.savez(tmp_path / "multi.npz", x=np.zeros((60, 2)), y=np.arange(60) % 3)
+    rc, out, err = run_main(capsys, "check", str(tmp_path / "multi.flow"))
+    assert rc == 1 and "feeds x, y, but multi also has input ink (f32[8]), which nothing feeds" in err
+    assert "hint: add an array ink to 'multi.npz': npz feeds each input the file's array of its name" in err

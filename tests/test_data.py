@@ -126,10 +126,12 @@ def test_npz_source(tmp_path):
     (dict(path="missing.npz"), "no such file"),
     (dict(path="d.npz", x="nope"), "has no array 'nope'"),
     (dict(path="d.npz", x_test="feats"), "give x_test and y_test together"),
+    (dict(path="d.npz", x_test="feats", y_test="short"), "feats has 4 rows but short has 3 rows"),
     (dict(path="bad.npz"), "cannot read"),
 ])
 def test_npz_errors(tmp_path, kwargs, message):
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2)), y=np.zeros(4, np.int64), feats=np.zeros((4, 2)))
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2)), y=np.zeros(4, np.int64), feats=np.zeros((4, 2)),
+             short=np.zeros(3, np.int64))
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(FlowError) as e:
         make_data(call("npz", **kwargs), SPAN, base_dir=tmp_path)

@@ -500,6 +500,107 @@ def test_array_data_with_a_second_target_scores_the_one_named_y():
     assert res.metric == "accuracy" and data.target == "y"
 
 
+INKED = """
+model multi
+config {
+  batch = 8
+  classes = 3
+}
+input x: f32[batch, 2]
+input y: i32[batch]
+input ink: f32[batch]
+param w: f32[2, classes] = zeros()
+logits = x @ w
+first = reshape(slice(x, 1, 0, 1), [batch])
+loss = cross_entropy(logits, y) + mean((ink - first) ** 2)
+output logits
+minimize loss
+train {
+  DATA
+  optimizer = adam(lr=0.05)
+  steps = 4
+  eval_every = 2
+}
+"""
+
+
+def inked(tmp_path, data: str, **arrays) -> str:
+    np.savez(tmp_path / "multi.npz", **arrays)
+    path = tmp_path / "multi.flow"
+    path.write_text(INKED.replace("DATA", data))
+    return str(path)
+
+
+def records(run) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+
+
+def test_npz_feeds_every_input_the_file_holds_an_array_of(tmp_path):
+    from flowgrad.cli import main
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 2)).astype(np.float32)
+    # ink is x's first column plus 0.5, row for row: the loss's second term is 0.25 exactly when each
+    # batch's ink holds the file's rows of that batch's examples; notes and ids no input reads
+    path = inked(tmp_path, 'data = npz("multi.npz")', x=x, y=rng.integers(0, 3, 60), ink=x[:, 0] + 0.5,
+                 notes=np.full(60, np.nan), ids=np.arange(7))
+    run = tmp_path / "run"
+    assert main(["train", path, "--device", "cpu", "--out", str(run)]) == 0
+    first = records(run)[0]
+    assert first["step"] == 1 and first["loss"] == pytest.approx(np.log(3) + 0.25, rel=1e-5)   # w = 0: ln 3
+    assert set(records(run)[-1]) >= {"test_loss", "test_accuracy"}   # y, not ink, is what the metric scores
+    assert main(["train", path, "--device", "cpu", "--out", str(run), "--steps", "6", "--resume"]) == 0
+
+
+def test_npz_fixed_test_set_feeds_each_input_its_test_rows(tmp_path):
+    from flowgrad.cli import main
+
+    rng = np.random.default_rng(1)
+    x, xt = rng.normal(size=(40, 2)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32)
+    yt = rng.integers(0, 3, 16)
+    path = inked(tmp_path, 'data = npz("multi.npz", x_test="xt", y_test="yt")', x=x, y=rng.integers(0, 3, 40),
+                 ink=x[:, 0] + 0.5, xt=xt, yt=yt, ink_test=xt[:, 0] + 1.5)
+    run = tmp_path / "run"
+    assert main(["train", path, "--device", "cpu", "--out", str(run)]) == 0
+    w = checkpoint.load(run / "checkpoint.safetensors").params["w"]
+    logits = xt @ w
+    ce = np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(16), yt])
+    assert records(run)[-1]["test_loss"] == pytest.approx(ce + 1.5 ** 2, rel=1e-4)
+
+
+@pytest.mark.parametrize("data, arrays, message, hint", [
+    ('npz("multi.npz")', {}, "which nothing feeds", "add an array ink to 'multi.npz'"),
+    ('npz("multi.npz")', {"ink": np.ones(7)}, "the file's array ink has 7 rows, and x 30",
+     "give ink one row per row of x"),
+    ('npz("multi.npz", x_test="x", y_test="y")', {"ink": np.ones(30)},
+     "x_test names a fixed test set, and the file has no ink_test",
+     "add the test rows of ink to 'multi.npz' as an array ink_test"),
+    ('npz("multi.npz", x_test="x", y_test="y")', {"ink": np.ones(30), "ink_test": np.ones(4)},
+     "the file's array ink_test has 4 rows, and x 30", "give ink_test one row per row of x"),
+    ('npz("multi.npz")', {"ink": np.r_[np.ones(3), np.nan, np.ones(26)]},
+     "array 'ink' holds nan at row 3 (0-based), not a finite number", "fill in or drop"),
+    ('npz("multi.npz")', {"ink": np.ones((30, 2))}, "makes ink as [rows, 2], but the model declares input ink",
+     "2 values per row"),
+])
+def test_npz_extra_input_errors(tmp_path, data, arrays, message, hint):
+    path = inked(tmp_path, f"data = {data}", x=np.zeros((30, 2)), y=np.arange(30) % 3, **arrays)
+    with pytest.raises(FlowError) as e:
+        setup(fg.load(path).graph)
+    assert message in str(e.value) and hint in (e.value.hint or "")
+    assert str(e.value).startswith(f"{path}:17:3:")   # the train section's data line
+
+
+def test_npz_extra_arrays_without_targets(tmp_path):
+    # y=none: ink is fed, and no array is the metric's target
+    rng = np.random.default_rng(0)
+    path = inked(tmp_path, 'data = npz("multi.npz", y=none)', x=rng.normal(size=(30, 2)), ink=np.ones(30))
+    text = open(path).read().replace("input y: i32[batch]\n", "").replace("cross_entropy(logits, y)",
+                                                                          "mean(logits)")
+    open(path, "w").write(text)
+    ts = setup(fg.load(path).graph)
+    assert ts.data.target is None and ts.metric.name == "none" and set(ts.data.inputs.values()) == {"x", "ink"}
+
+
 def test_a_non_finite_value_in_a_one_axis_array_names_its_row(tmp_path):
     rng = np.random.default_rng(0)
     y = rng.normal(size=40)

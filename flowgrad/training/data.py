@@ -24,7 +24,8 @@ Which model inputs a dataset feeds: a source makes a feature array and
 (usually) a target array under role names (x, y for arrays; tokens, targets
 for sequences). When the model has inputs with those names they are fed;
 otherwise, when the model has one input that its outputs read and one that
-only the loss reads, those are fed. Dtypes and shapes come from the model's
+only the loss reads, those are fed. Optional roles (an npz file's other
+arrays) feed only an input of their own name, and are never the targets. Dtypes and shapes come from the model's
 input declarations: float data feeds f32 or f16 inputs, integer-valued data
 feeds i32 inputs, of any rank.
 
@@ -81,6 +82,8 @@ class Dataset:
     # target values the data holds that its loss ignores (cross_entropy's ignore_index: padding);
     # the metric does not score them either
     ignored: frozenset = frozenset()
+    # roles fed only to an input of their own name (a file's other arrays): the model may not read them
+    optional: frozenset = frozenset()
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
@@ -94,8 +97,15 @@ class Dataset:
 
     @property
     def target(self) -> str | None:
-        # roles run features first, the targets last (role_order); arrays between them are fed, not scored
-        return self.inputs.get(self.roles[-1]) if len(self.roles) > 1 else None
+        role = self.target_role
+        return None if role is None else self.inputs.get(role)
+
+    @property
+    def target_role(self) -> str | None:
+        # roles run features first, the targets last (role_order); arrays between them are fed, not
+        # scored, and so is an optional last one (a file's extra array where there are no targets)
+        last = self.roles[-1]
+        return last if len(self.roles) > 1 and last not in self.optional else None
 
     def meta(self) -> dict:
         return {"source": self.describe}
@@ -111,9 +121,10 @@ class Dataset:
         self.inputs = self.map_inputs(graph)
         unfed = [n for n in graph.inputs if n not in self.inputs.values()]
         if unfed:
+            why, hint = self.unfed(unfed[0])
             raise FlowError(f"data {self.describe} feeds {', '.join(self.inputs.values())}, but {graph.name} also "
                             f"has input {unfed[0]} ({graph.nodes[graph.inputs[unfed[0]]].type}), which nothing "
-                            "feeds", span, hint="train on a source that makes it, or pass data=... from Python")
+                            f"feeds{why}", span, hint=hint)
         types = {role: graph.nodes[graph.inputs[name]].type for role, name in self.inputs.items()}
         batches = {t.shape[0] if t.shape else None for t in types.values()}
         if len(batches) != 1 or None in batches:
@@ -127,27 +138,38 @@ class Dataset:
         self.check_size()
         return self
 
+    def unfed(self, name: str) -> tuple[str, str]:
+        """(why nothing feeds input `name`, appended to the message; the hint)."""
+        return "", "train on a source that makes it, or pass data=... from Python"
+
     def map_inputs(self, graph: Graph) -> dict[str, str]:
-        if all(r in graph.inputs for r in self.roles):
-            return {r: r for r in self.roles}
-        named = {r: r for r in self.roles if r in graph.inputs}
-        rest = [n for n in graph.inputs if n not in named]
-        if named and len(self.roles) - len(named) == 1 == len(rest):  # one role named, one input left
-            return {**named, **{r: rest[0] for r in self.roles if r not in named}}
-        feats, targets = output_inputs(graph)
-        if len(self.roles) == 1 and len(graph.inputs) == 1:
-            return {self.roles[0]: next(iter(graph.inputs))}
-        if len(self.roles) == 2 and len(feats) == 1 and len(targets) == 1:
-            return {self.roles[0]: feats[0], self.roles[1]: targets[0]}
+        extra = [r for r in self.roles if r in self.optional and r in graph.inputs]
+        roles = [r for r in self.roles if r not in self.optional]
+        mapped = self.map_roles(graph, roles, [n for n in graph.inputs if n not in extra]) | {r: r for r in extra}
+        return {r: mapped[r] for r in self.roles if r in mapped}   # in role order, as messages list them
+
+    def map_roles(self, graph: Graph, roles: list[str], inputs: list[str]) -> dict[str, str]:
+        """Which of `inputs` each role feeds: by name, else by what reads them."""
+        if all(r in inputs for r in roles):
+            return {r: r for r in roles}
+        named = {r: r for r in roles if r in inputs}
+        rest = [n for n in inputs if n not in named]
+        if named and len(roles) - len(named) == 1 == len(rest):  # one role named, one input left
+            return {**named, **{r: rest[0] for r in roles if r not in named}}
+        feats, targets = ([n for n in found if n in inputs] for found in output_inputs(graph))
+        if len(roles) == 1 and len(inputs) == 1:
+            return {roles[0]: inputs[0]}
+        if len(roles) == 2 and len(feats) == 1 and len(targets) == 1:
+            return {roles[0]: feats[0], roles[1]: targets[0]}
         have = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items()) or "none"
-        names = " and ".join(self.roles)
-        missing = [r for r in self.roles if r not in graph.inputs]
-        if len(missing) < len(self.roles):
+        names = " and ".join(roles)
+        missing = [r for r in roles if r not in inputs]
+        if len(missing) < len(roles):
             raise FlowError(f"data {self.describe} makes {names}, but {graph.name} has no input {missing[0]} "
                             f"(its inputs: {have})", self.span, hint=f"declare `input {missing[0]}: ...` in the model")
         raise FlowError(f"data {self.describe} makes {names}, and cannot tell which inputs of {graph.name} they "
                         f"feed (its inputs: {have})", self.span,
-                        hint=f"name the model's inputs {names}" if len(self.roles) > 1 else
+                        hint=f"name the model's inputs {names}" if len(roles) > 1 else
                         f"name the model's input {names}")
 
     def check_role(self, role: str, name: str, t, index_bounds) -> None:
@@ -209,6 +231,14 @@ def _rows(arrays: dict, idx) -> dict:
     return {k: v[idx] for k, v in arrays.items()}
 
 
+def same_rows(arrays: dict, what: str, span=None) -> int:
+    """The arrays' common number of rows; differing ones are an error naming each."""
+    lengths = {r: len(a) for r, a in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise FlowError(f"{what}: " + " but ".join(f"{r} has {n} rows" for r, n in lengths.items()), span)
+    return next(iter(lengths.values()))
+
+
 def fractions(what, val_fraction, test_fraction, span=None) -> tuple[float, float]:
     """The split's fractions, checked: each in [0, 1), leaving rows to train on."""
     val = spec.number(what, "val_fraction", val_fraction, span, low=0.0, high=1.0, high_open=True)
@@ -256,11 +286,7 @@ class ArrayData(Dataset):
         val_fraction, test_fraction = fractions(f"data {describe}", val_fraction, test_fraction, span)
         arrays = {r: np.asarray(a) for r, a in arrays.items()}   # lists too, as numpy reads them
         roles = role_order(arrays)
-        lengths = {r: len(a) for r, a in arrays.items()}
-        if len(set(lengths.values())) != 1:
-            raise FlowError(f"data {describe}: "
-                            + " but ".join(f"{r} has {n} rows" for r, n in lengths.items()), span)
-        n = next(iter(lengths.values()))
+        n = same_rows(arrays, f"data {describe}", span)
         y = arrays.get("y")
         labels = y is not None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
         idx = np.arange(n)
@@ -284,7 +310,7 @@ class ArrayData(Dataset):
                    seed, describe, roles, meta)
 
     def _guess_metric(self) -> str:
-        y = self.parts["train"].get("y") if len(self.roles) > 1 else None
+        y = self.parts["train"].get("y") if self.target_role else None
         if y is None:
             return "none"
         if np.issubdtype(y.dtype, np.integer):
@@ -298,7 +324,7 @@ class ArrayData(Dataset):
         return len(self.parts[split][self.roles[0]])
 
     def check_role(self, role, name, t, index_bounds):
-        if role == self.roles[-1] and len(self.roles) > 1 and t.dtype in FLOAT_DTYPES and self.words_at:
+        if role == self.target_role and t.dtype in FLOAT_DTYPES and self.words_at:
             # one missing or mistyped cell turns a numeric column into class names: fed to a float
             # target, their ids (ranks of the values) would train a regression on nonsense, silently
             raise FlowError(f"data {self.describe}: {self.words_at}, not a number, so the column was read as "
@@ -308,7 +334,7 @@ class ArrayData(Dataset):
         for split, arrays in self.parts.items():
             arrays[role] = self.check_array(f"{role} ({split})" if split != "train" else role, name, arrays[role],
                                             t, index_bounds)
-        if role == self.roles[-1] and len(self.roles) > 1:
+        if role == self.target_role:
             # the default metric follows the model's declaration of the targets
             self.default_metric = ("mse" if t.dtype in FLOAT_DTYPES else
                                    "accuracy" if len(t.shape) == 1 else "token_accuracy")
@@ -330,13 +356,13 @@ class ArrayData(Dataset):
             rng = np.random.default_rng([self.seed, epoch])
             self._perm_epoch, self._perm = epoch, rng.permutation(self.size("train"))
         idx = self._perm[i * self.batch:(i + 1) * self.batch]
-        return {self.inputs[r]: a[idx] for r, a in self.parts["train"].items()}
+        return {self.inputs[r]: a[idx] for r, a in self.parts["train"].items() if r in self.inputs}
 
     def eval_batches(self, split: str = "test"):
         arrays, n = self.parts[split], self.size(split)
         for start in range(0, n, self.batch):
             idx = np.arange(start, start + self.batch) % n
-            yield {self.inputs[r]: a[idx] for r, a in arrays.items()}, min(self.batch, n - start)
+            yield {self.inputs[r]: a[idx] for r, a in arrays.items() if r in self.inputs}, min(self.batch, n - start)
 
 
 class SequenceTask(Dataset):

@@ -4,7 +4,9 @@
         scikit-learn's bundled 8x8 digits (no download), features scaled to
         [0, 1]: x [1797, 64] float, y [1797] class ids
     npz(path, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=none, y_test=none)
-        arrays from a .npz file, any dtype and rank (y=none: no targets)
+        arrays from a .npz file, any dtype and rank (y=none: no targets); the
+        file's other arrays feed the model's inputs of their names, with the
+        rows of x (given x_test, an array <name>_test holds an input's test rows)
     npy(x, y=none, val_fraction=0.1, test_fraction=0.2)
         one .npy file per array
     csv(path, x=none, y=none, header=true, delimiter=",", val_fraction=0.1, test_fraction=0.2)
@@ -36,7 +38,7 @@ from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.arrayfiles import is_number, read_npy, read_npz
-from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, same_rows
 from flowgrad.training.text import TextData, TextLines
 
 
@@ -78,12 +80,82 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
         raise FlowError(f"{what}: y_test needs x_test", span)
     describe = f"npz({str(path)!r})"
     train = _finite({"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {}), keys, full, what, span)
+    test = None
     if x_test is not None:
         test = _finite({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
                        {"x": x_test, "y": y_test}, full, what, span)
-        data = ArrayData.split(train, val_fraction, 0.0, seed, describe, span)
-        return ArrayData(data.parts["train"], data.parts["val"], test, seed, describe, data.roles)
-    return ArrayData.split(train, val_fraction, test_fraction, seed, describe, span)
+        same_rows({keys[f"{r}_test"]: a for r, a in test.items()}, what, span)
+    found, skipped = _extras(arrays, keys, path)
+    train |= {name: rows for name, (rows, _) in found.items()}
+    if test is None:
+        data = NpzData.split(train, val_fraction, test_fraction, seed, describe, span)
+    else:
+        test |= {name: rows for name, (_, rows) in found.items()}
+        part = NpzData.split(train, val_fraction, 0.0, seed, describe, span)
+        data = NpzData(part.parts["train"], part.parts["val"], test, seed, describe, part.roles)
+    data.optional, data.file, data.skipped = frozenset(found), str(path), skipped
+    data.bad = {name: e for name, pair in found.items() if (e := _non_finite(name, pair, full, span))}
+    return data
+
+
+def _extras(arrays: dict, keys: dict, path) -> tuple[dict, dict]:
+    """The file's arrays beyond x and y, which feed the inputs of their names:
+    ({name: (rows, test rows or None)} of those with a row per row of x and,
+    given x_test, an array <name>_test with a row per row of it; {name: (why,
+    hint)} of the rest, for the error if the model reads one)."""
+    x, x_test = keys["x"], keys["x_test"]
+    found, skipped = {}, {}
+    for name, arr in arrays.items():
+        if name in keys.values() or name in ("x", "y") or (x_test is not None and name.endswith("_test")):
+            continue   # the roles' own arrays and, with a fixed test set, the test rows of the others
+        test = arrays.get(f"{name}_test") if x_test is not None else None
+        why = _rows_apart(name, arr, x, arrays[x])
+        if x_test is not None and not why:
+            why = (_rows_apart(f"{name}_test", test, x_test, arrays[x_test]) if test is not None else
+                   (f": x_test names a fixed test set, and the file has no {name}_test",
+                    f"add the test rows of {name} to {str(path)!r} as an array {name}_test"))
+        if why:
+            skipped[name] = why
+        else:
+            found[name] = (arr, test)
+    return found, skipped
+
+
+def _rows_apart(name, arr, x, x_arr) -> tuple[str, str] | None:
+    rows = len(arr) if arr.ndim else "no"
+    if rows == len(x_arr):
+        return None
+    return f": the file's array {name} has {rows} rows, and {x} {len(x_arr)}", f"give {name} one row per row of {x}"
+
+
+def _non_finite(name, pair, full, span) -> FlowError | None:
+    """The error of a non-finite value in an extra array or its test rows, kept
+    for bind: an array no input reads may hold anything."""
+    try:
+        for key, rows in zip((name, f"{name}_test"), pair):
+            if rows is not None:
+                _finite({name: rows}, {name: key}, full, "data npz()", span)
+    except FlowError as e:
+        return e
+    return None
+
+
+class NpzData(ArrayData):
+    """npz's rows: x and y, and the file's other arrays as optional roles,
+    each fed to the input of its name."""
+
+    file = ""
+    skipped: dict = {}   # input name -> (why the file feeds it nothing, hint)
+    bad: dict = {}       # role -> its non-finite value's error
+
+    def unfed(self, name):
+        return self.skipped.get(name) or (
+            "", f"add an array {name} to {self.file!r}: npz feeds each input the file's array of its name")
+
+    def check_role(self, role, name, t, index_bounds):
+        if role in self.bad:
+            raise self.bad[role]
+        super().check_role(role, name, t, index_bounds)
 
 
 def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None,
