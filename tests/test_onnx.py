@@ -63,8 +63,9 @@ u = gelu(a @ w) + gelu(a, approximate="tanh") * silu(a) - neg(sigmoid(a)) + tanh
 v = exp(-abs2(u)) + log(sqrt(u * u + 1.0))
 p = permute(transpose(v), [0, 2, 1])
 c = concat(slice(p, 2, 0, 3), slice(p, 2, 3, 6), axis=2)
-s = softmax(c, axis=1) + log_softmax(c) + sum(c, axis=2, keepdims=true) + mean(c, axis=[1, 2], keepdims=true)
-m = max(s, axis=-1)
+s = softmax(c, axis=1) + log_softmax(c) + sum(c, axis=2, keepdims=true) + mean(c, axis=[1, 2], keepdims=true) - \
+    min(c, axis=[1, 2], keepdims=true)
+m = max(s, axis=-1) - min(s, axis=-1)
 r = reshape(s, [batch, -1])
 i = cast(cast(r, i32), f32)
 loss = mse_loss(m, t) + mean(i)

@@ -158,7 +158,7 @@ def test_cast_is_exact(backend, src, dst):
 AXES = [None, 0, -1, [1, 3], [0, 2, 3], [0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("axis", AXES, ids=str)
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_reduce_f32(backend, op, axis, keepdims):
@@ -166,7 +166,7 @@ def test_reduce_f32(backend, op, axis, keepdims):
     check_op(backend, op, [uniform(rng, (2, 3, 4, 5))], {"axis": axis, "keepdims": keepdims}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("shape,axis", [((3, 700), -1), ((700, 3), 0), ((2, 300, 3), 1), ((5, 7, 9), [0, 2]),
                                         ((65, 40), 0)], ids=str)
 def test_reduce_long_and_strided(backend, op, shape, axis):
@@ -175,7 +175,7 @@ def test_reduce_long_and_strided(backend, op, shape, axis):
     check_op(backend, op, [uniform(rng, shape)], {"axis": axis, "keepdims": False}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("shape,axis", [((2, 4099), -1), ((4099, 3), 0), ((4099,), None)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_reduce_in_pieces(backend, op, shape, axis, dtype):
@@ -186,7 +186,7 @@ def test_reduce_in_pieces(backend, op, shape, axis, dtype):
     check_op(backend, op, [uniform(rng, shape, dtype=dtype)], {"axis": axis, "keepdims": False}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 def test_reduce_f16(backend, op):
     rng = np.random.default_rng(9)
     check_op(backend, op, [uniform(rng, (3, 4, 33), dtype="f16")], {"axis": [0, 2], "keepdims": True}, rng)
@@ -197,6 +197,20 @@ def test_max_ties_share_the_gradient(backend, axis):
     rng = np.random.default_rng(10)
     x = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]], np.float32)
     check_op(backend, "max", [x], {"axis": axis, "keepdims": False}, rng)
+
+
+@pytest.mark.parametrize("axis", [1, None])
+def test_min_ties_share_the_gradient(backend, axis):
+    rng = np.random.default_rng(10)
+    x = np.array([[1.0, -3.0, -3.0], [2.0, 2.0, 5.0], [0.0, 0.0, 0.0]], np.float32)
+    check_op(backend, "min", [x], {"axis": axis, "keepdims": False}, rng)
+
+
+def test_min_propagates_nan(backend):
+    """As torch.amin: a NaN in a row is that row's min, on every path."""
+    x = np.array([[1.0, np.nan, -2.0], [3.0, 0.5, 4.0]], np.float32)
+    y, _ = backend.run("min", [x], {"axis": 1, "keepdims": False})
+    np.testing.assert_array_equal(y, np.array([np.nan, 0.5], np.float32))
 
 
 # ---------------------------------------------------------------- softmax

@@ -1,4 +1,4 @@
-"""Reductions (sum mean max over axes) and softmax / log_softmax.
+"""Reductions (sum mean max min over axes) and softmax / log_softmax.
 
 f16 reductions accumulate in f32. softmax and log_softmax subtract the max
 first, so large logits never overflow."""
@@ -9,7 +9,7 @@ import numpy as np
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, norm_axis
 
 REDUCE_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
@@ -80,22 +80,35 @@ def _max_forward(ins, attrs):
     return np.max(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
 
 
-def _max_vjp(g, ins, out, attrs):
-    """torch.amax's g / count * (x == max): ties split the gradient evenly,
-    and a NaN (the max, equal to nothing: count 0) makes its whole slice's
-    gradient NaN."""
+def _extreme_vjp(pick):
+    def vjp(g, ins, out, attrs):
+        """torch.amax's (amin's) g / count * (x == extreme): ties split the
+        gradient evenly, and a NaN (the extreme, equal to nothing: count 0)
+        makes its whole slice's gradient NaN."""
+        (x,) = ins
+        axes = reduce_axes(attrs["axis"], x.ndim)
+        hit = (x == pick(x, axis=axes, keepdims=True)).astype(wide(x).dtype)
+        with np.errstate(divide="ignore", invalid="ignore"):   # the count 0 of a NaN's slice
+            return [narrow(_spread(g, x, attrs) / hit.sum(axis=axes, keepdims=True) * hit, x)]
+    return vjp
+
+
+def _min_forward(ins, attrs):
     (x,) = ins
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    hit = (x == np.max(x, axis=axes, keepdims=True)).astype(wide(x).dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):   # the count 0 of a NaN's slice
-        return [narrow(_spread(g, x, attrs) / hit.sum(axis=axes, keepdims=True) * hit, x)]
+    return np.min(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
 
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
             lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
 reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _max_vjp, doc="max over axis (none: all), NaN if any is; tied maxima share the gradient "
-                   "evenly, a NaN makes its slice's gradient NaN")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _extreme_vjp(np.max),
+                   doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
+                       "its slice's gradient NaN")
+reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _min_forward, _extreme_vjp(np.min),
+                   doc="min over axis (none: all), NaN if any is; tied minima share the gradient evenly, a NaN makes "
+                       "its slice's gradient NaN",
+                   samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),
+                            Sample((((3, 4), "distinct"),), {"axis": None, "keepdims": True})])
 
 # ---------------------------------------------------------------- softmax
 

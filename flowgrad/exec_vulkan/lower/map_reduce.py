@@ -54,11 +54,11 @@ M.declare(COPY=0, ADD=1, SUB=2, MUL=3, DIV=4, NEG=5,
           SQDIFF=16,    # (x0 - x1)^2
           EQ=17,        # 1 where x0 equals x1, else 0
           DIV_DB=20,    # x1 = a, x2 = b: -g * a / b^2
-          MAX_B=31,     # x0 = g / tie count, x1 = x, x2 = the max: g where x is the max, else 0; NaN as torch.amax
+          EXTREME_B=31,  # x0 = g / tie count, x1 = x, x2 = the max (min): g where x is it, else 0; NaN as torch.amax
           DIFF_MUL=32)  # x0 = a, x1 = b, x2 = g: g * (a - b)
 
 
-REDUCE_OPS = {"sum": 0, "max": 1}
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 
 def unused(rec, dtype: str):
@@ -140,7 +140,7 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     ins: 1 to 3 BufViews of one float dtype (out's). space: the index space
     (default out.shape). shapes: how each input sits in the space (default its
     own shape; e.g. a keepdims shape for a reduction's output gradient).
-    reduce_axes: axes of space summed (or maxed) away; out holds the kept
+    reduce_axes: axes of space reduced away (by `reduce`: sum, max or min); out holds the kept
     axes in order."""
     space = tuple(out.shape if space is None else space)
     shapes = [tuple(v.shape) for v in ins] if shapes is None else [tuple(s) for s in shapes]
@@ -151,8 +151,8 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
                         f"{MAX_RANK}", hint="reshape the tensor to fewer axes")
     n_out = math.prod(n for n, red, _ in dims if not red)
     total = math.prod(n for n, _, _ in dims)
-    if n_out == 0 or (total == 0 and reduce == "max"):
-        return _empty(out, n_out)
+    if n_out == 0 or (total == 0 and reduce != "sum"):
+        return _empty(out, n_out, reduce)
     R = total // n_out
     # innermost axis kept: neighbouring outputs are neighbours in memory, so
     # interleave the lanes (coalesced column sums, e.g. a bias gradient)
@@ -191,7 +191,7 @@ def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, sca
                  variant=variant(out.dtype))
 
 
-def _empty(out, n_out):
-    """Nothing to compute (an empty output), or a max over nothing."""
+def _empty(out, n_out, reduce):
+    """Nothing to compute (an empty output), or a max or min over nothing."""
     if n_out:
-        raise DeviceError(f"max over an empty axis has no value (output shape {list(out.shape)})")
+        raise DeviceError(f"{reduce} over an empty axis has no value (output shape {list(out.shape)})")

@@ -1,4 +1,4 @@
-"""Vulkan lowerings of sum mean max (over axes, keepdims) on map_reduce.comp,
+"""Vulkan lowerings of sum mean max min (over axes, keepdims) on map_reduce.comp,
 and of softmax / log_softmax along any axis on softmax.comp."""
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def _spread_backward(mean: bool):
     return backward
 
 
-def _max_backward(rec, node, g, ins, out, grads):
-    """As ops.reduce's max VJP (torch.amax): count the maxima, divide g by
-    the count, hand it to every maximum; a slice whose max is NaN is NaN."""
+def _extreme_backward(rec, node, g, ins, out, grads):
+    """As ops.reduce's max and min VJP (torch.amax, amin): count the extremes,
+    divide g by the count, hand it to every one; a slice whose extreme is NaN is NaN."""
     (x,) = ins
     if grads[0] is None:
         return
@@ -59,12 +59,13 @@ def _max_backward(rec, node, g, ins, out, grads):
     map_reduce(rec, M.EQ, [x, out], ties, space=x.shape, reduce_axes=axes, shapes=[x.shape, kept])
     share = rec.scratch(tuple(out.shape), out.dtype)
     map_reduce(rec, M.DIV, [g, ties], share)
-    map_reduce(rec, M.MAX_B, [share, x, out], grads[0], shapes=[kept, x.shape, kept])
+    map_reduce(rec, M.EXTREME_B, [share, x, out], grads[0], shapes=[kept, x.shape, kept])
 
 
 SUM = Lowering(_reducer("sum"), _spread_backward(mean=False), FLOATS, FLOATS)
 MEAN = Lowering(_reducer("sum", mean=True), _spread_backward(mean=True), FLOATS, FLOATS)
-MAX = Lowering(_reducer("max"), _max_backward, FLOATS, FLOATS)
+MAX = Lowering(_reducer("max"), _extreme_backward, FLOATS, FLOATS)
+MIN = Lowering(_reducer("min"), _extreme_backward, FLOATS, FLOATS)
 
 # ---------------------------------------------------------------- softmax
 
@@ -102,5 +103,6 @@ LOG_SOFTMAX = _softmax("log_softmax")
 register_lowering("sum", SUM)
 register_lowering("mean", MEAN)
 register_lowering("max", MAX)
+register_lowering("min", MIN)
 register_lowering("softmax", SOFTMAX)
 register_lowering("log_softmax", LOG_SOFTMAX)

@@ -29,4 +29,5 @@ uint flat_index() {
 float fg_nanmax(float a, float b) { return (isnan(a) || a > b) ? a : b; }
 vec2 fg_nanmax(vec2 a, vec2 b) { return vec2(fg_nanmax(a.x, b.x), fg_nanmax(a.y, b.y)); }
 float fg_nanmin(float a, float b) { return (isnan(a) || a < b) ? a : b; }
+vec2 fg_nanmin(vec2 a, vec2 b) { return vec2(fg_nanmin(a.x, b.x), fg_nanmin(a.y, b.y)); }
 #endif

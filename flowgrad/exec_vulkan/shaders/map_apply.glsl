@@ -37,7 +37,7 @@ float map_apply(uint op, float a, float b, float c, float param) {
         return a * s * (1.0 + x * (1.0 - s));
     }
     case M_POW_B: return param == 0.0 ? 0.0 : a * param * fg_pow(b, param - 1.0);  // d/dx x^0 = 0, at 0 too
-    case M_MAX_B: {   // torch.amax's share * (x == max), a = share = g / count
+    case M_EXTREME_B: {   // torch.amax's (amin's) share * (x == max), a = share = g / count
         if (isnan(c)) return fg_nan();   // a NaN max equals nothing: count 0, the whole slice NaN
         return b == c ? a : (isinf(a) || isnan(a) ? fg_nan() : 0.0);   // 0 * a non-finite share
     }

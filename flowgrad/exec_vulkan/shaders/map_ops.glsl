@@ -29,7 +29,7 @@
 #define M_GELU_TANH_B 28u
 #define M_SILU_B 29u
 #define M_POW_B 30u
-#define M_MAX_B 31u
+#define M_EXTREME_B 31u
 #define M_DIFF_MUL 32u
 #define M_ABS 33u
 #define M_ABS_B 34u

@@ -52,6 +52,11 @@ layout(push_constant) uniform Push {
 #include "map_ops.glsl"
 #include "map_apply.glsl"
 
+// rop: 0 sum, 1 max, 2 min (NaN propagates through max and min)
+float fold(uint rop, float acc, float v) {
+    return rop == 1u ? fg_nanmax(acc, v) : rop == 2u ? fg_nanmin(acc, v) : acc + v;
+}
+
 // b and c are read only from inputs the dispatch binds (code bits 22-23: how many)
 float map_value(uint op, uint nin, uint i0, uint i1, uint i2) {
     float b = nin > 1u ? float(x1[i1]) : 0.0;
@@ -70,8 +75,8 @@ void main() {
     uint per_group = FG_WG / S;
     uint mop = pc.code & 0xffu;
     uint nin = (pc.code >> 22) & 3u;
-    uint rop = (pc.code >> 8) & 0xfu;  // 0 sum, 1 max
-    float identity = rop == 1u ? -fg_inf() : 0.0;
+    uint rop = (pc.code >> 8) & 0xfu;
+    float identity = rop == 1u ? -fg_inf() : rop == 2u ? fg_inf() : 0.0;
     // grid-stride over outputs; the trip count is uniform in a workgroup,
     // as the barriers in fg_seg_reduce2 require
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.n_out;
@@ -104,7 +109,7 @@ void main() {
                     }
                 }
                 float v = map_value(mop, nin, i0, i1, i2);
-                acc = rop == 1u ? fg_nanmax(acc, v) : acc + v;
+                acc = fold(rop, acc, v);
             }
         }
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
@@ -120,7 +125,7 @@ void main() {
                     float total = identity;
                     for (uint c = 0u; c < pc.chunks; ++c) {
                         float v = float(pieces[c * n_kept + o]);
-                        total = rop == 1u ? fg_nanmax(total, v) : total + v;
+                        total = fold(rop, total, v);
                     }
                     z[o] = T(total * pc.scale);
                 }

@@ -23,7 +23,7 @@ uint fg_seg_slot(uint S, bool interleaved) {
     return interleaved ? lid % (FG_WG / S) : lid / S;
 }
 
-// op: 0 sums, 1 takes the max; both components are reduced.
+// op: 0 sums, 1 takes the max, 2 the min; both components are reduced.
 vec2 fg_seg_reduce2(vec2 v, uint S, uint op, bool interleaved) {
     if (S == 1u) return v;
     uint lid = gl_LocalInvocationID.x;
@@ -34,7 +34,8 @@ vec2 fg_seg_reduce2(vec2 v, uint S, uint op, bool interleaved) {
     for (uint s = S >> 1; s > 0u; s >>= 1) {
         if (lane < s) {
             vec2 o = fg_seg[lid + s * step];
-            fg_seg[lid] = op == 1u ? fg_nanmax(fg_seg[lid], o) : fg_seg[lid] + o;
+            fg_seg[lid] = op == 1u ? fg_nanmax(fg_seg[lid], o)
+                        : op == 2u ? fg_nanmin(fg_seg[lid], o) : fg_seg[lid] + o;
         }
         barrier();
     }
