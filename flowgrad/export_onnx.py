@@ -199,7 +199,7 @@ CONVERTERS = {
     "gelu": _gelu,
     "pow": lambda w, n, ins, ts: w.op("Pow", [ins[0], w.scalar(n.attrs["exponent"], _dt(n))]),
     "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "max": _reduce("ReduceMax"),
-    "min": _reduce("ReduceMin"),
+    "min": _reduce("ReduceMin"), "logsumexp": _reduce("ReduceLogSumExp"),
     "softmax": lambda w, n, ins, ts: w.op("Softmax", ins, axis=n.attrs["axis"]),
     "log_softmax": lambda w, n, ins, ts: w.op("LogSoftmax", ins, axis=n.attrs["axis"]),
     "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),

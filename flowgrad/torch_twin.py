@@ -140,6 +140,9 @@ LOWER = {
     **{n: _named(f"torch.{n}") for n in ("matmul", "erf")},
     **{n: _reduce(f) for n, f in (("sum", "sum"), ("mean", "mean"), ("max", "amax"), ("min", "amin"))},
     **{n: _compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    # torch.logsumexp has no all-axes default: name them
+    "logsumexp": lambda torch, node, ins, at: torch.logsumexp(ins[0], dim=_axes(ins[0], at["axis"]),
+                                                              keepdim=at["keepdims"]),
     "where": lambda torch, node, ins, at: torch.where(ins[0] != 0, ins[1], ins[2]),
     "clamp_min": lambda torch, node, ins, at: torch.clamp(ins[0], min=at["min"]),
     "clamp_max": lambda torch, node, ins, at: torch.clamp(ins[0], max=at["max"]),
@@ -195,7 +198,7 @@ COUNTERPART = {
     **{n: f"F.{n}" for n in ("gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
                              "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},
     "layernorm": "F.layer_norm", "groupnorm": "F.group_norm", "rmsnorm": "F.rms_norm", "batchnorm": "F.batch_norm",
-    "max": "torch.amax", "min": "torch.amin", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
+    "max": "torch.amax", "min": "torch.amin", "logsumexp": "torch.logsumexp", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
     "clamp_max": "torch.clamp(max=)", "topk": "torch.topk(...).values", "topk_indices": "torch.topk(...).indices",
     "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",

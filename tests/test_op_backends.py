@@ -158,7 +158,7 @@ def test_cast_is_exact(backend, src, dst):
 AXES = [None, 0, -1, [1, 3], [0, 2, 3], [0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "logsumexp"])
 @pytest.mark.parametrize("axis", AXES, ids=str)
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_reduce_f32(backend, op, axis, keepdims):
@@ -166,7 +166,7 @@ def test_reduce_f32(backend, op, axis, keepdims):
     check_op(backend, op, [uniform(rng, (2, 3, 4, 5))], {"axis": axis, "keepdims": keepdims}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "logsumexp"])
 @pytest.mark.parametrize("shape,axis", [((3, 700), -1), ((700, 3), 0), ((2, 300, 3), 1), ((5, 7, 9), [0, 2]),
                                         ((65, 40), 0)], ids=str)
 def test_reduce_long_and_strided(backend, op, shape, axis):
@@ -175,7 +175,7 @@ def test_reduce_long_and_strided(backend, op, shape, axis):
     check_op(backend, op, [uniform(rng, shape)], {"axis": axis, "keepdims": False}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "logsumexp"])
 @pytest.mark.parametrize("shape,axis", [((2, 4099), -1), ((4099, 3), 0), ((4099,), None)], ids=str)
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_reduce_in_pieces(backend, op, shape, axis, dtype):
@@ -186,7 +186,7 @@ def test_reduce_in_pieces(backend, op, shape, axis, dtype):
     check_op(backend, op, [uniform(rng, shape, dtype=dtype)], {"axis": axis, "keepdims": False}, rng)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "logsumexp"])
 def test_reduce_f16(backend, op):
     rng = np.random.default_rng(9)
     check_op(backend, op, [uniform(rng, (3, 4, 33), dtype="f16")], {"axis": [0, 2], "keepdims": True}, rng)
@@ -211,6 +211,16 @@ def test_min_propagates_nan(backend):
     x = np.array([[1.0, np.nan, -2.0], [3.0, 0.5, 4.0]], np.float32)
     y, _ = backend.run("min", [x], {"axis": 1, "keepdims": False})
     np.testing.assert_array_equal(y, np.array([np.nan, 0.5], np.float32))
+
+
+def test_logsumexp_large_logits_and_infinite_rows(backend):
+    """Shifted by the max: logits of 80 do not overflow; a row of -inf is
+    -inf and a row holding +inf is inf (as torch), not NaN."""
+    rng = np.random.default_rng(20)
+    check_op(backend, "logsumexp", [uniform(rng, (3, 6), -4, 4) + np.float32(80.0)], {"axis": -1}, rng)
+    x = np.array([[-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 1.0], [0.0, np.log(2.0), -np.inf]], np.float32)
+    y, _ = backend.run("logsumexp", [x], {"axis": 1})
+    np.testing.assert_allclose(y, np.array([-np.inf, np.inf, np.log(3.0)], np.float32), rtol=1e-6)
 
 
 # ---------------------------------------------------------------- softmax

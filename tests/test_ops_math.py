@@ -87,3 +87,53 @@ def _graph_matches_closures(text, feeds):
     for name, d in want.grads.items():
         np.testing.assert_allclose(got.grads[name], d, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(d).max()),
                                    err_msg=name)
+
+
+# ---------------------------------------------------------------- logsumexp
+
+
+def test_logsumexp_literal_values_and_gradient():
+    x = np.array([[0.0, np.log(3.0)], [1000.0, 1000.0]])
+    out, dx = _vjp("logsumexp", x, {"axis": -1}, np.array([1.0, 2.0]))
+    np.testing.assert_allclose(out, [np.log(4.0), 1000.0 + np.log(2.0)], rtol=1e-15)
+    np.testing.assert_allclose(dx, [[0.25, 0.75], [1.0, 1.0]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis,keepdims", [(None, False), (1, True), ([0, 2], False), (-1, False)])
+def test_logsumexp_matches_torch(axis, keepdims):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4, 5)) * 30.0
+    attrs = {"axis": axis, "keepdims": keepdims}
+    dims = tuple(range(3)) if axis is None else axis
+    g = rng.standard_normal(get_op("logsumexp").forward([x], get_op("logsumexp").with_defaults(attrs)).shape)
+    out, dx = _vjp("logsumexp", x, attrs, g)
+    want, want_dx = _torch_vjp(lambda torch, t: torch.logsumexp(t, dim=dims, keepdim=keepdims), x, g)
+    np.testing.assert_allclose(out, want, rtol=1e-13)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-12, atol=1e-300)
+
+
+def test_logsumexp_infinite_rows_as_torch():
+    """A row of -inf: -inf, with torch's NaN gradient; a row holding +inf:
+    inf, NaN at the inf and 0 elsewhere."""
+    inf = np.inf
+    x = np.array([[-inf, -inf, -inf], [1.0, 2.0, -inf], [inf, 1.0, 2.0]])
+    out, dx = _vjp("logsumexp", x, {"axis": 1}, np.ones(3))
+    np.testing.assert_array_equal(out[[0, 2]], [-inf, inf])
+    np.testing.assert_array_equal(np.isnan(dx), [[1, 1, 1], [0, 0, 0], [1, 0, 0]])
+    want, want_dx = _torch_vjp(lambda torch, t: torch.logsumexp(t, dim=1), x, np.ones(3))
+    np.testing.assert_allclose(out, want, rtol=1e-15)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-15)   # NaN where torch has NaN
+
+
+LSE_MODEL = """
+input x: f32[4, 6]
+param w: f32[6] = normal(1.0)
+y = logsumexp(x * w, axis=-1, keepdims=true) + logsumexp(x - w, axis=0)
+loss = sum(y * y)
+minimize loss
+"""
+
+
+@pytest.mark.vulkan
+def test_logsumexp_in_a_model_graph_path_matches_closures(vk_device):
+    _graph_matches_closures(LSE_MODEL, {"x": np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)})

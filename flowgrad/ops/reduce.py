@@ -1,7 +1,7 @@
-"""Reductions (sum mean max min over axes) and softmax / log_softmax.
+"""Reductions (sum mean max min logsumexp over axes) and softmax / log_softmax.
 
-f16 reductions accumulate in f32. softmax and log_softmax subtract the max
-first, so large logits never overflow."""
+f16 reductions accumulate in f32. logsumexp, softmax and log_softmax
+subtract the max first, so large logits never overflow."""
 from __future__ import annotations
 
 import numpy as np
@@ -109,6 +109,37 @@ reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _min_forward, _extr
                        "its slice's gradient NaN",
                    samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),
                             Sample((((3, 4), "distinct"),), {"axis": None, "keepdims": True})])
+
+# ---------------------------------------------------------------- logsumexp
+
+
+def _logsumexp_forward(ins, attrs):
+    """As torch.logsumexp: shifted by the max, except where the max is
+    infinite (a row of -inf gives -inf, a +inf gives inf, not NaN)."""
+    (x,) = ins
+    xw, axes = wide(x), reduce_axes(attrs["axis"], x.ndim)
+    top = np.max(xw, axis=axes, keepdims=True)
+    top = np.where(np.isinf(top), 0.0, top)
+    with np.errstate(divide="ignore"):
+        out = np.log(np.sum(np.exp(xw - top), axis=axes, keepdims=True)) + top
+    return narrow(out if attrs["keepdims"] else np.squeeze(out, axis=axes), x)
+
+
+def _logsumexp_vjp(g, ins, out, attrs):
+    """softmax(x) * g as exp(x - out) * g, the formula torch differentiates
+    with: a row of -inf gets NaN, as in torch."""
+    (x,) = ins
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    kept = np.reshape(wide(out), _reduced_shape(x.shape, axes, True))
+    with np.errstate(invalid="ignore"):
+        return [narrow(_spread(g, x, attrs) * np.exp(wide(x) - kept), x)]
+
+
+logsumexp = defop("logsumexp", REDUCE_ARGS, _reduce_infer(True), _logsumexp_forward, _logsumexp_vjp,
+                  doc="log(sum(exp(x))) over axis (none: all), computed stably; gradient softmax(x) * g; a row of "
+                      "-inf gives -inf (and, as torch, a NaN gradient)",
+                  samples=[Sample((((3, 5), "normal"),), {"axis": -1}),
+                           Sample((((2, 3, 4), "normal"),), {"axis": [0, 2], "keepdims": True})])
 
 # ---------------------------------------------------------------- softmax
 

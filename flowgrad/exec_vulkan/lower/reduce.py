@@ -1,4 +1,4 @@
-"""Vulkan lowerings of sum mean max min (over axes, keepdims) on map_reduce.comp,
+"""Vulkan lowerings of sum mean max min logsumexp (over axes, keepdims) on map_reduce.comp,
 and of softmax / log_softmax along any axis on softmax.comp."""
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 from flowgrad.ops.reduce import reduce_axes
+
+M.declare(LSE_EXP=46,     # x0 = x, x1 = its max: exp(x - max), the max taken as 0 where infinite
+          LSE_LOG=47,     # x0 = mean of those exps, x1 = the max: log(x0) + param + max (0 where infinite)
+          LSE_B=48)       # x0 = g, x1 = x, x2 = logsumexp: g * exp(x - y)
 
 
 def _axes(node, x) -> tuple[int, ...]:
@@ -62,10 +66,34 @@ def _extreme_backward(rec, node, g, ins, out, grads):
     map_reduce(rec, M.EXTREME_B, [share, x, out], grads[0], shapes=[kept, x.shape, kept])
 
 
+def _logsumexp_forward(rec, node, ins, out):
+    """max, then the mean of the shifted exps (a mean: an f16 sum of many
+    exps would overflow), then its log plus log(count) and the max."""
+    (x,) = ins
+    axes = _axes(node, x)
+    n = max(_count(x, axes), 1)   # an empty axis never gets past the max, which refuses it
+    top = rec.scratch(tuple(out.shape), out.dtype)
+    map_reduce(rec, M.COPY, [x], top, space=x.shape, reduce_axes=axes, reduce="max")
+    kept = _kept_shape(x, axes)
+    mean = rec.scratch(tuple(out.shape), out.dtype)
+    map_reduce(rec, M.LSE_EXP, [x, top], mean, space=x.shape, reduce_axes=axes, shapes=[x.shape, kept],
+               scale=1.0 / n)
+    map_reduce(rec, M.LSE_LOG, [mean, top], out, param=math.log(n))
+
+
+def _logsumexp_backward(rec, node, g, ins, out, grads):
+    (x,) = ins
+    if grads[0] is None:
+        return
+    kept = _kept_shape(x, _axes(node, x))
+    map_reduce(rec, M.LSE_B, [g, x, out], grads[0], shapes=[kept, x.shape, kept])
+
+
 SUM = Lowering(_reducer("sum"), _spread_backward(mean=False), FLOATS, FLOATS)
 MEAN = Lowering(_reducer("sum", mean=True), _spread_backward(mean=True), FLOATS, FLOATS)
 MAX = Lowering(_reducer("max"), _extreme_backward, FLOATS, FLOATS)
 MIN = Lowering(_reducer("min"), _extreme_backward, FLOATS, FLOATS)
+LOGSUMEXP = Lowering(_logsumexp_forward, _logsumexp_backward, FLOATS, FLOATS)
 
 # ---------------------------------------------------------------- softmax
 
@@ -104,5 +132,6 @@ register_lowering("sum", SUM)
 register_lowering("mean", MEAN)
 register_lowering("max", MAX)
 register_lowering("min", MIN)
+register_lowering("logsumexp", LOGSUMEXP)
 register_lowering("softmax", SOFTMAX)
 register_lowering("log_softmax", LOG_SOFTMAX)

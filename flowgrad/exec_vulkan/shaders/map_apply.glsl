@@ -57,6 +57,9 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_CLAMP_MIN_B: return b >= param ? a : 0.0;
     case M_CLAMP_MAX: return fg_nanmin(a, param);
     case M_CLAMP_MAX_B: return b <= param ? a : 0.0;
+    case M_LSE_EXP: return exp(a - (isinf(b) ? 0.0 : b));
+    case M_LSE_LOG: return log(a) + param + (isinf(b) ? 0.0 : b);
+    case M_LSE_B: return a * exp(b - c);
     }
     return fg_nan();
 }

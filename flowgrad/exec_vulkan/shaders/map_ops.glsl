@@ -44,3 +44,6 @@
 #define M_CLAMP_MIN_B 43u
 #define M_CLAMP_MAX 44u
 #define M_CLAMP_MAX_B 45u
+#define M_LSE_EXP 46u
+#define M_LSE_LOG 47u
+#define M_LSE_B 48u
