@@ -194,7 +194,7 @@ CONVERTERS = {
     "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
     "matmul": _binary("MatMul"),
     "neg": _unary("Neg"), "exp": _unary("Exp"), "log": _unary("Log"), "sqrt": _unary("Sqrt"),
-    "tanh": _unary("Tanh"), "sigmoid": _unary("Sigmoid"), "relu": _unary("Relu"),
+    "tanh": _unary("Tanh"), "sin": _unary("Sin"), "cos": _unary("Cos"), "sigmoid": _unary("Sigmoid"), "relu": _unary("Relu"),
     "silu": lambda w, n, ins, ts: w.op("Mul", [ins[0], w.op("Sigmoid", ins)]),
     "gelu": _gelu,
     "pow": lambda w, n, ins, ts: w.op("Pow", [ins[0], w.scalar(n.attrs["exponent"], _dt(n))]),

@@ -60,7 +60,7 @@ e = embedding(ids, table) + x
 h = layernorm(e, g, b) - rmsnorm(e, g) / 2
 a = attention(h, h, h, heads=2, causal=true) + attention(h, e, e, heads=3)
 u = gelu(a @ w) + gelu(a, approximate="tanh") * silu(a) - neg(sigmoid(a)) + tanh(a) + relu(a) ** 2
-v = exp(-abs2(u)) + log(sqrt(u * u + 1.0))
+v = exp(-abs2(u)) + log(sqrt(u * u + 1.0)) + sin(u) * cos(3.0 * u)
 p = permute(transpose(v), [0, 2, 1])
 c = concat(slice(p, 2, 0, 3), slice(p, 2, 3, 6), axis=2)
 s = softmax(c, axis=1) + log_softmax(c) + sum(c, axis=2, keepdims=true) + mean(c, axis=[1, 2], keepdims=true) - \

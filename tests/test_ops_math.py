@@ -137,3 +137,45 @@ minimize loss
 @pytest.mark.vulkan
 def test_logsumexp_in_a_model_graph_path_matches_closures(vk_device):
     _graph_matches_closures(LSE_MODEL, {"x": np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)})
+
+
+# ---------------------------------------------------------------- sin, cos
+
+
+def test_sin_cos_literal_values_and_gradients():
+    x = np.array([0.0, np.pi / 6, np.pi / 2, np.pi])
+    s, ds = _vjp("sin", x, {}, np.ones(4))
+    c, dc = _vjp("cos", x, {}, np.ones(4))
+    np.testing.assert_allclose(s, [0.0, 0.5, 1.0, 0.0], atol=1e-15)
+    np.testing.assert_allclose(c, [1.0, np.sqrt(3) / 2, 0.0, -1.0], atol=1e-15)
+    np.testing.assert_allclose(ds, c, atol=1e-15)
+    np.testing.assert_allclose(dc, -s, atol=1e-15)
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_cos_match_torch(op):
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-50, 50, (5, 7))
+    g = rng.standard_normal(x.shape)
+    out, dx = _vjp(op, x, {}, g)
+    want, want_dx = _torch_vjp(lambda torch, t: getattr(torch, op)(t), x, g)
+    np.testing.assert_allclose(out, want, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-14, atol=1e-15)
+
+
+ROTARY_MODEL = """
+input pos: f32[6, 1]
+input x: f32[6, 4]
+param freq: f32[4] = normal(1.0)
+angle = pos * freq
+y = x * cos(angle) + sin(angle) * (x * x)
+loss = sum(y * y)
+minimize loss
+"""
+
+
+@pytest.mark.vulkan
+def test_sin_cos_in_a_model_graph_path_matches_closures(vk_device):
+    rng = np.random.default_rng(5)
+    feeds = {"pos": np.arange(6, dtype=np.float32)[:, None] * 100.0, "x": rng.standard_normal((6, 4)).astype(np.float32)}
+    _graph_matches_closures(ROTARY_MODEL, feeds)

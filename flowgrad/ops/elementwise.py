@@ -135,6 +135,11 @@ relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).a
 abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: np.sign(x), "|x|; gradient sign(x), 0 at x = 0 (as PyTorch)",
               samples=[Sample((((2, 3), "nonzero"),))], torch="torch.abs")
 
+sin = _unary("sin", lambda x, at: np.sin(x), lambda x, y, at: np.cos(x), "sine (radians)",
+             samples=[Sample((((2, 3), "normal"),))], torch="torch.sin")
+cos = _unary("cos", lambda x, at: np.cos(x), lambda x, y, at: -np.sin(x), "cosine (radians)",
+             samples=[Sample((((2, 3), "normal"),))], torch="torch.cos")
+
 
 def _silu_grad(x, y, at):
     s = expit(x)

@@ -20,6 +20,7 @@ M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=
           WHERE=39,                       # x0 = cond, x1 = a, x2 = b
           WHERE_DA=40, WHERE_DB=41,       # x0 = g, x1 = cond
           CLAMP_MIN=42, CLAMP_MIN_B=43, CLAMP_MAX=44, CLAMP_MAX_B=45)
+M.declare(SIN=49, COS=50, SIN_B=51, COS_B=52)
 
 # ---------------------------------------------------------------- binary
 
@@ -120,6 +121,8 @@ SIGMOID = _fixed(M.SIGMOID, M.SIGMOID_B, activation=True)
 RELU = _fixed(M.RELU, M.RELU_B, activation=True)
 SILU = _fixed(M.SILU, M.SILU_B, activation=True)
 ABS = _fixed(M.ABS, M.ABS_B)
+SIN = _fixed(M.SIN, M.SIN_B)
+COS = _fixed(M.COS, M.COS_B)
 CLAMP_MIN = _unary(lambda attrs: (M.CLAMP_MIN, M.CLAMP_MIN_B), param=lambda attrs: float(attrs["min"]))
 CLAMP_MAX = _unary(lambda attrs: (M.CLAMP_MAX, M.CLAMP_MAX_B), param=lambda attrs: float(attrs["max"]))
 GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"] == "tanh"
@@ -179,6 +182,8 @@ register_lowering("sigmoid", SIGMOID)
 register_lowering("relu", RELU)
 register_lowering("silu", SILU)
 register_lowering("abs", ABS)
+register_lowering("sin", SIN)
+register_lowering("cos", COS)
 register_lowering("maximum", MAXIMUM)
 register_lowering("minimum", MINIMUM)
 register_lowering("where", WHERE)

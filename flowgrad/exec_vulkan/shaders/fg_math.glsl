@@ -144,3 +144,22 @@ float fg_pow(float x, float p) {
     if (x == 0.0) return p > 0.0 ? 0.0 : fg_inf();
     return pow(x, p);
 }
+
+// (sin x, cos x). GLSL's sin and cos promise only 2^-11 absolute error, and
+// only inside [-pi, pi]; positional encodings take arguments in the
+// thousands. So: x = j pi/2 + r with pi/2 in three parts (Cody-Waite: j times
+// the first two is exact for |j| < 2^16), then Cephes' sinf / cosf
+// polynomials on |r| <= pi/4, and the quadrant j mod 4 picks and signs them.
+// Absolute error about 1e-7 for |x| < 1e4 and 1e-6 at 1e5; past that j pi/2
+// is no longer exact and the error grows with |x|.
+vec2 fg_sincos(float x) {
+    if (isinf(x)) return vec2(fg_nan());
+    float j = round(x * 0.636619772367581343);
+    float r = ((x - j * 1.5703125) - j * 4.837512969970703125e-4) - j * 7.54978995489188216e-8;
+    float z = r * r;
+    float s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    float c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+    float q = j - 4.0 * floor(j * 0.25);
+    vec2 sc = (q == 0.0) ? vec2(s, c) : (q == 1.0) ? vec2(c, -s) : (q == 2.0) ? vec2(-s, -c) : vec2(-c, s);
+    return sc;
+}

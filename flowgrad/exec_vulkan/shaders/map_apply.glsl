@@ -60,6 +60,10 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_LSE_EXP: return exp(a - (isinf(b) ? 0.0 : b));
     case M_LSE_LOG: return log(a) + param + (isinf(b) ? 0.0 : b);
     case M_LSE_B: return a * exp(b - c);
+    case M_SIN: return fg_sincos(a).x;
+    case M_COS: return fg_sincos(a).y;
+    case M_SIN_B: return a * fg_sincos(b).y;
+    case M_COS_B: return -a * fg_sincos(b).x;
     }
     return fg_nan();
 }

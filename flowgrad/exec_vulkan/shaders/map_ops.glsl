@@ -47,3 +47,7 @@
 #define M_LSE_EXP 46u
 #define M_LSE_LOG 47u
 #define M_LSE_B 48u
+#define M_SIN 49u
+#define M_COS 50u
+#define M_SIN_B 51u
+#define M_COS_B 52u
