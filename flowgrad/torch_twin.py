@@ -117,6 +117,12 @@ def _dropout(torch, node, ins, at):
     return torch.nn.functional.dropout(x, at["p"], training=bool(training))
 
 
+def _randn_like(torch, node, ins, at):
+    """torch's own noise, at torch's cost: flowgrad's draws are not torch's, so
+    the twin's loss matches only where the noise does not reach it."""
+    return torch.randn_like(ins[0])
+
+
 def _batchnorm(torch, node, ins, at):
     """Running statistics updated in place in training, as flowgrad's state."""
     x, w, b, mean, var, training = ins
@@ -164,6 +170,7 @@ LOWER = {
     "groupnorm": lambda torch, node, ins, at: torch.nn.functional.group_norm(ins[0], at["groups"], ins[1], ins[2],
                                                                              at["eps"]),
     "dropout": _dropout,
+    "randn_like": _randn_like,
     "conv2d": _f("conv2d", "stride", "padding", "dilation", "groups"),
     "conv1d": _f("conv1d", "stride", "padding", "dilation", "groups"),
     "conv_transpose2d": _f("conv_transpose2d", "stride", "padding", "output_padding", "groups", "dilation"),
@@ -198,7 +205,7 @@ COUNTERPART = {
     **{n: f"F.{n}" for n in ("gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
                              "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},
     "layernorm": "F.layer_norm", "groupnorm": "F.group_norm", "rmsnorm": "F.rms_norm", "batchnorm": "F.batch_norm",
-    "max": "torch.amax", "min": "torch.amin", "logsumexp": "torch.logsumexp", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
+    "max": "torch.amax", "min": "torch.amin", "randn_like": "torch.randn_like", "logsumexp": "torch.logsumexp", "pow": "torch.pow", "clamp": "torch.clamp", "clamp_min": "torch.clamp(min=)",
     "clamp_max": "torch.clamp(max=)", "topk": "torch.topk(...).values", "topk_indices": "torch.topk(...).indices",
     "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",

@@ -204,3 +204,12 @@ def test_the_training_doc_lists_exactly_the_ops_that_export():
     paragraph = re.search(r"Each op becomes: (.*?) The test runs", doc, re.S).group(1)
     listed = {op for group in re.findall(r"`([a-z_\s]+)`", paragraph) for op in group.split()}
     assert listed == set(CONVERTERS)
+
+
+def test_randn_like_is_refused(tmp_path):
+    """An ONNX model would draw other noise than flowgrad's generator."""
+    sess = fg.loads("model n\ninput x: f32[2, 3]\ny = x + randn_like(x)\noutput y\n", file="n.flow").compile(
+        device="cpu")
+    with pytest.raises(FlowError, match="op randn_like .* has no ONNX counterpart"):
+        sess.to_onnx(tmp_path / "n.onnx")
+    assert not (tmp_path / "n.onnx").exists()

@@ -10,7 +10,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
-from flowgrad.ops.random import dropout_mask, philox4x32, rng_feed
+from flowgrad.ops.random import dropout_mask, normal_noise, philox4x32, rng_feed
 from flowgrad.training.optim import SGD
 
 # Random123's kat_vectors for philox4x32 with 10 rounds
@@ -137,3 +137,124 @@ def test_masks_are_identical_on_numpy_vulkan_closures_and_the_graph_path(vk_devi
     assert not np.array_equal(runs[2][0][1], runs[2][1][1]), "a new step must draw a new mask"
     ev = graph.step({"x": x}, grads=False)
     np.testing.assert_array_equal(ev.outputs["k"], x)
+
+
+# ---------------------------------------------------------------- randn_like
+
+
+def test_normal_noise_is_standard_normal_and_bounded():
+    z = normal_noise((1000, 1000), step=1, seed=0, stream=3)
+    assert abs(z.mean()) < 0.005 and abs(z.std() - 1.0) < 0.005
+    assert abs((np.abs(z) < 1.0).mean() - 0.6827) < 0.005   # the shape, not only two moments
+    assert np.isfinite(z).all() and np.abs(z).max() <= np.sqrt(2 * 24 * np.log(2))
+
+
+def test_normal_noise_literal_values():
+    """Box-Muller of Philox's first two words at counter (i, 1, 1, 0), key (0, 0)."""
+    w0, w1, _, _ = philox4x32(([0, 1], 1, 1, 0), (0, 0))
+    u1, u2 = ((w0 >> 8) + 1.0) / 2**24, (w1 >> 8) / 2**24
+    want = np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2)
+    np.testing.assert_array_equal(normal_noise((2,), step=1, seed=0, stream=0), want)
+    np.testing.assert_allclose(want, [-0.767035882465, 1.038193777379], rtol=1e-11)
+
+
+def test_noise_depends_on_step_seed_stream_and_rank_and_not_on_dropout():
+    base = normal_noise((50, 50), 1, 0, 5)
+    for other in (normal_noise((50, 50), 2, 0, 5), normal_noise((50, 50), 1, 1, 5), normal_noise((50, 50), 1, 0, 6),
+                  normal_noise((50, 50), 1, 0, 5, rank=1)):
+        assert abs(np.corrcoef(base.ravel(), other.ravel())[0, 1]) < 0.1
+    # rank r's elements are those one process draws for rank r's rows
+    np.testing.assert_array_equal(normal_noise((4, 3), 1, 0, 5, rank=1), normal_noise((8, 3), 1, 0, 5)[4:])
+    # a dropout sharing the stream draws from other counters
+    drop = dropout_mask((50, 50), 0.5, 1, 0, 5)
+    assert abs(np.corrcoef(drop.ravel(), base.ravel() > 0)[0, 1]) < 0.1
+
+
+def test_randn_like_rules_read_no_x_and_give_no_gradient():
+    op = get_op("randn_like")
+    rng, attrs = rng_feed(False, 3, 9), {"stream": 2}
+    x = np.random.default_rng(0).standard_normal((4, 6))
+    y = op.forward([x, rng], attrs)
+    np.testing.assert_array_equal(y, normal_noise((4, 6), 3, 9, 2))   # eval samples too, as torch
+    np.testing.assert_array_equal(op.forward([x * 0 + 7, rng_feed(True, 3, 9)], attrs), y)
+    assert op.vjp(np.ones_like(y), [x, rng], y, attrs) == [None, None]
+    assert op.forward([x.astype(np.float16), rng], attrs).dtype == np.float16
+
+
+VAE = """
+model vae
+input x: f32[4, 300]
+param wm: f32[300] = normal(0.1)
+param wv: f32[300] = normal(0.1)
+mu = x * wm
+logvar = x * wv
+eps = randn_like(mu)
+z = mu + exp(0.5 * logvar) * eps
+e2 = randn_like(mu, stream=11)
+loss = sum(z * z) + sum(e2 * mu)
+output eps, e2
+minimize loss
+"""
+
+
+def test_randn_like_in_a_model_draws_per_step_and_samples_in_eval():
+    sess = fg.loads(VAE).compile(device="cpu", seed=3)
+    x = np.ones((4, 300), np.float32)
+    first, second = sess.step({"x": x}), sess.step({"x": x})
+    assert not np.array_equal(first.outputs["eps"], second.outputs["eps"]), "a new step draws new noise"
+    assert not np.array_equal(first.outputs["eps"], first.outputs["e2"]), "two nodes draw apart"
+    ev, again = sess.step({"x": x}, grads=False), sess.step({"x": x}, grads=False)
+    assert ev.outputs["eps"].std() > 0.5, "eval samples, as torch.randn_like"
+    np.testing.assert_array_equal(ev.outputs["eps"], again.outputs["eps"])   # no training step between
+    np.testing.assert_array_equal(ev.outputs["eps"], second.outputs["eps"])  # the last training step's counter
+    # the noise is a constant of the step: mu, its x, gets no gradient through it
+    eps, e2, wm, wv = second.outputs["eps"], second.outputs["e2"], sess.params["wm"], sess.params["wv"]
+    std = np.exp(0.5 * x * wv)
+    z = x * wm + std * eps
+    np.testing.assert_allclose(second.grads["wm"], (2 * z * x + e2 * x).sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(second.grads["wv"], (2 * z * std * eps * 0.5 * x).sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_randn_like_refuses_a_random_state_argument():
+    with pytest.raises(fg.FlowError, match="randn_like: takes one tensor"):
+        fg.loads("input x: f32[3]\ninput r: i32[4]\ny = randn_like(x, rng=r)\noutput y\n")
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_noise_is_the_same_on_numpy_vulkan_closures_and_the_graph_path(vk_device, dtype):
+    model = fg.loads(VAE)
+    x = np.random.default_rng(4).uniform(0.5, 1.5, (4, 300)).astype(np.float16 if dtype == "f16" else np.float32)
+    sessions = [model.compile(device="cpu", dtype=dtype, seed=2),
+                model.compile(device="vulkan", dtype=dtype, backward="closures", seed=2),
+                model.compile(device="vulkan", dtype=dtype, backward="graph", seed=2)]
+    assert sessions[2].last_path.startswith("graph")
+    for s in sessions[1:]:
+        s.set_params(sessions[0].params)
+    tol = 2e-3 if dtype == "f16" else 1e-5
+    for train in (True, True, False):
+        res = [s.step({"x": x}, grads=train) for s in sessions]
+        for other in res[1:]:
+            for name in ("eps", "e2"):
+                np.testing.assert_allclose(other.outputs[name].astype(np.float64), res[0].outputs[name], rtol=tol,
+                                           atol=tol, err_msg=name)
+            if train:
+                for name, d in res[0].grads.items():
+                    np.testing.assert_allclose(other.grads[name], d, rtol=10 * tol, atol=10 * tol * np.abs(d).max(),
+                                               err_msg=name)
+    assert sessions[1].runner.executor.kernels.on_numpy == set(), "an op ran on numpy instead of its lowering"
+
+
+@pytest.mark.vulkan
+def test_vulkan_noise_matches_float64_over_a_large_draw(vk_device):
+    """Up to float rounding over a million draws, tails included (where a
+    coarse log near 1 would lose the radius)."""
+    from flowgrad.exec_vulkan import VulkanKernels
+    from tests.op_harness import make_node
+
+    x, rng = np.zeros((1000, 1000), np.float32), rng_feed(True, 5, 1)
+    node = make_node("randn_like", [x, rng], {"stream": 4})
+    got = VulkanKernels(vk_device).forward(node, [x, rng]).astype(np.float64)
+    want = normal_noise(x.shape, 5, 1, 4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    assert abs(got.mean()) < 0.005 and abs(got.std() - 1.0) < 0.005

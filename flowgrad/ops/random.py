@@ -1,4 +1,4 @@
-"""Random ops (dropout) and the counter-based generator they draw from.
+"""Random ops (dropout, randn_like) and the counter-based generator they draw from.
 
 Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
 3", SC'11): a random word is a pure function of (counter, key), so a mask
@@ -16,7 +16,14 @@ fills in every step: the graph path's recorded command buffer reads them
 from a buffer, so train and eval steps and every step's fresh mask replay the
 same recording. A training step is one that computes gradients or takes an
 optimizer update; a forward-only step (evaluation, `flowgrad run`) is eval,
-where dropout is the identity."""
+where dropout is the identity.
+
+randn_like's element i uses counter (i, s, 1, 0) (the 1 keeps its words
+apart from dropout's under a shared stream) and the same key, rank offset and
+step. Unlike dropout it samples in eval steps too, as torch.randn_like does:
+a VAE or diffusion model generates from noise at inference. An eval step
+reuses the last training step's counter, so evaluations between two training
+steps draw the same noise."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +31,7 @@ import numpy as np
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype
 
 RNG_INPUT = "@rng"
@@ -66,12 +73,26 @@ def keep_scale(p: float) -> float:
 
 def dropout_mask(shape, p: float, step: int, seed: int, stream: int, rank: int = 0) -> np.ndarray:
     """True where an element is kept."""
-    n = int(np.prod(shape))
-    first = np.uint32((rank * n) & 0xFFFFFFFF)   # the shader's uint arithmetic wraps alike
-    with np.errstate(over="ignore"):
-        counter = np.arange(n, dtype=np.uint32) + first
-    word = philox4x32((counter, step, 0, 0), (seed, stream))[0]
+    word = philox4x32((_counters(int(np.prod(shape)), rank), step, 0, 0), (seed, stream))[0]
     return ((word >> np.uint32(8)) >= drop_threshold(p)).reshape(shape)
+
+
+def _counters(n: int, rank: int) -> np.ndarray:
+    """Element i's first counter word: rank * n + i, wrapping as the shaders' uint does."""
+    first = np.uint32((rank * n) & 0xFFFFFFFF)
+    with np.errstate(over="ignore"):
+        return np.arange(n, dtype=np.uint32) + first
+
+
+def normal_noise(shape, step: int, seed: int, stream: int, rank: int = 0) -> np.ndarray:
+    """Standard normal float64 noise: Box-Muller on the first two Philox words
+    of each element, each word's top 24 bits a uniform (the first in (0, 1],
+    so its log is finite: |noise| <= 5.8)."""
+    n = int(np.prod(shape))
+    w0, w1, _, _ = philox4x32((_counters(n, rank), step, 1, 0), (seed, stream))
+    u1 = ((w0 >> np.uint32(8)).astype(np.float64) + 1.0) * 2.0**-24
+    u2 = (w1 >> np.uint32(8)).astype(np.float64) * 2.0**-24
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).reshape(shape)
 
 
 # ---------------------------------------------------------------- dropout
@@ -87,10 +108,14 @@ def _expand(builder, ins, attrs):
 
 
 def _infer(ins, attrs):
-    x = ins[0]
-    float_dtype(x, "x")
+    float_dtype(ins[0], "x")
     if not 0.0 <= attrs["p"] <= 1.0:
         raise OpTypeError(f"p={attrs['p']} must be in [0, 1]")
+    return _check_rng(ins)
+
+
+def _check_rng(ins):
+    x = ins[0]
     # one input: the call as written, checked before the build adds the random state
     if len(ins) > 2 or (len(ins) == 2 and ins[1] != RNG_TYPE):
         got = ins[1]
@@ -129,3 +154,27 @@ dropout = defop(
     _infer, _forward, _vjp, expand=_expand, nondiff=(1,),
     doc="in training steps, zero each element with probability p and scale the rest by 1/(1-p); "
         "the identity in eval")
+
+# ---------------------------------------------------------------- randn_like
+
+
+def _randn_infer(ins, attrs):
+    float_dtype(ins[0], "x")
+    return _check_rng(ins)
+
+
+def _randn_forward(ins, attrs):
+    """A call with no random state (as written, before the build adds it)
+    draws as step 0 of seed 0."""
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else np.zeros(4, np.int32))
+    _training, step, seed, rank = (int(v) for v in rng)
+    noise = normal_noise(x.shape, step, seed, attrs["stream"] or 0, rank)
+    return narrow(noise.astype(wide(x).dtype), x)   # f16 rounds through f32, as the kernel stores it
+
+
+randn_like = defop(
+    "randn_like", (Arg("x"), Arg("stream", "attr", None, (int, type(None))), Arg("rng", "tensor", None)),
+    _randn_infer, _randn_forward, lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
+    doc="standard normal noise of x's shape and dtype (x's values are not read; no gradient), a fresh draw "
+        "every training step; eval steps sample too",
+    samples=[Sample((((3, 5), "normal"), ((4,), "ints:3")), {"stream": 7})])

@@ -1,5 +1,6 @@
-"""dropout's lowering: dropout.comp draws the mask from the step's random
-state (a buffer the host writes every step), forward and backward alike."""
+"""The random ops' lowerings: dropout.comp draws dropout's mask from the
+step's random state (a buffer the host writes every step), forward and
+backward alike; randn.comp draws randn_like's noise from it."""
 from __future__ import annotations
 
 import math
@@ -33,4 +34,20 @@ def dropout_backward(rec, node, g, ins, out, grads):
 # the forward also reads the i32 random state
 DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
 
+
+
+def randn_forward(rec, node, ins, out):
+    n = math.prod(out.shape)
+    if n:
+        push = [n, (node.attrs["stream"] or 0) & 0xFFFFFFFF]
+        rec.dispatch("randn", [ins[1], out], push, groups_1d(n), variant(out.dtype))
+
+
+def randn_backward(rec, node, g, ins, out, grads):
+    """Nothing flows back: the noise does not depend on x."""
+
+
+RANDN_LIKE = Lowering(randn_forward, randn_backward, FLOATS | {"i32"}, FLOATS)
+
 register_lowering("dropout", DROPOUT)
+register_lowering("randn_like", RANDN_LIKE)

@@ -16,18 +16,7 @@ layout(push_constant, std430) uniform Push {
     float scale;
 } p;
 
-uint philox_word(uint c0, uint c1, uint k0, uint k1) {
-    uint c2 = 0u, c3 = 0u;
-    for (int r = 0; r < 10; ++r) {
-        if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        uint hi0, lo0, hi1, lo1;
-        umulExtended(0xD2511F53u, c0, hi0, lo0);
-        umulExtended(0xCD9E8D57u, c2, hi1, lo1);
-        uint n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    }
-    return c0;
-}
+#include "philox.glsl"
 
 void main() {
     bool training = rng[0] != 0u;
@@ -35,7 +24,7 @@ void main() {
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
         float v = float(x[i]);
-        if (training) v = (philox_word(first + i, step, seed, p.stream) >> 8) >= p.thr ? v * p.scale : 0.0;
+        if (training) v = (philox4x32(uvec4(first + i, step, 0u, 0u), uvec2(seed, p.stream)).x >> 8) >= p.thr ? v * p.scale : 0.0;
         y[i] = STORE(v);
     }
 }
