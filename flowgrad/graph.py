@@ -144,8 +144,8 @@ def format_node(node: Node) -> str:
     if node.op == "param":
         shown = {"init": node.attrs["init"][0]} if "init" in node.attrs else {}
     elif node.op == "const":
-        value = node.attrs.get("value")
-        shown = {"value": value.item()} if isinstance(value, np.ndarray) and value.size == 1 else {}
+        fill = fill_value(node.attrs.get("value"))
+        shown = {} if fill is None else {"value": fill}
     else:
         shown = node.attrs
     attr_text = " ".join(f"{k}={_show_attr(v)}" for k, v in shown.items())
@@ -155,6 +155,14 @@ def format_node(node: Node) -> str:
     named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
     where = f"   # {os.path.basename(node.span.file)}:{node.span.line}" if node.span else ""
     return f"%{node.id}:{node.type} = {rhs}{named}{where}"
+
+
+def fill_value(value):
+    """The one number a const holds everywhere (a literal, or `full`'s
+    broadcast fill), else None."""
+    if not isinstance(value, np.ndarray) or not value.size or (value.size > 1 and any(value.strides)):
+        return None
+    return value.flat[0].item()
 
 
 def _show_attr(v) -> str:

@@ -18,6 +18,7 @@ from flowgrad.dsl.builtins import BUILTINS, Builtins
 from flowgrad.dsl.calls import Calls
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.parser import reserved
+from flowgrad.dsl.printer import expr
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import (COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg,
@@ -339,16 +340,17 @@ class Builder(Calls, Builtins):
     def call(self, c: ast.Call, scope: Scope):
         if c.func in self.blocks:
             return self.call_block(self.blocks[c.func], self.call_args(c, scope), c.pos, scope)
-        if c.func == "split":
-            return self.split(c, scope)
-        if c.func == "repeat":
-            return self.repeat(c, scope)
+        if c.func in BUILTINS:
+            return getattr(self, c.func)(c, scope)
         if c.func in OPS:
             pos_args, kwargs = self.call_args(c, scope)
             return self.apply_op(c.func, pos_args, kwargs, c.pos, scope)
         if c.func in INITIALISERS:
+            fill = {"zeros": "0.0", "ones": "1.0"}.get(c.func)
             raise self.error(f"{c.func}() is an initialiser: it goes after `=` in a param declaration, "
-                             f"e.g. param w: f32[4, 4] = {c.func}()", c.func_pos, scope)
+                             f"e.g. param w: f32[4, 4] = {c.func}()", c.func_pos, scope,
+                             hint=f"a constant tensor is full(shape, value): full({expr(c.args[0])}, {fill})"
+                             if fill and c.args else None)
         known = list(OPS) + list(self.blocks) + list(BUILTINS)
         raise self.error(f"unknown op or block {c.func!r}{suggest(c.func, known)}", c.func_pos, scope)
 

@@ -1,19 +1,22 @@
-"""The built-ins `split` and `repeat`, and block calls, for the Builder:
-each expands in place into the graph (a block instance gets its own scope,
-prefix "decoder.0." and the call site on every span it makes)."""
+"""The built-ins `split`, `repeat` and `full`, and block calls, for the
+Builder: each expands in place into the graph (a block instance gets its own
+scope, prefix "decoder.0." and the call site on every span it makes)."""
 from __future__ import annotations
 
 import numbers
+
+import numpy as np
 
 from flowgrad.binder import suggest
 from flowgrad.dsl import ast, limits
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
-from flowgrad.dsl.values import show
+from flowgrad.dsl.values import DType, is_number, show
+from flowgrad.dtypes import DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.ops import OPS, Arg
 
-BUILTINS = ("split", "repeat")
+BUILTINS = ("split", "repeat", "full")
 
 
 class Builtins:
@@ -86,6 +89,39 @@ class Builtins:
         values = tuple(v for v, _ in args[:chained])
         return values[0] if chained == 1 else values
 
+    def full(self, c: ast.Call, scope: Scope):
+        """torch.full: a const node, its dtype the one a number literal there
+        would take (or dtype=, which a declaration's rules map)."""
+        sig = (Arg("shape", "attr"), Arg("value", "attr"), Arg("dtype", "attr", None))
+        pos_args, kwargs = self.call_args(c, scope)
+        slots = self.bind("full", sig, pos_args, kwargs, c.pos, scope)
+        (shape, spos), (value, vpos), (dtype, dpos) = slots["shape"], slots["value"], slots["dtype"]
+        dims = self.full_shape(shape, _arg_expr(c, spos), scope)
+        if not is_number(value):
+            raise self.error(f"full(): value must be a number, got {self.show_value(value)}", vpos, scope)
+        if dtype is not None and not isinstance(dtype, DType):
+            raise self.error(f"full(): dtype must be a dtype ({', '.join(DTYPES[:-1])} or {DTYPES[-1]}) or none, "
+                             f"got {self.show_value(dtype)}", dpos, scope)
+        like = None if dtype is None else self.policy(str(dtype))
+        dtype = self.literal_dtype("full(): value", value, like, vpos, scope, verb="fills")
+        # a broadcast view: read-only, and no memory spent on a large shape before a step runs
+        array = np.broadcast_to(np.asarray(value, NUMPY_DTYPE[dtype]), dims)
+        return Tensor(self.const(array, dtype, self.span(c.pos, scope)))
+
+    def full_shape(self, shape, expr, scope: Scope) -> tuple[int, ...]:
+        if not isinstance(shape, list):
+            raise self.error(f"full(): shape must be a list of dimensions, like [batch, hidden], got "
+                             f"{self.show_value(shape)}", expr.pos, scope)
+        items = expr.items if isinstance(expr, ast.ListLit) else [expr] * len(shape)
+        for d, item in zip(shape, items):
+            if not _is_int(d) or d < 1:
+                raise self.error(f"full(): a shape dimension must be a positive integer, got {self.show_value(d)}",
+                                 item.pos, scope)
+        problem = limits.type_problem(tuple(shape))
+        if problem:
+            raise self.error(f"full(): {problem}", expr.pos, scope)
+        return tuple(int(d) for d in shape)
+
     def call_block(self, block: ast.BlockDef, call_args, call_pos, scope: Scope):
         name = block.name.id
         if name in scope.active:
@@ -110,6 +146,11 @@ class Builtins:
         ret = block.body[-1]
         values = tuple(self.single(v, inner) for v in ret.values)
         return values[0] if len(values) == 1 else values
+
+
+def _arg_expr(c: ast.Call, pos):
+    """The argument expression of call c that bind() placed at pos (a keyword's, its name)."""
+    return next((e for e in c.args if e.pos == pos), None) or next(k.value for k in c.kwargs if k.pos == pos)
 
 
 def _is_int(v) -> bool:

@@ -176,20 +176,27 @@ class Calls:
         what = f"an operand of {callee}" if callee.startswith("'") else f"{callee}: argument {arg_name!r}"
         if not is_number(value):
             raise self.error(f"{what} must be a tensor or a number, got {self.show_value(value)}", pos, scope)
+        dtype = self.literal_dtype(what, value, like, pos, scope)
+        return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
+
+    def literal_dtype(self, what, value, like, pos, scope, verb: str = "meets") -> str:
+        """The dtype a number literal takes: `like` (the tensor it meets, or
+        the one it fills), else the compile dtype for a float and i32 for an
+        int; an error where the dtype cannot hold it."""
         dtype = like or (self.dtype if isinstance(value, float) else "i32")
         if dtype == "i32" and not isinstance(value, numbers.Integral):
-            raise self.error(f"{what} is the float {show(value)}, but the tensor it meets is i32",
-                             pos, scope, hint="cast the tensor first, e.g. cast(x, f32)")
+            raise self.error(f"{what} is the float {show(value)}, but the tensor it {verb} is i32",
+                             pos, scope, hint="cast the tensor first, e.g. cast(x, f32)" if verb == "meets" else None)
         if dtype == "i32" and not -2**31 <= value < 2**31:
-            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it meets", pos, scope)
+            raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it {verb}", pos, scope)
         largest = float(np.finfo(NUMPY_DTYPE[dtype]).max) if dtype != "i32" else math.inf
         if abs(value) > largest:
             # it would be an inf (a mask's `(1 - m) * -1e9` in f16, then 0 * -inf = NaN)
-            raise self.error(f"{what} is {show(value)}, outside the range of the {dtype} tensor it meets "
+            raise self.error(f"{what} is {show(value)}, outside the range of the {dtype} tensor it {verb} "
                              f"(largest {largest:g})", pos, scope,
                              hint="under dtype f16 or mixed an f32 tensor is f16: use a value within "
                                   f"{largest:g} (e.g. -3e4 for a mask's fill)" if dtype == "f16" else None)
-        return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
+        return dtype
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
         array = np.asarray(array, dtype=NUMPY_DTYPE[dtype])
