@@ -186,6 +186,10 @@ class Session:
             feeds[RNG_INPUT] = self._random_state(training)
         return feeds
 
+    def eval_random_state(self) -> np.ndarray:
+        """The random state an evaluation step feeds now, which its randn_like draws from."""
+        return self._random_state(False)
+
     def _random_state(self, training: bool) -> np.ndarray:
         """[training, step, seed, rank]. A training step's counter continues from
         the optimizer's iterations (the run's steps, skipped ones included), so a

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT
@@ -119,8 +120,23 @@ def _dropout(torch, node, ins, at):
 
 def _randn_like(torch, node, ins, at):
     """torch's own noise, at torch's cost: flowgrad's draws are not torch's, so
-    the twin's loss matches only where the noise does not reach it."""
+    a check gives the twin flowgrad's (flowgrad_noise)."""
     return torch.randn_like(ins[0])
+
+
+def flowgrad_noise(sess, twin_graph: Graph) -> dict[int, np.ndarray]:
+    """What the randn_like nodes of sess's graph draw in an evaluation step
+    now, by the op's own numpy rule, keyed by the ids of twin_graph's: its
+    k-th randn_like is the k-th of sess's (a mixed-precision build numbers its
+    nodes, and so its default streams, apart from the f32 build the twin runs)."""
+    ours = [n for n in sess.graph.nodes if n.op == "randn_like"]
+    theirs = [n for n in twin_graph.nodes if n.op == "randn_like"]
+    if not ours:
+        return {}
+    state, op = sess.eval_random_state(), get_op("randn_like")
+    # x's values are not read: an empty array of its shape and dtype stands in
+    return {t.id: op.forward([np.empty(n.shape, NUMPY_DTYPE[n.dtype]), state], n.attrs)
+            for n, t in zip(ours, theirs)}
 
 
 def _batchnorm(torch, node, ins, at):
@@ -258,8 +274,10 @@ class TorchTwin:
     def feeds(self, feeds: dict[str, np.ndarray]) -> dict:
         return {name: self.torch.tensor(np.asarray(a), device=self.device) for name, a in feeds.items()}
 
-    def forward(self, feeds: dict, training: bool = True) -> tuple:
-        """(loss or None, {output name: tensor}) for torch-tensor feeds."""
+    def forward(self, feeds: dict, training: bool = True, noise: dict | None = None) -> tuple:
+        """(loss or None, {output name: tensor}) for torch-tensor feeds.
+        noise: {node id: array} that those randn_like nodes give instead of
+        torch's draws (flowgrad_noise)."""
         g, vals = self.graph, {}
         names = {i: name for name, i in g.inputs.items()} | {i: name for name, i in g.params.items()}
         for node, fn, at in self._steps:
@@ -271,6 +289,9 @@ class TorchTwin:
                 vals[node.id] = self.params[names[node.id]]
             elif node.op == "const":
                 vals[node.id] = self.consts[node.id]
+            elif noise and node.id in noise:
+                vals[node.id] = self.torch.tensor(noise[node.id], device=self.device).to(
+                    _dtypes(self.torch)[node.dtype])
             else:
                 vals[node.id] = fn(self.torch, node, [vals[i] for i in node.inputs], at)
         return (vals[g.loss] if g.loss is not None else None), {name: vals[i] for name, i in g.outputs.items()}

@@ -181,6 +181,58 @@ def test_bench_compare_checks_and_times_the_twin_at_each_dtype(stem, config, dty
     assert out["eager"]["samples"] == bench.ROUNDS   # --json says how many steps each median is of
 
 
+VAE = """
+model vae
+config { batch = 8 }
+input x: f32[batch, 16]
+param we: f32[16, 8] = normal(std=0.3)
+param wv: f32[16, 8] = normal(std=0.3)
+param wd: f32[8, 16] = normal(std=0.3)
+mu = x @ we
+logvar = x @ wv
+z = mu + exp(0.5 * logvar) * randn_like(mu) + 0.1 * randn_like(mu, stream=3)
+loss = mse_loss(z @ wd, x) + 0.1 * mse_loss(exp(0.5 * logvar), mu)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "mixed"])
+def test_bench_compare_checks_randn_like_with_flowgrads_noise_and_times_torchs(dtype, cpu_for_cuda, monkeypatch):
+    """randn_like samples in the eval step the check runs: the twin is checked
+    on flowgrad's draws of that step (mixed numbers its nodes, and so its
+    default streams, apart from the f32 twin's), and timed on torch's."""
+    from flowgrad.exec_vulkan import bench
+
+    sess = fg.loads(VAE).compile(device="cpu", dtype=dtype, seed=5)
+    feeds, _ = bench.bench_feeds(sess.graph)
+    opt = bench.Adam(lr=bench.LR)
+    for _ in range(3):   # the timed steps before the check: its noise is not step 0's
+        sess.step(feeds, grads=False, optimizer=opt)
+    drawn = []
+    randn_like = torch.randn_like
+    monkeypatch.setattr(torch, "randn_like", lambda x: drawn.append(x.shape) or randn_like(x))
+    out = bench.compare_torch(sess, feeds, repeats=1, phase=lambda text: None)
+    assert out["checked_in"] == "eval"
+    assert abs(out["loss_torch"] - out["loss_flowgrad"]) <= (1e-5 if dtype == "f32" else 2e-3) * out["loss_flowgrad"]
+    assert len(drawn) >= 2 * bench.ROUNDS, "the timed steps draw torch's own noise"
+
+
+def test_the_twin_takes_flowgrads_noise_only_when_given_it():
+    from flowgrad.torch_twin import flowgrad_noise
+
+    sess = fg.loads(VAE).compile(device="cpu", seed=2)
+    feeds = feeds_for(sess.graph, seed=1)
+    sess.step(feeds)
+    want = sess.step(feeds, grads=False).loss
+    twin = TorchTwin(sess.graph, sess.params)
+    noise = flowgrad_noise(sess, sess.graph)
+    assert len(noise) == 2 and all(a.shape == (8, 8) for a in noise.values())
+    loss, _ = twin.forward(twin.feeds(feeds), training=False, noise=noise)
+    assert abs(float(loss.detach()) - want) <= 1e-5 * want
+    loss, _ = twin.forward(twin.feeds(feeds), training=False)
+    assert abs(float(loss.detach()) - want) > 1e-3 * want, "torch's noise is not flowgrad's"
+
+
 @pytest.mark.vulkan
 def test_bench_compare_checks_an_f16_loss_at_f16_precision(vk_device, cpu_for_cuda):
     """The graph path's f16 loss and torch's round in different places: one

@@ -5,7 +5,8 @@ device; with compare="torch", also its PyTorch twin
 same process, eager and under torch.compile(mode="reduce-overhead"), each
 timed in turns with the graph path, after checking that the twin's first
 loss equals flowgrad's (in an eval step when the model has random ops:
-torch draws its own dropout masks). Under
+torch draws its own dropout masks; randn_like, which samples in eval too,
+gives flowgrad's own noise in that check and torch's in the timed steps). Under
 dtype="mixed" the twin is the f32 model run as PyTorch AMP runs it, eager
 (torch.autocast in f16 with a GradScaler, and in bf16), beside its plain
 f32 eager step. Prints median step times and their ratios, what each
@@ -190,7 +191,7 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     """PyTorch eager and torch.compile on the twin, each timed in turns with
     the graph path's Adam step (whose time in those turns is "graph"), or
     {"skipped": why} for a phase that failed."""
-    from flowgrad.torch_twin import TorchTwin, require_torch
+    from flowgrad.torch_twin import TorchTwin, flowgrad_noise, require_torch
 
     torch = require_torch()
     phase("building the PyTorch twin")
@@ -202,14 +203,16 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
     # (its data, random feeds), and torch does not promote them against f16 params
     tfeeds = twin.feeds({k: np.asarray(v, NUMPY_DTYPE[graph.nodes[graph.inputs[k]].dtype])
                          for k, v in feeds.items()})
-    # dropout draws torch's own masks in training: a model with random ops is checked in eval
+    # dropout draws torch's own masks in training: a model with random ops is checked in eval, where
+    # randn_like still samples, so the check hands the twin flowgrad's noise (the timed steps draw torch's)
     training = RNG_INPUT not in {n.name for n in graph.nodes if n.op == "input"}
     want = graph_sess.step(feeds, grads=training).loss
+    noise = flowgrad_noise(graph_sess, graph)
     if mixed:
         with torch.autocast("cuda", dtype=torch.float16):
-            got = float(twin.forward(tfeeds, training=training)[0].detach())
+            got = float(twin.forward(tfeeds, training=training, noise=noise)[0].detach())
     else:
-        got = float(twin.forward(tfeeds, training=training)[0].detach())
+        got = float(twin.forward(tfeeds, training=training, noise=noise)[0].detach())
     # f16 rounding, in different places on each side (mixed or all-f16): the loss alone is one f16 ulp,
     # 1e-3 relative near 1-2, so an f32 tolerance refuses a twin that agrees
     tol = 1e-4 if graph_sess.plan.dtype == "f32" else 2e-2
