@@ -258,3 +258,18 @@ def test_vulkan_noise_matches_float64_over_a_large_draw(vk_device):
     want = normal_noise(x.shape, 5, 1, 4)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     assert abs(got.mean()) < 0.005 and abs(got.std() - 1.0) < 0.005
+
+
+def test_mixed_draws_the_noise_and_masks_of_f32():
+    """A random op's default stream does not count the casts dtype="mixed"
+    adds (the params' f16 copies), so a seed draws the same noise and masks
+    under f32, f16 and mixed, as torch's generator does under autocast."""
+    src = ("input x: f32[4, 6]\nparam w: f32[6, 6] = normal(std=0.3)\nh = x @ w\n"
+           "n = randn_like(h)\nd = dropout(h, p=0.5)\nm = eq(d, 0.0)\noutput n, m\n")
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    out = {dt: fg.loads(src).compile(device="cpu", dtype=dt, seed=3).step({"x": x}, grads=False, train=True).outputs
+           for dt in ("f32", "f16", "mixed")}
+    assert [n.op for n in fg.loads(src).build("mixed").nodes].count("cast") == 1
+    for dt in ("f16", "mixed"):
+        np.testing.assert_allclose(out[dt]["n"], out["f32"]["n"], rtol=1e-3, atol=1e-3)
+        np.testing.assert_array_equal(out[dt]["m"], out["f32"]["m"])

@@ -41,6 +41,7 @@ class Builder(Calls, Builtins):
         # "mixed" computes in f16 around f32 master params (see param_decl) and f32 losses (see apply_op)
         self.mixed = dtype == "mixed"
         self.dtype = "f16" if self.mixed else dtype
+        self.mixed_casts = 0   # nodes only "mixed" adds: a random op's default stream does not count them
         stmts = program.stmts
         self.graph = Graph(self._model_name(stmts), program.file)
         self.config = ConfigEvaluator([s for s in stmts if isinstance(s, ast.ConfigBlock)],
@@ -209,6 +210,7 @@ class Builder(Calls, Builtins):
         if master:
             value = self.graph.add("cast", (node.id,), TensorType(ttype.shape, "f16"),
                                    attrs=OPS["cast"].with_defaults({"dtype": "f16"}), span=span).id
+            self.mixed_casts += 1
         scope.names[s.name.id] = Binding(Tensor(value), kind, s.name.pos)
 
     def assign(self, s: ast.Assign, scope: Scope):

@@ -133,8 +133,7 @@ class Calls:
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
         if op.autocast == "f32" and self.mixed:
-            ins = [self.add_node("cast", [i], {"dtype": "f32"}, span).id if self.graph.nodes[i].dtype == "f16" else i
-                   for i in ins]
+            ins = [self.mixed_cast(i, span) if self.graph.nodes[i].dtype == "f16" else i for i in ins]
         if op.expand is not None:
             self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)
@@ -148,6 +147,10 @@ class Calls:
             nb = NodeBuilder(self, span)
             return Tensor(op.decompose(lambda name, ids, at=None: nb.apply(name, ids, at), list(ins), attr_values))
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
+
+    def mixed_cast(self, i: int, span: Span) -> int:
+        self.mixed_casts += 1
+        return self.add_node("cast", [i], {"dtype": "f32"}, span).id
 
     def add_node(self, op_name: str, ins, attr_values: dict, span: Span):
         out = self.infer_type(op_name, ins, attr_values, span)
@@ -242,8 +245,9 @@ class NodeBuilder:
         return self.graph.add("input", [], type, name=name, span=self.span).id
 
     def next_id(self) -> int:
-        """The id the node being built will get."""
-        return len(self.graph.nodes)
+        """The id the node being built gets in the model's f32 build (a random
+        op's default stream): so f32, f16 and mixed draw the same numbers."""
+        return len(self.graph.nodes) - self._b.mixed_casts
 
 
 
