@@ -511,3 +511,32 @@ def test_a_param_the_loss_does_not_reach_takes_no_update(device, dtype):
     np.testing.assert_array_equal(sess.params["spare"], before["spare"])
     assert not np.array_equal(sess.params["w"], before["w"])
     np.testing.assert_array_equal(res.grads["spare"], np.zeros(3, np.float32))   # reported, as zeros
+
+
+VAE_KL = """
+model vae_kl
+input x: f32[4, 6]
+param we: f32[6, 4] = normal(std=0.3)
+param wd: f32[2, 6] = normal(std=0.3)
+mu, logvar = split(x @ we, 2, axis=-1)
+z = mu + exp(0.5 * logvar) * randn_like(mu)
+rec = bce_with_logits(z @ wd, x)
+kl = -0.5 * mean(sum(1 + logvar - mu ** 2 - exp(logvar), axis=1))
+loss = rec + kl
+minimize loss
+"""
+
+
+def test_an_f32_loss_plus_an_f16_term_computes_in_f32(device):
+    """A loss is f32 under mixed and a regulariser beside it f16: their sum
+    promotes to f32, as PyTorch's autocast does, where it was a dtype mismatch
+    in a model that declares only f32."""
+    x = np.random.default_rng(0).uniform(0, 1, (4, 6)).astype(np.float32)
+    ref = fg.loads(VAE_KL).compile(device="cpu", seed=0).step({"x": x})
+    sess = compiled(fg.loads(VAE_KL), device, seed=0, loss_scale=LossScaler(init_scale=16.0))
+    loss = sess.graph.nodes[sess.graph.loss]
+    assert loss.op == "add" and loss.dtype == "f32"
+    res = sess.step({"x": x})
+    assert res.loss == pytest.approx(ref.loss, rel=2e-3)
+    for name, g in res.grads.items():
+        np.testing.assert_allclose(g, ref.grads[name], rtol=2e-2, atol=2e-3)

@@ -132,7 +132,7 @@ class Calls:
                     items = [items]
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
         span = self.span(call_pos, scope)
-        if op.autocast == "f32" and self.mixed:
+        if self.mixed and self.autocasts(op, ins):
             ins = [self.mixed_cast(i, span) if self.graph.nodes[i].dtype == "f16" else i for i in ins]
         if op.expand is not None:
             self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
@@ -147,6 +147,15 @@ class Calls:
             nb = NodeBuilder(self, span)
             return Tensor(op.decompose(lambda name, ids, at=None: nb.apply(name, ids, at), list(ins), attr_values))
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
+
+    def autocasts(self, op, ins) -> bool:
+        """Whether dtype="mixed" runs the op on f32 copies of its f16 inputs:
+        a loss always; an arithmetic op only where its operands mix f16 and
+        f32 (an f32 loss plus an f16 regulariser, in a model that declares
+        only f32), as PyTorch promotes them under autocast."""
+        if op.autocast == "promote":
+            return {self.graph.nodes[i].dtype for i in ins} == {"f16", "f32"}
+        return op.autocast == "f32"
 
     def mixed_cast(self, i: int, span: Span) -> int:
         self.mixed_casts += 1

@@ -35,7 +35,7 @@ def _binary(name, forward, grads, doc, floats_only=False, samples=(), torch=""):
         return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
 
     return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples,
-                 torch=torch)
+                 torch=torch, autocast="promote")
 
 
 add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b", torch="torch.add")

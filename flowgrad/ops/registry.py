@@ -69,7 +69,9 @@ class Op:
     samples: valid calls, for the op tests (see `Sample`).
     autocast: "f32" for an op that dtype="mixed" runs on f32 copies of its
         f16 inputs (the losses: the scaled loss and its gradient seed need
-        f32's range, as autocast runs PyTorch's losses in f32); "" otherwise.
+        f32's range, as autocast runs PyTorch's losses in f32); "promote" for
+        one that does so only where its operands mix f16 and f32 (arithmetic
+        on a loss, promoted as PyTorch promotes it); "" otherwise.
     torch: the PyTorch function that is this op when called on its tensor
         inputs in order (`torch.abs`, `F.relu`: F is torch.nn.functional);
         flowgrad/torch_twin.py calls it and the docs' op table shows it. An
