@@ -154,6 +154,13 @@ def _as_node_dtype(fn):
     return lambda torch, node, ins, at: fn(torch, node, ins, at).to(_dtypes(torch)[node.dtype])
 
 
+def _topk_indices(torch, node, ins, at):
+    """A stable sort's first k: flowgrad's ties go to the lower index, and
+    torch.topk leaves the order of ties open."""
+    order = torch.sort(ins[0], dim=at["axis"], descending=True, stable=True).indices
+    return order.narrow(at["axis"], 0, at["k"])
+
+
 def _compare(name):
     return _as_node_dtype(lambda torch, node, ins, at: getattr(torch, name)(ins[0], ins[1]))
 
@@ -178,7 +185,7 @@ LOWER = {
     "argmax": _as_node_dtype(lambda torch, node, ins, at: torch.argmax(ins[0], dim=at["axis"],
                                                                       keepdim=at["keepdims"])),
     "topk": lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).values,
-    "topk_indices": _as_node_dtype(lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).indices),
+    "topk_indices": _as_node_dtype(_topk_indices),
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
         ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,

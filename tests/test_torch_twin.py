@@ -268,3 +268,30 @@ def cpu_for_cuda(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda f, **kw: f)
     monkeypatch.setattr(torch, "autocast", lambda kind, dtype=None: autocast("cpu", dtype=dtype))
     monkeypatch.setattr(bench, "WARMUP_SECONDS", 0.0)
+
+
+SINUSOIDAL = """
+model sinusoidal
+config {
+  seq = 16
+  d = 8
+}
+input x: f32[seq, d]
+state zeros_seq: f32[seq] = zeros()
+state zeros_half: f32[d / 2] = zeros()
+pos = reshape(cast(topk_indices(zeros_seq, seq), float), [seq, 1])
+i = reshape(cast(topk_indices(zeros_half, d / 2), float), [1, d / 2])
+angle = pos * exp(i * (-2.0 * 9.210340371976184 / d))
+pe = concat(sin(angle), cos(angle), axis=-1)
+param w: f32[d, d] = normal(std=0.5)
+loss = mean(((x + pe) @ w) ** 2)
+minimize loss
+"""
+
+
+def test_twin_topk_indices_ties_go_to_the_lower_index():
+    """Positions 0..seq-1 as the indices of a constant row's topk: flowgrad
+    ties to the lower index, where torch.topk leaves the order of ties open
+    (CPU torch gave 8, 15, 14, ... for 16 zeros)."""
+    sess = fg.loads(SINUSOIDAL, file="sinusoidal.flow").compile(device="cpu")
+    check_twin(sess, feeds_for(sess.graph, seed=6))
