@@ -273,3 +273,13 @@ def test_mixed_draws_the_noise_and_masks_of_f32():
     for dt in ("f16", "mixed"):
         np.testing.assert_allclose(out[dt]["n"], out["f32"]["n"], rtol=1e-3, atol=1e-3)
         np.testing.assert_array_equal(out[dt]["m"], out["f32"]["m"])
+
+
+@pytest.mark.parametrize("op", ["dropout", "randn_like"])
+@pytest.mark.parametrize("stream", [-1, 2**32])
+def test_a_stream_past_the_generators_key_word_is_an_error_at_the_call(op, stream):
+    """The stream is a 32-bit word of Philox's key: numpy raised OverflowError
+    at the first step, while the shaders silently wrapped it."""
+    with pytest.raises(fg.FlowError, match=rf"2:9: {op}: stream={stream} must be in \[0, 2\^32\)"):
+        fg.loads(f"input x: f32[3, 4]\ny = x + {op}(x, stream={stream})\noutput y\n").build()
+    fg.loads(f"input x: f32[3, 4]\ny = x + {op}(x, stream={2**32 - 1})\noutput y\n").build()

@@ -111,10 +111,14 @@ def _infer(ins, attrs):
     float_dtype(ins[0], "x")
     if not 0.0 <= attrs["p"] <= 1.0:
         raise OpTypeError(f"p={attrs['p']} must be in [0, 1]")
-    return _check_rng(ins)
+    return _check_rng(ins, attrs)
 
 
-def _check_rng(ins):
+def _check_rng(ins, attrs):
+    """The random state, and the stream: a 32-bit word of Philox's key."""
+    stream = attrs["stream"]
+    if stream is not None and not 0 <= stream < 2**32:
+        raise OpTypeError(f"stream={stream} must be in [0, 2^32)")
     x = ins[0]
     # one input: the call as written, checked before the build adds the random state
     if len(ins) > 2 or (len(ins) == 2 and ins[1] != RNG_TYPE):
@@ -160,7 +164,7 @@ dropout = defop(
 
 def _randn_infer(ins, attrs):
     float_dtype(ins[0], "x")
-    return _check_rng(ins)
+    return _check_rng(ins, attrs)
 
 
 def _randn_forward(ins, attrs):
