@@ -217,3 +217,30 @@ def test_a_byte_level_prompt_names_the_character_a_missing_byte_belongs_to():
     vocab = sorted(set("hello world".encode()))
     with pytest.raises(FlowError, match=r"byte 0xc3 of character 'ö' \(position 4\) is not in the model's vocabulary"):
         encode("hellö".encode(), vocab, "byte")
+
+
+NOISY = """
+config { batch = 4 }
+input x: f32[batch, 3]
+param w: f32[3] = ones()
+n = x * w + randn_like(x)
+loss = mean(n * w)
+output n
+minimize loss
+"""
+
+
+def test_predict_at_another_batch_size_draws_the_sessions_noise():
+    """randn_like samples in eval from the session's seed and last training
+    step: a session made for another row count drew seed 0's step 0 instead,
+    so the same rows got other noise depending on how many were predicted."""
+    from flowgrad.training.optim import SGD
+
+    sess = fg.loads(NOISY).compile(device="cpu", seed=5)
+    x = np.zeros((4, 3), np.float32)
+    for _ in range(3):
+        sess.step({"x": x}, optimizer=SGD(lr=0.1))
+    want = sess.step({"x": x}, grads=False).outputs["n"]
+    np.testing.assert_array_equal(sess.predict({"x": x})["n"], want)
+    np.testing.assert_array_equal(sess.predict({"x": x[:2]})["n"], want[:2])
+    np.testing.assert_array_equal(sess.predict({"x": np.zeros((6, 3), np.float32)})["n"][:4], want)

@@ -164,13 +164,19 @@ class Predictor:
         for size in sizes:
             sess = self.session_for(size)
             if sess is not self.sess:
-                sess.runner.set_params(params)
+                self._follow(sess, params)
             chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
             parts.append(run(sess, chunk, outputs))
             start += size
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _follow(self, sized, params) -> None:
+        """The session's params and random counter: randn_like samples in eval
+        too, and the rows of any batch size should draw the session's noise."""
+        sized.runner.set_params(params)
+        sized.seed, sized.rank, sized.train_steps = self.sess.seed, self.sess.rank, self.sess.train_steps
 
     def _batch_major(self, feeds, outputs=None) -> bool:
         graph, b = self.sess.graph, batch_size(self.sess.graph)
