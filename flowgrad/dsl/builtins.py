@@ -1,8 +1,9 @@
-"""The built-ins `split`, `repeat` and `full`, and block calls, for the
+"""The built-ins `split`, `repeat`, `full` and `arange`, and block calls, for the
 Builder: each expands in place into the graph (a block instance gets its own
 scope, prefix "decoder.0." and the call site on every span it makes)."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -16,7 +17,7 @@ from flowgrad.dtypes import DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.ops import OPS, Arg
 
-BUILTINS = ("split", "repeat", "full")
+BUILTINS = ("split", "repeat", "full", "arange")
 
 
 class Builtins:
@@ -107,6 +108,42 @@ class Builtins:
         # a broadcast view: read-only, and no memory spent on a large shape before a step runs
         array = np.broadcast_to(np.asarray(value, NUMPY_DTYPE[dtype]), dims)
         return Tensor(self.const(array, dtype, self.span(c.pos, scope)))
+
+    def arange(self, c: ast.Call, scope: Scope):
+        """torch.arange: arange(end) or arange(start, end, step=1), a const
+        node of the values; i32 unless a bound is a float (then the compile
+        dtype), or dtype=, which a declaration's rules map."""
+        sig = (Arg("start", "attr"), Arg("end", "attr", None), Arg("step", "attr", 1), Arg("dtype", "attr", None))
+        pos_args, kwargs = self.call_args(c, scope)
+        slots = self.bind("arange", sig, pos_args, kwargs, c.pos, scope)
+        for name in ("start", "end", "step"):
+            value, pos = slots[name]
+            if not (is_number(value) or (name == "end" and value is None)):
+                raise self.error(f"arange(): {name} must be a number, got {self.show_value(value)}", pos or c.pos,
+                                 scope)
+        (start, spos), (end, _), (step, steppos), (dtype, dpos) = (slots[k] for k in ("start", "end", "step", "dtype"))
+        if end is None:   # arange(n): 0 to n
+            start, end = 0, start
+        if step == 0:
+            raise self.error("arange(): step must not be 0", steppos or c.pos, scope)
+        n = math.ceil((end - start) / step)
+        if n < 1:
+            raise self.error(f"arange(): no values from {show(start)} to {show(end)} in steps of {show(step)}",
+                             c.pos, scope)
+        if dtype is not None and not isinstance(dtype, DType):
+            raise self.error(f"arange(): dtype must be a dtype ({', '.join(DTYPES[:-1])} or {DTYPES[-1]}) or none, "
+                             f"got {self.show_value(dtype)}", dpos, scope)
+        like = None if dtype is None else self.policy(str(dtype))
+        floats = any(isinstance(v, float) for v in (start, end, step))
+        last = start + (n - 1) * step
+        widest = max(abs(start), abs(last))
+        dtype = self.literal_dtype("arange(): a value", float(widest) if floats else widest, like, spos or c.pos,
+                                   scope, verb="fills")
+        problem = limits.type_problem((n,))
+        if problem:
+            raise self.error(f"arange(): {problem}", c.pos, scope)
+        values = start + np.arange(n, dtype=np.float64) * step   # as torch: start + i * step
+        return Tensor(self.const(values.astype(NUMPY_DTYPE[dtype]), dtype, self.span(c.pos, scope)))
 
     def full_shape(self, shape, expr, scope: Scope) -> tuple[int, ...]:
         if not isinstance(shape, list):
