@@ -210,7 +210,7 @@ def test_token_accuracy_reads_answer_positions_only():
 
 
 @pytest.mark.parametrize("inputs, message", [
-    (dict(x=("f32", (8, 64))), "has no input y"),
+    (dict(x=("f32", (8, 64)), a=("f32", (8,)), b=("f32", (8,))), "has no input y"),   # (x alone trains on x)
     (dict(x=("f32", (8, 10)), y=("i32", (8,))), "makes x as [rows, 64]"),
     (dict(x=("f32", (8, 64)), y=("i32", (8, 2))), "makes y as [rows]"),
     (dict(x=("f32", (8, 64)), y=("i32", (4,))), "share a leading batch"),

@@ -609,3 +609,36 @@ def test_a_non_finite_value_in_a_one_axis_array_names_its_row(tmp_path):
     with pytest.raises(FlowError) as e:
         setup(model(REGRESSION, 'data = npz("r.npz")', tmp_path).graph)
     assert e.value.message.endswith("array 'y' holds nan at row 5 (0-based), not a finite number")
+
+
+DIGITS_AUTOENCODER = """
+model ae
+config {
+  batch = 32
+}
+input x: f32[batch, 64]
+param we: f32[64, 8] = xavier()
+param wd: f32[8, 64] = xavier()
+recon = tanh(x @ we) @ wd
+loss = mse_loss(recon, x)
+output recon
+minimize loss
+train {
+  data = digits()
+  optimizer = adam(lr=1e-2)
+  steps = 20
+}
+"""
+
+
+def test_a_model_with_no_input_for_the_targets_trains_on_the_features_alone(tmp_path):
+    """digits() makes x and y; an autoencoder declares x only: it trains on x,
+    with no metric unless one that needs no targets is named (mse of x)."""
+    res = fg.train(fg.loads(DIGITS_AUTOENCODER), device="cpu", progress=False)
+    assert res.metric == "none" and set(res.metrics) == {"loss"} and res.metrics["loss"] < 0.1
+    named = fg.loads(DIGITS_AUTOENCODER.replace("steps = 20", 'steps = 20\n  metric = "mse"'))
+    res = fg.train(named, device="cpu", progress=False)
+    assert res.metrics["mse"] == pytest.approx(res.metrics["loss"], rel=1e-5)
+    with pytest.raises(FlowError, match="metric accuracy needs targets, and data digits"):
+        fg.train(fg.loads(DIGITS_AUTOENCODER.replace("steps = 20", 'steps = 20\n  metric = "accuracy"')), device="cpu",
+                 progress=False)

@@ -84,6 +84,8 @@ class Dataset:
     ignored: frozenset = frozenset()
     # roles fed only to an input of their own name (a file's other arrays): the model may not read them
     optional: frozenset = frozenset()
+    # a model with an input for every role but the targets trains on the rest, with no metric by default
+    unscored_without_targets = False
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
@@ -132,6 +134,8 @@ class Dataset:
                             f"batch dimension, got "
                             f"{', '.join(f'{self.inputs[r]}: {t}' for r, t in types.items())}", span)
         self.batch = batches.pop()
+        if self.target_role is not None and self.target_role not in self.inputs:
+            self.default_metric = "none"
         uses = index_uses(graph)
         for role, t in types.items():
             self.check_role(role, self.inputs[role], t, uses.get(graph.inputs[self.inputs[role]], ()))
@@ -145,7 +149,10 @@ class Dataset:
     def map_inputs(self, graph: Graph) -> dict[str, str]:
         extra = [r for r in self.roles if r in self.optional and r in graph.inputs]
         roles = [r for r in self.roles if r not in self.optional]
-        mapped = self.map_roles(graph, roles, [n for n in graph.inputs if n not in extra]) | {r: r for r in extra}
+        inputs = [n for n in graph.inputs if n not in extra]
+        if self.unscored_without_targets and len(inputs) == len(roles) - 1 and self.target_role not in inputs:
+            roles.remove(self.target_role)   # no input for the targets: a model of x alone (an autoencoder)
+        mapped = self.map_roles(graph, roles, inputs) | {r: r for r in extra}
         return {r: mapped[r] for r in self.roles if r in mapped}   # in role order, as messages list them
 
     def map_roles(self, graph: Graph, roles: list[str], inputs: list[str]) -> dict[str, str]:
@@ -262,6 +269,7 @@ class ArrayData(Dataset):
 
     # where a source read the targets as words (csv: "file:line: column 'c' holds 'x'"), if it did
     words_at: str | None = None
+    unscored_without_targets = True
 
     def __init__(self, train: dict, val: dict | None = None, test: dict | None = None, seed: int = 0,
                  describe: str = "arrays", roles: tuple[str, ...] | None = None, meta: dict | None = None):
