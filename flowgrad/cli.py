@@ -430,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
                    "used, --set overrides it (e.g. --set batch=1 for the exported batch size)")
-    p.add_argument("-o", "--output-file", required=True, metavar="FILE.onnx", help="where to write the ONNX model")
+    # --out as train and run spell it (a prefix of both long names, it was ambiguous)
+    p.add_argument("-o", "--out", "--output-file", dest="output_file", required=True, metavar="FILE.onnx",
+                   help="where to write the ONNX model")
     p.add_argument("--output", action="append", default=[], metavar="NAME", help="export this output (repeatable; "
                    "default: every output that does not read the targets)")
     p.add_argument("--device", default="cpu", help="where to load the params (default cpu)")

@@ -102,6 +102,10 @@ def test_export_cli(tmp_path, capsys):
                                rtol=1e-5, atol=1e-5)
     # pinned to what opset 17 needs, so an onnxruntime older than the onnx package loads it
     assert onnx.load(tmp_path / "mlp.onnx").ir_version == 8
+    # --out, as train and run spell it (it was ambiguous between --output and --output-file)
+    assert cli_main(["export", str(MODELS / "mlp.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
+                     "--out", str(tmp_path / "again.onnx"), "--set", "hidden=16", "--device", "cpu"]) == 0
+    assert (tmp_path / "again.onnx").is_file()
 
 
 def test_an_op_without_onnx_counterpart_names_the_node_and_line(tmp_path):
