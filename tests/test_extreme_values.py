@@ -143,3 +143,60 @@ def test_the_expected_max_and_maximum_gradients_are_pytorchs(name):
     np.testing.assert_array_equal(m.detach().numpy(), want_m)
     for k, want in want_grads.items():
         np.testing.assert_array_equal(leaves[k].grad.numpy(), want, err_msg=k)
+
+
+# ---------------------------------------------------------------- NaN and inf through abs and the activations
+
+UNARY_X = [NAN, -2.0, -0.5, 0.0, 0.5, 2.0, -INF, INF]
+UNARY_G = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+
+# name: (expression for m of x, PyTorch's m, then m and x's gradient as torch
+# gives them in float64 for loss = sum(m * g)). At a NaN x torch takes the
+# branch its comparison falls to: abs's sign is 0, relu, leaky_relu and elu
+# are not <= 0 (g, g, g), clamp is not inside its bounds (0).
+UNARY_CASES = {
+    "abs": ("abs(x)", lambda torch, x: torch.abs(x),
+            [NAN, 2.0, 0.5, 0.0, 0.5, 2.0, INF, INF], [0.0, -2.0, -3.0, 0.0, 5.0, 6.0, -7.0, 8.0]),
+    "relu": ("relu(x)", lambda torch, x: torch.relu(x),
+             [NAN, 0.0, 0.0, 0.0, 0.5, 2.0, 0.0, INF], [1.0, 0.0, 0.0, 0.0, 5.0, 6.0, 0.0, 8.0]),
+    "leaky_relu": ("leaky_relu(x, negative_slope=0.25)",
+                   lambda torch, x: torch.nn.functional.leaky_relu(x, 0.25),
+                   [NAN, -0.5, -0.125, 0.0, 0.5, 2.0, -INF, INF], [0.25, 0.5, 0.75, 1.0, 5.0, 6.0, 1.75, 8.0]),
+    "clamp": ("clamp(x, min=-0.5, max=0.5)", lambda torch, x: torch.clamp(x, -0.5, 0.5),
+              [NAN, -0.5, -0.5, 0.0, 0.5, 0.5, -0.5, 0.5], [0.0, 0.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0]),
+    "elu": ("elu(x, alpha=2.0)", lambda torch, x: torch.nn.functional.elu(x, 2.0),
+            [NAN, -1.7293294335267746, -0.7869386805747332, 0.0, 0.5, 2.0, -2.0, INF],
+            [1.0, 0.5413411329464508, 3.6391839582758005, 8.0, 5.0, 6.0, 0.0, 8.0]),
+}
+
+
+@pytest.mark.parametrize("device, backward", PATHS, ids=lambda v: v)
+@pytest.mark.parametrize("name", sorted(UNARY_CASES))
+def test_abs_and_activations_give_pytorchs_gradients_at_nan_and_inf(name, device, backward, request):
+    """abs's gradient at NaN was NaN on numpy (np.sign) and GLSL sign's on
+    Vulkan; relu gave 0 and elu NaN where PyTorch passes g."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    expr, _, want_m, want_grad = UNARY_CASES[name]
+    params = {"x": np.array(UNARY_X, np.float32)}
+    with np.errstate(all="ignore"):
+        res = step_of(pick_model(expr, params, UNARY_G), params, {"g": np.array(UNARY_G, np.float32)}, device,
+                      backward)
+    # elu's exp is the device's: a few ulp off float64's
+    np.testing.assert_allclose(res.outputs["m"], np.array(want_m, np.float32), rtol=1e-6)
+    np.testing.assert_allclose(res.grads["x"], np.array(want_grad, np.float32), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_CASES))
+def test_the_expected_abs_and_activation_gradients_are_pytorchs(name):
+    """One element at a time: torch's vectorised CPU elu backward gives NaN
+    at a NaN x, where its scalar loop (the op's definition, and what the
+    GPU gives) passes g."""
+    torch = pytest.importorskip("torch")
+    _, torch_m, want_m, want_grad = UNARY_CASES[name]
+    for x, g, m_want, grad_want in zip(UNARY_X, UNARY_G, want_m, want_grad):
+        leaf = torch.tensor([x], dtype=torch.float64, requires_grad=True)
+        m = torch_m(torch, leaf)
+        (m * g).sum().backward()
+        np.testing.assert_array_equal(m.detach().numpy(), [m_want], err_msg=f"x = {x}")
+        np.testing.assert_array_equal(leaf.grad.numpy(), [grad_want], err_msg=f"x = {x}")

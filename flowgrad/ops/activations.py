@@ -53,5 +53,6 @@ leaky_relu = _activation(
     doc="x for x > 0, negative_slope * x otherwise")
 elu = _activation(
     "elu", lambda x, at: np.where(x > 0, x, at["alpha"] * np.expm1(np.minimum(x, 0))),
-    lambda x, at: np.where(x > 0, 1.0, at["alpha"] * np.exp(np.minimum(x, 0))),
+    # a NaN x is not <= 0: it passes g, as PyTorch's elu_backward does
+    lambda x, at: np.where(x <= 0, at["alpha"] * np.exp(np.minimum(x, 0)), 1.0),
     extra=(Arg("alpha", "attr", 1.0, (float, int)),), doc="x for x > 0, alpha (e^x - 1) otherwise")

@@ -129,11 +129,15 @@ sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "squar
 tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh", torch="torch.tanh")
 sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)",
                   torch="torch.sigmoid")
-relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (x > 0).astype(x.dtype),
-              "max(x, 0); gradient 0 at x = 0 (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))], torch="F.relu")
+# a NaN x is not <= 0: it passes g, as PyTorch's threshold does
+relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (~(x <= 0)).astype(x.dtype),
+              "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
+              torch="F.relu")
 
-abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: np.sign(x), "|x|; gradient sign(x), 0 at x = 0 (as PyTorch)",
-              samples=[Sample((((2, 3), "nonzero"),))], torch="torch.abs")
+# sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)
+abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: (x > 0).astype(x.dtype) - (x < 0),
+              "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
+              torch="torch.abs")
 
 sin = _unary("sin", lambda x, at: np.sin(x), lambda x, y, at: np.cos(x), "sine (radians)",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.sin")

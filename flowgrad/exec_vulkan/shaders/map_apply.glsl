@@ -28,7 +28,7 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_SQRT_B: return a * 0.5 / c;
     case M_TANH_B: { float t = c; return a * (1.0 - t * t); }
     case M_SIGMOID_B: { float s = c; return a * s * (1.0 - s); }
-    case M_RELU_B: return b > 0.0 ? a : 0.0;
+    case M_RELU_B: return b <= 0.0 ? 0.0 : a;   // a NaN x passes g, as torch's threshold
     case M_GELU_B: return a * fg_gelu_grad(b);
     case M_GELU_TANH_B: return a * fg_gelu_tanh_grad(b);
     case M_SILU_B: {
@@ -43,7 +43,8 @@ float map_apply(uint op, float a, float b, float c, float param) {
     }
     case M_DIFF_MUL: return c * (a - b);
     case M_ABS: return abs(a);
-    case M_ABS_B: return a * sign(b);
+    // 0 at a NaN x, as torch.sgn: GLSL leaves sign(NaN) undefined
+    case M_ABS_B: return a * (b > 0.0 ? 1.0 : (b < 0.0 ? -1.0 : 0.0));
     case M_MAXIMUM: return fg_nanmax(a, b);
     case M_MINIMUM: return fg_nanmin(a, b);
     // as torch.maximum / minimum: g unless this operand loses (where either is NaN, neither

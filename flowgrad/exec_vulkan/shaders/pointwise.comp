@@ -36,7 +36,7 @@ float f(uint op, float x, float y) {
     case 4u: return x > 0.0 ? x : p.p0 * x;
     case 5u: return x > 0.0 ? 1.0 : p.p0;
     case 6u: return x > 0.0 ? x : p.p0 * fg_expm1(x);
-    case 7u: return x > 0.0 ? 1.0 : p.p0 * exp(x);
+    case 7u: return x <= 0.0 ? p.p0 * exp(x) : 1.0;   // a NaN x passes g, as torch's elu_backward
     case 8u: return abs(x - y);
     case 9u: return sign(x - y);
     case 10u: { float d = abs(x - y); return d < p.p0 ? 0.5 * d * d : p.p0 * (d - 0.5 * p.p0); }
