@@ -32,6 +32,7 @@ class Session:
         # training steps taken, for the random ops' counter (see flowgrad.ops.random)
         self.train_steps = 0
         self.rank = 0   # this process's rank in data-parallel training: its dropout masks' place
+        self.first_row = 0   # the feeds' row that a predict chunk starts at: its noise's place
         self.graph = graph
         self.plan = plan
         self.device = device
@@ -191,12 +192,12 @@ class Session:
         return self._random_state(False)
 
     def _random_state(self, training: bool) -> np.ndarray:
-        """[training, step, seed, rank]. A training step's counter continues from
+        """[training, step, seed, rank, row]. A training step's counter continues from
         the optimizer's iterations (the run's steps, skipped ones included), so a
         resumed run draws the masks it would have."""
         if training:
             self.train_steps = max(self.train_steps, self.runner.counts.iterations) + 1
-        return rng_feed(training, self.train_steps, self.seed, self.rank)
+        return rng_feed(training, self.train_steps, self.seed, self.rank, self.first_row)
 
     def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt

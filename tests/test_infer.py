@@ -244,3 +244,19 @@ def test_predict_at_another_batch_size_draws_the_sessions_noise():
     np.testing.assert_array_equal(sess.predict({"x": x})["n"], want)
     np.testing.assert_array_equal(sess.predict({"x": x[:2]})["n"], want[:2])
     np.testing.assert_array_equal(sess.predict({"x": np.zeros((6, 3), np.float32)})["n"][:4], want)
+
+
+@pytest.mark.parametrize("device, backward", [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")],
+                         ids=lambda v: v)
+def test_predict_in_chunks_draws_each_rows_own_noise(device, backward, request):
+    """Each chunk of a predict larger than the batch restarted the noise's
+    counter, so rows 4-7 drew rows 0-3's noise; every row must draw what one
+    pass over all the rows gives it, the short last chunk's included."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    x = np.zeros((10, 3), np.float32)   # n is the noise itself; without the loss, chunks of 4, 4 and 2
+    got = fg.loads(NOISY).compile(device=device, backward=backward, seed=5).predict({"x": x}, outputs=["n"])["n"]
+    whole = fg.loads(NOISY.replace("batch = 4", "batch = 10")).compile(device="cpu", seed=5)
+    want = whole.step({"x": x}, grads=False).outputs["n"]
+    assert not np.array_equal(want[4:8], want[:4])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # the device's log and cos round otherwise

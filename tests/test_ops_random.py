@@ -165,6 +165,10 @@ def test_noise_depends_on_step_seed_stream_and_rank_and_not_on_dropout():
         assert abs(np.corrcoef(base.ravel(), other.ravel())[0, 1]) < 0.1
     # rank r's elements are those one process draws for rank r's rows
     np.testing.assert_array_equal(normal_noise((4, 3), 1, 0, 5, rank=1), normal_noise((8, 3), 1, 0, 5)[4:])
+    # a predict chunk's rows from `row` on draw those rows' elements, whatever the chunk's size
+    np.testing.assert_array_equal(normal_noise((2, 3), 1, 0, 5, row=6), normal_noise((8, 3), 1, 0, 5)[6:])
+    np.testing.assert_array_equal(normal_noise((2, 3), 1, 0, 5, rank=1, row=2), normal_noise((8, 3), 1, 0, 5)[4:6])
+    np.testing.assert_array_equal(dropout_mask((3, 4), 0.5, 1, 0, 5, row=5), dropout_mask((8, 4), 0.5, 1, 0, 5)[5:])
     # a dropout sharing the stream draws from other counters
     drop = dropout_mask((50, 50), 0.5, 1, 0, 5)
     assert abs(np.corrcoef(drop.ravel(), base.ravel() > 0)[0, 1]) < 0.1
@@ -217,7 +221,7 @@ def test_randn_like_in_a_model_draws_per_step_and_samples_in_eval():
 
 def test_randn_like_refuses_a_random_state_argument():
     with pytest.raises(fg.FlowError, match="randn_like: takes one tensor"):
-        fg.loads("input x: f32[3]\ninput r: i32[4]\ny = randn_like(x, rng=r)\noutput y\n")
+        fg.loads("input x: f32[3]\ninput r: i32[5]\ny = randn_like(x, rng=r)\noutput y\n")
 
 
 @pytest.mark.vulkan

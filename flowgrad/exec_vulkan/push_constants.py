@@ -68,8 +68,8 @@ SPECS_TEXT = {
     **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16", "conv_coop", "conv_coop_64x64")},
     "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
             "mode: u32, include_pad: u32",
-    "dropout": "n: u32, thr: u32, stream: u32, scale: f32",
-    "randn": "n: u32, stream: u32",
+    "dropout": "n: u32, row_len: u32, thr: u32, stream: u32, scale: f32",
+    "randn": "n: u32, row_len: u32, stream: u32",
     "pointwise": "n: u32, op: u32, p0: f32, p1: f32, scale: f32, g_scalar: u32",
     "argmax": "n_out: u32, L: u32, inner: u32, is_int: u32",
     "topk": "rows: u32, L: u32, inner: u32, k: u32, mode: u32",

@@ -8,18 +8,24 @@ step s uses counter (i, s, 0, 0) and key (seed, stream); stream is the
 node's id unless the call names one. In data-parallel training rank r
 counts its elements from r * n (n: the elements of its own x), so its rows
 of a batch-major x (batch outermost, as dropout's inputs are in practice)
-get the mask one process draws for those rows of the global batch.
+get the mask one process draws for those rows of the global batch. A
+predict larger than the batch runs in chunks, each from some row of the
+feeds on: its elements count on from row * (n / x's leading dimension), so
+each row draws what one pass over all the rows gives it, whatever the
+chunking (a short last chunk runs on a model built at its own size, so
+the offset is in rows, not in chunks).
 
-The step, the seed and whether this step trains reach the graph as one
-hidden i32[4] input, RNG_INPUT = [training, step, seed, rank], that the session
-fills in every step: the graph path's recorded command buffer reads them
-from a buffer, so train and eval steps and every step's fresh mask replay the
-same recording. A training step is one that computes gradients or takes an
-optimizer update; a forward-only step (evaluation, `flowgrad run`) is eval,
-where dropout is the identity.
+The step, the seed, whether this step trains, the rank and the first row
+reach the graph as one hidden i32[5] input, RNG_INPUT = [training, step,
+seed, rank, row], that the session fills in every step: the graph path's
+recorded command buffer reads them from a buffer, so train and eval steps,
+every step's fresh mask and every chunk replay the same recording. A
+training step is one that computes gradients or takes an optimizer update;
+a forward-only step (evaluation, `flowgrad run`) is eval, where dropout is
+the identity.
 
 randn_like's element i uses counter (i, s, 1, 0) (the 1 keeps its words
-apart from dropout's under a shared stream) and the same key, rank offset and
+apart from dropout's under a shared stream) and the same key, offsets and
 step. Unlike dropout it samples in eval steps too, as torch.randn_like does:
 a VAE or diffusion model generates from noise at inference. An eval step
 reuses the last training step's counter, so evaluations between two training
@@ -35,7 +41,7 @@ from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype
 
 RNG_INPUT = "@rng"
-RNG_TYPE = TensorType((4,), "i32")
+RNG_TYPE = TensorType((5,), "i32")
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
@@ -58,8 +64,8 @@ def philox4x32(counter, key, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def rng_feed(training: bool, step: int, seed: int, rank: int = 0) -> np.ndarray:
-    return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, rank], np.int32)
+def rng_feed(training: bool, step: int, seed: int, rank: int = 0, row: int = 0) -> np.ndarray:
+    return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, rank, row], np.int32)
 
 
 def drop_threshold(p: float) -> int:
@@ -71,25 +77,32 @@ def keep_scale(p: float) -> float:
     return 0.0 if p >= 1.0 else float(np.float32(1.0 / (1.0 - p)))
 
 
-def dropout_mask(shape, p: float, step: int, seed: int, stream: int, rank: int = 0) -> np.ndarray:
+def dropout_mask(shape, p: float, step: int, seed: int, stream: int, rank: int = 0, row: int = 0) -> np.ndarray:
     """True where an element is kept."""
-    word = philox4x32((_counters(int(np.prod(shape)), rank), step, 0, 0), (seed, stream))[0]
+    word = philox4x32((_counters(shape, rank, row), step, 0, 0), (seed, stream))[0]
     return ((word >> np.uint32(8)) >= drop_threshold(p)).reshape(shape)
 
 
-def _counters(n: int, rank: int) -> np.ndarray:
-    """Element i's first counter word: rank * n + i, wrapping as the shaders' uint does."""
-    first = np.uint32((rank * n) & 0xFFFFFFFF)
+def row_length(shape) -> int:
+    """The elements of one index of the leading axis (all of them for a scalar)."""
+    n = int(np.prod(shape))
+    return n // shape[0] if len(shape) and shape[0] else n
+
+
+def _counters(shape, rank: int, row: int) -> np.ndarray:
+    """Element i's first counter word: rank * n + row * row_length + i,
+    wrapping as the shaders' uint does."""
+    n = int(np.prod(shape))
+    first = np.uint32((rank * n + row * row_length(shape)) & 0xFFFFFFFF)
     with np.errstate(over="ignore"):
         return np.arange(n, dtype=np.uint32) + first
 
 
-def normal_noise(shape, step: int, seed: int, stream: int, rank: int = 0) -> np.ndarray:
+def normal_noise(shape, step: int, seed: int, stream: int, rank: int = 0, row: int = 0) -> np.ndarray:
     """Standard normal float64 noise: Box-Muller on the first two Philox words
     of each element, each word's top 24 bits a uniform (the first in (0, 1],
     so its log is finite: |noise| <= 5.8)."""
-    n = int(np.prod(shape))
-    w0, w1, _, _ = philox4x32((_counters(n, rank), step, 1, 0), (seed, stream))
+    w0, w1, _, _ = philox4x32((_counters(shape, rank, row), step, 1, 0), (seed, stream))
     u1 = ((w0 >> np.uint32(8)).astype(np.float64) + 1.0) * 2.0**-24
     u2 = (w1 >> np.uint32(8)).astype(np.float64) * 2.0**-24
     return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).reshape(shape)
@@ -133,10 +146,10 @@ def _scaled_mask(x, rng, attrs):
     so is a call with no random state, as written before the build adds it)."""
     if rng is None:
         return None
-    training, step, seed, rank = (int(v) for v in rng)
+    training, step, seed, rank, row = (int(v) for v in rng)
     if not training:
         return None
-    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0, rank)
+    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0, rank, row)
     return np.where(mask, np.float32(keep_scale(attrs["p"])), np.float32(0.0))
 
 
@@ -170,9 +183,9 @@ def _randn_infer(ins, attrs):
 def _randn_forward(ins, attrs):
     """A call with no random state (as written, before the build adds it)
     draws as step 0 of seed 0."""
-    x, rng = ins[0], (ins[1] if len(ins) > 1 else np.zeros(4, np.int32))
-    _training, step, seed, rank = (int(v) for v in rng)
-    noise = normal_noise(x.shape, step, seed, attrs["stream"] or 0, rank)
+    x, rng = ins[0], (ins[1] if len(ins) > 1 else np.zeros(RNG_TYPE.shape, np.int32))
+    _training, step, seed, rank, row = (int(v) for v in rng)
+    noise = normal_noise(x.shape, step, seed, attrs["stream"] or 0, rank, row)
     return narrow(noise.astype(wide(x).dtype), x)   # f16 rounds through f32, as the kernel stores it
 
 
@@ -181,4 +194,4 @@ randn_like = defop(
     _randn_infer, _randn_forward, lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
     doc="standard normal noise of x's shape and dtype (x's values are not read; no gradient), a fresh draw "
         "every training step; eval steps sample too",
-    samples=[Sample((((3, 5), "normal"), ((4,), "ints:3")), {"stream": 7})])
+    samples=[Sample((((3, 5), "normal"), ((5,), "ints:3")), {"stream": 7})])

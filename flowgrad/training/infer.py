@@ -166,11 +166,21 @@ class Predictor:
             if sess is not self.sess:
                 self._follow(sess, params)
             chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
-            parts.append(run(sess, chunk, outputs))
+            parts.append(self._run_from(sess, start, chunk, outputs))
             start += size
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    @staticmethod
+    def _run_from(sess, row: int, feeds, outputs):
+        """One chunk, its random ops drawing from the feeds' `row` on, so
+        that no two chunks draw the same noise."""
+        sess.first_row = row
+        try:
+            return run(sess, feeds, outputs)
+        finally:
+            sess.first_row = 0
 
     def _follow(self, sized, params) -> None:
         """The session's params and random counter: randn_like samples in eval

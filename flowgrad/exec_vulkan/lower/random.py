@@ -12,13 +12,14 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 
 def _masked(rec, node, src, rng, dst):
-    from flowgrad.ops.random import drop_threshold, keep_scale  # lazy: the op module imports this one
+    from flowgrad.ops.random import drop_threshold, keep_scale, row_length  # lazy: the op module imports this one
 
     n = math.prod(dst.shape)
     if n == 0:
         return
     attrs = node.attrs
-    push = [n, drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF, keep_scale(attrs["p"])]
+    push = [n, row_length(dst.shape), drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF,
+            keep_scale(attrs["p"])]
     rec.dispatch("dropout", [src, rng, dst], push, groups_1d(n), variant(dst.dtype))
 
 
@@ -37,9 +38,11 @@ DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
 
 
 def randn_forward(rec, node, ins, out):
+    from flowgrad.ops.random import row_length
+
     n = math.prod(out.shape)
     if n:
-        push = [n, (node.attrs["stream"] or 0) & 0xFFFFFFFF]
+        push = [n, row_length(out.shape), (node.attrs["stream"] or 0) & 0xFFFFFFFF]
         rec.dispatch("randn", [ins[1], out], push, groups_1d(n), variant(out.dtype))
 
 

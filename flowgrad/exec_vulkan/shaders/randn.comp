@@ -1,17 +1,18 @@
 // variants: f32 f16
 #version 450
 // randn_like: standard normal noise, element i from Philox4x32-10 of counter
-// (rank * n + i, step, 1, 0) under key (seed, stream) (the 1 keeps its words
-// apart from dropout's), by Box-Muller on its first two words, as
-// flowgrad.ops.random.normal_noise computes it in float64.
-// rng = [training, step, seed, rank]; training is not read: it samples in eval too.
+// (rank * n + row * row_len + i, step, 1, 0) under key (seed, stream) (the 1
+// keeps its words apart from dropout's), by Box-Muller on its first two words,
+// as flowgrad.ops.random.normal_noise computes it in float64.
+// rng = [training, step, seed, rank, row]; training is not read: it samples in
+// eval too. row_len: the elements of one index of the output's leading axis.
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufRng { uint rng[]; };
 layout(std430, set = 0, binding = 1) writeonly buffer BufY { T y[]; };
 layout(push_constant, std430) uniform Push {
-    uint n, stream;
+    uint n, row_len, stream;
 } p;
 
 #include "fg_math.glsl"
@@ -32,7 +33,7 @@ float log_unit(float u) {
 }
 
 void main() {
-    uint step = rng[1], seed = rng[2], first = rng[3] * p.n;
+    uint step = rng[1], seed = rng[2], first = rng[3] * p.n + rng[4] * p.row_len;
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
         uvec4 w = philox4x32(uvec4(first + i, step, 1u, 0u), uvec2(seed, p.stream));
