@@ -100,10 +100,7 @@ class Builtins:
         dims = self.full_shape(shape, _arg_expr(c, spos), scope)
         if not is_number(value):
             raise self.error(f"full(): value must be a number, got {self.show_value(value)}", vpos, scope)
-        if dtype is not None and not isinstance(dtype, DType):
-            raise self.error(f"full(): dtype must be a dtype ({', '.join(DTYPES[:-1])} or {DTYPES[-1]}) or none, "
-                             f"got {self.show_value(dtype)}", dpos, scope)
-        like = None if dtype is None else self.policy(str(dtype))
+        like = self.declared_dtype("full", dtype, dpos, scope)
         dtype = self.literal_dtype("full(): value", value, like, vpos, scope, verb="fills")
         # a broadcast view: read-only, and no memory spent on a large shape before a step runs
         array = np.broadcast_to(np.asarray(value, NUMPY_DTYPE[dtype]), dims)
@@ -130,10 +127,7 @@ class Builtins:
         if n < 1:
             raise self.error(f"arange(): no values from {show(start)} to {show(end)} in steps of {show(step)}",
                              c.pos, scope)
-        if dtype is not None and not isinstance(dtype, DType):
-            raise self.error(f"arange(): dtype must be a dtype ({', '.join(DTYPES[:-1])} or {DTYPES[-1]}) or none, "
-                             f"got {self.show_value(dtype)}", dpos, scope)
-        like = None if dtype is None else self.policy(str(dtype))
+        like = self.declared_dtype("arange", dtype, dpos, scope)
         floats = any(isinstance(v, float) for v in (start, end, step))
         last = start + (n - 1) * step
         widest = max(abs(start), abs(last))
@@ -144,6 +138,15 @@ class Builtins:
             raise self.error(f"arange(): {problem}", c.pos, scope)
         values = start + np.arange(n, dtype=np.float64) * step   # as torch: start + i * step
         return Tensor(self.const(values.astype(NUMPY_DTYPE[dtype]), dtype, self.span(c.pos, scope)))
+
+    def declared_dtype(self, callee: str, dtype, pos, scope: Scope) -> str | None:
+        """A constant's dtype= (none: the literal rules decide) as a declaration maps it."""
+        if dtype is None:
+            return None
+        if not isinstance(dtype, DType):
+            raise self.error(f"{callee}(): dtype must be a dtype ({', '.join(DTYPES[:-1])} or {DTYPES[-1]}) or none, "
+                             f"got {self.show_value(dtype)}", pos, scope)
+        return self.policy(str(dtype))
 
     def full_shape(self, shape, expr, scope: Scope) -> tuple[int, ...]:
         if not isinstance(shape, list):

@@ -75,9 +75,11 @@ def _mean_vjp(g, ins, out, attrs):
     return [narrow(_spread(g, x, attrs) / count, x)]
 
 
-def _max_forward(ins, attrs):
-    (x,) = ins
-    return np.max(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
+def _extreme_forward(pick):
+    def forward(ins, attrs):
+        (x,) = ins
+        return pick(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
+    return forward
 
 
 def _extreme_vjp(pick):
@@ -93,18 +95,13 @@ def _extreme_vjp(pick):
     return vjp
 
 
-def _min_forward(ins, attrs):
-    (x,) = ins
-    return np.min(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
-
-
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
             lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
 reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _max_forward, _extreme_vjp(np.max),
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.max), _extreme_vjp(np.max),
                    doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN")
-reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _min_forward, _extreme_vjp(np.min),
+reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.min), _extreme_vjp(np.min),
                    doc="min over axis (none: all), NaN if any is; tied minima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN",
                    samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),

@@ -36,7 +36,6 @@ def dropout_backward(rec, node, g, ins, out, grads):
 DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
 
 
-
 def randn_forward(rec, node, ins, out):
     from flowgrad.ops.random import row_length
 
