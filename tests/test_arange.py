@@ -11,6 +11,7 @@ import flowgrad as fg
 from flowgrad import dsl
 from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
+from test_full import exports_like_flowgrad, twin_matches
 
 POSITIONS = """
 model positions
@@ -88,18 +89,8 @@ def test_graph_path_matches_closures_and_numpy(vk_device):
 
 
 def test_onnx_export_runs_like_flowgrad(tmp_path):
-    pytest.importorskip("onnx", reason="ONNX export needs the onnx extra: pip install 'flowgrad[onnx]'")
-    ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime")
-    sess = fg.loads(POSITIONS).compile(device="cpu", seed=1)
-    assert sess.to_onnx(tmp_path / "m.onnx") == ["h"]
-    x = np.random.default_rng(7).standard_normal((2, 6, 4)).astype(np.float32)
-    got = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, sess.predict({"x": x})["h"], rtol=1e-5, atol=1e-5)
+    exports_like_flowgrad(POSITIONS, (2, 6, 4), tmp_path)
 
 
 def test_torch_twin_computes_the_loss_and_gradients():
-    pytest.importorskip("torch")
-    from test_torch_twin import check_twin
-
-    sess = fg.loads(POSITIONS).compile(device="cpu")
-    check_twin(sess, random_feeds(sess.graph, seed=8))
+    twin_matches(POSITIONS)

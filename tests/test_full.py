@@ -229,19 +229,29 @@ def test_predict_at_another_batch_size_rebuilds_the_constant():
                                                     grads=False).outputs["h"], rtol=1e-6, atol=1e-6)
 
 
-def test_onnx_export_runs_like_flowgrad(tmp_path):
+def exports_like_flowgrad(src: str, x_shape, tmp_path) -> None:
+    """The model's ONNX export, run by onnxruntime on a random x, gives its output h."""
     pytest.importorskip("onnx", reason="ONNX export needs the onnx extra: pip install 'flowgrad[onnx]'")
     ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime")
-    sess = fg.loads(RNN).compile(device="cpu", seed=1)
+    sess = fg.loads(src).compile(device="cpu", seed=1)
     assert sess.to_onnx(tmp_path / "m.onnx") == ["h"]
-    x = np.random.default_rng(7).standard_normal((4, 3, 5)).astype(np.float32)
+    x = np.random.default_rng(7).standard_normal(x_shape).astype(np.float32)
     got = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, sess.predict({"x": x})["h"], rtol=1e-5, atol=1e-5)
 
 
-def test_torch_twin_computes_the_loss_and_gradients():
+def twin_matches(src: str) -> None:
+    """The torch twin computes the model's loss and gradients."""
     pytest.importorskip("torch")
     from test_torch_twin import check_twin
 
-    sess = fg.loads(RNN).compile(device="cpu")
+    sess = fg.loads(src).compile(device="cpu")
     check_twin(sess, random_feeds(sess.graph, seed=8))
+
+
+def test_onnx_export_runs_like_flowgrad(tmp_path):
+    exports_like_flowgrad(RNN, (4, 3, 5), tmp_path)
+
+
+def test_torch_twin_computes_the_loss_and_gradients():
+    twin_matches(RNN)
