@@ -204,6 +204,7 @@ LOWER = {
     "pad": lambda torch, node, ins, at: torch.nn.functional.pad(ins[0], tuple(at["pad"]), value=at["value"]),
     "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
     "reshape": lambda torch, node, ins, at: ins[0].reshape(node.shape),
+    "broadcast_to": lambda torch, node, ins, at: ins[0].broadcast_to(node.shape).clone(),
     "transpose": lambda torch, node, ins, at: ins[0].transpose(at["dim0"], at["dim1"]),
     "permute": lambda torch, node, ins, at: ins[0].permute(*at["dims"]),
     "slice": _slice,
@@ -224,6 +225,7 @@ LOWER = {
 COUNTERPART = {
     **{n: f"torch.{n}" for n in ("matmul", "where", "erf", "sum", "mean", "softmax",
                                  "log_softmax", "argmax", "eq", "ne", "lt", "le", "gt", "ge", "reshape", "transpose",
+                                 "broadcast_to",
                                  "permute", "flatten")},
     **{n: f"F.{n}" for n in ("gelu", "softplus", "leaky_relu", "elu", "dropout", "conv2d", "conv1d", "conv_transpose2d", "pad", "embedding", "mse_loss",
                              "l1_loss", "huber_loss", "cross_entropy", "nll_loss")},

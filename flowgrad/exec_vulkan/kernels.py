@@ -116,6 +116,8 @@ class VulkanKernels:
         return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
 
     def vjp(self, node: Node, g, ins, out) -> list:
+        if set(range(len(ins))) <= get_op(node.op).nondiff:   # stop_gradient: nothing to run
+            return [None] * len(ins)
         with OneShot(self.device) as s:
             call = record_call(s.rec, node, _types(ins), s.empty, backward=True)
             if call is None:

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.ops.emit import numpy_vjp
 from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults, complete_attrs, get_op, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
           nondiff=(), index_bounds=None, updates=(), doc: str = "", decompose=None, check=None,
-          samples=(), autocast: str = "", torch: str = "") -> Op:
+          samples=(), autocast: str = "", torch: str = "", grad=None) -> Op:
     """decompose: define the op as a composition of ops (see Op); infer,
     forward and vjp then come from it. check(in_types, attrs): the op's own
-    checks, run before the composition's."""
+    checks, run before the composition's. grad: the VJP written as ops (see
+    Op); the numpy vjp is then that rule run on numpy."""
     sig = _Signature(args)
     if decompose is not None:
         infer, forward, vjp = _composed(decompose, check, nondiff)
+    if grad is not None:
+        vjp = numpy_vjp(grad)
 
     def checked_infer(in_types, attrs):
         try:
@@ -48,7 +52,8 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
             expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
             updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
-            samples=tuple(samples), autocast=autocast, torch=torch)
+            samples=tuple(samples), autocast=autocast, torch=torch,
+            grad=(lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at)) if grad else None)
     return register(op)
 
 

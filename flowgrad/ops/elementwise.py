@@ -14,13 +14,13 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype, unbroadcast
+from flowgrad.ops.rules import broadcast_shape, float_dtype, same_dtype
 
 # ---------------------------------------------------------------- binary
 
 
 def _binary(name, forward, grads, doc, floats_only=False, samples=(), torch=""):
-    """grads(g, a, b, out) -> (da, db) before un-broadcasting."""
+    """grads(g, a, b, out) -> (da, db) as ops, before un-broadcasting."""
 
     def infer(ins, attrs):
         a, b = ins
@@ -29,13 +29,13 @@ def _binary(name, forward, grads, doc, floats_only=False, samples=(), torch=""):
             float_dtype(a, "operands")
         return TensorType(broadcast_shape(a.shape, b.shape), dtype)
 
-    def vjp(g, ins, out, attrs):
+    def grad(g, ins, out, attrs):
         a, b = ins
         da, db = grads(g, a, b, out)
-        return [unbroadcast(da, a.shape), unbroadcast(db, b.shape)]
+        return [da.sum_to(a.shape), db.sum_to(b.shape)]
 
-    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), vjp, doc=doc, samples=samples,
-                 torch=torch, autocast="promote")
+    return defop(name, (Arg("a"), Arg("b")), infer, lambda ins, at: forward(*ins), grad=grad, doc=doc,
+                 samples=samples, torch=torch, autocast="promote")
 
 
 add = _binary("add", np.add, lambda g, a, b, out: (g, g), "a + b", torch="torch.add")
@@ -50,16 +50,17 @@ def _pick_grads(loses):
     loses, half of it at a tie; where either is NaN neither loses, so both
     get all of it. A loser gets 0 even from a NaN or infinite g."""
     def grads(g, a, b, out):
-        share = np.where(a == b, 0.5 * g, g)
-        return np.where(loses(a, b), 0, share), np.where(loses(b, a), 0, share)
+        e = g.e
+        share = e.where(a.eq(b), 0.5 * g, g)
+        return e.where(e.op(loses, a, b), 0, share), e.where(e.op(loses, b, a), 0, share)
     return grads
 
 
 _PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
-maximum = _binary("maximum", np.maximum, _pick_grads(np.less),
+maximum = _binary("maximum", np.maximum, _pick_grads("lt"),
                   "elementwise max, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
                   "all of it", samples=_PAIR, torch="torch.maximum")
-minimum = _binary("minimum", np.minimum, _pick_grads(np.greater),
+minimum = _binary("minimum", np.minimum, _pick_grads("gt"),
                   "elementwise min, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
                   "all of it", samples=_PAIR, torch="torch.minimum")
 
@@ -69,11 +70,10 @@ def _where_infer(ins, attrs):
     return TensorType(broadcast_shape(broadcast_shape(cond.shape, a.shape), b.shape), same_dtype([a, b]))
 
 
-def _where_vjp(g, ins, out, attrs):
+def _where_grad(g, ins, out, attrs):
     cond, a, b = ins
-    picked = np.broadcast_to(cond != 0, g.shape)
-    zero = np.zeros_like(g)
-    return [None, unbroadcast(np.where(picked, g, zero), a.shape), unbroadcast(np.where(picked, zero, g), b.shape)]
+    e = g.e
+    return [None, e.where(cond, g, 0).sum_to(a.shape), e.where(cond, 0, g).sum_to(b.shape)]
 
 
 def _where_expand(builder, ins, attrs):
@@ -86,7 +86,7 @@ def _where_expand(builder, ins, attrs):
 
 
 where = defop("where", (Arg("cond"), Arg("a"), Arg("b")), _where_infer,
-              lambda ins, at: np.where(ins[0] != 0, ins[1], ins[2]), _where_vjp, expand=_where_expand, nondiff=(0,),
+              lambda ins, at: np.where(ins[0] != 0, ins[1], ins[2]), grad=_where_grad, expand=_where_expand, nondiff=(0,),
               doc="a where cond is nonzero, else b (broadcasting); cond (any dtype, e.g. a 0/1 mask) gets no gradient",
               samples=[Sample((((2, 3), "mask"), ((2, 3), "normal"), ((3,), "normal")))])
 
@@ -98,8 +98,8 @@ def _float_infer(ins, attrs):
     return ins[0]
 
 
-def _unary(name, f, df, doc, extra_args=(), check=None, samples=(), torch=""):
-    """f(x, attrs) -> y and df(x, y, attrs) -> dy/dx, both on the widened x."""
+def _unary(name, f, grad, doc, extra_args=(), check=None, samples=(), torch=""):
+    """f(x, attrs) -> y on the widened x; grad(g, x, y, attrs) -> dx, as ops."""
     def infer(ins, attrs):
         if check:
             check(attrs)
@@ -109,45 +109,46 @@ def _unary(name, f, df, doc, extra_args=(), check=None, samples=(), torch=""):
         (x,) = ins
         return narrow(f(wide(x), attrs), x)
 
-    def vjp(g, ins, out, attrs):
-        (x,) = ins
-        xw, yw = wide(x), wide(out)
-        return [narrow(wide(g) * df(xw, yw, attrs), x)]
-
-    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, vjp, doc=doc, samples=samples,
-                 torch=torch)
+    return defop(name, (Arg("x"),) + tuple(extra_args), infer, forward, doc=doc, samples=samples,
+                 torch=torch, grad=lambda g, ins, out, attrs: [grad(g, ins[0], out, attrs)])
 
 
 neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negative(ins[0]),
-            lambda g, ins, out, at: [np.negative(g)], doc="-x", samples=[Sample((((2, 3), "normal"),))],
+            grad=lambda g, ins, out, at: [-g], doc="-x", samples=[Sample((((2, 3), "normal"),))],
             torch="torch.neg")
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda x, y, at: y, "e^x", samples=[Sample((((2, 3), "normal"),))],
-             torch="torch.exp")
-log = _unary("log", lambda x, at: np.log(x), lambda x, y, at: 1.0 / x, "natural log", torch="torch.log")
-sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda x, y, at: 0.5 / y, "square root", torch="torch.sqrt")
-tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda x, y, at: 1.0 - y * y, "tanh", torch="torch.tanh")
-sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda x, y, at: y * (1.0 - y), "1 / (1 + e^-x)",
-                  torch="torch.sigmoid")
+exp = _unary("exp", lambda x, at: np.exp(x), lambda g, x, y, at: g * y, "e^x",
+             samples=[Sample((((2, 3), "normal"),))], torch="torch.exp")
+log = _unary("log", lambda x, at: np.log(x), lambda g, x, y, at: g / x, "natural log", torch="torch.log")
+sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda g, x, y, at: g * (0.5 / y), "square root",
+              torch="torch.sqrt")
+tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda g, x, y, at: g * (1.0 - y * y), "tanh", torch="torch.tanh")
+sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda g, x, y, at: g * (y * (1.0 - y)), "1 / (1 + e^-x)",
+                 torch="torch.sigmoid")
 # a NaN x is not <= 0: it passes g, as PyTorch's threshold does
-relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (~(x <= 0)).astype(x.dtype),
+relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.where(x.le(0), 0, g),
               "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="F.relu")
 
-# sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)
-abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: (x > 0).astype(x.dtype) - (x < 0),
+
+def _sign(x):
+    """sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)."""
+    return x.gt(0) - x.lt(0)
+
+
+abs_ = _unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")
 
-sin = _unary("sin", lambda x, at: np.sin(x), lambda x, y, at: np.cos(x), "sine (radians)",
+sin = _unary("sin", lambda x, at: np.sin(x), lambda g, x, y, at: g * x.e.op("cos", x), "sine (radians)",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.sin")
-cos = _unary("cos", lambda x, at: np.cos(x), lambda x, y, at: -np.sin(x), "cosine (radians)",
+cos = _unary("cos", lambda x, at: np.cos(x), lambda g, x, y, at: -g * x.e.op("sin", x), "cosine (radians)",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.cos")
 
 
-def _silu_grad(x, y, at):
-    s = expit(x)
-    return s * (1.0 + x * (1.0 - s))
+def _silu_grad(g, x, y, at):
+    s = x.e.op("sigmoid", x)
+    return g * (s * (1.0 + x * (1.0 - s)))
 
 
 silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", torch="F.silu")
@@ -161,11 +162,13 @@ def _gelu(x, at):
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
-def _gelu_grad(x, y, at):
+def _gelu_grad(g, x, y, at):
+    e = x.e
     if at["approximate"] == "tanh":
-        t = np.tanh(_GELU_C * (x + 0.044715 * x**3))
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
-    return 0.5 * (1.0 + erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        t = e.op("tanh", _GELU_C * (x + 0.044715 * (x * x * x)))
+        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * (x * x)))
+    cdf = 0.5 * (1.0 + e.op("erf", x / math.sqrt(2.0)))
+    return g * (cdf + x * e.op("exp", -0.5 * (x * x)) / math.sqrt(2.0 * math.pi))
 
 
 def _gelu_check(at):
@@ -176,21 +179,30 @@ def _gelu_check(at):
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
-def _pow_grad(x, p):
+
+def _pow_grad(g, x, y, at):
     # x ** 0 is 1 everywhere: its slope is 0, also at x = 0 where p * x ** (p - 1) is 0 * inf
-    return np.zeros_like(x) if p == 0 else p * np.power(x, p - 1)
+    p = at["exponent"]
+    return g.e.zeros(x) if p == 0 else g * (p * x.e.op("pow", x, exponent=p - 1))
 
 
-power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
-             lambda x, y, at: _pow_grad(x, at["exponent"]),
-             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+power = _unary("pow", lambda x, at: np.power(x, at["exponent"]), _pow_grad,
+               "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+
+
+def _pass_where(test, bound):
+    """g where x `test` the bound attr, else 0 (a NaN x fails the test)."""
+    def grad(g, x, y, at):
+        return g.e.where(getattr(x, test)(at[bound]), g, 0)
+    return grad
+
 
 _BOUND = (int, float)
-clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]),
-                   lambda x, y, at: (x >= at["min"]).astype(x.dtype), "max(x, min); gradient 1 where x >= min",
+clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]), _pass_where("ge", "min"),
+                   "max(x, min); gradient 1 where x >= min",
                    extra_args=(Arg("min", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"min": 0.1})])
-clamp_max = _unary("clamp_max", lambda x, at: np.minimum(x, at["max"]),
-                   lambda x, y, at: (x <= at["max"]).astype(x.dtype), "min(x, max); gradient 1 where x <= max",
+clamp_max = _unary("clamp_max", lambda x, at: np.minimum(x, at["max"]), _pass_where("le", "max"),
+                   "min(x, max); gradient 1 where x <= max",
                    extra_args=(Arg("max", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"max": 0.1})])
 
 
@@ -239,15 +251,15 @@ def _cast_forward(ins, attrs):
     return x.astype(target)  # float -> i32 truncates toward zero, as PyTorch
 
 
-def _cast_vjp(g, ins, out, attrs):
+def _cast_grad(g, ins, out, attrs):
     (x,) = ins
-    if not np.issubdtype(x.dtype, np.floating):
+    if x.dtype == "i32":
         return [None]  # integers get no gradient
     if attrs["dtype"] == "i32":
-        return [np.zeros_like(x)]  # rounding to an integer is flat almost everywhere
-    return [np.asarray(g, dtype=x.dtype)]
+        return [g.e.zeros(x)]  # rounding to an integer is flat almost everywhere
+    return [g.cast(x.dtype)]
 
 
 cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             _cast_vjp, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
+             grad=_cast_grad, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
                  "past the i32 range gives -2^31")

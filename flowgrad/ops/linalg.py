@@ -8,7 +8,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.rules import float_dtype, same_dtype, unbroadcast
+from flowgrad.ops.rules import float_dtype, same_dtype
 
 
 def _infer(ins, attrs):
@@ -37,19 +37,17 @@ def _forward(ins, attrs):
     return narrow(np.matmul(wide(a), wide(b)), a)
 
 
-def _vjp(g, ins, out, attrs):
+def _grad(g, ins, out, attrs):
+    """g @ b^T and a^T @ g, a 1-D operand taken as a row (a) or column (b)
+    matrix, each summed over the batch axes its operand was broadcast along."""
     a, b = ins
-    a2 = wide(a) if a.ndim > 1 else wide(a)[None, :]
-    b2 = wide(b) if b.ndim > 1 else wide(b)[:, None]
-    g2 = wide(g)
-    if b.ndim == 1:
-        g2 = g2[..., None]
-    if a.ndim == 1:
-        g2 = g2[..., None, :]
-    da = unbroadcast(g2 @ np.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
-    db = unbroadcast(np.swapaxes(a2, -1, -2) @ g2, b2.shape).reshape(b.shape)
-    return [narrow(da, a), narrow(db, b)]
+    a2 = a if a.ndim > 1 else a.reshape((1,) + a.shape)
+    b2 = b if b.ndim > 1 else b.reshape(b.shape + (1,))
+    g2 = g.reshape(g.shape[:len(g.shape) - (a.ndim > 1) - (b.ndim > 1)] + (a2.shape[-2], b2.shape[-1]))
+    da = (g2 @ b2.mT).sum_to(a2.shape).reshape(a.shape)
+    db = (a2.mT @ g2).sum_to(b2.shape).reshape(b.shape)
+    return [da, db]
 
 
-matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, _vjp,
+matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, grad=_grad,
                doc="a @ b; batch dims broadcast; 1-D operands follow numpy")

@@ -53,7 +53,11 @@ def _reduce_infer(floats_only):
 def _spread(g, x, attrs):
     """The output gradient, broadcast back to x's shape."""
     axes = reduce_axes(attrs["axis"], x.ndim)
-    return np.broadcast_to(np.reshape(wide(g), _reduced_shape(x.shape, axes, True)), x.shape)
+    return g.reshape(_reduced_shape(x.shape, axes, True)).expand(x.shape)
+
+
+def _count(x, attrs) -> int:
+    return int(np.prod([x.shape[a] for a in reduce_axes(attrs["axis"], x.ndim)]))
 
 
 def _sum_forward(ins, attrs):
@@ -69,12 +73,6 @@ def _mean_forward(ins, attrs):
     return narrow(np.mean(wide(x), axis=axes, keepdims=attrs["keepdims"]), x)
 
 
-def _mean_vjp(g, ins, out, attrs):
-    (x,) = ins
-    count = int(np.prod([x.shape[a] for a in reduce_axes(attrs["axis"], x.ndim)]))
-    return [narrow(_spread(g, x, attrs) / count, x)]
-
-
 def _extreme_forward(pick):
     def forward(ins, attrs):
         (x,) = ins
@@ -82,26 +80,25 @@ def _extreme_forward(pick):
     return forward
 
 
-def _extreme_vjp(pick):
-    def vjp(g, ins, out, attrs):
-        """torch.amax's (amin's) g / count * (x == extreme): ties split the
-        gradient evenly, and a NaN (the extreme, equal to nothing: count 0)
-        makes its whole slice's gradient NaN."""
-        (x,) = ins
-        axes = reduce_axes(attrs["axis"], x.ndim)
-        hit = (x == pick(x, axis=axes, keepdims=True)).astype(wide(x).dtype)
-        with np.errstate(divide="ignore", invalid="ignore"):   # the count 0 of a NaN's slice
-            return [narrow(_spread(g, x, attrs) / hit.sum(axis=axes, keepdims=True) * hit, x)]
-    return vjp
+def _extreme_grad(g, ins, out, attrs):
+    """torch.amax's (amin's) g / count * (x == extreme): ties split the
+    gradient evenly, and a NaN (the extreme, equal to nothing: count 0)
+    makes its whole slice's gradient NaN."""
+    (x,) = ins
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    hit = x.eq(out.reshape(_reduced_shape(x.shape, axes, True)))
+    return [_spread(g, x, attrs) / hit.sum(axis=list(axes), keepdims=True) * hit]
 
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
-            lambda g, ins, out, at: [narrow(_spread(g, ins[0], at), ins[0])], doc="sum over axis (none: all)")
-reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward, _mean_vjp, doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.max), _extreme_vjp(np.max),
+                   grad=lambda g, ins, out, at: [_spread(g, ins[0], at)], doc="sum over axis (none: all)")
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward,
+                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0], at)],
+                    doc="mean over axis (none: all)")
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.max), grad=_extreme_grad,
                    doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN")
-reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.min), _extreme_vjp(np.min),
+reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.min), grad=_extreme_grad,
                    doc="min over axis (none: all), NaN if any is; tied minima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN",
                    samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),
@@ -122,17 +119,15 @@ def _logsumexp_forward(ins, attrs):
     return narrow(out if attrs["keepdims"] else np.squeeze(out, axis=axes), x)
 
 
-def _logsumexp_vjp(g, ins, out, attrs):
+def _logsumexp_grad(g, ins, out, attrs):
     """softmax(x) * g as exp(x - out) * g, the formula torch differentiates
     with: a row of -inf gets NaN, as in torch."""
     (x,) = ins
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    kept = np.reshape(wide(out), _reduced_shape(x.shape, axes, True))
-    with np.errstate(invalid="ignore"):
-        return [narrow(_spread(g, x, attrs) * np.exp(wide(x) - kept), x)]
+    kept = out.reshape(_reduced_shape(x.shape, reduce_axes(attrs["axis"], x.ndim), True))
+    return [_spread(g, x, attrs) * x.e.op("exp", x - kept)]
 
 
-logsumexp = defop("logsumexp", REDUCE_ARGS, _reduce_infer(True), _logsumexp_forward, _logsumexp_vjp,
+logsumexp = defop("logsumexp", REDUCE_ARGS, _reduce_infer(True), _logsumexp_forward, grad=_logsumexp_grad,
                   doc="log(sum(exp(x))) over axis (none: all), computed stably; gradient softmax(x) * g; a row of "
                       "-inf gives -inf (and, as torch, a NaN gradient)",
                   samples=[Sample((((3, 5), "normal"),), {"axis": -1}),
@@ -161,18 +156,16 @@ def softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def _softmax_vjp(g, ins, out, attrs):
-    y, gw, ax = wide(out), wide(g), attrs["axis"]
-    return [narrow(y * (gw - np.sum(gw * y, axis=ax, keepdims=True)), ins[0])]
+def _softmax_grad(g, ins, out, attrs):
+    return [out * (g - (g * out).sum(axis=attrs["axis"], keepdims=True))]
 
 
-def _log_softmax_vjp(g, ins, out, attrs):
-    y, gw, ax = wide(out), wide(g), attrs["axis"]
-    return [narrow(gw - np.exp(y) * np.sum(gw, axis=ax, keepdims=True), ins[0])]
+def _log_softmax_grad(g, ins, out, attrs):
+    return [g - out.e.op("exp", out) * g.sum(axis=attrs["axis"], keepdims=True)]
 
 
 softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
-                lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), _softmax_vjp, doc="exp(x) / sum(exp(x)) along axis, computed stably")
+                lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), grad=_softmax_grad, doc="exp(x) / sum(exp(x)) along axis, computed stably")
 log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
-                    _log_softmax_vjp, doc="x - logsumexp(x) along axis, computed stably")
+                    grad=_log_softmax_grad, doc="x - logsumexp(x) along axis, computed stably")

@@ -72,6 +72,10 @@ class Op:
         f32's range, as autocast runs PyTorch's losses in f32); "promote" for
         one that does so only where its operands mix f16 and f32 (arithmetic
         on a loss, promoted as PyTorch promotes it); "" otherwise.
+    grad(g, ins, out, attrs) -> one Val or None per input: the VJP written
+        once, as ops (flowgrad/ops/emit.py); `vjp` is then that rule run on
+        numpy, and the autodiff pass appends it to the graph as nodes.
+        None for an op whose VJP is still numpy code only.
     torch: the PyTorch function that is this op when called on its tensor
         inputs in order (`torch.abs`, `F.relu`: F is torch.nn.functional);
         flowgrad/torch_twin.py calls it and the docs' op table shows it. An
@@ -91,6 +95,7 @@ class Op:
     samples: tuple = ()
     autocast: str = ""
     torch: str = ""
+    grad: Callable | None = None
 
     def with_defaults(self, attrs) -> dict:
         """attrs completed with the signature's defaults and checked (the IR

@@ -10,8 +10,8 @@ from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
+from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, same_dtype
 
 INT = (int,)
 INTS = (list, tuple)
@@ -49,8 +49,31 @@ reshape = defop(
     "reshape", (Arg("x"), Arg("shape", "attr", types=INTS)),
     lambda ins, at: TensorType(reshape_target(ins[0].shape, at["shape"]), ins[0].dtype),
     lambda ins, at: np.reshape(ins[0], reshape_target(ins[0].shape, at["shape"])),
-    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)],
+    grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)],
     doc="same elements, new shape (row-major); one -1 is inferred")
+
+
+def _broadcast_infer(ins, at):
+    (x,) = ins
+    shape = tuple(_ints("shape", at["shape"]))
+    if any(n < 0 for n in shape):
+        raise OpTypeError(f"shape={list(shape)} has a negative size")
+    if broadcast_shape(x.shape, shape) != shape:
+        raise OpTypeError(f"{x} does not broadcast to {list(shape)} (only size-1 and missing leading axes stretch)")
+    return TensorType(shape, x.dtype)
+
+
+broadcast_to = defop(
+    "broadcast_to", (Arg("x"), Arg("shape", "attr", types=INTS)), _broadcast_infer,
+    lambda ins, at: np.broadcast_to(ins[0], tuple(at["shape"])),
+    grad=lambda g, ins, out, at: [g.sum_to(ins[0].shape)],
+    doc="x repeated along size-1 and new leading axes to shape (numpy's broadcasting rules)",
+    samples=[Sample((((3, 1), "normal"),), {"shape": [2, 3, 4]})])
+
+stop_gradient = defop(
+    "stop_gradient", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: ins[0], grad=lambda g, ins, out, at: [None],
+    nondiff=(0,), doc="x's value; no gradient flows through it (alias detach)", torch="torch.Tensor.detach",
+    samples=[Sample((((2, 3), "normal"),))])
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -77,11 +100,12 @@ def _perm_op(name, args, perm_of, doc):
         (x,) = ins
         return TensorType(tuple(x.shape[p] for p in perm_of(len(x.shape), at)), x.dtype)
 
-    def vjp(g, ins, out, at):
-        return [np.transpose(g, np.argsort(perm_of(ins[0].ndim, at)))]
+    def grad(g, ins, out, at):
+        back = np.argsort(perm_of(ins[0].ndim, at))
+        return [g.e.op("permute", g, dims=[int(d) for d in back])]
 
     return defop(name, (Arg("x"),) + args, infer,
-                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), vjp, doc=doc)
+                 lambda ins, at: np.transpose(ins[0], perm_of(ins[0].ndim, at)), grad=grad, doc=doc)
 
 
 transpose = _perm_op("transpose", (Arg("dim0", "attr", -2, INT), Arg("dim1", "attr", -1, INT)),
@@ -116,16 +140,16 @@ def _slice_index(shape, at):
     return (slice(None),) * axis + (slice(lo, hi),)
 
 
-def _slice_vjp(g, ins, out, at):
+def _slice_grad(g, ins, out, at):
     (x,) = ins
-    dx = np.zeros(x.shape, dtype=np.result_type(g.dtype, x.dtype))
-    dx[_slice_index(x.shape, at)] = g
-    return [dx]
+    axis, lo, hi = _slice_bounds(x.shape, at)
+    widths = [0, 0] * (x.ndim - 1 - axis) + [lo, x.shape[axis] - hi]
+    return [g.e.op("pad", g, pad=widths)]
 
 
 slice_ = defop("slice", (Arg("x"), Arg("axis", "attr", types=INT), Arg("start", "attr", types=INT),
                          Arg("stop", "attr", types=INT)),
-               _slice_infer, lambda ins, at: ins[0][_slice_index(ins[0].shape, at)], _slice_vjp,
+               _slice_infer, lambda ins, at: ins[0][_slice_index(ins[0].shape, at)], grad=_slice_grad,
                doc="x[start:stop] along axis (negative indices count from the end)")
 
 
@@ -142,14 +166,18 @@ def _concat_infer(ins, at):
     return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], dtype)
 
 
-def _concat_vjp(g, ins, out, at):
+def _concat_grad(g, ins, out, at):
     axis = norm_axis(at["axis"], g.ndim)
-    cuts = np.cumsum([x.shape[axis] for x in ins])[:-1]
-    return list(np.split(g, cuts, axis=axis))
+    grads, start = [], 0
+    for x in ins:
+        stop = start + x.shape[axis]
+        grads.append(g.e.op("slice", g, axis=axis, start=start, stop=stop))
+        start = stop
+    return grads
 
 
 concat = defop("concat", (Arg("xs", "tensors"), Arg("axis", "attr", -1, INT)), _concat_infer,
-               lambda ins, at: np.concatenate(ins, axis=at["axis"]), _concat_vjp,
+               lambda ins, at: np.concatenate(ins, axis=at["axis"]), grad=_concat_grad,
                doc="join tensors along axis")
 
 # ---------------------------------------------------------------- embedding

@@ -29,7 +29,7 @@ flatten = defop(
     "flatten", (Arg("x"), Arg("start_dim", "attr", 0, (int,)), Arg("end_dim", "attr", -1, (int,))),
     lambda ins, at: TensorType(flat_shape(ins[0].shape, at), ins[0].dtype),
     lambda ins, at: np.reshape(ins[0], flat_shape(ins[0].shape, at)),
-    lambda g, ins, out, at: [np.reshape(g, ins[0].shape)],
+    grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)],
     doc="merge the axes start_dim..end_dim into one (torch.flatten; a CNN's head uses start_dim=1)")
 
 # ---------------------------------------------------------------- pad
@@ -65,14 +65,16 @@ def _pad_forward(ins, attrs):
     return narrow(np.pad(x, pad_widths(x.shape, attrs), constant_values=attrs["value"]), x)
 
 
-def _pad_vjp(g, ins, out, attrs):
+def _pad_grad(g, ins, out, attrs):
     (x,) = ins
-    if not np.issubdtype(x.dtype, np.floating):
+    if x.dtype == "i32":
         return [None]  # integers get no gradient
-    window = tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape, pad_widths(x.shape, attrs)))
-    return [g[window]]
+    for axis, (n, (lo, _)) in enumerate(zip(x.shape, pad_widths(x.shape, attrs))):
+        if n != g.shape[axis]:
+            g = g.e.op("slice", g, axis=axis, start=lo, stop=lo + n)
+    return [g]
 
 
 pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))),
-            _pad_infer, _pad_forward, _pad_vjp,
+            _pad_infer, _pad_forward, grad=_pad_grad,
             doc="constant padding; pad lists (before, after) pairs starting at the last axis, as PyTorch")

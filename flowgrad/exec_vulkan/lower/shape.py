@@ -7,7 +7,7 @@ import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, sum_to_shape
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 from flowgrad.ops import shape as rules
 
@@ -31,6 +31,20 @@ def reshape_backward(rec, node, g, ins, out, grads):
 
 # a reshape is its input, read with another shape: the memory plan places it there
 RESHAPE = Lowering(reshape_forward, reshape_backward, ALL_DTYPES, FLOATS, view=lambda node, in_shape: 0)
+# so is stop_gradient: its value is its input's, and no gradient leaves it
+STOP_GRADIENT = Lowering(reshape_forward, None, ALL_DTYPES, FLOATS, view=lambda node, in_shape: 0)
+
+
+def broadcast_forward(rec, node, ins, out):
+    map_reduce(rec, M.COPY, ins, out)
+
+
+def broadcast_backward(rec, node, g, ins, out, grads):
+    if grads[0] is not None:
+        sum_to_shape(rec, g, grads[0])
+
+
+BROADCAST_TO = Lowering(broadcast_forward, broadcast_backward, FLOATS, FLOATS)
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -163,6 +177,8 @@ EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS, 
 register_lowering("transpose", permuting(rules._transpose_perm))
 register_lowering("permute", permuting(rules._permute_perm))
 register_lowering("reshape", RESHAPE)
+register_lowering("stop_gradient", STOP_GRADIENT)
+register_lowering("broadcast_to", BROADCAST_TO)
 register_lowering("slice", SLICE)
 register_lowering("concat", CONCAT)
 register_lowering("embedding", EMBEDDING)
