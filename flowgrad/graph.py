@@ -111,7 +111,9 @@ class Node:
     attrs hold the op's non-tensor arguments (axis, heads, ...), complete
     with the signature's defaults; for a param, attrs["init"] = (initialiser
     name, kwargs); for a const, attrs["value"] is the (read-only) numpy array.
-    attrs are frozen when the node is made."""
+    attrs are frozen when the node is made. grad_of: for a node of a
+    backward (flowgrad/autodiff.py), the id of the forward node whose
+    gradient it helps compute."""
 
     id: int
     op: str
@@ -120,6 +122,7 @@ class Node:
     name: str = ""
     attrs: FrozenDict = attrs.field(factory=FrozenDict, converter=freeze)
     span: Span | None = None
+    grad_of: int | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -154,6 +157,8 @@ def format_node(node: Node) -> str:
     rhs = " ".join(x for x in (op, leaf_name, args, attr_text) if x)
     named = f"  ({node.name})" if node.name and node.op not in LEAF_OPS else ""
     where = f"   # {os.path.basename(node.span.file)}:{node.span.line}" if node.span else ""
+    if node.grad_of is not None:
+        where += f"{',' if where else '   #'} grad of %{node.grad_of}"
     return f"%{node.id}:{node.type} = {rhs}{named}{where}"
 
 
@@ -194,8 +199,9 @@ class Graph:
     config: dict[str, Any] = attrs.field(factory=dict)
     train: TrainSpec | None = None
 
-    def add(self, op: str, inputs, type: TensorType, name: str = "", attrs=None, span=None) -> Node:
-        node = Node(len(self.nodes), op, tuple(inputs), type, name, attrs or {}, span)
+    def add(self, op: str, inputs, type: TensorType, name: str = "", attrs=None, span=None,
+            grad_of: int | None = None) -> Node:
+        node = Node(len(self.nodes), op, tuple(inputs), type, name, attrs or {}, span, grad_of)
         self.nodes.append(node)
         return node
 

@@ -17,7 +17,7 @@ from flowgrad.dtypes import DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.ops import OPS, Arg
 
-BUILTINS = ("split", "repeat", "full", "arange")
+BUILTINS = ("split", "repeat", "full", "arange", "grad", "detach")
 
 
 class Builtins:
@@ -138,6 +138,34 @@ class Builtins:
             raise self.error(f"arange(): {problem}", c.pos, scope)
         values = start + np.arange(n, dtype=np.float64) * step   # as torch: start + i * step
         return Tensor(self.const(values.astype(NUMPY_DTYPE[dtype]), dtype, self.span(c.pos, scope)))
+
+    def grad(self, c: ast.Call, scope: Scope):
+        """grad(y, x): d y / d x for a float scalar y and a float tensor x (an
+        input, a param or any value), or a list of them (a tuple of
+        gradients); built as ordinary nodes, so it can be differentiated again."""
+        sig = (Arg("y"), Arg("x"))
+        pos_args, kwargs = self.call_args(c, scope)
+        slots = self.bind("grad", sig, pos_args, kwargs, c.pos, scope)
+        (y, ypos), (x, xpos) = slots["y"], slots["x"]
+        if not isinstance(y, Tensor) or self.node_type(y).shape != () or self.node_type(y).dtype == "i32":
+            got = self.show_value(y) if not isinstance(y, Tensor) else f"a tensor {self.node_type(y)}"
+            raise self.error(f"grad(): y must be a float scalar, got {got}", ypos, scope,
+                             hint="reduce it first, e.g. sum(y) or mean(y)")
+        xs = x if isinstance(x, list) else [x]
+        for v in xs:
+            if not isinstance(v, Tensor) or self.node_type(v).dtype == "i32":
+                got = self.show_value(v) if not isinstance(v, Tensor) else f"a tensor {self.node_type(v)}"
+                raise self.error(f"grad(): x must be a float tensor or a list of them, got {got}", xpos, scope)
+        from flowgrad.autodiff import gradients
+
+        ids = gradients(self.graph, y.id, [v.id for v in xs])
+        out = tuple(Tensor(i) for i in ids)
+        return out if isinstance(x, list) else out[0]
+
+    def detach(self, c: ast.Call, scope: Scope):
+        """detach(x), PyTorch's name for stop_gradient(x)."""
+        pos_args, kwargs = self.call_args(c, scope)
+        return self.apply_op("stop_gradient", pos_args, kwargs, c.pos, scope)
 
     def declared_dtype(self, callee: str, dtype, pos, scope: Scope) -> str | None:
         """A constant's dtype= (none: the literal rules decide) as a declaration maps it."""

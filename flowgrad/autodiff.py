@@ -1,0 +1,152 @@
+"""Reverse-mode autodiff as a graph pass: the gradient of a scalar node with
+respect to other nodes, appended to the same graph as ordinary op nodes.
+
+Each op's `grad` rule (its VJP written once, as ops: flowgrad/ops/emit.py)
+emits the nodes; every one keeps the forward node it differentiates
+(`Node.grad_of`) and that node's span, so an error, `--check-finite` or
+`explain` names the model line. Gradients of a value read twice are summed
+by an `add`. The result is a value like any other: it can be an output, a
+term of a loss, or differentiated again."""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
+from flowgrad.graph import LEAF_OPS, Graph, TensorType
+from flowgrad.ops import get_op
+from flowgrad.ops.emit import Emitter, Val
+from flowgrad.ops.registry import OpTypeError
+
+
+class GraphEmitter(Emitter):
+    """Appends each emitted op to `graph` as a node that differentiates
+    node `grad_of` (and has its span). Also the builder an op's `expand`
+    hook is handed (type, const, apply)."""
+
+    def __init__(self, graph: Graph, grad_of: int, span):
+        self.graph, self.grad_of, self.span = graph, grad_of, span
+
+    def val(self, node_id: int) -> Val:
+        return Val(self, node_id, self.graph.nodes[node_id].type)
+
+    def _apply(self, name, handles, attrs):
+        op = get_op(name)
+        if op.expand is not None:
+            handles, attrs = op.expand(self, list(handles), attrs)
+        try:
+            out = op.infer([self.graph.nodes[i].type for i in handles], attrs)
+        except OpTypeError as e:   # a grad rule's own bug: name the line it differentiates
+            raise FlowError(f"the gradient of this {get_op(self.graph.nodes[self.grad_of].op).name} "
+                            f"could not be built: {e}", self.span) from None
+        node = self.graph.add(name, handles, out, attrs=attrs, span=self.span, grad_of=self.grad_of)
+        return node.id, out
+
+    def _const(self, value, shape, dtype):
+        array = np.broadcast_to(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), shape)
+        t = TensorType(tuple(shape), dtype)
+        return self.graph.add("const", (), t, attrs={"value": array}, span=self.span, grad_of=self.grad_of).id, t
+
+    # the builder protocol of an op's expand hook
+    def type(self, node_id: int) -> TensorType:
+        return self.graph.nodes[node_id].type
+
+    def const(self, array, dtype: str) -> int:
+        return self._const(array, np.shape(array), dtype)[0]
+
+    def apply(self, op_name: str, input_ids, attrs: dict | None = None) -> int:
+        return self.op(op_name, *(self.val(i) for i in input_ids), **(attrs or {})).h
+
+
+def reached(graph: Graph, sources, upto: int) -> set[int]:
+    """Nodes up to `upto` that depend on a source through inputs that carry
+    a gradient (float values, not an op's nondiff positions)."""
+    out = {i for i in sources if graph.nodes[i].dtype != "i32"}
+    for node in graph.nodes[:upto + 1]:
+        if node.op in LEAF_OPS or node.dtype == "i32" or node.id in out:
+            continue
+        nondiff = get_op(node.op).nondiff
+        if any(i in out for p, i in enumerate(node.inputs) if p not in nondiff):
+            out.add(node.id)
+    return out
+
+
+def gradients(graph: Graph, y: int, wrt: list[int], seed: int | None = None) -> list[int]:
+    """Node ids of d y / d x for each x in `wrt`, appended to `graph`: y a
+    float scalar, x any float node; an x that y does not depend on gets zeros.
+    seed: the node holding the incoming gradient of y (default 1)."""
+    nodes = graph.nodes
+    start = len(nodes)
+    live = reached(graph, wrt, y)
+    if seed is None:
+        seed = GraphEmitter(graph, y, nodes[y].span).scalar(1.0, nodes[y].dtype).h
+    pending: dict[int, list[int]] = {y: [seed]}
+    total: dict[int, Val] = {}   # a node's whole gradient, once every reader's part is in
+    for node in reversed(nodes[:y + 1]):
+        if node.id not in live or node.id not in pending:
+            continue
+        e = GraphEmitter(graph, node.id, node.span)
+        total[node.id] = g = _sum(e, pending[node.id])
+        if node.op in LEAF_OPS:
+            continue
+        op = get_op(node.op)
+        wanted = [p for p, i in enumerate(node.inputs) if p not in op.nondiff and i in live]
+        if not wanted:
+            continue
+        if op.grad is None:
+            raise FlowError(f"cannot differentiate through {node.label} = {node.op}(...): the op's VJP is not "
+                            "written as ops", node.span, hint="grad() and second derivatives need every op "
+                            "between y and x to have a grad rule")
+        grads = op.grad(g, [e.val(i) for i in node.inputs], e.val(node.id), node.attrs)
+        for p in wanted:
+            if grads[p] is not None:
+                pending.setdefault(node.inputs[p], []).append(grads[p].h)
+    out = []
+    for x in wrt:
+        e = GraphEmitter(graph, x, nodes[x].span)
+        out.append(total[x].h if x in total else e.zeros(e.val(x)).h)
+    return compact(graph, start, out)
+
+
+def compact(graph: Graph, start: int, results: list[int]) -> list[int]:
+    """Keep of the nodes from `start` on only those `results` need, each
+    once: a rule emits every input's gradient (a matmul both products) where
+    only some are asked for, and several rules emit the same product (tanh's
+    y*y beside the forward's own). Returns the results' new ids."""
+    nodes = graph.nodes
+    needed = set(results)
+    for node in reversed(nodes[start:]):
+        if node.id in needed:
+            needed.update(node.inputs)
+    known = {_key(n): n.id for n in nodes[:start] if n.op not in ("input", "param")}
+    new_id: dict[int, int] = {}
+    appended = nodes[start:]
+    del nodes[start:]
+    for node in appended:
+        if node.id not in needed:
+            continue
+        moved = attrs.evolve(node, id=len(nodes), inputs=tuple(new_id.get(i, i) for i in node.inputs))
+        key = _key(moved)
+        if key in known:
+            new_id[node.id] = known[key]
+            continue
+        nodes.append(moved)
+        known[key] = new_id[node.id] = moved.id
+    return [new_id.get(r, r) for r in results]
+
+
+def _key(node) -> tuple:
+    """Nodes with equal keys compute the same value."""
+    if node.op == "const":
+        v = node.attrs["value"]
+        return ("const", node.type, v.tobytes() if v.size <= 64 else id(v))
+    return (node.op, node.inputs, node.type, repr(sorted(node.attrs.items())))
+
+
+def _sum(e: GraphEmitter, parts: list[int]) -> Val:
+    """The gradient of a value read by several nodes: the sum of theirs, in order."""
+    g = e.val(parts[0])
+    for p in parts[1:]:
+        g = g + e.val(p)
+    return g

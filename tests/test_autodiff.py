@@ -1,0 +1,168 @@
+"""grad(y, x) and stop_gradient: the backward built as graph nodes from each
+op's grad rule, checked against torch.autograd.grad(create_graph=True) and
+Tensor.detach in float64, on numpy closures and on the Vulkan graph path
+(path asserted first)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.errors import FlowError
+
+torch = pytest.importorskip("torch")
+
+RTOL = 1e-4
+
+# WGAN-GP's penalty: the critic's gradient norm at the inputs pulled to 1
+PENALTY = """
+model gp
+input x: f32[6, 4]
+param w1: f32[4, 5] = normal(std=0.7)
+param b1: f32[5] = normal(std=0.1)
+param w2: f32[5, 1] = normal(std=0.7)
+d = tanh(x @ w1 + b1) @ w2
+score = mean(d)
+dx = grad(sum(d), x)
+norm = sqrt(sum(dx * dx, axis=1) + 1e-6)
+pen = mean((norm - 1.0) * (norm - 1.0))
+loss = score + 10.0 * pen
+output pen
+minimize loss
+"""
+
+
+def torch_penalty(x, p):
+    x = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    w1, b1, w2 = (torch.tensor(p[k], dtype=torch.float64, requires_grad=True) for k in ("w1", "b1", "w2"))
+    d = torch.tanh(x @ w1 + b1) @ w2
+    (dx,) = torch.autograd.grad(d.sum(), x, create_graph=True)
+    norm = torch.sqrt((dx * dx).sum(dim=1) + 1e-6)
+    loss = d.mean() + 10.0 * ((norm - 1.0) ** 2).mean()
+    loss.backward()
+    return float(loss), {"w1": w1.grad.numpy(), "b1": b1.grad.numpy(), "w2": w2.grad.numpy()}
+
+
+# a second-order term in a param: the squared gradient of the data loss
+SECOND = """
+model second
+input x: f32[5, 3]
+input y: i32[5]
+param w: f32[3, 4] = normal(std=0.5)
+ce = cross_entropy(gelu(x @ w), y)
+gw = grad(ce, w)
+loss = ce + 0.5 * sum(gw * gw) + sum(detach(w) * w)
+minimize loss
+"""
+
+
+def torch_second(x, y, p):
+    w = torch.tensor(p["w"], dtype=torch.float64, requires_grad=True)
+    ce = torch.nn.functional.cross_entropy(torch.nn.functional.gelu(torch.tensor(x, dtype=torch.float64) @ w),
+                                           torch.tensor(y, dtype=torch.long))
+    (gw,) = torch.autograd.grad(ce, w, create_graph=True)
+    loss = ce + 0.5 * (gw * gw).sum() + (w.detach() * w).sum()
+    loss.backward()
+    return float(loss), {"w": w.grad.numpy()}
+
+
+def _close(got, want, what):
+    scale = max(float(np.max(np.abs(want))), 1e-6)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * scale, err_msg=what)
+
+
+def _compiled(src, file, device):
+    sess = fg.loads(src, file=file).compile(device="cpu" if device is None else "vulkan")
+    assert sess.last_path == ("graph" if device is not None else sess.last_path), sess.last_path
+    return sess
+
+
+@pytest.fixture(params=["numpy", "graph"])
+def device(request):
+    return None if request.param == "numpy" else request.getfixturevalue("vk_device")
+
+
+def test_gradient_penalty_matches_torch(device):
+    sess = _compiled(PENALTY, "gp.flow", device)
+    x = np.random.default_rng(1).standard_normal((6, 4)).astype(np.float32)
+    res = sess.step({"x": x})
+    loss, grads = torch_penalty(x.astype(np.float64), {k: v.astype(np.float64) for k, v in sess.params.items()})
+    _close(res.loss, loss, "loss")
+    for name, want in grads.items():
+        _close(res.grads[name], want, name)
+
+
+def test_second_order_term_matches_torch(device):
+    sess = _compiled(SECOND, "second.flow", device)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    y = rng.integers(0, 4, 5).astype(np.int32)
+    res = sess.step({"x": x, "y": y})
+    loss, grads = torch_second(x.astype(np.float64), y, {"w": sess.params["w"].astype(np.float64)})
+    _close(res.loss, loss, "loss")
+    _close(res.grads["w"], grads["w"], "w")
+
+
+def test_grad_nodes_name_the_forward_node_and_its_line():
+    g = fg.loads(PENALTY, file="gp.flow").graph
+    backward = [n for n in g.nodes if n.grad_of is not None]
+    assert backward and all(g.nodes[n.grad_of].op != "input" or n.op == "const" for n in backward)
+    tanh = next(n for n in g.nodes if n.op == "tanh")
+    of_tanh = [n for n in backward if n.grad_of == tanh.id]
+    assert of_tanh and all(n.span.line == tanh.span.line for n in of_tanh)
+    assert f"grad of %{tanh.id}" in str(of_tanh[0])
+
+
+def test_unasked_gradients_are_not_built():
+    """grad(y, x) of x @ w builds x's product only, and y*y's terms once."""
+    g = fg.loads("model m\ninput x: f32[3, 2]\nparam w: f32[2, 2] = ones()\ny = sum(tanh(x @ w))\n"
+                 "dx = grad(y, x)\noutput dx\n").graph
+    products = [n for n in g.nodes if n.op == "matmul"]
+    assert len(products) == 2   # the forward's and d/dx's; no d/dw
+
+
+def test_grad_of_a_list_and_of_an_unused_value():
+    src = ("model m\ninput x: f32[3]\ninput z: f32[2]\nparam w: f32[3] = ones()\ny = sum(x * w * w)\n"
+           "dx, dw, dz = grad(y, [x, w, z])\noutput dx\noutput dw\noutput dz\n")
+    sess = fg.loads(src).compile(device="cpu")
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    out = sess.step({"x": x, "z": np.zeros(2, np.float32)}, grads=False).outputs
+    np.testing.assert_allclose(out["dx"], np.ones(3))
+    np.testing.assert_allclose(out["dw"], 2 * x)
+    np.testing.assert_array_equal(out["dz"], np.zeros(2))
+
+
+def test_stop_gradient_matches_detach():
+    src = ("model m\ninput x: f32[4]\nparam w: f32[4] = ones()\nh = w * x\n"
+           "loss = sum(h * stop_gradient(h)) + sum(detach(w) * w)\nminimize loss\n")
+    sess = fg.loads(src).compile(device="cpu")
+    x = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    got = sess.step({"x": x}).grads["w"]
+    w = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    xt = torch.tensor(x, dtype=torch.float64)
+    h = w * xt
+    ((h * h.detach()).sum() + (w.detach() * w).sum()).backward()
+    np.testing.assert_allclose(got, w.grad.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("src, message, col", [
+    ("y = x * 2.0\ng = grad(y, x)", "grad(): y must be a float scalar, got a tensor f32[3]", 10),
+    ("y = sum(x)\ng = grad(y, 2)", "grad(): x must be a float tensor or a list of them, got int 2", 13),
+    ("y = sum(x)\ng = grad(y)", "grad()", 5),
+])
+def test_grad_errors_name_the_call(src, message, col):
+    with pytest.raises(FlowError) as e:
+        fg.loads(f"model m\ninput x: f32[3]\n{src}\noutput g\n", file="m.flow")
+    assert message in e.value.message
+    assert e.value.span.where() == f"m.flow:4:{col}"
+
+
+def test_grad_through_an_op_without_a_grad_rule_names_its_line():
+    import flowgrad.ops.user as user
+
+    name = "cube_no_rule"
+    if name not in fg.ops.OPS:
+        user.register_op(name, shape=lambda x: x, forward=lambda x: x ** 3, vjp=lambda g, x, out: [3 * x * x * g])
+    with pytest.raises(FlowError) as e:
+        fg.loads(f"model m\ninput x: f32[3]\nc = {name}(x)\ng = grad(sum(c), x)\noutput g\n", file="m.flow")
+    assert "cannot differentiate through c" in e.value.message and e.value.span.where() == "m.flow:3:5"
