@@ -9,7 +9,7 @@ _EXPORTS = {
     "Model": "flowgrad.api", "Session": "flowgrad.session", "StepResult": "flowgrad.session", "load": "flowgrad.api",
     "loads": "flowgrad.api", "DeviceError": "flowgrad.errors", "FlowError": "flowgrad.errors",
     "FlowWarning": "flowgrad.errors", "GraphPathRefused": "flowgrad.errors", "train": "flowgrad.training.loop",
-    "register_op": "flowgrad.api", "ArrayData": "flowgrad.training.data", "Dataset": "flowgrad.training.data",
+    "register_op": "flowgrad.api", "grad": "flowgrad.api", "ArrayData": "flowgrad.training.data", "Dataset": "flowgrad.training.data",
     "load_trained": "flowgrad.training.overrides",
 }
 __all__ = sorted(_EXPORTS)

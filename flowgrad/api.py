@@ -21,7 +21,7 @@ from flowgrad.session import Session, StepResult
 class Model:
     """A parsed `.flow` program plus config overrides. Graphs are built per dtype."""
 
-    def __init__(self, program, config: dict | None = None):
+    def __init__(self, program, config: dict | None = None, grads: tuple = ()):
         if config is not None and not isinstance(config, dict):
             raise FlowError(f"config overrides must be a dict of key -> value, got {type(config).__name__}")
         bad = [k for k in config or {} if not isinstance(k, str)]
@@ -29,7 +29,8 @@ class Model:
             raise FlowError(f"config override keys are names (str), got {bad[0]!r}")
         self.program = program
         self.overrides = dict(config or {})
-        self.graph = dsl.build(program, self.overrides, dtype="f32")  # validates the overrides
+        self.grads = tuple(grads)   # (y, x, output name) added by grad()
+        self.graph = self.build("f32", check=False)  # validates the overrides
 
     @property
     def name(self) -> str:
@@ -39,11 +40,27 @@ class Model:
     def config(self) -> dict:
         return dict(self.graph.config)
 
-    def build(self, dtype: str = "f32") -> Graph:
-        return self.graph if dtype == "f32" else dsl.build(self.program, self.overrides, dtype=dtype)
+    def build(self, dtype: str = "f32", check: bool = True) -> Graph:
+        if check and dtype == "f32":
+            return self.graph
+        graph = dsl.build(self.program, self.overrides, dtype=dtype)
+        for y, x, name in self.grads:
+            add_grad_output(graph, y, x, name)
+        return graph
 
     def with_config(self, **overrides) -> Model:
-        return Model(self.program, {**self.overrides, **overrides})
+        return Model(self.program, {**self.overrides, **overrides}, self.grads)
+
+    def grad(self, y: str, x: str, name: str | None = None) -> Model:
+        """This model with one more output: the gradient of scalar value `y`
+        with respect to value `x` (an input, a param or any named value), as
+        `grad(y, x)` in the model file would give it; named `name`, default
+        `d<y>_d<x>`. Compile it to compute it; it may be differentiated again."""
+        for what, v in (("y", y), ("x", x)):
+            if not isinstance(v, str):
+                raise FlowError(f"grad(): {what} names a value of the model (a str), got {type(v).__name__}")
+        name = name or f"d{y}_d{x}".replace(".", "_")
+        return Model(self.program, self.overrides, self.grads + ((y, x, name),))
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
                 check_finite: bool = False, loss_scale=None, fusion: bool = True):
@@ -87,6 +104,39 @@ class Model:
         sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed, scaler=scaler)
         sess.check_finite = bool(check_finite)
         return sess
+
+
+def add_grad_output(graph: Graph, y: str, x: str, name: str) -> None:
+    """graph.outputs[name] = d y / d x, built by the autodiff pass."""
+    from flowgrad.autodiff import gradients
+    from flowgrad.binder import suggest
+    from flowgrad.graph_check import check_graph
+
+    ids = {}
+    for what, v in (("y", y), ("x", x)):
+        found = graph.params.get(v, graph.inputs.get(v, graph.outputs.get(v)))
+        if found is None:
+            found = next((n.id for n in graph.nodes if n.name == v), None)
+        if found is None:
+            known = [n.name for n in graph.nodes if n.name]
+            raise FlowError(f"grad(): {what}={v!r} is no value of model {graph.name}{suggest(v, known)}")
+        ids[what] = found
+    ty, tx = graph.nodes[ids["y"]].type, graph.nodes[ids["x"]].type
+    if ty.shape != () or ty.dtype == "i32":
+        raise FlowError(f"grad(): y={y!r} must be a float scalar, but it is {ty}", graph.nodes[ids["y"]].span)
+    if tx.dtype == "i32":
+        raise FlowError(f"grad(): x={x!r} must be a float tensor, but it is {tx}", graph.nodes[ids["x"]].span)
+    if name in graph.outputs:
+        raise FlowError(f"grad(): model {graph.name} already has an output {name!r}; pass name=")
+    (graph.outputs[name],) = gradients(graph, ids["y"], [ids["x"]])
+    check_graph(graph)
+
+
+def grad(model: Model, y: str, x: str, name: str | None = None) -> Model:
+    """Model.grad: `model` with the gradient of y with respect to x as one more output."""
+    if not isinstance(model, Model):
+        raise FlowError(f"grad() takes a Model (from flowgrad.load), got {type(model).__name__}")
+    return model.grad(y, x, name)
 
 
 def open_device(spec: str):
@@ -145,4 +195,4 @@ def register_op(name, *args, **kwargs):
     return ops_user.register_op(name, *args, **kwargs)
 
 
-__all__ = ["Model", "Session", "StepResult", "load", "loads", "open_device", "register_op"]
+__all__ = ["Model", "Session", "StepResult", "grad", "load", "loads", "open_device", "register_op"]

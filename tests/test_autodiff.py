@@ -40,16 +40,17 @@ def torch_penalty(x, p):
     norm = torch.sqrt((dx * dx).sum(dim=1) + 1e-6)
     loss = d.mean() + 10.0 * ((norm - 1.0) ** 2).mean()
     loss.backward()
-    return float(loss), {"w1": w1.grad.numpy(), "b1": b1.grad.numpy(), "w2": w2.grad.numpy()}
+    return loss.item(), {"w1": w1.grad.numpy(), "b1": b1.grad.numpy(), "w2": w2.grad.numpy()}
 
 
 # a second-order term in a param: the squared gradient of the data loss
 SECOND = """
 model second
 input x: f32[5, 3]
-input y: i32[5]
+input y: f32[5, 4]
 param w: f32[3, 4] = normal(std=0.5)
-ce = cross_entropy(gelu(x @ w), y)
+err = elu(gelu(x @ w)) - softmax(y)
+ce = mean(err * err)
 gw = grad(ce, w)
 loss = ce + 0.5 * sum(gw * gw) + sum(detach(w) * w)
 minimize loss
@@ -57,13 +58,14 @@ minimize loss
 
 
 def torch_second(x, y, p):
+    F = torch.nn.functional
     w = torch.tensor(p["w"], dtype=torch.float64, requires_grad=True)
-    ce = torch.nn.functional.cross_entropy(torch.nn.functional.gelu(torch.tensor(x, dtype=torch.float64) @ w),
-                                           torch.tensor(y, dtype=torch.long))
+    err = F.elu(F.gelu(torch.tensor(x, dtype=torch.float64) @ w)) - torch.softmax(torch.tensor(y), dim=-1)
+    ce = (err * err).mean()
     (gw,) = torch.autograd.grad(ce, w, create_graph=True)
     loss = ce + 0.5 * (gw * gw).sum() + (w.detach() * w).sum()
     loss.backward()
-    return float(loss), {"w": w.grad.numpy()}
+    return loss.item(), {"w": w.grad.numpy()}
 
 
 def _close(got, want, what):
@@ -96,9 +98,9 @@ def test_second_order_term_matches_torch(device):
     sess = _compiled(SECOND, "second.flow", device)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((5, 3)).astype(np.float32)
-    y = rng.integers(0, 4, 5).astype(np.int32)
+    y = rng.standard_normal((5, 4)).astype(np.float32)
     res = sess.step({"x": x, "y": y})
-    loss, grads = torch_second(x.astype(np.float64), y, {"w": sess.params["w"].astype(np.float64)})
+    loss, grads = torch_second(x.astype(np.float64), y.astype(np.float64), {"w": sess.params["w"].astype(np.float64)})
     _close(res.loss, loss, "loss")
     _close(res.grads["w"], grads["w"], "w")
 
@@ -166,3 +168,21 @@ def test_grad_through_an_op_without_a_grad_rule_names_its_line():
     with pytest.raises(FlowError) as e:
         fg.loads(f"model m\ninput x: f32[3]\nc = {name}(x)\ng = grad(sum(c), x)\noutput g\n", file="m.flow")
     assert "cannot differentiate through c" in e.value.message and e.value.span.where() == "m.flow:3:5"
+
+
+def test_fg_grad_gives_the_language_s_gradient(vk_device):
+    """fg.grad adds an output equal to the model file's own grad(y, x), on both paths."""
+    src = PENALTY.replace("dx = grad(sum(d), x)", "s = sum(d)\ndx = grad(s, x)").replace("output pen", "output dx")
+    base = fg.loads(src, file="gp.flow")
+    model = fg.grad(base, "s", "x")
+    x = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32)
+    for device in ("cpu", "vulkan"):
+        sess = model.compile(device=device)
+        assert sess.last_path == ("graph" if device == "vulkan" else sess.last_path)
+        out = sess.step({"x": x}, grads=False).outputs
+        np.testing.assert_allclose(out["ds_dx"], out["dx"], rtol=1e-6)
+    assert fg.grad(model, "loss", "w1", name="g").compile(device="cpu").step({"x": x}).outputs["g"].shape == (4, 5)
+    with pytest.raises(FlowError, match="no value of model gp"):
+        fg.grad(base, "s", "xx")
+    with pytest.raises(FlowError, match="must be a float scalar"):
+        fg.grad(base, "dx", "x").graph
