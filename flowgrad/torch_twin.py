@@ -203,6 +203,8 @@ LOWER = {
     "flatten": lambda torch, node, ins, at: torch.flatten(ins[0], at["start_dim"], at["end_dim"]),
     "pad": lambda torch, node, ins, at: torch.nn.functional.pad(ins[0], tuple(at["pad"]), value=at["value"]),
     "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
+    "embedding_grad": lambda torch, node, ins, at: ins[1].new_zeros(node.shape).index_add(
+        0, ins[0].reshape(-1).long(), ins[1].reshape(-1, node.shape[-1])),
     "reshape": lambda torch, node, ins, at: ins[0].reshape(node.shape),
     "broadcast_to": lambda torch, node, ins, at: ins[0].broadcast_to(node.shape).clone(),
     "transpose": lambda torch, node, ins, at: ins[0].transpose(at["dim0"], at["dim1"]),
@@ -236,6 +238,7 @@ COUNTERPART = {
     "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
+    "embedding_grad": "Tensor.index_add",
 }
 
 

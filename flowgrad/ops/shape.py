@@ -201,16 +201,35 @@ def _checked_ids(ids, rows):
     return ids
 
 
-def _embedding_vjp(g, ins, out, at):
-    ids, table = ins
-    d = table.shape[1]
-    dtable = np.zeros(table.shape, dtype=wide(table).dtype)
+def _embedding_grad_infer(ins, at):
+    ids, g = ins
+    if ids.dtype != "i32":
+        raise OpTypeError(f"ids must be i32, got {ids}")
+    float_dtype(g, "g")
+    if g.shape[:-1] != ids.shape:
+        raise OpTypeError(f"g must be ids.shape + [d] = {list(ids.shape)} + [d], got {g}")
+    if at["rows"] < 1:
+        raise OpTypeError(f"rows={at['rows']} must be positive")
+    return TensorType((at["rows"], g.shape[-1]), g.dtype)
+
+
+def _embedding_grad_forward(ins, at):
+    ids, g = ins
+    rows, d = at["rows"], g.shape[-1]
+    dtable = np.zeros((rows, d), dtype=wide(g).dtype)
     # ids repeat: np.add.at accumulates where a plain += would keep one
-    np.add.at(dtable, _checked_ids(ids, table.shape[0]).reshape(-1), wide(g).reshape(-1, d))
-    return [None, narrow(dtable, table)]
+    np.add.at(dtable, _checked_ids(ids, rows).reshape(-1), wide(g).reshape(-1, d))
+    return narrow(dtable, g)
 
 
 embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
-                  lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])], _embedding_vjp,
+                  lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])],
+                  grad=lambda g, ins, out, at: [None, g.e.op("embedding_grad", ins[0], g, rows=ins[1].shape[0])],
                   nondiff=(0,), index_bounds=lambda ins, at: {0: ins[1].shape[0]},
                   doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")
+embedding_grad = defop(
+    "embedding_grad", (Arg("ids"), Arg("g"), Arg("rows", "attr", types=INT)), _embedding_grad_infer,
+    _embedding_grad_forward, grad=lambda g, ins, out, at: [None, g.e.op("embedding", ins[0], g)],
+    nondiff=(0,), index_bounds=lambda ins, at: {0: at["rows"]},
+    doc="embedding's table gradient: a [rows, d] table of zeros with each row of g added at its id",
+    samples=[Sample((((2, 3), "ints:4"), ((2, 3, 5), "normal")), {"rows": 4})])

@@ -174,6 +174,14 @@ def embedding_backward(rec, node, g, ins, out, grads):
 
 EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS, checks_indices=True)
 
+
+def embedding_grad_forward(rec, node, ins, out):
+    ids, g = ins
+    embedding_backward(rec, node, g, [ids, out], None, [None, out])
+
+
+EMBEDDING_GRAD = Lowering(embedding_grad_forward, None, ALL_DTYPES, checks_indices=True)
+
 register_lowering("transpose", permuting(rules._transpose_perm))
 register_lowering("permute", permuting(rules._permute_perm))
 register_lowering("reshape", RESHAPE)
@@ -182,3 +190,4 @@ register_lowering("broadcast_to", BROADCAST_TO)
 register_lowering("slice", SLICE)
 register_lowering("concat", CONCAT)
 register_lowering("embedding", EMBEDDING)
+register_lowering("embedding_grad", EMBEDDING_GRAD)
