@@ -22,7 +22,7 @@ from flowgrad.training.overrides import load_trained
 from flowgrad.training.section import setup
 from flowgrad.training.text import cut_points, decode
 
-pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers", reason="BPE tests need the bpe extra: pip install 'flowgrad[bpe]'")
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 MODEL = MODELS / "bpe_lm.flow"
