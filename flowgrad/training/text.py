@@ -97,8 +97,8 @@ class TextData(Dataset):
         return self._windows(self.parts["train"], self.train_starts(step))
 
     def eval_starts(self, split: str) -> np.ndarray:
-        """Where the eval windows of `split` start: tiles of seq + 1 ids, each
-        overlapping the next by one (the last target is the next first token)."""
+        """Where the eval windows of `split` start: every seq ids, so that
+        their targets tile the part."""
         return np.arange(0, len(self.parts[split]) - self.seq, self.seq)
 
     def eval_batches(self, split: str = "test"):
