@@ -181,7 +181,7 @@ def train_summary(result) -> str:
     rows.append(("path", result.path))
     if result.out is not None:
         written = [p.name for p in (result.out / BEST_FILENAME, result.out / "metrics.jsonl",
-                                    result.out / "loss.png") if p.exists()]
+                                    result.out / "loss.png") if p.exists()] + result.files
         rows.append(("wrote", ", ".join([str(result.out / checkpoint.FILENAME)] + written)))
     width = max(len(k) for k, _ in rows) + 2
     lines += [f"{k:<{width}}{v}" for k, v in rows]
@@ -217,16 +217,12 @@ def cmd_run(args) -> int:
 # -- generate, export ---------------------------------------------------------------------
 
 def cmd_generate(args) -> int:
-    from flowgrad.training.generate import stream
+    from flowgrad.training.generate import stream, vocabulary
     from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    data = ckpt.data or {}
-    if "vocab" not in data:
-        raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
-                        "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
-    pieces = stream(sess, data["vocab"], data.get("level", "char"), args.prompt, args.tokens, args.temperature,
-                    args.top_k, args.seed)
+    vocab, level = vocabulary(ckpt)
+    pieces = stream(sess, vocab, level, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
     # printed as sampled, so a long --tokens shows its progress and Ctrl-C keeps what came
     try:
         for piece in pieces:
@@ -416,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "generate", "sample text from a language model trained on text(...) data")
     add_model_args(p)
-    p.add_argument("--checkpoint", required=True, help="a checkpoint of a text-trained model (it holds the vocab)")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of a text-trained model (it holds the vocab; "
+                   "a BPE model's tokenizer.json lies beside it)")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--tokens", type=int, default=200, help="how many tokens to add (default 200)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 always takes the "

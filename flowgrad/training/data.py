@@ -18,6 +18,8 @@ The protocol (any object with these members can be passed as
     default_metric: str                used when the train section names none
     score_mask(feeds) -> bool array | None   positions the metric scores (None: all)
     meta() -> dict                     JSON kept in the checkpoint (e.g. a text vocab)
+    files() -> {name: bytes}           optional: files a run writes beside its
+                                       checkpoints (a BPE text's tokenizer.json)
     describe: str                      for messages
 
 Which model inputs a dataset feeds: a source makes a feature array and
@@ -33,7 +35,8 @@ Three kinds:
 
     ArrayData      rows of arrays, split train/val/test, seeded epochs
     SequenceTask   reverse / copy: synthetic sequence tasks for a causal decoder
-    TextData       (training/text.py) next-token prediction over a text's characters or bytes
+    TextData       (training/text.py) next-token prediction over a text's characters, bytes
+                   or BPE tokens, or over a file of token ids (training/token_files.py)
 
 Sequence layout of reverse / copy: `seq` is the decoder's sequence length
 (even), each row holds n = seq/2 symbols and their answer. SEP = token 0;

@@ -61,13 +61,28 @@ def check_options(tokens: int, temperature: float, top_k: int, seed: int) -> Non
             raise FlowError(f"{name} must be >= 0, got {value}")
 
 
-def generate(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
+def vocabulary(ckpt) -> tuple[object, str]:
+    """(vocab, level) of a checkpoint of a model trained on text(...): the
+    symbols it keeps, or at level "bpe" the tokenizer beside it."""
+    data = ckpt.data or {}
+    if data.get("level") == "bpe":
+        from flowgrad.training import bpe
+
+        return bpe.beside(ckpt), "bpe"
+    if "vocab" not in data:
+        raise FlowError(f"checkpoint {ckpt.path!r} keeps no vocabulary: generate needs a model trained on "
+                        "text(...) data", hint='train with `data = text("file.txt", seq=seq)`')
+    return data["vocab"], data.get("level", "char")
+
+
+def generate(sess, vocab, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
              top_k: int = 0, seed: int = 0) -> str:
-    """`prompt` followed by `tokens` sampled symbols, as text."""
+    """`prompt` followed by `tokens` sampled symbols, as text. `vocab`: the
+    text's symbols, or at level "bpe" its tokenizer (vocabulary())."""
     return "".join(stream(sess, vocab, level, prompt, tokens, temperature, top_k, seed))
 
 
-def stream(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
+def stream(sess, vocab, level: str, prompt: str, tokens: int = 100, temperature: float = 1.0,
            top_k: int = 0, seed: int = 0):
     """The text generate returns, in pieces as it is sampled: the prompt, then
     each token's. The options, the prompt and the model's causality are checked
@@ -76,7 +91,9 @@ def stream(sess, vocab: list, level: str, prompt: str, tokens: int = 100, temper
     tok_in, logits_out, seq = lm_io(sess.graph)
     if not prompt:
         raise FlowError("the prompt is empty: generate continues a prompt of at least one character")
-    ids = list(encode(prompt if level == "char" else prompt.encode(), vocab, level))
+    ids = list(encode(prompt.encode() if level == "byte" else prompt, vocab, level))
+    if not ids:
+        raise FlowError(f"the prompt {prompt!r} encodes to no tokens of the model's tokenizer")
     check_causal(sess, tok_in, logits_out, seq, ids, len(vocab))
     sampled = sample_ids(sess, tok_in, logits_out, seq, ids, tokens, temperature, top_k, seed, len(vocab))
     return pieces(itertools.chain(list(ids), sampled), vocab, level)

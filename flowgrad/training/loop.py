@@ -50,6 +50,7 @@ class TrainResult:
     stopped_early: bool = False
     rank: int = 0                # data-parallel runs: this process's rank (0 writes the outputs)
     ranks: int = 1
+    files: list[str] = attrs.Factory(list)   # the data's files written beside the checkpoints (tokenizer.json)
 
     @property
     def steps_per_second(self) -> float:
@@ -248,6 +249,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                 with writing(out / name):
                     (out / name).unlink(missing_ok=True)
         log.start(header)
+    files = _write_data_files(ts.data, out)
     if world is not None:
         start = world.sync_from_root(sess.runner, sess.loss_scaler, start)   # rank 0's params and state everywhere
         sess.train_steps = start
@@ -318,7 +320,19 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                  split)
     best_info = {"step": best["step"], "val_loss": best["val_loss"]} if best is not None else None
     return TrainResult(sess, step, history[-1]["loss"] if history else None, final, ts.metric.name, seconds,
-                       step - start, sess.last_path, history, out, best_info, stopped_early)
+                       step - start, sess.last_path, history, out, best_info, stopped_early, files=files)
+
+
+def _write_data_files(data, out: Path | None) -> list[str]:
+    """The files the data keeps beside the checkpoints (a BPE text's tokenizer,
+    which generate reads back); a Dataset from Python may have none."""
+    if out is None:
+        return []
+    files = getattr(data, "files", dict)()
+    for name, content in files.items():
+        with writing(out / name):
+            checkpoint.write_atomic(out / name, content)
+    return list(files)
 
 
 def _evaluator(sess, ts: TrainSetup, world):
@@ -367,7 +381,7 @@ def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
     edited since (a new character shifts the sorted ids of those after it) would go on training
     them on other symbols, with no error."""
     kept, now = ckpt.data or {}, json.loads(json.dumps(meta, default=str))
-    for key in ("level", "vocab", "classes"):
+    for key in ("level", "vocab", "tokenizer_sha256", "classes"):
         if key not in kept or kept[key] == now.get(key):
             continue
         what = f"{kept[key]!r} -> {now.get(key)!r}"

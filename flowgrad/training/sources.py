@@ -13,12 +13,22 @@
         numeric columns of a CSV file; x and y name columns (by header name,
         or 0-based index), x=none takes every column y does not; a y column of
         words (e.g. species names) becomes class ids in sorted order
-    text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100)
-        next-token prediction: level "char" (UTF-8 characters) or "byte";
-        the vocabulary is the file's distinct symbols, sorted, and is kept
-        in the checkpoint. rows="windows": windows of seq symbols anywhere
-        in the text; rows="lines": one row per line, padded to seq with
-        target `pad` (the loss's ignore_index; flowgrad.training.text)
+    text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
+         vocab=none, tokenizer=none)
+        next-token prediction: level "char" (UTF-8 characters) or "byte",
+        whose vocabulary is the file's distinct symbols, sorted, kept in the
+        checkpoint; or "bpe": a byte-level BPE of `vocab` tokens trained on
+        the training part (or loaded from `tokenizer`, a tokenizer.json),
+        kept beside the checkpoint (flowgrad.training.bpe). rows="windows":
+        windows of seq symbols anywhere in the text; rows="lines": one row
+        per line, padded to seq with target `pad` (the loss's ignore_index;
+        flowgrad.training.text)
+    tokens(path, seq, dtype="uint16", vocab=none, val=none, test=none, val_fraction=0.1, test_fraction=0.1,
+           eval_windows=none)
+        next-token windows from a file of token ids (uint16 or uint32, as
+        nanoGPT writes them), memory-mapped: the file is never loaded whole.
+        val and test name files of their own, in place of a share of the
+        file; vocab defaults to the largest id + 1 (flowgrad.training.token_files)
     reverse(seq=16, vocab=16, test=512, val=256)
     copy(seq=16, vocab=16, test=512, val=256)
         synthetic sequence tasks for a causal decoder (flowgrad.training.data)
@@ -36,10 +46,11 @@ import numpy as np
 
 from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
-from flowgrad.training import spec
+from flowgrad.training import bpe, spec, token_files
 from flowgrad.training.arrayfiles import is_number, read_npy, read_npz
 from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, same_rows
-from flowgrad.training.text import TextData, TextLines
+from flowgrad.training.text import TextData, TextLines, cut_points, wanted_parts
+from flowgrad.training.token_files import TokenData
 
 
 def _path(what, path, span, base_dir) -> Path:
@@ -276,41 +287,90 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
 
 
 def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
-         *, seed=0, span=None, base_dir=None) -> TextData:
+         vocab=None, tokenizer=None, *, seed=0, span=None, base_dir=None) -> TextData:
     what = "data text()"
     full = _path(what, path, span, base_dir)
     seq = spec.number(what, "seq", seq, span, low=1, integer=True)
-    level = spec.string(what, "level", level, span, choices=("char", "byte"))
+    level = spec.string(what, "level", level, span, choices=("char", "byte", "bpe"))
     rows = spec.string(what, "rows", rows, span, choices=("windows", "lines"))
     pad = spec.number(what, "pad", pad, span, high=-1, integer=True)  # a negative id is never a real target
+    val, test = fractions(what, val_fraction, test_fraction, span)   # text splits by position, not by ArrayData.split
+    if level != "bpe":
+        for key, value in (("vocab", vocab), ("tokenizer", tokenizer)):
+            if value is not None:
+                raise FlowError(f"{what}: {key}= is a BPE tokenizer's; level {level!r} takes the text's distinct "
+                                f"{'characters' if level == 'char' else 'bytes'} as its vocabulary", span,
+                                hint='level="bpe" splits the text into BPE tokens')
+    elif vocab is not None:
+        vocab = spec.number(what, "vocab", vocab, span, low=bpe.BYTES, integer=True)
+    raw = _read(full, what, span)
+    describe = f"text({str(path)!r}, level={level!r})"
+    symbols = list(raw) if level == "byte" else _characters(raw, full, what, span)
+    if level == "bpe":
+        tok = _path(what, tokenizer, span, base_dir) if tokenizer is not None else None
+        return bpe.text_data(symbols, seq, val, test, rows, pad, vocab, tok, seed, describe, span)
+    vocab = sorted(set(symbols))
+    index = {s: i for i, s in enumerate(vocab)}
+    ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
+    if rows == "lines":
+        newline = index.get("\n" if level == "char" else 10)
+        return TextLines.split(ids, vocab, level, seq, val, test, newline, pad, seed, describe, span)
+    return TextData.split(ids, vocab, level, seq, val, test, seed, describe, span)
+
+
+def _read(full: Path, what, span) -> bytes:
     try:
-        raw = full.read_bytes()
+        return full.read_bytes()
     except FileNotFoundError:
         raise _missing(what, full, span) from None
     except OSError as e:
         raise FlowError(f"{what}: cannot read {str(full)!r}: {e.strerror or e}", span) from None
-    if level == "char":
-        try:
-            # a BOM (Notepad writes one) marks the encoding, it is no character of the text: kept, it
-            # would be a symbol of the vocabulary, one more than the text shows
-            symbols = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise FlowError(f"{what}: {str(full)!r} is not UTF-8 text ({e})", span,
-                            hint='level="byte" reads any file') from None
-        # line ends read as Python's text files read them: a file saved on Windows
-        # has the same vocabulary and lines as the one saved elsewhere
-        symbols = symbols.replace("\r\n", "\n").replace("\r", "\n")
-    else:
-        symbols = list(raw)
-    vocab = sorted(set(symbols))
-    index = {s: i for i, s in enumerate(vocab)}
-    ids = np.fromiter((index[s] for s in symbols), np.int32, len(symbols))
-    val, test = fractions(what, val_fraction, test_fraction, span)   # text splits by position, not by ArrayData.split
-    describe = f"text({str(path)!r}, level={level!r})"
-    if rows == "lines":
-        newline = index.get("\n" if level == "char" else 10)
-        return TextLines(ids, vocab, level, seq, val, test, newline, pad, seed, describe, span)
-    return TextData(ids, vocab, level, seq, val, test, seed, describe, span)
+
+
+def _characters(raw: bytes, full: Path, what, span) -> str:
+    try:
+        # a BOM (Notepad writes one) marks the encoding, it is no character of the text: kept, it
+        # would be a symbol of the vocabulary, one more than the text shows
+        symbols = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise FlowError(f"{what}: {str(full)!r} is not UTF-8 text ({e})", span,
+                        hint='level="byte" reads any file') from None
+    # line ends read as Python's text files read them: a file saved on Windows
+    # has the same vocabulary and lines as the one saved elsewhere
+    return symbols.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def tokens(path=REQUIRED, seq=REQUIRED, dtype="uint16", vocab=None, val=None, test=None, val_fraction=None,
+           test_fraction=None, eval_windows=None, *, seed=0, span=None, base_dir=None) -> TokenData:
+    what = "data tokens()"
+    seq = spec.number(what, "seq", seq, span, low=1, integer=True)
+    dtype = spec.string(what, "dtype", dtype, span, choices=token_files.DTYPES)
+    vocab = None if vocab is None else spec.number(what, "vocab", vocab, span, low=1, integer=True)
+    if eval_windows is not None:
+        eval_windows = spec.number(what, "eval_windows", eval_windows, span, low=1, integer=True)
+    shares = []
+    for part, file, share in (("val", val, val_fraction), ("test", test, test_fraction)):
+        if file is not None and share is not None:
+            raise FlowError(f"{what}: {part}= names a file of {part} tokens and {part}_fraction= a share of "
+                            f"{spec.show(path)}: give one of them", span)
+        shares.append(share if share is not None else 0.0 if file is not None else 0.1)
+    val_fraction, test_fraction = fractions(what, *shares, span)
+    maps = {}
+
+    def open_file(name):
+        full = _path(what, name, span, base_dir)
+        return maps.setdefault(str(full), token_files.open_ids(full, dtype, what, span))
+
+    ids = open_file(path)
+    a, b = cut_points(len(ids), val_fraction, test_fraction)
+    parts = {"train": ids[:a], "val": ids[a:b], "test": ids[b:]}
+    wanted = list(wanted_parts(val_fraction, test_fraction))
+    for part, file in (("val", val), ("test", test)):
+        if file is not None:
+            parts[part] = open_file(file)
+            wanted.append(part)
+    return TokenData(parts, maps, vocab, dtype, seq, seed, f"tokens({str(path)!r}, dtype={dtype!r})", span,
+                     tuple(wanted), eval_windows)
 
 
 def reverse(seq=16, vocab=16, test=512, val=256, *, seed=0, span=None, base_dir=None) -> SequenceTask:
@@ -321,7 +381,8 @@ def copy(seq=16, vocab=16, test=512, val=256, *, seed=0, span=None, base_dir=Non
     return SequenceTask("copy", seq, vocab, test, val, seed, span)
 
 
-SOURCES = {"digits": digits, "npz": npz, "npy": npy, "csv": csv, "text": text, "reverse": reverse, "copy": copy}
+SOURCES = {"digits": digits, "npz": npz, "npy": npy, "csv": csv, "text": text, "tokens": tokens, "reverse": reverse,
+           "copy": copy}
 
 
 def make_data(value, span=None, seed: int = 0, base_dir=None) -> Dataset:
