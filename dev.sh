@@ -3,8 +3,9 @@
 #   ./dev.sh train   install flowgrad into .venv and train models/mlp.flow on the digits data
 #   ./dev.sh test    also install lavapipe (CPU Vulkan), glslc and the Vulkan validation layers,
 #                    fetch Debian trixie's glslc for the shaders that need it (scripts/fetch_glslc.sh)
-#                    and trixie-backports' lavapipe (scripts/fetch_lavapipe.sh), then run the whole
-#                    test suite, and its cooperative-matrix tests again on that lavapipe
+#                    and trixie-backports' lavapipe (scripts/fetch_lavapipe.sh), PyTorch's CPU wheel
+#                    (the reference tests compare with it), then run the whole test suite, and its
+#                    cooperative-matrix tests again on that lavapipe
 # Extra arguments go to `flowgrad train` / `pytest`.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -34,6 +35,23 @@ venv() {  # .venv with flowgrad (editable) and its dev extra; reinstalled when p
     fi
 }
 
+# PyTorch for the tests that compare with it, installed here rather than in the dev extra: the
+# dev extra is what a developer's `pip install -e '.[dev]'` takes too, on a GPU machine whose CUDA
+# torch it must not replace, and `./dev.sh train` needs no torch, so its install stays light.
+# The tests run torch on the CPU: the exact pin takes the local 2.13.0+cpu wheel that pip's
+# find-links offer on the CI machine, where a bare `torch` would fetch PyPI's CUDA build (several
+# GB). Elsewhere, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu gets the CPU wheel
+# (pip prefers 2.13.0+cpu to 2.13.0); it is not passed here, as pip retries every package on an
+# index it cannot reach, for minutes, where that index is offline.
+TORCH_VERSION=2.13.0
+
+torch_cpu() {
+    .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '$TORCH_VERSION')" \
+        2>/dev/null && return 0
+    echo "dev.sh: installing PyTorch $TORCH_VERSION for the reference tests" >&2
+    .venv/bin/python -m pip install -q "torch==$TORCH_VERSION"
+}
+
 COOP_TESTS="tests/test_attention_coop.py tests/test_mixed_precision.py tests/test_graph_path_attention.py
             tests/test_matmul_kernels.py::test_coop_kernel_when_offered"
 
@@ -60,6 +78,7 @@ case "${1:-}" in
         # and the cooperative-matrix attention kernels a newer lavapipe (Mesa 26, trixie-backports)
         scripts/fetch_lavapipe.sh >/dev/null
         venv
+        torch_cpu
         set +e
         .venv/bin/python -m pytest "$@"
         rc=$?

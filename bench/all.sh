@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every benchmark the README quotes, in one run on one GPU (PyTorch with CUDA for the
+# The GPU benchmarks behind docs/benchmarks.md, in one run on one GPU (PyTorch with CUDA for the
 # comparisons): bash bench/all.sh > bench.txt
 set -o pipefail
 cd "$(dirname "$0")/.."

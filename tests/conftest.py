@@ -7,14 +7,49 @@ device there is a broken set-up, not a reason to pass.
 
 The whole suite runs with the Khronos validation layer on
 (FLOWGRAD_VK_VALIDATION=1, unless set otherwise), and any validation error
-reported during a test fails that test."""
+reported during a test fails that test.
+
+An optional module (torch, onnx, ...) is taken with `needs_module`, which
+skips without it on a developer's machine and FAILS when CI=true, where
+`./dev.sh test` installs every one: under CI a test skips only for a missing
+device capability (no f16, no cooperative matrices), and says which."""
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
 
 os.environ.setdefault("FLOWGRAD_VK_VALIDATION", "1")
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+# what installs each optional module the tests take
+INSTALL = {
+    "torch": "pip install 'flowgrad[torch]'",
+    "onnx": "pip install 'flowgrad[onnx]'",
+    "onnxruntime": "pip install 'flowgrad[onnx]'",
+    "vulkan": "pip install vulkan (a dependency of flowgrad)",
+}
+
+
+def needs_module(name: str):
+    """The module `name`, imported; if it is not installed, the test (or, at a
+    module's top, the whole file) skips, saying what installs it, or fails
+    when CI=true. Only a missing module counts: one that fails to import
+    otherwise is an error either way."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or name != e.name and not name.startswith(e.name + "."):
+            raise   # the module is there, something it imports is not
+        why = f"{name} is not installed: {INSTALL.get(name, f'pip install {name}')}"
+        if under_ci():
+            pytest.fail(f"CI=true but {why}", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
 
 
 def env_with_path(first) -> dict:
@@ -36,7 +71,7 @@ def vk_device():
     try:
         dev = select_device("vulkan")
     except Exception as e:  # noqa: BLE001 - any failure means "no device" here
-        if os.environ.get("CI", "").lower() == "true":
+        if under_ci():
             pytest.fail(f"CI=true but no Vulkan device could be opened: {e}")
         pytest.skip(f"no Vulkan device: {e}")
     return dev

@@ -104,7 +104,7 @@ def test_bench_on_numpy_says_it_needs_a_vulkan_device(capsys):
 
 
 def test_bench_help_says_ranks_run_on_any_device(capsys):
-    """The README's `flowgrad bench --device cpu --ranks 2`: --help must not say vulkan only."""
+    """docs/benchmarks.md's `flowgrad bench --device cpu --ranks 2`: --help must not say vulkan only."""
     with pytest.raises(SystemExit):
         cli_main(["bench", "--help"])
     out = " ".join(capsys.readouterr().out.split())

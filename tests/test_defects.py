@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
+from conftest import needs_module
 
 PATHS = [("cpu", "auto"), ("vulkan", "closures"), ("vulkan", "graph")]
 
 
 def compile_on(model, device, backward, **kw):
     if device == "vulkan":
-        pytest.importorskip("vulkan")
+        needs_module("vulkan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sess = model.compile(device=device, backward=backward, **kw)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
+from conftest import needs_module
 
 PATHS = [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")]
 
@@ -135,7 +136,7 @@ def test_max_and_maximum_give_pytorchs_values_and_gradients_at_nan_and_inf(name,
 
 @pytest.mark.parametrize("name", sorted(PICK_CASES))
 def test_the_expected_max_and_maximum_gradients_are_pytorchs(name):
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     _, params, g, torch_m, want_m, want_grads = PICK_CASES[name]
     leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
     m = torch_m(torch, *leaves.values())
@@ -192,7 +193,7 @@ def test_the_expected_abs_and_activation_gradients_are_pytorchs(name):
     """One element at a time: torch's vectorised CPU elu backward gives NaN
     at a NaN x, where its scalar loop (the op's definition, and what the
     GPU gives) passes g."""
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     _, torch_m, want_m, want_grad = UNARY_CASES[name]
     for x, g, m_want, grad_want in zip(UNARY_X, UNARY_G, want_m, want_grad):
         leaf = torch.tensor([x], dtype=torch.float64, requires_grad=True)

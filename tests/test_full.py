@@ -18,6 +18,7 @@ from flowgrad.feeds import random_feeds
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import numeric_grad
 from flowgrad.training.optim import Adam
+from conftest import needs_module
 
 # a recurrent cell unrolled over three steps from the state h0
 RNN = """
@@ -231,8 +232,8 @@ def test_predict_at_another_batch_size_rebuilds_the_constant():
 
 def exports_like_flowgrad(src: str, x_shape, tmp_path) -> None:
     """The model's ONNX export, run by onnxruntime on a random x, gives its output h."""
-    pytest.importorskip("onnx", reason="ONNX export needs the onnx extra: pip install 'flowgrad[onnx]'")
-    ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime")
+    needs_module("onnx")
+    ort = needs_module("onnxruntime")
     sess = fg.loads(src).compile(device="cpu", seed=1)
     assert sess.to_onnx(tmp_path / "m.onnx") == ["h"]
     x = np.random.default_rng(7).standard_normal(x_shape).astype(np.float32)
@@ -242,7 +243,7 @@ def exports_like_flowgrad(src: str, x_shape, tmp_path) -> None:
 
 def twin_matches(src: str) -> None:
     """The torch twin computes the model's loss and gradients."""
-    pytest.importorskip("torch")
+    needs_module("torch")
     from test_torch_twin import check_twin
 
     sess = fg.loads(src).compile(device="cpu")

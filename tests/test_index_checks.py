@@ -12,6 +12,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.dtypes import NUMPY_DTYPE
+from conftest import needs_module
 
 PATHS = [("cpu", "auto"), ("vulkan", "closures"), ("vulkan", "graph")]
 IDS = ["numpy", "vk-closures", "vk-graph"]
@@ -26,7 +27,7 @@ XENT = ("input x: f32[3, 5]\ninput f: f32[3]\nparam w: f32[5, 5] = normal()\n"
 
 def compile_on(text, device, backward):
     if device == "vulkan":
-        pytest.importorskip("vulkan")
+        needs_module("vulkan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sess = fg.loads(text, file="idx.flow").compile(device=device, backward=backward)
@@ -80,7 +81,7 @@ CASTS = {"f32": ([np.nan, 1e10, -1e10, 2.0**31, -7.9, 7.9], [-2**31, -2**31, -2*
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
 def test_a_cast_to_i32_of_nan_or_past_the_range_is_int_min_on_every_path(device, dtype):
     if device == "vulkan":
-        pytest.importorskip("vulkan")
+        needs_module("vulkan")
     text = f"input f: {dtype}[6]\nc = cast(f, i32)\noutput c\n"
     values, want = CASTS[dtype]
     with warnings.catch_warnings():

@@ -15,6 +15,7 @@ from flowgrad.training import checkpoint
 from flowgrad.training.loss_scale import LossScaler
 from flowgrad.training.optim import SGD, Adam, AdamW
 from flowgrad.update_counts import Counts
+from conftest import needs_module
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 GPT = {"d": 32, "layers": 1, "seq": 8, "batch": 8, "ff": 64}
@@ -267,7 +268,7 @@ def test_a_checkpoint_keeps_the_loss_scale(tmp_path):
 
 
 def test_the_bench_twin_runs_the_f32_model_under_autocast():
-    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    torch = needs_module("torch")   # the optional extra flowgrad[torch]
     from flowgrad.exec_vulkan.bench import feeds_for, in_turns, torch_step
     from flowgrad.torch_twin import TorchTwin
 
@@ -391,7 +392,7 @@ def test_the_schedule_counts_skipped_steps_as_torchs_amp_loop_does(device, kind)
     (its bias correction) advances only in the optimizer.step() GradScaler let
     run. The schedule once followed the updates: it ended 9 steps behind (the
     cosine at 0.0346 where torch's is at 0.0005) and the params 0.2 apart."""
-    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    torch = needs_module("torch")   # the optional extra flowgrad[torch]
     name, schedule = kind.split("-")
     start = fg.loads(PRED).compile(device="cpu", dtype="mixed").params   # the run's initial params (seed 0)
     ours = {"adam": Adam, "adamw": AdamW}[name](lr=0.05, schedule=schedule, total_steps=16)
@@ -416,7 +417,7 @@ def test_each_step_or_update_given_an_optimizer_is_an_iteration(device):
     sess.apply_update is an iteration of the schedule, whether the loss scaler
     applies its update or skips it, as sched.step() after scaler.step(opt) is.
     Here iteration 2 (a step) and 3 (an apply_update) overflow."""
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     sess = compiled(fg.loads(LINEAR), device)
     start = sess.params
     rng = np.random.default_rng(2)

@@ -11,9 +11,10 @@ import pytest
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
+from conftest import needs_module
 
-onnx = pytest.importorskip("onnx", reason="ONNX export tests need the onnx extra: pip install 'flowgrad[onnx]'")
-ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime: pip install 'flowgrad[onnx]'")
+onnx = needs_module("onnx")
+ort = needs_module("onnxruntime")
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -189,7 +190,7 @@ def test_a_fully_masked_attention_row_exports_as_zeros_not_nan(tmp_path):
 
 
 def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
-    pytest.importorskip("onnx")
+    needs_module("onnx")
     sess = fg.load("cnn").compile(device="cpu")
     with pytest.raises(FlowError) as e:
         sess.to_onnx(tmp_path / "cnn.onnx")

@@ -8,6 +8,7 @@ import pytest
 
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
+from conftest import needs_module
 
 # away from the kinks at 0 (leaky_relu, elu, l1) and at +-delta (huber)
 X = np.random.default_rng(0).choice([-1, 1], (3, 5)) * np.random.default_rng(1).uniform(0.1, 3, (3, 5))
@@ -31,7 +32,7 @@ def test_loss_gradients(name, target, attrs):
 
 
 def test_against_pytorch():
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     F, t = torch.nn.functional, torch.from_numpy
     want = {"erf": lambda v, at: torch.erf(v), "softplus": lambda v, at: F.softplus(v, **at),
             "leaky_relu": lambda v, at: F.leaky_relu(v, **at), "elu": lambda v, at: F.elu(v, **at)}

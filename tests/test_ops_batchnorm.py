@@ -14,6 +14,7 @@ from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
 from flowgrad.ops.random import rng_feed
 from flowgrad.training.optim import SGD, AdamW
+from conftest import needs_module
 
 TRAIN, EVAL = rng_feed(True, 1, 0), rng_feed(False, 1, 0)
 
@@ -102,7 +103,7 @@ def batches(n, seed=4):
 
 
 def test_running_statistics_follow_pytorch_after_several_steps():
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     sess = fg.loads(MODEL).compile(device="cpu")
     bn = torch.nn.BatchNorm2d(3)  # momentum 0.1, eps 1e-5, unbiased running variance
     for x in batches(4):
@@ -230,7 +231,7 @@ def test_norms_over_several_trailing_axes_on_the_device(kernels, name, shapes):
 
 
 def test_layernorm_over_two_axes_is_pytorchs_normalized_shape():
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     rng = np.random.default_rng(11)
     x, w, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     t = torch.from_numpy

@@ -14,6 +14,7 @@ import pytest
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
 from tests.op_harness import backend  # noqa: F401  (the fixture)
+from conftest import needs_module
 
 # ---------------------------------------------------------------- independent references
 
@@ -238,7 +239,7 @@ def test_bad_calls_say_what_is_wrong(name, ins, attrs, shows):
 
 
 def test_against_pytorch():
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     F = torch.nn.functional
     r = np.random.default_rng(6)
     t = torch.from_numpy

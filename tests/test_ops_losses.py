@@ -10,6 +10,7 @@ import pytest
 from flowgrad.errors import FlowError
 from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import check_vjp
+from conftest import needs_module
 
 
 def reference(z, t, w=None, ignore=-100, eps=0.0, axis=-1):
@@ -52,7 +53,7 @@ def test_options_match_the_definition_and_pytorch(attrs, weighted, axis):
                      axis)
     np.testing.assert_allclose(got, want, rtol=1e-12)
     check_vjp("cross_entropy", ins, at)
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     zt = torch.from_numpy(np.moveaxis(z, axis, 1))
     tt = torch.from_numpy(t.astype(np.int64))
     ref = torch.nn.functional.cross_entropy(zt, tt, weight=torch.from_numpy(w) if weighted else None,
@@ -116,7 +117,7 @@ def test_nll_loss_is_cross_entropy_of_log_softmax(attrs, weighted):
     got = get_op("nll_loss").forward([lp, t] + extra, attrs)
     np.testing.assert_allclose(got, get_op("cross_entropy").forward([z, t] + extra, attrs), rtol=1e-12)
     check_vjp("nll_loss", [lp, t] + extra, attrs)
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     ref = torch.nn.functional.nll_loss(torch.from_numpy(np.moveaxis(lp, axis, 1)), torch.from_numpy(t.astype(np.int64)),
                                        weight=torch.from_numpy(w) if weighted else None,
                                        ignore_index=attrs.get("ignore_index", -100))

@@ -8,10 +8,11 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.ops import get_op
+from conftest import needs_module
 
 
 def _torch():
-    return pytest.importorskip("torch")
+    return needs_module("torch")
 
 
 def _vjp(name, x, attrs, g):

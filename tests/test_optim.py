@@ -12,6 +12,7 @@ from flowgrad.graph import Span
 from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
 from flowgrad.update_counts import Counts
 from flowgrad.training.schedules import Schedule
+from conftest import needs_module
 
 
 def run(opt, grads_per_step, p0=1.0):
@@ -105,7 +106,7 @@ def test_adam_one_minus_beta_is_exact():
 
 @pytest.mark.parametrize("name", ["adam", "adamw"])
 def test_adam_matches_torch_over_many_steps(name):
-    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    torch = needs_module("torch")   # the optional extra flowgrad[torch]
     rng = np.random.default_rng(3)
     p0 = rng.normal(0, 1, (20, 30)).astype(np.float32)
     grads = [(rng.normal(0, 1, p0.shape) * 10.0 ** rng.uniform(-4, 0, p0.shape)).astype(np.float32)

@@ -11,8 +11,9 @@ import pytest
 import flowgrad as fg
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.bench import feeds_for
+from conftest import needs_module
 
-torch = pytest.importorskip("torch")
+torch = needs_module("torch")
 from flowgrad.torch_twin import TorchTwin  # noqa: E402
 
 MODELS = sorted((Path(__file__).resolve().parent.parent / "flowgrad" / "models").glob("*.flow"))
