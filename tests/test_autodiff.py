@@ -186,3 +186,20 @@ def test_fg_grad_gives_the_language_s_gradient(vk_device):
         fg.grad(base, "s", "xx")
     with pytest.raises(FlowError, match="must be a float scalar"):
         fg.grad(base, "dx", "x").graph
+
+
+def test_explain_names_what_each_gradient_node_differentiates():
+    import json
+
+    import jsonschema
+
+    from tests.test_explain import SCHEMA
+
+    sess = fg.loads(PENALTY, file="gp.flow").compile(device="cpu")
+    d = sess.explain().to_dict()
+    jsonschema.validate(d, SCHEMA)
+    tanh = next(n for n in d["nodes"] if n["op"] == "tanh")
+    of_tanh = [n for n in d["nodes"] if n.get("grad_of") == tanh["id"]]
+    assert of_tanh and all(n["where"]["line"] == tanh["where"]["line"] for n in of_tanh)
+    assert f"grad of %{tanh['id']}" in str(sess.explain())
+    json.dumps(d)

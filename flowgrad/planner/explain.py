@@ -180,6 +180,8 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
         "backward": node.id in plan.grad_nodes,
         "verdict": verdict,
     }
+    if node.grad_of is not None:   # a node of a backward built in the model (grad(y, x))
+        out["grad_of"] = node.grad_of
     if node.id in kernels:   # planned for a device: the kernels its lowering dispatches there
         out["kernels"] = kernels[node.id]
     group = plan.fusion.group_of().get(node.id) if plan.fusion is not None else None
