@@ -280,6 +280,13 @@ def devices_text() -> str:
 
 def cmd_bench(args) -> int:
     at_least_one("--repeats", args.repeats)
+    if args.file == "gpt2":
+        return cmd_bench_gpt2(args)
+    given = [flag for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--batch", args.batch))
+             if value is not None]
+    if given:
+        raise FlowError(f"{', '.join(given)}: options of `bench gpt2`; bench MODEL takes --repeats and --set batch=N")
+    args.dtype = args.dtype or "f32"
     if args.file == "matmul":
         return cmd_bench_matmul(args)
     from flowgrad.exec_vulkan import bench
@@ -301,6 +308,31 @@ def cmd_bench(args) -> int:
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
                   dtype=args.dtype, phase=phase, compare=args.compare)
     print(json.dumps(r, indent=2) if args.json else bench.report(r))
+    return 0
+
+
+def cmd_bench_gpt2(args) -> int:
+    from flowgrad.exec_vulkan import gpt2_bench
+
+    steps = 20 if args.steps is None else args.steps
+    warmup = 5 if args.warmup is None else args.warmup
+    at_least_one("--steps", steps)
+    if warmup < 0:
+        raise FlowError(f"--warmup must be at least 0, got {warmup}")
+    if args.dtype == "f16":
+        raise FlowError("bench gpt2 times f32 and mixed precision: --dtype f32 or mixed (default: both)")
+    config = parse_sets(args.set)
+    if args.batch is not None:
+        at_least_one("--batch", args.batch)
+        config["batch"] = str(args.batch)
+    check_bench_device(args.device)
+    t0 = time.perf_counter()
+
+    def phase(text):
+        print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
+
+    r = gpt2_bench.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2_bench.DTYPES, phase)
+    print(json.dumps(r, indent=2) if args.json else gpt2_bench.report(r))
     return 0
 
 
@@ -344,7 +376,8 @@ EXAMPLES = {
     "generate": "flowgrad generate models/char_lm.flow --checkpoint runs/char_lm/checkpoint.safetensors "
                 "--prompt \"It was\" --tokens 100 --temperature 0.8 --top-k 10",
     "export": "flowgrad export models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors -o mlp.onnx",
-    "bench": "flowgrad bench --device vulkan --repeats 20\n  flowgrad bench matmul --dtype f16",
+    "bench": "flowgrad bench --device vulkan --repeats 20\n  flowgrad bench matmul --dtype f16\n"
+             "  flowgrad bench gpt2 --batch 16",
     "devices": "flowgrad devices",
 }
 
@@ -439,20 +472,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_devices)
 
     p = _sub(sub, "bench", "graph vs closures step time on one device (the decoder example: tiny_gpt at d=64, "
-                           "seq=64)")
+                           "seq=64); `bench gpt2`: GPT-2 124M's shape against PyTorch")
     p.add_argument("file", nargs="?", default=None,
                    help="a .flow model or a shipped model's name (default: tiny_gpt at d=64, seq=64), "
-                        "or `matmul` for the GEMM kernels' TFLOP/s")
+                        "`matmul` for the GEMM kernels' TFLOP/s, or `gpt2` for tiny_gpt at GPT-2 124M's shape "
+                        "(d=768, 12 heads, 12 layers, seq 1024, vocab 50304, batch 8) in f32 and mixed, "
+                        "step time, tokens/s, MFU and memory beside its PyTorch twin on the CUDA GPU")
     p.add_argument("--compare", choices=["torch"], default=None,
                    help="also time the model's PyTorch twin on the CUDA GPU (eager and torch.compile)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config values (repeatable): --set d=64 layers=1")
     p.add_argument("--device", default="vulkan",
                    help="vulkan or vulkan:N (default vulkan); with --ranks any device, cpu too")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "mixed"],
-                   help="compile dtype (default f32; bench matmul: f32 or f16)")
+    p.add_argument("--dtype", default=None, choices=["f32", "f16", "mixed"],
+                   help="compile dtype (default f32; bench matmul: f32 or f16; bench gpt2: f32 or mixed, "
+                        "default both)")
     p.add_argument("--repeats", type=int, default=20, help="timed graph-path steps; closures get a quarter "
                    "(default 20)")
+    p.add_argument("--steps", type=int, default=None, help="bench gpt2: timed steps per row (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="bench gpt2: untimed steps per row, at least "
+                   "(default 5; each row also warms up for 1-10 s, until its steps stop getting faster)")
+    p.add_argument("--batch", type=int, default=None, help="bench gpt2: the batch size (default 8)")
     p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
                    help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
     p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")

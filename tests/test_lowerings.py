@@ -117,25 +117,40 @@ def test_matmul_deep_k_splits_in_one_dispatch():
     assert tuple(push[23:]) == (push[8], 6, 0, 0, 0)
 
 
-def test_embedding_backward_splits_many_ids_into_chunks():
-    """1000 ids into a 5-row table: chunks of at least 256 ids (the last
-    one short), whose partial tables are summed."""
-    ids = np.zeros((10, 100), np.int32)
-    node = make_node("embedding", [ids, np.zeros((5, 6), np.float32)], {})
+def embedding_backward_commands(n, rows, d):
+    ids = np.zeros((n,), np.int32)
+    node = make_node("embedding", [ids, np.zeros((rows, d), np.float32)], {})
     rec = Recorder(None)
-    shape.EMBEDDING.backward(rec, node, view((10, 100, 6)), [view((10, 100), "i32"), view((5, 6))],
-                             view((10, 100, 6)), [None, view((5, 6))])
-    assert [c.shader for c in rec.commands] == ["embedding_bwd", "map_reduce"]
-    assert rec.commands[0].groups[2] == 3   # chunks of 334 ids
+    shape.EMBEDDING.backward(rec, node, view((n, d)), [view((n,), "i32"), view((rows, d))], view((n, d)),
+                             [None, view((rows, d))])
+    return rec.commands
 
 
-@pytest.mark.parametrize("name, want", [("mlp", (11, 4, 7)), ("tiny_gpt", (59, 20, 39))])
+def test_embedding_backward_work_follows_the_ids_not_the_table():
+    """GPT-2's 8192 ids into its 50304 x 768 table: the counters' fills, the
+    table's fill (the rows no id picks), two radix passes over the ids (a
+    count and a scatter each) and the sum; no dispatch's workgroups grow
+    with the table (the same groups at 300 rows, also two passes)."""
+    gpt2 = embedding_backward_commands(8192, 50304, 768)
+    dispatches = [c for c in gpt2 if not isinstance(c, Fill)]
+    assert [c.shader for c in dispatches] == ["radix_count", "radix_scatter"] * 2 + ["embedding_bwd"]
+    fills = [c for c in gpt2 if isinstance(c, Fill)]
+    assert sorted(c.view.nbytes for c in fills) == [4, 4, 4 * 256 * 12, 4 * 50304 * 768]
+    # 32 blocks of 256 ids to sort; 256 runs of 32 sorted ids x 12 tiles of 64 columns to sum
+    assert [c.groups for c in dispatches] == [(32, 1, 1)] * 4 + [(12, 256, 1)]
+    small = [c for c in embedding_backward_commands(8192, 300, 768) if not isinstance(c, Fill)]
+    assert [c.groups for c in small] == [c.groups for c in dispatches]
+
+
+@pytest.mark.parametrize("name, want", [("mlp", (11, 4, 7)), ("tiny_gpt", (60, 20, 40))])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_model_dispatch_counts(name, want, dtype):
     """The example models' step, counted on the dry-run recorder (explain's
     figures, with the pointwise chains fused, the residual and bias adds and
     an activation after a product in its GEMM's store, the qkv split read in
     place and layernorm one dispatch each way).
+    The embedding's table gradient takes 3: one radix pass over the ids (16
+    rows), a count and a scatter, then the sum.
     cross_entropy's backward takes 1: the gradient, from the row losses and
     the denominator its forward kept."""
     import flowgrad as fg

@@ -1,13 +1,14 @@
 """Embedding and the data-movement ops (reshape, transpose, permute, slice,
 concat) on every backend, against the op's numpy rules in float64
-(tests/op_harness.py): repeated ids, wide rows, ids in chunks, f16 and
-exact i32 moves; and an input used twice by one op on Vulkan closures."""
+(tests/op_harness.py): repeated ids, ids all equal, ids out of range, wide
+rows, a table sorted in two passes, f16 and exact i32 moves; and an input
+used twice by one op on Vulkan closures."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.op_harness import backend, check_op, make_node, uniform  # noqa: F401  (backend: the fixture)
+from tests.op_harness import backend, check_op, close, make_node, uniform  # noqa: F401  (backend: the fixture)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
@@ -20,18 +21,62 @@ def test_embedding(backend, dtype):
 
 
 def test_embedding_wide_rows_and_many_ids(backend):
-    # 70 columns (two workgroups' worth), 150 ids (three 64-id tiles), 19 rows (three 8-row blocks)
+    # 67 columns (two 64-column tiles, the second partial), 1000 ids (four sort blocks, 32 runs),
+    # 300 rows (two 8-bit radix passes)
     rng = np.random.default_rng(11)
-    ids = rng.integers(0, 19, size=(150,)).astype(np.int32)
-    check_op(backend, "embedding", [ids, uniform(rng, (19, 70))], {}, rng)
+    ids = rng.integers(0, 300, size=(1000,)).astype(np.int32)
+    check_op(backend, "embedding", [ids, uniform(rng, (300, 67))], {}, rng)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_embedding_many_ids_in_chunks(backend, dtype):
-    # 1000 ids into a 5-row table: the backward splits the ids into chunks
+def test_embedding_many_repeats(backend, dtype):
+    # 1000 ids into a 5-row table: each id's sum spans runs of the sorted ids, joined in order
     rng = np.random.default_rng(12)
     ids = rng.integers(0, 5, size=(10, 100)).astype(np.int32)
     check_op(backend, "embedding", [ids, uniform(rng, (5, 6), dtype=dtype)], {}, rng)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_embedding_ids_all_equal(backend, dtype):
+    # one id 1000 times: one sum over every run of the sorted ids
+    rng = np.random.default_rng(14)
+    ids = np.full((1000,), 3, np.int32)
+    grads = check_op(backend, "embedding", [ids, uniform(rng, (5, 33), dtype=dtype)], {}, rng)
+    assert np.all(grads[1][[0, 1, 2, 4]] == 0)
+
+
+def embedding_table_grad(device, ids, rows, g):
+    from flowgrad.exec_vulkan import VulkanKernels
+
+    node = make_node("embedding", [ids, np.zeros((rows, g.shape[-1]), g.dtype)], {})
+    return VulkanKernels(device).vjp(node, g, [ids, np.zeros((rows, g.shape[-1]), g.dtype)], np.zeros_like(g))[1]
+
+
+@pytest.mark.parametrize("rows", [7, 256, 300])
+def test_embedding_backward_skips_ids_out_of_range(vk_device, rows):
+    """The forward flags an id outside the table (an error on the host); the
+    backward, which runs before the flag is read, writes nothing for it."""
+    rng = np.random.default_rng(15)
+    ids = rng.choice(np.array([-1, rows, rows + 7, 2**31 - 1, -2**31, 0, 1, rows - 1], np.int32), size=(3, 90))
+    g = uniform(rng, (3, 90, 5))
+    want = np.zeros((rows, 5))
+    keep = (ids >= 0) & (ids < rows)
+    np.add.at(want, ids[keep], g[keep].astype(np.float64))
+    close(embedding_table_grad(vk_device, ids, rows, g), want, "f32", "embedding's table gradient")
+
+
+def test_embedding_backward_is_deterministic_on_any_grid(vk_device, monkeypatch):
+    """Each row's sum has one order: the same bits again, and on a grid of two
+    workgroups (each kernel looping over the blocks and runs the grid leaves)."""
+    from flowgrad.exec_vulkan.lower import shape
+
+    rng = np.random.default_rng(16)
+    ids = rng.integers(0, 4, size=(2000,)).astype(np.int32)
+    g = uniform(rng, (2000, 70))
+    first = embedding_table_grad(vk_device, ids, 300, g)
+    assert np.array_equal(first, embedding_table_grad(vk_device, ids, 300, g))
+    monkeypatch.setattr(shape, "MAX_GROUPS", 2)
+    assert np.array_equal(first, embedding_table_grad(vk_device, ids, 300, g))
 
 
 MOVES = [

@@ -129,12 +129,14 @@ def time_steps(sess, feeds, repeats: int, warmup: int = 2, optimizer=None) -> tu
     return statistics.median(times), {**per_step, "host_seconds": statistics.median(host)}
 
 
-def torch_step(twin, feeds, compiled: bool, amp: str | None = None):
+def torch_step(twin, feeds, compiled: bool, amp: str | None = None, mode: str | None = "reduce-overhead",
+               fused: bool = False):
     """(step, sync): one training step of the twin on its device, and the
-    wait for it: forward, backward and torch.optim.Adam (torch.compile, when
-    compiled, takes the forward; the optimizer runs eager, as its default
-    foreach kernels); amp "f16" or "bf16": under torch.autocast in that dtype
-    (f16 with a GradScaler's scaled backward and step, as AMP training runs it)."""
+    wait for it: forward, backward and torch.optim.Adam (torch.compile in
+    `mode` (None: its default), when compiled, takes the forward; the
+    optimizer runs eager, as its default foreach kernels, or fused); amp
+    "f16" or "bf16": under torch.autocast in that dtype (f16 with a
+    GradScaler's scaled backward and step, as AMP training runs it)."""
     torch = twin.torch
     kind = torch.device(twin.device).type
     autocast = None if amp is None else {"f16": torch.float16, "bf16": torch.bfloat16}[amp]
@@ -146,9 +148,10 @@ def torch_step(twin, feeds, compiled: bool, amp: str | None = None):
             return twin.forward(f)[0]
 
     if compiled:
-        forward = torch.compile(forward, mode="reduce-overhead")
+        forward = torch.compile(forward, mode=mode)
     scaler = torch.amp.GradScaler(kind) if amp == "f16" else None
-    opt = torch.optim.Adam([p for p in twin.params.values() if p.requires_grad], lr=LR)
+    opt = torch.optim.Adam([p for p in twin.params.values() if p.requires_grad], lr=LR,
+                           **({"fused": True} if fused else {}))
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -42,7 +42,7 @@ SPECS_TEXT = {
     "cast_f16": "n: u32, dir: u32",
     "cast_f16_multi": "dir: u32, n: u32[15], first: u32[16]",
     "clip_scale": "count: u32, max_norm: f32, eps: f32",
-    "embedding_bwd": "n: u32, d: u32, rows: u32, chunk: u32",
+    "embedding_bwd": "n: u32, d: u32, rows: u32",
     "embedding_fwd": "n: u32, d: u32, rows: u32",
     "fill_word": "index: u32, keep: u32, value: u32",
     "fused_map": "n: u32, shape: u32[3], st: u32[12], param: f32[2]",
@@ -66,6 +66,8 @@ SPECS_TEXT = {
     "found_inf": "count: u32",
     "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32",
     **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16", "conv_coop", "conv_coop_64x64")},
+    "radix_count": "n: u32, rows: u32, shift: u32, raw: u32",
+    "radix_scatter": "n: u32, rows: u32, shift: u32, raw: u32",
     "pool": "items: u32, H: u32, W: u32, OH: u32, OW: u32, KH: u32, KW: u32, SH: u32, SW: u32, PH: u32, PW: u32, "
             "mode: u32, include_pad: u32",
     "dropout": "n: u32, row_len: u32, thr: u32, stream: u32, scale: f32",

@@ -1,6 +1,6 @@
 """Lowerings of the data-movement ops: reshape, transpose, permute, slice,
 concat (all through the generic strided copy) and embedding (a gather, and a
-race-free scatter-add for the table gradient)."""
+sorted, deterministic scatter-add for the table gradient)."""
 from __future__ import annotations
 
 import math
@@ -138,13 +138,10 @@ CONCAT = Lowering(concat_forward, concat_backward, ALL_DTYPES, FLOATS)
 
 # ---------------------------------------------------------------- embedding
 
-EMBED_COLS = 64  # embedding_bwd.comp TILE: table columns per workgroup
-EMBED_ROWS = 8   # embedding_bwd.comp RB: table rows per workgroup
-# workgroups that keep a large GPU busy: each scans its chunk of the ids
-# serially, so a GPU of 132 SMs wants ~16 of these small workgroups per SM
-# to hide that latency (256, one table's worth at gpt_small, left most idle)
-EMBED_BUSY = 2048
-EMBED_MIN_IDS = 256  # ids per chunk, at least: fewer and the chunk sum costs more than it saves
+RADIX_BITS = 8       # radix.glsl: key bits sorted per pass
+RADIX_BLOCK = 256    # radix.glsl: keys per workgroup
+EMBED_RUN = 32       # embedding_bwd.comp RUN: sorted entries per workgroup
+EMBED_COLS = 64      # embedding_bwd.comp COLS: table columns per workgroup
 
 
 def embedding_forward(rec, node, ins, out):
@@ -154,22 +151,42 @@ def embedding_forward(rec, node, ins, out):
     rec.dispatch("embedding_fwd", [ids, table, out, bad], (n, d, rows), groups_1d(n * d), variant(table.dtype))
 
 
+def sorted_ids(rec, ids, rows: int):
+    """(keys, positions): the positions of ids sorted by id, stably (an id's
+    positions in order), with the sorted ids; an id outside [0, rows) sorts
+    last, as rows. A radix sort, RADIX_BITS of the id a pass (one pass up to
+    256 rows, two up to 65536), two dispatches a pass, each in proportion to
+    the ids."""
+    n = math.prod(ids.shape)
+    blocks = math.ceil(n / RADIX_BLOCK)
+    groups = (min(blocks, MAX_GROUPS), 1, 1)
+    hist = rec.scratch((((1 << RADIX_BITS) + 1) * blocks,), "i32")   # a digit more: the ids out of range
+    pairs = [(rec.scratch((n,), "i32"), rec.scratch((n,), "i32")) for _ in range(2)]
+    keys = vals = ids
+    for k in range(max(1, math.ceil((rows - 1).bit_length() / RADIX_BITS))):
+        push = (n, rows, k * RADIX_BITS, int(k == 0))   # pass 0 reads the ids themselves
+        rec.dispatch("radix_count", [keys, hist, rec.counters(1)], push, groups)
+        rec.dispatch("radix_scatter", [keys, vals, hist, *pairs[k % 2]], push, groups)
+        keys, vals = pairs[k % 2]
+    return keys, vals
+
+
 def embedding_backward(rec, node, g, ins, out, grads):
+    """A scatter-add in proportion to ids x d: the ids sorted, then each
+    id's gradient rows summed in position order (embedding_bwd.comp)."""
     ids, table = ins
     dtable = grads[1]
     if dtable is None:
         return
     n, (rows, d) = math.prod(ids.shape), table.shape
-    gx, gy = math.ceil(d / EMBED_COLS), max(1, min(math.ceil(rows / EMBED_ROWS), MAX_GROUPS))
-    # a small table leaves most of the GPU idle: split the ids into chunks
-    # whose partial tables are summed afterwards
-    chunks = max(1, min(math.ceil(EMBED_BUSY / (gx * gy)), n // EMBED_MIN_IDS, MAX_GROUPS))
-    chunk = math.ceil(n / chunks)
-    chunks = math.ceil(n / chunk) if n else 1
-    dst = dtable if chunks == 1 else rec.scratch((chunks, rows, d), dtable.dtype)
-    rec.dispatch("embedding_bwd", [ids, g, dst], (n, d, rows, chunk), (gx, gy, chunks), variant(table.dtype))
-    if chunks > 1:
-        sum_to_shape(rec, dst, dtable)
+    rec.fill(dtable, 0)   # the rows no id picks
+    if n == 0:
+        return
+    keys, vals = sorted_ids(rec, ids, rows)
+    runs, tiles = math.ceil(n / EMBED_RUN), math.ceil(d / EMBED_COLS)
+    parts = rec.scratch((2 * runs, d), "f32")   # f32 under f16 too: the pieces of an id's sum
+    rec.dispatch("embedding_bwd", [keys, vals, g, dtable, parts, rec.counters(runs * tiles)], (n, d, rows),
+                 (tiles, min(runs, MAX_GROUPS), 1), variant(table.dtype))
 
 
 EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS, checks_indices=True)
