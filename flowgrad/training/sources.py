@@ -38,7 +38,8 @@ from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.training import spec
 from flowgrad.training.arrayfiles import is_number, read_npy, read_npz
-from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, same_rows
+from flowgrad.feeds import as_float, outside_float, overflowed
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, position, same_rows
 from flowgrad.training.text import TextData, TextLines
 
 
@@ -87,13 +88,18 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
         same_rows({keys[f"{r}_test"]: a for r, a in test.items()}, what, span)
     found, skipped = _extras(arrays, keys, path)
     train |= {name: rows for name, (rows, _) in found.items()}
+    names = {"x": x, "y": y} | {name: name for name in found}
     if test is None:
         data = NpzData.split(train, val_fraction, test_fraction, seed, describe, span)
+        data.keys = dict.fromkeys(("train", "val", "test"), names)
     else:
         test |= {name: rows for name, (_, rows) in found.items()}
         part = NpzData.split(train, val_fraction, 0.0, seed, describe, span)
         data = NpzData(part.parts["train"], part.parts["val"], test, seed, describe, part.roles)
-    data.optional, data.file, data.skipped = frozenset(found), str(path), skipped
+        data.origin = part.origin | {"test": np.arange(len(test["x"]))}
+        data.keys = {"train": names, "val": names,
+                     "test": {"x": x_test, "y": y_test} | {name: f"{name}_test" for name in found}}
+    data.optional, data.file, data.full, data.skipped = frozenset(found), str(path), str(full), skipped
     data.bad = {name: e for name, pair in found.items() if (e := _non_finite(name, pair, full, span))}
     return data
 
@@ -144,9 +150,16 @@ class NpzData(ArrayData):
     """npz's rows: x and y, and the file's other arrays as optional roles,
     each fed to the input of its name."""
 
-    file = ""
+    file = full = ""     # the path as the train section gives it, and as read
     skipped: dict = {}   # input name -> (why the file feeds it nothing, hint)
     bad: dict = {}       # role -> its non-finite value's error
+    keys: dict = {}      # split -> role -> the file's array
+
+    def where(self, split, role, at):
+        rows = (self.origin or {}).get(split)
+        if rows is None or role not in self.keys.get(split, {}):
+            return super().where(split, role, at)
+        return f"{self.full!r}: array {self.keys[split][role]!r}", position((rows[at[0]], *at[1:]))
 
     def unfed(self, name):
         return self.skipped.get(name) or (
@@ -222,22 +235,27 @@ def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
         i, j = bad[0]
         raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[cols[j]]!r} holds {rows[i][cols[j]]!r}, "
                         "not a finite number", span, hint=NON_FINITE_HINT)
+    at = overflowed(out, as_float(out, "f32"))
+    if at is not None:
+        i, j = at
+        raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[cols[j]]!r} holds {rows[i][cols[j]]!r}, "
+                        f"{outside_float('f32')}", span)
     return out
 
 
 def _finite(arrays: dict, keys: dict, full, what, span) -> dict:
-    """`arrays` after checking that their float values are finite; `keys`
-    maps each role to the array's name in the file, for the message."""
+    """`arrays` after checking that their float values are finite and
+    within f32's range; `keys` maps each role to the array's name in the
+    file, for the message."""
     for role, arr in arrays.items():
         if not np.issubdtype(arr.dtype, np.floating):
             continue
         bad = np.argwhere(~np.isfinite(arr))
-        if len(bad):
-            at = tuple(int(k) for k in bad[0])
-            where = (f"row {at[0]}" if arr.ndim == 1 else f"row {at[0]}, column {at[1]}" if arr.ndim == 2
-                     else f"index {list(at)}")
-            raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]} at {where} (0-based), "
-                            "not a finite number", span, hint=NON_FINITE_HINT)
+        at, why, hint = (tuple(bad[0]), "not a finite number", NON_FINITE_HINT) if len(bad) else \
+            (overflowed(arr, as_float(arr, "f32")), outside_float("f32"), None)
+        if at is not None:
+            raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]}{position(at)}, {why}",
+                            span, hint=hint)
     return arrays
 
 
@@ -268,11 +286,27 @@ def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=
         else:
             ys = _numbers(rows, y_cols, names, full, header, what, span)
             arrays["y"] = ys if many_y else ys[:, 0]
-            if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
+            if np.all(arrays["y"] == np.round(arrays["y"])) and np.all(np.abs(arrays["y"]) < 2**63) and not many_y:
                 arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
-    data = ArrayData.split(arrays, val_fraction, test_fraction, seed, f"csv({str(path)!r})", span, meta)
+    data = CsvData.split(arrays, val_fraction, test_fraction, seed, f"csv({str(path)!r})", span, meta)
     data.words_at = words_at if y_cols else None
+    data.file, data.lines = full, [i + 1 + header for i in range(len(rows))]
+    data.columns = {"x": [names[c] for c in x_cols], "y": [names[c] for c in y_cols]}
     return data
+
+
+class CsvData(ArrayData):
+    """csv's rows, which name a value's place by the file's line and column."""
+
+    file = ""
+    lines: list = []     # the file's line of each row read
+    columns: dict = {}   # role -> the file's column of each of its array's columns
+
+    def where(self, split, role, at):
+        if role not in self.columns or self.origin is None:
+            return super().where(split, role, at)
+        cols = self.columns[role]
+        return f"{self.file}:{self.lines[self.origin[split][at[0]]]}: column {cols[at[1] if len(at) > 1 else 0]!r}", ""
 
 
 def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
