@@ -194,13 +194,15 @@ def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
     from flowgrad.training.infer import output_names
     from flowgrad.training.overrides import load_trained
+    from flowgrad.training.tabular import RunPrep
 
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     output_names(sess.graph, args.output or None, "--output")   # a bad --output fails before the feeds are read
     # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
-    outputs = sess.predict(parse_feeds(args.feed, sess.graph), args.output or None)
+    # rows prepared as the train section's data source prepared its own (na=, categorical=, standardize=)
+    outputs = sess.predict(parse_feeds(args.feed, sess.graph, RunPrep(ckpt.data)), args.output or None)
     if args.output:
         outputs = {o: outputs[o] for o in args.output}   # in the order asked for
     if args.out:

@@ -17,6 +17,7 @@ from flowgrad.dsl.config import parse_sets
 from flowgrad.dsl.parser import keyword_names
 from flowgrad.errors import FlowError
 from flowgrad.training.section import check_train
+from flowgrad.training.tabular import INF_HINT, NA_HINT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,17 +62,20 @@ def write_rows(tmp_path, bad_cell=None):
 
 # -- 1. non-finite values in data files ---------------------------------------------
 
-@pytest.mark.parametrize("cell, column", [((1, 0, "nan"), "a"), ((5, 1, "-inf"), "b"), ((2, 2, "nan"), "label")])
-def test_a_non_finite_csv_cell_is_named_by_file_line_and_column(tmp_path, cell, column):
+@pytest.mark.parametrize("cell, column, why, hint", [
+    ((1, 0, "nan"), "a", "a missing value", NA_HINT),
+    ((5, 1, "-inf"), "b", "not a finite number", INF_HINT),
+    ((2, 2, "nan"), "label", "a missing value", NA_HINT),
+])
+def test_a_non_finite_csv_cell_is_named_by_file_line_and_column(tmp_path, cell, column, why, hint):
     write_rows(tmp_path, cell)
     model = fg.load(tiny(tmp_path))
     line = cell[0] + 2   # the header is line 1
-    want = (f"data csv(): {tmp_path / 'rows.csv'}:{line}: column {column!r} holds {cell[2]!r}, "
-            "not a finite number")
+    want = f"data csv(): {tmp_path / 'rows.csv'}:{line}: column {column!r} holds {cell[2]!r}, {why}"
     with pytest.raises(FlowError) as e:
         fg.train(model, device="cpu", progress=False)
     assert e.value.message == want
-    assert e.value.span.line == 14 and e.value.hint == "fill in or drop the rows with missing values"
+    assert e.value.span.line == 14 and e.value.hint == hint
     assert [err.message for err in check_train(model.graph)] == [want]   # what `flowgrad check` lists
 
 
@@ -80,7 +84,7 @@ def test_flowgrad_check_reports_the_nan_instead_of_train_ok(tmp_path, capsys):
     rc = cli_main(["check", str(tiny(tmp_path))])
     shown = capsys.readouterr()
     assert rc != 0
-    assert "rows.csv:5: column 'a' holds 'nan', not a finite number" in shown.err
+    assert "rows.csv:5: column 'a' holds 'nan', a missing value" in shown.err
     assert "train   ok" not in shown.out + shown.err
 
 

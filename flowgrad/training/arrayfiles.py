@@ -21,22 +21,31 @@ from flowgrad.feeds import as_float, outside_float, overflowed
 UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
-def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
+def parse_feeds(items: list[str], graph=None, prep=None) -> dict[str, np.ndarray]:
     """`--feed x=rows.csv`, `--feed x=a.npy`, `--feed batch.npz` (its arrays
-    named as the model's inputs)."""
+    named as the model's inputs). `prep` (a tabular.RunPrep) prepares them
+    as the train section's data source prepared its rows."""
     feeds: dict[str, np.ndarray] = {}
     for item in items or []:
         name, sep, file = item.partition("=")
         if not sep and item.endswith(".npz"):
             for key, arr in read_npz(item, "--feed").items():
-                _add(feeds, key, in_f32(arr, f"--feed {key}: {item!r}: array {key!r}"))
+                arr = in_f32(arr, f"--feed {key}: {item!r}: array {key!r}")
+                _add(feeds, key, prep.array(key, arr, f"--feed {key}") if prep else arr)
             continue
         name = name.strip()
         if not sep or not name or not file:
             raise FlowError(f"--feed {item!r}: expected name=file.npy (or .csv, .npz), or an .npz whose arrays "
                             "are named as the inputs, e.g. --feed x=batch.npy")
-        arr = read_array(file, f"--feed {name}")
-        _add(feeds, name, arr if file.endswith(".csv") else in_f32(arr, f"--feed {name}: {file!r}"))
+        what = f"--feed {name}"
+        made = prep.from_file(name, file, what) if prep else None
+        if made is not None:   # a CSV's columns by name: x, and the codes of its categorical columns
+            for key, arr in made.items():
+                _add(feeds, key, arr)
+            continue
+        arr = read_array(file, what)
+        arr = arr if file.endswith(".csv") else in_f32(arr, f"{what}: {file!r}")
+        _add(feeds, name, prep.array(name, arr, what) if prep else arr)
     if graph is not None:
         for name, arr in list(feeds.items()):
             if name in graph.inputs:
