@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -393,3 +395,34 @@ def test_resume_refuses_data_prepared_otherwise(tmp_path):
                  out=tmp_path / "raw", resume=True, steps=8)
     assert ("the data's preparation changed since it was written (no na=, categorical= or standardize= -> "
             "na='error', standardize=True)") in str(e.value)
+
+
+# -- the shipped example ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_bike_days_file_is_what_its_script_makes():
+    script = runpy.run_path(str(ROOT / "scripts" / "make_bike_days.py"))
+    assert (ROOT / "models" / "data" / "bike_days.csv").read_text() == script["rows"]()
+
+
+def test_the_tabular_example_trains_and_runs_on_rows_with_the_files_columns(tmp_path, capsys):
+    model = ROOT / "models" / "tabular.flow"
+    assert cli_main(["train", str(model), "--device", "cpu", "--steps", "20", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "test accuracy" in out
+    ckpt = tmp_path / "run" / "checkpoint.safetensors"
+    prep = checkpoint.load(ckpt).data["prep"]
+    assert [c["name"] for c in prep["columns"]] == ["temp", "humidity", "wind", "holiday", "weather"]
+    assert prep["na"] == "median" and prep["standardize"] and prep["inputs"] == {"x": "x", "weather": "weather"}
+    (tmp_path / "days.csv").write_text("temp,humidity,wind,holiday,weather\n24.0,45,6,0,clear\n,92,20,0,rain\n"
+                                       "-4.5,70,15,1,snow\n")
+    assert cli_main(["run", str(model), "--checkpoint", str(ckpt), "--device", "cpu", "--feed",
+                     f"x={tmp_path / 'days.csv'}", "--out", str(tmp_path / "pred.npy")]) == 0
+    cols = prep["columns"]
+    raw = np.array([[24.0, 45, 6, 0], [cols[0]["fill"], 92, 20, 0], [-4.5, 70, 15, 1]])
+    x = (raw - [c["mean"] for c in cols[:4]]) / [c["scale"] for c in cols[:4]]
+    sess, _ = fg.load_trained(model, ckpt, device="cpu")
+    want = sess.predict({"x": x.astype(np.float32), "weather": np.array([0, 2, 3], np.int32)})["logits"]
+    np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), want, rtol=1e-5, atol=1e-6)
