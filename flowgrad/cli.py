@@ -408,7 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "used, --set overrides it")
     p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE",
                    help="an input from a .npy, .csv or single-array .npz file (rows first; any number of rows), "
-                        "or FILE.npz whose arrays are named as the inputs; repeat per input")
+                        "or FILE.npz whose arrays are named as the inputs; repeat per input. A model trained on "
+                        "csv(..., na=, categorical=, standardize=) takes x=rows.csv with the training file's "
+                        "columns, prepared as training prepared them")
     p.add_argument("--output", action="append", default=[], metavar="NAME", help="report only this output "
                    "(repeatable; default: every output the feeds determine)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "
