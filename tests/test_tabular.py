@@ -426,3 +426,43 @@ def test_the_tabular_example_trains_and_runs_on_rows_with_the_files_columns(tmp_
     sess, _ = fg.load_trained(model, ckpt, device="cpu")
     want = sess.predict({"x": x.astype(np.float32), "weather": np.array([0, 2, 3], np.int32)})["logits"]
     np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_without_a_header_runs_by_position_with_or_without_its_target(tmp_path, capsys):
+    rows = days().split("\n", 1)[1]   # no header: columns 0..3, the target 3
+    (tmp_path / "days.csv").write_text(rows)
+    (tmp_path / "m.flow").write_text(ONEHOT.replace("DATA", 'csv("days.csv", y=3, header=false, categorical=[2], '
+                                                            'encode="onehot", standardize=true)'))
+    res = fg.train(fg.load(tmp_path / "m.flow"), device="cpu", progress=False, out=tmp_path / "run")
+    ckpt = str(tmp_path / "run" / "checkpoint.safetensors")
+    first = rows.splitlines()[:3]
+    (tmp_path / "all.csv").write_text("\n".join(first) + "\n")
+    (tmp_path / "less.csv").write_text("\n".join(r.rsplit(",", 1)[0] for r in first) + "\n")
+    got = []
+    for name in ("all.csv", "less.csv"):
+        assert cli_main(["run", str(tmp_path / "m.flow"), "--checkpoint", ckpt, "--device", "cpu", "--feed",
+                         f"x={tmp_path / name}", "--out", str(tmp_path / "out.npy")]) == 0, capsys.readouterr().err
+        got.append(np.load(tmp_path / "out.npy"))
+    data = setup(fg.load(tmp_path / "m.flow").graph).data
+    x = np.concatenate([data.parts[s]["x"][list(data.origin[s]).index(i)][None] for i in range(3)
+                        for s in ("train", "val", "test") if i in data.origin[s]])
+    want = res.session.predict({"x": x})["logits"]
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-6)
+    (tmp_path / "short.csv").write_text("1,2\n")
+    assert cli_main(["run", str(tmp_path / "m.flow"), "--checkpoint", ckpt, "--device", "cpu", "--feed",
+                     f"x={tmp_path / 'short.csv'}"]) == 1
+    assert "has 2 columns; the training file had 4 (3 without the target)" in capsys.readouterr().err
+
+
+def test_npz_drop_leaves_out_rows_of_a_fixed_test_set_too(tmp_path):
+    rng = np.random.default_rng(4)
+    x, xt = rng.normal(size=(30, 2)), rng.normal(size=(10, 2))
+    x[3, 0] = xt[7, 1] = np.nan
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(30) % 3, xt=xt, yt=np.arange(10) % 3)
+    (tmp_path / "m.flow").write_text(ONEHOT.replace("6", "2").replace(
+        "DATA", 'npz("d.npz", x_test="xt", y_test="yt", na="drop")'))
+    data = setup(fg.load(tmp_path / "m.flow").graph).data
+    assert sorted(data.origin["test"]) == [0, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert 3 not in np.concatenate([data.origin["train"], data.origin["val"]])
+    np.testing.assert_array_equal(data.parts["test"]["x"], xt[[0, 1, 2, 3, 4, 5, 6, 8, 9]].astype(np.float32))
