@@ -194,13 +194,15 @@ def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
     from flowgrad.training.infer import output_names
     from flowgrad.training.overrides import load_trained
+    from flowgrad.training.tabular import RunPrep
 
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     output_names(sess.graph, args.output or None, "--output")   # a bad --output fails before the feeds are read
     # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
-    outputs = sess.predict(parse_feeds(args.feed, sess.graph), args.output or None)
+    # rows prepared as the train section's data source prepared its own (na=, categorical=, standardize=)
+    outputs = sess.predict(parse_feeds(args.feed, sess.graph, RunPrep(ckpt.data)), args.output or None)
     if args.output:
         outputs = {o: outputs[o] for o in args.output}   # in the order asked for
     if args.out:
@@ -435,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "used, --set overrides it")
     p.add_argument("--feed", action="append", default=[], metavar="NAME=FILE",
                    help="an input from a .npy, .csv or single-array .npz file (rows first; any number of rows), "
-                        "or FILE.npz whose arrays are named as the inputs; repeat per input")
+                        "or FILE.npz whose arrays are named as the inputs; repeat per input. A model trained on "
+                        "csv(..., na=, categorical=, standardize=) takes x=rows.csv with the training file's "
+                        "columns, prepared as training prepared them")
     p.add_argument("--output", action="append", default=[], metavar="NAME", help="report only this output "
                    "(repeatable; default: every output the feeds determine)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "

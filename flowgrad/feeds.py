@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.ops import get_op
@@ -76,7 +76,34 @@ def typed_array(value, what: str, target: str, node) -> np.ndarray:
     if node.dtype == "i32":
         check_int32(node, arr)
     # not ascontiguousarray, which would make a 0-d feed [1]
-    return np.asarray(arr, dtype=NUMPY_DTYPE[node.dtype], order="C")
+    out = as_float(arr, node.dtype) if node.dtype in FLOAT_DTYPES else np.asarray(arr, np.int32, order="C")
+    at = overflowed(arr, out)
+    if at is not None:
+        raise FlowError(f"{what} holds {arr[at]} at {list(map(int, at))}, {outside_float(node.dtype)}", node.span)
+    return out
+
+
+def as_float(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """`arr` as a C-ordered array of the float dtype; a value past its range
+    becomes inf (overflowed finds it), with no numpy warning."""
+    with np.errstate(over="ignore"):
+        return np.asarray(arr, NUMPY_DTYPE[dtype], order="C")
+
+
+def overflowed(arr: np.ndarray, out: np.ndarray) -> tuple | None:
+    """The index of the first value of `arr` that is finite but became inf
+    in `out` (arr cast to a narrower float), or None."""
+    if out.dtype.kind != "f" or (arr.dtype.kind == "f" and arr.dtype.itemsize <= out.dtype.itemsize):
+        return None
+    inf = np.isinf(out)
+    if not inf.any():
+        return None
+    bad = np.flatnonzero(inf & np.isfinite(arr))
+    return np.unravel_index(bad[0], arr.shape) if bad.size else None
+
+
+def outside_float(dtype: str) -> str:
+    return f"outside the {dtype} range (largest {float(np.finfo(NUMPY_DTYPE[dtype]).max):g}): it would be inf"
 
 
 def numeric_array(value, what: str, span=None) -> np.ndarray:
@@ -92,16 +119,23 @@ def numeric_array(value, what: str, span=None) -> np.ndarray:
     return arr
 
 
+I32_RANGE = f"outside the i32 range ({np.iinfo(np.int32).min}..{np.iinfo(np.int32).max})"
+
+
 def check_int32(node, values: np.ndarray) -> None:
     """An int feed is narrowed to i32: a value outside its range would wrap."""
+    at = outside_i32(values)
+    if at is not None:
+        raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, {I32_RANGE}", node.span)
+
+
+def outside_i32(values: np.ndarray) -> tuple | None:
+    """The index of the first value outside i32's range, or None (values: ints, or whole floats)."""
     if values.dtype.itemsize <= 4 and values.dtype.kind == "i" or values.size == 0:
-        return
+        return None
     info = np.iinfo(np.int32)
     bad = np.flatnonzero((values < info.min) | (values > info.max))
-    if bad.size:
-        at = np.unravel_index(bad[0], values.shape)
-        raise FlowError(f"feed {node.name!r} holds {values[at]} at {list(map(int, at))}, outside the i32 range "
-                        f"({info.min}..{info.max})", node.span)
+    return np.unravel_index(bad[0], values.shape) if bad.size else None
 
 
 def index_uses(graph: Graph) -> dict[int, list]:

@@ -17,6 +17,7 @@ from flowgrad.dsl.config import parse_sets
 from flowgrad.dsl.parser import keyword_names
 from flowgrad.errors import FlowError
 from flowgrad.training.section import check_train
+from flowgrad.training.tabular import INF_HINT, NA_HINT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,17 +62,20 @@ def write_rows(tmp_path, bad_cell=None):
 
 # -- 1. non-finite values in data files ---------------------------------------------
 
-@pytest.mark.parametrize("cell, column", [((1, 0, "nan"), "a"), ((5, 1, "-inf"), "b"), ((2, 2, "nan"), "label")])
-def test_a_non_finite_csv_cell_is_named_by_file_line_and_column(tmp_path, cell, column):
+@pytest.mark.parametrize("cell, column, why, hint", [
+    ((1, 0, "nan"), "a", "a missing value", NA_HINT),
+    ((5, 1, "-inf"), "b", "not a finite number", INF_HINT),
+    ((2, 2, "nan"), "label", "a missing value", NA_HINT),
+])
+def test_a_non_finite_csv_cell_is_named_by_file_line_and_column(tmp_path, cell, column, why, hint):
     write_rows(tmp_path, cell)
     model = fg.load(tiny(tmp_path))
     line = cell[0] + 2   # the header is line 1
-    want = (f"data csv(): {tmp_path / 'rows.csv'}:{line}: column {column!r} holds {cell[2]!r}, "
-            "not a finite number")
+    want = f"data csv(): {tmp_path / 'rows.csv'}:{line}: column {column!r} holds {cell[2]!r}, {why}"
     with pytest.raises(FlowError) as e:
         fg.train(model, device="cpu", progress=False)
     assert e.value.message == want
-    assert e.value.span.line == 14 and e.value.hint == "fill in or drop the rows with missing values"
+    assert e.value.span.line == 14 and e.value.hint == hint
     assert [err.message for err in check_train(model.graph)] == [want]   # what `flowgrad check` lists
 
 
@@ -80,7 +84,7 @@ def test_flowgrad_check_reports_the_nan_instead_of_train_ok(tmp_path, capsys):
     rc = cli_main(["check", str(tiny(tmp_path))])
     shown = capsys.readouterr()
     assert rc != 0
-    assert "rows.csv:5: column 'a' holds 'nan', not a finite number" in shown.err
+    assert "rows.csv:5: column 'a' holds 'nan', a missing value" in shown.err
     assert "train   ok" not in shown.out + shown.err
 
 
@@ -310,3 +314,96 @@ def test_apply_update_checks_its_gradients_then_updates():
     sess.apply_update(SGD(lr=0.5), grads)
     for k, v in sess.params.items():
         np.testing.assert_allclose(v, before[k] - 0.5, err_msg=k)
+
+
+# -- 5. labels past i32, floats past f32 ----------------------------------------------
+
+I32_RANGE = "outside the i32 range (-2147483648..2147483647)"
+F32_RANGE = "outside the f32 range (largest 3.40282e+38): it would be inf"
+
+
+@pytest.mark.parametrize("label, shown", [("4294967297", "4294967297"), ("1e20", "1e+20")])
+def test_a_csv_label_past_i32_names_its_line_and_column(tmp_path, label, shown):
+    """4294967297 trained as class 1 and 1e20 as class 0, wrapped when cast to i32."""
+    write_rows(tmp_path, (6, 2, label))
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path)), device="cpu", progress=False)
+    assert e.value.message == (f"data csv('rows.csv'): {tmp_path / 'rows.csv'}:8: column 'label' holds {shown}, "
+                               f"{I32_RANGE}, as input y (i32[4]) takes it")
+
+
+def test_an_npz_label_past_i32_names_its_row(tmp_path):
+    y = np.arange(16, dtype=np.int64) % 3
+    y[9] = 2**32 + 1
+    np.savez(tmp_path / "d.npz", x=np.ones((16, 2)), y=y)
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path, 'npz("d.npz", val_fraction=0)')), device="cpu", progress=False)
+    assert e.value.message == (f"data npz('d.npz'): {str(tmp_path / 'd.npz')!r}: array 'y' holds 4294967297 at row 9 "
+                               f"(0-based), {I32_RANGE}, as input y (i32[4]) takes it")
+
+
+def test_an_npz_value_past_f32_names_its_row_and_column(tmp_path):
+    x = np.ones((16, 2))
+    x[11, 1] = -1e39
+    np.savez(tmp_path / "d.npz", feats=x, y=np.arange(16) % 3)
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path, 'npz("d.npz", x="feats", val_fraction=0)')), device="cpu", progress=False)
+    assert e.value.message == (f"data npz(): {str(tmp_path / 'd.npz')!r}: array 'feats' holds -1e+39 at row 11, "
+                               f"column 1 (0-based), {F32_RANGE}")
+
+
+def test_a_csv_value_past_f32_names_its_line_and_column(tmp_path):
+    write_rows(tmp_path, (3, 1, "1e39"))
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(tiny(tmp_path)), device="cpu", progress=False)
+    assert e.value.message == f"data csv(): {tmp_path / 'rows.csv'}:5: column 'b' holds '1e39', {F32_RANGE}"
+
+
+def test_array_data_from_python_past_i32_or_f32_names_the_row():
+    y = np.arange(40) % 3
+    y[17] = -2**40
+    data = fg.ArrayData.split({"x": np.ones((40, 2)), "y": y}, 0.0, 0.0, seed=0, describe="mine")
+    model = fg.loads(TINY.split("train {")[0])
+    with pytest.raises(FlowError, match=rf"data mine: y holds -1099511627776 at row 17 \(0-based\), "
+                                        rf"{re.escape(I32_RANGE)}"):
+        fg.train(model, data=data, steps=1, device="cpu", progress=False)
+    x = np.ones((40, 2))
+    x[3, 0] = 1e300
+    data = fg.ArrayData.split({"x": x, "y": np.arange(40) % 3}, 0.0, 0.0, seed=0, describe="mine")
+    with pytest.raises(FlowError, match=rf"data mine: x holds 1e\+300 at row 3, column 0 \(0-based\), "
+                                        rf"{re.escape(F32_RANGE)}"):
+        fg.train(model, data=data, steps=1, device="cpu", progress=False)
+
+
+def test_a_feed_or_param_past_f32_is_refused_where_it_would_be_inf():
+    sess = fg.load(ROOT / "models" / "mlp.flow").compile(device="cpu")
+    w = sess.params["w2"].astype(np.float64)
+    w[3, 4] = 1e39
+    with pytest.raises(FlowError) as e:
+        sess.set_params({"w2": w})
+    assert e.value.message == f"set_params: param 'w2' holds 1e+39 at [3, 4], {F32_RANGE}"
+    x = np.zeros((64, 64))
+    x[0, 1] = -5e38
+    with pytest.raises(FlowError, match=rf"feed 'x' holds -5e\+38 at \[0, 1\], {re.escape(F32_RANGE)}"):
+        sess.step({"x": x, "y": np.zeros(64, np.int32)})
+    x[0, 1] = np.inf   # an inf given as one is no number that overflows
+    assert sess.step({"x": x, "y": np.zeros(64, np.int32)}, grads=False) is not None
+    x[0, 1] = 7e4      # an f16 session's inputs are f16
+    half = fg.load(ROOT / "models" / "mlp.flow").compile(device="cpu", dtype="f16")
+    with pytest.raises(FlowError, match=r"feed 'x' holds 70000.0 at \[0, 1\], outside the f16 range \(largest 65504\)"):
+        half.step({"x": x, "y": np.zeros(64, np.int32)})
+
+
+def test_a_run_feed_file_past_f32_names_the_file_line_and_column(tmp_path, capsys):
+    from flowgrad.training.arrayfiles import parse_feeds
+
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n3,1e39\n")
+    with pytest.raises(FlowError) as e:
+        parse_feeds([f"x={tmp_path / 'x.csv'}"])
+    assert e.value.message == f"--feed x: {tmp_path / 'x.csv'}:3: column 'b' holds '1e39', {F32_RANGE}"
+    x = np.zeros((4, 3))
+    x[2, 1] = 2e39
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(FlowError) as e:
+        parse_feeds([f"x={tmp_path / 'x.npy'}"])
+    assert e.value.message == f"--feed x: {str(tmp_path / 'x.npy')!r} holds 2e+39 at [2, 1], {F32_RANGE}"

@@ -181,18 +181,26 @@ def test_csv_errors(tmp_path, args, message):
 
 
 def test_a_missing_cell_in_a_float_target_column_is_an_error(tmp_path):
-    # "" is not a number, so the column reads as class names; their ids must not become regression targets
-    (tmp_path / "r.csv").write_text("f1,f2,f3,price\n" + "\n".join(f"{i},1,2,{i * 0.5 + 0.25}" for i in range(30))
-                                    + "\n31,1,2,\n")
+    # an empty cell is a missing value: an error naming it, unless na= says what to do
+    rows = "f1,f2,f3,price\n" + "\n".join(f"{i},1,2,{i * 0.5 + 0.25}" for i in range(30))
+    (tmp_path / "r.csv").write_text(rows + "\n31,1,2,\n")
     with pytest.raises(FlowError) as e:
         setup(model(REGRESSION, 'data = csv("r.csv", y="price")', tmp_path).graph)
-    assert "r.csv:32: column 'price' holds '', not a number" in str(e.value)
-    assert "input target is f32[8]" in str(e.value) and "missing values" in str(e.value)
+    assert e.value.message.endswith("r.csv:32: column 'price' holds '', a missing value")
+    assert e.value.hint.startswith('na="drop" drops the rows with a missing value')
     assert str(e.value).startswith(f"{tmp_path / 'm.flow'}:16:")
-    # word labels still make class ids for an i32 target
-    (tmp_path / "c.csv").write_text("a,b,kind\n" + "\n".join(f"{i},1,{'cat' if i % 2 else ''}" for i in range(30)))
-    meta = setup(model(CLASSIFIER, 'data = csv("c.csv", y="kind")', tmp_path).graph).data.meta()
-    assert meta["classes"] == ["", "cat"]
+    data = setup(model(REGRESSION, 'data = csv("r.csv", y="price", na="drop")', tmp_path).graph).data
+    assert sum(data.size(s) for s in ("train", "val", "test")) == 30
+    # a word is no number, so the column reads as class names; their ids must not become regression targets
+    (tmp_path / "r.csv").write_text(rows + "\n31,1,2,ten\n")
+    with pytest.raises(FlowError) as e:
+        setup(model(REGRESSION, 'data = csv("r.csv", y="price")', tmp_path).graph)
+    assert "r.csv:32: column 'price' holds 'ten', not a number" in str(e.value)
+    assert "input target is f32[8]" in str(e.value) and "missing values" in str(e.value)
+    # word labels still make class ids for an i32 target; a missing one drops its row under na="drop"
+    (tmp_path / "c.csv").write_text("a,b,kind\n" + "\n".join(f"{i},1,{'cat' if i % 3 else ''}" for i in range(30)))
+    meta = setup(model(CLASSIFIER, 'data = csv("c.csv", y="kind", na="drop")', tmp_path).graph).data.meta()
+    assert meta["classes"] == ["cat"]
 
 
 def test_regression_trains_from_csv_with_mse_falling(tmp_path):
@@ -608,7 +616,7 @@ def test_a_non_finite_value_in_a_one_axis_array_names_its_row(tmp_path):
     np.savez(tmp_path / "r.npz", x=rng.normal(size=(40, 3)), y=y)
     with pytest.raises(FlowError) as e:
         setup(model(REGRESSION, 'data = npz("r.npz")', tmp_path).graph)
-    assert e.value.message.endswith("array 'y' holds nan at row 5 (0-based), not a finite number")
+    assert e.value.message.endswith("array 'y' holds nan at row 5 (0-based), a missing value")
 
 
 DIGITS_AUTOENCODER = """

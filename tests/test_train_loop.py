@@ -68,6 +68,7 @@ def falls(history, k=5):
     ("tiny_gpt.flow", {"d": 32, "layers": 1, "seq": 8, "batch": 16}, 60),
     ("iris.flow", {}, 60),
     ("diabetes.flow", {}, 40),
+    ("tabular.flow", {}, 40),
 ])
 def test_each_model_trains_a_little(file, config, steps):
     res = fg.train(fg.load(MODELS / file, config), steps=steps, device="cpu", progress=False)

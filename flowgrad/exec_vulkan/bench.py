@@ -26,7 +26,6 @@ A benchmark, not a test: numbers depend on the machine; nothing asserts them."""
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 
 import numpy as np

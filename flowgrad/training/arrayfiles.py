@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.feeds import as_float, outside_float, overflowed
 
 # np.load reads a file that starts as a zip archive as an .npz: one cut short
 # or damaged raises zipfile's and zlib's own errors, which are no OSError or
@@ -20,26 +21,45 @@ from flowgrad.errors import FlowError
 UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
-def parse_feeds(items: list[str], graph=None) -> dict[str, np.ndarray]:
+def parse_feeds(items: list[str], graph=None, prep=None) -> dict[str, np.ndarray]:
     """`--feed x=rows.csv`, `--feed x=a.npy`, `--feed batch.npz` (its arrays
-    named as the model's inputs)."""
+    named as the model's inputs). `prep` (a tabular.RunPrep) prepares them
+    as the train section's data source prepared its rows."""
     feeds: dict[str, np.ndarray] = {}
     for item in items or []:
         name, sep, file = item.partition("=")
         if not sep and item.endswith(".npz"):
             for key, arr in read_npz(item, "--feed").items():
-                _add(feeds, key, arr)
+                arr = in_f32(arr, f"--feed {key}: {item!r}: array {key!r}")
+                _add(feeds, key, prep.array(key, arr, f"--feed {key}") if prep else arr)
             continue
         name = name.strip()
         if not sep or not name or not file:
             raise FlowError(f"--feed {item!r}: expected name=file.npy (or .csv, .npz), or an .npz whose arrays "
                             "are named as the inputs, e.g. --feed x=batch.npy")
-        _add(feeds, name, read_array(file, f"--feed {name}"))
+        what = f"--feed {name}"
+        made = prep.from_file(name, file, what) if prep else None
+        if made is not None:   # a CSV's columns by name: x, and the codes of its categorical columns
+            for key, arr in made.items():
+                _add(feeds, key, arr)
+            continue
+        arr = read_array(file, what)
+        arr = arr if file.endswith(".csv") else in_f32(arr, f"{what}: {file!r}")
+        _add(feeds, name, prep.array(name, arr, what) if prep else arr)
     if graph is not None:
         for name, arr in list(feeds.items()):
             if name in graph.inputs:
                 feeds[name] = fit_rows(arr, graph.nodes[graph.inputs[name]].type, f"--feed {name}")
     return feeds
+
+
+def in_f32(arr: np.ndarray, what: str) -> np.ndarray:
+    """`arr`, after checking that no finite value of it is past f32's range
+    (cast to a float input, it would be an inf)."""
+    at = overflowed(arr, as_float(arr, "f32")) if arr.dtype.kind == "f" else None
+    if at is not None:
+        raise FlowError(f"{what} holds {arr[at]} at {list(map(int, at))}, {outside_float('f32')}")
+    return arr
 
 
 def _add(feeds, name, arr):
@@ -99,8 +119,9 @@ def read_csv_numbers(file: str, what: str) -> np.ndarray:
         raise FlowError(f"{what}: no such file {file!r}") from None
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise FlowError(f"{what}: cannot read {file!r} as CSV: {e}") from None
+    names = None
     if rows and not all(is_number(c) for c in rows[0][1]):
-        rows = rows[1:]  # a header
+        names = [c.strip() for c in rows.pop(0)[1]]  # a header
     if not rows:
         raise FlowError(f"{what}: {file!r} has no rows of numbers")
     width = len(rows[0][1])
@@ -111,7 +132,14 @@ def read_csv_numbers(file: str, what: str) -> np.ndarray:
                             "must be one)")
         if len(r) != width:
             raise FlowError(f"{what}: {file}:{line}: {len(r)} cells, where the first row has {width}")
-    return np.array([[float(c) for c in r] for _, r in rows])
+    out = np.array([[float(c) for c in r] for _, r in rows])
+    at = overflowed(out, as_float(out, "f32"))
+    if at is not None:
+        i, j = at
+        column = repr(names[j]) if names else f"{j} (0-based)"
+        raise FlowError(f"{what}: {file}:{rows[i][0]}: column {column} holds {rows[i][1][j]!r}, "
+                        f"{outside_float('f32')}")
+    return out
 
 
 def is_number(cell: str) -> bool:

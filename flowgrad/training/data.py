@@ -58,7 +58,7 @@ import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import FlowError
-from flowgrad.feeds import index_uses
+from flowgrad.feeds import I32_RANGE, as_float, index_uses, outside_float, outside_i32, overflowed
 from flowgrad.graph import Graph
 from flowgrad.training import spec
 
@@ -186,18 +186,27 @@ class Dataset:
         """Cast the role's arrays to the input's dtype and check shape and
         index range (subclasses with arrays call check_array)."""
 
-    def check_array(self, what: str, name: str, arr: np.ndarray, t, index_bounds) -> np.ndarray:
+    def check_array(self, what: str, name: str, arr: np.ndarray, t, index_bounds, where=None) -> np.ndarray:
         """`arr` (rows first) as input `name` of type t: dtype from the model,
-        shape after the batch axis equal, indices in range."""
+        shape after the batch axis equal, values in the dtype's range, indices
+        in range. where(index) names an element's place for a value out of
+        range: (subject, place), e.g. ("y", " at row 3 (0-based)")."""
         if arr.shape[1:] != t.shape[1:]:
             want = f"[rows{''.join(f', {d}' for d in arr.shape[1:])}]"
             raise FlowError(f"data {self.describe} makes {what} as {want}, but the model declares input "
                             f"{name}: {t}", self.span, hint=self.shape_hint(name, arr))
+        where = where or (lambda at: (what, position(at)))
         if t.dtype in FLOAT_DTYPES:
             if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
                 raise FlowError(f"data {self.describe}: {what} holds {arr.dtype} values, but input {name} is {t}",
                                 self.span)
-            return np.ascontiguousarray(arr, np.float32)  # the session casts to f16 where the model is f16
+            out = as_float(arr, "f32")   # the session casts to f16 where the model is f16
+            at = overflowed(arr, out)
+            if at is not None:
+                subject, place = where(at)
+                raise FlowError(f"data {self.describe}: {subject} holds {arr[at]}{place}, {outside_float('f32')}",
+                                self.span)
+            return out
         if np.issubdtype(arr.dtype, np.floating):
             if arr.size and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
                 raise FlowError(f"data {self.describe}: {what} holds non-integer values, but input {name} is {t} "
@@ -207,6 +216,11 @@ class Dataset:
         elif not np.issubdtype(arr.dtype, np.integer):
             raise FlowError(f"data {self.describe}: {what} holds {arr.dtype} values, but input {name} is {t}",
                             self.span)
+        at = outside_i32(arr)
+        if at is not None:   # the cast would wrap it: 2**32 + 1 would train as class 1
+            subject, place = where(at)
+            raise FlowError(f"data {self.describe}: {subject} holds {arr[at]}{place}, {I32_RANGE}, as input {name} "
+                            f"({t}) takes it", self.span)
         out = np.ascontiguousarray(arr, np.int32)
         for n, user in index_bounds:
             # a target equal to the loss's ignore_index is padding, as a step's feed check allows it
@@ -237,6 +251,14 @@ class Dataset:
         pass
 
 
+def position(at) -> str:
+    """An element's place in a rows-first array, for messages: " at row 3
+    (0-based)", " at row 3, column 1 (0-based)", " at index [3, 1, 2] (0-based)"."""
+    at = [int(i) for i in at]
+    return (f" at row {at[0]} (0-based)" if len(at) == 1 else f" at row {at[0]}, column {at[1]} (0-based)"
+            if len(at) == 2 else f" at index {at} (0-based)")
+
+
 def _rows(arrays: dict, idx) -> dict:
     return {k: v[idx] for k, v in arrays.items()}
 
@@ -259,6 +281,32 @@ def fractions(what, val_fraction, test_fraction, span=None) -> tuple[float, floa
     return val, test
 
 
+def split_rows(n: int, y, val_fraction, test_fraction, seed: int, describe: str, span=None) -> dict:
+    """{"train", "val", "test": sorted row indices}: a seeded split of n rows,
+    each fraction of all rows, stratified by y where it holds class labels."""
+    from sklearn.model_selection import train_test_split
+
+    val_fraction, test_fraction = fractions(f"data {describe}", val_fraction, test_fraction, span)
+    labels = y is not None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
+
+    def cut(idx, size):
+        if size == 0:
+            return idx, idx[:0]
+        strat = y[idx] if labels else None
+        try:
+            return train_test_split(idx, test_size=size, random_state=seed, stratify=strat)
+        except ValueError:
+            try:  # too few rows of some class to stratify
+                return train_test_split(idx, test_size=size, random_state=seed)
+            except ValueError as e:
+                raise FlowError(f"data {describe}: cannot split {n} rows with val_fraction={val_fraction}, "
+                                f"test_fraction={test_fraction}: {e}", span) from None
+
+    rest, test = cut(np.arange(n), int(round(test_fraction * n)))
+    train, val = cut(rest, int(round(val_fraction * n)))
+    return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
+
+
 def role_order(names) -> tuple[str, ...]:
     """Features first, the targets last: a role named y is the target wherever
     the caller's dict put it ({"y": Y, "x": X} as {"x": X, "y": Y})."""
@@ -272,6 +320,8 @@ class ArrayData(Dataset):
 
     # where a source read the targets as words (csv: "file:line: column 'c' holds 'x'"), if it did
     words_at: str | None = None
+    # split -> the index of each of its rows among the rows the source read (split() sets it), for messages
+    origin: dict | None = None
     unscored_without_targets = True
 
     def __init__(self, train: dict, val: dict | None = None, test: dict | None = None, seed: int = 0,
@@ -292,33 +342,13 @@ class ArrayData(Dataset):
               meta=None) -> ArrayData:
         """Seeded split of rows into train / val / test (each fraction of all
         rows); integer class labels of rank 1 are stratified."""
-        from sklearn.model_selection import train_test_split
-
-        val_fraction, test_fraction = fractions(f"data {describe}", val_fraction, test_fraction, span)
         arrays = {r: np.asarray(a) for r, a in arrays.items()}   # lists too, as numpy reads them
-        roles = role_order(arrays)
         n = same_rows(arrays, f"data {describe}", span)
-        y = arrays.get("y")
-        labels = y is not None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
-        idx = np.arange(n)
-
-        def cut(idx, size):
-            if size == 0:
-                return idx, idx[:0]
-            strat = y[idx] if labels else None
-            try:
-                return train_test_split(idx, test_size=size, random_state=seed, stratify=strat)
-            except ValueError:
-                try:  # too few rows of some class to stratify
-                    return train_test_split(idx, test_size=size, random_state=seed)
-                except ValueError as e:
-                    raise FlowError(f"data {describe}: cannot split {n} rows with val_fraction={val_fraction}, "
-                                    f"test_fraction={test_fraction}: {e}", span) from None
-
-        rest, test = cut(idx, int(round(test_fraction * n)))
-        train, val = cut(rest, int(round(val_fraction * n)))
-        return cls(_rows(arrays, np.sort(train)), _rows(arrays, np.sort(val)), _rows(arrays, np.sort(test)),
-                   seed, describe, roles, meta)
+        rows = split_rows(n, arrays.get("y"), val_fraction, test_fraction, seed, describe, span)
+        data = cls(*(_rows(arrays, rows[s]) for s in ("train", "val", "test")), seed, describe, role_order(arrays),
+                   meta)
+        data.origin = rows
+        return data
 
     def _guess_metric(self) -> str:
         y = self.parts["train"].get("y") if self.target_role else None
@@ -344,11 +374,19 @@ class ArrayData(Dataset):
                                  f"input {name} as i32)")
         for split, arrays in self.parts.items():
             arrays[role] = self.check_array(f"{role} ({split})" if split != "train" else role, name, arrays[role],
-                                            t, index_bounds)
+                                            t, index_bounds, lambda at, split=split: self.where(split, role, at))
         if role == self.target_role:
             # the default metric follows the model's declaration of the targets
             self.default_metric = ("mse" if t.dtype in FLOAT_DTYPES else
                                    "accuracy" if len(t.shape) == 1 else "token_accuracy")
+
+    def where(self, split: str, role: str, at: tuple) -> tuple[str, str]:
+        """(subject, place) of element `at` of a split's role array, for
+        messages: its row among the rows the source read, where known."""
+        rows = (self.origin or {}).get(split)
+        if rows is None:
+            return (role if split == "train" else f"{role} ({split})"), position(at)
+        return role, position((rows[at[0]], *at[1:]))
 
     def check_size(self):
         if self.size("train") < self.batch:

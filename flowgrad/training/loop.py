@@ -30,6 +30,7 @@ from flowgrad.training.optim import Optimizer
 from flowgrad.training.outputs import MetricsLog, plot, writing
 from flowgrad.training.progress import Progress
 from flowgrad.training.section import TrainSetup, setup
+from flowgrad.training.tabular import prep_changes
 
 BEST_FILENAME = "best.safetensors"
 
@@ -379,7 +380,8 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
 def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
     """The params were trained on ids of the checkpoint's vocabulary (or class names): a text
     edited since (a new character shifts the sorted ids of those after it) would go on training
-    them on other symbols, with no error."""
+    them on other symbols, with no error. So with a CSV's preparation (its codes, fill values,
+    means and scales)."""
     kept, now = ckpt.data or {}, json.loads(json.dumps(meta, default=str))
     for key in ("level", "vocab", "tokenizer_sha256", "classes"):
         if key not in kept or kept[key] == now.get(key):
@@ -395,6 +397,10 @@ def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
         raise FlowError(f"cannot resume {ckpt_path}: the data's {key} changed since it was written ({what}), so "
                         "the params' ids would stand for other symbols",
                         hint="resume on the data it was trained on, or start a new --out")
+    if kept.get("prep") != now.get("prep"):
+        raise FlowError(f"cannot resume {ckpt_path}: the data's preparation changed since it was written "
+                        f"({prep_changes(kept.get('prep'), now.get('prep'))}), so the params would see other values",
+                        hint="resume on the data and train section it was trained with, or start a new --out")
 
 
 def _save(sess, ts, path, step, config):

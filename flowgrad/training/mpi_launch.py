@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from flowgrad.errors import FlowError
 

@@ -3,16 +3,25 @@
     digits(val_fraction=0.1, test_fraction=0.2)
         scikit-learn's bundled 8x8 digits (no download), features scaled to
         [0, 1]: x [1797, 64] float, y [1797] class ids
-    npz(path, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=none, y_test=none)
+    npz(path, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=none, y_test=none, na="error",
+        standardize=false)
         arrays from a .npz file, any dtype and rank (y=none: no targets); the
         file's other arrays feed the model's inputs of their names, with the
-        rows of x (given x_test, an array <name>_test holds an input's test rows)
+        rows of x (given x_test, an array <name>_test holds an input's test rows);
+        na= and standardize= prepare x as csv's do (a NaN is a missing value)
     npy(x, y=none, val_fraction=0.1, test_fraction=0.2)
         one .npy file per array
-    csv(path, x=none, y=none, header=true, delimiter=",", val_fraction=0.1, test_fraction=0.2)
-        numeric columns of a CSV file; x and y name columns (by header name,
-        or 0-based index), x=none takes every column y does not; a y column of
-        words (e.g. species names) becomes class ids in sorted order
+    csv(path, x=none, y=none, header=true, delimiter=",", val_fraction=0.1, test_fraction=0.2, na="error",
+        categorical=none, encode="codes", standardize=false)
+        columns of a CSV file; x and y name columns (by header name, or
+        0-based index), x=none takes every column y does not; a y column of
+        words (e.g. species names) becomes class ids in sorted order.
+        na= "error", "drop", "mean", "median" or a number: what a missing
+        cell does; categorical= columns of categories, whose codes feed the
+        inputs of their names (encode="onehot": one-hot columns of x);
+        standardize=true: numeric features to mean 0, variance 1
+        (flowgrad.training.tabular; what the training rows teach is kept in
+        the checkpoint, and `flowgrad run` prepares its rows with it)
     text(path, seq, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
          vocab=none, tokenizer=none)
         next-token prediction: level "char" (UTF-8 characters) or "byte",
@@ -34,11 +43,11 @@
         synthetic sequence tasks for a causal decoder (flowgrad.training.data)
 
 A relative path is relative to the model file's directory. Fractions are of
-all rows; the split is seeded by the train section's seed. A nan or inf in a
-file's numbers is an error naming the file, row and column."""
+all rows; the split is seeded by the train section's seed. An inf, a number
+past f32's range, or (unless na= takes it) a missing value in a file's
+numbers is an error naming the file, row and column."""
 from __future__ import annotations
 
-import csv as csv_module
 import inspect
 from pathlib import Path
 
@@ -46,9 +55,13 @@ import numpy as np
 
 from flowgrad.binder import REQUIRED, did_you_mean
 from flowgrad.errors import FlowError
+from flowgrad.feeds import as_float, outside_float, overflowed
 from flowgrad.training import bpe, spec, token_files
-from flowgrad.training.arrayfiles import is_number, read_npy, read_npz
-from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, same_rows
+from flowgrad.training.arrayfiles import read_npy, read_npz
+from flowgrad.training.data import ArrayData, Dataset, SequenceTask, fractions, position, same_rows
+from flowgrad.training.csvdata import load_csv
+from flowgrad.training.tabular import (ENCODINGS, INF_HINT, NA_HINT, TARGET_HINT, BadCells, Standardize, fills,
+                                       na_mode)
 from flowgrad.training.text import TextData, TextLines, cut_points, wanted_parts
 from flowgrad.training.token_files import TokenData
 
@@ -72,8 +85,8 @@ def digits(val_fraction=0.1, test_fraction=0.2, *, seed=0, span=None, base_dir=N
     return ArrayData.split({"x": d.data / 16.0, "y": d.target}, val_fraction, test_fraction, seed, "digits()", span)
 
 
-def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, *,
-        seed=0, span=None, base_dir=None) -> ArrayData:
+def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test=None, y_test=None, na="error",
+        standardize=False, *, seed=0, span=None, base_dir=None) -> ArrayData:
     what = "data npz()"
     full = _path(what, path, span, base_dir)
     arrays = read_npz(full, what, span, other="use npy(x=...)", missing_hint=RELATIVE)
@@ -89,24 +102,72 @@ def npz(path=REQUIRED, x="x", y="y", val_fraction=0.1, test_fraction=0.2, x_test
         raise FlowError(f"{what}: give x_test and y_test together (or y_test=none with y=none)", span)
     if y_test is not None and x_test is None:
         raise FlowError(f"{what}: y_test needs x_test", span)
+    na, standardize = na_mode(na, what, span), spec.boolean(what, "standardize", standardize, span)
     describe = f"npz({str(path)!r})"
-    train = _finite({"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {}), keys, full, what, span)
+    bad = BadCells(what, span)
+    train = _checked({"x": arrays[x]} | ({"y": arrays[y]} if y is not None else {}), keys, full, na, bad, 0)
     test = None
     if x_test is not None:
-        test = _finite({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
-                       {"x": x_test, "y": y_test}, full, what, span)
+        test = _checked({"x": arrays[x_test]} | ({"y": arrays[y_test]} if y_test is not None else {}),
+                        {"x": x_test, "y": y_test}, full, na, bad, 1)
         same_rows({keys[f"{r}_test"]: a for r, a in test.items()}, what, span)
+    bad.check()
     found, skipped = _extras(arrays, keys, path)
     train |= {name: rows for name, (rows, _) in found.items()}
+    train, kept = _kept(train, na, what, full, span)
+    names = {"x": x, "y": y} | {name: name for name in found}
     if test is None:
         data = NpzData.split(train, val_fraction, test_fraction, seed, describe, span)
+        data.origin = {split: kept[rows] for split, rows in data.origin.items()}   # the file's rows
+        data.keys = dict.fromkeys(("train", "val", "test"), names)
     else:
-        test |= {name: rows for name, (_, rows) in found.items()}
+        test, kept_test = _kept(test | {name: rows for name, (_, rows) in found.items()}, na, what, full, span)
         part = NpzData.split(train, val_fraction, 0.0, seed, describe, span)
         data = NpzData(part.parts["train"], part.parts["val"], test, seed, describe, part.roles)
-    data.optional, data.file, data.skipped = frozenset(found), str(path), skipped
+        data.origin = {split: kept[rows] for split, rows in part.origin.items()} | {"test": kept_test}
+        data.keys = {"train": names, "val": names,
+                     "test": {"x": x_test, "y": y_test} | {name: f"{name}_test" for name in found}}
+    data.optional, data.file, data.full, data.skipped = frozenset(found), str(path), str(full), skipped
     data.bad = {name: e for name, pair in found.items() if (e := _non_finite(name, pair, full, span))}
+    if na != "error" or standardize:
+        data.prep = Standardize(na)
+        data.prep.fit(data.parts["train"]["x"], standardize, what, span)
+        for part in data.parts.values():
+            part["x"] = data.prep.prepare(part["x"])
     return data
+
+
+def _checked(arrays: dict, keys: dict, full, na, bad: BadCells, order: int) -> dict:
+    """`arrays` (x and y) after listing their bad values in `bad`: a NaN
+    where na does not take it, an inf, a number past f32's range; `keys`
+    maps each role to the array's name in the file."""
+    for k, (role, arr) in enumerate(arrays.items()):
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        subject = f"{str(full)!r}: array {keys[role]!r}"
+        hint = NA_HINT if na == "error" else TARGET_HINT if role == "y" and fills(na) else None
+        if hint is not None:
+            bad.add_array((order, k), np.isnan(arr), arr, subject, "a missing value", hint)
+        bad.add_array((order, k), np.isinf(arr), arr, subject, "not a finite number", INF_HINT)
+        bad.add_array((order, k), np.isinf(as_float(arr, "f32")) & np.isfinite(arr), arr, subject,
+                      outside_float("f32"))
+    return arrays
+
+
+def _kept(arrays: dict, na, what, full, span) -> tuple[dict, np.ndarray]:
+    """(arrays, the rows kept): under na="drop" without the rows where x or y holds a NaN."""
+    rows = np.arange(len(arrays["x"]))
+    if na != "drop":
+        return arrays, rows
+    nan = [np.isnan(arrays[r]).reshape(len(rows), -1).any(axis=1) for r in ("x", "y")
+           if r in arrays and np.issubdtype(arrays[r].dtype, np.floating)]
+    if not nan:
+        return arrays, rows
+    keep = ~np.any(nan, axis=0)
+    if not keep.any():
+        raise FlowError(f"{what}: every row of {str(full)!r} has a missing value, so na=\"drop\" leaves none", span,
+                        hint='na="mean", na="median" or na=<number> fills them')
+    return {r: a[keep] for r, a in arrays.items()}, rows[keep]
 
 
 def _extras(arrays: dict, keys: dict, path) -> tuple[dict, dict]:
@@ -155,9 +216,24 @@ class NpzData(ArrayData):
     """npz's rows: x and y, and the file's other arrays as optional roles,
     each fed to the input of its name."""
 
-    file = ""
+    prep: Standardize | None = None   # how x was prepared (na=, standardize=), for run to prepare rows alike
+
+    def meta(self) -> dict:
+        meta = super().meta()
+        if self.prep is not None:
+            meta["prep"] = self.prep.meta() | {"inputs": {"x": self.inputs.get("x", "x")}}
+        return meta
+
+    file = full = ""     # the path as the train section gives it, and as read
     skipped: dict = {}   # input name -> (why the file feeds it nothing, hint)
     bad: dict = {}       # role -> its non-finite value's error
+    keys: dict = {}      # split -> role -> the file's array
+
+    def where(self, split, role, at):
+        rows = (self.origin or {}).get(split)
+        if rows is None or role not in self.keys.get(split, {}):
+            return super().where(split, role, at)
+        return f"{self.full!r}: array {self.keys[split][role]!r}", position((rows[at[0]], *at[1:]))
 
     def unfed(self, name):
         return self.skipped.get(name) or (
@@ -182,108 +258,40 @@ def npy(x=REQUIRED, y=None, val_fraction=0.1, test_fraction=0.2, *, seed=0, span
     return ArrayData.split(arrays, val_fraction, test_fraction, seed, f"npy({str(x)!r})", span)
 
 
-def read_csv(full: Path, header: bool, delimiter: str, what: str, span=None) -> tuple[list[str], list[list[str]]]:
-    """(column names, rows of cells); names are "0", "1", ... without a header."""
-    try:
-        with open(full, newline="", encoding="utf-8-sig") as f:   # a spreadsheet's BOM is not a column name
-            rows = [r for r in csv_module.reader(f, delimiter=delimiter) if r]
-    except FileNotFoundError:
-        raise _missing(what, full, span) from None
-    except (OSError, UnicodeDecodeError, csv_module.Error) as e:
-        raise FlowError(f"{what}: cannot read {str(full)!r} as CSV: {e}", span) from None
-    names = [c.strip() for c in rows.pop(0)] if header and rows else [str(i) for i in range(len(rows[0]) if rows
-                                                                                           else 0)]
-    if not rows:
-        raise FlowError(f"{what}: {str(full)!r} has no data rows", span)
-    for i, r in enumerate(rows):
-        if len(r) != len(names):
-            raise FlowError(f"{what}: {full}:{i + 1 + header}: {len(r)} cells, but "
-                            f"{'the header names' if header else 'the first row has'} {len(names)}", span)
-    return names, rows
-
-
-def _column(names, key, what, span) -> int:
-    if isinstance(key, int) and not isinstance(key, bool):
-        if not 0 <= key < len(names):
-            raise FlowError(f"{what}: column {key} is out of range (the file has {len(names)})", span)
-        return key
-    key = spec.string(what, "column", key, span)
-    if key not in names:
-        raise FlowError(f"{what}: no column {key!r} (columns: {', '.join(names)})", span,
-                        hint=did_you_mean(key, names))
-    return names.index(key)
-
-
 # float() reads "nan" and "inf", and np.load keeps them: such a value would
 # surface steps later as a nan loss that reads like a too-high learning rate
 NON_FINITE_HINT = "fill in or drop the rows with missing values"
 
 
-def _numbers(rows, cols, names, full, header, what, span) -> np.ndarray:
-    out = np.empty((len(rows), len(cols)), np.float64)
-    for i, r in enumerate(rows):
-        for j, c in enumerate(cols):
-            try:
-                out[i, j] = float(r[c])
-            except ValueError:
-                raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[c]!r} holds {r[c]!r}, not a "
-                                "number", span) from None
-    bad = np.argwhere(~np.isfinite(out))
-    if len(bad):
-        i, j = bad[0]
-        raise FlowError(f"{what}: {full}:{i + 1 + header}: column {names[cols[j]]!r} holds {rows[i][cols[j]]!r}, "
-                        "not a finite number", span, hint=NON_FINITE_HINT)
-    return out
-
-
 def _finite(arrays: dict, keys: dict, full, what, span) -> dict:
-    """`arrays` after checking that their float values are finite; `keys`
-    maps each role to the array's name in the file, for the message."""
+    """`arrays` after checking that their float values are finite and
+    within f32's range; `keys` maps each role to the array's name in the
+    file, for the message."""
     for role, arr in arrays.items():
         if not np.issubdtype(arr.dtype, np.floating):
             continue
         bad = np.argwhere(~np.isfinite(arr))
-        if len(bad):
-            at = tuple(int(k) for k in bad[0])
-            where = (f"row {at[0]}" if arr.ndim == 1 else f"row {at[0]}, column {at[1]}" if arr.ndim == 2
-                     else f"index {list(at)}")
-            raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]} at {where} (0-based), "
-                            "not a finite number", span, hint=NON_FINITE_HINT)
+        at, why, hint = (tuple(bad[0]), "not a finite number", NON_FINITE_HINT) if len(bad) else \
+            (overflowed(arr, as_float(arr, "f32")), outside_float("f32"), None)
+        if at is not None:
+            raise FlowError(f"{what}: {str(full)!r}: array {keys[role]!r} holds {arr[at]}{position(at)}, {why}",
+                            span, hint=hint)
     return arrays
 
 
-def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, *,
-        seed=0, span=None, base_dir=None) -> ArrayData:
+def csv(path=REQUIRED, x=None, y=None, header=True, delimiter=",", val_fraction=0.1, test_fraction=0.2, na="error",
+        categorical=None, encode="codes", standardize=False, *, seed=0, span=None, base_dir=None) -> ArrayData:
     what = "data csv()"
     full = _path(what, path, span, base_dir)
     header = spec.boolean(what, "header", header, span)
     delimiter = spec.string(what, "delimiter", delimiter, span)
-    names, rows = read_csv(full, header, delimiter, what, span)
-    many_y = isinstance(y, list)
-    y_cols = [_column(names, k, what, span) for k in (y if many_y else [] if y is None else [y])]
-    x_cols = ([_column(names, k, what, span) for k in (x if isinstance(x, list) else [x])] if x is not None
-              else [c for c in range(len(names)) if c not in y_cols])
-    if not x_cols:
-        raise FlowError(f"{what}: no feature columns left (y takes them all)", span)
-    arrays = {"x": _numbers(rows, x_cols, names, full, header, what, span)}
-    meta = {}
-    if y_cols:
-        cells = [r[y_cols[0]] for r in rows]
-        words_at = None
-        if not many_y and not all(is_number(c) for c in cells):
-            classes = sorted(set(cells))   # words: class ids in sorted order
-            meta["classes"] = classes
-            arrays["y"] = np.asarray([classes.index(c) for c in cells], np.int64)
-            i = next(i for i, c in enumerate(cells) if not is_number(c))
-            words_at = f"{full}:{i + 1 + header}: column {names[y_cols[0]]!r} holds {cells[i]!r}"
-        else:
-            ys = _numbers(rows, y_cols, names, full, header, what, span)
-            arrays["y"] = ys if many_y else ys[:, 0]
-            if np.all(arrays["y"] == np.round(arrays["y"])) and not many_y:
-                arrays["y"] = arrays["y"].astype(np.int64)  # whole numbers: class ids, unless the model says f32
-    data = ArrayData.split(arrays, val_fraction, test_fraction, seed, f"csv({str(path)!r})", span, meta)
-    data.words_at = words_at if y_cols else None
-    return data
+    if len(delimiter) != 1:
+        raise FlowError(f"{what}: delimiter must be one character, got {delimiter!r}", span)
+    categorical = [] if categorical is None else categorical if isinstance(categorical, list) else [categorical]
+    encode = spec.string(what, "encode", encode, span, choices=ENCODINGS)
+    return load_csv(full, f"csv({str(path)!r})", x, y, header, delimiter, val_fraction, test_fraction,
+                    na_mode(na, what, span), categorical, encode, spec.boolean(what, "standardize", standardize, span),
+                    seed, span, RELATIVE)
 
 
 def text(path=REQUIRED, seq=REQUIRED, level="char", val_fraction=0.1, test_fraction=0.1, rows="windows", pad=-100,
