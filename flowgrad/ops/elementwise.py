@@ -134,8 +134,12 @@ relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (~(x <= 0
               "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="F.relu")
 
-# sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)
-abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: (x > 0).astype(x.dtype) - (x < 0),
+def sgn(x):
+    """sign(x), 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)."""
+    return (x > 0).astype(x.dtype) - (x < 0)
+
+
+abs_ = _unary("abs", lambda x, at: np.abs(x), lambda x, y, at: sgn(x),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")
 
@@ -176,14 +180,26 @@ def _gelu_check(at):
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
+def _pow(x, p):
+    """x ** p as torch.pow: exponent 0.5 is sqrt(x) and -0.5 1 / sqrt(x), so
+    -0.0 gives -0.0 and -inf, and -inf gives NaN, where C's pow (any other
+    exponent's) gives 0, inf and inf."""
+    if p == 0.5:
+        return np.sqrt(x)
+    if p == -0.5:
+        return 1.0 / np.sqrt(x)
+    return np.power(x, p)
+
+
 def _pow_grad(x, p):
     # x ** 0 is 1 everywhere: its slope is 0, also at x = 0 where p * x ** (p - 1) is 0 * inf
-    return np.zeros_like(x) if p == 0 else p * np.power(x, p - 1)
+    return np.zeros_like(x) if p == 0 else p * _pow(x, p - 1)
 
 
-power = _unary("pow", lambda x, at: np.power(x, at["exponent"]),
+power = _unary("pow", lambda x, at: _pow(x, at["exponent"]),
              lambda x, y, at: _pow_grad(x, at["exponent"]),
-             "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+             "x ** exponent (a number literal); exponents 0.5 and -0.5 are sqrt(x) and 1 / sqrt(x), at -0.0 "
+             "and -inf too (as PyTorch)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
 
 _BOUND = (int, float)
 clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]),
