@@ -134,6 +134,7 @@ relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda x, y, at: (~(x <= 0
               "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="F.relu")
 
+
 def sgn(x):
     """sign(x), 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)."""
     return (x > 0).astype(x.dtype) - (x < 0)
@@ -179,6 +180,7 @@ def _gelu_check(at):
 
 gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
+
 
 def _pow(x, p):
     """x ** p as torch.pow: exponent 0.5 is sqrt(x) and -0.5 1 / sqrt(x), so
