@@ -17,6 +17,7 @@ import numpy as np
 
 from flowgrad.dsl.config import parse_sets
 from flowgrad.errors import FlowError, FlowWarning
+from flowgrad.initializers import init_text
 from flowgrad.training.overrides import load_model
 
 
@@ -76,12 +77,6 @@ def summary(graph) -> str:
     if graph.loss is not None:
         lines.append(f"minimize {graph.nodes[graph.loss].label}")
     return "\n".join(lines)
-
-
-def init_text(node) -> str:
-    """The initialiser as the model file calls it, arguments evaluated: normal(std=0.02)."""
-    name, args = node.attrs["init"]
-    return f"{name}({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in args.items())})"
 
 
 def grouped_params(graph, state: bool):

@@ -9,6 +9,7 @@ import zlib
 import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 
 
@@ -55,6 +56,27 @@ INITIALISERS = {
     "xavier": _xavier,
     "kaiming": _kaiming,
 }
+
+
+def init_text(node) -> str:
+    """The initialiser as the model file calls it, arguments evaluated: normal(std=0.02)."""
+    name, args = node.attrs["init"]
+    return f"{name}({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in args.items())})"
+
+
+def check_initialisers(graph: Graph) -> None:
+    """Each param's initialiser asked for no values, with the fans the graph
+    gives it: numpy checks the arguments before it draws, so what it would
+    refuse in init_params (a range so wide that high - low overflows) is
+    refused when the model loads."""
+    conv = conv_weights(graph)
+    for name, nid in graph.params.items():
+        node = graph.nodes[nid]
+        init_name, kwargs = node.attrs["init"]
+        try:
+            INITIALISERS[init_name](np.random.default_rng(0), (0,), _fans(node.shape, nid in conv), **kwargs)
+        except (ValueError, OverflowError) as err:
+            raise FlowError(f"param {name}: numpy refuses {init_text(node)}: {err}", node.span) from None
 
 
 def init_params(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

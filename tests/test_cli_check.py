@@ -132,3 +132,13 @@ def test_check_names_the_inputs_an_npz_feeds_beyond_x_and_y(capsys, tmp_path):
     rc, out, err = run_main(capsys, "check", str(tmp_path / "multi.flow"))
     assert rc == 1 and "feeds x, y, but multi also has input ink (f32[8]), which nothing feeds" in err
     assert "hint: add an array ink to 'multi.npz': npz feeds each input the file's array of its name" in err
+
+
+def test_check_refuses_an_initialiser_argument_numpy_would_refuse(capsys, tmp_path):
+    """A -0.0 std passed check, and train then died in numpy's sampler."""
+    path = tmp_path / "neg.flow"
+    path.write_text("input x: f32[4, 3]\nparam w: f32[3, 2] = normal(std=-0.0)\nloss = sum(x @ w)\nminimize loss\n")
+    for command in ("check", "train"):
+        rc, out, err = run_main(capsys, command, str(path))
+        assert rc == 1 and "Traceback" not in err, err
+        assert err.startswith(f"error: {path}:2:33: normal(): std must be >= 0, got -0.0"), err

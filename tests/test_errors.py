@@ -80,6 +80,25 @@ CASES = [
      ["unknown initialiser 'xavir' (did you mean xavier?)"]),
     ("initialiser-bad-keyword", "param w: f32[2] = normal(sd=0.1)\n", None, "1:26",
      ["normal() has no argument 'sd' (did you mean std?)"]),
+    # what numpy's samplers refuse (they test the sign bit: -0.0 is negative), at the argument
+    ("initialiser-negative-std", "param w: f32[2] = normal(std=-0.5)\n", None, "1:30",
+     ["normal(): std must be >= 0, got -0.5"]),
+    ("initialiser-negative-zero-std", "param w: f32[2] = normal(0.0, -0.0)\n", None, "1:31",
+     ["normal(): std must be >= 0, got -0.0 (numpy's sampler takes -0.0 for negative: write 0.0)"]),
+    ("initialiser-negative-zero-gain", "param w: f32[2, 2] = kaiming(gain=-0.0)\n", None, "1:35",
+     ["kaiming(): gain must be >= 0, got -0.0"]),
+    ("initialiser-negative-gain", "param w: f32[2, 2] = xavier(-2)\n", None, "1:29",
+     ["xavier(): gain must be >= 0, got -2.0"]),
+    ("initialiser-low-above-high", "param w: f32[2] = uniform(low=1.0, high=0.5)\n", None, "1:19",
+     ["uniform(): low must be <= high, got low=1.0, high=0.5"]),
+    ("initialiser-negative-zero-range", "param w: f32[2] = uniform(0.0, -0.0)\n", None, "1:19",
+     ["uniform(): low must be <= high, got low=0.0, high=-0.0 (numpy's sampler takes high - low = -0.0 for "
+      "negative)"]),
+    # past what the argument checks know: numpy's own verdict, with the fans the param gets
+    ("initialiser-range-overflows", "param w: f32[2] = uniform(low=-1e308, high=1e308)\n", None, "1:1",
+     ["param w: numpy refuses uniform(low=-1e+308, high=1e+308): high - low range exceeds valid bounds"]),
+    ("initialiser-gain-overflows", "param w: f32[2, 2] = xavier(gain=1e308)\n", None, "1:1",
+     ["param w: numpy refuses xavier(gain=1e+308): high - low range exceeds valid bounds"]),
     ("integer-param", "param w: i32[2] = zeros()\n", None, "1:10",
      ["params are float tensors"]),
     ("unknown-dtype", "input x: f64[2]\n", None, "1:10",
@@ -201,6 +220,24 @@ y = repeat(2, lin, x)
     assert "f32[2,3]" in text and "f32[4,3]" in text          # instance 1 gets instance 0's [2, 3]
     assert f"  note: expanded from {FILE}:7:5\n    y = repeat(2, lin, x)\n        ^" in text
     assert [(s.line, s.col) for s in err.span.via] == [(7, 5)]
+
+
+def test_an_initialiser_argument_from_a_block_argument_is_checked_at_load():
+    """normal(std=s) with s = -0.0 passed `flowgrad check`; compile then
+    raised numpy's raw ValueError (scale < 0)."""
+    src = """\
+block lin(x, s) {
+  param w: f32[3, 2] = normal(std=s)
+  return x @ w
+}
+input x: f32[4, 3]
+y = lin(x, -0.0)
+"""
+    err = error_of(src)
+    text = str(err)
+    assert text.startswith(f"{FILE}:2:35: normal(): std must be >= 0, got -0.0"), text
+    assert f"  note: expanded from {FILE}:6:5\n    y = lin(x, -0.0)\n        ^" in text
+    assert_no_traceback_chain(err)
 
 
 def test_error_in_a_nested_block_notes_every_call_site():

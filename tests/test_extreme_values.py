@@ -201,3 +201,167 @@ def test_the_expected_abs_and_activation_gradients_are_pytorchs(name):
         (m * g).sum().backward()
         np.testing.assert_array_equal(m.detach().numpy(), [m_want], err_msg=f"x = {x}")
         np.testing.assert_array_equal(leaf.grad.numpy(), [grad_want], err_msg=f"x = {x}")
+
+
+# ---------------------------------------------------------------- NaN, inf and -0.0 through pow, sqrt and erf
+
+MATH_X = [NAN, -2.0, -0.5, -0.0, 0.0, 0.5, 2.0, -INF, INF]
+MATH_G = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+
+# expression: (PyTorch's m of x, then m and x's gradient as torch gives them
+# in float64 for loss = sum(m * g)). torch.pow computes x ** 0.5 as sqrt(x)
+# and x ** -0.5 as 1 / sqrt(x), so -0.0 gives -0.0 and -inf, and -inf gives
+# NaN, where C's pow gives 0, inf and inf; other exponents follow C's pow,
+# (-inf) ** 1.5 = inf among them, and a negative x to an odd power past
+# Vulkan's repeated squaring (65) is negative. The gradient is exponent * x **
+# (exponent - 1) by the same rules (0 for exponent 0, g for exponent 1, even
+# at NaN).
+MATH_CASES = {
+    "pow(x, 0)": (lambda torch, x: torch.pow(x, 0),
+                [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+    "pow(x, 0.5)": (lambda torch, x: torch.pow(x, 0.5),
+                  [NAN, NAN, NAN, -0.0, 0.0, 0.7071067811865475, 1.414213562373095, NAN, INF],
+                  [NAN, NAN, NAN, -INF, INF, 4.242640687119285, 2.474873734152916, NAN, 0.0]),
+    "pow(x, 1)": (lambda torch, x: torch.pow(x, 1),
+                [NAN, -2.0, -0.5, -0.0, 0.0, 0.5, 2.0, -INF, INF],
+                [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]),
+    "pow(x, 1.5)": (lambda torch, x: torch.pow(x, 1.5),
+                  [NAN, NAN, NAN, 0.0, 0.0, 0.3535533905932738, 2.8284271247461903, INF, INF],
+                  [NAN, NAN, NAN, -0.0, 0.0, 6.363961030678928, 14.849242404917497, NAN, INF]),
+    "pow(x, 2)": (lambda torch, x: torch.pow(x, 2),
+                [NAN, 4.0, 0.25, 0.0, 0.0, 0.25, 4.0, INF, INF],
+                [NAN, -8.0, -3.0, -0.0, 0.0, 6.0, 28.0, -INF, INF]),
+    "pow(x, 3)": (lambda torch, x: torch.pow(x, 3),
+                [NAN, -8.0, -0.125, -0.0, 0.0, 0.125, 8.0, -INF, INF],
+                [NAN, 24.0, 2.25, 0.0, 0.0, 4.5, 84.0, INF, INF]),
+    "pow(x, 65)": (lambda torch, x: torch.pow(x, 65),
+                   [NAN, -3.6893488147419103e+19, -2.710505431213761e-20, -0.0, 0.0, 2.710505431213761e-20,
+                    3.6893488147419103e+19, -INF, INF],
+                   [NAN, 2.3980767295822417e+21, 1.0570971181733668e-17, 0.0, 0.0, 2.1141942363467336e-17,
+                    8.393268553537846e+21, INF, INF]),
+    "pow(x, -0.5)": (lambda torch, x: torch.pow(x, -0.5),
+                   [NAN, NAN, NAN, -INF, INF, 1.414213562373095, 0.7071067811865475, NAN, 0.0],
+                   [NAN, NAN, NAN, -INF, -INF, -8.485281374238571, -1.2374368670764582, -0.0, -0.0]),
+    "pow(x, -1)": (lambda torch, x: torch.pow(x, -1),
+                 [NAN, -0.5, -2.0, -INF, INF, 2.0, 0.5, -0.0, 0.0],
+                 [NAN, -0.5, -12.0, -INF, -INF, -24.0, -1.75, -0.0, -0.0]),
+    "pow(x, -1.5)": (lambda torch, x: torch.pow(x, -1.5),
+                   [NAN, NAN, NAN, INF, INF, 2.8284271247461903, 0.3535533905932738, 0.0, 0.0],
+                   [NAN, NAN, NAN, -INF, -INF, -50.91168824543143, -1.8561553006146876, -0.0, -0.0]),
+    "pow(x, 0.25)": (lambda torch, x: torch.pow(x, 0.25),
+                   [NAN, NAN, NAN, 0.0, 0.0, 0.8408964152537145, 1.189207115002721, INF, INF],
+                   [NAN, NAN, NAN, INF, INF, 2.5226892457611436, 1.0405562256273808, 0.0, 0.0]),
+    "sqrt(x)": (lambda torch, x: torch.sqrt(x),
+              [NAN, NAN, NAN, -0.0, 0.0, 0.7071067811865475, 1.414213562373095, NAN, INF],
+              [NAN, NAN, NAN, -INF, INF, 4.242640687119286, 2.4748737341529163, NAN, 0.0]),
+    "erf(x)": (lambda torch, x: torch.erf(x),
+             [NAN, -0.9953222650189527, -0.5204998778130465, -0.0, 0.0, 0.5204998778130465, 0.9953222650189527,
+              -1.0, 1.0],
+             [NAN, 0.041333970708184106, 2.6363477368063344, 4.51351666838205, 5.641895835477563,
+              5.272695473612669, 0.14466889747864436, 0.0, 0.0]),
+}
+
+
+def assert_torchs(got, want, err_msg=""):
+    """Equal to within the device's rounding (its pow, exp and erf are a few
+    ulp off float64's), NaN for NaN, and each zero with torch's sign: 1 / -0.0
+    is -inf, so a zero's sign is the sign of a gradient further on."""
+    want = np.array(want, np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=err_msg)
+    zeros = want == 0
+    np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]), err_msg=f"{err_msg}: a zero's sign")
+
+
+@pytest.mark.parametrize("device, backward", PATHS, ids=lambda v: v)
+@pytest.mark.parametrize("name", sorted(MATH_CASES))
+def test_pow_sqrt_and_erf_give_pytorchs_values_and_gradients_at_nan_inf_and_negative_zero(name, device, backward,
+                                                                                           request):
+    """Vulkan made NaN a number (nan ** 0.5 gave 0, erf(nan) -1), so a
+    diverging run looked finite, and gave NaN for (-inf) ** 1.5; its sqrt
+    lost -0.0's sign (+inf for -inf in the gradient), and numpy's x ** 0.5 was
+    C's pow, not torch's sqrt, at -0.0 and -inf."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    _, want_m, want_grad = MATH_CASES[name]
+    params = {"x": np.array(MATH_X, np.float32)}
+    with np.errstate(all="ignore"):
+        res = step_of(pick_model(name, params, MATH_G), params, {"g": np.array(MATH_G, np.float32)}, device, backward)
+    assert_torchs(res.outputs["m"], want_m, "m")
+    assert_torchs(res.grads["x"], want_grad, "x's gradient")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MATH_CASES if not n.startswith("erf")))
+def test_pow_and_sqrt_fused_give_pytorchs_values_and_gradients(name, vk_device):
+    """The same inside a fused chain (fused_map.comp's program), m = f(x) * g."""
+    text = (f"param x: f32[{len(MATH_X)}] = zeros()\ninput g: f32[{len(MATH_G)}]\nm = {name} * g\nloss = sum(m)\n"
+            "output m\nminimize loss\n")
+    sess = fg.loads(text).compile(device="vulkan", backward="graph")
+    assert sess.last_path == "graph", sess.last_path
+    steps = [n.attrs["steps"] for n in sess.runner.graph.nodes if n.op == "fused"]
+    assert [op for op, _, _ in steps[0]] == [name.split("(")[0], "mul"], steps
+    sess.set_params({"x": np.array(MATH_X, np.float32)})
+    res = sess.step({"g": np.array(MATH_G, np.float32)})
+    _, want_m, want_grad = MATH_CASES[name]
+    assert_torchs(res.outputs["m"], np.array(want_m) * MATH_G, "m")
+    assert_torchs(res.grads["x"], want_grad, "x's gradient")
+
+
+@pytest.mark.parametrize("name", sorted(MATH_CASES))
+def test_the_expected_pow_sqrt_and_erf_values_are_pytorchs(name):
+    torch = pytest.importorskip("torch")
+    torch_m, want_m, want_grad = MATH_CASES[name]
+    leaf = torch.tensor(MATH_X, dtype=torch.float64, requires_grad=True)
+    m = torch_m(torch, leaf)
+    (m * torch.tensor(MATH_G, dtype=torch.float64)).sum().backward()
+    for got, want in ((m.detach().numpy(), want_m), (leaf.grad.numpy(), want_grad)):
+        np.testing.assert_array_equal(got, want)
+        zeros = np.array(want) == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(np.array(want)[zeros]))
+
+
+# ---------------------------------------------------------------- NaN and inf through l1_loss and huber_loss
+
+LOSS_A = [NAN, 1.0, NAN, INF, -INF, INF, 2.0, 0.5, 1.0, -0.0]
+LOSS_B = [0.0, NAN, NAN, 0.0, 0.0, INF, 1.0, 1.5, 1.0, 0.0]
+
+# loss: (PyTorch's loss of a and b, then each one's gradient as torch gives it
+# in float64). l1_loss's is sgn(a - b) / n, 0 where a - b is NaN; huber's
+# is the clipped a - b / n, NaN where a - b is.
+LOSS_CASES = {
+    "l1_loss": (lambda torch, a, b: torch.nn.functional.l1_loss(a, b),
+                {"a": [0.0, 0.0, 0.0, 0.1, -0.1, 0.0, 0.1, -0.1, 0.0, 0.0],
+                 "b": [-0.0, -0.0, -0.0, -0.1, 0.1, -0.0, -0.1, 0.1, -0.0, -0.0]}),
+    "huber_loss": (lambda torch, a, b: torch.nn.functional.huber_loss(a, b),
+                   {"a": [NAN, NAN, NAN, 0.1, -0.1, NAN, 0.1, -0.1, 0.0, -0.0],
+                    "b": [NAN, NAN, NAN, -0.1, 0.1, NAN, -0.1, 0.1, 0.0, 0.0]}),
+}
+
+
+@pytest.mark.parametrize("device, backward", PATHS, ids=lambda v: v)
+@pytest.mark.parametrize("name", sorted(LOSS_CASES))
+def test_l1_and_huber_loss_give_pytorchs_gradients_at_nan(name, device, backward, request):
+    """numpy's l1_loss gradient was np.sign's NaN at a NaN difference, where
+    torch's sgn gives 0; Vulkan's huber gradient clamped a NaN to -delta."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    n = len(LOSS_A)
+    text = f"param a: f32[{n}] = zeros()\nparam b: f32[{n}] = zeros()\nloss = {name}(a, b)\nminimize loss\n"
+    params = {"a": np.array(LOSS_A, np.float32), "b": np.array(LOSS_B, np.float32)}
+    with np.errstate(all="ignore"):
+        res = step_of(text, params, {}, device, backward)
+    assert math.isnan(res.loss)
+    for k, want in LOSS_CASES[name][1].items():   # a zero's sign here goes no further: not compared
+        np.testing.assert_allclose(res.grads[k], np.array(want, np.float32), rtol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_CASES))
+def test_the_expected_l1_and_huber_gradients_are_pytorchs(name):
+    torch = pytest.importorskip("torch")
+    torch_loss, want_grads = LOSS_CASES[name]
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in (("a", LOSS_A), ("b", LOSS_B))}
+    loss = torch_loss(torch, *leaves.values())
+    loss.backward()
+    assert math.isnan(loss.item())
+    for k, want in want_grads.items():
+        np.testing.assert_array_equal(leaves[k].grad.numpy(), want, err_msg=k)

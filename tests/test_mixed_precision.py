@@ -541,3 +541,30 @@ def test_an_f32_loss_plus_an_f16_term_computes_in_f32(device):
     assert res.loss == pytest.approx(ref.loss, rel=2e-3)
     for name, g in res.grads.items():
         np.testing.assert_allclose(g, ref.grads[name], rtol=2e-2, atol=2e-3)
+
+
+BIAS_OVER_ROWS = """
+input x: f32[{rows}, 4]
+param b: f32[4] = zeros()
+loss = {reduce}(x + b)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f16", "mixed"])
+@pytest.mark.parametrize("reduce, rows, want", [("sum", 4096, 4096.0), ("mean", 8192, 0.25)])
+def test_a_broadcast_gradient_sums_f16_in_f32(device, dtype, reduce, rows, want):
+    """A bias's gradient is its output gradient summed over the rows it was
+    broadcast to. Summed in f16 it stalled where f16's spacing passes the
+    addend: 2048 for 4096 ones, 0.0625 for 8192 times 2^-15. PyTorch sums f16
+    in f32 and rounds once; so do the f16 sum and mean forward."""
+    model = fg.loads(BIAS_OVER_ROWS.format(rows=rows, reduce=reduce))
+    # scale 1: the test is about the sum, not about the loss scale's overflow
+    kw = {"loss_scale": LossScaler(init_scale=1.0)} if dtype == "mixed" else {}
+    sess = model.compile(device=device, dtype=dtype, **kw)
+    if device == "vulkan":
+        assert sess.last_path == "graph", sess.last_path
+    x = np.full((rows, 4), 0.25, np.float32)
+    res = sess.step({"x": x})
+    np.testing.assert_array_equal(res.grads["b"], np.full(4, want, np.float32))
+    assert float(res.loss) == (0.25 * rows * 4 if reduce == "sum" else 0.25)

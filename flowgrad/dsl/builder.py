@@ -27,7 +27,7 @@ from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.graph_check import check_graph
-from flowgrad.initializers import INITIALISERS
+from flowgrad.initializers import INITIALISERS, check_initialisers
 from flowgrad.ops import OPS
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
@@ -75,6 +75,7 @@ class Builder(Calls, Builtins):
         if trains:
             g.train = evaluate_train(trains, g.config, self.error, self.span)
         check_graph(g)
+        check_initialisers(g)
         return g
 
     def _model_name(self, stmts) -> str:

@@ -48,19 +48,32 @@ class Calls:
                                  hint=f"{call.func}() takes: {', '.join(names) or 'no arguments'}") from None
             raise self.error(f"{call.func}() got two values for {err.name!r}", self.kwarg_pos(call, err.name),
                              scope) from None
-        kwargs = {}
+        kwargs, where = {}, {}
         for name, expr in given.items():
             if expr is None:
                 continue  # not given: the initialiser's own default
             v = self.value(expr, scope)
             if not is_number(v):
                 raise self.error(f"{call.func}(): {name} must be a number, got {self.show_value(v)}", expr.pos, scope)
-            kwargs[name] = float(v)
-        if kwargs.get("std", 0) < 0:
-            raise self.error(f"{call.func}(): std must be >= 0, got {kwargs['std']}", call.pos, scope)
-        if kwargs.get("low", 0.0) > kwargs.get("high", 1.0):
-            raise self.error(f"{call.func}(): low must be <= high", call.pos, scope)
+            kwargs[name], where[name] = float(v), expr.pos
+        self.check_initialiser_ranges(call, kwargs, where, scope)
         return (call.func, kwargs)
+
+    def check_initialiser_ranges(self, call: ast.Call, kwargs: dict, where: dict, scope: Scope):
+        """What numpy's samplers refuse: a negative std or gain, low above
+        high. They test the sign bit, so -0.0 is negative, and so is high -
+        low = -0.0 (low 0.0, high -0.0)."""
+        for name in ("std", "gain"):
+            if math.copysign(1.0, kwargs.get(name, 0.0)) < 0:
+                note = " (numpy's sampler takes -0.0 for negative: write 0.0)" if kwargs[name] == 0 else ""
+                raise self.error(f"{call.func}(): {name} must be >= 0, got {kwargs[name]!r}{note}", where[name], scope)
+        if call.func == "uniform":
+            defaults = inspect.signature(INITIALISERS["uniform"]).parameters
+            low, high = (kwargs.get(k, defaults[k].default) for k in ("low", "high"))
+            if math.copysign(1.0, high - low) < 0:
+                note = " (numpy's sampler takes high - low = -0.0 for negative)" if low == high else ""
+                raise self.error(f"uniform(): low must be <= high, got low={low!r}, high={high!r}{note}", call.pos,
+                                 scope)
 
     @staticmethod
     def kwarg_pos(call: ast.Call, name: str) -> ast.Pos:

@@ -136,6 +136,11 @@ def _sign(x):
     return x.gt(0) - x.lt(0)
 
 
+def sgn(x):
+    """sign(x), 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN), on numpy."""
+    return (x > 0).astype(x.dtype) - (x < 0)
+
+
 abs_ = _unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")
@@ -180,14 +185,26 @@ gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approxi
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
 
+def _pow(x, p):
+    """x ** p as torch.pow: exponent 0.5 is sqrt(x) and -0.5 1 / sqrt(x), so
+    -0.0 gives -0.0 and -inf, and -inf gives NaN, where C's pow (any other
+    exponent's) gives 0, inf and inf."""
+    if p == 0.5:
+        return np.sqrt(x)
+    if p == -0.5:
+        return 1.0 / np.sqrt(x)
+    return np.power(x, p)
+
+
 def _pow_grad(g, x, y, at):
     # x ** 0 is 1 everywhere: its slope is 0, also at x = 0 where p * x ** (p - 1) is 0 * inf
     p = at["exponent"]
     return g.e.zeros(x) if p == 0 else g * (p * x.e.op("pow", x, exponent=p - 1))
 
 
-power = _unary("pow", lambda x, at: np.power(x, at["exponent"]), _pow_grad,
-               "x ** exponent (a number literal)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
+power = _unary("pow", lambda x, at: _pow(x, at["exponent"]), _pow_grad,
+               "x ** exponent (a number literal); exponents 0.5 and -0.5 are sqrt(x) and 1 / sqrt(x), at -0.0 "
+               "and -inf too (as PyTorch)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
 
 
 def _pass_where(test, bound):

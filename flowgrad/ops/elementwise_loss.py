@@ -7,6 +7,7 @@ from scipy.special import expit
 
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
+from flowgrad.ops.elementwise import sgn
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
 from flowgrad.ops.rules import float_dtype, same_dtype
@@ -39,8 +40,9 @@ def _loss(name, f, da, db, extra=(), doc=""):
                  doc=doc, autocast="f32")
 
 
-l1_loss = _loss("l1_loss", lambda a, b, at: np.abs(a - b), lambda a, b, at: np.sign(a - b),
-                lambda a, b, at: -np.sign(a - b), doc="mean(|input - target|)")
+l1_loss = _loss("l1_loss", lambda a, b, at: np.abs(a - b), lambda a, b, at: sgn(a - b),
+                lambda a, b, at: -sgn(a - b), doc="mean(|input - target|); gradient 0 where input - target is NaN "
+                "(as PyTorch)")
 
 
 def _huber(a, b, at):

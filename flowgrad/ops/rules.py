@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.graph import TensorType
+from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import OpTypeError
 
 
@@ -30,14 +31,19 @@ def float_dtype(t: TensorType, what: str = "input") -> str:
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum a gradient over the axes that broadcasting added or stretched."""
+    """Sum a gradient over the axes that broadcasting added or stretched.
+    f16 is summed in f32 and rounded once, as PyTorch does: an f16 running
+    sum stops growing once its spacing passes twice the addend (4096 ones
+    sum to 2048)."""
+    grad = np.asarray(grad)
+    summed = wide(grad)
     extra = grad.ndim - len(shape)
     if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+        summed = summed.sum(axis=tuple(range(extra)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and summed.shape[i] != 1)
     if stretched:
-        grad = grad.sum(axis=stretched, keepdims=True)
-    return grad.reshape(shape)
+        summed = summed.sum(axis=stretched, keepdims=True)
+    return narrow(summed, grad).reshape(shape)
 
 
 def norm_axis(axis: int, ndim: int) -> int:

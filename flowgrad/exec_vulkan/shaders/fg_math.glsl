@@ -44,6 +44,7 @@ float fg_expm1(float x) {
 // max error 4.2e-7 absolute and relative (Abramowitz-Stegun 7.1.26 is 1.5e-7
 // only in absolute terms and loses all relative accuracy near 0).
 float fg_erf(float x) {
+    if (isnan(x)) return x;   // clamp may turn a NaN into a bound
     x = clamp(x, -4.0, 4.0);
     float x2 = x * x;
     float p = -2.72614225801306e-10;
@@ -126,11 +127,17 @@ float fg_gelu_tanh_grad(float x) {
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
 }
 
-// x^p with numpy's answers where GLSL's pow is undefined (x < 0, x == 0);
-// integer exponents by repeated squaring, exact for small ones.
+// x^p as torch.pow, where GLSL's pow is undefined (x < 0, x == 0, NaN, inf):
+// exponents 0.5 and -0.5 are sqrt(x) and 1 / sqrt(x) (-0.0 gives -0.0 and
+// -inf, -inf gives NaN), others C's pow; integer exponents up to 64 by
+// repeated squaring, exact for small ones.
 float fg_pow(float x, float p) {
     if (p == 0.0) return 1.0;
-    if (p == floor(p) && abs(p) <= 64.0) {
+    if (p == 0.5) return sqrt(x);
+    if (p == -0.5) return 1.0 / sqrt(x);
+    if (isnan(x)) return x;
+    bool integer = p == floor(p);
+    if (integer && abs(p) <= 64.0) {
         int n = int(abs(p));
         float b = x, r = 1.0;
         while (n > 0) {
@@ -140,9 +147,12 @@ float fg_pow(float x, float p) {
         }
         return p < 0.0 ? 1.0 / r : r;
     }
-    if (x < 0.0) return fg_nan();
-    if (x == 0.0) return p > 0.0 ? 0.0 : fg_inf();
-    return pow(x, p);
+    if (x < 0.0 && !isinf(x) && !integer) return fg_nan();
+    // |x|^p, negated for a negative x (-0.0 too) and an odd p
+    float a = abs(x);
+    float r = isinf(a) ? (p > 0.0 ? fg_inf() : 0.0) : a == 0.0 ? (p > 0.0 ? 0.0 : fg_inf()) : pow(a, p);
+    bool odd = integer && fract(0.5 * p) != 0.0;
+    return odd && (floatBitsToUint(x) >> 31) != 0u ? -r : r;
 }
 
 // (sin x, cos x). GLSL's sin and cos promise only 2^-11 absolute error, and

@@ -76,7 +76,10 @@ void main() {
     uint mop = pc.code & 0xffu;
     uint nin = (pc.code >> 22) & 3u;
     uint rop = (pc.code >> 8) & 0xfu;
-    float identity = rop == 1u ? -fg_inf() : rop == 2u ? fg_inf() : 0.0;
+    // a plain map (R = 1) starts its "sum" from -0.0, which adds to any v as
+    // v: from 0.0 a map's -0.0 became 0.0 (sqrt(-0.0), whose 1 / y is -inf).
+    // A longer sum starts from 0.0, as PyTorch's (a sum of -0.0s is 0.0).
+    float identity = rop == 1u ? -fg_inf() : rop == 2u ? fg_inf() : pc.R == 1u ? -0.0 : 0.0;
     // grid-stride over outputs; the trip count is uniform in a workgroup,
     // as the barriers in fg_seg_reduce2 require
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.n_out;

@@ -38,9 +38,9 @@ float f(uint op, float x, float y) {
     case 6u: return x > 0.0 ? x : p.p0 * fg_expm1(x);
     case 7u: return x <= 0.0 ? p.p0 * exp(x) : 1.0;   // a NaN x passes g, as torch's elu_backward
     case 8u: return abs(x - y);
-    case 9u: return sign(x - y);
+    case 9u: { float d = x - y; return d > 0.0 ? 1.0 : (d < 0.0 ? -1.0 : 0.0); }   // 0 at NaN, as torch.sgn
     case 10u: { float d = abs(x - y); return d < p.p0 ? 0.5 * d * d : p.p0 * (d - 0.5 * p.p0); }
-    case 11u: return clamp(x - y, -p.p0, p.p0);
+    case 11u: { float d = x - y; return isnan(d) ? d : clamp(d, -p.p0, p.p0); }   // clamp may make NaN a bound
     case 12u: return max(x, 0.0) - x * y + fg_log1p01(exp(-abs(x)));
     case 13u: return sigm(x) - y;
     default: return -x;
