@@ -206,6 +206,7 @@ CONVERTERS = {
     "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "broadcast_to": lambda w, n, ins, ts: w.op("Expand", [ins[0], w.ints(n.shape)]),
     "stop_gradient": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
+    "softsign": lambda w, n, ins, ts: w.op("Softsign", ins[:1]),
     "transpose": _transpose, "permute": _permute, "slice": _slice,
     "concat": lambda w, n, ins, ts: w.op("Concat", ins, axis=n.attrs["axis"] % len(n.shape)),
     "embedding": lambda w, n, ins, ts: w.op("Gather", [ins[1], ins[0]], axis=0),

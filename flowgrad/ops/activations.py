@@ -10,11 +10,11 @@ from scipy.special import erf as _erf
 
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype
 
 
-def _activation(name, f, grad, extra=(), check=None, doc=""):
+def _activation(name, f, grad, extra=(), check=None, doc="", samples=(), torch=""):
     """f(x, attrs) on the widened x; grad(g, x, attrs) -> dx, as ops."""
 
     def infer(ins, attrs):
@@ -25,7 +25,7 @@ def _activation(name, f, grad, extra=(), check=None, doc=""):
 
     return defop(name, (Arg("x"),) + tuple(extra), infer,
                  lambda ins, at: narrow(f(wide(ins[0]), at), ins[0]),
-                 grad=lambda g, ins, out, at: [grad(g, ins[0], at)], doc=doc)
+                 grad=lambda g, ins, out, at: [grad(g, ins[0], at)], doc=doc, samples=samples, torch=torch)
 
 
 erf = _activation("erf", lambda x, at: _erf(x),
@@ -66,3 +66,12 @@ leaky_relu = _activation(
 elu = _activation(
     "elu", lambda x, at: np.where(x > 0, x, at["alpha"] * np.expm1(np.minimum(x, 0))), _elu_grad,
     extra=(Arg("alpha", "attr", 1.0, (float, int)),), doc="x for x > 0, alpha (e^x - 1) otherwise")
+
+
+def _softsign_grad(g, x, at):
+    d = 1.0 + x.e.op("abs", x)
+    return g / (d * d)
+
+
+softsign = _activation("softsign", lambda x, at: x / (1.0 + np.abs(x)), _softsign_grad, doc="x / (1 + |x|)",
+                       samples=[Sample((((2, 3), "normal"),))], torch="F.softsign")

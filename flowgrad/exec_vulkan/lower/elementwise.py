@@ -20,7 +20,7 @@ M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=
           WHERE=39,                       # x0 = cond, x1 = a, x2 = b
           WHERE_DA=40, WHERE_DB=41,       # x0 = g, x1 = cond
           CLAMP_MIN=42, CLAMP_MIN_B=43, CLAMP_MAX=44, CLAMP_MAX_B=45)
-M.declare(SIN=49, COS=50, SIN_B=51, COS_B=52)
+M.declare(SIN=49, COS=50, SIN_B=51, COS_B=52, SOFTSIGN=53)
 
 # ---------------------------------------------------------------- binary
 
@@ -129,6 +129,9 @@ GELU = _unary(lambda attrs: (M.GELU_TANH, M.GELU_TANH_B) if attrs["approximate"]
               else (M.GELU, M.GELU_B), activation=True)
 POW = _unary(lambda attrs: (M.POW, M.POW_B), param=lambda attrs: float(attrs["exponent"]))
 
+# the backward comes from the op's grad rule (lowering_for)
+SOFTSIGN = Lowering(_binary_forward(M.SOFTSIGN), None, FLOATS)
+
 # ---------------------------------------------------------------- cast
 
 
@@ -192,3 +195,4 @@ register_lowering("clamp_max", CLAMP_MAX)
 register_lowering("gelu", GELU)
 register_lowering("pow", POW)
 register_lowering("cast", CAST)
+register_lowering("softsign", SOFTSIGN)

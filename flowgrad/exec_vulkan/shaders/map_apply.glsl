@@ -65,6 +65,7 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_COS: return fg_sincos(a).y;
     case M_SIN_B: return a * fg_sincos(b).y;
     case M_COS_B: return -a * fg_sincos(b).x;
+    case M_SOFTSIGN: return a / (1.0 + abs(a));
     }
     return fg_nan();
 }

@@ -51,3 +51,4 @@
 #define M_COS 50u
 #define M_SIN_B 51u
 #define M_COS_B 52u
+#define M_SOFTSIGN 53u
