@@ -66,6 +66,7 @@ CASES = op_samples.cases() + [
     ("matmul", [normal(2, 1, 3, 4), normal(3, 4, 2)], {}),
     ("matmul", [normal(4), normal(2, 4, 3)], {}),
     ("matmul", [normal(2, 3, 4), normal(4)], {}),
+    ("matmul", [normal(2, 3, 4), normal(4, 5)], {}),   # a batch of rows times one matrix
     ("sum", [normal(2, 3, 4)], {}),
     ("sum", [normal(2, 3, 4)], {"axis": [0, 2], "keepdims": True}),
     ("mean", [normal(2, 3, 4)], {"axis": -1}),

@@ -41,6 +41,9 @@ def _grad(g, ins, out, attrs):
     """g @ b^T and a^T @ g, a 1-D operand taken as a row (a) or column (b)
     matrix, each summed over the batch axes its operand was broadcast along."""
     a, b = ins
+    if a.ndim > 2 and b.ndim == 2:   # rows of a batch times one matrix: b's gradient is one product over all rows
+        k, n = b.shape
+        return [g @ b.mT, a.reshape((-1, k)).mT @ g.reshape((-1, n))]
     a2 = a if a.ndim > 1 else a.reshape((1,) + a.shape)
     b2 = b if b.ndim > 1 else b.reshape(b.shape + (1,))
     g2 = g.reshape(g.shape[:len(g.shape) - (a.ndim > 1) - (b.ndim > 1)] + (a2.shape[-2], b2.shape[-1]))
