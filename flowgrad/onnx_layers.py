@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.onnx_writer import dt
 from flowgrad.ops.conv import geometry, transpose_geometry, tuple_of
 from flowgrad.ops.pool import adaptive_size, bins, window
 from flowgrad.ops.spatial import pad_widths
-from flowgrad.onnx_writer import dt
 
 BOOL, INT64 = 9, 7   # ONNX TensorProto element types
 ELEM = {"f32": 1, "f16": 10, "i32": 6}

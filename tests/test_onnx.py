@@ -5,9 +5,8 @@ without an ONNX counterpart is an error naming the node and line, and the
 docs list exactly the ops that export and those that don't."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -302,7 +301,7 @@ def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
     doc = (MODELS.parent / "docs" / "training.md").read_text()
 
     def listed(pattern):
-        paragraph = re.search(pattern, doc, re.S).group(1)
+        paragraph = re.search(pattern, doc, re.DOTALL).group(1)
         return {op for group in re.findall(r"`([a-z_][a-z0-9_\s]*)`", paragraph) for op in group.split()}
 
     assert listed(r"Each op becomes: (.*?) The test runs") == set(CONVERTERS)
