@@ -10,6 +10,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
+from flowgrad.graph import LEAF_OPS
 
 # An op attr that holds the node's own output shape: its converter writes that
 # shape from the node's axes (Writer.shape), so the attr may follow the batch.
@@ -38,8 +39,7 @@ def _dims(shape, other, b) -> tuple:
 
 
 def _same(a, b) -> bool:
-    return all(k in b and (np.array_equal(v, b[k]) if isinstance(v, np.ndarray) else v == b[k])
-               for k, v in a.items()) and len(a) == len(b)
+    return np.array_equal(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else a == b
 
 
 def scaled_dims(graph, probe, b: int) -> dict[int, tuple]:
@@ -47,7 +47,7 @@ def scaled_dims(graph, probe, b: int) -> dict[int, tuple]:
     `probe`, the same model built at batch b + 1. A node whose attrs or
     constant values change with the batch (other than a shape attr) can't be
     written once for every batch size: a FlowError names it."""
-    if [n.op for n in graph.nodes] != [n.op for n in probe.nodes]:
+    if [(n.op, n.inputs) for n in graph.nodes] != [(n.op, n.inputs) for n in probe.nodes]:
         raise FlowError(f"cannot export {graph.name} with a dynamic batch dimension: its graph has other ops at "
                         f"batch size {b + 1} than at {b}", hint=FIXED_HINT)
     out = {}
@@ -58,13 +58,17 @@ def scaled_dims(graph, probe, b: int) -> dict[int, tuple]:
         out[node.id] = _dims(node.shape, other.shape, b)
         if node.op == "const":
             _check_const(graph, node, other, out[node.id])
-        elif not _same({k: v for k, v in node.attrs.items() if k != SHAPE_ATTRS.get(node.op)},
-                       {k: v for k, v in other.attrs.items() if k != SHAPE_ATTRS.get(node.op)}):
-            changed = sorted(k for k in node.attrs if not _same({k: node.attrs[k]}, {k: other.attrs.get(k)}))
-            raise FlowError(f"cannot export {graph.name} with a dynamic batch dimension: {node.op} (node {node.label}) "
-                            f"takes {', '.join(f'{k}={node.attrs[k]!r}' for k in changed)}, which changes with the "
-                            "batch size", node.span, hint=FIXED_HINT)
+        elif node.op not in LEAF_OPS:
+            _check_attrs(graph, node, other)
     return out
+
+
+def _check_attrs(graph, node, other) -> None:
+    changed = [k for k, v in node.attrs.items() if k != SHAPE_ATTRS.get(node.op) and not _same(v, other.attrs.get(k))]
+    if changed:
+        raise FlowError(f"cannot export {graph.name} with a dynamic batch dimension: {node.op} (node {node.label}) "
+                        f"takes {', '.join(f'{k}={node.attrs[k]!r}' for k in changed)}, which changes with the "
+                        "batch size", node.span, hint=FIXED_HINT)
 
 
 def _check_const(graph, node, other, dims) -> None:
