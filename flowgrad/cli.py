@@ -230,16 +230,12 @@ def cmd_generate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from flowgrad.export_onnx import OPSET, export
+    from flowgrad.export_onnx import OPSET, export, signature
     from flowgrad.training.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
-    graph = sess.graph
-    names = export(sess, args.output_file, args.output or None)
-    read = {n.id for n in graph.needed_for([graph.outputs[o] for o in names])}
-    ins = ", ".join(f"{n}: {graph.nodes[i].type}" for n, i in graph.inputs.items() if i in read)
-    outs = ", ".join(f"{o}: {graph.nodes[graph.outputs[o]].type}" for o in names)
-    print(f"wrote {args.output_file}: ONNX opset {OPSET}, inputs {ins}; outputs {outs}  (checkpoint step {ckpt.step})")
+    export(sess, args.output_file, args.output or None, dynamic_batch=not args.fixed_batch)
+    print(f"wrote {args.output_file}: ONNX opset {OPSET}, {signature(args.output_file)}  (checkpoint step {ckpt.step})")
     return 0
 
 
@@ -458,12 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(sub, "export", "write a trained model's forward graph as an ONNX file")
     add_model_args(p)
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by `flowgrad train`; its config is "
-                   "used, --set overrides it (e.g. --set batch=1 for the exported batch size)")
+                   "used, --set overrides it")
     # --out as train and run spell it (a prefix of both long names, it was ambiguous)
     p.add_argument("-o", "--out", "--output-file", dest="output_file", required=True, metavar="FILE.onnx",
                    help="where to write the ONNX model")
     p.add_argument("--output", action="append", default=[], metavar="NAME", help="export this output (repeatable; "
                    "default: every output that does not read the targets)")
+    p.add_argument("--fixed-batch", action="store_true", help="write the model at its batch size (--set batch=N) "
+                   "instead of with a symbolic batch axis")
     p.add_argument("--device", default="cpu", help="where to load the params (default cpu)")
     p.set_defaults(func=cmd_export)
 

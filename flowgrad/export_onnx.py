@@ -2,22 +2,28 @@
 `sess.to_onnx(path)` and `flowgrad export MODEL --checkpoint C -o model.onnx`.
 
 The exported graph computes the model's outputs that do not read the
-targets (the loss and what depends on it are left out unless asked for), at
-the session's batch size (export another size with `--set batch=N`). Params
-are initializers; inputs and outputs keep their names. Opset 17, the first
-with LayerNormalization. Each flowgrad op is written as the ONNX ops below;
-an op missing from the table (an op registered from Python, say) is a
-FlowError naming the node and its line. Needs the `onnx` package
-(`pip install 'flowgrad[onnx]'`)."""
+targets (the loss and what depends on it are left out unless asked for).
+Its inputs' batch axis is symbolic, and every size that follows it is read
+off the fed input (flowgrad/onnx_writer.py), so one file runs at any batch
+size; a model whose batch size is not a config key, or an export with
+dynamic_batch=False, is written at the session's own sizes. Params are
+initializers; inputs and outputs keep their names. Opset 17, the first with
+LayerNormalization. Each flowgrad op is written as the ONNX ops below and in
+flowgrad/onnx_layers.py; an op in REFUSED, or missing from the table (an op
+registered from Python, say), is a FlowError naming the node and its line.
+Needs the `onnx` package (`pip install 'flowgrad[onnx]'`)."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.onnx_layers import LAYER_CONVERTERS
+from flowgrad.onnx_writer import Writer, scaled_dims
+from flowgrad.onnx_writer import axes_of as _axes
+from flowgrad.onnx_writer import dt as _dt
 
 OPSET = 17
 
@@ -29,44 +35,6 @@ def _onnx():
         raise FlowError("ONNX export needs the onnx package: pip install 'flowgrad[onnx]' "
                         "(or pip install onnx)") from None
     return onnx
-
-
-class Writer:
-    """The ONNX nodes and initializers of one export, with fresh names."""
-
-    def __init__(self, onnx):
-        self.onnx = onnx
-        self.nodes, self.inits, self.count = [], [], 0
-
-    def name(self, hint: str = "t") -> str:
-        self.count += 1
-        return f"{hint}_{self.count}"
-
-    def op(self, kind: str, inputs, **attrs) -> str:
-        out = self.name(kind.lower())
-        self.nodes.append(self.onnx.helper.make_node(kind, list(inputs), [out], **attrs))
-        return out
-
-    def const(self, value, dtype=None, name=None) -> str:
-        name = name or self.name("c")
-        self.inits.append(self.onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def ints(self, values) -> str:
-        return self.const(np.asarray(list(values), np.int64))
-
-    def scalar(self, value, like_dtype) -> str:
-        return self.const(np.asarray(value, like_dtype))
-
-
-def _axes(axis, ndim):
-    if axis is None:
-        return list(range(ndim))
-    return [a % ndim for a in (axis if isinstance(axis, (list, tuple)) else [axis])]
-
-
-def _dt(node):
-    return NUMPY_DTYPE[node.dtype]
 
 
 def _binary(kind):
@@ -133,6 +101,9 @@ def _attention(w, n, ins, ts):
     h = n.attrs["heads"]
     dt = _dt(n)
 
+    for i in n.inputs[:3]:   # the heads' reshape and the causal mask are written for these sizes
+        w.fixed(n, i, (-2,), "its sequence axis")
+
     def heads(x, t):
         s, d = t.shape[-2:]
         return w.op("Transpose", [w.op("Reshape", [x, w.ints([-1, s, h, d // h])])], perm=[0, 2, 1, 3])
@@ -158,16 +129,13 @@ def _attention(w, n, ins, ts):
         attends = w.op("Not", [w.op("IsInf", [top], detect_positive=0)])
         probs = w.op("Where", [attends, probs, w.scalar(0.0, dt)])
     out = w.op("MatMul", [probs, vh])
-    return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.ints(ts[0].shape)])
+    return w.op("Reshape", [w.op("Transpose", [out], perm=[0, 2, 1, 3]), w.shape(n.id, reshape=True)])
 
 
 def _class_loss(kind):
     """cross_entropy / nll_loss as ONNX's loss op (mean reduction, weight,
     ignore_index), which wants the classes on axis 1."""
     def convert(w, n, ins, ts):
-        if n.attrs.get("label_smoothing"):   # cross_entropy has it, nll_loss does not
-            raise FlowError(f"cannot export {n.op} (node {n.label}) to ONNX: label_smoothing has no ONNX "
-                            "counterpart", n.span)
         x, targets, *weight = ins
         nd = len(ts[0].shape)
         axis = n.attrs["axis"] % nd
@@ -176,9 +144,32 @@ def _class_loss(kind):
         elif axis != 1:  # the targets' axes are the others, in order, as ONNX wants them
             rest = [d for d in range(nd) if d != axis]
             x = w.op("Transpose", [x], perm=[rest[0], axis, *rest[1:]])
-        return w.op(kind, [x, w.op("Cast", [targets], to=7), *weight], reduction="mean",
-                    ignore_index=int(n.attrs["ignore_index"]))
+        targets = w.op("Cast", [targets], to=7)
+        if n.attrs.get("label_smoothing"):   # cross_entropy has it, nll_loss does not
+            w.fixed(n, n.inputs[0], (axis,), "its class axis")
+            return _smoothed(w, n, x, targets, weight, ts[0].shape[axis], max(nd, 2))
+        return w.op(kind, [x, targets, *weight], reduction="mean", ignore_index=int(n.attrs["ignore_index"]))
     return convert
+
+
+def _smoothed(w, n, x, targets, weight, classes, rank):
+    """Label smoothing, which ONNX's loss op lacks: ((1 - eps) * the weighted
+    nll sum + eps / C * the weighted sum of every class's nll) / the targets'
+    weight, over the targets other than ignore_index, as flowgrad computes.
+    x is [N, C, ...] (`rank` axes), targets [N, ...]."""
+    dt, eps, ignore = _dt(n), n.attrs["label_smoothing"], int(n.attrs["ignore_index"])
+    nll, log_probs = w.op_n("SoftmaxCrossEntropyLoss", [x, targets, *weight], 2, reduction="none",
+                            ignore_index=ignore)
+    counts = w.op("Not", [w.op("Equal", [targets, w.const(np.asarray(ignore, np.int64))])])
+    valid = w.op("Cast", [counts], to={"f32": 1, "f16": 10}[n.dtype])
+    every = w.op("Mul", [log_probs, w.op("Unsqueeze", [valid, w.ints([1])])])   # [N, C, ...]
+    if weight:
+        every = w.op("Mul", [every, w.op("Reshape", [weight[0], w.ints([1, classes] + [1] * (rank - 2))])])
+        safe = w.op("Where", [counts, targets, w.const(np.asarray(0, np.int64))])   # ignore_index may be any int
+        valid = w.op("Mul", [valid, w.op("Gather", [weight[0], safe])])
+    total = w.op("Add", [w.op("Mul", [w.scalar(1 - eps, dt), w.op("ReduceSum", [nll], keepdims=0)]),
+                         w.op("Mul", [w.scalar(-eps / classes, dt), w.op("ReduceSum", [every], keepdims=0)])])
+    return w.op("Div", [total, w.op("ReduceSum", [valid], keepdims=0)])
 
 
 def _mse(w, n, ins, ts):
@@ -190,7 +181,11 @@ def _cast(w, n, ins, ts):
     return w.op("Cast", ins, to={"f32": 1, "f16": 10, "i32": 6}[n.dtype])
 
 
+# convert(writer, node, input names, input types) -> output name. A shape the
+# graph needs (a Reshape's target) is writer.shape(node.id), which follows the
+# fed batch size, never node.shape, which holds the export's own.
 CONVERTERS = {
+    **LAYER_CONVERTERS,
     "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
     "matmul": _binary("MatMul"),
     "neg": _unary("Neg"), "exp": _unary("Exp"), "log": _unary("Log"), "sqrt": _unary("Sqrt"),
@@ -203,8 +198,8 @@ CONVERTERS = {
     "min": _reduce("ReduceMin"), "logsumexp": _reduce("ReduceLogSumExp"),
     "softmax": lambda w, n, ins, ts: w.op("Softmax", ins, axis=n.attrs["axis"]),
     "log_softmax": lambda w, n, ins, ts: w.op("LogSoftmax", ins, axis=n.attrs["axis"]),
-    "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
-    "broadcast_to": lambda w, n, ins, ts: w.op("Expand", [ins[0], w.ints(n.shape)]),
+    "reshape": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.shape(n.id, reshape=True)]),
+    "broadcast_to": lambda w, n, ins, ts: w.op("Expand", [ins[0], w.shape(n.id)]),
     "stop_gradient": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
     "softsign": lambda w, n, ins, ts: w.op("Softsign", ins[:1]),
     "transpose": _transpose, "permute": _permute, "slice": _slice,
@@ -221,6 +216,12 @@ CONVERTERS = {
     "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
 
+# Ops without an ONNX counterpart, and why: exporting one is a FlowError
+# naming the node and its line (an op registered from Python is refused too).
+REFUSED = {
+    "randn_like": "draws flowgrad's own noise, which an ONNX model would draw otherwise",
+}
+
 
 def inference_outputs(graph: Graph) -> list[str]:
     """The outputs that do not read inputs only the loss reads (the targets)."""
@@ -232,47 +233,36 @@ def inference_outputs(graph: Graph) -> list[str]:
             if not {n.id for n in graph.needed_for([i])} & target_ids]
 
 
-def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | None = None):
-    """The onnx ModelProto of `graph`'s forward pass to `outputs`."""
+def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | None = None,
+             dims: dict[int, tuple] | None = None):
+    """The onnx ModelProto of `graph`'s forward pass to `outputs`. dims: each
+    node's axes, those that follow the batch `Scaled` (batch_dims); without
+    them the graph is written at its own sizes."""
     onnx = _onnx()
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     outputs = outputs if outputs is not None else inference_outputs(graph)
     unknown = [o for o in outputs if o not in graph.outputs]
     if unknown or not outputs:
         raise FlowError(f"cannot export {graph.name}: " + (f"no output {unknown[0]!r} (outputs: "
                         f"{', '.join(graph.outputs)})" if unknown else "it has no outputs to export"))
-    elem = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "i32": TensorProto.INT32}
-    w = Writer(onnx)
     needed = graph.needed_for([graph.outputs[o] for o in outputs])
-    names: dict[int, str] = {}
-    inputs = []
+    # a hidden input (dropout's train-mode switch and step) only train mode reads: not exported
+    feeds = [n for n in needed if n.op == "input" and n.name in graph.inputs]
+    w = Writer(onnx, graph, feeds, dims)
+    names: dict[int, str] = {n.id: n.name for n in feeds}
     for node in needed:
-        if node.op == "input" and node.name not in graph.inputs:
-            continue   # a hidden input (dropout's train-mode switch and step) only train mode reads
-        if node.op == "input":
-            names[node.id] = node.name
-            inputs.append(helper.make_tensor_value_info(node.name, elem[node.dtype], list(node.shape)))
-        elif node.op == "param":
+        if node.op == "param":
             names[node.id] = w.const(np.asarray(params[node.name], _dt(node)), name=node.name)
         elif node.op == "const":
-            names[node.id] = w.const(np.asarray(node.attrs["value"], _dt(node)))
-        else:
-            convert = CONVERTERS.get(node.op)
-            if convert is None:
-                # the span places it (file:line:col, and the block call that expanded it)
-                raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}) has no ONNX "
-                                "counterpart here",
-                                node.span,
-                                hint="exported ops: " + ", ".join(sorted(CONVERTERS)))
-            names[node.id] = convert(w, node, [names.get(i) for i in node.inputs],
-                                     [graph.nodes[i].type for i in node.inputs])
-    outs = []
+            names[node.id] = _const(w, node)
+        elif node.op != "input":
+            names[node.id] = _converter(graph, node)(w, node, [names.get(i) for i in node.inputs],
+                                                     [graph.nodes[i].type for i in node.inputs])
     for o in outputs:
-        node = graph.nodes[graph.outputs[o]]
-        w.nodes.append(helper.make_node("Identity", [names[node.id]], [o]))
-        outs.append(helper.make_tensor_value_info(o, elem[node.dtype], list(node.shape)))
-    g = helper.make_graph(w.nodes, graph.name, inputs, outs, w.inits)
+        w.nodes.append(helper.make_node("Identity", [names[graph.outputs[o]]], [o]))
+    g = helper.make_graph(w.nodes, graph.name, [w.value_info(n.name, n) for n in feeds],
+                          [w.value_info(o, graph.nodes[graph.outputs[o]]) for o in outputs], w.inits)
     opsets = [helper.make_opsetid("", OPSET)]
     # The lowest IR version the opset needs, not the installed onnx's newest:
     # an onnxruntime older than that onnx package still loads the file.
@@ -282,15 +272,64 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
     return model
 
 
-def export(sess, path, outputs: list[str] | None = None) -> list[str]:
-    """Write `sess`'s forward graph with its params to `path`; returns the
-    exported output names."""
+def _converter(graph, node):
+    convert = CONVERTERS.get(node.op)
+    if convert is None:
+        reason = REFUSED.get(node.op, "has no ONNX counterpart here")
+        # the span places it (file:line:col, and the block call that expanded it)
+        raise FlowError(f"cannot export {graph.name} to ONNX: op {node.op} (node {node.label}) {reason}",
+                        node.span, hint="exported ops: " + ", ".join(sorted(CONVERTERS)))
+    return convert
+
+
+def _const(w, node) -> str:
+    """A constant; one sized by the batch (holding one value: scaled_dims
+    checks) is that value expanded to the fed size."""
+    value = np.asarray(node.attrs["value"], _dt(node))
+    if not w.scaled_axes(node.id):
+        return w.const(value)
+    return w.op("Expand", [w.const(value.reshape(-1)[:1].reshape(())), w.shape(node.id)])
+
+
+def batch_dims(sess) -> dict[int, tuple] | None:
+    """Each node's axes, those that follow the batch `Scaled`: the model is
+    built again at one more row and the two graphs compared. None for a model
+    whose batch size is not a config key (it exports at its own sizes)."""
+    from flowgrad.training.infer import FixedBatchError, batch_key, batch_size
+
+    try:
+        key = batch_key(sess.model, sess.graph, sess.plan.dtype)
+    except FixedBatchError:
+        return None
+    b = batch_size(sess.graph)
+    return scaled_dims(sess.graph, sess.model.with_config(**{key: b + 1}).build(sess.plan.dtype), b)
+
+
+def export(sess, path, outputs: list[str] | None = None, dynamic_batch: bool = True) -> list[str]:
+    """Write `sess`'s forward graph with its params to `path`, its batch
+    dimension symbolic unless `dynamic_batch` is False; returns the exported
+    output names."""
     from flowgrad.training.checkpoint import write_atomic
 
-    model = to_model(sess.graph, sess.params, outputs)
-
+    if not isinstance(dynamic_batch, bool):
+        raise FlowError(f"dynamic_batch must be True or False, got {dynamic_batch!r}")
+    model = to_model(sess.graph, sess.params, outputs, batch_dims(sess) if dynamic_batch else None)
     try:
         write_atomic(path, model.SerializeToString())
     except OSError as e:
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
     return [o.name for o in model.graph.output]
+
+
+def signature(path) -> str:
+    """`inputs x: f32[batch,64]; outputs logits: f32[batch,10]` of an exported file."""
+    model = _onnx().load(str(path), load_external_data=False)
+    kinds = {1: "f32", 10: "f16", 6: "i32"}
+
+    def show(v):
+        t = v.type.tensor_type
+        dims = ",".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in t.shape.dim)
+        return f"{v.name}: {kinds[t.elem_type]}[{dims}]"
+
+    return (f"inputs {', '.join(show(v) for v in model.graph.input)}; "
+            f"outputs {', '.join(show(v) for v in model.graph.output)}")

@@ -210,12 +210,13 @@ class Session:
             self._predictor = Predictor(self)
         return self._predictor(feeds, outputs)
 
-    def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
+    def to_onnx(self, path, outputs: list[str] | None = None, dynamic_batch: bool = True) -> list[str]:
         """Write the forward graph with the current params as an ONNX model
-        (needs the onnx package); returns the exported output names."""
+        (needs the onnx package), its batch axis symbolic unless
+        dynamic_batch=False; returns the exported output names."""
         from flowgrad.export_onnx import export
 
-        return export(self, path, outputs)
+        return export(self, path, outputs, dynamic_batch)
 
     def _warn_fallback(self):
         if self._warned or self.plan.path == "graph" or self.plan.backward == "closures":

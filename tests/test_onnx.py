@@ -1,8 +1,11 @@
-"""ONNX export: trained mlp and tiny_gpt run in onnxruntime (CPU) and agree
-with flowgrad to 1e-5; every converter on one model; `flowgrad export`; an
-op without an ONNX counterpart is an error naming the node and line."""
+"""ONNX export: every shipped model, and trained mlp and tiny_gpt, run in
+onnxruntime (CPU) at batch 1 and 7 from one file and agree with flowgrad's
+predict to 1e-5; every converter on two models; `flowgrad export`; an op
+without an ONNX counterpart is an error naming the node and line, and the
+docs list exactly the ops that export and those that don't."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
+from flowgrad.feeds import random_feeds
 from conftest import needs_module
 
 onnx = needs_module("onnx")
@@ -25,24 +29,57 @@ def run_onnx(path, feeds):
     return dict(zip(names, sess.run(None, feeds)))
 
 
-@pytest.mark.parametrize("file, config, feed", [
-    ("mlp.flow", {"hidden": 32, "batch": 16}, lambda r: {"x": r.random((16, 64), dtype=np.float32)}),
-    ("tiny_gpt.flow", {"d": 32, "layers": 2, "seq": 8, "batch": 4},
-     lambda r: {"tokens": r.integers(0, 16, (4, 8)).astype(np.int32)}),
-    # dropout exports as the identity it is at inference; the data's vocabulary sets the token range
-    ("char_gpt.flow", {"d": 32, "layers": 1, "seq": 8, "batch": 4},
-     lambda r: {"tokens": r.integers(0, 20, (4, 8)).astype(np.int32)}),
+def feeds_at(sess, rows, seed=0):
+    """Random feeds of `rows` rows for the model's inputs (ids in range)."""
+    return random_feeds(sess.model.with_config(batch=rows).build(sess.plan.dtype), seed=seed, int_high=2**30)
+
+
+def runs_like_predict(sess, path, rows=(1, 7)):
+    """The exported file, run at each batch size, gives what predict gives."""
+    model = onnx.load(path)
+    names, outputs = [i.name for i in model.graph.input], [o.name for o in model.graph.output]
+    for n in rows:
+        feeds = {k: v for k, v in feeds_at(sess, n, seed=n).items() if k in names}
+        got, want = run_onnx(path, feeds), sess.predict(feeds, outputs=outputs)
+        for name, value in got.items():
+            assert value.dtype == want[name].dtype, name
+            # 1e-5 of the output's scale: sums in another order differ by that much in f32
+            scale = max(1.0, float(np.abs(want[name]).max(initial=0)))
+            np.testing.assert_allclose(value, want[name], rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name} at batch {n}")
+
+
+def perturbed(sess, seed=0):
+    """Every param and state moved off its initial value (zero biases, unit
+    running variances), so that each reaches the outputs."""
+    rng = np.random.default_rng(seed)
+    sess.set_params({k: np.abs(v) + 0.5 if k.endswith("var") or k == "rv" else
+                     v + 0.1 * rng.standard_normal(v.shape).astype(v.dtype) for k, v in sess.params.items()})
+    return sess
+
+
+@pytest.mark.parametrize("path", sorted(MODELS.glob("*.flow")), ids=lambda p: p.stem)
+def test_every_shipped_model_exports_and_runs_at_batch_1_and_7(tmp_path, path):
+    sess = perturbed(fg.load(path).compile(device="cpu"))
+    sess.to_onnx(tmp_path / "m.onnx")
+    for value in onnx.load(tmp_path / "m.onnx").graph.input:   # one file for any batch size
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
+    runs_like_predict(sess, tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("file, config", [
+    ("mlp.flow", {"hidden": 32, "batch": 16}),
+    ("tiny_gpt.flow", {"d": 32, "layers": 2, "seq": 8, "batch": 4}),
+    # dropout exports as the identity it is at inference
+    ("char_gpt.flow", {"d": 32, "layers": 1, "seq": 8, "batch": 4}),
 ])
-def test_trained_model_runs_in_onnxruntime_like_in_flowgrad(tmp_path, file, config, feed):
+def test_trained_model_runs_in_onnxruntime_like_in_flowgrad(tmp_path, file, config):
     res = fg.train(fg.load(MODELS / file, config), steps=15, device="cpu", progress=False)
     sess = res.session
     assert sess.to_onnx(tmp_path / "m.onnx") == ["logits"]   # the loss needs the targets: left out
     model = onnx.load(tmp_path / "m.onnx")
     assert model.opset_import[0].version >= 17
     assert {i.name for i in model.graph.initializer} >= set(sess.graph.params)
-    feeds = feed(np.random.default_rng(1))
-    got = run_onnx(tmp_path / "m.onnx", feeds)["logits"]
-    np.testing.assert_allclose(got, sess.predict(feeds)["logits"], rtol=1e-5, atol=1e-5)
+    runs_like_predict(sess, tmp_path / "m.onnx")
 
 
 EVERY_OP = """
@@ -77,14 +114,66 @@ minimize loss
 
 def test_every_converter_agrees_with_flowgrad(tmp_path):
     sess = fg.loads(EVERY_OP).compile(device="cpu")
-    rng = np.random.default_rng(0)
-    feeds = {"x": rng.normal(size=(3, 4, 6)).astype(np.float32), "ids": rng.integers(0, 10, (3, 4)).astype(np.int32),
-             "t": rng.normal(size=(3, 4)).astype(np.float32)}
     assert sess.to_onnx(tmp_path / "all.onnx", outputs=["r", "m", "i", "loss"]) == ["r", "m", "i", "loss"]
-    got = run_onnx(tmp_path / "all.onnx", feeds)
-    want = sess.step(feeds, grads=False).outputs
-    for name in ("r", "m", "i", "loss"):
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    runs_like_predict(sess, tmp_path / "all.onnx", rows=(1, 3, 7))
+
+
+# the layer, activation, comparison and loss ops; reshapes and a constant sized by the batch
+LAYERS = """
+model layers
+config {
+  batch = 3
+}
+input img: f32[batch, 4, 6, 6]
+input seq: f32[batch, 4, 9]
+input ids: i32[batch, 5]
+input cls: i32[batch, 16]
+param wc: f32[6, 2, 3, 3] = normal(std=0.3)
+param bc: f32[6] = normal(std=0.1)
+param w1: f32[4, 4, 2] = normal(std=0.3)
+param wt: f32[6, 2, 3, 3] = normal(std=0.3)
+param bt: f32[4] = normal(std=0.1)
+param g6: f32[6] = ones()
+param b6: f32[6] = zeros()
+state rm: f32[6] = zeros()
+state rv: f32[6] = ones()
+param g4: f32[4] = ones()
+param b4: f32[4] = zeros()
+param cw: f32[8] = uniform(0.5, 1.5)
+param table: f32[7, 3] = normal()
+c = conv2d(img, wc, bc, padding="same", groups=2)
+c2 = conv2d(img, wc, stride=2, padding=1, dilation=2, groups=2)
+u = conv_transpose2d(batchnorm(c, g6, b6, rm, rv), wt, bt, stride=2, padding=1, output_padding=1, groups=2)
+mp = maxpool2d(groupnorm(u, g4, b4, groups=2), 3, stride=2, padding=1)
+ap = avgpool2d(mp, 2, stride=1, padding=1, count_include_pad=false) + avgpool2d(mp, 2, stride=1, padding=1)
+p = pad(conv1d(seq, w1, padding=1, stride=2), [1, 2, 0, 1], value=0.5)
+f = concat(flatten(adaptive_avgpool2d(ap, [3, 2]), start_dim=1), flatten(adaptive_avgpool2d(mp, 3), start_dim=1),
+           flatten(adaptive_avgpool2d(mp, 1), start_dim=1), flatten(c2, start_dim=1), flatten(p, start_dim=1), axis=1)
+e = where(gt(f, 0.1), elu(f, alpha=0.7), leaky_relu(f, negative_slope=0.2)) + softplus(f, beta=2.0, threshold=1.0) + \
+    erf(f) + abs(f) * 0.1 + clamp(f, min=-0.3, max=0.4) + clamp(f, max=0.2) + maximum(f, sin(f)) - minimum(f, 0.1 * f)
+k = lt(f, sin(f)) + le(f, clamp(f, max=0.2)) + 2.0 * gt(f, cos(f)) + ge(f, 0.0) + eq(f, f) + ne(f, clamp(f, max=0.2))
+i = lt(ids, 3) + eq(ids, 2) * 2 + ne(ids, 1) + le(ids, 4) + gt(ids, 0) + ge(ids, 5)
+m = argmax(e, axis=1)
+v = topk(e, 3)
+w = topk_indices(e, 3)
+losses = l1_loss(e, k) + huber_loss(e, k, delta=0.5) + bce_with_logits(e, sigmoid(f))
+logits = reshape(e, [batch, 8, 16])
+ce = cross_entropy(logits, cls, cw, ignore_index=2, label_smoothing=0.1, axis=1) + \
+     cross_entropy(e, m, label_smoothing=0.2)
+emb = embedding(ids, table)
+dt = grad(sum(emb * emb * emb), table)
+r = reshape(e, [2 * batch, 64]) + broadcast_to(full([2 * batch, 1], 0.25), [2 * batch, 64])
+output e, k, i, m, v, w, losses, ce, dt, r
+"""
+
+
+def test_every_layer_converter_agrees_with_flowgrad(tmp_path):
+    from flowgrad.onnx_layers import LAYER_CONVERTERS
+
+    sess = perturbed(fg.loads(LAYERS).compile(device="cpu"))
+    assert {n.op for n in sess.graph.nodes} >= set(LAYER_CONVERTERS)
+    sess.to_onnx(tmp_path / "layers.onnx", outputs=list(sess.graph.outputs))
+    runs_like_predict(sess, tmp_path / "layers.onnx", rows=(1, 3, 7))
 
 
 def test_export_cli(tmp_path, capsys):
@@ -93,13 +182,18 @@ def test_export_cli(tmp_path, capsys):
                      "--out", str(out)]) == 0
     capsys.readouterr()
     rc = cli_main(["export", str(MODELS / "mlp.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
-                   "-o", str(tmp_path / "mlp.onnx"), "--set", "batch=1", "--device", "cpu"])
+                   "-o", str(tmp_path / "mlp.onnx"), "--device", "cpu"])
     text = capsys.readouterr().out
-    assert rc == 0 and "inputs x: f32[1,64]; outputs logits: f32[1,10]" in text
-    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    assert rc == 0 and "inputs x: f32[batch,64]; outputs logits: f32[batch,10]" in text
     sess = fg.load(MODELS / "mlp.flow", {"hidden": 16}).compile(device="cpu")
     sess.load_checkpoint(out / "checkpoint.safetensors")
-    np.testing.assert_allclose(run_onnx(tmp_path / "mlp.onnx", {"x": x})["logits"], sess.predict({"x": x})["logits"],
+    runs_like_predict(sess, tmp_path / "mlp.onnx")
+    # --fixed-batch: the sizes --set gives
+    assert cli_main(["export", str(MODELS / "mlp.flow"), "--checkpoint", str(out / "checkpoint.safetensors"),
+                     "-o", str(tmp_path / "one.onnx"), "--set", "batch=1", "--fixed-batch", "--device", "cpu"]) == 0
+    assert "inputs x: f32[1,64]; outputs logits: f32[1,10]" in capsys.readouterr().out
+    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    np.testing.assert_allclose(run_onnx(tmp_path / "one.onnx", {"x": x})["logits"], sess.predict({"x": x})["logits"],
                                rtol=1e-5, atol=1e-5)
     # pinned to what opset 17 needs, so an onnxruntime older than the onnx package loads it
     assert onnx.load(tmp_path / "mlp.onnx").ir_version == 8
@@ -151,17 +245,17 @@ def test_class_losses_and_trailing_axis_norms_agree_with_flowgrad(tmp_path):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_label_smoothing_and_ops_without_converter_are_refused(tmp_path):
-    smooth = fg.loads("model s\ninput x: f32[2, 3]\ninput t: i32[2]\nl = cross_entropy(x, t, label_smoothing=0.1)\n"
-                      "output l\n", file="s.flow").compile(device="cpu")
-    with pytest.raises(FlowError, match="label_smoothing has no ONNX counterpart"):
-        smooth.to_onnx(tmp_path / "s.onnx", outputs=["l"])
-    conv = fg.loads("model c\ninput x: f32[1, 1, 4, 4]\nparam w: f32[2, 1, 3, 3] = normal()\ny = conv2d(x, w)\n"
-                    "output y\n", file="c.flow").compile(device="cpu")
-    with pytest.raises(FlowError) as e:
-        conv.to_onnx(tmp_path / "c.onnx")
-    assert str(e.value).startswith("c.flow:4:") and "op conv2d (node y)" in str(e.value)
-    assert not (tmp_path / "c.onnx").exists()
+def test_label_smoothing_exports_for_one_row_and_classes_last(tmp_path):
+    # (the layer model has it with class weights, ignore_index and the classes on axis 1)
+    sess = fg.loads("model s\ninput x: f32[5]\ninput t: i32[]\ninput z: f32[3, 2, 4]\ninput u: i32[3, 2]\n"
+                    "l = cross_entropy(x, t, label_smoothing=0.1) + cross_entropy(z, u, ignore_index=1, "
+                    "label_smoothing=0.3)\noutput l\n").compile(device="cpu")
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.normal(size=5).astype(np.float32), "t": np.array(3, np.int32),
+             "z": rng.normal(size=(3, 2, 4)).astype(np.float32), "u": np.array([[0, 1], [2, 3], [1, 1]], np.int32)}
+    sess.to_onnx(tmp_path / "s.onnx", outputs=["l"])
+    np.testing.assert_allclose(run_onnx(tmp_path / "s.onnx", feeds)["l"], sess.step(feeds, grads=False).outputs["l"],
+                               rtol=1e-5)
 
 
 def test_a_single_row_cross_entropy_exports(tmp_path):
@@ -190,31 +284,66 @@ def test_a_fully_masked_attention_row_exports_as_zeros_not_nan(tmp_path):
 
 
 def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
-    needs_module("onnx")
-    sess = fg.load("cnn").compile(device="cpu")
+    src = "model n\ninput x: f32[2, 3]\nblock noisy(h) {\n  return h + randn_like(h)\n}\ny = noisy(x)\noutput y\n"
+    sess = fg.loads(src, file="n.flow").compile(device="cpu")
     with pytest.raises(FlowError) as e:
-        sess.to_onnx(tmp_path / "cnn.onnx")
+        sess.to_onnx(tmp_path / "n.onnx")
     text = str(e.value)
-    assert e.value.message.startswith("cannot export cnn to ONNX: op conv2d (node ")
-    assert "cnn.flow:" not in e.value.message and text.startswith(str(e.value.span.where()))   # once: the span's
-    assert not (tmp_path / "cnn.onnx").exists()
+    assert e.value.message.startswith("cannot export n to ONNX: op randn_like (node ")
+    assert "n.flow:" not in e.value.message and text.startswith("n.flow:4:")   # once: the span's
+    assert not (tmp_path / "n.onnx").exists()
 
 
-def test_the_training_doc_lists_exactly_the_ops_that_export():
-    import re
-
-    from flowgrad.export_onnx import CONVERTERS
+def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
+    from flowgrad.export_onnx import CONVERTERS, REFUSED
+    from flowgrad.ops import BUILTIN, OPS
 
     doc = (MODELS.parent / "docs" / "training.md").read_text()
-    paragraph = re.search(r"Each op becomes: (.*?) The test runs", doc, re.S).group(1)
-    listed = {op for group in re.findall(r"`([a-z_\s]+)`", paragraph) for op in group.split()}
-    assert listed == set(CONVERTERS)
+
+    def listed(pattern):
+        paragraph = re.search(pattern, doc, re.DOTALL).group(1)
+        return {op for group in re.findall(r"`([a-z_][a-z0-9_\s]*)`", paragraph) for op in group.split()}
+
+    assert listed(r"Each op becomes: (.*?) The test runs") == set(CONVERTERS)
+    assert listed(r"Ops that do not export, and why: (.*?)\n\n") == set(REFUSED)
+    # every built-in op that is a node of its own (clamp is clamp_min and clamp_max) is one or the other
+    nodes = {op for op in BUILTIN if OPS[op].decompose is None}
+    assert nodes <= set(CONVERTERS) | set(REFUSED) and not set(CONVERTERS) & set(REFUSED)
 
 
-def test_randn_like_is_refused(tmp_path):
+def test_randn_like_is_refused_with_its_reason(tmp_path):
     """An ONNX model would draw other noise than flowgrad's generator."""
     sess = fg.loads("model n\ninput x: f32[2, 3]\ny = x + randn_like(x)\noutput y\n", file="n.flow").compile(
         device="cpu")
-    with pytest.raises(FlowError, match="op randn_like .* has no ONNX counterpart"):
+    with pytest.raises(FlowError, match="op randn_like .* draws flowgrad's own noise, which an ONNX model would "
+                                        "draw otherwise"):
         sess.to_onnx(tmp_path / "n.onnx")
     assert not (tmp_path / "n.onnx").exists()
+
+
+BATCHED = "model s\nconfig {\n  batch = 4\n}\ninput x: f32[batch, 3]\ny = %s\noutput y\n"
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("slice(x, 0, 0, batch - 1)", "slice (node y) takes stop=3, which changes with the batch size"),
+    ("x + reshape(cast(arange(batch), f32), [batch, 1])", "a constant (node %1) holds values that change"),
+    ("attention(reshape(x, [1, batch, 3]), reshape(x, [1, batch, 3]), reshape(x, [1, batch, 3]), heads=1)",
+     "attention (node y) needs the size of its sequence axis, which follows the batch"),
+])
+def test_what_changes_with_the_batch_size_exports_at_a_fixed_size_only(tmp_path, expr, message):
+    sess = fg.loads(BATCHED % expr, file="s.flow").compile(device="cpu")
+    with pytest.raises(FlowError, match=re.escape(message)) as e:
+        sess.to_onnx(tmp_path / "s.onnx")
+    assert str(e.value).startswith("s.flow:6:") and "--fixed-batch" in str(e.value)
+    assert not (tmp_path / "s.onnx").exists()
+    sess.to_onnx(tmp_path / "s.onnx", dynamic_batch=False)
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    np.testing.assert_allclose(run_onnx(tmp_path / "s.onnx", {"x": x})["y"], sess.predict({"x": x})["y"],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_without_a_batch_key_exports_at_its_own_sizes(tmp_path):
+    sess = fg.loads("model f\ninput x: f32[2, 3]\ninput m: f32[3]\ny = x * m\noutput y\n").compile(device="cpu")
+    sess.to_onnx(tmp_path / "f.onnx")
+    dims = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in onnx.load(tmp_path / "f.onnx").graph.input]
+    assert dims == [[2, 3], [3]]
