@@ -20,7 +20,10 @@ def load_model(file, sets: dict | None = None):
     except FlowError as e:
         if not sets:
             raise
-        base = load(file)
+        try:
+            base = load(file)
+        except FlowError:
+            raise e from None   # the defaults fail too: the error to show is the one of the model as overridden
         better = next((m for m in (not_a_config_key(base.graph, k, v) for k, v in sets.items()
                                    if k not in base.config) if m is not None), None)
         if better is None:
