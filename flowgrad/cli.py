@@ -197,7 +197,7 @@ def cmd_run(args) -> int:
 
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
-    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device, args.seed)
     output_names(sess.graph, args.output or None, "--output")   # a bad --output fails before the feeds are read
     # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
     outputs = sess.predict(parse_feeds(args.feed, sess.graph), args.output or None)
@@ -412,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "
                    "or .csv (one column per value, one row per batch row); default: print them")
     p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
+    p.add_argument("--seed", type=int, default=None, help="seed of the noise randn_like draws (default: the "
+                   "config's seed, else 0)")
     p.set_defaults(func=cmd_run)
 
     p = _sub(sub, "generate", "sample text from a language model trained on text(...) data")

@@ -33,6 +33,9 @@ class Session:
         self.train_steps = 0
         self.rank = 0   # this process's rank in data-parallel training: its dropout masks' place
         self.first_row = 0   # the feeds' row that a predict chunk starts at: its noise's place
+        # (step, seed) that evaluation steps draw their noise at instead of the session's own: a predict's
+        self.eval_noise = None
+        self.predicts = 0    # predict calls that drew the session's own noise (each draws anew)
         self.graph = graph
         self.plan = plan
         self.device = device
@@ -197,18 +200,40 @@ class Session:
         resumed run draws the masks it would have."""
         if training:
             self.train_steps = max(self.train_steps, self.runner.counts.iterations) + 1
-        return rng_feed(training, self.train_steps, self.seed, self.rank, self.first_row)
+        step, seed = (self.train_steps, self.seed) if training or self.eval_noise is None else self.eval_noise
+        return rng_feed(training, step, seed, self.rank, self.first_row)
 
-    def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    def predict(self, feeds: dict[str, np.ndarray], outputs=None, seed: int | None = None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
         with its batch config key set to the size, once per size); inputs
         only the loss reads may be left out. outputs: the names to compute
-        (default all); inputs none of them reads may then be left out too."""
+        (default all); inputs none of them reads may then be left out too.
+
+        Random ops: dropout is the identity; randn_like draws fresh noise on
+        every call, as torch.randn_like does, from the session's seed and the
+        count of its predict calls (so a session seeded alike draws the same
+        sequence). seed=k draws the noise of the first predict of a session
+        seeded k, whatever came before, and leaves the session's count as it was."""
+        from flowgrad.ops.random import predict_noise
+
+        if seed is None:
+            out = self._predict_at(feeds, outputs, predict_noise(self.seed, self.predicts + 1))
+            self.predicts += 1
+            return out
+        return self._predict_at(feeds, outputs, predict_noise(checked_seed(seed, "predict(): seed"), 1))
+
+    def eval_rows(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+        """predict, with the noise an evaluation step draws now: the training
+        loop's evaluation of a short last batch, which must draw as its other
+        batches do."""
+        return self._predict_at(feeds, outputs, (self.train_steps, self.seed))
+
+    def _predict_at(self, feeds, outputs, noise: tuple[int, int]) -> dict[str, np.ndarray]:
         from flowgrad.training.infer import Predictor
 
         if self._predictor is None:
             self._predictor = Predictor(self)
-        return self._predictor(feeds, outputs)
+        return self._predictor(feeds, outputs, noise)
 
     def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
         """Write the forward graph with the current params as an ONNX model
@@ -248,6 +273,13 @@ class Session:
 class ClosedRunner:
     def __getattr__(self, name):
         raise FlowError("this session is closed; compile the model again to step it")
+
+
+def checked_seed(seed, what: str = "seed") -> int:
+    """An int seed in [0, 2**63) (numpy ints too), else a FlowError naming `what`."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**63:
+        raise FlowError(f"{what} must be an int in [0, 2**63), got {seed!r}")
+    return int(seed)
 
 
 def _check_optimizer(optimizer) -> None:
