@@ -153,7 +153,7 @@ def cmd_train(args) -> int:
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
                           out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
-                          check_finite=args.check_finite)
+                          check_finite=args.check_finite, seed=args.seed)
     except TrainInterrupted as e:
         if getattr(e, "rank", 0) == 0:
             print(f"\n{e}", file=sys.stderr)
@@ -393,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--seed", type=int, default=None, help="seed of the param init, the data's split and order, "
+                   "and dropout (default: the train section's seed, else the config's, else 0)")
     p.add_argument("--check-finite", action="store_true",
                    help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.add_argument("--ranks", type=int, default=None, metavar="N",

@@ -126,8 +126,11 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
 
 
 def _seed(items, graph, seed, where) -> int:
-    if seed is None:
-        seed = items.get("seed", graph.config.get("seed", 0))
+    """The train section's seed, or `seed` when given: that one comes from the
+    caller (--seed), so its error must not point at the file's line."""
+    if seed is not None:
+        return spec.number("train(seed=...)", "seed", seed, None, low=0, integer=True)
+    seed = items.get("seed", graph.config.get("seed", 0))
     return spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
 
 
