@@ -7,7 +7,7 @@ import warnings
 import attrs
 import numpy as np
 
-from flowgrad.errors import FlowError, FlowWarning
+from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.feeds import check_feeds, index_uses, typed_array
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT, rng_feed
@@ -97,6 +97,10 @@ class Session:
              grad_inputs: bool = False, train: bool | None = None, on_grad_final=None) -> StepResult:
         """Forward (and backward, and an optimizer update when given).
 
+        feeds: the model's batch, or fewer rows (a custom loop's short last
+        batch): those run on the model built at their size, as predict's
+        other sizes do, with this session's params and optimizer state.
+
         train: whether this is a training step (dropout active, batch norm
         on batch statistics); by default, a step that computes gradients or
         updates is one, a forward-only step is an evaluation.
@@ -123,7 +127,13 @@ class Session:
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        feeds = self.runner_feeds(feeds, grads or optimizer is not None if train is None else train)
+        training = grads or optimizer is not None if train is None else train
+        sized = self._session_for_rows(feeds)
+        if sized is not None:
+            return self._step_on(sized, feeds, training, dict(grads=grads, optimizer=optimizer,
+                                                               grad_inputs=grad_inputs, train=train,
+                                                               on_grad_final=on_grad_final))
+        feeds = self.runner_feeds(feeds, training)
         if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
             outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs, on_grad_final)
         else:
@@ -133,6 +143,44 @@ class Session:
         # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
+
+    def _session_for_rows(self, feeds):
+        """The session predict builds for the feeds' row count when it is below
+        the declared batch (cached: the graph path records once per size);
+        None for the declared batch, or for feeds check_feeds will refuse."""
+        from flowgrad.training.infer import batch_size, rows_of
+
+        b, inputs = batch_size(self.graph), self.graph.inputs
+        if b is None or not isinstance(feeds, dict) or set(feeds) != set(inputs) or any(
+                np.ndim(v) != len(self.graph.nodes[inputs[k]].shape) for k, v in feeds.items()):
+            return None
+        n = rows_of(self.graph, feeds)
+        if n >= b:
+            return None
+        if n == 0:
+            raise FlowError(f"feeds have no rows ({self.graph.name} steps on 1 to {b} rows)")
+        sized = self._predictor_for().session_for(n)
+        if self.plan.backward == "graph" and sized.plan.path != "graph":
+            raise GraphPathRefused(f"backward='graph' was asked for, but at a batch of {n} rows the planner "
+                                   f"refused the graph path: {sized.plan.last_path}", sized.plan.refusals)
+        return sized
+
+    def _step_on(self, sized, feeds, training: bool, kwargs: dict) -> StepResult:
+        """A step of fewer rows than the batch, on `sized` (the model built at
+        that size) with this session's params, optimizer state and random
+        counter: they go there before the step and come back after it (a copy
+        each way, on the device, too)."""
+        sized.runner.set_params(self.runner.get_params())
+        sized.runner.set_opt_state(*self.runner.get_opt_state())
+        sized.seed, sized.rank, sized.train_steps, sized.steps = self.seed, self.rank, self.train_steps, self.steps
+        sized.check_finite, sized._warned = self.check_finite, True   # this session warns of a fallback
+        result = sized.step(feeds, **kwargs)
+        if training or kwargs["optimizer"] is not None:   # a training step moves batch norm's statistics too
+            self.runner.set_params(sized.runner.get_params())
+        if kwargs["optimizer"] is not None:
+            self.runner.set_opt_state(*sized.runner.get_opt_state())
+        self.train_steps, self.steps = sized.train_steps, sized.steps
+        return result
 
     def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
         """One optimizer update from the given gradients (every trainable
@@ -229,11 +277,15 @@ class Session:
         return self._predict_at(feeds, outputs, (self.train_steps, self.seed))
 
     def _predict_at(self, feeds, outputs, noise: tuple[int, int]) -> dict[str, np.ndarray]:
+        return self._predictor_for()(feeds, outputs, noise)
+
+    def _predictor_for(self):
+        """The sessions of this model at other batch sizes (training.infer.Predictor)."""
         from flowgrad.training.infer import Predictor
 
         if self._predictor is None:
             self._predictor = Predictor(self)
-        return self._predictor(feeds, outputs, noise)
+        return self._predictor
 
     def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
         """Write the forward graph with the current params as an ONNX model

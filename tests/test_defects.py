@@ -242,3 +242,79 @@ def test_closures_differentiate_only_what_a_param_reaches(device, request):
     res = sess.step(feeds)
     assert np.isfinite(res.loss) and set(res.grads) == {"w"}
     assert sorted(calls) == ["cross_entropy", "matmul"]
+
+
+# ---------------------------------------------------------------- a short last batch in a custom loop
+
+REGRESSION = """
+model reg
+config { batch = 4 }
+input x: f32[batch, 3]
+input y: f32[batch]
+param w: f32[3] = ones()
+loss = mean((x @ reshape(w, [3, 1]) - reshape(y, [batch, 1])) ** 2)
+output loss
+minimize loss
+"""
+
+
+def adam_reference(w, batches, lr=0.1, b1=0.9, b2=0.999, eps=1e-8):
+    """torch.optim.Adam on the mean squared error, in float64."""
+    w, m, v = w.astype(np.float64), 0.0, 0.0
+    for t, (x, y) in enumerate(batches, 1):
+        g = 2 / len(x) * x.T.astype(np.float64) @ (x @ w - y)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        w = w - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return w
+
+
+def test_step_takes_a_batch_up_to_the_declared_one(path):
+    """A custom loop's short last batch was refused (the feed's shape is not the input's)."""
+    from flowgrad.training.optim import Adam
+
+    rng = np.random.default_rng(0)
+    sizes = [4, 3, 4, 3, 1]
+    batches = [(rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+               for n in sizes]
+    sess = compile_on(fg.loads(REGRESSION), *path)
+    opt = Adam(lr=0.1)
+    for x, y in batches:
+        sess.step({"x": x, "y": y}, optimizer=opt)
+        assert sess.last_path.startswith("graph" if path[1] == "graph" else "closures")
+    np.testing.assert_allclose(sess.params["w"], adam_reference(np.ones(3), batches), rtol=1e-5, atol=1e-6)
+    # the short step's loss is the mean over its own rows, its gradient theirs
+    w = sess.params["w"]
+    x, y = batches[1]
+    r = sess.step({"x": x, "y": y})
+    assert r.loss == pytest.approx(float(np.mean((x @ w - y) ** 2)), rel=1e-5)
+    np.testing.assert_allclose(r.grads["w"], 2 / 3 * x.T @ (x @ w - y), rtol=1e-4, atol=1e-5)
+
+
+def test_step_refuses_more_rows_than_the_batch_and_none():
+    sess = fg.loads(REGRESSION).compile(device="cpu")
+    with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[5, 3\], but input x is f32\[4,3\]"):
+        sess.step({"x": np.zeros((5, 3), np.float32), "y": np.zeros(5, np.float32)})
+    with pytest.raises(fg.FlowError, match="feeds have no rows"):
+        sess.step({"x": np.zeros((0, 3), np.float32), "y": np.zeros(0, np.float32)})
+    with pytest.raises(fg.FlowError, match="feeds have different row counts"):
+        sess.step({"x": np.zeros((3, 3), np.float32), "y": np.zeros(2, np.float32)})
+
+
+BN = """
+config { batch = 4 }
+input x: f32[batch, 2]
+param g: f32[2] = ones()
+param b: f32[2] = zeros()
+state running_mean: f32[2] = zeros()
+state running_var: f32[2] = ones()
+loss = sum(batchnorm(x, g, b, running_mean, running_var) * x)
+minimize loss
+"""
+
+
+def test_a_short_training_step_keeps_its_running_statistics(path):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    sess = compile_on(fg.loads(BN), *path)
+    sess.step({"x": x})
+    np.testing.assert_allclose(sess.params["running_mean"], 0.1 * x.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(sess.params["running_var"], 0.9 + 0.1 * x.var(0, ddof=1), rtol=1e-5)

@@ -142,7 +142,7 @@ class Predictor:
             dev = sess.device
             plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
             # the session's own class: this module sits below the one that defines it
-            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params)
+            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params, seed=sess.seed, scaler=sess.loss_scaler)
         return self.sized[n]
 
     def __call__(self, feeds: dict[str, np.ndarray], outputs=None, noise=None) -> dict[str, np.ndarray]:
