@@ -123,7 +123,7 @@ class Session:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         if optimizer is not None:
-            _check_optimizer(optimizer)
+            _check_optimizer(optimizer, self.runner.counts.iterations + 1)
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
@@ -189,7 +189,7 @@ class Session:
         across ranks. Under dtype="mixed", a non-finite one skips the update
         and halves the loss scale; the call is an iteration of the lr
         schedule all the same, as a step(..., optimizer=) is."""
-        _check_optimizer(optimizer)
+        _check_optimizer(optimizer, self.runner.counts.iterations + 1)
         trainable = self.graph.trainable()
         arrays = self._per_param("apply_update", grads, trainable=True)
         missing = [name for name in trainable if name not in arrays]
@@ -334,13 +334,13 @@ def checked_seed(seed, what: str = "seed") -> int:
     return int(seed)
 
 
-def _check_optimizer(optimizer) -> None:
+def _check_optimizer(optimizer, iteration: int) -> None:
     from flowgrad.training.optim import Optimizer
 
     if not isinstance(optimizer, Optimizer):
         raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
                         f"got {type(optimizer).__name__}")
-    optimizer.lr_at(1)   # a schedule it cannot compute is an error before the step changes anything
+    optimizer.lr_at(iteration)   # a schedule it cannot compute is an error before the step changes anything
 
 
 def _hook(on_grad_final) -> dict:

@@ -318,3 +318,30 @@ def test_a_short_training_step_keeps_its_running_statistics(path):
     sess.step({"x": x})
     np.testing.assert_allclose(sess.params["running_mean"], 0.1 * x.mean(0), rtol=1e-5)
     np.testing.assert_allclose(sess.params["running_var"], 0.9 + 0.1 * x.var(0, ddof=1), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the lr in a loop of one's own
+
+def test_a_callable_schedule_and_an_lr_set_between_steps_drive_the_updates(path):
+    from flowgrad.training.optim import SGD
+
+    sess = compile_on(fg.loads("model m\ninput x: f32[2, 3]\nparam w: f32[3] = zeros()\nloss = sum(x * w)\n"
+                               "minimize loss\n"), *path)
+    x = np.ones((2, 3), np.float32)   # the gradient of w is 2 everywhere
+    opt = SGD(lr=1.0, schedule=lambda s: 1 / (s + 1))
+    sess.step({"x": x}, optimizer=opt)
+    sess.step({"x": x}, optimizer=opt)
+    np.testing.assert_allclose(sess.params["w"], np.full(3, -2.0 * (1 + 1 / 2)), rtol=1e-6)
+    opt.lr = 0.5                        # the base lr the schedule multiplies, from the next update on
+    sess.step({"x": x}, optimizer=opt)
+    np.testing.assert_allclose(sess.params["w"], np.full(3, -2.0 * (1 + 1 / 2 + 0.5 / 3)), rtol=1e-6)
+    with pytest.raises(fg.FlowError, match=r"lr must be > 0.0, got -1"):
+        opt.lr = -1
+    assert opt.lr == 0.5
+    # the session counts on (its 4th and 5th updates): the 5th fails before it changes anything
+    bad = SGD(lr=1.0, schedule=lambda s: 1.0 if s < 4 else 1 / 0)
+    sess.step({"x": x}, optimizer=bad)
+    before = sess.params["w"]
+    with pytest.raises(fg.FlowError, match=r"schedule\(4\), for update 5, raised ZeroDivisionError"):
+        sess.step({"x": x}, optimizer=bad)
+    np.testing.assert_array_equal(sess.params["w"], before)

@@ -184,7 +184,7 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
     split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
     if optimizer is None:
         optimizer = _optimizer(items, where, steps)
-    elif isinstance(optimizer, Optimizer) and optimizer.schedule.kind != "constant" and optimizer.schedule.total == 0:
+    elif isinstance(optimizer, Optimizer) and optimizer.schedule.needs_total and optimizer.schedule.total == 0:
         # made in Python without total_steps: a cosine or linear schedule over no steps would end at
         # min_lr after the first. It spans this run, as the train section's does (and stretches
         # with --steps on a resume); a copy, so the caller's optimizer is left as it was.
