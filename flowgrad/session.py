@@ -223,8 +223,13 @@ class Session:
         raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
 
     def close(self) -> None:
-        """Free the session's device memory now (not when it is collected);
-        the session can't step afterwards."""
+        """Free the session's device memory now (not when it is collected),
+        the sessions predict made at other batch sizes' too; the session
+        can't step afterwards. Closing a closed session does nothing."""
+        if isinstance(self.runner, ClosedRunner):
+            return
+        if self._predictor is not None:
+            self._predictor.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()

@@ -345,3 +345,62 @@ def test_a_callable_schedule_and_an_lr_set_between_steps_drive_the_updates(path)
     with pytest.raises(fg.FlowError, match=r"schedule\(4\), for update 5, raised ZeroDivisionError"):
         sess.step({"x": x}, optimizer=bad)
     np.testing.assert_array_equal(sess.params["w"], before)
+
+
+# ---------------------------------------------------------------- API calls with bad arguments
+
+@pytest.mark.parametrize("kw, words", [
+    ({"inputs": ("x", "x")}, "inputs name 'x' twice"),
+    ({"inputs": "xy"}, "inputs must be a tuple of input names"),
+    ({"inputs": ()}, "inputs must name at least one input"),
+    ({"inputs": ("x", "2y")}, "input name '2y' is not an identifier"),
+    ({"inputs": ("x", "k"), "attrs": {"k": 1}}, "'k' is both an input and an attribute"),
+    ({"attrs": {"k": object()}}, "attribute k's default must be"),
+    ({"attrs": {3: 1}}, "attribute names must be identifiers"),
+    ({"dtype": "f64"}, "dtype must be 'f32', 'f16' or 'i32'"),
+])
+def test_register_op_refuses_a_bad_signature_at_the_call(kw, words):
+    """inputs=("x", "x") was accepted, and every later load failed with a raw ValueError."""
+    with pytest.raises(fg.FlowError, match=words):
+        fg.register_op("probe_sig", shape=lambda *s, **a: s[0], forward=lambda *x, **a: x[0], **kw)
+    from flowgrad.ops import OPS
+
+    assert "probe_sig" not in OPS
+    fg.load(MLP)   # loads go on
+
+
+def test_a_user_ops_dims_must_be_ints():
+    """A float dim was truncated (4.7 -> 4)."""
+    fg.register_op("probe_dims", shape=lambda s: (4.7,), forward=lambda x: x)
+    with pytest.raises(fg.FlowError, match=r"probe_dims: shape returned \(4.7,\), not a tuple of ints >= 0"):
+        fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n")
+    fg.register_op("probe_dims", shape=lambda s: (np.int64(4), -1), forward=lambda x: x, replace=True)
+    with pytest.raises(fg.FlowError, match=r"shape returned \(4, -1\), not a tuple of ints >= 0"):
+        fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n")
+    fg.register_op("probe_dims", shape=lambda s: (np.int64(s[0]),), forward=lambda x: x, replace=True)
+    assert fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n").graph.outputs
+
+
+def test_a_user_ops_attributes_keep_their_defaults_types():
+    fg.register_op("probe_attr", shape=lambda s, k, scale, on, name: s, forward=lambda x, **a: x,
+                   attrs={"k": 2, "scale": 1.0, "on": False, "name": "a"})
+    use = "input x: f32[4]\ny = probe_attr(x, {})\noutput y\n"
+    for bad, words in (('k="hello"', "argument 'k' must be an int, got str 'hello'"),
+                       ("k=2.5", "argument 'k' must be an int, got float 2.5"),
+                       ("on=1", "argument 'on' must be true or false"), ("name=3", "argument 'name' must be a string"),
+                       ("scale=true", "argument 'scale' must be a float")):
+        with pytest.raises(fg.FlowError, match=words):
+            fg.loads(use.format(bad))
+    node = next(n for n in fg.loads(use.format("scale=2, k=3")).graph.nodes if n.op == "probe_attr")
+    assert node.attrs["scale"] == 2.0 and type(node.attrs["scale"]) is float and node.attrs["k"] == 3
+
+
+def test_predict_wants_a_dict_and_close_twice_is_fine():
+    sess = fg.loads(REGRESSION).compile(device="cpu")
+    for bad in (None, [1, 2], np.zeros(3)):
+        with pytest.raises(fg.FlowError, match="predict takes a dict of input name -> array, got"):
+            sess.predict(bad)
+    sess.close()
+    sess.close()
+    with pytest.raises(fg.FlowError, match="this session is closed"):
+        sess.predict({"x": np.zeros((2, 3), np.float32)})

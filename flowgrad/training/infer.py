@@ -148,6 +148,8 @@ class Predictor:
     def __call__(self, feeds: dict[str, np.ndarray], outputs=None, noise=None) -> dict[str, np.ndarray]:
         """noise: the (step, seed) its random ops draw at (default: an
         evaluation step's, flowgrad.ops.random)."""
+        if not isinstance(feeds, dict):
+            raise FlowError(f"predict takes a dict of input name -> array, got {type(feeds).__name__}")
         graph = self.sess.graph
         if noise is None:
             noise = (self.sess.train_steps, self.sess.seed)
@@ -185,6 +187,12 @@ class Predictor:
             return run(sess, feeds, outputs)
         finally:
             sess.first_row, sess.eval_noise = 0, None
+
+    def close(self) -> None:
+        """Free the sessions made at other sizes (the session's own is its caller's)."""
+        for sized in self.sized.values():
+            sized.close()
+        self.sized.clear()
 
     def _follow(self, sized, params) -> None:
         """The session's params and rank (the noise comes with each call)."""
