@@ -2,6 +2,8 @@
 and the executor that carries out its plan, and steps it."""
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 
 import attrs
@@ -21,11 +23,25 @@ class StepResult:
     loss: float | None = None
 
 
+def _one_at_a_time(method):
+    """The method under the session's lock: from several threads, a session
+    runs one call at a time, each whole (a step's params, optimizer state
+    and buffers are the session's own)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Session:
-    """A compiled model: params, a plan, and the executor that carries it out."""
+    """A compiled model: params, a plan, and the executor that carries it out.
+    Safe to use from several threads: calls on one session run one at a time;
+    sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
                  seed: int = 0, scaler=None):
+        self._lock = threading.RLock()
         self.model = model
         self.loss_scaler = scaler   # dtype="mixed": the dynamic loss scale (None otherwise)
         self.seed = seed
@@ -69,9 +85,11 @@ class Session:
         return self.plan.last_path
 
     @property
+    @_one_at_a_time
     def params(self) -> dict[str, np.ndarray]:
         return self.runner.get_params()
 
+    @_one_at_a_time
     def set_params(self, values: dict[str, np.ndarray]) -> None:
         self.runner.set_params(self._per_param("set_params", values))
 
@@ -93,6 +111,7 @@ class Session:
         """The feeds as the graph's inputs take them (see feeds.check_feeds)."""
         return check_feeds(self.graph, feeds, self._index_uses)
 
+    @_one_at_a_time
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
              grad_inputs: bool = False, train: bool | None = None, on_grad_final=None) -> StepResult:
         """Forward (and backward, and an optimizer update when given).
@@ -182,6 +201,7 @@ class Session:
         self.train_steps, self.steps = sized.train_steps, sized.steps
         return result
 
+    @_one_at_a_time
     def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
         """One optimizer update from the given gradients (every trainable
         param's), as step(..., optimizer=) would make from its own: for
@@ -222,6 +242,7 @@ class Session:
         where = anomaly.locate(self.graph, feeds, params, kernels)
         raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
 
+    @_one_at_a_time
     def close(self) -> None:
         """Free the session's device memory now (not when it is collected),
         the sessions predict made at other batch sizes' too; the session
@@ -256,6 +277,7 @@ class Session:
         step, seed = (self.train_steps, self.seed) if training or self.eval_noise is None else self.eval_noise
         return rng_feed(training, step, seed, self.rank, self.first_row)
 
+    @_one_at_a_time
     def predict(self, feeds: dict[str, np.ndarray], outputs=None, seed: int | None = None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
         with its batch config key set to the size, once per size); inputs
@@ -275,6 +297,7 @@ class Session:
             return out
         return self._predict_at(feeds, outputs, predict_noise(checked_seed(seed, "predict(): seed"), 1))
 
+    @_one_at_a_time
     def eval_rows(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
         """predict, with the noise an evaluation step draws now: the training
         loop's evaluation of a short last batch, which must draw as its other
@@ -292,6 +315,7 @@ class Session:
             self._predictor = Predictor(self)
         return self._predictor
 
+    @_one_at_a_time
     def to_onnx(self, path, outputs: list[str] | None = None) -> list[str]:
         """Write the forward graph with the current params as an ONNX model
         (needs the onnx package); returns the exported output names."""
@@ -306,14 +330,16 @@ class Session:
         if self.plan.device is not None:
             listed = "\n".join(f"  [{r.code}] {r.headline()}" for r in self.plan.refusals)
             warnings.warn(f"{self.graph.name}: backward falls back to closures:\n{listed}", FlowWarning,
-                          stacklevel=3)
+                          stacklevel=4)   # the caller of step, past its lock
 
+    @_one_at_a_time
     def save_checkpoint(self, path) -> None:
         """Params and optimizer state to a safetensors file (atomically)."""
         from flowgrad.training.checkpoint import save_session
 
         save_session(self, path)
 
+    @_one_at_a_time
     def load_checkpoint(self, path):
         """Load params (and optimizer state) saved by save_checkpoint or
         `flowgrad train`; a mismatch with this model is a FlowError listing each."""
@@ -321,6 +347,7 @@ class Session:
 
         return load_into_session(self, path)
 
+    @_one_at_a_time
     def explain(self, analyze: bool = False):
         from flowgrad.planner.explain import explain
 
