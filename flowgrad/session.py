@@ -173,9 +173,9 @@ class Session:
         if b is None or not isinstance(feeds, dict) or set(feeds) != set(inputs) or any(
                 np.ndim(v) != len(self.graph.nodes[inputs[k]].shape) for k, v in feeds.items()):
             return None
+        if any(np.shape(v)[0] >= b for k, v in feeds.items() if self.graph.nodes[inputs[k]].shape):
+            return None   # not a short batch: check_feeds says what is wrong
         n = rows_of(self.graph, feeds)
-        if n >= b:
-            return None
         if n == 0:
             raise FlowError(f"feeds have no rows ({self.graph.name} steps on 1 to {b} rows)")
         sized = self._predictor_for().session_for(n)
