@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-
 from flowgrad import dsl
 from flowgrad.dsl.parser import reserved
 from flowgrad.dtypes import COMPILE_DTYPES
