@@ -5,8 +5,6 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
 from flowgrad import dsl
 from flowgrad.dsl.parser import reserved
 from flowgrad.dtypes import COMPILE_DTYPES
@@ -15,7 +13,7 @@ from flowgrad.graph import Graph
 from flowgrad.initializers import init_params
 from flowgrad.ops import user as ops_user
 from flowgrad.planner import make_plan
-from flowgrad.session import Session, StepResult
+from flowgrad.session import Session, StepResult, checked_seed
 
 
 class Model:
@@ -81,9 +79,8 @@ class Model:
                             f"dtype='mixed' (got {type(loss_scale).__name__} with dtype={dtype!r})")
         if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
             raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
-        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
-                                 or not 0 <= seed < 2**63):
-            raise FlowError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        if seed is not None:
+            seed = checked_seed(seed)
         graph = self.build(dtype)
         from flowgrad.host_memory import check_host_memory
 
@@ -97,9 +94,7 @@ class Model:
                 plan.refusals,
             )
         if seed is None:
-            seed = graph.config.get("seed", 0)
-            if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-                raise FlowError(f"config seed must be an int in [0, 2**63), got {seed!r}")
+            seed = checked_seed(graph.config.get("seed", 0), "config seed")
         scaler = (loss_scale or LossScaler()) if dtype == "mixed" and graph.loss is not None else None
         sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed, scaler=scaler)
         sess.check_finite = bool(check_finite)

@@ -148,7 +148,7 @@ def cmd_train(args) -> int:
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
                           out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
-                          check_finite=args.check_finite)
+                          check_finite=args.check_finite, seed=args.seed)
     except TrainInterrupted as e:
         if getattr(e, "rank", 0) == 0:
             print(f"\n{e}", file=sys.stderr)
@@ -193,7 +193,7 @@ def cmd_run(args) -> int:
 
     if args.out:
         out_format(args.out)  # a bad --out fails before the model loads and runs, not after
-    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device, args.seed)
     output_names(sess.graph, args.output or None, "--output")   # a bad --output fails before the feeds are read
     # only the inputs the asked-for outputs read need feeding (not the labels a metric output reads)
     # rows prepared as the train section's data source prepared its own (na=, categorical=, standardize=)
@@ -415,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "best.safetensors, metrics.jsonl and loss.png (default runs/MODEL)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    p.add_argument("--seed", type=int, default=None, help="seed of the param init, the data's split and order, "
+                   "and dropout (default: the train section's seed, else the config's, else 0)")
     p.add_argument("--check-finite", action="store_true",
                    help="stop at the first non-finite loss or gradient, naming the node that produced it")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
@@ -436,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE", help="write the outputs to FILE: .npz (all), .npy (one) "
                    "or .csv (one column per value, one row per batch row); default: print them")
     p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
+    p.add_argument("--seed", type=int, default=None, help="seed of the noise randn_like draws (default: the "
+                   "config's seed, else 0)")
     p.set_defaults(func=cmd_run)
 
     p = _sub(sub, "generate", "sample text from a language model trained on text(...) data")

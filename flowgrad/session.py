@@ -2,12 +2,14 @@
 and the executor that carries out its plan, and steps it."""
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 
 import attrs
 import numpy as np
 
-from flowgrad.errors import FlowError, FlowWarning
+from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.feeds import check_feeds, index_uses, typed_array
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT, rng_feed
@@ -21,11 +23,25 @@ class StepResult:
     loss: float | None = None
 
 
+def _one_at_a_time(method):
+    """The method under the session's lock: from several threads, a session
+    runs one call at a time, each whole (a step's params, optimizer state
+    and buffers are the session's own)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Session:
-    """A compiled model: params, a plan, and the executor that carries it out."""
+    """A compiled model: params, a plan, and the executor that carries it out.
+    Safe to use from several threads: calls on one session run one at a time;
+    sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
                  seed: int = 0, scaler=None):
+        self._lock = threading.RLock()
         self.model = model
         self.loss_scaler = scaler   # dtype="mixed": the dynamic loss scale (None otherwise)
         self.seed = seed
@@ -33,6 +49,9 @@ class Session:
         self.train_steps = 0
         self.rank = 0   # this process's rank in data-parallel training: its dropout masks' place
         self.first_row = 0   # the feeds' row that a predict chunk starts at: its noise's place
+        # (step, seed) that evaluation steps draw their noise at instead of the session's own: a predict's
+        self.eval_noise = None
+        self.predicts = 0    # predict calls that drew the session's own noise (each draws anew)
         self.graph = graph
         self.plan = plan
         self.device = device
@@ -66,9 +85,11 @@ class Session:
         return self.plan.last_path
 
     @property
+    @_one_at_a_time
     def params(self) -> dict[str, np.ndarray]:
         return self.runner.get_params()
 
+    @_one_at_a_time
     def set_params(self, values: dict[str, np.ndarray]) -> None:
         self.runner.set_params(self._per_param("set_params", values))
 
@@ -90,9 +111,14 @@ class Session:
         """The feeds as the graph's inputs take them (see feeds.check_feeds)."""
         return check_feeds(self.graph, feeds, self._index_uses)
 
+    @_one_at_a_time
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
              grad_inputs: bool = False, train: bool | None = None, on_grad_final=None) -> StepResult:
         """Forward (and backward, and an optimizer update when given).
+
+        feeds: the model's batch, or fewer rows (a custom loop's short last
+        batch): those run on the model built at their size, as predict's
+        other sizes do, with this session's params and optimizer state.
 
         train: whether this is a training step (dropout active, batch norm
         on batch statistics); by default, a step that computes gradients or
@@ -116,11 +142,17 @@ class Session:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         if optimizer is not None:
-            _check_optimizer(optimizer)
+            _check_optimizer(optimizer, self.runner.counts.iterations + 1)
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
-        feeds = self.runner_feeds(feeds, grads or optimizer is not None if train is None else train)
+        training = grads or optimizer is not None if train is None else train
+        sized = self._session_for_rows(feeds)
+        if sized is not None:
+            return self._step_on(sized, feeds, training, dict(grads=grads, optimizer=optimizer,
+                                                               grad_inputs=grad_inputs, train=train,
+                                                               on_grad_final=on_grad_final))
+        feeds = self.runner_feeds(feeds, training)
         if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
             outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs, on_grad_final)
         else:
@@ -131,6 +163,45 @@ class Session:
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
 
+    def _session_for_rows(self, feeds):
+        """The session predict builds for the feeds' row count when it is below
+        the declared batch (cached: the graph path records once per size);
+        None for the declared batch, or for feeds check_feeds will refuse."""
+        from flowgrad.training.infer import batch_size, rows_of
+
+        b, inputs = batch_size(self.graph), self.graph.inputs
+        if b is None or not isinstance(feeds, dict) or set(feeds) != set(inputs) or any(
+                np.ndim(v) != len(self.graph.nodes[inputs[k]].shape) for k, v in feeds.items()):
+            return None
+        if any(np.shape(v)[0] >= b for k, v in feeds.items() if self.graph.nodes[inputs[k]].shape):
+            return None   # not a short batch: check_feeds says what is wrong
+        n = rows_of(self.graph, feeds)
+        if n == 0:
+            raise FlowError(f"feeds have no rows ({self.graph.name} steps on 1 to {b} rows)")
+        sized = self._predictor_for().session_for(n)
+        if self.plan.backward == "graph" and sized.plan.path != "graph":
+            raise GraphPathRefused(f"backward='graph' was asked for, but at a batch of {n} rows the planner "
+                                   f"refused the graph path: {sized.plan.last_path}", sized.plan.refusals)
+        return sized
+
+    def _step_on(self, sized, feeds, training: bool, kwargs: dict) -> StepResult:
+        """A step of fewer rows than the batch, on `sized` (the model built at
+        that size) with this session's params, optimizer state and random
+        counter: they go there before the step and come back after it (a copy
+        each way, on the device, too)."""
+        sized.runner.set_params(self.runner.get_params())
+        sized.runner.set_opt_state(*self.runner.get_opt_state())
+        sized.seed, sized.rank, sized.train_steps, sized.steps = self.seed, self.rank, self.train_steps, self.steps
+        sized.check_finite, sized._warned = self.check_finite, True   # this session warns of a fallback
+        result = sized.step(feeds, **kwargs)
+        if training or kwargs["optimizer"] is not None:   # a training step moves batch norm's statistics too
+            self.runner.set_params(sized.runner.get_params())
+        if kwargs["optimizer"] is not None:
+            self.runner.set_opt_state(*sized.runner.get_opt_state())
+        self.train_steps, self.steps = sized.train_steps, sized.steps
+        return result
+
+    @_one_at_a_time
     def apply_update(self, optimizer, grads: dict[str, np.ndarray]) -> None:
         """One optimizer update from the given gradients (every trainable
         param's), as step(..., optimizer=) would make from its own: for
@@ -138,7 +209,7 @@ class Session:
         across ranks. Under dtype="mixed", a non-finite one skips the update
         and halves the loss scale; the call is an iteration of the lr
         schedule all the same, as a step(..., optimizer=) is."""
-        _check_optimizer(optimizer)
+        _check_optimizer(optimizer, self.runner.counts.iterations + 1)
         trainable = self.graph.trainable()
         arrays = self._per_param("apply_update", grads, trainable=True)
         missing = [name for name in trainable if name not in arrays]
@@ -171,9 +242,15 @@ class Session:
         where = anomaly.locate(self.graph, feeds, params, kernels)
         raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
 
+    @_one_at_a_time
     def close(self) -> None:
-        """Free the session's device memory now (not when it is collected);
-        the session can't step afterwards."""
+        """Free the session's device memory now (not when it is collected),
+        the sessions predict made at other batch sizes' too; the session
+        can't step afterwards. Closing a closed session does nothing."""
+        if isinstance(self.runner, ClosedRunner):
+            return
+        if self._predictor is not None:
+            self._predictor.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
@@ -197,19 +274,48 @@ class Session:
         resumed run draws the masks it would have."""
         if training:
             self.train_steps = max(self.train_steps, self.runner.counts.iterations) + 1
-        return rng_feed(training, self.train_steps, self.seed, self.rank, self.first_row)
+        step, seed = (self.train_steps, self.seed) if training or self.eval_noise is None else self.eval_noise
+        return rng_feed(training, step, seed, self.rank, self.first_row)
 
-    def predict(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    @_one_at_a_time
+    def predict(self, feeds: dict[str, np.ndarray], outputs=None, seed: int | None = None) -> dict[str, np.ndarray]:
         """Forward outputs for feeds of any batch size (the model is rebuilt
         with its batch config key set to the size, once per size); inputs
         only the loss reads may be left out. outputs: the names to compute
-        (default all); inputs none of them reads may then be left out too."""
+        (default all); inputs none of them reads may then be left out too.
+
+        Random ops: dropout is the identity; randn_like draws fresh noise on
+        every call, as torch.randn_like does, from the session's seed and the
+        count of its predict calls (so a session seeded alike draws the same
+        sequence). seed=k draws the noise of the first predict of a session
+        seeded k, whatever came before, and leaves the session's count as it was."""
+        from flowgrad.ops.random import predict_noise
+
+        if seed is None:
+            out = self._predict_at(feeds, outputs, predict_noise(self.seed, self.predicts + 1))
+            self.predicts += 1
+            return out
+        return self._predict_at(feeds, outputs, predict_noise(checked_seed(seed, "predict(): seed"), 1))
+
+    @_one_at_a_time
+    def eval_rows(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+        """predict, with the noise an evaluation step draws now: the training
+        loop's evaluation of a short last batch, which must draw as its other
+        batches do."""
+        return self._predict_at(feeds, outputs, (self.train_steps, self.seed))
+
+    def _predict_at(self, feeds, outputs, noise: tuple[int, int]) -> dict[str, np.ndarray]:
+        return self._predictor_for()(feeds, outputs, noise)
+
+    def _predictor_for(self):
+        """The sessions of this model at other batch sizes (training.infer.Predictor)."""
         from flowgrad.training.infer import Predictor
 
         if self._predictor is None:
             self._predictor = Predictor(self)
-        return self._predictor(feeds, outputs)
+        return self._predictor
 
+    @_one_at_a_time
     def to_onnx(self, path, outputs: list[str] | None = None, dynamic_batch: bool = True) -> list[str]:
         """Write the forward graph with the current params as an ONNX model
         (needs the onnx package), its batch axis symbolic unless
@@ -225,14 +331,16 @@ class Session:
         if self.plan.device is not None:
             listed = "\n".join(f"  [{r.code}] {r.headline()}" for r in self.plan.refusals)
             warnings.warn(f"{self.graph.name}: backward falls back to closures:\n{listed}", FlowWarning,
-                          stacklevel=3)
+                          stacklevel=4)   # the caller of step, past its lock
 
+    @_one_at_a_time
     def save_checkpoint(self, path) -> None:
         """Params and optimizer state to a safetensors file (atomically)."""
         from flowgrad.training.checkpoint import save_session
 
         save_session(self, path)
 
+    @_one_at_a_time
     def load_checkpoint(self, path):
         """Load params (and optimizer state) saved by save_checkpoint or
         `flowgrad train`; a mismatch with this model is a FlowError listing each."""
@@ -240,6 +348,7 @@ class Session:
 
         return load_into_session(self, path)
 
+    @_one_at_a_time
     def explain(self, analyze: bool = False):
         from flowgrad.planner.explain import explain
 
@@ -251,13 +360,20 @@ class ClosedRunner:
         raise FlowError("this session is closed; compile the model again to step it")
 
 
-def _check_optimizer(optimizer) -> None:
+def checked_seed(seed, what: str = "seed") -> int:
+    """An int seed in [0, 2**63) (numpy ints too), else a FlowError naming `what`."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**63:
+        raise FlowError(f"{what} must be an int in [0, 2**63), got {seed!r}")
+    return int(seed)
+
+
+def _check_optimizer(optimizer, iteration: int) -> None:
     from flowgrad.training.optim import Optimizer
 
     if not isinstance(optimizer, Optimizer):
         raise FlowError(f"optimizer must be a flowgrad optimizer (flowgrad.training.optim.SGD, Adam, ...), "
                         f"got {type(optimizer).__name__}")
-    optimizer.lr_at(1)   # a schedule it cannot compute is an error before the step changes anything
+    optimizer.lr_at(iteration)   # a schedule it cannot compute is an error before the step changes anything
 
 
 def _hook(on_grad_final) -> dict:

@@ -5,6 +5,7 @@ config key, a missing plotting library, and bench's phase lines."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -66,6 +67,24 @@ def test_resume_with_steps_below_the_saved_step_is_an_error(tmp_path, capsys):
     assert rc == 1 and "to 10 steps: it is already at step 20" in err and "--steps above 20" in err
     assert cli_main(["train", str(MODELS / "logreg.flow"), "--device", "cpu", "--steps", "25", "--resume",
                      "--out", str(tmp_path)]) == 0
+
+
+def test_train_seed_overrides_the_train_sections(tmp_path, capsys):
+    seeded = tmp_path / "logreg.flow"
+    seeded.write_text((MODELS / "logreg.flow").read_text().replace("steps = 300", "steps = 300\n  seed = 5"))
+
+    def losses(file, *extra):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        assert cli_main(["train", str(file), "--device", "cpu", "--steps", "6", "--out", str(out), *extra]) == 0
+        return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()[1:])]
+
+    by_flag, by_file = losses(MODELS / "logreg.flow", "--seed", "5"), losses(seeded)
+    assert by_flag == by_file
+    assert losses(seeded, "--seed", "6") != by_file
+    capsys.readouterr()
+    assert cli_main(["train", str(seeded), "--device", "cpu", "--seed", "-1", "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "seed must be >= 0, got -1" in err and f"{seeded}:" not in err   # not the file's line: --seed said it
 
 
 def test_every_option_has_help_and_every_command_an_example():

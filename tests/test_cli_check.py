@@ -69,6 +69,15 @@ def test_check_reports_bad_overrides(capsys):
     assert rc == 1 and "expected key=value" in err
 
 
+def test_check_reports_the_error_of_the_model_as_overridden(capsys, tmp_path):
+    # the file's defaults fail too: the error shown must be the one of the shapes --set made
+    bad = tmp_path / "m.flow"
+    bad.write_text("model m\nconfig {\n  n = 4\n}\ninput a: f32[n, 5]\ninput b: f32[n, 6]\nc = a + b\noutput c\n")
+    rc, out, err = run_main(capsys, "check", str(bad), "--set", "n=3")
+    assert rc == 1 and out == ""
+    assert err.startswith(f"error: {bad}:7:5: add: shapes [3, 5] and [3, 6] do not broadcast"), err
+
+
 def test_check_missing_file(capsys, tmp_path):
     rc, _, err = run_main(capsys, "check", str(tmp_path / "nope.flow"))
     assert rc == 1 and "cannot read model file" in err

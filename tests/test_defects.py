@@ -243,3 +243,165 @@ def test_closures_differentiate_only_what_a_param_reaches(device, request):
     res = sess.step(feeds)
     assert np.isfinite(res.loss) and set(res.grads) == {"w"}
     assert sorted(calls) == ["cross_entropy", "matmul"]
+
+
+# ---------------------------------------------------------------- a short last batch in a custom loop
+
+REGRESSION = """
+model reg
+config { batch = 4 }
+input x: f32[batch, 3]
+input y: f32[batch]
+param w: f32[3] = ones()
+loss = mean((x @ reshape(w, [3, 1]) - reshape(y, [batch, 1])) ** 2)
+output loss
+minimize loss
+"""
+
+
+def adam_reference(w, batches, lr=0.1, b1=0.9, b2=0.999, eps=1e-8):
+    """torch.optim.Adam on the mean squared error, in float64."""
+    w, m, v = w.astype(np.float64), 0.0, 0.0
+    for t, (x, y) in enumerate(batches, 1):
+        g = 2 / len(x) * x.T.astype(np.float64) @ (x @ w - y)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        w = w - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return w
+
+
+def test_step_takes_a_batch_up_to_the_declared_one(path):
+    """A custom loop's short last batch was refused (the feed's shape is not the input's)."""
+    from flowgrad.training.optim import Adam
+
+    rng = np.random.default_rng(0)
+    sizes = [4, 3, 4, 3, 1]
+    batches = [(rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+               for n in sizes]
+    sess = compile_on(fg.loads(REGRESSION), *path)
+    opt = Adam(lr=0.1)
+    for x, y in batches:
+        sess.step({"x": x, "y": y}, optimizer=opt)
+        assert sess.last_path.startswith("graph" if path[1] == "graph" else "closures")
+    np.testing.assert_allclose(sess.params["w"], adam_reference(np.ones(3), batches), rtol=1e-5, atol=1e-6)
+    # the short step's loss is the mean over its own rows, its gradient theirs
+    w = sess.params["w"]
+    x, y = batches[1]
+    r = sess.step({"x": x, "y": y})
+    assert r.loss == pytest.approx(float(np.mean((x @ w - y) ** 2)), rel=1e-5)
+    np.testing.assert_allclose(r.grads["w"], 2 / 3 * x.T @ (x @ w - y), rtol=1e-4, atol=1e-5)
+
+
+def test_step_refuses_more_rows_than_the_batch_and_none():
+    sess = fg.loads(REGRESSION).compile(device="cpu")
+    with pytest.raises(fg.FlowError, match=r"feed 'x' has shape \[5, 3\], but input x is f32\[4,3\]"):
+        sess.step({"x": np.zeros((5, 3), np.float32), "y": np.zeros(5, np.float32)})
+    with pytest.raises(fg.FlowError, match="feeds have no rows"):
+        sess.step({"x": np.zeros((0, 3), np.float32), "y": np.zeros(0, np.float32)})
+    with pytest.raises(fg.FlowError, match="feeds have different row counts"):
+        sess.step({"x": np.zeros((3, 3), np.float32), "y": np.zeros(2, np.float32)})
+
+
+BN = """
+config { batch = 4 }
+input x: f32[batch, 2]
+param g: f32[2] = ones()
+param b: f32[2] = zeros()
+state running_mean: f32[2] = zeros()
+state running_var: f32[2] = ones()
+loss = sum(batchnorm(x, g, b, running_mean, running_var) * x)
+minimize loss
+"""
+
+
+def test_a_short_training_step_keeps_its_running_statistics(path):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    sess = compile_on(fg.loads(BN), *path)
+    sess.step({"x": x})
+    np.testing.assert_allclose(sess.params["running_mean"], 0.1 * x.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(sess.params["running_var"], 0.9 + 0.1 * x.var(0, ddof=1), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the lr in a loop of one's own
+
+def test_a_callable_schedule_and_an_lr_set_between_steps_drive_the_updates(path):
+    from flowgrad.training.optim import SGD
+
+    sess = compile_on(fg.loads("model m\ninput x: f32[2, 3]\nparam w: f32[3] = zeros()\nloss = sum(x * w)\n"
+                               "minimize loss\n"), *path)
+    x = np.ones((2, 3), np.float32)   # the gradient of w is 2 everywhere
+    opt = SGD(lr=1.0, schedule=lambda s: 1 / (s + 1))
+    sess.step({"x": x}, optimizer=opt)
+    sess.step({"x": x}, optimizer=opt)
+    np.testing.assert_allclose(sess.params["w"], np.full(3, -2.0 * (1 + 1 / 2)), rtol=1e-6)
+    opt.lr = 0.5                        # the base lr the schedule multiplies, from the next update on
+    sess.step({"x": x}, optimizer=opt)
+    np.testing.assert_allclose(sess.params["w"], np.full(3, -2.0 * (1 + 1 / 2 + 0.5 / 3)), rtol=1e-6)
+    with pytest.raises(fg.FlowError, match=r"lr must be > 0.0, got -1"):
+        opt.lr = -1
+    assert opt.lr == 0.5
+    # the session counts on (its 4th and 5th updates): the 5th fails before it changes anything
+    bad = SGD(lr=1.0, schedule=lambda s: 1.0 if s < 4 else 1 / 0)
+    sess.step({"x": x}, optimizer=bad)
+    before = sess.params["w"]
+    with pytest.raises(fg.FlowError, match=r"schedule\(4\), for update 5, raised ZeroDivisionError"):
+        sess.step({"x": x}, optimizer=bad)
+    np.testing.assert_array_equal(sess.params["w"], before)
+
+
+# ---------------------------------------------------------------- API calls with bad arguments
+
+@pytest.mark.parametrize("kw, words", [
+    ({"inputs": ("x", "x")}, "inputs name 'x' twice"),
+    ({"inputs": "xy"}, "inputs must be a tuple of input names"),
+    ({"inputs": ()}, "inputs must name at least one input"),
+    ({"inputs": ("x", "2y")}, "input name '2y' is not an identifier"),
+    ({"inputs": ("x", "k"), "attrs": {"k": 1}}, "'k' is both an input and an attribute"),
+    ({"attrs": {"k": object()}}, "attribute k's default must be"),
+    ({"attrs": {3: 1}}, "attribute names must be identifiers"),
+    ({"dtype": "f64"}, "dtype must be 'f32', 'f16' or 'i32'"),
+])
+def test_register_op_refuses_a_bad_signature_at_the_call(kw, words):
+    """inputs=("x", "x") was accepted, and every later load failed with a raw ValueError."""
+    with pytest.raises(fg.FlowError, match=words):
+        fg.register_op("probe_sig", shape=lambda *s, **a: s[0], forward=lambda *x, **a: x[0], **kw)
+    from flowgrad.ops import OPS
+
+    assert "probe_sig" not in OPS
+    fg.load(MLP)   # loads go on
+
+
+def test_a_user_ops_dims_must_be_ints():
+    """A float dim was truncated (4.7 -> 4)."""
+    fg.register_op("probe_dims", shape=lambda s: (4.7,), forward=lambda x: x)
+    with pytest.raises(fg.FlowError, match=r"probe_dims: shape returned \(4.7,\), not a tuple of ints >= 0"):
+        fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n")
+    fg.register_op("probe_dims", shape=lambda s: (np.int64(4), -1), forward=lambda x: x, replace=True)
+    with pytest.raises(fg.FlowError, match=r"shape returned \(4, -1\), not a tuple of ints >= 0"):
+        fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n")
+    fg.register_op("probe_dims", shape=lambda s: (np.int64(s[0]),), forward=lambda x: x, replace=True)
+    assert fg.loads("input x: f32[4]\ny = probe_dims(x)\noutput y\n").graph.outputs
+
+
+def test_a_user_ops_attributes_keep_their_defaults_types():
+    fg.register_op("probe_attr", shape=lambda s, k, scale, on, name: s, forward=lambda x, **a: x,
+                   attrs={"k": 2, "scale": 1.0, "on": False, "name": "a"})
+    use = "input x: f32[4]\ny = probe_attr(x, {})\noutput y\n"
+    for bad, words in (('k="hello"', "argument 'k' must be an int, got str 'hello'"),
+                       ("k=2.5", "argument 'k' must be an int, got float 2.5"),
+                       ("on=1", "argument 'on' must be true or false"), ("name=3", "argument 'name' must be a string"),
+                       ("scale=true", "argument 'scale' must be a float")):
+        with pytest.raises(fg.FlowError, match=words):
+            fg.loads(use.format(bad))
+    node = next(n for n in fg.loads(use.format("scale=2, k=3")).graph.nodes if n.op == "probe_attr")
+    assert node.attrs["scale"] == 2.0 and type(node.attrs["scale"]) is float and node.attrs["k"] == 3
+
+
+def test_predict_wants_a_dict_and_close_twice_is_fine():
+    sess = fg.loads(REGRESSION).compile(device="cpu")
+    for bad in (None, [1, 2], np.zeros(3)):
+        with pytest.raises(fg.FlowError, match="predict takes a dict of input name -> array, got"):
+            sess.predict(bad)
+    sess.close()
+    sess.close()
+    with pytest.raises(fg.FlowError, match="this session is closed"):
+        sess.predict({"x": np.zeros((2, 3), np.float32)})

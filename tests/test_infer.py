@@ -12,6 +12,7 @@ import flowgrad as fg
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
 from flowgrad.training import checkpoint
+from flowgrad.training.optim import SGD
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 TINY_GPT = {"d": 16, "layers": 1, "seq": 8, "batch": 4, "heads": 2}
@@ -230,20 +231,54 @@ minimize loss
 """
 
 
-def test_predict_at_another_batch_size_draws_the_sessions_noise():
-    """randn_like samples in eval from the session's seed and last training
-    step: a session made for another row count drew seed 0's step 0 instead,
-    so the same rows got other noise depending on how many were predicted."""
-    from flowgrad.training.optim import SGD
+def test_predict_draws_fresh_noise_per_call_and_a_seed_reproduces():
+    """predict gave the same randn_like samples on every call (a VAE's samples
+    repeated): each call draws anew, as torch.randn_like does; seed= reproduces."""
+    sess = fg.loads(NOISY).compile(device="cpu", seed=5)
+    x = np.zeros((4, 3), np.float32)
+    first, second = (sess.predict({"x": x})["n"] for _ in range(2))
+    assert not np.array_equal(first, second)
+    a, b = (sess.predict({"x": x}, seed=7)["n"] for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, sess.predict({"x": x}, seed=8)["n"])
+    # the session's own sequence reproduces too: a session seeded alike draws the same calls
+    again = fg.loads(NOISY).compile(device="cpu", seed=5)
+    np.testing.assert_array_equal(again.predict({"x": x})["n"], first)
+    np.testing.assert_array_equal(again.predict({"x": x})["n"], second)
+    # seed=k draws what the first predict of a session seeded k draws
+    np.testing.assert_array_equal(fg.loads(NOISY).compile(device="cpu", seed=7).predict({"x": x})["n"], a)
+    # and predict's noise is not a training step's
+    assert not np.array_equal(first, sess.step({"x": x}).outputs["n"])
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(FlowError, match="seed must be an int"):
+            sess.predict({"x": x}, seed=bad)
 
+
+def test_predict_at_another_batch_size_draws_the_same_rows_noise():
+    """The noise of a row does not depend on how many rows are predicted with it."""
     sess = fg.loads(NOISY).compile(device="cpu", seed=5)
     x = np.zeros((4, 3), np.float32)
     for _ in range(3):
         sess.step({"x": x}, optimizer=SGD(lr=0.1))
-    want = sess.step({"x": x}, grads=False).outputs["n"]
-    np.testing.assert_array_equal(sess.predict({"x": x})["n"], want)
-    np.testing.assert_array_equal(sess.predict({"x": x[:2]})["n"], want[:2])
-    np.testing.assert_array_equal(sess.predict({"x": np.zeros((6, 3), np.float32)})["n"][:4], want)
+    want = sess.predict({"x": x}, seed=2)["n"]
+    np.testing.assert_array_equal(sess.predict({"x": x[:2]}, seed=2)["n"], want[:2])
+    np.testing.assert_array_equal(sess.predict({"x": np.zeros((6, 3), np.float32)}, seed=2)["n"][:4], want)
+
+
+def test_load_trained_takes_a_seed(tmp_path):
+    (tmp_path / "n.flow").write_text(NOISY)
+    fg.load(tmp_path / "n.flow").compile(device="cpu").save_checkpoint(tmp_path / "ck.safetensors")
+    x = {"x": np.zeros((4, 3), np.float32)}
+    draws = [fg.load_trained(tmp_path / "n.flow", tmp_path / "ck.safetensors", device="cpu", seed=s)[0].predict(x)["n"]
+             for s in (3, 3, 4)]
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], draws[2])
+    np.save(tmp_path / "x.npy", x["x"])
+    rc = cli_main(["run", str(tmp_path / "n.flow"), "--checkpoint", str(tmp_path / "ck.safetensors"), "--device",
+                   "cpu", "--seed", "3", "--feed", f"x={tmp_path / 'x.npy'}", "--output", "n",
+                   "--out", str(tmp_path / "o.npy")])
+    assert rc == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), draws[0])
 
 
 @pytest.mark.parametrize("device, backward", [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")],
@@ -255,8 +290,12 @@ def test_predict_in_chunks_draws_each_rows_own_noise(device, backward, request):
     if device == "vulkan":
         request.getfixturevalue("vk_device")
     x = np.zeros((10, 3), np.float32)   # n is the noise itself; without the loss, chunks of 4, 4 and 2
-    got = fg.loads(NOISY).compile(device=device, backward=backward, seed=5).predict({"x": x}, outputs=["n"])["n"]
+    sess = fg.loads(NOISY).compile(device=device, backward=backward, seed=5)
+    got = sess.predict({"x": x}, outputs=["n"], seed=5)["n"]
+    assert sess.last_path.startswith("graph" if backward == "graph" else "closures")
     whole = fg.loads(NOISY.replace("batch = 4", "batch = 10")).compile(device="cpu", seed=5)
-    want = whole.step({"x": x}, grads=False).outputs["n"]
+    want = whole.predict({"x": x}, seed=5)["n"]
     assert not np.array_equal(want[4:8], want[:4])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # the device's log and cos round otherwise
+    # with no seed, the session's first predict draws alike
+    np.testing.assert_allclose(sess.predict({"x": x}, outputs=["n"])["n"], want, rtol=1e-5, atol=1e-6)

@@ -216,6 +216,61 @@ def test_a_session_refuses_a_schedule_without_total_steps_before_stepping():
     assert sess.runner.get_opt_state()[0] == Counts() and sess.params["w"].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_callable_schedule_is_a_multiplier_as_lambda_lr():
+    """torch.optim.lr_scheduler.LambdaLR: update t (1-based) uses lr * f(t - 1)."""
+    calls = []
+    opt = SGD(lr=0.5, schedule=lambda s: calls.append(s) or 0.1 * (s + 1))
+    assert run(opt, [1.0, 1.0, 1.0]) == pytest.approx([1 - 0.05, 1 - 0.05 - 0.1, 1 - 0.05 - 0.1 - 0.15])
+    assert calls == [0, 1, 2]
+    assert opt.lr_at(4) == pytest.approx(0.5 * 0.4)
+    assert SGD(lr=1.0, schedule=lambda s: np.float32(0.5)).lr_at(1) == 0.5   # numpy scalars are numbers
+
+
+def test_a_callable_schedule_matches_torch_lambda_lr():
+    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    f = lambda s: 0.9 ** s if s > 2 else (s + 1) / 3   # noqa: E731
+    ours = Adam(lr=0.1, schedule=f)
+    tp = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    theirs = torch.optim.Adam([tp], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(theirs, f)
+    for t in range(1, 8):
+        assert ours.lr_at(t) == pytest.approx(theirs.param_groups[0]["lr"], rel=1e-12)
+        tp.grad = torch.ones(1, dtype=torch.float64)
+        theirs.step()
+        sched.step()
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda s: -1.0, r"schedule\(2\), for update 3, gave -1.0; it must give a finite number >= 0, the multiplier"),
+    (lambda s: "x", r"schedule\(2\), for update 3, gave 'x'"),
+    (lambda s: float("nan") if s else 1.0, "gave nan; it must give a finite number"),
+    (lambda s: True, "gave True"),
+    (lambda s: 1 / 0 if s == 2 else 1.0, r"schedule\(2\), for update 3, raised ZeroDivisionError: division by zero"),
+])
+def test_a_callable_schedules_bad_value_is_a_flow_error(fn, message):
+    opt = SGD(lr=0.5, schedule=fn)
+    with pytest.raises(FlowError, match=message):
+        opt.lr_at(3)
+
+
+def test_a_callable_schedule_refuses_warmup_and_min_lr():
+    with pytest.raises(FlowError, match="warmup= and min_lr= go with the named schedules"):
+        SGD(lr=0.5, schedule=lambda s: 1.0, warmup=3)
+    with pytest.raises(FlowError, match="schedule must be a string"):
+        SGD(lr=0.5, schedule=3)
+
+
+def test_optimizer_arguments_take_numpy_scalars():
+    opt = Adam(lr=np.float32(1e-3), betas=(np.float64(0.9), np.float32(0.99)), eps=np.float32(1e-8))
+    assert type(opt.lr) is float and opt.lr == pytest.approx(1e-3)
+    assert SGD(lr=np.int64(1), momentum=np.float16(0.5)).momentum == 0.5
+    assert Adam(warmup=np.int32(3)).schedule.warmup == 3
+    with pytest.raises(FlowError, match="lr must be a number"):
+        Adam(lr=np.bool_(True))
+    with pytest.raises(FlowError, match="warmup must be an integer"):
+        Adam(warmup=np.float32(3))
+
+
 # -- built from the train section ----------------------------------------------------
 
 SPAN = Span("m.flow", 30, 15, "  optimizer = adma(lr=1e-3)", 41)

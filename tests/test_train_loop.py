@@ -271,6 +271,49 @@ def test_resume_errors(tmp_path):
 
 
 
+def resave(path, **change):
+    """The checkpoint at `path` written again with some of its parts changed (a valid checksum)."""
+    ck = checkpoint.load(path)
+    parts = {"params": ck.params, "opt_state": ck.opt_state, "step": ck.step, "model": ck.model,
+             "config": ck.config, "optimizer": ck.optimizer, "data": ck.data}
+    checkpoint.save(path, **{**parts, **change})
+
+
+def test_resume_refuses_optimizer_state_for_a_param_the_model_lacks(tmp_path):
+    """Adam's counts restarted silently (updates 5 after resuming 20 steps to 25, not 25)."""
+    fg.train(small(), steps=20, device="cpu", progress=False, out=tmp_path)
+    path = tmp_path / "checkpoint.safetensors"
+    ck = checkpoint.load(path)
+    ghost = {k: np.zeros(3, np.float32) for k in ("exp_avg", "exp_avg_sq")}
+    resave(path, opt_state={**ck.opt_state, "ghost": ghost})
+    with pytest.raises(FlowError, match=r"optimizer state ghost/exp_avg is for ghost, which is not a trainable "
+                                        r"param of the model"):
+        fg.train(small(), steps=25, device="cpu", progress=False, out=tmp_path, resume=True)
+    sess = small().compile(device="cpu")
+    with pytest.raises(FlowError, match="not a trainable param"):
+        sess.load_checkpoint(path)
+    resave(path, opt_state=ck.opt_state)
+    res = fg.train(small(), steps=25, device="cpu", progress=False, out=tmp_path, resume=True)
+    assert res.session.runner.counts.updates == 25
+
+
+@pytest.mark.parametrize("field, value", [("config", []), ("optimizer", [1]), ("data", "text"), ("config", 3)])
+def test_checkpoint_metadata_of_another_json_type_is_a_clear_error(tmp_path, capsys, field, value):
+    fg.train(small(), steps=2, device="cpu", progress=False, out=tmp_path)
+    path = tmp_path / "checkpoint.safetensors"
+    resave(path, **{field: value})
+    message = rf"is not a usable flowgrad checkpoint: bad metadata \({field} is a JSON"
+    with pytest.raises(FlowError, match=message):
+        fg.train(small(), steps=4, device="cpu", progress=False, out=tmp_path, resume=True)
+    (tmp_path / "small.flow").write_text(SMALL_MLP)
+    with pytest.raises(FlowError, match=message):
+        fg.load_trained(tmp_path / "small.flow", path, device="cpu")
+    capsys.readouterr()
+    assert cli_main(["run", str(tmp_path / "small.flow"), "--checkpoint", str(path), "--device", "cpu",
+                     "--feed", f"x={tmp_path / 'x.npy'}"]) == 1
+    assert "bad metadata" in capsys.readouterr().err
+
+
 def test_resume_refuses_a_text_whose_vocabulary_changed(tmp_path):
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
     text = (MODELS / "char_lm.flow").read_text().replace("data/lincoln_dickens.txt", "t.txt")

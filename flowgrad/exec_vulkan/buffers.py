@@ -58,8 +58,9 @@ class Buffer:
         except BaseException:
             _free(device.handle, self.handle, self.memory)
             raise
-        device.live_bytes += size
-        device.objects["buffer"] += 1
+        with device.lock:
+            device.live_bytes += size
+            device.objects["buffer"] += 1
         self._finalizer = weakref.finalize(self, _free_buffer, device, self.handle, self.memory, size)
         self._finalizer.atexit = False
 
@@ -88,8 +89,9 @@ def _free_buffer(device, buf, mem, size):
     if device.handle is None:
         return
     _free(device.handle, buf, mem)
-    device.live_bytes -= size
-    device.objects["buffer"] -= 1
+    with device.lock:
+        device.live_bytes -= size
+        device.objects["buffer"] -= 1
 
 
 def mib(n: int) -> str:
@@ -99,7 +101,8 @@ def mib(n: int) -> str:
 class BufferPool:
     """Reuses buffers across one-op-at-a-time submissions (the closure path
     would otherwise allocate device memory for every op). Sizes are rounded
-    to powers of two; at most `keep` bytes are kept per kind."""
+    to powers of two; at most `keep` bytes are kept per kind. Every session
+    on the device shares it, from any thread: it is used under the device's lock."""
 
     def __init__(self, device: "Device", keep: int = 256 * 2**20):
         self.device = device
@@ -111,27 +114,30 @@ class BufferPool:
         size = 256
         while size < nbytes:
             size *= 2
-        bucket = self.free.get((kind, size))
-        if bucket:
-            self.kept -= size
-            return bucket.pop()
+        with self.device.lock:
+            bucket = self.free.get((kind, size))
+            if bucket:
+                self.kept -= size
+                return bucket.pop()
         return self.device.buffer(size, kind)
 
     def release(self, buf: Buffer) -> None:
-        if self.kept + buf.nbytes > self.keep:
-            buf.free()
-            return
-        self.kept += buf.nbytes
-        self.free.setdefault((buf.kind, buf.nbytes), []).append(buf)
+        with self.device.lock:
+            if self.kept + buf.nbytes <= self.keep:
+                self.kept += buf.nbytes
+                self.free.setdefault((buf.kind, buf.nbytes), []).append(buf)
+                return
+        buf.free()
 
     def drain(self) -> None:
         """Free every idle buffer: a leak check counts what is in use, not
         what the pool keeps for the next one-op submission."""
-        for bucket in self.free.values():
-            for buf in bucket:
-                buf.free()
-        self.free.clear()
-        self.kept = 0
+        with self.device.lock:
+            idle = [buf for bucket in self.free.values() for buf in bucket]
+            self.free.clear()
+            self.kept = 0
+        for buf in idle:
+            buf.free()
 
 
 @attrs.frozen

@@ -1,11 +1,18 @@
 """An opened Vulkan device: one compute queue, a command pool, a pipeline
-cache saved across runs, memory types, pipelines, and submission."""
+cache saved across runs, memory types, pipelines, and submission.
+
+A process has one Device per physical device, which every session on it
+shares, from any thread: its queue and fence, its command pool (and the
+command buffers recorded from it), its pipelines and its buffer pool are
+used under `lock`, one thread at a time (Vulkan leaves that synchronisation
+to the application, and lavapipe crashes without it)."""
 from __future__ import annotations
 
 import atexit
 import collections
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import attrs
@@ -37,6 +44,8 @@ class Device:
 
     def __init__(self, index: int, staging: bool = False):
         vk = load_vulkan()
+        # re-entrant: a pipeline is built while a command buffer is encoded, a buffer made while one is acquired
+        self.lock = threading.RLock()
         physicals = physical_devices()
         if not 0 <= index < len(physicals):
             raise DeviceError(f"no Vulkan device {index} ({len(physicals)} found)")
@@ -215,6 +224,10 @@ class Device:
 
     def set_layout(self, n: int):
         """(descriptor set layout, pipeline layout) for n storage buffers + the push range."""
+        with self.lock:
+            return self._set_layout(n)
+
+    def _set_layout(self, n: int):
         if n not in self._set_layouts:
             vk = load_vulkan()
             bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -236,9 +249,10 @@ class Device:
         """spec: u32 values of the shader's specialization constants 0, 1, ...
         (the driver compiles each distinct tuple with them folded in)."""
         key = (shader, variant, spec)
-        if key not in self.pipelines:
-            self.pipelines[key] = self._build_pipeline(shader, variant, spec)
-        return self.pipelines[key]
+        with self.lock:
+            if key not in self.pipelines:
+                self.pipelines[key] = self._build_pipeline(shader, variant, spec)
+            return self.pipelines[key]
 
     def _build_pipeline(self, shader: str, variant: str | None, constants: tuple = ()) -> Pipeline:
         vk = load_vulkan()
@@ -301,15 +315,16 @@ class Device:
         self.check_usable()
         info = vk.VkCommandBufferAllocateInfo(commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                               commandBufferCount=1)
-        with vk_errors("allocating a command buffer"):
+        with self.lock, vk_errors("allocating a command buffer"):
             cmd = vk.vkAllocateCommandBuffers(self.handle, info)[0]
-        self.objects["command_buffer"] += 1
+            self.objects["command_buffer"] += 1
         return cmd
 
     def free_command_buffer(self, cmd) -> None:
-        if self.handle is not None:
-            load_vulkan().vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
-            self.objects["command_buffer"] -= 1
+        with self.lock:
+            if self.handle is not None:
+                load_vulkan().vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
+                self.objects["command_buffer"] -= 1
 
     def check_usable(self) -> None:
         if self.lost is not None:
@@ -330,7 +345,7 @@ class Device:
         submit.submit_and_wait(self, submit.Submission(cmd), what)
 
     def wait_idle(self) -> None:
-        with vk_errors("waiting for the device"):
+        with self.lock, vk_errors("waiting for the device"):
             load_vulkan().vkDeviceWaitIdle(self.handle)
 
     def __repr__(self) -> str:

@@ -43,7 +43,8 @@ def encode(device, cmd, commands, timestamps: bool = False) -> Encoding:
     vk = load_vulkan()
     enc = Encoding(device)
     try:
-        with vk_errors("recording a command buffer"):
+        # recording uses the device's command pool, which one thread at a time may use
+        with device.lock, vk_errors("recording a command buffer"):
             _encode(vk, device, cmd, commands, timestamps, enc, PUSH_BYTES)
     except BaseException:
         enc.free()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 
 from flowgrad.errors import DeviceError
 
@@ -130,13 +131,15 @@ def message_level(error: bool, text: str) -> str:
 
 
 _INSTANCE: Instance | None = None
+_CREATING = threading.Lock()   # two threads asking at once get the same instance
 
 
 def instance() -> Instance:
     global _INSTANCE
-    if _INSTANCE is None:
-        _INSTANCE = Instance()
-    return _INSTANCE
+    with _CREATING:
+        if _INSTANCE is None:
+            _INSTANCE = Instance()
+        return _INSTANCE
 
 
 def validation_enabled() -> bool:

@@ -56,7 +56,8 @@ class OneShot:
         even those recorded before the write (a closure records a lowering
         first, and uploads only once it has taken the shapes)."""
         data = np.ascontiguousarray(array, dtype=NUMPY[view.dtype]).reshape(view.shape)
-        self.device.stats["uploads"] += 1
+        with self.device.lock:
+            self.device.stats["uploads"] += 1
         if view.buffer.mapped:
             view.buffer.write(data, view.offset)
         else:
@@ -76,6 +77,12 @@ class OneShot:
         return len(self._downloads) - 1
 
     def run(self) -> list[np.ndarray]:
+        """Under the device's lock, whole: the scratch memory and the
+        pool's buffers it takes, the command buffer, the queue."""
+        with self.device.lock:
+            return self._run()
+
+    def _run(self) -> list[np.ndarray]:
         device = self.device
         device.stats["dispatches"] += self.rec.counts()["dispatches"]
         device.stats["downloads"] += len(self._downloads)

@@ -5,6 +5,7 @@ pipelines, submission) and buffers (Buffer, BufferPool)."""
 from __future__ import annotations
 
 import os
+import threading
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool
@@ -16,6 +17,7 @@ from flowgrad.exec_vulkan.instance import (clear_validation_messages, instance, 
 STAGING_ENV = "FLOWGRAD_VK_STAGING"         # "1": never map device buffers, even on unified memory
 
 _DEVICES: dict[tuple[int, bool], Device] = {}
+_OPENING = threading.Lock()   # two threads opening a device at once get the same one
 
 
 def select_device(spec: str = "auto") -> Device | None:
@@ -57,9 +59,10 @@ def open_device(index: int, staging: bool | None = None) -> Device:
     if staging is None:
         staging = os.environ.get(STAGING_ENV, "") == "1"
     key = (index, bool(staging))
-    if key not in _DEVICES:
-        _DEVICES[key] = Device(index, staging=bool(staging))
-    return _DEVICES[key]
+    with _OPENING:
+        if key not in _DEVICES:
+            _DEVICES[key] = Device(index, staging=bool(staging))
+        return _DEVICES[key]
 
 
 __all__ = ["PUSH_BYTES", "STAGING_ENV", "Buffer", "BufferPool", "Device", "DeviceInfo", "Pipeline",

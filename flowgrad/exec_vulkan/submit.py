@@ -51,7 +51,14 @@ def submit_and_wait(device, submission: Submission, what: str, poll=None) -> Non
     the device lost (device.check_usable says so from then on). poll, when
     given, is called while the device works, between waits of POLL_NS on the
     fence, until it returns False: the read-back copies what the device has
-    finished meanwhile."""
+    finished meanwhile. Under the device's lock, whole: the queue and the
+    fence are the device's, and the fence must not take a second submission
+    before the first is done."""
+    with device.lock:
+        _submit_and_wait(device, submission, what, poll)
+
+
+def _submit_and_wait(device, submission: Submission, what: str, poll) -> None:
     device.check_usable()
     spin = spin_ns(device)
     if faults.hit("submit"):

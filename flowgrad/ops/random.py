@@ -29,7 +29,7 @@ apart from dropout's under a shared stream) and the same key, offsets and
 step. Unlike dropout it samples in eval steps too, as torch.randn_like does:
 a VAE or diffusion model generates from noise at inference. An eval step
 reuses the last training step's counter, so evaluations between two training
-steps draw the same noise."""
+steps draw the same noise; a predict call draws its own (predict_noise)."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,6 +66,16 @@ def philox4x32(counter, key, rounds: int = 10):
 
 def rng_feed(training: bool, step: int, seed: int, rank: int = 0, row: int = 0) -> np.ndarray:
     return np.array([int(training), step & 0x7FFFFFFF, seed & 0x7FFFFFFF, rank, row], np.int32)
+
+
+def predict_noise(seed: int, call: int) -> tuple[int, int]:
+    """(step, seed) words for the noise of a session's `call`-th predict
+    (1-based) when the session is seeded `seed`: a key of its own, mixed from
+    the seed by Philox, keeps every predict's noise apart from every training
+    and evaluation step's (which use the seed itself), and the call number
+    counts in the step word."""
+    words = philox4x32((seed & 0xFFFFFFFF, seed >> 32, 2, 0), (0x9E3779B9, 0x7F4A7C15))
+    return call, int(words[0]) & 0x7FFFFFFF
 
 
 def drop_threshold(p: float) -> int:

@@ -5,6 +5,7 @@ and the line: a fallback to closures is always reported, never silent."""
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Callable
 
 import numpy as np
@@ -22,6 +23,10 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
     shape(*input_shapes, **attrs) -> output shape (raise ValueError on bad input)
     forward(*arrays, **attrs) -> array
     vjp(g, out, *arrays, **attrs) -> one gradient (or None) per input
+    inputs: the tensor inputs' names, in order (at least one).
+    attrs: {name: default}; an attribute takes values of its default's type
+        (bool, int, float, which takes ints too, string, list), or any with
+        a None default.
     dtype: the output dtype; default: the first input's.
     """
     if not isinstance(name, str) or not name.isidentifier():
@@ -29,21 +34,25 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
     for what, fn in (("shape", shape), ("forward", forward), ("vjp", vjp)):
         if not callable(fn) and not (what == "vjp" and fn is None):
             raise FlowError(f"register_op({name!r}): {what} must be a function, got {type(fn).__name__}")
+    inputs = _input_names(name, inputs)
+    attr_args = _attr_args(name, attrs, inputs)
+    if dtype is not None and dtype not in ("f32", "f16", "i32"):
+        raise FlowError(f"register_op({name!r}): dtype must be 'f32', 'f16' or 'i32' (or None: the first "
+                        f"input's), got {dtype!r}")
     if name in OPS and not (replace and name in USER_OPS):
         what = ("a built-in op: built-in ops can't be replaced (their graph lowerings and gradients are "
                 "tested together); register yours under another name") if name not in USER_OPS else \
             "already registered (pass replace=True to redefine a user op)"
         raise FlowError(f"op {name!r} is {what}")
-    defaults = dict(attrs or {})
-    args = tuple(Arg(n) for n in inputs) + tuple(Arg(k, "attr", v) for k, v in defaults.items())
+    args = tuple(Arg(n) for n in inputs) + attr_args
 
     def infer(ins, at):
         out_shape = call_user(name, "shape", shape, *(t.shape for t in ins), **at)
-        try:
-            out_shape = tuple(int(d) for d in out_shape)
-        except (TypeError, ValueError):
-            raise OpTypeError(f"{name}: shape returned {out_shape!r}, not a tuple of ints") from None
-        return TensorType(out_shape, dtype or ins[0].dtype)
+        dims = tuple(out_shape) if isinstance(out_shape, (tuple, list)) else None
+        if dims is None or not all(isinstance(d, numbers.Integral) and not isinstance(d, (bool, np.bool_))
+                                   and d >= 0 for d in dims):
+            raise OpTypeError(f"{name}: shape returned {_shown(out_shape)}, not a tuple of ints >= 0")
+        return TensorType(tuple(int(d) for d in dims), dtype or ins[0].dtype)
 
     def op_forward(ins, at):
         out = np.asarray(call_user(name, "forward", forward, *ins, **at))
@@ -74,10 +83,57 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
 
 USER_OPS: set[str] = set()
 
+# an attribute's accepted types, from its default's (registry.Arg.types; binder.accept checks them)
+_ATTR_TYPES = ((bool, (bool,)), (numbers.Integral, (int,)), (numbers.Real, (float,)), (str, (str,)),
+               ((list, tuple), (list, tuple)), (type(None), ()))
 
-def call_user(name: str, what: str, fn: Callable, *args, **kwargs):
+
+def _input_names(op: str, inputs) -> tuple[str, ...]:
+    if not isinstance(inputs, (tuple, list)):
+        raise FlowError(f"register_op({op!r}): inputs must be a tuple of input names, e.g. ('x', 'y'), "
+                        f"got {inputs!r}")
+    if not inputs:
+        raise FlowError(f"register_op({op!r}): inputs must name at least one input")
+    for i, n in enumerate(inputs):
+        if not isinstance(n, str) or not n.isidentifier():
+            raise FlowError(f"register_op({op!r}): input name {n!r} is not an identifier")
+        if n in inputs[:i]:
+            raise FlowError(f"register_op({op!r}): inputs name {n!r} twice")
+    return tuple(inputs)
+
+
+def _attr_args(op: str, attrs, inputs) -> tuple[Arg, ...]:
+    """One Arg per attribute, typed by its default."""
+    if attrs is not None and not isinstance(attrs, dict):
+        raise FlowError(f"register_op({op!r}): attrs must be a dict of name -> default, got {type(attrs).__name__}")
+    args = []
+    for key, default in (attrs or {}).items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise FlowError(f"register_op({op!r}): attribute names must be identifiers, got {key!r}")
+        if key in inputs:
+            raise FlowError(f"register_op({op!r}): {key!r} is both an input and an attribute")
+        if isinstance(default, np.generic) and default.ndim == 0:
+            default = default.item()   # numpy scalars are numbers, as Python's
+        types = next((t for cls, t in _ATTR_TYPES if isinstance(default, cls)), None)
+        if types is None:
+            raise FlowError(f"register_op({op!r}): attribute {key}'s default must be a bool, int, float, string, "
+                            f"list or None, got {type(default).__name__}")
+        args.append(Arg(key, "attr", default, types))
+    return tuple(args)
+
+
+def _shown(value) -> str:
+    """A shape function's result for a message: numpy ints as plain ints."""
+    if isinstance(value, (tuple, list)):
+        inner = [str(int(d)) if isinstance(d, np.integer) else repr(d) for d in value]
+        return f"({', '.join(inner)}{',' if len(inner) == 1 else ''})"
+    return repr(value)
+
+
+def call_user(name: str, what: str, fn: Callable, /, *args, **kwargs):
     """A user function's result; anything it raises becomes an OpTypeError
-    naming the op (the executor adds the node's file:line:col)."""
+    naming the op (the executor adds the node's file:line:col). Positional-only
+    parameters: an attribute may be called `name`, `what` or `fn`."""
     try:
         return fn(*args, **kwargs)
     except (FlowError, OpTypeError):

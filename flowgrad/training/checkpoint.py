@@ -150,6 +150,10 @@ def load(path) -> Checkpoint:
         data = json.loads(meta["data"]) if "data" in meta else None
     except (KeyError, ValueError) as e:
         raise FlowError(f"{bad}: bad metadata ({e})") from None
+    for key, value, none_ok in (("config", config, False), ("optimizer", optimizer, True), ("data", data, True)):
+        if not isinstance(value, dict) and not (none_ok and value is None):
+            raise FlowError(f"{bad}: bad metadata ({key} is a JSON {_json_kind(value)}, not an object"
+                            f"{' or null' if none_ok else ''})")
     if step < 0:
         raise FlowError(f"{bad}: its step is {step}, a negative number")
     params, opt_state = {}, {}
@@ -163,6 +167,10 @@ def load(path) -> Checkpoint:
         else:
             raise FlowError(f"{bad}: unexpected tensor {name!r}")
     return Checkpoint(params, opt_state, step, model, config, optimizer, path, data)
+
+
+def _json_kind(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 def mismatches(ckpt: Checkpoint, graph: Graph) -> list[str]:
@@ -205,7 +213,7 @@ def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) 
                         "resuming needs the same optimizer")
     if not ckpt.opt_state and optimizer_counts(ckpt).updates == 0:
         return   # every step so far was skipped (loss scaling): no state yet, and none is needed
-    problems = []
+    problems = stray_opt_state(ckpt, params)
     for pname, p in params.items():
         have = ckpt.opt_state.get(pname, {})
         for sname in optimizer.STATE:
@@ -217,6 +225,21 @@ def check_opt_state(ckpt: Checkpoint, optimizer, params: dict[str, np.ndarray]) 
                                 f"expected float32{list(p.shape)}")
         problems += [f"optimizer state {pname}/{s} is not kept by {optimizer.name}"
                      for s in have if s not in optimizer.STATE]
+    if problems:
+        raise FlowError(f"checkpoint {ckpt.path!r}: its optimizer state does not fit:\n"
+                        + "\n".join(f"  - {p}" for p in problems))
+
+
+def stray_opt_state(ckpt: Checkpoint, trainable) -> list[str]:
+    """The checkpoint's optimizer state for names that are not among the
+    `trainable` params (one line each): resumed, it would not be state of
+    this model's, and a runner would take the set for another optimizer's."""
+    return [f"optimizer state {pname}/{sname} is for {pname}, which is not a trainable param of the model"
+            for pname, states in ckpt.opt_state.items() if pname not in trainable for sname in states]
+
+
+def check_no_stray_opt_state(ckpt: Checkpoint, graph: Graph) -> None:
+    problems = stray_opt_state(ckpt, graph.trainable())
     if problems:
         raise FlowError(f"checkpoint {ckpt.path!r}: its optimizer state does not fit:\n"
                         + "\n".join(f"  - {p}" for p in problems))
@@ -277,6 +300,7 @@ def load_into_session(sess, path) -> Checkpoint:
     params and, when the checkpoint has them, the optimizer state and step."""
     ckpt = load(path)
     check_matches(ckpt, sess.graph)
+    check_no_stray_opt_state(ckpt, sess.graph)
     sess.runner.set_params(ckpt.params)
     if ckpt.optimizer is not None:
         sess.runner.set_opt_state(optimizer_counts(ckpt), ckpt.opt_state)

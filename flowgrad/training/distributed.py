@@ -374,7 +374,7 @@ class Shard:
 
 class _GatheringSession:
     """What metrics.evaluate sees: a session whose batch is the global batch.
-    A short last batch goes to sess.predict, which every rank runs whole."""
+    A short last batch goes to sess.eval_rows, which every rank runs whole."""
 
     def __init__(self, sess, shard: Shard):
         self._sess, self._shard = sess, shard

@@ -142,11 +142,17 @@ class Predictor:
             dev = sess.device
             plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
             # the session's own class: this module sits below the one that defines it
-            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params)
+            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params, seed=sess.seed, scaler=sess.loss_scaler)
         return self.sized[n]
 
-    def __call__(self, feeds: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    def __call__(self, feeds: dict[str, np.ndarray], outputs=None, noise=None) -> dict[str, np.ndarray]:
+        """noise: the (step, seed) its random ops draw at (default: an
+        evaluation step's, flowgrad.ops.random)."""
+        if not isinstance(feeds, dict):
+            raise FlowError(f"predict takes a dict of input name -> array, got {type(feeds).__name__}")
         graph = self.sess.graph
+        if noise is None:
+            noise = (self.sess.train_steps, self.sess.seed)
         outputs = output_names(graph, outputs)
         for name, a in feeds.items():
             t = graph.nodes[graph.inputs[name]].type if name in graph.inputs else None
@@ -166,27 +172,32 @@ class Predictor:
             if sess is not self.sess:
                 self._follow(sess, params)
             chunk = {k: (v[start:start + size] if k in graph.inputs else v) for k, v in feeds.items()}
-            parts.append(self._run_from(sess, start, chunk, outputs))
+            parts.append(self._run_from(sess, start, noise, chunk, outputs))
             start += size
         if len(parts) == 1:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     @staticmethod
-    def _run_from(sess, row: int, feeds, outputs):
-        """One chunk, its random ops drawing from the feeds' `row` on, so
-        that no two chunks draw the same noise."""
-        sess.first_row = row
+    def _run_from(sess, row: int, noise, feeds, outputs):
+        """One chunk, its random ops drawing `noise` from the feeds' `row`
+        on, so that no two chunks draw the same noise."""
+        sess.first_row, sess.eval_noise = row, noise
         try:
             return run(sess, feeds, outputs)
         finally:
-            sess.first_row = 0
+            sess.first_row, sess.eval_noise = 0, None
+
+    def close(self) -> None:
+        """Free the sessions made at other sizes (the session's own is its caller's)."""
+        for sized in self.sized.values():
+            sized.close()
+        self.sized.clear()
 
     def _follow(self, sized, params) -> None:
-        """The session's params and random counter: randn_like samples in eval
-        too, and the rows of any batch size should draw the session's noise."""
+        """The session's params and rank (the noise comes with each call)."""
         sized.runner.set_params(params)
-        sized.seed, sized.rank, sized.train_steps = self.sess.seed, self.sess.rank, self.sess.train_steps
+        sized.rank = self.sess.rank
 
     def _batch_major(self, feeds, outputs=None) -> bool:
         graph, b = self.sess.graph, batch_size(self.sess.graph)

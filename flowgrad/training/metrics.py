@@ -130,7 +130,7 @@ def _compared_with(graph: Graph, target: int) -> set[int]:
 
 def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
     """{"loss": ..., metric.name: ...} over a split ({} when it is empty).
-    A last short batch runs on the model rebuilt at its size (sess.predict),
+    A last short batch runs on the model rebuilt at its size (sess.eval_rows),
     so loss and metric count each row once. A model whose batch size is
     fixed runs it padded instead: the metric still counts only the valid
     rows, but the loss (one scalar per batch) then counts that batch with
@@ -144,7 +144,7 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
         outputs = None
         if n_valid < len(next(iter(feeds.values()))):
             try:
-                outputs = sess.predict(valid)
+                outputs = sess.eval_rows(valid)
             except FixedBatchError:
                 pass
         if outputs is None:

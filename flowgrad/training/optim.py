@@ -61,20 +61,36 @@ class Optimizer:
         self.lr = spec.number(what, "lr", a["lr"], span, low=0.0, low_open=True)
         clip = a["clip"]
         self.clip = None if clip is None else spec.number(what, "clip", clip, span, low=0.0, low_open=True)
-        kind = spec.string(what, "schedule", a["schedule"], span, SCHEDULES)
         warmup = spec.number(what, "warmup", a["warmup"], span, low=0, integer=True)
         min_lr = spec.number(what, "min_lr", a["min_lr"], span, low=0.0, high=self.lr)
         total = spec.number(what, "total steps", total_steps, span, low=0, integer=True)
-        self.schedule = Schedule(kind, warmup, total, min_lr / self.lr)
+        if callable(a["schedule"]):
+            if warmup or min_lr:
+                raise FlowError(f"{what}: warmup= and min_lr= go with the named schedules; a schedule function "
+                                "gives the whole multiplier of lr", span)
+            self.schedule = Schedule("lambda", total=total, fn=a["schedule"])
+        else:
+            kind = spec.string(what, "schedule", a["schedule"], span, SCHEDULES)
+            self.schedule = Schedule(kind, warmup, total, min_lr / self.lr)
         self._configure(a, what, span)
 
     @classmethod
     def signature(cls) -> dict:
         return {**cls.ARGS, **cls.COMMON}
 
+    @property
+    def lr(self) -> float:
+        """The base lr, which the schedule multiplies. Set between steps, the
+        next update uses it (as torch's param_groups[0]["lr"] without a scheduler)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        self._lr = spec.number(f"optimizer {self.name}()", "lr", value, None, low=0.0, low_open=True)
+
     # -- the protocol -------------------------------------------------------
     def lr_at(self, step: int) -> float:
-        if self.schedule.kind != "constant" and self.schedule.total == 0:
+        if self.schedule.needs_total and self.schedule.total == 0:
             # over no steps the schedule would be at min_lr from the first step after warmup on
             raise FlowError(f"optimizer {self.name}(): schedule={self.schedule.kind!r} needs the run's length, "
                             "and total_steps was not given",

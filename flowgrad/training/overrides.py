@@ -20,7 +20,10 @@ def load_model(file, sets: dict | None = None):
     except FlowError as e:
         if not sets:
             raise
-        base = load(file)
+        try:
+            base = load(file)
+        except FlowError:
+            raise e from None   # the defaults fail too: the error to show is the one of the model as overridden
         better = next((m for m in (not_a_config_key(base.graph, k, v) for k, v in sets.items()
                                    if k not in base.config) if m is not None), None)
         if better is None:
@@ -28,9 +31,11 @@ def load_model(file, sets: dict | None = None):
         raise better from e
 
 
-def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"):
+def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto", seed: int | None = None):
     """(session with the checkpoint's params, checkpoint): the config is the
-    checkpoint's, `sets` (from --set) override it; the dtype is the params'."""
+    checkpoint's, `sets` (from --set) override it; the dtype is the params'.
+    seed: the session's, which its predict calls draw randn_like noise from
+    (default: the config's seed, else 0)."""
     from flowgrad.api import load
     from flowgrad.training import checkpoint
 
@@ -41,7 +46,7 @@ def load_trained(file, ckpt_path, sets: dict | None = None, device: str = "auto"
     model = load_model(file, config) if config else base
     # a model trained with --dtype f16 runs in f16: the checkpoint says which
     dtype = "f16" if any(a.dtype == np.float16 for a in ckpt.params.values()) else "f32"
-    sess = model.compile(device=device, dtype=dtype)
+    sess = model.compile(device=device, dtype=dtype, seed=seed)
     checkpoint.check_matches(ckpt, sess.graph)
     sess.set_params(ckpt.params)
     return sess, ckpt

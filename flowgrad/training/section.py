@@ -126,8 +126,11 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
 
 
 def _seed(items, graph, seed, where) -> int:
-    if seed is None:
-        seed = items.get("seed", graph.config.get("seed", 0))
+    """The train section's seed, or `seed` when given: that one comes from the
+    caller (--seed), so its error must not point at the file's line."""
+    if seed is not None:
+        return spec.number("train(seed=...)", "seed", seed, None, low=0, integer=True)
+    seed = items.get("seed", graph.config.get("seed", 0))
     return spec.number("train", "seed", seed, where("seed"), low=0, integer=True)
 
 
@@ -181,7 +184,7 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
     split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
     if optimizer is None:
         optimizer = _optimizer(items, where, steps)
-    elif isinstance(optimizer, Optimizer) and optimizer.schedule.kind != "constant" and optimizer.schedule.total == 0:
+    elif isinstance(optimizer, Optimizer) and optimizer.schedule.needs_total and optimizer.schedule.total == 0:
         # made in Python without total_steps: a cosine or linear schedule over no steps would end at
         # min_lr after the first. It spans this run, as the train section's does (and stretches
         # with --steps on a resume); a copy, so the caller's optimizer is left as it was.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from flowgrad.binder import BindError, Signature, did_you_mean
 from flowgrad.errors import FlowError
 
@@ -65,7 +67,10 @@ def bind(what: str, name: str, args: tuple, kwargs: dict, params: dict[str, Any]
 
 def number(what: str, key: str, value, span, *, low=None, high=None, low_open=False, high_open=False,
            integer=False) -> float | int:
-    """Check a numeric argument (bools are not numbers here) and its range."""
+    """Check a numeric argument (bools are not numbers here; numpy's ints
+    and floats are, as Python's) and its range."""
+    if isinstance(value, (np.integer, np.floating)):
+        value = value.item()
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise FlowError(f"{what}: {key} must be {'an integer' if integer else 'a number'}, got {show(value)}", span)
