@@ -219,6 +219,10 @@ CONVERTERS = {
     # the export is the inference graph, where dropout is the identity (its hidden rng input is not exported)
     "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
+CONVERTERS |= {
+    "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
+    "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
+}
 
 
 def inference_outputs(graph: Graph) -> list[str]:

@@ -220,6 +220,11 @@ LOWER = {
     "cross_entropy": _class_loss(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
     "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
 }
+LOWER |= {
+    "squeeze": lambda torch, node, ins, at: (ins[0].squeeze() if at["axis"] is None else
+                                             ins[0].squeeze(tuple(_axes(ins[0], at["axis"])))),
+    "unsqueeze": lambda torch, node, ins, at: ins[0].unsqueeze(at["axis"]),
+}
 
 
 # What each op is in PyTorch (the doc's op table shows it): the call LOWER makes,
@@ -240,6 +245,7 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add",
 }
+COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack"}
 
 
 def rule_for(op_name: str):

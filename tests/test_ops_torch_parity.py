@@ -1,0 +1,112 @@
+"""one_hot cumsum var std stack squeeze unsqueeze einsum gather scatter_add
+maxpool1d avgpool1d interpolate against PyTorch in float64: each case is a
+one-line model, `y = <call>`, whose float inputs are params; the step's
+output and the gradient of sum(y * g) for every param must match torch's
+(forward and autograd, float64) to 1e-4 on numpy, on Vulkan closures and on
+the Vulkan graph path. Negative axes, size-1 axes and the edges of each op's
+attributes are among the cases; indices out of range are errors naming the
+model line (test_index_ops.py)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from tests.op_samples import maker
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+PATHS = [pytest.param(("cpu", "auto"), id="numpy"),
+         pytest.param(("vulkan", "closures"), id="vk-closures", marks=pytest.mark.vulkan),
+         pytest.param(("vulkan", "graph"), id="vk-graph", marks=pytest.mark.vulkan)]
+
+
+class Case:
+    """y = `call` over inputs {name: (shape, kind)} (op_samples' kinds); torch(t)
+    computes y from the float64 tensors t[name]."""
+
+    def __init__(self, call, ins, torch_fn, id=None):
+        self.call, self.ins, self.torch, self.id = call, ins, torch_fn, id or call
+
+    def __repr__(self):
+        return self.id
+
+
+def _ints(kind):
+    return kind.startswith("ints:")
+
+
+def _model(case, out_shape):
+    lines = ["model parity"]
+    for name, (shape, kind) in case.ins.items():
+        dims = ", ".join(map(str, shape))
+        if _ints(kind):
+            lines.append(f"input {name}: i32[{dims}]")
+        else:
+            lines.append(f"param {name}: f32[{dims}] = zeros()")
+    lines.append(f"input g: f32[{', '.join(map(str, out_shape))}]")
+    lines += [f"y = {case.call}", "loss = sum(y * g)", "output y", "minimize loss"]
+    return "\n".join(lines) + "\n"
+
+
+def check_case(case, device, backward, seed=0):
+    rng = np.random.default_rng(seed)
+    values = {name: maker(shape, kind)(rng) for name, (shape, kind) in case.ins.items()}
+    values = {k: v if _ints(case.ins[k][1]) else v.astype(np.float32) for k, v in values.items()}
+    t = {k: torch.tensor(v.astype(np.int64) if v.dtype == np.int32 else v.astype(np.float64),
+                         requires_grad=v.dtype != np.int32) for k, v in values.items()}
+    want = case.torch(t)
+    g = rng.uniform(-1, 1, tuple(want.shape))
+    (want.double() * torch.tensor(g)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the planner's notes on a tiny model
+        sess = fg.loads(_model(case, tuple(want.shape)), file="parity.flow").compile(device=device,
+                                                                                       backward=backward)
+    if backward == "graph":
+        assert sess.last_path == "graph", sess.last_path
+    sess.set_params({k: v for k, v in values.items() if v.dtype == np.float32})
+    feeds = {k: v for k, v in values.items() if v.dtype == np.int32} | {"g": g.astype(np.float32)}
+    res = sess.step(feeds)
+    _close(res.outputs["y"], want.detach().double().numpy(), f"{case.id}: forward")
+    for name, x in t.items():
+        if x.requires_grad:
+            _close(res.grads[name], x.grad.numpy(), f"{case.id}: gradient of {name}")
+
+
+def _close(got, want, what, tol=1e-4):
+    assert np.shape(got) == np.shape(want), f"{what}: shape {np.shape(got)} != {np.shape(want)}"
+    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+def _cases(*cases):
+    return [pytest.param(c, id=c.id) for c in cases]
+
+
+# ---------------------------------------------------------------- stack, squeeze, unsqueeze
+
+X4 = {"x": ((2, 1, 3, 1), "normal")}
+SHAPE_CASES = _cases(
+    Case("squeeze(x)", X4, lambda t: t["x"].squeeze()),
+    Case("squeeze(x, axis=-1)", X4, lambda t: t["x"].squeeze(-1)),
+    Case("squeeze(x, axis=0)", X4, lambda t: t["x"].squeeze(0), id="squeeze-a-size-2-axis-stays"),
+    Case("squeeze(x, axis=[1, -1])", X4, lambda t: t["x"].squeeze((1, -1))),
+    Case("unsqueeze(x, 0)", X4, lambda t: t["x"].unsqueeze(0)),
+    Case("unsqueeze(x, axis=-1)", X4, lambda t: t["x"].unsqueeze(-1)),
+    Case("unsqueeze(x, axis=-3)", X4, lambda t: t["x"].unsqueeze(-3)),
+    Case("stack(a, b, c)", {k: ((2, 3), "normal") for k in "abc"}, lambda t: torch.stack([t["a"], t["b"], t["c"]])),
+    Case("stack([a, b], axis=-1)", {k: ((2, 3), "normal") for k in "ab"},
+         lambda t: torch.stack([t["a"], t["b"]], dim=-1)),
+    Case("stack(a, b, axis=1) * 2.0", {k: ((1, 3), "normal") for k in "ab"},
+         lambda t: torch.stack([t["a"], t["b"]], dim=1) * 2),
+    Case("stack(a, axis=0)", {"a": ((3,), "normal")}, lambda t: torch.stack([t["a"]])),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", SHAPE_CASES)
+def test_shape_ops_match_torch(case, path):
+    check_case(case, *path)
