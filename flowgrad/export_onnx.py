@@ -219,9 +219,25 @@ CONVERTERS = {
     # the export is the inference graph, where dropout is the identity (its hidden rng input is not exported)
     "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
+def _variance(root):
+    """The centred squares' sum over N - correction (its root for std)."""
+    def convert(w, n, ins, ts):
+        from flowgrad.ops.reduce import dof
+
+        axes = _axes(n.attrs["axis"], len(ts[0].shape))
+        centred = w.op("Sub", [ins[0], w.op("ReduceMean", ins, axes=axes, keepdims=1)])
+        total = w.op("ReduceSum", [w.op("Mul", [centred, centred]), w.ints(axes)], keepdims=int(n.attrs["keepdims"]))
+        var = w.op("Div", [total, w.scalar(dof(ts[0].shape, n.attrs), _dt(n))])
+        return w.op("Sqrt", [var]) if root else var
+    return convert
+
+
 CONVERTERS |= {
     "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
+    "var": _variance(root=False), "std": _variance(root=True),
+    "cumsum": lambda w, n, ins, ts: w.op("CumSum", [ins[0], w.const(np.asarray(n.attrs["axis"], np.int64))],
+                                         reverse=int(n.attrs["reverse"])),
 }
 
 

@@ -224,6 +224,12 @@ LOWER |= {
     "squeeze": lambda torch, node, ins, at: (ins[0].squeeze() if at["axis"] is None else
                                              ins[0].squeeze(tuple(_axes(ins[0], at["axis"])))),
     "unsqueeze": lambda torch, node, ins, at: ins[0].unsqueeze(at["axis"]),
+    "var": lambda torch, node, ins, at: torch.var(ins[0], dim=_axes(ins[0], at["axis"]), correction=at["correction"],
+                                                  keepdim=at["keepdims"]),
+    "std": lambda torch, node, ins, at: torch.std(ins[0], dim=_axes(ins[0], at["axis"]), correction=at["correction"],
+                                                  keepdim=at["keepdims"]),
+    "cumsum": lambda torch, node, ins, at: (ins[0].flip(at["axis"]).cumsum(at["axis"]).flip(at["axis"])
+                                            if at["reverse"] else ins[0].cumsum(at["axis"])),
 }
 
 
@@ -245,7 +251,8 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add",
 }
-COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack"}
+COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
+                "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum"}
 
 
 def rule_for(op_name: str):

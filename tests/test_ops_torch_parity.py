@@ -110,3 +110,32 @@ SHAPE_CASES = _cases(
 @pytest.mark.parametrize("case", SHAPE_CASES)
 def test_shape_ops_match_torch(case, path):
     check_case(case, *path)
+
+
+# ---------------------------------------------------------------- var, std, cumsum
+
+X3 = {"x": ((2, 3, 4), "normal")}
+REDUCE_CASES = _cases(
+    Case("var(x)", X3, lambda t: t["x"].var()),
+    Case("var(x, axis=-1)", X3, lambda t: t["x"].var(-1)),
+    Case("var(x, axis=[0, -1], correction=0, keepdims=true)", X3,
+         lambda t: t["x"].var((0, -1), correction=0, keepdim=True)),
+    Case("var(x, 1, correction=2.5)", X3, lambda t: t["x"].var(1, correction=2.5)),
+    Case("var(x, axis=1, correction=0)", {"x": ((3, 1, 2), "normal")}, lambda t: t["x"].var(1, correction=0),
+         id="var-over-a-size-1-axis"),
+    Case("std(x)", X3, lambda t: t["x"].std()),
+    Case("std(x, axis=-2, keepdims=true)", X3, lambda t: t["x"].std(-2, keepdim=True)),
+    Case("std(x, axis=[1, 2], correction=0)", X3, lambda t: t["x"].std((1, 2), correction=0)),
+    Case("std(x * 0.0 + 1.0, axis=0)", X3, lambda t: (t["x"] * 0 + 1).std(0), id="std-of-a-constant-has-grad-0"),
+    Case("cumsum(x, 0)", X3, lambda t: t["x"].cumsum(0)),
+    Case("cumsum(x, axis=-1)", X3, lambda t: t["x"].cumsum(-1)),
+    Case("cumsum(x, axis=1, reverse=true)", X3, lambda t: t["x"].flip(1).cumsum(1).flip(1)),
+    Case("cumsum(x, axis=1)", {"x": ((3, 1, 2), "normal")}, lambda t: t["x"].cumsum(1), id="cumsum-size-1-axis"),
+    Case("cumsum(x, axis=0)", {"x": ((300,), "normal")}, lambda t: t["x"].cumsum(0), id="cumsum-long"),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", REDUCE_CASES)
+def test_var_std_cumsum_match_torch(case, path):
+    check_case(case, *path)

@@ -42,6 +42,7 @@ SPECS_TEXT = {
     "cast_f16": "n: u32, dir: u32",
     "cast_f16_multi": "dir: u32, n: u32[15], first: u32[16]",
     "clip_scale": "count: u32, max_norm: f32, eps: f32",
+    "cumsum": "lines: u32, n: u32, inner: u32, reverse: u32",
     "embedding_bwd": "n: u32, d: u32, rows: u32, chunk: u32",
     "embedding_fwd": "n: u32, d: u32, rows: u32",
     "fill_word": "index: u32, keep: u32, value: u32",
