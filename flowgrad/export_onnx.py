@@ -232,7 +232,33 @@ def _variance(root):
     return convert
 
 
+def _reach(w, x, x_shape, index_shape, axis):
+    """x sliced to index's extent on every axis but `axis` (None: every axis)."""
+    ends = [xn if d == axis else n for d, (xn, n) in enumerate(zip(x_shape, index_shape))]
+    if list(ends) == list(x_shape):
+        return x
+    return w.op("Slice", [x, w.ints([0] * len(ends)), w.ints(ends), w.ints(range(len(ends)))])
+
+
+def _gather(w, n, ins, ts):
+    axis = n.attrs["axis"] % len(n.shape)
+    return w.op("GatherElements", [_reach(w, ins[0], ts[0].shape, ts[1].shape, axis), ins[1]], axis=axis)
+
+
+def _scatter_add(w, n, ins, ts):
+    x, index, src = ins
+    axis = n.attrs["axis"] % len(n.shape)
+    return w.op("ScatterElements", [x, index, _reach(w, src, ts[2].shape, ts[1].shape, None)], axis=axis,
+                reduction="add")
+
+
+def _one_hot(w, n, ins, ts):
+    hits = w.op("Equal", [w.op("Unsqueeze", [ins[0], w.ints([-1])]), w.const(np.arange(n.attrs["n"], dtype=np.int32))])
+    return w.op("Cast", [hits], to={"f32": 1, "f16": 10}[n.dtype])
+
+
 CONVERTERS |= {
+    "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
     "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "var": _variance(root=False), "std": _variance(root=True),

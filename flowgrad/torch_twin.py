@@ -230,6 +230,10 @@ LOWER |= {
                                                   keepdim=at["keepdims"]),
     "cumsum": lambda torch, node, ins, at: (ins[0].flip(at["axis"]).cumsum(at["axis"]).flip(at["axis"])
                                             if at["reverse"] else ins[0].cumsum(at["axis"])),
+    "gather": lambda torch, node, ins, at: torch.gather(ins[0], at["axis"], ins[1].long()),
+    "scatter_add": lambda torch, node, ins, at: ins[0].scatter_add(at["axis"], ins[1].long(), ins[2]),
+    "one_hot": lambda torch, node, ins, at: torch.nn.functional.one_hot(ins[0].long(), at["n"]).to(
+        _dtypes(torch)[node.dtype]),
 }
 
 
@@ -252,7 +256,8 @@ COUNTERPART = {
     "embedding_grad": "Tensor.index_add",
 }
 COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
-                "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum"}
+                "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum", "gather": "torch.gather",
+                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot"}
 
 
 def rule_for(op_name: str):

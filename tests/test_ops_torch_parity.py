@@ -139,3 +139,37 @@ REDUCE_CASES = _cases(
 @pytest.mark.parametrize("case", REDUCE_CASES)
 def test_var_std_cumsum_match_torch(case, path):
     check_case(case, *path)
+
+
+# ---------------------------------------------------------------- gather, scatter_add, one_hot
+
+INDEX_CASES = _cases(
+    Case("gather(x, 1, i)", {"x": ((3, 4), "normal"), "i": ((3, 5), "ints:4")},
+         lambda t: torch.gather(t["x"], 1, t["i"])),
+    Case("gather(x, -1, index=i)", {"x": ((2, 3, 4), "normal"), "i": ((2, 3, 2), "ints:4")},
+         lambda t: torch.gather(t["x"], -1, t["i"])),
+    Case("gather(x, axis=0, index=i)", {"x": ((4, 3, 2), "normal"), "i": ((2, 2, 2), "ints:4")},
+         lambda t: torch.gather(t["x"], 0, t["i"]), id="gather-index-smaller-off-axis"),
+    Case("gather(x, 1, i)", {"x": ((3, 1), "normal"), "i": ((3, 4), "ints:1")},
+         lambda t: torch.gather(t["x"], 1, t["i"]), id="gather-size-1-axis"),
+    Case("scatter_add(x, 1, i, s)", {"x": ((3, 4), "normal"), "i": ((3, 6), "ints:4"), "s": ((3, 6), "normal")},
+         lambda t: t["x"].scatter_add(1, t["i"], t["s"])),
+    Case("scatter_add(x, -2, i, s)", {"x": ((2, 3, 4), "normal"), "i": ((2, 5, 4), "ints:3"),
+                                      "s": ((2, 5, 4), "normal")},
+         lambda t: t["x"].scatter_add(-2, t["i"], t["s"])),
+    Case("scatter_add(x, axis=0, index=i, src=s)", {"x": ((2, 3, 2), "normal"), "i": ((4, 2, 1), "ints:2"),
+                                                    "s": ((4, 2, 1), "normal")},
+         lambda t: t["x"].scatter_add(0, t["i"], t["s"]), id="scatter_add-index-smaller-off-axis"),
+    Case("scatter_add(x, 0, i, s)", {"x": ((1, 3), "normal"), "i": ((2, 3), "ints:1"), "s": ((2, 3), "normal")},
+         lambda t: t["x"].scatter_add(0, t["i"], t["s"]), id="scatter_add-size-1-axis"),
+    Case("one_hot(i, 4) * w", {"i": ((2, 3), "ints:4"), "w": ((4,), "normal")},
+         lambda t: F.one_hot(t["i"], 4).double() * t["w"]),
+    Case("one_hot(i, n=1) * w", {"i": ((5,), "ints:1"), "w": ((1,), "normal")},
+         lambda t: F.one_hot(t["i"], 1).double() * t["w"]),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", INDEX_CASES)
+def test_index_ops_match_torch(case, path):
+    check_case(case, *path)

@@ -241,6 +241,11 @@ class NodeBuilder:
     def type(self, node_id: int) -> TensorType:
         return self.graph.nodes[node_id].type
 
+    @property
+    def float_dtype(self) -> str:
+        """The float dtype the model is compiled for (f16 under mixed)."""
+        return self._b.dtype
+
     def const(self, array, dtype: str) -> int:
         return self._b.const(array, dtype, self.span)
 
