@@ -257,7 +257,7 @@ COUNTERPART = {
 }
 COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
                 "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum", "gather": "torch.gather",
-                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot"}
+                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot", "einsum": "torch.einsum"}
 
 
 def rule_for(op_name: str):

@@ -173,3 +173,38 @@ INDEX_CASES = _cases(
 @pytest.mark.parametrize("case", INDEX_CASES)
 def test_index_ops_match_torch(case, path):
     check_case(case, *path)
+
+
+# ---------------------------------------------------------------- einsum
+
+
+def _einsum(equation, **shapes):
+    names = list(shapes)
+    return Case(f'einsum("{equation}", {", ".join(names)})', {k: (s, "normal") for k, s in shapes.items()},
+                lambda t: torch.einsum(equation, *[t[k] for k in names]), id=equation)
+
+
+EINSUM_CASES = _cases(
+    _einsum("ij,jk->ik", a=(2, 3), b=(3, 4)),
+    _einsum("bij,bjk,k->bi", a=(2, 3, 4), b=(2, 4, 5), c=(5,)),
+    _einsum("bhqd,bhkd->bhqk", q=(2, 2, 3, 4), k=(2, 2, 5, 4)),
+    _einsum("ij,ij->i", a=(3, 4), b=(3, 4)),
+    _einsum("i,j->ij", a=(2,), b=(3,)),
+    _einsum("ba", a=(2, 3)),
+    _einsum("ij->", a=(2, 3)),
+    _einsum("ii->i", a=(3, 3)),
+    _einsum("ii", a=(3, 3)),
+    _einsum("iij,jk->ki", a=(2, 2, 3), b=(3, 4)),
+    _einsum("...ij,...jk", a=(5, 2, 3), b=(3, 4)),
+    _einsum("...i,...i->...", a=(2, 1, 3), b=(4, 3)),
+    _einsum("...ij->ij", a=(5, 2, 3)),
+    _einsum("ij,jk->ik", a=(2, 1), b=(3, 4)),
+    _einsum("i,->i", a=(2,), b=()),
+    _einsum(" i k , k j -> i j ", a=(2, 3), b=(3, 4)),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", EINSUM_CASES)
+def test_einsum_matches_torch(case, path):
+    check_case(case, *path)
