@@ -257,7 +257,20 @@ def _one_hot(w, n, ins, ts):
     return w.op("Cast", [hits], to={"f32": 1, "f16": 10}[n.dtype])
 
 
+def _pool(kind):
+    """maxpool2d / avgpool2d (and the 1-D pools, built on them) as MaxPool / AveragePool."""
+    def convert(w, n, ins, ts):
+        from flowgrad.ops.pool import window
+
+        win = window(ts[0].shape, n.attrs)
+        extra = {"count_include_pad": int(n.attrs["count_include_pad"])} if kind == "AveragePool" else {}
+        return w.op(kind, ins, kernel_shape=list(win["kernel"]), strides=list(win["stride"]),
+                    pads=list(win["pad"]) * 2, **extra)
+    return convert
+
+
 CONVERTERS |= {
+    "maxpool2d": _pool("MaxPool"), "avgpool2d": _pool("AveragePool"),
     "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
     "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),

@@ -257,7 +257,8 @@ COUNTERPART = {
 }
 COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
                 "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum", "gather": "torch.gather",
-                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot", "einsum": "torch.einsum"}
+                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot", "einsum": "torch.einsum",
+                "maxpool1d": "F.max_pool1d", "avgpool1d": "F.avg_pool1d", "interpolate": "F.interpolate"}
 
 
 def rule_for(op_name: str):

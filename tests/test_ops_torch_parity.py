@@ -208,3 +208,36 @@ EINSUM_CASES = _cases(
 @pytest.mark.parametrize("case", EINSUM_CASES)
 def test_einsum_matches_torch(case, path):
     check_case(case, *path)
+
+
+# ---------------------------------------------------------------- maxpool1d, avgpool1d, interpolate
+
+SIGNAL = {"x": ((2, 3, 7), "distinct")}
+IMAGE = {"x": ((2, 2, 3, 4), "normal")}
+SPATIAL_CASES = _cases(
+    Case("maxpool1d(x, 2)", SIGNAL, lambda t: F.max_pool1d(t["x"], 2)),
+    Case("maxpool1d(x, 3, stride=2, padding=1)", SIGNAL, lambda t: F.max_pool1d(t["x"], 3, stride=2, padding=1)),
+    Case("maxpool1d(x, [7])", SIGNAL, lambda t: F.max_pool1d(t["x"], 7), id="maxpool1d-whole-length"),
+    Case("avgpool1d(x, 3)", SIGNAL, lambda t: F.avg_pool1d(t["x"], 3)),
+    Case("avgpool1d(x, 3, stride=1, padding=1, count_include_pad=false)", SIGNAL,
+         lambda t: F.avg_pool1d(t["x"], 3, stride=1, padding=1, count_include_pad=False)),
+    Case("avgpool1d(x, 2, padding=1)", {"x": ((1, 1, 1), "normal")}, lambda t: F.avg_pool1d(t["x"], 2, padding=1),
+         id="avgpool1d-length-1"),
+    Case("interpolate(x, scale_factor=2)", IMAGE, lambda t: F.interpolate(t["x"], scale_factor=2)),
+    Case("interpolate(x, size=[5, 3])", IMAGE, lambda t: F.interpolate(t["x"], size=[5, 3])),
+    Case("interpolate(x, scale_factor=[0.7, 1.5])", IMAGE, lambda t: F.interpolate(t["x"], scale_factor=[0.7, 1.5])),
+    Case('interpolate(x, scale_factor=2, mode="bilinear")', IMAGE,
+         lambda t: F.interpolate(t["x"], scale_factor=2, mode="bilinear")),
+    Case('interpolate(x, size=[2, 7], mode="bilinear")', IMAGE,
+         lambda t: F.interpolate(t["x"], size=[2, 7], mode="bilinear")),
+    Case('interpolate(x, scale_factor=[1.6, 0.5], mode="bilinear")', IMAGE,
+         lambda t: F.interpolate(t["x"], scale_factor=[1.6, 0.5], mode="bilinear")),
+    Case('interpolate(x, size=1, mode="bilinear")', IMAGE, lambda t: F.interpolate(t["x"], size=1, mode="bilinear")),
+    Case("interpolate(x, size=[3, 4])", IMAGE, lambda t: F.interpolate(t["x"], size=[3, 4]), id="interpolate-same-size"),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", SPATIAL_CASES)
+def test_pool1d_and_interpolate_match_torch(case, path):
+    check_case(case, *path)

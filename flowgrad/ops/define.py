@@ -90,16 +90,20 @@ def _composed(decompose, check, nondiff):
         return values[out]
 
     def vjp(g, ins, out, attrs):
-        tape = []
+        tape = []   # per value after the inputs: (op, its inputs, attrs), or None for a constant
 
         def step(n, xs, at, handles):
             tape.append((n, handles, at))
             return get_op(n).forward(xs, at)
 
-        values, result = run(ins, attrs, step, _const_array)
+        def const(array, dtype):
+            tape.append(None)
+            return _const_array(array, dtype)
+
+        values, result = run(ins, attrs, step, const)
         grads = {result: g}
         for pos in reversed(range(len(ins), len(values))):
-            if pos not in grads:
+            if pos not in grads or tape[pos - len(ins)] is None:
                 continue
             n, handles, at = tape[pos - len(ins)]
             for h, d in zip(handles, get_op(n).vjp(grads[pos], [values[h] for h in handles], values[pos], at)):
