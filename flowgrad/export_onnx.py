@@ -269,8 +269,16 @@ def _pool(kind):
     return convert
 
 
+def _pad(w, n, ins, ts):
+    from flowgrad.ops.spatial import pad_widths
+
+    widths = pad_widths(ts[0].shape, n.attrs)
+    return w.op("Pad", [ins[0], w.ints([lo for lo, _ in widths] + [hi for _, hi in widths]),
+                        w.scalar(n.attrs["value"], _dt(n))], mode="constant")
+
+
 CONVERTERS |= {
-    "maxpool2d": _pool("MaxPool"), "avgpool2d": _pool("AveragePool"),
+    "maxpool2d": _pool("MaxPool"), "avgpool2d": _pool("AveragePool"), "pad": _pad,
     "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
     "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
     "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
