@@ -124,6 +124,13 @@ CASES = op_samples.cases() + [
     ("l1_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {}),
     ("huber_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {"delta": 0.1}),
     ("bce_with_logits", [normal(2, 3), lambda r: r.uniform(0, 1, (2, 3))], {}),
+    ("one_hot", [ints(3, 2, 2)], {"n": 3, "dtype": "f16"}),
+    ("var", [normal(3, 4)], {"axis": 0, "correction": 1.5}),
+    ("std", [normal(2, 3, 4)], {}),
+    ("squeeze", [normal(2, 1, 3)], {"axis": 0}),
+    ("maxpool1d", [distinct(2, 3, 6)], {"kernel_size": 2}),
+    ("avgpool1d", [normal(1, 2, 5)], {"kernel_size": 3, "stride": 1, "padding": 1}),
+    ("interpolate", [normal(1, 1, 3, 2)], {"scale_factor": [1.5, 2.0], "mode": "bilinear"}),
 ]
 
 
