@@ -219,25 +219,32 @@ CONVERTERS = {
     # the export is the inference graph, where dropout is the identity (its hidden rng input is not exported)
     "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
-def _variance(root):
-    """The centred squares' sum over N - correction (its root for std)."""
-    def convert(w, n, ins, ts):
-        from flowgrad.ops.reduce import dof
+_FLOAT = {"f32": 1, "f16": 10}   # ONNX's element types
 
+
+def _variance(root):
+    """The centred squares' sum over N - correction (its root for std); N,
+    the count reduced, is read off the tensors (x's size over the result's),
+    so it holds at any size of an axis that follows the batch."""
+    def convert(w, n, ins, ts):
         axes = _axes(n.attrs["axis"], len(ts[0].shape))
         centred = w.op("Sub", [ins[0], w.op("ReduceMean", ins, axes=axes, keepdims=1)])
         total = w.op("ReduceSum", [w.op("Mul", [centred, centred]), w.ints(axes)], keepdims=int(n.attrs["keepdims"]))
-        var = w.op("Div", [total, w.scalar(dof(ts[0].shape, n.attrs), _dt(n))])
+        count = w.op("Div", [w.op("Cast", [w.op("Size", ins)], to=_FLOAT[n.dtype]),
+                             w.op("Cast", [w.op("Size", [total])], to=_FLOAT[n.dtype])])
+        var = w.op("Div", [total, w.op("Sub", [count, w.scalar(n.attrs["correction"], _dt(n))])])
         return w.op("Sqrt", [var]) if root else var
     return convert
 
 
 def _reach(w, x, x_shape, index_shape, axis):
-    """x sliced to index's extent on every axis but `axis` (None: every axis)."""
-    ends = [xn if d == axis else n for d, (xn, n) in enumerate(zip(x_shape, index_shape))]
-    if list(ends) == list(x_shape):
+    """x sliced to index's extent on every axis but `axis` (None: every
+    axis); only where the two differ, so an axis both share (the batch) is
+    left to the runtime's size."""
+    cut = [d for d, (xn, n) in enumerate(zip(x_shape, index_shape)) if xn != n and d != axis]
+    if not cut:
         return x
-    return w.op("Slice", [x, w.ints([0] * len(ends)), w.ints(ends), w.ints(range(len(ends)))])
+    return w.op("Slice", [x, w.ints([0] * len(cut)), w.ints([index_shape[d] for d in cut]), w.ints(cut)])
 
 
 def _gather(w, n, ins, ts):
@@ -254,7 +261,14 @@ def _scatter_add(w, n, ins, ts):
 
 def _one_hot(w, n, ins, ts):
     hits = w.op("Equal", [w.op("Unsqueeze", [ins[0], w.ints([-1])]), w.const(np.arange(n.attrs["n"], dtype=np.int32))])
-    return w.op("Cast", [hits], to={"f32": 1, "f16": 10}[n.dtype])
+    return w.op("Cast", [hits], to=_FLOAT[n.dtype])
+
+
+def _squeeze(w, n, ins, ts):
+    from flowgrad.ops.shape import squeezed_axes
+
+    gone = squeezed_axes(ts[0].shape, n.attrs["axis"])
+    return w.op("Squeeze", [ins[0], w.ints(gone)]) if gone else w.op("Identity", ins)
 
 
 def _pool(kind):
@@ -280,8 +294,8 @@ def _pad(w, n, ins, ts):
 CONVERTERS |= {
     "maxpool2d": _pool("MaxPool"), "avgpool2d": _pool("AveragePool"), "pad": _pad,
     "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
-    "squeeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
-    "unsqueeze": lambda w, n, ins, ts: w.op("Reshape", [ins[0], w.ints(n.shape)]),
+    "squeeze": _squeeze,
+    "unsqueeze": lambda w, n, ins, ts: w.op("Unsqueeze", [ins[0], w.ints([n.attrs["axis"] % len(n.shape)])]),
     "var": _variance(root=False), "std": _variance(root=True),
     "cumsum": lambda w, n, ins, ts: w.op("CumSum", [ins[0], w.const(np.asarray(n.attrs["axis"], np.int64))],
                                          reverse=int(n.attrs["reverse"])),
