@@ -271,28 +271,7 @@ def _squeeze(w, n, ins, ts):
     return w.op("Squeeze", [ins[0], w.ints(gone)]) if gone else w.op("Identity", ins)
 
 
-def _pool(kind):
-    """maxpool2d / avgpool2d (and the 1-D pools, built on them) as MaxPool / AveragePool."""
-    def convert(w, n, ins, ts):
-        from flowgrad.ops.pool import window
-
-        win = window(ts[0].shape, n.attrs)
-        extra = {"count_include_pad": int(n.attrs["count_include_pad"])} if kind == "AveragePool" else {}
-        return w.op(kind, ins, kernel_shape=list(win["kernel"]), strides=list(win["stride"]),
-                    pads=list(win["pad"]) * 2, **extra)
-    return convert
-
-
-def _pad(w, n, ins, ts):
-    from flowgrad.ops.spatial import pad_widths
-
-    widths = pad_widths(ts[0].shape, n.attrs)
-    return w.op("Pad", [ins[0], w.ints([lo for lo, _ in widths] + [hi for _, hi in widths]),
-                        w.scalar(n.attrs["value"], _dt(n))], mode="constant")
-
-
 CONVERTERS |= {
-    "maxpool2d": _pool("MaxPool"), "avgpool2d": _pool("AveragePool"), "pad": _pad,
     "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
     "squeeze": _squeeze,
     "unsqueeze": lambda w, n, ins, ts: w.op("Unsqueeze", [ins[0], w.ints([n.attrs["axis"] % len(n.shape)])]),
