@@ -13,13 +13,13 @@ LINE = HEAD.count("\n") + 1
 
 BAD = [
     ('einsum("ij,jk->ik", x)', ["equation 'ij,jk->ik' has 2 operands, but 1 tensor was given"]),
-    ('einsum("i1", x)', ["operand 0's subscripts 'i1' has '1'", "letters"]),
+    ('einsum("i1", x)', ["operand 0's subscripts 'i1' hold '1'", "letters"]),
     ('einsum("ij->k", x)', ["output subscript k is no operand's subscript"]),
     ('einsum("ij,jk", x, t)', ["operand 1's subscripts 'jk' name 2 axes", "[2, 1, 3]", "'...'"]),
     ('einsum("ij,kj->ik", x, s)', ["operand 1", "[2, 3, 7]"]),
     ('einsum("ij,jk->ik", x, x)', ["subscript j has size 2 in operand 1 and 3 before it"]),
     ('einsum("ij->ii", x)', ["the output subscripts 'ii' name i twice"]),
-    ('einsum("i...j...", t)', ["more than one '...'"]),
+    ('einsum("i...j...", t)', ["operand 0's subscripts 'i...j...' hold more than one '...'"]),
     ('einsum("ii", x)', ["subscript i repeats in operand 0 with sizes 2 and 3"]),
     ('einsum("ij", i)', ["float", "i32[2,3]"]),
     ("gather(x, 2, i)", ["gather: axis 2 is out of range for a tensor of rank 2"]),

@@ -47,9 +47,9 @@ class Spec:
     def _letters(term: str, where: str) -> None:
         bad = next((c for c in term.replace("...", "") if c not in LETTERS), None)
         if bad is not None:
-            raise OpTypeError(f"{where} has {bad!r}: subscripts are letters a-z, A-Z, and one '...' at most")
+            raise OpTypeError(f"{where} hold {bad!r}: subscripts are letters a-z, A-Z, and one '...' at most")
         if term.count("...") > 1:
-            raise OpTypeError(f"{where} has more than one '...'")
+            raise OpTypeError(f"{where} hold more than one '...'")
 
     def _term(self, term: str, shape, k: int) -> list:
         self._letters(term, f"operand {k}'s subscripts {term!r}")

@@ -54,7 +54,7 @@ def _one_hot_forward(ins, at):
 
 def _one_hot_expand(builder, ins, at):
     # none is the dtype the model is compiled for (f16 under mixed), which only the builder knows
-    return ins, at if at["dtype"] is not None else at | {"dtype": builder.float_dtype}
+    return ins, (at if at["dtype"] is not None else at | {"dtype": builder.float_dtype})
 
 
 one_hot = defop(
