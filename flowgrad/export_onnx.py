@@ -215,6 +215,66 @@ CONVERTERS = {
     # the export is the inference graph, where dropout is the identity (its hidden rng input is not exported)
     "dropout": lambda w, n, ins, ts: w.op("Identity", ins[:1]),
 }
+_FLOAT = {"f32": 1, "f16": 10}   # ONNX's element types
+
+
+def _variance(root):
+    """The centred squares' sum over N - correction (its root for std); N,
+    the count reduced, is read off the tensors (x's size over the result's),
+    so it holds at any size of an axis that follows the batch."""
+    def convert(w, n, ins, ts):
+        axes = _axes(n.attrs["axis"], len(ts[0].shape))
+        centred = w.op("Sub", [ins[0], w.op("ReduceMean", ins, axes=axes, keepdims=1)])
+        total = w.op("ReduceSum", [w.op("Mul", [centred, centred]), w.ints(axes)], keepdims=int(n.attrs["keepdims"]))
+        count = w.op("Div", [w.op("Cast", [w.op("Size", ins)], to=_FLOAT[n.dtype]),
+                             w.op("Cast", [w.op("Size", [total])], to=_FLOAT[n.dtype])])
+        var = w.op("Div", [total, w.op("Sub", [count, w.scalar(n.attrs["correction"], _dt(n))])])
+        return w.op("Sqrt", [var]) if root else var
+    return convert
+
+
+def _reach(w, x, x_shape, index_shape, axis):
+    """x sliced to index's extent on every axis but `axis` (None: every
+    axis); only where the two differ, so an axis both share (the batch) is
+    left to the runtime's size."""
+    cut = [d for d, (xn, n) in enumerate(zip(x_shape, index_shape)) if xn != n and d != axis]
+    if not cut:
+        return x
+    return w.op("Slice", [x, w.ints([0] * len(cut)), w.ints([index_shape[d] for d in cut]), w.ints(cut)])
+
+
+def _gather(w, n, ins, ts):
+    axis = n.attrs["axis"] % len(n.shape)
+    return w.op("GatherElements", [_reach(w, ins[0], ts[0].shape, ts[1].shape, axis), ins[1]], axis=axis)
+
+
+def _scatter_add(w, n, ins, ts):
+    x, index, src = ins
+    axis = n.attrs["axis"] % len(n.shape)
+    return w.op("ScatterElements", [x, index, _reach(w, src, ts[2].shape, ts[1].shape, None)], axis=axis,
+                reduction="add")
+
+
+def _one_hot(w, n, ins, ts):
+    hits = w.op("Equal", [w.op("Unsqueeze", [ins[0], w.ints([-1])]), w.const(np.arange(n.attrs["n"], dtype=np.int32))])
+    return w.op("Cast", [hits], to=_FLOAT[n.dtype])
+
+
+def _squeeze(w, n, ins, ts):
+    from flowgrad.ops.shape import squeezed_axes
+
+    gone = squeezed_axes(ts[0].shape, n.attrs["axis"])
+    return w.op("Squeeze", [ins[0], w.ints(gone)]) if gone else w.op("Identity", ins)
+
+
+CONVERTERS |= {
+    "gather": _gather, "scatter_add": _scatter_add, "one_hot": _one_hot,
+    "squeeze": _squeeze,
+    "unsqueeze": lambda w, n, ins, ts: w.op("Unsqueeze", [ins[0], w.ints([n.attrs["axis"] % len(n.shape)])]),
+    "var": _variance(root=False), "std": _variance(root=True),
+    "cumsum": lambda w, n, ins, ts: w.op("CumSum", [ins[0], w.const(np.asarray(n.attrs["axis"], np.int64))],
+                                         reverse=int(n.attrs["reverse"])),
+}
 
 # Ops without an ONNX counterpart, and why: exporting one is a FlowError
 # naming the node and its line (an op registered from Python is refused too).

@@ -220,6 +220,21 @@ LOWER = {
     "cross_entropy": _class_loss(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
     "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
 }
+LOWER |= {
+    "squeeze": lambda torch, node, ins, at: (ins[0].squeeze() if at["axis"] is None else
+                                             ins[0].squeeze(tuple(_axes(ins[0], at["axis"])))),
+    "unsqueeze": lambda torch, node, ins, at: ins[0].unsqueeze(at["axis"]),
+    "var": lambda torch, node, ins, at: torch.var(ins[0], dim=_axes(ins[0], at["axis"]), correction=at["correction"],
+                                                  keepdim=at["keepdims"]),
+    "std": lambda torch, node, ins, at: torch.std(ins[0], dim=_axes(ins[0], at["axis"]), correction=at["correction"],
+                                                  keepdim=at["keepdims"]),
+    "cumsum": lambda torch, node, ins, at: (ins[0].flip(at["axis"]).cumsum(at["axis"]).flip(at["axis"])
+                                            if at["reverse"] else ins[0].cumsum(at["axis"])),
+    "gather": lambda torch, node, ins, at: torch.gather(ins[0], at["axis"], ins[1].long()),
+    "scatter_add": lambda torch, node, ins, at: ins[0].scatter_add(at["axis"], ins[1].long(), ins[2]),
+    "one_hot": lambda torch, node, ins, at: torch.nn.functional.one_hot(ins[0].long(), at["n"]).to(
+        _dtypes(torch)[node.dtype]),
+}
 
 
 # What each op is in PyTorch (the doc's op table shows it): the call LOWER makes,
@@ -240,6 +255,10 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add",
 }
+COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
+                "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum", "gather": "torch.gather",
+                "scatter_add": "torch.scatter_add", "one_hot": "F.one_hot", "einsum": "torch.einsum",
+                "maxpool1d": "F.max_pool1d", "avgpool1d": "F.avg_pool1d", "interpolate": "F.interpolate"}
 
 
 def rule_for(op_name: str):

@@ -32,6 +32,7 @@ INSTALL = {
     "torch": "pip install 'flowgrad[torch]'",
     "onnx": "pip install 'flowgrad[onnx]'",
     "onnxruntime": "pip install 'flowgrad[onnx]'",
+    "tokenizers": "pip install 'flowgrad[bpe]'",
     "vulkan": "pip install vulkan (a dependency of flowgrad)",
 }
 

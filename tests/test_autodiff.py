@@ -9,8 +9,9 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.errors import FlowError
+from tests.conftest import needs_module
 
-torch = pytest.importorskip("torch")
+torch = needs_module("torch")
 
 RTOL = 1e-4
 

@@ -21,8 +21,9 @@ from flowgrad.training.generate import generate, vocabulary
 from flowgrad.training.overrides import load_trained
 from flowgrad.training.section import setup
 from flowgrad.training.text import cut_points, decode
+from tests.conftest import needs_module
 
-pytest.importorskip("tokenizers", reason="BPE tests need the bpe extra: pip install 'flowgrad[bpe]'")
+needs_module("tokenizers")
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 MODEL = MODELS / "bpe_lm.flow"

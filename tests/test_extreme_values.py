@@ -8,9 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from conftest import needs_module
 
 import flowgrad as fg
-from conftest import needs_module
+from tests.conftest import needs_module
 
 PATHS = [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")]
 
@@ -309,7 +310,7 @@ def test_pow_and_sqrt_fused_give_pytorchs_values_and_gradients(name, vk_device):
 
 @pytest.mark.parametrize("name", sorted(MATH_CASES))
 def test_the_expected_pow_sqrt_and_erf_values_are_pytorchs(name):
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     torch_m, want_m, want_grad = MATH_CASES[name]
     leaf = torch.tensor(MATH_X, dtype=torch.float64, requires_grad=True)
     m = torch_m(torch, leaf)
@@ -357,7 +358,7 @@ def test_l1_and_huber_loss_give_pytorchs_gradients_at_nan(name, device, backward
 
 @pytest.mark.parametrize("name", sorted(LOSS_CASES))
 def test_the_expected_l1_and_huber_gradients_are_pytorchs(name):
-    torch = pytest.importorskip("torch")
+    torch = needs_module("torch")
     torch_loss, want_grads = LOSS_CASES[name]
     leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in (("a", LOSS_A), ("b", LOSS_B))}
     loss = torch_loss(torch, *leaves.values())

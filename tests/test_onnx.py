@@ -347,3 +347,39 @@ def test_a_model_without_a_batch_key_exports_at_its_own_sizes(tmp_path):
     sess.to_onnx(tmp_path / "f.onnx")
     dims = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in onnx.load(tmp_path / "f.onnx").graph.input]
     assert dims == [[2, 3], [3]]
+
+
+NEW_OPS = """
+model new_ops
+input x: f32[2, 3, 4]
+input i: i32[2, 3, 2]
+input k: i32[2, 3]
+input img: f32[1, 2, 3, 4]
+param w: f32[4, 5] = normal(std=0.5)
+param sq: f32[3, 3] = normal()
+oh = one_hot(k, 4) @ w
+c = cumsum(x, 1) + cumsum(x, axis=-1, reverse=true)
+v = var(x, axis=-1) * 2.0
+sd = std(x, axis=[0, 2], correction=0, keepdims=true)
+s = squeeze(unsqueeze(stack(x, x, axis=1), 0), axis=[0, -1])
+e = einsum("bij,jk->bik", x, w) + einsum("ij,bjk->bik", sq, oh)
+g = gather(x, -1, i)
+gc = gather(x, 0, slice(i, 1, 0, 2))
+sa = scatter_add(x, 2, i, g * 2.0) + scatter_add(x, 0, slice(i, 0, 0, 1), slice(x, 0, 0, 1))
+u = interpolate(img, scale_factor=2)
+ub = interpolate(img, size=[5, 3], mode="bilinear")
+output oh, c, v, sd, s, e, g, gc, sa, u, ub
+"""
+
+
+def test_the_torch_named_ops_export_and_agree_with_flowgrad(tmp_path):
+    sess = fg.loads(NEW_OPS).compile(device="cpu")
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.normal(size=(2, 3, 4)).astype(np.float32), "i": rng.integers(0, 2, (2, 3, 2)).astype(np.int32),
+             "k": rng.integers(0, 4, (2, 3)).astype(np.int32), "img": rng.normal(size=(1, 2, 3, 4)).astype(np.float32)}
+    names = list(sess.graph.outputs)
+    sess.to_onnx(tmp_path / "new.onnx", outputs=names)
+    got = run_onnx(tmp_path / "new.onnx", feeds)
+    want = sess.step(feeds, grads=False).outputs
+    for name in names:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)

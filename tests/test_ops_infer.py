@@ -54,7 +54,8 @@ def test_nondiff_inputs():
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
         "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0}, "where": {0},
         **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}, "topk_indices": {0}, "randn_like": {0, 1},
-        "stop_gradient": {0}, "embedding_grad": {0}}
+        "stop_gradient": {0}, "embedding_grad": {0},
+        "gather": {1}, "scatter_add": {1}, "one_hot": {0}}
 
 
 def T(*shape, dtype="f32"):
@@ -171,6 +172,23 @@ TYPES = [
     ("lt", [T(3), T()], {}, T(3)), ("le", [T(3), T(3)], {}, T(3)), ("gt", [T(3), T(3)], {}, T(3)),
     ("ge", [T(3, dtype="f16"), T(3, dtype="f16")], {}, T(3, dtype="f16")),
     ("topk", [T(2, 7)], {"k": 3}, T(2, 3)), ("topk_indices", [T(5, 2)], {"k": 2, "axis": 0}, T(2, 2, dtype="i32")),
+    ("one_hot", [T(2, 3, dtype="i32")], {"n": 5}, T(2, 3, 5)),
+    ("one_hot", [T(4, dtype="i32")], {"n": 2, "dtype": "f16"}, T(4, 2, dtype="f16")),
+    ("gather", [T(3, 4, dtype="f16"), T(2, 6, dtype="i32")], {"axis": -1}, T(2, 6, dtype="f16")),
+    ("scatter_add", [T(3, 4), T(2, 6, dtype="i32"), T(2, 7)], {"axis": 1}, T(3, 4)),
+    ("cumsum", [T(2, 3)], {"axis": -2}, T(2, 3)),
+    ("var", [T(2, 3, 4)], {"axis": [0, -1], "keepdims": True}, T(1, 3, 1)),
+    ("std", [T(2, 3, dtype="f16")], {}, T(dtype="f16")),
+    ("squeeze", [T(1, 3, 1)], {}, T(3)),
+    ("squeeze", [T(2, 1, 3)], {"axis": [0, 1]}, T(2, 3)),
+    ("unsqueeze", [T(2, 3, dtype="i32")], {"axis": -1}, T(2, 3, 1, dtype="i32")),
+    ("stack", [T(2, 3), T(2, 3)], {"axis": -2}, T(2, 2, 3)),
+    ("einsum", [T(2, 3), T(3, 4)], {"equation": "ij,jk"}, T(2, 4)),
+    ("einsum", [T(5, 2, 3), T(3)], {"equation": "...j,j"}, T(5, 2)),
+    ("maxpool1d", [T(2, 3, 9)], {"kernel_size": 3, "stride": 2, "padding": 1}, T(2, 3, 5)),
+    ("avgpool1d", [T(2, 3, 9)], {"kernel_size": 4}, T(2, 3, 2)),
+    ("interpolate", [T(1, 2, 5, 3)], {"scale_factor": [0.5, 2.5], "mode": "bilinear"}, T(1, 2, 2, 7)),
+    ("interpolate", [T(1, 2, 5, 3)], {"size": 4}, T(1, 2, 4, 4)),
 ]
 
 

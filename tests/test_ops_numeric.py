@@ -125,6 +125,13 @@ CASES = op_samples.cases() + [
     ("l1_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {}),
     ("huber_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {"delta": 0.1}),
     ("bce_with_logits", [normal(2, 3), lambda r: r.uniform(0, 1, (2, 3))], {}),
+    ("one_hot", [ints(3, 2, 2)], {"n": 3, "dtype": "f16"}),
+    ("var", [normal(3, 4)], {"axis": 0, "correction": 1.5}),
+    ("std", [normal(2, 3, 4)], {}),
+    ("squeeze", [normal(2, 1, 3)], {"axis": 0}),
+    ("maxpool1d", [distinct(2, 3, 6)], {"kernel_size": 2}),
+    ("avgpool1d", [normal(1, 2, 5)], {"kernel_size": 3, "stride": 1, "padding": 1}),
+    ("interpolate", [normal(1, 1, 3, 2)], {"scale_factor": [1.5, 2.0], "mode": "bilinear"}),
 ]
 
 
@@ -168,8 +175,9 @@ def test_low_precision_agrees_with_float64(case, dtype, rtol):
     low = [x.astype(dtype) if x.dtype == np.float64 else x for x in make(case)]
     ref = [x.astype(np.float64) if x.dtype == dtype else x for x in low]
     out, out64 = op.forward(low, attrs), op.forward(ref, attrs)
-    # cast and the index ops are the ones that change it
+    # cast and the index ops are the ones that change it; one_hot's is its own (f32 unless named)
     want = NUMPY_DTYPE[attrs["dtype"]] if name == "cast" else np.int32 if name in ("argmax", "topk_indices") else dtype
+    want = NUMPY_DTYPE[attrs.get("dtype") or "f32"] if name == "one_hot" else want
     assert out.dtype == want, f"{name} turned {np.dtype(dtype)} into {out.dtype}"
     _close(out, out64, rtol, f"{name} forward")
     g = np.random.default_rng(1).standard_normal(np.shape(out64))

@@ -6,13 +6,14 @@ import math
 
 import numpy as np
 import pytest
+from conftest import needs_module
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import Span
 from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
-from flowgrad.update_counts import Counts
 from flowgrad.training.schedules import Schedule
-from conftest import needs_module
+from flowgrad.update_counts import Counts
+from tests.conftest import needs_module
 
 
 def run(opt, grads_per_step, p0=1.0):
@@ -227,7 +228,7 @@ def test_a_callable_schedule_is_a_multiplier_as_lambda_lr():
 
 
 def test_a_callable_schedule_matches_torch_lambda_lr():
-    torch = pytest.importorskip("torch")   # the optional extra flowgrad[torch]
+    torch = needs_module("torch")   # the optional extra flowgrad[torch]
     f = lambda s: 0.9 ** s if s > 2 else (s + 1) / 3   # noqa: E731
     ours = Adam(lr=0.1, schedule=f)
     tp = torch.zeros(1, dtype=torch.float64, requires_grad=True)

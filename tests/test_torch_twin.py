@@ -296,3 +296,29 @@ def test_twin_topk_indices_ties_go_to_the_lower_index():
     (CPU torch gave 8, 15, 14, ... for 16 zeros)."""
     sess = fg.loads(SINUSOIDAL, file="sinusoidal.flow").compile(device="cpu")
     check_twin(sess, feeds_for(sess.graph, seed=6))
+
+
+
+TORCH_NAMED = """
+model torch_named
+input x: f32[2, 3, 4]
+input i: i32[2, 3, 4]
+input k: i32[2, 3]
+input sig: f32[2, 3, 7]
+input img: f32[1, 2, 3, 4]
+param w: f32[4, 4] = normal(std=0.5)
+param sq: f32[3, 3] = normal()
+h = x @ w
+a = one_hot(k, 4) @ w + cumsum(h, 1) + cumsum(h, axis=-1, reverse=true) + gather(h, -1, i)
+b = scatter_add(h, 2, i, a * 2.0) + squeeze(unsqueeze(h, 0), 0) + einsum("ij,bjk->bik", sq, a)
+v = var(b, axis=-1) + std(b, axis=[0, 2], correction=0) + sum(stack(h, b, axis=1), axis=[1, 3])
+p = maxpool1d(sig, 3, stride=2, padding=1) + avgpool1d(sig, 3, stride=2, padding=1, count_include_pad=false)
+u = interpolate(img, scale_factor=2) + interpolate(img, size=[6, 8], mode="bilinear")
+loss = sum(v * v) + mean(b) + sum(p) * sum(w) + mean(u) * sum(sq)
+minimize loss
+"""
+
+
+def test_twin_of_the_torch_named_ops():
+    sess = fg.loads(TORCH_NAMED, file="torch_named.flow").compile(device="cpu")
+    check_twin(sess, feeds_for(sess.graph, seed=7))

@@ -19,6 +19,7 @@ from flowgrad.errors import FlowError
 from flowgrad.graph import Span, TensorType
 from flowgrad.initializers import INITIALISERS
 from flowgrad.ops import OPS, Arg, OpTypeError
+from flowgrad.ops.registry import Composer
 
 
 class Calls:
@@ -158,7 +159,8 @@ class Calls:
             # the op's own checks first, then its composition goes in the graph
             self.infer_type(op_name, ins, attr_values, span)
             nb = NodeBuilder(self, span)
-            return Tensor(op.decompose(lambda name, ids, at=None: nb.apply(name, ids, at), list(ins), attr_values))
+            emit = Composer(nb.apply, lambda i: nb.type(i).shape, lambda i: nb.type(i).dtype, nb.const)
+            return Tensor(op.decompose(emit, list(ins), attr_values))
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
 
     def autocasts(self, op, ins) -> bool:
@@ -251,6 +253,11 @@ class NodeBuilder:
 
     def type(self, node_id: int) -> TensorType:
         return self.graph.nodes[node_id].type
+
+    @property
+    def float_dtype(self) -> str:
+        """The float dtype the model is compiled for (f16 under mixed)."""
+        return self._b.dtype
 
     def const(self, array, dtype: str) -> int:
         return self._b.const(array, dtype, self.span)

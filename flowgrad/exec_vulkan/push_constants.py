@@ -42,9 +42,11 @@ SPECS_TEXT = {
     "cast_f16": "n: u32, dir: u32",
     "cast_f16_multi": "dir: u32, n: u32[15], first: u32[16]",
     "clip_scale": "count: u32, max_norm: f32, eps: f32",
+    "cumsum": "lines: u32, n: u32, inner: u32, reverse: u32",
     "embedding_bwd": "n: u32, d: u32, rows: u32",
     "embedding_fwd": "n: u32, d: u32, rows: u32",
     "fill_word": "index: u32, keep: u32, value: u32",
+    "gather": "total: u32, n: u32, m: u32, inner: u32, mode: u32",
     "fused_map": "n: u32, shape: u32[3], st: u32[12], param: f32[2]",
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",

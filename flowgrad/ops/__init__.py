@@ -1,6 +1,7 @@
 """All ops. Importing this package registers every op family."""
 from flowgrad.ops import elementwise, linalg, reduce, norm, loss, shape, attention  # noqa: F401, I001  (register ops; this order is the docs' order)
 from flowgrad.ops import activations, elementwise_loss, compare, batchnorm, conv, pool, random, spatial  # noqa: F401, I001
+from flowgrad.ops import index, einsum  # noqa: F401, I001
 from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 
 # the built-in ops, in family order (user ops registered later are not among them)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.graph import TensorType
 from flowgrad.ops.emit import numpy_vjp
-from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults, complete_attrs, get_op, register
+from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
+                                   register)
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
@@ -59,36 +62,48 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
 
 def _composed(decompose, check, nondiff):
     """infer, forward and vjp of an op defined as a composition."""
-    def run(ins, attrs, step):
+    def run(ins, attrs, step, const):
+        """step(op name, values, attrs, handles) -> value; const(array, dtype) -> value.
+        The values are TensorTypes (the shape rule) or arrays (forward, VJP)."""
         values = list(ins)
 
-        def emit(op_name, handles, at=None):
-            values.append(step(op_name, [values[h] for h in handles], dict(at or {}), handles))
+        def apply(op_name, handles, at):
+            values.append(step(op_name, [values[h] for h in handles], at, handles))
             return len(values) - 1
 
+        def add_const(array, dtype):
+            values.append(const(np.asarray(array), dtype))
+            return len(values) - 1
+
+        emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
         return values, decompose(emit, list(range(len(ins))), attrs)
 
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = run(in_types, attrs, lambda n, ts, at, hs: get_op(n).infer(ts, at))
+        values, out = run(in_types, attrs, lambda n, ts, at, hs: get_op(n).infer(ts, at),
+                          lambda a, dtype: TensorType(a.shape, dtype))
         return values[out]
 
     def forward(ins, attrs):
-        values, out = run(ins, attrs, lambda n, xs, at, hs: get_op(n).forward(xs, at))
+        values, out = run(ins, attrs, lambda n, xs, at, hs: get_op(n).forward(xs, at), _const_array)
         return values[out]
 
     def vjp(g, ins, out, attrs):
-        tape = []
+        tape = []   # per value after the inputs: (op, its inputs, attrs), or None for a constant
 
         def step(n, xs, at, handles):
             tape.append((n, handles, at))
             return get_op(n).forward(xs, at)
 
-        values, result = run(ins, attrs, step)
+        def const(array, dtype):
+            tape.append(None)
+            return _const_array(array, dtype)
+
+        values, result = run(ins, attrs, step, const)
         grads = {result: g}
         for pos in reversed(range(len(ins), len(values))):
-            if pos not in grads:
+            if pos not in grads or tape[pos - len(ins)] is None:
                 continue
             n, handles, at = tape[pos - len(ins)]
             for h, d in zip(handles, get_op(n).vjp(grads[pos], [values[h] for h in handles], values[pos], at)):
@@ -97,6 +112,18 @@ def _composed(decompose, check, nondiff):
         return [None if i in nondiff else grads.get(i, np.zeros_like(x)) for i, x in enumerate(ins)]
 
     return infer, forward, vjp
+
+
+def _dtype_name(value) -> str:
+    """A value's dtype name; float64 (finite-difference checks) is "f64", so
+    that a composition's constants stay float64 beside it."""
+    if isinstance(value, TensorType):
+        return value.dtype
+    return "f64" if value.dtype == np.float64 else dtype_of(value)
+
+
+def _const_array(array, dtype):
+    return np.asarray(array, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype])
 
 
 class _Signature:

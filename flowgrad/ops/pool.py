@@ -1,6 +1,6 @@
 """Pooling over the two trailing axes of an NCHW tensor (as PyTorch):
 maxpool2d, avgpool2d and adaptive_avgpool2d (adaptive_avgpool2d(x, 1) is
-global average pooling).
+global average pooling); maxpool1d and avgpool1d are the 2-D ones over one row.
 
 maxpool's gradient goes to the first maximum of each window in row-major
 order, as PyTorch's: ties never split a gradient. As in PyTorch, a NaN is a
@@ -13,7 +13,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype
 
 INTS = (int, list)
@@ -189,3 +189,48 @@ adaptive_avgpool2d = defop(
     "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer,
     _adaptive_forward, _adaptive_vjp,
     doc="mean over output_size bins as PyTorch's; output_size=1 is global average pooling")
+
+# ---------------------------------------------------------------- maxpool1d / avgpool1d
+
+
+def window_1d(length: int, attrs) -> tuple[int, int, int]:
+    """(kernel, stride, padding) of a 1-D pool, checked as PyTorch checks them."""
+    k = tuple_of("kernel_size", attrs["kernel_size"], 1, 1)[0]
+    s = k if attrs["stride"] is None else tuple_of("stride", attrs["stride"], 1, 1)[0]
+    p = tuple_of("padding", attrs["padding"], 1, 0)[0]
+    if 2 * p > k:
+        raise OpTypeError(f"padding={attrs['padding']!r} must be at most half of kernel_size={attrs['kernel_size']!r} "
+                          "(as PyTorch)")
+    if length + 2 * p < k:
+        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded length {length + 2 * p}")
+    return k, s, p
+
+
+def _pool1d_check(ins, attrs):
+    (x,) = ins
+    float_dtype(x, "x")
+    if len(x.shape) != 3:
+        raise OpTypeError(f"x must be [batch, channels, length], got {x}")
+    window_1d(x.shape[2], attrs)
+
+
+def _as_2d(op2d):
+    """The 2-D pool over [batch, channels, 1, length] with a 1-row window: the same windows, the same numbers."""
+    def compose(emit, ins, attrs):
+        k, s, p = window_1d(emit.shape(ins[0])[2], attrs)
+        extra = {key: attrs[key] for key in attrs if key not in ("kernel_size", "stride", "padding")}
+        planes = emit("unsqueeze", ins, {"axis": 2})
+        pooled = emit(op2d, [planes], {"kernel_size": [1, k], "stride": [1, s], "padding": [0, p]} | extra)
+        return emit("squeeze", [pooled], {"axis": 2})
+    return compose
+
+
+_POOL1D_SAMPLES = [Sample((((2, 3, 7), "distinct"),), {"kernel_size": 3, "stride": 2, "padding": 1})]
+maxpool1d = defop("maxpool1d", _pool_args(), decompose=_as_2d("maxpool2d"),
+                  check=_pool1d_check, samples=_POOL1D_SAMPLES,
+                  doc="max over kernel_size windows of [batch, channels, length] (maxpool2d over one row)")
+avgpool1d = defop("avgpool1d", _pool_args(Arg("count_include_pad", "attr", True, (bool,))),
+                  decompose=_as_2d("avgpool2d"), check=_pool1d_check,
+                  samples=_POOL1D_SAMPLES + [Sample((((1, 2, 5), "normal"),),
+                                                    {"kernel_size": [2], "padding": 1, "count_include_pad": False})],
+                  doc="mean over kernel_size windows of [batch, channels, length] (avgpool2d over one row)")

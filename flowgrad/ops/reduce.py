@@ -1,4 +1,5 @@
-"""Reductions (sum mean max min logsumexp over axes) and softmax / log_softmax.
+"""Reductions (sum mean max min logsumexp var std over axes), softmax / log_softmax,
+and cumsum.
 
 f16 reductions accumulate in f32. logsumexp, softmax and log_softmax
 subtract the max first, so large logits never overflow."""
@@ -169,3 +170,92 @@ softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
 log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
                     grad=_log_softmax_grad, doc="x - logsumexp(x) along axis, computed stably")
+
+# ---------------------------------------------------------------- var / std
+
+VAR_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
+            Arg("correction", "attr", 1, (int, float)), Arg("keepdims", "attr", False, (bool,)))
+
+
+def dof(x_shape, attrs) -> float:
+    """N - correction, the divisor; a reduction that leaves no degrees of
+    freedom is refused (PyTorch gives NaN or inf, with a warning)."""
+    n = int(np.prod([x_shape[a] for a in reduce_axes(attrs["axis"], len(x_shape))]))
+    if n - attrs["correction"] <= 0:
+        raise OpTypeError(f"correction={attrs['correction']} leaves no degrees of freedom: it reduces {n} "
+                          f"element{'s' * (n != 1)} (N - correction must be positive)")
+    return n - attrs["correction"]
+
+
+def _var_infer(ins, attrs):
+    out = _reduce_infer(True)(ins, attrs)
+    dof(ins[0].shape, attrs)
+    return out
+
+
+def _variance(x, attrs):
+    """The variance of an already-widened array, kept dims."""
+    axes = reduce_axes(attrs["axis"], x.ndim)
+    centred = x - np.mean(x, axis=axes, keepdims=True)
+    return np.sum(centred * centred, axis=axes, keepdims=True) / dof(x.shape, attrs)
+
+
+def _var_forward(root):
+    def forward(ins, attrs):
+        (x,) = ins
+        v = _variance(wide(x), attrs)
+        v = np.sqrt(v) if root else v
+        return narrow(v if attrs["keepdims"] else np.squeeze(v, axis=reduce_axes(attrs["axis"], x.ndim)), x)
+    return forward
+
+
+def _centred(x, attrs):
+    """x minus its mean over the reduced axes, divided by N - correction."""
+    axes = list(reduce_axes(attrs["axis"], x.ndim))
+    return (x - x.e.op("mean", x, axis=axes, keepdims=True)) / dof(x.shape, attrs)
+
+
+def _var_grad(g, ins, out, attrs):
+    (x,) = ins
+    return [_spread(g, x, attrs) * _centred(x, attrs) * 2.0]
+
+
+def _std_grad(g, ins, out, attrs):
+    """var's gradient of g / (2 std), which is 0 where std is (as torch's)."""
+    (x,) = ins
+    return [_spread(g.e.where(out.eq(0), 0, g / out), x, attrs) * _centred(x, attrs)]
+
+
+_VAR_SAMPLES = [Sample((((3, 4), "normal"),), {"axis": -1}),
+                Sample((((2, 3, 4), "normal"),), {"axis": [0, 2], "correction": 0, "keepdims": True})]
+var = defop("var", VAR_ARGS, _var_infer, _var_forward(False), grad=_var_grad, samples=_VAR_SAMPLES,
+            doc="variance over axis (none: all): sum((x - mean)^2) / (N - correction); correction=0 is the biased "
+                "one; N - correction must be positive")
+std = defop("std", VAR_ARGS, _var_infer, _var_forward(True), grad=_std_grad, samples=_VAR_SAMPLES,
+            doc="sqrt(var(x, axis, correction, keepdims)); gradient 0 where it is 0 (as PyTorch)")
+
+# ---------------------------------------------------------------- cumsum
+
+
+def _cumsum_infer(ins, attrs):
+    (x,) = ins
+    float_dtype(x)
+    norm_axis(attrs["axis"], len(x.shape))
+    return x
+
+
+def _cumsum_forward(ins, attrs):
+    (x,) = ins
+    axis = attrs["axis"]
+    xw = wide(x)
+    if attrs["reverse"]:
+        return narrow(np.flip(np.cumsum(np.flip(xw, axis), axis=axis), axis), x)
+    return narrow(np.cumsum(xw, axis=axis), x)
+
+
+cumsum = defop("cumsum", (Arg("x"), Arg("axis", "attr", types=(int,)), Arg("reverse", "attr", False, (bool,))),
+               _cumsum_infer, _cumsum_forward,
+               grad=lambda g, ins, out, at: [g.e.op("cumsum", g, axis=at["axis"], reverse=not at["reverse"])],
+               doc="running sums along axis; reverse=true sums from the end (x.flip(axis).cumsum(axis).flip(axis))",
+               samples=[Sample((((3, 4), "normal"),), {"axis": 0}),
+                        Sample((((2, 3, 4), "normal"),), {"axis": -1, "reverse": True})])

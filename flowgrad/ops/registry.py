@@ -41,6 +41,20 @@ class Sample:
     attrs: dict = attrs.field(factory=dict)
 
 
+class Composer:
+    """What a `decompose` rule composes with: composer(op_name, values,
+    attrs) -> the value of that op applied to `values`; shape(value) and
+    dtype(value) of any value so far; const(array, dtype) -> a constant
+    value. Whoever runs the rule (the graph builder, or the op's own numpy
+    rules) supplies the four."""
+
+    def __init__(self, apply, shape, dtype, const):
+        self._apply, self.shape, self.dtype, self.const = apply, shape, dtype, const
+
+    def __call__(self, op_name: str, values, attrs: dict | None = None):
+        return self._apply(op_name, list(values), dict(attrs or {}))
+
+
 @attrs.define
 class Op:
     """infer(in_types, attrs) -> TensorType   (raise OpTypeError on bad input)
@@ -62,10 +76,10 @@ class Op:
     updates: input positions the forward updates in place (state: batch
         norm's running statistics); every executor keeps what it writes.
     decompose(emit, ins, attrs) -> value: the op as a composition of other
-        ops, emit(op_name, values, attrs) -> value. The builder puts the
-        composition in the graph instead of one node, so the op needs no
-        kernel or lowering of its own; its numpy forward, VJP and shape rule
-        are those of the composition.
+        ops, emit(op_name, values, attrs) -> value (a `Composer`). The
+        builder puts the composition in the graph instead of one node, so
+        the op needs no kernel or lowering of its own; its numpy forward,
+        VJP and shape rule are those of the composition.
     samples: valid calls, for the op tests (see `Sample`).
     autocast: "f32" for an op that dtype="mixed" runs on f32 copies of its
         f16 inputs (the losses: the scaled loss and its gradient seed need

@@ -1,5 +1,5 @@
 """Ops that move data without arithmetic: reshape transpose permute slice
-concat, and embedding (a row gather)."""
+concat squeeze unsqueeze stack, and embedding (a row gather)."""
 from __future__ import annotations
 
 import math
@@ -233,3 +233,69 @@ embedding_grad = defop(
     nondiff=(0,), index_bounds=lambda ins, at: {0: at["rows"]},
     doc="embedding's table gradient: a [rows, d] table of zeros with each row of g added at its id",
     samples=[Sample((((2, 3), "ints:4"), ((2, 3, 5), "normal")), {"rows": 4})])
+
+# ---------------------------------------------------------------- squeeze / unsqueeze / stack
+
+
+def squeezed_axes(shape, axis) -> tuple[int, ...]:
+    """The axes squeeze removes: those named (all, for none) that have size 1;
+    a named axis of another size stays, as in torch.squeeze."""
+    if axis is None:
+        return tuple(i for i, n in enumerate(shape) if n == 1)
+    listed = _ints("axis", axis) if isinstance(axis, (list, tuple)) else _ints("axis", [axis])
+    if not listed:
+        raise OpTypeError("axis=[] names no axis: leave axis out to squeeze every size-1 axis, or name the axes")
+    axes = [norm_axis(a, len(shape)) for a in listed]
+    if len(set(axes)) != len(axes):
+        raise OpTypeError(f"axis={axis!r} names the same axis twice")
+    return tuple(a for a in sorted(axes) if shape[a] == 1)
+
+
+def _squeeze_shape(shape, at):
+    gone = squeezed_axes(shape, at["axis"])
+    return tuple(n for i, n in enumerate(shape) if i not in gone)
+
+
+def _unsqueeze_shape(shape, at):
+    axis = at["axis"]
+    if not -len(shape) - 1 <= axis <= len(shape):
+        raise OpTypeError(f"axis {axis} is out of range for unsqueezing a tensor of rank {len(shape)} "
+                          f"(valid: {-len(shape) - 1}..{len(shape)})")
+    axis %= len(shape) + 1
+    return tuple(shape[:axis]) + (1,) + tuple(shape[axis:])
+
+
+def _reshaping(name, args, shape_of, doc, samples):
+    """An op that is a reshape whose target its attrs give: the same
+    elements, so the same lowering, and a gradient reshaped back."""
+    return defop(name, (Arg("x"),) + args,
+                 lambda ins, at: TensorType(shape_of(ins[0].shape, at), ins[0].dtype),
+                 lambda ins, at: np.reshape(ins[0], shape_of(ins[0].shape, at)),
+                 grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
+
+
+squeeze = _reshaping(
+    "squeeze", (Arg("axis", "attr", None, (int, list, tuple, type(None))),), _squeeze_shape,
+    "x without its size-1 axes (none: all of them; a named axis of another size stays, as torch.squeeze)",
+    [Sample((((2, 1, 3, 1), "normal"),)), Sample((((2, 1, 3, 1), "normal"),), {"axis": [-1, 0]})])
+unsqueeze = _reshaping(
+    "unsqueeze", (Arg("axis", "attr", types=INT),), _unsqueeze_shape,
+    "x with a new axis of size 1 at axis (negative: counted from the end of the result)",
+    [Sample((((2, 3), "normal"),), {"axis": -1}), Sample((((2, 3), "normal"),), {"axis": 1})])
+
+
+def _stack_check(ins, at):
+    same_dtype(ins, "the tensors")
+    if any(t.shape != ins[0].shape for t in ins):
+        raise OpTypeError(f"tensors must have one shape: got {', '.join(str(t) for t in ins)}")
+    _unsqueeze_shape(ins[0].shape, at)
+
+
+def _stack(emit, ins, at):
+    return emit("concat", [emit("unsqueeze", [x], {"axis": at["axis"]}) for x in ins], {"axis": at["axis"]})
+
+
+stack = defop("stack", (Arg("xs", "tensors"), Arg("axis", "attr", 0, INT)), decompose=_stack, check=_stack_check,
+              doc="tensors of one shape joined along a new axis (as torch.stack: axis 0 by default)",
+              samples=[Sample((((2, 3), "normal"), ((2, 3), "normal"), ((2, 3), "normal")), {"axis": -1}),
+                       Sample((((2, 3), "normal"), ((2, 3), "normal")))])

@@ -9,6 +9,7 @@ import attrs
 
 from flowgrad.exec_vulkan.lower import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401
 from flowgrad.exec_vulkan.lower import batchnorm, compare, conv, pointwise, pool, random, spatial  # noqa: F401
+from flowgrad.exec_vulkan.lower import index  # noqa: F401
 from flowgrad.exec_vulkan.lower import fused  # noqa: F401, E402
 from flowgrad.exec_vulkan.lower import split_product  # noqa: F401, E402
 from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering  # noqa: E402

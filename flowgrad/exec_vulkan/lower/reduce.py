@@ -1,13 +1,14 @@
-"""Vulkan lowerings of sum mean max min logsumexp (over axes, keepdims) on map_reduce.comp,
-and of softmax / log_softmax along any axis on softmax.comp."""
+"""Vulkan lowerings of sum mean max min logsumexp var std (over axes, keepdims) on map_reduce.comp,
+of softmax / log_softmax along any axis on softmax.comp, and of cumsum on cumsum.comp."""
 from __future__ import annotations
 
 import math
 
+from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
-from flowgrad.ops.reduce import reduce_axes
+from flowgrad.ops.reduce import dof, reduce_axes
 
 M.declare(LSE_EXP=46,     # x0 = x, x1 = its max: exp(x - max), the max taken as 0 where infinite
           LSE_LOG=47,     # x0 = mean of those exps, x1 = the max: log(x0) + param + max (0 where infinite)
@@ -135,3 +136,40 @@ register_lowering("min", MIN)
 register_lowering("logsumexp", LOGSUMEXP)
 register_lowering("softmax", SOFTMAX)
 register_lowering("log_softmax", LOG_SOFTMAX)
+
+# ---------------------------------------------------------------- var / std / cumsum
+
+
+def _var_forward(root: bool):
+    """The mean, then the centred squares summed and divided by N - correction
+    (and their square root for std); the backward is the op's grad rule."""
+
+    def forward(rec, node, ins, out):
+        (x,) = ins
+        axes = _axes(node, x)
+        kept = _kept_shape(x, axes)
+        mean = rec.scratch(tuple(out.shape), out.dtype)
+        map_reduce(rec, M.COPY, [x], mean, space=x.shape, reduce_axes=axes, scale=1.0 / _count(x, axes))
+        var = rec.scratch(tuple(out.shape), out.dtype) if root else out
+        map_reduce(rec, M.SQDIFF, [x, mean], var, space=x.shape, reduce_axes=axes, shapes=[x.shape, kept],
+                   scale=1.0 / dof(tuple(x.shape), node.attrs))
+        if root:
+            map_reduce(rec, M.SQRT, [var], out)
+    return forward
+
+
+def _cumsum_forward(rec, node, ins, out):
+    (x,) = ins
+    shape = tuple(x.shape)
+    if math.prod(shape) == 0:
+        return
+    axis = node.attrs["axis"] % len(shape)
+    n, inner = shape[axis], math.prod(shape[axis + 1:])
+    lines = math.prod(shape) // n
+    rec.dispatch("cumsum", [x, out], push=[lines, n, inner, int(node.attrs["reverse"])], groups=groups_1d(lines),
+                 variant=variant(out.dtype))
+
+
+register_lowering("var", Lowering(_var_forward(root=False), None, FLOATS))
+register_lowering("std", Lowering(_var_forward(root=True), None, FLOATS))
+register_lowering("cumsum", Lowering(_cumsum_forward, None, FLOATS))

@@ -1,4 +1,4 @@
-"""Lowerings of the data-movement ops: reshape, transpose, permute, slice,
+"""Lowerings of the data-movement ops: reshape (squeeze, unsqueeze), transpose, permute, slice,
 concat (all through the generic strided copy) and embedding (a gather, and a
 sorted, deterministic scatter-add for the table gradient)."""
 from __future__ import annotations
@@ -208,3 +208,6 @@ register_lowering("slice", SLICE)
 register_lowering("concat", CONCAT)
 register_lowering("embedding", EMBEDDING)
 register_lowering("embedding_grad", EMBEDDING_GRAD)
+# the same elements in another shape: a reshape
+register_lowering("squeeze", RESHAPE)
+register_lowering("unsqueeze", RESHAPE)
