@@ -143,8 +143,9 @@ def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | 
     """Dispatches the node's lowering records both ways (every float input
     differentiated), on a dry run; None when it can't take the node.
     `counted` keeps the counts of one fusion pass by `_dry_run_key`: a model
-    repeats a few shapes of chain many times over, and a dry run costs a
-    thousand times what its key does."""
+    repeats a few shapes of chain many times over, and a dry run (a dozen
+    dispatches recorded, their push constants packed) costs far more than
+    its key."""
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
     key = _dry_run_key(graph, node) if counted is not None else None
