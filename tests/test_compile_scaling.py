@@ -1,10 +1,10 @@
-"""Compile time grows linearly with the model.
+"""Compiling a model, and explaining its plan, take work linear in its size.
 
 Wall time on a shared machine is too noisy to assert on, so these tests count
 work instead, which is the same on every run: the Python lines the
-whole-graph passes execute (the planner's fusion, memory plan and refusals,
-the graph's own walks), traced with sys.settrace, for a model of N statements
-and one of 4N. Linear passes run about 4 times the lines (a little under: the
+whole-graph passes execute (the planner's fusion, memory plan, refusals and
+explain tables, the graph's own walks), traced with sys.settrace, for a model
+of N statements and one of 4N. Linear passes run about 4 times the lines (a little under: the
 fixed cost of a compile is shared); one that scans the graph for each node
 runs 16 times the lines of its scan, which at these sizes already took the
 ratio past 5 (a fusion check that scanned every reader of a value that every
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import flowgrad as fg
 from flowgrad.exec_vulkan import recorder
+from flowgrad.planner.explain import explain
 from flowgrad.planner.fusion import fuse
 
 PACKAGE = Path(fg.__file__).parent
@@ -68,8 +69,8 @@ minimize loss
 """
 
 
-def lines_run(text: str) -> int:
-    """Lines of PASSES executed loading and compiling `text` for the CPU."""
+def lines_run(run) -> int:
+    """Lines of PASSES executed by run()."""
     count = 0
 
     def line(frame, event, arg):
@@ -83,20 +84,33 @@ def lines_run(text: str) -> int:
     before = sys.gettrace()
     sys.settrace(call)
     try:
-        fg.loads(text).compile(device="cpu")
+        run()
     finally:
         sys.settrace(before)
     return count
 
 
+def compiled(text: str) -> int:
+    """Lines of PASSES executed loading and compiling `text` for the CPU."""
+    return lines_run(lambda: fg.loads(text).compile(device="cpu"))
+
+
 def test_a_long_chain_compiles_in_linear_work():
-    small, large = lines_run(chain_model(200)), lines_run(chain_model(800))
+    small, large = compiled(chain_model(200)), compiled(chain_model(800))
     assert large / small < 4.6, f"4x the statements ran {large / small:.2f}x the lines ({small} -> {large})"
 
 
 def test_nested_repeats_compile_in_linear_work():
-    small, large = lines_run(nested_model(6)), lines_run(nested_model(24))
+    small, large = compiled(nested_model(6)), compiled(nested_model(24))
     assert large / small < 4.6, f"4x the instances ran {large / small:.2f}x the lines ({small} -> {large})"
+
+
+def test_explaining_a_long_chain_is_linear_work():
+    """explain's table of nodes names each one's fused group (it rebuilt the
+    map of groups for every node)."""
+    sessions = [fg.loads(chain_model(n)).compile(device="cpu") for n in (200, 800)]
+    small, large = (lines_run(lambda: explain(sess).text()) for sess in sessions)
+    assert large / small < 4.6, f"4x the statements ran {large / small:.2f}x the lines ({small} -> {large})"
 
 
 def test_fusion_dry_runs_each_shape_of_chain_once(monkeypatch):
