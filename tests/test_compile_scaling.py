@@ -144,5 +144,5 @@ def test_thousands_of_reshapes_in_a_row_compile():
     lines += ["loss = mean(h1500 * h1500)", "output h1500", "minimize loss"]
     plan = fg.loads("\n".join(lines) + "\n").compile(device="cpu").plan
     views = [n.id for n in plan.graph.nodes if n.op == "reshape"]
-    # each view's gradient lies inside the one after it, so all in one buffer
+    # each view's gradient lies inside its input's, so all in one buffer
     assert len({plan.memory.slots[("grad", i)].buffer for i in views}) == 1
