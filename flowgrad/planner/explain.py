@@ -41,6 +41,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     recorded: dict = {}
     graph_plan = graph_plan_dict(graph, plan, recorded)
     kernels = node_kernels(plan, recorded)
+    fused_in = plan.fusion.group_of() if plan.fusion is not None else {}
     data = {
         "version": EXPLAIN_VERSION,
         "model": graph.name,
@@ -59,7 +60,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
             "refusals": len(plan.refusals),
         },
         "refusals": [refusal_dict(r) for r in plan.refusals],
-        "nodes": [node_dict(graph, n, plan, refused, kernels) for n in graph.nodes],
+        "nodes": [node_dict(graph, n, plan, refused, kernels, fused_in) for n in graph.nodes],
         "saved_for_backward": saved_dict(plan),
         "fusion": fusion_dict(graph, plan),
         "graph_plan": graph_plan,
@@ -162,7 +163,8 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
     return out
 
 
-def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict) -> dict:
+def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict, fused_in: dict) -> dict:
+    """fused_in: the fused group of each member (Fusion.group_of, made once for all the nodes)."""
     if node.op in LEAF_OPS:
         verdict = node.op
     elif node.id in refused:
@@ -184,7 +186,7 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
         out["grad_of"] = node.grad_of
     if node.id in kernels:   # planned for a device: the kernels its lowering dispatches there
         out["kernels"] = kernels[node.id]
-    group = plan.fusion.group_of().get(node.id) if plan.fusion is not None else None
+    group = fused_in.get(node.id)
     if group is not None:
         out["fused_into"] = graph.nodes[group.node].label
     return out

@@ -26,6 +26,8 @@ the other members are left unread, so no step schedules them. Ids, params,
 inputs and outputs are those of the model's graph."""
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 import attrs
 
 from flowgrad.errors import DeviceError
@@ -137,10 +139,18 @@ def fused_node(graph: Graph, members) -> Node:
     return Node(last.id, "fused", tuple(ext), last.type, last.name, {"steps": steps}, last.span)
 
 
-def _dispatches(graph: Graph, node: Node) -> int | None:
+def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | None:
     """Dispatches the node's lowering records both ways (every float input
-    differentiated), on a dry run; None when it can't take the node."""
+    differentiated), on a dry run; None when it can't take the node.
+    `counted` keeps the counts of one fusion pass by `_dry_run_key`: a model
+    repeats a few shapes of chain many times over, and a dry run (a dozen
+    dispatches recorded, their push constants packed) costs far more than
+    its key."""
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    key = _dry_run_key(graph, node) if counted is not None else None
+    if key is not None and key in counted:
+        return counted[key]
 
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
@@ -152,18 +162,43 @@ def _dispatches(graph: Graph, node: Node) -> int | None:
     try:
         low.forward(rec, node, ins, view(node.type))
         low.backward(rec, node, view(node.type), ins, view(node.type), grads)
+        found = rec.counts()["dispatches"]
     except (DeviceError, ValueError):
-        return None
-    return rec.counts()["dispatches"]
+        found = None
+    if key is not None:
+        counted[key] = found
+    return found
 
 
-def _fits(graph: Graph, node: Node) -> bool:
-    return _dispatches(graph, node) is not None
+def _dry_run_key(graph: Graph, node: Node):
+    """What a dry run of `node` sees: its op, attrs and type and its inputs'
+    types (each view is a fresh buffer at offset 0, so which nodes the inputs
+    are does not show); None for attrs that can't be a key (arrays)."""
+    at = _attr_key(node.attrs)
+    return None if at is None else (node.op, at, node.type, tuple(graph.nodes[i].type for i in node.inputs))
 
 
-def _saves(graph: Graph, members) -> bool:
-    fused = _dispatches(graph, fused_node(graph, members))
-    return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m]) or 0 for m in members)
+def _attr_key(value):
+    """`value` (node attrs) as a hashable key that tells apart what == would
+    not (1, 1.0 and True; 0.0 and -0.0); None when it holds anything else."""
+    if isinstance(value, (dict, tuple)):
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        items = tuple((k, _attr_key(v)) for k, v in pairs)
+        return None if any(v is None for _, v in items) else (type(value).__name__, items)
+    if value is None or isinstance(value, (bool, int, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, float):
+        return ("float", repr(value))
+    return None
+
+
+def _fits(graph: Graph, node: Node, counted: dict | None = None) -> bool:
+    return _dispatches(graph, node, counted) is not None
+
+
+def _saves(graph: Graph, members, counted: dict | None = None) -> bool:
+    fused = _dispatches(graph, fused_node(graph, members), counted)
+    return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m], counted) or 0 for m in members)
 
 
 def _same_sums(graph: Graph, users, members) -> bool:
@@ -178,13 +213,15 @@ def _same_sums(graph: Graph, users, members) -> bool:
             if i not in inside:
                 reads.setdefault(i, []).append(m)
     for i, at in reads.items():
-        outside = [u for u in users[i] if u not in inside]
-        if outside and (len(at) > 1 or any(at[0] < u < last for u in outside)):
+        # users[i] holds each read of i in node order, the chain's among them: counted, not
+        # scanned, as a value every statement reads (a bias, the model's input) has as many
+        outside = len(users[i]) > len(at)
+        if outside and (len(at) > 1 or bisect_left(users[i], last) > bisect_right(users[i], at[0])):
             return False
     return True
 
 
-def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
+def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None = None) -> tuple | None:
     """`node` (a product whose lowering takes an epilogue) and the ops after
     it that its store can do: each the only reader of the value before it,
     adding a residual or a bias, then maybe an activation ending the chain
@@ -217,7 +254,7 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node) -> tuple | None:
             best = tuple(chain)
         if form.act is not None:
             break
-    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best):
+    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best, counted):
         return None
     return best
 
@@ -226,9 +263,10 @@ def fuse(graph: Graph) -> Fusion:
     users = graph.users()
     roots = set(graph.roots())
     taken: set[int] = set()
+    counted: dict = {}       # dry runs' dispatch counts (_dispatches)
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
-        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node)
+        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
         if chain is not None:
             built[chain[-1]] = fused_node(graph, chain)
             groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
@@ -247,11 +285,11 @@ def fuse(graph: Graph) -> Fusion:
                             or not _pointwise(cand) or not all(u in members for u in users[i])):
                         continue
                     chain = sorted(members | {i})
-                    if _same_sums(graph, users, chain) and _fits(graph, fused_node(graph, chain)):
+                    if _same_sums(graph, users, chain) and _fits(graph, fused_node(graph, chain), counted):
                         members.add(i)
                         grown = True
         chain = tuple(sorted(members))
-        if _same_sums(graph, users, chain) and _saves(graph, chain):
+        if _same_sums(graph, users, chain) and _saves(graph, chain, counted):
             built[node.id] = fused_node(graph, chain)
             groups.append(FusedGroup(node.id, chain, built[node.id].inputs))
             taken |= members

@@ -25,6 +25,9 @@ view's gradient writes it in place, and the views' own backwards do
 nothing."""
 from __future__ import annotations
 
+import bisect
+import heapq
+
 import attrs
 
 from flowgrad.exec_vulkan.limits import align_up
@@ -199,15 +202,18 @@ class _Planner:
         self.alias[part] = (inside, offset)
 
     def grad_home(self, i, t):
-        """Place view i's gradient inside its input's, made here if it is the first."""
-        src, off = self.view_of[i]
+        """Place view i's gradient inside its input's, made here if it is the
+        first: up a chain of such views to the first whose input has one (in
+        a loop, as a model may chain more reshapes than Python recurses)."""
+        chain = [i]
+        while (src := self.view_of[chain[-1]][0]) in self.grad_view and ("grad", src) not in self.part_group:
+            chain.append(src)
         if ("grad", src) not in self.part_group:
-            if src in self.grad_view:
-                self.grad_home(src, t)
-            else:
-                self.group(("vgrad", src), t, "step", [(("grad", src), self.graph.nodes[src])])
-        self.place(("grad", i), ("grad", src), off)
-        self.use(("grad", src), t)
+            self.group(("vgrad", src), t, "step", [(("grad", src), self.graph.nodes[src])])
+        for v in reversed(chain):
+            src, off = self.view_of[v]
+            self.place(("grad", v), ("grad", src), off)
+            self.use(("grad", src), t)
 
     def use(self, part, at):
         g = self.groups[self.part_group[part]]
@@ -311,33 +317,32 @@ class _Planner:
 
     def assign(self, saved_ids) -> MemoryPlan:
         """Greedy interval packing: each step-scoped group takes the free
-        buffer that fits best (growing the largest free one if none fits)."""
+        buffer that fits best (growing the largest free one if none fits);
+        among equal sizes, the one freed first."""
         buffers: list[list] = []        # [size, [group keys], kind]
         where: dict[tuple, int] = {}
-        free: list[int] = []
-        busy: list[tuple[int, int]] = []  # (end, buffer)
+        free = _FreeBuffers(buffers)
+        busy: list[tuple[int, int, int]] = []  # heap of (end, when taken, buffer)
         order = sorted(self.groups.items(), key=lambda kv: (kv[1][0], -kv[1][4]))
-        for key, (start, end, kind, _parts, size) in order:
+        for taken, (key, (start, end, kind, _parts, size)) in enumerate(order):
             if kind != "step":
                 buffers.append([size, [key], kind])
                 where[key] = len(buffers) - 1
                 continue
-            for item in [b for b in busy if b[0] < start]:
-                busy.remove(item)
-                free.append(item[1])
-            fits = [b for b in free if buffers[b][0] >= size]
-            if fits:
-                b = min(fits, key=lambda x: buffers[x][0])
-            elif free:
-                b = max(free, key=lambda x: buffers[x][0])
+            done = []
+            while busy and busy[0][0] < start:
+                done.append(heapq.heappop(busy))
+            for _end, _when, b in sorted(done, key=lambda item: item[1]):   # freed in the order they were taken
+                free.add(b)
+            b = free.best_fit(size)
+            if b is None and free:
+                b = free.largest()
                 buffers[b][0] = size
-            else:
+            elif b is None:
                 buffers.append([size, [], "step"])
                 b = len(buffers) - 1
-            if b in free:
-                free.remove(b)
             buffers[b][1].append(key)
-            busy.append((end, b))
+            heapq.heappush(busy, (end, taken, b))
             where[key] = b
         slots = {}
         for key, (_s, _e, _k, parts, _size) in self.groups.items():
@@ -369,6 +374,36 @@ class _Planner:
             live += events[t]
             best = max(best, live)
         return always + best
+
+
+class _FreeBuffers:
+    """The step's free buffers, ordered by (size, when freed), so that the
+    best fit and the largest are a bisection away instead of a scan (a long
+    model frees thousands). A buffer's size changes only once it is taken."""
+
+    def __init__(self, buffers: list):
+        self.buffers = buffers
+        self.order: list[tuple[int, int, int]] = []   # (size, freed at, buffer), sorted
+        self.freed = 0
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def add(self, b: int) -> None:
+        bisect.insort(self.order, (self.buffers[b][0], self.freed, b))
+        self.freed += 1
+
+    def _take(self, at: int) -> int:
+        return self.order.pop(at)[2]
+
+    def best_fit(self, size: int) -> int | None:
+        """The smallest free buffer of at least `size` bytes (the first freed of those), taken; or None."""
+        at = bisect.bisect_left(self.order, (size, -1, -1))
+        return self._take(at) if at < len(self.order) else None
+
+    def largest(self) -> int:
+        """The largest free buffer (the first freed of those), taken."""
+        return self._take(bisect.bisect_left(self.order, (self.order[-1][0], -1, -1)))
 
 
 def nodes_is_activation(graph: Graph, i: int) -> bool:
