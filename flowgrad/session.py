@@ -350,7 +350,7 @@ class Session:
 
     @_one_at_a_time
     def explain(self, analyze: bool = False):
-        from flowgrad.planner.explain import explain
+        from flowgrad.explain import explain
 
         return explain(self, analyze=analyze)
 

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import flowgrad as fg
 from flowgrad.exec_vulkan import recorder
-from flowgrad.planner.explain import explain
-from flowgrad.planner.fusion import fuse
+from flowgrad.explain import explain
+from flowgrad.exec_vulkan.fusion import fuse
 
 PACKAGE = Path(fg.__file__).parent
 # the modules whose passes walk the whole graph
-PASSES = tuple(str(PACKAGE / p) for p in ("planner", "graph.py", "grad_paths.py", "graph_check.py", "host_memory.py"))
+PASSES = tuple(str(PACKAGE / p) for p in ("planner", "exec_vulkan/fusion.py", "exec_vulkan/memory.py", "explain.py", "graph.py",
+                                          "grad_paths.py", "graph_check.py", "host_memory.py"))
 
 
 def chain_model(n: int) -> str:

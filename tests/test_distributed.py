@@ -547,7 +547,7 @@ def test_one_process_does_not_touch_mpi(monkeypatch, mlp):
 
 
 def test_explain_states_the_two_submit_step():
-    from flowgrad.planner.explain import explain
+    from flowgrad.explain import explain
 
     sess = fg.load("mlp").compile(device="cpu")
     assert "ranks" not in explain(sess).to_dict()
@@ -560,7 +560,7 @@ def test_explain_states_the_two_submit_step():
 def test_explain_claims_overlap_only_with_several_buckets(monkeypatch):
     """mlp's gradients fit one 16 MiB bucket, posted when the last of them is
     final: nothing overlaps the backward. Smaller buckets do."""
-    from flowgrad.planner.explain import explain
+    from flowgrad.explain import explain
 
     sess = fg.load("mlp").compile(device="cpu")
     distributed.describe_ranks(sess, 2)

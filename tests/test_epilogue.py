@@ -1,4 +1,4 @@
-"""A matmul and the residual/bias adds after it as one node (planner/fusion.py,
+"""A matmul and the residual/bias adds after it as one node (exec_vulkan/fusion.py,
 lower/fused.py): the tiled GEMM's store does the adds (a split-K GEMM in the
 pass that sums its partials, a GEMM whose store can't in one pass after it);
 bit-identical on numpy, 1e-5 against the unfused plan and 1e-4 against

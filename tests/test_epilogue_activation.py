@@ -1,4 +1,4 @@
-"""A matmul, its adds and an activation as one node (planner/fusion.py,
+"""A matmul, its adds and an activation as one node (exec_vulkan/fusion.py,
 lower/fused.py): the tiled GEMM's store computes h = the product plus its
 bias and/or residual, keeps h for the backward and stores act(h); where the
 kernel can't (a batched or cooperative-matrix product), one fused_map pass

@@ -216,7 +216,7 @@ def test_dispatch_count_follows_the_planned_devices_kernels():
     """The graph plan's dispatches are counted with the kernels the planned
     device runs: on NVIDIA the GEMM's store declines relu, which then runs
     as a pass of its own after the product (as the node's kernels say)."""
-    from flowgrad.planner.explain import graph_plan_dict
+    from flowgrad.explain import graph_plan_dict
 
     generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(generic_gpu("NVIDIA H100 80GB HBM3"), "mlp")
     h = {n.label: n.id for n in nvidia.graph.nodes}["h"]
@@ -306,7 +306,7 @@ def test_closure_plan_sends_nothing_for_a_node_its_lowering_refuses(vk_device):
     (its inputs, and its VJP's output and g, used to go up unused), and
     explain counts the step's traffic without them."""
     from flowgrad.feeds import random_feeds
-    from flowgrad.planner.explain import _closure_traffic
+    from flowgrad.explain import _closure_traffic
 
     sess = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="vulkan", backward="closures")
     a = next(n for n in sess.graph.nodes if n.op == "attention")
@@ -327,7 +327,7 @@ def test_closure_plan_counts_each_direction_as_its_lowering_takes_it(vk_device, 
     import attrs
 
     from flowgrad.feeds import random_feeds
-    from flowgrad.planner.explain import _closure_traffic
+    from flowgrad.explain import _closure_traffic
     from tests import vk_test_ops
 
     vk_test_ops.ensure_registered()
@@ -359,7 +359,7 @@ def test_node_kernels_are_what_the_step_records():
     """A residual add whose gradients the memory plan places where the
     incoming one already is runs nothing backward (char_gpt's x + dropout(.)):
     its kernels are the step's, not those of the add recorded on its own."""
-    from flowgrad.planner.explain import graph_plan_dict, node_kernels
+    from flowgrad.explain import graph_plan_dict, node_kernels
 
     plan = planned_for(generic_gpu(), "char_gpt", layers=1, d=16, heads=2, batch=2, seq=8)
     recorded: dict = {}

@@ -1,4 +1,4 @@
-"""Fusion of pointwise chains on the graph path (planner/fusion.py, lower/fused.py).
+"""Fusion of pointwise chains on the graph path (exec_vulkan/fusion.py, lower/fused.py).
 
 The fused graph must compute what the model's graph does: bit for bit on
 numpy (the fused node runs its members' own rules), to 1e-5 on Vulkan

@@ -16,7 +16,7 @@ from flowgrad.graph import Graph, TensorType
 from flowgrad.graph_check import check_graph
 from flowgrad.planner import make_plan
 from flowgrad.exec_vulkan.limits import ALIGN
-from flowgrad.planner.memory import plan_memory
+from flowgrad.exec_vulkan.memory import plan_memory
 from tests import vk_test_ops
 
 

@@ -158,7 +158,7 @@ minimize loss
 def explain_text(plan):
     from types import SimpleNamespace
 
-    from flowgrad.planner.explain import explain
+    from flowgrad.explain import explain
 
     return explain(SimpleNamespace(plan=plan, graph=plan.graph)).text()
 
@@ -192,7 +192,7 @@ def test_an_f32_island_in_an_f16_model_keeps_the_graph_path():
 
 
 def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):
-    import flowgrad.planner.memory as memory
+    import flowgrad.exec_vulkan.memory as memory
     import flowgrad.planner.plan as plan_module
 
     calls = []

@@ -24,7 +24,7 @@ from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
-from flowgrad.planner.memory import MemoryPlan
+from flowgrad.exec_vulkan.memory import MemoryPlan
 from flowgrad.update_counts import Counts
 
 

@@ -29,7 +29,7 @@ class Lowering:
     dtypes / bwd_dtypes: the node dtypes each direction accepts.
     pointwise(attrs) -> Pointwise: set when the op is one map op per element
     both ways; the planner fuses chains of such ops into one node
-    (planner/fusion.py) that lower/fused.py runs in one dispatch.
+    (exec_vulkan/fusion.py) that lower/fused.py runs in one dispatch.
     view(node, in_shape) -> int | None: set when the output can be a
     contiguous window of input 0 (the element offset it starts at; None
     where this node's can't): the memory plan then places it there, and
@@ -45,7 +45,7 @@ class Lowering:
     blocks laid out one after another ([k, ..., n/k]); set on a product
     whose output columns are independent, so that a value read only
     through such blocks is computed in block order and each block is a
-    view (planner/fusion.py). Its lowering raises DeviceError where it
+    view (exec_vulkan/fusion.py). Its lowering raises DeviceError where it
     can't take a node (the planner then leaves that one alone).
     window(node, in_shape) -> (axis, lo, hi): set when the output is input 0
     cut to [lo, hi) along one axis (a slice).

@@ -29,7 +29,7 @@ from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.training.optim import groups_for
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
-from flowgrad.planner.memory import MemoryPlan, plan_memory
+from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 
 INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
 

@@ -1,4 +1,4 @@
-"""Ops only the planner makes (planner/fusion.py), for the graph path.
+"""Ops only the planner makes (exec_vulkan/fusion.py), for the graph path.
 
 `fused`: a chain of ops the planner has merged into one node.
 

@@ -11,9 +11,9 @@ import attrs
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
-from flowgrad.planner.fusion import Fusion, fuse, no_fusion
+from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion
 from flowgrad.grad_paths import backward_nodes
-from flowgrad.planner.memory import MemoryPlan, plan_memory
+from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 
 
 @attrs.frozen

@@ -1,5 +1,5 @@
 """The lowering of `fused` (a chain of pointwise ops the planner merged,
-planner/fusion.py) on fused_map.comp.
+exec_vulkan/fusion.py) on fused_map.comp.
 
 A chain compiles to a register program of the members' own map ops (their
 Lowering.pointwise records): forward, one dispatch computing the chain's

@@ -1,4 +1,4 @@
-"""Lowerings of the planner's split product and its parts (planner/fusion.py):
+"""Lowerings of the planner's split product and its parts (exec_vulkan/fusion.py):
 `matmul_parts` computes a @ b with b's columns cut into k equal blocks,
 laid out block-major ([k, ..., n/k]), so each block is one contiguous
 `part`, a view the memory plan places inside the product (no copy either

@@ -193,7 +193,7 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
 
 
 def fusion_dict(graph: Graph, plan: Plan) -> dict:
-    """The pointwise chains the graph path runs as one node each (planner/fusion.py)."""
+    """The pointwise chains the graph path runs as one node each (exec_vulkan/fusion.py)."""
     groups = plan.fusion.groups if plan.fusion is not None else []
     return {
         "groups": [{"node": graph.nodes[grp.node].label, "node_id": grp.node,
