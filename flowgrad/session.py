@@ -80,6 +80,9 @@ class Session:
         names = self.graph.trainable() if trainable else self.graph.params
         arrays = {}
         for name, value in values.items():
+            if trainable and name in self.graph.frozen:
+                raise FlowError(f"{what}: param {name!r} of {self.graph.name} is frozen: it takes no gradient "
+                                "and no update")
             if not isinstance(name, str) or name not in names:
                 raise FlowError(f"{what}: {self.graph.name} has no {'trainable ' * trainable}param {name!r}")
             node = self.graph.nodes[self.graph.params[name]]
