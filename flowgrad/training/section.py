@@ -26,7 +26,7 @@ import attrs
 from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
-from flowgrad.param_patterns import freeze_params, patterns_of
+from flowgrad.param_patterns import declared_params, freeze_params, patterns_of
 from flowgrad.training import metrics, spec
 from flowgrad.training.data import Dataset
 from flowgrad.training.metrics import Metric
@@ -105,7 +105,9 @@ def _check(graph, steps, data, optimizer, seed, freeze=None, first=False) -> tup
         attempt(lambda: _steps(items, steps, where))
     attempt(lambda: freeze_patterns(graph, freeze))
     if optimizer is None:
-        attempt(lambda: _optimizer(items, where, 100))
+        attempt(lambda: _optimizer(items, where, 100).check_params(declared_params(graph), graph.name))
+    elif isinstance(optimizer, Optimizer):
+        attempt(lambda: optimizer.check_params(declared_params(graph), graph.name))
     bound = None
     if data is None and "data" in items:
         try:  # the split depends on the seed: make the data as training will
