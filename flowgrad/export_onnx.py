@@ -190,6 +190,19 @@ def _cast(w, n, ins, ts):
     return w.op("Cast", ins, to={"f32": 1, "f16": 10, "i32": 6}[n.dtype])
 
 
+def _compare(kind, negate=False):
+    """A comparison: 1 or 0 in the operands' dtype, as flowgrad has no bool."""
+    def convert(w, n, ins, ts):
+        out = w.op(kind, ins)
+        return _cast(w, n, [w.op("Not", [out]) if negate else out], ts)
+    return convert
+
+
+def _where(w, n, ins, ts):
+    cond, a, b = ins
+    return w.op("Where", [w.op("Cast", [cond], to=9), a, b])   # 9: bool, true where nonzero
+
+
 CONVERTERS = {
     "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
     "matmul": _binary("MatMul"),
@@ -213,6 +226,8 @@ CONVERTERS = {
                                             epsilon=float(n.attrs["eps"])),
     "rmsnorm": _rmsnorm,
     "attention": _attention,
+    "where": _where, "eq": _compare("Equal"), "ne": _compare("Equal", negate=True), "lt": _compare("Less"),
+    "le": _compare("LessOrEqual"), "gt": _compare("Greater"), "ge": _compare("GreaterOrEqual"),
     "cross_entropy": _class_loss("SoftmaxCrossEntropyLoss"), "nll_loss": _class_loss("NegativeLogLikelihoodLoss"),
     "mse_loss": _mse,
     "cast": _cast,
