@@ -81,7 +81,7 @@ class Session:
         names = self.graph.trainable() if trainable else self.graph.params
         arrays = {}
         for name, value in values.items():
-            if trainable and name in self.graph.frozen:
+            if trainable and isinstance(name, str) and name in self.graph.frozen:
                 raise FlowError(f"{what}: param {name!r} of {self.graph.name} is frozen: it takes no gradient "
                                 "and no update")
             if not isinstance(name, str) or name not in names:

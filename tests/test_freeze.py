@@ -222,3 +222,20 @@ def test_explain_of_a_file_plans_with_its_train_section_frozen_params(tmp_path, 
     out = capsys.readouterr().out
     assert "frozen: emb (no gradient, no update)" in out
     assert "= param emb" in next(line for line in out.splitlines() if "frozen" in line and "%" in line)
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_a_loaded_optimizer_state_of_a_param_frozen_since_is_kept(request, tmp_path, device):
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    pre = gpt(layers=1).compile(device="cpu")
+    train(pre, steps=2)
+    pre.save_checkpoint(tmp_path / "pre.safetensors")
+    _, saved = pre.runner.get_opt_state()
+    sess = gpt(layers=1).compile(device=device, freeze=["tok_emb"])
+    sess.load_checkpoint(tmp_path / "pre.safetensors")
+    train(sess, steps=2)
+    _, state = sess.runner.get_opt_state()
+    for k, v in saved["tok_emb"].items():
+        np.testing.assert_array_equal(state["tok_emb"][k], v, err_msg=k)
+    assert not np.array_equal(state["w_out"]["exp_avg"], saved["w_out"]["exp_avg"])

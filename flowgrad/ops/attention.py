@@ -92,6 +92,7 @@ def _expand(nb, ins, at):
     """key_padding_mask (5th input) -> [batch, 1, 1, seq_k] as the mask, or
     folded into the given one: nonzero only where both keep (boolean), or
     -inf where padded (additive)."""
+    at = {a.name: at[a.name] for a in ARGS if a.kind == "attr"}   # in the signature's order, as nodes keep them
     if len(ins) < 5:
         return ins, at
     q, k, v, mask, pad = ins
@@ -166,10 +167,10 @@ def _vjp(g, ins, out, at):
     return [narrow(_merge(d, x.shape), x) for d, x in zip((dq, dk, dv), ins)] + [None] * (len(ins) - 3)
 
 
+ARGS = (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)), Arg("causal", "attr", False, (bool,)),
+        Arg("mask", "tensor", None), Arg("key_padding_mask", "tensor", None))
 attention = defop(
-    "attention",
-    (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)),
-     Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None), Arg("key_padding_mask", "tensor", None)),
+    "attention", ARGS,
     _infer, _forward, _vjp, nondiff=(3,), expand=_expand,
     doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive or boolean (i32) mask; "
         "key_padding_mask i32 [batch, seq_k] (1 keep, 0 pad); causal")
