@@ -7,12 +7,11 @@ indices take whole axes.
 
 There is no subscript op: each one lowers to ops every executor, lowering
 and exporter already has. A slice of step 1 is a `slice` node; a step s > 1
-keeps every s-th position by splitting a window of count * s positions
-into [count, s] with a reshape and keeping one column with a `slice` (the
-window is padded at its end only where count * s exceeds the axis), then
-merging it back;
-the axes ints remove go in one last reshape. Steps below 1 are errors, as
-in PyTorch."""
+keeps every s-th position by splitting a window of count * s positions into
+[count, s] with a reshape and keeping one column with a `slice` (the window
+is padded at its end only where count * s exceeds the axis), then merging
+it back; the axes ints remove go in one last reshape. Steps below 1 are
+errors, as in PyTorch."""
 from __future__ import annotations
 
 import numbers

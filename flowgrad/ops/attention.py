@@ -11,6 +11,7 @@ i32 mask is boolean: key j takes part for query i where it is nonzero.
 causal=true keeps key j for query i only where j <= i (an index rule, no
 mask tensor). A query row whose keys are all masked gives 0 and passes no
 gradient, as PyTorch's scaled_dot_product_attention does.
+f16 is computed in f32 (forward and VJP) and rounded back once.
 
 key_padding_mask (i32 [batch, seq_k], or [seq_k] for q without a batch: 1
 keeps key j of that example, 0 pads it out) is no input of the node: the
@@ -18,8 +19,7 @@ builder reshapes it to [batch, 1, 1, seq_k] and makes it the mask (or folds
 it into the one given), so every executor and exporter reads one mask. A
 rank-2 mask is [seq_q, seq_k]; where the batch equals seq_q, a padding mask
 [batch, seq_k] would pass for one, so that shape is refused (reshaped to
-rank 4 it is unambiguous).
-f16 is computed in f32 (forward and VJP) and rounded back once."""
+rank 4 it is unambiguous)."""
 from __future__ import annotations
 
 import math
