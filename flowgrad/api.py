@@ -12,6 +12,7 @@ from flowgrad.errors import FlowError, GraphPathRefused
 from flowgrad.graph import Graph
 from flowgrad.initializers import init_params
 from flowgrad.ops import user as ops_user
+from flowgrad.param_patterns import freeze_params
 from flowgrad.planner import make_plan
 from flowgrad.session import Session, StepResult, checked_seed
 
@@ -61,7 +62,7 @@ class Model:
         return Model(self.program, self.overrides, self.grads + ((y, x, name),))
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False, loss_scale=None, fusion: bool = True):
+                check_finite: bool = False, loss_scale=None, fusion: bool = True, freeze=None):
         """dtype: "f32", "f16" (every declared-f32 tensor in f16), or "mixed"
         (f16 compute, f32 master params and optimizer state, f32 losses, and
         dynamic loss scaling). check_finite: stop at the first step with a
@@ -69,7 +70,10 @@ class Model:
         (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
         (flowgrad.training.loss_scale) to use instead of GradScaler's defaults.
         fusion=False: the graph path runs every pointwise op as its own
-        dispatch (to compare with the fused chains)."""
+        dispatch (to compare with the fused chains). freeze: params to hold
+        fixed, as names, block prefixes ("decoder.0") or globs
+        (flowgrad.param_patterns): they take no gradient and no update, and
+        checkpoints save and load them as the others."""
         if not isinstance(dtype, str) or dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {dtype!r}")
         from flowgrad.training.loss_scale import LossScaler
@@ -82,6 +86,8 @@ class Model:
         if seed is not None:
             seed = checked_seed(seed)
         graph = self.build(dtype)
+        if freeze is not None:
+            graph = freeze_params(graph, freeze)
         from flowgrad.host_memory import check_host_memory
 
         check_host_memory(graph)

@@ -117,7 +117,11 @@ def section_summary(graph) -> str:
 
 def cmd_explain(args) -> int:
     model = load_model(args.file, parse_sets(args.set))
-    sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward)
+    from flowgrad.training.section import freeze_patterns
+
+    # the step training runs: with the train section's frozen params
+    sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward,
+                         freeze=freeze_patterns(model.graph))
     if args.ranks is not None:
         at_least_one("--ranks", args.ranks)
         from flowgrad.training.distributed import describe_ranks

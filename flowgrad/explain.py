@@ -67,6 +67,8 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "closure_plan": closure_plan_dict(graph, plan),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
+    if graph.frozen:   # params held fixed: no gradient, no update (Model.compile(freeze=...))
+        data["frozen"] = [name for name in graph.params if name in graph.frozen]
     if plan.dtype == "mixed":
         data["precision"] = precision_dict(sess, kernels)
     ranks = getattr(sess, "ranks", 1)   # set by data-parallel training and `explain --ranks`, with grad_buckets
@@ -165,7 +167,9 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
 
 def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict, fused_in: dict) -> dict:
     """fused_in: the fused group of each member (Fusion.group_of, made once for all the nodes)."""
-    if node.op in LEAF_OPS:
+    if node.op == "param" and node.name in graph.frozen:
+        verdict = "frozen"
+    elif node.op in LEAF_OPS:
         verdict = node.op
     elif node.id in refused:
         verdict = f"refused:{refused[node.id].code}"
@@ -347,6 +351,8 @@ def render_text(d: dict, graph: Graph) -> str:
         head = (f"{d['model']}: backward on CLOSURES, {c['refused_nodes']} of {c['ops']} ops refused, "
                 f"{c['refusals']} refusal{'s' * (c['refusals'] != 1)} (device: {dev}, {d['dtype']})")
     lines = [head, f"why: {d['reason']}", ""]
+    if "frozen" in d:
+        lines[-1:] = [f"frozen: {', '.join(d['frozen'])} (no gradient, no update)", ""]
     if "ranks" in d:
         lines[-1:] = [f"ranks: {d['ranks']['count']}, data-parallel: {d['ranks']['step']}", ""]
     if d["refusals"]:

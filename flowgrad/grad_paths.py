@@ -15,7 +15,8 @@ def backward_nodes(graph: Graph, grad_inputs: bool = False, loss: int | None = N
     loss = graph.loss if loss is None else loss
     if loss is None:
         return frozenset(), {}
-    needs: set[int] = {i for i in graph.params.values() if graph.nodes[i].dtype != "i32"}
+    # frozen params and states take no gradient: what only they reach needs no backward
+    needs: set[int] = {i for i in graph.trainable().values() if graph.nodes[i].dtype != "i32"}
     if grad_inputs:
         needs |= {i for i in graph.inputs.values() if graph.nodes[i].dtype != "i32"}
     diff_pos: dict[int, list[int]] = {}

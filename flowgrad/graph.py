@@ -198,6 +198,8 @@ class Graph:
     loss: int | None = None
     config: dict[str, Any] = attrs.field(factory=dict)
     train: TrainSpec | None = None
+    # params held fixed (Model.compile(freeze=...)): no gradient, no update, saved and loaded as any
+    frozen: frozenset = frozenset()
 
     def add(self, op: str, inputs, type: TensorType, name: str = "", attrs=None, span=None,
             grad_of: int | None = None) -> Node:
@@ -244,8 +246,18 @@ class Graph:
 
     def trainable(self) -> dict[str, int]:
         """The params the optimizer updates and gradients are reported for:
-        all but `state` declarations (which ops update in place)."""
-        return {k: i for k, i in self.params.items() if not self.nodes[i].attrs.get("state")}
+        all but `state` declarations (which ops update in place) and the frozen ones."""
+        return {k: i for k, i in self.params.items() if not self.nodes[i].attrs.get("state") and k not in self.frozen}
+
+    def states(self) -> dict[str, int]:
+        """The `state` declarations: params the forward updates in place."""
+        return {k: i for k, i in self.params.items() if self.nodes[i].attrs.get("state")}
+
+    def with_frozen(self, names) -> Graph:
+        """A copy of this graph (its node records shared: they are immutable)
+        with the params `names` frozen."""
+        return attrs.evolve(self, nodes=list(self.nodes), inputs=dict(self.inputs), params=dict(self.params),
+                            outputs=dict(self.outputs), config=dict(self.config), frozen=frozenset(names))
 
     def param_count(self) -> int:
         return sum(self.nodes[i].type.size for i in self.params.values())

@@ -61,6 +61,7 @@ class Session:
         # the last optimizer step() was given (or its description, loaded from a
         # checkpoint): save_checkpoint records it
         self.optimizer = None
+        self._optimizers_checked: list = []   # those whose no_decay names were checked against the params
         self.check_finite = False
         self.steps = 0            # steps that computed gradients (anomaly messages count them)
         self._predictor = None
@@ -101,6 +102,9 @@ class Session:
         names = self.graph.trainable() if trainable else self.graph.params
         arrays = {}
         for name, value in values.items():
+            if trainable and isinstance(name, str) and name in self.graph.frozen:
+                raise FlowError(f"{what}: param {name!r} of {self.graph.name} is frozen: it takes no gradient "
+                                "and no update")
             if not isinstance(name, str) or name not in names:
                 raise FlowError(f"{what}: {self.graph.name} has no {'trainable ' * trainable}param {name!r}")
             node = self.graph.nodes[self.graph.params[name]]
@@ -142,7 +146,7 @@ class Session:
             raise FlowError(f"{self.graph.name} has no `minimize` statement, so there is nothing to "
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         if optimizer is not None:
-            _check_optimizer(optimizer, self.runner.counts.iterations + 1)
+            self._check_optimizer(optimizer)
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
@@ -209,7 +213,7 @@ class Session:
         across ranks. Under dtype="mixed", a non-finite one skips the update
         and halves the loss scale; the call is an iteration of the lr
         schedule all the same, as a step(..., optimizer=) is."""
-        _check_optimizer(optimizer, self.runner.counts.iterations + 1)
+        self._check_optimizer(optimizer)
         trainable = self.graph.trainable()
         arrays = self._per_param("apply_update", grads, trainable=True)
         missing = [name for name in trainable if name not in arrays]
@@ -218,6 +222,16 @@ class Session:
                             f"trainable param: {', '.join(trainable)})")
         self.optimizer = optimizer
         self.runner.apply_update(optimizer, arrays)
+
+    def _check_optimizer(self, optimizer) -> None:
+        """A flowgrad optimizer whose schedule runs and whose no_decay patterns
+        each name a param of this model (checked once per optimizer object)."""
+        _check_optimizer(optimizer, self.runner.counts.iterations + 1)
+        if not any(o is optimizer for o in self._optimizers_checked):
+            from flowgrad.param_patterns import declared_params
+
+            optimizer.check_params(declared_params(self.graph), self.graph.name)
+            self._optimizers_checked.append(optimizer)
 
     def _checked_step(self, feeds, grads, optimizer, grad_inputs, on_grad_final=None):
         """A step whose loss and gradients are read back and checked; on a

@@ -383,3 +383,16 @@ def test_the_torch_named_ops_export_and_agree_with_flowgrad(tmp_path):
     want = sess.step(feeds, grads=False).outputs
     for name in names:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_comparisons_and_where_export(tmp_path):
+    sess = fg.loads("input a: f32[2, 3]\ninput b: f32[3]\ninput i: i32[2, 3]\n"
+                    "c = eq(a, b) + ne(a, b) * 2.0 + lt(a, b) * 4.0 + le(a, b) * 8.0 + gt(a, b) * 16.0 + ge(a, b) * 32.0\n"
+                    "w = where(i, a, b) + where(gt(a, 0.0), c, -c)\nj = ne(i, 0)\noutput c, w, j\n").compile(device="cpu")
+    feeds = {"a": np.array([[0.5, -1.0, 2.0], [1.0, 1.0, -3.0]], np.float32), "b": np.array([0.5, 1.0, -3.0], np.float32),
+             "i": np.array([[0, 2, -1], [1, 0, 0]], np.int32)}
+    sess.to_onnx(tmp_path / "c.onnx", outputs=["c", "w", "j"])
+    got, want = run_onnx(tmp_path / "c.onnx", feeds), sess.step(feeds, grads=False).outputs
+    for name in ("c", "w", "j"):
+        assert got[name].dtype == want[name].dtype
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -26,7 +26,7 @@ def test_the_docs_op_table_is_generated_from_the_records():
 def test_the_docs_op_table_shows_every_builtin_op_once():
     table = doc.op_table()
     assert [line.split("`")[1] for line in table.splitlines()[2:]] == list(BUILTIN)
-    assert "| `attention` | `(q, k, v, heads, causal=false, mask=none)` |" in table
+    assert "| `attention` | `(q, k, v, heads, causal=false, mask=none, key_padding_mask=none)` |" in table
     assert "| `gelu` | `(x, approximate=\"none\")` |" in table
     # the random state is flowgrad's own: a call that passes rng= is refused, so the table does not offer it
     assert "| `dropout` | `(x, p=0.5, stream=none)` |" in table and "rng=" not in table
@@ -89,7 +89,7 @@ ERRORS = [
     ("pow", [T(2)], {"exponent": "2"}, ["exponent='2'", "float"]),
     ("sum", [T(2)], {"axes": 0}, ["unknown attribute 'axes'"]),
     ("relu", [T(2), T(2)], {}, ["takes 1 tensor input, got 2"]),
-    ("attention", [T(2, 4)] * 2, {"heads": 1}, ["3 to 4", "got 2"]),
+    ("attention", [T(2, 4)] * 2, {"heads": 1}, ["3 to 5", "got 2"]),
     ("reshape", [T(2, 3)], {"shape": [4, 2]}, ["[2, 3]", "[4, 2]", "6", "8"]),
     ("reshape", [T(2, 3)], {"shape": [4, -1]}, ["[4, -1]", "multiple"]),
     ("reshape", [T(2, 3)], {"shape": [-1, -1]}, ["one -1"]),

@@ -68,7 +68,33 @@ class ListLit:
     pos: Pos
 
 
-Expr = Union[Number, String, Name, BinOp, Neg, Call, ListLit]
+@attrs.frozen
+class Slice:
+    """`start:stop:step` in a subscript, a bound not written being None."""
+
+    start: Expr | None
+    stop: Expr | None
+    step: Expr | None
+    pos: Pos
+
+
+@attrs.frozen
+class EllipsisIndex:
+    """`...` in a subscript: as many whole axes as the other indices leave."""
+
+    pos: Pos
+
+
+@attrs.frozen
+class Subscript:
+    """`value[i, a:b, ...]`: each index an expression, a Slice or an EllipsisIndex."""
+
+    value: Expr
+    indices: tuple[Union[Expr, Slice, EllipsisIndex], ...]
+    pos: Pos
+
+
+Expr = Union[Number, String, Name, BinOp, Neg, Call, ListLit, Subscript]
 
 
 @attrs.frozen

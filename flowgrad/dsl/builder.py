@@ -1,7 +1,8 @@
 """Syntax tree -> Graph. Walks the statements in order and evaluates
 expressions to graph nodes (or to compile-time values: numbers, strings,
 dtypes, lists). Calls are bound and typed in dsl/calls.py; blocks, `repeat`
-and `split` expand in place in dsl/builtins.py.
+and `split` expand in place in dsl/builtins.py; subscripts lower to slices
+and reshapes in dsl/subscripts.py.
 
 Every node gets a Span; inside a block instance the span's `via` lists the
 call sites (innermost first) that expanded it."""
@@ -20,6 +21,7 @@ from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.printer import expr
 from flowgrad.dsl.scope import Binding, Scope, Tensor
+from flowgrad.dsl.subscripts import Subscripts
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import (COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg,
                                   type_name)
@@ -33,7 +35,7 @@ from flowgrad.ops import OPS
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 
-class Builder(Calls, Builtins):
+class Builder(Calls, Builtins, Subscripts):
     def __init__(self, program: ast.Program, overrides: dict | None, dtype: str):
         if dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be one of {', '.join(COMPILE_DTYPES)}, got {dtype!r}")
@@ -309,6 +311,8 @@ class Builder(Calls, Builtins):
             return [self.single(x, scope) for x in e.items]
         if isinstance(e, ast.Call):
             return self.call(e, scope)
+        if isinstance(e, ast.Subscript):
+            return self.subscript(e, scope)
         if isinstance(e, ast.Neg):
             x = self.single(e.operand, scope)
             if isinstance(x, Tensor):

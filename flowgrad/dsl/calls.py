@@ -136,7 +136,8 @@ class Calls:
                 attr_values[arg.name] = self.attr_value(op_name, arg, value, pos, scope)
             elif arg.kind == "tensor":
                 if value is None and arg.default is None:
-                    continue  # an optional tensor that was not given
+                    ins.append(None)  # an optional tensor that was not given: left out below
+                    continue
                 ins.append(self.as_tensor(shown or f"{op_name}()", arg.name, value, like, pos, scope).id)
             else:
                 items = value if value is not None else []
@@ -145,11 +146,14 @@ class Calls:
                 if not isinstance(items, (list, tuple)):
                     items = [items]
                 ins += [self.as_tensor(f"{op_name}()", arg.name, v, like, pos, scope).id for v in items]
+        ins = _given(ins, op_name, op.expand is not None)
         span = self.span(call_pos, scope)
         if self.mixed and self.autocasts(op, ins):
-            ins = [self.mixed_cast(i, span) if self.graph.nodes[i].dtype == "f16" else i for i in ins]
+            ins = [self.mixed_cast(i, span) if i is not None and self.graph.nodes[i].dtype == "f16" else i
+                   for i in ins]
         if op.expand is not None:
-            self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
+            if None not in ins:   # (with a gap, the hook reads the inputs by position and checks them)
+                self.infer_type(op_name, ins, attr_values, span)  # the rule sees bad shapes before the hook does
             nb = NodeBuilder(self, span)
             try:
                 ins, attr_values = op.expand(nb, list(ins), dict(attr_values))
@@ -278,6 +282,19 @@ class NodeBuilder:
         op's default stream): so f32, f16 and mixed draw the same numbers."""
         return len(self.graph.nodes) - self._b.mixed_casts
 
+
+
+def _given(ins: list, op_name: str, expands: bool) -> list:
+    """The inputs without the optional tensors not given at the end. One not
+    given before one that is stays a None, for the op's expand hook to read
+    the inputs by position (attention's mask before its key_padding_mask);
+    the hook leaves no gap in the node it builds."""
+    while ins and ins[-1] is None:
+        ins = ins[:-1]
+    if None in ins and not expands:
+        raise FlowError(f"{op_name}: an optional tensor argument is given after one that is not, and the op "
+                        "has no expand hook to place it")
+    return ins
 
 
 def _plain(v):

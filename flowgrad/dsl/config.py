@@ -41,6 +41,8 @@ def evaluate_static(expr: ast.Expr, lookup: Callable, on_call: Callable, error: 
             return [ev(x) for x in e.items]
         if isinstance(e, ast.Call):
             return on_call(e, ev)
+        if isinstance(e, ast.Subscript):
+            raise error("subscripts index tensors; here values are constants", e.pos)
         try:
             if isinstance(e, ast.Neg):
                 return static_neg(ev(e.operand))

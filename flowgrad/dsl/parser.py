@@ -98,7 +98,7 @@ def parse_program(text: str, file: str) -> ast.Program:
 # around an expression, not nesting, and a name or literal nests nothing:
 # counting them made the limit depend on where an expression stands (98
 # levels in a statement, 95 in an initialiser, 49 nested calls).
-NESTING = frozenset({"add", "sub", "mul", "div", "matmul", "pow", "neg", "call", "list"})
+NESTING = frozenset({"add", "sub", "mul", "div", "matmul", "pow", "neg", "call", "list", "subscript"})
 
 
 def check_depth(tree: Tree, file: str, lines) -> None:
@@ -241,6 +241,28 @@ class ToAst(Transformer_NonRecursive):
 
     def items(self, meta, ch):
         return tuple(ch)
+
+    def subscript(self, meta, ch):
+        return ast.Subscript(ch[0], ch[1], meta_pos(meta))
+
+    def indices(self, meta, ch):
+        return tuple(ch)
+
+    def ellipsis(self, meta, ch):
+        return ast.EllipsisIndex(meta_pos(meta))
+
+    def slice(self, meta, ch):
+        """The bounds between the kept colons: `a:b`, `:b`, `::2`, ..."""
+        parts, current = [], None
+        for c in ch:
+            if isinstance(c, Token) and c.type == "COLON":
+                parts.append(current)
+                current = None
+            else:
+                current = c
+        parts.append(current)
+        start, stop, step = parts + [None] * (3 - len(parts))
+        return ast.Slice(start, stop, step, meta_pos(meta))
 
     def args(self, meta, ch):
         return tuple(ch)

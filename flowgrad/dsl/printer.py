@@ -59,10 +59,22 @@ def expr(e) -> str:
         return f"{e.func}({', '.join(args)})"
     if isinstance(e, ast.ListLit):
         return f"[{', '.join(expr(i) for i in e.items)}]"
+    if isinstance(e, ast.Subscript):
+        return f"{_bracketed(e.value, ATOM)}[{', '.join(_index(i) for i in e.indices)}]"
     raise TypeError(f"not an expression: {type(e).__name__}")
 
 
-# the grammar's levels, loosest first: + -, then * / @, then unary minus, then **, then atoms
+def _index(i) -> str:
+    if isinstance(i, ast.EllipsisIndex):
+        return "..."
+    if isinstance(i, ast.Slice):
+        bounds = [expr(b) if b is not None else "" for b in (i.start, i.stop)]
+        return ":".join(bounds) + ("" if i.step is None else f":{expr(i.step)}")
+    return expr(i)
+
+
+# the grammar's levels, loosest first: + -, then * / @, then unary minus, then **, then atoms and
+# subscripts (x[i] ** 2 is (x[i]) ** 2)
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "**": 4}
 UNARY, ATOM = 3, 5
 

@@ -278,6 +278,9 @@ class GraphSession:
         out = {p: {} for p in bufs}
         for (p, k), a in zip(keys, arrays):
             out[p][k] = a
+        # a loaded state the device holds no buffers for (a param frozen since) is kept as it was
+        out.update({p: {k: np.array(v) for k, v in st.items()} for p, st in (self.loaded_opt_state or {}).items()
+                    if p not in out})
         return self.counts, out
 
     def set_opt_state(self, counts: Counts, state) -> None:

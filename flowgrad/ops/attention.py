@@ -11,7 +11,15 @@ i32 mask is boolean: key j takes part for query i where it is nonzero.
 causal=true keeps key j for query i only where j <= i (an index rule, no
 mask tensor). A query row whose keys are all masked gives 0 and passes no
 gradient, as PyTorch's scaled_dot_product_attention does.
-f16 is computed in f32 (forward and VJP) and rounded back once."""
+f16 is computed in f32 (forward and VJP) and rounded back once.
+
+key_padding_mask (i32 [batch, seq_k], or [seq_k] for q without a batch: 1
+keeps key j of that example, 0 pads it out) is no input of the node: the
+builder reshapes it to [batch, 1, 1, seq_k] and makes it the mask (or folds
+it into the one given), so every executor and exporter reads one mask. A
+rank-2 mask is [seq_q, seq_k]; where the batch equals seq_q, a padding mask
+[batch, seq_k] would pass for one, so that shape is refused (reshaped to
+rank 4 it is unambiguous)."""
 from __future__ import annotations
 
 import math
@@ -29,6 +37,13 @@ def _check_mask(q, k, m, heads):
         raise OpTypeError(f"mask must be {q.dtype} (added to the scores) or i32 (boolean), got {m}")
     batch = q.shape[0] if len(q.shape) == 3 else 1
     sq, sk = q.shape[-2], k.shape[-2]
+    if len(m.shape) == 2 and len(q.shape) == 3 and m.shape[0] == batch != 1:
+        if batch == sq:
+            raise OpTypeError(f"mask {m} is ambiguous: batch and seq_q are both {sq}, so it reads as "
+                              f"[seq_q, seq_k] or as a padding mask [batch, seq_k]; give a padding mask as "
+                              f"key_padding_mask=m, a [seq_q, seq_k] mask as reshape(m, [1, 1, {sq}, {sk}])")
+        raise OpTypeError(f"mask {m} does not broadcast to [seq_q, seq_k] = {[sq, sk]}; a padding mask "
+                          f"[batch, seq_k] goes in key_padding_mask=")
     if len(m.shape) <= 2:
         want, names = (sq, sk), "[seq_q, seq_k]"
     elif len(m.shape) == 4:
@@ -54,9 +69,46 @@ def _infer(ins, at):
         raise OpTypeError(f"q, k and v must have the same last dim d, got q: {q}, k: {k}, v: {v}")
     if heads < 1 or d % heads:
         raise OpTypeError(f"heads={heads} must be a positive divisor of d={d}")
-    if mask:
+    if mask:   # (a call's mask and key_padding_mask, before the builder folds the second into the first)
         _check_mask(q, k, mask[0], heads)
+    if len(mask) > 1:
+        _padding_shape(q, k, mask[1])
     return q
+
+
+def _padding_shape(q, k, pad) -> list[int]:
+    """The shape [batch, 1, 1, seq_k] a key_padding_mask is read as, after checking it."""
+    if len(q.shape) == 3:
+        want, names = (q.shape[0], k.shape[-2]), "[batch, seq_k]"
+    else:
+        want, names = (k.shape[-2],), "[seq_k] (q has no batch axis)"
+    if pad.dtype != "i32" or pad.shape != want:
+        raise OpTypeError(f"key_padding_mask must be i32{names} = i32{list(want)} (1 keeps a key, 0 pads it "
+                          f"out), got {pad}" + (" (cast(m, i32))" if pad.dtype != "i32" else ""))
+    return [want[0] if len(want) == 2 else 1, 1, 1, want[-1]]
+
+
+def _expand(nb, ins, at):
+    """key_padding_mask (5th input) -> [batch, 1, 1, seq_k] as the mask, or
+    folded into the given one: nonzero only where both keep (boolean), or
+    -inf where padded (additive)."""
+    at = {a.name: at[a.name] for a in ARGS if a.kind == "attr"}   # in the signature's order, as nodes keep them
+    if len(ins) < 5:
+        return ins, at
+    q, k, v, mask, pad = ins
+    tq, tk = nb.type(q), nb.type(k)
+    _infer([tq, tk, nb.type(v)], at)   # q, k and v first: the masks' shapes follow theirs
+    pad = nb.apply("reshape", [pad], {"shape": _padding_shape(tq, tk, nb.type(pad))})
+    if mask is None:
+        return [q, k, v, pad], at
+    tm = nb.type(mask)
+    _check_mask(tq, tk, tm, at["heads"])
+    zero = nb.const(np.zeros((), np.int32), "i32")
+    padded = nb.apply("eq", [pad, zero])   # 1 where padded
+    if tm.dtype == "i32":   # 1 where both keep: (mask != 0) > padded, in comparisons, which every dtype takes
+        return [q, k, v, nb.apply("gt", [nb.apply("ne", [mask, zero]), padded])], at
+    hidden = nb.apply("cast", [padded], {"dtype": tm.dtype})
+    return [q, k, v, nb.apply("where", [hidden, nb.const(np.array(-np.inf), tm.dtype), mask])], at
 
 
 def _heads(x, h):
@@ -115,10 +167,10 @@ def _vjp(g, ins, out, at):
     return [narrow(_merge(d, x.shape), x) for d, x in zip((dq, dk, dv), ins)] + [None] * (len(ins) - 3)
 
 
+ARGS = (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)), Arg("causal", "attr", False, (bool,)),
+        Arg("mask", "tensor", None), Arg("key_padding_mask", "tensor", None))
 attention = defop(
-    "attention",
-    (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)),
-     Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None)),
-    _infer, _forward, _vjp, nondiff=(3,),
+    "attention", ARGS,
+    _infer, _forward, _vjp, nondiff=(3,), expand=_expand,
     doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive or boolean (i32) mask; "
-        "causal")
+        "key_padding_mask i32 [batch, seq_k] (1 keep, 0 pad); causal")

@@ -234,12 +234,15 @@ def stray_opt_state(ckpt: Checkpoint, trainable) -> list[str]:
     """The checkpoint's optimizer state for names that are not among the
     `trainable` params (one line each): resumed, it would not be state of
     this model's, and a runner would take the set for another optimizer's."""
-    return [f"optimizer state {pname}/{sname} is for {pname}, which is not a trainable param of the model"
+    return [f"optimizer state {pname}/{sname} is for {pname}, which is not a param of the model"
             for pname, states in ckpt.opt_state.items() if pname not in trainable for sname in states]
 
 
 def check_no_stray_opt_state(ckpt: Checkpoint, graph: Graph) -> None:
-    problems = stray_opt_state(ckpt, graph.trainable())
+    """A frozen param's state is the model's (kept for when it trains again); a lacking param's is not."""
+    from flowgrad.param_patterns import declared_params
+
+    problems = stray_opt_state(ckpt, declared_params(graph))
     if problems:
         raise FlowError(f"checkpoint {ckpt.path!r}: its optimizer state does not fit:\n"
                         + "\n".join(f"  - {p}" for p in problems))

@@ -256,7 +256,7 @@ class World:
         out the spread between the shards' means)."""
         buckets = self.buckets(sess.graph)
         res = sess.step(feeds, grads=True, on_grad_final=buckets.final)
-        state = sess.graph.params.keys() - sess.graph.trainable().keys()
+        state = sess.graph.states().keys()
         grads, loss, stop, means = self.finish(buckets, res.loss, stop, step,
                                                sess.runner.get_params(sorted(state)) if state else None)
         if means:

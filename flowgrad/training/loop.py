@@ -107,12 +107,13 @@ def deferred_signals():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None, check_finite: bool = False, check_every: int | None = None) -> TrainResult:
+          callback=None, check_finite: bool = False, check_every: int | None = None, freeze=None) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
-    steps, seed, data, optimizer: override the train section's values (data:
-        any object with the Dataset protocol, flowgrad.training.data).
+    steps, seed, data, optimizer, freeze: override the train section's values
+        (data: any object with the Dataset protocol, flowgrad.training.data;
+        freeze: as Model.compile's).
     device, dtype, backward: as for Model.compile.
     out: directory for the checkpoints, metrics.jsonl and loss.png (None:
         write nothing); resume=True continues the run saved there,
@@ -137,8 +138,9 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     world = _join()
     if world is not None:
         device = world.device_for(device)
-    ts = setup(model.build(dtype), steps, data, optimizer, seed)
-    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite)
+    ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze)
+    sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite,
+                         freeze=ts.freeze)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
                                     or check_every < 1):
         raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")

@@ -20,7 +20,12 @@ upcast, updated, and cast back); optimizer state is always f32.
 
 Clipping follows torch.nn.utils.clip_grad_norm_: grads are scaled by
 min(1, clip / (norm + 1e-6)) where norm is the L2 norm over ALL grads. It
-scales the gradient the update sees, not the gradients a step returns."""
+scales the gradient the update sees, not the gradients a step returns.
+
+`no_decay=[...]` (param names, block prefixes or globs: flowgrad.param_patterns)
+exempts params from weight decay, as a second torch param group with
+weight_decay=0 does. The hyper array then holds two rows of HYPER, the
+second with the decay taken out, and each param's update reads its row."""
 from __future__ import annotations
 
 import math
@@ -29,6 +34,7 @@ import numpy as np
 
 from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
+from flowgrad.param_patterns import matches, patterns_of, select
 from flowgrad.training import spec
 from flowgrad.training.schedules import SCHEDULES, Schedule
 
@@ -48,7 +54,7 @@ class Optimizer:
 
     name = ""
     ARGS: dict = {}
-    COMMON = {"clip": None, "schedule": "constant", "warmup": 0, "min_lr": 0.0}
+    COMMON = {"clip": None, "schedule": "constant", "warmup": 0, "min_lr": 0.0, "no_decay": None}
     HYPER: tuple[str, ...] = ()
     STATE: tuple[str, ...] = ()
     shader = ""
@@ -72,6 +78,9 @@ class Optimizer:
         else:
             kind = spec.string(what, "schedule", a["schedule"], span, SCHEDULES)
             self.schedule = Schedule(kind, warmup, total, min_lr / self.lr)
+        self.no_decay = () if a["no_decay"] is None else patterns_of(a["no_decay"], f"{what}: no_decay", span)
+        self.span = span   # where a no_decay pattern that names no param is reported
+        self._rows: dict[str, int] = {}
         self._configure(a, what, span)
 
     @classmethod
@@ -98,21 +107,35 @@ class Optimizer:
         return self.lr * self.schedule.factor(step)
 
     def hyper(self, step: int, iteration: int | None = None) -> np.ndarray:
-        """iteration: the schedule's step (by default `step`: no update skipped)."""
-        values = self._hyper(step, self.lr_at(step if iteration is None else iteration))
-        return np.array([values[k] for k in self.HYPER], dtype=np.float32)
+        """iteration: the schedule's step (by default `step`: no update skipped).
+        With no_decay, a second row of the same values without weight decay."""
+        lr = self.lr_at(step if iteration is None else iteration)
+        decays = [self.weight_decay, 0.0] if self.no_decay else [self.weight_decay]
+        rows = [self._hyper(step, lr, wd) for wd in decays]
+        return np.array([row[k] for row in rows for k in self.HYPER], dtype=np.float32)
+
+    def row(self, name: str) -> int:
+        """The hyper row param `name` reads: 1 when no_decay exempts it from weight decay."""
+        if name not in self._rows:
+            self._rows[name] = int(any(matches(name, p) for p in self.no_decay))
+        return self._rows[name]
+
+    def check_params(self, names, model: str) -> None:
+        """Each no_decay pattern must name one of `names` (a model's params)."""
+        select(names, self.no_decay, f"optimizer {self.name}(): no_decay", model, self.span)
 
     def init_state(self, params: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
         return {name: {k: np.zeros(p.shape, np.float32) for k in self.STATE} for name, p in params.items()}
 
     def update(self, params, grads, state, step: int, iteration: int | None = None) -> None:
-        h = dict(zip(self.HYPER, self.hyper(step, iteration)))
+        rows = self.hyper(step, iteration).reshape(-1, len(self.HYPER))
+        hs = [dict(zip(self.HYPER, row)) for row in rows]
         scale = np.float32(self.clip_scale(grads))
         for name, p in params.items():
             g = grads[name].astype(np.float32)
             if scale != 1:
                 g = g * scale
-            new = self._update_one(p.astype(np.float32), g, state[name], h)
+            new = self._update_one(p.astype(np.float32), g, state[name], hs[self.row(name)])
             p[...] = new.astype(p.dtype)
 
     def clip_scale(self, grads) -> float:
@@ -132,15 +155,29 @@ class Optimizer:
             rec.copy(skip, flag)
         from flowgrad.exec_vulkan.multi_tensor import fits
 
+        rows = self._record_rows(rec, hyper)
         per_param = 2 + len(self.STATE)
         if self.multi_shader is not None and fits(rec, 2 + self.MULTI_SLOTS * per_param):
-            self._record_batched(rec, params, grads, state, hyper, scale)
+            for k, row in enumerate(rows):
+                names = [name for name in params if self.row(name) == k]
+                self._record_batched(rec, {name: params[name] for name in names}, grads, state, row, scale)
             return
         for name, p in params.items():
             n = math.prod(p.shape)
-            bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [hyper, scale]
+            bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [rows[self.row(name)], scale]
             rec.dispatch(self.shader, bufs, push=(n,), groups=(groups_for(n), 1, 1),
                          variant="f16" if p.dtype == "f16" else None)
+
+    def _record_rows(self, rec, hyper) -> list:
+        """The hyper rows as views a shader binds: the second row (no_decay's)
+        copied to a view of its own, since a binding's offset must be aligned
+        more coarsely than a row's length."""
+        width = len(self.HYPER)
+        rows = [hyper.view(0, (width,))]
+        if self.no_decay:
+            rows.append(rec.scratch((width,), "f32"))
+            rec.copy(hyper.view(width, (width,)), rows[1])
+        return rows
 
     def _record_batched(self, rec, params, grads, state, hyper, scale) -> None:
         """The same update, up to MULTI_SLOTS params per dispatch (exec_vulkan/multi_tensor.py)."""
@@ -187,7 +224,7 @@ class Optimizer:
     def _configure(self, a: dict, what: str, span) -> None:
         raise NotImplementedError
 
-    def _hyper(self, step: int, lr: float) -> dict:
+    def _hyper(self, step: int, lr: float, weight_decay: float) -> dict:
         raise NotImplementedError
 
     def _update_one(self, p, g, st, h) -> np.ndarray:
@@ -215,9 +252,9 @@ class SGD(Optimizer):
         self.STATE = ("momentum_buffer",) if self.momentum else ()
         self.shader = "sgd_momentum" if self.momentum else "sgd"
 
-    def _hyper(self, step, lr):
+    def _hyper(self, step, lr, weight_decay):
         return {"lr": lr, "momentum": self.momentum, "dampening": self.dampening,
-                "weight_decay": self.weight_decay, "nesterov": float(self.nesterov), "first": float(step == 1),
+                "weight_decay": weight_decay, "nesterov": float(self.nesterov), "first": float(step == 1),
                 "one_minus_dampening": 1.0 - self.dampening}
 
     def _update_one(self, p, g, st, h):
@@ -261,9 +298,8 @@ class Adam(Optimizer):
         self.eps = spec.number(what, "eps", a["eps"], span, low=0.0)
         self.weight_decay = spec.number(what, "weight_decay", a["weight_decay"], span, low=0.0)
 
-    def _hyper(self, step, lr):
+    def _hyper(self, step, lr, wd):
         b1, b2 = self.betas
-        wd = self.weight_decay
         return {"lr": lr, "beta1": b1, "beta2": b2, "eps": self.eps,
                 "grad_decay": 0.0 if self.decoupled else wd,
                 "param_decay": 1.0 - lr * wd if self.decoupled else 1.0,

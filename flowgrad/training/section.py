@@ -8,6 +8,7 @@
     metric = "accuracy"                  default from the targets (flowgrad.training.metrics)
     early_stop = 5                       stop after 5 evals without a better validation loss
     seed = 0                             param init and data order; default config `seed`, else 0
+    freeze = ["tok_emb", "decoder.0"]    params held fixed: names, block prefixes or globs
     schedule = cosine, warmup = 20, clip = 1.0, min_lr = 0
                                          optimizer arguments, also accepted on their own lines
 
@@ -25,6 +26,7 @@ import attrs
 from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.param_patterns import declared_params, freeze_params, patterns_of
 from flowgrad.training import metrics, spec
 from flowgrad.training.data import Dataset
 from flowgrad.training.metrics import Metric
@@ -32,7 +34,7 @@ from flowgrad.training.optim import Optimizer, make_optimizer
 from flowgrad.training.sources import make_data
 
 TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed", "metric", "early_stop",
-              "schedule", "warmup", "clip", "min_lr")
+              "schedule", "warmup", "clip", "min_lr", "freeze")
 OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
 
 
@@ -47,24 +49,25 @@ class TrainSetup:
     metric: Metric
     eval_split: str              # "val" when the data has a validation split, else "test"
     early_stop: int | None = None
+    freeze: tuple[str, ...] = ()   # the patterns of the params held fixed (Model.compile's freeze=)
 
 
-def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> TrainSetup:
+def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None, freeze=None) -> TrainSetup:
     """Read and check the train section (arguments override it). Raises the
     first error; check_train lists them all."""
-    errors, data = _check(graph, steps, data, optimizer, seed, first=True)
+    errors, data = _check(graph, steps, data, optimizer, seed, freeze, first=True)
     if errors:
         raise errors[0]
-    return _setup(graph, steps, data, optimizer, seed)
+    return _setup(graph, steps, data, optimizer, seed, freeze)
 
 
-def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None) -> list[FlowError]:
+def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, freeze=None) -> list[FlowError]:
     """Every error of the train section that can be found: each setting is
     checked on its own, then what depends on the data (metric, early_stop)."""
-    return _check(graph, steps, data, optimizer, seed)[0]
+    return _check(graph, steps, data, optimizer, seed, freeze)[0]
 
 
-def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowError], Dataset | None]:
+def _check(graph, steps, data, optimizer, seed, freeze=None, first=False) -> tuple[list[FlowError], Dataset | None]:
     """(errors, the data source made and bound on the way, or None)."""
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
@@ -100,8 +103,11 @@ def _check(graph, steps, data, optimizer, seed, first=False) -> tuple[list[FlowE
                                                 integer=True))
     if steps is not None:
         attempt(lambda: _steps(items, steps, where))
+    attempt(lambda: freeze_patterns(graph, freeze))
     if optimizer is None:
-        attempt(lambda: _optimizer(items, where, 100))
+        attempt(lambda: _optimizer(items, where, 100).check_params(declared_params(graph), graph.name))
+    elif isinstance(optimizer, Optimizer):
+        attempt(lambda: optimizer.check_params(declared_params(graph), graph.name))
     bound = None
     if data is None and "data" in items:
         try:  # the split depends on the seed: make the data as training will
@@ -143,6 +149,19 @@ def _steps(items, steps, where) -> int:
     return spec.number("train(steps=...)", "steps", steps, None, low=1, integer=True)
 
 
+def freeze_patterns(graph: Graph, freeze=None) -> tuple[str, ...]:
+    """The patterns of the params held fixed (`freeze` from the caller, else
+    the train section's), each checked to name a param of the model (an error
+    at the section's line)."""
+    spans = graph.train.spans if graph.train is not None else {}
+    if freeze is None:
+        value, span = (graph.train.items if graph.train is not None else {}).get("freeze", ()), spans.get("freeze")
+    else:
+        value, span = freeze, None
+    freeze_params(graph, value, span)
+    return patterns_of(value, "freeze", span)
+
+
 def _fail(message, span, hint=None):
     raise FlowError(message, span, hint=hint)
 
@@ -165,7 +184,7 @@ def _eval_split(data, span=None, need_val=False) -> str:
     return "test"
 
 
-def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
+def _setup(graph, steps, data, optimizer, seed, freeze) -> TrainSetup:
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
     where = spans.get  # the span of one setting, for messages
@@ -190,7 +209,8 @@ def _setup(graph, steps, data, optimizer, seed) -> TrainSetup:
         # with --steps on a resume); a copy, so the caller's optimizer is left as it was.
         optimizer = copy.copy(optimizer)
         optimizer.schedule = attrs.evolve(optimizer.schedule, total=steps)
-    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop)
+    return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop,
+                      freeze_patterns(graph, freeze))
 
 
 def _section_span(spans):
