@@ -12,7 +12,7 @@ from test_fusion import GPT_TINY, gpt
 
 def test_runs_of_casts_become_one_dispatch_and_dependent_ones_do_not():
     from flowgrad.exec_vulkan.multi_tensor import merge_casts
-    from flowgrad.training.optim import groups_for
+    from flowgrad.exec_vulkan.optim_records import groups_for
     from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
 
     def view(n, dtype):

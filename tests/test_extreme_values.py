@@ -11,7 +11,6 @@ import pytest
 from conftest import needs_module
 
 import flowgrad as fg
-from tests.conftest import needs_module
 
 PATHS = [("cpu", "auto"), ("vulkan", "graph"), ("vulkan", "closures")]
 

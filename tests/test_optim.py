@@ -13,7 +13,6 @@ from flowgrad.graph import Span
 from flowgrad.training.optim import SGD, Adam, AdamW, make_optimizer
 from flowgrad.training.schedules import Schedule
 from flowgrad.update_counts import Counts
-from tests.conftest import needs_module
 
 
 def run(opt, grads_per_step, p0=1.0):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowgrad.training.optim import MAX_GROUPS, SGD, Adam, AdamW
+from flowgrad.exec_vulkan.optim_records import MAX_GROUPS
+from flowgrad.training.optim import SGD, Adam, AdamW
 
 pytestmark = pytest.mark.vulkan
 
@@ -15,8 +16,9 @@ SHAPES = {"w": (37, 19), "b": (19,), "big": (MAX_GROUPS * 256 + 300,)}  # big: t
 
 
 def device_steps(device, opt, params, grads_per_step, dtype):
-    """Run opt.record on the device for each step's grads; returns params and state."""
+    """Run the optimizer's recorded update on the device for each step's grads; returns params and state."""
     from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.exec_vulkan.optim_records import update_record
 
     params = {k: v.copy() for k, v in params.items()}
     state = opt.init_state(params)
@@ -26,7 +28,7 @@ def device_steps(device, opt, params, grads_per_step, dtype):
             gv = {k: s.upload(v, dtype) for k, v in grads.items()}
             sv = {k: {n: s.upload(a, "f32") for n, a in st.items()} for k, st in state.items()}
             hv = s.upload(opt.hyper(step), "f32")
-            opt.record(s.rec, pv, gv, sv, hv)
+            update_record(opt)(s.rec, pv, gv, sv, hv)
             idx = {k: s.download(v) for k, v in pv.items()}
             sidx = {(k, n): s.download(v) for k, st in sv.items() for n, v in st.items()}
             out = s.run()
@@ -112,15 +114,17 @@ def _many(dtype, seed=5):
 
 
 def _shaders(monkeypatch):
-    """The shaders every opt.record dispatches, appended to the returned list."""
-    seen = []
-    real = Adam.record
+    """The shaders every recorded optimizer update dispatches, appended to the returned list."""
+    import flowgrad.exec_vulkan.optim_records as records
 
-    def record(self, rec, *args, **kwargs):
-        real(self, rec, *args, **kwargs)
+    seen = []
+    real = records.record_update
+
+    def record(opt, shaders, rec, *args, **kwargs):
+        real(opt, shaders, rec, *args, **kwargs)
         seen.append([c.shader for c in rec.commands if hasattr(c, "shader")])
 
-    monkeypatch.setattr(Adam, "record", record)
+    monkeypatch.setattr(records, "record_update", record)
     return seen
 
 
@@ -157,7 +161,7 @@ def test_batched_adam_equals_one_dispatch_per_param(vk_device, monkeypatch):
 def test_unscale_many_gradients_per_dispatch(vk_device, bad):
     """Every gradient times 1/scale, 12 per dispatch; found is 1 exactly when one holds an inf."""
     from flowgrad.exec_vulkan.multi_tensor import record_unscale
-    from flowgrad.training.optim import groups_for
+    from flowgrad.exec_vulkan.optim_records import groups_for
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(6)

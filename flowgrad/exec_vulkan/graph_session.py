@@ -18,6 +18,7 @@ from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
+from flowgrad.exec_vulkan.optim_records import update_record
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.exec_vulkan.lower import lowering_for
@@ -159,7 +160,7 @@ class GraphSession:
     # -- the step
 
     def _program(self, want_grads, grad_inputs, optimizer) -> StepProgram:
-        on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
+        on_device = optimizer if optimizer is not None and update_record(optimizer) is not None else None
         key = (bool(want_grads or (optimizer is not None and on_device is None)), bool(grad_inputs),
                None if on_device is None else id(on_device))
         if key not in self.programs:
@@ -206,7 +207,7 @@ class GraphSession:
         across ranks in data-parallel training): one submit of its own program.
         Under a loss scaler, skipped when one of them overflowed."""
         found_inf = self.scaler is not None and not all(np.isfinite(g).all() for g in grads.values())
-        if not hasattr(optimizer, "record"):
+        if update_record(optimizer) is None:
             self.last_opt_key = "host"
             if not found_inf:
                 self._host_update(optimizer, grads)

@@ -26,7 +26,7 @@ from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, depends, touched
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
-from flowgrad.training.optim import groups_for
+from flowgrad.exec_vulkan.optim_records import groups_for, update_record
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
@@ -221,7 +221,7 @@ class StepLayout:
                 node = graph.nodes[i]
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
         self.hyper = None
-        if optimizer is not None and hasattr(optimizer, "record"):
+        if optimizer is not None and update_record(optimizer) is not None:
             h = np.asarray(optimizer.hyper(1, 1), np.float32)
             self.hyper = BufView(make_buffer(max(h.nbytes, 4), "hyper"), 0, h.shape, "f32")
             self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
@@ -293,16 +293,17 @@ class StepProgram:
                                  optimizer, (up, down), scaled)
         self.owned = owned
         opt_record = None
-        if optimizer is not None and hasattr(optimizer, "record"):
+        if optimizer is not None and update_record(optimizer) is not None:
             grads = self.layout.param_grads()
             state = sess.optimizer_state_views(optimizer)
             params = {name: sess.param_view(name) for name in grads}
             hyper = self.layout.hyper
             skip = self.layout.found
 
+            record = update_record(optimizer)
+
             def opt_record(rec):
-                # skip only under a loss scaler: an optimizer of the plain protocol works without it
-                optimizer.record(rec, params, grads, state, hyper, *([] if skip is None else [skip]))
+                record(rec, params, grads, state, hyper, skip)
         self.rec = Recorder(device)
         record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
                     self.layout.record_unscale if scaled else None)
@@ -422,7 +423,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
         (key,) = pb.values
         return leaf.setdefault(key, FakeBuffer(pb.nbytes, str(key)))
 
-    on_device = optimizer if optimizer is not None and hasattr(optimizer, "record") else None
+    on_device = optimizer if optimizer is not None and update_record(optimizer) is not None else None
     scaled = backward and plan is not None and plan.dtype == "mixed"
     layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
                         (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
@@ -436,9 +437,10 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
                                 dtype_of(np.asarray(a), narrow=True))
                      for k, a in entries.items()} for p, entries in on_device.init_state(zeros).items()}
 
+        record = update_record(on_device)
+
         def opt_record(rec):
-            on_device.record(rec, params, grads_views, state, layout.hyper,
-                             *([] if layout.found is None else [layout.found]))
+            record(rec, params, grads_views, state, layout.hyper, layout.found)
     # the kernels the plan's device runs: a tile table, a split-K count or an activation the
     # GEMM's store declines (NVIDIA) changes how many dispatches a step takes
     rec = Recorder(None, info=getattr(plan, "device", None))

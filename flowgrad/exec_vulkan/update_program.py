@@ -16,6 +16,7 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up
+from flowgrad.exec_vulkan.optim_records import update_record
 from flowgrad.exec_vulkan.program import free_program
 from flowgrad.exec_vulkan.recorder import BufView, Recorder
 from flowgrad.grad_paths import updated_params
@@ -46,7 +47,7 @@ class UpdateProgram:
         with rec.section("averaged gradients in", "transfer"):
             rec.copy(BufView(self.staging, 0, words, "f32"), BufView(self.packed, 0, words, "f32"))
         with rec.section("optimizer", "optimizer"):
-            optimizer.record(rec, params, {name: self.grads[name] for name in params}, state, hyper)
+            update_record(optimizer)(rec, params, {name: self.grads[name] for name in params}, state, hyper)
         self.dispatches = rec.counts()["dispatches"]
         rec.arena.materialize(device)
         self.cmd = device.command_buffer()

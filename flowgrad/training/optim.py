@@ -7,8 +7,9 @@ Each implements the Optimizer protocol both sessions use:
     init_state(params) -> {param: {state name: f32 array}}
     hyper(step, iteration) -> f32 array   per-step scalars, laid out as HYPER
     update(params, grads, state, step, iteration)   numpy, in place (closure path)
-    record(rec, params, grads, state, hyper)   the same update recorded into
-                                      the graph path's command buffer
+
+The graph path records the same update into its command buffer
+(flowgrad/exec_vulkan/optim_records.py, by the optimizer's name).
 
 `step` is the update's number among those applied, `iteration` its number
 among those asked for (update_counts.Counts): they differ once the loss
@@ -38,18 +39,12 @@ from flowgrad.param_patterns import matches, patterns_of, select
 from flowgrad.training import spec
 from flowgrad.training.schedules import SCHEDULES, Schedule
 
-GROUP = 256           # local size of every optimizer shader
-MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS
 CLIP_EPS = 1e-6       # torch.nn.utils.clip_grad_norm_'s
-
-
-def groups_for(n: int) -> int:
-    return max(1, min(MAX_GROUPS, -(-n // GROUP)))
 
 
 class Optimizer:
     """Shared parts: argument checks, lr schedule, clipping, the f32 update
-    loop, recording. Subclasses list their own arguments in ARGS (name ->
+    loop. Subclasses list their own arguments in ARGS (name ->
     PyTorch's default, in PyTorch's order); COMMON ones follow."""
 
     name = ""
@@ -57,9 +52,7 @@ class Optimizer:
     COMMON = {"clip": None, "schedule": "constant", "warmup": 0, "min_lr": 0.0, "no_decay": None}
     HYPER: tuple[str, ...] = ()
     STATE: tuple[str, ...] = ()
-    shader = ""
-    multi_shader: str | None = None   # the update over several params per dispatch, if the optimizer has one
-    MULTI_SLOTS = 0
+    clip_eps = CLIP_EPS
 
     def __init__(self, *args, total_steps: int = 0, span=None, **kwargs):
         a = spec.bind("optimizer", self.name, args, kwargs, self.signature(), span, positional=len(self.ARGS))
@@ -144,78 +137,6 @@ class Optimizer:
         total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
         return min(1.0, self.clip / (total + CLIP_EPS))
 
-    def record(self, rec, params, grads, state, hyper, skip=None) -> None:
-        """skip: a 1-element f32 view, nonzero when the loss scaler found an
-        overflow this step: then no param or state changes."""
-        scale = self._record_clip_scale(rec, grads)
-        flag = scale.view(1, (1,))
-        if skip is None:
-            rec.fill(flag, 0)
-        else:
-            rec.copy(skip, flag)
-        from flowgrad.exec_vulkan.multi_tensor import fits
-
-        rows = self._record_rows(rec, hyper)
-        per_param = 2 + len(self.STATE)
-        if self.multi_shader is not None and fits(rec, 2 + self.MULTI_SLOTS * per_param):
-            for k, row in enumerate(rows):
-                names = [name for name in params if self.row(name) == k]
-                self._record_batched(rec, {name: params[name] for name in names}, grads, state, row, scale)
-            return
-        for name, p in params.items():
-            n = math.prod(p.shape)
-            bufs = [p, grads[name]] + [state[name][k] for k in self.STATE] + [rows[self.row(name)], scale]
-            rec.dispatch(self.shader, bufs, push=(n,), groups=(groups_for(n), 1, 1),
-                         variant="f16" if p.dtype == "f16" else None)
-
-    def _record_rows(self, rec, hyper) -> list:
-        """The hyper rows as views a shader binds: the second row (no_decay's)
-        copied to a view of its own, since a binding's offset must be aligned
-        more coarsely than a row's length."""
-        width = len(self.HYPER)
-        rows = [hyper.view(0, (width,))]
-        if self.no_decay:
-            rows.append(rec.scratch((width,), "f32"))
-            rec.copy(hyper.view(width, (width,)), rows[1])
-        return rows
-
-    def _record_batched(self, rec, params, grads, state, hyper, scale) -> None:
-        """The same update, up to MULTI_SLOTS params per dispatch (exec_vulkan/multi_tensor.py)."""
-        from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
-
-        for batch in batches(list(params), self.MULTI_SLOTS, lambda name: params[name]):
-            dtype = params[batch[0]].dtype
-            bufs = [hyper, scale]
-            for name in batch:
-                bufs += [params[name], grads[name]] + [state[name][k] for k in self.STATE]
-            for _ in range(self.MULTI_SLOTS - len(batch)):
-                bufs += [rec.scratch((1,), dtype), rec.scratch((1,), dtype)]
-                bufs += [rec.scratch((1,), "f32") for _k in self.STATE]
-            n, first, total = slot_push([math.prod(params[name].shape) for name in batch], self.MULTI_SLOTS,
-                                        groups_for)
-            rec.dispatch(self.multi_shader, bufs, push=(*n, *first), groups=(total, 1, 1),
-                         variant="f16" if dtype == "f16" else None)
-
-    def _record_clip_scale(self, rec, grads):
-        """A 2-element f32 buffer holding the clip factor (and, after it, the
-        skip flag `record` sets), computed on the device: per-workgroup partial
-        sums of squares for every grad, then one workgroup that sums the
-        partials (a fixed order: deterministic)."""
-        pair = rec.scratch((2,), "f32")
-        scale = pair.view(0, (1,))
-        if self.clip is None:
-            rec.fill(scale, int(np.float32(1.0).view(np.uint32)))
-            return pair
-        counts = {name: groups_for(math.prod(g.shape)) for name, g in grads.items()}
-        partials = rec.scratch((sum(counts.values()),), "f32")
-        offset = 0
-        for name, g in grads.items():
-            rec.dispatch("sumsq", [g, partials], push=(math.prod(g.shape), offset),
-                         groups=(counts[name], 1, 1), variant="f16" if g.dtype == "f16" else None)
-            offset += counts[name]
-        rec.dispatch("clip_scale", [partials, scale], push=(offset, float(self.clip), CLIP_EPS), groups=(1, 1, 1))
-        return pair
-
     def describe(self) -> dict:
         """What a checkpoint records, to refuse resuming with another optimizer."""
         return {"name": self.name, "state": list(self.STATE)}
@@ -250,7 +171,6 @@ class SGD(Optimizer):
             raise FlowError(f"{what}: nesterov momentum needs momentum > 0 and dampening = 0", span)
         # plain SGD keeps no state, as in PyTorch
         self.STATE = ("momentum_buffer",) if self.momentum else ()
-        self.shader = "sgd_momentum" if self.momentum else "sgd"
 
     def _hyper(self, step, lr, weight_decay):
         return {"lr": lr, "momentum": self.momentum, "dampening": self.dampening,
@@ -284,9 +204,6 @@ class Adam(Optimizer):
     HYPER = ("lr", "beta1", "beta2", "eps", "grad_decay", "param_decay", "step_size", "inv_sqrt_bc2",
              "one_minus_beta1", "one_minus_beta2")
     STATE = ("exp_avg", "exp_avg_sq")
-    shader = "adam"
-    multi_shader = "adam_multi"   # several params per dispatch (adam_multi.comp)
-    MULTI_SLOTS = 7
     decoupled = False
 
     def _configure(self, a, what, span):

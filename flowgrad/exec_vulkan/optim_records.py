@@ -1,0 +1,120 @@
+"""The graph path's optimizer updates: each optimizer's update recorded into
+the step's command buffer, found by the optimizer's name as a lowering is by
+its op's. The optimizers themselves (flowgrad/training/optim.py) hold their
+arguments, state names and numpy update; the shaders here read the same
+hyper array, so the two paths differ only in arithmetic order."""
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+GROUP = 256           # local size of every optimizer shader
+MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS
+
+
+def groups_for(n: int) -> int:
+    return max(1, min(MAX_GROUPS, -(-n // GROUP)))
+
+
+@attrs.frozen
+class UpdateShaders:
+    """shader(optimizer): the one-param update's shader; multi: the shader
+    that updates up to `slots` params per dispatch, if there is one."""
+
+    shader: object
+    multi: str | None = None
+    slots: int = 0
+
+
+UPDATES = {
+    "sgd": UpdateShaders(lambda opt: "sgd_momentum" if opt.STATE else "sgd"),
+    "adam": UpdateShaders(lambda opt: "adam", "adam_multi", 7),
+    "adamw": UpdateShaders(lambda opt: "adam", "adam_multi", 7),
+}
+
+
+def update_record(optimizer):
+    """record(rec, params, grads, state, hyper, skip=None) for an optimizer the
+    graph path runs on the device, else None (its update runs on the host)."""
+    shaders = UPDATES.get(getattr(optimizer, "name", None))
+    if shaders is None:
+        return None
+    return lambda rec, params, grads, state, hyper, skip=None: record_update(
+        optimizer, shaders, rec, params, grads, state, hyper, skip)
+
+
+def record_update(opt, shaders: UpdateShaders, rec, params, grads, state, hyper, skip=None) -> None:
+    """skip: a 1-element f32 view, nonzero when the loss scaler found an
+    overflow this step: then no param or state changes."""
+    from flowgrad.exec_vulkan.multi_tensor import fits
+
+    scale = _record_clip_scale(opt, rec, grads)
+    flag = scale.view(1, (1,))
+    if skip is None:
+        rec.fill(flag, 0)
+    else:
+        rec.copy(skip, flag)
+    rows = _record_rows(opt, rec, hyper)
+    per_param = 2 + len(opt.STATE)
+    if shaders.multi is not None and fits(rec, 2 + shaders.slots * per_param):
+        for k, row in enumerate(rows):
+            names = [name for name in params if opt.row(name) == k]
+            _record_batched(opt, shaders, rec, {name: params[name] for name in names}, grads, state, row, scale)
+        return
+    for name, p in params.items():
+        n = math.prod(p.shape)
+        bufs = [p, grads[name]] + [state[name][k] for k in opt.STATE] + [rows[opt.row(name)], scale]
+        rec.dispatch(shaders.shader(opt), bufs, push=(n,), groups=(groups_for(n), 1, 1),
+                     variant="f16" if p.dtype == "f16" else None)
+
+
+def _record_rows(opt, rec, hyper) -> list:
+    """The hyper rows as views a shader binds: the second row (no_decay's)
+    copied to a view of its own, since a binding's offset must be aligned
+    more coarsely than a row's length."""
+    width = len(opt.HYPER)
+    rows = [hyper.view(0, (width,))]
+    if opt.no_decay:
+        rows.append(rec.scratch((width,), "f32"))
+        rec.copy(hyper.view(width, (width,)), rows[1])
+    return rows
+
+
+def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> None:
+    """The same update, up to `slots` params per dispatch (exec_vulkan/multi_tensor.py)."""
+    from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
+
+    for batch in batches(list(params), shaders.slots, lambda name: params[name]):
+        dtype = params[batch[0]].dtype
+        bufs = [hyper, scale]
+        for name in batch:
+            bufs += [params[name], grads[name]] + [state[name][k] for k in opt.STATE]
+        for _ in range(shaders.slots - len(batch)):
+            bufs += [rec.scratch((1,), dtype), rec.scratch((1,), dtype)]
+            bufs += [rec.scratch((1,), "f32") for _k in opt.STATE]
+        n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups_for)
+        rec.dispatch(shaders.multi, bufs, push=(*n, *first), groups=(total, 1, 1),
+                     variant="f16" if dtype == "f16" else None)
+
+
+def _record_clip_scale(opt, rec, grads):
+    """A 2-element f32 buffer holding the clip factor (and, after it, the
+    skip flag record_update sets), computed on the device: per-workgroup
+    partial sums of squares for every grad, then one workgroup that sums the
+    partials (a fixed order: deterministic)."""
+    pair = rec.scratch((2,), "f32")
+    scale = pair.view(0, (1,))
+    if opt.clip is None:
+        rec.fill(scale, int(np.float32(1.0).view(np.uint32)))
+        return pair
+    counts = {name: groups_for(math.prod(g.shape)) for name, g in grads.items()}
+    partials = rec.scratch((sum(counts.values()),), "f32")
+    offset = 0
+    for name, g in grads.items():
+        rec.dispatch("sumsq", [g, partials], push=(math.prod(g.shape), offset),
+                     groups=(counts[name], 1, 1), variant="f16" if g.dtype == "f16" else None)
+        offset += counts[name]
+    rec.dispatch("clip_scale", [partials, scale], push=(offset, float(opt.clip), opt.clip_eps), groups=(1, 1, 1))
+    return pair
