@@ -186,6 +186,9 @@ LOWER = {
                                                                       keepdim=at["keepdims"])),
     "topk": lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).values,
     "topk_indices": _as_node_dtype(_topk_indices),
+    "topk_grad": lambda torch, node, ins, at: torch.zeros_like(ins[0]).scatter(
+        at["axis"], _topk_indices(torch, node, ins[:1], at), ins[1]),
+    "topk_pick": lambda torch, node, ins, at: torch.gather(ins[1], at["axis"], _topk_indices(torch, node, ins[:1], at)),
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
         ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,
@@ -238,7 +241,7 @@ COUNTERPART = {
     "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
-    "embedding_grad": "Tensor.index_add",
+    "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
 }
 
 

@@ -1,6 +1,8 @@
 """Losses, both the mean over all elements / targets (PyTorch's default)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from flowgrad.errors import FlowError
@@ -21,14 +23,15 @@ def _mse_infer(ins, at):
     return TensorType((), pred.dtype)
 
 
-def _mse_vjp(g, ins, out, at):
+def _mse_grad(g, ins, out, at):
     pred, target = ins
-    d = wide(g) * 2.0 * (wide(pred) - wide(target)) / max(pred.size, 1)
-    return [narrow(d, pred), narrow(-d, target)]
+    d = g * 2.0 * (pred - target) / max(math.prod(pred.shape), 1)
+    return [d, -d]
 
 
 mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
-                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)",
+                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), grad=_mse_grad,
+                 doc="mean((pred - target)^2)",
                  autocast="f32")
 
 
