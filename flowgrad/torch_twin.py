@@ -139,6 +139,29 @@ def flowgrad_noise(sess, twin_graph: Graph) -> dict[int, np.ndarray]:
             for n, t in zip(ours, theirs)}
 
 
+def _vjp(torch, forward, ins, wrt, g):
+    """The gradients of forward(*ins) for the inputs at `wrt`, given the
+    output's gradient g, as a graph that can be differentiated again: a
+    backward op's twin. An input that needs no gradient stands in as a leaf."""
+    xs = [x if i not in wrt or x.requires_grad else x.detach().requires_grad_() for i, x in enumerate(ins)]
+    with torch.enable_grad():
+        y = forward(*xs)
+        grads = torch.autograd.grad(y, [xs[i] for i in wrt], g, create_graph=True, allow_unused=True)
+    return [torch.zeros_like(xs[i]) if d is None else d for i, d in zip(wrt, grads)]
+
+
+def _conv_grad(role):
+    """conv_input_grad's twin (role 0: ins g, weight) or conv_weight_grad's (role 1: ins g, x)."""
+    def run(torch, node, ins, at):
+        g, other = ins
+        fn = torch.nn.functional.conv1d if len(node.shape) == 3 else torch.nn.functional.conv2d
+        zeros = g.new_zeros(node.shape)   # the convolution is linear in it: any value does
+        pair = [zeros, other] if role == 0 else [other, zeros]
+        conv = {k: at[k] for k in ("stride", "padding", "dilation", "groups")}
+        return _vjp(torch, lambda x, w: fn(x, w, **conv), pair, [role], g)[0]
+    return run
+
+
 def _batchnorm(torch, node, ins, at):
     """Running statistics updated in place in training, as flowgrad's state."""
     x, w, b, mean, var, training = ins
@@ -200,6 +223,8 @@ LOWER = {
     "conv2d": _f("conv2d", "stride", "padding", "dilation", "groups"),
     "conv1d": _f("conv1d", "stride", "padding", "dilation", "groups"),
     "conv_transpose2d": _f("conv_transpose2d", "stride", "padding", "output_padding", "groups", "dilation"),
+    "conv_input_grad": _conv_grad(0),
+    "conv_weight_grad": _conv_grad(1),
     "maxpool2d": _f("max_pool2d", "kernel_size", "stride", "padding"),
     "avgpool2d": _f("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
     "adaptive_avgpool2d": _f("adaptive_avg_pool2d", "output_size"),
@@ -242,6 +267,7 @@ COUNTERPART = {
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
+    "conv_input_grad": "torch.nn.grad.conv2d_input", "conv_weight_grad": "torch.nn.grad.conv2d_weight",
 }
 
 

@@ -100,6 +100,9 @@ CASES = op_samples.cases() + [
     ("conv2d", [normal(2, 4, 5, 4), normal(6, 2, 3, 2), normal(6)], {"stride": 2, "padding": 1, "groups": 2}),
     ("conv1d", [normal(2, 3, 7), normal(4, 3, 3)], {"padding": "same"}),
     ("conv_transpose2d", [normal(1, 2, 3, 3), normal(2, 3, 2, 2), normal(3)], {"stride": 2}),
+    # output_padding past the stride (the dilation allows it): rows no window of x's pixels makes
+    ("conv_transpose2d", [normal(1, 2, 3, 4), normal(2, 4, 2, 2)], {"dilation": [2, 3], "output_padding": [1, 2],
+                                                                    "padding": 1, "groups": 2}),
     ("maxpool2d", [distinct(2, 3, 4, 5)], {"kernel_size": 2, "stride": 1}),
     ("avgpool2d", [normal(2, 3, 4, 5)], {"kernel_size": 3, "padding": 1}),
     ("adaptive_avgpool2d", [normal(2, 3, 5, 4)], {"output_size": [2, 3]}),
