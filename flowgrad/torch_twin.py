@@ -162,6 +162,21 @@ def _conv_grad(role):
     return run
 
 
+def _pool_grad(name, *keys):
+    """A pooling's gradient for an x of the node's shape (maxpool2d's at x itself)."""
+    def run(torch, node, ins, at):
+        fn = getattr(torch.nn.functional, name)
+        x, g = ins if name == "max_pool2d" else (ins[0].new_zeros(node.shape), ins[0])
+        return _vjp(torch, lambda x: fn(x, **{k: at[k] for k in keys}), [x], [0], g)[0]
+    return run
+
+
+def _max_pick(torch, node, ins, at):
+    x, t = ins
+    _, idx = torch.nn.functional.max_pool2d(x, at["kernel_size"], at["stride"], at["padding"], return_indices=True)
+    return t.flatten(2).gather(2, idx.flatten(2)).view(idx.shape)
+
+
 def _batchnorm(torch, node, ins, at):
     """Running statistics updated in place in training, as flowgrad's state."""
     x, w, b, mean, var, training = ins
@@ -228,6 +243,10 @@ LOWER = {
     "maxpool2d": _f("max_pool2d", "kernel_size", "stride", "padding"),
     "avgpool2d": _f("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
     "adaptive_avgpool2d": _f("adaptive_avg_pool2d", "output_size"),
+    "maxpool2d_grad": _pool_grad("max_pool2d", "kernel_size", "stride", "padding"),
+    "maxpool2d_pick": _max_pick,
+    "avgpool2d_grad": _pool_grad("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
+    "adaptive_avgpool2d_grad": _pool_grad("adaptive_avg_pool2d", "output_size"),
     "flatten": lambda torch, node, ins, at: torch.flatten(ins[0], at["start_dim"], at["end_dim"]),
     "pad": lambda torch, node, ins, at: torch.nn.functional.pad(ins[0], tuple(at["pad"]), value=at["value"]),
     "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
@@ -268,6 +287,9 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
     "conv_input_grad": "torch.nn.grad.conv2d_input", "conv_weight_grad": "torch.nn.grad.conv2d_weight",
+    **{f"{n}_grad": f"torch.autograd.grad(F.{t})" for n, t in (
+        ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},
+    "maxpool2d_pick": "F.max_pool2d(return_indices=True)",
 }
 
 
