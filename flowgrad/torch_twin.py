@@ -150,6 +150,22 @@ def _vjp(torch, forward, ins, wrt, g):
     return [torch.zeros_like(xs[i]) if d is None else d for i, d in zip(wrt, grads)]
 
 
+def _norm_grad(params):
+    """layernorm_grad's twin (params 2: dx, dw, db) or rmsnorm_grad's (1: dx, dw), flat."""
+    def run(torch, node, ins, at):
+        x, w, g = ins
+        if params == 2:
+            def norm(x, w, b):
+                return torch.nn.functional.layer_norm(x, tuple(w.shape), w, b, at["eps"])
+            pair = [x, w, torch.zeros_like(w)]
+        else:
+            def norm(x, w):
+                return _rmsnorm(torch, node, [x, w], at)
+            pair = [x, w]
+        return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, pair, list(range(len(pair))), g)])
+    return run
+
+
 def _conv_grad(role):
     """conv_input_grad's twin (role 0: ins g, weight) or conv_weight_grad's (role 1: ins g, x)."""
     def run(torch, node, ins, at):
@@ -230,6 +246,8 @@ LOWER = {
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
         ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,
+    "layernorm_grad": _norm_grad(2),
+    "rmsnorm_grad": _norm_grad(1),
     "batchnorm": _batchnorm,
     "groupnorm": lambda torch, node, ins, at: torch.nn.functional.group_norm(ins[0], at["groups"], ins[1], ins[2],
                                                                              at["eps"]),
@@ -290,6 +308,7 @@ COUNTERPART = {
     **{f"{n}_grad": f"torch.autograd.grad(F.{t})" for n, t in (
         ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},
     "maxpool2d_pick": "F.max_pool2d(return_indices=True)",
+    "layernorm_grad": "torch.autograd.grad(F.layer_norm)", "rmsnorm_grad": "torch.autograd.grad(F.rms_norm)",
 }
 
 
