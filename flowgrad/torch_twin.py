@@ -166,6 +166,24 @@ def _norm_grad(params):
     return run
 
 
+def _batchnorm_grad(torch, node, ins, at):
+    """Batch statistics in training (as F.batch_norm's, which then updates
+    copies of the running ones here), the running ones in eval."""
+    x, w, mean, var, training, g = ins
+
+    def norm(x, w, b):
+        return torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), w, b, bool(training), 0.0, at["eps"])
+    return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, [x, w, torch.zeros_like(w)], [0, 1, 2], g)])
+
+
+def _groupnorm_grad(torch, node, ins, at):
+    x, w, g = ins
+
+    def norm(x, w, b):
+        return torch.nn.functional.group_norm(x, at["groups"], w, b, at["eps"])
+    return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, [x, w, torch.zeros_like(w)], [0, 1, 2], g)])
+
+
 def _conv_grad(role):
     """conv_input_grad's twin (role 0: ins g, weight) or conv_weight_grad's (role 1: ins g, x)."""
     def run(torch, node, ins, at):
@@ -251,6 +269,8 @@ LOWER = {
     "batchnorm": _batchnorm,
     "groupnorm": lambda torch, node, ins, at: torch.nn.functional.group_norm(ins[0], at["groups"], ins[1], ins[2],
                                                                              at["eps"]),
+    "batchnorm_grad": _batchnorm_grad,
+    "groupnorm_grad": _groupnorm_grad,
     "dropout": _dropout,
     "randn_like": _randn_like,
     "conv2d": _f("conv2d", "stride", "padding", "dilation", "groups"),
@@ -309,6 +329,7 @@ COUNTERPART = {
         ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},
     "maxpool2d_pick": "F.max_pool2d(return_indices=True)",
     "layernorm_grad": "torch.autograd.grad(F.layer_norm)", "rmsnorm_grad": "torch.autograd.grad(F.rms_norm)",
+    "batchnorm_grad": "torch.autograd.grad(F.batch_norm)", "groupnorm_grad": "torch.autograd.grad(F.group_norm)",
 }
 
 

@@ -115,6 +115,11 @@ CASES = op_samples.cases() + [
     ("batchnorm", [normal(4, 3), positive(3), normal(3), normal(3), positive(3),
                    lambda r: np.array([0, 1, 0, 0, 0], np.int32)], {}),
     ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
+    # batchnorm's gradient in a training step (the batch statistics) and in eval (the running ones)
+    ("batchnorm_grad", [normal(4, 3, 2), positive(3), normal(3), positive(3),
+                        lambda r: np.array([1, 1, 0, 0, 0], np.int32), normal(4, 3, 2)], {}),
+    ("batchnorm_grad", [normal(4, 3), positive(3), normal(3), positive(3),
+                        lambda r: np.array([0, 1, 0, 0, 0], np.int32), normal(4, 3)], {"eps": 1e-3}),
     ("erf", [normal(2, 3)], {}),
     ("argmax", [distinct(2, 3, 4)], {"axis": 1}),
     ("topk", [distinct(2, 3, 4)], {"k": 2, "axis": 1}),
