@@ -111,6 +111,16 @@ def _class_loss(fn, smoothing):
     return run
 
 
+def _class_loss_grad(fn, smoothing):
+    """The loss's gradient for its scores, from the loss's gradient (the scores' slot is the first input)."""
+    rule = _class_loss(fn, smoothing)
+
+    def run(torch, node, ins, at):
+        scores, targets, g, *weight = ins
+        return _vjp(torch, lambda s: rule(torch, node, [s, targets, *weight], at), [scores], [0], g)[0]
+    return run
+
+
 def _dropout(torch, node, ins, at):
     """Training follows the random-state input; torch draws its own mask, so
     only an eval step (or p = 0) computes what flowgrad computes."""
@@ -304,6 +314,8 @@ LOWER = {
     "bce_with_logits": _f("binary_cross_entropy_with_logits"),
     "cross_entropy": _class_loss(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
     "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
+    "cross_entropy_grad": _class_loss_grad(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
+    "nll_loss_grad": _class_loss_grad(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
 }
 
 
@@ -330,6 +342,7 @@ COUNTERPART = {
     "maxpool2d_pick": "F.max_pool2d(return_indices=True)",
     "layernorm_grad": "torch.autograd.grad(F.layer_norm)", "rmsnorm_grad": "torch.autograd.grad(F.rms_norm)",
     "batchnorm_grad": "torch.autograd.grad(F.batch_norm)", "groupnorm_grad": "torch.autograd.grad(F.group_norm)",
+    "cross_entropy_grad": "torch.autograd.grad(F.cross_entropy)", "nll_loss_grad": "torch.autograd.grad(F.nll_loss)",
 }
 
 
