@@ -85,6 +85,12 @@ def _attention(torch, node, ins, at):
     return out if batched else out[0]
 
 
+def _attention_grad(torch, node, ins, at):
+    q, k, v, _out, g, *mask = ins
+    grads = _vjp(torch, lambda q, k, v: _attention(torch, node, [q, k, v, *mask], at), [q, k, v], [0, 1, 2], g)
+    return torch.cat([d.reshape(-1) for d in grads])
+
+
 def _trailing(ins):
     """The trailing axes a norm's weight spans."""
     return tuple(range(ins[0].dim() - ins[1].dim(), ins[0].dim()))
@@ -308,6 +314,7 @@ LOWER = {
     "concat": lambda torch, node, ins, at: torch.cat(ins, dim=at["axis"]),
     "cast": lambda torch, node, ins, at: ins[0].to(_dtypes(torch)[node.dtype]),
     "attention": _attention,
+    "attention_grad": _attention_grad,
     "mse_loss": _f("mse_loss"),
     "l1_loss": _f("l1_loss"),
     "huber_loss": _f("huber_loss", "delta"),
@@ -343,6 +350,7 @@ COUNTERPART = {
     "layernorm_grad": "torch.autograd.grad(F.layer_norm)", "rmsnorm_grad": "torch.autograd.grad(F.rms_norm)",
     "batchnorm_grad": "torch.autograd.grad(F.batch_norm)", "groupnorm_grad": "torch.autograd.grad(F.group_norm)",
     "cross_entropy_grad": "torch.autograd.grad(F.cross_entropy)", "nll_loss_grad": "torch.autograd.grad(F.nll_loss)",
+    "attention_grad": "torch.autograd.grad(F.scaled_dot_product_attention)",
 }
 
 

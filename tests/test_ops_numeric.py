@@ -42,6 +42,22 @@ def ints(high, *shape):
     return lambda r: r.integers(0, high, shape).astype(np.int32)
 
 
+def attention_grad_inputs(shapes, attrs, mask=None):
+    """Makers of attention_grad's inputs: q, k, v, attention's output at
+    them (its kernels read it), g shaped as q, and the mask."""
+    drawn = {}
+
+    def first(r):
+        drawn["qkv"] = [r.standard_normal(s) for s in shapes]
+        drawn["mask"] = [] if mask is None else [mask(r)]
+        return drawn["qkv"][0]
+
+    makers = [first, lambda r: drawn["qkv"][1], lambda r: drawn["qkv"][2],
+              lambda r: get_op("attention").forward(drawn["qkv"] + drawn["mask"], attrs),
+              lambda r: r.standard_normal(shapes[0])]
+    return makers + ([lambda r: drawn["mask"][0]] if mask is not None else [])
+
+
 # (op, input makers, attrs): each is one FD check and one f32/f16 check.
 # The op records' own samples come first; these add broadcasting and attr cases.
 CASES = op_samples.cases() + [
@@ -92,6 +108,14 @@ CASES = op_samples.cases() + [
     ("attention", [normal(4, 6), normal(5, 6), normal(5, 6)], {"heads": 2}),
     ("attention", [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 4)], {"heads": 2, "causal": True}),
     ("attention", [normal(3, 4), normal(3, 4), normal(3, 4), normal(3, 3)], {"heads": 1}),
+    ("attention_grad", attention_grad_inputs([(4, 6), (5, 6), (5, 6)], {"heads": 2}), {"heads": 2}),
+    ("attention_grad", attention_grad_inputs([(2, 3, 4)] * 3, {"heads": 2, "causal": True}),
+     {"heads": 2, "causal": True}),
+    ("attention_grad", attention_grad_inputs([(3, 4)] * 3, {"heads": 1}, normal(3, 3)), {"heads": 1}),
+    # a boolean mask that hides every key of query 1: its row passes no gradient, and no NaN
+    ("attention_grad", attention_grad_inputs([(2, 3, 4)] * 3, {"heads": 2},
+                                             lambda r: np.array([[1, 0, 1], [0, 0, 0], [1, 1, 0]], np.int32)),
+     {"heads": 2}),
     ("mse_loss", [normal(3, 4), normal(3, 4)], {}),
     ("cross_entropy", [normal(4, 5), ints(5, 4)], {}),
     ("cross_entropy", [normal(2, 3, 4), ints(4, 2, 3)], {}),

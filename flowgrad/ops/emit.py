@@ -121,6 +121,12 @@ class Emitter:
         handle, type_ = self._const(np.asarray(value), (), dtype)
         return Val(self, handle, type_)
 
+    def const(self, array, dtype: str) -> Val:
+        """A constant tensor (a recorded backward holds only uniform ones)."""
+        array = np.asarray(array)
+        handle, type_ = self._const(array, array.shape, dtype)
+        return Val(self, handle, type_)
+
     def zeros(self, like: Val) -> Val:
         """Zeros of like's shape and dtype."""
         handle, type_ = self._const(np.asarray(0), like.shape, like.dtype)
