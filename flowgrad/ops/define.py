@@ -1,6 +1,6 @@
 """`defop`: declare and register one op.
 
-The op's own rules (infer, forward, vjp, expand) receive attrs already
+The op's own rules (infer, forward, grad, expand) receive attrs already
 completed with the signature's defaults, so each default lives in one place:
 its `Arg`. `infer` also checks the tensor count and each attr's type against
 the signature, and prefixes every OpTypeError with the op's name.
@@ -13,22 +13,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.ops.emit import numpy_vjp
+from flowgrad.ops.emit import Tape, numpy_vjp
 from flowgrad.ops.registry import REQUIRED, Arg, Op, OpTypeError, attr_defaults, complete_attrs, get_op, register
 
 
-def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
+def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=None, expand=None,
           nondiff=(), index_bounds=None, updates=(), doc: str = "", decompose=None, check=None,
-          samples=(), autocast: str = "", torch: str = "", grad=None) -> Op:
-    """decompose: define the op as a composition of ops (see Op); infer,
-    forward and vjp then come from it. check(in_types, attrs): the op's own
-    checks, run before the composition's. grad: the VJP written as ops (see
-    Op); the numpy vjp is then that rule run on numpy."""
+          samples=(), autocast: str = "", torch: str = "") -> Op:
+    """grad: the VJP written as ops (see Op); the numpy vjp is that rule run
+    on numpy. decompose: define the op as a composition of ops (see Op);
+    infer, forward and grad then come from it. check(in_types, attrs): the
+    op's own checks, run before the composition's."""
     sig = _Signature(args)
     if decompose is not None:
-        infer, forward, vjp = _composed(decompose, check, nondiff)
-    if grad is not None:
-        vjp = numpy_vjp(grad)
+        infer, forward = _composed(decompose, check)
+        grad = _composition_grad(decompose, nondiff)
+    if grad is None:
+        raise ValueError(f"op {name!r} needs a grad rule (one that gives None for every input, if none)")
+    vjp = numpy_vjp(grad)
 
     def checked_infer(in_types, attrs):
         try:
@@ -53,17 +55,17 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
             updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
-            grad=(lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at)) if grad else None)
+            grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
     return register(op)
 
 
-def _composed(decompose, check, nondiff):
-    """infer, forward and vjp of an op defined as a composition."""
+def _composed(decompose, check):
+    """infer and forward of an op defined as a composition."""
     def run(ins, attrs, step):
         values = list(ins)
 
         def emit(op_name, handles, at=None):
-            values.append(step(op_name, [values[h] for h in handles], dict(at or {}), handles))
+            values.append(step(op_name, [values[h] for h in handles], dict(at or {})))
             return len(values) - 1
 
         return values, decompose(emit, list(range(len(ins))), attrs)
@@ -71,32 +73,32 @@ def _composed(decompose, check, nondiff):
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = run(in_types, attrs, lambda n, ts, at, hs: get_op(n).infer(ts, at))
+        values, out = run(in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at))
         return values[out]
 
     def forward(ins, attrs):
-        values, out = run(ins, attrs, lambda n, xs, at, hs: get_op(n).forward(xs, at))
+        values, out = run(ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at))
         return values[out]
 
-    def vjp(g, ins, out, attrs):
-        tape = []
+    return infer, forward
 
-        def step(n, xs, at, handles):
-            tape.append((n, handles, at))
-            return get_op(n).forward(xs, at)
 
-        values, result = run(ins, attrs, step)
-        grads = {result: g}
-        for pos in reversed(range(len(ins), len(values))):
-            if pos not in grads:
-                continue
-            n, handles, at = tape[pos - len(ins)]
-            for h, d in zip(handles, get_op(n).vjp(grads[pos], [values[h] for h in handles], values[pos], at)):
-                if d is not None:
-                    grads[h] = grads[h] + d if h in grads else d
-        return [None if i in nondiff else grads.get(i, np.zeros_like(x)) for i, x in enumerate(ins)]
+def _composition_grad(decompose, nondiff):
+    """The grad rule of an op defined as a composition: the composition's
+    VJP, each of its ops differentiated by its own rule."""
+    def grad(g, ins, out, attrs):
+        t = Tape(g.e)
+        values = [t.watch(x) for x in ins]
 
-    return infer, forward, vjp
+        def emit(op_name, handles, at=None):
+            values.append(t.op(op_name, *(values[h] for h in handles), **dict(at or {})))
+            return len(values) - 1
+
+        y = values[decompose(emit, list(range(len(ins))), attrs)]
+        grads = t.vjp([y], [t.watch(g)], values[:len(ins)])
+        return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
+                for i, (x, d) in enumerate(zip(ins, grads))]
+    return grad
 
 
 class _Signature:

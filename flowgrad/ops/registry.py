@@ -75,7 +75,8 @@ class Op:
     grad(g, ins, out, attrs) -> one Val or None per input: the VJP written
         once, as ops (flowgrad/ops/emit.py); `vjp` is then that rule run on
         numpy, and the autodiff pass appends it to the graph as nodes.
-        None for an op whose VJP is still numpy code only.
+        None for an op whose VJP is numpy code (an op registered from
+        Python, the planner's).
     torch: the PyTorch function that is this op when called on its tensor
         inputs in order (`torch.abs`, `F.relu`: F is torch.nn.functional);
         flowgrad/torch_twin.py calls it and the docs' op table shows it. An
