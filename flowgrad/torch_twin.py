@@ -86,8 +86,12 @@ def _attention(torch, node, ins, at):
 
 
 def _attention_grad(torch, node, ins, at):
+    """On the math kernels: the ones PyTorch differentiates again."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v, _out, g, *mask = ins
-    grads = _vjp(torch, lambda q, k, v: _attention(torch, node, [q, k, v, *mask], at), [q, k, v], [0, 1, 2], g)
+    with sdpa_kernel(SDPBackend.MATH):
+        grads = _vjp(torch, lambda q, k, v: _attention(torch, node, [q, k, v, *mask], at), [q, k, v], [0, 1, 2], g)
     return torch.cat([d.reshape(-1) for d in grads])
 
 
