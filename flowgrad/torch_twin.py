@@ -47,8 +47,14 @@ def _reduce(name):
 def _named(counterpart: str):
     """The rule of an op whose record names its PyTorch function (`torch.abs`,
     `F.relu`): that function of the node's tensor inputs."""
-    module, _, name = counterpart.partition(".")
-    return lambda torch, node, ins, at: getattr(torch.nn.functional if module == "F" else torch, name)(*ins)
+    module, _, path = counterpart.partition(".")
+
+    def run(torch, node, ins, at):
+        fn = torch.nn.functional if module == "F" else torch
+        for name in path.split("."):   # torch.Tensor.detach: a method, by its class
+            fn = getattr(fn, name)
+        return fn(*ins)
+    return run
 
 
 def _slice(torch, node, ins, at):
