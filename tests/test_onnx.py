@@ -210,6 +210,18 @@ def test_the_training_doc_lists_exactly_the_ops_that_export():
     assert listed == set(CONVERTERS)
 
 
+def test_the_training_doc_lists_exactly_the_built_in_ops_that_do_not_export():
+    import re
+
+    from flowgrad.export_onnx import CONVERTERS
+    from flowgrad.ops import BUILTIN
+
+    doc = (MODELS.parent / "docs" / "training.md").read_text()
+    paragraph = re.search(r"these built-in ops so far: (.*?) So is `cross_entropy`", doc, re.S).group(1)
+    listed = {op for group in re.findall(r"`([a-z_0-9\s]+)`", paragraph) for op in group.split()}
+    assert listed == set(BUILTIN) - set(CONVERTERS)
+
+
 def test_randn_like_is_refused(tmp_path):
     """An ONNX model would draw other noise than flowgrad's generator."""
     sess = fg.loads("model n\ninput x: f32[2, 3]\ny = x + randn_like(x)\noutput y\n", file="n.flow").compile(
