@@ -195,7 +195,7 @@ def _norm_grad(params):
 def _batchnorm_grad(torch, node, ins, at):
     """Batch statistics in training (as F.batch_norm's, which then updates
     copies of the running ones here), the running ones in eval."""
-    x, w, mean, var, training, g = ins
+    x, w, mean, var, g, training = ins
 
     def norm(x, w, b):
         return torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), w, b, bool(training), 0.0, at["eps"])

@@ -205,8 +205,9 @@ def _check_family(src, file, device, feeds, torch_loss):
     loss = torch_loss(params, res.outputs)
     loss.backward()
     _close(res.loss, loss.item(), "loss")
-    for name, p in params.items():
-        _close(res.grads[name], np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy(), name)
+    for name, g in res.grads.items():
+        p = params[name]
+        _close(g, np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy(), name)
 
 
 ATTENTION = """
@@ -372,3 +373,37 @@ def test_dropout_s_gradient_is_the_same_mask_and_matches_torch(device):
         return s + (dx * dx).sum()
 
     _check_family(DROPOUT, "drop.flow", device, {"x": x}, torch_loss)
+
+
+BATCHNORM = """
+model bn
+input x: f32[4, 3, 2, 2]
+param w: f32[3] = normal(mean=1.0, std=0.2)
+param b: f32[3] = normal(std=0.2)
+param gw: f32[3] = normal(mean=1.0, std=0.2)
+param gb: f32[3] = normal(std=0.2)
+state rm: f32[3] = zeros()
+state rv: f32[3] = ones()
+h = groupnorm(batchnorm(x, w, b, rm, rv), gw, gb, 1)
+s = sum(tanh(h) * h)
+dx = grad(s, x)
+loss = s + sum(dx * dx)
+minimize loss
+"""
+
+
+def test_batchnorm_and_groupnorm_gradients_differentiated_again_match_torch(device):
+    """A training step: the batch's statistics, in the gradient's own derivative too."""
+    F = torch.nn.functional
+    x = np.random.default_rng(9).standard_normal((4, 3, 2, 2)).astype(np.float32)
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+        bn = F.batch_norm(xt, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), p["w"],
+                          p["b"], training=True)
+        h = F.group_norm(bn, 1, p["gw"], p["gb"])
+        s = (torch.tanh(h) * h).sum()
+        (dx,) = torch.autograd.grad(s, xt, create_graph=True)
+        return s + (dx * dx).sum()
+
+    _check_family(BATCHNORM, "bn.flow", device, {"x": x}, torch_loss)

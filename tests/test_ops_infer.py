@@ -55,7 +55,7 @@ def test_nondiff_inputs():
         "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0}, "where": {0},
         **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}, "topk_indices": {0}, "randn_like": {0, 1},
         "stop_gradient": {0}, "embedding_grad": {0}, "topk_grad": {0}, "topk_pick": {0},
-        "maxpool2d_grad": {0}, "maxpool2d_pick": {0}, "batchnorm_grad": {2, 3, 4},
+        "maxpool2d_grad": {0}, "maxpool2d_pick": {0}, "batchnorm_grad": {2, 3, 5},
         "cross_entropy_grad": {1, 3}, "nll_loss_grad": {0, 1, 3}, "attention_grad": {3, 5}}
 
 

@@ -345,6 +345,6 @@ def test_each_sampled_op_s_twin_computes_its_numpy_forward(case):
     want = get_op(name).forward(ins, node.attrs)
     tensors = [torch.tensor(x) for x in ins]
     if name == "batchnorm_grad":
-        tensors[4] = bool(ins[4][0])   # the twin's random state is the step's kind
+        tensors[5] = bool(ins[5][0])   # the twin's random state is the step's kind
     got = rule_for(name)(torch, node, tensors, node.attrs)
     np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-10, atol=1e-12)

@@ -21,7 +21,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.emit import second_order, unpack
 from flowgrad.ops.norm import standardize
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.random import RNG_INPUT, RNG_TYPE
+from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, same_dtype
 
@@ -103,7 +103,7 @@ def _bn_forward(ins, attrs):
 
 
 def _bn_grad_forward(ins, attrs):
-    x, w, rm, rv, rng, g = ins
+    x, w, rm, rv, g, rng = ins
     training = bool(rng[0])
     xw, gw = wide(x), wide(g)
     mean, rstd, _ = _bn_stats(xw, rm, rv, training, attrs["eps"])
@@ -157,37 +157,56 @@ def _gn_ops(e, ins, attrs):
 
 def _grad_rule(name, attr_names):
     """The norm's grad rule: its backward op's vector, unpacked (dx, dw, db;
-    the bias changes none of them, so the backward op does not read it)."""
+    the bias changes none of them, so the backward op does not read it).
+    batchnorm's takes the running statistics, g, then the random state."""
     def grad(g, ins, out, attrs):
         x, w, b, *rest = ins
-        parts = unpack(g.e.op(name, x, w, *rest, g, **{k: attrs[k] for k in attr_names}),
+        state, rng = rest[:2], rest[2:]
+        parts = unpack(g.e.op(name, x, w, *state, g, *rng, **{k: attrs[k] for k in attr_names}),
                        [x.shape, w.shape, w.shape])
         return parts + [None] * len(rest)
     return grad
 
 
-def _grad_grad(forward):
+def _split_grad_ins(ins, n_state):
+    """A backward op's inputs: (x, w, the running statistics, g, the random state)."""
+    return ins[0], ins[1], ins[2:2 + n_state], ins[2 + n_state], ins[3 + n_state:]
+
+
+def _grad_grad(forward, n_state):
     """The backward op's own derivative: the VJP of the norm written as ops
     (second order). The bias is a variable at 0 there: nothing depends on
     its value, but db is the derivative for it."""
     def grad(G, ins, out, attrs):
-        x, w, *rest, g = ins
-        fwd = [x, w, G.e.zeros(w), *rest]
+        x, w, state, g, rng = _split_grad_ins(ins, n_state)
+        fwd = [x, w, G.e.zeros(w), *state, *rng]
         grads = second_order(lambda e, xs: forward(e, xs, attrs), fwd, g, (0, 1, 2),
                              unpack(G, [x.shape, w.shape, w.shape]))
-        return grads[:2] + [None] * len(rest) + grads[-1:]
+        return grads[:2] + [None] * n_state + grads[-1:] + [None] * len(rng)
     return grad
 
 
-def _grad_infer(forward_infer):
+def _grad_infer(forward_infer, n_state):
     """The backward op's rule: the norm's inputs, bias left out, and g shaped as x."""
     def infer(ins, attrs):
-        x, w, *rest, g = ins
-        forward_infer([x, w, w, *rest], {"momentum": 0.0} | attrs)   # the gradient takes no momentum
+        if len(ins) < 3 + n_state:
+            raise OpTypeError("takes x, weight, " + ("running_mean, running_var, " if n_state else "") + "and g")
+        x, w, state, g, rng = _split_grad_ins(ins, n_state)
+        forward_infer([x, w, w, *state, *rng], {"momentum": 0.0} | attrs)   # the gradient takes no momentum
         if g != x:
             raise OpTypeError(f"g must be x's type {x}, got {g}")
         return TensorType((math.prod(x.shape) + 2 * math.prod(w.shape),), x.dtype)
     return infer
+
+
+def _bn_grad_expand(builder, ins, attrs):
+    """A call as written gets the random state, as batchnorm's does; the
+    gradient of a batchnorm reads that one's."""
+    if len(ins) == 6 and is_rng(builder, ins[5]):
+        return ins, attrs
+    if len(ins) != 5:
+        raise OpTypeError("takes x, weight, running_mean, running_var and g")
+    return ins + [builder.hidden_input(RNG_INPUT, RNG_TYPE)], attrs
 
 
 batchnorm = defop(
@@ -201,13 +220,14 @@ batchnorm = defop(
 # bnorm.comp's backward computes the three gradients from one pass of statistics: they come back as one
 # vector, dx then dw then db; it leaves the running statistics as they are
 batchnorm_grad = defop(
-    "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("rng"), Arg("g"),
-                       Arg("eps", "attr", 1e-5, (float, int))),
-    _grad_infer(_bn_infer), _bn_grad_forward, grad=_grad_grad(_bn_ops), nondiff=(2, 3, 4),
+    "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("g"),
+                       Arg("eps", "attr", 1e-5, (float, int)), Arg("rng", "tensor", None)),
+    _grad_infer(_bn_infer, 2), _bn_grad_forward, grad=_grad_grad(_bn_ops, 2), expand=_bn_grad_expand,
+    nondiff=(2, 3, 5),
     doc="batchnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another; "
         "the batch statistics in a training step (the random state says which), the running ones in eval",
     samples=[Sample((((4, 3, 2), "normal"), ((3,), "positive"), ((3,), "normal"), ((3,), "positive"),
-                     ((5,), "ints:2"), ((4, 3, 2), "normal")))])
+                     ((4, 3, 2), "normal"), ((5,), "ints:2")))])
 
 # ---------------------------------------------------------------- groupnorm
 
@@ -261,6 +281,6 @@ groupnorm = defop(
 groupnorm_grad = defop(
     "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("groups", "attr", types=(int,)),
                        Arg("eps", "attr", 1e-5, (float, int))),
-    _grad_infer(_gn_infer), _gn_grad_forward, grad=_grad_grad(_gn_ops),
+    _grad_infer(_gn_infer, 0), _gn_grad_forward, grad=_grad_grad(_gn_ops, 0),
     doc="groupnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another",
     samples=[Sample((((2, 4, 3), "normal"), ((4,), "positive"), ((2, 4, 3), "normal")), {"groups": 2})])

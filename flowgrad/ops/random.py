@@ -112,7 +112,7 @@ def normal_noise(shape, step: int, seed: int, stream: int, rank: int = 0, row: i
 
 
 def _expand(builder, ins, attrs):
-    if len(ins) == 2 and attrs["stream"] is not None and _is_rng(builder, ins[1]):
+    if len(ins) == 2 and attrs["stream"] is not None and is_rng(builder, ins[1]):
         return ins, attrs   # a gradient's dropout: its forward's random state and stream, so its mask
     if len(ins) != 1:
         raise OpTypeError("takes one tensor, x; its random state is flowgrad's own")
@@ -122,7 +122,8 @@ def _expand(builder, ins, attrs):
     return ins + [rng], attrs
 
 
-def _is_rng(builder, node_id) -> bool:
+def is_rng(builder, node_id) -> bool:
+    """Whether the node is the random state input the build adds."""
     node = builder.graph.nodes[node_id]
     return node.op == "input" and node.name == RNG_INPUT
 

@@ -106,10 +106,11 @@ def _grads(norm: Lowering, running: bool) -> Lowering:
     bound but not read there: the weight stands in for it."""
 
     def forward(rec, node, ins, out):
-        x, w, *rest, g = ins
+        x, w, *rest = ins
+        state, g, rng = (rest[:2], rest[2], rest[3:]) if running else ([], rest[0], [])
         nx, c = math.prod(x.shape), w.shape[0]
         grads = [out.view(0, x.shape), out.view(nx, (c,)), out.view(nx + c, (c,))]
-        norm.backward(rec, node, g, [x, w, w, *rest], None, grads)
+        norm.backward(rec, node, g, [x, w, w, *state, *rng], None, grads)
 
     return Lowering(forward, None, FLOATS | {"i32"} if running else FLOATS)
 
