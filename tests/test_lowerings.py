@@ -238,3 +238,20 @@ def test_sum_to_shape(vk_device):
         want = x.sum(axis=tuple(range(extra)))
         want = want.sum(axis=tuple(i for i, n in enumerate(target) if n == 1 and want.shape[i] != 1), keepdims=True)
         close(got, want.reshape(target), "f32", f"reduce to {target}")
+
+
+def test_a_recorded_grad_rule_refuses_what_its_lowerings_cannot_record():
+    """The derived backward (an op's grad rule recorded through forward
+    lowerings) raises ValueError, which the planner turns into a refusal and
+    the Vulkan closures into numpy, for an op on a dtype its lowering does not
+    take (add runs on floats only) and for a constant other than a fill."""
+    from flowgrad.exec_vulkan.lower.derived import RecordEmitter
+
+    node = make_node("embedding_grad", [np.zeros((2,), np.int32), np.zeros((2, 3), np.float32)], {"rows": 4})
+    e = RecordEmitter(Recorder(), lowering_for, node, [])
+    ids = e.val(view((2,), "i32"))
+    with pytest.raises(ValueError, match="needs op 'add' on i32, which its lowering does not take"):
+        e.op("add", ids, ids)
+    with pytest.raises(ValueError, match="a constant tensor, which a recorded backward cannot hold"):
+        e.const(np.arange(3.0), "f32")
+    assert e.const(np.full(3, 2.0), "f32").shape == (3,)   # one value: a fill

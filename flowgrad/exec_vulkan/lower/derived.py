@@ -44,12 +44,13 @@ class RecordEmitter(Emitter):
         return out, out_t
 
     def _const(self, value, shape, dtype):
-        value = np.asarray(value)
-        if value.size != 1:   # a fill repeats one word: a recording holds no other constant
+        value = np.asarray(value).reshape(-1)
+        # a fill repeats one word: a recording holds no other constant
+        if value.size and not np.array_equal(value, np.full_like(value, value[0]), equal_nan=True):
             raise ValueError("its gradient needs a constant tensor, which a recorded backward cannot hold")
         t = TensorType(tuple(shape), dtype)
         view = self.rec.scratch(t.shape, dtype)
-        self.rec.fill(view, _word(float(value.reshape(())), dtype))
+        self.rec.fill(view, _word(float(value[0]) if value.size else 0.0, dtype))
         return view, t
 
 
