@@ -431,8 +431,6 @@ def test_a_causal_attention_grad_s_own_derivative_runs_on_numpy(vk_device):
     """Its derivative needs the causal triangle as a constant, which a
     recorded backward can't hold: the planner keeps it on closures, where
     Vulkan closures run it on numpy; its first derivative stays on the device."""
-    from flowgrad.planner import make_plan
-
     rng = np.random.default_rng(10)
     ins = _attention_grad_inputs(rng, (6, 8), (6, 8), 2)
     ins[3] = get_op("attention").forward(ins[:3], {"heads": 2, "causal": True})

@@ -1,7 +1,8 @@
 """The op record type and the registry. Each op is ONE `Op` object, declared
 in its family's module beside its rules: signature, shape/dtype rule, numpy
-forward and its VJP written as ops (the numpy VJP is that run on numpy). A backend keeps its own table of lowerings by op
-name (the Vulkan one: flowgrad/exec_vulkan/lowering.py)."""
+forward and its VJP written as ops (the numpy VJP is that run on numpy). A
+backend keeps its own table of lowerings by op name (the Vulkan one:
+flowgrad/exec_vulkan/lowering.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
