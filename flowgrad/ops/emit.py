@@ -218,9 +218,9 @@ class Tape(Emitter):
         """The gradients of sum(<y, cotangent>) with respect to each x (None
         where none reaches it), emitted on this tape so they can be
         differentiated again. Only ops between an x and a y are differentiated."""
+        taped = list(self.entries)   # what the rules below emit is differentiated by a later vjp, not this one
         live = {id(x) for x in xs}
-        end = len(self.entries)
-        for name, ins, out, _ in self.entries:
+        for name, ins, out, _ in taped:
             nondiff = get_op(name).nondiff
             if any(id(v) in live for p, v in enumerate(ins) if p not in nondiff):
                 live.add(id(out))
@@ -228,7 +228,7 @@ class Tape(Emitter):
         for y, g in zip(ys, cotangents):
             if id(y) in live:
                 grads[id(y)] = grads[id(y)] + g if id(y) in grads else g
-        for name, ins, out, attrs in reversed(self.entries[:end]):
+        for name, ins, out, attrs in reversed(taped):
             if id(out) not in grads:
                 continue
             op = get_op(name)
@@ -254,15 +254,10 @@ def second_order(forward, xs: list[Val], g: Val, diff, cotangents: list[Val]) ->
     return [None if d is None else d.h for d in seconds]
 
 
-def pack(vals: list[Val]) -> Val:
-    """Several values as one flat vector, one after another (a backward op
-    that computes several inputs' gradients in one pass hands them back so)."""
-    flat = [v.reshape((math.prod(v.shape),)) for v in vals]
-    return flat[0] if len(flat) == 1 else flat[0].e.op("concat", *flat, axis=0)
-
-
 def unpack(packed: Val, shapes) -> list[Val]:
-    """pack's parts, shaped: slices of the flat vector."""
+    """The parts of a flat vector that holds values of these shapes one after
+    another (how a backward op that computes several inputs' gradients in one
+    pass hands them back), shaped: slices of it."""
     out, start = [], 0
     for shape in shapes:
         n = math.prod(shape)
