@@ -141,13 +141,13 @@ def _ops(e, ins, at):
     qh, kh, vh = split(q), split(k), split(v)
     s = (qh @ kh.mT) / math.sqrt(q.shape[-1] // h)
     if mask and mask[0].dtype == "i32":
-        keep = e.op("ne", mask[0], e.scalar(0, "i32")).cast("f32" if q.dtype == "f64" else q.dtype)
+        keep = e.op("ne", mask[0], e.scalar(0, "i32")).cast_like(q)
         s = e.where(keep, s, -math.inf)
     elif mask:
         s = s + mask[0]
     if at["causal"]:
         above = np.triu(np.ones(s.shape[-2:]), k=1)
-        s = e.where(e.const(above, "f32" if q.dtype == "f64" else q.dtype), -math.inf, s)
+        s = e.where(e.const(above, "f32").cast_like(q), -math.inf, s)
     top = e.op("stop_gradient", e.op("max", s, axis=-1, keepdims=True))
     x = e.op("exp", s - e.where(top.gt(-math.inf), top, 0.0))
     total = x.sum(axis=-1, keepdims=True)

@@ -142,8 +142,7 @@ def _bn_ops(e, ins, attrs):
     """batchnorm as ops, both kinds of step, chosen by the random state."""
     x, w, b, rm, rv, rng = ins
     shape = _channel_shape(x)
-    # 1 or 0 in x's dtype (f32 beside float64 values: the finite-difference checks')
-    training = e.op("slice", rng, axis=0, start=0, stop=1).cast("f32" if x.dtype == "f64" else x.dtype).reshape(())
+    training = e.op("slice", rng, axis=0, start=0, stop=1).cast_like(x).reshape(())   # 1 or 0
     running = (x - rm.cast(x.dtype).reshape(shape)) / e.op("sqrt", rv.cast(x.dtype).reshape(shape) + attrs["eps"])
     xhat = e.where(training, _standardized(e, x, None, attrs["eps"]), running)
     return xhat * w.reshape(shape) + b.reshape(shape)

@@ -83,6 +83,11 @@ class Val:
     def cast(self, dtype: str) -> Val:
         return self if dtype == self.dtype else self.e.op("cast", self, dtype=dtype)
 
+    def cast_like(self, like: Val) -> Val:
+        """Cast to like's dtype; beside float64 (numpy's finite-difference
+        checks, a dtype no op names) to f32, which cast keeps float64 there."""
+        return self.cast("f32" if like.dtype == "f64" else like.dtype)
+
     def expand(self, shape) -> Val:
         """Broadcast to `shape` (numpy's rules)."""
         shape = tuple(shape)

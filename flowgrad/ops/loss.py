@@ -130,11 +130,6 @@ def _nll_grad(g, ins, out, at):
     return [d] + [None] * (len(ins) - 1)
 
 
-def _flag(v, like):
-    """An i32 0/1 value as like's float dtype (f32 beside float64, the finite-difference checks')."""
-    return v.cast("f32" if like.dtype == "f64" else like.dtype)
-
-
 def _ce_ops(e, ins, at):
     """cross_entropy as ops: nll_loss of log_softmax, plus the smoothing term
     -sum(valid * weight * log_probs) / sum(valid * weight[target]) written out
@@ -147,7 +142,7 @@ def _ce_ops(e, ins, at):
     if not eps:
         return loss
     c = logits.shape[axis]
-    valid = _flag(e.op("ne", targets, e.scalar(at["ignore_index"], "i32")), logits)
+    valid = e.op("ne", targets, e.scalar(at["ignore_index"], "i32")).cast_like(logits)
     w = weight[0] if weight else e.scalar(1.0, logits.dtype).expand((c,))
     # a counted target's class, else 0: in range for the embedding (f32 holds class ids exactly)
     picked = e.where(valid.cast("f32"), targets.cast("f32"), 0.0).cast("i32")
@@ -182,12 +177,17 @@ def _grad_infer(smoothing: bool):
     return infer
 
 
+def _class_bounds(ins, at):
+    """The targets index the class axis."""
+    return {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]}
+
+
 cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
     _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_ce_grad, nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
+    index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
@@ -201,13 +201,9 @@ nll_loss = defop(
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
     _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_nll_grad, nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
+    index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")
-
-
-def _class_bounds(ins, at):
-    return {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]}
 
 
 cross_entropy_grad = defop(
