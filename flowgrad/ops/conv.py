@@ -4,8 +4,11 @@ conv1d is conv2d over a height of 1, in the numpy rules and on the device,
 so there is one implementation. The numpy rules are im2col and one matrix
 product per group (BLAS), forward and both gradients.
 
-conv_transpose2d is the gradient of conv2d with respect to its input, so its
-forward and VJP are conv2d's own pieces in other roles."""
+A convolution's gradients are ops of their own, conv_input_grad and
+conv_weight_grad (each the other's and the convolution's transposes), so a
+model's gradient is a graph of them. conv_transpose2d is the gradient of
+conv2d with respect to its input, so its forward and gradients are conv2d's
+own pieces in other roles."""
 from __future__ import annotations
 
 import numpy as np
@@ -346,9 +349,7 @@ def _convt_grad(g, ins, out, attrs):
     window x's pixels make: the convolution of g gives a window more there,
     cut off, and x gets a row of zeros to match it."""
     x, w, *b = ins
-    e = g.e
-    conv = {"stride": attrs["stride"], "padding": attrs["padding"], "dilation": attrs["dilation"],
-            "groups": attrs["groups"]}
+    e, conv = g.e, _conv_attrs(attrs)
     dx = e.op("conv2d", g, w, **conv)
     extra = [a - n for a, n in zip(dx.shape[2:], x.shape[2:])]
     for axis, more in zip((2, 3), extra):
