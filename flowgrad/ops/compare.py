@@ -111,13 +111,13 @@ topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins
                      doc="i32 indices of the k largest values along axis, largest first; ties to the lower index")
 # topk_grad and topk_pick are each other's transposes (a scatter to x's picks and a gather from them)
 topk_grad = defop(
-    "topk_grad", (Arg("x"), Arg("g"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,))),
+    "topk_grad", (Arg("x"), Arg("g")) + _TOPK_ARGS[1:],
     _topk_grad_infer, _topk_grad_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("topk_pick", ins[0], g, **_kat(at))], nondiff=(0,),
     doc="topk's gradient: zeros of x's shape with g at x's k largest along axis",
     samples=[Sample((((2, 5, 3), "distinct"), ((2, 2, 3), "normal")), {"k": 2, "axis": 1})])
 topk_pick = defop(
-    "topk_pick", (Arg("x"), Arg("t"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,))),
+    "topk_pick", (Arg("x"), Arg("t")) + _TOPK_ARGS[1:],
     _topk_pick_infer, lambda ins, at: np.take_along_axis(ins[1], topk_order(ins[0], at), axis=at["axis"]),
     grad=lambda g, ins, out, at: [None, g.e.op("topk_grad", ins[0], g, **_kat(at))], nondiff=(0,),
     doc="t at the places of x's k largest along axis, in topk's order (topk's derivative along t)",
