@@ -47,8 +47,14 @@ def _reduce(name):
 def _named(counterpart: str):
     """The rule of an op whose record names its PyTorch function (`torch.abs`,
     `F.relu`): that function of the node's tensor inputs."""
-    module, _, name = counterpart.partition(".")
-    return lambda torch, node, ins, at: getattr(torch.nn.functional if module == "F" else torch, name)(*ins)
+    module, _, path = counterpart.partition(".")
+
+    def run(torch, node, ins, at):
+        fn = torch.nn.functional if module == "F" else torch
+        for name in path.split("."):   # torch.Tensor.detach: a method, by its class
+            fn = getattr(fn, name)
+        return fn(*ins)
+    return run
 
 
 def _slice(torch, node, ins, at):
@@ -85,6 +91,16 @@ def _attention(torch, node, ins, at):
     return out if batched else out[0]
 
 
+def _attention_grad(torch, node, ins, at):
+    """On the math kernels: the ones PyTorch differentiates again."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, _out, g, *mask = ins
+    with sdpa_kernel(SDPBackend.MATH):
+        grads = _vjp(torch, lambda q, k, v: _attention(torch, node, [q, k, v, *mask], at), [q, k, v], [0, 1, 2], g)
+    return torch.cat([d.reshape(-1) for d in grads])
+
+
 def _trailing(ins):
     """The trailing axes a norm's weight spans."""
     return tuple(range(ins[0].dim() - ins[1].dim(), ins[0].dim()))
@@ -108,6 +124,16 @@ def _class_loss(fn, smoothing):
         return fn(torch)(_classes_last(scores, at["axis"]), targets.reshape(-1).long(),
                          weight=weight[0].detach() if weight else None,  # no gradient, in either
                          ignore_index=at["ignore_index"], **kw)
+    return run
+
+
+def _class_loss_grad(fn, smoothing):
+    """The loss's gradient for its scores, from the loss's gradient (the scores' slot is the first input)."""
+    rule = _class_loss(fn, smoothing)
+
+    def run(torch, node, ins, at):
+        scores, targets, g, *weight = ins
+        return _vjp(torch, lambda s: rule(torch, node, [s, targets, *weight], at), [scores], [0], g)[0]
     return run
 
 
@@ -137,6 +163,78 @@ def flowgrad_noise(sess, twin_graph: Graph) -> dict[int, np.ndarray]:
     # x's values are not read: an empty array of its shape and dtype stands in
     return {t.id: op.forward([np.empty(n.shape, NUMPY_DTYPE[n.dtype]), state], n.attrs)
             for n, t in zip(ours, theirs)}
+
+
+def _vjp(torch, forward, ins, wrt, g):
+    """The gradients of forward(*ins) for the inputs at `wrt`, given the
+    output's gradient g, as a graph that can be differentiated again: a
+    backward op's twin. An input that needs no gradient stands in as a leaf."""
+    xs = [x if i not in wrt or x.requires_grad else x.detach().requires_grad_() for i, x in enumerate(ins)]
+    with torch.enable_grad():
+        y = forward(*xs)
+        grads = torch.autograd.grad(y, [xs[i] for i in wrt], g, create_graph=True, allow_unused=True)
+    return [torch.zeros_like(xs[i]) if d is None else d for i, d in zip(wrt, grads)]
+
+
+def _norm_grad(params):
+    """layernorm_grad's twin (params 2: dx, dw, db) or rmsnorm_grad's (1: dx, dw), flat."""
+    def run(torch, node, ins, at):
+        x, w, g = ins
+        if params == 2:
+            def norm(x, w, b):
+                return torch.nn.functional.layer_norm(x, tuple(w.shape), w, b, at["eps"])
+            pair = [x, w, torch.zeros_like(w)]
+        else:
+            def norm(x, w):
+                return _rmsnorm(torch, node, [x, w], at)
+            pair = [x, w]
+        return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, pair, list(range(len(pair))), g)])
+    return run
+
+
+def _batchnorm_grad(torch, node, ins, at):
+    """Batch statistics in training (as F.batch_norm's, which then updates
+    copies of the running ones here), the running ones in eval."""
+    x, w, mean, var, g, training = ins
+
+    def norm(x, w, b):
+        return torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), w, b, bool(training), 0.0, at["eps"])
+    return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, [x, w, torch.zeros_like(w)], [0, 1, 2], g)])
+
+
+def _groupnorm_grad(torch, node, ins, at):
+    x, w, g = ins
+
+    def norm(x, w, b):
+        return torch.nn.functional.group_norm(x, at["groups"], w, b, at["eps"])
+    return torch.cat([d.reshape(-1) for d in _vjp(torch, norm, [x, w, torch.zeros_like(w)], [0, 1, 2], g)])
+
+
+def _conv_grad(role):
+    """conv_input_grad's twin (role 0: ins g, weight) or conv_weight_grad's (role 1: ins g, x)."""
+    def run(torch, node, ins, at):
+        g, other = ins
+        fn = torch.nn.functional.conv1d if len(node.shape) == 3 else torch.nn.functional.conv2d
+        zeros = g.new_zeros(node.shape)   # the convolution is linear in it: any value does
+        pair = [zeros, other] if role == 0 else [other, zeros]
+        conv = {k: at[k] for k in ("stride", "padding", "dilation", "groups")}
+        return _vjp(torch, lambda x, w: fn(x, w, **conv), pair, [role], g)[0]
+    return run
+
+
+def _pool_grad(name, *keys):
+    """A pooling's gradient for an x of the node's shape (maxpool2d's at x itself)."""
+    def run(torch, node, ins, at):
+        fn = getattr(torch.nn.functional, name)
+        x, g = ins if name == "max_pool2d" else (ins[0].new_zeros(node.shape), ins[0])
+        return _vjp(torch, lambda x: fn(x, **{k: at[k] for k in keys}), [x], [0], g)[0]
+    return run
+
+
+def _max_pick(torch, node, ins, at):
+    x, t = ins
+    _, idx = torch.nn.functional.max_pool2d(x, at["kernel_size"], at["stride"], at["padding"], return_indices=True)
+    return t.flatten(2).gather(2, idx.flatten(2)).view(idx.shape)
 
 
 def _batchnorm(torch, node, ins, at):
@@ -186,20 +284,33 @@ LOWER = {
                                                                       keepdim=at["keepdims"])),
     "topk": lambda torch, node, ins, at: torch.topk(ins[0], at["k"], dim=at["axis"]).values,
     "topk_indices": _as_node_dtype(_topk_indices),
+    "topk_grad": lambda torch, node, ins, at: torch.zeros_like(ins[0]).scatter(
+        at["axis"], _topk_indices(torch, node, ins[:1], at), ins[1]),
+    "topk_pick": lambda torch, node, ins, at: torch.gather(ins[1], at["axis"], _topk_indices(torch, node, ins[:1], at)),
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
         ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,
+    "layernorm_grad": _norm_grad(2),
+    "rmsnorm_grad": _norm_grad(1),
     "batchnorm": _batchnorm,
     "groupnorm": lambda torch, node, ins, at: torch.nn.functional.group_norm(ins[0], at["groups"], ins[1], ins[2],
                                                                              at["eps"]),
+    "batchnorm_grad": _batchnorm_grad,
+    "groupnorm_grad": _groupnorm_grad,
     "dropout": _dropout,
     "randn_like": _randn_like,
     "conv2d": _f("conv2d", "stride", "padding", "dilation", "groups"),
     "conv1d": _f("conv1d", "stride", "padding", "dilation", "groups"),
     "conv_transpose2d": _f("conv_transpose2d", "stride", "padding", "output_padding", "groups", "dilation"),
+    "conv_input_grad": _conv_grad(0),
+    "conv_weight_grad": _conv_grad(1),
     "maxpool2d": _f("max_pool2d", "kernel_size", "stride", "padding"),
     "avgpool2d": _f("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
     "adaptive_avgpool2d": _f("adaptive_avg_pool2d", "output_size"),
+    "maxpool2d_grad": _pool_grad("max_pool2d", "kernel_size", "stride", "padding"),
+    "maxpool2d_pick": _max_pick,
+    "avgpool2d_grad": _pool_grad("avg_pool2d", "kernel_size", "stride", "padding", "count_include_pad"),
+    "adaptive_avgpool2d_grad": _pool_grad("adaptive_avg_pool2d", "output_size"),
     "flatten": lambda torch, node, ins, at: torch.flatten(ins[0], at["start_dim"], at["end_dim"]),
     "pad": lambda torch, node, ins, at: torch.nn.functional.pad(ins[0], tuple(at["pad"]), value=at["value"]),
     "embedding": lambda torch, node, ins, at: torch.nn.functional.embedding(ins[0].long(), ins[1]),
@@ -213,12 +324,15 @@ LOWER = {
     "concat": lambda torch, node, ins, at: torch.cat(ins, dim=at["axis"]),
     "cast": lambda torch, node, ins, at: ins[0].to(_dtypes(torch)[node.dtype]),
     "attention": _attention,
+    "attention_grad": _attention_grad,
     "mse_loss": _f("mse_loss"),
     "l1_loss": _f("l1_loss"),
     "huber_loss": _f("huber_loss", "delta"),
     "bce_with_logits": _f("binary_cross_entropy_with_logits"),
     "cross_entropy": _class_loss(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
     "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
+    "cross_entropy_grad": _class_loss_grad(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
+    "nll_loss_grad": _class_loss_grad(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
 }
 LOWER |= {
     "squeeze": lambda torch, node, ins, at: (ins[0].squeeze() if at["axis"] is None else
@@ -253,7 +367,15 @@ COUNTERPART = {
     "maxpool2d": "F.max_pool2d", "avgpool2d": "F.avg_pool2d", "adaptive_avgpool2d": "F.adaptive_avg_pool2d",
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
-    "embedding_grad": "Tensor.index_add",
+    "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
+    "conv_input_grad": "torch.nn.grad.conv2d_input", "conv_weight_grad": "torch.nn.grad.conv2d_weight",
+    **{f"{n}_grad": f"torch.autograd.grad(F.{t})" for n, t in (
+        ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},
+    "maxpool2d_pick": "F.max_pool2d(return_indices=True)",
+    "layernorm_grad": "torch.autograd.grad(F.layer_norm)", "rmsnorm_grad": "torch.autograd.grad(F.rms_norm)",
+    "batchnorm_grad": "torch.autograd.grad(F.batch_norm)", "groupnorm_grad": "torch.autograd.grad(F.group_norm)",
+    "cross_entropy_grad": "torch.autograd.grad(F.cross_entropy)", "nll_loss_grad": "torch.autograd.grad(F.nll_loss)",
+    "attention_grad": "torch.autograd.grad(F.scaled_dot_product_attention)",
 }
 COUNTERPART |= {"squeeze": "torch.squeeze", "unsqueeze": "torch.unsqueeze", "stack": "torch.stack",
                 "var": "torch.var", "std": "torch.std", "cumsum": "torch.cumsum", "gather": "torch.gather",

@@ -204,3 +204,224 @@ def test_explain_names_what_each_gradient_node_differentiates():
     assert of_tanh and all(n["where"]["line"] == tanh["where"]["line"] for n in of_tanh)
     assert f"grad of %{tanh['id']}" in str(sess.explain())
     json.dumps(d)
+
+
+# ---------------------------------------------------------------- each family's backward ops, differentiated again
+# Each model differentiates a scalar with grad() (the family's backward op in the graph) and
+# trains on a loss of that gradient, so a step differentiates the backward op itself: its grad
+# rule, on numpy and, recorded through the ops' lowerings, on the Vulkan graph.
+
+def _t(a):
+    return torch.tensor(np.asarray(a), dtype=torch.float64)
+
+
+def _check_family(src, file, device, feeds, torch_loss):
+    """sess.step against torch_loss(params as float64 leaves) -> loss; the params' gradients too."""
+    sess = _compiled(src, file, device)
+    res = sess.step(feeds)
+    params = {k: _t(v).requires_grad_() for k, v in sess.params.items()}
+    loss = torch_loss(params, res.outputs)
+    loss.backward()
+    _close(res.loss, loss.item(), "loss")
+    for name, g in res.grads.items():
+        p = params[name]
+        _close(g, np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy(), name)
+
+
+ATTENTION = """
+model attn
+input x: f32[2, 5, 8]
+input m: i32[2, 1, 5, 5]
+param wq: f32[8, 8] = normal(std=0.5)
+param wk: f32[8, 8] = normal(std=0.5)
+param wv: f32[8, 8] = normal(std=0.5)
+a = attention(x @ wq, x @ wk, x @ wv, heads=2, mask=m)
+s = sum(tanh(a))
+dx = grad(s, x)
+loss = mean(a * a) + sum(dx * dx)
+minimize loss
+"""
+
+
+def test_attention_s_gradient_differentiated_again_matches_torch(device):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    m = np.ones((2, 1, 5, 5), np.int32)
+    m[0, 0, 3] = 0   # a query that sees no key: zeros, and no NaN in any derivative
+    m[1, 0, :, 1] = 0
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+
+        def heads(h):
+            return h.reshape(2, 5, 2, 4).transpose(1, 2)
+        with sdpa_kernel(SDPBackend.MATH):   # the one PyTorch differentiates twice
+            a = torch.nn.functional.scaled_dot_product_attention(
+                heads(xt @ p["wq"]), heads(xt @ p["wk"]), heads(xt @ p["wv"]), attn_mask=torch.tensor(m) != 0)
+        a = a.transpose(1, 2).reshape(2, 5, 8)
+        (dx,) = torch.autograd.grad(torch.tanh(a).sum(), xt, create_graph=True)
+        return (a * a).mean() + (dx * dx).sum()
+
+    _check_family(ATTENTION, "attn.flow", device, {"x": x, "m": m}, torch_loss)
+
+
+def test_causal_attention_s_second_derivative_runs_on_closures(vk_device):
+    """Its grad rule needs the causal triangle as a constant: the graph path
+    refuses it, naming why, and closures run it."""
+    src = ATTENTION.replace("mask=m", "causal=true").replace("input m: i32[2, 1, 5, 5]\n", "")
+    sess = fg.loads(src, file="attn.flow").compile(device="vulkan")
+    assert sess.last_path != "graph"
+    assert "a constant tensor, which a recorded backward cannot hold" in str(sess.explain())
+
+
+CONV = """
+model convpool
+input x: f32[2, 2, 6, 6]
+param w: f32[3, 2, 3, 3] = normal(std=0.4)
+param b: f32[3] = normal(std=0.1)
+param u: f32[3, 2, 2, 2] = normal(std=0.4)
+h = tanh(conv2d(x, w, b, padding=1))
+p = maxpool2d(h, kernel_size=2) + avgpool2d(h, kernel_size=3, stride=2, padding=1, count_include_pad=false)
+q = adaptive_avgpool2d(conv_transpose2d(p, u, stride=2), output_size=[2, 3])
+s = sum(q * q) + sum(sigmoid(p))
+dx = grad(s, x)
+loss = s + sum(dx * dx)
+minimize loss
+"""
+
+
+def test_conv_and_pooling_gradients_differentiated_again_match_torch(device):
+    F = torch.nn.functional
+    x = np.random.default_rng(5).standard_normal((2, 2, 6, 6)).astype(np.float32)
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+        h = torch.tanh(F.conv2d(xt, p["w"], p["b"], padding=1))
+        pooled = F.max_pool2d(h, 2) + F.avg_pool2d(h, 3, 2, 1, count_include_pad=False)
+        q = F.adaptive_avg_pool2d(F.conv_transpose2d(pooled, p["u"], stride=2), (2, 3))
+        s = (q * q).sum() + torch.sigmoid(pooled).sum()
+        (dx,) = torch.autograd.grad(s, xt, create_graph=True)
+        return s + (dx * dx).sum()
+
+    _check_family(CONV, "convpool.flow", device, {"x": x}, torch_loss)
+
+
+NORMS = """
+model norms
+input x: f32[4, 6]
+param w: f32[6, 6] = normal(std=0.5)
+param g: f32[6] = normal(mean=1.0, std=0.2)
+param c: f32[6] = normal(std=0.2)
+h = layernorm(x @ w, g, c)
+s = sum(tanh(rmsnorm(h, g)) * h)
+dx = grad(s, x)
+loss = s + sum(dx * dx)
+minimize loss
+"""
+
+
+def test_layernorm_s_gradient_differentiated_again_matches_torch(device):
+    F = torch.nn.functional
+    x = np.random.default_rng(6).standard_normal((4, 6)).astype(np.float32)
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+        h = F.layer_norm(xt @ p["w"], (6,), p["g"], p["c"])
+        r = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6) * p["g"]
+        s = (torch.tanh(r) * h).sum()
+        (dx,) = torch.autograd.grad(s, xt, create_graph=True)
+        return s + (dx * dx).sum()
+
+    _check_family(NORMS, "norms.flow", device, {"x": x}, torch_loss)
+
+
+CROSS_ENTROPY = """
+model ce
+input x: f32[6, 4]
+input t: i32[6]
+param w: f32[4, 5] = normal(std=0.5)
+param cw: f32[5] = uniform(0.5, 1.5)
+ce = cross_entropy(x @ w, t, weight=detach(cw), label_smoothing=0.1, ignore_index=2)
+gw = grad(ce, w)
+loss = ce + 10.0 * sum(gw * gw)
+minimize loss
+"""
+
+
+def test_cross_entropy_s_gradient_differentiated_again_matches_torch(device):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    t = np.array([0, 2, 4, 1, 2, 3], np.int32)
+
+    def torch_loss(p, outputs):
+        ce = torch.nn.functional.cross_entropy(_t(x) @ p["w"], torch.tensor(t).long(), weight=p["cw"].detach(),
+                                               label_smoothing=0.1, ignore_index=2)
+        (gw,) = torch.autograd.grad(ce, p["w"], create_graph=True)
+        return ce + 10.0 * (gw * gw).sum()
+
+    _check_family(CROSS_ENTROPY, "ce.flow", device, {"x": x, "t": t}, torch_loss)
+
+
+DROPOUT = """
+model drop
+input x: f32[3, 4]
+param w: f32[4, 4] = normal(std=0.5)
+h = dropout(tanh(x @ w), p=0.4, stream=5)
+mask = dropout(full([3, 4], 1.0), p=0.4, stream=5)
+s = sum(h * h * h)
+dx = grad(s, x)
+loss = s + sum(dx * dx)
+output mask
+minimize loss
+"""
+
+
+def test_dropout_s_gradient_is_the_same_mask_and_matches_torch(device):
+    x = np.random.default_rng(8).standard_normal((3, 4)).astype(np.float32)
+
+    def torch_loss(p, outputs):
+        mask = _t(outputs["mask"])   # the step's mask, scaled: the same draw as h's (same stream, same shape)
+        assert 0 < np.count_nonzero(outputs["mask"]) < mask.numel()
+        xt = _t(x).requires_grad_()
+        h = torch.tanh(xt @ p["w"]) * mask
+        s = (h * h * h).sum()
+        (dx,) = torch.autograd.grad(s, xt, create_graph=True)
+        return s + (dx * dx).sum()
+
+    _check_family(DROPOUT, "drop.flow", device, {"x": x}, torch_loss)
+
+
+BATCHNORM = """
+model bn
+input x: f32[4, 3, 2, 2]
+param w: f32[3] = normal(mean=1.0, std=0.2)
+param b: f32[3] = normal(std=0.2)
+param gw: f32[3] = normal(mean=1.0, std=0.2)
+param gb: f32[3] = normal(std=0.2)
+state rm: f32[3] = zeros()
+state rv: f32[3] = ones()
+h = groupnorm(batchnorm(x, w, b, rm, rv), gw, gb, 1)
+s = sum(tanh(h) * h)
+dx = grad(s, x)
+loss = s + sum(dx * dx)
+minimize loss
+"""
+
+
+def test_batchnorm_and_groupnorm_gradients_differentiated_again_match_torch(device):
+    """A training step: the batch's statistics, in the gradient's own derivative too."""
+    F = torch.nn.functional
+    x = np.random.default_rng(9).standard_normal((4, 3, 2, 2)).astype(np.float32)
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+        bn = F.batch_norm(xt, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), p["w"],
+                          p["b"], training=True)
+        h = F.group_norm(bn, 1, p["gw"], p["gb"])
+        s = (torch.tanh(h) * h).sum()
+        (dx,) = torch.autograd.grad(s, xt, create_graph=True)
+        return s + (dx * dx).sum()
+
+    _check_family(BATCHNORM, "bn.flow", device, {"x": x}, torch_loss)

@@ -253,3 +253,59 @@ def test_sum_to_shape(vk_device):
         want = x.sum(axis=tuple(range(extra)))
         want = want.sum(axis=tuple(i for i, n in enumerate(target) if n == 1 and want.shape[i] != 1), keepdims=True)
         close(got, want.reshape(target), "f32", f"reduce to {target}")
+
+
+def test_a_recorded_grad_rule_refuses_what_its_lowerings_cannot_record():
+    """The derived backward (an op's grad rule recorded through forward
+    lowerings) raises ValueError, which the planner turns into a refusal and
+    the Vulkan closures into numpy, for an op on a dtype its lowering does not
+    take (add runs on floats only) and for a constant other than a fill."""
+    from flowgrad.exec_vulkan.lower.derived import RecordEmitter
+
+    node = make_node("embedding_grad", [np.zeros((2,), np.int32), np.zeros((2, 3), np.float32)], {"rows": 4})
+    e = RecordEmitter(Recorder(), lowering_for, node, [])
+    ids = e.val(view((2,), "i32"))
+    with pytest.raises(ValueError, match="needs op 'add' on i32, which its lowering does not take"):
+        e.op("add", ids, ids)
+    with pytest.raises(ValueError, match="a constant tensor, which a recorded backward cannot hold"):
+        e.const(np.arange(3.0), "f32")
+    assert e.const(np.full(3, 2.0), "f32").shape == (3,)   # one value: a fill
+
+
+SAME_KERNELS = [  # forward op, its inputs, attrs, its backward op's inputs (positions in the forward's, "g", "out")
+    ("layernorm", [((3, 4), "f32"), ((4,), "f32"), ((4,), "f32")], {}, [0, 1, "g"]),
+    ("rmsnorm", [((3, 4100), "f16"), ((4100,), "f16")], {}, [0, 1, "g"]),
+    # momentum, which only the running statistics' update reads, at 0: batchnorm_grad has none to push
+    ("batchnorm", [((4, 3, 2), "f32"), ((3,), "f32"), ((3,), "f32"), ((3,), "f32"), ((3,), "f32"), ((5,), "i32")],
+     {"momentum": 0.0}, [0, 1, 3, 4, "g", 5]),
+    ("groupnorm", [((2, 4, 3), "f32"), ((4,), "f32"), ((4,), "f32")], {"groups": 2}, [0, 1, "g"]),
+    ("attention", [((2, 5, 8), "f16"), ((2, 7, 8), "f16"), ((2, 7, 8), "f16"), ((5, 7), "i32")], {"heads": 2},
+     [0, 1, 2, "out", "g", 3]),
+    ("cross_entropy", [((3, 4, 2), "f32"), ((3, 2), "i32")], {"axis": 1, "label_smoothing": 0.1}, [0, 1, "g"]),
+    ("maxpool2d", [((1, 2, 5, 5), "f32")], {"kernel_size": 3, "stride": 2, "padding": 1}, [0, "g"]),
+    ("topk", [((2, 7), "f32")], {"k": 3}, [0, "g"]),
+]
+
+
+@pytest.mark.parametrize("op,specs,attrs,picks", SAME_KERNELS, ids=[c[0] for c in SAME_KERNELS])
+def test_a_backward_op_records_its_forward_op_s_backward_kernels(op, specs, attrs, picks):
+    """The op a grad rule emits (layernorm_grad, attention_grad, ...) runs the
+    dispatches the forward op's own backward does, with the same push words."""
+    types = [TensorType(s, d) for s, d in specs]
+    attrs = get_op(op).with_defaults(attrs)
+    node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
+    ins, out, g = [view(s, d) for s, d in specs], view(node.shape, node.dtype), view(node.shape, node.dtype)
+    grads = [None if i in get_op(op).nondiff or d == "i32" else view(s, d) for i, (s, d) in enumerate(specs)]
+    rec = Recorder()
+    lowering_for(op).backward(rec, node, g, ins, out, grads)
+    name = op + "_grad"
+    bins = [{"g": g, "out": out}[p] if isinstance(p, str) else ins[p] for p in picks]
+    battrs = {k: v for k, v in attrs.items() if k in {a.name for a in get_op(name).args}}
+    bnode = Node(len(bins), name, tuple(range(len(bins))),
+                 get_op(name).infer([TensorType(tuple(v.shape), v.dtype) for v in bins], battrs), attrs=battrs)
+    brec = Recorder()
+    lowering_for(name).forward(brec, bnode, bins, view(bnode.shape, bnode.dtype))
+
+    def dispatches(r):
+        return [(c.shader, c.variant, c.push) for c in r.commands if hasattr(c, "shader")]
+    assert dispatches(brec) == dispatches(rec) and dispatches(rec)

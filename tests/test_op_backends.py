@@ -17,7 +17,8 @@ from flowgrad.exec_vulkan.lower.map_reduce import reduce_chunks
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import get_op
 from tests import op_samples
-from tests.op_harness import ALL, NP, backend, check_op, make_node, uniform  # noqa: F401  (backend: the fixture)
+from tests.op_harness import (  # noqa: F401  (backend: the fixture)
+    ALL, NP, NumpyBackend, VulkanClosures, VulkanGraph, backend, check_op, make_node, uniform)
 
 # ---------------------------------------------------------------- the records' samples
 
@@ -402,3 +403,45 @@ def test_attention_causal_plus_user_mask(backend):
 def test_attention_f16_forward_and_backward(backend):
     """f16 storage, f32 arithmetic inside the kernels."""
     _attention(backend, np.random.default_rng(8), (2, 11, 8), (2, 11, 8), heads=2, causal=True, dtype="f16")
+
+
+def _attention_grad_inputs(rng, q_shape, k_shape, heads, mask=None, dtype="f32"):
+    """attention_grad's inputs: q, k, v, attention's output at them (its kernels read it), g, the mask."""
+    q, k, v = (uniform(rng, s, dtype=dtype) for s in (q_shape, k_shape, k_shape))
+    masks = [] if mask is None else [mask]
+    out = get_op("attention").forward([q, k, v, *masks], {"heads": heads, "causal": False})
+    return [q, k, v, out, uniform(rng, q_shape, dtype=dtype), *masks]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_attention_grad(backend, dtype):
+    """attention's backward op: dq, dk and dv at their offsets of one vector
+    (the kernels), and its own derivative (on the graph, recorded from its
+    grad rule: second derivatives of attention)."""
+    rng = np.random.default_rng(9)
+    mask = np.ones((2, 1, 5, 7), np.int32)
+    mask[0, 0, 2] = 0   # a query with no key: no gradient, no NaN
+    mask[1, 0, :, 3] = 0
+    ins = _attention_grad_inputs(rng, (2, 5, 8), (2, 7, 8), 2, mask, dtype)
+    grads = check_op(backend, "attention_grad", ins, {"heads": 2}, rng)
+    assert grads[3] is None and grads[5] is None and all(np.max(np.abs(d)) > 0 for d in grads[:3] + grads[4:5])
+
+
+def test_a_causal_attention_grad_s_own_derivative_runs_on_numpy(vk_device):
+    """Its derivative needs the causal triangle as a constant, which a
+    recorded backward can't hold: the planner keeps it on closures, where
+    Vulkan closures run it on numpy; its first derivative stays on the device."""
+    rng = np.random.default_rng(10)
+    ins = _attention_grad_inputs(rng, (6, 8), (6, 8), 2)
+    ins[3] = get_op("attention").forward(ins[:3], {"heads": 2, "causal": True})
+    at = {"heads": 2, "causal": True}
+    check_op(NumpyBackend(), "attention_grad", ins, at, rng)
+    closures = VulkanClosures(vk_device)
+    check_op(closures, "attention_grad", ins, at, rng, backward=False)
+    node = make_node("attention_grad", ins, at)
+    assert closures.kernels.vjp(node, rng.standard_normal(node.shape).astype(np.float32), ins,
+                                closures.kernels.forward(node, ins))[0] is not None
+    assert "attention_grad" in closures.kernels.on_numpy
+    graph = VulkanGraph(vk_device)
+    with pytest.raises(AssertionError, match="a constant tensor, which a recorded backward cannot hold"):
+        graph.run("attention_grad", ins, at, g=rng.standard_normal(node.shape).astype(np.float32))

@@ -54,7 +54,9 @@ def test_nondiff_inputs():
         "embedding": {0}, "cross_entropy": {1, 2}, "attention": {3}, "dropout": {1},
         "batchnorm": {3, 4, 5}, "nll_loss": {1, 2}, "argmax": {0}, "where": {0},
         **{n: {0, 1} for n in ("eq", "ne", "lt", "le", "gt", "ge")}, "topk_indices": {0}, "randn_like": {0, 1},
-        "stop_gradient": {0}, "embedding_grad": {0},
+        "stop_gradient": {0}, "embedding_grad": {0}, "topk_grad": {0}, "topk_pick": {0},
+        "maxpool2d_grad": {0}, "maxpool2d_pick": {0}, "batchnorm_grad": {2, 3, 5},
+        "cross_entropy_grad": {1, 3}, "nll_loss_grad": {0, 1, 3}, "attention_grad": {3, 5},
         "gather": {1}, "scatter_add": {1}, "one_hot": {0}}
 
 
@@ -259,6 +261,9 @@ EXTRA_VALID = [
     ("softmax", [T(2, 3)], {}), ("log_softmax", [T(2, 3)], {"axis": 0}),
     ("rmsnorm", [T(2, 3), T(3)], {}),
     ("attention", [T(3, 2), T(2, 2), T(2, 2), T(3, 2)], {"heads": 2}),
+    # no record sample: its out must be attention's output at q, k, v (tests/test_ops_numeric.py draws it)
+    ("attention_grad", [T(2, 3, 4), T(2, 5, 4), T(2, 5, 4), T(2, 3, 4), T(2, 3, 4), T(3, 5, dtype="i32")],
+     {"heads": 2, "causal": True}),
 ]
 VALID = {}
 for _name, _ins, _attrs, *_ in op_samples.types() + TYPES + EXTRA_VALID:

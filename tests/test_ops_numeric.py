@@ -42,6 +42,22 @@ def ints(high, *shape):
     return lambda r: r.integers(0, high, shape).astype(np.int32)
 
 
+def attention_grad_inputs(shapes, attrs, mask=None):
+    """Makers of attention_grad's inputs: q, k, v, attention's output at
+    them (its kernels read it), g shaped as q, and the mask."""
+    drawn = {}
+
+    def first(r):
+        drawn["qkv"] = [r.standard_normal(s) for s in shapes]
+        drawn["mask"] = [] if mask is None else [mask(r)]
+        return drawn["qkv"][0]
+
+    makers = [first, lambda r: drawn["qkv"][1], lambda r: drawn["qkv"][2],
+              lambda r: get_op("attention").forward(drawn["qkv"] + drawn["mask"], attrs),
+              lambda r: r.standard_normal(shapes[0])]
+    return makers + ([lambda r: drawn["mask"][0]] if mask is not None else [])
+
+
 # (op, input makers, attrs): each is one FD check and one f32/f16 check.
 # The op records' own samples come first; these add broadcasting and attr cases.
 CASES = op_samples.cases() + [
@@ -93,6 +109,14 @@ CASES = op_samples.cases() + [
     ("attention", [normal(4, 6), normal(5, 6), normal(5, 6)], {"heads": 2}),
     ("attention", [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 4)], {"heads": 2, "causal": True}),
     ("attention", [normal(3, 4), normal(3, 4), normal(3, 4), normal(3, 3)], {"heads": 1}),
+    ("attention_grad", attention_grad_inputs([(4, 6), (5, 6), (5, 6)], {"heads": 2}), {"heads": 2}),
+    ("attention_grad", attention_grad_inputs([(2, 3, 4)] * 3, {"heads": 2, "causal": True}),
+     {"heads": 2, "causal": True}),
+    ("attention_grad", attention_grad_inputs([(3, 4)] * 3, {"heads": 1}, normal(3, 3)), {"heads": 1}),
+    # a boolean mask that hides every key of query 1: its row passes no gradient, and no NaN
+    ("attention_grad", attention_grad_inputs([(2, 3, 4)] * 3, {"heads": 2},
+                                             lambda r: np.array([[1, 0, 1], [0, 0, 0], [1, 1, 0]], np.int32)),
+     {"heads": 2}),
     ("mse_loss", [normal(3, 4), normal(3, 4)], {}),
     ("cross_entropy", [normal(4, 5), ints(5, 4)], {}),
     ("cross_entropy", [normal(2, 3, 4), ints(4, 2, 3)], {}),
@@ -101,6 +125,9 @@ CASES = op_samples.cases() + [
     ("conv2d", [normal(2, 4, 5, 4), normal(6, 2, 3, 2), normal(6)], {"stride": 2, "padding": 1, "groups": 2}),
     ("conv1d", [normal(2, 3, 7), normal(4, 3, 3)], {"padding": "same"}),
     ("conv_transpose2d", [normal(1, 2, 3, 3), normal(2, 3, 2, 2), normal(3)], {"stride": 2}),
+    # output_padding past the stride (the dilation allows it): rows no window of x's pixels makes
+    ("conv_transpose2d", [normal(1, 2, 3, 4), normal(2, 4, 2, 2)], {"dilation": [2, 3], "output_padding": [1, 2],
+                                                                    "padding": 1, "groups": 2}),
     ("maxpool2d", [distinct(2, 3, 4, 5)], {"kernel_size": 2, "stride": 1}),
     ("avgpool2d", [normal(2, 3, 4, 5)], {"kernel_size": 3, "padding": 1}),
     ("adaptive_avgpool2d", [normal(2, 3, 5, 4)], {"output_size": [2, 3]}),
@@ -113,6 +140,11 @@ CASES = op_samples.cases() + [
     ("batchnorm", [normal(4, 3), positive(3), normal(3), normal(3), positive(3),
                    lambda r: np.array([0, 1, 0, 0, 0], np.int32)], {}),
     ("groupnorm", [normal(2, 4, 3), positive(4), normal(4)], {"groups": 2}),
+    # batchnorm's gradient in a training step (the batch statistics) and in eval (the running ones)
+    ("batchnorm_grad", [normal(4, 3, 2), positive(3), normal(3), positive(3), normal(4, 3, 2),
+                        lambda r: np.array([1, 1, 0, 0, 0], np.int32)], {}),
+    ("batchnorm_grad", [normal(4, 3), positive(3), normal(3), positive(3), normal(4, 3),
+                        lambda r: np.array([0, 1, 0, 0, 0], np.int32)], {"eps": 1e-3}),
     ("erf", [normal(2, 3)], {}),
     ("argmax", [distinct(2, 3, 4)], {"axis": 1}),
     ("topk", [distinct(2, 3, 4)], {"k": 2, "axis": 1}),

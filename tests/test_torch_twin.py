@@ -322,3 +322,57 @@ minimize loss
 def test_twin_of_the_torch_named_ops():
     sess = fg.loads(TORCH_NAMED, file="torch_named.flow").compile(device="cpu")
     check_twin(sess, feeds_for(sess.graph, seed=7))
+
+
+def test_twin_of_the_backward_ops_trains_through_them():
+    """grad() of the layer ops' loss puts their backward ops in the graph, and
+    a loss of that gradient differentiates them again: the twin's rules
+    (torch.autograd.grad of each forward, create_graph=True) agree."""
+    src = LAYERS.replace("loss = ce + nll_loss", "part = ce + nll_loss").replace(
+        "minimize loss", "gx = grad(part, x)\nloss = part + sum(gx * gx)\nminimize loss")
+    sess = fg.loads(src, file="layers.flow").compile(device="cpu")
+    ops = {n.op for n in sess.graph.nodes}
+    assert {"conv_input_grad", "maxpool2d_grad", "avgpool2d_grad", "adaptive_avgpool2d_grad", "groupnorm_grad",
+            "layernorm_grad", "cross_entropy_grad", "nll_loss_grad"} <= ops
+    feeds = feeds_for(sess.graph, seed=5)
+    feeds["y"] = np.array([0, 1, 4], np.int32)
+    check_twin(sess, feeds)
+
+
+def test_twin_of_attention_grad_trains_through_it():
+    src = MASKED.format(mask="i32[b, 1, sq, sk]", causal="true").replace(
+        "minimize loss", "gx = grad(sum(tanh(a)), x)\nl2 = loss + sum(gx * gx)\nminimize l2")
+    sess = fg.loads(src, file="masked.flow").compile(device="cpu")
+    assert "attention_grad" in {n.op for n in sess.graph.nodes}
+    feeds = feeds_for(sess.graph, seed=2)
+    feeds["m"] = (np.random.default_rng(3).uniform(size=feeds["m"].shape) > 0.3).astype(np.int32)
+    feeds["m"][..., 0] = 1
+    check_twin(sess, feeds)
+
+
+def _sampled_twins():
+    from tests import op_samples
+
+    from flowgrad.ops import get_op
+
+    # randn_like's twin draws torch's noise, not flowgrad's; a composition (clamp) never reaches a graph
+    return [c for c in op_samples.cases() if c[0] != "randn_like" and get_op(c[0]).decompose is None]
+
+
+@pytest.mark.parametrize("case", _sampled_twins(), ids=lambda c: c[0])
+def test_each_sampled_op_s_twin_computes_its_numpy_forward(case):
+    """In float64, on the op records' samples (the backward ops among them)."""
+    from flowgrad.ops import get_op
+    from flowgrad.torch_twin import rule_for
+    from tests.op_harness import make_node
+
+    name, makers, attrs = case
+    rng = np.random.default_rng(0)
+    ins = [m(rng) for m in makers]
+    node = make_node(name, [x.astype(np.float32) if x.dtype == np.float64 else x for x in ins], attrs)
+    want = get_op(name).forward(ins, node.attrs)
+    tensors = [torch.tensor(x) for x in ins]
+    if name == "batchnorm_grad":
+        tensors[5] = bool(ins[5][0])   # the twin's random state is the step's kind
+    got = rule_for(name)(torch, node, tensors, node.attrs)
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-10, atol=1e-12)

@@ -26,7 +26,9 @@ import math
 
 import numpy as np
 
+from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
+from flowgrad.ops.emit import second_order, unpack
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError
 from flowgrad.ops.rules import float_dtype, same_dtype
@@ -92,7 +94,7 @@ def _expand(nb, ins, at):
     """key_padding_mask (5th input) -> [batch, 1, 1, seq_k] as the mask, or
     folded into the given one: nonzero only where both keep (boolean), or
     -inf where padded (additive)."""
-    at = {a.name: at[a.name] for a in ARGS if a.kind == "attr"}   # in the signature's order, as nodes keep them
+    at = {a.name: at[a.name] for a in _ARGS if a.kind == "attr"}   # in the signature's order, as nodes keep them
     if len(ins) < 5:
         return ins, at
     q, k, v, mask, pad = ins
@@ -155,7 +157,9 @@ def _forward(ins, at):
     return narrow(_merge(_probs(q, k, ins, at) @ v, ins[0].shape), ins[0])
 
 
-def _vjp(g, ins, out, at):
+def _grad_forward(ins, at):
+    q_, k_, v_, _out, g, *mask = ins
+    ins = [q_, k_, v_, *mask]
     q, k, v = _split(ins, at)
     go = _heads(wide(g), at["heads"])
     p = _probs(q, k, ins, at)
@@ -164,13 +168,76 @@ def _vjp(g, ins, out, at):
     dp = go @ np.swapaxes(v, -1, -2)
     ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
     dq, dk = ds @ k, np.swapaxes(ds, -1, -2) @ q
-    return [narrow(_merge(d, x.shape), x) for d, x in zip((dq, dk, dv), ins)] + [None] * (len(ins) - 3)
+    return np.concatenate([narrow(_merge(d, x.shape), x).reshape(-1) for d, x in zip((dq, dk, dv), ins)])
 
 
-ARGS = (Arg("q"), Arg("k"), Arg("v"), Arg("heads", "attr", types=(int,)), Arg("causal", "attr", False, (bool,)),
-        Arg("mask", "tensor", None), Arg("key_padding_mask", "tensor", None))
+def _grad(g, ins, out, at):
+    q, k, v, *mask = ins
+    packed = g.e.op("attention_grad", q, k, v, out, g, *mask, heads=at["heads"], causal=at["causal"])
+    return unpack(packed, [q.shape, k.shape, v.shape]) + [None] * len(mask)
+
+
+def _ops(e, ins, at):
+    """attention as ops: the probabilities over the keys, -inf where masked,
+    shifted by a row's max (0 where every key is masked) and divided by a
+    row's total (1 where it is 0), so a masked row gives 0 and no NaN, in
+    this composition's derivatives too."""
+    q, k, v, *mask = ins
+    h = at["heads"]
+
+    def split(x):
+        b = x.shape[0] if x.ndim == 3 else 1
+        s, d = x.shape[-2:]
+        return e.op("permute", x.reshape((b, s, h, d // h)), dims=[0, 2, 1, 3])
+
+    qh, kh, vh = split(q), split(k), split(v)
+    s = (qh @ kh.mT) / math.sqrt(q.shape[-1] // h)
+    if mask and mask[0].dtype == "i32":
+        keep = e.op("ne", mask[0], e.scalar(0, "i32")).cast_like(q)
+        s = e.where(keep, s, -math.inf)
+    elif mask:
+        s = s + mask[0]
+    if at["causal"]:
+        above = np.triu(np.ones(s.shape[-2:]), k=1)
+        s = e.where(e.const(above, "f32").cast_like(q), -math.inf, s)
+    top = e.op("stop_gradient", e.op("max", s, axis=-1, keepdims=True))
+    x = e.op("exp", s - e.where(top.gt(-math.inf), top, 0.0))
+    total = x.sum(axis=-1, keepdims=True)
+    o = (x / e.where(total.gt(0), total, 1.0)) @ vh
+    return e.op("permute", o, dims=[0, 2, 1, 3]).reshape(q.shape)
+
+
+def _grad_grad(G, ins, out, at):
+    """attention_grad's own derivative: the VJP of attention written as ops.
+    out is attention's output at q, k, v: its gradient goes to them."""
+    q, k, v, _out, g, *mask = ins
+    grads = second_order(lambda e, xs: _ops(e, xs, at), [q, k, v, *mask], g, [0, 1, 2],
+                         unpack(G, [q.shape, k.shape, v.shape]))
+    return grads[:3] + [None, grads[-1]] + [None] * len(mask)
+
+
+def _grad_infer(ins, at):
+    q, k, v, out, g, *mask = ins
+    want = _infer([q, k, v, *mask], at)
+    for name, t in (("out", out), ("g", g)):
+        if t != want:
+            raise OpTypeError(f"{name} must be attention's output type {want}, got {t}")
+    return TensorType((sum(math.prod(t.shape) for t in (q, k, v)),), q.dtype)
+
+
+_ARGS = (Arg("heads", "attr", types=(int,)), Arg("causal", "attr", False, (bool,)), Arg("mask", "tensor", None))
 attention = defop(
-    "attention", ARGS,
-    _infer, _forward, _vjp, nondiff=(3,), expand=_expand,
+    "attention", (Arg("q"), Arg("k"), Arg("v")) + _ARGS + (Arg("key_padding_mask", "tensor", None),),
+    _infer, _forward, grad=_grad, nondiff=(3,), expand=_expand,
     doc="multi-head attention; q, k, v [seq, d] or [batch, seq, d]; optional additive or boolean (i32) mask; "
         "key_padding_mask i32 [batch, seq_k] (1 keep, 0 pad); causal")
+# The kernels compute dq, dk and dv in one set of passes (the row statistics and D_i = g_i . out_i
+# once, then dq, then dk and dv together), so the three come back as one vector, dq then dk then
+# dv (k's sequence may be another length than q's: no [3, ...] tensor holds them). They read the
+# forward's output for D, as PyTorch's flash-attention backward does: out is an input, attention
+# at q, k, v (numpy computes D from the probabilities instead).
+attention_grad = defop(
+    "attention_grad", (Arg("q"), Arg("k"), Arg("v"), Arg("out"), Arg("g")) + _ARGS, _grad_infer, _grad_forward,
+    grad=_grad_grad, nondiff=(3, 5),
+    doc="attention's gradients for q, k and v from its output's gradient g, flat, one after another; out is "
+        "attention's output at q, k, v")

@@ -8,7 +8,7 @@ import numpy as np
 
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import broadcast_shape, norm_axis, same_dtype
 
 
@@ -26,7 +26,7 @@ def _argmax_infer(ins, at):
 argmax = defop("argmax", (Arg("x"), Arg("axis", "attr", -1, (int,)), Arg("keepdims", "attr", False, (bool,))),
                _argmax_infer,
                lambda ins, at: np.argmax(ins[0], axis=at["axis"], keepdims=at["keepdims"]).astype(np.int32),
-               lambda g, ins, out, at: [None], nondiff=(0,),
+               grad=lambda g, ins, out, at: [None], nondiff=(0,),
                doc="index of the first maximum along axis, i32; no gradient")
 
 
@@ -38,7 +38,7 @@ def _compare(name, f, symbol):
 
     return defop(name, (Arg("a"), Arg("b")), infer,
                  lambda ins, at: f(ins[0], ins[1]).astype(np.result_type(ins[0], ins[1])),
-                 lambda g, ins, out, at: [None, None], nondiff=(0, 1),
+                 grad=lambda g, ins, out, at: [None, None], nondiff=(0, 1),
                  doc=f"1 where a {symbol} b, else 0, in the operands' dtype (broadcasting); no gradient")
 
 
@@ -71,18 +71,54 @@ def topk_order(x, at):
     return np.take(order, np.arange(at["k"]), axis=at["axis"])
 
 
-def _topk_vjp(g, ins, out, at):
-    (x,) = ins
+def _topk_grad_infer(ins, at):
+    x, g = ins
+    want = _topk_infer([x], at)
+    if g != want:
+        raise OpTypeError(f"g must be topk's output type {want}, got {g}")
+    return x
+
+
+def _topk_grad_forward(ins, at):
+    x, g = ins
     dx = np.zeros(x.shape, dtype=g.dtype)
     np.put_along_axis(dx, topk_order(x, at), g, axis=at["axis"])
-    return [dx]
+    return dx
+
+
+def _topk_pick_infer(ins, at):
+    x, t = ins
+    if t != x:
+        raise OpTypeError(f"t must be x's type {x}, got {t}")
+    return _topk_infer([x], at)
 
 
 _TOPK_ARGS = (Arg("x"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,)))
+
+
+def _kat(at):
+    return {"k": at["k"], "axis": at["axis"]}
+
+
+# which elements are picked is flat in x almost everywhere: x gets no gradient through the picks
 topk = defop("topk", _TOPK_ARGS, _topk_infer,
-             lambda ins, at: np.take_along_axis(ins[0], topk_order(ins[0], at), axis=at["axis"]), _topk_vjp,
+             lambda ins, at: np.take_along_axis(ins[0], topk_order(ins[0], at), axis=at["axis"]),
+             grad=lambda g, ins, out, at: [g.e.op("topk_grad", ins[0], g, **_kat(at))],
              doc="the k largest values along axis, largest first (topk_indices: where they are)")
 topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins, at, "i32"),
-                     lambda ins, at: topk_order(ins[0], at).astype(np.int32), lambda g, ins, out, at: [None],
+                     lambda ins, at: topk_order(ins[0], at).astype(np.int32), grad=lambda g, ins, out, at: [None],
                      nondiff=(0,),
                      doc="i32 indices of the k largest values along axis, largest first; ties to the lower index")
+# topk_grad and topk_pick are each other's transposes (a scatter to x's picks and a gather from them)
+topk_grad = defop(
+    "topk_grad", (Arg("x"), Arg("g")) + _TOPK_ARGS[1:],
+    _topk_grad_infer, _topk_grad_forward,
+    grad=lambda g, ins, out, at: [None, g.e.op("topk_pick", ins[0], g, **_kat(at))], nondiff=(0,),
+    doc="topk's gradient: zeros of x's shape with g at x's k largest along axis",
+    samples=[Sample((((2, 5, 3), "distinct"), ((2, 2, 3), "normal")), {"k": 2, "axis": 1})])
+topk_pick = defop(
+    "topk_pick", (Arg("x"), Arg("t")) + _TOPK_ARGS[1:],
+    _topk_pick_infer, lambda ins, at: np.take_along_axis(ins[1], topk_order(ins[0], at), axis=at["axis"]),
+    grad=lambda g, ins, out, at: [None, g.e.op("topk_grad", ins[0], g, **_kat(at))], nondiff=(0,),
+    doc="t at the places of x's k largest along axis, in topk's order (topk's derivative along t)",
+    samples=[Sample((((2, 5, 3), "distinct"), ((2, 5, 3), "normal")), {"k": 2, "axis": 1})])

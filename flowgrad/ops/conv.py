@@ -4,8 +4,11 @@ conv1d is conv2d over a height of 1, in the numpy rules and on the device,
 so there is one implementation. The numpy rules are im2col and one matrix
 product per group (BLAS), forward and both gradients.
 
-conv_transpose2d is the gradient of conv2d with respect to its input, so its
-forward and VJP are conv2d's own pieces in other roles."""
+A convolution's gradients are ops of their own, conv_input_grad and
+conv_weight_grad (each the other's and the convolution's transposes), so a
+model's gradient is a graph of them. conv_transpose2d is the gradient of
+conv2d with respect to its input, so its forward and gradients are conv2d's
+own pieces in other roles."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +16,7 @@ import numpy as np
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, same_dtype
 
 INTS = (int, list)
@@ -178,18 +181,20 @@ def _conv_forward(nd):
     return forward
 
 
-def _conv_vjp(nd):
-    def vjp(g, ins, out, attrs):
-        x, w, *b = ins
-        geo = geometry(x.shape, w.shape, attrs, nd)
-        g2, x2, w2 = as_2d(wide(g), nd), as_2d(wide(x), nd), as_2d(wide(w), nd)
-        dx = conv_input_grad(g2, w2, x2.shape, geo).reshape(x.shape)
-        dw = conv_weight_grad(g2, x2, w2.shape, geo).reshape(w.shape)
-        grads = [narrow(dx, x), narrow(dw, w)]
-        if b:
-            grads.append(narrow(g2.sum(axis=(0, 2, 3)), b[0]))
-        return grads
-    return vjp
+def _conv_attrs(at) -> dict:
+    return {k: at[k] for k in ("stride", "padding", "dilation", "groups")}
+
+
+def _conv_name(nd: int) -> str:
+    return "conv1d" if nd == 1 else "conv2d"
+
+
+def _conv_grad(g, ins, out, at):
+    x, w, *b = ins
+    e, conv = g.e, _conv_attrs(at)
+    grads = [e.op("conv_input_grad", g, w, shape=list(x.shape), **conv),
+             e.op("conv_weight_grad", g, x, shape=list(w.shape), **conv)]
+    return grads + [g.sum(axis=[0] + list(range(2, g.ndim)))] * len(b)
 
 
 def _conv_args():
@@ -198,11 +203,89 @@ def _conv_args():
             Arg("groups", "attr", 1, (int,)))
 
 
-conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), _conv_vjp(2),
+conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), grad=_conv_grad,
                doc="2-D convolution (cross-correlation, as PyTorch), NCHW; weight [out, in/groups, kh, kw]")
-conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), _conv_vjp(1),
+conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), grad=_conv_grad,
                doc="1-D convolution, [batch, channels, length]; weight [out, in/groups, k]")
 
+
+# ---------------------------------------------------------------- their gradients as ops of their own
+
+
+def _grad_infer(role):
+    """conv_input_grad's rule (role "input": ins g, weight; shape: x's) or
+    conv_weight_grad's (role "weight": ins g, x; shape: weight's)."""
+    def infer(ins, attrs):
+        g, other = ins
+        same_dtype(ins, "g and " + ("weight" if role == "input" else "x"))
+        float_dtype(g, "g")
+        shape = tuple(_shape_attr(attrs))
+        x, w = (TensorType(shape, g.dtype), other) if role == "input" else (other, TensorType(shape, g.dtype))
+        if len(x.shape) not in (3, 4):
+            raise OpTypeError(f"x must be [batch, channels, length] or [batch, channels, height, width], got {x}")
+        want = _conv_infer(len(x.shape) - 2)([x, w], attrs)
+        if g != want:
+            raise OpTypeError(f"g must be the convolution's output {want} (x {x}, weight {w}), got {g}")
+        return TensorType(shape, g.dtype)
+    return infer
+
+
+def _shape_attr(attrs):
+    shape = attrs["shape"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise OpTypeError(f"shape={shape!r} must be a list of sizes")
+    return shape
+
+
+def _input_grad_forward(ins, attrs):
+    g, w = ins
+    shape = tuple(attrs["shape"])
+    nd = len(shape) - 2
+    x2 = shape if nd == 2 else (shape[0], shape[1], 1, shape[2])
+    geo = geometry(shape, w.shape, attrs, nd)
+    return narrow(conv_input_grad(as_2d(wide(g), nd), as_2d(wide(w), nd), x2, geo).reshape(shape), g)
+
+
+def _weight_grad_forward(ins, attrs):
+    g, x = ins
+    shape = tuple(attrs["shape"])
+    nd = x.ndim - 2
+    w2 = shape if nd == 2 else (shape[0], shape[1], 1, shape[2])
+    geo = geometry(x.shape, shape, attrs, nd)
+    return narrow(conv_weight_grad(as_2d(wide(g), nd), as_2d(wide(x), nd), w2, geo).reshape(shape), g)
+
+
+def _input_grad_grad(G, ins, out, at):
+    """<G, dx(g, w)> = <conv(G, w), g>: a product of the convolution and its transpose."""
+    g, w = ins
+    conv, e = _conv_attrs(at), G.e
+    return [e.op(_conv_name(G.ndim - 2), G, w, **conv), e.op("conv_weight_grad", g, G, shape=list(w.shape), **conv)]
+
+
+def _weight_grad_grad(G, ins, out, at):
+    """<G, dw(g, x)> = <conv(x, G), g>."""
+    g, x = ins
+    conv, e = _conv_attrs(at), G.e
+    return [e.op(_conv_name(x.ndim - 2), x, G, **conv), e.op("conv_input_grad", g, G, shape=list(x.shape), **conv)]
+
+
+def _grad_args(other):
+    return (Arg("g"), Arg(other), Arg("shape", "attr", types=(list,))) + _conv_args()[3:]
+
+
+input_grad = defop(
+    "conv_input_grad", _grad_args("weight"), _grad_infer("input"), _input_grad_forward, grad=_input_grad_grad,
+    doc="conv1d's or conv2d's gradient for x (of this shape) from the output's gradient g",
+    samples=[Sample((((2, 6, 3, 3), "normal"), ((6, 2, 3, 2), "normal")),
+                    {"shape": [2, 4, 5, 4], "stride": 2, "padding": 1, "groups": 2}),
+             Sample((((2, 4, 7), "normal"), ((4, 3, 3), "normal")), {"shape": [2, 3, 7], "padding": "same"})])
+weight_grad = defop(
+    "conv_weight_grad", _grad_args("x"), _grad_infer("weight"), _weight_grad_forward, grad=_weight_grad_grad,
+    doc="conv1d's or conv2d's gradient for the weight (of this shape) from the output's gradient g",
+    samples=[Sample((((2, 6, 3, 3), "normal"), ((2, 4, 5, 4), "normal")),
+                    {"shape": [6, 2, 3, 2], "stride": 2, "padding": 1, "groups": 2}),
+             Sample((((2, 4, 7), "normal"), ((2, 3, 7), "normal")), {"shape": [4, 3, 3], "padding": "same",
+                                                                    "dilation": 2})])
 
 # ---------------------------------------------------------------- conv_transpose2d
 
@@ -259,14 +342,22 @@ def _convt_forward(ins, attrs):
     return narrow(y, x)
 
 
-def _convt_vjp(g, ins, out, attrs):
+def _convt_grad(g, ins, out, attrs):
+    """The convolution this is the transpose of, and its weight gradient
+    with x in the output gradient's place. Where output_padding reaches a
+    stride (it may where the dilation is larger), g has rows past the last
+    window x's pixels make: the convolution of g gives a window more there,
+    cut off, and x gets a row of zeros to match it."""
     x, w, *b = ins
-    geo = transpose_geometry(x.shape, w.shape, attrs)
-    gw, xw = wide(g), wide(x)
-    grads = [narrow(conv_forward(gw, wide(w), geo), x), narrow(conv_weight_grad(xw, gw, w.shape, geo), w)]
-    if b:
-        grads.append(narrow(gw.sum(axis=(0, 2, 3)), b[0]))
-    return grads
+    e, conv = g.e, _conv_attrs(attrs)
+    dx = e.op("conv2d", g, w, **conv)
+    extra = [a - n for a, n in zip(dx.shape[2:], x.shape[2:])]
+    for axis, more in zip((2, 3), extra):
+        if more:
+            dx = e.op("slice", dx, axis=axis, start=0, stop=x.shape[axis])
+    xp = e.op("pad", x, pad=[0, extra[1], 0, extra[0]]) if any(extra) else x
+    grads = [dx, e.op("conv_weight_grad", xp, g, shape=list(w.shape), **conv)]
+    return grads + [g.sum(axis=[0, 2, 3])] * len(b)
 
 
 conv_transpose2d = defop(
@@ -274,5 +365,5 @@ conv_transpose2d = defop(
     (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
      Arg("padding", "attr", 0, INTS), Arg("output_padding", "attr", 0, INTS), Arg("groups", "attr", 1, (int,)),
      Arg("dilation", "attr", 1, INTS)),
-    _convt_infer, _convt_forward, _convt_vjp,
+    _convt_infer, _convt_forward, grad=_convt_grad,
     doc="transposed 2-D convolution (the gradient of conv2d), NCHW; weight [in, out/groups, kh, kw]")

@@ -1,6 +1,6 @@
 """`defop`: declare and register one op.
 
-The op's own rules (infer, forward, vjp, expand) receive attrs already
+The op's own rules (infer, forward, grad, expand) receive attrs already
 completed with the signature's defaults, so each default lives in one place:
 its `Arg`. `infer` also checks the tensor count and each attr's type against
 the signature, and prefixes every OpTypeError with the op's name.
@@ -15,23 +15,25 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import numpy_vjp
+from flowgrad.ops.emit import Tape, numpy_vjp
 from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
                                    register)
 
 
-def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, *, expand=None,
+def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=None, expand=None,
           nondiff=(), index_bounds=None, updates=(), doc: str = "", decompose=None, check=None,
-          samples=(), autocast: str = "", torch: str = "", grad=None) -> Op:
-    """decompose: define the op as a composition of ops (see Op); infer,
-    forward and vjp then come from it. check(in_types, attrs): the op's own
-    checks, run before the composition's. grad: the VJP written as ops (see
-    Op); the numpy vjp is then that rule run on numpy."""
+          samples=(), autocast: str = "", torch: str = "") -> Op:
+    """grad: the VJP written as ops (see Op); the numpy vjp is that rule run
+    on numpy. decompose: define the op as a composition of ops (see Op);
+    infer, forward and grad then come from it. check(in_types, attrs): the
+    op's own checks, run before the composition's."""
     sig = _Signature(args)
     if decompose is not None:
-        infer, forward, vjp = _composed(decompose, check, nondiff)
-    if grad is not None:
-        vjp = numpy_vjp(grad)
+        infer, forward = _composed(decompose, check)
+        grad = _composition_grad(decompose, nondiff)
+    if grad is None:
+        raise ValueError(f"op {name!r} needs a grad rule (one that gives None for every input, if none)")
+    vjp = numpy_vjp(grad)
 
     def checked_infer(in_types, attrs):
         try:
@@ -56,19 +58,19 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, vjp=None, 
             updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
-            grad=(lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at)) if grad else None)
+            grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
     return register(op)
 
 
-def _composed(decompose, check, nondiff):
-    """infer, forward and vjp of an op defined as a composition."""
+def _composed(decompose, check):
+    """infer and forward of an op defined as a composition."""
     def run(ins, attrs, step, const):
-        """step(op name, values, attrs, handles) -> value; const(array, dtype) -> value.
-        The values are TensorTypes (the shape rule) or arrays (forward, VJP)."""
+        """step(op name, values, attrs) -> value; const(array, dtype) -> value.
+        The values are TensorTypes (the shape rule) or arrays (the forward)."""
         values = list(ins)
 
         def apply(op_name, handles, at):
-            values.append(step(op_name, [values[h] for h in handles], at, handles))
+            values.append(step(op_name, [values[h] for h in handles], at))
             return len(values) - 1
 
         def add_const(array, dtype):
@@ -81,37 +83,39 @@ def _composed(decompose, check, nondiff):
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = run(in_types, attrs, lambda n, ts, at, hs: get_op(n).infer(ts, at),
+        values, out = run(in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
                           lambda a, dtype: TensorType(a.shape, dtype))
         return values[out]
 
     def forward(ins, attrs):
-        values, out = run(ins, attrs, lambda n, xs, at, hs: get_op(n).forward(xs, at), _const_array)
+        values, out = run(ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at), _const_array)
         return values[out]
 
-    def vjp(g, ins, out, attrs):
-        tape = []   # per value after the inputs: (op, its inputs, attrs), or None for a constant
+    return infer, forward
 
-        def step(n, xs, at, handles):
-            tape.append((n, handles, at))
-            return get_op(n).forward(xs, at)
 
-        def const(array, dtype):
-            tape.append(None)
-            return _const_array(array, dtype)
+def _composition_grad(decompose, nondiff):
+    """The grad rule of an op defined as a composition: the composition's
+    VJP, each of its ops differentiated by its own rule (its constants take
+    no gradient)."""
+    def grad(g, ins, out, attrs):
+        t = Tape(g.e)
+        values = [t.watch(x) for x in ins]
 
-        values, result = run(ins, attrs, step, const)
-        grads = {result: g}
-        for pos in reversed(range(len(ins), len(values))):
-            if pos not in grads or tape[pos - len(ins)] is None:
-                continue
-            n, handles, at = tape[pos - len(ins)]
-            for h, d in zip(handles, get_op(n).vjp(grads[pos], [values[h] for h in handles], values[pos], at)):
-                if d is not None:
-                    grads[h] = grads[h] + d if h in grads else d
-        return [None if i in nondiff else grads.get(i, np.zeros_like(x)) for i, x in enumerate(ins)]
+        def apply(op_name, handles, at):
+            values.append(t.op(op_name, *(values[h] for h in handles), **at))
+            return len(values) - 1
 
-    return infer, forward, vjp
+        def add_const(array, dtype):
+            values.append(t.watch(g.e.const(array, dtype)))
+            return len(values) - 1
+
+        emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: values[h].dtype, add_const)
+        y = values[decompose(emit, list(range(len(ins))), attrs)]
+        grads = t.vjp([y], [t.watch(g)], values[:len(ins)])
+        return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
+                for i, (x, d) in enumerate(zip(ins, grads))]
+    return grad
 
 
 def _dtype_name(value) -> str:

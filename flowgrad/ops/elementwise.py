@@ -136,11 +136,6 @@ def _sign(x):
     return x.gt(0) - x.lt(0)
 
 
-def sgn(x):
-    """sign(x), 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN), on numpy."""
-    return (x > 0).astype(x.dtype) - (x < 0)
-
-
 abs_ = _unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")

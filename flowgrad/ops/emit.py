@@ -15,6 +15,7 @@ A number where a Val is expected is a constant of the other operand's
 dtype, as a Python scalar is in PyTorch arithmetic."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -82,6 +83,11 @@ class Val:
     def cast(self, dtype: str) -> Val:
         return self if dtype == self.dtype else self.e.op("cast", self, dtype=dtype)
 
+    def cast_like(self, like: Val) -> Val:
+        """Cast to like's dtype; beside float64 (numpy's finite-difference
+        checks, a dtype no op names) to f32, which cast keeps float64 there."""
+        return self.cast("f32" if like.dtype == "f64" else like.dtype)
+
     def expand(self, shape) -> Val:
         """Broadcast to `shape` (numpy's rules)."""
         shape = tuple(shape)
@@ -118,6 +124,12 @@ class Emitter:
 
     def scalar(self, value, dtype: str) -> Val:
         handle, type_ = self._const(np.asarray(value), (), dtype)
+        return Val(self, handle, type_)
+
+    def const(self, array, dtype: str) -> Val:
+        """A constant tensor (a recorded backward holds only uniform ones)."""
+        array = np.asarray(array)
+        handle, type_ = self._const(array, array.shape, dtype)
         return Val(self, handle, type_)
 
     def zeros(self, like: Val) -> Val:
@@ -179,3 +191,85 @@ def numpy_vjp(grad_rule):
             grads = grad_rule(e.val(wide(g)), ws, e.val(wide(out)), attrs)
         return [None if d is None else d.h for d in grads]
     return vjp
+
+
+class Tape(Emitter):
+    """Emits into `base` and keeps what it emitted, so a grad rule can
+    differentiate a composition of ops: a backward op's second derivative is
+    the VJP, taken here, of its first derivative written as ops (each op's own
+    grad rule, taped too). A Tape Val's handle is the base emitter's Val, so
+    `d.h` of a result is what the rule hands back; Tapes nest."""
+
+    def __init__(self, base: Emitter):
+        self.base = base
+        self.entries: list[tuple] = []   # (op name, input Vals, output Val, attrs), in emission order
+
+    def watch(self, v: Val) -> Val:
+        """v (a Val of the base emitter) as a variable of this tape: each call gives a new one."""
+        return Val(self, v, v.type)
+
+    def op(self, name: str, *vals: Val, **attrs) -> Val:
+        full = get_op(name).with_defaults(attrs)
+        out = self.base.op(name, *(v.h for v in vals), **full)
+        val = Val(self, out, out.type)
+        self.entries.append((name, vals, val, full))
+        return val
+
+    def _const(self, value, shape, dtype):
+        handle, type_ = self.base._const(value, shape, dtype)
+        return Val(self.base, handle, type_), type_
+
+    def vjp(self, ys: list[Val], cotangents: list[Val], xs: list[Val]) -> list[Val | None]:
+        """The gradients of sum(<y, cotangent>) with respect to each x (None
+        where none reaches it), emitted on this tape so they can be
+        differentiated again. Only ops between an x and a y are differentiated."""
+        taped = list(self.entries)   # what the rules below emit is differentiated by a later vjp, not this one
+        live = {id(x) for x in xs}
+        for name, ins, out, _ in taped:
+            nondiff = get_op(name).nondiff
+            if any(id(v) in live for p, v in enumerate(ins) if p not in nondiff):
+                live.add(id(out))
+        grads: dict[int, Val] = {}
+        for y, g in zip(ys, cotangents):
+            if id(y) in live:
+                grads[id(y)] = grads[id(y)] + g if id(y) in grads else g
+        for name, ins, out, attrs in reversed(taped):
+            if id(out) not in grads:
+                continue
+            op = get_op(name)
+            if op.grad is None:
+                raise ValueError(f"op {name!r} has no grad rule, so this composition can't be differentiated")
+            for p, (v, d) in enumerate(zip(ins, op.grad(grads[id(out)], list(ins), out, attrs))):
+                if d is not None and p not in op.nondiff and id(v) in live:
+                    grads[id(v)] = grads[id(v)] + d if id(v) in grads else d
+        return [grads.get(id(x)) for x in xs]
+
+
+def second_order(forward, xs: list[Val], g: Val, diff, cotangents: list[Val]) -> list[Val | None]:
+    """The grad rule of a backward op B(xs..., g): B is the VJP at g of
+    y = forward(tape, xs) (written as ops) for the inputs at positions
+    `diff`, and `cotangents` B's incoming gradient, one per such input. The
+    result: the gradients of sum(<cotangent, B>) for each x, then for g,
+    as handles of g's emitter (None where none flows)."""
+    t = Tape(g.e)
+    txs, tg = [t.watch(x) for x in xs], t.watch(g)
+    firsts = t.vjp([forward(t, txs)], [tg], [txs[p] for p in diff])
+    pairs = [(d, t.watch(c)) for d, c in zip(firsts, cotangents) if d is not None]
+    seconds = t.vjp([d for d, _ in pairs], [c for _, c in pairs], txs + [tg])
+    return [None if d is None else d.h for d in seconds]
+
+
+def unpack(packed: Val, shapes) -> list[Val]:
+    """The parts of a flat vector that holds values of these shapes one after
+    another (how a backward op that computes several inputs' gradients in one
+    pass hands them back), shaped: slices of it."""
+    out, start = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        if n == 0:   # slice takes no empty range
+            out.append(packed.e.scalar(0, packed.dtype).expand(tuple(shape)))
+            continue
+        part = packed if n == packed.shape[0] else packed.e.op("slice", packed, axis=0, start=start, stop=start + n)
+        out.append(part.reshape(tuple(shape)))
+        start += n
+    return out

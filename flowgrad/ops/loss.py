@@ -1,6 +1,8 @@
 """Losses, both the mean over all elements / targets (PyTorch's default)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from flowgrad.errors import FlowError
@@ -8,7 +10,8 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import log_softmax_of
-from flowgrad.ops.registry import Arg, OpTypeError
+from flowgrad.ops.emit import second_order
+from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
 
 
@@ -21,14 +24,15 @@ def _mse_infer(ins, at):
     return TensorType((), pred.dtype)
 
 
-def _mse_vjp(g, ins, out, at):
+def _mse_grad(g, ins, out, at):
     pred, target = ins
-    d = wide(g) * 2.0 * (wide(pred) - wide(target)) / max(pred.size, 1)
-    return [narrow(d, pred), narrow(-d, target)]
+    d = g * 2.0 * (pred - target) / max(math.prod(pred.shape), 1)
+    return [d, -d]
 
 
 mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
-                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), _mse_vjp, doc="mean((pred - target)^2)",
+                 lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), grad=_mse_grad,
+                 doc="mean((pred - target)^2)",
                  autocast="f32")
 
 
@@ -87,8 +91,9 @@ def _ce_forward(ins, at):
         return narrow(((1 - eps) * nll + smooth) / den, ins[0])
 
 
-def _ce_vjp(g, ins, out, at):
-    logits = ins[0]
+def _ce_grad_forward(ins, at):
+    logits, targets, g, *weight = ins
+    ins = [logits, targets, *weight]
     z, t, valid, w, lp, rows, tw, den = _ce_parts(ins, at)
     eps, c = at["label_smoothing"], z.shape[-1]
     p = np.zeros_like(lp) if at["log_probs"] else np.exp(lp)
@@ -99,8 +104,7 @@ def _ce_vjp(g, ins, out, at):
         d = wide(g) * d / den
     axis = norm_axis(at["axis"], logits.ndim)
     shape = logits.shape[:axis] + logits.shape[axis + 1:] + (c,)
-    grads = [narrow(np.moveaxis(d.reshape(shape), -1, axis), logits), None]
-    return grads + ([None] * (len(ins) - 2))
+    return narrow(np.moveaxis(d.reshape(shape), -1, axis), logits)
 
 
 # cross_entropy and nll_loss share the rules above: what each one's input is
@@ -109,13 +113,81 @@ LOGITS = {"log_probs": False}
 LOG_PROBS = {"log_probs": True, "label_smoothing": 0.0}
 
 
+def _loss_attrs(at, smoothing: bool) -> dict:
+    keys = ("ignore_index", "label_smoothing", "axis") if smoothing else ("ignore_index", "axis")
+    return {k: at[k] for k in keys}
+
+
+def _ce_grad(g, ins, out, at):
+    logits, targets, *weight = ins
+    d = g.e.op("cross_entropy_grad", logits, targets, g, *weight, **_loss_attrs(at, True))
+    return [d] + [None] * (len(ins) - 1)
+
+
+def _nll_grad(g, ins, out, at):
+    log_probs, targets, *weight = ins
+    d = g.e.op("nll_loss_grad", log_probs, targets, g, *weight, **_loss_attrs(at, False))
+    return [d] + [None] * (len(ins) - 1)
+
+
+def _ce_ops(e, ins, at):
+    """cross_entropy as ops: nll_loss of log_softmax, plus the smoothing term
+    -sum(valid * weight * log_probs) / sum(valid * weight[target]) written out
+    (the weight of each counted target picked by an embedding)."""
+    logits, targets, *weight = ins
+    axis = norm_axis(at["axis"], logits.ndim)
+    lp = e.op("log_softmax", logits, axis=axis)
+    loss = e.op("nll_loss", lp, targets, *weight, ignore_index=at["ignore_index"], axis=axis)
+    eps = at["label_smoothing"]
+    if not eps:
+        return loss
+    c = logits.shape[axis]
+    valid = e.op("ne", targets, e.scalar(at["ignore_index"], "i32")).cast_like(logits)
+    w = weight[0] if weight else e.scalar(1.0, logits.dtype).expand((c,))
+    # a counted target's class, else 0: in range for the embedding (f32 holds class ids exactly)
+    picked = e.where(valid.cast("f32"), targets.cast("f32"), 0.0).cast("i32")
+    den = (valid * e.op("embedding", picked, w.reshape((c, 1))).reshape(targets.shape)).sum()
+    keep = tuple(c if i == axis else 1 for i in range(logits.ndim))
+    spread = valid.reshape(tuple(1 if i == axis else n for i, n in enumerate(logits.shape)))
+    smooth = -((spread * lp * w.reshape(keep)).sum() / den)
+    return (1 - eps) * loss + eps / c * smooth
+
+
+def _ce_grad_grad(G, ins, out, at):
+    """cross_entropy_grad's own derivative: the VJP of cross_entropy written as ops."""
+    logits, targets, g, *weight = ins
+    grads = second_order(lambda e, xs: _ce_ops(e, xs, at), [logits, targets, *weight], g, [0], [G])
+    return [grads[0], None, grads[-1]] + [None] * len(weight)
+
+
+def _nll_grad_grad(G, ins, out, at):
+    """nll_loss's gradient is linear in g and flat in the log-probabilities."""
+    log_probs, targets, g, *weight = ins
+    unit = G.e.op("nll_loss_grad", log_probs, targets, G.e.scalar(1.0, g.dtype), *weight, **_loss_attrs(at, False))
+    return [None, None, (G * unit).sum(), *[None] * len(weight)]
+
+
+def _grad_infer(smoothing: bool):
+    def infer(ins, at):
+        logits, targets, g, *weight = ins
+        x = _ce_infer([logits, targets, *weight], at if smoothing else at | LOG_PROBS)
+        if g != x:
+            raise OpTypeError(f"g must be the loss's type {x}, got {g}")
+        return logits
+    return infer
+
+
+def _class_bounds(ins, at):
+    """The targets index the class axis."""
+    return {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]}
+
+
 cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS),
-    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | LOGITS), nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_ce_grad, nondiff=(1, 2), autocast="f32",
+    index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
@@ -128,8 +200,28 @@ nll_loss = defop(
     "nll_loss",
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
-    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS),
-    lambda g, ins, out, at: _ce_vjp(g, ins, out, at | LOG_PROBS), nondiff=(1, 2), autocast="f32",
-    index_bounds=lambda ins, at: {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]},
+    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_nll_grad, nondiff=(1, 2), autocast="f32",
+    index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")
+
+
+cross_entropy_grad = defop(
+    "cross_entropy_grad",
+    (Arg("logits"), Arg("targets"), Arg("g"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
+     Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
+    _grad_infer(True), lambda ins, at: _ce_grad_forward(ins, at | LOGITS), grad=_ce_grad_grad, nondiff=(1, 3),
+    autocast="f32", index_bounds=_class_bounds,
+    doc="cross_entropy's gradient for the logits from the loss's gradient g (a scalar)",
+    samples=[Sample((((4, 5), "normal"), ((4,), "ints:5"), ((), "normal"))),
+             Sample((((2, 4, 3), "normal"), ((2, 3), "ints:4"), ((), "normal"), ((4,), "positive")),
+                    {"axis": 1, "label_smoothing": 0.2, "ignore_index": 1})])
+nll_loss_grad = defop(
+    "nll_loss_grad",
+    (Arg("log_probs"), Arg("targets"), Arg("g"), Arg("weight", "tensor", None),
+     Arg("ignore_index", "attr", -100, (int,)), Arg("axis", "attr", -1, (int,))),
+    _grad_infer(False), lambda ins, at: _ce_grad_forward(ins, at | LOG_PROBS), grad=_nll_grad_grad, nondiff=(0, 1, 3),
+    autocast="f32", index_bounds=_class_bounds,
+    doc="nll_loss's gradient for the log-probabilities from the loss's gradient g (a scalar): -g weight[target] "
+        "/ sum of the counted targets' weights at each target, zero elsewhere",
+    samples=[Sample((((4, 3), "normal"), ((4,), "ints:3"), ((), "normal"), ((3,), "positive")), {"ignore_index": 2})])

@@ -88,15 +88,39 @@ def _max_forward(ins, attrs):
     return narrow(_argmax(wide(x), window(x.shape, attrs))[0], x)
 
 
-def _max_vjp(g, ins, out, attrs):
-    (x,) = ins
+def _max_grad_forward(ins, attrs):
+    x, g = ins
     win = window(x.shape, attrs)
     _, arg = _argmax(wide(x), win)
     gw = wide(g)
     dxp = np.zeros(_padded(x, win, 0).shape, dtype=gw.dtype)
     for t, (hs, ws) in _taps(win):
         dxp[..., hs, ws] += np.where(arg == t, gw, 0)
-    return [narrow(_crop(dxp, win, x.shape), x)]
+    return narrow(_crop(dxp, win, x.shape), x)
+
+
+def _max_pick_forward(ins, attrs):
+    x, t = ins
+    win = window(x.shape, attrs)
+    _, arg = _argmax(wide(x), win)
+    tp = _padded(wide(t), win, 0)
+    out = np.zeros(arg.shape, dtype=tp.dtype)
+    for tap, (hs, ws) in _taps(win):
+        out = np.where(arg == tap, tp[..., hs, ws], out)
+    return narrow(out, t)
+
+
+def _pair_infer(second, shaped_as_out):
+    """maxpool2d_grad's rule (its second input shaped as the output) or
+    maxpool2d_pick's (as x); the result is shaped as the other."""
+    def infer(ins, attrs):
+        x, other = ins
+        pooled = _pool_infer([x], attrs)
+        want = pooled if shaped_as_out else x
+        if other != want:
+            raise OpTypeError(f"{second} must be {want}, got {other} (x is {x})")
+        return x if shaped_as_out else pooled
+    return infer
 
 
 def _pool_args(*extra):
@@ -104,8 +128,27 @@ def _pool_args(*extra):
             Arg("padding", "attr", 0, INTS)) + extra
 
 
-maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward, _max_vjp,
+def _with(at, *names):
+    return {k: at[k] for k in ("kernel_size", "stride", "padding") + names}
+
+
+# which pixel is a window's maximum is flat in x almost everywhere: x gets no gradient through the
+# choice; maxpool2d_grad and maxpool2d_pick are each other's transposes
+maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward,
+                  grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **_with(at))],
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
+maxpool2d_grad = defop(
+    "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], _pair_infer("g", True), _max_grad_forward,
+    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_pick", ins[0], g, **_with(at))], nondiff=(0,),
+    doc="maxpool2d's gradient: each window's g added at its first maximum of x, zeros elsewhere",
+    samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 3, 4), "normal")), {"kernel_size": 2, "stride": 1}),
+             Sample((((1, 2, 5, 5), "distinct"), ((1, 2, 3, 3), "normal")), {"kernel_size": 3, "stride": 2,
+                                                                              "padding": 1})])
+maxpool2d_pick = defop(
+    "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], _pair_infer("t", False), _max_pick_forward,
+    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_grad", ins[0], g, **_with(at))], nondiff=(0,),
+    doc="t at each window's first maximum of x (maxpool2d's derivative along t)",
+    samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 4, 5), "normal")), {"kernel_size": 2, "stride": 1})])
 
 # ---------------------------------------------------------------- avgpool2d
 
@@ -126,19 +169,47 @@ def _avg_forward(ins, attrs):
     return narrow(total / _divisor(x.shape, win, attrs["count_include_pad"]), x)
 
 
-def _avg_vjp(g, ins, out, attrs):
-    (x,) = ins
-    win = window(x.shape, attrs)
-    share = wide(g) / _divisor(x.shape, win, attrs["count_include_pad"])
-    dxp = np.zeros(_padded(x, win, 0).shape, dtype=share.dtype)
+def _shaped_infer(pooled):
+    """A pooling gradient's rule: g shaped as the pooling of x (of the attr shape) gives."""
+    def infer(ins, attrs):
+        (g,) = ins
+        shape = attrs["shape"]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise OpTypeError(f"shape={shape!r} must be a list of sizes")
+        x = TensorType(tuple(shape), g.dtype)
+        want = pooled([x], attrs)
+        if g != want:
+            raise OpTypeError(f"g must be the pooling's output {want} (x {x}), got {g}")
+        return x
+    return infer
+
+
+def _avg_grad_forward(ins, attrs):
+    (g,) = ins
+    shape = tuple(attrs["shape"])
+    win = window(shape, attrs)
+    share = wide(g) / _divisor(shape, win, attrs["count_include_pad"])
+    dxp = np.zeros((shape[0], shape[1]) + tuple(n + 2 * p for n, p in zip(shape[2:], win["pad"])),
+                   dtype=share.dtype)
     for _, (hs, ws) in _taps(win):
         dxp[..., hs, ws] += share
-    return [narrow(_crop(dxp, win, x.shape), x)]
+    return narrow(_crop(dxp, win, shape), g)
 
 
-avgpool2d = defop("avgpool2d", _pool_args(Arg("count_include_pad", "attr", True, (bool,))), _pool_infer,
-                  _avg_forward, _avg_vjp,
+_AVG = (Arg("count_include_pad", "attr", True, (bool,)),)
+avgpool2d = defop("avgpool2d", _pool_args(*_AVG), _pool_infer, _avg_forward,
+                  grad=lambda g, ins, out, at: [g.e.op("avgpool2d_grad", g, shape=list(ins[0].shape),
+                                                       **_with(at, "count_include_pad"))],
                   doc="mean over kernel_size windows; padding counts in the mean unless count_include_pad=false")
+# the pooling and its gradient are linear, each the other's transpose
+avgpool2d_grad = defop(
+    "avgpool2d_grad", (Arg("g"), Arg("shape", "attr", types=(list,))) + _pool_args(*_AVG)[1:],
+    _shaped_infer(_pool_infer), _avg_grad_forward,
+    grad=lambda g, ins, out, at: [g.e.op("avgpool2d", g, **_with(at, "count_include_pad"))],
+    doc="avgpool2d's gradient for an x of this shape: each window's g shared among its pixels",
+    samples=[Sample((((2, 3, 2, 2), "normal"),), {"shape": [2, 3, 4, 5], "kernel_size": 3, "padding": 1}),
+             Sample((((1, 2, 5, 6), "normal"),), {"shape": [1, 2, 4, 5], "kernel_size": 2, "stride": 1,
+                                                   "padding": 1, "count_include_pad": False})])
 
 # ---------------------------------------------------------------- adaptive_avgpool2d
 
@@ -177,18 +248,27 @@ def _adaptive_forward(ins, attrs):
     return narrow(np.einsum("ih,nchw,jw->ncij", ph, xw, pw, optimize=True), x)
 
 
-def _adaptive_vjp(g, ins, out, attrs):
-    (x,) = ins
-    oh, ow = adaptive_size(x.shape, attrs)
+def _adaptive_grad_forward(ins, attrs):
+    (g,) = ins
+    shape = tuple(attrs["shape"])
+    oh, ow = adaptive_size(shape, attrs)
     gw = wide(g)
-    ph, pw = _pool_matrix(x.shape[2], oh).astype(gw.dtype), _pool_matrix(x.shape[3], ow).astype(gw.dtype)
-    return [narrow(np.einsum("ih,ncij,jw->nchw", ph, gw, pw, optimize=True), x)]
+    ph, pw = _pool_matrix(shape[2], oh).astype(gw.dtype), _pool_matrix(shape[3], ow).astype(gw.dtype)
+    return narrow(np.einsum("ih,ncij,jw->nchw", ph, gw, pw, optimize=True), g)
 
 
 adaptive_avgpool2d = defop(
     "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer,
-    _adaptive_forward, _adaptive_vjp,
+    _adaptive_forward,
+    grad=lambda g, ins, out, at: [g.e.op("adaptive_avgpool2d_grad", g, shape=list(ins[0].shape),
+                                         output_size=at["output_size"])],
     doc="mean over output_size bins as PyTorch's; output_size=1 is global average pooling")
+adaptive_avgpool2d_grad = defop(
+    "adaptive_avgpool2d_grad", (Arg("g"), Arg("shape", "attr", types=(list,)), Arg("output_size", "attr", types=INTS)),
+    _shaped_infer(_adaptive_infer), _adaptive_grad_forward,
+    grad=lambda g, ins, out, at: [g.e.op("adaptive_avgpool2d", g, output_size=at["output_size"])],
+    doc="adaptive_avgpool2d's gradient for an x of this shape: each bin's g shared among its pixels",
+    samples=[Sample((((2, 3, 2, 3), "normal"),), {"shape": [2, 3, 5, 4], "output_size": [2, 3]})])
 
 # ---------------------------------------------------------------- maxpool1d / avgpool1d
 

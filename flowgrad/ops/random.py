@@ -122,12 +122,20 @@ def normal_noise(shape, step: int, seed: int, stream: int, rank: int = 0, row: i
 
 
 def _expand(builder, ins, attrs):
+    if len(ins) == 2 and attrs["stream"] is not None and is_rng(builder, ins[1]):
+        return ins, attrs   # a gradient's dropout: its forward's random state and stream, so its mask
     if len(ins) != 1:
         raise OpTypeError("takes one tensor, x; its random state is flowgrad's own")
     rng = builder.hidden_input(RNG_INPUT, RNG_TYPE)
     if attrs["stream"] is None:
         attrs = attrs | {"stream": builder.next_id()}
     return ins + [rng], attrs
+
+
+def is_rng(builder, node_id) -> bool:
+    """Whether the node is the random state input the build adds."""
+    node = builder.graph.nodes[node_id]
+    return node.op == "input" and node.name == RNG_INPUT
 
 
 def _infer(ins, attrs):
@@ -169,16 +177,17 @@ def _forward(ins, attrs):
     return x.copy() if factor is None else narrow(wide(x) * factor.astype(wide(x).dtype), x)
 
 
-def _vjp(g, ins, out, attrs):
-    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
-    factor = _scaled_mask(x, rng, attrs)
-    return [g if factor is None else narrow(wide(g) * factor.astype(wide(g).dtype), x)] + [None] * (len(ins) - 1)
+def _grad(g, ins, out, attrs):
+    """The same mask and scale on g: the mask is a function of the random
+    state, the stream and the element's place (the same shape for g as for
+    x), so a dropout of g with the forward's random state draws it again."""
+    return [g.e.op("dropout", g, *ins[1:], p=attrs["p"], stream=attrs["stream"])] + [None] * (len(ins) - 1)
 
 
 dropout = defop(
     "dropout", (Arg("x"), Arg("p", "attr", 0.5, (float, int)), Arg("stream", "attr", None, (int, type(None))),
                 Arg("rng", "tensor", None)),
-    _infer, _forward, _vjp, expand=_expand, nondiff=(1,),
+    _infer, _forward, grad=_grad, expand=_expand, nondiff=(1,),
     doc="in training steps, zero each element with probability p and scale the rest by 1/(1-p); "
         "the identity in eval")
 
@@ -201,7 +210,7 @@ def _randn_forward(ins, attrs):
 
 randn_like = defop(
     "randn_like", (Arg("x"), Arg("stream", "attr", None, (int, type(None))), Arg("rng", "tensor", None)),
-    _randn_infer, _randn_forward, lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
+    _randn_infer, _randn_forward, grad=lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
     doc="standard normal noise of x's shape and dtype (x's values are not read; no gradient), a fresh draw "
         "every training step; eval steps sample too",
     samples=[Sample((((3, 5), "normal"), ((5,), "ints:3")), {"stream": 7})])

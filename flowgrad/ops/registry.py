@@ -1,7 +1,8 @@
 """The op record type and the registry. Each op is ONE `Op` object, declared
 in its family's module beside its rules: signature, shape/dtype rule, numpy
-forward and numpy VJP. A backend keeps its own table of lowerings by op
-name (the Vulkan one: flowgrad/exec_vulkan/lowering.py)."""
+forward and its VJP written as ops (the numpy VJP is that run on numpy). A
+backend keeps its own table of lowerings by op name (the Vulkan one:
+flowgrad/exec_vulkan/lowering.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -89,7 +90,8 @@ class Op:
     grad(g, ins, out, attrs) -> one Val or None per input: the VJP written
         once, as ops (flowgrad/ops/emit.py); `vjp` is then that rule run on
         numpy, and the autodiff pass appends it to the graph as nodes.
-        None for an op whose VJP is still numpy code only.
+        None for an op whose VJP is numpy code (an op registered from
+        Python, the planner's).
     torch: the PyTorch function that is this op when called on its tensor
         inputs in order (`torch.abs`, `F.relu`: F is torch.nn.functional);
         flowgrad/torch_twin.py calls it and the docs' op table shows it. An

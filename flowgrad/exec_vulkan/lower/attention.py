@@ -161,7 +161,17 @@ def attention_backward(rec, node, g, ins, out, grads):
     _dispatch(rec, "bwd_dkdv", q, dh, bound, [q, k, v, mview, g, stats, dk, dv], push, sk, heads, batch)
 
 
+def attention_grad_forward(rec, node, ins, out):
+    """attention_grad: the backward's passes (the row statistics recomputed:
+    no forward of this node kept them), dq, dk and dv into consecutive views."""
+    q, k, v, o, g, *mask = ins
+    nq, nk = q.size, k.size
+    grads = [out.view(0, q.shape), out.view(nq, k.shape), out.view(nq + nk, v.shape)]
+    attention_backward(rec, node, g, [q, k, v, *mask], o, grads)
+
+
 # i32: a boolean mask input (q, k, v and the result are always float)
 ATTENTION = Lowering(attention_forward, attention_backward, FLOATS | {"i32"}, FLOATS)
 
 register_lowering("attention", ATTENTION)
+register_lowering("attention_grad", Lowering(attention_grad_forward, None, FLOATS | {"i32"}))

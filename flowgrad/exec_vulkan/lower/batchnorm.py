@@ -99,5 +99,22 @@ def _norm(running: bool) -> Lowering:
 BATCHNORM = _norm(running=True)
 GROUPNORM = _norm(running=False)
 
+
+def _grads(norm: Lowering, running: bool) -> Lowering:
+    """batchnorm_grad's or groupnorm_grad's lowering: the norm's backward,
+    writing dx, dw and db into consecutive views of the vector. The bias is
+    bound but not read there: the weight stands in for it."""
+
+    def forward(rec, node, ins, out):
+        x, w, *rest = ins
+        state, g, rng = (rest[:2], rest[2], rest[3:]) if running else ([], rest[0], [])
+        nx, c = math.prod(x.shape), w.shape[0]
+        grads = [out.view(0, x.shape), out.view(nx, (c,)), out.view(nx + c, (c,))]
+        norm.backward(rec, node, g, [x, w, w, *state, *rng], None, grads)
+
+    return Lowering(forward, None, FLOATS | {"i32"} if running else FLOATS)
+
 register_lowering("batchnorm", BATCHNORM)
 register_lowering("groupnorm", GROUPNORM)
+register_lowering("batchnorm_grad", _grads(BATCHNORM, running=True))
+register_lowering("groupnorm_grad", _grads(GROUPNORM, running=False))

@@ -79,7 +79,19 @@ def _topk_indices_forward(rec, node, ins, out):
     _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
 
 
+def _topk_grad_forward(rec, node, ins, out):
+    x, g = ins
+    _topk_values_backward(rec, node, g, [x], None, [out])
+
+
+def _topk_pick_forward(rec, node, ins, out):
+    x, t = ins
+    _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
+
+
 TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOATS, FLOATS)
+TOPK_GRAD = Lowering(_topk_grad_forward, None, FLOATS)
+TOPK_PICK = Lowering(_topk_pick_forward, None, FLOATS)
 TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
 
 register_lowering("argmax", ARGMAX)
@@ -91,3 +103,5 @@ register_lowering("gt", GT)
 register_lowering("ge", GE)
 register_lowering("topk", TOPK)
 register_lowering("topk_indices", TOPK_INDICES)
+register_lowering("topk_grad", TOPK_GRAD)
+register_lowering("topk_pick", TOPK_PICK)

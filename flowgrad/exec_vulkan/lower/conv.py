@@ -211,6 +211,18 @@ def transpose_backward(rec, node, g, ins, out, grads):
         _bias_grad(rec, g, grads[2])
 
 
+def input_grad_forward(rec, node, ins, out):
+    """conv_input_grad: conv_backward's input gradient, into out (also x's shape)."""
+    g, w = ins
+    conv_backward(rec, node, g, [out, w], None, [out, None])
+
+
+def weight_grad_forward(rec, node, ins, out):
+    """conv_weight_grad: conv_backward's weight gradient, into out (also the weight's shape)."""
+    g, x = ins
+    conv_backward(rec, node, g, [x, out], None, [None, out])
+
+
 CONV2D = Lowering(conv_forward, conv_backward, FLOATS, FLOATS)
 CONV1D = CONV2D
 CONV_TRANSPOSE2D = Lowering(transpose_forward, transpose_backward, FLOATS, FLOATS)
@@ -218,3 +230,5 @@ CONV_TRANSPOSE2D = Lowering(transpose_forward, transpose_backward, FLOATS, FLOAT
 register_lowering("conv2d", CONV2D)
 register_lowering("conv1d", CONV1D)
 register_lowering("conv_transpose2d", CONV_TRANSPOSE2D)
+register_lowering("conv_input_grad", Lowering(input_grad_forward, None, FLOATS))
+register_lowering("conv_weight_grad", Lowering(weight_grad_forward, None, FLOATS))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from flowgrad.errors import DeviceError
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
@@ -31,6 +33,10 @@ class RecordEmitter(Emitter):
         low = self.lowering_for(name)
         if low is None:
             raise ValueError(f"its gradient needs op {name!r}, which has no graph lowering")
+        dtypes = {out_t.dtype, *(h.dtype for h in handles)}
+        if not dtypes <= low.dtypes:
+            raise ValueError(f"its gradient needs op {name!r} on {', '.join(sorted(dtypes - low.dtypes))}, which "
+                             f"its lowering does not take")
         reads = tuple(self.sources.get(id(h), self.node.id) for h in handles)
         node = Node(self.node.id, name, reads, out_t, attrs=attrs, span=self.node.span)
         out = self.rec.scratch(out_t.shape, out_t.dtype)
@@ -38,9 +44,13 @@ class RecordEmitter(Emitter):
         return out, out_t
 
     def _const(self, value, shape, dtype):
+        value = np.asarray(value).reshape(-1)
+        # a fill repeats one word: a recording holds no other constant
+        if value.size and not np.array_equal(value, np.full_like(value, value[0]), equal_nan=True):
+            raise ValueError("its gradient needs a constant tensor, which a recorded backward cannot hold")
         t = TensorType(tuple(shape), dtype)
         view = self.rec.scratch(t.shape, dtype)
-        self.rec.fill(view, _word(float(value), dtype))
+        self.rec.fill(view, _word(float(value[0]) if value.size else 0.0, dtype))
         return view, t
 
 

@@ -117,6 +117,19 @@ def _xent_lowering(log_probs: bool) -> Lowering:
 CROSS_ENTROPY = _xent_lowering(log_probs=False)
 NLL_LOSS = _xent_lowering(log_probs=True)
 
+
+def _xent_grad(loss: Lowering) -> Lowering:
+    """cross_entropy_grad's or nll_loss_grad's lowering: the loss's backward
+    (its row losses recomputed: no forward of this node kept them), into out."""
+
+    def forward(rec, node, ins, out):
+        logits, targets, g, *weight = ins
+        loss.backward(rec, node, g, [logits, targets, *weight], None, [out, None, *[None] * len(weight)])
+
+    return Lowering(forward, None, ALL_DTYPES, checks_indices=True)
+
 register_lowering("mse_loss", MSE_LOSS)
 register_lowering("cross_entropy", CROSS_ENTROPY)
 register_lowering("nll_loss", NLL_LOSS)
+register_lowering("cross_entropy_grad", _xent_grad(CROSS_ENTROPY))
+register_lowering("nll_loss_grad", _xent_grad(NLL_LOSS))

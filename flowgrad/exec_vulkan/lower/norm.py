@@ -106,5 +106,21 @@ def _norm(kind: str):
 LAYERNORM = _norm("layernorm")
 RMSNORM = _norm("rmsnorm")
 
+
+def _grads(norm: Lowering, params: int) -> Lowering:
+    """layernorm_grad's (params 2) or rmsnorm_grad's lowering: the norm's
+    backward, writing dx, dw (and db) into consecutive views of the vector."""
+
+    def forward(rec, node, ins, out):
+        x, w, g = ins
+        nx, nw = math.prod(x.shape), math.prod(w.shape)
+        grads = [out.view(0, x.shape)] + [out.view(nx + i * nw, w.shape) for i in range(params)]
+        # the backward binds the bias without reading it: the weight stands in
+        norm.backward(rec, node, g, [x, w, w][:1 + params], None, grads)
+
+    return Lowering(forward, None, FLOATS)
+
 register_lowering("layernorm", LAYERNORM)
 register_lowering("rmsnorm", RMSNORM)
+register_lowering("layernorm_grad", _grads(LAYERNORM, 2))
+register_lowering("rmsnorm_grad", _grads(RMSNORM, 1))

@@ -11,6 +11,7 @@ from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
+MAX_PICK = 6
 
 
 def _geometry(node, x_shape, adaptive: bool):
@@ -28,7 +29,7 @@ def _dispatch(rec, node, mode, x, g, dst, x_shape, out_shape):
     items = math.prod(dst.shape)
     if items == 0:
         return
-    (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode >= MODES["adaptive_avgpool2d"][0])
+    (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode in MODES["adaptive_avgpool2d"])
     push = [items, x_shape[2], x_shape[3], out_shape[2], out_shape[3], kh, kw, sh, sw, ph, pw, mode, inc]
     rec.dispatch("pool", [x, g, dst], push, groups_1d(items), variant(dst.dtype))
 
@@ -48,6 +49,23 @@ def _pool(name):
     return Lowering(forward, backward, FLOATS, FLOATS)
 
 
+def _grads(name):
+    """The backward op's lowering: the pooling's backward, with g (and for
+    maxpool2d_grad x; the averages read no x) from the op's inputs."""
+    bwd = MODES[name][1]
+
+    def forward(rec, node, ins, out):
+        x, g = ins if name == "maxpool2d" else (unused(rec, out.dtype), ins[0])
+        _dispatch(rec, node, bwd, x, g, out, out.shape, g.shape)
+
+    return Lowering(forward, None, FLOATS)
+
+
+def _max_pick_forward(rec, node, ins, out):
+    x, t = ins
+    _dispatch(rec, node, MAX_PICK, x, t, out, x.shape, out.shape)
+
+
 MAXPOOL2D = _pool("maxpool2d")
 AVGPOOL2D = _pool("avgpool2d")
 ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
@@ -55,3 +73,7 @@ ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
 register_lowering("maxpool2d", MAXPOOL2D)
 register_lowering("avgpool2d", AVGPOOL2D)
 register_lowering("adaptive_avgpool2d", ADAPTIVE_AVGPOOL2D)
+register_lowering("maxpool2d_grad", _grads("maxpool2d"))
+register_lowering("maxpool2d_pick", Lowering(_max_pick_forward, None, FLOATS))
+register_lowering("avgpool2d_grad", _grads("avgpool2d"))
+register_lowering("adaptive_avgpool2d_grad", _grads("adaptive_avgpool2d"))

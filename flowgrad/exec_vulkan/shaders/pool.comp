@@ -4,7 +4,8 @@
 // Forward modes: one invocation per output; backward modes: one per input
 // pixel, gathering the gradient of every window that covers it (no atomics).
 //   0 max forward, 1 max backward (gradient to each window's first maximum),
-//   2 avg forward, 3 avg backward, 4 adaptive avg forward, 5 adaptive backward.
+//   2 avg forward, 3 avg backward, 4 adaptive avg forward, 5 adaptive backward,
+//   6 max pick (one invocation per output: g, shaped as x, at the window's first maximum of x).
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -60,6 +61,7 @@ float forward(uint i) {
     uint ohw = p.OH * p.OW, plane = i / ohw, oh = (i % ohw) / p.OW, ow = i % p.OW;
     uint base = plane * p.H * p.W;
     if (p.mode == 0u) return float(x[base + argmax_of(base, oh, ow)]);
+    if (p.mode == 6u) return float(g[base + argmax_of(base, oh, ow)]);
     uint h0, h1, w0, w1;
     if (p.mode == 2u) {
         int hs = int(oh * p.SH) - int(p.PH), ws = int(ow * p.SW) - int(p.PW);
@@ -111,7 +113,7 @@ float backward(uint i) {
 
 void main() {
     uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-    bool fwd = p.mode == 0u || p.mode == 2u || p.mode == 4u;
+    bool fwd = p.mode == 0u || p.mode == 2u || p.mode == 4u || p.mode == 6u;
     for (uint i = gl_GlobalInvocationID.x; i < p.items; i += step)
         o[i] = STORE(fwd ? forward(i) : backward(i));
 }

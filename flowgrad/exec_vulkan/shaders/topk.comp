@@ -5,7 +5,8 @@
 // pick in the order (value descending, index ascending), so ties go to the
 // lower index, as numpy's stable sort.
 //   mode 0: values -> vals [.., k];  mode 1: indices -> idx (i32);
-//   mode 2: backward -> dx, zero but at the picks, where it is g.
+//   mode 2: backward -> dx, zero but at the picks, where it is g;
+//   mode 3: pick -> vals [.., k], g (shaped as x) at the picks.
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -39,7 +40,8 @@ void main() {
             uint o = obase + r * p.inner;
             if (p.mode == 0u) vals[o] = T(bv);
             else if (p.mode == 1u) idx[o] = bi;
-            else vals[base + uint(bi) * p.inner] = g[o];
+            else if (p.mode == 2u) vals[base + uint(bi) * p.inner] = g[o];
+            else vals[o] = g[base + uint(bi) * p.inner];
         }
     }
 }
