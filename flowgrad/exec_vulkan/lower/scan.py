@@ -18,6 +18,7 @@ backward, run the other way) is recorded through the forward lowerings
 from __future__ import annotations
 
 import math
+import weakref
 
 import attrs
 
@@ -29,15 +30,38 @@ from flowgrad.ops import get_op
 from flowgrad.ops.scan import layout
 
 
-def _cell_lowerings(node, body) -> dict:
-    """{body node id: its lowering}, each checked as the planner checks a
-    model's node: a lowering that takes its dtypes, and index checks where
-    the cell reads indices (a cell's inputs are never range-checked on the host)."""
+_CELLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cell_graph(body):
+    """(the cell's graph as the graph path runs a model's: its pointwise
+    chains fused and its products split (planner/fusion.py); the nodes a
+    step runs; those of them that read only the captured values and
+    constants, the same at every step: recorded once, before the first)."""
+    if body not in _CELLS:
+        from flowgrad.planner.fusion import fuse
+
+        outputs = {f"@{k}": o for k, o in enumerate(body.outputs)}
+        graph = fuse(attrs.evolve(body.graph, outputs=outputs, loss=None)).graph
+        runs = frozenset(n.id for n in graph.needed_for(body.outputs))
+        fixed = set(body.split(body.inputs)[2])
+        for n in graph.nodes:
+            if n.id in runs and (n.op == "const" or n.op != "input" and all(i in fixed for i in n.inputs)):
+                fixed.add(n.id)
+        _CELLS[body] = graph, runs, frozenset(fixed)
+    return _CELLS[body]
+
+
+def _cell_lowerings(node, body, graph, runs) -> dict:
+    """{id: lowering} of the cell's nodes a step runs, each checked as the
+    planner checks a model's node: a lowering that takes its dtypes, and
+    index checks where it reads indices (a cell's inputs are never
+    range-checked on the host)."""
     from flowgrad.exec_vulkan.lower import lowering_for
 
-    graph, lows = body.graph, {}
+    lows = {}
     for n in graph.nodes:
-        if n.op in ("input", "const"):
+        if n.op in ("input", "const") or n.id not in runs:
             continue
         low = lowering_for(n.op)
         where = n.span.short() if n.span else "?"
@@ -60,11 +84,11 @@ def _recorded(node, body, n):
     return attrs.evolve(n, id=(node.id, id(body), n.id), inputs=(node.id,) * len(n.inputs))
 
 
-def _constants(rec, body) -> dict:
+def _constants(rec, graph, runs) -> dict:
     """The cell's constants, filled once for every step."""
     out = {}
-    for n in body.graph.nodes:
-        if n.op != "const":
+    for n in graph.nodes:
+        if n.op != "const" or n.id not in runs:
             continue
         value = fill_value(n.attrs["value"])
         if value is None:
@@ -84,10 +108,14 @@ def _in_place(low, n, src):
 
 def scan_forward(rec, node, ins, out):
     body, steps, reverse, history = (node.attrs[k] for k in ("body", "steps", "reverse", "history"))
-    lows = _cell_lowerings(node, body)
-    cell = {k: _recorded(node, body, body.graph.nodes[k]) for k in lows}
-    consts = _constants(rec, body)
+    graph, runs, fixed = cell_graph(body)
+    lows = _cell_lowerings(node, body, graph, runs)
+    cell = {k: _recorded(node, body, graph.nodes[k]) for k in lows}
     xs, carries, captured = body.split(ins)
+    values = _constants(rec, graph, runs)
+    values.update(zip(body.inputs[body.xs + body.carries:], captured))
+    _record(rec, graph, {k: low for k, low in lows.items() if k in fixed}, cell, values, {})
+    lows = {k: low for k, low in lows.items() if k not in fixed}
     where, _ = layout(body, steps, history)
     # without a history, the carries go back and forth between two places until the last step
     spares = None if history else [(rec.scratch(c.shape, c.dtype), rec.scratch(c.shape, c.dtype)) for c in carries]
@@ -95,9 +123,15 @@ def scan_forward(rec, node, ins, out):
         top = rec.arena.top
         places = [_place(out, w, k < body.ys or history, i, s, steps, spares and spares[k - body.ys])
                   for k, w in enumerate(where)]
-        values = dict(consts)
-        values.update(zip(body.inputs, [x.view(i * (x.size // steps), x.shape[1:]) for x in xs] + carries + captured))
-        _record_step(rec, body, lows, cell, values, places)
+        step = dict(values)
+        step.update(zip(body.inputs, [x.view(i * (x.size // steps), x.shape[1:]) for x in xs] + carries))
+        first: dict = {}
+        for o, place in zip(body.outputs, places):
+            first.setdefault(o, place)
+        _record(rec, graph, lows, cell, step, first)
+        for o, place in zip(body.outputs, places):   # a value returned twice, or as it came in
+            if not _same(step[o], place):
+                rec.copy(step[o], place)
         carries = places[body.ys:]
         rec.arena.top = top   # the next step takes the same scratch
 
@@ -112,15 +146,10 @@ def _place(out, where, per_step: bool, i: int, s: int, steps: int, spare):
     return out.view(offset, shape) if s == steps - 1 else spare[s % 2]
 
 
-def _record_step(rec, body, lows, cell, values, places) -> None:
-    """The cell's nodes in order, each written where its result goes (a
-    cell output's place, a view's window, else scratch), then the copies
-    into the places of outputs that lie elsewhere (a value returned twice,
-    or an input returned as it came)."""
-    first = {}
-    for o, place in zip(body.outputs, places):
-        first.setdefault(o, place)
-    for n in body.graph.nodes:
+def _record(rec, graph, lows, cell, values, first) -> None:
+    """The nodes of `lows` in order, each written where its result goes (its
+    place in `first`, the window of a view, else scratch) and kept in values."""
+    for n in graph.nodes:
         if n.id not in lows:
             continue
         ins = [values[k] for k in n.inputs]
@@ -129,9 +158,6 @@ def _record_step(rec, body, lows, cell, values, places) -> None:
             dst = _in_place(lows[n.id], n, ins[0])
         values[n.id] = dst if dst is not None else rec.scratch(n.shape, n.dtype)
         lows[n.id].forward(rec, cell[n.id], ins, values[n.id])
-    for o, place in zip(body.outputs, places):
-        if not _same(values[o], place):
-            rec.copy(values[o], place)
 
 
 def _same(a, b) -> bool:
