@@ -18,6 +18,7 @@ from flowgrad.binder import suggest
 from flowgrad.dsl import ast, limits
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.source import make_span
+from flowgrad.dsl.values import show
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType, fill_value
@@ -105,7 +106,8 @@ class Scans:
         first = self.node_type(xs[0][0])
         rank = len(first.shape)
         if not isinstance(axis, numbers.Integral) or isinstance(axis, bool) or not -rank <= axis < rank:
-            raise self.error(f"scan(): axis {self.show_value(axis)} is not an axis of xs, a tensor {first}",
+            shown = show(axis) if isinstance(axis, numbers.Integral) else self.show_value(axis)
+            raise self.error(f"scan(): axis {shown} is not an axis of xs, a tensor {first}",
                              apos or call_pos, scope)
         axis = int(axis) % rank
         steps = first.shape[axis]

@@ -157,7 +157,10 @@ def _forward(ins, at):
             for j, c in enumerate(carries):
                 kept[j][i] = c
     parts = [np.stack(y) for y in ys] + ([np.stack(c) for c in kept] if kept is not None else carries)
-    return np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+    # in the carries' dtype: a cell's f32 constants do not widen f16 (or narrow float64) results
+    like = [np.asarray(a).dtype for a in body.split(ins)[1] + xs if np.asarray(a).dtype.kind == "f"]
+    packed = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+    return packed.astype(like[0], copy=False) if like else packed
 
 
 def _unpack(v, where):
@@ -187,15 +190,17 @@ def _grad(g, ins, out, at):
     where, _ = layout(body, steps, True)
     histories = [_unpack(out, w) for w in where[body.ys:]]
     back = backward_body(body)
-    wide = back.graph.nodes[back.outputs[0]].dtype if back.outputs else g.dtype
+    # the backward's dtype (float64 where numpy checks the rule in it)
+    wide = g.dtype if g.dtype == "f64" or not back.outputs else back.graph.nodes[back.outputs[0]].dtype
     res = e.op("scan", *xs, *(_carries_in(h, c, steps, reverse) for h, c in zip(histories, inits)),
                *(_unpack(g, w) for w in where), *(e.zeros(c, wide) for c in inits),
-               *(e.zeros(p, wide) for p in captured if p.dtype in FLOAT_DTYPES), *captured,
+               *(e.zeros(p, wide) for p in captured if p.dtype != "i32"), *captured,
                body=back, steps=steps, reverse=not reverse, history=False)
     results = iter(_unpack(res, w) for w in layout(back, steps, False)[0])
-    dxs = [next(results).cast(x.dtype) if x.dtype in FLOAT_DTYPES else None for x in xs]
+    # (a value's dtype is "f64" where numpy checks a rule in float64)
+    dxs = [next(results).cast(x.dtype) if x.dtype != "i32" else None for x in xs]
     dinits = [next(results).cast(c.dtype) for c in inits]
-    dcaptured = [next(results).cast(p.dtype) if p.dtype in FLOAT_DTYPES else None for p in captured]
+    dcaptured = [next(results).cast(p.dtype) if p.dtype != "i32" else None for p in captured]
     return dxs + dinits + dcaptured
 
 
