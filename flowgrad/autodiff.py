@@ -15,9 +15,8 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import LEAF_OPS, Graph, TensorType
-from flowgrad.ops import get_op
 from flowgrad.ops.emit import Emitter, Val
-from flowgrad.ops.registry import OpTypeError
+from flowgrad.ops.registry import OpTypeError, get_op
 
 
 class GraphEmitter(Emitter):

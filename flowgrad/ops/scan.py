@@ -32,8 +32,10 @@ import attrs
 import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
+from flowgrad.autodiff import GraphEmitter, vjp_nodes
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
+from flowgrad.ops.checks import at_node, check_index_inputs
 from flowgrad.ops.define import defop
 from flowgrad.ops.registry import Arg, OpTypeError, get_op
 
@@ -125,8 +127,6 @@ def _infer(in_types, at):
 def run_body(body: Body, args: list) -> list:
     """The cell's outputs for one step, on numpy: each node by its op's
     numpy forward."""
-    from flowgrad.exec_closure.tape import at_node, check_index_inputs   # the closure executor's checks
-
     g = body.graph
     vals = dict(zip(body.inputs, args))
     for n in g.nodes:
@@ -232,8 +232,6 @@ def backward_body(body: Body) -> Body:
     precision's master params), so each is cast to it and back."""
     if body in _BACKWARD:
         return _BACKWARD[body]
-    from flowgrad.autodiff import GraphEmitter, vjp_nodes
-
     g = Graph(body.graph.name, body.graph.file, list(body.graph.nodes), dict(body.graph.inputs))
     nodes = g.nodes
     xs, carries, captured = body.split(body.inputs)

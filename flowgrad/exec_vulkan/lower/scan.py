@@ -24,32 +24,33 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.spatial import fill_word
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, LOWERINGS, Lowering, register_lowering
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
 from flowgrad.ops.scan import layout
 
 
-_CELLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# body -> (the graph a step records, the nodes it runs, those recorded once): what
+# keep_cell was given for it (the planner's fused cell), else the body's own graph
+CELLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def keep_cell(body, graph) -> None:
+    """Record `body` as `graph` (its nodes, and the same outputs, by id:
+    planner/fusion.py's fused cell, a lowering does not call the planner)."""
+    runs = frozenset(n.id for n in graph.needed_for(body.outputs))
+    # what reads only the captured values and constants is the same at every step
+    fixed = set(body.split(body.inputs)[2])
+    for n in graph.nodes:
+        if n.id in runs and (n.op == "const" or n.op != "input" and all(i in fixed for i in n.inputs)):
+            fixed.add(n.id)
+    CELLS[body] = graph, runs, frozenset(fixed)
 
 
 def cell_graph(body):
-    """(the cell's graph as the graph path runs a model's: its pointwise
-    chains fused and its products split (planner/fusion.py); the nodes a
-    step runs; those of them that read only the captured values and
-    constants, the same at every step: recorded once, before the first)."""
-    if body not in _CELLS:
-        from flowgrad.planner.fusion import fuse
-
-        outputs = {f"@{k}": o for k, o in enumerate(body.outputs)}
-        graph = fuse(attrs.evolve(body.graph, outputs=outputs, loss=None)).graph
-        runs = frozenset(n.id for n in graph.needed_for(body.outputs))
-        fixed = set(body.split(body.inputs)[2])
-        for n in graph.nodes:
-            if n.id in runs and (n.op == "const" or n.op != "input" and all(i in fixed for i in n.inputs)):
-                fixed.add(n.id)
-        _CELLS[body] = graph, runs, frozenset(fixed)
-    return _CELLS[body]
+    if body not in CELLS:
+        keep_cell(body, body.graph)
+    return CELLS[body]
 
 
 def _cell_lowerings(node, body, graph, runs) -> dict:
@@ -57,13 +58,11 @@ def _cell_lowerings(node, body, graph, runs) -> dict:
     planner checks a model's node: a lowering that takes its dtypes, and
     index checks where it reads indices (a cell's inputs are never
     range-checked on the host)."""
-    from flowgrad.exec_vulkan.lower import lowering_for
-
     lows = {}
     for n in graph.nodes:
         if n.op in ("input", "const") or n.id not in runs:
             continue
-        low = lowering_for(n.op)
+        low = LOWERINGS.get(n.op)   # forward lowerings only: the cell's backward is a cell of its own
         where = n.span.short() if n.span else "?"
         if low is None:
             raise DeviceError(f"the cell's {n.label} = {n.op}(...) at {where} has no graph lowering")
