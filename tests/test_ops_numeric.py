@@ -15,7 +15,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops import OPS, get_op
 from flowgrad.ops.gradcheck import check_vjp
 
-from tests import op_samples
+from tests import op_samples, scan_samples
 from tests.op_harness import TOL
 
 HYP = settings(max_examples=12, deadline=None, derandomize=True)
@@ -124,7 +124,7 @@ CASES = op_samples.cases() + [
     ("l1_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {}),
     ("huber_loss", [away_from_zero(2, 3), lambda r: np.zeros((2, 3))], {"delta": 0.1}),
     ("bce_with_logits", [normal(2, 3), lambda r: r.uniform(0, 1, (2, 3))], {}),
-]
+] + scan_samples.scan_cases()
 
 
 def case_id(case):
