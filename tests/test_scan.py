@@ -106,8 +106,9 @@ def torch_gru(feeds, params, reverse, module: bool):
     x = torch.tensor(feeds["x"], requires_grad=True)
     h = torch.tensor(feeds["h0"], requires_grad=True)
     p = {k.split(".")[1]: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+    steps = x.shape[1]
     if module:
-        rnn = torch.nn.GRU(D, H, batch_first=True).double()
+        rnn = torch.nn.GRU(x.shape[-1], h.shape[-1], batch_first=True).double()
         with torch.no_grad():
             for name in ("weight_ih", "weight_hh"):
                 getattr(rnn, f"{name}_l0").copy_(p[name.replace("weight", "w")].T)
@@ -117,8 +118,8 @@ def torch_gru(feeds, params, reverse, module: bool):
         ys, last = rnn(seq, h[None])
         ys, last = (ys.flip(1) if reverse else ys), last[0]
     else:
-        outs, last = [None] * T, h
-        for t in (reversed(range(T)) if reverse else range(T)):
+        outs, last = [None] * steps, h
+        for t in (reversed(range(steps)) if reverse else range(steps)):
             last = outs[t] = gru_cell(x[:, t], last, p)
         ys = torch.stack(outs, 1)
     loss = (ys * ys).sum() + (last ** 3).sum()
@@ -137,8 +138,9 @@ def torch_lstm(feeds, params, reverse, module: bool):
     h = torch.tensor(feeds["h0"], requires_grad=True)
     c = torch.tensor(feeds["c0"], requires_grad=True)
     p = {k.split(".")[1]: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+    steps = x.shape[0]
     if module:
-        rnn = torch.nn.LSTM(D, H).double()
+        rnn = torch.nn.LSTM(x.shape[-1], h.shape[-1]).double()
         with torch.no_grad():
             rnn.weight_ih_l0.copy_(p["w_ih"].T)
             rnn.weight_hh_l0.copy_(p["w_hh"].T)
@@ -147,8 +149,8 @@ def torch_lstm(feeds, params, reverse, module: bool):
         ys, (hl, cl) = rnn(x.flip(0) if reverse else x, (h[None], c[None]))
         ys, hl, cl = (ys.flip(0) if reverse else ys), hl[0], cl[0]
     else:
-        outs, hl, cl = [None] * T, h, c
-        for t in (reversed(range(T)) if reverse else range(T)):
+        outs, hl, cl = [None] * steps, h, c
+        for t in (reversed(range(steps)) if reverse else range(steps)):
             hl, cl = lstm_cell(x[t], hl, cl, p)
             outs[t] = hl
         ys = torch.stack(outs, 0)
@@ -227,10 +229,14 @@ def test_the_graph_holds_the_cell_once_and_shares_its_params():
 # ---------------------------------------------------------------- f32 on the Vulkan graph path
 
 
-@pytest.mark.parametrize("cell, reverse", [("gru", False), ("lstm", True)])
-def test_scan_on_the_graph_path_matches_torch(vk_device, cell, reverse):
+# steps of 256 bytes (4 x 16 floats) keep every device's alignment: the steps after the first two
+# repeat their commands (lower/scan.py's _Repeats); steps of 2 x 5 floats are each recorded
+@pytest.mark.parametrize("cell, reverse, sizes", [("gru", False, {}), ("lstm", True, {}),
+                                                  ("gru", True, {"B": 4, "D": 16, "H": 16})],
+                         ids=["gru", "lstm-reverse", "gru-reverse-repeated"])
+def test_scan_on_the_graph_path_matches_torch(vk_device, cell, reverse, sizes):
     text, reference = REFERENCES[cell]
-    model = fg.loads(source(text, reverse), file=f"{cell}.flow")
+    model = fg.loads(source(text, reverse, **sizes), file=f"{cell}.flow")
     sess = model.compile(device="vulkan", backward="graph")
     assert sess.last_path == "graph"
     feeds = {k: v.astype(np.float32) for k, v in feeds_for(model.graph, seed=3).items()}
@@ -243,6 +249,45 @@ def test_scan_on_the_graph_path_matches_torch(vk_device, cell, reverse):
         close(res.outputs[name], value, name)
     for name, value in want_grads.items():
         close(res.grads[name], value, f"d{name}")
+
+
+def recorded(node, graph) -> tuple[list, int]:
+    """The commands scan's lowering records both ways on a dry run, its views
+    as (buffer number, offset, shape, dtype), and its scratch's high water."""
+    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.exec_vulkan.recorder import BufView, Copy, Dispatch, FakeBuffer, Recorder
+
+    def empty(i):
+        t = graph.nodes[i].type
+        return BufView(FakeBuffer(t.nbytes), 0, t.shape, t.dtype)
+
+    rec, low = Recorder(None), lowering_for("scan")
+    ins, out = [empty(i) for i in node.inputs], empty(node.id)
+    low.forward(rec, node, ins, out)
+    low.backward(rec, node, empty(node.id), ins, out, [empty(i) for i in node.inputs])
+    numbers: dict = {}
+
+    def view(v):
+        return numbers.setdefault(id(v.buffer), len(numbers)), v.offset, v.shape, v.dtype
+
+    def key(c):
+        if isinstance(c, Dispatch):
+            return c.shader, c.variant, tuple(map(view, c.views)), c.push, c.groups, c.spec
+        return (view(c.src), view(c.dst)) if isinstance(c, Copy) else (view(c.view), c.value)
+
+    return [key(c) for c in rec.commands], rec.arena.high
+
+
+@pytest.mark.parametrize("cell, reverse", [("gru", False), ("lstm", True)])
+def test_repeated_steps_record_what_recording_each_step_does(cell, reverse, monkeypatch):
+    from flowgrad.planner.fusion import fuse_cells
+
+    g = fg.loads(source(REFERENCES[cell][0], reverse, B=4, D=16, H=16, T=6), file="m.flow").graph
+    fuse_cells(g)
+    node = next(n for n in g.nodes if n.op == "scan")
+    repeated = recorded(node, g)
+    monkeypatch.setattr("flowgrad.exec_vulkan.lower.scan.REPEAT_STEPS", False)
+    assert recorded(node, g) == repeated and len(repeated[0]) > 6 * 20
 
 
 # ---------------------------------------------------------------- errors
@@ -310,7 +355,7 @@ def test_scan_and_unpack_are_not_called_by_name():
 
 def test_explain_of_a_long_gru_holds_the_cell_once_and_saves_linearly():
     def explained(seq):
-        text = source(GRU, T=seq, B=4, D=8, H=16)
+        text = source(GRU, T=seq, B=4, D=16, H=16)
         return fg.loads(text, file="gru.flow").compile(device="cpu").explain()
 
     reports = {seq: explained(seq) for seq in (64, 256)}
@@ -320,8 +365,8 @@ def test_explain_of_a_long_gru_holds_the_cell_once_and_saves_linearly():
     assert text.count("= sigmoid ") == 2   # the cell's two gates, listed once under the scan
     saved = {seq: r.to_dict()["saved_for_backward"]["bytes"] for seq, r in reports.items()}
     # bytes per step times the steps, nothing per step squared: the sequence moved time-major (x_t
-    # [4, 8]), the packed ys and carries (2 x [4, 16]), ys and ys * ys as the loss reads them (2 x [4, 16])
-    per_step = 4 * (4 * 8 + 2 * 4 * 16 + 2 * 4 * 16)
+    # [4, 16]), the packed ys and carries (2 x [4, 16]), ys and ys * ys as the loss reads them (2 x [4, 16])
+    per_step = 4 * (4 * 16 + 2 * 4 * 16 + 2 * 4 * 16)
     assert saved[256] - saved[64] == per_step * (256 - 64)
     assert saved[64] - per_step * 64 == saved[256] - per_step * 256 >= 0
     plans = {seq: r.to_dict()["graph_plan"] for seq, r in reports.items()}

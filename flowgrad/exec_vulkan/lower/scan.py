@@ -17,17 +17,23 @@ backward, run the other way) is recorded through the forward lowerings
 (a view), so it copies only when it lies elsewhere."""
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 
 import attrs
 
+from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.buffers import BufView
 from flowgrad.exec_vulkan.lower.spatial import fill_word
+from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, LOWERINGS, Lowering, register_lowering
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
 from flowgrad.ops.scan import layout
+
+REPEAT_STEPS = True   # steps after the first two repeat their parity's commands (_Repeats); off: each is recorded
 
 
 # body -> (the graph a step records, the nodes it runs, those recorded once): what
@@ -118,21 +124,84 @@ def scan_forward(rec, node, ins, out):
     where, _ = layout(body, steps, history)
     # without a history, the carries go back and forth between two places until the last step
     spares = None if history else [(rec.scratch(c.shape, c.dtype), rec.scratch(c.shape, c.dtype)) for c in carries]
+    steps_of = _Repeats(rec, xs, out, [w for k, w in enumerate(where) if k < body.ys or history], steps)
     for s, i in enumerate(reversed(range(steps)) if reverse else range(steps)):
-        top = rec.arena.top
         places = [_place(out, w, k < body.ys or history, i, s, steps, spares and spares[k - body.ys])
                   for k, w in enumerate(where)]
-        step = dict(values)
-        step.update(zip(body.inputs, [x.view(i * (x.size // steps), x.shape[1:]) for x in xs] + carries))
-        first: dict = {}
-        for o, place in zip(body.outputs, places):
-            first.setdefault(o, place)
-        _record(rec, graph, lows, cell, step, first)
-        for o, place in zip(body.outputs, places):   # a value returned twice, or as it came in
-            if not _same(step[o], place):
-                rec.copy(step[o], place)
+        # the first step reads the initial carries, and without a history the last writes the packed value
+        alike = s > 0 and (history or s < steps - 1)
+        if not (alike and steps_of.repeat(s % 2, i)):
+            top = rec.arena.top
+            with steps_of.record(s % 2 if alike else None, i):
+                step = dict(values)
+                step.update(zip(body.inputs, [x.view(i * (x.size // steps), x.shape[1:]) for x in xs] + carries))
+                first: dict = {}
+                for o, place in zip(body.outputs, places):
+                    first.setdefault(o, place)
+                _record(rec, graph, lows, cell, step, first)
+                for o, place in zip(body.outputs, places):   # a value returned twice, or as it came in
+                    if not _same(step[o], place):
+                        rec.copy(step[o], place)
+            rec.arena.top = top   # the next step takes the same scratch
         carries = places[body.ys:]
-        rec.arena.top = top   # the next step takes the same scratch
+
+
+class _Repeats:
+    """The steps of a scan record the same commands, moved along the
+    sequences by whole steps: each step after the first is recorded once
+    for each parity (the spares a carry goes back and forth between), and
+    the others repeat it with every view into a sequence or a per-step
+    result moved by the steps between. Only where the moved views keep
+    their alignment (so a dispatch copies the same views to aligned
+    scratch), and where the recorded step takes no per-call resources (an
+    index check's flag word, a split reduction's counters): else every
+    step is recorded."""
+
+    def __init__(self, rec, xs, out, per_step, steps: int):
+        self.rec = rec
+        # (buffer, first byte, end, bytes per step) of each sequence and each per-step result
+        self.regions = [(x.buffer, x.offset, x.offset + x.nbytes, x.nbytes // steps) for x in xs]
+        size = ITEMSIZE[out.dtype]
+        for offset, shape in per_step:
+            lo = out.offset + offset * size
+            self.regions.append((out.buffer, lo, lo + math.prod(shape) * size, math.prod(shape[1:]) * size))
+        self.on = REPEAT_STEPS and all(stride % rec.align == 0 for *_, stride in self.regions)
+        self.recorded: dict = {}   # parity -> (position, commands)
+
+    def repeat(self, parity: int, i: int) -> bool:
+        """Step i's commands, moved from the recorded step of its parity; False if there is none."""
+        if not self.on or parity not in self.recorded:
+            return False
+        at, commands = self.recorded[parity]
+        self.rec.commands += [self._moved(c, i - at) for c in commands]
+        return True
+
+    @contextlib.contextmanager
+    def record(self, parity, i: int):
+        rec = self.rec
+        start, checks, lasting = len(rec.commands), len(rec.checks.checks), rec.arena.lasting.top
+        yield
+        if parity is None or not self.on:
+            return
+        if (len(rec.checks.checks), rec.arena.lasting.top) != (checks, lasting):
+            self.on = False   # flag words or counters of its own: each step is recorded
+            return
+        self.recorded[parity] = (i, rec.commands[start:])
+
+    def _moved(self, cmd, steps: int):
+        if isinstance(cmd, Dispatch):
+            return attrs.evolve(cmd, views=tuple(self._view(v, steps) for v in cmd.views))
+        if isinstance(cmd, Fill):
+            return attrs.evolve(cmd, view=self._view(cmd.view, steps))
+        if isinstance(cmd, Copy):
+            return attrs.evolve(cmd, src=self._view(cmd.src, steps), dst=self._view(cmd.dst, steps))
+        raise DeviceError(f"internal error: a scan step recorded a {type(cmd).__name__}")
+
+    def _view(self, v, steps: int):
+        for buffer, lo, hi, stride in self.regions:
+            if v.buffer is buffer and lo <= v.offset < hi:
+                return BufView(v.buffer, v.offset + steps * stride, v.shape, v.dtype)
+        return v
 
 
 def _place(out, where, per_step: bool, i: int, s: int, steps: int, spare):
