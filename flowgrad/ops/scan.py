@@ -124,32 +124,45 @@ def _infer(in_types, at):
     return TensorType((layout(body, steps, at["history"])[1],), dtypes.pop())
 
 
-def run_body(body: Body, args: list) -> list:
-    """The cell's outputs for one step, on numpy: each node by its op's
-    numpy forward."""
-    g = body.graph
-    vals = dict(zip(body.inputs, args))
-    for n in g.nodes:
-        if n.id in vals:
+def invariant(graph: Graph, captured, runs=None) -> frozenset:
+    """The nodes (of `runs`, default all) that read only the `captured`
+    values and constants: the same at every step, computed once."""
+    fixed = set(captured)
+    for n in graph.nodes:
+        if (runs is None or n.id in runs) and (n.op == "const" or n.op != "input" and all(i in fixed for i in n.inputs)):
+            fixed.add(n.id)
+    return frozenset(fixed)
+
+
+def run_nodes(graph: Graph, vals: dict, skip=frozenset()) -> dict:
+    """vals with the value of every node of `graph` not in it or in `skip`,
+    on numpy: each by its op's numpy forward, checked as the closure
+    executor checks a model's nodes."""
+    for n in graph.nodes:
+        if n.id in vals or n.id in skip:
             continue
         if n.op == "const":
             vals[n.id] = n.attrs["value"]
             continue
         ins = [vals[i] for i in n.inputs]
-        check_index_inputs(g, n, ins)
+        check_index_inputs(graph, n, ins)
         out = np.asarray(at_node(n, lambda: get_op(n.op).forward(ins, n.attrs)))
         # a float result keeps the precision it was computed in (float64 checks; a VJP's f32)
         vals[n.id] = out if out.dtype.kind == "f" else out.astype(NUMPY_DTYPE[n.dtype], copy=False)
-    return [vals[i] for i in body.outputs]
+    return vals
 
 
 def _forward(ins, at):
     body, steps = at["body"], at["steps"]
     xs, carries, captured = body.split(ins)
+    names = body.split(body.inputs)
+    fixed = invariant(body.graph, names[2])
+    once = run_nodes(body.graph, dict(zip(names[2], captured)), skip={n.id for n in body.graph.nodes} - fixed)
     ys = [[None] * steps for _ in range(body.ys)]
     kept = [[None] * steps for _ in range(body.carries)] if at["history"] else None
     for i in (reversed(range(steps)) if at["reverse"] else range(steps)):
-        results = run_body(body, [x[i] for x in xs] + carries + captured)
+        vals = run_nodes(body.graph, {**once, **dict(zip(names[0] + names[1], [x[i] for x in xs] + carries))})
+        results = [vals[o] for o in body.outputs]
         carries = results[body.ys:]
         for k, y in enumerate(results[:body.ys]):
             ys[k][i] = y

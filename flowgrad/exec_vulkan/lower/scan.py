@@ -31,7 +31,7 @@ from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, LOWERINGS, Lowering, register_lowering
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
-from flowgrad.ops.scan import layout
+from flowgrad.ops.scan import invariant, layout
 
 REPEAT_STEPS = True   # steps after the first two repeat their parity's commands (_Repeats); off: each is recorded
 
@@ -45,12 +45,7 @@ def keep_cell(body, graph) -> None:
     """Record `body` as `graph` (its nodes, and the same outputs, by id:
     planner/fusion.py's fused cell, a lowering does not call the planner)."""
     runs = frozenset(n.id for n in graph.needed_for(body.outputs))
-    # what reads only the captured values and constants is the same at every step
-    fixed = set(body.split(body.inputs)[2])
-    for n in graph.nodes:
-        if n.id in runs and (n.op == "const" or n.op != "input" and all(i in fixed for i in n.inputs)):
-            fixed.add(n.id)
-    CELLS[body] = graph, runs, frozenset(fixed)
+    CELLS[body] = graph, runs, invariant(graph, body.split(body.inputs)[2], runs)
 
 
 def cell_graph(body):
