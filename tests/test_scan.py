@@ -313,6 +313,10 @@ CELL_ERRORS = [
      r"m.flow:5:10: scan\(\): the cell's results must share one float dtype", "cast(x, i32)"),
     ("block cell(x, h) {\n  return h, h\n}\nys, h = scan(gru, x, h0)\n",
      r"m.flow:7:14: scan\(\): 'gru' is not a block", "scan(gru"),
+    # two sequences of different lengths
+    ("block cell(a, b, h) {\n  return h, h\n}\nys, h = scan(cell, [x, sum(x, axis=1)], h0)\n",
+     r"m.flow:7:20: scan\(\): the sequences differ in length along axis 1: the first is f32\[2,3,4\], this one "
+     r"f32\[2,4\]", "[x, sum(x, axis=1)]"),
 ]
 
 

@@ -26,7 +26,8 @@ from flowgrad.graph_check import check_graph
 from flowgrad.ops import OPS, Arg
 from flowgrad.ops.scan import Body, layout
 
-ARGS = (Arg("xs", "value"), Arg("init", "value"), Arg("axis", "attr", 1), Arg("reverse", "attr", False))
+ARGS = (Arg("cell", "value"), Arg("xs", "value"), Arg("init", "value"), Arg("axis", "attr", 1),
+        Arg("reverse", "attr", False))
 SHAPE_HINT = ("a cell takes its x_t value(s), then its carries, and returns its y_t value(s), then its new "
               "carries: `block cell(x, h) { ... return y, h }`")
 
@@ -36,7 +37,7 @@ class Scans:
 
     def scan(self, c: ast.Call, scope: Scope):
         block = self._scan_block(c, scope)
-        pos_args = [(self.single(a, scope), a.pos) for a in c.args[1:]]
+        pos_args = [(block.name.id, c.args[0].pos)] + [(self.single(a, scope), a.pos) for a in c.args[1:]]
         kwargs = {k.name: (self.single(k.value, scope), k.pos) for k in c.kwargs}
         slots = self.bind("scan", ARGS, pos_args, kwargs, c.pos, scope)
         xs = self._scan_tensors("xs", *slots["xs"], scope, c.pos)
