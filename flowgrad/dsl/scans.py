@@ -188,7 +188,8 @@ class Scans:
                 raise FlowError("scan(): a cell cannot declare state: its update would run at every step",
                                 n.span, hint="declare the state outside the cell")
             if n.op == "input" and n.id not in inputs:
-                user = next(u for u in graph.nodes if n.id in u.inputs)
+                # the random state the build feeds a random op (dropout, randn_like)
+                user = next((u for u in graph.nodes if n.id in u.inputs), n)
                 raise FlowError(f"scan(): {user.op} draws random numbers, which a cell cannot: every step would "
                                 "draw the same ones", user.span, hint="apply it to the scan's xs or ys instead")
             if n.op == "param":
