@@ -251,6 +251,18 @@ def test_scan_on_the_graph_path_matches_torch(vk_device, cell, reverse, sizes):
         close(res.grads[name], value, f"d{name}")
 
 
+def test_scan_on_vulkan_closures_runs_each_scan_as_one_call(vk_device):
+    model = fg.loads(source(LSTM), file="lstm.flow")
+    numpy, closures = model.compile(device="cpu"), model.compile(device="vulkan", backward="closures")
+    closures.set_params(numpy.params)
+    feeds = {k: v.astype(np.float32) for k, v in feeds_for(model.graph, seed=5).items()}
+    want, got = numpy.step(feeds), closures.step(feeds)
+    assert closures.runner.executor.kernels.on_numpy == set()   # forward and backward ran on the device
+    close(got.loss, want.loss, "loss")
+    for name, value in want.grads.items():
+        close(got.grads[name], value, f"d{name}")
+
+
 def recorded(node, graph) -> tuple[list, int]:
     """The commands scan's lowering records both ways on a dry run, its views
     as (buffer number, offset, shape, dtype), and its scratch's high water."""
