@@ -226,6 +226,17 @@ def test_the_graph_holds_the_cell_once_and_shares_its_params():
     assert len(g.nodes) == len(fg.loads(source(GRU, T=90), file="gru.flow").graph.nodes)
 
 
+def test_a_bidirectional_gru_scans_one_block_twice_with_params_of_its_own():
+    src = source(GRU).replace("ys, last = scan(gru, x, h0, reverse=false)",
+                              "fw, a = scan(gru, x, h0)\nbw, b = scan(gru, x, h0, reverse=true)\n"
+                              "ys = concat(fw, bw, axis=-1)\nlast = a + b")
+    g = fg.loads(src, file="bigru.flow").graph
+    assert sorted(g.params) == sorted(f"gru.{k}{p}" for k in ("", "1.") for p in ("w_ih", "w_hh", "b_ih", "b_hh"))
+    scans = [n for n in g.nodes if n.op == "scan"]
+    assert [n.attrs["reverse"] for n in scans] == [False, True]
+    assert not set(scans[0].inputs[2:]) & set(scans[1].inputs[2:])
+
+
 # ---------------------------------------------------------------- f32 on the Vulkan graph path
 
 
