@@ -31,8 +31,8 @@ import weakref
 import attrs
 import numpy as np
 
-from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.autodiff import GraphEmitter, vjp_nodes
+from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
 from flowgrad.ops.checks import at_node, check_index_inputs
@@ -146,7 +146,7 @@ def run_nodes(graph: Graph, vals: dict, skip=frozenset()) -> dict:
             continue
         ins = [vals[i] for i in n.inputs]
         check_index_inputs(graph, n, ins)
-        out = np.asarray(at_node(n, lambda: get_op(n.op).forward(ins, n.attrs)))
+        out = np.asarray(at_node(n, lambda n=n, ins=ins: get_op(n.op).forward(ins, n.attrs)))
         # a float result keeps the precision it was computed in (float64 checks; a VJP's f32)
         vals[n.id] = out if out.dtype.kind == "f" else out.astype(NUMPY_DTYPE[n.dtype], copy=False)
     return vals
