@@ -7,7 +7,10 @@ places in the packed result (step t's window), and the next step reads its
 carries where the last one wrote them. Only the values inside one step are
 scratch, released after each step. So the dispatch count grows with the
 steps, the cell's kernels are the ones the model's own nodes run, and the
-whole scan stays inside the step's one submit.
+whole scan stays inside the step's one submit. The cell is recorded as the
+planner fused it (fuse_cells: its pointwise chains one dispatch each), what
+reads only its params and constants once before the first step, and steps
+alike repeat one recorded step's commands (_Repeats).
 
 A scan records no backward of its own: its grad rule (a scan of the cell's
 backward, run the other way) is recorded through the forward lowerings
