@@ -15,9 +15,8 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import LEAF_OPS, Graph, TensorType
-from flowgrad.ops import get_op
 from flowgrad.ops.emit import Emitter, Val
-from flowgrad.ops.registry import OpTypeError
+from flowgrad.ops.registry import OpTypeError, get_op
 
 
 class GraphEmitter(Emitter):
@@ -76,14 +75,27 @@ def gradients(graph: Graph, y: int, wrt: list[int], seed: int | None = None) -> 
     """Node ids of d y / d x for each x in `wrt`, appended to `graph`: y a
     float scalar, x any float node; an x that y does not depend on gets zeros.
     seed: the node holding the incoming gradient of y (default 1)."""
-    nodes = graph.nodes
-    start = len(nodes)
-    live = reached(graph, wrt, y)
+    start = len(graph.nodes)
     if seed is None:
-        seed = GraphEmitter(graph, y, nodes[y].span).scalar(1.0, nodes[y].dtype).h
-    pending: dict[int, list[int]] = {y: [seed]}
+        seed = GraphEmitter(graph, y, graph.nodes[y].span).scalar(1.0, graph.nodes[y].dtype).h
+    return vjp_nodes(graph, [y], [seed], wrt, start)
+
+
+def vjp_nodes(graph: Graph, ys: list[int], seeds: list[int], wrt: list[int], start: int | None = None) -> list[int]:
+    """Node ids of the vector-Jacobian product of the values `ys` (any shape)
+    with the gradients held by the nodes `seeds` (one each, of its y's type),
+    for each x in `wrt`, appended to `graph`: sum over k of d<ys[k], seeds[k]> / d x.
+    A node listed twice in ys gets the sum of its seeds; an x no y depends on gets zeros.
+    Of the nodes from `start` (default: the end of the graph) on, only those the results need are kept."""
+    nodes = graph.nodes
+    start = len(nodes) if start is None else start
+    top = max(ys)
+    live = reached(graph, wrt, top)
+    pending: dict[int, list[int]] = {}
+    for y, s in zip(ys, seeds):
+        pending.setdefault(y, []).append(s)
     total: dict[int, Val] = {}   # a node's whole gradient, once every reader's part is in
-    for node in reversed(nodes[:y + 1]):
+    for node in reversed(nodes[:top + 1]):
         if node.id not in live or node.id not in pending:
             continue
         e = GraphEmitter(graph, node.id, node.span)
@@ -96,8 +108,8 @@ def gradients(graph: Graph, y: int, wrt: list[int], seed: int | None = None) -> 
             continue
         if op.grad is None:
             raise FlowError(f"cannot differentiate through {node.label} = {node.op}(...): the op's VJP is not "
-                            "written as ops", node.span, hint="grad() and second derivatives need every op "
-                            "between y and x to have a grad rule")
+                            "written as ops", node.span, hint="grad(), second derivatives and scan() need every "
+                            "op between y and x to have a grad rule")
         grads = op.grad(g, [e.val(i) for i in node.inputs], e.val(node.id), node.attrs)
         for p in wanted:
             if grads[p] is not None:

@@ -188,6 +188,10 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
     }
     if node.grad_of is not None:   # a node of a backward built in the model (grad(y, x))
         out["grad_of"] = node.grad_of
+    if node.op == "scan":   # its cell, held once, run `steps` times
+        body = node.attrs["body"]
+        out["scan"] = {"cell": body.name, "steps": node.attrs["steps"], "reverse": node.attrs["reverse"],
+                       "body": [format_node(n) for n in body.graph.nodes]}
     if node.id in kernels:   # planned for a device: the kernels its lowering dispatches there
         out["kernels"] = kernels[node.id]
     group = fused_in.get(node.id)
@@ -454,6 +458,10 @@ def render_nodes(d: dict, graph: Graph) -> list[str]:
     for text, n in zip(printed, d["nodes"]):
         verdict = "" if n["verdict"] in LEAF_OPS else n["verdict"] + (" +bwd" if n["backward"] else "")
         lines.append(f"  {text:<{width}}  {verdict:<10} {kernels_text(n.get('kernels'))}".rstrip())
+        if "scan" in n:
+            s = n["scan"]
+            lines.append(f"    | cell {s['cell']}, run {s['steps']} times{' in reverse' * s['reverse']}:")
+            lines += [f"    |   {line}" for line in s["body"]]
     return lines
 
 

@@ -263,6 +263,33 @@ def _compare(name):
     return _as_node_dtype(lambda torch, node, ins, at: getattr(torch, name)(ins[0], ins[1]))
 
 
+def _scan(torch, node, ins, at):
+    """The cell's nodes by their own rules, step by step; the results packed as flowgrad packs them."""
+    body, steps = at["body"], at["steps"]
+    xs, carries, captured = body.split(ins)
+    ys, kept = [[None] * steps for _ in range(body.ys)], [[None] * steps for _ in range(body.carries)]
+    for i in (reversed(range(steps)) if at["reverse"] else range(steps)):
+        vals = dict(zip(body.inputs, [x[i] for x in xs] + carries + captured))
+        for n in body.graph.nodes:
+            if n.op == "const":
+                vals[n.id] = torch.tensor(np.asarray(n.attrs["value"]), device=ins[0].device)
+            elif n.id not in vals:
+                vals[n.id] = rule_for(n.op)(torch, n, [vals[k] for k in n.inputs], n.attrs)
+        results = [vals[o] for o in body.outputs]
+        carries = results[body.ys:]
+        for k, y in enumerate(results[:body.ys]):
+            ys[k][i] = y
+        for j, c in enumerate(carries):
+            kept[j][i] = c
+    parts = [torch.stack(y) for y in ys] + ([torch.stack(c) for c in kept] if at["history"] else carries)
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+def _unpack(torch, node, ins, at):
+    n = math.prod(at["shape"])
+    return ins[0].reshape(-1)[at["offset"]:at["offset"] + n].reshape(tuple(at["shape"]))
+
+
 LOWER = {
     **{n: _named(f"torch.{n}") for n in ("matmul", "erf")},
     **{n: _reduce(f) for n, f in (("sum", "sum"), ("mean", "mean"), ("max", "amax"), ("min", "amin"))},
@@ -333,6 +360,8 @@ LOWER = {
     "nll_loss": _class_loss(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
     "cross_entropy_grad": _class_loss_grad(lambda torch: torch.nn.functional.cross_entropy, smoothing=True),
     "nll_loss_grad": _class_loss_grad(lambda torch: torch.nn.functional.nll_loss, smoothing=False),
+    "scan": _scan,
+    "unpack": _unpack,
 }
 LOWER |= {
     "squeeze": lambda torch, node, ins, at: (ins[0].squeeze() if at["axis"] is None else
@@ -397,9 +426,18 @@ def counterpart(op_name: str) -> str | None:
     return COUNTERPART.get(op_name) or get_op(op_name).torch or None
 
 
+def _with_cells(graph: Graph):
+    """The graph's nodes and those of its scans' cells."""
+    for n in graph.nodes:
+        yield n
+        if n.op == "scan":
+            yield from _with_cells(n.attrs["body"].graph)
+
+
 def check_twin(graph: Graph) -> None:
     """Refuse a graph with an op the twin has no rule for."""
-    missing = sorted({n.op for n in graph.nodes if n.op not in ("input", "param", "const") and rule_for(n.op) is None})
+    missing = sorted({n.op for n in _with_cells(graph) if n.op not in ("input", "param", "const")
+                      and rule_for(n.op) is None})
     if missing:
         raise FlowError(f"{graph.name}: no PyTorch twin for op(s) {', '.join(missing)}",
                         hint="flowgrad.torch_twin.LOWER lists the ops it maps")

@@ -16,7 +16,7 @@ from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops import BUILTIN, OPS, OpTypeError, doc, get_op
 
-from tests import op_samples
+from tests import op_samples, scan_samples
 
 def test_the_docs_op_table_is_generated_from_the_records():
     """docs/language.md's op table is the records' (rewrite: python -m flowgrad.ops.doc)."""
@@ -266,7 +266,7 @@ EXTRA_VALID = [
      {"heads": 2, "causal": True}),
 ]
 VALID = {}
-for _name, _ins, _attrs, *_ in op_samples.types() + TYPES + EXTRA_VALID:
+for _name, _ins, _attrs, *_ in op_samples.types() + TYPES + EXTRA_VALID + scan_samples.scan_calls():
     VALID.setdefault(_name, []).append((_ins, _attrs))
 
 

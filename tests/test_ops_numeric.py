@@ -15,7 +15,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops import OPS, get_op
 from flowgrad.ops.gradcheck import check_vjp
 
-from tests import op_samples
+from tests import op_samples, scan_samples
 from tests.op_harness import TOL
 
 HYP = settings(max_examples=12, deadline=None, derandomize=True)
@@ -164,7 +164,7 @@ CASES = op_samples.cases() + [
     ("maxpool1d", [distinct(2, 3, 6)], {"kernel_size": 2}),
     ("avgpool1d", [normal(1, 2, 5)], {"kernel_size": 3, "stride": 1, "padding": 1}),
     ("interpolate", [normal(1, 1, 3, 2)], {"scale_factor": [1.5, 2.0], "mode": "bilinear"}),
-]
+] + scan_samples.scan_cases()
 
 
 def case_id(case):

@@ -20,6 +20,7 @@ from flowgrad.dsl.calls import Calls
 from flowgrad.dsl.config import ConfigEvaluator, evaluate_train
 from flowgrad.dsl.parser import reserved
 from flowgrad.dsl.printer import expr
+from flowgrad.dsl.scans import Scans
 from flowgrad.dsl.scope import Binding, Scope, Tensor
 from flowgrad.dsl.subscripts import Subscripts
 from flowgrad.dsl.source import make_span
@@ -31,11 +32,12 @@ from flowgrad.graph import Graph, Span, TensorType
 from flowgrad.graph_check import check_graph
 from flowgrad.initializers import INITIALISERS, check_initialisers
 from flowgrad.ops import OPS
+from flowgrad.ops.scan import INTERNAL
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 
-class Builder(Calls, Builtins, Subscripts):
+class Builder(Calls, Builtins, Subscripts, Scans):
     def __init__(self, program: ast.Program, overrides: dict | None, dtype: str):
         if dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be one of {', '.join(COMPILE_DTYPES)}, got {dtype!r}")
@@ -349,7 +351,7 @@ class Builder(Calls, Builtins, Subscripts):
             return self.call_block(self.blocks[c.func], self.call_args(c, scope), c.pos, scope)
         if c.func in BUILTINS:
             return getattr(self, c.func)(c, scope)
-        if c.func in OPS:
+        if c.func in OPS and c.func not in INTERNAL:
             pos_args, kwargs = self.call_args(c, scope)
             return self.apply_op(c.func, pos_args, kwargs, c.pos, scope)
         if c.func in INITIALISERS:
@@ -358,6 +360,6 @@ class Builder(Calls, Builtins, Subscripts):
                              f"e.g. param w: f32[4, 4] = {c.func}()", c.func_pos, scope,
                              hint=f"a constant tensor is full(shape, value): full({expr(c.args[0])}, {fill})"
                              if fill and c.args else None)
-        known = list(OPS) + list(self.blocks) + list(BUILTINS)
+        known = [op for op in OPS if op not in INTERNAL] + list(self.blocks) + list(BUILTINS)
         raise self.error(f"unknown op or block {c.func!r}{suggest(c.func, known)}", c.func_pos, scope)
 

@@ -17,7 +17,7 @@ from flowgrad.dtypes import DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.ops import OPS, Arg
 
-BUILTINS = ("split", "repeat", "full", "arange", "grad", "detach")
+BUILTINS = ("split", "repeat", "full", "arange", "grad", "detach", "scan")
 
 
 class Builtins:

@@ -15,7 +15,7 @@ from flowgrad.errors import FlowError
 from flowgrad.grad_paths import backward_nodes, updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
-from flowgrad.ops.registry import OpTypeError
+from flowgrad.ops.checks import at_node, check_index_inputs
 from flowgrad.update_counts import Counts
 
 
@@ -29,39 +29,6 @@ class NumpyKernels:
     def vjp(self, node: Node, g, ins, out) -> list:
         grads = get_op(node.op).vjp(g, ins, out, node.attrs)
         return [None if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
-
-
-def check_index_inputs(graph: Graph, node: Node, ins) -> None:
-    """Inputs an op reads as indices (embedding ids, targets) must lie in
-    range: a feed is checked when fed, a computed index (a float cast to
-    i32) here, before numpy wraps a -1 to the last row or a kernel reads a
-    zero row."""
-    bounds_of = get_op(node.op).index_bounds
-    if bounds_of is None:
-        return
-    ignore = node.attrs.get("ignore_index")  # targets equal to it count for nothing
-    for pos, n in bounds_of([graph.nodes[i].type for i in node.inputs], node.attrs).items():
-        values = np.asarray(ins[pos])
-        bad = np.flatnonzero(((values < 0) | (values >= n)) & (values != ignore))
-        if bad.size:
-            at = np.unravel_index(bad[0], values.shape)
-            src = graph.nodes[node.inputs[pos]]
-            raise FlowError(f"{node.op}: its index input {src.label} holds {values[at]} at {list(map(int, at))}, "
-                            f"out of range (valid: 0..{n - 1})", node.span)
-
-
-def at_node(node: Node, run: Callable):
-    """run(); an op's refusal (OpTypeError, or a FlowError with no position)
-    becomes a FlowError at the node's file:line:col."""
-    try:
-        return run()
-    except OpTypeError as e:
-        text = str(e)
-        raise FlowError(text if text.startswith(f"{node.op}:") else f"{node.op}: {text}", node.span) from None
-    except FlowError as e:
-        if e.span is None and node.span is not None:
-            e.span = node.span
-        raise
 
 
 class ClosureExecutor:

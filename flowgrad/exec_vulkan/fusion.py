@@ -300,3 +300,27 @@ def fuse(graph: Graph) -> Fusion:
     for grp in groups:
         nodes[grp.node] = built[grp.node]
     return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)
+
+
+def fuse_cells(graph: Graph) -> None:
+    """Fuse each scan's cell, and its backward's, as a model's graph is
+    fused: the scan lowering (lower/scan.py) records them so at every step."""
+    from flowgrad.errors import FlowError
+    from flowgrad.exec_vulkan.lower.scan import CELLS, keep_cell
+    from flowgrad.ops.scan import backward_body
+
+    for node in graph.nodes:
+        if node.op != "scan":
+            continue
+        bodies = [node.attrs["body"]]
+        try:
+            bodies.append(backward_body(bodies[0]))
+        except FlowError:
+            pass   # a cell with no backward: its forward runs all the same, and its error comes with a step
+        for body in bodies:
+            if body in CELLS:
+                continue
+            fuse_cells(body.graph)
+            outputs = {f"@{k}": o for k, o in enumerate(body.outputs)}
+            keep_cell(body, fuse(attrs.evolve(body.graph, outputs=outputs, loss=None)).graph)
+

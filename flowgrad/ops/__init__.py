@@ -8,5 +8,6 @@ from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, get_op, register
 BUILTIN = tuple(OPS)
 
 from flowgrad.ops import fused  # noqa: E402, F401, I001  (the planner's fused chains: not a built-in op)
+from flowgrad.ops import scan  # noqa: E402, F401, I001  (made by the scan() built-in: not called by name)
 
 __all__ = ["BUILTIN", "OPS", "Arg", "Op", "OpTypeError", "get_op", "register"]

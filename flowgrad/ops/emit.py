@@ -132,9 +132,9 @@ class Emitter:
         handle, type_ = self._const(array, array.shape, dtype)
         return Val(self, handle, type_)
 
-    def zeros(self, like: Val) -> Val:
-        """Zeros of like's shape and dtype."""
-        handle, type_ = self._const(np.asarray(0), like.shape, like.dtype)
+    def zeros(self, like: Val, dtype: str | None = None) -> Val:
+        """Zeros of like's shape, in like's dtype or `dtype`."""
+        handle, type_ = self._const(np.asarray(0), like.shape, dtype or like.dtype)
         return Val(self, handle, type_)
 
     def where(self, cond: Val, a, b) -> Val:

@@ -11,7 +11,7 @@ import attrs
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
-from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion
+from flowgrad.exec_vulkan.fusion import Fusion, fuse, fuse_cells, no_fusion
 from flowgrad.grad_paths import backward_nodes
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 
@@ -211,6 +211,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
     fused = fuse(graph) if fusion else no_fusion(graph)
+    if fusion:
+        fuse_cells(graph)
     memory = plan_memory(fused.graph)
     bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []

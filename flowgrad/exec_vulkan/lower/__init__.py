@@ -12,6 +12,7 @@ from flowgrad.exec_vulkan.lower import batchnorm, compare, conv, pointwise, pool
 from flowgrad.exec_vulkan.lower import index  # noqa: F401
 from flowgrad.exec_vulkan.lower import fused  # noqa: F401, E402
 from flowgrad.exec_vulkan.lower import split_product  # noqa: F401, E402
+from flowgrad.exec_vulkan.lower import scan  # noqa: F401, E402
 from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering  # noqa: E402
 from flowgrad.exec_vulkan.lower.derived import derived_backward  # noqa: E402
 
