@@ -26,8 +26,8 @@ def step_is_finite(loss, grads: dict) -> bool:
 
 
 def locate(graph: Graph, feeds: dict, params: dict, kernels=None):
-    """(node, where) of the first non-finite value, where is "forward" or
-    "gradient of input i"; None when a closure re-run finds none."""
+    """(node, where) of the first non-finite value, where is "forward" or the
+    op of the node's backward that made it; None when a closure re-run finds none."""
     from flowgrad.exec_closure.tape import ClosureExecutor
 
     with np.errstate(all="ignore"):   # the non-finite values are what we are looking for
@@ -36,7 +36,7 @@ def locate(graph: Graph, feeds: dict, params: dict, kernels=None):
 
 def _locate(ex, graph: Graph, feeds: dict, params: dict):
     roots = list(graph.outputs.values()) + ([graph.loss] if graph.loss is not None else [])
-    values, tape = ex.forward(feeds, params, roots)
+    values = ex.forward(feeds, params, roots)
     for node in graph.needed_for(roots):
         if not finite(values[node.id]) and all(finite(values[i]) for i in node.inputs):
             return node, "forward"
@@ -44,11 +44,13 @@ def _locate(ex, graph: Graph, feeds: dict, params: dict):
         return None
     found = []
 
-    def check(node, g, pos, d):
-        if not found and not finite(d) and finite(g) and all(finite(values[i]) for i in node.inputs):
-            found.append((node, f"gradient of input {pos} ({graph.nodes[node.inputs[pos]].label})"))
+    def check(node, vals):
+        """A backward node that made a non-finite value of finite ones: the
+        backward of the forward node it differentiates."""
+        if not found and not finite(vals[node.id]) and all(finite(vals[i]) for i in node.inputs):
+            found.append((graph.nodes[node.grad_of], node.op))
 
-    ex.backward(values, tape, graph.loss, on_grad=check)
+    ex.backward(values, graph.loss, on_value=check)
     return found[0] if found else None
 
 
@@ -65,6 +67,6 @@ def anomaly_error(graph: Graph, step: int, loss, grads: dict, where) -> FlowErro
     elif what == "forward":
         first = f"the output of op {node.op} ({node.label})"
     else:
-        first = f"the {what} that op {node.op} ({node.label}) computes in backward"
+        first = f"the gradient that op {node.op} ({node.label}) computes in backward (at its {what})"
     return FlowError(f"check_finite: at step {step}, {bad} is not finite; the first non-finite value is {first}",
                      node.span, hint="the session's params are those from before this step")

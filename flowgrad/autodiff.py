@@ -162,3 +162,28 @@ def _sum(e: GraphEmitter, parts: list[int]) -> Val:
     for p in parts[1:]:
         g = g + e.val(p)
     return g
+
+
+SEED = "@seed"   # the hidden input holding the loss's incoming gradient (1, or the loss scale)
+
+
+@attrs.frozen
+class StepGraph:
+    """A graph with the backward of its loss appended: `grads` maps each
+    differentiated node (a param, an input) to the node of its gradient;
+    `seed` is the input node the loss's incoming gradient is fed to."""
+
+    graph: Graph
+    grads: dict
+    seed: int
+    forward_nodes: int   # nodes [0, forward_nodes) are the model's own, the rest its backward
+
+
+def backward_graph(graph: Graph, wrt: list[int], loss: int | None = None) -> StepGraph:
+    """A copy of `graph` with d loss / d x appended for each x in `wrt`."""
+    loss = graph.loss if loss is None else loss
+    step = attrs.evolve(graph, nodes=list(graph.nodes), outputs=dict(graph.outputs))
+    n = len(step.nodes)
+    seed = step.add("input", (), graph.nodes[loss].type, name=SEED, span=graph.nodes[loss].span).id
+    ids = gradients(step, loss, list(wrt), seed=seed)
+    return StepGraph(step, dict(zip(wrt, ids)), seed, n)

@@ -268,19 +268,27 @@ def graph_plan_dict(graph: Graph, plan: Plan, recorded: dict | None = None) -> d
 
 
 def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
-    """One kernel call per op forward and per backward node; on a Vulkan
-    device each that runs there (exec_vulkan.kernels.VulkanKernels) is its
-    own submit, uploading its inputs and reading back its results; one
+    """One kernel call per op of the step: the forward's, then those of the
+    backward the autodiff pass appends (what the closure executor runs); on
+    a Vulkan device each that runs there (exec_vulkan.kernels.VulkanKernels)
+    is its own submit, uploading its inputs and reading back its result; one
     without a lowering that takes it runs on numpy (_closure_traffic)."""
+    from flowgrad.autodiff import backward_graph
+
     fwd = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
-    bwd = [graph.nodes[i] for i in sorted(plan.grad_nodes)]
+    step_graph, bwd = graph, []
+    if graph.loss is not None:
+        step = backward_graph(graph, [i for i in graph.trainable().values() if graph.nodes[i].dtype != "i32"])
+        step_graph, ran = step.graph, {n.id for n in fwd}
+        bwd = [n for n in step.graph.needed_for(list(step.grads.values()))
+               if n.op not in LEAF_OPS and n.id not in ran]
     calls = len(fwd) + len(bwd)
     if plan.device is None:
         return {"chosen": plan.path != "graph", "kernel_calls": calls, "submits": None,
                 "transfers_in": None, "transfers_out": None}
     submits = ins = outs = 0
-    for n, backward in [(n, False) for n in fwd] + [(n, True) for n in bwd]:
-        s, i, o = _closure_traffic(graph, plan, n, backward)
+    for n in fwd + bwd:
+        s, i, o = _closure_traffic(step_graph, plan, n, False)
         submits, ins, outs = submits + s, ins + i, outs + o
     return {"chosen": plan.path != "graph", "kernel_calls": calls, "submits": submits,
             "transfers_in": ins, "transfers_out": outs}

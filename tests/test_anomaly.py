@@ -45,7 +45,7 @@ def session(s, device, backward):
 
 @pytest.mark.parametrize("s, row, words", [
     ("sqrt(h)", -5.0, "the output of op sqrt (s)"),                          # sqrt(negative) in forward
-    ("sqrt(h * h)", 0.0, "the gradient of input 0 (%3) that op sqrt (s) computes in backward"),  # 1/sqrt(0)
+    ("sqrt(h * h)", 0.0, "the gradient that op sqrt (s) computes in backward (at its div)"),  # 1/sqrt(0)
 ])
 def test_the_first_non_finite_node_is_named(path, s, row, words):
     sess = session(s, *path)

@@ -160,15 +160,24 @@ def test_grad_errors_name_the_call(src, message, col):
     assert e.value.span.where() == f"m.flow:4:{col}"
 
 
-def test_grad_through_an_op_without_a_grad_rule_names_its_line():
-    import flowgrad.ops.user as user
-
-    name = "cube_no_rule"
-    if name not in fg.ops.OPS:
-        user.register_op(name, shape=lambda x: x, forward=lambda x: x ** 3, vjp=lambda g, x, out: [3 * x * x * g])
+def test_grad_through_an_op_without_a_vjp_names_its_line():
+    fg.register_op("cube_no_vjp", shape=lambda x: x, forward=lambda x: x ** 3)
     with pytest.raises(FlowError) as e:
-        fg.loads(f"model m\ninput x: f32[3]\nc = {name}(x)\ng = grad(sum(c), x)\noutput g\n", file="m.flow")
+        fg.loads("model m\ninput x: f32[3]\nc = cube_no_vjp(x)\ng = grad(sum(c), x)\noutput g\n", file="m.flow")
     assert "cannot differentiate through c" in e.value.message and e.value.span.where() == "m.flow:3:5"
+
+
+def test_grad_through_a_user_op_runs_its_python_vjp():
+    """A user op's vjp runs as a node of the backward (closures): once per
+    input, the inputs it gives None for getting zeros."""
+    fg.register_op("cube_times", shape=lambda x, y: x, forward=lambda x, y: x ** 3 * y,
+                   vjp=lambda g, out, x, y: [3 * x * x * y * g, None], inputs=("x", "y"))
+    src = ("model m\ninput x: f32[3]\ninput y: f32[3]\nc = cube_times(x, y)\ndx, dy = grad(sum(c), [x, y])\n"
+           "output dx\noutput dy\n")
+    x, y = np.array([1.0, 2.0, -1.0], np.float32), np.array([0.5, 1.0, 2.0], np.float32)
+    out = fg.loads(src).compile(device="cpu").step({"x": x, "y": y}, grads=False).outputs
+    np.testing.assert_allclose(out["dx"], 3 * x * x * y)
+    np.testing.assert_array_equal(out["dy"], np.zeros(3))
 
 
 def test_fg_grad_gives_the_language_s_gradient(vk_device):

@@ -181,9 +181,9 @@ class Float64Kernels(NumpyKernels):
 def float64_step(graph, feeds, params):
     """(loss, outputs, grads of the inputs and params) of the graph, run in float64 by the closure executor."""
     ex = ClosureExecutor(graph, Float64Kernels())
-    values, tape = ex.forward(feeds, params, graph.roots())
-    by_id = ex.backward(values, tape, graph.loss, grad_inputs=True)
-    grads = {name: by_id[i] for name, i in {**graph.inputs, **graph.params}.items()}
+    values = ex.forward(feeds, params, graph.roots())
+    by_id = ex.backward(values, graph.loss, grad_inputs=True)
+    grads = {name: by_id[i] for name, i in {**graph.inputs, **graph.params}.items() if i in by_id}
     return float(values[graph.loss]), {k: values[i] for k, i in graph.outputs.items()}, grads
 
 

@@ -55,14 +55,16 @@ def ensure_registered():
         return
     both = frozenset({"f32", "f16"})
     register(Op("vk_test_add", (Arg("a"), Arg("b")), _same, lambda ins, at: ins[0] + ins[1],
-                lambda g, ins, out, at: [g, g], doc="test op: a + b, same shapes"))
+                lambda g, ins, out, at: [g, g], doc="test op: a + b, same shapes",
+                grad=lambda g, ins, out, at: [g, g]))
     register_lowering("vk_test_add", Lowering(_add_fwd, _add_bwd, both, frozenset({"f32"})), replace=True)
     register(Op("vk_test_twice", (Arg("x"),), _same, lambda ins, at: ins[0] * 2,
-                lambda g, ins, out, at: [g * 2], doc="test op: 2 x"))
+                lambda g, ins, out, at: [g * 2], doc="test op: 2 x", grad=lambda g, ins, out, at: [g * 2.0]))
     register_lowering("vk_test_twice", Lowering(_twice_fwd, _twice_bwd, both, both), replace=True)
     # no lowering: the Vulkan kernels run it on numpy, and the planner refuses the graph path for it
     register(Op("vk_test_sumsq", (Arg("x"),), _sumsq_infer, lambda ins, at: np.sum(ins[0] * ins[0]),
-                lambda g, ins, out, at: [2 * g * ins[0]], doc="test op: sum of squares, numpy only"))
+                lambda g, ins, out, at: [2 * g * ins[0]], doc="test op: sum of squares, numpy only",
+                grad=lambda g, ins, out, at: [g.expand(ins[0].shape) * (2.0 * ins[0])]))
 
 
 def _add3_fwd(rec, node, ins, out):
@@ -76,7 +78,8 @@ def ensure_add3():
     ensure_registered()
     if "vk_test_add3" not in OPS:
         register(Op("vk_test_add3", (Arg("a"), Arg("b"), Arg("c")), _same, lambda ins, at: ins[0] + ins[1] + ins[2],
-                    lambda g, ins, out, at: [g, g, g], doc="test op: a + b + c"))
+                    lambda g, ins, out, at: [g, g, g], doc="test op: a + b + c",
+                    grad=lambda g, ins, out, at: [g, g, g]))
         register_lowering("vk_test_add3", Lowering(_add3_fwd, _add_bwd), replace=True)
 
 

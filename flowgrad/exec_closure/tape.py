@@ -1,8 +1,9 @@
-"""Forward builds a tape of VJP closures; backward walks it in reverse.
+"""The closure executor: the step's graph (forward, then the backward the
+autodiff pass appends) run node by node.
 
-The executor never looks at op names: each node's forward and VJP come from
-its Op record, run by a kernel backend (numpy here; exec_vulkan supplies one
-that runs each op's lowering on the device, one op at a time)."""
+The executor never looks at op names: each node is its op's forward, run by
+a kernel backend (numpy here; exec_vulkan supplies one that runs each op's
+lowering on the device, one op at a time)."""
 from __future__ import annotations
 
 import time
@@ -12,7 +13,8 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
-from flowgrad.grad_paths import backward_nodes, updated_params
+from flowgrad.autodiff import backward_graph
+from flowgrad.grad_paths import updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
 from flowgrad.ops.checks import at_node, check_index_inputs
@@ -32,8 +34,10 @@ class NumpyKernels:
 
 
 class ClosureExecutor:
-    """Runs a graph node by node. `timings`, when a dict, collects wall time
-    per node (for explain --analyze)."""
+    """Runs a graph node by node: the forward, then the backward the
+    autodiff pass appended to it (flowgrad/autodiff.py), each node an op run
+    on its own. `timings`, when a dict, collects wall time per node (for
+    explain --analyze; a backward node's under the node it differentiates)."""
 
     path = "closures"
 
@@ -41,94 +45,92 @@ class ClosureExecutor:
         self.graph = graph
         self.kernels = kernels or NumpyKernels()
         self.timings: dict[int, list[float]] | None = None
-        self._differentiated: dict[tuple, frozenset] = {}
+        self._steps: dict[tuple, tuple] = {}
 
-    def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> tuple[dict, list]:
-        """Evaluate what `roots` need. Returns (values by node id, tape)."""
-        g = self.graph
+    def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> dict:
+        """Evaluate what `roots` need. Returns the values by node id."""
         values: dict[int, np.ndarray] = {}
-        tape: list[tuple[Node, Callable]] = []
-        for node in g.needed_for(roots):
+        for node in self.graph.needed_for(roots):
             if node.op == "input":
                 values[node.id] = feeds[node.name]
             elif node.op == "param":
                 values[node.id] = params[node.name]
-            elif node.op == "const":
-                values[node.id] = np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
             else:
-                ins = [values[i] for i in node.inputs]
-                check_index_inputs(self.graph, node, ins)
-                t0 = time.perf_counter()
-                out = at_node(node, lambda: self.kernels.forward(node, ins))
-                self._time(node, t0)
-                if np.shape(out) != node.shape:
-                    raise FlowError(f"{node.op}: forward gave shape {list(np.shape(out))}, but the node is "
-                                    f"{node.type}", node.span)
-                values[node.id] = out
-                tape.append((node, self._closure(node, ins, out)))
-        return values, tape
+                values[node.id] = self._run(self.graph, node, values)
+        return values
 
-    def _closure(self, node, ins, out):
-        def backward(g):
-            return self.kernels.vjp(node, g, ins, out)
-        return backward
-
-    def differentiated(self, loss_id: int, grad_inputs: bool = False) -> frozenset:
-        """The nodes whose VJP runs: those on a differentiable path from a
-        param (with grad_inputs, a float input too) to the loss, the graph
-        path's backward set. A node that only inputs reach needs no gradient,
-        and may have no VJP at all (a user op registered without one)."""
-        key = (loss_id, grad_inputs)
-        if key not in self._differentiated:
-            self._differentiated[key] = backward_nodes(self.graph, grad_inputs, loss_id)[0]
-        return self._differentiated[key]
-
-    def backward(self, values: dict, tape: list, loss_id: int, on_grad=None, on_final=None,
-                 watch=(), seed=None, grad_inputs: bool = False) -> dict[int, np.ndarray]:
-        """Gradients of values[loss_id] (a scalar) for the nodes of the tape
-        that need one (`differentiated`), starting from `seed` (1 unless given: a loss scale).
-        on_grad(node, g, pos, d), when given, sees each VJP result (anomaly detection).
-        on_final(id, grad or None) is called for each node id in `watch` as soon
-        as its gradient is final: after the VJP of the earliest node reading it."""
-        loss = values[loss_id]
-        start = np.ones_like(loss) if seed is None else np.asarray(seed, dtype=np.asarray(loss).dtype)
-        grads: dict[int, np.ndarray] = {loss_id: start}
-        final_at: dict[int, list[int]] = {}
-        if on_final is not None:
-            seen: set[int] = set()
-            for pos, (node, _closure) in enumerate(tape):
-                for i in node.inputs:
-                    if i in watch and i not in seen:
-                        seen.add(i)
-                        final_at.setdefault(pos, []).append(i)
-        needed = self.differentiated(loss_id, grad_inputs)
-        for pos in reversed(range(len(tape))):
-            node, closure = tape[pos]
-            g = grads.pop(node.id, None)  # intermediates are freed as we go
-            if g is not None and node.id in needed:
-                self._vjp(node, closure, g, grads, on_grad)
-            for i in final_at.get(pos, ()):
-                on_final(i, grads.get(i))
-        return grads
-
-    def _vjp(self, node, closure, g, grads, on_grad):
+    def _run(self, graph, node, values, backward=False):
+        if node.op == "const":
+            return np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
+        ins = [values[i] for i in node.inputs]
+        check_index_inputs(graph, node, ins)
         t0 = time.perf_counter()
-        nondiff = get_op(node.op).nondiff
-        for pos, (i, d) in enumerate(zip(node.inputs, at_node(node, lambda: closure(g)))):
-            if d is None or pos in nondiff:
-                continue
-            if on_grad is not None:
-                on_grad(node, g, pos, d)
-            if np.shape(d) != self.graph.nodes[i].shape:
-                raise FlowError(f"{node.op}: backward gave input {pos}'s gradient shape {list(np.shape(d))}, "
-                                f"but that input is {self.graph.nodes[i].type}", node.span)
-            # a value used twice gets the sum of both gradients
-            grads[i] = grads[i] + d if i in grads else d
-        self._time(node, t0, backward=True)
-
-    def _time(self, node, t0, backward=False):
+        out = at_node(node, lambda: self.kernels.forward(node, ins))
         if self.timings is not None:
-            self.timings.setdefault((node.id, backward), []).append(time.perf_counter() - t0)
+            self.timings.setdefault((node.grad_of if backward else node.id, backward), []).append(
+                time.perf_counter() - t0)
+        if np.shape(out) != node.shape:
+            raise FlowError(f"{node.op}: forward gave shape {list(np.shape(out))}, but the node is "
+                            f"{node.type}", node.span)
+        return out
+
+    def step_graph(self, loss_id: int, grad_inputs: bool = False):
+        """(StepGraph, its backward nodes in order, {node id: position of its
+        last reader}): the loss's backward for the params (with grad_inputs,
+        the float inputs too), built once."""
+        key = (loss_id, grad_inputs)
+        if key not in self._steps:
+            g = self.graph
+            wrt = [i for i in g.trainable().values() if g.nodes[i].dtype != "i32"]
+            if grad_inputs:
+                wrt += [i for i in g.inputs.values() if g.nodes[i].dtype != "i32"]
+            step = backward_graph(g, wrt, loss_id)
+            # the backward's nodes, and any forward node they read that the outputs and loss do not
+            nodes = [n for n in step.graph.needed_for(list(step.grads.values()))
+                     if n.op not in ("input", "param") and n.id != step.seed]
+            last = {}
+            for pos, node in enumerate(nodes):
+                for i in node.inputs:
+                    last[i] = pos
+            self._steps[key] = (step, nodes, last)
+        return self._steps[key]
+
+    def backward(self, values: dict, loss_id: int, on_value=None, on_final=None, seed=None,
+                 grad_inputs: bool = False) -> dict[int, np.ndarray]:
+        """Gradients of values[loss_id] (a scalar) for each param (with
+        grad_inputs, each float input too), by node id, starting from `seed`
+        (1 unless given: a loss scale). on_value(node, value), when given,
+        sees each backward node's value (anomaly detection); on_final(id, grad)
+        is called for each param as soon as its gradient is final."""
+        step, nodes, last = self.step_graph(loss_id, grad_inputs)
+        loss = values[loss_id]
+        vals = dict(values)
+        vals[step.seed] = np.ones_like(loss) if seed is None else np.asarray(seed, dtype=np.asarray(loss).dtype)
+        final: dict[int, list[int]] = {}
+        for x, gid in step.grads.items():
+            final.setdefault(gid, []).append(x)
+        told = set()
+        for pos, node in enumerate(nodes):
+            if node.id in vals:
+                continue
+            vals[node.id] = self._run(step.graph, node, vals, backward=node.id >= step.forward_nodes)
+            if on_value is not None and node.grad_of is not None:
+                on_value(node, vals)
+            if on_final is not None:
+                for x in final.get(node.id, ()):
+                    on_final(x, vals[node.id])
+                    told.add(x)
+            for i in set(node.inputs):   # a backward intermediate is freed after its last reader
+                if i >= step.forward_nodes and last[i] == pos and i not in final:
+                    del vals[i]
+        grads = {}
+        for x, gid in step.grads.items():
+            if gid not in vals:   # a gradient no backward op computes: a zero constant
+                vals[gid] = self._run(step.graph, step.graph.nodes[gid], vals, backward=True)
+            grads[x] = vals[gid]
+            if on_final is not None and x not in told:
+                on_final(x, grads[x])
+        return grads
 
 
 class ClosureSession:
@@ -160,7 +162,7 @@ class ClosureSession:
     def _step(self, feeds, grads, optimizer, grad_inputs, on_grad_final):
         g = self.graph
         roots = g.roots()
-        values, tape = self.executor.forward(feeds, self.params, roots)
+        values = self.executor.forward(feeds, self.params, roots)
         outputs = {name: values[i] for name, i in g.outputs.items()}
         loss = None if g.loss is None else values[g.loss]
         out_grads = {}
@@ -168,20 +170,17 @@ class ClosureSession:
         if grads or optimizer is not None:
             trainable = g.trainable()
             names = {i: name for name, i in trainable.items()}
-            told: set[int] = set()
             inv = None if self.scaler is None else self.scaler.inv_scale()
 
             def final(i, d):
-                told.add(i)
-                on_grad_final(names[i], d if inv is None or d is None else (d * inv).astype(d.dtype))
+                if i in names:
+                    on_grad_final(names[i], d if inv is None else (d * inv).astype(d.dtype))
 
             seed = None if self.scaler is None else self.scaler.seed()
-            by_id = self.executor.backward(values, tape, g.loss, on_final=final if on_grad_final else None,
-                                           watch=names, seed=seed, grad_inputs=grad_inputs)
+            by_id = self.executor.backward(values, g.loss, on_final=final if on_grad_final else None,
+                                           seed=seed, grad_inputs=grad_inputs)
             for name, i in trainable.items():
                 out_grads[name] = by_id.get(i, np.zeros_like(self.params[name]))
-                if on_grad_final is not None and i not in told:
-                    on_grad_final(name, out_grads[name])    # no node on the tape reads it
             if grad_inputs:
                 for name, i in g.inputs.items():
                     if i in by_id:
@@ -261,13 +260,16 @@ class ClosureSession:
     def profile(self, feeds, steps: int, grads: bool = True, nodes: bool = False) -> list[tuple]:
         """Median wall time per op and direction over `steps` steps:
         [(node label, direction, seconds)], and with nodes=True the node's id."""
-        self.executor.timings = {}
+        per_step = []
         try:
             for _ in range(steps):
+                self.executor.timings = {}
                 self.step(feeds, grads=grads)
-            timings = self.executor.timings
+                # a node's backward is several ops: their times add up within a step
+                per_step.append({key: sum(ts) for key, ts in self.executor.timings.items()})
         finally:
             self.executor.timings = None
         graph_nodes = self.graph.nodes
-        return [(graph_nodes[i].label, "backward" if bwd else "forward", float(np.median(ts))) + ((i,) * nodes)
-                for (i, bwd), ts in timings.items()]
+        keys = dict.fromkeys(k for times in per_step for k in times)
+        return [(graph_nodes[i].label, "backward" if bwd else "forward",
+                 float(np.median([t.get((i, bwd), 0.0) for t in per_step]))) + ((i,) * nodes) for i, bwd in keys]

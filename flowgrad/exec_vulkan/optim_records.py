@@ -37,12 +37,18 @@ UPDATES = {
 
 def update_record(optimizer):
     """record(rec, params, grads, state, hyper, skip=None) for an optimizer the
-    graph path runs on the device, else None (its update runs on the host)."""
+    graph path runs on the device, else None (its update runs on the host). An
+    optimizer of one's own records its update with its own `record` method
+    (which takes `skip` only under a loss scaler)."""
     shaders = UPDATES.get(getattr(optimizer, "name", None))
-    if shaders is None:
+    if shaders is not None:
+        return lambda rec, params, grads, state, hyper, skip=None: record_update(
+            optimizer, shaders, rec, params, grads, state, hyper, skip)
+    own = getattr(optimizer, "record", None)
+    if own is None:
         return None
-    return lambda rec, params, grads, state, hyper, skip=None: record_update(
-        optimizer, shaders, rec, params, grads, state, hyper, skip)
+    return lambda rec, params, grads, state, hyper, skip=None: own(
+        rec, params, grads, state, hyper, *([] if skip is None else [skip]))
 
 
 def record_update(opt, shaders: UpdateShaders, rec, params, grads, state, hyper, skip=None) -> None:

@@ -31,7 +31,6 @@ import weakref
 import attrs
 import numpy as np
 
-from flowgrad.autodiff import GraphEmitter, vjp_nodes
 from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
@@ -170,10 +169,10 @@ def _forward(ins, at):
             for j, c in enumerate(carries):
                 kept[j][i] = c
     parts = [np.stack(y) for y in ys] + ([np.stack(c) for c in kept] if kept is not None else carries)
-    # in the carries' dtype: a cell's f32 constants do not widen f16 (or narrow float64) results
+    # in the carries' and sequences' dtype: a cell's f32 constants do not widen f16 (or narrow float64) results
     like = [np.asarray(a).dtype for a in body.split(ins)[1] + xs if np.asarray(a).dtype.kind == "f"]
     packed = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
-    return packed.astype(like[0], copy=False) if like else packed
+    return packed.astype(np.result_type(*like), copy=False) if like else packed
 
 
 def _unpack(v, where):
@@ -262,6 +261,8 @@ def backward_body(body: Body) -> Body:
     g_hist = [fresh(f"@g_history.{j}", nodes[c].type) for j, c in enumerate(outs_c)]
     d_carry = [fresh(f"@d_carry.{j}", TensorType(nodes[c].shape, wide)) for j, c in enumerate(carries)]
     d_sum = [fresh(f"@d_{nodes[p].name}", TensorType(nodes[p].shape, wide)) for p in floats]
+    from flowgrad.autodiff import GraphEmitter, vjp_nodes   # the autodiff pass sits above the op table
+
     span = nodes[body.outputs[0]].span if body.outputs else None
     e = GraphEmitter(g, body.outputs[0] if body.outputs else 0, span)
     seeds = [(e.val(d).cast(nodes[c].dtype) + e.val(h)).h for d, h, c in zip(d_carry, g_hist, outs_c)]

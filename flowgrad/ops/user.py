@@ -12,7 +12,7 @@ import numpy as np
 
 from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
-from flowgrad.ops.registry import OPS, Arg, Op, OpTypeError, register
+from flowgrad.ops.registry import OPS, PLANNER_OPS, Arg, Op, OpTypeError, register
 
 
 def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | None = None,
@@ -75,10 +75,44 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
         return grads
 
     doc = inspect.getdoc(forward) or f"user op {name}"
-    op = Op(name, args, infer, op_forward, op_vjp, doc=doc)
+    PLANNER_OPS[VJP_PREFIX + name] = _vjp_op(name, op_vjp, attr_args)
+    op = Op(name, args, infer, op_forward, op_vjp, doc=doc,
+            grad=None if vjp is None else _grad_rule(name, len(inputs)))
     OPS.pop(name, None)
     USER_OPS.add(name)
     return register(op)
+
+
+VJP_PREFIX = "vjp_of_"   # the op that runs a user op's Python vjp inside a backward graph
+
+
+def _grad_rule(name, n_inputs):
+    """A user op's gradients as nodes: each input's is its Python vjp, run as an
+    op of its own (vjp_of_<name>, pos=i) on the incoming gradient, the output
+    and the inputs."""
+    def grad(g, ins, out, attrs):
+        return [g.e.op(VJP_PREFIX + name, g, out, *ins, pos=i, **attrs) if x.dtype != "i32" else None
+                for i, x in enumerate(ins)]
+    return grad
+
+
+def _vjp_op(name, op_vjp, attr_args) -> Op:
+    """vjp_of_<name>(g, out, *ins, pos): the user's vjp for input pos (zeros where it gives none)."""
+    args = (Arg("g"), Arg("out"), Arg("ins", "tensors"), Arg("pos", "attr", types=(int,))) + attr_args
+
+    def infer(ins, at):
+        return ins[2 + at["pos"]]
+
+    def forward(ins, at):
+        g, out, *xs = ins
+        d = op_vjp(g, xs, out, {k: v for k, v in at.items() if k != "pos"})[at["pos"]]
+        x = xs[at["pos"]]
+        return np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype)
+
+    def no_second(g, ins, out, at):
+        raise OpTypeError(f"op {name!r} was registered with a Python vjp, which can't be differentiated again")
+
+    return Op(VJP_PREFIX + name, args, infer, forward, None, doc=f"the vjp of user op {name}", grad=no_second)
 
 
 USER_OPS: set[str] = set()
