@@ -265,10 +265,11 @@ MATH_CASES = {
 
 def assert_torchs(got, want, err_msg=""):
     """Equal to within the device's rounding (its pow, exp and erf are a few
-    ulp off float64's), NaN for NaN, and each zero with torch's sign: 1 / -0.0
+    ulp off float64's; a large exponent multiplies pow's: NVIDIA's pow(x, 65)
+    was 5.2e-6 off), NaN for NaN, and each zero with torch's sign: 1 / -0.0
     is -inf, so a zero's sign is the sign of a gradient further on."""
     want = np.array(want, np.float32)
-    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=err_msg)
+    np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=err_msg)
     zeros = want == 0
     np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]), err_msg=f"{err_msg}: a zero's sign")
 
