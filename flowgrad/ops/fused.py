@@ -5,7 +5,7 @@
 attrs["steps"] is the chain, one (op name, operands, attrs) per member op in
 order; an operand k < len(inputs) is the fused node's input k, and k =
 len(inputs) + j is step j's result. The last step's result is the node's
-value. Its numpy forward and VJP run the members' own rules in that order,
+value. Its numpy forward and grad rule run the members' own rules in that order,
 so a fused graph computes exactly what the graph it came from does. Models
 never write it: only the planner makes it, for the graph path."""
 from __future__ import annotations
@@ -30,31 +30,42 @@ def _forward(ins, attrs):
     return _run(ins, attrs["steps"], lambda n, xs, at: get_op(n).forward(xs, at))[-1]
 
 
-def _vjp(g, ins, out, attrs):
-    """Reverse mode over the chain, each member's VJP in reverse order;
-    an operand used twice sums its gradients in that order."""
-    steps = attrs["steps"]
-    values = _run(ins, steps, lambda n, xs, at: get_op(n).forward(xs, at))
-    grads = {len(values) - 1: g}
-    for j in reversed(range(len(steps))):
-        here = len(ins) + j
-        if here not in grads:
-            continue
-        op_name, refs, at = steps[j]
-        op = get_op(op_name)
-        for pos, (r, d) in enumerate(zip(refs, op.vjp(grads[here], [values[r] for r in refs], values[here], at))):
-            if d is not None and pos not in op.nondiff:
-                grads[r] = grads[r] + d if r in grads else d
-    return [grads.get(k, None) for k in range(len(ins))]
+def _numpy(rule):
+    """The numpy VJP of a planner op: its grad rule run on numpy, in each input's dtype (zeros for none)."""
+    def vjp(g, ins, out, attrs):
+        import numpy as np
+
+        from flowgrad.ops.emit import numpy_vjp
+
+        grads = numpy_vjp(rule)(g, ins, out, attrs)
+        return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+    return vjp
 
 
-def _full_vjp(g, ins, out, attrs):
-    import numpy as np
+def _grad(g, ins, out, attrs):
+    """The chain's VJP as ops: each member differentiated by its own rule."""
+    from flowgrad.ops.emit import Tape
 
-    return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(_vjp(g, ins, out, attrs), ins)]
+    t = Tape(g.e)
+    values = [t.watch(x) for x in ins]
+    for op_name, refs, at in attrs["steps"]:
+        values.append(t.op(op_name, *(values[r] for r in refs), **at))
+    return [None if d is None else d.h for d in t.vjp([values[-1]], [t.watch(g)], values[:len(ins)])]
 
 
-FUSED = Op("fused", ARGS, lambda ins, at: _infer(ins, complete_attrs(ARGS, at)), _forward, _full_vjp,
+def _parts_grad(g, ins, out, attrs):
+    """The blocks laid side by side again: a @ b's gradient, then matmul's rule."""
+    blocks = [g.e.op("slice", g, axis=0, start=i, stop=i + 1).reshape(g.shape[1:]) for i in range(attrs["parts"])]
+    return get_op("matmul").grad(g.e.op("concat", *blocks, axis=-1), ins, None, {})
+
+
+def _part_grad(g, ins, out, attrs):
+    """g in block `index` of zeros shaped as the stacked blocks."""
+    k, i = ins[0].shape[0], attrs["index"]
+    return [g.e.op("pad", g.reshape((1,) + g.shape), pad=[0, 0] * g.ndim + [i, k - 1 - i])]
+
+
+FUSED = Op("fused", ARGS, lambda ins, at: _infer(ins, complete_attrs(ARGS, at)), _forward, _numpy(_grad), grad=_grad,
            doc="a chain of ops merged by the planner (graph path only)")
 PLANNER_OPS["fused"] = FUSED
 
@@ -83,28 +94,15 @@ def _parts_forward(ins, attrs):
     return np.stack(np.split(y, attrs["parts"], axis=-1))
 
 
-def _parts_vjp(g, ins, out, attrs):
-    import numpy as np
-
-    y = np.concatenate(list(g), axis=-1)
-    return get_op("matmul").vjp(y, ins, None, {})
-
-
 def _part_infer(in_types, attrs):
     from flowgrad.graph import TensorType
 
     return TensorType(in_types[0].shape[1:], in_types[0].dtype)
 
 
-def _part_vjp(g, ins, out, attrs):
-    import numpy as np
-
-    dx = np.zeros_like(ins[0], dtype=np.result_type(g.dtype, ins[0].dtype))
-    dx[attrs["index"]] = g
-    return [dx]
-
-
-PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _parts_vjp,
+PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _numpy(_parts_grad),
+                                 grad=_parts_grad,
                                  doc="a @ b, b's columns in `parts` blocks stacked first (planner only)")
-PLANNER_OPS["part"] = Op("part", PART_ARGS, _part_infer, lambda ins, at: ins[0][at["index"]].copy(), _part_vjp,
+PLANNER_OPS["part"] = Op("part", PART_ARGS, _part_infer, lambda ins, at: ins[0][at["index"]].copy(),
+                         _numpy(_part_grad), grad=_part_grad,
                          doc="block `index` of a split product (planner only)")
