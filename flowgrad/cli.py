@@ -286,15 +286,15 @@ def cmd_bench(args) -> int:
     args.dtype = args.dtype or "f32"
     if args.file == "matmul":
         return cmd_bench_matmul(args)
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     if args.ranks is not None:
         at_least_one("--ranks", args.ranks)
-        from flowgrad.training import bench_ranks
+        from flowgrad.bench import ranks
 
-        rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
-                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
-        print(bench_ranks.report(rows))
+        rows = ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
+                         {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
+        print(ranks.report(rows))
         return 0
     check_bench_device(args.device)
     t0 = time.perf_counter()
@@ -309,7 +309,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_gpt2(args) -> int:
-    from flowgrad.exec_vulkan import gpt2_bench
+    from flowgrad.bench import gpt2
 
     steps = 20 if args.steps is None else args.steps
     warmup = 5 if args.warmup is None else args.warmup
@@ -328,8 +328,8 @@ def cmd_bench_gpt2(args) -> int:
     def phase(text):
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
-    r = gpt2_bench.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2_bench.DTYPES, phase)
-    print(json.dumps(r, indent=2) if args.json else gpt2_bench.report(r))
+    r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase)
+    print(json.dumps(r, indent=2) if args.json else gpt2.report(r))
     return 0
 
 
@@ -349,17 +349,18 @@ def check_bench_device(spec: str) -> None:
 
 
 def cmd_bench_matmul(args) -> int:
-    from flowgrad.exec_vulkan import matmul_bench, select_device
+    from flowgrad.bench import matmul
+    from flowgrad.exec_vulkan import select_device
 
     if args.dtype == "mixed":
         raise FlowError("bench matmul times one operand dtype: --dtype f32 or f16 (mixed runs its matmuls in f16)")
     device = select_device(args.device)
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
-    shapes = [matmul_bench.parse_shape(s) for s in args.shape] or None
-    chunks = matmul_bench.parse_chunks(args.chunks) if args.chunks is not None else None
-    rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all, chunks))
-    print(matmul_bench.report(rows, device.info.name, args.dtype))
+    shapes = [matmul.parse_shape(s) for s in args.shape] or None
+    chunks = matmul.parse_chunks(args.chunks) if args.chunks is not None else None
+    rows = matmul.run(device, args.dtype, shapes, matmul.kernels_for(device, args.dtype, args.all, chunks))
+    print(matmul.report(rows, device.info.name, args.dtype))
     return 0
 
 

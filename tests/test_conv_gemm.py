@@ -352,7 +352,7 @@ def conv_kernels(sess) -> dict[str, dict]:
 @pytest.mark.parametrize("dtype", ["f32", "mixed"])
 def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
     import flowgrad as fg
-    from flowgrad.exec_vulkan.bench import feeds_for
+    from flowgrad.bench.step import feeds_for
 
     from flowgrad.training.loss_scale import LossScaler
 

@@ -310,7 +310,7 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
 
 def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
     from flowgrad.cli import main
-    from flowgrad.exec_vulkan import matmul_bench
+    from flowgrad.bench import matmul as matmul_bench
 
     monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)   # one product per submit: lavapipe is slow
     monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
@@ -325,7 +325,7 @@ def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
 
 def test_bench_matmul_chunks(vk_device, capsys, monkeypatch):
     from flowgrad.cli import main
-    from flowgrad.exec_vulkan import matmul_bench
+    from flowgrad.bench import matmul as matmul_bench
 
     monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)
     monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
@@ -342,7 +342,7 @@ def test_bench_matmul_chunks(vk_device, capsys, monkeypatch):
 
 def test_bench_matmul_shape_errors():
     from flowgrad.errors import FlowError
-    from flowgrad.exec_vulkan.matmul_bench import parse_shape
+    from flowgrad.bench.matmul import parse_shape
 
     assert parse_shape("4,5,6,tn") == (4, 5, 6, "tn") and parse_shape("4, 5, 6") == (4, 5, 6, "nn")
     for bad in ("1,2", "a,b,c", "0,4,4", "4,4,4,xx"):

@@ -13,7 +13,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from flowgrad.training import sources
 from flowgrad.training.metrics import Metric
 from flowgrad.training.optim import SGD
