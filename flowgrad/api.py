@@ -11,6 +11,7 @@ from flowgrad.dtypes import COMPILE_DTYPES
 from flowgrad.errors import FlowError, GraphPathRefused
 from flowgrad.graph import Graph
 from flowgrad.initializers import init_params
+from flowgrad.loss_scale import LossScaler
 from flowgrad.ops import user as ops_user
 from flowgrad.param_patterns import freeze_params
 from flowgrad.planner import make_plan
@@ -68,7 +69,7 @@ class Model:
         dynamic loss scaling). check_finite: stop at the first step with a
         non-finite loss or gradient, naming the node that produced it
         (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
-        (flowgrad.training.loss_scale) to use instead of GradScaler's defaults.
+        (flowgrad.loss_scale) to use instead of GradScaler's defaults.
         fusion=False: the graph path runs every pointwise op as its own
         dispatch (to compare with the fused chains). freeze: params to hold
         fixed, as names, block prefixes ("decoder.0") or globs
@@ -76,10 +77,8 @@ class Model:
         checkpoints save and load them as the others."""
         if not isinstance(dtype, str) or dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {dtype!r}")
-        from flowgrad.training.loss_scale import LossScaler
-
         if loss_scale is not None and (dtype != "mixed" or not isinstance(loss_scale, LossScaler)):
-            raise FlowError("loss_scale takes a flowgrad.training.loss_scale.LossScaler, and only with "
+            raise FlowError("loss_scale takes a flowgrad.loss_scale.LossScaler, and only with "
                             f"dtype='mixed' (got {type(loss_scale).__name__} with dtype={dtype!r})")
         if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
             raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")

@@ -354,7 +354,7 @@ def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
     import flowgrad as fg
     from flowgrad.bench.step import feeds_for
 
-    from flowgrad.training.loss_scale import LossScaler
+    from flowgrad.loss_scale import LossScaler
 
     model = fg.loads(SPLIT_MODEL)
     # mixed: a loss scale the f16 gradients cannot overflow at (the first step is compared)

@@ -12,7 +12,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.training import checkpoint
-from flowgrad.training.loss_scale import LossScaler
+from flowgrad.loss_scale import LossScaler
 from flowgrad.training.optim import SGD, Adam, AdamW
 from flowgrad.update_counts import Counts
 from conftest import needs_module
