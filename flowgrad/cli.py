@@ -18,7 +18,7 @@ import numpy as np
 from flowgrad.dsl.config import parse_sets
 from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.initializers import init_text
-from flowgrad.training.overrides import load_model
+from flowgrad.overrides import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -137,7 +137,7 @@ def cmd_explain(args) -> int:
 def cmd_train(args) -> int:
     import flowgrad as fg
     from flowgrad.training import distributed
-    from flowgrad.training.loop import TrainInterrupted
+    from flowgrad.trainer import TrainInterrupted
 
     if args.ranks is not None:
         if distributed.launched():
@@ -164,7 +164,7 @@ def cmd_train(args) -> int:
 
 def train_summary(result) -> str:
     from flowgrad.training import checkpoint
-    from flowgrad.training.loop import BEST_FILENAME
+    from flowgrad.trainer import BEST_FILENAME
     from flowgrad.training.metrics import fmt
 
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
@@ -192,7 +192,7 @@ def train_summary(result) -> str:
 def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
     from flowgrad.training.infer import output_names
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
     from flowgrad.training.tabular import RunPrep
 
     if args.out:
@@ -219,7 +219,7 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     from flowgrad.training.generate import stream, vocabulary
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     vocab, level = vocabulary(ckpt)
@@ -235,7 +235,7 @@ def cmd_generate(args) -> int:
 
 def cmd_export(args) -> int:
     from flowgrad.export_onnx import OPSET, export, signature
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     export(sess, args.output_file, args.output or None, dynamic_batch=not args.fixed_batch)

@@ -147,7 +147,7 @@ def test_char_lm_trains_from_text_and_generate_samples_from_its_vocab(tmp_path, 
                    "--device", "cpu", "--prompt", "It was", "--tokens", "5", "--temperature", "0"])
     greedy = capsys.readouterr().out
     from flowgrad.training.generate import generate
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, _ = load_trained(MODELS / "char_lm.flow", out / "checkpoint.safetensors", device="cpu")
     assert generate(sess, vocab, "char", "It was", 5, temperature=0) + "\n" == greedy

@@ -108,7 +108,7 @@ def test_the_full_run_reaches_its_perplexity_and_samples_words(tmp_path):
     print(f"\nchar_gpt: {res.steps} steps in {res.seconds:.1f} s, test perplexity {res.metrics['perplexity']:.3f}")
     assert res.metrics["perplexity"] < 6.2
     from flowgrad.training.generate import generate
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, _ = load_trained(MODEL, tmp_path / "best.safetensors", device="cpu")
     vocab = sorted(set(TEXT.read_text()))

@@ -1,5 +1,5 @@
 """Inference: `sess.predict(feeds)` (loading a trained model for `flowgrad
-run`, `generate` and `export` is training/overrides.load_trained).
+run`, `generate` and `export` is overrides.load_trained).
 
 Any batch size: a model's batch dimension is a config key (`batch`), so a
 feed of another size runs on the model rebuilt with that key set to the
