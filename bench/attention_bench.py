@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flowgrad as fg  # noqa: E402
-from flowgrad.exec_vulkan.bench import MODEL, feeds_for  # noqa: E402
+from flowgrad.bench.step import MODEL, feeds_for  # noqa: E402
 from flowgrad.exec_vulkan.lower.attention import forced_coop  # noqa: E402
 
 ONE = """

@@ -117,7 +117,7 @@ def time_kernel(device, shape, dtype, shader, build, want) -> dict:
 
 
 def torch_ms(shape, dtype) -> float | None:
-    from flowgrad.exec_vulkan.matmul_bench import cuda_seconds
+    from flowgrad.bench.matmul import cuda_seconds
 
     try:
         import torch

@@ -46,7 +46,7 @@ def main() -> int:
         print(f"  {per_sm * sms:>6} workgroups of 256: {vulkan_tflops(device, per_sm * sms):7.2f} TFLOP/s", flush=True)
     try:
         import torch
-        from flowgrad.exec_vulkan.matmul_bench import torch_tflops
+        from flowgrad.bench.matmul import torch_tflops
 
         torch.backends.cuda.matmul.allow_tf32 = False
         ref = torch_tflops("f32", (4096, 4096, 4096, "nn"))

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flowgrad as fg  # noqa: E402
 from flowgrad.dsl.config import parse_sets  # noqa: E402
-from flowgrad.exec_vulkan.bench import feeds_for, time_steps  # noqa: E402
+from flowgrad.bench.step import feeds_for, time_steps  # noqa: E402
 
 GPT_SMALL = {"d": 512, "seq": 256, "heads": 8, "layers": 6, "batch": 16, "vocab": 256}
 KINDS = {"matmul": "matmul", "matmul_parts": "matmul", "attention": "attention"}

@@ -65,7 +65,7 @@ def register(folder: Path) -> dict:
 
 def time_all(folder: Path, small: bool) -> None:
     os.environ.setdefault("FLOWGRAD_VK_PIPELINE_STATS", "1")
-    from flowgrad.exec_vulkan import matmul_bench as mb
+    from flowgrad.bench import matmul as mb
     from flowgrad.exec_vulkan import select_device
 
     names = [*SHIPPED, *register(folder)]

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from flowgrad.exec_vulkan import select_device
-from flowgrad.exec_vulkan import matmul_bench as mb
+from flowgrad.bench import matmul as mb
 from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 
 

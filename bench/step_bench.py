@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flowgrad.dsl.config import parse_sets  # noqa: E402
 from flowgrad.errors import FlowError  # noqa: E402
-from flowgrad.exec_vulkan import bench  # noqa: E402
+from flowgrad.bench import step as bench  # noqa: E402
 
 
 def main(argv=None) -> int:

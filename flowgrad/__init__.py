@@ -8,9 +8,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Model": "flowgrad.api", "Session": "flowgrad.session", "StepResult": "flowgrad.session", "load": "flowgrad.api",
     "loads": "flowgrad.api", "DeviceError": "flowgrad.errors", "FlowError": "flowgrad.errors",
-    "FlowWarning": "flowgrad.errors", "GraphPathRefused": "flowgrad.errors", "train": "flowgrad.training.loop",
+    "FlowWarning": "flowgrad.errors", "GraphPathRefused": "flowgrad.errors", "train": "flowgrad.trainer",
     "register_op": "flowgrad.api", "grad": "flowgrad.api", "ArrayData": "flowgrad.training.data", "Dataset": "flowgrad.training.data",
-    "load_trained": "flowgrad.training.overrides",
+    "load_trained": "flowgrad.overrides",
 }
 __all__ = sorted(_EXPORTS)
 

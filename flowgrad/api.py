@@ -7,14 +7,10 @@ from pathlib import Path
 
 from flowgrad import dsl
 from flowgrad.dsl.parser import reserved
-from flowgrad.dtypes import COMPILE_DTYPES
-from flowgrad.errors import FlowError, GraphPathRefused
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
-from flowgrad.initializers import init_params
 from flowgrad.ops import user as ops_user
-from flowgrad.param_patterns import freeze_params
-from flowgrad.planner import make_plan
-from flowgrad.session import Session, StepResult, checked_seed
+from flowgrad.session import CompileOptions, Session, StepResult, checked_seed, compile_session
 
 
 class Model:
@@ -68,43 +64,17 @@ class Model:
         dynamic loss scaling). check_finite: stop at the first step with a
         non-finite loss or gradient, naming the node that produced it
         (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
-        (flowgrad.training.loss_scale) to use instead of GradScaler's defaults.
+        (flowgrad.loss_scale) to use instead of GradScaler's defaults.
         fusion=False: the graph path runs every pointwise op as its own
         dispatch (to compare with the fused chains). freeze: params to hold
         fixed, as names, block prefixes ("decoder.0") or globs
         (flowgrad.param_patterns): they take no gradient and no update, and
-        checkpoints save and load them as the others."""
-        if not isinstance(dtype, str) or dtype not in COMPILE_DTYPES:
-            raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {dtype!r}")
-        from flowgrad.training.loss_scale import LossScaler
-
-        if loss_scale is not None and (dtype != "mixed" or not isinstance(loss_scale, LossScaler)):
-            raise FlowError("loss_scale takes a flowgrad.training.loss_scale.LossScaler, and only with "
-                            f"dtype='mixed' (got {type(loss_scale).__name__} with dtype={dtype!r})")
-        if not isinstance(backward, str) or backward not in ("auto", "graph", "closures"):
-            raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
+        checkpoints save and load them as the others. A session made later at
+        another batch size (predict's, a short batch's) is compiled alike."""
+        options = CompileOptions(dtype, backward, fusion, freeze, check_finite, loss_scale)
         if seed is not None:
             seed = checked_seed(seed)
-        graph = self.build(dtype)
-        if freeze is not None:
-            graph = freeze_params(graph, freeze)
-        from flowgrad.host_memory import check_host_memory
-
-        check_host_memory(graph)
-        dev = open_device(device)
-        plan = make_plan(graph, dev.info if dev is not None else None, backward, dtype, fusion=bool(fusion))
-        if plan.path != "graph" and backward == "graph":
-            raise GraphPathRefused(
-                "backward='graph' was asked for, but the planner refused the graph path:\n"
-                + "\n".join(f"  [{r.code}] {r.headline()}" for r in plan.refusals),
-                plan.refusals,
-            )
-        if seed is None:
-            seed = checked_seed(graph.config.get("seed", 0), "config seed")
-        scaler = (loss_scale or LossScaler()) if dtype == "mixed" and graph.loss is not None else None
-        sess = Session(self, graph, plan, dev, init_params(graph, seed), seed=seed, scaler=scaler)
-        sess.check_finite = bool(check_finite)
-        return sess
+        return compile_session(self, open_device(device), options, seed)
 
 
 def add_grad_output(graph: Graph, y: str, x: str, name: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from flowgrad.dsl.config import parse_sets
 from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.initializers import init_text
-from flowgrad.training.overrides import load_model
+from flowgrad.overrides import load_model
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -137,7 +137,7 @@ def cmd_explain(args) -> int:
 def cmd_train(args) -> int:
     import flowgrad as fg
     from flowgrad.training import distributed
-    from flowgrad.training.loop import TrainInterrupted
+    from flowgrad.trainer import TrainInterrupted
 
     if args.ranks is not None:
         if distributed.launched():
@@ -164,7 +164,7 @@ def cmd_train(args) -> int:
 
 def train_summary(result) -> str:
     from flowgrad.training import checkpoint
-    from flowgrad.training.loop import BEST_FILENAME
+    from flowgrad.trainer import BEST_FILENAME
     from flowgrad.training.metrics import fmt
 
     lines = [f"{result.steps} steps; this run: {result.steps_run} steps in {result.seconds:.1f} s "
@@ -192,7 +192,7 @@ def train_summary(result) -> str:
 def cmd_run(args) -> int:
     from flowgrad.training.arrayfiles import out_format, parse_feeds, write_outputs
     from flowgrad.training.infer import output_names
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
     from flowgrad.training.tabular import RunPrep
 
     if args.out:
@@ -219,7 +219,7 @@ def cmd_run(args) -> int:
 
 def cmd_generate(args) -> int:
     from flowgrad.training.generate import stream, vocabulary
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     vocab, level = vocabulary(ckpt)
@@ -235,7 +235,7 @@ def cmd_generate(args) -> int:
 
 def cmd_export(args) -> int:
     from flowgrad.export_onnx import OPSET, export, signature
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
     export(sess, args.output_file, args.output or None, dynamic_batch=not args.fixed_batch)
@@ -286,15 +286,15 @@ def cmd_bench(args) -> int:
     args.dtype = args.dtype or "f32"
     if args.file == "matmul":
         return cmd_bench_matmul(args)
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     if args.ranks is not None:
         at_least_one("--ranks", args.ranks)
-        from flowgrad.training import bench_ranks
+        from flowgrad.bench import ranks
 
-        rows = bench_ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
-                               {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
-        print(bench_ranks.report(rows))
+        rows = ranks.run(args.file or bench.MODEL, args.ranks, args.device, args.repeats,
+                         {**(bench.DECODER if args.file is None else {}), **parse_sets(args.set)}, args.dtype)
+        print(ranks.report(rows))
         return 0
     check_bench_device(args.device)
     t0 = time.perf_counter()
@@ -309,7 +309,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_gpt2(args) -> int:
-    from flowgrad.exec_vulkan import gpt2_bench
+    from flowgrad.bench import gpt2
 
     steps = 20 if args.steps is None else args.steps
     warmup = 5 if args.warmup is None else args.warmup
@@ -328,8 +328,8 @@ def cmd_bench_gpt2(args) -> int:
     def phase(text):
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
-    r = gpt2_bench.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2_bench.DTYPES, phase)
-    print(json.dumps(r, indent=2) if args.json else gpt2_bench.report(r))
+    r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase)
+    print(json.dumps(r, indent=2) if args.json else gpt2.report(r))
     return 0
 
 
@@ -349,17 +349,18 @@ def check_bench_device(spec: str) -> None:
 
 
 def cmd_bench_matmul(args) -> int:
-    from flowgrad.exec_vulkan import matmul_bench, select_device
+    from flowgrad.bench import matmul
+    from flowgrad.exec_vulkan import select_device
 
     if args.dtype == "mixed":
         raise FlowError("bench matmul times one operand dtype: --dtype f32 or f16 (mixed runs its matmuls in f16)")
     device = select_device(args.device)
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
-    shapes = [matmul_bench.parse_shape(s) for s in args.shape] or None
-    chunks = matmul_bench.parse_chunks(args.chunks) if args.chunks is not None else None
-    rows = matmul_bench.run(device, args.dtype, shapes, matmul_bench.kernels_for(device, args.dtype, args.all, chunks))
-    print(matmul_bench.report(rows, device.info.name, args.dtype))
+    shapes = [matmul.parse_shape(s) for s in args.shape] or None
+    chunks = matmul.parse_chunks(args.chunks) if args.chunks is not None else None
+    rows = matmul.run(device, args.dtype, shapes, matmul.kernels_for(device, args.dtype, args.all, chunks))
+    print(matmul.report(rows, device.info.name, args.dtype))
     return 0
 
 

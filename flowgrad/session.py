@@ -1,5 +1,7 @@
-"""A compiled model: `Model.compile` makes a Session, which holds the params
-and the executor that carries out its plan, and steps it."""
+"""A compiled model: `compile_session` (Model.compile's, and that of the
+sessions predict and short batches make at other batch sizes) makes a
+Session, which holds the params and the executor that carries out its plan,
+and steps it."""
 from __future__ import annotations
 
 import functools
@@ -9,11 +11,67 @@ import warnings
 import attrs
 import numpy as np
 
+from flowgrad.dtypes import COMPILE_DTYPES
 from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.feeds import check_feeds, index_uses, typed_array
 from flowgrad.graph import Graph
+from flowgrad.host_memory import check_host_memory
+from flowgrad.initializers import init_params
+from flowgrad.loss_scale import LossScaler
 from flowgrad.ops.random import RNG_INPUT, rng_feed
-from flowgrad.planner import Plan
+from flowgrad.param_patterns import freeze_params
+from flowgrad.planner import Plan, make_plan
+
+
+@attrs.frozen
+class CompileOptions:
+    """How a model is compiled (Model.compile's arguments, checked). A session
+    made at another batch size is compiled with its session's."""
+    dtype: str = "f32"
+    backward: str = "auto"
+    fusion: bool = attrs.field(default=True, converter=bool)
+    freeze: object = None   # params held fixed: names, block prefixes or globs (param_patterns)
+    check_finite: bool = attrs.field(default=False, converter=bool)
+    loss_scale: LossScaler | None = None   # under "mixed", instead of GradScaler's defaults
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.dtype, str) or self.dtype not in COMPILE_DTYPES:
+            raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {self.dtype!r}")
+        if self.loss_scale is not None and (self.dtype != "mixed" or not isinstance(self.loss_scale, LossScaler)):
+            raise FlowError("loss_scale takes a flowgrad.loss_scale.LossScaler, and only with "
+                            f"dtype='mixed' (got {type(self.loss_scale).__name__} with dtype={self.dtype!r})")
+        if not isinstance(self.backward, str) or self.backward not in ("auto", "graph", "closures"):
+            raise FlowError(f"backward must be 'auto', 'graph' or 'closures', got {self.backward!r}")
+
+
+def compile_session(model: Model, device, options: CompileOptions, seed: int | None = None, params=None,
+                    scaler: LossScaler | None = None) -> Session:
+    """`model` built in the options' dtype, its params frozen as they say,
+    planned for `device` (an open Vulkan device, or None for numpy) and made
+    a Session: the one way a Session is made. seed: its params' and random
+    ops' (default: the config's). params, scaler: a session made at another
+    batch size starts from its session's params and shares its loss scaler
+    (a short batch's step moves the scale); a new one initialises its params
+    and, under "mixed", scales as the options say."""
+    graph = model.build(options.dtype)
+    if options.freeze is not None:
+        graph = freeze_params(graph, options.freeze)
+    check_host_memory(graph)
+    plan = make_plan(graph, device.info if device is not None else None, options.backward, options.dtype,
+                     fusion=options.fusion)
+    if plan.path != "graph" and options.backward == "graph":
+        raise GraphPathRefused(
+            "backward='graph' was asked for, but the planner refused the graph path:\n"
+            + "\n".join(f"  [{r.code}] {r.headline()}" for r in plan.refusals),
+            plan.refusals,
+        )
+    if seed is None:
+        seed = checked_seed(graph.config.get("seed", 0), "config seed")
+    if scaler is None and options.dtype == "mixed" and graph.loss is not None:
+        scaler = options.loss_scale or LossScaler()
+    if params is None:
+        params = init_params(graph, seed)
+    return Session(model, graph, plan, device, params, options, seed=seed, scaler=scaler)
 
 
 @attrs.frozen
@@ -40,9 +98,10 @@ class Session:
     sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
-                 seed: int = 0, scaler=None):
+                 options: CompileOptions, seed: int = 0, scaler=None):
         self._lock = threading.RLock()
         self.model = model
+        self.options = options
         self.loss_scaler = scaler   # dtype="mixed": the dynamic loss scale (None otherwise)
         self.seed = seed
         # training steps taken, for the random ops' counter (see flowgrad.ops.random)
@@ -62,7 +121,7 @@ class Session:
         # checkpoint): save_checkpoint records it
         self.optimizer = None
         self._optimizers_checked: list = []   # those whose no_decay names were checked against the params
-        self.check_finite = False
+        self.check_finite = options.check_finite
         self.steps = 0            # steps that computed gradients (anomaly messages count them)
         self._predictor = None
         self.runner = self._make_runner(params)
@@ -182,11 +241,12 @@ class Session:
         n = rows_of(self.graph, feeds)
         if n == 0:
             raise FlowError(f"feeds have no rows ({self.graph.name} steps on 1 to {b} rows)")
-        sized = self._predictor_for().session_for(n)
-        if self.plan.backward == "graph" and sized.plan.path != "graph":
-            raise GraphPathRefused(f"backward='graph' was asked for, but at a batch of {n} rows the planner "
-                                   f"refused the graph path: {sized.plan.last_path}", sized.plan.refusals)
-        return sized
+        return self._predictor_for().session_for(n)
+
+    def compiled_like(self, model: Model) -> Session:
+        """`model` (this session's at another batch size) compiled as this one
+        was, on its device, from its params, seed and loss scaler."""
+        return compile_session(model, self.device, self.options, self.seed, self.params, self.loss_scaler)
 
     def _step_on(self, sized, feeds, training: bool, kwargs: dict) -> StepResult:
         """A step of fewer rows than the batch, on `sized` (the model built at

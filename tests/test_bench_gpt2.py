@@ -8,7 +8,7 @@ import math
 import pytest
 
 from flowgrad.cli import main as cli_main
-from flowgrad.exec_vulkan import gpt2_bench
+from flowgrad.bench import gpt2 as gpt2_bench
 
 TINY = ["--set", "d=64", "heads=2", "layers=1", "seq=32", "vocab=128", "--batch", "2", "--steps", "2",
         "--warmup", "1"]

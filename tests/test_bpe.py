@@ -18,7 +18,7 @@ from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
 from flowgrad.training import bpe, checkpoint, sources
 from flowgrad.training.generate import generate, vocabulary
-from flowgrad.training.overrides import load_trained
+from flowgrad.overrides import load_trained
 from flowgrad.training.section import setup
 from flowgrad.training.text import cut_points, decode
 from tests.conftest import needs_module

@@ -134,7 +134,7 @@ def test_missing_matplotlib_is_one_warning_line(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.vulkan
 def test_bench_reports_each_phase(vk_device):
-    from flowgrad.exec_vulkan.bench import run
+    from flowgrad.bench.step import run
 
     phases = []
     r = run(device="vulkan", repeats=1, config={"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2},
@@ -150,7 +150,7 @@ def test_bench_reports_each_phase(vk_device):
 
 def test_bench_feeds_come_from_the_models_own_data_when_it_fits():
     """A model that computes indices from its float inputs cannot step on random floats."""
-    from flowgrad.exec_vulkan.bench import bench_feeds
+    from flowgrad.bench.step import bench_feeds
 
     graph = fg.load(ROOT / "models" / "mlp.flow").build()
     feeds, source = bench_feeds(graph)
@@ -164,7 +164,7 @@ def test_bench_feeds_come_from_the_models_own_data_when_it_fits():
 
 def test_random_bench_feeds_fit_every_index_op_that_reads_them():
     """Token ids below the vocabulary and class targets below the classes, in one model."""
-    from flowgrad.exec_vulkan.bench import bench_feeds
+    from flowgrad.bench.step import bench_feeds
 
     text = ("model cls\nconfig {\n  vocab = 50\n  classes = 3\n}\ninput x: i32[16, 4]\ninput y: i32[16]\n"
             "param emb: f32[vocab, classes] = normal()\nlogits = mean(embedding(x, emb), axis=1)\n"
@@ -176,7 +176,7 @@ def test_random_bench_feeds_fit_every_index_op_that_reads_them():
 
 
 def test_bench_warns_when_the_device_speed_changed_during_the_run():
-    from flowgrad.exec_vulkan.bench import report
+    from flowgrad.bench.step import report
 
     def result(first_ms, last_ms):
         path = {"seconds": first_ms / 1e3, "submits": 1, "dispatches": 9, "uploads": 3, "downloads": 3}
@@ -193,7 +193,7 @@ def test_bench_warns_when_the_device_speed_changed_during_the_run():
 def test_the_bench_times_its_contenders_in_turns():
     """Every round times each step in turn, after one untimed step, so a
     device that speeds up halfway through the run speeds up both sides."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     order = []
     steps = {name: (lambda n=name: order.append(n), lambda: None) for name in ("graph", "eager")}

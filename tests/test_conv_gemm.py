@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.lower import conv as conv_lowering
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.ops import get_op
@@ -50,13 +51,8 @@ def test_a_cooperative_matrix_build_is_matmul_coop_over_the_gathered_operands(bu
     assert '#include "conv_gemm.glsl"' in comp.read_text() and '#include "matmul_coop.glsl"' in comp.read_text()
 
 
-class Info:
-    def __init__(self, name, coop=False):
-        self.name, self.coopmat_f16 = name, coop
-
-
 def test_the_tile_is_64x64_or_cooperative_matrices_unless_forced():
-    nvidia, other = Info("NVIDIA H200", coop=True), Info("llvmpipe")
+    nvidia, other = DeviceCaps("NVIDIA H200", coopmat_f16=True), DeviceCaps("llvmpipe")
     # the register tile is 64x64 on every device, whatever the matmul table picks for the shape
     for info in (nvidia, other):
         for m, n, k, groups in [(8 * 56 * 56, 64, 576, 1), (512, 512, 512, 1), (64, 32, 72, 4)]:
@@ -97,7 +93,7 @@ def _weight_gradient(o, c, kh, kw, batch, out_hw, groups=1):
 
 
 def test_only_the_weight_gradient_splits_k_and_its_chunks_cover_k():
-    nvidia = Info("NVIDIA H200", coop=True)
+    nvidia = DeviceCaps("NVIDIA H200", coopmat_f16=True)
     coop = conv_lowering.COOP_BUILDS[conv_lowering.DEFAULT_COOP]
     target = kernels.SPLIT_TARGET["nvidia"]
     # 64 -> 64 channels, 3x3, batch 64 at 32x32: M x N = 64 x 576 (9 tiles of 64x64), K = 65536
@@ -352,9 +348,9 @@ def conv_kernels(sess) -> dict[str, dict]:
 @pytest.mark.parametrize("dtype", ["f32", "mixed"])
 def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
     import flowgrad as fg
-    from flowgrad.exec_vulkan.bench import feeds_for
+    from flowgrad.bench.step import feeds_for
 
-    from flowgrad.training.loss_scale import LossScaler
+    from flowgrad.loss_scale import LossScaler
 
     model = fg.loads(SPLIT_MODEL)
     # mixed: a loss scale the f16 gradients cannot overflow at (the first step is compared)

@@ -150,18 +150,12 @@ MLP = "flowgrad/models/mlp.flow"
 
 
 def test_plan_checks_the_binding_range_and_auto_falls_back():
-    import attrs
-
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
     from flowgrad.planner import make_plan
 
-    @attrs.frozen
-    class Small:
-        name: str = "small device"
-        type: str = "discrete"
-        memory: int = 8 << 30
-        f16: bool = True
-        max_storage_range: int = 1 << 20
-        max_groups: tuple = (65535, 65535, 65535)
+    def Small():
+        return DeviceInfo(0, "small device", "discrete", 8 << 30, True, False, max_storage_range=1 << 20,
+                          max_groups=(65535, 65535, 65535))
 
     graph = fg.load(MLP, {"hidden": 8192}).graph    # x @ w1 is 64 x 8192 f32 = 2 MiB
     plan = make_plan(graph, Small(), "auto", "f32")

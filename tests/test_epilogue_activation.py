@@ -260,7 +260,7 @@ def declining(monkeypatch):
     everywhere), so it still fuses them."""
     from flowgrad.exec_vulkan.lower import matmul_kernels
 
-    monkeypatch.setattr(matmul_kernels, "store_takes_activation", lambda info: info is None)
+    monkeypatch.setattr(matmul_kernels, "store_takes_activation", lambda caps: not caps.name)
 
 
 @pytest.mark.parametrize("size", SIZES[:2], ids=SIZE_IDS[:2])

@@ -10,7 +10,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.errors import FlowError
 from flowgrad.exec_closure import NumpyKernels
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from flowgrad.training import distributed
 from flowgrad.training.grad_buckets import GradBuckets
 

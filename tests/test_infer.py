@@ -147,7 +147,7 @@ def test_char_lm_trains_from_text_and_generate_samples_from_its_vocab(tmp_path, 
                    "--device", "cpu", "--prompt", "It was", "--tokens", "5", "--temperature", "0"])
     greedy = capsys.readouterr().out
     from flowgrad.training.generate import generate
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, _ = load_trained(MODELS / "char_lm.flow", out / "checkpoint.safetensors", device="cpu")
     assert generate(sess, vocab, "char", "It was", 5, temperature=0) + "\n" == greedy
@@ -299,3 +299,27 @@ def test_predict_in_chunks_draws_each_rows_own_noise(device, backward, request):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # the device's log and cos round otherwise
     # with no seed, the session's first predict draws alike
     np.testing.assert_allclose(sess.predict({"x": x}, outputs=["n"])["n"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_session_at_another_batch_size_is_compiled_as_the_session_was():
+    """predict, and a step on fewer rows than the batch, run on the model
+    built at their size: compiled with every option the session was given
+    (fusion, backward, dtype, freeze, check_finite, the loss scaler), not
+    with Model.compile's defaults."""
+    from flowgrad.loss_scale import LossScaler
+
+    mlp = fg.load("mlp", {"hidden": 8, "batch": 4})
+    assert mlp.compile(device="cpu").plan.fusion.groups   # the default fuses its pointwise chains
+    scaler = LossScaler(init_scale=8.0)
+    sess = mlp.compile(device="cpu", dtype="mixed", backward="closures", fusion=False, freeze="w1",
+                       check_finite=True, loss_scale=scaler)
+    x = digits_rows(3)
+    sess.predict({"x": x})
+    sized = sess._predictor.sized[3]
+    assert sized.plan.fusion.groups == []
+    assert (sized.plan.dtype, sized.plan.backward, sized.check_finite) == ("mixed", "closures", True)
+    assert sized.graph.frozen == {"w1"} and sized.loss_scaler is scaler
+    before = sess.params
+    sess.step({"x": x, "y": np.arange(3, dtype=np.int32)}, optimizer=SGD(lr=0.1))   # a short batch
+    np.testing.assert_array_equal(sess.params["w1"], before["w1"])   # frozen: no update
+    assert not np.array_equal(sess.params["w2"], before["w2"])

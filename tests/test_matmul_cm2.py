@@ -104,16 +104,8 @@ def test_every_tile_and_layout(cm2_device, layout):
 
 # ---------------------------------------------------------------- selection (no device)
 
-@attrs.frozen
-class FakeInfo:
-    name: str
-    coopmat_f16: bool = False
-    cm2_invocations: tuple = ()
-    cm2_granularity: tuple = ()
-
-
 # what the H200's driver lists
-CM2 = FakeInfo("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32, 64, 128, 256), cm2_granularity=(32, 32, 16))
+CM2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32, 64, 128, 256), cm2_granularity=(32, 32, 16))
 
 
 def test_cm2_first_then_coop_then_the_f16_tile():
@@ -128,9 +120,9 @@ def test_cm2_first_then_coop_then_the_f16_tile():
     # a caller that cannot dispatch layouts (conv) never gets it
     assert mk.choose(CM2, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP
     assert not mk.choose(CM2, "f32", 512, 512, 512, 1, tensor_loads=True).tile.coop
-    no_cm2 = FakeInfo("NVIDIA H200", coopmat_f16=True)
+    no_cm2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True)
     assert mk.choose(no_cm2, "f16", 512, 512, 512, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP
-    assert mk.choose(FakeInfo("llvmpipe"), "f16", 512, 512, 512, 1, tensor_loads=True).tile.shader == mk.F16_TILE
+    assert mk.choose(discovery.DeviceCaps("llvmpipe"), "f16", 512, 512, 512, 1, tensor_loads=True).tile.shader == mk.F16_TILE
 
 
 def test_tiles_the_driver_does_not_list_are_not_taken():
@@ -150,7 +142,7 @@ def test_forcing_cm2_where_it_cannot_run_is_an_error():
 
     with mk.forced("matmul_cm2_128x64_k64_w128"):
         with pytest.raises(DeviceError, match="does not run on llvmpipe"):
-            mk.choose(FakeInfo("llvmpipe"), "f16", 64, 64, 64, 1, tensor_loads=True)
+            mk.choose(discovery.DeviceCaps("llvmpipe"), "f16", 64, 64, 64, 1, tensor_loads=True)
         with pytest.raises(DeviceError, match="f16 GEMMs only"):
             mk.choose(CM2, "f32", 64, 64, 64, 1, tensor_loads=True)
         with pytest.raises(DeviceError, match="no operand layouts"):

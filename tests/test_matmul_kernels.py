@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from flowgrad.dtypes import dtype_of
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.lower import linalg
 from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 from flowgrad.exec_vulkan.recorder import Fill
@@ -152,7 +153,7 @@ def test_a_few_deep_batched_products_split_k_in_one_dispatch():
         return BufView(FakeBuffer(4 * int(np.prod(shape))), 0, shape, "f32")
 
     rec = Recorder(None)
-    rec.info = H200
+    rec.caps = H200
     _split_qkv_weight_gradient(rec, view((4096, 512)), view((3, 4096, 512)), view((512, 1536)), 512, 512, 4096)
     (gemm,) = [c for c in rec.commands if hasattr(c, "shader")]
     assert gemm.groups[:2] == (4, 4) and gemm.groups[2] % 3 == 0
@@ -216,17 +217,7 @@ def test_coop_kernel_when_offered(vk_device):
 
 # ---------------------------------------------------------------- selection (no device)
 
-@attrs.frozen
-class FakeInfo:
-    name: str
-    coopmat_f16: bool = False
-    coopmat_khr_f16: bool = False
-    coopmat_khr_sizes: tuple = ()
-    subgroup_size: int = 32
-    shared_memory: int = 49152
-
-
-H200 = FakeInfo("NVIDIA H200")
+H200 = DeviceCaps("NVIDIA H200")
 
 
 @pytest.mark.parametrize("m,n,k,nz,klass", [
@@ -239,7 +230,7 @@ def test_shape_classes_pick_the_table_tile(m, n, k, nz, klass):
     choice = mk.choose(H200, "f32", m, n, k, nz)
     assert mk.shape_class(m, n, k, nz) == klass == choice.klass
     assert choice.tile.shader == mk.TABLES["nvidia"][klass]
-    default = mk.choose(FakeInfo("llvmpipe (LLVM 15)"), "f32", m, n, k, nz)
+    default = mk.choose(DeviceCaps("llvmpipe (LLVM 15)"), "f32", m, n, k, nz)
     assert default.tile.shader == mk.TABLES["default"][klass]
 
 
@@ -250,7 +241,7 @@ def test_a_read_along_k_picks_its_own_table_tile(m, n, k, klass):
     assert mk.choose(H200, "f32", m, n, k, 1, a_kfast=True).tile.shader == want
     assert mk.choose(H200, "f32", m, n, k, 1).tile.shader == mk.TABLES["nvidia"][klass]
     assert mk.choose(H200, "f32", m, n, k, 3, a_kfast=True).tile.shader == mk.TABLES["nvidia"][klass]
-    assert mk.choose(FakeInfo("llvmpipe (LLVM 15)"), "f32", m, n, k, 1, a_kfast=True).tile.shader == \
+    assert mk.choose(DeviceCaps("llvmpipe (LLVM 15)"), "f32", m, n, k, 1, a_kfast=True).tile.shader == \
         mk.TABLES["default"][klass]
 
 
@@ -288,21 +279,21 @@ def test_f16_without_cooperative_matrices_uses_the_f16_tile():
 
 
 def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
-    coop = FakeInfo("NVIDIA H200", coopmat_f16=True)
+    coop = DeviceCaps("NVIDIA H200", coopmat_f16=True)
     assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP
     assert mk.choose(coop, "f32", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
     assert mk.choose(coop, "f16", 512, 500, 512, 1, coop_aligned=True).tile is not mk.COOP
     assert mk.choose(coop, "f16", 512, 512, 512, 1, coop_aligned=False).tile is not mk.COOP
     assert mk.choose(H200, "f16", 512, 512, 512, 1, coop_aligned=True).tile is not mk.COOP
     # the KHR extension's build where the device has it; convolutions keep their NV builds
-    khr = FakeInfo("AMD Radeon", coopmat_khr_f16=True)
+    khr = DeviceCaps("AMD Radeon", coopmat_khr_f16=True)
     assert mk.choose(khr, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.choose(attrs.evolve(khr, coopmat_f16=True), "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.coop_ok(khr, "f16", 512, 512, 512, True) and not mk.coop_ok(khr, "f16", 512, 512, 512, True, khr=False)
     assert mk.coop_builds(attrs.evolve(khr, coopmat_f16=True)) == [mk.COOP, mk.COOP_KHR]
     # 8x8x8 products only (Mesa 26's lavapipe): the 8x8x8 build runs there (where its subgroups are 8 wide
     # and it fits), for tests and benches to force; the default stays the f16-storage tile
-    lvp = FakeInfo("llvmpipe (LLVM 19)", coopmat_khr_sizes=(8,), subgroup_size=8, shared_memory=32768)
+    lvp = DeviceCaps("llvmpipe (LLVM 19)", coopmat_khr_sizes=(8,), subgroup_size=8, shared_memory=32768)
     assert mk.coop_builds(lvp) == [mk.COOP_FR8]
     assert mk.choose(lvp, "f16", 512, 512, 512, 1, coop_aligned=True).tile.shader == mk.F16_TILE
     assert mk.coop_builds(attrs.evolve(lvp, subgroup_size=16)) == mk.coop_builds(attrs.evolve(lvp, shared_memory=16384)) == []
@@ -310,7 +301,7 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
 
 def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
     from flowgrad.cli import main
-    from flowgrad.exec_vulkan import matmul_bench
+    from flowgrad.bench import matmul as matmul_bench
 
     monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)   # one product per submit: lavapipe is slow
     monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
@@ -325,7 +316,7 @@ def test_bench_matmul_cli(vk_device, capsys, monkeypatch):
 
 def test_bench_matmul_chunks(vk_device, capsys, monkeypatch):
     from flowgrad.cli import main
-    from flowgrad.exec_vulkan import matmul_bench
+    from flowgrad.bench import matmul as matmul_bench
 
     monkeypatch.setattr(matmul_bench, "FLOP_PER_SUBMIT", 1.0)
     monkeypatch.setattr(matmul_bench, "torch_tflops", lambda dtype, shape: None)
@@ -342,7 +333,7 @@ def test_bench_matmul_chunks(vk_device, capsys, monkeypatch):
 
 def test_bench_matmul_shape_errors():
     from flowgrad.errors import FlowError
-    from flowgrad.exec_vulkan.matmul_bench import parse_shape
+    from flowgrad.bench.matmul import parse_shape
 
     assert parse_shape("4,5,6,tn") == (4, 5, 6, "tn") and parse_shape("4, 5, 6") == (4, 5, 6, "nn")
     for bad in ("1,2", "a,b,c", "0,4,4", "4,4,4,xx"):

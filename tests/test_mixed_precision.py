@@ -12,7 +12,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.training import checkpoint
-from flowgrad.training.loss_scale import LossScaler
+from flowgrad.loss_scale import LossScaler
 from flowgrad.training.optim import SGD, Adam, AdamW
 from flowgrad.update_counts import Counts
 from conftest import needs_module
@@ -269,7 +269,7 @@ def test_a_checkpoint_keeps_the_loss_scale(tmp_path):
 
 def test_the_bench_twin_runs_the_f32_model_under_autocast():
     torch = needs_module("torch")   # the optional extra flowgrad[torch]
-    from flowgrad.exec_vulkan.bench import feeds_for, in_turns, torch_step
+    from flowgrad.bench.step import feeds_for, in_turns, torch_step
     from flowgrad.torch_twin import TorchTwin
 
     model = gpt()
@@ -284,7 +284,7 @@ def test_the_bench_twin_runs_the_f32_model_under_autocast():
 
 
 def test_the_bench_report_puts_the_amp_rows_beside_f32_eager():
-    from flowgrad.exec_vulkan.bench import report
+    from flowgrad.bench.step import report
 
     path = {"seconds": 0.024, "submits": 1, "dispatches": 565, "uploads": 3, "downloads": 69}
     r = {"model": "tiny_gpt", "config": {"d": 512}, "device": "GPU", "dtype": "mixed", "graph": path,

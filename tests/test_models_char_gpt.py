@@ -13,7 +13,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from flowgrad.training import sources
 from flowgrad.training.metrics import Metric
 from flowgrad.training.optim import SGD
@@ -108,7 +108,7 @@ def test_the_full_run_reaches_its_perplexity_and_samples_words(tmp_path):
     print(f"\nchar_gpt: {res.steps} steps in {res.seconds:.1f} s, test perplexity {res.metrics['perplexity']:.3f}")
     assert res.metrics["perplexity"] < 6.2
     from flowgrad.training.generate import generate
-    from flowgrad.training.overrides import load_trained
+    from flowgrad.overrides import load_trained
 
     sess, _ = load_trained(MODEL, tmp_path / "best.safetensors", device="cpu")
     vocab = sorted(set(TEXT.read_text()))

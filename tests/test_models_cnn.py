@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from flowgrad.training.optim import SGD, Adam
 
 MODEL = Path(__file__).resolve().parent.parent / "models" / "cnn.flow"
@@ -46,7 +46,7 @@ def test_takes_the_graph_path_and_matches_numpy(vk_device):
 def test_mixed_runs_its_convolutions_in_f16_on_the_graph_path(vk_device):
     """dtype="mixed": every convolution computes in f16, on cooperative matrices
     where the device has them, else on the f16 register tile; graph and closures agree."""
-    from flowgrad.training.loss_scale import LossScaler
+    from flowgrad.loss_scale import LossScaler
 
     model = fg.load(MODEL, config={"batch": 64})
     kw = {"dtype": "mixed", "loss_scale": LossScaler(init_scale=64.0)}   # no overflow in the compared step

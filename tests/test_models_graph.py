@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flowgrad as fg
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 

@@ -35,6 +35,49 @@ def test_library_modules_never_import_the_cli():
     assert [str(p.relative_to(PACKAGE)) for p in modules if "flowgrad.cli" in imported_modules(p)] == []
 
 
+# From the top down: a module imports only what stands in a layer below its own
+# (and its own package). Training runs through the API as a user does; the API
+# compiles sessions; a session runs what training is made of (optimizers,
+# checkpoints, inference at other batch sizes) and the plan; the executor
+# knows none of them.
+LAYERS = [
+    ("flowgrad.bench", "flowgrad.trainer", "flowgrad.overrides"),
+    ("flowgrad.api",),
+    ("flowgrad.session",),
+    ("flowgrad.training", "flowgrad.planner"),
+    ("flowgrad.exec_vulkan",),
+]
+
+
+def unit_of(module: str) -> tuple[int, str] | None:
+    """(layer, package or module) that a dotted module name belongs to, or None."""
+    for depth, units in enumerate(LAYERS):
+        for unit in units:
+            if module == unit or module.startswith(unit + "."):
+                return depth, unit
+    return None
+
+
+def test_no_layer_imports_one_above_it_or_beside_it():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        dotted = ".".join(("flowgrad",) + path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        own = unit_of(dotted)
+        if own is None:
+            continue
+        for name in imported_modules(path):
+            other = unit_of(name)
+            if other is not None and other[1] != own[1] and other[0] <= own[0]:
+                upward.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert sorted(set(upward)) == []
+
+
+def test_the_layer_check_sees_an_import_that_runs_up():
+    assert unit_of("flowgrad.exec_vulkan.lower.conv") == (4, "flowgrad.exec_vulkan")
+    assert unit_of("flowgrad.training.infer")[0] > unit_of("flowgrad.session")[0] > unit_of("flowgrad.api")[0]
+    assert unit_of("flowgrad.apis") is None and unit_of("flowgrad.graph") is None
+
+
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def g():\n    from flowgrad.cli import parse_sets\n")

@@ -383,7 +383,7 @@ minimize loss
 @pytest.mark.vulkan
 def test_a_model_of_these_layers_takes_the_graph_path_and_matches_numpy(vk_device):
     import flowgrad as fg
-    from flowgrad.exec_vulkan.bench import feeds_for
+    from flowgrad.bench.step import feeds_for
 
     model = fg.loads(CNN_LAYERS)
     sess = model.compile(device="vulkan")

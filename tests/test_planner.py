@@ -4,22 +4,18 @@ These need no device: the planner decides from op records, dtypes and a
 DeviceInfo, so a stand-in DeviceInfo says "there is a Vulkan device"."""
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import pytest
 
 import flowgrad as fg
+from flowgrad.exec_vulkan.discovery import DeviceInfo
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.planner import make_plan
 from tests import vk_test_ops
 
 
-@attrs.frozen
-class FakeDevice:
-    name: str = "test device"
-    type: str = "discrete"
-    memory: int = 8 << 30
-    f16: bool = True
+def FakeDevice(memory: int = 8 << 30, f16: bool = True) -> DeviceInfo:
+    return DeviceInfo(0, "test device", "discrete", memory, f16, coopmat=False)
 
 
 ATTN = """

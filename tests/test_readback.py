@@ -17,7 +17,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.exec_vulkan import program, readback, submit
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from flowgrad.exec_vulkan.recorder import Copy, Signal, depends, touched
 from flowgrad.training.optim import Adam
 

@@ -123,7 +123,7 @@ def test_feed_writer_converts_as_it_copies_and_names_a_wrong_shape():
 
 
 def test_bench_reports_host_time_outside_the_fence_waits(vk_device, spin_env):
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     spin_env(None)
     r = bench.run("mlp", repeats=3, config=CONFIG)

@@ -10,7 +10,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.bench import feeds_for
+from flowgrad.bench.step import feeds_for
 from conftest import needs_module
 
 torch = needs_module("torch")
@@ -140,7 +140,7 @@ def test_an_op_without_a_twin_is_a_flow_error():
 
 def test_bench_refuses_a_model_without_a_twin_before_timing(tmp_path, monkeypatch):
     """It timed both paths for minutes, then found the op it could not compare."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     fg.register_op("py_third", shape=lambda s: s, forward=lambda x: x / 3, vjp=lambda g, out, x: (g / 3,),
                    replace=True)
@@ -156,7 +156,7 @@ def test_bench_refuses_a_model_without_a_twin_before_timing(tmp_path, monkeypatc
 
 def test_bench_compare_without_cuda_is_refused_before_timing(monkeypatch):
     """It timed for minutes, printed "PyTorch: skipped" and exited 0."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     def timed(*args, **kw):
         raise AssertionError("timed without a GPU to compare on")
@@ -172,7 +172,7 @@ def test_bench_compare_without_cuda_is_refused_before_timing(monkeypatch):
                                           ("tiny_gpt", {"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2})])
 def test_bench_compare_checks_and_times_the_twin_at_each_dtype(stem, config, dtype, cpu_for_cuda):
     """An f16 model's float feeds reach the twin as f16 (as flowgrad's step takes them)."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     path = next(p for p in MODELS if p.stem == stem)
     sess = fg.load(path, config=config).compile(device="cpu", dtype=dtype)
@@ -202,7 +202,7 @@ def test_bench_compare_checks_randn_like_with_flowgrads_noise_and_times_torchs(d
     """randn_like samples in the eval step the check runs: the twin is checked
     on flowgrad's draws of that step (mixed numbers its nodes, and so its
     default streams, apart from the f32 twin's), and timed on torch's."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     sess = fg.loads(VAE).compile(device="cpu", dtype=dtype, seed=5)
     feeds, _ = bench.bench_feeds(sess.graph)
@@ -239,7 +239,7 @@ def test_bench_compare_checks_an_f16_loss_at_f16_precision(vk_device, cpu_for_cu
     """The graph path's f16 loss and torch's round in different places: one
     f16 ulp (1e-3 relative) apart is agreement, not a twin that computes
     something else."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
 
     path = next(p for p in MODELS if p.stem == "tiny_gpt")
     sess = fg.load(path, config={"d": 16, "seq": 8, "heads": 2, "layers": 1, "batch": 2}).compile(
@@ -255,7 +255,7 @@ def test_bench_compare_checks_an_f16_loss_at_f16_precision(vk_device, cpu_for_cu
 @pytest.fixture
 def cpu_for_cuda(monkeypatch):
     """compare_torch wants CUDA; CPU torch stands in for it (eager for torch.compile)."""
-    from flowgrad.exec_vulkan import bench
+    from flowgrad.bench import step as bench
     import flowgrad.torch_twin as twin_module
 
     class CPUTwin(TorchTwin):

@@ -11,7 +11,7 @@ import pytest
 
 import flowgrad as fg
 from flowgrad.training import checkpoint
-from flowgrad.training.loop import TrainInterrupted
+from flowgrad.trainer import TrainInterrupted
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 

@@ -19,7 +19,7 @@ import flowgrad as fg
 from flowgrad.training import checkpoint
 from flowgrad.cli import main as cli_main
 from flowgrad.errors import FlowError
-from flowgrad.training.loop import TrainInterrupted
+from flowgrad.trainer import TrainInterrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -76,7 +76,7 @@ def installed(tmp_path_factory) -> Installed:
 def test_installed_wheel_parses_a_model_and_finds_its_own_models(installed):
     probe = installed.run(
         "-c", "import flowgrad as fg, flowgrad.dsl as d; from flowgrad.api import model_file; "
-        "from flowgrad.exec_vulkan import bench; print(fg.__file__); print(d.grammar_path());"
+        "from flowgrad.bench import step as bench; print(fg.__file__); print(d.grammar_path());"
         "print(d.parse(open(d.grammar_path()).read() and 'model m\\n', 'm.flow').stmts[0].name.id); "
         "print(model_file(bench.MODEL)); print(fg.load('mlp').graph.file)")
     assert probe.returncode == 0, probe.stderr

@@ -146,7 +146,7 @@ class ClosureSession:
         self.params = {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
         self.counts = Counts()
-        self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
+        self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"
         self._updated_names = None
 
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):

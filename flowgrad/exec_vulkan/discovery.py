@@ -46,6 +46,35 @@ class DeviceInfo:
         return f"{self.name} ({self.type})"
 
 
+@attrs.frozen
+class DeviceCaps:
+    """What lowerings pick kernels by: the device's name (its kernel tables'
+    family), its storage-buffer bindings and its cooperative-matrix products,
+    as DeviceInfo names them. A dry run without a device has the defaults: no
+    name, the default tables, no cooperative matrices, no binding limit."""
+    name: str = ""
+    storage_buffers: int = 0
+    coopmat_f16: bool = False
+    coopmat_khr_f16: bool = False
+    cm2_invocations: tuple = ()
+    cm2_granularity: tuple = ()
+    coopmat_khr_sizes: tuple = ()
+    subgroup_size: int = 0
+    subgroup_shuffle: bool = False
+    shared_memory: int = 0
+
+    @classmethod
+    def of(cls, info: DeviceInfo | None) -> DeviceCaps:
+        """The capabilities `info` lists; the defaults for None."""
+        if info is None:
+            return cls()
+        return cls(**{f.name: getattr(info, f.name) for f in attrs.fields(cls)})
+
+    @property
+    def described(self) -> str:
+        return self.name or "this device"
+
+
 def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 

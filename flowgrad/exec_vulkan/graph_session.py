@@ -43,7 +43,7 @@ class GraphSession:
         # the plan's graph with its fused chains: what the steps run (same ids, params and outputs)
         self.graph = plan.exec_graph if plan is not None else graph
         self.plan, self.device = plan, device
-        self.scaler = scaler   # a training.loss_scale.LossScaler under dtype="mixed"
+        self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"
         self.programs: dict[tuple, StepProgram] = {}
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`

@@ -21,8 +21,7 @@ def fits(rec, bindings: int) -> bool:
     """Whether this recorder's device binds `bindings` storage buffers in one
     shader (a dry run without a device assumes it does: every desktop GPU
     and lavapipe take 32)."""
-    info = getattr(rec, "info", None)
-    limit = getattr(info, "storage_buffers", 0) if info is not None else 0
+    limit = rec.caps.storage_buffers
     return not limit or bindings <= limit
 
 

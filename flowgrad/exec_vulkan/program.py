@@ -443,7 +443,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
             record(rec, params, grads_views, state, layout.hyper, layout.found)
     # the kernels the plan's device runs: a tile table, a split-K count or an activation the
     # GEMM's store declines (NVIDIA) changes how many dispatches a step takes
-    rec = Recorder(None, info=getattr(plan, "device", None))
+    rec = Recorder(None, info=plan.device if plan is not None else None)
     record_step(rec, graph, mem, layout.view, layout.io, opt_record, layout.record_unscale if scaled else None)
     counts = {"forward": 0, "backward": 0, "optimizer": 0, "transfers_in": 0, "transfers_out": 0,
               "fills": 0, "copies": 0}

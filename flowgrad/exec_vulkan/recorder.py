@@ -21,6 +21,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.exec_vulkan.buffers import BufView, LateBuffer
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.index_checks import IndexChecks
 from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
@@ -112,7 +113,7 @@ class Recorder:
 
     def __init__(self, device=None, arena: Arena | None = None, info=None):
         self.device = device
-        self.info = device.info if device is not None else info
+        self.caps = DeviceCaps.of(device.info if device is not None else info)   # what lowerings pick kernels by
         self.align = device.min_align if device is not None else ALIGN
         self.max_groups = device.max_groups if device is not None else DRY_MAX_GROUPS
         self.commands: list = []

@@ -131,8 +131,8 @@ class DryLimits:
 
         self.info = info
         self.min_align = ALIGN
-        self.max_groups = tuple(getattr(info, "max_groups", ()) or DRY_MAX_GROUPS)
-        self.max_storage_range = getattr(info, "max_storage_range", 0) or None
+        self.max_groups = tuple(info.max_groups or DRY_MAX_GROUPS)
+        self.max_storage_range = info.max_storage_range or None
 
 
 def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,

@@ -1,5 +1,5 @@
 """Inference: `sess.predict(feeds)` (loading a trained model for `flowgrad
-run`, `generate` and `export` is training/overrides.load_trained).
+run`, `generate` and `export` is overrides.load_trained).
 
 Any batch size: a model's batch dimension is a config key (`batch`), so a
 feed of another size runs on the model rebuilt with that key set to the
@@ -133,16 +133,9 @@ class Predictor:
         if n == batch_size(sess.graph):
             return sess
         if n not in self.sized:
-            from flowgrad.planner import make_plan
-
             if self._key is None:
                 self._key = batch_key(sess.model, sess.graph, sess.plan.dtype)
-            model = sess.model.with_config(**{self._key: n})
-            graph = model.build(sess.plan.dtype)
-            dev = sess.device
-            plan = make_plan(graph, dev.info if dev is not None else None, sess.plan.backward, sess.plan.dtype)
-            # the session's own class: this module sits below the one that defines it
-            self.sized[n] = type(sess)(model, graph, plan, dev, sess.params, seed=sess.seed, scaler=sess.loss_scaler)
+            self.sized[n] = sess.compiled_like(sess.model.with_config(**{self._key: n}))
         return self.sized[n]
 
     def __call__(self, feeds: dict[str, np.ndarray], outputs=None, noise=None) -> dict[str, np.ndarray]:

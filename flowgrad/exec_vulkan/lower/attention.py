@@ -22,6 +22,7 @@ import contextvars
 import math
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
     COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
     shader_builds, shared_bytes)
@@ -50,17 +51,17 @@ def forced_coop(on: bool):
         _COOP.reset(token)
 
 
-def coop_build(info, dh: int) -> tuple[int, int, int] | None:
+def coop_build(caps: DeviceCaps, dh: int) -> tuple[int, int, int] | None:
     """(FR, SG, MAXD) of the cooperative-matrix build an f16 attention of head
     width dh takes on this device, or None: the device offers FR x FR x FR f16
     products with subgroups of SG, subgroup shuffles, and the shared memory."""
-    if info is None or not getattr(info, "subgroup_shuffle", False):
+    if not caps.subgroup_shuffle:
         return None
     for (fr, sg), bounds in COOP_TILES.items():
-        if fr not in getattr(info, "coopmat_khr_sizes", ()) or sg != getattr(info, "subgroup_size", 0):
+        if fr not in caps.coopmat_khr_sizes or sg != caps.subgroup_size:
             continue
         maxd = next((m for m in sorted(bounds) if dh <= m), None)
-        if maxd is not None and all(coop_shared_bytes(kernel, maxd, fr, *tiles) <= info.shared_memory
+        if maxd is not None and all(coop_shared_bytes(kernel, maxd, fr, *tiles) <= caps.shared_memory
                                     for kernel, tiles in bounds[maxd].items()):
             return fr, sg, maxd
     return None
@@ -71,10 +72,9 @@ def coop_kernels(rec, dtype: str, dh: int) -> tuple[int, int, int] | None:
     want = _COOP.get()
     if want is False or dtype != "f16":
         return None
-    build = coop_build(getattr(rec, "info", None), dh)
+    build = coop_build(rec.caps, dh)
     if want and build is None:
-        info = getattr(rec, "info", None)
-        raise DeviceError(f"no cooperative-matrix attention build runs on {getattr(info, 'name', 'this device')} "
+        raise DeviceError(f"no cooperative-matrix attention build runs on {rec.caps.described} "
                           f"for head width {dh} (it needs f16 storage, VK_KHR_cooperative_matrix with one of the "
                           f"fragment and subgroup sizes {sorted(COOP_TILES)}, and head widths up to "
                           f"{max(max(b) for b in COOP_TILES.values())})")

@@ -23,6 +23,7 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import variant
@@ -59,7 +60,7 @@ def _up(v: int, q: int) -> int:
     return -(-v // q) * q
 
 
-def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
+def conv_tile(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
     """The tile of a convolution's GEMM (m x n per group, k deep). An f16
     convolution on a device with cooperative matrices gets DEFAULT_COOP
     whatever its shape: its gathers and stores are guarded element by
@@ -73,13 +74,13 @@ def conv_tile(info, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kern
     padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
     forced = kernels.forced_shader()
     if forced is not None:
-        tile = kernels.choose(info, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
+        tile = kernels.choose(caps, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
         if tile.coop:
             return COOP_BUILDS[_COOP.get()]
         if tile.shader not in CONV_TILES:
             raise DeviceError(f"{forced} has no convolution build (the conv builds: {', '.join(CONV_TILES)})")
         return tile
-    if dtype == "f16" and kernels.coop_ok(info, dtype, *padded, True, khr=False):   # conv_coop: NV builds
+    if dtype == "f16" and kernels.coop_ok(caps, dtype, *padded, True, khr=False):   # conv_coop: NV builds
         return COOP_BUILDS[_COOP.get()]
     return kernels.TILES[CONV_TILE]
 
@@ -116,13 +117,13 @@ class ConvGemm:
                 geo["groups"], self.mode, int(has_bias), chunks, kc or self.sizes[2]]
 
 
-def _chunks(info, tile, gemm: ConvGemm) -> tuple[int, int]:
+def _chunks(caps: DeviceCaps, tile, gemm: ConvGemm) -> tuple[int, int]:
     """(split-K chunks, chunk depth) of a weight gradient; (1, K) otherwise."""
     m, cols, k = gemm.sizes
     if gemm.mode != 2:
         return 1, k
     tiles = math.ceil(m / tile.bm) * math.ceil(cols / tile.bn) * gemm.geo["groups"]
-    chunks = kernels.split_count(info, tile, tiles, k)
+    chunks = kernels.split_count(caps, tile, tiles, k)
     if chunks == 1:
         return 1, k
     step = max(16, tile.bk)     # chunks start on whole steps of the tile
@@ -136,14 +137,13 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
     m, cols, k = gemm.sizes
     if m == 0 or cols == 0:
         return
-    info = getattr(rec, "info", None)
     groups = geo["groups"]
-    tile = conv_tile(info, dst.dtype, m, cols, k, groups)
+    tile = conv_tile(rec.caps, dst.dtype, m, cols, k, groups)
     gx, gy = math.ceil(cols / tile.bn), math.ceil(m / tile.bm)
     if gx > MAX_GROUPS or gy > MAX_GROUPS:
         raise DeviceError(f"convolution of {list(image)} by {list(weight)} is too large for one dispatch "
                           f"({gy} x {gx} workgroups per group)", hint="use a smaller batch")
-    chunks, kc = _chunks(info, tile, gemm)
+    chunks, kc = _chunks(rec.caps, tile, gemm)
     out = dst if chunks == 1 else rec.scratch((chunks, weight[0], math.prod(weight[1:])), dst.dtype)
     has_bias = bias is not None
     bufs = [a, b, bias if has_bias else unused(rec, dst.dtype), out]

@@ -311,7 +311,7 @@ def _epilogue_forward(rec, node, ins, out, form):
     steps, shape = node.attrs["steps"], tuple(out.shape)
     pre = None if form.act is None else rec.keep(_pre_key(node), shape, out.dtype)
     # where the store declines the activation, the product and its adds go to h, the activation after
-    apart = pre is not None and not store_takes_activation(getattr(rec, "info", None))
+    apart = pre is not None and not store_takes_activation(rec.caps)
     dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
     act = 0 if stored.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
     epi = Epilogue(None if form.residual is None else ins[form.residual],

@@ -107,8 +107,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     nz, za, zb, zc = (kd[0], kza[0], kzb[0], kzc[0]) if kd else (1, 0, 0, 0)
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
     g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
-    info = getattr(rec, "info", None)
-    choice = kernels.choose(info, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
+    choice = kernels.choose(rec.caps, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
                             tensor_loads=g.unit_strided(), a_kfast=a.cs == 1, split_batch=nr == 1)
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")

@@ -26,6 +26,7 @@ import math
 import attrs
 
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan import matmul_cm2
 
 
@@ -132,13 +133,12 @@ def forced(shader: str | None = None, chunks: int | None = None):
         _FORCED.reset(token)
 
 
-def device_family(info) -> str:
-    name = getattr(info, "name", "") or ""
-    return "nvidia" if "NVIDIA" in name.upper() else "default"
+def device_family(caps: DeviceCaps) -> str:
+    return "nvidia" if "NVIDIA" in caps.name.upper() else "default"
 
 
-def store_takes_activation(info) -> bool:
-    return ACTIVATION_IN_STORE[device_family(info)]
+def store_takes_activation(caps: DeviceCaps) -> bool:
+    return ACTIVATION_IN_STORE[device_family(caps)]
 
 
 def shape_class(m: int, n: int, k: int, nz: int) -> str:
@@ -156,23 +156,21 @@ def coop_fits(dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
     return dtype == "f16" and aligned and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0
 
 
-def coop_ok(info, dtype: str, m: int, n: int, k: int, aligned: bool, khr: bool = True) -> bool:
+def coop_ok(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, aligned: bool, khr: bool = True) -> bool:
     """A subgroup cooperative-matrix GEMM runs this (khr=False: on the NV extension)."""
-    have = getattr(info, "coopmat_f16", False) or (khr and getattr(info, "coopmat_khr_f16", False))
+    have = caps.coopmat_f16 or (khr and caps.coopmat_khr_f16)
     return bool(have) and coop_fits(dtype, m, n, k, aligned)
 
 
-def coop_tile(info) -> Tile:
+def coop_tile(caps: DeviceCaps) -> Tile:
     """matmul_coop's build for the device: the KHR extension's where it has it."""
-    return COOP_KHR if getattr(info, "coopmat_khr_f16", False) else COOP
+    return COOP_KHR if caps.coopmat_khr_f16 else COOP
 
 
-def coop_builds(info) -> list[Tile]:
+def coop_builds(caps: DeviceCaps) -> list[Tile]:
     """Every matmul_coop build the device runs (the chosen one, and the others a test or bench may force)."""
-    fr8 = (8 in getattr(info, "coopmat_khr_sizes", ()) and getattr(info, "subgroup_size", 0) == 8
-           and getattr(info, "shared_memory", 0) >= COOP_FR8_SHARED)
-    return [t for t, have in ((COOP, getattr(info, "coopmat_f16", False)),
-                              (COOP_KHR, getattr(info, "coopmat_khr_f16", False)), (COOP_FR8, fr8)) if have]
+    fr8 = 8 in caps.coopmat_khr_sizes and caps.subgroup_size == 8 and caps.shared_memory >= COOP_FR8_SHARED
+    return [t for t, have in ((COOP, caps.coopmat_f16), (COOP_KHR, caps.coopmat_khr_f16), (COOP_FR8, fr8)) if have]
 
 
 def cm2_class(klass: str, m: int, n: int) -> str:
@@ -180,18 +178,18 @@ def cm2_class(klass: str, m: int, n: int) -> str:
     return "large" if klass == "square" and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES else klass
 
 
-def cm2_runs(info, tile: Tile) -> bool:
+def cm2_runs(caps: DeviceCaps, tile: Tile) -> bool:
     """The device takes this matmul_cm2 tile: its workgroup size is one the driver lists for
     workgroup-scope f16 products, and its sizes are multiples of the listed granularity."""
-    sizes, grain = getattr(info, "cm2_invocations", ()), getattr(info, "cm2_granularity", ())
+    sizes, grain = caps.cm2_invocations, caps.cm2_granularity
     return (tile.invocations in sizes and len(grain) == 3
             and all(d % g == 0 for d, g in zip((tile.bm, tile.bn, tile.bk), grain)))
 
 
-def _cm2_tile(info, key: str) -> Tile | None:
+def _cm2_tile(caps: DeviceCaps, key: str) -> Tile | None:
     """The class's matmul_cm2 tile, or where the device does not take it another table tile it does."""
     names = [CM2_TABLE[key]] + [t for k, t in CM2_TABLE.items() if k != key]
-    return next((CM2S[t] for t in names if cm2_runs(info, CM2S[t])), None)
+    return next((CM2S[t] for t in names if cm2_runs(caps, CM2S[t])), None)
 
 
 def _tile(shader: str) -> Tile:
@@ -201,21 +199,21 @@ def _tile(shader: str) -> Tile:
     return tile
 
 
-def _check_forced(info, tile: Tile, dtype: str, m: int, n: int, k: int, coop_aligned: bool) -> None:
+def _check_forced(caps: DeviceCaps, tile: Tile, dtype: str, m: int, n: int, k: int, coop_aligned: bool) -> None:
     if dtype == "f16" and not (tile.coop or tile.f16):
         raise DeviceError(f"{tile.shader} has no f16 build (f16 GEMMs use {F16_TILE}, matmul_coop or matmul_cm2)")
     if tile.cm2:
         if dtype != "f16":
             raise DeviceError(f"{tile.shader} takes f16 GEMMs only, not {dtype}")
-        if info is not None and not cm2_runs(info, tile):
-            raise DeviceError(f"{tile.shader} does not run on {getattr(info, 'name', 'this device')} "
+        if caps.name and not cm2_runs(caps, tile):   # a dry run without a device takes it on trust
+            raise DeviceError(f"{tile.shader} does not run on {caps.described} "
                               "(no VK_NV_cooperative_matrix2 workgroup-scope f16 products of its size)")
     elif tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
         raise DeviceError(f"{tile.shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
                           f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
 
 
-def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
+def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
            tensor_loads: bool = False, a_kfast: bool = False, split_batch: bool = False) -> Choice:
     """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K when
     nz == 1, or with split_batch (nz separate products, not a summed batch)
@@ -224,24 +222,24 @@ def choose(info, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool
     a_kfast: A's unit stride is along k."""
     shader = forced_shader()
     klass = shape_class(m, n, k, nz)
-    family = device_family(info)
-    cm2 = _cm2_tile(info, cm2_class(klass, m, n))
+    family = device_family(caps)
+    cm2 = _cm2_tile(caps, cm2_class(klass, m, n))
     if shader is not None:
         tile = _tile(shader)
         if tile.cm2 and not tensor_loads:
             raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
-        _check_forced(info, tile, dtype, m, n, k, coop_aligned)
+        _check_forced(caps, tile, dtype, m, n, k, coop_aligned)
     elif tensor_loads and dtype == "f16" and cm2 is not None:
         tile = cm2
-    elif coop_ok(info, dtype, m, n, k, coop_aligned):
-        tile = coop_tile(info)
+    elif coop_ok(caps, dtype, m, n, k, coop_aligned):
+        tile = coop_tile(caps)
     elif dtype == "f16":
         tile = TILES[F16_TILE]
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
     splits = nz == 1 or (split_batch and not tile.coop)
-    chunks = split_count(info, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
+    chunks = split_count(caps, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
     return Choice(tile, chunks, klass)
 
 
@@ -250,10 +248,10 @@ def forced_shader() -> str | None:
     return (_FORCED.get() or (None, None))[0]
 
 
-def split_count(info, tile: Tile, tiles: int, k: int) -> int:
+def split_count(caps: DeviceCaps, tile: Tile, tiles: int, k: int) -> int:
     """Split-K chunks for a grid of `tiles` output tiles, k deep: the forced
     count, else the most that keep the grid within SPLIT_TARGET (1: no split)."""
     want = (_FORCED.get() or (None, None))[1]
     if want is not None:
         return max(1, min(want, math.ceil(k / tile.bk)))
-    return max(1, min(SPLIT_TARGET[device_family(info)] // tiles, k // (CM2_MIN_CHUNK if tile.cm2 else MIN_CHUNK)))
+    return max(1, min(SPLIT_TARGET[device_family(caps)] // tiles, k // (CM2_MIN_CHUNK if tile.cm2 else MIN_CHUNK)))

@@ -26,7 +26,7 @@ TAG = "flowgrad-bench-ranks "
 def measure(model_path, device: str, repeats: int, config: dict, dtype: str = "f32") -> dict | None:
     """One rank's part (under mpiexec); rank 0 returns the medians."""
     import flowgrad as fg
-    from flowgrad.exec_vulkan.bench import feeds_for
+    from flowgrad.bench.step import feeds_for
     from flowgrad.training import distributed
     from flowgrad.training.optim import Adam
 
@@ -71,7 +71,7 @@ def run(model_path, ranks: int, device: str, repeats: int, config: dict, dtype: 
 
     rows = []
     for n in range(1, ranks + 1):
-        cmd = mpi_launch.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.training.bench_ranks",
+        cmd = mpi_launch.mpiexec_command(n) + [sys.executable, "-m", "flowgrad.bench.ranks",
                                                json.dumps([str(model_path), device, repeats, config, dtype])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_launch.rank_env(n, threads=1))
         found = [line[len(TAG):] for line in proc.stdout.splitlines() if line.startswith(TAG)]

@@ -193,12 +193,14 @@ def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tu
     """(tile shader, split chunks) to time: what the lowering picks, and with
     `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16);
     with `chunks`, each of those at each split-K chunk count instead of the lowering's."""
+    from flowgrad.exec_vulkan.discovery import DeviceCaps
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 
     kernels = [(None, None)]
     if every:
+        caps = DeviceCaps.of(device.info)
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
-        coops = [t.shader for t in mk.coop_builds(device.info)] if dtype == "f16" else []
-        cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t)) if dtype == "f16" else []
+        coops = [t.shader for t in mk.coop_builds(caps)] if dtype == "f16" else []
+        cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(caps, t)) if dtype == "f16" else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return [(shader, c) for shader, _ in kernels for c in chunks] if chunks else kernels

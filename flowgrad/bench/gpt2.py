@@ -26,7 +26,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
-from flowgrad.exec_vulkan.bench import LR, MODEL, WARMUP, bench_feeds, torch_step, warm_up
+from flowgrad.bench.step import LR, MODEL, WARMUP, bench_feeds, torch_step, warm_up
 from flowgrad.training.optim import Adam
 
 GPT2 = {"d": 768, "heads": 12, "layers": 12, "seq": 1024, "vocab": 50304, "batch": 8}
