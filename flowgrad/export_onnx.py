@@ -11,6 +11,7 @@ initializers; inputs and outputs keep their names. Opset 17, the first with
 LayerNormalization. Each flowgrad op is written as the ONNX ops below and in
 flowgrad/onnx_layers.py; an op in REFUSED, or missing from the table (an op
 registered from Python, say), is a FlowError naming the node and its line.
+A scan is first written out step by step (flowgrad/onnx_unroll.py).
 Needs the `onnx` package (`pip install 'flowgrad[onnx]'`)."""
 from __future__ import annotations
 

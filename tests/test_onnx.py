@@ -296,7 +296,8 @@ def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
 
 def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
     from flowgrad.export_onnx import CONVERTERS, REFUSED
-    from flowgrad.ops import BUILTIN, OPS
+    from flowgrad.onnx_unroll import WRITTEN_OUT
+    from flowgrad.ops import BUILTIN, OPS, scan
 
     doc = (MODELS.parent / "docs" / "training.md").read_text()
 
@@ -306,9 +307,11 @@ def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
 
     assert listed(r"Each op becomes: (.*?) The test runs") == set(CONVERTERS)
     assert listed(r"Ops that do not export, and why: (.*?)\n\n") == set(REFUSED)
-    # every built-in op that is a node of its own (clamp is clamp_min and clamp_max) is one or the other
-    nodes = {op for op in BUILTIN if OPS[op].decompose is None}
-    assert nodes <= set(CONVERTERS) | set(REFUSED) and not set(CONVERTERS) & set(REFUSED)
+    assert listed(r"Written out before conversion: (.*?)\. ") == set(WRITTEN_OUT) == scan.INTERNAL
+    # every op that is a node of its own (clamp is clamp_min and clamp_max) is in one list only
+    nodes = {op for op in BUILTIN + tuple(scan.INTERNAL) if OPS[op].decompose is None}
+    lists = set(CONVERTERS), set(REFUSED), set(WRITTEN_OUT)
+    assert nodes <= set.union(*lists) and sum(map(len, lists)) == len(set.union(*lists))
 
 
 def test_randn_like_is_refused_with_its_reason(tmp_path):
