@@ -10,8 +10,10 @@ step, and the nodes that read only the captured values (the params) are
 written once. The `unpack` nodes that read a scan's packed value are
 resolved to what they window: a y or a carry history is the steps'
 values stacked (unsqueeze + concat), the last carry is that step's node
-itself. The packed value is built (flat parts concatenated, as the scan's
-forward packs it) only where something other than an unpack reads it.
+itself (the packed value itself is read only through unpacks). An unpack
+of another value (a scan's backward reads its incoming gradient so) is a
+flat Reshape and a Slice, at a fixed batch only: its offset follows the
+batch.
 Every node left is an ordinary op, written by the existing converters; the
 exported model's sequence length is the model's own, its batch dynamic.
 The rewrite is the same for both builds the batch comparison makes, so the
@@ -58,14 +60,17 @@ class _Unroller:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.out = Graph(graph.name, graph.file, config=dict(graph.config), train=graph.train, frozen=graph.frozen)
-        self._made: dict = {}   # a _Stack or _Packed's node, made once however many read it
+        self._made: dict = {}   # a _Stack's node, made once however many read it
 
     def run(self) -> Graph:
         g, vals = self.graph, {}
         for n in g.nodes:
             origin = vals.get(n.grad_of)   # the forward node a gradient's node differentiates, where it is one
             vals[n.id] = self.node(n, [vals[i] for i in n.inputs], origin if isinstance(origin, int) else None)
-        node = lambda i: self.plain(vals[i], g.nodes[i])   # noqa: E731
+
+        def node(i):
+            return self.plain(vals[i], g.nodes[i])
+
         self.out.inputs = {k: node(i) for k, i in g.inputs.items()}
         self.out.params = {k: node(i) for k, i in g.params.items()}
         self.out.outputs = {k: node(i) for k, i in g.outputs.items()}
@@ -133,17 +138,15 @@ class _Unroller:
                         f"{offset}, which is not one of its scan's results", n.span)
 
     def plain(self, value, n) -> int:
-        """A node id for value: a _Stack or _Packed made into a node (once)."""
+        """A node id for value: a _Stack made into a node (once)."""
         if isinstance(value, int):
             return value
+        if isinstance(value, _Packed):   # the builder and a scan's grad rule read it only through unpacks
+            raise FlowError(f"cannot export {self.graph.name} to ONNX: {n.op} (node {n.label}) reads a scan's packed "
+                            "value, which is read only through unpack", n.span)
         if value not in self._made:
-            if isinstance(value, _Stack):
-                rows = [self.add(n, "unsqueeze", [r], axis=0) for r in value.rows]
-                self._made[value] = rows[0] if len(rows) == 1 else self.add(n, "concat", rows, axis=0)
-            else:
-                flat = [self.add(n, "reshape", [p], shape=[self.out.nodes[p].type.size])
-                        for p in (self.plain(p, n) for p in value.parts)]
-                self._made[value] = flat[0] if len(flat) == 1 else self.add(n, "concat", flat, axis=0)
+            rows = [self.add(n, "unsqueeze", [r], axis=0) for r in value.rows]
+            self._made[value] = rows[0] if len(rows) == 1 else self.add(n, "concat", rows, axis=0)
         return self._made[value]
 
     def add(self, n, op: str, ins, **at) -> int:

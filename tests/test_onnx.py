@@ -467,3 +467,14 @@ def test_a_scan_exports_step_by_step_with_a_dynamic_batch(tmp_path, text, revers
     runs_like_predict(sess, tmp_path / "s.onnx")
     sess.to_onnx(tmp_path / "fixed.onnx", dynamic_batch=False)
     runs_like_predict(sess, tmp_path / "fixed.onnx", rows=(3,))
+
+
+def test_the_gradient_of_a_scan_exports_at_a_fixed_batch(tmp_path):
+    """grad() through a scan is a reverse scan reading windows of its incoming
+    gradient: written out too (at the model's batch: those windows' offsets follow it)."""
+    src = ("model g\nconfig {\n  batch = 2\n}\ninput x: f32[batch, 3, 2]\ninput h0: f32[batch, 2]\n"
+           "block cell(x, h) {\n  param w: f32[2, 2] = normal(std=0.5)\n  h = tanh(x @ w + h)\n  return h, h\n}\n"
+           "ys, last = scan(cell, x, h0, axis=1)\ngx = grad(sum(ys * ys) + sum(last), x)\noutput gx\n")
+    sess = fg.loads(src, file="g.flow").compile(device="cpu")
+    sess.to_onnx(tmp_path / "g.onnx", dynamic_batch=False)
+    runs_like_predict(sess, tmp_path / "g.onnx", rows=(2,))
