@@ -11,6 +11,7 @@ initializers; inputs and outputs keep their names. Opset 17, the first with
 LayerNormalization. Each flowgrad op is written as the ONNX ops below and in
 flowgrad/onnx_layers.py; an op in REFUSED, or missing from the table (an op
 registered from Python, say), is a FlowError naming the node and its line.
+A scan is first written out step by step (flowgrad/onnx_unroll.py).
 Needs the `onnx` package (`pip install 'flowgrad[onnx]'`)."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.onnx_layers import LAYER_CONVERTERS
+from flowgrad.onnx_unroll import unrolled
 from flowgrad.onnx_writer import Writer, scaled_dims
 from flowgrad.onnx_writer import axes_of as _axes
 from flowgrad.onnx_writer import dt as _dt
@@ -306,6 +308,7 @@ def to_model(graph: Graph, params: dict[str, np.ndarray], outputs: list[str] | N
     onnx = _onnx()
     from onnx import helper
 
+    graph = unrolled(graph)   # the ids of `dims` are those of the unrolled graph (batch_dims unrolls alike)
     outputs = outputs if outputs is not None else inference_outputs(graph)
     unknown = [o for o in outputs if o not in graph.outputs]
     if unknown or not outputs:
@@ -357,9 +360,10 @@ def _const(w, node) -> str:
 
 
 def batch_dims(sess) -> dict[int, tuple] | None:
-    """Each node's axes, those that follow the batch `Scaled`: the model is
-    built again at one more row and the two graphs compared. None for a model
-    whose batch size is not a config key (it exports at its own sizes)."""
+    """Each node's axes, those that follow the batch `Scaled`, keyed by the
+    ids of the graph with its scans unrolled: the model is built again at one
+    more row and the two graphs compared. None for a model whose batch size
+    is not a config key (it exports at its own sizes)."""
     from flowgrad.training.infer import FixedBatchError, batch_key, batch_size
 
     try:
@@ -367,7 +371,8 @@ def batch_dims(sess) -> dict[int, tuple] | None:
     except FixedBatchError:
         return None
     b = batch_size(sess.graph)
-    return scaled_dims(sess.graph, sess.model.with_config(**{key: b + 1}).build(sess.plan.dtype), b)
+    probe = sess.model.with_config(**{key: b + 1}).build(sess.plan.dtype)
+    return scaled_dims(unrolled(sess.graph), unrolled(probe), b)
 
 
 def export(sess, path, outputs: list[str] | None = None, dynamic_batch: bool = True) -> list[str]:

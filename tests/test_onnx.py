@@ -296,7 +296,8 @@ def test_an_op_without_an_onnx_counterpart_is_placed_once(tmp_path):
 
 def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
     from flowgrad.export_onnx import CONVERTERS, REFUSED
-    from flowgrad.ops import BUILTIN, OPS
+    from flowgrad.onnx_unroll import WRITTEN_OUT
+    from flowgrad.ops import BUILTIN, OPS, scan
 
     doc = (MODELS.parent / "docs" / "training.md").read_text()
 
@@ -306,9 +307,11 @@ def test_the_training_doc_lists_exactly_the_ops_that_export_and_those_refused():
 
     assert listed(r"Each op becomes: (.*?) The test runs") == set(CONVERTERS)
     assert listed(r"Ops that do not export, and why: (.*?)\n\n") == set(REFUSED)
-    # every built-in op that is a node of its own (clamp is clamp_min and clamp_max) is one or the other
-    nodes = {op for op in BUILTIN if OPS[op].decompose is None}
-    assert nodes <= set(CONVERTERS) | set(REFUSED) and not set(CONVERTERS) & set(REFUSED)
+    assert listed(r"Written out before conversion: (.*?)\. ") == set(WRITTEN_OUT) == scan.INTERNAL
+    # every op that is a node of its own (clamp is clamp_min and clamp_max) is in one list only
+    nodes = {op for op in BUILTIN + tuple(scan.INTERNAL) if OPS[op].decompose is None}
+    lists = set(CONVERTERS), set(REFUSED), set(WRITTEN_OUT)
+    assert nodes <= set.union(*lists) and sum(map(len, lists)) == len(set.union(*lists))
 
 
 def test_randn_like_is_refused_with_its_reason(tmp_path):
@@ -396,3 +399,82 @@ def test_comparisons_and_where_export(tmp_path):
     for name in ("c", "w", "j"):
         assert got[name].dtype == want[name].dtype
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+SCAN_GRU = """
+model gru
+config {{ batch = 3
+  seq = 4
+  d = 3
+  hidden = 5 }}
+input x: f32[batch, seq, d]
+input h0: f32[batch, hidden]
+input t: f32[batch, seq, hidden]
+block gru(x, h) {{
+  param w_ih: f32[d, 3*hidden] = normal(std=0.5)
+  param w_hh: f32[hidden, 3*hidden] = normal(std=0.5)
+  param b_ih: f32[3*hidden] = normal(std=0.5)
+  param b_hh: f32[3*hidden] = normal(std=0.5)
+  xr, xz, xn = split(x @ w_ih + b_ih, 3, axis=-1)
+  hr, hz, hn = split(h @ w_hh + b_hh, 3, axis=-1)
+  r = sigmoid(xr + hr)
+  z = sigmoid(xz + hz)
+  n = tanh(xn + r * hn)
+  h = (1 - z) * n + z * h
+  return h, h
+}}
+ys, last = scan(gru, x, h0, axis=1, reverse={reverse})
+loss = mse_loss(ys, t)
+output ys, last
+minimize loss
+"""
+
+# time-major (axis 0; ys [seq, batch, hidden]), two carries, and w_hh * 0.5 read by no step: written once
+SCAN_LSTM = """
+model lstm
+config {{ batch = 3
+  seq = 4
+  d = 3
+  hidden = 5 }}
+input x: f32[batch, seq, d]
+input h0: f32[batch, hidden]
+block lstm(x, h, c) {{
+  param w_ih: f32[d, 4*hidden] = normal(std=0.5)
+  param w_hh: f32[hidden, 4*hidden] = normal(std=0.5)
+  param b: f32[4*hidden] = normal(std=0.5)
+  i, f, g, o = split(x @ w_ih + h @ (w_hh * 0.5) + b, 4, axis=-1)
+  c = sigmoid(f) * c + sigmoid(i) * tanh(g)
+  h = sigmoid(o) * tanh(c)
+  return h, h, c
+}}
+ys, h, c = scan(lstm, permute(x, [1, 0, 2]), [h0, full([batch, hidden], 0.1)], axis=0, reverse={reverse})
+output ys, h, c
+"""
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("text", [SCAN_GRU, SCAN_LSTM], ids=["gru", "lstm"])
+def test_a_scan_exports_step_by_step_with_a_dynamic_batch(tmp_path, text, reverse):
+    sess = fg.loads(text.format(reverse="true" if reverse else "false"), file="s.flow").compile(device="cpu")
+    names = sess.to_onnx(tmp_path / "s.onnx")
+    model = onnx.load(tmp_path / "s.onnx")
+    assert names == (["ys", "h", "c"] if "lstm" in text else ["ys", "last"])   # the loss needs the targets: left out
+    for value in model.graph.input:   # one file for any batch size
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
+    assert not {n.op_type for n in model.graph.node} & {"Scan", "Loop"}
+    if "lstm" in text:   # a value of the params alone is computed once, not at every step
+        assert sum("lstm.w_hh" in n.input for n in model.graph.node) == 1
+    runs_like_predict(sess, tmp_path / "s.onnx")
+    sess.to_onnx(tmp_path / "fixed.onnx", dynamic_batch=False)
+    runs_like_predict(sess, tmp_path / "fixed.onnx", rows=(3,))
+
+
+def test_the_gradient_of_a_scan_exports_at_a_fixed_batch(tmp_path):
+    """grad() through a scan is a reverse scan reading windows of its incoming
+    gradient: written out too (at the model's batch: those windows' offsets follow it)."""
+    src = ("model g\nconfig {\n  batch = 2\n}\ninput x: f32[batch, 3, 2]\ninput h0: f32[batch, 2]\n"
+           "block cell(x, h) {\n  param w: f32[2, 2] = normal(std=0.5)\n  h = tanh(x @ w + h)\n  return h, h\n}\n"
+           "ys, last = scan(cell, x, h0, axis=1)\ngx = grad(sum(ys * ys) + sum(last), x)\noutput gx\n")
+    sess = fg.loads(src, file="g.flow").compile(device="cpu")
+    sess.to_onnx(tmp_path / "g.onnx", dynamic_batch=False)
+    runs_like_predict(sess, tmp_path / "g.onnx", rows=(2,))
