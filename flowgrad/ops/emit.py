@@ -164,7 +164,7 @@ class NumpyEmitter(Emitter):
 _HOST_DTYPE = {"f32": np.float32, "i32": np.int32, "f64": np.float64}
 
 
-def _numpy_type(a: np.ndarray) -> TensorType:
+def _numpy_type(a: np.ndarray) -> _LooseType:
     """A numpy array's type: float64 (finite-difference checks) is named
     "f64" so that a rule's constants stay float64 beside it."""
     name = "f64" if a.dtype == np.float64 else next((k for k, t in NUMPY_DTYPE.items() if a.dtype == t), None)
