@@ -27,7 +27,7 @@ import attrs
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, TensorType
 from flowgrad.ops.registry import get_op
-from flowgrad.ops.scan import invariant, layout
+from flowgrad.ops.scan import invariant, layout, run_steps
 
 # the ops this rewrite removes: none is left for a converter
 WRITTEN_OUT = ("scan", "unpack")
@@ -97,19 +97,15 @@ class _Unroller:
         xs, carries, captured = body.split(ins)
         x_in, c_in, p_in = body.split(body.inputs)
         once = self.cell(body.graph, dict(zip(p_in, captured)), invariant(body.graph, p_in))
-        ys = [[None] * steps for _ in range(body.ys)]
-        kept = [[None] * steps for _ in range(body.carries)]
-        for i in (reversed(range(steps)) if at["reverse"] else range(steps)):
+
+        def step(i, carries):
             x_t = [self.add(n, "squeeze", [self.add(n, "slice", [x], axis=0, start=i, stop=i + 1)], axis=0)
                    for x in xs]
             vals = self.cell(body.graph, {**once, **dict(zip(x_in + c_in, x_t + carries))})
-            results = [vals[o] for o in body.outputs]
-            carries = results[body.ys:]
-            for k, y in enumerate(results[:body.ys]):
-                ys[k][i] = y
-            for j, c in enumerate(carries):
-                kept[j][i] = c
-        parts = [_Stack(tuple(y)) for y in ys] + ([_Stack(tuple(c)) for c in kept] if at["history"] else carries)
+            return [vals[o] for o in body.outputs]
+
+        ys, kept, last = run_steps(body, steps, at["reverse"], carries, step)
+        parts = [_Stack(tuple(y)) for y in ys] + ([_Stack(tuple(c)) for c in kept] if at["history"] else last)
         return _Packed(tuple(parts), tuple(layout(body, steps, at["history"])[0]))
 
     def cell(self, graph: Graph, vals: dict, only=None) -> dict:

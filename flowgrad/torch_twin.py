@@ -15,6 +15,7 @@ from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.ops.random import RNG_INPUT
 from flowgrad.ops.registry import get_op
+from flowgrad.ops.scan import run_steps
 
 
 def require_torch():
@@ -267,21 +268,18 @@ def _scan(torch, node, ins, at):
     """The cell's nodes by their own rules, step by step; the results packed as flowgrad packs them."""
     body, steps = at["body"], at["steps"]
     xs, carries, captured = body.split(ins)
-    ys, kept = [[None] * steps for _ in range(body.ys)], [[None] * steps for _ in range(body.carries)]
-    for i in (reversed(range(steps)) if at["reverse"] else range(steps)):
+
+    def step(i, carries):
         vals = dict(zip(body.inputs, [x[i] for x in xs] + carries + captured))
         for n in body.graph.nodes:
             if n.op == "const":
                 vals[n.id] = torch.tensor(np.asarray(n.attrs["value"]), device=ins[0].device)
             elif n.id not in vals:
                 vals[n.id] = rule_for(n.op)(torch, n, [vals[k] for k in n.inputs], n.attrs)
-        results = [vals[o] for o in body.outputs]
-        carries = results[body.ys:]
-        for k, y in enumerate(results[:body.ys]):
-            ys[k][i] = y
-        for j, c in enumerate(carries):
-            kept[j][i] = c
-    parts = [torch.stack(y) for y in ys] + ([torch.stack(c) for c in kept] if at["history"] else carries)
+        return [vals[o] for o in body.outputs]
+
+    ys, kept, last = run_steps(body, steps, at["reverse"], carries, step)
+    parts = [torch.stack(y) for y in ys] + ([torch.stack(c) for c in kept] if at["history"] else last)
     return torch.cat([p.reshape(-1) for p in parts])
 
 

@@ -151,24 +151,35 @@ def run_nodes(graph: Graph, vals: dict, skip=frozenset()) -> dict:
     return vals
 
 
+def run_steps(body, steps: int, reverse: bool, carries: list, step) -> tuple[list, list, list]:
+    """The cell along the sequence: step(i, carries) -> the cell's results at
+    step i (its ys, then its new carries). Returns each y's and each carry's
+    value at every step, in sequence order, and the last carries."""
+    ys = [[None] * steps for _ in range(body.ys)]
+    kept = [[None] * steps for _ in range(body.carries)]
+    for i in (reversed(range(steps)) if reverse else range(steps)):
+        results = step(i, carries)
+        carries = results[body.ys:]
+        for k, y in enumerate(results[:body.ys]):
+            ys[k][i] = y
+        for j, c in enumerate(carries):
+            kept[j][i] = c
+    return ys, kept, carries
+
+
 def _forward(ins, at):
     body, steps = at["body"], at["steps"]
     xs, carries, captured = body.split(ins)
     names = body.split(body.inputs)
     fixed = invariant(body.graph, names[2])
     once = run_nodes(body.graph, dict(zip(names[2], captured)), skip={n.id for n in body.graph.nodes} - fixed)
-    ys = [[None] * steps for _ in range(body.ys)]
-    kept = [[None] * steps for _ in range(body.carries)] if at["history"] else None
-    for i in (reversed(range(steps)) if at["reverse"] else range(steps)):
+
+    def step(i, carries):
         vals = run_nodes(body.graph, {**once, **dict(zip(names[0] + names[1], [x[i] for x in xs] + carries))})
-        results = [vals[o] for o in body.outputs]
-        carries = results[body.ys:]
-        for k, y in enumerate(results[:body.ys]):
-            ys[k][i] = y
-        if kept is not None:
-            for j, c in enumerate(carries):
-                kept[j][i] = c
-    parts = [np.stack(y) for y in ys] + ([np.stack(c) for c in kept] if kept is not None else carries)
+        return [vals[o] for o in body.outputs]
+
+    ys, kept, last = run_steps(body, steps, at["reverse"], carries, step)
+    parts = [np.stack(y) for y in ys] + ([np.stack(c) for c in kept] if at["history"] else last)
     # in the carries' and sequences' dtype: a cell's f32 constants do not widen f16 (or narrow float64) results
     like = [np.asarray(a).dtype for a in body.split(ins)[1] + xs if np.asarray(a).dtype.kind == "f"]
     packed = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
