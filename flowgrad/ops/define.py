@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import Tape, numpy_vjp
+from flowgrad.ops.emit import Tape, dtype_name, numpy_vjp
 from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
                                    register)
 
@@ -119,11 +119,8 @@ def _composition_grad(decompose, nondiff):
 
 
 def _dtype_name(value) -> str:
-    """A value's dtype name; float64 (finite-difference checks) is "f64", so
-    that a composition's constants stay float64 beside it."""
-    if isinstance(value, TensorType):
-        return value.dtype
-    return "f64" if value.dtype == np.float64 else dtype_of(value)
+    """A value's dtype name: a TensorType's, or an array's (emit.dtype_name)."""
+    return value.dtype if isinstance(value, TensorType) else dtype_name(value)
 
 
 def _const_array(array, dtype):

@@ -164,11 +164,15 @@ class NumpyEmitter(Emitter):
 _HOST_DTYPE = {"f32": np.float32, "i32": np.int32, "f64": np.float64}
 
 
-def _numpy_type(a: np.ndarray) -> _LooseType:
-    """A numpy array's type: float64 (finite-difference checks) is named
-    "f64" so that a rule's constants stay float64 beside it."""
+def dtype_name(a: np.ndarray) -> str:
+    """A numpy array's dtype name: float64 (finite-difference checks) is
+    "f64", so that constants made beside it stay float64."""
     name = "f64" if a.dtype == np.float64 else next((k for k, t in NUMPY_DTYPE.items() if a.dtype == t), None)
-    return _LooseType(a.shape, name or str(a.dtype))
+    return name or str(a.dtype)
+
+
+def _numpy_type(a: np.ndarray) -> _LooseType:
+    return _LooseType(a.shape, dtype_name(a))
 
 
 class _LooseType:
