@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def default_shaders() -> list[tuple[str, str | None]]:
     from flowgrad.exec_vulkan.lower import attention, matmul_kernels as mk
 
-    out = [(s, None) for s in sorted(mk.TILES)] + [(mk.F16_TILE, "f16")] + [(s, None) for s in sorted(mk.COOPS)]
-    out += [(mk.CM2S[s].shader_for(False, False), None) for s in sorted(mk.CM2S)]   # one layout per cm2 tile
+    out = [(s, None) for s in sorted(mk.TILES)] + [(mk.F16_TILE, "f16")]
+    # one layout per tile built for each
+    out += [(tiles[s].shader_for(False, False), None) for tiles in (mk.COOPS, mk.CM2S) for s in sorted(tiles)]
     return out + [(stem, None) for stem in sorted(attention.shader_builds())]
 
 

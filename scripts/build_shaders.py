@@ -44,13 +44,14 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     """{stem: (glsl body, {spv file name: glslc flags})} for the table-built
     shaders, read from the lowering modules that own the tile choices."""
     sys.path.insert(0, str(ROOT))
-    from flowgrad.exec_vulkan import attention_builds, matmul_cm2
+    from flowgrad.exec_vulkan import attention_builds, matmul_cm2, matmul_coop
 
     out = {}
     for stem, (body, defines) in attention_builds.shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
-    for stem, (body, defines) in {**attention_builds.coop_builds(), **matmul_cm2.builds()}.items():   # f16 only
+    for stem, (body, defines) in {**attention_builds.coop_builds(), **matmul_cm2.builds(),
+                                  **matmul_coop.builds()}.items():   # f16 only
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 

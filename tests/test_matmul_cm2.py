@@ -111,7 +111,7 @@ CM2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32,
 def test_cm2_first_then_coop_then_the_f16_tile():
     tile = mk.choose(CM2, "f16", 4096, 4096, 4096, 1, coop_aligned=True, tensor_loads=True).tile
     assert tile.cm2 and tile.shader == mk.CM2_TABLE["large"]
-    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep"),
+    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep_small"),
                            (4096, 1536, 512, "square")]:
         assert mk.choose(CM2, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
     assert mk.choose(CM2, "f16", 64, 64, 32, 8, tensor_loads=True).tile.shader == mk.CM2_TABLE["batched"]
@@ -123,6 +123,35 @@ def test_cm2_first_then_coop_then_the_f16_tile():
     no_cm2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True)
     assert mk.choose(no_cm2, "f16", 512, 512, 512, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP
     assert mk.choose(discovery.DeviceCaps("llvmpipe"), "f16", 512, 512, 512, 1, tensor_loads=True).tile.shader == mk.F16_TILE
+
+
+# what the H100's driver lists: cm2 and 16x16x16 KHR products in subgroups of 32
+H100 = attrs.evolve(CM2, name="NVIDIA H100 80GB HBM3", coopmat_khr_f16=True, coopmat_khr_sizes=(16,),
+                    subgroup_size=32, shared_memory=49152)
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (768, 3072, 8192, "deep"), (3072, 768, 8192, "deep"), (768, 2304, 8192, "deep"),
+    (768, 768, 8192, "deep_small"), (512, 2048, 4096, "deep_small"), (4096, 4096, 4096, "large")])
+def test_deep_products_of_many_tiles_take_the_large_tile(m, n, k, want):
+    assert mk.cm2_class(mk.shape_class(m, n, k, 1), m, n) == want
+    choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)
+    assert choice.tile.shader == mk.CM2_TABLE[want]
+
+
+def test_tall_outputs_of_many_tiles_take_the_two_per_sm_coop_tile():
+    # GPT-2's vocabulary projection and its weight gradient
+    for m, n, k in [(8192, 50304, 768), (768, 50304, 8192)]:
+        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP_W128
+        # not aligned for it, or no KHR products of 16: the class's cm2 tile
+        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=False, tensor_loads=True).tile.shader == \
+            mk.CM2_TABLE["tall"]
+        assert mk.choose(CM2, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile.shader == \
+            mk.CM2_TABLE["tall"]
+    # a tall output of few tiles keeps the cm2 tile
+    assert mk.choose(H100, "f16", 8192, 768, 3072, 1, coop_aligned=True, tensor_loads=True).tile.shader == \
+        mk.CM2_TABLE["tall"]
+    assert mk.COOP_W128 in mk.coop_builds(H100) and mk.COOP_W128 not in mk.coop_builds(CM2)
 
 
 def test_tiles_the_driver_does_not_list_are_not_taken():

@@ -56,7 +56,9 @@ def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0, dispatc
     shaders = [c.shader for c in commands]
     gemms = [s for s in shaders if s.startswith("matmul_")]
     if shader is not None:
-        assert gemms and set(gemms) == {shader}, shaders
+        tile = {**mk.TILES, **mk.COOPS, **mk.CM2S}[shader]
+        builds = {tile.shader_for(a, b) for a in (False, True) for b in (False, True)}
+        assert gemms and set(gemms) <= builds, shaders
     for name, x, y in zip(("out", "da", "db"), got, want):
         assert x.shape == y.shape and np.isfinite(x).all(), name
         err = np.linalg.norm(x.astype(np.float64) - y) / max(np.linalg.norm(y), 1e-30)
@@ -209,10 +211,15 @@ def test_coop_kernel_when_offered(vk_device):
     # the default f16 pick is a cooperative-matrix kernel (matmul_cm2 first where the device has it),
     # except the 8x8x8 build, which only a test or bench asks for
     default = mk.F16_TILE if builds == [mk.COOP_FR8.shader] else mk.coop_tile(info).shader
-    assert default in shaders or any(s.startswith("matmul_cm2_") for s in shaders), shaders
+    assert any(s.startswith((default, "matmul_cm2_")) for s in shaders), shaders
     for shader in builds:                 # K of 144: a last step that is part zeros
-        check(vk_device, (256, 144), (144, 272), "f16", shader=shader)
+        shaders = check(vk_device, (256, 144), (144, 272), "f16", shader=shader)
+        # forward, da = g @ b^T, db = a^T @ g: the KHR tiles' builds for each operand layout
+        layouts = ["_nn", "_nt", "_tn"] if mk.COOPS[shader].layouts else [""] * 3
+        assert [s for s in shaders if s.startswith(shader)] == [shader + lay for lay in layouts], shaders
         check(vk_device, (3, 48, 64), (3, 64, 32), "f16", shader=shader)
+        # 11 and 6 rows of tiles: the last band of GROUP_M tile rows is short
+        check(vk_device, (704, 80), (80, 144), "f16", shader=shader)
 
 
 # ---------------------------------------------------------------- selection (no device)
@@ -290,7 +297,9 @@ def test_coop_only_for_aligned_f16_on_a_device_that_has_it():
     assert mk.choose(khr, "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.choose(attrs.evolve(khr, coopmat_f16=True), "f16", 512, 512, 512, 1, coop_aligned=True).tile is mk.COOP_KHR
     assert mk.coop_ok(khr, "f16", 512, 512, 512, True) and not mk.coop_ok(khr, "f16", 512, 512, 512, True, khr=False)
-    assert mk.coop_builds(attrs.evolve(khr, coopmat_f16=True)) == [mk.COOP, mk.COOP_KHR]
+    assert mk.coop_builds(attrs.evolve(khr, coopmat_f16=True)) == [mk.COOP, mk.COOP_KHR, mk.COOP_W128]
+    # the 128-invocation tile is 2x2 subgroups of 32
+    assert mk.coop_builds(attrs.evolve(khr, subgroup_size=64)) == [mk.COOP_KHR]
     # 8x8x8 products only (Mesa 26's lavapipe): the 8x8x8 build runs there (where its subgroups are 8 wide
     # and it fits), for tests and benches to force; the default stays the f16-storage tile
     lvp = DeviceCaps("llvmpipe (LLVM 19)", coopmat_khr_sizes=(8,), subgroup_size=8, shared_memory=32768)

@@ -17,7 +17,7 @@ import numpy as np
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import PUSH_LIMIT
-from flowgrad.exec_vulkan import attention_builds, matmul_cm2
+from flowgrad.exec_vulkan import attention_builds, matmul_cm2, matmul_coop
 from flowgrad.exec_vulkan.spirv import reflect_file
 
 SCALARS = {"u32": ("I", 0, 2**32), "i32": ("i", -2**31, 2**31), "f32": ("f", None, None)}
@@ -53,9 +53,7 @@ SPECS_TEXT = {
     **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32, pza: u32, pzb: u32, pzd: u32"
        for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
     "matmul_coop": MATMUL,
-    "matmul_coop_khr": MATMUL,
-    "matmul_coop_khr_fr8": MATMUL,
-    **{name: MATMUL for name in matmul_cm2.shader_names()},
+    **{name: MATMUL for name in (*matmul_cm2.shader_names(), *matmul_coop.shader_names())},
     "norm": "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32",
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",
@@ -231,7 +229,8 @@ def problems(spv: Path, shader_dir: Path) -> list[str]:
     out = layout_problems(spec, reflect_file(spv).push, spv.name)
     source = shader_dir / f"{shader}.comp"
     if not source.exists():  # a build from a table of variants: its .glsl body
-        body = {**attention_builds.shader_builds(), **attention_builds.coop_builds(), **matmul_cm2.builds()}.get(shader)
+        body = {**attention_builds.shader_builds(), **attention_builds.coop_builds(), **matmul_cm2.builds(),
+                **matmul_coop.builds()}.get(shader)
         source = shader_dir / body[0] if body else source
     if source.exists():
         names = source_names(source) or []

@@ -41,10 +41,11 @@ class Tile:
     cm2: bool = False   # workgroup-scope cooperative matrices: one build per operand layout (matmul_cm2.py)
     invocations: int = 0
     fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
+    layouts: bool = False       # one build per operand layout (matmul_cm2.py, matmul_coop.py)
 
     def shader_for(self, a_mfast: bool, b_kfast: bool) -> str:
-        """The build to dispatch: cm2 tiles have one per operand layout."""
-        return f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.cm2 else self.shader
+        """The build to dispatch: cm2 tiles and the KHR coop tiles have one per operand layout."""
+        return f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.layouts else self.shader
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
@@ -57,25 +58,40 @@ TILES = {t.shader: t for t in (
 # f16 GEMMs that cooperative matrices cannot take (odd sizes, or no device
 # support) are rare enough that one f16-storage tile serves them all
 F16_TILE = "matmul_64x64_k16"
-COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True), Tile("matmul_coop_khr", 128, 128, 32, True),
-                                Tile("matmul_coop_khr_fr8", 64, 64, 32, True))}
+COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),
+                                Tile("matmul_coop_khr", 128, 128, 32, True, layouts=True),
+                                Tile("matmul_coop_khr_fr8", 64, 64, 32, True, layouts=True),
+                                Tile("matmul_coop_khr_w128", 128, 128, 32, True, invocations=128, layouts=True))}
 COOP = COOPS["matmul_coop"]            # on VK_NV_cooperative_matrix
 COOP_KHR = COOPS["matmul_coop_khr"]    # the same tile on VK_KHR_cooperative_matrix, where the device has it
+# 128x128 in workgroups of 128 (2x2 subgroups of 4x4 fragments), two workgroups an SM: the NVIDIA f16
+# table's tile for outputs of many tiles (COOP_MANY_TILES), on devices with VK_KHR_cooperative_matrix
+COOP_W128 = COOPS["matmul_coop_khr_w128"]
 # 8x8x8 products with subgroups of 8, the only ones Mesa 26's lavapipe offers: built so that the
 # tests run matmul_coop there, never chosen by default (lavapipe's emulated products gain nothing)
 COOP_FR8 = COOPS["matmul_coop_khr_fr8"]
 COOP_FR8_SHARED = 20480
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
-CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations)
+CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations, layouts=True)
         for name, t in matmul_cm2.TILES.items()}
 # shape class -> matmul_cm2 tile, measured on an H200 by bench/matmul_sweep.py (per class, the best
 # mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
-# 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile)
+# 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile).
+# "deep" (weight gradients, K >= 2 max(M, N)) with at least CM2_DEEP_TILES 128x256 tiles re-measured
+# at GPT-2 124M's shapes on an H100 and an H200 (bench/matmul_f16_candidates.py; 768x3072 and 3072x768
+# by 8192): 128x256 0.28-0.31 of cuBLAS against 0.19-0.21 for 64x64; smaller deep outputs ("deep_small",
+# as gpt_small's) keep the 64x64 tile, whose grid fills the device.
 CM2_TABLE = {"large": "matmul_cm2_128x256_k32_w256_u2", "square": "matmul_cm2_128x64_k64_w128",
              "tall": "matmul_cm2_128x64_k64_w128", "narrow": "matmul_cm2_128x64_k64_w128",
-             "deep": "matmul_cm2_64x64_k32_w64",
+             "deep": "matmul_cm2_128x256_k32_w256_u2", "deep_small": "matmul_cm2_64x64_k32_w64",
              "batched": "matmul_cm2_64x64_k64_w128"}
 CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
+CM2_DEEP_TILES = 48
+# A tall or narrow output of at least this many 128x128 tiles (eight waves of two workgroups on 132
+# SMs) runs COOP_W128 where the device has it and the product is aligned for it: on GPT-2's
+# vocabulary projection (8192x50304 by 768) 0.30-0.31 of cuBLAS against 0.26-0.27 for the cm2 tile,
+# on an H100 and an H200; with few tiles (8192x768) the cm2 tile stays ahead (0.33-0.37 against 0.29-0.32)
+COOP_MANY_TILES = 2048
 
 NARROW = 256            # a tall output this short on its short side is "narrow" (few 128-wide tiles)
 # device family -> shape class -> tile shader
@@ -170,12 +186,18 @@ def coop_tile(caps: DeviceCaps) -> Tile:
 def coop_builds(caps: DeviceCaps) -> list[Tile]:
     """Every matmul_coop build the device runs (the chosen one, and the others a test or bench may force)."""
     fr8 = 8 in caps.coopmat_khr_sizes and caps.subgroup_size == 8 and caps.shared_memory >= COOP_FR8_SHARED
-    return [t for t, have in ((COOP, caps.coopmat_f16), (COOP_KHR, caps.coopmat_khr_f16), (COOP_FR8, fr8)) if have]
+    w128 = caps.coopmat_khr_f16 and caps.subgroup_size in (0, 32)
+    return [t for t, have in ((COOP, caps.coopmat_f16), (COOP_KHR, caps.coopmat_khr_f16), (COOP_W128, w128),
+                              (COOP_FR8, fr8)) if have]
 
 
 def cm2_class(klass: str, m: int, n: int) -> str:
-    """matmul_cm2's table key: the shape class, with square outputs of many tiles apart."""
-    return "large" if klass == "square" and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES else klass
+    """matmul_cm2's table key: the shape class, with square outputs of many tiles and deep
+    outputs of few apart."""
+    tiles = math.ceil(m / 128) * math.ceil(n / 256)
+    if klass == "square" and tiles >= CM2_LARGE_TILES:
+        return "large"
+    return "deep_small" if klass == "deep" and tiles < CM2_DEEP_TILES else klass
 
 
 def cm2_runs(caps: DeviceCaps, tile: Tile) -> bool:
@@ -230,7 +252,9 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
             raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
         _check_forced(caps, tile, dtype, m, n, k, coop_aligned)
     elif tensor_loads and dtype == "f16" and cm2 is not None:
-        tile = cm2
+        many = klass in ("tall", "narrow") and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES
+        tile = COOP_W128 if many and COOP_W128 in coop_builds(caps) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
+            else cm2
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps)
     elif dtype == "f16":

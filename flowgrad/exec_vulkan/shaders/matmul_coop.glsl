@@ -61,6 +61,9 @@
 #define BM (WGM * FM * FR)
 #define BN (WGN * FN * FR)
 #define NT (WGM * WGN * SG)
+#ifndef GROUP_M
+#define GROUP_M 1             // tile rows that walk one band of B's columns together (main)
+#endif
 #define AV (BM * BK / 8)          // 16-byte vectors per operand tile
 #define BV (BN * BK / 8)
 #define AL ((AV + NT - 1) / NT)
@@ -79,6 +82,13 @@ layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
+// A build for one operand layout (FIXED_A_KFAST: A read along k, FIXED_B_NFAST: B read
+// along n; each 1 or 0): the driver then compiles that layout's loads alone, without the
+// branches that pick one inside the unrolled steps
+#ifdef FIXED_A_KFAST
+#define KFAST_A (FIXED_A_KFAST != 0)
+#define NFAST_B (FIXED_B_NFAST != 0)
+#endif
 
 // 8 elements along the operand's memory order from (m, k), one 16-byte vector
 // (the host checked that vectors stay inside rows and inside M, N and K)
@@ -135,6 +145,10 @@ uvec4 b_pack(uint base, uint k, uint n, uint kend) {
 #endif
 #endif
 
+#ifndef KFAST_A
+#define KFAST_A A_KFAST
+#define NFAST_B B_NFAST
+#endif
 #ifndef NBUF
 #define NBUF 2
 #endif
@@ -143,7 +157,7 @@ shared uvec4 Bs[NBUF * BSZ];
 uvec4 ra_[AL], rb_[BL];
 
 void load_a(uint base, uint m0, uint k0, uint kend) {
-    bool kfast = A_KFAST;
+    bool kfast = KFAST_A;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         uvec4 v = uvec4(0u);
@@ -158,7 +172,7 @@ void load_a(uint base, uint m0, uint k0, uint kend) {
 }
 
 void load_b(uint base, uint n0, uint k0, uint kend) {
-    bool nfast = B_NFAST;
+    bool nfast = NFAST_B;
     [[unroll]] for (uint l = 0u; l < BL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         uvec4 v = uvec4(0u);
@@ -173,7 +187,7 @@ void load_b(uint base, uint n0, uint k0, uint kend) {
 }
 
 void store_tiles(uint buf) {
-    bool kfast = A_KFAST, nfast = B_NFAST;
+    bool kfast = KFAST_A, nfast = NFAST_B;
     [[unroll]] for (uint l = 0u; l < AL; ++l) {
         uint e = gl_LocalInvocationIndex + l * NT;
         if (e >= AV) continue;
@@ -191,8 +205,19 @@ void store_tiles(uint buf) {
 void main() {
     uint warp = gl_LocalInvocationIndex / SGU;
     uint wm = warp / WGN, wn = warp % WGN;
+#if GROUP_M == 1
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    bool kfast = A_KFAST, nfast = B_NFAST;
+#else
+    // GROUP_M consecutive workgroups walk down one band of B's columns together,
+    // so that band stays in L2 while A's rows stream past
+    uint tiles_n = gl_NumWorkGroups.x, tiles_m = gl_NumWorkGroups.y;
+    uint linear = gl_WorkGroupID.y * tiles_n + gl_WorkGroupID.x;
+    uint first = linear / (uint(GROUP_M) * tiles_n) * uint(GROUP_M);
+    uint rows = min(tiles_m - first, uint(GROUP_M));
+    uint within = linear % (uint(GROUP_M) * tiles_n);
+    uint m0 = (first + within % rows) * BM, n0 = within / rows * BN;
+#endif
+    bool kfast = KFAST_A, nfast = NFAST_B;
     for (uint z = gl_WorkGroupID.z; z < GEMM_NZ; z += gl_NumWorkGroups.z) {
         FRAG_ACC acc[FM][FN];
         [[unroll]] for (uint i = 0u; i < FM; ++i)

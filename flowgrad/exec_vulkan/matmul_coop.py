@@ -1,0 +1,37 @@
+"""The VK_KHR_cooperative_matrix builds of the subgroup-scope cooperative-matrix
+GEMM (matmul_coop.glsl, through matmul_coop_khr.glsl): one SPIR-V per tile and operand layout, named
+<tile>_<a><b> as matmul_cm2's are (`a` is t when A is read along m, `b` is t
+when B is read along k), so that the driver compiles each layout's loads
+alone. (matmul_coop.comp, on the NV extension, reads the layout at run time.)
+Plain data: the shader build, the push-constant specs and the kernel choice
+all read it."""
+from __future__ import annotations
+
+BODY = "matmul_coop_khr.glsl"
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+# tile -> its defines (matmul_coop.glsl: WGM x WGN subgroups of FM x FN fragments, BK deep per
+# step; GROUP_M tile rows walk one band of B's columns together)
+TILES = {
+    # 128x128, 2x4 subgroups of 4x2 fragments (matmul_coop.comp's tile)
+    "matmul_coop_khr": {"WGM": 2, "WGN": 4, "FM": 4, "FN": 2, "BK": 32, "GROUP_M": 8},
+    # 128x128 in workgroups of 128, 2x2 subgroups of 4x4 fragments: at most 255 registers,
+    # so two workgroups share an SM (NVIDIA)
+    "matmul_coop_khr_w128": {"WGM": 2, "WGN": 2, "FM": 4, "FN": 4, "BK": 32, "GROUP_M": 8},
+    # 8x8x8 products in subgroups of 8, the only ones Mesa 26's lavapipe offers: a 64x64 tile,
+    # 2x2 subgroups of 4x4 fragments, for the tests
+    "matmul_coop_khr_fr8": {"FR": 8, "SG": 8, "WGM": 2, "WGN": 2, "FM": 4, "FN": 4, "BK": 32, "GROUP_M": 8},
+}
+
+
+def defines(tile: str, layout: str) -> dict[str, int]:
+    return {**TILES[tile], "FIXED_A_KFAST": int(layout[0] == "n"), "FIXED_B_NFAST": int(layout[1] == "n")}
+
+
+def builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} for scripts/build_shaders.py."""
+    return {f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS}
+
+
+def shader_names() -> list[str]:
+    return sorted(builds())
