@@ -111,7 +111,7 @@ CM2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32,
 def test_cm2_first_then_coop_then_the_f16_tile():
     tile = mk.choose(CM2, "f16", 4096, 4096, 4096, 1, coop_aligned=True, tensor_loads=True).tile
     assert tile.cm2 and tile.shader == mk.CM2_TABLE["large"]
-    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep_small"),
+    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep"),
                            (4096, 1536, 512, "square")]:
         assert mk.choose(CM2, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
     assert mk.choose(CM2, "f16", 64, 64, 32, 8, tensor_loads=True).tile.shader == mk.CM2_TABLE["batched"]
@@ -131,10 +131,11 @@ H100 = attrs.evolve(CM2, name="NVIDIA H100 80GB HBM3", coopmat_khr_f16=True, coo
 
 
 @pytest.mark.parametrize("m,n,k,want", [
-    (768, 3072, 8192, "deep"), (3072, 768, 8192, "deep"), (768, 2304, 8192, "deep"),
-    (768, 768, 8192, "deep_small"), (512, 2048, 4096, "deep_small"), (4096, 4096, 4096, "large")])
-def test_deep_products_of_many_tiles_take_the_large_tile(m, n, k, want):
-    assert mk.cm2_class(mk.shape_class(m, n, k, 1), m, n) == want
+    (768, 3072, 8192, "deep_long"), (3072, 768, 8192, "deep_long"), (768, 768, 8192, "deep_long"),
+    (8192, 768, 50304, "deep_long"), (512, 2048, 4096, "deep"), (512, 256, 4096, "deep"),
+    (4096, 4096, 4096, "large")])
+def test_the_longest_deep_products_take_their_own_tile(m, n, k, want):
+    assert mk.cm2_class(mk.shape_class(m, n, k, 1), m, n, k) == want
     choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)
     assert choice.tile.shader == mk.CM2_TABLE[want]
 

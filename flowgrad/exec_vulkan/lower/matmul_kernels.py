@@ -13,10 +13,12 @@ unbatched GEMM whose output has too few tiles to fill the device.
 f16 operands run on cooperative matrices where the device has them: first
 choice `matmul_cm2` (VK_NV_cooperative_matrix2: workgroup-scope matrices with
 tensor-addressed loads, any sizes and strides; the tile per shape class from
-CM2_TABLE), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
-VK_KHR_cooperative_matrix as matmul_coop_khr, and for the NV extension that
-preceded it), when its alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8
-(8x8x8 products) is for tests and benches to force where only those are offered."""
+CM2_TABLE, but tall outputs of many tiles run COOP_W128 where they are aligned
+for it), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
+VK_KHR_cooperative_matrix as matmul_coop_khr, one build per operand layout
+(matmul_coop.py), and for the NV extension that preceded it), when its
+alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8 (8x8x8 products) is
+for tests and benches to force where only those are offered."""
 from __future__ import annotations
 
 import contextlib
@@ -77,16 +79,16 @@ CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.in
 # shape class -> matmul_cm2 tile, measured on an H200 by bench/matmul_sweep.py (per class, the best
 # mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
 # 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile).
-# "deep" (weight gradients, K >= 2 max(M, N)) with at least CM2_DEEP_TILES 128x256 tiles re-measured
-# at GPT-2 124M's shapes on an H100 and an H200 (bench/matmul_f16_candidates.py; 768x3072 and 3072x768
-# by 8192): 128x256 0.28-0.31 of cuBLAS against 0.19-0.21 for 64x64; smaller deep outputs ("deep_small",
-# as gpt_small's) keep the 64x64 tile, whose grid fills the device.
+# "deep_long": deep products CM2_LONG_K or more deep, GPT-2 124M's weight gradients at 8192 tokens and
+# its vocabulary's da; on an H100 (bench/matmul_f16_candidates.py, one process) 128x64 ran all five
+# at 1.2-2.2x the 64x64 tile (768x768 by 8192: 125 TFLOP/s against 86; 8192x768 by 50304: 216 against
+# 99), where gpt_small's (4096 deep) ran 64x64 best on the H200 (0.40 of cuBLAS against 0.33).
 CM2_TABLE = {"large": "matmul_cm2_128x256_k32_w256_u2", "square": "matmul_cm2_128x64_k64_w128",
              "tall": "matmul_cm2_128x64_k64_w128", "narrow": "matmul_cm2_128x64_k64_w128",
-             "deep": "matmul_cm2_128x256_k32_w256_u2", "deep_small": "matmul_cm2_64x64_k32_w64",
+             "deep": "matmul_cm2_64x64_k32_w64", "deep_long": "matmul_cm2_128x64_k64_w128",
              "batched": "matmul_cm2_64x64_k64_w128"}
 CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
-CM2_DEEP_TILES = 48
+CM2_LONG_K = 8192
 # A tall or narrow output of at least this many 128x128 tiles (eight waves of two workgroups on 132
 # SMs) runs COOP_W128 where the device has it and the product is aligned for it: on GPT-2's
 # vocabulary projection (8192x50304 by 768) 0.30-0.31 of cuBLAS against 0.26-0.27 for the cm2 tile,
@@ -191,13 +193,12 @@ def coop_builds(caps: DeviceCaps) -> list[Tile]:
                               (COOP_FR8, fr8)) if have]
 
 
-def cm2_class(klass: str, m: int, n: int) -> str:
-    """matmul_cm2's table key: the shape class, with square outputs of many tiles and deep
-    outputs of few apart."""
-    tiles = math.ceil(m / 128) * math.ceil(n / 256)
-    if klass == "square" and tiles >= CM2_LARGE_TILES:
+def cm2_class(klass: str, m: int, n: int, k: int) -> str:
+    """matmul_cm2's table key: the shape class, with square outputs of many tiles and the
+    longest deep products apart."""
+    if klass == "square" and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES:
         return "large"
-    return "deep_small" if klass == "deep" and tiles < CM2_DEEP_TILES else klass
+    return "deep_long" if klass == "deep" and k >= CM2_LONG_K else klass
 
 
 def cm2_runs(caps: DeviceCaps, tile: Tile) -> bool:
@@ -245,7 +246,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     shader = forced_shader()
     klass = shape_class(m, n, k, nz)
     family = device_family(caps)
-    cm2 = _cm2_tile(caps, cm2_class(klass, m, n))
+    cm2 = _cm2_tile(caps, cm2_class(klass, m, n, k))
     if shader is not None:
         tile = _tile(shader)
         if tile.cm2 and not tensor_loads:
