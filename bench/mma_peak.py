@@ -44,6 +44,7 @@ def build(out: Path) -> None:
 
 def tflops(device, folder: Path, name: str, groups: int) -> float:
     import numpy as np
+
     from flowgrad.exec_vulkan import push_constants, spirv
     from flowgrad.exec_vulkan.encoder import timed_submits
     from flowgrad.exec_vulkan.oneshot import OneShot
