@@ -74,7 +74,9 @@ def summary(graph) -> str:
             lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {init_text(node)}{count}")
     lines.append("outputs")
     lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
-    if graph.loss is not None:
+    for obj in graph.objectives:
+        lines.append(f"minimize {obj.name}" + (f" over {', '.join(obj.over)}" if obj.over is not None else ""))
+    if graph.loss is not None and not graph.objectives:
         lines.append(f"minimize {graph.nodes[graph.loss].label}")
     return "\n".join(lines)
 
