@@ -254,17 +254,18 @@ def check_resumable(ckpt: Checkpoint, optimizer, graph: Graph) -> None:
     """The saved optimizer state must be what `optimizer` keeps for the
     trainable params: with several objectives, each objective's (under
     `objective/param`) what its optimizer keeps for its params."""
-    if not objectives.several(graph):
-        trained = graph.trainable()
-        check_opt_state(ckpt, optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
-        return
     meta = ckpt.optimizer or {}
     names = objectives.objective_names(graph)
     saved = meta.get("objectives")
-    if not isinstance(saved, dict) or sorted(saved) != sorted(names):
-        had = ", ".join(saved) if isinstance(saved, dict) else "one"
-        raise FlowError(f"checkpoint {ckpt.path!r} was written for the objectives {had}, and {graph.name} has "
+    if objectives.several(graph) != (saved is not None) or (saved is not None and (
+            not isinstance(saved, dict) or sorted(saved) != sorted(names))):
+        had = ", ".join(saved) if isinstance(saved, dict) else "one objective"
+        raise FlowError(f"checkpoint {ckpt.path!r} was written for {had}, and {graph.name} minimizes "
                         f"{', '.join(names)}: resuming needs the same `minimize` statements")
+    if saved is None:
+        trained = graph.trainable()
+        check_opt_state(ckpt, optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
+        return
     counts = {k: meta[k] for k in ("updates", "iterations") if k in meta}
     for name, part, opt in zip(names, objectives.objective_graphs(graph), objectives.per_objective(optimizer, graph)):
         prefix = f"{name}/"
