@@ -8,6 +8,7 @@ checkpoints, frozen params and `explain`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,6 +51,7 @@ train {
   eval_every = 2
 }
 """
+ROOT = Path(__file__).resolve().parent.parent
 DISC = ["disc.0.w", "disc.0.b", "disc.0.v"]
 GEN = ["g_w", "g_b"]
 
@@ -130,6 +132,9 @@ def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
     # each objective is a step program of its own, over the first's resident params
     first, second = sess.runner.runners
     assert all(second.leaves[("val", i)] is first.leaves[("val", i)] for i in sess.graph.params.values())
+    report = sess.explain()
+    assert report.to_dict()["graph_plan"]["submits"] == 2
+    assert "objectives, applied in this order each step (its own submit):" in report.text()
 
 
 def test_each_objective_differentiates_and_updates_its_own_params_only():
@@ -250,8 +255,11 @@ def test_frozen_params_stay_fixed_inside_an_objective():
 
 
 def test_explain_lists_the_objectives_and_their_params():
+    import jsonschema
+
     report = gan().compile(device="cpu").explain()
     data = report.to_dict()
+    jsonschema.validate(data, json.loads((ROOT / "docs" / "explain.schema.json").read_text()))
     assert [(o["name"], o["params"]) for o in data["objectives"]] == [("d_loss", DISC), ("g_loss", GEN)]
     assert data["objectives"][0]["where"]["line"] == 22
     text = report.text()
