@@ -278,3 +278,46 @@ def test_the_printer_keeps_over():
     source = to_source(parse(GAN.replace("over g_w, g_b", 'over g_w, "g_*"'), "a.flow"))
     assert "minimize d_loss over disc\nminimize g_loss over g_w, 'g_*'\n" in source
     assert [o.over for o in fg.loads(source).graph.objectives] == [tuple(DISC), tuple(GEN)]
+
+
+TURNS = """model turns
+input x: f32[4, 3]
+param a: f32[3] = ones()
+param b: f32[3] = ones()
+la = sum(a) + mean(x)
+s = sqrt(a - 0.9)
+lb = mean(s * b) + mean(x * x)
+minimize la over a
+minimize lb over b
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_check_finite_names_the_node_of_the_objective_that_failed(request, device):
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    sess = fg.loads(TURNS, file="turns.flow").compile(device=device, check_finite=True)
+    x = np.ones((4, 3), np.float32)
+    # the first objective's update takes a to 0.5, where the second's sqrt(a - 0.9) is NaN
+    with pytest.raises(FlowError) as e:
+        sess.step({"x": x}, optimizer=SGD(lr=0.5))
+    assert "the first non-finite value is the output of op sqrt (s)" in e.value.message, str(e.value)
+    assert e.value.span.where() == "turns.flow:6:5"
+    assert device == "cpu" or sess.last_path == "graph"
+    np.testing.assert_array_equal(sess.params["a"], np.ones(3, np.float32))   # the whole step was undone
+
+
+def test_data_parallel_training_refuses_several_objectives(monkeypatch, tmp_path):
+    from flowgrad import trainer
+
+    (tmp_path / "tiny_gan.flow").write_text(GAN)
+    np.savez(tmp_path / "data.npz", x=np.zeros((20, 3), np.float32), z=np.zeros((20, 2), np.float32))
+
+    class World:   # a launcher's ranks, as far as train() asks before it steps
+        def device_for(self, device):
+            return device
+
+    monkeypatch.setattr(trainer, "_join", lambda: World())
+    with pytest.raises(FlowError, match="tiny_gan has 2 objectives, and data-parallel training all-reduces one "
+                                        "backward's gradients a step"):
+        fg.train(fg.load(tmp_path / "tiny_gan.flow"), device="cpu", progress=False)
