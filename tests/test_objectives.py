@@ -124,6 +124,12 @@ def test_two_objectives_match_a_pytorch_loop_that_alternates_the_updates():
     check_against_torch(gan().compile(device="cpu"))
 
 
+def test_two_objectives_on_vulkan_closures_match_pytorch(vk_device):
+    sess = gan().compile(device="vulkan", backward="closures")
+    assert sess.last_path == "closures (backward='closures' was asked for)"
+    check_against_torch(sess, steps=2)
+
+
 def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
     sess = gan().compile(device="vulkan", backward="graph")
     sess.step(batches(1)[0], grads=False)
