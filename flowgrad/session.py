@@ -57,8 +57,9 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     graph = model.build(options.dtype)
     if options.freeze is not None:
         graph = freeze_params(graph, options.freeze)
+    graphs = objective_graphs(graph)   # the graph each objective steps
     if not several(graph):   # one `minimize LOSS over P`: the other params are held fixed
-        graph = objective_graphs(graph)[0]
+        graph = graphs[0]
     check_host_memory(graph)
     if several(graph) and options.dtype == "mixed":
         raise FlowError(f"{graph.name} has {len(graph.objectives)} objectives ({', '.join(objective_names(graph))}), "
@@ -66,7 +67,7 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
                         "for now", graph.objectives[1].span, hint="compile with dtype='f32' (--dtype f32)")
     # one plan per objective; the graph path only if every objective's step can take it
     plans = [make_plan(g, device.info if device is not None else None, options.backward, options.dtype,
-                       fusion=options.fusion) for g in (objective_graphs(graph) if several(graph) else [graph])]
+                       fusion=options.fusion) for g in graphs]
     plan = next((p for p in plans if p.path != "graph"), plans[0])
     if plan.path != "graph" and options.backward == "graph":
         raise GraphPathRefused(
@@ -347,11 +348,11 @@ class Session:
         """A flowgrad optimizer (or a list of one per objective) whose schedule runs
         and whose no_decay patterns each name a param of this model (checked once
         per optimizer object)."""
+        from flowgrad.param_patterns import declared_params
+
         for one in per_objective(optimizer, self.graph):
             _check_optimizer(one, self.runner.counts.iterations + 1)
             if not any(o is one for o in self._optimizers_checked):
-                from flowgrad.param_patterns import declared_params
-
                 one.check_params(declared_params(self.graph), self.graph.name)
                 self._optimizers_checked.append(one)
 
