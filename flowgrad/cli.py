@@ -180,7 +180,8 @@ def train_summary(result) -> str:
     rows = [(f"final train {k}", f"{v:.4f}") for k, v in last.items() if v is not None]
     tested = result.metrics.get("losses") or {}
     rows += [(f"test {k}", fmt("loss", v)) for k, v in tested.items()]
-    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items() if k != "losses" and not (tested and k == "loss")]
+    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()
+             if k != "losses" and not (tested and k == "loss")]   # with several, the first's is listed
     if result.best is not None:
         rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
     rows.append(("path", result.path))
@@ -240,7 +241,8 @@ def cmd_generate(args) -> int:
         raise FlowError(f"--out {args.out}: generate writes its images as a PNG grid: name a .png file")
     sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device, args.seed)
     text = "vocab" in (ckpt.data or {}) or (ckpt.data or {}).get("level") == "bpe"
-    given = [f"--{k.replace('_', '-')}" for k in (IMAGE_OPTIONS if text else TEXT_OPTIONS) if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in (IMAGE_OPTIONS if text else TEXT_OPTIONS)
+             if getattr(args, k) is not None]
     if given:
         kind = "text: it takes --prompt" if text else "images from noise: it takes --out FILE.png"
         raise FlowError(f"{', '.join(given)}: {sess.graph.name} generates {kind}")

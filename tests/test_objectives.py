@@ -237,7 +237,8 @@ def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
         np.testing.assert_array_equal(resumed.session.params[name], value, err_msg=name)
     records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[1:]]
     assert [sorted(r["losses"]) for r in records] == [["d_loss", "g_loss"]] * 4
-    assert records[1]["val_losses"].keys() == {"d_loss", "g_loss"} and records[0]["loss"] == records[0]["losses"]["d_loss"]
+    assert records[1]["val_losses"].keys() == {"d_loss", "g_loss"}
+    assert records[0]["loss"] == records[0]["losses"]["d_loss"]
     assert records[-1]["test_losses"].keys() == {"d_loss", "g_loss"}
     # a checkpoint of other objectives (here: one) is refused
     path.write_text(GAN.replace("minimize g_loss over g_w, g_b\n", "").replace(
