@@ -74,7 +74,9 @@ def summary(graph) -> str:
             lines.append(f"  {name:<24} {str(node.type):<20} {node.type.size:>10,}  {init_text(node)}{count}")
     lines.append("outputs")
     lines += [f"  {name:<24} {graph.nodes[i].type}" for name, i in graph.outputs.items()]
-    if graph.loss is not None:
+    for obj in graph.objectives:
+        lines.append(f"minimize {obj.name}" + (f" over {', '.join(obj.over)}" if obj.over is not None else ""))
+    if graph.loss is not None and not graph.objectives:
         lines.append(f"minimize {graph.nodes[graph.loss].label}")
     return "\n".join(lines)
 
@@ -173,8 +175,13 @@ def train_summary(result) -> str:
         lines.append(f"data-parallel on {result.ranks} ranks (global batch = batch x {result.ranks})")
     if result.stopped_early:
         lines.append(f"stopped early: the validation loss did not improve after step {result.best['step']}")
-    rows = [("final train loss", f"{result.loss:.4f}")] if result.loss is not None else []
-    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()]
+    # several objectives: each one's loss, by its name
+    last = (result.history[-1].get("losses") if result.history else None) or {"loss": result.loss}
+    rows = [(f"final train {k}", f"{v:.4f}") for k, v in last.items() if v is not None]
+    tested = result.metrics.get("losses") or {}
+    rows += [(f"test {k}", fmt("loss", v)) for k, v in tested.items()]
+    rows += [(f"test {k}", fmt(k, v)) for k, v in result.metrics.items()
+             if k != "losses" and not (tested and k == "loss")]   # with several, the first's is listed
     if result.best is not None:
         rows.append(("best val loss", f"{result.best['val_loss']:.4f} at step {result.best['step']}"))
     rows.append(("path", result.path))
@@ -217,13 +224,50 @@ def cmd_run(args) -> int:
 
 # -- generate, export ---------------------------------------------------------------------
 
+TEXT_OPTIONS = {"prompt": None, "tokens": 200, "temperature": 1.0, "top_k": 0}   # and their defaults
+IMAGE_OPTIONS = {"out": None, "samples": 64, "output": None}
+
+
 def cmd_generate(args) -> int:
-    from flowgrad.training.generate import stream, vocabulary
+    """Text from a language model (a checkpoint that keeps a vocabulary), else
+    images a generative model draws from noise, written as a PNG grid."""
     from flowgrad.overrides import load_trained
 
-    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device)
+    if args.seed < 0:   # before the session takes it as its seed
+        raise FlowError(f"--seed must be >= 0, got {args.seed}")
+    if args.samples is not None:
+        at_least_one("--samples", args.samples)
+    if args.out is not None and Path(args.out).suffix.lower() != ".png":
+        raise FlowError(f"--out {args.out}: generate writes its images as a PNG grid: name a .png file")
+    sess, ckpt = load_trained(args.file, args.checkpoint, parse_sets(args.set), args.device, args.seed)
+    text = "vocab" in (ckpt.data or {}) or (ckpt.data or {}).get("level") == "bpe"
+    given = [f"--{k.replace('_', '-')}" for k in (IMAGE_OPTIONS if text else TEXT_OPTIONS)
+             if getattr(args, k) is not None]
+    if given:
+        kind = "text: it takes --prompt" if text else "images from noise: it takes --out FILE.png"
+        raise FlowError(f"{', '.join(given)}: {sess.graph.name} generates {kind}")
+    if text:
+        return generate_text(args, sess, ckpt)
+    from flowgrad.training.image_samples import sample_images, write_grid
+
+    if args.out is None:
+        raise FlowError(f"{sess.graph.name} keeps no vocabulary, so generate draws images from it: pass "
+                        "--out FILE.png for the grid", hint="a language model trained on text(...) generates text")
+    images = sample_images(sess, args.samples or IMAGE_OPTIONS["samples"], args.output, args.seed)
+    write_grid(images, args.out)
+    print(f"wrote {len(images)} samples of {sess.graph.name} to {args.out}  (checkpoint step {ckpt.step})")
+    return 0
+
+
+def generate_text(args, sess, ckpt) -> int:
+    from flowgrad.training.generate import stream, vocabulary
+
+    if args.prompt is None:
+        raise FlowError(f"{sess.graph.name} generates text: pass --prompt TEXT, the text to continue")
+    options = {k: TEXT_OPTIONS[k] if getattr(args, k) is None else getattr(args, k) for k in TEXT_OPTIONS}
     vocab, level = vocabulary(ckpt)
-    pieces = stream(sess, vocab, level, args.prompt, args.tokens, args.temperature, args.top_k, args.seed)
+    pieces = stream(sess, vocab, level, options["prompt"], options["tokens"], options["temperature"],
+                    options["top_k"], args.seed)
     # printed as sampled, so a long --tokens shows its progress and Ctrl-C keeps what came
     try:
         for piece in pieces:
@@ -372,7 +416,8 @@ EXAMPLES = {
     "run": "flowgrad run models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors --feed x=rows.csv "
            "--out pred.csv",
     "generate": "flowgrad generate models/char_lm.flow --checkpoint runs/char_lm/checkpoint.safetensors "
-                "--prompt \"It was\" --tokens 100 --temperature 0.8 --top-k 10",
+                "--prompt \"It was\" --tokens 100 --temperature 0.8 --top-k 10\n"
+                "  flowgrad generate models/gan.flow --checkpoint runs/gan/checkpoint.safetensors --out digits.png",
     "export": "flowgrad export models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors -o mlp.onnx",
     "bench": "flowgrad bench --device vulkan --repeats 20\n  flowgrad bench matmul --dtype f16\n"
              "  flowgrad bench gpt2 --batch 16",
@@ -447,16 +492,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "config's seed, else 0)")
     p.set_defaults(func=cmd_run)
 
-    p = _sub(sub, "generate", "sample text from a language model trained on text(...) data")
+    p = _sub(sub, "generate", "sample text from a language model trained on text(...) data, or images from a "
+                              "generative model (a GAN) as a PNG grid")
     add_model_args(p)
-    p.add_argument("--checkpoint", required=True, help="a checkpoint of a text-trained model (it holds the vocab; "
-                   "a BPE model's tokenizer.json lies beside it)")
-    p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--tokens", type=int, default=200, help="how many tokens to add (default 200)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 always takes the "
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of a trained model (a text model's holds the "
+                   "vocab; a BPE model's tokenizer.json lies beside it)")
+    p.add_argument("--prompt", default=None, help="text: the text to continue (required)")
+    p.add_argument("--tokens", type=int, default=None, help="text: how many tokens to add (default 200)")
+    p.add_argument("--temperature", type=float, default=None, help="text: softmax temperature; 0 always takes the "
                    "likeliest token (default 1.0)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens only (default 0: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--top-k", type=int, default=None, help="text: sample among the K likeliest tokens only "
+                   "(default 0: all)")
+    p.add_argument("--out", default=None, metavar="FILE.png", help="images: where to write the grid of samples "
+                   "(required; needs matplotlib, the plot extra)")
+    p.add_argument("--samples", type=int, default=None, help="images: how many to draw (default 64)")
+    p.add_argument("--output", default=None, metavar="NAME", help="images: the output that holds them (default: "
+                   "the first shaped as images)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: the text's draws, the images' noise "
+                   "(default 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, vulkan or vulkan:N")
     p.set_defaults(func=cmd_generate)
 

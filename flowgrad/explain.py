@@ -14,6 +14,7 @@ import attrs
 
 from flowgrad.feeds import random_feeds
 from flowgrad.graph import LEAF_OPS, Graph, Node, TensorType, format_node
+from flowgrad.objectives import objective_graphs, several
 from flowgrad.ops import get_op
 from flowgrad.planner.plan import DryLimits, Plan, Refusal
 
@@ -37,9 +38,14 @@ class Explain:
 
 def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     plan, graph = sess.plan, sess.graph
-    refused = {r.node.id: r for r in plan.refusals if r.node is not None}
+    # with several objectives, each is a step of its own (its graph and plan): the counts are their sums
+    parts = list(zip(objective_graphs(graph), sess.plans)) if several(graph) else [(graph, plan)]
+    refusals = list({(r.code, r.node.id if r.node is not None else None, r.message): r
+                     for _g, p in parts for r in p.refusals}.values())
+    refused = {r.node.id: r for r in refusals if r.node is not None}
+    grad_nodes = frozenset().union(*(p.grad_nodes for _g, p in parts))
     recorded: dict = {}
-    graph_plan = graph_plan_dict(graph, plan, recorded)
+    graph_plan = summed([graph_plan_dict(g, p, recorded if k == 0 else None) for k, (g, p) in enumerate(parts)])
     kernels = node_kernels(plan, recorded)
     fused_in = plan.fusion.group_of() if plan.fusion is not None else {}
     data = {
@@ -55,18 +61,20 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "counts": {
             "nodes": len(graph.nodes),
             "ops": sum(n.op not in LEAF_OPS for n in graph.nodes),
-            "backward_nodes": len(plan.grad_nodes),
+            "backward_nodes": len(grad_nodes),
             "refused_nodes": len(refused),
-            "refusals": len(plan.refusals),
+            "refusals": len(refusals),
         },
-        "refusals": [refusal_dict(r) for r in plan.refusals],
-        "nodes": [node_dict(graph, n, plan, refused, kernels, fused_in) for n in graph.nodes],
-        "saved_for_backward": saved_dict(plan),
+        "refusals": [refusal_dict(r) for r in refusals],
+        "nodes": [node_dict(graph, n, grad_nodes, refused, kernels, fused_in) for n in graph.nodes],
+        "saved_for_backward": summed([saved_dict(p) for _g, p in parts]),
         "fusion": fusion_dict(graph, plan),
         "graph_plan": graph_plan,
-        "closure_plan": closure_plan_dict(graph, plan),
+        "closure_plan": summed([closure_plan_dict(g, p) for g, p in parts]),
         "analyze": run_analyze(sess, steps) if analyze else None,
     }
+    if several(graph) or any(o.over is not None for o in graph.objectives):
+        data["objectives"] = objectives_dict(graph)
     if graph.frozen:   # params held fixed: no gradient, no update (Model.compile(freeze=...))
         data["frozen"] = [name for name in graph.params if name in graph.frozen]
     if plan.dtype == "mixed":
@@ -165,8 +173,37 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
     return out
 
 
-def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict, fused_in: dict) -> dict:
-    """fused_in: the fused group of each member (Fusion.group_of, made once for all the nodes)."""
+def objectives_dict(graph: Graph) -> list[dict]:
+    """Each `minimize`, in the order a training step applies them, and the params it updates."""
+    return [{"name": o.name, "where": where_dict(o.span), "params": list(g.trainable())}
+            for o, g in zip(graph.objectives, objective_graphs(graph))]
+
+
+def summed(parts: list[dict]) -> dict:
+    """Several objectives' plans as one step's: counts and sizes added, lists
+    joined, flags and labels the first's; a memory's reuse from the sums."""
+    out = dict(parts[0])
+    if len(parts) == 1:
+        return out
+    for part in parts[1:]:
+        for key, value in part.items():
+            if isinstance(value, bool) or value is None or out.get(key) is None:
+                continue
+            if isinstance(value, (int, float)):
+                out[key] += value
+            elif isinstance(value, list):   # node labels once each; each program's tensors all
+                out[key] = out[key] + [v for v in value if not isinstance(v, str) or v not in out[key]]
+            elif isinstance(value, dict):
+                out[key] = summed([out[key], value])
+    if "naive_bytes" in out and "reuse" in out:
+        out["reuse"] = round(1 - out["total_bytes"] / out["naive_bytes"], 4) if out["naive_bytes"] else 0.0
+    return out
+
+
+def node_dict(graph: Graph, node: Node, grad_nodes: frozenset, refused: dict, kernels: dict,
+              fused_in: dict) -> dict:
+    """grad_nodes: the nodes some objective's backward runs through. fused_in: the
+    fused group of each member (Fusion.group_of, made once for all the nodes)."""
     if node.op == "param" and node.name in graph.frozen:
         verdict = "frozen"
     elif node.op in LEAF_OPS:
@@ -183,7 +220,7 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
         "shape": list(node.shape),
         "dtype": node.dtype,
         "where": where_dict(node.span),
-        "backward": node.id in plan.grad_nodes,
+        "backward": node.id in grad_nodes,
         "verdict": verdict,
     }
     if node.grad_of is not None:   # a node of a backward built in the model (grad(y, x))
@@ -363,6 +400,8 @@ def render_text(d: dict, graph: Graph) -> str:
         head = (f"{d['model']}: backward on CLOSURES, {c['refused_nodes']} of {c['ops']} ops refused, "
                 f"{c['refusals']} refusal{'s' * (c['refusals'] != 1)} (device: {dev}, {d['dtype']})")
     lines = [head, f"why: {d['reason']}", ""]
+    if "objectives" in d:
+        lines[-1:] = render_objectives(d["objectives"], d["path"]) + [""]
     if "frozen" in d:
         lines[-1:] = [f"frozen: {', '.join(d['frozen'])} (no gradient, no update)", ""]
     if "ranks" in d:
@@ -378,6 +417,15 @@ def render_text(d: dict, graph: Graph) -> str:
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
     return "\n".join(lines).rstrip() + "\n"
+
+
+def render_objectives(objectives: list[dict], path: str) -> list[str]:
+    each = "its own submit" if path == "graph" else "its own forward, backward and update"
+    lines = [f"objectives, applied in this order each step ({each}):" if len(objectives) > 1 else "objective:"]
+    for k, o in enumerate(objectives, 1):
+        lines.append(f"  {k}. {o['name']} over {', '.join(o['params']) or 'no trainable param'}   "
+                     f"{where_text(o['where'])}".rstrip())
+    return lines
 
 
 def where_text(w: dict | None, file: str | None = None) -> str:
@@ -420,7 +468,7 @@ def render_plans(d: dict) -> list[str]:
     if g["dispatches"] is None:
         g_disp = g_io = g_mem = g_kmem = f"not planned: {len(g['uncounted_nodes'])} node(s) it can't record"
     else:
-        g_disp = f"1 submit / {g['dispatches']} dispatches"
+        g_disp = f"{g['submits']} submit{'s' * (g['submits'] != 1)} / {g['dispatches']} dispatches"
         g_io = f"{g['transfers_in']} in, {g['transfers_out']} out"
         m = g["memory"]
         # what the buffers hold (what is allocated, and what a memory refusal compares), not

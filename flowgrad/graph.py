@@ -178,6 +178,17 @@ def _show_attr(v) -> str:
     return "none" if v is None else str(v)
 
 
+@attrs.frozen
+class Objective:
+    """One `minimize` statement: the value it minimizes (its name and node)
+    and the params it updates, `over` (None: every trainable param)."""
+
+    name: str
+    loss: int
+    over: tuple[str, ...] | None = None
+    span: Span | None = None
+
+
 @attrs.define
 class TrainSpec:
     """The `train { ... }` section: each value is a literal or a call
@@ -200,6 +211,8 @@ class Graph:
     train: TrainSpec | None = None
     # params held fixed (Model.compile(freeze=...)): no gradient, no update, saved and loaded as any
     frozen: frozenset = frozenset()
+    # the `minimize` statements in file order; `loss` is the first's
+    objectives: tuple[Objective, ...] = ()
 
     def add(self, op: str, inputs, type: TensorType, name: str = "", attrs=None, span=None,
             grad_of: int | None = None) -> Node:
@@ -218,6 +231,10 @@ class Graph:
     def roots(self) -> list[int]:
         """What a step computes: the outputs, then the loss."""
         return list(self.outputs.values()) + ([self.loss] if self.loss is not None else [])
+
+    def loss_ids(self) -> set[int]:
+        """The nodes of every objective's loss: outputs a prediction is not."""
+        return {o.loss for o in self.objectives} | ({self.loss} if self.loss is not None else set())
 
     def users(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {n.id: [] for n in self.nodes}
@@ -258,6 +275,16 @@ class Graph:
         with the params `names` frozen."""
         return attrs.evolve(self, nodes=list(self.nodes), inputs=dict(self.inputs), params=dict(self.params),
                             outputs=dict(self.outputs), config=dict(self.config), frozen=frozenset(names))
+
+    def objective_graph(self, k: int) -> Graph:
+        """This graph as objective k steps it: its loss is the graph's loss, and
+        the params it does not update are frozen (no gradient, no update, no
+        optimizer state). A copy, its node records shared."""
+        obj = self.objectives[k]
+        held = set(self.frozen)
+        if obj.over is not None:
+            held |= set(self.trainable()) - set(obj.over)
+        return attrs.evolve(self.with_frozen(held), loss=obj.loss, objectives=(obj,))
 
     def param_count(self) -> int:
         return sum(self.nodes[i].type.size for i in self.params.values())

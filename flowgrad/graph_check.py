@@ -114,3 +114,9 @@ def _check_maps(graph: Graph) -> None:
         node = graph.nodes[graph.loss]
         if node.dtype not in FLOAT_DTYPES:  # any shape: the backward seeds it with ones
             raise _bad(node, f"the loss must be a float tensor, this is {node.type}")
+    if graph.objectives and graph.loss is not None and graph.objectives[0].loss != graph.loss:
+        raise IRError(f"malformed graph: the loss is %{graph.loss}, but the first objective minimizes "
+                      f"%{graph.objectives[0].loss}")
+    for obj in graph.objectives:
+        if not (isinstance(obj.loss, int) and 0 <= obj.loss < n) or graph.nodes[obj.loss].dtype not in FLOAT_DTYPES:
+            raise IRError(f"malformed graph: objective {obj.name!r} points at %{obj.loss}, which is not a float node")

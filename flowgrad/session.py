@@ -18,6 +18,7 @@ from flowgrad.graph import Graph
 from flowgrad.host_memory import check_host_memory
 from flowgrad.initializers import init_params
 from flowgrad.loss_scale import LossScaler
+from flowgrad.objectives import ObjectiveRunners, objective_graphs, objective_names, per_objective, several
 from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.param_patterns import freeze_params
 from flowgrad.planner import Plan, make_plan
@@ -56,9 +57,18 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     graph = model.build(options.dtype)
     if options.freeze is not None:
         graph = freeze_params(graph, options.freeze)
+    graphs = objective_graphs(graph)   # the graph each objective steps
+    if not several(graph):   # one `minimize LOSS over P`: the other params are held fixed
+        graph = graphs[0]
     check_host_memory(graph)
-    plan = make_plan(graph, device.info if device is not None else None, options.backward, options.dtype,
-                     fusion=options.fusion)
+    if several(graph) and options.dtype == "mixed":
+        raise FlowError(f"{graph.name} has {len(graph.objectives)} objectives ({', '.join(objective_names(graph))}), "
+                        "and dtype='mixed' steps one loss scaler for one: several objectives train in f32 or f16 "
+                        "for now", graph.objectives[1].span, hint="compile with dtype='f32' (--dtype f32)")
+    # one plan per objective; the graph path only if every objective's step can take it
+    plans = [make_plan(g, device.info if device is not None else None, options.backward, options.dtype,
+                       fusion=options.fusion) for g in graphs]
+    plan = next((p for p in plans if p.path != "graph"), plans[0])
     if plan.path != "graph" and options.backward == "graph":
         raise GraphPathRefused(
             "backward='graph' was asked for, but the planner refused the graph path:\n"
@@ -71,14 +81,18 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
         scaler = options.loss_scale or LossScaler()
     if params is None:
         params = init_params(graph, seed)
-    return Session(model, graph, plan, device, params, options, seed=seed, scaler=scaler)
+    return Session(model, graph, plan, device, params, options, seed=seed, scaler=scaler, plans=plans)
 
 
 @attrs.frozen
 class StepResult:
+    """outputs: the first objective's forward's. grads: each param's gradient,
+    from the first objective that updates it. loss: the first objective's;
+    losses: each objective's (by its name in the model), from its own forward."""
     outputs: dict[str, np.ndarray]
     grads: dict[str, np.ndarray]
     loss: float | None = None
+    losses: dict[str, float] = attrs.field(factory=dict)
 
 
 def _one_at_a_time(method):
@@ -98,7 +112,7 @@ class Session:
     sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
-                 options: CompileOptions, seed: int = 0, scaler=None):
+                 options: CompileOptions, seed: int = 0, scaler=None, plans: list[Plan] | None = None):
         self._lock = threading.RLock()
         self.model = model
         self.options = options
@@ -112,7 +126,8 @@ class Session:
         self.eval_noise = None
         self.predicts = 0    # predict calls that drew the session's own noise (each draws anew)
         self.graph = graph
-        self.plan = plan
+        self.plan = plan   # the step's path and why: with several objectives, the first that refused the graph
+        self.plans = plans or [plan]   # each objective's
         self.device = device
         self._warned = False
         self._index_uses = index_uses(graph)
@@ -127,18 +142,36 @@ class Session:
         self.runner = self._make_runner(params)
 
     def _make_runner(self, params):
+        if not several(self.graph):
+            return self._runner_for(self.graph, self.plan, params)
+        parts = []
+        for name, graph, plan in zip(objective_names(self.graph), objective_graphs(self.graph), self.plans):
+            # every objective steps the first one's params
+            runner = self._runner_for(graph, plan, params, parts[0][2] if parts else None)
+            parts.append((name, graph, runner))
+        return ObjectiveRunners(self.graph, parts)
+
+    def _runner_for(self, graph: Graph, plan: Plan, params, params_of=None):
+        """The runner of one objective's step; params_of: the runner whose params it steps."""
         from flowgrad.exec_closure import ClosureSession
 
         if self.plan.path == "graph":
             from flowgrad.exec_vulkan import GraphSession
 
-            return GraphSession(self.graph, self.plan, self.device, params, scaler=self.loss_scaler)
+            return GraphSession(graph, plan, self.device, params, scaler=self.loss_scaler, params_of=params_of)
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels
 
             kernels = VulkanKernels(self.device)
-        return ClosureSession(self.graph, params, kernels, scaler=self.loss_scaler)
+        return ClosureSession(graph, params, kernels, scaler=self.loss_scaler, params_of=params_of)
+
+    @property
+    def parts(self) -> list[tuple]:
+        """(objective name, the graph its step runs, its runner) of each objective, in file order."""
+        if isinstance(self.runner, ObjectiveRunners):
+            return self.runner.parts
+        return [((objective_names(self.graph) or [None])[0], self.graph, self.runner)]
 
     @property
     def last_path(self) -> str:
@@ -216,15 +249,40 @@ class Session:
                                                                grad_inputs=grad_inputs, train=train,
                                                                on_grad_final=on_grad_final))
         feeds = self.runner_feeds(feeds, training)
-        if self.check_finite and self.graph.loss is not None and (grads or optimizer is not None):
-            outputs, loss, out_grads = self._checked_step(feeds, grads, optimizer, grad_inputs, on_grad_final)
-        else:
-            outputs, loss, out_grads = self.runner.step(feeds, grads=grads, optimizer=optimizer,
-                                                        grad_inputs=grad_inputs, **_hook(on_grad_final))
+        outputs, losses, out_grads = self._step_objectives(feeds, grads, optimizer, grad_inputs, on_grad_final)
         self.steps += bool(grads or optimizer is not None)
+        losses = {name: float(v) for name, v in losses.items() if name is not None and v is not None}
+        loss = next(iter(losses.values()), None)
         # numpy gives a 0-d result as a scalar: results are arrays whatever their rank
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
-                          {k: np.asarray(v) for k, v in out_grads.items()}, None if loss is None else float(loss))
+                          {k: np.asarray(v) for k, v in out_grads.items()}, loss, losses)
+
+    def _step_objectives(self, feeds, grads, optimizer, grad_inputs, on_grad_final):
+        """Each objective's step, in file order, each from the params the one
+        before left: (the first's outputs, {objective: its loss}, each param's
+        gradient from the first objective that takes it). A step without
+        gradients or update runs the first alone: its outputs hold every loss."""
+        learn = grads or optimizer is not None
+        parts = self.parts if learn else self.parts[:1]
+        optimizers = [None] * len(parts) if optimizer is None else per_objective(optimizer, self.graph)
+        check = self.check_finite and learn and self.graph.loss is not None
+        start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
+        outputs, losses, out_grads = None, {}, {}
+        for k, ((name, graph, runner), opt) in enumerate(zip(parts, optimizers)):
+            if check:
+                before = start[0] if k == 0 else self.runner.get_params()
+                out, loss, got = self._checked_step(graph, runner, feeds, grads, opt, grad_inputs, on_grad_final,
+                                                    start, before)
+            else:
+                out, loss, got = runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
+                                             **_hook(on_grad_final))
+            outputs = out if outputs is None else outputs
+            losses[name] = loss
+            for key, value in got.items():
+                out_grads.setdefault(key, value)
+        if not learn:
+            losses.update({name: outputs.get(name) for name in objective_names(self.graph)[1:]})
+        return outputs, losses, out_grads
 
     def _session_for_rows(self, feeds):
         """The session predict builds for the feeds' row count when it is below
@@ -272,49 +330,54 @@ class Session:
         gradients changed on the host, accumulated over steps, or averaged
         across ranks. Under dtype="mixed", a non-finite one skips the update
         and halves the loss scale; the call is an iteration of the lr
-        schedule all the same, as a step(..., optimizer=) is."""
+        schedule all the same, as a step(..., optimizer=) is. With several
+        objectives, each updates its own params in turn (optimizer: one for
+        all, or a list of one each)."""
         self._check_optimizer(optimizer)
-        trainable = self.graph.trainable()
+        trainable = [name for _, graph, _ in self.parts for name in graph.trainable()]
         arrays = self._per_param("apply_update", grads, trainable=True)
         missing = [name for name in trainable if name not in arrays]
         if missing:
             raise FlowError(f"apply_update: no gradient for param {missing[0]!r} (it needs one for every "
-                            f"trainable param: {', '.join(trainable)})")
+                            f"trainable param: {', '.join(dict.fromkeys(trainable))})")
         self.optimizer = optimizer
-        self.runner.apply_update(optimizer, arrays)
+        self.runner.apply_update(optimizer if several(self.graph) else per_objective(optimizer, self.graph)[0],
+                                 arrays)
 
     def _check_optimizer(self, optimizer) -> None:
-        """A flowgrad optimizer whose schedule runs and whose no_decay patterns
-        each name a param of this model (checked once per optimizer object)."""
-        _check_optimizer(optimizer, self.runner.counts.iterations + 1)
-        if not any(o is optimizer for o in self._optimizers_checked):
-            from flowgrad.param_patterns import declared_params
+        """A flowgrad optimizer (or a list of one per objective) whose schedule runs
+        and whose no_decay patterns each name a param of this model (checked once
+        per optimizer object)."""
+        from flowgrad.param_patterns import declared_params
 
-            optimizer.check_params(declared_params(self.graph), self.graph.name)
-            self._optimizers_checked.append(optimizer)
+        for one in per_objective(optimizer, self.graph):
+            _check_optimizer(one, self.runner.counts.iterations + 1)
+            if not any(o is one for o in self._optimizers_checked):
+                one.check_params(declared_params(self.graph), self.graph.name)
+                self._optimizers_checked.append(one)
 
-    def _checked_step(self, feeds, grads, optimizer, grad_inputs, on_grad_final=None):
-        """A step whose loss and gradients are read back and checked; on a
-        non-finite one, the params (and optimizer state) go back to where the
-        step started and the error names the node that produced it."""
+    def _checked_step(self, graph, runner, feeds, grads, optimizer, grad_inputs, on_grad_final, start, before):
+        """One objective's step, its loss and gradients read back and checked; on a
+        non-finite one, the session's params and optimizer state go back to `start`
+        (where the step began) and the error names the node that produced it, found
+        by re-running the objective's step from `before` (the params it started from)."""
         from flowgrad import anomaly
 
-        params, opt_state = self.runner.get_params(), self.runner.get_opt_state()
-        outputs, loss, out_grads = self.runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs,
-                                                    **_hook(on_grad_final))
+        outputs, loss, out_grads = runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs,
+                                               **_hook(on_grad_final))
         overflow = (self.loss_scaler is not None and optimizer is not None and self.loss_scaler.last_skipped
                     and np.isfinite(loss))   # the loss scaler skipped the step: no anomaly
         if overflow or anomaly.step_is_finite(loss, out_grads):
             return outputs, loss, out_grads if grads else {}
-        self.runner.set_params(params)
-        self.runner.set_opt_state(*opt_state)
+        self.runner.set_params(start[0])
+        self.runner.set_opt_state(*start[1])
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels
 
             kernels = VulkanKernels(self.device)
-        where = anomaly.locate(self.graph, feeds, params, kernels)
-        raise anomaly.anomaly_error(self.graph, self.steps + 1, loss, out_grads, where)
+        where = anomaly.locate(graph, feeds, before, kernels)
+        raise anomaly.anomaly_error(graph, self.steps + 1, loss, out_grads, where)
 
     @_one_at_a_time
     def close(self) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from flowgrad.errors import FlowError
+from flowgrad.objectives import describe, several
 from flowgrad.training import checkpoint, metrics
 from flowgrad.training.data import Dataset
 from flowgrad.training.optim import Optimizer
@@ -139,6 +140,10 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if world is not None:
         device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze)
+    if world is not None and several(model.graph):
+        raise FlowError(f"{model.name} has {len(model.graph.objectives)} objectives, and data-parallel training "
+                        "all-reduces one backward's gradients a step: several objectives train in one process "
+                        "for now", model.graph.objectives[1].span)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite,
                          freeze=ts.freeze)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
@@ -274,13 +279,15 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                 scaler = sess.loss_scaler
                 scale = None if scaler is None else scaler.scale   # the scale this step's backward uses
                 in_step = True
+                losses = None
                 if world is None:
-                    loss = sess.step(feeds, grads=False, optimizer=ts.optimizer).loss
+                    res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
+                    loss, losses = res.loss, res.losses if several(graph) else None
                 else:  # the ranks agree on stopping (any rank's Ctrl-C), so all stop after the same step
                     loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
-                rec = _record(step, loss, ts.optimizer, sess.runner.counts.iterations)
+                rec = _record(step, loss, ts.optimizer, sess.runner.counts.iterations, losses)
                 if scaler is not None:
                     rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
                 if step % ts.eval_every == 0 or step == ts.steps:
@@ -308,7 +315,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                     break
     except KeyboardInterrupt:
         bar.close()
-        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, graph.name, config,
+        raise _interrupted(sess, ts, ckpt_path, step, in_step, history, out, config,
                            stop["signal"]) from None
     finally:
         bar.close()
@@ -319,8 +326,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
         log.rewrite_last(history[-1])
     if out is not None and history:
         with writing(out / "loss.png"):
-            plot(history, out / "loss.png", f"{graph.name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
-                 split)
+            plot(history, out / "loss.png", _title(graph, ts.optimizer, step), ts.metric.name, split)
     best_info = {"step": best["step"], "val_loss": best["val_loss"]} if best is not None else None
     return TrainResult(sess, step, history[-1]["loss"] if history else None, final, ts.metric.name, seconds,
                        step - start, sess.last_path, history, out, best_info, stopped_early, files=files)
@@ -370,8 +376,7 @@ def _restore(sess, ts: TrainSetup, ckpt_path, out, config) -> int:
         raise FlowError(f"cannot resume {ckpt_path} to {ts.steps} steps: it is already at step {ckpt.step}",
                         hint=f"pass --steps above {ckpt.step} to train further, or use --out for a new run")
     checkpoint.check_matches(ckpt, graph)
-    trained = graph.trainable()
-    checkpoint.check_opt_state(ckpt, ts.optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
+    checkpoint.check_resumable(ckpt, ts.optimizer, graph)
     sess.runner.set_params(ckpt.params)
     sess.runner.set_opt_state(checkpoint.optimizer_counts(ckpt), ckpt.opt_state)
     sess.train_steps = ckpt.step   # dropout masks are counted by the run's steps, skipped ones included
@@ -408,10 +413,10 @@ def _check_same_symbols(ckpt, meta: dict, ckpt_path) -> None:
 def _save(sess, ts, path, step, config):
     counts, state = sess.runner.get_opt_state()
     checkpoint.save(path, sess.params, state, step, sess.graph.name, config,
-                    checkpoint.optimizer_meta(ts.optimizer.describe(), sess, counts), data=ts.data.meta())
+                    checkpoint.optimizer_meta(describe(ts.optimizer, sess.graph), sess, counts), data=ts.data.meta())
 
 
-def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config, signum) -> TrainInterrupted:
+def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, config, signum) -> TrainInterrupted:
     what = "interrupted" if signum == signal.SIGINT else f"interrupted by {signal.Signals(signum).name}"
     if ckpt_path is None:
         return TrainInterrupted(f"{what} at step {step}; nothing saved (no output directory)", step, signum)
@@ -420,15 +425,30 @@ def _interrupted(sess, ts, ckpt_path, step, in_step, history, out, name, config,
                                 "continue with --resume", step, signum)
     _save(sess, ts, ckpt_path, step, config)
     if history:
-        plot(history, out / "loss.png", f"{name}: {ts.optimizer.name}, {step} steps", ts.metric.name,
-             ts.eval_split)
+        plot(history, out / "loss.png", _title(sess.graph, ts.optimizer, step), ts.metric.name, ts.eval_split)
     return TrainInterrupted(f"{what}: saved step {step} to {ckpt_path}; continue with --resume", step, signum)
 
 
-def _record(step: int, loss, optimizer, iteration: int) -> dict:
+def _record(step: int, loss, optimizer, iteration: int, losses: dict | None = None) -> dict:
     """iteration: the count the schedule read for the step's update (the run's step), as the
-    session kept it: the lr recorded is the one the update used, or would have, when skipped."""
-    if loss is None or not math.isfinite(loss):
-        raise FlowError(f"the loss became {loss} at step {step}: training diverged",
-                        hint="lower the learning rate, or add clip=1.0 to the optimizer")
-    return {"step": step, "loss": float(loss), "lr": optimizer.lr_at(iteration)}
+    session kept it: the lr recorded is the one the update used, or would have, when skipped
+    (the first objective's, with several). losses: each objective's, with several."""
+    for name, value in (losses or {"loss": loss}).items():
+        if value is None or not math.isfinite(value):
+            what = "the loss" if losses is None else f"the loss of objective {name}"
+            raise FlowError(f"{what} became {value} at step {step}: training diverged",
+                            hint="lower the learning rate, or add clip=1.0 to the optimizer")
+    rec = {"step": step, "loss": float(loss), "lr": _lead(optimizer).lr_at(iteration)}
+    if losses is not None:
+        rec["losses"] = {name: float(v) for name, v in losses.items()}
+    return rec
+
+
+def _lead(optimizer):
+    """The optimizer of the first objective (a train section may give one per objective)."""
+    return optimizer[0] if isinstance(optimizer, (list, tuple)) else optimizer
+
+
+def _title(graph, optimizer, step: int) -> str:
+    names = ", ".join(o.name for o in optimizer) if isinstance(optimizer, (list, tuple)) else optimizer.name
+    return f"{graph.name}: {names}, {step} steps"

@@ -33,6 +33,7 @@ INSTALL = {
     "onnx": "pip install 'flowgrad[onnx]'",
     "onnxruntime": "pip install 'flowgrad[onnx]'",
     "tokenizers": "pip install 'flowgrad[bpe]'",
+    "matplotlib": "pip install 'flowgrad[plot]'",
     "vulkan": "pip install vulkan (a dependency of flowgrad)",
 }
 

@@ -184,8 +184,12 @@ class Output:
 
 @attrs.frozen
 class Minimize:
+    """`minimize NAME over a, b, ...`: over holds the params it updates as
+    written (a name, or a quoted prefix or glob), empty for every param."""
+
     name: Name
     pos: Pos
+    over: tuple[Name, ...] = ()
 
 
 Stmt = Union[ModelDecl, ConfigBlock, TrainBlock, InputDecl, ParamDecl, Assign, BlockDef, Output, Minimize]

@@ -28,11 +28,12 @@ from flowgrad.dsl.values import (COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticErr
                                   type_name)
 from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
 from flowgrad.errors import FlowError
-from flowgrad.graph import Graph, Span, TensorType
+from flowgrad.graph import Graph, Objective, Span, TensorType
 from flowgrad.graph_check import check_graph
 from flowgrad.initializers import INITIALISERS, check_initialisers
 from flowgrad.ops import OPS
 from flowgrad.ops.scan import INTERNAL
+from flowgrad.param_patterns import declared_params, select
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
@@ -52,6 +53,7 @@ class Builder(Calls, Builtins, Subscripts, Scans):
                                       dict(overrides or {}), self.error).values
         self.blocks = self._collect_blocks(stmts)
         self.top = Scope()
+        self.over: list[tuple] = []   # each `minimize`'s over names, as written, until resolve_over
 
     # ------------------------------------------------------------ helpers
 
@@ -73,6 +75,7 @@ class Builder(Calls, Builtins, Subscripts, Scans):
     def build(self) -> Graph:
         for stmt in self.program.stmts:
             self.statement(stmt, self.top)
+        self.resolve_over()
         g = self.graph
         g.config = dict(self.config)
         trains = [s for s in self.program.stmts if isinstance(s, ast.TrainBlock)]
@@ -259,8 +262,12 @@ class Builder(Calls, Builtins, Subscripts, Scans):
             self.graph.outputs[name.id] = t.id
 
     def minimize(self, s: ast.Minimize, scope: Scope):
-        if self.graph.loss is not None:
-            raise self.error("a model has one `minimize`; this is the second", s.pos, scope)
+        """One objective. Its `over` names are matched against the params once
+        the whole file is built (a block called later declares params too)."""
+        first = next((o for o in self.graph.objectives if o.name == s.name.id), None)
+        if first is not None:
+            raise self.error(f"{s.name.id} is already minimized, at line {first.span.line}: each `minimize` "
+                             "minimizes a value of its own", s.name.pos, scope)
         t = self.tensor_named(s.name, scope, "minimize")
         ttype = self.node_type(t)
         if ttype.shape != ():
@@ -270,8 +277,24 @@ class Builder(Calls, Builtins, Subscripts, Scans):
             raise self.error(f"minimize needs a float scalar, but {s.name.id} is {ttype}", s.name.pos, scope)
         if self.mixed and ttype.dtype == "f16":   # the scaled loss and its seed gradient need f32's range
             t = self.apply_op("cast", [(t, s.name.pos)], {"dtype": (DType("f32"), s.name.pos)}, s.name.pos, scope)
-        self.graph.loss = t.id
+        self.graph.objectives += (Objective(s.name.id, t.id, None, self.span(s.pos, scope)),)
+        self.over.append(s.over)
+        if self.graph.loss is None:
+            self.graph.loss = t.id
         self.graph.outputs.setdefault(s.name.id, t.id)
+
+    def resolve_over(self):
+        """Each objective's `over` as the param names it matches (param_patterns'
+        rules); a name that matches no param is an error at that name."""
+        names = declared_params(self.graph)
+        resolved = []
+        for obj, refs in zip(self.graph.objectives, self.over):
+            if refs:
+                for ref in refs:
+                    select(names, [ref.id], f"minimize {obj.name} over", self.graph.name, self.span(ref.pos))
+                obj = attrs.evolve(obj, over=tuple(select(names, [r.id for r in refs], "", self.graph.name)))
+            resolved.append(obj)
+        self.graph.objectives = tuple(resolved)
 
     # ------------------------------------------------------------ expressions
 

@@ -196,7 +196,14 @@ class ToAst(Transformer_NonRecursive):
         return ast.Output(tuple(tok_name(t) for t in toks), meta_pos(meta))
 
     def minimize_stmt(self, meta, ch):
-        return ast.Minimize(tok_name(ch[0]), meta_pos(meta))
+        return ast.Minimize(tok_name(ch[0]), meta_pos(meta), tuple(ch[1:]))
+
+    def param_ref(self, meta, ch):
+        """A param pattern, bare (`disc`) or quoted (`"disc.0"`): its text."""
+        tok = ch[0]
+        if tok.type == "STRING":
+            return ast.Name(self.string(meta, [tok]).value, meta_pos(meta))
+        return tok_name(tok)
 
     def _binop(op):  # noqa: N805 - a helper that builds methods
         def method(self, meta, ch):

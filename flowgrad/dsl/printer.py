@@ -6,6 +6,7 @@ grammar's literals accept). Comments and the original layout are not kept."""
 from __future__ import annotations
 
 from flowgrad.dsl import ast
+from flowgrad.dsl.parser import reserved
 
 
 def to_source(program: ast.Program) -> str:
@@ -32,8 +33,14 @@ def _stmt(s) -> list[str]:
     if isinstance(s, ast.Output):
         return [f"output {', '.join(n.id for n in s.names)}"]
     if isinstance(s, ast.Minimize):
-        return [f"minimize {s.name.id}"]
+        over = f" over {', '.join(map(_param_ref, s.over))}" if s.over else ""
+        return [f"minimize {s.name.id}{over}"]
     raise TypeError(f"not a statement: {type(s).__name__}")
+
+
+def _param_ref(ref: ast.Name) -> str:
+    """Bare where the text reads back as the same name, else quoted."""
+    return ref.id if ref.id.isidentifier() and not reserved(ref.id) else repr(ref.id)
 
 
 def _type(t: ast.TensorTypeExpr) -> str:

@@ -140,10 +140,12 @@ class ClosureSession:
     path = "closures"
     timer = "wall clock per op"
 
-    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None):
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None, params_of=None):
+        """params_of: a ClosureSession whose params this one steps (the
+        objectives of a model: flowgrad/objectives.py), else its own copy of `params`."""
         self.graph = graph
         self.executor = ClosureExecutor(graph, kernels)
-        self.params = {k: v.copy() for k, v in params.items()}
+        self.params = params_of.params if params_of is not None else {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
         self.counts = Counts()
         self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"

@@ -35,7 +35,9 @@ class GraphSession:
     path = "graph"
     last_path = "graph"
 
-    def __init__(self, graph: Graph, plan, device, params: dict[str, np.ndarray], scaler=None):
+    def __init__(self, graph: Graph, plan, device, params: dict[str, np.ndarray], scaler=None, params_of=None):
+        """params_of: a GraphSession whose resident params this one steps (the
+        objectives of a model: flowgrad/objectives.py), else its own upload of `params`."""
         if device is None:
             raise DeviceError("the graph path needs a Vulkan device")
         if plan is not None and plan.path != "graph":
@@ -51,6 +53,10 @@ class GraphSession:
         self.last_opt_key = None                   # the optimizer state get_opt_state reads
         self.loaded_opt_state: dict | None = None  # from set_opt_state, for optimizers not seen yet
         self.leaves: dict[tuple, object] = {}      # ("val", id) / ("seed",) -> Buffer
+        self.borrowed: set = set()                 # the leaves that are params_of's (it frees them)
+        if params_of is not None:
+            self.borrowed = {("val", i) for i in self.graph.params.values()}
+            self.leaves.update({key: params_of.leaves[key] for key in self.borrowed})
         # (param, its gradient's read-back name) for each trainable param, in the graph's order
         self._grad_keys = [(name, f"@grad:{name}") for name in self.graph.trainable()]
         self._upload_leaves(params)
@@ -64,7 +70,8 @@ class GraphSession:
             raise FlowError(f"no initial value for param {missing[0]!r}")
         arrays = {}
         for name, i in g.params.items():
-            arrays[("val", i)] = (params[name], g.nodes[i].dtype)
+            if ("val", i) not in self.borrowed:
+                arrays[("val", i)] = (params[name], g.nodes[i].dtype)
         for node in g.nodes:
             if node.op == "const":
                 arrays[("val", node.id)] = (node.attrs["value"], node.dtype)
@@ -330,8 +337,9 @@ class GraphSession:
         for prog in self.programs.values():
             prog.free()
         self.programs.clear()
-        for buf in self.leaves.values():
-            buf.free()
+        for key, buf in self.leaves.items():
+            if key not in self.borrowed:
+                buf.free()
         self.leaves.clear()
         for _opt, bufs in self.opt_state.values():
             for entries in bufs.values():

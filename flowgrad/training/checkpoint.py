@@ -21,6 +21,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from flowgrad import objectives
 from flowgrad.errors import FlowError
 from flowgrad.dtypes import dtype_of
 from flowgrad.graph import Graph
@@ -239,21 +240,46 @@ def stray_opt_state(ckpt: Checkpoint, trainable) -> list[str]:
 
 
 def check_no_stray_opt_state(ckpt: Checkpoint, graph: Graph) -> None:
-    """A frozen param's state is the model's (kept for when it trains again); a lacking param's is not."""
+    """A frozen param's state is the model's (kept for when it trains again); a lacking param's is not.
+    With several objectives each keeps its own, under `objective/param`."""
     from flowgrad.param_patterns import declared_params
 
-    problems = stray_opt_state(ckpt, declared_params(graph))
+    problems = stray_opt_state(ckpt, objectives.state_names(graph, declared_params(graph)))
     if problems:
         raise FlowError(f"checkpoint {ckpt.path!r}: its optimizer state does not fit:\n"
                         + "\n".join(f"  - {p}" for p in problems))
+
+
+def check_resumable(ckpt: Checkpoint, optimizer, graph: Graph) -> None:
+    """The saved optimizer state must be what `optimizer` keeps for the
+    trainable params: with several objectives, each objective's (under
+    `objective/param`) what its optimizer keeps for its params."""
+    meta = ckpt.optimizer or {}
+    names = objectives.objective_names(graph)
+    saved = meta.get("objectives")
+    if objectives.several(graph) != (saved is not None) or (saved is not None and (
+            not isinstance(saved, dict) or sorted(saved) != sorted(names))):
+        had = ", ".join(saved) if isinstance(saved, dict) else "one objective"
+        raise FlowError(f"checkpoint {ckpt.path!r} was written for {had}, and {graph.name} minimizes "
+                        f"{', '.join(names)}: resuming needs the same `minimize` statements")
+    if saved is None:
+        trained = graph.trainable()
+        check_opt_state(ckpt, optimizer, {k: v for k, v in ckpt.params.items() if k in trained})
+        return
+    counts = {k: meta[k] for k in ("updates", "iterations") if k in meta}
+    for name, part, opt in zip(names, objectives.objective_graphs(graph), objectives.per_objective(optimizer, graph)):
+        prefix = f"{name}/"
+        own = attrs.evolve(ckpt, optimizer={**saved[name], **counts} if isinstance(saved[name], dict) else None,
+                           opt_state={k[len(prefix):]: v for k, v in ckpt.opt_state.items() if k.startswith(prefix)})
+        trained = part.trainable()
+        check_opt_state(own, opt, {k: v for k, v in ckpt.params.items() if k in trained})
 
 
 def save_session(sess, path, optimizer=None) -> None:
     """Session.save_checkpoint: params, and the optimizer state the session's
     runner holds (with the optimizer that made it, when known)."""
     counts, state = sess.runner.get_opt_state()
-    optimizer = optimizer or sess.optimizer
-    describe = optimizer.describe() if hasattr(optimizer, "describe") else optimizer  # None, or loaded
+    describe = objectives.describe(optimizer or sess.optimizer, sess.graph)   # None, or loaded
     # its step is the iterations: what fg.train's step is, so a run resumed from it goes on alike
     save(path, sess.params, state, counts.iterations, sess.graph.name, sess.graph.config,
          optimizer_meta(describe, sess, counts))

@@ -67,8 +67,9 @@ SPLITS = ("val", "test")
 
 
 def output_inputs(graph: Graph) -> tuple[list[str], list[str]]:
-    """(inputs the model's outputs read, inputs only its loss reads)."""
-    wanted = [i for i in graph.outputs.values() if i != graph.loss]
+    """(inputs the model's outputs read, inputs only its losses read)."""
+    losses = graph.loss_ids()
+    wanted = [i for i in graph.outputs.values() if i not in losses]
     read = {n.id for n in graph.needed_for(wanted)}
     feats = [name for name, i in graph.inputs.items() if i in read]
     return feats, [name for name in graph.inputs if name not in feats]

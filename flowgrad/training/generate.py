@@ -30,7 +30,7 @@ def lm_io(graph) -> tuple[str, str, int]:
                         "token ids shaped [batch, seq] that its outputs read")
     t = graph.nodes[graph.inputs[tokens[0]]].type
     fits = [name for name, i in graph.outputs.items()
-            if i != graph.loss and len(graph.nodes[i].type.shape) == 3 and graph.nodes[i].type.shape[:2] == t.shape]
+            if i not in graph.loss_ids() and len(graph.nodes[i].type.shape) == 3 and graph.nodes[i].type.shape[:2] == t.shape]
     # sampling from softmax(probs / T) would draw nearly uniformly
     fits = predictions_first(graph, fits, targets)
     if fits:

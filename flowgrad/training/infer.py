@@ -34,7 +34,7 @@ def complete_feeds(graph, feeds: dict[str, np.ndarray], outputs=None) -> tuple[d
     that none of those outputs needs). Returns (feeds, the names of the
     inputs filled with zeros)."""
     wanted = ([graph.outputs[o] for o in outputs] if outputs else
-              [i for i in graph.outputs.values() if i != graph.loss] or list(graph.outputs.values()))
+              [i for i in graph.outputs.values() if i not in graph.loss_ids()] or list(graph.outputs.values()))
     reads = {i: uses_inputs(graph, i) for i in wanted}
     out, filled = dict(feeds), set()
     for name, nid in graph.inputs.items():

@@ -22,6 +22,7 @@ import numpy as np
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.objectives import objective_names, several
 from flowgrad.training import spec
 
 METRICS = ("accuracy", "token_accuracy", "mse", "mae", "perplexity", "none")
@@ -86,7 +87,7 @@ def choose(graph: Graph, data, name=None, span=None) -> Metric:
         raise FlowError(f"metric {name} needs targets, and data {data.describe} has none", span,
                         hint='use metric = "none" (the eval loss is always reported)')
     t = graph.nodes[graph.inputs[target]].type
-    outputs = {n: graph.nodes[i].type for n, i in graph.outputs.items() if i != graph.loss}
+    outputs = {n: graph.nodes[i].type for n, i in graph.outputs.items() if i not in graph.loss_ids()}
     if name in CLASS_METRICS:
         if t.dtype in FLOAT_DTYPES:
             raise FlowError(f"metric {name} compares class ids, but the targets (input {target}) are {t}", span,
@@ -138,6 +139,9 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
     from flowgrad.training.infer import FixedBatchError
 
     loss_name = next((n for n, i in sess.graph.outputs.items() if i == sess.graph.loss), None)
+    # with several objectives, each one's loss over the split too (each is an output of the model)
+    others = [n for n in objective_names(sess.graph) if n in sess.graph.outputs] if several(sess.graph) else []
+    sums = dict.fromkeys(others, 0.0)
     loss_sum, weights, rows, total, count = 0.0, 0, 0, 0.0, 0.0
     for feeds, n_valid in data.eval_batches(split):
         valid = {f: a[:n_valid] for f, a in feeds.items()}
@@ -156,6 +160,8 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
         weight = n_valid if mask is None else int(np.count_nonzero(mask))
         if loss_name in outputs and weight:
             loss_sum, weights = loss_sum + float(outputs[loss_name]) * weight, weights + weight
+            for name in others:
+                sums[name] += float(outputs[name]) * weight
         rows += n_valid
         if metric.output is not None:
             t, c = metric.sums(outputs[metric.output][:n_valid], valid[metric.target], mask)
@@ -163,6 +169,8 @@ def evaluate(sess, data, split: str, metric: Metric) -> dict[str, float]:
     if rows == 0:
         return {}
     out = {"loss": loss_sum / weights if weights else float("nan")}
+    if others:
+        out["losses"] = {name: v / weights if weights else float("nan") for name, v in sums.items()}
     if metric.output is not None and count:
         out[metric.name] = metric.finish(total / count)
     return out

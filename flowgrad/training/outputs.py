@@ -12,6 +12,9 @@ from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.training import checkpoint
 
 METRICS_VERSION = 2
+# loss.png's lines, one pair per objective (the eval metric is orange)
+TRAIN_COLORS = ("tab:blue", "tab:red", "tab:purple", "tab:pink")
+EVAL_COLORS = ("tab:green", "tab:brown", "tab:olive", "tab:cyan")
 
 
 class MetricsLog:
@@ -72,6 +75,18 @@ def writing(path: Path):
         raise FlowError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
+def _loss_lines(history: list[dict], split: str) -> list[tuple[str, list, list]]:
+    """(label, train losses, [(step, eval loss)]) per line: the loss, or with
+    several objectives each one's, by its name."""
+    names = list(history[0].get("losses", {})) if history else []
+    if not names:
+        return [("loss", [r["loss"] for r in history],
+                 [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r])]
+    return [(name, [r["losses"][name] for r in history],
+             [(r["step"], r[f"{split}_losses"][name]) for r in history if f"{split}_losses" in r])
+            for name in names]
+
+
 def plot(history: list[dict], path: Path, title: str, metric: str, split: str = "val") -> bool:
     """loss.png: training and eval loss (left axis) and the eval metric
     (right axis, scaled to its values) against the step. Uses matplotlib's
@@ -87,14 +102,15 @@ def plot(history: list[dict], path: Path, title: str, metric: str, split: str = 
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    steps = [r["step"] for r in history]
-    ax.plot(steps, [r["loss"] for r in history], lw=0.8, color="tab:blue", label="train loss")
-    evals = [(r["step"], r[f"{split}_loss"]) for r in history if f"{split}_loss" in r]
-    if evals:
-        ax.plot(*zip(*evals), "s-", color="tab:green", ms=3, label=f"{split} loss")
+    drawn = []
+    for k, (label, train, evals) in enumerate(_loss_lines(history, split)):
+        ax.plot([r["step"] for r in history], train, lw=0.8, color=TRAIN_COLORS[k % 4], label=f"train {label}")
+        if evals:
+            ax.plot(*zip(*evals), "s-", color=EVAL_COLORS[k % 4], ms=3, label=f"{split} {label}")
+        drawn += train + [v for _, v in evals]
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    if all(r["loss"] > 0 for r in history) and all(v > 0 for _, v in evals):
+    if all(v > 0 for v in drawn):
         ax.set_yscale("log")
     ax.legend(loc="upper left", fontsize=8)
     scores = [(r["step"], r[f"{split}_{metric}"]) for r in history if f"{split}_{metric}" in r]

@@ -7,7 +7,8 @@ first, and on each eval step, with steps/s and the time left:
 
     mlp  step 200/800  loss 0.1835  val_loss 0.1942  val_accuracy 96.53%  412.3 steps/s  ETA 1s
 
-(eval values appear on the lines of eval steps).
+(eval values appear on the lines of eval steps; a model with several
+objectives shows each one's loss by its name: `d_loss 1.2  g_loss 0.8`).
 """
 from __future__ import annotations
 
@@ -47,17 +48,15 @@ class Progress:
                             file=self.stream)
 
     def update(self, rec: dict, split: str, metric: str) -> None:
-        shown = {"loss": fmt("loss", rec["loss"])}
-        for key in (f"{split}_loss", f"{split}_{metric}"):
-            if key in rec:
-                shown[key] = fmt(key[len(split) + 1:], rec[key])
+        shown = shown_values(rec, split, metric)
         if self.bar is not None:
             self.post.update(shown)  # the bar keeps the last eval in view
             self.bar.set_postfix(self.post, refresh=False)
             self.bar.update(1)
         elif self.lines:
             now, step = time.perf_counter(), rec["step"]
-            if len(shown) > 1 or step == self.total or (step - self.start) % self.every == 0 \
+            evaluated = f"{split}_loss" in rec or f"{split}_{metric}" in rec
+            if evaluated or step == self.total or (step - self.start) % self.every == 0 \
                     or now - self.last >= self.seconds:
                 self.last = now
                 self.line(step, now, shown)
@@ -76,6 +75,17 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def shown_values(rec: dict, split: str, metric: str) -> dict[str, str]:
+    """The record's loss and eval values, formatted; with several objectives
+    each one's loss by its name (`d_loss 1.2  g_loss 0.8`, `val_d_loss ...`)."""
+    shown = {name: fmt("loss", v) for name, v in rec.get("losses", {"loss": rec["loss"]}).items()}
+    evals = rec.get(f"{split}_losses") or ({"loss": rec[f"{split}_loss"]} if f"{split}_loss" in rec else {})
+    shown.update({f"{split}_{name}": fmt("loss", v) for name, v in evals.items()})
+    if f"{split}_{metric}" in rec:
+        shown[f"{split}_{metric}"] = fmt(metric, rec[f"{split}_{metric}"])
+    return shown
 
 
 def _isatty(stream) -> bool:

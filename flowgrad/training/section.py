@@ -1,7 +1,8 @@
 """The `train { ... }` section of a model, read into a TrainSetup:
 
     data = csv("rows.csv", y="label")    a source from flowgrad.training.sources (required)
-    optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam())
+    optimizer = adam(lr=1e-3)            sgd / adam / adamw (default adam()); with several
+                                         objectives, one for all or [adam(...), sgd(...)], one each
     steps = 400                          (required; --steps overrides)
     eval_every = 50                      default steps // 10
     checkpoint_every = 100               default eval_every
@@ -26,6 +27,7 @@ import attrs
 from flowgrad.binder import did_you_mean
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.objectives import per_objective
 from flowgrad.param_patterns import declared_params, freeze_params, patterns_of
 from flowgrad.training import metrics, spec
 from flowgrad.training.data import Dataset
@@ -41,7 +43,7 @@ OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
 @attrs.define
 class TrainSetup:
     data: Dataset
-    optimizer: Optimizer
+    optimizer: Optimizer | list   # a list: one per objective, in file order
     steps: int
     eval_every: int
     checkpoint_every: int
@@ -105,9 +107,9 @@ def _check(graph, steps, data, optimizer, seed, freeze=None, first=False) -> tup
         attempt(lambda: _steps(items, steps, where))
     attempt(lambda: freeze_patterns(graph, freeze))
     if optimizer is None:
-        attempt(lambda: _optimizer(items, where, 100).check_params(declared_params(graph), graph.name))
-    elif isinstance(optimizer, Optimizer):
-        attempt(lambda: optimizer.check_params(declared_params(graph), graph.name))
+        attempt(lambda: _check_optimizers(_optimizer(items, where, 100, graph), graph))
+    else:
+        attempt(lambda: _check_optimizers(optimizer, graph))
     bound = None
     if data is None and "data" in items:
         try:  # the split depends on the seed: make the data as training will
@@ -170,9 +172,36 @@ def _model_span(graph):
     return next((n.span for n in graph.nodes if n.span is not None), None)
 
 
-def _optimizer(items, where, steps):
+def _optimizer(items, where, steps, graph):
+    """The train section's optimizer, or a list of one per objective (`[adam(...), sgd(...)]`)."""
     extra = {k: (items[k], where(k)) for k in OPTIMIZER_KEYS if k in items}
-    return make_optimizer(items.get("optimizer", ("call", "adam", (), {})), where("optimizer"), steps, extra)
+    value = items.get("optimizer", ("call", "adam", (), {}))
+    if not isinstance(value, list):
+        return make_optimizer(value, where("optimizer"), steps, extra)
+    made = [make_optimizer(v, where("optimizer"), steps, extra) for v in value]
+    per_objective(made, graph, where("optimizer"))   # one per objective
+    return made
+
+
+def _check_optimizers(optimizer, graph) -> None:
+    """Optimizers given from Python (one, or a list of one per objective): their
+    count, and their no_decay names against the params."""
+    for one in per_objective(optimizer, graph):
+        if isinstance(one, Optimizer):
+            one.check_params(declared_params(graph), graph.name)
+
+
+def _spanning(optimizer, steps: int):
+    """An optimizer made in Python without total_steps: a cosine or linear
+    schedule over no steps would end at min_lr after the first. It spans this
+    run, as the train section's does (and stretches with --steps on a
+    resume); a copy, so the caller's optimizer is left as it was."""
+    if isinstance(optimizer, (list, tuple)):
+        return [_spanning(one, steps) for one in optimizer]
+    if isinstance(optimizer, Optimizer) and optimizer.schedule.needs_total and optimizer.schedule.total == 0:
+        optimizer = copy.copy(optimizer)
+        optimizer.schedule = attrs.evolve(optimizer.schedule, total=steps)
+    return optimizer
 
 
 def _eval_split(data, span=None, need_val=False) -> str:
@@ -201,14 +230,7 @@ def _setup(graph, steps, data, optimizer, seed, freeze) -> TrainSetup:
     metric = metrics.choose(graph, data, items.get("metric"), where("metric") or where("data"))
     early_stop = items.get("early_stop")
     split = _eval_split(data, where("early_stop"), need_val=early_stop is not None)
-    if optimizer is None:
-        optimizer = _optimizer(items, where, steps)
-    elif isinstance(optimizer, Optimizer) and optimizer.schedule.needs_total and optimizer.schedule.total == 0:
-        # made in Python without total_steps: a cosine or linear schedule over no steps would end at
-        # min_lr after the first. It spans this run, as the train section's does (and stretches
-        # with --steps on a resume); a copy, so the caller's optimizer is left as it was.
-        optimizer = copy.copy(optimizer)
-        optimizer.schedule = attrs.evolve(optimizer.schedule, total=steps)
+    optimizer = _optimizer(items, where, steps, graph) if optimizer is None else _spanning(optimizer, steps)
     return TrainSetup(data, optimizer, steps, eval_every, checkpoint_every, seed, metric, split, early_stop,
                       freeze_patterns(graph, freeze))
 

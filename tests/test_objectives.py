@@ -1,0 +1,330 @@
+"""Several objectives (`minimize LOSS over P, ...`): each objective's forward
+reads the params as the objectives before it left them, its backward takes
+its loss's gradient for its own params, its optimizer (its own state)
+updates them, in file order, as a PyTorch loop that alternates the updates
+of a GAN does; on numpy and on the Vulkan graph path (one submit each). The
+`over` names (params, block prefixes), their errors, optimizer lists,
+checkpoints, frozen params and `explain`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowgrad as fg
+from flowgrad.errors import FlowError
+from flowgrad.training.optim import SGD, Adam
+from conftest import needs_module
+
+# a generator g (top-level params) and a discriminator (a block) that one call
+# scores real rows, the fakes as its own objective sees them, and the fakes the
+# generator's objective differentiates
+GAN = """model tiny_gan
+config {
+  batch = 4
+}
+input x: f32[batch, 3]
+input z: f32[batch, 2]
+param g_w: f32[2, 3] = normal(std=0.5)
+param g_b: f32[3] = normal(std=0.1)
+block disc(h) {
+  param w: f32[3, 5] = normal(std=0.5)
+  param b: f32[5] = normal(std=0.1)
+  param v: f32[5, 1] = normal(std=0.5)
+  return tanh(h @ w + b) @ v
+}
+fake = tanh(z @ g_w + g_b)
+scores = disc(concat(x, stop_gradient(fake), fake, axis=0))
+real_s, fake_s, gen_s = split(scores, 3, axis=0)
+ones = full([batch, 1], 1.0)
+d_loss = bce_with_logits(real_s, ones) + bce_with_logits(fake_s, full([batch, 1], 0.0))
+g_loss = bce_with_logits(gen_s, ones)
+output fake
+minimize d_loss over disc
+minimize g_loss over g_w, g_b
+train {
+  data = npz("data.npz", y=none)
+  optimizer = [adam(lr=0.05), sgd(lr=0.1, momentum=0.9)]
+  steps = 4
+  eval_every = 2
+}
+"""
+ROOT = Path(__file__).resolve().parent.parent
+DISC = ["disc.0.w", "disc.0.b", "disc.0.v"]
+GEN = ["g_w", "g_b"]
+
+
+def gan(**config):
+    return fg.loads(GAN, config, file="tiny_gan.flow")
+
+
+def batches(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(1.0, 0.5, (4, 3)).astype(np.float32),
+             "z": rng.normal(size=(4, 2)).astype(np.float32)} for _ in range(n)]
+
+
+def optimizers():
+    return [Adam(lr=0.05), SGD(lr=0.1, momentum=0.9)]
+
+
+def torch_loop(start: dict, feeds: list[dict]):
+    """The same GAN in PyTorch float64, alternating the updates: the
+    discriminator's step, then the generator's against the updated
+    discriminator. Returns the params after the steps and each step's losses."""
+    torch = needs_module("torch")
+    F = torch.nn.functional
+    p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+    opt_d = torch.optim.Adam([p[k] for k in DISC], lr=0.05)
+    opt_g = torch.optim.SGD([p[k] for k in GEN], lr=0.1, momentum=0.9)
+
+    def disc(h):
+        return torch.tanh(h @ p["disc.0.w"] + p["disc.0.b"]) @ p["disc.0.v"]
+
+    def losses(x, z):
+        fake = torch.tanh(z @ p["g_w"] + p["g_b"])
+        real_s, fake_s, gen_s = disc(torch.cat([x, fake.detach(), fake])).split(4)
+        ones, zeros = torch.ones_like(real_s), torch.zeros_like(real_s)
+        return (F.binary_cross_entropy_with_logits(real_s, ones) + F.binary_cross_entropy_with_logits(fake_s, zeros),
+                F.binary_cross_entropy_with_logits(gen_s, ones))
+
+    history = []
+    for f in feeds:
+        x, z = (torch.tensor(f[k], dtype=torch.float64) for k in ("x", "z"))
+        d_loss, _ = losses(x, z)
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        _, g_loss = losses(x, z)    # the generator's forward sees the updated discriminator
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+        history.append({"d_loss": d_loss.item(), "g_loss": g_loss.item()})
+    return {k: v.detach().numpy() for k, v in p.items()}, history
+
+
+def check_against_torch(sess, steps=3):
+    start = sess.params
+    feeds = batches(steps)
+    opts = optimizers()
+    got = [sess.step(f, optimizer=opts).losses for f in feeds]
+    want_params, want_losses = torch_loop(start, feeds)
+    after = sess.params
+    for name, want in want_params.items():
+        assert not np.allclose(want, start[name]), name   # every param moved
+        np.testing.assert_allclose(after[name], want, rtol=1e-4, atol=1e-6, err_msg=name)
+    for g, w in zip(got, want_losses):
+        assert g.keys() == w.keys()
+        np.testing.assert_allclose([g[k] for k in w], [w[k] for k in w], rtol=1e-4)
+
+
+def test_two_objectives_match_a_pytorch_loop_that_alternates_the_updates():
+    check_against_torch(gan().compile(device="cpu"))
+
+
+def test_two_objectives_on_vulkan_closures_match_pytorch(vk_device):
+    sess = gan().compile(device="vulkan", backward="closures")
+    assert sess.last_path == "closures (backward='closures' was asked for)"
+    check_against_torch(sess, steps=2)
+
+
+def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
+    sess = gan().compile(device="vulkan", backward="graph")
+    sess.step(batches(1)[0], grads=False)
+    assert sess.last_path == "graph"
+    check_against_torch(sess)
+    # each objective is a step program of its own, over the first's resident params
+    first, second = sess.runner.runners
+    assert all(second.leaves[("val", i)] is first.leaves[("val", i)] for i in sess.graph.params.values())
+    report = sess.explain()
+    assert report.to_dict()["graph_plan"]["submits"] == 2
+    assert "objectives, applied in this order each step (its own submit):" in report.text()
+
+
+def test_each_objective_differentiates_and_updates_its_own_params_only():
+    sess = gan().compile(device="cpu")
+    start = sess.params
+    res = sess.step(batches(1)[0], optimizer=optimizers())
+    assert sorted(res.grads) == sorted(DISC + GEN)
+    assert res.loss == res.losses["d_loss"] and list(res.losses) == ["d_loss", "g_loss"]
+    # the discriminator's backward never reaches the generator (stop_gradient, and `over`)
+    d_graph, g_graph = (graph for _name, graph, _runner in sess.parts)
+    assert sorted(d_graph.trainable()) == sorted(DISC) and sorted(g_graph.trainable()) == sorted(GEN)
+    tanh = next(n.id for n in sess.graph.nodes if n.op == "tanh")   # the generator's
+    assert tanh not in sess.plans[0].grad_nodes and tanh in sess.plans[1].grad_nodes
+    # a step with one optimizer: each objective keeps its own state
+    sess.step(batches(1)[0], optimizer=Adam(lr=0.01))
+    _counts, state = sess.runner.get_opt_state()
+    assert sorted(state) == sorted([f"d_loss/{n}" for n in DISC] + [f"g_loss/{n}" for n in GEN])
+    assert any(not np.array_equal(sess.params[n], start[n]) for n in GEN + DISC)
+
+
+def test_over_a_block_prefix_updates_that_block_only():
+    model = fg.loads(GAN.replace("minimize g_loss over g_w, g_b\n", ""), file="d_only.flow")
+    sess = model.compile(device="cpu")
+    assert [o.over for o in sess.graph.objectives] == [tuple(DISC)]
+    start = sess.params
+    res = sess.step(batches(1)[0], optimizer=Adam(lr=0.05))
+    assert sorted(res.grads) == sorted(DISC)
+    after = sess.params
+    for name in DISC + GEN:
+        assert np.array_equal(after[name], start[name]) == (name in GEN), name
+    assert "objective:\n  1. d_loss over disc.0.w, disc.0.b, disc.0.v" in sess.explain().text()
+
+
+def test_an_unknown_name_in_over_is_an_error_at_it():
+    with pytest.raises(FlowError) as e:
+        fg.loads(GAN.replace("over disc", "over dsic"), file="tiny_gan.flow")
+    assert str(e.value).startswith("tiny_gan.flow:22:22: minimize d_loss over: 'dsic' matches no param of tiny_gan")
+    assert "^^^^" in str(e.value) and e.value.hint == "did you mean disc?"
+    with pytest.raises(FlowError, match=r"tiny_gan.flow:23:27: minimize g_loss over: 'disc.9' matches no param"):
+        fg.loads(GAN.replace("over g_w, g_b", 'over g_w, "disc.9"'), file="tiny_gan.flow")
+    with pytest.raises(FlowError, match=r"tiny_gan.flow:23:10: d_loss is already minimized, at line 22"):
+        fg.loads(GAN.replace("minimize g_loss", "minimize d_loss"), file="tiny_gan.flow")
+
+
+def test_a_list_of_optimizers_needs_one_per_objective(tmp_path):
+    sess = gan().compile(device="cpu")
+    with pytest.raises(FlowError, match=r"3 optimizers for tiny_gan's 2 objectives \(d_loss, g_loss\)"):
+        sess.step(batches(1)[0], optimizer=optimizers() + [Adam()])
+    path = tmp_path / "tiny_gan.flow"
+    path.write_text(GAN.replace("sgd(lr=0.1, momentum=0.9)]", "sgd(lr=0.1), adam()]"))
+    np.savez(tmp_path / "data.npz", x=np.zeros((20, 3), np.float32), z=np.zeros((20, 2), np.float32))
+    with pytest.raises(FlowError) as e:
+        fg.train(fg.load(path), device="cpu", progress=False)
+    assert str(e.value).startswith(f"{path}:26:3: 3 optimizers for tiny_gan's 2 objectives (d_loss, g_loss)")
+
+
+def test_several_objectives_refuse_mixed_precision():
+    with pytest.raises(FlowError, match="several objectives train in f32 or f16 for now"):
+        gan().compile(device="cpu", dtype="mixed")
+
+
+def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
+    feeds = batches(4)
+    whole = gan().compile(device="cpu")
+    for f in feeds:
+        whole.step(f, optimizer=optimizers())
+    first = gan().compile(device="cpu")
+    opts = optimizers()
+    for f in feeds[:2]:
+        first.step(f, optimizer=opts)
+    first.save_checkpoint(tmp_path / "c.safetensors")
+    second = gan().compile(device="cpu", seed=5)
+    second.load_checkpoint(tmp_path / "c.safetensors")
+    counts, state = second.runner.get_opt_state()
+    assert counts.updates == 2 and {k.split("/")[0] for k in state} == {"d_loss", "g_loss"}
+    assert "momentum_buffer" in state["g_loss/g_w"] and "exp_avg" in state["d_loss/disc.0.w"]
+    opts = optimizers()
+    for f in feeds[2:]:
+        second.step(f, optimizer=opts)
+    for name, value in whole.params.items():
+        np.testing.assert_allclose(second.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
+    path = tmp_path / "tiny_gan.flow"
+    path.write_text(GAN)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 3)).astype(np.float32),
+             z=rng.normal(size=(40, 2)).astype(np.float32))
+    whole = fg.train(fg.load(path), device="cpu", out=tmp_path / "whole", progress=False)
+    fg.train(fg.load(path), device="cpu", out=tmp_path / "part", steps=2, progress=False)
+    resumed = fg.train(fg.load(path), device="cpu", out=tmp_path / "part", resume=True, progress=False)
+    for name, value in whole.session.params.items():
+        np.testing.assert_array_equal(resumed.session.params[name], value, err_msg=name)
+    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[1:]]
+    assert [sorted(r["losses"]) for r in records] == [["d_loss", "g_loss"]] * 4
+    assert records[1]["val_losses"].keys() == {"d_loss", "g_loss"}
+    assert records[0]["loss"] == records[0]["losses"]["d_loss"]
+    assert records[-1]["test_losses"].keys() == {"d_loss", "g_loss"}
+    # a checkpoint of other objectives (here: one) is refused
+    path.write_text(GAN.replace("minimize g_loss over g_w, g_b\n", "").replace(
+        "[adam(lr=0.05), sgd(lr=0.1, momentum=0.9)]", "adam(lr=0.05)"))
+    with pytest.raises(FlowError, match=r"part/checkpoint.safetensors. was written for d_loss, g_loss, and tiny_gan "
+                                         "minimizes d_loss: resuming needs the same `minimize` statements"):
+        fg.train(fg.load(path), device="cpu", out=tmp_path / "part", resume=True, steps=6, progress=False)
+
+
+def test_frozen_params_stay_fixed_inside_an_objective():
+    sess = gan().compile(device="cpu", freeze=["disc.0.b", "g_b"])
+    start = sess.params
+    res = sess.step(batches(1)[0], optimizer=optimizers())
+    assert sorted(res.grads) == ["disc.0.v", "disc.0.w", "g_w"]
+    sess.step(batches(1)[0], optimizer=optimizers())
+    after = sess.params
+    for name in DISC + GEN:
+        assert np.array_equal(after[name], start[name]) == (name in ("disc.0.b", "g_b")), name
+    _counts, state = sess.runner.get_opt_state()
+    assert sorted(state) == ["d_loss/disc.0.v", "d_loss/disc.0.w", "g_loss/g_w"]
+
+
+def test_explain_lists_the_objectives_and_their_params():
+    import jsonschema
+
+    report = gan().compile(device="cpu").explain()
+    data = report.to_dict()
+    jsonschema.validate(data, json.loads((ROOT / "docs" / "explain.schema.json").read_text()))
+    assert [(o["name"], o["params"]) for o in data["objectives"]] == [("d_loss", DISC), ("g_loss", GEN)]
+    assert data["objectives"][0]["where"]["line"] == 22
+    text = report.text()
+    assert ("objectives, applied in this order each step (its own forward, backward and update):\n"
+            "  1. d_loss over disc.0.w, disc.0.b, disc.0.v   tiny_gan.flow:22:1\n"
+            "  2. g_loss over g_w, g_b   tiny_gan.flow:23:1") in text
+    # the node table marks the backward of either objective
+    backward = {n["name"] for n in data["nodes"] if n["backward"]}
+    assert {"fake", "scores", "d_loss", "g_loss"} <= backward
+
+
+def test_the_printer_keeps_over():
+    from flowgrad.dsl import parse
+    from flowgrad.dsl.printer import to_source
+
+    source = to_source(parse(GAN.replace("over g_w, g_b", 'over g_w, "g_*"'), "a.flow"))
+    assert "minimize d_loss over disc\nminimize g_loss over g_w, 'g_*'\n" in source
+    assert [o.over for o in fg.loads(source).graph.objectives] == [tuple(DISC), tuple(GEN)]
+
+
+TURNS = """model turns
+input x: f32[4, 3]
+param a: f32[3] = ones()
+param b: f32[3] = ones()
+la = sum(a) + mean(x)
+s = sqrt(a - 0.9)
+lb = mean(s * b) + mean(x * x)
+minimize la over a
+minimize lb over b
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_check_finite_names_the_node_of_the_objective_that_failed(request, device):
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    sess = fg.loads(TURNS, file="turns.flow").compile(device=device, check_finite=True)
+    x = np.ones((4, 3), np.float32)
+    # the first objective's update takes a to 0.5, where the second's sqrt(a - 0.9) is NaN
+    with pytest.raises(FlowError) as e:
+        sess.step({"x": x}, optimizer=SGD(lr=0.5))
+    assert "the first non-finite value is the output of op sqrt (s)" in e.value.message, str(e.value)
+    assert e.value.span.where() == "turns.flow:6:5"
+    assert device == "cpu" or sess.last_path == "graph"
+    np.testing.assert_array_equal(sess.params["a"], np.ones(3, np.float32))   # the whole step was undone
+
+
+def test_data_parallel_training_refuses_several_objectives(monkeypatch, tmp_path):
+    from flowgrad import trainer
+
+    (tmp_path / "tiny_gan.flow").write_text(GAN)
+    np.savez(tmp_path / "data.npz", x=np.zeros((20, 3), np.float32), z=np.zeros((20, 2), np.float32))
+
+    class World:   # a launcher's ranks, as far as train() asks before it steps
+        def device_for(self, device):
+            return device
+
+    monkeypatch.setattr(trainer, "_join", lambda: World())
+    with pytest.raises(FlowError, match="tiny_gan has 2 objectives, and data-parallel training all-reduces one "
+                                        "backward's gradients a step"):
+        fg.train(fg.load(tmp_path / "tiny_gan.flow"), device="cpu", progress=False)
