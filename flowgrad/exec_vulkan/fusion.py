@@ -94,13 +94,14 @@ def _blocked(graph: Graph, node: Node, blocked: str, k: int) -> Node | None:
     if lowering_for(blocked) is None:
         return None
     shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
-    new = Node(node.id, blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
+    new = Node(node.id, blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span,
+               node.grad_of)
     return new if _fits(graph, new) else None
 
 
-def split_products(graph: Graph) -> tuple[list, list]:
+def split_products(graph: Graph, roots: set) -> tuple[list, list]:
     """(splits, rewritten nodes) for every product read only through its blocks."""
-    users, roots = graph.users(), set(graph.roots())
+    users = graph.users()
     nodes, splits = list(graph.nodes), []
     for node in graph.nodes:
         low = lowering_for(node.op) if node.op not in LEAF_OPS else None
@@ -113,21 +114,28 @@ def split_products(graph: Graph) -> tuple[list, list]:
         nodes[node.id] = new
         for index, p in enumerate(parts):
             old = graph.nodes[p]
-            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)
+            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span, old.grad_of)
         splits.append(SplitProduct(node.id, parts))
     return splits, nodes
 
 
-def _pointwise(node: Node) -> bool:
+def _pointwise(node: Node, forward_only: bool = False) -> bool:
+    """forward_only: in a step graph, whose backward is nodes of its own, an
+    op without a gradient (a comparison, where's condition) fuses too."""
     if node.op in LEAF_OPS or node.dtype not in FLOATS:
         return False
     low = lowering_for(node.op)
     op = get_op(node.op)
-    return low is not None and low.pointwise is not None and not op.nondiff and not op.updates
+    if low is None or low.pointwise is None or op.updates:
+        return False
+    # a chain's own backward needs each member's map-op VJP (Pointwise.grads)
+    return forward_only or (not op.nondiff and low.pointwise(node.attrs).grads is not None)
 
 
-def fused_node(graph: Graph, members) -> Node:
-    """The `fused` node computing the chain `members` (sorted ids, last = its value)."""
+def fused_node(graph: Graph, members, fold_consts: bool = False) -> Node:
+    """The `fused` node computing the chain `members` (sorted ids, last = its
+    value). fold_consts: its scalar constant inputs are the program's scalars
+    (attrs["consts"]: (input position, value)), read from no buffer."""
     inside = set(members)
     ext: list[int] = []
     for m in members:
@@ -136,10 +144,25 @@ def fused_node(graph: Graph, members) -> Node:
     steps = tuple((graph.nodes[m].op, tuple(ref[i] for i in graph.nodes[m].inputs), graph.nodes[m].attrs)
                   for m in members)
     last = graph.nodes[members[-1]]
-    return Node(last.id, "fused", tuple(ext), last.type, last.name, {"steps": steps}, last.span)
+    at = {"steps": steps}
+    consts = tuple((k, float(graph.nodes[i].attrs["value"])) for k, i in enumerate(ext)
+                   if fold_consts and graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
+    if consts:
+        at["consts"] = consts
+    return Node(last.id, "fused", tuple(ext), last.type, last.name, at, last.span, last.grad_of)
 
 
-def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | None:
+class DryRuns(dict):
+    """The dispatch counts of one fusion pass's dry runs, by `_dry_run_key`;
+    forward_only: count what the forward lowering records (a step graph's
+    nodes, whose backward is nodes of their own), not both directions."""
+
+    def __init__(self, forward_only: bool = False):
+        super().__init__()
+        self.forward_only = forward_only
+
+
+def _dispatches(graph: Graph, node: Node, counted: DryRuns | None = None) -> int | None:
     """Dispatches the node's lowering records both ways (every float input
     differentiated), on a dry run; None when it can't take the node.
     `counted` keeps the counts of one fusion pass by `_dry_run_key`: a model
@@ -161,7 +184,8 @@ def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | 
     rec = Recorder(None)
     try:
         low.forward(rec, node, ins, view(node.type))
-        low.backward(rec, node, view(node.type), ins, view(node.type), grads)
+        if counted is None or not counted.forward_only:
+            low.backward(rec, node, view(node.type), ins, view(node.type), grads)
         found = rec.counts()["dispatches"]
     except (DeviceError, ValueError):
         found = None
@@ -192,12 +216,12 @@ def _attr_key(value):
     return None
 
 
-def _fits(graph: Graph, node: Node, counted: dict | None = None) -> bool:
+def _fits(graph: Graph, node: Node, counted: DryRuns | None = None) -> bool:
     return _dispatches(graph, node, counted) is not None
 
 
-def _saves(graph: Graph, members, counted: dict | None = None) -> bool:
-    fused = _dispatches(graph, fused_node(graph, members), counted)
+def _saves(graph: Graph, members, counted: DryRuns | None = None) -> bool:
+    fused = _dispatches(graph, fused_node(graph, members, counted is not None and counted.forward_only), counted)
     return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m], counted) or 0 for m in members)
 
 
@@ -221,7 +245,7 @@ def _same_sums(graph: Graph, users, members) -> bool:
     return True
 
 
-def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None = None) -> tuple | None:
+def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: DryRuns | None = None) -> tuple | None:
     """`node` (a product whose lowering takes an epilogue) and the ops after
     it that its store can do: each the only reader of the value before it,
     adding a residual or a bias, then maybe an activation ending the chain
@@ -241,38 +265,68 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None
         if last in roots or len(users[last]) != 1:
             break
         nxt = graph.nodes[users[last][0]]
-        if not _pointwise(nxt) or nxt.dtype != node.dtype or nxt.shape != node.shape:
+        if not _pointwise(nxt, counted.forward_only) or nxt.dtype != node.dtype or nxt.shape != node.shape:
             break
         chain = members + [nxt.id]
-        fused = fused_node(graph, chain)
+        fused = fused_node(graph, chain, counted.forward_only)
         form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
         if form is None:
             break
         members = chain
-        read = any(_pointwise(graph.nodes[u]) for u in users[nxt.id])
+        read = any(_pointwise(graph.nodes[u], counted.forward_only) for u in users[nxt.id])
+        if counted.forward_only:   # only a lone pointwise reader could take this value into its chain
+            read = read and len(users[nxt.id]) == 1
         if not read or (form.residual is not None and form.act is None):
             best = tuple(chain)
         if form.act is not None:
             break
-    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best, counted):
+    if best is None or not (counted.forward_only or _same_sums(graph, users, best)) or not _saves(graph, best, counted):
         return None
     return best
 
 
-def fuse(graph: Graph) -> Fusion:
+def _transposed(node: Node) -> bool:
+    """A transpose of the last two axes of a value of rank >= 2."""
+    if node.op != "transpose" or len(node.shape) < 2:
+        return False
+    axes = {node.attrs["dim0"] % len(node.shape), node.attrs["dim1"] % len(node.shape)}
+    return axes == {len(node.shape) - 2, len(node.shape) - 1}
+
+
+def fold_transposes(graph: Graph) -> Graph:
+    """Each matmul of an operand transposed in its last two axes reads that
+    operand as it is, transposed by its strides (a `matmul_t`): a step graph's
+    backward (`g @ w.mT`, `x.mT @ g`) then copies nothing to transpose."""
+    nodes = list(graph.nodes)
+    for node in graph.nodes:
+        if node.op != "matmul" or any(len(graph.nodes[i].shape) < 2 for i in node.inputs):
+            continue
+        flags = [_transposed(graph.nodes[i]) for i in node.inputs]
+        if any(flags):
+            ins = tuple(graph.nodes[i].inputs[0] if f else i for i, f in zip(node.inputs, flags))
+            nodes[node.id] = attrs.evolve(node, op="matmul_t", inputs=ins, attrs={"ta": flags[0], "tb": flags[1]})
+    return attrs.evolve(graph, nodes=nodes)
+
+
+def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
+    """forward_only: the graph holds its backward as nodes (a step graph):
+    a chain is kept when its forward saves dispatches. keep: nodes whose
+    values the step keeps beside the outputs (its gradients)."""
+    if forward_only:
+        graph = fold_transposes(graph)
     users = graph.users()
-    roots = set(graph.roots())
+    roots = set(graph.roots()) | set(keep)
     taken: set[int] = set()
-    counted: dict = {}       # dry runs' dispatch counts (_dispatches)
+    counted = DryRuns(forward_only)
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
         chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
         if chain is not None:
-            built[chain[-1]] = fused_node(graph, chain)
+            built[chain[-1]] = fused_node(graph, chain, forward_only)
             groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
             taken |= set(chain)
     for node in reversed(graph.nodes):
-        if node.id in taken or not _pointwise(node):
+        if node.id in taken or not _pointwise(node, forward_only):
             continue
         members = {node.id}
         grown = True
@@ -282,19 +336,19 @@ def fuse(graph: Graph) -> Fusion:
                 for i in graph.nodes[m].inputs:
                     cand = graph.nodes[i]
                     if (i in members or i in taken or i in roots or cand.dtype != node.dtype
-                            or not _pointwise(cand) or not all(u in members for u in users[i])):
+                            or not _pointwise(cand, forward_only) or not all(u in members for u in users[i])):
                         continue
                     chain = sorted(members | {i})
-                    if _same_sums(graph, users, chain) and _fits(graph, fused_node(graph, chain), counted):
+                    if (forward_only or _same_sums(graph, users, chain)) and _fits(graph, fused_node(graph, chain, forward_only), counted):
                         members.add(i)
                         grown = True
         chain = tuple(sorted(members))
-        if _same_sums(graph, users, chain) and _saves(graph, chain, counted):
-            built[node.id] = fused_node(graph, chain)
+        if (forward_only or _same_sums(graph, users, chain)) and _saves(graph, chain, counted):
+            built[node.id] = fused_node(graph, chain, forward_only)
             groups.append(FusedGroup(node.id, chain, built[node.id].inputs))
             taken |= members
     groups.sort(key=lambda grp: grp.node)   # in graph order
-    splits, nodes = split_products(graph)
+    splits, nodes = split_products(graph, roots)
     if not groups and not splits:
         return no_fusion(graph)
     for grp in groups:

@@ -90,6 +90,19 @@ class GraphSession:
         """The step's feeds plus, when it runs a loss-scaled backward, the scale words."""
         return {**feeds, "@scale": self._scale_words()} if prog.layout.scale is not None else feeds
 
+    def holds(self, node) -> bool:
+        """Whether `node` (a const of a step's graph) is one of the session's leaves."""
+        i = node.id
+        return i < len(self.graph.nodes) and self.graph.nodes[i] is node and ("val", i) in self.leaves
+
+    def write_consts(self, pairs) -> None:
+        """Upload (view, array) pairs: a step graph's own constants."""
+        if pairs:
+            with OneShot(self.device) as s:
+                for view, value in pairs:
+                    s.write(view, np.ascontiguousarray(value, dtype=NUMPY[view.dtype]).reshape(view.shape))
+                s.run()
+
     def leaf_buffer(self, pb):
         (key,) = pb.values
         return self.leaves[key]
@@ -146,6 +159,17 @@ class GraphSession:
                     view.buffer.free()
         self.opt_state.clear()
         self.last_opt_key = None
+
+    def check_step(self, step) -> None:
+        """A step with the inputs' gradients reaches nodes the planner did not
+        check (its plan is made on demand): refuse them here, with their line."""
+        from flowgrad.planner.plan import node_refusals
+
+        refusals = node_refusals(step.graph, frozenset(), None)
+        if refusals:
+            r = refusals[0]
+            raise FlowError(f"{r.node.label} = {r.node.op}(...) cannot run on the graph path: {r.message}; "
+                            "compile with backward='closures' to differentiate it", r.node.span)
 
     def check_backward(self, mem: MemoryPlan) -> None:
         """grad_inputs can reach nodes the planner did not check; refuse them

@@ -30,6 +30,7 @@ import heapq
 
 import attrs
 
+from flowgrad.autodiff import SEED
 from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.grad_paths import backward_nodes
 from flowgrad.graph import LEAF_OPS, Graph
@@ -113,18 +114,20 @@ def _nbytes(node) -> int:
     return max(node.type.nbytes, 1)
 
 
-def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
+def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False, keep: tuple = ()) -> MemoryPlan:
     """The memory plan of one step; backward=False plans a forward-only step.
     The backward set is derived from the graph exactly as the planner's. The
-    training step's plan is made once, by the planner: use Plan.memory_for."""
-    forward = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
+    training step's plan is made once, by the planner: use Plan.memory_for.
+    keep: nodes computed and kept to the step's end beside the outputs (the
+    gradients a step graph computes)."""
+    forward = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
     bwd, positions = (backward_nodes(graph, grad_inputs) if backward and graph.loss is not None
                       else (frozenset(), {}))
     schedule = [Step("forward", n.id) for n in forward]
     schedule += [Step("backward", n.id) for n in reversed(forward) if n.id in bwd]
     if bwd:
         schedule.append(Step("optimizer"))
-    return _Planner(graph, schedule, positions, bwd, grad_inputs).run()
+    return _Planner(graph, schedule, positions, bwd, grad_inputs, keep).run()
 
 
 def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
@@ -171,8 +174,9 @@ def grad_views(graph: Graph, view_of: dict, bwd: frozenset) -> frozenset:
 
 
 class _Planner:
-    def __init__(self, graph, schedule, positions, bwd, grad_inputs):
+    def __init__(self, graph, schedule, positions, bwd, grad_inputs, keep=()):
         self.graph = graph
+        self.keep = keep
         self.schedule = schedule
         self.positions = positions
         self.bwd = bwd
@@ -222,9 +226,12 @@ class _Planner:
     def run(self) -> MemoryPlan:
         g = self.graph
         nodes = g.nodes
-        roots = set(g.roots())
+        roots = set(g.roots()) | set(self.keep)
         leaves = {n.id for n in g.needed_for(list(roots)) if n.op in LEAF_OPS}
         for i in sorted(leaves | set(g.params.values())):
+            if nodes[i].op == "input" and nodes[i].name == SEED:   # the session's seed leaf
+                self.group(("seed",), -1, "seed", [(("val", i), nodes[i])])
+                continue
             kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]
             self.group(("val", i), -1, kind, [(("val", i), nodes[i])])
         if self.bwd:
@@ -238,6 +245,8 @@ class _Planner:
                 if node.id in self.view_of:
                     src, off = self.view_of[node.id]
                     self.place(("val", node.id), ("val", src), off)
+                elif self.side_by_side(node):   # its parts already lie in order: it is them
+                    self.place(("val", node.id), ("val", node.inputs[0]), 0)
                 else:
                     self.group(("val", node.id), t, "step", [(("val", node.id), node)])
                 if node.id in roots:
@@ -245,6 +254,30 @@ class _Planner:
             elif step.kind == "backward":
                 self.backward_step(t, nodes[step.node], saved_ids)
         return self.assign(saved_ids)
+
+    def where(self, key) -> tuple:
+        """(group key, byte offset) of a slot placed so far."""
+        off = 0
+        while key in self.alias:
+            key, more = self.alias[key]
+            off += more
+        grp = self.part_group[key]
+        return grp, off + next(o for part, _n, o in self.groups[grp][3] if part == key)
+
+    def side_by_side(self, node) -> bool:
+        """A concat along its leading axis of computed values laid out one
+        after another in one place (the blocks of a packed gradient)."""
+        axis = node.attrs.get("axis", 0) % max(len(node.shape), 1) if node.op == "concat" else None
+        if axis is None or any(n != 1 for n in node.shape[:axis]) or len(node.inputs) < 2:
+            return False
+        if any(self.graph.nodes[i].op in LEAF_OPS or self.graph.nodes[i].dtype != node.dtype for i in node.inputs):
+            return False
+        grp, at = self.where(("val", node.inputs[0]))
+        for i in node.inputs:
+            if self.where(("val", i)) != (grp, at):
+                return False
+            at += self.graph.nodes[i].type.nbytes
+        return True
 
     def backward_step(self, t, node, saved_ids):
         for i in (*node.inputs, node.id):

@@ -11,9 +11,13 @@ import attrs
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
+from flowgrad.ops.registry import PLANNER_OPS
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, fuse_cells, no_fusion
 from flowgrad.grad_paths import backward_nodes
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
+
+# the graph path records each step's graph (its backward appended as nodes) with forward lowerings only
+STEP_GRAPH = __import__("os").environ.get("FLOWGRAD_STEP_GRAPH") == "1"
 
 
 @attrs.frozen
@@ -50,6 +54,10 @@ class Plan:
     # dispatches on this device (a matmul's tile per shape class, say); empty without a device
     kernels: dict = attrs.field(factory=dict)
     fusion: Fusion | None = None   # the pointwise chains the graph path runs as one node each
+    # (backward, grad_inputs) -> StepPlan: each kind of step's graph, its backward appended as nodes;
+    # None where the lowerings record the backward themselves
+    steps: dict | None = None
+    fuses: bool = True
 
     @property
     def exec_graph(self) -> Graph:
@@ -59,6 +67,17 @@ class Plan:
     @property
     def last_path(self) -> str:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
+
+    def step_for(self, backward: bool = True, grad_inputs: bool = False):
+        """The StepPlan of one kind of step (made on demand), or None."""
+        if self.steps is None:
+            return None
+        key = (bool(backward and self.graph.loss is not None), bool(grad_inputs))
+        if key not in self.steps:
+            from flowgrad.exec_vulkan.step_plan import step_plan
+
+            self.steps[key] = step_plan(self.graph, *key, fusion=self.fuses)
+        return self.steps[key]
 
     def memory_for(self, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
         """The memory plan of one kind of step: the training step's is the one
@@ -89,7 +108,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: d
     for node in graph.nodes:
         if node.op in LEAF_OPS:
             continue
-        op = OPS.get(node.op)
+        op = OPS.get(node.op) or PLANNER_OPS.get(node.op)
         if op is None:
             out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
                                "register the op with flowgrad.register_op", node))
@@ -213,8 +232,17 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     fused = fuse(graph) if fusion else no_fusion(graph)
     if fusion:
         fuse_cells(graph)
-    memory = plan_memory(fused.graph)
-    bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
+    steps = training = None
+    if STEP_GRAPH:
+        from flowgrad.exec_vulkan.step_plan import step_plan
+
+        training = step_plan(graph, True, False, fusion=fusion)
+        steps = {(graph.loss is not None, False): training}
+        memory = training.memory
+        bwd = frozenset()
+    else:
+        memory = plan_memory(fused.graph)
+        bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "the session runs on numpy (CPU), not on Vulkan",
@@ -226,9 +254,12 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
     kernels: dict = {}
-    refusals += node_refusals(graph, bwd, device, kernels)
-    if device is not None:
-        fused_kernels(fused, bwd, device, kernels)
+    if training is not None:
+        refusals += node_refusals(training.graph, bwd, device, kernels)
+    else:
+        refusals += node_refusals(graph, bwd, device, kernels)
+        if device is not None:
+            fused_kernels(fused, bwd, device, kernels)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
@@ -240,4 +271,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused)
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused, steps, fusion)
