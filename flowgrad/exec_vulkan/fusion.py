@@ -132,14 +132,20 @@ def _pointwise(node: Node, forward_only: bool = False) -> bool:
     return forward_only or (not op.nondiff and low.pointwise(node.attrs).grads is not None)
 
 
-def fused_node(graph: Graph, members, fold_consts: bool = False) -> Node:
+def fused_node(graph: Graph, members, fold_consts: bool = False, pre: int | None = None,
+               written_by: int | None = None) -> Node:
     """The `fused` node computing the chain `members` (sorted ids, last = its
     value). fold_consts: its scalar constant inputs are the program's scalars
-    (attrs["consts"]: (input position, value)), read from no buffer."""
+    (attrs["consts"]: (input position, value)), read from no buffer. pre: the
+    member whose value (the activation's input) the node also stores, into
+    that member's node, its last input (attrs["pre_out"]); written_by: this
+    chain's value is such a member's, stored by that node's dispatch."""
     inside = set(members)
     ext: list[int] = []
     for m in members:
         ext += [i for i in graph.nodes[m].inputs if i not in inside and i not in ext]
+    if pre is not None:
+        ext.append(pre)
     ref = {i: k for k, i in enumerate(ext)} | {m: len(ext) + j for j, m in enumerate(members)}
     steps = tuple((graph.nodes[m].op, tuple(ref[i] for i in graph.nodes[m].inputs), graph.nodes[m].attrs)
                   for m in members)
@@ -149,6 +155,10 @@ def fused_node(graph: Graph, members, fold_consts: bool = False) -> Node:
                    if fold_consts and graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
     if consts:
         at["consts"] = consts
+    if pre is not None:
+        at["pre_out"] = True
+    if written_by is not None:
+        at["written_by"] = written_by
     return Node(last.id, "fused", tuple(ext), last.type, last.name, at, last.span, last.grad_of)
 
 
@@ -259,30 +269,44 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: DryRuns | N
     low = lowering_for(node.op) if node.op not in LEAF_OPS else None
     if low is None or not low.epilogue or node.dtype not in FLOATS:
         return None
-    members, best = [node.id], None
+    members, best, pre = [node.id], None, None
     while len(members) < 4:
         last = members[-1]
-        if last in roots or len(users[last]) != 1:
+        if last in roots:
             break
-        nxt = graph.nodes[users[last][0]]
+        nxt_id = users[last][0] if len(users[last]) == 1 else _first_reader(graph, users, last, counted)
+        if nxt_id is None:
+            break
+        nxt = graph.nodes[nxt_id]
         if not _pointwise(nxt, counted.forward_only) or nxt.dtype != node.dtype or nxt.shape != node.shape:
             break
         chain = members + [nxt.id]
         fused = fused_node(graph, chain, counted.forward_only)
         form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
-        if form is None:
+        exports = len(users[last]) > 1   # read after the chain too: the store keeps it beside its output
+        if form is None or (exports and form.act is None):
             break
         members = chain
         read = any(_pointwise(graph.nodes[u], counted.forward_only) for u in users[nxt.id])
         if counted.forward_only:   # only a lone pointwise reader could take this value into its chain
             read = read and len(users[nxt.id]) == 1
         if not read or (form.residual is not None and form.act is None):
-            best = tuple(chain)
+            best, pre = tuple(chain), (last if exports else None)
         if form.act is not None:
             break
     if best is None or not (counted.forward_only or _same_sums(graph, users, best)) or not _saves(graph, best, counted):
         return None
-    return best
+    return best, pre
+
+
+def _first_reader(graph: Graph, users, i: int, counted: DryRuns) -> int | None:
+    """In a step graph, the reader of value i that an epilogue may end with
+    while i is also read later (by the backward): the first of its readers,
+    when every other one runs after it."""
+    if not counted.forward_only:
+        return None
+    first = min(users[i])
+    return first if all(u > first for u in users[i] if u != first) else None
 
 
 def _transposed(node: Node) -> bool:
@@ -320,9 +344,14 @@ def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
     counted = DryRuns(forward_only)
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
-        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
-        if chain is not None:
-            built[chain[-1]] = fused_node(graph, chain, forward_only)
+        found = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
+        if found is not None:
+            chain, pre = found
+            if pre is not None:   # stored by the chain's dispatch; recorded as nothing of its own
+                head = chain[:chain.index(pre) + 1]
+                built[pre] = fused_node(graph, head, forward_only, written_by=chain[-1])
+                groups.append(FusedGroup(pre, head, built[pre].inputs))
+            built[chain[-1]] = fused_node(graph, chain, forward_only, pre=pre)
             groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
             taken |= set(chain)
     for node in reversed(graph.nodes):

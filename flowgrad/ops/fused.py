@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from flowgrad.ops.registry import PLANNER_OPS, Arg, Op, complete_attrs, get_op
 
-ARGS = (Arg("x", "tensors"), Arg("steps", "attr"))
+# consts: (input position, value) of the scalar constants a chain's program holds (the graph path's own);
+# pre_out / written_by: the chain stores its activation's input too, into the node that stands for it
+ARGS = (Arg("x", "tensors"), Arg("steps", "attr"), Arg("consts", "attr", ()), Arg("pre_out", "attr", False),
+        Arg("written_by", "attr", -1))
 
 
 def _run(ins, steps, apply):

@@ -316,7 +316,8 @@ def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps, shape = node.attrs["steps"], tuple(out.shape)
-    pre = None if form.act is None else rec.keep(_pre_key(node), shape, out.dtype)
+    pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.keep(_pre_key(node), shape,
+                                                                                           out.dtype)
     # where the store declines the activation, the product and its adds go to h, the activation after
     apart = pre is not None and not store_takes_activation(rec.caps)
     dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
@@ -384,6 +385,8 @@ def _form(node, ins, out):
 
 
 def forward(rec, node, ins, out):
+    if node.attrs.get("written_by", -1) >= 0:
+        return   # an activation's input, stored by the chain that ends with the activation
     form = _form(node, ins, out)
     if form is not None:
         _epilogue_forward(rec, node, ins, out, form)
