@@ -332,12 +332,47 @@ def fold_transposes(graph: Graph) -> Graph:
     return attrs.evolve(graph, nodes=nodes)
 
 
+ACCUMULATES = ("layernorm_grad", "rmsnorm_grad")   # backward ops that add x's gradient to an `acc` input
+
+
+def _dx_of(graph: Graph, users, i: int):
+    """(the norm gradient node, the slice of its dx) when value i is that dx
+    (reshaped), read by one node only; else None."""
+    node = graph.nodes[i]
+    while node.op == "reshape" and len(users[node.id]) == 1:
+        node = graph.nodes[node.inputs[0]]
+    if node.op != "slice" or len(users[node.id]) != 1 or node.attrs["start"] != 0:
+        return None
+    src = graph.nodes[node.inputs[0]]
+    if src.op not in ACCUMULATES or len(src.inputs) > 3 or node.attrs["stop"] != graph.nodes[src.inputs[0]].type.size:
+        return None
+    return src, node
+
+
+def fold_sums(graph: Graph) -> Graph:
+    """A gradient summed from a norm's dx and a value computed before that
+    norm's backward (the residual stream's two paths) is added by the norm's
+    kernel as it stores dx (its `acc` input): the sum becomes a view of dx."""
+    nodes, users = list(graph.nodes), graph.users()
+    for add in graph.nodes:
+        if add.op != "add" or len({graph.nodes[i].type for i in add.inputs} | {add.type}) != 1:
+            continue
+        found = [(_dx_of(graph, users, a), o) for a, o in (add.inputs, add.inputs[::-1])]
+        found = [(f, o) for f, o in found if f is not None and o < f[0].id and nodes[f[0].id] is f[0]]
+        if not found:
+            continue
+        (norm, cut), other = max(found, key=lambda fo: fo[0][0].id)
+        nodes[norm.id] = attrs.evolve(norm, inputs=norm.inputs + (other,))
+        nodes[add.id] = attrs.evolve(add, op="reshape", inputs=(cut.id,), attrs={"shape": add.shape})
+    return attrs.evolve(graph, nodes=nodes)
+
+
 def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
     """forward_only: the graph holds its backward as nodes (a step graph):
     a chain is kept when its forward saves dispatches. keep: nodes whose
     values the step keeps beside the outputs (its gradients)."""
     if forward_only:
-        graph = fold_transposes(graph)
+        graph = fold_sums(fold_transposes(graph))
     users = graph.users()
     roots = set(graph.roots()) | set(keep)
     taken: set[int] = set()

@@ -248,7 +248,10 @@ class _Planner:
                 elif self.side_by_side(node):   # its parts already lie in order: it is them
                     self.place(("val", node.id), ("val", node.inputs[0]), 0)
                 else:
-                    self.group(("val", node.id), t, "step", [(("val", node.id), node)])
+                    # a gradient the step keeps (for the optimizer, the host) in a buffer of its own,
+                    # never one a value freed: the casts and updates that read them then batch
+                    kind = "grad" if node.id in self.keep else "step"
+                    self.group(("val", node.id), t, kind, [(("val", node.id), node)])
                 if node.id in roots:
                     self.use(("val", node.id), self.last)
             elif step.kind == "backward":
