@@ -160,17 +160,6 @@ class GraphSession:
         self.opt_state.clear()
         self.last_opt_key = None
 
-    def check_step(self, step) -> None:
-        """A step with the inputs' gradients reaches nodes the planner did not
-        check (its plan is made on demand): refuse them here, with their line."""
-        from flowgrad.planner.plan import node_refusals
-
-        refusals = node_refusals(step.graph, frozenset(), None)
-        if refusals:
-            r = refusals[0]
-            raise FlowError(f"{r.node.label} = {r.node.op}(...) cannot run on the graph path: {r.message}; "
-                            "compile with backward='closures' to differentiate it", r.node.span)
-
     def check_backward(self, mem: MemoryPlan) -> None:
         """grad_inputs can reach nodes the planner did not check; refuse them
         here rather than fail inside a lowering."""

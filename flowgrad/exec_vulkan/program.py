@@ -64,14 +64,17 @@ class StepIO:
 
 
 def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
-                scale_record=None) -> None:
+                scale_record=None, fills=()) -> None:
     """Record one step: feeds in, forward, backward (with gradient
     accumulation), the loss scaler's unscale and overflow check, then the
     optimizer update; the read-backs in groups, each right after the last
-    command that writes one of its sources."""
+    command that writes one of its sources. fills: (view, value) of the
+    constants a step graph's backward holds, each one value throughout."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
+        for dst, value in fills:
+            rec.fill_value(dst, value)
     nodes = graph.nodes
     rec.trusted = frozenset(n.id for n in nodes if n.op == "input")   # feeds are range-checked on the host
     for step in mem.schedule:
@@ -83,9 +86,10 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         out = view(("val", node.id))
         if step.kind == "forward":
             # a step graph's backward nodes are ordinary nodes, told apart by the node they differentiate
-            direction, label = ("forward", node.label) if node.grad_of is None else \
-                ("backward", nodes[node.grad_of].label)
-            with rec.section(label, direction, node.id), _lowering_errors(node, direction):
+            # a step graph's backward node is timed and counted under the node it differentiates
+            of = node if node.grad_of is None else nodes[node.grad_of]
+            direction = "forward" if of is node else "backward"
+            with rec.section(of.label, direction, of.id), _lowering_errors(node, direction):
                 low.forward(rec, node, ins, out)
             continue
         writes = mem.grad_writes[node.id]
@@ -300,8 +304,6 @@ class StepProgram:
             sess.check_backward(self.mem)
         else:
             graph, self.mem = step.graph, step.memory
-            if grad_inputs:   # the planner checked the training step's nodes, not these
-                sess.check_step(step)
         owned = []
 
         def make_buffer(nbytes, _name):
@@ -323,8 +325,16 @@ class StepProgram:
         scaled = backward and getattr(sess, "scaler", None) is not None
         self.layout = StepLayout(graph, self.mem, make_buffer, leaf_buffer, want_grads, grad_inputs,
                                  optimizer, (up, down), scaled, step)
-        sess.write_consts([(BufView(buf, 0, node.shape, node.dtype), node.attrs["value"])
-                           for buf, node in consts.values()])
+        # a constant of one value is filled in by the step (no transfer of its own), any other uploaded once
+        fills, uploads = [], []
+        for buf, node in consts.values():
+            view, value = BufView(buf, 0, node.shape, node.dtype), np.asarray(node.attrs["value"])
+            flat = value.reshape(-1)
+            if flat.size == 0 or np.array_equal(flat, np.full_like(flat, flat[0]), equal_nan=True):
+                fills.append((view, float(flat[0]) if flat.size else 0.0))
+            else:
+                uploads.append((view, value))
+        sess.write_consts(uploads)
         self.owned = owned
         opt_record = None
         if optimizer is not None and update_record(optimizer) is not None:
@@ -340,7 +350,7 @@ class StepProgram:
                 record(rec, params, grads, state, hyper, skip)
         self.rec = Recorder(device)
         record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
-                    self.layout.record_unscale if scaled else None)
+                    self.layout.record_unscale if scaled else None, fills)
         self.dispatches = self.rec.counts()["dispatches"]
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)

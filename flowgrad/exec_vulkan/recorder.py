@@ -160,6 +160,10 @@ class Recorder:
             if not info.readonly[i]:
                 self.copy(tmp, original)
 
+    def fill_value(self, view: BufView, value: float) -> None:
+        """Set every element of `view` (f32, f16 or i32) to `value`."""
+        self.fill(view, fill_word(value, view.dtype))
+
     def fill(self, view: BufView, value: int = 0) -> None:
         """Set every 32-bit word of `view` to `value` (vkCmdFillBuffer). An f16
         view with half-word ends takes value's low 16 bits for those ends, so
@@ -353,3 +357,15 @@ def count_barriers(commands) -> int:
             h.clear(stages)
         h.note(cmd)
     return h.barriers
+
+
+def fill_word(value: float, dtype: str) -> int:
+    """The 32-bit word a fill repeats to hold `value` in every element."""
+    import struct
+
+    if dtype == "f32":
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    if dtype == "f16":
+        half = struct.unpack("<H", struct.pack("<e", value))[0]
+        return half | half << 16
+    return int(value) & 0xFFFFFFFF

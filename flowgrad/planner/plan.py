@@ -17,7 +17,7 @@ from flowgrad.grad_paths import backward_nodes
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 
 # the graph path records each step's graph (its backward appended as nodes) with forward lowerings only
-STEP_GRAPH = __import__("os").environ.get("FLOWGRAD_STEP_GRAPH") == "1"
+STEP_GRAPH = __import__("os").environ.get("FLOWGRAD_STEP_GRAPH", "1") == "1"
 
 
 @attrs.frozen
@@ -69,14 +69,23 @@ class Plan:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
 
     def step_for(self, backward: bool = True, grad_inputs: bool = False):
-        """The StepPlan of one kind of step (made on demand), or None."""
+        """The StepPlan of one kind of step (made on demand), or None. One
+        that also differentiates the inputs reaches nodes the plan did not
+        check: a node of it the graph path can't run is a FlowError at its line."""
         if self.steps is None:
             return None
         key = (bool(backward and self.graph.loss is not None), bool(grad_inputs))
         if key not in self.steps:
+            from flowgrad.errors import FlowError
             from flowgrad.exec_vulkan.step_plan import step_plan
 
-            self.steps[key] = step_plan(self.graph, *key, fusion=self.fuses)
+            step = step_plan(self.graph, *key, fusion=self.fuses)
+            refusals = step_refusals(step, self.device, {}) if grad_inputs else []
+            if refusals:
+                r = refusals[0]
+                raise FlowError(f"{r.node.label} = {r.node.op}(...) cannot run on the graph path: {r.message}",
+                                r.node.span, hint="compile with backward='closures' to differentiate it")
+            self.steps[key] = step
         return self.steps[key]
 
     def memory_for(self, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
@@ -102,11 +111,13 @@ def f32_hint(op_name: str) -> str:
             "back to the model's dtype")
 
 
-def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None) -> list[Refusal]:
-    """Every node's refusals; with a device, `kernels` collects what each node dispatches."""
+def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None,
+                  only: frozenset | None = None) -> list[Refusal]:
+    """Every node's refusals (of the nodes `only` names, where given); with a
+    device, `kernels` collects what each node dispatches."""
     out = []
     for node in graph.nodes:
-        if node.op in LEAF_OPS:
+        if node.op in LEAF_OPS or (only is not None and node.id not in only):
             continue
         op = OPS.get(node.op) or PLANNER_OPS.get(node.op)
         if op is None:
@@ -224,6 +235,43 @@ def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict)
             kernels[part] = {"forward": [], "backward": []}
 
 
+def step_refusals(step, device, kernels: dict) -> list[Refusal]:
+    """The refusals of a step graph's scheduled nodes, each at the model's
+    node: a backward node's at the node it differentiates (once per node and
+    reason: the forward's own first)."""
+    scheduled = frozenset(s.node for s in step.memory.schedule)
+    graph = step.graph
+    found, seen = [], set()
+    for r in node_refusals(graph, frozenset(), device, kernels, only=scheduled):
+        node = r.node
+        if node is not None and node.grad_of is not None:
+            node = graph.nodes[node.grad_of]
+            r = Refusal(r.code, f"its backward needs {r.node.op}: {r.message}", r.hint, node)
+        key = (r.code, node.id if node is not None else None)
+        if key not in seen:
+            seen.add(key)
+            found.append(r)
+    return found
+
+
+def step_kernels(step, found: dict) -> dict:
+    """{model node: {"forward": [shader, ...], "backward": [...]}} from what
+    each scheduled node of a step graph records (`found`): a fused chain's
+    kernels are each member's forward, a backward node's go to the node it
+    differentiates, in the order the step runs them."""
+    out: dict = {}
+    group_of = step.fusion.group_of()
+    for s in step.memory.schedule:
+        node, ran = step.graph.nodes[s.node], found.get(s.node, {}).get("forward", [])
+        if node.grad_of is None:
+            for m in group_of[s.node].members if s.node in group_of else (s.node,):
+                out.setdefault(m, {"forward": [], "backward": []})["forward"] = list(ran)
+        else:
+            shaders = out.setdefault(node.grad_of, {"forward": [], "backward": []})["backward"]
+            shaders += [k for k in ran if k not in shaders]
+    return out
+
+
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
     """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU.
     fusion: run chains of pointwise ops as one node each on the graph path."""
@@ -255,7 +303,8 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
     kernels: dict = {}
     if training is not None:
-        refusals += node_refusals(training.graph, bwd, device, kernels)
+        refusals += step_refusals(training, device, kernels)
+        kernels = step_kernels(training, kernels)
     else:
         refusals += node_refusals(graph, bwd, device, kernels)
         if device is not None:
