@@ -15,7 +15,7 @@ import attrs
 from flowgrad.feeds import random_feeds
 from flowgrad.graph import LEAF_OPS, Graph, Node, TensorType, format_node
 from flowgrad.ops import get_op
-from flowgrad.planner.plan import DryLimits, Plan, Refusal
+from flowgrad.planner.plan import DryLimits, Plan, Refusal, spread_kernels
 
 EXPLAIN_VERSION = 1
 
@@ -156,6 +156,10 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
     placed where they already are), else each node's own dry run (plan.kernels)."""
     if not recorded:
         return plan.kernels
+    step = plan.step_for(True)
+    if step is not None:
+        runs = [(d, nid, k[d]) for nid, k in recorded.items() for d in ("forward", "backward")]
+        return plan.kernels | spread_kernels(step, runs)
     runs_as = {m: grp.node for grp in plan.fusion.groups for m in grp.members} if plan.fusion is not None else {}
     scheduled = {s.node for s in plan.memory.schedule if s.kind == "forward"}
     out = {}

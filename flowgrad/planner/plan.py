@@ -259,15 +259,21 @@ def step_kernels(step, found: dict) -> dict:
     each scheduled node of a step graph records (`found`): a fused chain's
     kernels are each member's forward, a backward node's go to the node it
     differentiates, in the order the step runs them."""
-    out: dict = {}
-    group_of = step.fusion.group_of()
+    runs = []
     for s in step.memory.schedule:
         node, ran = step.graph.nodes[s.node], found.get(s.node, {}).get("forward", [])
-        if node.grad_of is None:
-            for m in group_of[s.node].members if s.node in group_of else (s.node,):
-                out.setdefault(m, {"forward": [], "backward": []})["forward"] = list(ran)
-        else:
-            shaders = out.setdefault(node.grad_of, {"forward": [], "backward": []})["backward"]
+        runs.append(("forward", s.node, ran) if node.grad_of is None else ("backward", node.grad_of, ran))
+    return spread_kernels(step, runs)
+
+
+def spread_kernels(step, runs) -> dict:
+    """{model node: {"forward": [...], "backward": [...]}} from (direction,
+    node, shaders) in the order they ran: a fused chain's are each member's."""
+    out: dict = {}
+    group_of = step.fusion.group_of()
+    for direction, at, ran in runs:
+        for m in group_of[at].members if at in group_of else (at,):
+            shaders = out.setdefault(m, {"forward": [], "backward": []})[direction]
             shaders += [k for k in ran if k not in shaders]
     return out
 
@@ -287,7 +293,7 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         training = step_plan(graph, True, False, fusion=fusion)
         steps = {(graph.loss is not None, False): training}
         memory = training.memory
-        bwd = frozenset()
+        bwd = frozenset(n.grad_of for n in training.graph.nodes if n.grad_of is not None)
     else:
         memory = plan_memory(fused.graph)
         bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
