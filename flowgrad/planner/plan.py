@@ -283,7 +283,6 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     fusion: run chains of pointwise ops as one node each on the graph path."""
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
-    fused = fuse(graph) if fusion else no_fusion(graph)
     if fusion:
         fuse_cells(graph)
     steps = training = None
@@ -292,9 +291,10 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
 
         training = step_plan(graph, True, False, fusion=fusion)
         steps = {(graph.loss is not None, False): training}
-        memory = training.memory
+        fused, memory = training.fusion, training.memory
         bwd = frozenset(n.grad_of for n in training.graph.nodes if n.grad_of is not None)
     else:
+        fused = fuse(graph) if fusion else no_fusion(graph)
         memory = plan_memory(fused.graph)
         bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []
