@@ -200,13 +200,15 @@ def node_dict(graph: Graph, node: Node, plan: Plan, refused: dict, kernels: dict
         out["kernels"] = kernels[node.id]
     group = fused_in.get(node.id)
     if group is not None:
-        out["fused_into"] = graph.nodes[group.node].label
+        out["fused_into"] = plan.fusion.source.nodes[group.node].label
     return out
 
 
 def fusion_dict(graph: Graph, plan: Plan) -> dict:
     """The pointwise chains the graph path runs as one node each (exec_vulkan/fusion.py)."""
     groups = plan.fusion.groups if plan.fusion is not None else []
+    if plan.fusion is not None and plan.fusion.source is not None:   # a step graph's: its backward's nodes too
+        graph = plan.fusion.source
     return {
         "groups": [{"node": graph.nodes[grp.node].label, "node_id": grp.node,
                     "ops": [graph.nodes[m].op for m in grp.members],

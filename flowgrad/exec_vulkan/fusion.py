@@ -55,13 +55,14 @@ class Fusion:
     graph: Graph           # the graph the graph path runs
     groups: list
     splits: list = attrs.field(factory=list)
+    source: Graph | None = None   # the graph before its chains were fused (members' own nodes)
 
     def group_of(self) -> dict[int, FusedGroup]:
         return {m: grp for grp in self.groups for m in grp.members}
 
 
 def no_fusion(graph: Graph) -> Fusion:
-    return Fusion(graph, [])
+    return Fusion(graph, [], source=graph)
 
 
 def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
@@ -417,7 +418,7 @@ def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
         return no_fusion(graph)
     for grp in groups:
         nodes[grp.node] = built[grp.node]
-    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)
+    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits, graph)
 
 
 def fuse_cells(graph: Graph) -> None:
