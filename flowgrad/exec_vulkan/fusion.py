@@ -151,15 +151,10 @@ def fused_node(graph: Graph, members, fold_consts: bool = False, pre: int | None
     steps = tuple((graph.nodes[m].op, tuple(ref[i] for i in graph.nodes[m].inputs), graph.nodes[m].attrs)
                   for m in members)
     last = graph.nodes[members[-1]]
-    at = {"steps": steps}
     consts = tuple((k, float(graph.nodes[i].attrs["value"])) for k, i in enumerate(ext)
                    if fold_consts and graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
-    if consts:
-        at["consts"] = consts
-    if pre is not None:
-        at["pre_out"] = True
-    if written_by is not None:
-        at["written_by"] = written_by
+    at = {"steps": steps, "consts": consts, "pre_out": pre is not None,
+          "written_by": -1 if written_by is None else written_by}
     return Node(last.id, "fused", tuple(ext), last.type, last.name, at, last.span, last.grad_of)
 
 

@@ -31,9 +31,10 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
     """The plan of a step of `graph` (the model's, in its compute dtypes):
     with backward, the gradient of its loss for every param the optimizer
     updates (and, with grad_inputs, every float input)."""
-    grads, seed = {}, None
+    grads, seed, splits = {}, None, []
     if fusion:   # before the backward is built: its gradients then lie in the blocks too
-        graph = attrs.evolve(graph, nodes=split_products(graph, set(graph.roots()))[1])
+        splits, nodes = split_products(graph, set(graph.roots()))
+        graph = attrs.evolve(graph, nodes=nodes)
     if backward and graph.loss is not None:
         wrt = {name: graph.params[name] for name in updated_params(graph)}
         if grad_inputs:
@@ -42,6 +43,7 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
         graph, seed = sg.graph, sg.seed
         grads = {name: sg.grads[i] for name, i in wrt.items()}
     fused = fuse(graph, forward_only=True, keep=tuple(grads.values())) if fusion else no_fusion(graph)
+    fused.splits = splits + fused.splits
     memory = plan_memory(fused.graph, backward=False, keep=tuple(grads.values()))
     return StepPlan(fused.graph, fused, grads, seed, memory)
 

@@ -30,7 +30,16 @@ def _infer(in_types, attrs):
 
 
 def _forward(ins, attrs):
-    return _run(ins, attrs["steps"], lambda n, xs, at: get_op(n).forward(xs, at))[-1]
+    """Each step's result in its own dtype, as the chain's nodes run one by one store it."""
+    import numpy as np
+
+    from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+    from flowgrad.graph import TensorType
+
+    def step(name, xs, at):
+        t = get_op(name).infer([TensorType(np.shape(x), dtype_of(x, narrow=True)) for x in xs], at)
+        return np.asarray(get_op(name).forward(xs, at), dtype=NUMPY_DTYPE[t.dtype])
+    return _run(ins, attrs["steps"], step)[-1]
 
 
 def _numpy(rule):
@@ -72,13 +81,14 @@ def _blocks(g):
 
 def _parts_grad_a(ins, attrs):
     g, b = ins
-    return get_op("matmul").forward([_blocks(g), b.T], {})
+    return get_op("matmul").forward([_blocks(g), _swap(b, True)], {})
 
 
 def _parts_grad_b(ins, attrs):
     a, g = ins
     k = a.shape[-1]
-    return get_op("matmul").forward([a.reshape(-1, k).T, _blocks(g).reshape(-1, g.shape[0] * g.shape[-1])], {})
+    return get_op("matmul").forward([_swap(a.reshape(-1, k), True), _blocks(g).reshape(-1, g.shape[0] * g.shape[-1])],
+                                    {})
 
 
 def _grad_a_infer(in_types, attrs):
@@ -156,7 +166,8 @@ T_ARGS = (Arg("a"), Arg("b"), Arg("ta", "attr"), Arg("tb", "attr"))
 
 
 def _swap(x, flag):
-    return x.swapaxes(-1, -2) if flag else x
+    """x transposed in its last two axes where flag says, as the transpose op's forward gives it."""
+    return get_op("transpose").forward([x], {"dim0": -2, "dim1": -1}) if flag else x
 
 
 def _t_infer(in_types, attrs):
