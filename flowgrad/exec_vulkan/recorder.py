@@ -199,6 +199,13 @@ class Recorder:
         nbytes = math.prod(shape) * ITEMSIZE[dtype]
         return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
 
+    def stand_in(self, dtype: str) -> BufView:
+        """A view for a binding the dispatch's mode never touches: one aligned
+        word per dtype for the whole recording, which orders no command (it is
+        no dependency between two dispatches that bind it)."""
+        kept = self.keep(("stand-in", dtype), (1,), dtype)
+        return StandIn(kept.buffer, kept.offset, kept.shape, kept.dtype)
+
     def keep(self, key, shape, dtype: str) -> BufView:
         """A view that outlives the lowering call: a forward leaves in it what
         its backward, recorded later into the same recording, reads back
@@ -270,11 +277,17 @@ class Recorder:
 # --------------------------------------------------------------------------- hazards
 
 
+@attrs.frozen
+class StandIn(BufView):
+    """A bound view no thread reads or writes (Recorder.stand_in)."""
+
+
 def touched(cmd):
     """(reads, writes): lists of (buffer, lo, hi) a command touches."""
     if isinstance(cmd, Dispatch):
-        reads = [(v.buffer, v.offset, v.offset + v.nbytes) for v in cmd.views]
-        writes = [r for r, ro in zip(reads, cmd.readonly) if not ro]
+        bound = [(v, ro) for v, ro in zip(cmd.views, cmd.readonly) if not isinstance(v, StandIn)]
+        reads = [(v.buffer, v.offset, v.offset + v.nbytes) for v, _ro in bound]
+        writes = [r for r, (_v, ro) in zip(reads, bound) if not ro]
         return reads, writes
     if isinstance(cmd, Fill):
         return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]

@@ -133,7 +133,7 @@ def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
     bias, split-K's tile counters and D, the epilogue's pre-activation
     value (stand-ins where unused)."""
     def use(view, what):
-        return view if view is not None else rec.scratch((1,), what)
+        return view if view is not None else rec.stand_in(what)
 
     return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype),
             use(epi and epi.pre, dtype)]
