@@ -157,11 +157,50 @@ def _key(node) -> tuple:
 
 
 def _sum(e: GraphEmitter, parts: list[int]) -> Val:
-    """The gradient of a value read by several nodes: the sum of theirs, in order."""
+    """The gradient of a value read by several nodes: the sum of theirs, in
+    order; where they are its slices' gradients (each zeros but in its own
+    window, the windows tiling it), those windows side by side."""
+    tiles = _tiling_pads(e.graph, parts)
+    if tiles is not None:
+        axis, pieces = tiles
+        return e.op("concat", *(e.val(i) for i in pieces), axis=axis)
     g = e.val(parts[0])
     for p in parts[1:]:
         g = g + e.val(p)
     return g
+
+
+def _tiling_pads(graph: Graph, parts: list[int]) -> tuple[int, list[int]] | None:
+    """(axis, the padded values in window order) when `parts` are zero pads
+    along one axis whose windows tile it, else None."""
+    if len(parts) < 2:
+        return None
+    windows, axes = [], set()
+    for i in parts:
+        node = graph.nodes[i]
+        if node.op != "pad" or node.attrs["value"] != 0:
+            return None
+        pairs = node.attrs["pad"]
+        rank = len(node.shape)
+        padded = [(rank - 1 - k // 2) for k in range(0, len(pairs), 2) if pairs[k] or pairs[k + 1]]
+        if len(padded) != 1 or any(p < 0 for p in pairs):
+            return None
+        axis = padded[0]
+        before = pairs[2 * (rank - 1 - axis)]
+        axes.add(axis)
+        windows.append((before, node.inputs[0], graph.nodes[node.inputs[0]].shape[axis]))
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    windows.sort()
+    at = 0
+    for before, _i, width in windows:
+        if before != at:
+            return None
+        at += width
+    if at != graph.nodes[parts[0]].shape[axis]:
+        return None
+    return axis, [i for _b, i, _w in windows]
 
 
 SEED = "@seed"   # the hidden input holding the loss's incoming gradient (1, or the loss scale)

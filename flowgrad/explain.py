@@ -16,7 +16,7 @@ from flowgrad.feeds import random_feeds
 from flowgrad.graph import LEAF_OPS, Graph, Node, TensorType, format_node
 from flowgrad.objectives import objective_graphs, several
 from flowgrad.ops import get_op
-from flowgrad.planner.plan import DryLimits, Plan, Refusal
+from flowgrad.planner.plan import DryLimits, Plan, Refusal, spread_kernels
 
 EXPLAIN_VERSION = 1
 
@@ -164,6 +164,10 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
     placed where they already are), else each node's own dry run (plan.kernels)."""
     if not recorded:
         return plan.kernels
+    step = plan.step_for(True)
+    if step is not None:
+        runs = [(d, nid, k[d]) for nid, k in recorded.items() for d in ("forward", "backward")]
+        return plan.kernels | spread_kernels(step, runs)
     runs_as = {m: grp.node for grp in plan.fusion.groups for m in grp.members} if plan.fusion is not None else {}
     scheduled = {s.node for s in plan.memory.schedule if s.kind == "forward"}
     out = {}
@@ -233,13 +237,15 @@ def node_dict(graph: Graph, node: Node, grad_nodes: frozenset, refused: dict, ke
         out["kernels"] = kernels[node.id]
     group = fused_in.get(node.id)
     if group is not None:
-        out["fused_into"] = graph.nodes[group.node].label
+        out["fused_into"] = plan.fusion.source.nodes[group.node].label
     return out
 
 
 def fusion_dict(graph: Graph, plan: Plan) -> dict:
     """The pointwise chains the graph path runs as one node each (exec_vulkan/fusion.py)."""
     groups = plan.fusion.groups if plan.fusion is not None else []
+    if plan.fusion is not None and plan.fusion.source is not None:   # a step graph's: its backward's nodes too
+        graph = plan.fusion.source
     return {
         "groups": [{"node": graph.nodes[grp.node].label, "node_id": grp.node,
                     "ops": [graph.nodes[m].op for m in grp.members],

@@ -54,7 +54,7 @@ def one_recording(device, node, ins, g):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
             attn_low.ATTENTION.backward(s.rec, node, g_view, views, out, grads)
-        stats = s.rec.kept(attn_low._stats_key(node))
+        stats = s.rec.kept(attn_low._stats_key(node.id))
         assert stats is not None and any(stats in c.views for c in s.rec.commands
                                          if getattr(c, "shader", "").startswith("attn_bwd_stats")), \
             "the backward did not bind the forward's saved lse"

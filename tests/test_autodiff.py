@@ -276,13 +276,27 @@ def test_attention_s_gradient_differentiated_again_matches_torch(device):
     _check_family(ATTENTION, "attn.flow", device, {"x": x, "m": m}, torch_loss)
 
 
-def test_causal_attention_s_second_derivative_runs_on_closures(vk_device):
-    """Its grad rule needs the causal triangle as a constant: the graph path
-    refuses it, naming why, and closures run it."""
+def test_causal_attention_s_second_derivative_matches_torch(device):
+    """Its grad rule needs the causal triangle as a constant, which the step's
+    graph holds (and uploads once) on the graph path too."""
     src = ATTENTION.replace("mask=m", "causal=true").replace("input m: i32[2, 1, 5, 5]\n", "")
-    sess = fg.loads(src, file="attn.flow").compile(device="vulkan")
-    assert sess.last_path != "graph"
-    assert "a constant tensor, which a recorded backward cannot hold" in str(sess.explain())
+    x = np.random.default_rng(5).standard_normal((2, 5, 8)).astype(np.float32)
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def torch_loss(p, outputs):
+        xt = _t(x).requires_grad_()
+
+        def heads(h):
+            return h.reshape(2, 5, 2, 4).transpose(1, 2)
+        with sdpa_kernel(SDPBackend.MATH):
+            a = torch.nn.functional.scaled_dot_product_attention(
+                heads(xt @ p["wq"]), heads(xt @ p["wk"]), heads(xt @ p["wv"]), is_causal=True)
+        a = a.transpose(1, 2).reshape(2, 5, 8)
+        (dx,) = torch.autograd.grad(torch.tanh(a).sum(), xt, create_graph=True)
+        return (a * a).mean() + (dx * dx).sum()
+
+    _check_family(src, "attn.flow", device, {"x": x}, torch_loss)
 
 
 CONV = """

@@ -50,22 +50,25 @@ def gpt(config):
 def test_pointwise_chains_of_the_decoder_are_fused():
     graph = gpt(GPT_SMALL).graph
     plan = make_plan(graph, None)
-    ops = [tuple(graph.nodes[i].op for i in grp.members) for grp in plan.fusion.groups]
-    # per block: the MLP's first product with its bias and gelu in the GEMM's store; the two
-    # residual products with their adds there (one with the bias too); plus the embedding's lone add
-    assert ops.count(("matmul", "add", "gelu")) == 6 and ops.count(("add",)) == 1
-    assert ops.count(("matmul", "add", "add")) == 6 and ops.count(("matmul", "add")) == 6
-    assert len(ops) == 19
+    ops = [tuple(plan.fusion.source.nodes[i].op for i in grp.members) for grp in plan.fusion.groups]
+    # per block: the MLP's first product with its bias and gelu in the GEMM's store, which also stores
+    # gelu's input for its gradient (the product and bias, a chain that stands for that value); the two
+    # residual products with their adds there (one with the bias too); and gelu's gradient, one chain
+    assert ops.count(("matmul", "add", "gelu")) == 6 and ops.count(("matmul", "add")) == 12
+    assert ops.count(("matmul", "add", "add")) == 6
+    assert ops.count(("div", "erf", "add", "mul", "mul", "mul", "exp", "mul", "div", "add", "mul")) == 6
+    assert len(ops) == 30
     check_graph(plan.exec_graph)
     assert plan.exec_graph.params == graph.params and plan.exec_graph.outputs == graph.outputs
 
 
 def test_gpt_small_dispatch_counts_fused_and_not():
     graph = gpt(GPT_SMALL).graph
-    # unfused: layernorm's one-pass backward and in-place dx already count (96 + 222 without them)
+    # unfused: the backward's nodes one dispatch each (transposes copied, gelu's derivative op by op,
+    # gradient sums added apart)
     unfused = count_dispatches(graph, make_plan(graph, None, fusion=False))
     fused = count_dispatches(graph, make_plan(graph, None))
-    assert (unfused["forward"], unfused["backward"]) == (96, 171)
+    assert (unfused["forward"], unfused["backward"]) == (96, 244)
     # (the embedding's backward: one radix pass over the ids, a count and a scatter, and the sum)
     assert (fused["forward"], fused["backward"]) == (48, 104)
     # Adam over 65 params: 7 per dispatch; mixed adds the f16 casts of the params (forward) and of
@@ -117,13 +120,26 @@ def closure_step(graph, params, feeds):
     return loss, grads
 
 
+def step_values(step, params, feeds):
+    """(loss, {name: gradient}) of a step's graph, each of its nodes run on numpy."""
+    from flowgrad.autodiff import SEED
+    from flowgrad.dtypes import NUMPY_DTYPE
+    from flowgrad.exec_closure import ClosureExecutor
+
+    g = step.graph
+    seed = g.nodes[step.seed]
+    feeds = {**feeds, SEED: np.ones(seed.shape, NUMPY_DTYPE[seed.dtype])}
+    values = ClosureExecutor(g).forward(feeds, params, [g.loss, *step.grads.values()])
+    return values[g.loss], {name: values[i] for name, i in step.grads.items()}
+
+
 def assert_numpy_bit_identical(model, plan, int_high=1):
-    """The plan's fused graph on numpy closures gives the unfused graph's loss and gradients, bit for bit."""
+    """The plan's fused step graph on numpy gives the unfused one's loss and gradients, bit for bit."""
     graph = model.graph
     sess = model.compile(device="cpu")
     feeds = random_feeds(graph, seed=3, int_high=int_high)
-    ref_loss, ref_grads = closure_step(graph, sess.params, feeds)
-    loss, grads = closure_step(plan.exec_graph, sess.params, feeds)
+    ref_loss, ref_grads = step_values(make_plan(graph, None, fusion=False).step_for(True), sess.params, feeds)
+    loss, grads = step_values(plan.step_for(True), sess.params, feeds)
     assert np.array_equal(loss, ref_loss)
     assert set(grads) == set(ref_grads)
     for name in ref_grads:
@@ -252,13 +268,18 @@ def test_split_product_parts_are_views_inside_the_product():
     ex = plan.exec_graph
     assert ex.nodes[split.node].op == "matmul_parts" and [ex.nodes[p].op for p in split.parts] == ["part"] * 3
     mem = plan.memory
-    whole, grad = mem.slots[("val", split.node)], mem.slots[("grad", split.node)]
+    whole = mem.slots[("val", split.node)]
     step = ex.nodes[split.parts[0]].type.nbytes
     for k, p in enumerate(split.parts):
-        # each block lies in the product's buffer, and its gradient in the product's gradient
+        # each block lies in the product's buffer
         assert (mem.slots[("val", p)].buffer, mem.slots[("val", p)].offset) == (whole.buffer, whole.offset + k * step)
-        assert (mem.slots[("grad", p)].buffer, mem.slots[("grad", p)].offset) == (grad.buffer, grad.offset + k * step)
-        assert mem.grad_writes[p] == []
+    # the blocks' gradients (attention's dq, dk, dv, side by side) are the product's gradient as they lie:
+    # its backward GEMMs read them in place, nothing copies them together
+    (grad,) = [n for n in ex.nodes if n.op == "concat" and n.grad_of == split.node]
+    attn = next(n for n in ex.nodes if n.op == "attention_grad" and split.parts[0] in n.inputs)
+    here, packed = mem.slots[("val", grad.id)], mem.slots[("val", attn.id)]
+    assert (here.buffer, here.offset) == (packed.buffer, packed.offset)
+    assert count_dispatches(graph, plan)["kernels"].get(split.node, {}).get("backward") == ["matmul_64x64_k16"]
 
 
 def test_explain_lists_no_kernels_for_the_parts_of_a_split_product(vk_device):
@@ -364,22 +385,23 @@ minimize loss
 
 
 def norm_dispatches(graph, op):
-    """The backward dispatches and in-place adds of each `op` node, on the dry-run recorder."""
+    """The backward dispatches of each `op` node on the dry-run recorder, and
+    its gradient nodes that add dx to a sum (their `acc` input)."""
     from flowgrad.exec_vulkan.program import StepLayout, record_step
     from flowgrad.exec_vulkan.recorder import Dispatch, FakeBuffer, Recorder
 
     plan = make_plan(graph, None)
-    mem, leaf = plan.memory, {}
-    layout = StepLayout(plan.exec_graph, mem, lambda nb, name: FakeBuffer(nb, name),
+    step, leaf = plan.step_for(True), {}
+    layout = StepLayout(step.graph, step.memory, lambda nb, name: FakeBuffer(nb, name),
                         lambda pb: leaf.setdefault(pb.values[0], FakeBuffer(pb.nbytes)), True, False, None,
-                        (FakeBuffer(0), FakeBuffer(0)))
+                        (FakeBuffer(0), FakeBuffer(0)), step=step)
     rec = Recorder(None)
-    record_step(rec, plan.exec_graph, mem, layout.view, layout.io)
+    record_step(rec, step.graph, step.memory, layout.view, layout.io)
     labels = {n.label for n in graph.nodes if n.op == op}
     shaders = [c.shader for c in rec.commands if isinstance(c, Dispatch) and c.label and c.label[0] in labels
                and c.label[1] == "backward"]
-    in_place = [w for n in graph.nodes if n.op == op for w in mem.grad_writes.get(n.id, []) if w.key == w.accumulate_into]
-    return shaders, in_place
+    adds = [n for n in step.graph.nodes if n.op == op + "_grad" and len(n.inputs) == 4]
+    return shaders, adds
 
 
 @pytest.mark.parametrize("d, want", [(40, ["norm"]), (2100, ["norm", "norm"])])  # long rows: dx, then the column sums
@@ -388,7 +410,8 @@ def test_norm_backward_dispatches(d, want):
     for op in ("layernorm", "rmsnorm"):
         shaders, in_place = norm_dispatches(graph, op)
         assert shaders == want, op
-    # x * p feeds both norms and a product (whose backward comes first): each norm adds its dx in place
+    # x * p feeds both norms and a product (whose backward comes first): each norm's kernel adds its dx
+    # to the gradient summed so far
     assert len(norm_dispatches(graph, "layernorm")[1]) == len(norm_dispatches(graph, "rmsnorm")[1]) == 1
 
 

@@ -104,7 +104,7 @@ def test_gradients_are_not_silently_zero(vk_device):
     # dq, dk, dv are packed into one buffer; a view at a wrong offset reads never-written
     # padding as zeros. dq at offset 0 would survive that, so each is checked, not their sum.
     (prog,) = sess.runner.programs.values()
-    slots = [prog.mem.slots[("grad", sess.graph.params[n])] for n in "qkv"]
+    slots = [prog.mem.slots[prog.layout.grad_keys[n]] for n in "qkv"]
     assert len({s.buffer for s in slots}) == 1 and [s.offset for s in slots] == sorted({s.offset for s in slots})
     assert slots[0].offset == 0 and slots[1].offset > 0 and slots[2].offset > slots[1].offset
     for name in "qkv":

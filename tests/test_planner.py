@@ -87,7 +87,7 @@ def test_f16_attention_is_planned_graph():
 
 
 def f32_backward_model():
-    """An op whose lowering runs its backward in f32 only (tests/vk_test_ops.py)."""
+    """An op whose gradient needs an op lowered in f32 only (tests/vk_test_ops.py)."""
     vk_test_ops.ensure_registered()
     return attn_model("vk_test_add(a, a)")
 
@@ -97,7 +97,7 @@ def test_an_f32_only_backward_is_refused_with_the_dtype_reason():
     assert plan.path == "closures"
     (r,) = plan.refusals
     assert r.code == "dtype" and r.node.op == "vk_test_add"
-    assert "f32 only" in r.message and "f16" in r.message
+    assert "its backward needs vk_test_copy32" in r.message and "no f16 lowering" in r.message
     assert "cast" in r.hint
     text = explain_text(plan)
     assert "[dtype] out = vk_test_add" in text and "attn.flow:13:7" in text
@@ -198,8 +198,11 @@ def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
+    import flowgrad.exec_vulkan.step_plan as step_module
+
     monkeypatch.setattr(memory, "plan_memory", counted)
     monkeypatch.setattr(plan_module, "plan_memory", counted)
+    monkeypatch.setattr(step_module, "plan_memory", counted)
     sess = attn_model().compile(device="cpu")
     report = sess.explain().to_dict()
     sess.step({"x": np.ones((4, 8), np.float32)})

@@ -392,8 +392,8 @@ def test_explain_of_a_long_gru_holds_the_cell_once_and_saves_linearly():
     assert text.count("= sigmoid ") == 2   # the cell's two gates, listed once under the scan
     saved = {seq: r.to_dict()["saved_for_backward"]["bytes"] for seq, r in reports.items()}
     # bytes per step times the steps, nothing per step squared: the sequence moved time-major (x_t
-    # [4, 16]), the packed ys and carries (2 x [4, 16]), ys and ys * ys as the loss reads them (2 x [4, 16])
-    per_step = 4 * (4 * 16 + 2 * 4 * 16 + 2 * 4 * 16)
+    # [4, 16]), the packed ys and carries (2 x [4, 16]), ys as the loss's gradient reads them ([4, 16])
+    per_step = 4 * (4 * 16 + 2 * 4 * 16 + 4 * 16)
     assert saved[256] - saved[64] == per_step * (256 - 64)
     assert saved[64] - per_step * 64 == saved[256] - per_step * 256 >= 0
     plans = {seq: r.to_dict()["graph_plan"] for seq, r in reports.items()}

@@ -55,13 +55,14 @@ class Fusion:
     graph: Graph           # the graph the graph path runs
     groups: list
     splits: list = attrs.field(factory=list)
+    source: Graph | None = None   # the graph before its chains were fused (members' own nodes)
 
     def group_of(self) -> dict[int, FusedGroup]:
         return {m: grp for grp in self.groups for m in grp.members}
 
 
 def no_fusion(graph: Graph) -> Fusion:
-    return Fusion(graph, [])
+    return Fusion(graph, [], source=graph)
 
 
 def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
@@ -94,13 +95,14 @@ def _blocked(graph: Graph, node: Node, blocked: str, k: int) -> Node | None:
     if lowering_for(blocked) is None:
         return None
     shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
-    new = Node(node.id, blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span)
+    new = Node(node.id, blocked, node.inputs, TensorType(shape, node.dtype), node.name, {"parts": k}, node.span,
+               node.grad_of)
     return new if _fits(graph, new) else None
 
 
-def split_products(graph: Graph) -> tuple[list, list]:
+def split_products(graph: Graph, roots: set) -> tuple[list, list]:
     """(splits, rewritten nodes) for every product read only through its blocks."""
-    users, roots = graph.users(), set(graph.roots())
+    users = graph.users()
     nodes, splits = list(graph.nodes), []
     for node in graph.nodes:
         low = lowering_for(node.op) if node.op not in LEAF_OPS else None
@@ -113,33 +115,60 @@ def split_products(graph: Graph) -> tuple[list, list]:
         nodes[node.id] = new
         for index, p in enumerate(parts):
             old = graph.nodes[p]
-            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span)
+            nodes[p] = Node(p, "part", (node.id,), old.type, old.name, {"index": index}, old.span, old.grad_of)
         splits.append(SplitProduct(node.id, parts))
     return splits, nodes
 
 
-def _pointwise(node: Node) -> bool:
+def _pointwise(node: Node, forward_only: bool = False) -> bool:
+    """forward_only: in a step graph, whose backward is nodes of its own, an
+    op without a gradient (a comparison, where's condition) fuses too."""
     if node.op in LEAF_OPS or node.dtype not in FLOATS:
         return False
     low = lowering_for(node.op)
     op = get_op(node.op)
-    return low is not None and low.pointwise is not None and not op.nondiff and not op.updates
+    if low is None or low.pointwise is None or op.updates:
+        return False
+    # a chain's own backward needs each member's map-op VJP (Pointwise.grads)
+    return forward_only or (not op.nondiff and low.pointwise(node.attrs).grads is not None)
 
 
-def fused_node(graph: Graph, members) -> Node:
-    """The `fused` node computing the chain `members` (sorted ids, last = its value)."""
+def fused_node(graph: Graph, members, fold_consts: bool = False, pre: int | None = None,
+               written_by: int | None = None) -> Node:
+    """The `fused` node computing the chain `members` (sorted ids, last = its
+    value). fold_consts: its scalar constant inputs are the program's scalars
+    (attrs["consts"]: (input position, value)), read from no buffer. pre: the
+    member whose value (the activation's input) the node also stores, into
+    that member's node, its last input (attrs["pre_out"]); written_by: this
+    chain's value is such a member's, stored by that node's dispatch."""
     inside = set(members)
     ext: list[int] = []
     for m in members:
         ext += [i for i in graph.nodes[m].inputs if i not in inside and i not in ext]
+    if pre is not None:
+        ext.append(pre)
     ref = {i: k for k, i in enumerate(ext)} | {m: len(ext) + j for j, m in enumerate(members)}
     steps = tuple((graph.nodes[m].op, tuple(ref[i] for i in graph.nodes[m].inputs), graph.nodes[m].attrs)
                   for m in members)
     last = graph.nodes[members[-1]]
-    return Node(last.id, "fused", tuple(ext), last.type, last.name, {"steps": steps}, last.span)
+    consts = tuple((k, float(graph.nodes[i].attrs["value"])) for k, i in enumerate(ext)
+                   if fold_consts and graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
+    at = {"steps": steps, "consts": consts, "pre_out": pre is not None,
+          "written_by": -1 if written_by is None else written_by}
+    return Node(last.id, "fused", tuple(ext), last.type, last.name, at, last.span, last.grad_of)
 
 
-def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | None:
+class DryRuns(dict):
+    """The dispatch counts of one fusion pass's dry runs, by `_dry_run_key`;
+    forward_only: count what the forward lowering records (a step graph's
+    nodes, whose backward is nodes of their own), not both directions."""
+
+    def __init__(self, forward_only: bool = False):
+        super().__init__()
+        self.forward_only = forward_only
+
+
+def _dispatches(graph: Graph, node: Node, counted: DryRuns | None = None) -> int | None:
     """Dispatches the node's lowering records both ways (every float input
     differentiated), on a dry run; None when it can't take the node.
     `counted` keeps the counts of one fusion pass by `_dry_run_key`: a model
@@ -161,7 +190,8 @@ def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | 
     rec = Recorder(None)
     try:
         low.forward(rec, node, ins, view(node.type))
-        low.backward(rec, node, view(node.type), ins, view(node.type), grads)
+        if counted is None or not counted.forward_only:
+            low.backward(rec, node, view(node.type), ins, view(node.type), grads)
         found = rec.counts()["dispatches"]
     except (DeviceError, ValueError):
         found = None
@@ -192,12 +222,12 @@ def _attr_key(value):
     return None
 
 
-def _fits(graph: Graph, node: Node, counted: dict | None = None) -> bool:
+def _fits(graph: Graph, node: Node, counted: DryRuns | None = None) -> bool:
     return _dispatches(graph, node, counted) is not None
 
 
-def _saves(graph: Graph, members, counted: dict | None = None) -> bool:
-    fused = _dispatches(graph, fused_node(graph, members), counted)
+def _saves(graph: Graph, members, counted: DryRuns | None = None) -> bool:
+    fused = _dispatches(graph, fused_node(graph, members, counted is not None and counted.forward_only), counted)
     return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m], counted) or 0 for m in members)
 
 
@@ -221,7 +251,7 @@ def _same_sums(graph: Graph, users, members) -> bool:
     return True
 
 
-def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None = None) -> tuple | None:
+def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: DryRuns | None = None) -> tuple | None:
     """`node` (a product whose lowering takes an epilogue) and the ops after
     it that its store can do: each the only reader of the value before it,
     adding a residual or a bias, then maybe an activation ending the chain
@@ -235,44 +265,128 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None
     low = lowering_for(node.op) if node.op not in LEAF_OPS else None
     if low is None or not low.epilogue or node.dtype not in FLOATS:
         return None
-    members, best = [node.id], None
+    members, best, pre = [node.id], None, None
     while len(members) < 4:
         last = members[-1]
-        if last in roots or len(users[last]) != 1:
+        if last in roots:
             break
-        nxt = graph.nodes[users[last][0]]
-        if not _pointwise(nxt) or nxt.dtype != node.dtype or nxt.shape != node.shape:
+        nxt_id = users[last][0] if len(users[last]) == 1 else _first_reader(graph, users, last, counted)
+        if nxt_id is None:
+            break
+        nxt = graph.nodes[nxt_id]
+        if not _pointwise(nxt, counted.forward_only) or nxt.dtype != node.dtype or nxt.shape != node.shape:
             break
         chain = members + [nxt.id]
-        fused = fused_node(graph, chain)
+        fused = fused_node(graph, chain, counted.forward_only)
         form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
-        if form is None:
+        exports = len(users[last]) > 1   # read after the chain too: the store keeps it beside its output
+        if form is None or (exports and form.act is None):
             break
         members = chain
-        read = any(_pointwise(graph.nodes[u]) for u in users[nxt.id])
+        read = any(_pointwise(graph.nodes[u], counted.forward_only) for u in users[nxt.id])
+        if counted.forward_only:   # only a lone pointwise reader could take this value into its chain
+            read = read and len(users[nxt.id]) == 1
         if not read or (form.residual is not None and form.act is None):
-            best = tuple(chain)
+            best, pre = tuple(chain), (last if exports else None)
         if form.act is not None:
             break
-    if best is None or not _same_sums(graph, users, best) or not _saves(graph, best, counted):
+    if best is None or not (counted.forward_only or _same_sums(graph, users, best)) or not _saves(graph, best, counted):
         return None
-    return best
+    return best, pre
 
 
-def fuse(graph: Graph) -> Fusion:
+def _first_reader(graph: Graph, users, i: int, counted: DryRuns) -> int | None:
+    """In a step graph, the reader of value i that an epilogue may end with
+    while i is also read later (by the backward): the first of its readers,
+    when every other one runs after it."""
+    if not counted.forward_only:
+        return None
+    first = min(users[i])
+    return first if all(u > first for u in users[i] if u != first) else None
+
+
+def _transposed(node: Node) -> bool:
+    """A transpose of the last two axes of a value of rank >= 2."""
+    if node.op != "transpose" or len(node.shape) < 2:
+        return False
+    axes = {node.attrs["dim0"] % len(node.shape), node.attrs["dim1"] % len(node.shape)}
+    return axes == {len(node.shape) - 2, len(node.shape) - 1}
+
+
+def fold_transposes(graph: Graph) -> Graph:
+    """Each matmul of an operand transposed in its last two axes reads that
+    operand as it is, transposed by its strides (a `matmul_t`): a step graph's
+    backward (`g @ w.mT`, `x.mT @ g`) then copies nothing to transpose."""
+    nodes = list(graph.nodes)
+    for node in graph.nodes:
+        if node.op != "matmul" or any(len(graph.nodes[i].shape) < 2 for i in node.inputs):
+            continue
+        flags = [_transposed(graph.nodes[i]) for i in node.inputs]
+        if any(flags):
+            ins = tuple(graph.nodes[i].inputs[0] if f else i for i, f in zip(node.inputs, flags))
+            nodes[node.id] = attrs.evolve(node, op="matmul_t", inputs=ins, attrs={"ta": flags[0], "tb": flags[1]})
+    return attrs.evolve(graph, nodes=nodes)
+
+
+ACCUMULATES = ("layernorm_grad", "rmsnorm_grad")   # backward ops that add x's gradient to an `acc` input
+
+
+def _dx_of(graph: Graph, users, i: int):
+    """(the norm gradient node, the slice of its dx) when value i is that dx
+    (reshaped), read by one node only; else None."""
+    node = graph.nodes[i]
+    while node.op == "reshape" and len(users[node.id]) == 1:
+        node = graph.nodes[node.inputs[0]]
+    if node.op != "slice" or len(users[node.id]) != 1 or node.attrs["start"] != 0:
+        return None
+    src = graph.nodes[node.inputs[0]]
+    if src.op not in ACCUMULATES or len(src.inputs) > 3 or node.attrs["stop"] != graph.nodes[src.inputs[0]].type.size:
+        return None
+    return src, node
+
+
+def fold_sums(graph: Graph) -> Graph:
+    """A gradient summed from a norm's dx and a value computed before that
+    norm's backward (the residual stream's two paths) is added by the norm's
+    kernel as it stores dx (its `acc` input): the sum becomes a view of dx."""
+    nodes, users = list(graph.nodes), graph.users()
+    for add in graph.nodes:
+        if add.op != "add" or len({graph.nodes[i].type for i in add.inputs} | {add.type}) != 1:
+            continue
+        found = [(_dx_of(graph, users, a), o) for a, o in (add.inputs, add.inputs[::-1])]
+        found = [(f, o) for f, o in found if f is not None and o < f[0].id and nodes[f[0].id] is f[0]]
+        if not found:
+            continue
+        (norm, cut), other = max(found, key=lambda fo: fo[0][0].id)
+        nodes[norm.id] = attrs.evolve(norm, inputs=norm.inputs + (other,))
+        nodes[add.id] = attrs.evolve(add, op="reshape", inputs=(cut.id,), attrs={"shape": add.shape})
+    return attrs.evolve(graph, nodes=nodes)
+
+
+def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
+    """forward_only: the graph holds its backward as nodes (a step graph):
+    a chain is kept when its forward saves dispatches. keep: nodes whose
+    values the step keeps beside the outputs (its gradients)."""
+    if forward_only:
+        graph = fold_sums(fold_transposes(graph))
     users = graph.users()
-    roots = set(graph.roots())
+    roots = set(graph.roots()) | set(keep)
     taken: set[int] = set()
-    counted: dict = {}       # dry runs' dispatch counts (_dispatches)
+    counted = DryRuns(forward_only)
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
-        chain = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
-        if chain is not None:
-            built[chain[-1]] = fused_node(graph, chain)
+        found = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
+        if found is not None:
+            chain, pre = found
+            if pre is not None:   # stored by the chain's dispatch; recorded as nothing of its own
+                head = chain[:chain.index(pre) + 1]
+                built[pre] = fused_node(graph, head, forward_only, written_by=chain[-1])
+                groups.append(FusedGroup(pre, head, built[pre].inputs))
+            built[chain[-1]] = fused_node(graph, chain, forward_only, pre=pre)
             groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
             taken |= set(chain)
     for node in reversed(graph.nodes):
-        if node.id in taken or not _pointwise(node):
+        if node.id in taken or not _pointwise(node, forward_only):
             continue
         members = {node.id}
         grown = True
@@ -282,24 +396,24 @@ def fuse(graph: Graph) -> Fusion:
                 for i in graph.nodes[m].inputs:
                     cand = graph.nodes[i]
                     if (i in members or i in taken or i in roots or cand.dtype != node.dtype
-                            or not _pointwise(cand) or not all(u in members for u in users[i])):
+                            or not _pointwise(cand, forward_only) or not all(u in members for u in users[i])):
                         continue
                     chain = sorted(members | {i})
-                    if _same_sums(graph, users, chain) and _fits(graph, fused_node(graph, chain), counted):
+                    if (forward_only or _same_sums(graph, users, chain)) and _fits(graph, fused_node(graph, chain, forward_only), counted):
                         members.add(i)
                         grown = True
         chain = tuple(sorted(members))
-        if _same_sums(graph, users, chain) and _saves(graph, chain, counted):
-            built[node.id] = fused_node(graph, chain)
+        if (forward_only or _same_sums(graph, users, chain)) and _saves(graph, chain, counted):
+            built[node.id] = fused_node(graph, chain, forward_only)
             groups.append(FusedGroup(node.id, chain, built[node.id].inputs))
             taken |= members
     groups.sort(key=lambda grp: grp.node)   # in graph order
-    splits, nodes = split_products(graph)
+    splits, nodes = split_products(graph, roots)
     if not groups and not splits:
         return no_fusion(graph)
     for grp in groups:
         nodes[grp.node] = built[grp.node]
-    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits)
+    return Fusion(attrs.evolve(graph, nodes=nodes), groups, splits, graph)
 
 
 def fuse_cells(graph: Graph) -> None:

@@ -97,6 +97,19 @@ class GraphSession:
         """The step's feeds plus, when it runs a loss-scaled backward, the scale words."""
         return {**feeds, "@scale": self._scale_words()} if prog.layout.scale is not None else feeds
 
+    def holds(self, node) -> bool:
+        """Whether `node` (a const of a step's graph) is one of the session's leaves."""
+        i = node.id
+        return i < len(self.graph.nodes) and self.graph.nodes[i] is node and ("val", i) in self.leaves
+
+    def write_consts(self, pairs) -> None:
+        """Upload (view, array) pairs: a step graph's own constants."""
+        if pairs:
+            with OneShot(self.device) as s:
+                for view, value in pairs:
+                    s.write(view, np.ascontiguousarray(value, dtype=NUMPY[view.dtype]).reshape(view.shape))
+                s.run()
+
     def leaf_buffer(self, pb):
         (key,) = pb.values
         return self.leaves[key]

@@ -30,6 +30,7 @@ import heapq
 
 import attrs
 
+from flowgrad.autodiff import SEED
 from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.grad_paths import backward_nodes
 from flowgrad.graph import LEAF_OPS, Graph
@@ -113,18 +114,20 @@ def _nbytes(node) -> int:
     return max(node.type.nbytes, 1)
 
 
-def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
+def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False, keep: tuple = ()) -> MemoryPlan:
     """The memory plan of one step; backward=False plans a forward-only step.
     The backward set is derived from the graph exactly as the planner's. The
-    training step's plan is made once, by the planner: use Plan.memory_for."""
-    forward = [n for n in graph.needed_for(graph.roots()) if n.op not in LEAF_OPS]
+    training step's plan is made once, by the planner: use Plan.memory_for.
+    keep: nodes computed and kept to the step's end beside the outputs (the
+    gradients a step graph computes)."""
+    forward = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
     bwd, positions = (backward_nodes(graph, grad_inputs) if backward and graph.loss is not None
                       else (frozenset(), {}))
     schedule = [Step("forward", n.id) for n in forward]
     schedule += [Step("backward", n.id) for n in reversed(forward) if n.id in bwd]
     if bwd:
         schedule.append(Step("optimizer"))
-    return _Planner(graph, schedule, positions, bwd, grad_inputs).run()
+    return _Planner(graph, schedule, positions, bwd, grad_inputs, keep).run()
 
 
 def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
@@ -171,8 +174,9 @@ def grad_views(graph: Graph, view_of: dict, bwd: frozenset) -> frozenset:
 
 
 class _Planner:
-    def __init__(self, graph, schedule, positions, bwd, grad_inputs):
+    def __init__(self, graph, schedule, positions, bwd, grad_inputs, keep=()):
         self.graph = graph
+        self.keep = keep
         self.schedule = schedule
         self.positions = positions
         self.bwd = bwd
@@ -186,6 +190,7 @@ class _Planner:
         self.view_of = views(graph, forward)
         self.grad_view = grad_views(graph, self.view_of, bwd)
         self.alias: dict[tuple, tuple] = {}     # slot key -> (slot key it lies in, byte offset)
+        self.held: dict[tuple, list] = {}       # group key -> the slot keys that lie in it
 
     def group(self, key, start, kind, parts):
         """parts: [(part key, node)] packed at aligned offsets."""
@@ -195,11 +200,13 @@ class _Planner:
             self.part_group[part] = key
             offset = align_up(offset + _nbytes(node))
         self.groups[key] = [start, start, kind, laid, offset]
+        self.held[key] = [part for part, _node in parts]
 
     def place(self, part, inside, offset):
         """part lies `offset` bytes into the slot `inside` (sharing its lifetime)."""
         self.part_group[part] = self.part_group[inside]
         self.alias[part] = (inside, offset)
+        self.held[self.part_group[part]].append(part)
 
     def grad_home(self, i, t):
         """Place view i's gradient inside its input's, made here if it is the
@@ -222,14 +229,18 @@ class _Planner:
     def run(self) -> MemoryPlan:
         g = self.graph
         nodes = g.nodes
-        roots = set(g.roots())
+        roots = set(g.roots()) | set(self.keep)
         leaves = {n.id for n in g.needed_for(list(roots)) if n.op in LEAF_OPS}
         for i in sorted(leaves | set(g.params.values())):
+            if nodes[i].op == "input" and nodes[i].name == SEED:   # the session's seed leaf
+                self.group(("seed",), -1, "seed", [(("val", i), nodes[i])])
+                continue
             kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]
             self.group(("val", i), -1, kind, [(("val", i), nodes[i])])
         if self.bwd:
             self.group(("seed",), -1, "seed", [(("grad", g.loss), nodes[g.loss])])
         saved_ids = set()
+        last_read = self.last_reads(roots)
         for t, step in enumerate(self.schedule):
             if step.kind == "forward":
                 node = nodes[step.node]
@@ -238,13 +249,81 @@ class _Planner:
                 if node.id in self.view_of:
                     src, off = self.view_of[node.id]
                     self.place(("val", node.id), ("val", src), off)
+                elif self.side_by_side(node):   # its parts already lie in order: it is them
+                    self.place(("val", node.id), ("val", node.inputs[0]), 0)
+                elif (over := self.overwrites(node, t, last_read)) is not None:
+                    self.place(("val", node.id), ("val", over), 0)
                 else:
-                    self.group(("val", node.id), t, "step", [(("val", node.id), node)])
+                    # a gradient the step keeps (for the optimizer, the host) in a buffer of its own,
+                    # never one a value freed: the casts and updates that read them then batch
+                    kind = "grad" if node.id in self.keep else "step"
+                    self.group(("val", node.id), t, kind, [(("val", node.id), node)])
                 if node.id in roots:
                     self.use(("val", node.id), self.last)
+                if node.grad_of is not None:   # a step graph's backward node: what it reads is saved for it
+                    saved_ids.update(self.base(i) for i in node.inputs if nodes[i].grad_of is None)
             elif step.kind == "backward":
                 self.backward_step(t, nodes[step.node], saved_ids)
         return self.assign(saved_ids)
+
+    def base(self, i: int) -> int:
+        """The value whose bytes view i lies in (i itself when it is none's view)."""
+        while i in self.view_of:
+            i = self.view_of[i][0]
+        return i
+
+    def last_reads(self, roots) -> dict[int, int]:
+        """{value: the last step that reads it}; the step's end for what it keeps."""
+        last: dict[int, int] = {}
+        for t, step in enumerate(self.schedule):
+            for i in self.graph.nodes[step.node].inputs if step.node is not None else ():
+                last[i] = t
+        for i in roots:
+            last[i] = self.last
+        return last
+
+    def overwrites(self, node, t, last_read) -> int | None:
+        """The input an elementwise node writes its result over: one of its
+        shape and dtype, computed in this step, whose buffer holds nothing
+        read after this node (the kernel reads each element before it writes
+        it). None where there is none, or the node is not elementwise."""
+        if not _elementwise(node):
+            return None
+        for i in node.inputs:
+            src = self.graph.nodes[i]
+            key = ("val", i)
+            if src.op in LEAF_OPS or src.type != node.type or key not in self.part_group:
+                continue
+            grp = self.part_group[key]
+            if self.groups[grp][2] != "step":
+                continue
+            if all(k[0] == "val" and last_read.get(k[1], -1) <= t for k in self.held[grp]):
+                return i
+        return None
+
+    def where(self, key) -> tuple:
+        """(group key, byte offset) of a slot placed so far."""
+        off = 0
+        while key in self.alias:
+            key, more = self.alias[key]
+            off += more
+        grp = self.part_group[key]
+        return grp, off + next(o for part, _n, o in self.groups[grp][3] if part == key)
+
+    def side_by_side(self, node) -> bool:
+        """A concat along its leading axis of computed values laid out one
+        after another in one place (the blocks of a packed gradient)."""
+        axis = node.attrs.get("axis", 0) % max(len(node.shape), 1) if node.op == "concat" else None
+        if axis is None or any(n != 1 for n in node.shape[:axis]) or len(node.inputs) < 2:
+            return False
+        if any(self.graph.nodes[i].op in LEAF_OPS or self.graph.nodes[i].dtype != node.dtype for i in node.inputs):
+            return False
+        grp, at = self.where(("val", node.inputs[0]))
+        for i in node.inputs:
+            if self.where(("val", i)) != (grp, at):
+                return False
+            at += self.graph.nodes[i].type.nbytes
+        return True
 
     def backward_step(self, t, node, saved_ids):
         for i in (*node.inputs, node.id):
@@ -355,7 +434,8 @@ class _Planner:
         sizes = [grp[4] for grp in self.groups.values()]
         # a view's bytes are its input's
         saved = [Saved(self.graph.nodes[i], self.graph.nodes[i].shape, self.graph.nodes[i].dtype,
-                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids) if ("val", i) not in self.alias]
+                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)
+                 if ("val", i) not in self.alias and self.graph.nodes[i].op not in LEAF_OPS]
         parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
         return MemoryPlan(self.schedule, planned, slots, self.grad_writes, self.bwd, parts,
                           total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),
@@ -404,6 +484,25 @@ class _FreeBuffers:
     def largest(self) -> int:
         """The largest free buffer (the first freed of those), taken."""
         return self._take(bisect.bisect_left(self.order, (self.order[-1][0], -1, -1)))
+
+
+def _elementwise(node) -> bool:
+    """The node's kernel maps its inputs element by element (a pointwise op,
+    a fused chain of them), so its result may overwrite an input."""
+    from flowgrad.exec_vulkan.lower import lowering_for
+
+    if node.op == "fused":
+        at = node.attrs
+        return not (at.get("pre_out") or at.get("written_by", -1) >= 0) and not _product_first(at["steps"])
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
+    return low is not None and low.pointwise is not None
+
+
+def _product_first(steps) -> bool:
+    from flowgrad.exec_vulkan.lowering import LOWERINGS
+
+    low = LOWERINGS.get(steps[0][0]) if steps else None
+    return low is None or low.epilogue
 
 
 def nodes_is_activation(graph: Graph, i: int) -> bool:

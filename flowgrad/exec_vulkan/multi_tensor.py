@@ -71,7 +71,7 @@ def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
             rec.dispatch("unscale", [g, scale, flags], push=(g.size, k), groups=(groups_for(g.size), 1, 1),
                          variant=variant)
             continue
-        stand_ins = [rec.scratch((1,), dtype) for _ in range(slots - len(batch))]
+        stand_ins = [rec.stand_in(dtype) for _ in range(slots - len(batch))]
         n, first, total = slot_push([g.size for g in batch], slots, groups_for)
         rec.dispatch("unscale_multi", [scale, flags, *batch, *stand_ins], push=(k, *n, *first),
                      groups=(total, 1, 1), variant=variant)

@@ -98,8 +98,8 @@ def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> No
         for name in batch:
             bufs += [params[name], grads[name]] + [state[name][k] for k in opt.STATE]
         for _ in range(shaders.slots - len(batch)):
-            bufs += [rec.scratch((1,), dtype), rec.scratch((1,), dtype)]
-            bufs += [rec.scratch((1,), "f32") for _k in opt.STATE]
+            bufs += [rec.stand_in(dtype), rec.stand_in(dtype)]
+            bufs += [rec.stand_in("f32") for _k in opt.STATE]
         n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups_for)
         rec.dispatch(shaders.multi, bufs, push=(*n, *first), groups=(total, 1, 1),
                      variant="f16" if dtype == "f16" else None)

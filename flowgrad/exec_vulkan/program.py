@@ -64,14 +64,17 @@ class StepIO:
 
 
 def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
-                scale_record=None) -> None:
+                scale_record=None, fills=()) -> None:
     """Record one step: feeds in, forward, backward (with gradient
     accumulation), the loss scaler's unscale and overflow check, then the
     optimizer update; the read-backs in groups, each right after the last
-    command that writes one of its sources."""
+    command that writes one of its sources. fills: (view, value) of the
+    constants a step graph's backward holds, each one value throughout."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
+        for dst, value in fills:
+            rec.fill_value(dst, value)
     nodes = graph.nodes
     rec.trusted = frozenset(n.id for n in nodes if n.op == "input")   # feeds are range-checked on the host
     for step in mem.schedule:
@@ -82,7 +85,11 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         ins = [view(("val", i)) for i in node.inputs]
         out = view(("val", node.id))
         if step.kind == "forward":
-            with rec.section(node.label, "forward", node.id), _lowering_errors(node, "forward"):
+            # a step graph's backward nodes are ordinary nodes, told apart by the node they differentiate
+            # a step graph's backward node is timed and counted under the node it differentiates
+            of = node if node.grad_of is None else nodes[node.grad_of]
+            direction = "forward" if of is node else "backward"
+            with rec.section(of.label, direction, of.id), _lowering_errors(node, direction):
                 low.forward(rec, node, ins, out)
             continue
         writes = mem.grad_writes[node.id]
@@ -201,11 +208,22 @@ class StepLayout:
     """The buffers and I/O of one step program, over real or fake buffers."""
 
     def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging,
-                 scaled=False):
+                 scaled=False, step=None):
         """scaled: the backward starts from a loss scale the host uploads
         (into the seed leaf: [scale, 1/scale]), and the gradients are
-        unscaled and checked for overflow on the device (`found`)."""
+        unscaled and checked for overflow on the device (`found`).
+        step: the StepPlan whose graph this is (its backward is nodes of it),
+        or None for a graph whose lowerings record their own backwards."""
         self.graph, self.mem = graph, mem
+        if step is not None:
+            self.seed_key = ("val", step.seed) if step.seed is not None else None
+            self.grad_keys = {name: ("val", i) for name, i in step.grads.items()}
+            self.updated = [name for name in step.grads if name in graph.params]
+        else:
+            self.seed_key = ("grad", graph.loss) if graph.loss is not None else None
+            self.grad_keys = {name: ("grad", i) for name, i in (graph.params | graph.inputs).items()
+                              if ("grad", i) in mem.slots}
+            self.updated = updated_params(graph) if graph.loss is not None else []
         self.buffers = []
         for pb in mem.buffers:
             if pb.kind in ("param", "const", "seed"):
@@ -217,7 +235,7 @@ class StepLayout:
         self.io.down_staging = down
         # every input node: the user's and those the session feeds itself (the random state)
         for name, i in {n.name: n.id for n in graph.nodes if n.op == "input"}.items():
-            if ("val", i) in mem.slots:
+            if ("val", i) in mem.slots and ("val", i) != self.seed_key:
                 node = graph.nodes[i]
                 self.io.uploads.append((name, self.io.upload_region(up, node.shape, node.dtype), self.view(("val", i))))
         self.hyper = None
@@ -227,7 +245,7 @@ class StepLayout:
             self.io.uploads.append(("@hyper", self.io.upload_region(up, h.shape, "f32"), self.hyper))
         self.scale = self.found = None
         if scaled:
-            seed = self.view(("grad", graph.loss))
+            seed = self.view(self.seed_key)
             self.scale = BufView(seed.buffer, seed.offset, (2,), "f32")
             self.io.uploads.append(("@scale", self.io.upload_region(up, (2,), "f32"), self.scale))
             self.found = BufView(make_buffer(4, "found-inf"), 0, (1,), "f32")
@@ -236,21 +254,24 @@ class StepLayout:
         if graph.loss is not None and ("val", graph.loss) in mem.slots:
             self._download("@loss", ("val", graph.loss), down)
         if want_grads:
-            for name, i in graph.params.items():
-                if ("grad", i) in mem.slots:
-                    self._download(f"@grad:{name}", ("grad", i), down)
+            for name in graph.params:
+                if name in self.grad_keys:
+                    self._download(f"@grad:{name}", self.grad_keys[name], down)
             if grad_inputs:
-                for name, i in graph.inputs.items():
-                    if ("grad", i) in mem.slots:
-                        self._download(f"@grad:{name}", ("grad", i), down)
+                for name in graph.inputs:
+                    if name in self.grad_keys:
+                        self._download(f"@grad:{name}", self.grad_keys[name], down)
         if self.found is not None:
             self.io.downloads.append(("@found_inf", self.found, self.io.download_region(down, (1,), "f32")))
 
     def scaled_grads(self) -> list[BufView]:
         """The gradients a loss-scaled step unscales: every param's and
-        input's the backward computes (what is read back or updated)."""
-        ids = list(self.graph.trainable().values()) + list(self.graph.inputs.values())
-        return [self.view(("grad", i)) for i in ids if ("grad", i) in self.mem.slots]
+        input's the backward computes (what is read back or updated), each
+        place once (a step graph may hold two equal gradients in one node)."""
+        names = list(self.graph.trainable()) + list(self.graph.inputs)
+        slots = {n: self.mem.slots[self.grad_keys[n]] for n in names if n in self.grad_keys}
+        keys = {(s.buffer, s.offset): self.grad_keys[n] for n, s in slots.items()}
+        return [self.view(k) for k in keys.values()]
 
     def record_unscale(self, rec) -> None:
         """Each gradient times 1/scale, and found = 1 if one overflowed."""
@@ -266,8 +287,7 @@ class StepLayout:
 
     def param_grads(self) -> dict[str, BufView]:
         """The gradient of each param the optimizer updates (the loss reaches it)."""
-        trainable = self.graph.trainable()
-        return {name: self.view(("grad", trainable[name])) for name in updated_params(self.graph)}
+        return {name: self.view(self.grad_keys[name]) for name in self.updated}
 
 
 class StepProgram:
@@ -278,8 +298,12 @@ class StepProgram:
         self.device = device
         self.optimizer = optimizer
         backward = want_grads or optimizer is not None
-        self.mem = sess.plan.memory_for(backward, grad_inputs)
-        sess.check_backward(self.mem)
+        step = sess.plan.step_for(backward, grad_inputs)
+        if step is None:
+            self.mem = sess.plan.memory_for(backward, grad_inputs)
+            sess.check_backward(self.mem)
+        else:
+            graph, self.mem = step.graph, step.memory
         owned = []
 
         def make_buffer(nbytes, _name):
@@ -287,10 +311,30 @@ class StepProgram:
             owned.append(buf)
             return buf
 
+        consts = {}   # the step's own constants (its backward's), uploaded with the program
+
+        def leaf_buffer(pb):
+            (key,) = pb.values
+            if key[0] == "val" and graph.nodes[key[1]].op == "const" and not sess.holds(graph.nodes[key[1]]):
+                node = graph.nodes[key[1]]
+                consts[key] = (make_buffer(max(node.type.nbytes, 4), "const"), node)
+                return consts[key][0]
+            return sess.leaf_buffer(pb)
+
         up, down = LazyStaging(device, "upload"), LazyStaging(device, "download")
         scaled = backward and getattr(sess, "scaler", None) is not None
-        self.layout = StepLayout(graph, self.mem, make_buffer, sess.leaf_buffer, want_grads, grad_inputs,
-                                 optimizer, (up, down), scaled)
+        self.layout = StepLayout(graph, self.mem, make_buffer, leaf_buffer, want_grads, grad_inputs,
+                                 optimizer, (up, down), scaled, step)
+        # a constant of one value is filled in by the step (no transfer of its own), any other uploaded once
+        fills, uploads = [], []
+        for buf, node in consts.values():
+            view, value = BufView(buf, 0, node.shape, node.dtype), np.asarray(node.attrs["value"])
+            flat = value.reshape(-1)
+            if flat.size == 0 or np.array_equal(flat, np.full_like(flat, flat[0]), equal_nan=True):
+                fills.append((view, float(flat[0]) if flat.size else 0.0))
+            else:
+                uploads.append((view, value))
+        sess.write_consts(uploads)
         self.owned = owned
         opt_record = None
         if optimizer is not None and update_record(optimizer) is not None:
@@ -306,7 +350,7 @@ class StepProgram:
                 record(rec, params, grads, state, hyper, skip)
         self.rec = Recorder(device)
         record_step(self.rec, graph, self.mem, self.layout.view, self.layout.io, opt_record,
-                    self.layout.record_unscale if scaled else None)
+                    self.layout.record_unscale if scaled else None, fills)
         self.dispatches = self.rec.counts()["dispatches"]
         self.staging_up = up.materialize(self.layout.io.up_bytes)
         self.staging_down = down.materialize(self.layout.io.down_bytes)
@@ -411,9 +455,14 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
-    if plan is not None:
+    step = plan.step_for(backward) if plan is not None else None
+    if step is not None:
+        graph, mem = step.graph, step.memory
+    elif plan is not None:
         graph = plan.exec_graph
-    mem = plan.memory_for(backward) if plan is not None else plan_memory(graph, backward=backward)
+        mem = plan.memory_for(backward)
+    else:
+        mem = plan_memory(graph, backward=backward)
     leaf = {}
 
     def make_buffer(nbytes, name):
@@ -426,7 +475,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     on_device = optimizer if optimizer is not None and update_record(optimizer) is not None else None
     scaled = backward and plan is not None and plan.dtype == "mixed"
     layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
+                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled, step)
     opt_record = None
     if on_device is not None:
         grads_views = layout.param_grads()

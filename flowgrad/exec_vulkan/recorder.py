@@ -160,6 +160,10 @@ class Recorder:
             if not info.readonly[i]:
                 self.copy(tmp, original)
 
+    def fill_value(self, view: BufView, value: float) -> None:
+        """Set every element of `view` (f32, f16 or i32) to `value`."""
+        self.fill(view, fill_word(value, view.dtype))
+
     def fill(self, view: BufView, value: int = 0) -> None:
         """Set every 32-bit word of `view` to `value` (vkCmdFillBuffer). An f16
         view with half-word ends takes value's low 16 bits for those ends, so
@@ -194,6 +198,13 @@ class Recorder:
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * ITEMSIZE[dtype]
         return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
+
+    def stand_in(self, dtype: str) -> BufView:
+        """A view for a binding the dispatch's mode never touches: one aligned
+        word per dtype for the whole recording, which orders no command (it is
+        no dependency between two dispatches that bind it)."""
+        kept = self.keep(("stand-in", dtype), (1,), dtype)
+        return StandIn(kept.buffer, kept.offset, kept.shape, kept.dtype)
 
     def keep(self, key, shape, dtype: str) -> BufView:
         """A view that outlives the lowering call: a forward leaves in it what
@@ -266,11 +277,17 @@ class Recorder:
 # --------------------------------------------------------------------------- hazards
 
 
+@attrs.frozen
+class StandIn(BufView):
+    """A bound view no thread reads or writes (Recorder.stand_in)."""
+
+
 def touched(cmd):
     """(reads, writes): lists of (buffer, lo, hi) a command touches."""
     if isinstance(cmd, Dispatch):
-        reads = [(v.buffer, v.offset, v.offset + v.nbytes) for v in cmd.views]
-        writes = [r for r, ro in zip(reads, cmd.readonly) if not ro]
+        bound = [(v, ro) for v, ro in zip(cmd.views, cmd.readonly) if not isinstance(v, StandIn)]
+        reads = [(v.buffer, v.offset, v.offset + v.nbytes) for v, _ro in bound]
+        writes = [r for r, (_v, ro) in zip(reads, bound) if not ro]
         return reads, writes
     if isinstance(cmd, Fill):
         return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]
@@ -353,3 +370,15 @@ def count_barriers(commands) -> int:
             h.clear(stages)
         h.note(cmd)
     return h.barriers
+
+
+def fill_word(value: float, dtype: str) -> int:
+    """The 32-bit word a fill repeats to hold `value` in every element."""
+    import struct
+
+    if dtype == "f32":
+        return struct.unpack("<I", struct.pack("<f", value))[0]
+    if dtype == "f16":
+        half = struct.unpack("<H", struct.pack("<e", value))[0]
+        return half | half << 16
+    return int(value) & 0xFFFFFFFF

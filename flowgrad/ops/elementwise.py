@@ -126,7 +126,8 @@ tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda g, x, y, at: g * (1.0 - y
 sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda g, x, y, at: g * (y * (1.0 - y)), "1 / (1 + e^-x)",
                  torch="torch.sigmoid")
 # a NaN x is not <= 0: it passes g, as PyTorch's threshold does
-relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.where(x.le(0), 0, g),
+# y for x: a step graph keeps relu's output for its readers, not its input (NaN stays NaN in y)
+relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.where(y.le(0), 0, g),
               "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="F.relu")
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from flowgrad.ops.registry import PLANNER_OPS, Arg, Op, complete_attrs, get_op
 
-ARGS = (Arg("x", "tensors"), Arg("steps", "attr"))
+# consts: (input position, value) of the scalar constants a chain's program holds (the graph path's own);
+# pre_out / written_by: the chain stores its activation's input too, into the node that stands for it
+ARGS = (Arg("x", "tensors"), Arg("steps", "attr"), Arg("consts", "attr", ()), Arg("pre_out", "attr", False),
+        Arg("written_by", "attr", -1))
 
 
 def _run(ins, steps, apply):
@@ -27,7 +30,16 @@ def _infer(in_types, attrs):
 
 
 def _forward(ins, attrs):
-    return _run(ins, attrs["steps"], lambda n, xs, at: get_op(n).forward(xs, at))[-1]
+    """Each step's result in its own dtype, as the chain's nodes run one by one store it."""
+    import numpy as np
+
+    from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+    from flowgrad.graph import TensorType
+
+    def step(name, xs, at):
+        t = get_op(name).infer([TensorType(np.shape(x), dtype_of(x, narrow=True)) for x in xs], at)
+        return np.asarray(get_op(name).forward(xs, at), dtype=NUMPY_DTYPE[t.dtype])
+    return _run(ins, attrs["steps"], step)[-1]
 
 
 def _numpy(rule):
@@ -54,9 +66,43 @@ def _grad(g, ins, out, attrs):
 
 
 def _parts_grad(g, ins, out, attrs):
-    """The blocks laid side by side again: a @ b's gradient, then matmul's rule."""
-    blocks = [g.e.op("slice", g, axis=0, start=i, stop=i + 1).reshape(g.shape[1:]) for i in range(attrs["parts"])]
-    return get_op("matmul").grad(g.e.op("concat", *blocks, axis=-1), ins, None, {})
+    """a @ b's gradient read from the blocks where they lie: da = the sum
+    over blocks z of g[z] @ b's block z^T, db's block z = a^T @ g[z]."""
+    a, b = ins
+    return [g.e.op("parts_grad_a", g, b), g.e.op("parts_grad_b", a, g)]
+
+
+def _blocks(g):
+    """g's blocks [k, ..., w] side by side: [..., k * w]."""
+    import numpy as np
+
+    return np.concatenate(list(g), axis=-1)
+
+
+def _parts_grad_a(ins, attrs):
+    g, b = ins
+    return get_op("matmul").forward([_blocks(g), _swap(b, True)], {})
+
+
+def _parts_grad_b(ins, attrs):
+    a, g = ins
+    k = a.shape[-1]
+    return get_op("matmul").forward([_swap(a.reshape(-1, k), True), _blocks(g).reshape(-1, g.shape[0] * g.shape[-1])],
+                                    {})
+
+
+def _grad_a_infer(in_types, attrs):
+    from flowgrad.graph import TensorType
+
+    g, b = in_types
+    return TensorType(g.shape[1:-1] + (b.shape[0],), g.dtype)
+
+
+def _grad_b_infer(in_types, attrs):
+    from flowgrad.graph import TensorType
+
+    a, g = in_types
+    return TensorType((a.shape[-1], g.shape[0] * g.shape[-1]), a.dtype)
 
 
 def _part_grad(g, ins, out, attrs):
@@ -103,6 +149,36 @@ def _part_infer(in_types, attrs):
 PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _numpy(_parts_grad),
                                  grad=_parts_grad,
                                  doc="a @ b, b's columns in `parts` blocks stacked first (planner only)")
+PLANNER_OPS["parts_grad_a"] = Op("parts_grad_a", (Arg("g"), Arg("b")), _grad_a_infer, _parts_grad_a, None,
+                                 doc="a split product's da from its blocks' gradients (planner only)")
+PLANNER_OPS["parts_grad_b"] = Op("parts_grad_b", (Arg("a"), Arg("g")), _grad_b_infer, _parts_grad_b, None,
+                                 doc="a split product's db from its blocks' gradients (planner only)")
 PLANNER_OPS["part"] = Op("part", PART_ARGS, _part_infer, lambda ins, at: ins[0][at["index"]].copy(),
                          _numpy(_part_grad), grad=_part_grad,
                          doc="block `index` of a split product (planner only)")
+
+
+# ---------------------------------------------------------------- a product of transposed operands
+# a step graph's backward reads `x.mT @ g` and `g @ w.mT`; the planner folds each transpose of the
+# last two axes into the product, whose kernels read either layout by strides
+
+T_ARGS = (Arg("a"), Arg("b"), Arg("ta", "attr"), Arg("tb", "attr"))
+
+
+def _swap(x, flag):
+    """x transposed in its last two axes where flag says, as the transpose op's forward gives it."""
+    return get_op("transpose").forward([x], {"dim0": -2, "dim1": -1}) if flag else x
+
+
+def _t_infer(in_types, attrs):
+    from flowgrad.graph import TensorType
+
+    a, b = (TensorType(t.shape[:-2] + t.shape[-2:][::-1] if f else t.shape, t.dtype)
+            for t, f in zip(in_types, (attrs["ta"], attrs["tb"])))
+    return get_op("matmul").infer([a, b], {})
+
+
+PLANNER_OPS["matmul_t"] = Op("matmul_t", T_ARGS, _t_infer,
+                             lambda ins, at: get_op("matmul").forward([_swap(ins[0], at["ta"]),
+                                                                       _swap(ins[1], at["tb"])], {}),
+                             None, doc="a @ b with a and/or b transposed in their last two axes (planner only)")

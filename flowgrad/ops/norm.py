@@ -56,6 +56,19 @@ def _ln_forward(ins, attrs):
     return narrow((xhat * wide(w).reshape(-1) + wide(b).reshape(-1)).reshape(x.shape), x)
 
 
+def _accumulated(forward):
+    """A norm gradient's forward, dx added to `acc` where it is given (a
+    gradient summed on its way, as the device's kernel stores it)."""
+    def run(ins, attrs):
+        x, w, g, *acc = ins
+        packed = forward([x, w, g], attrs)
+        if acc and acc[0] is not None:
+            n = x.size
+            packed[:n] = narrow(wide(acc[0]).reshape(-1) + wide(packed[:n]), x)
+        return packed
+    return run
+
+
 def _ln_grad_forward(ins, attrs):
     x, w, g = ins
     gw = _rows(wide(g), w)
@@ -87,10 +100,11 @@ def _grads(name, params):
 
 def _grad_infer(params):
     def infer(ins, attrs):
-        x, w, g = ins
+        x, w, g, *acc = ins
         _norm_infer([x, w], attrs)
-        if g != x:
-            raise OpTypeError(f"g must be x's type {x}, got {g}")
+        for name, t in [("g", g)] + [("acc", a) for a in acc if a is not None]:
+            if t != x:
+                raise OpTypeError(f"{name} must be x's type {x}, got {t}")
         return TensorType((math.prod(x.shape) + params * math.prod(w.shape),), x.dtype)
     return infer
 
@@ -100,11 +114,11 @@ def _grad_grad(forward, params):
     bias (layernorm's) is a variable at 0 there: dx, dw and db do not depend
     on its value, but db is the derivative for it."""
     def grad(G, ins, out, attrs):
-        x, w, g = ins
+        x, w, g, *acc = ins
         fwd = [x, w] + [G.e.zeros(w)] * (params - 1)
         parts = unpack(G, [t.shape for t in fwd])
         grads = second_order(lambda e, xs: forward(e, xs, attrs), fwd, g, range(params + 1), parts)
-        return grads[:2] + grads[-1:]
+        return grads[:2] + grads[-1:] + [parts[0] for a in acc if a is not None]
     return grad
 
 
@@ -118,10 +132,11 @@ layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), _EPS),
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes weight spans (biased var, as PyTorch)")
 # one pass computes the three gradients (norm.comp's backward): they come back as one vector, dx then dw then db
 layernorm_grad = defop(
-    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), _EPS), _grad_infer(2), _ln_grad_forward,
+    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _EPS), _grad_infer(2),
+    _accumulated(_ln_grad_forward),
     grad=_grad_grad(_ln_ops, 2),
     doc="layernorm's gradients for x, weight and bias from the output's gradient g, flat, one after another "
-        "(the bias changes none of them)",
+        "(the bias changes none of them); x's added to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),
              Sample((((2, 3, 4), "normal"), ((3, 4), "normal"), ((2, 3, 4), "normal")), {"eps": 1e-3})])
 
@@ -157,8 +172,10 @@ rmsnorm = defop("rmsnorm", (Arg("x"), Arg("weight"), _RMS_EPS),
                 _norm_infer, _rms_forward, grad=_grads("rmsnorm", 1),
                 doc="x / sqrt(mean(x^2) + eps) * weight over the trailing axes weight spans")
 rmsnorm_grad = defop(
-    "rmsnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), _RMS_EPS), _grad_infer(1), _rms_grad_forward,
+    "rmsnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _RMS_EPS), _grad_infer(1),
+    _accumulated(_rms_grad_forward),
     grad=_grad_grad(_rms_ops, 1),
-    doc="rmsnorm's gradients for x and weight from the output's gradient g, flat, one after another",
+    doc="rmsnorm's gradients for x and weight from the output's gradient g, flat, one after another; x's added "
+        "to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),
              Sample((((2, 3, 2), "normal"), ((3, 2), "normal"), ((2, 3, 2), "normal")), {"eps": 1e-3})])

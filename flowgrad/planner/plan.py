@@ -11,9 +11,13 @@ import attrs
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.ops import OPS, get_op
+from flowgrad.ops.registry import PLANNER_OPS
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, fuse_cells, no_fusion
 from flowgrad.grad_paths import backward_nodes
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
+
+# the graph path records each step's graph (its backward appended as nodes) with forward lowerings only
+STEP_GRAPH = __import__("os").environ.get("FLOWGRAD_STEP_GRAPH", "1") == "1"
 
 
 @attrs.frozen
@@ -50,6 +54,10 @@ class Plan:
     # dispatches on this device (a matmul's tile per shape class, say); empty without a device
     kernels: dict = attrs.field(factory=dict)
     fusion: Fusion | None = None   # the pointwise chains the graph path runs as one node each
+    # (backward, grad_inputs) -> StepPlan: each kind of step's graph, its backward appended as nodes;
+    # None where the lowerings record the backward themselves
+    steps: dict | None = None
+    fuses: bool = True
 
     @property
     def exec_graph(self) -> Graph:
@@ -59,6 +67,26 @@ class Plan:
     @property
     def last_path(self) -> str:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
+
+    def step_for(self, backward: bool = True, grad_inputs: bool = False):
+        """The StepPlan of one kind of step (made on demand), or None. One
+        that also differentiates the inputs reaches nodes the plan did not
+        check: a node of it the graph path can't run is a FlowError at its line."""
+        if self.steps is None:
+            return None
+        key = (bool(backward and self.graph.loss is not None), bool(grad_inputs))
+        if key not in self.steps:
+            from flowgrad.errors import FlowError
+            from flowgrad.exec_vulkan.step_plan import step_plan
+
+            step = step_plan(self.graph, *key, fusion=self.fuses)
+            refusals = step_refusals(step, self.device, {}) if grad_inputs else []
+            if refusals:
+                r = refusals[0]
+                raise FlowError(f"{r.node.label} = {r.node.op}(...) cannot run on the graph path: {r.message}",
+                                r.node.span, hint="compile with backward='closures' to differentiate it")
+            self.steps[key] = step
+        return self.steps[key]
 
     def memory_for(self, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
         """The memory plan of one kind of step: the training step's is the one
@@ -83,13 +111,15 @@ def f32_hint(op_name: str) -> str:
             "back to the model's dtype")
 
 
-def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None) -> list[Refusal]:
-    """Every node's refusals; with a device, `kernels` collects what each node dispatches."""
+def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None,
+                  only: frozenset | None = None) -> list[Refusal]:
+    """Every node's refusals (of the nodes `only` names, where given); with a
+    device, `kernels` collects what each node dispatches."""
     out = []
     for node in graph.nodes:
-        if node.op in LEAF_OPS:
+        if node.op in LEAF_OPS or (only is not None and node.id not in only):
             continue
-        op = OPS.get(node.op)
+        op = OPS.get(node.op) or PLANNER_OPS.get(node.op)
         if op is None:
             out.append(Refusal("no-op-record", f"node has no op record ({node.op!r} is not a registered op)",
                                "register the op with flowgrad.register_op", node))
@@ -205,16 +235,68 @@ def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict)
             kernels[part] = {"forward": [], "backward": []}
 
 
+def step_refusals(step, device, kernels: dict) -> list[Refusal]:
+    """The refusals of a step graph's scheduled nodes, each at the model's
+    node: a backward node's at the node it differentiates (once per node and
+    reason: the forward's own first)."""
+    scheduled = frozenset(s.node for s in step.memory.schedule)
+    graph = step.graph
+    found, seen = [], set()
+    for r in node_refusals(graph, frozenset(), device, kernels, only=scheduled):
+        node = r.node
+        if node is not None and node.grad_of is not None:
+            node = graph.nodes[node.grad_of]
+            r = Refusal(r.code, f"its backward needs {r.node.op}: {r.message}", r.hint, node)
+        key = (r.code, node.id if node is not None else None)
+        if key not in seen:
+            seen.add(key)
+            found.append(r)
+    return found
+
+
+def step_kernels(step, found: dict) -> dict:
+    """{model node: {"forward": [shader, ...], "backward": [...]}} from what
+    each scheduled node of a step graph records (`found`): a fused chain's
+    kernels are each member's forward, a backward node's go to the node it
+    differentiates, in the order the step runs them."""
+    runs = []
+    for s in step.memory.schedule:
+        node, ran = step.graph.nodes[s.node], found.get(s.node, {}).get("forward", [])
+        runs.append(("forward", s.node, ran) if node.grad_of is None else ("backward", node.grad_of, ran))
+    return spread_kernels(step, runs)
+
+
+def spread_kernels(step, runs) -> dict:
+    """{model node: {"forward": [...], "backward": [...]}} from (direction,
+    node, shaders) in the order they ran: a fused chain's are each member's."""
+    out: dict = {}
+    group_of = step.fusion.group_of()
+    for direction, at, ran in runs:
+        for m in group_of[at].members if at in group_of else (at,):
+            shaders = out.setdefault(m, {"forward": [], "backward": []})[direction]
+            shaders += [k for k in ran if k not in shaders]
+    return out
+
+
 def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
     """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU.
     fusion: run chains of pointwise ops as one node each on the graph path."""
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
-    fused = fuse(graph) if fusion else no_fusion(graph)
     if fusion:
         fuse_cells(graph)
-    memory = plan_memory(fused.graph)
-    bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
+    steps = training = None
+    if STEP_GRAPH:
+        from flowgrad.exec_vulkan.step_plan import step_plan
+
+        training = step_plan(graph, True, False, fusion=fusion)
+        steps = {(graph.loss is not None, False): training}
+        fused, memory = training.fusion, training.memory
+        bwd = frozenset(n.grad_of for n in training.graph.nodes if n.grad_of is not None)
+    else:
+        fused = fuse(graph) if fusion else no_fusion(graph)
+        memory = plan_memory(fused.graph)
+        bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "the session runs on numpy (CPU), not on Vulkan",
@@ -226,9 +308,13 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
     kernels: dict = {}
-    refusals += node_refusals(graph, bwd, device, kernels)
-    if device is not None:
-        fused_kernels(fused, bwd, device, kernels)
+    if training is not None:
+        refusals += step_refusals(training, device, kernels)
+        kernels = step_kernels(training, kernels)
+    else:
+        refusals += node_refusals(graph, bwd, device, kernels)
+        if device is not None:
+            fused_kernels(fused, bwd, device, kernels)
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
@@ -240,4 +326,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused)
+    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused, steps, fusion)

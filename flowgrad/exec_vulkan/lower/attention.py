@@ -118,8 +118,8 @@ def _push(node, sq, sk, d, dh, mask_words, nstat, saved_lse=False):
     return (sq, sk, d, dh, *mask_words, 1.0 / math.sqrt(dh), causal, nstat, int(saved_lse))
 
 
-def _stats_key(node):
-    return ("attention row statistics", node.id)
+def _stats_key(node_id):
+    return ("attention row statistics", node_id)
 
 
 def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
@@ -139,18 +139,20 @@ def attention_forward(rec, node, ins, out):
     batch, sq, sk, d, heads, dh, bound = _geometry(node, q, k)
     mask, words = _mask(node, ins, q, k)
     nstat = batch * heads * sq
-    stats = rec.keep(_stats_key(node), (3 * nstat,), "f32")  # the forward writes m and log l, the backward D
+    stats = rec.keep(_stats_key(node.id), (3 * nstat,), "f32")  # the forward writes m and log l, the backward D
     _dispatch(rec, "fwd", q, dh, bound, [q, k, v, mask if mask is not None else q, out, stats],
               _push(node, sq, sk, d, dh, words, nstat), sq, heads, batch)
 
 
-def attention_backward(rec, node, g, ins, out, grads):
+def attention_backward(rec, node, g, ins, out, grads, forward_id=None):
+    """forward_id: the attention node whose forward kept the row statistics
+    (default this node)."""
     q, k, v = ins[:3]
     batch, sq, sk, d, heads, dh, bound = _geometry(node, q, k)
     mask, words = _mask(node, ins, q, k)
     mview = mask if mask is not None else q  # bound but unread without a mask
     nstat = batch * heads * sq
-    stats = rec.kept(_stats_key(node))
+    stats = rec.kept(_stats_key(node.id if forward_id is None else forward_id))
     saved = stats is not None
     if not saved:
         stats = rec.scratch((3 * nstat,), "f32")  # each row's m and log l, then its D
@@ -162,12 +164,13 @@ def attention_backward(rec, node, g, ins, out, grads):
 
 
 def attention_grad_forward(rec, node, ins, out):
-    """attention_grad: the backward's passes (the row statistics recomputed:
-    no forward of this node kept them), dq, dk and dv into consecutive views."""
+    """attention_grad: the backward's passes (the row statistics read where
+    the forward it differentiates kept them, else recomputed), dq, dk and dv
+    into consecutive views."""
     q, k, v, o, g, *mask = ins
     nq, nk = q.size, k.size
     grads = [out.view(0, q.shape), out.view(nq, k.shape), out.view(nq + nk, v.shape)]
-    attention_backward(rec, node, g, [q, k, v, *mask], o, grads)
+    attention_backward(rec, node, g, [q, k, v, *mask], o, grads, forward_id=node.inputs[3])
 
 
 # i32: a boolean mask input (q, k, v and the result are always float)

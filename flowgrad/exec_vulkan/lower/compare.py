@@ -7,8 +7,11 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, collapse, unused
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse, unused
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowering
+
+M.declare(NE=54, LT=55, LE=56, GT=57, GE=58)   # 1.0 where x0 <op> x1, else 0.0 (M.EQ is map_reduce's)
+MAP_OPS = (M.EQ, M.NE, M.LT, M.LE, M.GT, M.GE)   # by compare.comp's code
 
 MAX_RANK = 6
 
@@ -47,7 +50,9 @@ def compare_op(code: int) -> Lowering:
         rec.dispatch("compare", [a, b, out], [n, code, len(dims), int(a.dtype == "i32"), *shape, *sa, *sb],
                      groups_1d(n), variant(a.dtype))
 
-    return Lowering(forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+    # in a fused chain (a step graph's backward: relu's where(y <= 0, 0, g)), one map op
+    pointwise = Pointwise(MAP_OPS[code], (None, None))
+    return Lowering(forward, _no_backward, ALL_DTYPES, ALL_DTYPES, pointwise=lambda attrs: pointwise)
 
 
 ARGMAX = Lowering(argmax_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)

@@ -77,7 +77,9 @@ def _where_backward(rec, node, g, ins, out, grads):
             _sum_to(rec, op, [g, cond], target, tuple(out.shape))
 
 
-WHERE = Lowering(_where_forward, _where_backward, FLOATS, FLOATS)
+WHERE = Lowering(_where_forward, _where_backward, FLOATS, FLOATS,
+                 pointwise=lambda attrs: Pointwise(M.WHERE, (None, (M.WHERE_DA, ("g", "x0")),
+                                                             (M.WHERE_DB, ("g", "x0")))))
 
 # ---------------------------------------------------------------- unary
 

@@ -27,9 +27,9 @@ from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, sum_to_s
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
-MAX_INSTRS = 12     # its program slots (instruction k writes register 4 + k)
+MAX_INSTRS = 20     # its program slots (instruction k writes register 4 + k)
 MAX_OUTPUTS = 2
-MAX_PARAMS = 2
+MAX_PARAMS = 8
 MAX_RANK = 3
 GRAD = ("g",)       # the incoming gradient, as a program source
 
@@ -87,8 +87,15 @@ def pointwise_of(op_name: str, attrs):
     return LOWERINGS[op_name].pointwise(attrs)
 
 
-def _chain(b: _Builder, steps, n_in: int):
+M.declare(PARAM=60)   # the instruction's scalar: a constant the chain reads (fused_map.comp)
+
+
+def _chain(b: _Builder, steps, n_in: int, consts=()):
+    """consts: (input k, value) for the scalar constants among the inputs,
+    loaded as the program's scalars rather than read from their buffers."""
     values = [("src", ("x", k)) for k in range(n_in)]
+    for k, value in consts:
+        values[k] = b.emit(M.PARAM, [], value)
     rules = []
     for op_name, refs, at in steps:
         pw = pointwise_of(op_name, at)
@@ -97,10 +104,10 @@ def _chain(b: _Builder, steps, n_in: int):
     return values, rules
 
 
-def forward_program(steps, n_in: int, pre: bool = False) -> Program:
+def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
     """The chain's value; pre: first the value its last step reads (an activation's input)."""
     b = _Builder()
-    values, _ = _chain(b, steps, n_in)
+    values, _ = _chain(b, steps, n_in, consts)
     return b.finish(values[-2:] if pre else values[-1:])
 
 
@@ -144,11 +151,11 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     for k in range(MAX_INPUTS):
         walk = [s[k] for _, _, s in dims] if k < len(ins) else []
         st += walk + [0] * (MAX_RANK - len(walk))
-    prog_words = [op | a << 8 | b << 12 | c << 16 | p << 20 for op, (a, b, c), p in prog.instrs]
+    prog_words = [op | a << 7 | b << 12 | c << 17 | p << 22 for op, (a, b, c), p in prog.instrs]
     prog_words += [0] * (MAX_INSTRS - len(prog_words))
     params = list(prog.params) + [0.0] * (MAX_PARAMS - len(prog.params))
     o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
-    meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 9 | o[0] << 12 | o[1] << 16
+    meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 10 | o[0] << 12 | o[1] << 17
     dtype = outs[0].dtype
     bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]
@@ -157,7 +164,7 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
 
 
 def fused_forward(rec, node, ins, out):
-    prog = forward_program(node.attrs["steps"], len(ins))
+    prog = forward_program(node.attrs["steps"], len(ins), consts=node.attrs.get("consts", ()))
     run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
 
 
@@ -309,7 +316,8 @@ def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps, shape = node.attrs["steps"], tuple(out.shape)
-    pre = None if form.act is None else rec.keep(_pre_key(node), shape, out.dtype)
+    pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.keep(_pre_key(node), shape,
+                                                                                           out.dtype)
     # where the store declines the activation, the product and its adds go to h, the activation after
     apart = pre is not None and not store_takes_activation(rec.caps)
     dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
@@ -377,6 +385,8 @@ def _form(node, ins, out):
 
 
 def forward(rec, node, ins, out):
+    if node.attrs.get("written_by", -1) >= 0:
+        return   # an activation's input, stored by the chain that ends with the activation
     form = _form(node, ins, out)
     if form is not None:
         _epilogue_forward(rec, node, ins, out, form)

@@ -133,7 +133,7 @@ def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
     bias, split-K's tile counters and D, the epilogue's pre-activation
     value (stand-ins where unused)."""
     def use(view, what):
-        return view if view is not None else rec.scratch((1,), what)
+        return view if view is not None else rec.stand_in(what)
 
     return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype),
             use(epi and epi.pre, dtype)]
@@ -328,6 +328,17 @@ def matmul_backward(rec, node, g, ins, out, grads):
         _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
 
 
+def matmul_t_forward(rec, node, ins, out, epilogue=None):
+    """A product whose operands are read transposed where `ta` / `tb` say
+    (the planner's fold of a transpose into the product: fusion.py)."""
+    (a, b), ta, tb = ins, node.attrs["ta"], node.attrs["tb"]
+    a2, b2 = tuple(a.shape), tuple(b.shape)
+    full = _batch(a2[:-2], b2[:-2])
+    out2 = tuple(full) + (a2[-1] if ta else a2[-2], b2[-2] if tb else b2[-1])
+    _product(rec, (a, a2), (b, b2), out, out2, full, ta, tb, epilogue)
+
+
 MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS, blocked="matmul_parts", epilogue=True)
 
 register_lowering("matmul", MATMUL)
+register_lowering("matmul_t", Lowering(matmul_t_forward, None, FLOATS, epilogue=True))

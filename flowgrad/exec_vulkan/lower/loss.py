@@ -90,7 +90,8 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         t = logits.dtype
         dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
 
-    def backward(rec, node, g, ins, out, grads):
+    def backward(rec, node, g, ins, out, grads, forward_id=None):
+        """forward_id: the loss node whose forward kept the row losses (default this one)."""
         logits, targets, *weight = ins
         if grads[0] is None:
             return
@@ -100,7 +101,8 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         if not (n and c):
             return
         t = logits.dtype
-        row_loss = rec.kept(("xent_rows", node.id))   # the forward's rows and denominator, when it was recorded here
+        # the forward's rows and denominator, when it was recorded here
+        row_loss = rec.kept(("xent_rows", node.id if forward_id is None else forward_id))
         if row_loss is None:
             row_loss = row_losses(rec, node, moved, targets, w)
             dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
@@ -120,11 +122,13 @@ NLL_LOSS = _xent_lowering(log_probs=True)
 
 def _xent_grad(loss: Lowering) -> Lowering:
     """cross_entropy_grad's or nll_loss_grad's lowering: the loss's backward
-    (its row losses recomputed: no forward of this node kept them), into out."""
+    (its row losses read where the forward it differentiates kept them, else
+    recomputed), into out."""
 
     def forward(rec, node, ins, out):
         logits, targets, g, *weight = ins
-        loss.backward(rec, node, g, [logits, targets, *weight], None, [out, None, *[None] * len(weight)])
+        loss.backward(rec, node, g, [logits, targets, *weight], None, [out, None, *[None] * len(weight)],
+                      forward_id=node.grad_of)
 
     return Lowering(forward, None, ALL_DTYPES, checks_indices=True)
 

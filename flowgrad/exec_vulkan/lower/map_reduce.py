@@ -62,11 +62,11 @@ REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 
 def unused(rec, dtype: str):
-    """A stand-in for a binding this dispatch's mode never touches. A fresh
-    aligned scratch word, never a real tensor: the recorder would copy an
-    unaligned view in (and, for a writable binding, back out over the real
-    result)."""
-    return rec.scratch((1,), dtype)
+    """A stand-in for a binding this dispatch's mode never touches. An
+    aligned word of the recording's own, never a real tensor: the recorder
+    would copy an unaligned view in (and, for a writable binding, back out
+    over the real result)."""
+    return rec.stand_in(dtype)
 
 
 # Lane heuristic. Each lane of a segment takes about ELEMS_PER_LANE elements

@@ -24,7 +24,9 @@ MAXC = 8            # norm.comp: columns per lane in the one-pass backward
 ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
 
 
-def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None):
+def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None, acc=None):
+    """acc: the gradient dx is added to (flags bit 1), else a stand-in."""
+    bufs = list(bufs) + [acc if acc is not None else unused(rec, bufs[0].dtype)]
     rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
@@ -57,7 +59,8 @@ def _norm(kind: str):
                     unused(rec, "f32")]
             _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
 
-    def backward(rec, node, g, ins, out, grads, add=frozenset()):
+    def backward(rec, node, g, ins, out, grads, add=frozenset(), acc=None):
+        """acc: a gradient dx is written added to (dx = acc + the VJP)."""
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
@@ -69,7 +72,7 @@ def _norm(kind: str):
                     rec.fill(grad, 0)  # no rows: the column sums are empty
             return
         dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), t)
-        flags = int(0 in add and grads[0] is not None)
+        flags = int(0 in add and grads[0] is not None) | 2 * int(acc is not None)
         lanes = _one_pass_lanes(n, d)
         if lanes is not None:
             dw = grads[1] if grads[1] is not None else unused(rec, t)
@@ -82,11 +85,11 @@ def _norm(kind: str):
             counters = rec.counters(1 + clusters)
             part = rec.scratch((groups + clusters, d, 2), "f32")
             _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
-                      chunks=size, flags=flags, groups=groups)
+                      chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")
         _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
-                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")], flags=flags)
+                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")], flags=flags, acc=acc)
         dw = grads[1] if grads[1] is not None else unused(rec, t)
         db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
         if grads[1] is None and (rms or grads[2] is None):
@@ -112,11 +115,11 @@ def _grads(norm: Lowering, params: int) -> Lowering:
     backward, writing dx, dw (and db) into consecutive views of the vector."""
 
     def forward(rec, node, ins, out):
-        x, w, g = ins
+        x, w, g, *acc = ins
         nx, nw = math.prod(x.shape), math.prod(w.shape)
         grads = [out.view(0, x.shape)] + [out.view(nx + i * nw, w.shape) for i in range(params)]
         # the backward binds the bias without reading it: the weight stands in
-        norm.backward(rec, node, g, [x, w, w][:1 + params], None, grads)
+        norm.backward(rec, node, g, [x, w, w][:1 + params], None, grads, acc=acc[0] if acc else None)
 
     return Lowering(forward, None, FLOATS)
 

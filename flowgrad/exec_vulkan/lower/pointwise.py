@@ -8,7 +8,7 @@ import math
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowering
 
 
 
@@ -19,7 +19,7 @@ def _map(rec, op, a, b, g, out, p0=0.0, p1=0.0, scale=1.0, g_scalar=False):
                      [n, op, float(p0), float(p1), float(scale), int(g_scalar)], groups_1d(n), variant(out.dtype))
 
 
-def activation(code: int, params=lambda attrs: (0.0, 0.0)) -> Lowering:
+def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lowering:
     """Forward op `code`, backward `code + 1` (its derivative times g)."""
 
     def forward(rec, node, ins, out):
@@ -29,10 +29,12 @@ def activation(code: int, params=lambda attrs: (0.0, 0.0)) -> Lowering:
         if grads[0] is not None:
             _map(rec, code + 1, ins[0], None, g, grads[0], *params(node.attrs))
 
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    return Lowering(forward, backward, FLOATS, FLOATS, pointwise=pointwise)
 
 
-ERF = activation(0)
+M.declare(ERF=59)
+# in a step graph's fused chains (gelu's gradient); no map op for its own gradient
+ERF = activation(0, pointwise=lambda attrs: Pointwise(M.ERF, None))
 SOFTPLUS = activation(2, lambda at: (at["beta"], at["threshold"]))
 LEAKY_RELU = activation(4, lambda at: (at["negative_slope"], 0.0))
 ELU = activation(6, lambda at: (at["alpha"], 0.0))

@@ -3,6 +3,8 @@ concat (all through the generic strided copy) and embedding (a gather, and a
 sorted, deterministic scatter-add for the table gradient)."""
 from __future__ import annotations
 
+from flowgrad.dtypes import ITEMSIZE
+
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
@@ -123,7 +125,10 @@ def concat_forward(rec, node, ins, out):
     axis = node.attrs["axis"] % len(out.shape)
     os_ = strides(out.shape)
     for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
-        strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
+        # a part the memory plan laid where it belongs (a concat along the leading axis) stays
+        if not (x.buffer is out.buffer and x.offset == out.offset + off * ITEMSIZE[out.dtype]
+                and all(n == 1 for n in out.shape[:axis])):
+            strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
 
 def concat_backward(rec, node, g, ins, out, grads):

@@ -39,15 +39,26 @@ def parts_forward(rec, node, ins, out):
           m, w, kk, (k,), (False,))
 
 
+def _grad_a(rec, g, b, da):
+    """da = sum_z g[z] @ B[:, block z]^T"""
+    k, w = g.shape[0], g.shape[-1]
+    m, kk = math.prod(g.shape[1:-1]), b.shape[0]
+    _gemm(rec, Operand(g, w, 1, (m * w,)), Operand(b, 1, k * w, (w,)), Operand(da, kk, 1, (0,)), m, kk, w, (k,), (True,))
+
+
+def _grad_b(rec, a, g, db):
+    """db[:, block z] = a^T @ g[z]"""
+    k, w = g.shape[0], g.shape[-1]
+    m, kk = math.prod(g.shape[1:-1]), a.shape[-1]
+    _gemm(rec, Operand(a, 1, kk, (0,)), Operand(g, w, 1, (m * w,)), Operand(db, k * w, 1, (w,)), kk, w, m, (k,), (False,))
+
+
 def parts_backward(rec, node, g, ins, out, grads):
     a, b = ins
-    k, m, kk, w = _sizes(node, a, b)
-    if grads[0] is not None:   # da = sum_z g[z] @ B[:, block z]^T
-        _gemm(rec, Operand(g, w, 1, (m * w,)), Operand(b, 1, k * w, (w,)), Operand(grads[0], kk, 1, (0,)),
-              m, kk, w, (k,), (True,))
-    if grads[1] is not None:   # db[:, block z] = a^T @ g[z]
-        _gemm(rec, Operand(a, 1, kk, (0,)), Operand(g, w, 1, (m * w,)), Operand(grads[1], k * w, 1, (w,)),
-              kk, w, m, (k,), (False,))
+    if grads[0] is not None:
+        _grad_a(rec, g, b, grads[0])
+    if grads[1] is not None:
+        _grad_b(rec, a, g, grads[1])
 
 
 def _in_place(inner, outer, elem_offset: int) -> bool:
@@ -76,5 +87,7 @@ def part_backward(rec, node, g, ins, out, grads):
 
 
 register_lowering("matmul_parts", Lowering(parts_forward, parts_backward, FLOATS, FLOATS))
+register_lowering("parts_grad_a", Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), None, FLOATS))
+register_lowering("parts_grad_b", Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), None, FLOATS))
 register_lowering("part", Lowering(part_forward, part_backward, ALL_DTYPES, FLOATS,
                                    view=lambda node, in_shape: part_offset(node, in_shape)))

@@ -2,8 +2,8 @@
 #version 450
 // A chain of map ops in one pass: per element, read up to 4 inputs into
 // registers r0..r3, run a short program of map ops (map_apply.glsl, the ops
-// map_reduce.comp runs one at a time), instruction k writing register 4 + k,
-// and store one or two registers to the outputs.
+// map_reduce.comp runs one at a time; M_PARAM loads a constant), instruction
+// k writing register 4 + k, and store one or two registers to the outputs.
 //
 // The program comes as specialization constants: one precompiled kernel
 // runs every fused chain (the machines flowgrad runs on have no shader
@@ -32,12 +32,12 @@ layout(push_constant) uniform Push {
     uint n;         // elements of the index space
     uint shape[3];
     uint st[12];    // input k's stride along axis d: st[3 * k + d]
-    float param[2];
+    float param[8];
 } pc;
 
-// rank | inputs << 2 | instructions << 5 | outputs << 9 | out0 reg << 12 | out1 reg << 16
+// rank | inputs << 2 | instructions << 5 | outputs << 10 | out0 reg << 12 | out1 reg << 17
 layout(constant_id = 0) const uint META = 0u;
-// instruction k: map op | a << 8 | b << 12 | c << 16 | param slot << 20 (registers 0..15)
+// instruction k: map op | a << 7 | b << 12 | c << 17 | param slot << 22 (registers 0..23)
 layout(constant_id = 1) const uint P0 = 0u;
 layout(constant_id = 2) const uint P1 = 0u;
 layout(constant_id = 3) const uint P2 = 0u;
@@ -50,6 +50,14 @@ layout(constant_id = 9) const uint P8 = 0u;
 layout(constant_id = 10) const uint P9 = 0u;
 layout(constant_id = 11) const uint P10 = 0u;
 layout(constant_id = 12) const uint P11 = 0u;
+layout(constant_id = 13) const uint P12 = 0u;
+layout(constant_id = 14) const uint P13 = 0u;
+layout(constant_id = 15) const uint P14 = 0u;
+layout(constant_id = 16) const uint P15 = 0u;
+layout(constant_id = 17) const uint P16 = 0u;
+layout(constant_id = 18) const uint P17 = 0u;
+layout(constant_id = 19) const uint P18 = 0u;
+layout(constant_id = 20) const uint P19 = 0u;
 #include "map_ops.glsl"
 #include "map_apply.glsl"
 
@@ -65,9 +73,10 @@ float load_input(uint k, uint at) {
 void main() {
     const uint rank = META & 3u;
     const uint nin = (META >> 2) & 7u;
-    const uint ninstr = (META >> 5) & 15u;
-    const uint nout = (META >> 9) & 3u;
-    uint prog[12] = uint[12](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11);
+    const uint ninstr = (META >> 5) & 31u;
+    const uint nout = (META >> 10) & 3u;
+    uint prog[20] = uint[20](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11, P12, P13, P14, P15, P16, P17,
+                             P18, P19);
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * FG_WG) {
         uint c[3] = uint[3](0u, 0u, 0u);
         uint rest = i;
@@ -77,7 +86,7 @@ void main() {
                 rest /= pc.shape[d];
             }
         }
-        float r[16];
+        float r[24];
         [[unroll]] for (uint k = 0u; k < 4u; ++k) {
             r[k] = 0.0;
             if (k < nin) {
@@ -85,15 +94,15 @@ void main() {
                 r[k] = load_input(k, at);
             }
         }
-        [[unroll]] for (uint k = 0u; k < 12u; ++k) {
+        [[unroll]] for (uint k = 0u; k < 20u; ++k) {
             if (k < ninstr) {
                 uint ins = prog[k];
-                float v = map_apply(ins & 0xffu, r[(ins >> 8) & 15u], r[(ins >> 12) & 15u], r[(ins >> 16) & 15u],
-                                    pc.param[(ins >> 20) & 1u]);
+                float v = map_apply(ins & 0x7fu, r[(ins >> 7) & 31u], r[(ins >> 12) & 31u], r[(ins >> 17) & 31u],
+                                    pc.param[(ins >> 22) & 7u]);
                 r[4u + k] = float(T(v));
             }
         }
-        y0[i] = T(r[(META >> 12) & 15u]);
-        if (nout > 1u) y1[i] = T(r[(META >> 16) & 15u]);
+        y0[i] = T(r[(META >> 12) & 31u]);
+        if (nout > 1u) y1[i] = T(r[(META >> 17) & 31u]);
     }
 }

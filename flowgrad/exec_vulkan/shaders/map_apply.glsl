@@ -22,6 +22,11 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_POW: return fg_pow(a, param);
     case M_SQDIFF: { float d = a - b; return d * d; }
     case M_EQ: return a == b ? 1.0 : 0.0;
+    case M_NE: return a != b ? 1.0 : 0.0;
+    case M_LT: return a < b ? 1.0 : 0.0;
+    case M_LE: return a <= b ? 1.0 : 0.0;
+    case M_GT: return a > b ? 1.0 : 0.0;
+    case M_GE: return a >= b ? 1.0 : 0.0;
     case M_DIV_DB: return -a * (b / c) / c;  // b = a, c = b of the division
     case M_EXP_B: return a * c;
     case M_LOG_B: return a / b;
@@ -66,6 +71,8 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_SIN_B: return a * fg_sincos(b).y;
     case M_COS_B: return -a * fg_sincos(b).x;
     case M_SOFTSIGN: return a / (1.0 + abs(a));
+    case M_ERF: return fg_erf(a);
+    case M_PARAM: return param;
     }
     return fg_nan();
 }

@@ -52,3 +52,10 @@
 #define M_SIN_B 51u
 #define M_COS_B 52u
 #define M_SOFTSIGN 53u
+#define M_NE 54u
+#define M_LT 55u
+#define M_LE 56u
+#define M_GT 57u
+#define M_GE 58u
+#define M_ERF 59u
+#define M_PARAM 60u

@@ -1,0 +1,52 @@
+"""What the graph path records for one kind of step: the model's graph with
+its backward appended as ordinary nodes (flowgrad/autodiff.py), fused and
+memory-planned as one graph. Every node runs its op's forward lowering;
+the backward's nodes are told apart only by `grad_of`."""
+from __future__ import annotations
+
+import attrs
+
+from flowgrad.autodiff import SEED, backward_graph
+from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
+from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
+from flowgrad.grad_paths import updated_params
+from flowgrad.graph import Graph
+
+
+@attrs.frozen
+class StepPlan:
+    graph: Graph            # what a step records: the model's nodes, then the backward's, fused
+    fusion: Fusion
+    grads: dict             # param or input name -> the node holding its gradient
+    seed: int | None        # the input node the loss's incoming gradient lies in (1, or the loss scale)
+    memory: MemoryPlan
+
+    @property
+    def backward_start(self) -> int:
+        """Nodes from this id on are the backward's."""
+        return self.seed if self.seed is not None else len(self.graph.nodes)
+
+
+def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fusion: bool = True) -> StepPlan:
+    """The plan of a step of `graph` (the model's, in its compute dtypes):
+    with backward, the gradient of its loss for every param the optimizer
+    updates (and, with grad_inputs, every float input)."""
+    grads, seed, splits = {}, None, []
+    if fusion:   # before the backward is built: its gradients then lie in the blocks too
+        splits, nodes = split_products(graph, set(graph.roots()))
+        graph = attrs.evolve(graph, nodes=nodes)
+    if backward and graph.loss is not None:
+        wrt = {name: graph.params[name] for name in updated_params(graph)}
+        if grad_inputs:
+            wrt |= {name: i for name, i in graph.inputs.items() if graph.nodes[i].dtype != "i32"}
+        sg = backward_graph(graph, list(wrt.values()))
+        graph, seed = sg.graph, sg.seed
+        grads = {name: sg.grads[i] for name, i in wrt.items()}
+    fused = fuse(graph, forward_only=True, keep=tuple(grads.values())) if fusion else no_fusion(graph)
+    fused.splits = splits + fused.splits
+    memory = plan_memory(fused.graph, backward=False, keep=tuple(grads.values()))
+    return StepPlan(fused.graph, fused, grads, seed, memory)
+
+
+def is_seed(node) -> bool:
+    return node.op == "input" and node.name == SEED
