@@ -47,7 +47,9 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     recorded: dict = {}
     graph_plan = summed([graph_plan_dict(g, p, recorded if k == 0 else None) for k, (g, p) in enumerate(parts)])
     kernels = node_kernels(plan, recorded)
-    fused_in = plan.fusion.group_of() if plan.fusion is not None else {}
+    # each fused member's group node, by its label (a step graph's node may be one of its backward's)
+    fused_in = ({m: plan.fusion.source.nodes[grp.node].label for m, grp in plan.fusion.group_of().items()}
+                if plan.fusion is not None else {})
     data = {
         "version": EXPLAIN_VERSION,
         "model": graph.name,
@@ -162,7 +164,7 @@ def node_kernels(plan: Plan, recorded: dict) -> dict:
     members and a split product's slices take what their node runs there;
     nothing recorded is a view, or a backward whose gradients the memory plan
     placed where they already are), else each node's own dry run (plan.kernels)."""
-    if not recorded:
+    if not recorded or not plan.kernels:   # no device planned for: no kernels to name
         return plan.kernels
     step = plan.step_for(True)
     if step is not None:
@@ -206,8 +208,8 @@ def summed(parts: list[dict]) -> dict:
 
 def node_dict(graph: Graph, node: Node, grad_nodes: frozenset, refused: dict, kernels: dict,
               fused_in: dict) -> dict:
-    """grad_nodes: the nodes some objective's backward runs through. fused_in: the
-    fused group of each member (Fusion.group_of, made once for all the nodes)."""
+    """grad_nodes: the nodes some objective's backward runs through. fused_in:
+    the label of each fused member's group node (made once for all the nodes)."""
     if node.op == "param" and node.name in graph.frozen:
         verdict = "frozen"
     elif node.op in LEAF_OPS:
@@ -235,9 +237,8 @@ def node_dict(graph: Graph, node: Node, grad_nodes: frozenset, refused: dict, ke
                        "body": [format_node(n) for n in body.graph.nodes]}
     if node.id in kernels:   # planned for a device: the kernels its lowering dispatches there
         out["kernels"] = kernels[node.id]
-    group = fused_in.get(node.id)
-    if group is not None:
-        out["fused_into"] = plan.fusion.source.nodes[group.node].label
+    if node.id in fused_in:
+        out["fused_into"] = fused_in[node.id]
     return out
 
 
@@ -507,8 +508,14 @@ def render_precision(p: dict) -> list[str]:
 
 
 def render_fusion(f: dict) -> list[str]:
-    return [f"  {grp['node']:<12} = {' -> '.join(f'{op} %{i}' for op, i in zip(grp['ops'], grp['member_ids']))}"
-            f"   reads {', '.join(grp['inputs'])}" for grp in f["groups"]] + [
+    def chain(grp):
+        steps = [f"{op} %{i}" for op, i in zip(grp["ops"], grp["member_ids"])]
+        if len(steps) > 4:   # a backward's long chain (gelu's derivative): its ends and its length
+            steps = steps[:2] + [f"... {len(steps) - 3} more"] + steps[-1:]
+        reads = grp["inputs"] if len(grp["inputs"]) <= 4 else grp["inputs"][:4] + [f"{len(grp['inputs']) - 4} more"]
+        return f"{' -> '.join(steps)}   reads {', '.join(reads)}"
+
+    return [f"  {grp['node']:<12} = {chain(grp)}" for grp in f["groups"]] + [
         f"  {sp['node']:<12} = {len(sp['parts'])} blocks of a matmul, read in place as {', '.join(sp['parts'])}"
         for sp in f["split_products"]]
 

@@ -201,14 +201,15 @@ def generic_gpu(name="Generic GPU"):
 
 def test_node_kernels_are_listed_in_dispatch_order():
     """A product ending in an activation computes dh = g * act'(h) first, from
-    the h its forward kept, then the product's backward; layernorm's
-    backward zeroes its counters at the recording's head, which must not
-    move its forward kernel into the backward's list."""
+    the h its forward stored beside its output, then the bias's sum and the
+    product's backward; layernorm's backward zeroes its counters at the
+    recording's head, which must not move its forward kernel into the
+    backward's list."""
     plan = planned_for(generic_gpu(), layers=1, d=16, heads=2, batch=2, seq=8)
     by_name = {n.label: n.id for n in plan.graph.nodes}
     gelu = plan.kernels[by_name["decoder.0.m"]]
     assert gelu["forward"] == ["matmul_64x64_k16"]
-    assert gelu["backward"] == ["fused_map", "matmul_64x64_k16", "map_reduce"]
+    assert gelu["backward"] == ["fused_map", "map_reduce", "matmul_64x64_k16"]
     assert plan.kernels[by_name["decoder.0.h"]] == {"forward": ["norm"], "backward": ["norm"]}
 
 
@@ -356,9 +357,8 @@ def test_text_memory_is_what_the_planned_buffers_hold():
 
 
 def test_node_kernels_are_what_the_step_records():
-    """A residual add whose gradients the memory plan places where the
-    incoming one already is runs nothing backward (char_gpt's x + dropout(.)):
-    its kernels are the step's, not those of the add recorded on its own."""
+    """A residual add whose gradients are the incoming one runs nothing
+    backward (char_gpt's x + dropout(.)): its kernels are the step's."""
     from flowgrad.explain import graph_plan_dict, node_kernels
 
     plan = planned_for(generic_gpu(), "char_gpt", layers=1, d=16, heads=2, batch=2, seq=8)
@@ -366,7 +366,7 @@ def test_node_kernels_are_what_the_step_records():
     graph_plan_dict(plan.graph, plan, recorded)
     kernels = node_kernels(plan, recorded)
     add = {n.label: n.id for n in plan.graph.nodes}["decoder.0.x"]
-    assert plan.graph.nodes[add].op == "add" and kernels[add] == {"forward": ["fused_map"], "backward": []}
+    assert plan.graph.nodes[add].op == "add" and kernels[add] == {"forward": ["map_reduce"], "backward": []}
 
 
 def test_the_reason_places_a_block_node_with_the_call_that_expanded_it():

@@ -292,7 +292,7 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         training = step_plan(graph, True, False, fusion=fusion)
         steps = {(graph.loss is not None, False): training}
         fused, memory = training.fusion, training.memory
-        bwd = frozenset(n.grad_of for n in training.graph.nodes if n.grad_of is not None)
+        bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
     else:
         fused = fuse(graph) if fusion else no_fusion(graph)
         memory = plan_memory(fused.graph)
@@ -310,7 +310,7 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     kernels: dict = {}
     if training is not None:
         refusals += step_refusals(training, device, kernels)
-        kernels = step_kernels(training, kernels)
+        kernels = step_kernels(training, kernels) if device is not None else {}
     else:
         refusals += node_refusals(graph, bwd, device, kernels)
         if device is not None:
