@@ -109,7 +109,7 @@ def ranks_dict(ranks: int, path: str, buckets: int) -> dict:
 
 def precision_dict(sess, kernels: dict) -> dict:
     """dtype="mixed": what runs in which precision, and the loss scale."""
-    graph, plan = sess.graph, sess.plan
+    graph = sess.graph
     masters = [graph.nodes[i] for i in graph.trainable().values() if graph.nodes[i].dtype == "f32"]
     f32_ops = [f"{n.label} ({n.op})" for n in graph.nodes if n.op not in LEAF_OPS and n.op != "cast" and n.dtype == "f32"]
     kernels: dict[str, int] = {}
@@ -160,23 +160,13 @@ def refusal_dict(r: Refusal) -> dict:
 
 def node_kernels(plan: Plan, recorded: dict) -> dict:
     """Each node's kernels on the planned device: as the graph plan's dry run of
-    the whole step records them where it could be recorded (a fused chain's
-    members and a split product's slices take what their node runs there;
-    nothing recorded is a view, or a backward whose gradients the memory plan
-    placed where they already are), else each node's own dry run (plan.kernels)."""
+    the whole step records them (a fused chain's members take what their node
+    runs, a backward node's go to the node it differentiates; nothing is
+    recorded for a view), else each node's own dry run (plan.kernels)."""
     if not recorded or not plan.kernels:   # no device planned for: no kernels to name
         return plan.kernels
-    step = plan.step_for(True)
-    if step is not None:
-        runs = [(d, nid, k[d]) for nid, k in recorded.items() for d in ("forward", "backward")]
-        return plan.kernels | spread_kernels(step, runs)
-    runs_as = {m: grp.node for grp in plan.fusion.groups for m in grp.members} if plan.fusion is not None else {}
-    scheduled = {s.node for s in plan.memory.schedule if s.kind == "forward"}
-    out = {}
-    for nid, own in plan.kernels.items():
-        run = runs_as.get(nid, nid)
-        out[nid] = recorded.get(run, {"forward": [], "backward": []}) if run in scheduled else own
-    return out
+    runs = [(d, nid, k[d]) for nid, k in recorded.items() for d in ("forward", "backward")]
+    return plan.kernels | spread_kernels(plan.training, runs)
 
 
 def objectives_dict(graph: Graph) -> list[dict]:
@@ -332,13 +322,13 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
                 "transfers_in": None, "transfers_out": None}
     submits = ins = outs = 0
     for n in fwd + bwd:
-        s, i, o = _closure_traffic(step_graph, plan, n, False)
+        s, i, o = _closure_traffic(step_graph, plan, n)
         submits, ins, outs = submits + s, ins + i, outs + o
     return {"chosen": plan.path != "graph", "kernel_calls": calls, "submits": submits,
             "transfers_in": ins, "transfers_out": outs}
 
 
-def _closure_traffic(graph: Graph, plan: Plan, node: Node, backward: bool) -> tuple[int, int, int]:
+def _closure_traffic(graph: Graph, plan: Plan, node: Node) -> tuple[int, int, int]:
     """(submits, uploads, read-backs) of one kernel call of Vulkan closures
     (exec_vulkan.kernels.VulkanKernels): it records the call with
     VulkanKernels' own `kernels.record_call`, dry, against the planned
@@ -352,11 +342,8 @@ def _closure_traffic(graph: Graph, plan: Plan, node: Node, backward: bool) -> tu
         return BufView(FakeBuffer(max(TensorType(shape, dtype).nbytes, 4)), 0, shape, dtype)
 
     types = [graph.nodes[i].type for i in node.inputs]
-    call = record_call(Recorder(DryLimits(plan.device)), node, types, empty, backward)
-    if call is None:
+    if record_call(Recorder(DryLimits(plan.device)), node, types, empty) is None:
         return 0, 0, 0
-    if backward:   # a VJP is handed its inputs, its output and g, and reads back the gradients it computes
-        return 1, len(types) + 2, sum(v is not None for v in call.grads)
     return 1, len(types), 1 + len(get_op(node.op).updates)   # the result, and the state it updates in place
 
 

@@ -29,21 +29,9 @@ def _add_fwd(rec, node, ins, out):
     _acc(rec, out, ins[1])
 
 
-def _add_bwd(rec, node, g, ins, out, grads):
-    for d in grads:
-        if d is not None:
-            rec.copy(g, d)
-
-
 def _twice_fwd(rec, node, ins, out):
     rec.copy(ins[0], out)
     _acc(rec, out, ins[0])
-
-
-def _twice_bwd(rec, node, g, ins, out, grads):
-    if grads[0] is not None:
-        rec.copy(g, grads[0])
-        _acc(rec, grads[0], g)
 
 
 def _sumsq_infer(ins, attrs):
@@ -57,15 +45,15 @@ def ensure_registered():
     # its gradient goes through an op whose lowering runs in f32 only: an f16 step is refused for it
     register(Op("vk_test_copy32", (Arg("x"),), _same, lambda ins, at: ins[0].copy(),
                 lambda g, ins, out, at: [g], doc="test op: x, lowered in f32 only", grad=lambda g, ins, out, at: [g]))
-    register_lowering("vk_test_copy32", Lowering(lambda rec, node, ins, out: rec.copy(ins[0], out), None,
-                                                 frozenset({"f32"})), replace=True)
+    register_lowering("vk_test_copy32", Lowering(lambda rec, node, ins, out: rec.copy(ins[0], out), frozenset({"f32"})),
+                      replace=True)
     register(Op("vk_test_add", (Arg("a"), Arg("b")), _same, lambda ins, at: ins[0] + ins[1],
                 lambda g, ins, out, at: [g, g], doc="test op: a + b, same shapes",
                 grad=lambda g, ins, out, at: [g.e.op("vk_test_copy32", g)] * 2))
-    register_lowering("vk_test_add", Lowering(_add_fwd, _add_bwd, both, frozenset({"f32"})), replace=True)
+    register_lowering("vk_test_add", Lowering(_add_fwd, both), replace=True)
     register(Op("vk_test_twice", (Arg("x"),), _same, lambda ins, at: ins[0] * 2,
                 lambda g, ins, out, at: [g * 2], doc="test op: 2 x", grad=lambda g, ins, out, at: [g * 2.0]))
-    register_lowering("vk_test_twice", Lowering(_twice_fwd, _twice_bwd, both, both), replace=True)
+    register_lowering("vk_test_twice", Lowering(_twice_fwd, both), replace=True)
     # no lowering: the Vulkan kernels run it on numpy, and the planner refuses the graph path for it
     register(Op("vk_test_sumsq", (Arg("x"),), _sumsq_infer, lambda ins, at: np.sum(ins[0] * ins[0]),
                 lambda g, ins, out, at: [2 * g * ins[0]], doc="test op: sum of squares, numpy only",
@@ -79,13 +67,13 @@ def _add3_fwd(rec, node, ins, out):
 
 
 def ensure_add3():
-    """a + b + c: one backward writing three gradients (a packed buffer)."""
+    """a + b + c: three gradients that are its incoming one."""
     ensure_registered()
     if "vk_test_add3" not in OPS:
         register(Op("vk_test_add3", (Arg("a"), Arg("b"), Arg("c")), _same, lambda ins, at: ins[0] + ins[1] + ins[2],
                     lambda g, ins, out, at: [g, g, g], doc="test op: a + b + c",
                     grad=lambda g, ins, out, at: [g, g, g]))
-        register_lowering("vk_test_add3", Lowering(_add3_fwd, _add_bwd), replace=True)
+        register_lowering("vk_test_add3", Lowering(_add3_fwd), replace=True)
 
 
 class ConstantSGD:

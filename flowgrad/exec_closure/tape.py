@@ -7,7 +7,6 @@ lowering on the device, one op at a time)."""
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import numpy as np
 

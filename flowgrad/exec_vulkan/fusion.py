@@ -1,16 +1,20 @@
-"""Fusion for the graph path: chains of pointwise ops become one `fused` node.
+"""Fusion for the graph path, over a step's graph (the model's nodes and
+its backward's): chains of pointwise ops become one `fused` node.
 
-An op is pointwise when its Vulkan lowering says so (Lowering.pointwise: one
-map op per element, both ways). Walking the graph from its end, each
+First two folds of the backward's own shapes: a matmul of an operand
+transposed in its last two axes reads it as it lies (`matmul_t`), and a
+gradient summed from a norm's dx and an earlier value is added by the
+norm's kernel (its `acc` input). Then, an op is pointwise when its Vulkan
+lowering says so (Lowering.pointwise: one map op per element). A product
+whose lowering takes an epilogue pulls in the adds and the activation
+after it (its store does them; where the backward reads the activation's
+input, the store keeps that too). Walking the graph from its end, each
 pointwise node not yet taken starts a chain and pulls in the pointwise
 nodes it reads whose every user is already in the chain (so the chain has
 one value leaving it: its last node's), as long as the lowering of the
 merged node can take it (fused_map's inputs, program slots, scalars and
-index rank, checked by recording it on a dry run) and fusing keeps every
-gradient sum in its order (`_same_sums`). A chain is kept when
-its fused node records fewer dispatches than its members do (a lone add
-whose two gradients are both the incoming one is a chain of one: fused,
-it writes them in one dispatch, not two).
+index rank, checked by recording it on a dry run). A chain is kept when
+its fused node records fewer dispatches than its members do.
 
 A product read only through slices that cut its last axis into equal
 blocks (`q, k, v = split(h @ w, 3, axis=-1)`; the product's lowering names
@@ -18,15 +22,13 @@ the op that computes it in blocks, Lowering.blocked, and each slice's says
 which window of it the slice is, Lowering.window) becomes a `matmul_parts` node
 that lays the blocks out one after another, and each slice a `part` of it:
 a view, placed inside the product by the memory plan, so the split copies
-nothing either way (lower/split_product.py).
+nothing (lower/split_product.py); the step plan does this before the
+backward is built, whose gradients of the blocks then lie side by side.
 
 The graph path then runs a copy of the graph in which each chain's last
 node is a `fused` node (same id, name and type) reading the chain's inputs;
-the other members are left unread, so no step schedules them. Ids, params,
-inputs and outputs are those of the model's graph."""
+the other members are left unread, so no step schedules them."""
 from __future__ import annotations
-
-from bisect import bisect_left, bisect_right
 
 import attrs
 
@@ -120,23 +122,16 @@ def split_products(graph: Graph, roots: set) -> tuple[list, list]:
     return splits, nodes
 
 
-def _pointwise(node: Node, forward_only: bool = False) -> bool:
-    """forward_only: in a step graph, whose backward is nodes of its own, an
-    op without a gradient (a comparison, where's condition) fuses too."""
+def _pointwise(node: Node) -> bool:
     if node.op in LEAF_OPS or node.dtype not in FLOATS:
         return False
     low = lowering_for(node.op)
-    op = get_op(node.op)
-    if low is None or low.pointwise is None or op.updates:
-        return False
-    # a chain's own backward needs each member's map-op VJP (Pointwise.grads)
-    return forward_only or (not op.nondiff and low.pointwise(node.attrs).grads is not None)
+    return low is not None and low.pointwise is not None and not get_op(node.op).updates
 
 
-def fused_node(graph: Graph, members, fold_consts: bool = False, pre: int | None = None,
-               written_by: int | None = None) -> Node:
+def fused_node(graph: Graph, members, pre: int | None = None, written_by: int | None = None) -> Node:
     """The `fused` node computing the chain `members` (sorted ids, last = its
-    value). fold_consts: its scalar constant inputs are the program's scalars
+    value). Its scalar constant inputs are the program's scalars
     (attrs["consts"]: (input position, value)), read from no buffer. pre: the
     member whose value (the activation's input) the node also stores, into
     that member's node, its last input (attrs["pre_out"]); written_by: this
@@ -152,25 +147,15 @@ def fused_node(graph: Graph, members, fold_consts: bool = False, pre: int | None
                   for m in members)
     last = graph.nodes[members[-1]]
     consts = tuple((k, float(graph.nodes[i].attrs["value"])) for k, i in enumerate(ext)
-                   if fold_consts and graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
+                   if graph.nodes[i].op == "const" and graph.nodes[i].shape == ())
     at = {"steps": steps, "consts": consts, "pre_out": pre is not None,
           "written_by": -1 if written_by is None else written_by}
     return Node(last.id, "fused", tuple(ext), last.type, last.name, at, last.span, last.grad_of)
 
 
-class DryRuns(dict):
-    """The dispatch counts of one fusion pass's dry runs, by `_dry_run_key`;
-    forward_only: count what the forward lowering records (a step graph's
-    nodes, whose backward is nodes of their own), not both directions."""
-
-    def __init__(self, forward_only: bool = False):
-        super().__init__()
-        self.forward_only = forward_only
-
-
-def _dispatches(graph: Graph, node: Node, counted: DryRuns | None = None) -> int | None:
-    """Dispatches the node's lowering records both ways (every float input
-    differentiated), on a dry run; None when it can't take the node.
+def _dispatches(graph: Graph, node: Node, counted: dict | None = None) -> int | None:
+    """Dispatches the node's lowering records, on a dry run; None when it
+    can't take the node.
     `counted` keeps the counts of one fusion pass by `_dry_run_key`: a model
     repeats a few shapes of chain many times over, and a dry run (a dozen
     dispatches recorded, their push constants packed) costs far more than
@@ -184,14 +169,9 @@ def _dispatches(graph: Graph, node: Node, counted: DryRuns | None = None) -> int
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
 
-    low = lowering_for(node.op)
-    ins = [view(graph.nodes[i].type) for i in node.inputs]
-    grads = [view(graph.nodes[i].type) if graph.nodes[i].dtype in FLOATS else None for i in node.inputs]
     rec = Recorder(None)
     try:
-        low.forward(rec, node, ins, view(node.type))
-        if counted is None or not counted.forward_only:
-            low.backward(rec, node, view(node.type), ins, view(node.type), grads)
+        lowering_for(node.op).forward(rec, node, [view(graph.nodes[i].type) for i in node.inputs], view(node.type))
         found = rec.counts()["dispatches"]
     except (DeviceError, ValueError):
         found = None
@@ -222,36 +202,16 @@ def _attr_key(value):
     return None
 
 
-def _fits(graph: Graph, node: Node, counted: DryRuns | None = None) -> bool:
+def _fits(graph: Graph, node: Node, counted: dict | None = None) -> bool:
     return _dispatches(graph, node, counted) is not None
 
 
-def _saves(graph: Graph, members, counted: DryRuns | None = None) -> bool:
-    fused = _dispatches(graph, fused_node(graph, members, counted is not None and counted.forward_only), counted)
+def _saves(graph: Graph, members, counted: dict | None = None) -> bool:
+    fused = _dispatches(graph, fused_node(graph, members), counted)
     return fused is not None and fused < sum(_dispatches(graph, graph.nodes[m], counted) or 0 for m in members)
 
 
-def _same_sums(graph: Graph, users, members) -> bool:
-    """The chain's backward adds into each input's gradient exactly where the
-    members' own backwards would (so fusing changes no sum's order, and no
-    bit): an input the chain reads twice is read nowhere else, and one read
-    outside too has no reader between its chain member and the chain's end."""
-    inside, last = set(members), members[-1]
-    reads: dict[int, list[int]] = {}
-    for m in members:
-        for i in graph.nodes[m].inputs:
-            if i not in inside:
-                reads.setdefault(i, []).append(m)
-    for i, at in reads.items():
-        # users[i] holds each read of i in node order, the chain's among them: counted, not
-        # scanned, as a value every statement reads (a bias, the model's input) has as many
-        outside = len(users[i]) > len(at)
-        if outside and (len(at) > 1 or bisect_left(users[i], last) > bisect_right(users[i], at[0])):
-            return False
-    return True
-
-
-def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: DryRuns | None = None) -> tuple | None:
+def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None = None) -> tuple | None:
     """`node` (a product whose lowering takes an epilogue) and the ops after
     it that its store can do: each the only reader of the value before it,
     adding a residual or a bias, then maybe an activation ending the chain
@@ -270,37 +230,34 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: DryRuns | N
         last = members[-1]
         if last in roots:
             break
-        nxt_id = users[last][0] if len(users[last]) == 1 else _first_reader(graph, users, last, counted)
+        nxt_id = users[last][0] if len(users[last]) == 1 else _first_reader(users, last)
         if nxt_id is None:
             break
         nxt = graph.nodes[nxt_id]
-        if not _pointwise(nxt, counted.forward_only) or nxt.dtype != node.dtype or nxt.shape != node.shape:
+        if not _pointwise(nxt) or nxt.dtype != node.dtype or nxt.shape != node.shape:
             break
         chain = members + [nxt.id]
-        fused = fused_node(graph, chain, counted.forward_only)
+        fused = fused_node(graph, chain)
         form = epilogue_form(fused.attrs["steps"], [graph.nodes[i].shape for i in fused.inputs], fused.shape)
         exports = len(users[last]) > 1   # read after the chain too: the store keeps it beside its output
         if form is None or (exports and form.act is None):
             break
         members = chain
-        read = any(_pointwise(graph.nodes[u], counted.forward_only) for u in users[nxt.id])
-        if counted.forward_only:   # only a lone pointwise reader could take this value into its chain
-            read = read and len(users[nxt.id]) == 1
+        # a lone pointwise reader would take this value into a chain of its own
+        read = len(users[nxt.id]) == 1 and _pointwise(graph.nodes[users[nxt.id][0]])
         if not read or (form.residual is not None and form.act is None):
             best, pre = tuple(chain), (last if exports else None)
         if form.act is not None:
             break
-    if best is None or not (counted.forward_only or _same_sums(graph, users, best)) or not _saves(graph, best, counted):
+    if best is None or not _saves(graph, best, counted):
         return None
     return best, pre
 
 
-def _first_reader(graph: Graph, users, i: int, counted: DryRuns) -> int | None:
-    """In a step graph, the reader of value i that an epilogue may end with
-    while i is also read later (by the backward): the first of its readers,
-    when every other one runs after it."""
-    if not counted.forward_only:
-        return None
+def _first_reader(users, i: int) -> int:
+    """The reader of value i that an epilogue may end with while i is also
+    read later (by the backward): the first of its readers, when every other
+    one runs after it."""
     first = min(users[i])
     return first if all(u > first for u in users[i] if u != first) else None
 
@@ -363,16 +320,14 @@ def fold_sums(graph: Graph) -> Graph:
     return attrs.evolve(graph, nodes=nodes)
 
 
-def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
-    """forward_only: the graph holds its backward as nodes (a step graph):
-    a chain is kept when its forward saves dispatches. keep: nodes whose
-    values the step keeps beside the outputs (its gradients)."""
-    if forward_only:
-        graph = fold_sums(fold_transposes(graph))
+def fuse(graph: Graph, keep: tuple = ()) -> Fusion:
+    """keep: nodes whose values the step keeps beside the outputs (its
+    gradients), which no chain may swallow."""
+    graph = fold_sums(fold_transposes(graph))
     users = graph.users()
     roots = set(graph.roots()) | set(keep)
     taken: set[int] = set()
-    counted = DryRuns(forward_only)
+    counted: dict = {}       # dry runs' dispatch counts (_dispatches)
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
         found = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
@@ -380,13 +335,13 @@ def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
             chain, pre = found
             if pre is not None:   # stored by the chain's dispatch; recorded as nothing of its own
                 head = chain[:chain.index(pre) + 1]
-                built[pre] = fused_node(graph, head, forward_only, written_by=chain[-1])
+                built[pre] = fused_node(graph, head, written_by=chain[-1])
                 groups.append(FusedGroup(pre, head, built[pre].inputs))
-            built[chain[-1]] = fused_node(graph, chain, forward_only, pre=pre)
+            built[chain[-1]] = fused_node(graph, chain, pre=pre)
             groups.append(FusedGroup(chain[-1], chain, built[chain[-1]].inputs))
             taken |= set(chain)
     for node in reversed(graph.nodes):
-        if node.id in taken or not _pointwise(node, forward_only):
+        if node.id in taken or not _pointwise(node):
             continue
         members = {node.id}
         grown = True
@@ -396,15 +351,14 @@ def fuse(graph: Graph, forward_only: bool = False, keep: tuple = ()) -> Fusion:
                 for i in graph.nodes[m].inputs:
                     cand = graph.nodes[i]
                     if (i in members or i in taken or i in roots or cand.dtype != node.dtype
-                            or not _pointwise(cand, forward_only) or not all(u in members for u in users[i])):
+                            or not _pointwise(cand) or not all(u in members for u in users[i])):
                         continue
-                    chain = sorted(members | {i})
-                    if (forward_only or _same_sums(graph, users, chain)) and _fits(graph, fused_node(graph, chain, forward_only), counted):
+                    if _fits(graph, fused_node(graph, sorted(members | {i})), counted):
                         members.add(i)
                         grown = True
         chain = tuple(sorted(members))
-        if (forward_only or _same_sums(graph, users, chain)) and _saves(graph, chain, counted):
-            built[node.id] = fused_node(graph, chain, forward_only)
+        if _saves(graph, chain, counted):
+            built[node.id] = fused_node(graph, chain)
             groups.append(FusedGroup(node.id, chain, built[node.id].inputs))
             taken |= members
     groups.sort(key=lambda grp: grp.node)   # in graph order

@@ -21,11 +21,9 @@ from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.optim_records import update_record
 from flowgrad.exec_vulkan.program import StepProgram
 from flowgrad.exec_vulkan.recorder import BufView
-from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
-from flowgrad.exec_vulkan.memory import MemoryPlan
 from flowgrad.update_counts import Counts
 
 
@@ -42,8 +40,8 @@ class GraphSession:
             raise DeviceError("the graph path needs a Vulkan device")
         if plan is not None and plan.path != "graph":
             raise FlowError(f"GraphSession given a plan that chose {plan.last_path}")
-        # the plan's graph with its fused chains: what the steps run (same ids, params and outputs)
-        self.graph = plan.exec_graph if plan is not None else graph
+        # the training step's graph, fused: the model's nodes (same ids, params and outputs) and its backward's
+        self.graph = plan.exec_graph
         self.plan, self.device = plan, device
         self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"
         self.programs: dict[tuple, StepProgram] = {}
@@ -166,16 +164,6 @@ class GraphSession:
                     view.buffer.free()
         self.opt_state.clear()
         self.last_opt_key = None
-
-    def check_backward(self, mem: MemoryPlan) -> None:
-        """grad_inputs can reach nodes the planner did not check; refuse them
-        here rather than fail inside a lowering."""
-        for nid in mem.backward_nodes:
-            node = self.graph.nodes[nid]
-            low = lowering_for(node.op)
-            if low is None or low.backward is None or node.dtype not in low.bwd_dtypes:
-                raise FlowError(f"{node.label} = {node.op}(...) has no graph backward for {node.dtype}; "
-                                "compile with backward='closures' to differentiate it", node.span)
 
     # -- the step
 

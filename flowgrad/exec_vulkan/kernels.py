@@ -20,6 +20,7 @@ from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.ops import get_op
+from flowgrad.ops.emit import Emitter, Val
 
 _PROMOTE = {"f16": "f32"}
 
@@ -33,61 +34,58 @@ def run_dtypes(present: set, accepted) -> dict | None:
     return None
 
 
-def promotion(node: Node, in_dtypes, backward: bool = False) -> dict | None:
+def promotion(node: Node, in_dtypes) -> dict | None:
     """How a closure runs `node` on the device: run_dtypes' answer for its
-    lowering, or None (numpy) where it has none for that direction. The VJP
-    takes only the float inputs' dtypes (an index input is passed as is)."""
+    lowering, or None (numpy) where it has none."""
     low = lowering_for(node.op)
-    if low is None or (backward and low.backward is None):
+    if low is None:
         return None
-    if backward:
-        return run_dtypes({node.dtype, *(d for d in in_dtypes if d != "i32")}, low.bwd_dtypes)
     return run_dtypes({node.dtype, *in_dtypes}, low.dtypes)
 
 
 @attrs.frozen
 class Call:
-    """The buffers of one closure call: the inputs and the result, and for a
-    VJP g and the gradients it reads back (None where it reads none)."""
+    """The buffers of one closure call: the inputs and the result."""
     ins: list
     out: BufView
-    g: BufView | None = None
-    grads: list | None = None
 
 
-def record_call(rec, node: Node, in_types: list[TensorType], empty, backward: bool = False) -> Call | None:
-    """Record one closure call of `node` on `rec` (its forward, or its VJP
-    alone) in the dtypes `promotion` runs it in, with buffers from
-    empty(shape, dtype): its buffers, or None (numpy) where promotion says no
-    or the lowering refuses the shapes. Recording makes no Vulkan calls, so
-    a refusal costs no transfer."""
-    promote = promotion(node, [t.dtype for t in in_types], backward)
+def record_call(rec, node: Node, in_types: list[TensorType], empty) -> Call | None:
+    """Record one closure call of `node` on `rec` in the dtypes `promotion`
+    runs it in, with buffers from empty(shape, dtype): its buffers, or None
+    (numpy) where promotion says no or the lowering refuses the shapes.
+    Recording makes no Vulkan calls, so a refusal costs no transfer."""
+    promote = promotion(node, [t.dtype for t in in_types])
     if promote is None:
         return None
-    low, run_node = lowering_for(node.op), _retyped(node, promote)
-    call = _buffers(run_node, in_types, promote, empty, backward)
+    run_node = _retyped(node, promote)
+    call = Call([empty(t.shape, promote.get(t.dtype, t.dtype)) for t in in_types], empty(node.shape, node.dtype))
     try:
-        with rec.section(node.label, "backward" if backward else "forward"):
-            if backward:
-                low.backward(rec, run_node, call.g, call.ins, call.out, call.grads)
-            else:
-                low.forward(rec, run_node, call.ins, call.out)
+        with rec.section(node.label, "forward"):
+            lowering_for(node.op).forward(rec, run_node, call.ins, call.out)
     except (FlowError, ValueError):
         return None
     return call
 
 
-def _buffers(node: Node, in_types, promote: dict, empty, backward: bool) -> Call:
-    """A call's buffers in the dtypes it runs in; a VJP's gradients only for
-    the inputs that get one (not a nondiff or an index input)."""
-    op = get_op(node.op)
-    ins = [empty(t.shape, promote.get(t.dtype, t.dtype)) for t in in_types]
-    out = empty(node.shape, node.dtype)
-    if not backward:
-        return Call(ins, out)
-    grads = [None if pos in op.nondiff or t.dtype == "i32" else empty(v.shape, v.dtype)
-             for pos, (v, t) in enumerate(zip(ins, in_types))]
-    return Call(ins, out, empty(node.shape, node.dtype), grads)
+class KernelEmitter(Emitter):
+    """Runs each op a grad rule emits on the device, one at a time: the VJP
+    of a node on Vulkan closures, with no kernel of its own."""
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def val(self, array) -> Val:
+        a = np.asarray(array)
+        return Val(self, a, TensorType(a.shape, dtype_of(a, narrow=True)))
+
+    def _apply(self, name, handles, attrs):
+        t = get_op(name).infer([TensorType(np.shape(h), dtype_of(h, narrow=True)) for h in handles], attrs)
+        node = Node(0, name, tuple(range(len(handles))), t, attrs=attrs)
+        return self.kernels.forward(node, [np.asarray(h) for h in handles]), t
+
+    def _const(self, value, shape, dtype):
+        return np.broadcast_to(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), shape), TensorType(tuple(shape), dtype)
 
 
 class VulkanKernels:
@@ -116,19 +114,17 @@ class VulkanKernels:
         return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
 
     def vjp(self, node: Node, g, ins, out) -> list:
-        if set(range(len(ins))) <= get_op(node.op).nondiff:   # stop_gradient: nothing to run
+        """The node's VJP: its op's grad rule, each op of it run on the device
+        (an op with no grad rule, a user's Python vjp, on numpy)."""
+        op = get_op(node.op)
+        if set(range(len(ins))) <= op.nondiff:   # stop_gradient: nothing to run
             return [None] * len(ins)
-        with OneShot(self.device) as s:
-            call = record_call(s.rec, node, _types(ins), s.empty, backward=True)
-            if call is None:
-                self.on_numpy.add(node.op)
-                return self.numpy.vjp(node, g, ins, out)
-            _write(s, [*call.ins, call.out, call.g], [*ins, out, g])
-            for v in call.grads:
-                if v is not None:
-                    s.download(v)
-            results = iter(s.run())
-        return [None if v is None else next(results).astype(x.dtype, copy=False) for x, v in zip(ins, call.grads)]
+        if op.grad is None:
+            return self.numpy.vjp(node, g, ins, out)
+        e = KernelEmitter(self)
+        grads = op.grad(e.val(g), [e.val(x) for x in ins], e.val(out), node.attrs)
+        return [None if d is None or p in op.nondiff else np.asarray(d.h, dtype=x.dtype)
+                for p, (d, x) in enumerate(zip(grads, ins))]
 
 
 def _types(arrays) -> list[TensorType]:

@@ -20,24 +20,20 @@ ALL_DTYPES = frozenset(DTYPES)
 
 @attrs.frozen
 class Lowering:
-    """How an op runs on a Vulkan device.
+    """How an op's node runs on a Vulkan device: its forward. A node of a
+    backward is an op node too (flowgrad/autodiff.py), recorded by its own
+    op's forward lowering.
 
     forward(rec, node, ins, out): record the dispatches that compute `out`.
-    backward(rec, node, g, ins, out, grads): record the dispatches that write
-    (overwrite, not accumulate) each non-None grads[i], the VJP for input i.
-    `rec` is an exec_vulkan Recorder; ins/out/g/grads are its BufViews.
-    dtypes / bwd_dtypes: the node dtypes each direction accepts.
-    pointwise(attrs) -> Pointwise: set when the op is one map op per element
-    both ways; the planner fuses chains of such ops into one node
+    `rec` is an exec_vulkan Recorder; ins/out are its BufViews.
+    dtypes: the node dtypes it accepts.
+    pointwise(attrs) -> Pointwise: set when the op is one map op per
+    element; the planner fuses chains of such ops into one node
     (exec_vulkan/fusion.py) that lower/fused.py runs in one dispatch.
     view(node, in_shape) -> int | None: set when the output can be a
     contiguous window of input 0 (the element offset it starts at; None
     where this node's can't): the memory plan then places it there, and
     forward finds it in place (and copies only when it is not).
-    accumulates: input positions whose gradient the backward can add into
-    the one already there: called with add=(those positions), it adds
-    grads[i] += VJP instead of overwriting (the executor then needs no
-    temporary and no accumulate dispatch where the input feeds other nodes).
     checks_indices: the kernels flag an index input out of range
     (`rec.index_flag`), so the planner may let the model compute them.
     blocked: the planner op (with its own lowering, attrs {"parts": k})
@@ -53,41 +49,27 @@ class Lowering:
     (lower/linalg.py) and adds a residual laid out as the output and a bias
     over its last axis, then applies an activation, in its store where its
     kernel can (setting `applied`); the planner fuses such a product with
-    the adds and the activation after it.
-    passes(node, in_shapes) -> positions: the inputs whose gradient is the
-    incoming gradient itself; where that input's gradient is first written
-    here, the memory plan puts it in the incoming gradient's place, and the
-    backward (finding them in one place) writes nothing for it."""
+    the adds and the activation after it."""
 
     forward: Callable
-    backward: Callable | None
     dtypes: frozenset = frozenset({"f32"})
-    bwd_dtypes: frozenset = frozenset({"f32"})
     pointwise: Callable | None = None
     view: Callable | None = None
-    accumulates: frozenset = frozenset()
     checks_indices: bool = False
     blocked: str | None = None
     window: Callable | None = None
     epilogue: bool = False
-    passes: Callable | None = None
 
 
 @attrs.frozen
 class Pointwise:
-    """An op that is one map op per element (lower/map_reduce.py's MapOp).
-
-    op reads the inputs in order, with scalar `param`. grads: one entry per
-    input, the map op of that input's VJP and the operands it reads, named
-    "g" (the incoming gradient), "x0".."x2" (the inputs) and "y" (the
-    output), or None where the input gets no gradient. The same rules record
-    the unfused backward, so the two cannot disagree. adds: the op is
-    x0 + x1 with both gradients the incoming one (a product's store can do
-    it: Lowering.epilogue). activation: the op is unary and a product's store
-    can end with it (matmul_tiled.glsl's epi_act offers its map op)."""
+    """An op that is one map op per element (lower/map_reduce.py's MapOp),
+    reading the inputs in order, with scalar `param`. adds: the op is
+    x0 + x1 (a product's store can do it: Lowering.epilogue). activation:
+    the op is unary and a product's store can end with it
+    (matmul_tiled.glsl's epi_act offers its map op)."""
 
     op: object
-    grads: tuple
     param: float = 0.0
     adds: bool = False
     activation: bool = False

@@ -1,28 +1,19 @@
 """The graph executor's memory plan, computed without a device.
 
-A step is a schedule: the forward nodes in topological order, then the
-backward nodes in reverse, then the optimizer. Every tensor the step makes
-(activations, gradients) has a lifetime on that schedule; tensors whose
-lifetimes do not overlap share a buffer. Leaves (params, consts, inputs) and
-the loss seed live in their own buffers for the whole session.
-
-Where one node's backward writes several input gradients (matmul's da and db,
-attention's dq, dk, dv), they are packed as views at aligned offsets of one
-buffer (gradients that outlive the step, i.e. params', are packed apart from
-those that die inside it, so a param's gradient does not pin its neighbours). A value that feeds several nodes gets its gradient written by the
-first backward that reaches it, and each later one writes a temporary that is
-accumulated into it. Where that first backward passes its incoming gradient
-through unchanged (Lowering.passes: the residual of a product's epilogue),
-the value's gradient is placed where the incoming one lies, so nothing is
-copied.
+A step is a schedule: the nodes of its graph (the forward, then the
+backward the autodiff pass appended) in topological order. Every tensor
+the step makes has a lifetime on that schedule; tensors whose lifetimes do
+not overlap share a buffer. Leaves (params, consts, inputs) and the loss
+seed live in their own buffers for the whole session, and so do the
+gradients the step keeps (for the optimizer, the host): the casts and
+updates that read them then see no hazard between them.
 
 A view (a node whose lowering says its value can be a contiguous window of
 its input: a reshape, a slice of leading axes, a part of a split product)
-is placed inside its input's buffer, so it costs no copy. When every user
-of a computed value is such a view and their windows tile it, the views'
-gradients are placed inside that value's gradient too: whoever writes a
-view's gradient writes it in place, and the views' own backwards do
-nothing."""
+is placed inside its input's buffer, so it costs no copy; so is a concat
+along its leading axis of values that already lie side by side (the
+blocks of a packed gradient). An elementwise node writes its result over
+an input that nothing reads after it."""
 from __future__ import annotations
 
 import bisect
@@ -32,14 +23,13 @@ import attrs
 
 from flowgrad.autodiff import SEED
 from flowgrad.exec_vulkan.limits import align_up
-from flowgrad.grad_paths import backward_nodes
 from flowgrad.graph import LEAF_OPS, Graph
 
 
 @attrs.frozen
 class Step:
-    kind: str            # "forward", "backward", "optimizer"
-    node: int | None = None
+    node: int
+    kind: str = "forward"   # every node of a step graph runs its forward
 
 
 @attrs.frozen
@@ -71,24 +61,11 @@ class Saved:
     nbytes: int
 
 
-@attrs.frozen
-class GradWrite:
-    """Backward of one node writes input `pos`'s gradient into `key`; when
-    `accumulate_into` is set, `key` is a temporary added into that gradient,
-    or, when the two are the same, the lowering adds into it in place."""
-
-    pos: int
-    key: tuple
-    accumulate_into: tuple | None = None
-
-
 @attrs.define
 class MemoryPlan:
     schedule: list[Step]
     buffers: list[PlannedBuffer]
     slots: dict[tuple, Slot]
-    grad_writes: dict[int, list[GradWrite]]
-    backward_nodes: frozenset
     parts: dict[tuple, tuple]      # group key (what a buffer holds) -> the slot keys packed in it
     total_bytes: int
     naive_bytes: int
@@ -114,20 +91,12 @@ def _nbytes(node) -> int:
     return max(node.type.nbytes, 1)
 
 
-def plan_memory(graph: Graph, *, backward: bool = True, grad_inputs: bool = False, keep: tuple = ()) -> MemoryPlan:
-    """The memory plan of one step; backward=False plans a forward-only step.
-    The backward set is derived from the graph exactly as the planner's. The
-    training step's plan is made once, by the planner: use Plan.memory_for.
-    keep: nodes computed and kept to the step's end beside the outputs (the
+def plan_memory(graph: Graph, keep: tuple = ()) -> MemoryPlan:
+    """The memory plan of one step of `graph`: what its outputs and loss need,
+    and `keep`, the nodes the step keeps to its end beside them (the
     gradients a step graph computes)."""
-    forward = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
-    bwd, positions = (backward_nodes(graph, grad_inputs) if backward and graph.loss is not None
-                      else (frozenset(), {}))
-    schedule = [Step("forward", n.id) for n in forward]
-    schedule += [Step("backward", n.id) for n in reversed(forward) if n.id in bwd]
-    if bwd:
-        schedule.append(Step("optimizer"))
-    return _Planner(graph, schedule, positions, bwd, grad_inputs, keep).run()
+    nodes = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
+    return _Planner(graph, [Step(n.id) for n in nodes], keep).run()
 
 
 def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
@@ -150,45 +119,16 @@ def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
     return out
 
 
-def grad_views(graph: Graph, view_of: dict, bwd: frozenset) -> frozenset:
-    """The views whose gradient is placed inside their input's: every user of
-    the input is such a view with a gradient, and their windows tile it."""
-    by_src: dict[int, list[int]] = {}
-    for v, (src, _off) in view_of.items():
-        by_src.setdefault(src, []).append(v)
-    users = graph.users()
-    out = set()
-    for src, vs in by_src.items():
-        node = graph.nodes[src]
-        if node.op in LEAF_OPS or src not in bwd or sorted(users[src]) != sorted(vs) or not set(vs) <= bwd:
-            continue
-        at = 0
-        for v in sorted(vs, key=lambda v: view_of[v][1]):
-            if view_of[v][1] != at:
-                break
-            at += graph.nodes[v].type.nbytes
-        else:
-            if at == node.type.nbytes:
-                out |= set(vs)
-    return frozenset(out)
-
-
 class _Planner:
-    def __init__(self, graph, schedule, positions, bwd, grad_inputs, keep=()):
+    def __init__(self, graph, schedule, keep=()):
         self.graph = graph
         self.keep = keep
         self.schedule = schedule
-        self.positions = positions
-        self.bwd = bwd
-        self.grad_inputs = grad_inputs
         self.last = len(schedule)                 # "until the end of the step"
         # group key -> [start, end, kind, [(part key, node, offset)], size]
         self.groups: dict[tuple, list] = {}
         self.part_group: dict[tuple, tuple] = {}
-        self.grad_writes: dict[int, list[GradWrite]] = {}
-        forward = [graph.nodes[s.node] for s in schedule if s.kind == "forward"]
-        self.view_of = views(graph, forward)
-        self.grad_view = grad_views(graph, self.view_of, bwd)
+        self.view_of = views(graph, [graph.nodes[s.node] for s in schedule])
         self.alias: dict[tuple, tuple] = {}     # slot key -> (slot key it lies in, byte offset)
         self.held: dict[tuple, list] = {}       # group key -> the slot keys that lie in it
 
@@ -208,20 +148,6 @@ class _Planner:
         self.alias[part] = (inside, offset)
         self.held[self.part_group[part]].append(part)
 
-    def grad_home(self, i, t):
-        """Place view i's gradient inside its input's, made here if it is the
-        first: up a chain of such views to the first whose input has one (in
-        a loop, as a model may chain more reshapes than Python recurses)."""
-        chain = [i]
-        while (src := self.view_of[chain[-1]][0]) in self.grad_view and ("grad", src) not in self.part_group:
-            chain.append(src)
-        if ("grad", src) not in self.part_group:
-            self.group(("vgrad", src), t, "step", [(("grad", src), self.graph.nodes[src])])
-        for v in reversed(chain):
-            src, off = self.view_of[v]
-            self.place(("grad", v), ("grad", src), off)
-            self.use(("grad", src), t)
-
     def use(self, part, at):
         g = self.groups[self.part_group[part]]
         g[1] = max(g[1], at)
@@ -237,33 +163,28 @@ class _Planner:
                 continue
             kind = {"param": "param", "const": "const", "input": "input"}[nodes[i].op]
             self.group(("val", i), -1, kind, [(("val", i), nodes[i])])
-        if self.bwd:
-            self.group(("seed",), -1, "seed", [(("grad", g.loss), nodes[g.loss])])
         saved_ids = set()
         last_read = self.last_reads(roots)
         for t, step in enumerate(self.schedule):
-            if step.kind == "forward":
-                node = nodes[step.node]
-                for i in node.inputs:
-                    self.use(("val", i), t)
-                if node.id in self.view_of:
-                    src, off = self.view_of[node.id]
-                    self.place(("val", node.id), ("val", src), off)
-                elif self.side_by_side(node):   # its parts already lie in order: it is them
-                    self.place(("val", node.id), ("val", node.inputs[0]), 0)
-                elif (over := self.overwrites(node, t, last_read)) is not None:
-                    self.place(("val", node.id), ("val", over), 0)
-                else:
-                    # a gradient the step keeps (for the optimizer, the host) in a buffer of its own,
-                    # never one a value freed: the casts and updates that read them then batch
-                    kind = "grad" if node.id in self.keep else "step"
-                    self.group(("val", node.id), t, kind, [(("val", node.id), node)])
-                if node.id in roots:
-                    self.use(("val", node.id), self.last)
-                if node.grad_of is not None:   # a step graph's backward node: what it reads is saved for it
-                    saved_ids.update(self.base(i) for i in node.inputs if nodes[i].grad_of is None)
-            elif step.kind == "backward":
-                self.backward_step(t, nodes[step.node], saved_ids)
+            node = nodes[step.node]
+            for i in node.inputs:
+                self.use(("val", i), t)
+            if node.id in self.view_of:
+                src, off = self.view_of[node.id]
+                self.place(("val", node.id), ("val", src), off)
+            elif self.side_by_side(node):   # its parts already lie in order: it is them
+                self.place(("val", node.id), ("val", node.inputs[0]), 0)
+            elif (over := self.overwrites(node, t, last_read)) is not None:
+                self.place(("val", node.id), ("val", over), 0)
+            else:
+                # a gradient the step keeps (for the optimizer, the host) in a buffer of its own,
+                # never one a value freed: the casts and updates that read them then batch
+                kind = "grad" if node.id in self.keep else "step"
+                self.group(("val", node.id), t, kind, [(("val", node.id), node)])
+            if node.id in roots:
+                self.use(("val", node.id), self.last)
+            if node.grad_of is not None:   # a backward node: the forward values it reads are saved for it
+                saved_ids.update(self.base(i) for i in node.inputs if nodes[i].grad_of is None)
         return self.assign(saved_ids)
 
     def base(self, i: int) -> int:
@@ -276,7 +197,7 @@ class _Planner:
         """{value: the last step that reads it}; the step's end for what it keeps."""
         last: dict[int, int] = {}
         for t, step in enumerate(self.schedule):
-            for i in self.graph.nodes[step.node].inputs if step.node is not None else ():
+            for i in self.graph.nodes[step.node].inputs:
                 last[i] = t
         for i in roots:
             last[i] = self.last
@@ -325,75 +246,6 @@ class _Planner:
             at += self.graph.nodes[i].type.nbytes
         return True
 
-    def backward_step(self, t, node, saved_ids):
-        for i in (*node.inputs, node.id):
-            self.use(("val", i), t)
-            if nodes_is_activation(self.graph, i):
-                saved_ids.add(i)
-        self.use(("grad", node.id), t)
-        if node.id in self.grad_view:
-            self.grad_writes[node.id] = []   # its gradient already lies inside its input's
-            return
-        canonical, temps, writes = [], [], []
-        passes, passed = self.passes(node), False
-        for pos in self.positions[node.id]:
-            i = node.inputs[pos]
-            if i in self.grad_view and ("grad", i) not in self.part_group:
-                self.grad_home(i, t)
-                writes.append(GradWrite(pos, ("grad", i)))
-            elif ("grad", i) in self.part_group and pos in self.accumulates(node):
-                writes.append(GradWrite(pos, ("grad", i), ("grad", i)))   # added in place by the lowering
-                self.use(("grad", i), t)
-            elif ("grad", i) in self.part_group or any(("grad", i) == k for k, _ in canonical):
-                key = ("tmp", node.id, pos)
-                temps.append((key, self.graph.nodes[i]))
-                writes.append(GradWrite(pos, key, ("grad", i)))
-            elif pos in passes and not passed and not self.persistent_grad(i):
-                # its gradient is the incoming one: it takes that one's place (one input only:
-                # two there would share their bytes), and lives on in it
-                self.place(("grad", i), ("grad", node.id), 0)
-                writes.append(GradWrite(pos, ("grad", i)))
-                passed = True
-            else:
-                canonical.append((("grad", i), self.graph.nodes[i]))
-                writes.append(GradWrite(pos, ("grad", i)))
-        self.grad_writes[node.id] = writes
-        # gradients the host or the optimizer reads after the step persist; the others
-        # die with their last reader, so the two kinds are packed apart
-        kept = [p for p in canonical if self.persistent_grad(p[0][1])]
-        passing = [p for p in canonical if not self.persistent_grad(p[0][1])]
-        if passing:
-            self.group(("bwd", node.id), t, "step", passing)
-        if kept:
-            self.group(("pgrad", node.id), t, "grad", kept)
-            self.use(kept[0][0], self.last)
-        if temps:
-            self.group(("tmp", node.id), t, "step", temps)
-        for w in writes:
-            if w.accumulate_into is not None:
-                self.use(w.accumulate_into, t)
-
-    def passes(self, node) -> frozenset:
-        """The node's Lowering.passes, where its incoming gradient lies in a buffer
-        reused within the step (not the seed a host uploads)."""
-        from flowgrad.exec_vulkan.lower import lowering_for
-
-        low, grp = lowering_for(node.op), self.part_group.get(("grad", node.id))
-        if low is None or low.passes is None or grp is None or self.groups[grp][2] != "step":
-            return frozenset()
-        return low.passes(node, [self.graph.nodes[i].shape for i in node.inputs])
-
-    @staticmethod
-    def accumulates(node) -> frozenset:
-        from flowgrad.exec_vulkan.lower import lowering_for
-
-        low = lowering_for(node.op)
-        return low.accumulates if low is not None else frozenset()
-
-    def persistent_grad(self, i) -> bool:
-        node = self.graph.nodes[i]
-        return node.op == "param" or (self.grad_inputs and node.op == "input")
-
     def assign(self, saved_ids) -> MemoryPlan:
         """Greedy interval packing: each step-scoped group takes the free
         buffer that fits best (growing the largest free one if none fits);
@@ -437,7 +289,7 @@ class _Planner:
                        self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)
                  if ("val", i) not in self.alias and self.graph.nodes[i].op not in LEAF_OPS]
         parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
-        return MemoryPlan(self.schedule, planned, slots, self.grad_writes, self.bwd, parts,
+        return MemoryPlan(self.schedule, planned, slots, parts,
                           total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),
                           peak_bytes=self.peak(), saved=saved)
 
@@ -503,7 +355,3 @@ def _product_first(steps) -> bool:
 
     low = LOWERINGS.get(steps[0][0]) if steps else None
     return low is None or low.epilogue
-
-
-def nodes_is_activation(graph: Graph, i: int) -> bool:
-    return graph.nodes[i].op not in LEAF_OPS

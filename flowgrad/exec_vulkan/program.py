@@ -1,12 +1,14 @@
-"""Recording one step program: feeds in, forward, backward (with gradient
-accumulation), read-backs and the optimizer update, recorded once per mode
-into one command buffer (StepProgram), over buffers laid out by the memory
-plan (StepLayout). The same recording over fake buffers counts what a step
-sends to the device without one (count_dispatches).
+"""Recording one step program: feeds in, the step graph's nodes (the forward,
+then the backward the autodiff pass appended), read-backs and the optimizer
+update, recorded once per mode into one command buffer (StepProgram), over
+buffers laid out by the memory plan (StepLayout). The same recording over
+fake buffers counts what a step sends to the device without one
+(count_dispatches).
 
 The recording never looks at op names: each node's work comes from its op's
-lowering, recorded inside a section labelled with the node, so profiling and
-dispatch counting see the same commands."""
+forward lowering, recorded inside a section labelled with the node (a
+backward node's with the node it differentiates), so profiling and dispatch
+counting see the same commands."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +19,7 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.encoder import encode
-from flowgrad.exec_vulkan.limits import ALIGN, align_up, grid
+from flowgrad.exec_vulkan.limits import ALIGN, align_up
 from flowgrad.exec_vulkan import readback
 from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
@@ -28,16 +30,10 @@ from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.exec_vulkan.optim_records import groups_for, update_record
 from flowgrad.graph import Graph
-from flowgrad.grad_paths import updated_params
-from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
+from flowgrad.exec_vulkan.memory import MemoryPlan
+from flowgrad.exec_vulkan.step_plan import step_plan
 
 INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
-
-
-def accumulate(rec, dst: BufView, src: BufView) -> None:
-    """dst += src (same shape and dtype)."""
-    rec.dispatch("accumulate", [dst, src], push=[dst.size], groups=grid(dst.size),
-                 variant="f16" if dst.dtype == "f16" else None)
 
 
 class StepIO:
@@ -65,11 +61,11 @@ class StepIO:
 
 def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, optimizer_record=None,
                 scale_record=None, fills=()) -> None:
-    """Record one step: feeds in, forward, backward (with gradient
-    accumulation), the loss scaler's unscale and overflow check, then the
+    """Record one step: feeds in, the step graph's nodes (the forward, then
+    the backward), the loss scaler's unscale and overflow check, then the
     optimizer update; the read-backs in groups, each right after the last
     command that writes one of its sources. fills: (view, value) of the
-    constants a step graph's backward holds, each one value throughout."""
+    constants the graph holds that are one value throughout."""
     with rec.section("feeds", "transfer"):
         for _name, staging, device_view in io.uploads:
             rec.copy(staging, device_view)
@@ -78,33 +74,13 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     nodes = graph.nodes
     rec.trusted = frozenset(n.id for n in nodes if n.op == "input")   # feeds are range-checked on the host
     for step in mem.schedule:
-        if step.kind == "optimizer":
-            continue
         node = nodes[step.node]
-        low = lowering_for(node.op)
         ins = [view(("val", i)) for i in node.inputs]
-        out = view(("val", node.id))
-        if step.kind == "forward":
-            # a step graph's backward nodes are ordinary nodes, told apart by the node they differentiate
-            # a step graph's backward node is timed and counted under the node it differentiates
-            of = node if node.grad_of is None else nodes[node.grad_of]
-            direction = "forward" if of is node else "backward"
-            with rec.section(of.label, direction, of.id), _lowering_errors(node, direction):
-                low.forward(rec, node, ins, out)
-            continue
-        writes = mem.grad_writes[node.id]
-        grads = [None] * len(node.inputs)
-        for w in writes:
-            grads[w.pos] = view(w.key)
-        in_place = frozenset(w.pos for w in writes if w.accumulate_into == w.key)
-        with rec.section(node.label, "backward", node.id), _lowering_errors(node, "backward"):
-            if in_place:
-                low.backward(rec, node, view(("grad", node.id)), ins, out, grads, add=in_place)
-            else:
-                low.backward(rec, node, view(("grad", node.id)), ins, out, grads)
-            for w in writes:
-                if w.accumulate_into is not None and w.pos not in in_place:
-                    accumulate(rec, view(w.accumulate_into), view(w.key))
+        # a backward node is timed and counted under the node it differentiates
+        of = node if node.grad_of is None else nodes[node.grad_of]
+        direction = "forward" if of is node else "backward"
+        with rec.section(of.label, direction, of.id), _lowering_errors(node, direction):
+            lowering_for(node.op).forward(rec, node, ins, view(("val", node.id)))
     scaling = []
     if scale_record is not None:
         at = len(rec.commands)
@@ -207,23 +183,17 @@ def _lowering_errors(node, direction):
 class StepLayout:
     """The buffers and I/O of one step program, over real or fake buffers."""
 
-    def __init__(self, graph, mem, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging,
-                 scaled=False, step=None):
-        """scaled: the backward starts from a loss scale the host uploads
-        (into the seed leaf: [scale, 1/scale]), and the gradients are
-        unscaled and checked for overflow on the device (`found`).
-        step: the StepPlan whose graph this is (its backward is nodes of it),
-        or None for a graph whose lowerings record their own backwards."""
-        self.graph, self.mem = graph, mem
-        if step is not None:
-            self.seed_key = ("val", step.seed) if step.seed is not None else None
-            self.grad_keys = {name: ("val", i) for name, i in step.grads.items()}
-            self.updated = [name for name in step.grads if name in graph.params]
-        else:
-            self.seed_key = ("grad", graph.loss) if graph.loss is not None else None
-            self.grad_keys = {name: ("grad", i) for name, i in (graph.params | graph.inputs).items()
-                              if ("grad", i) in mem.slots}
-            self.updated = updated_params(graph) if graph.loss is not None else []
+    def __init__(self, step, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging, scaled=False):
+        """step: the StepPlan recorded. scaled: the backward starts from a
+        loss scale the host uploads (into the seed leaf: [scale, 1/scale]),
+        and the gradients are unscaled and checked for overflow on the device
+        (`found`)."""
+        graph = step.graph
+        self.graph, self.mem = graph, step.memory
+        mem = self.mem
+        self.seed_key = ("val", step.seed) if step.seed is not None else None
+        self.grad_keys = {name: ("val", i) for name, i in step.grads.items()}
+        self.updated = [name for name in step.grads if name in graph.params]
         self.buffers = []
         for pb in mem.buffers:
             if pb.kind in ("param", "const", "seed"):
@@ -299,11 +269,7 @@ class StepProgram:
         self.optimizer = optimizer
         backward = want_grads or optimizer is not None
         step = sess.plan.step_for(backward, grad_inputs)
-        if step is None:
-            self.mem = sess.plan.memory_for(backward, grad_inputs)
-            sess.check_backward(self.mem)
-        else:
-            graph, self.mem = step.graph, step.memory
+        graph, self.mem = step.graph, step.memory
         owned = []
 
         def make_buffer(nbytes, _name):
@@ -323,8 +289,8 @@ class StepProgram:
 
         up, down = LazyStaging(device, "upload"), LazyStaging(device, "download")
         scaled = backward and getattr(sess, "scaler", None) is not None
-        self.layout = StepLayout(graph, self.mem, make_buffer, leaf_buffer, want_grads, grad_inputs,
-                                 optimizer, (up, down), scaled, step)
+        self.layout = StepLayout(step, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, (up, down),
+                                 scaled)
         # a constant of one value is filled in by the step (no transfer of its own), any other uploaded once
         fills, uploads = [], []
         for buf, node in consts.values():
@@ -455,14 +421,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     """What one graph-path step records, counted by a dry run (no device):
     dispatches per direction, host transfers in and out, and barriers."""
     backward = graph.loss is not None and (grads or optimizer is not None)
-    step = plan.step_for(backward) if plan is not None else None
-    if step is not None:
-        graph, mem = step.graph, step.memory
-    elif plan is not None:
-        graph = plan.exec_graph
-        mem = plan.memory_for(backward)
-    else:
-        mem = plan_memory(graph, backward=backward)
+    step = plan.step_for(backward) if plan is not None else step_plan(graph, backward)
+    graph, mem = step.graph, step.memory
     leaf = {}
 
     def make_buffer(nbytes, name):
@@ -474,8 +434,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
 
     on_device = optimizer if optimizer is not None and update_record(optimizer) is not None else None
     scaled = backward and plan is not None and plan.dtype == "mixed"
-    layout = StepLayout(graph, mem, make_buffer, leaf_buffer, grads, False, on_device,
-                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled, step)
+    layout = StepLayout(step, make_buffer, leaf_buffer, grads, False, on_device,
+                        (FakeBuffer(0, "upload"), FakeBuffer(0, "download")), scaled)
     opt_record = None
     if on_device is not None:
         grads_views = layout.param_grads()

@@ -42,9 +42,9 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
         sg = backward_graph(graph, list(wrt.values()))
         graph, seed = sg.graph, sg.seed
         grads = {name: sg.grads[i] for name, i in wrt.items()}
-    fused = fuse(graph, forward_only=True, keep=tuple(grads.values())) if fusion else no_fusion(graph)
+    fused = fuse(graph, keep=tuple(grads.values())) if fusion else no_fusion(graph)
     fused.splits = splits + fused.splits
-    memory = plan_memory(fused.graph, backward=False, keep=tuple(grads.values()))
+    memory = plan_memory(fused.graph, keep=tuple(grads.values()))
     return StepPlan(fused.graph, fused, grads, seed, memory)
 
 

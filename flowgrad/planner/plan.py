@@ -10,14 +10,12 @@ import attrs
 
 from flowgrad.graph import LEAF_OPS, Graph, Node
 from flowgrad.exec_vulkan.lower import lowering_for
-from flowgrad.ops import OPS, get_op
+from flowgrad.ops import OPS
 from flowgrad.ops.registry import PLANNER_OPS
-from flowgrad.exec_vulkan.fusion import Fusion, fuse, fuse_cells, no_fusion
+from flowgrad.exec_vulkan.fusion import Fusion, fuse_cells
 from flowgrad.grad_paths import backward_nodes
-from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
-
-# the graph path records each step's graph (its backward appended as nodes) with forward lowerings only
-STEP_GRAPH = __import__("os").environ.get("FLOWGRAD_STEP_GRAPH", "1") == "1"
+from flowgrad.exec_vulkan.memory import MemoryPlan
+from flowgrad.exec_vulkan.step_plan import StepPlan, step_plan
 
 
 @attrs.frozen
@@ -48,36 +46,45 @@ class Plan:
     device: object | None      # exec_vulkan DeviceInfo, or None for numpy
     dtype: str
     grad_nodes: frozenset      # ids of nodes the backward runs through
-    memory: MemoryPlan         # the training step's (forward + backward) memory plan, of exec_graph
+    # (backward, grad_inputs) -> StepPlan: each kind of step's graph, its backward appended as nodes,
+    # fused and memory-planned; the training step's is made with the plan, the others on demand
+    steps: dict
     reason: str = ""           # why this path, one line
     # node id -> {"forward": [shader, ...], "backward": [...]}: the kernels each node's lowering
     # dispatches on this device (a matmul's tile per shape class, say); empty without a device
     kernels: dict = attrs.field(factory=dict)
-    fusion: Fusion | None = None   # the pointwise chains the graph path runs as one node each
-    # (backward, grad_inputs) -> StepPlan: each kind of step's graph, its backward appended as nodes;
-    # None where the lowerings record the backward themselves
-    steps: dict | None = None
-    fuses: bool = True
+    fuses: bool = True         # chains of pointwise ops run as one node each
+
+    @property
+    def training(self) -> StepPlan:
+        return self.step_for(True)
+
+    @property
+    def fusion(self) -> Fusion:
+        """The training step's fused chains."""
+        return self.training.fusion
+
+    @property
+    def memory(self) -> MemoryPlan:
+        """The training step's memory plan."""
+        return self.training.memory
 
     @property
     def exec_graph(self) -> Graph:
-        """The graph the graph path runs: `graph` with its fused chains."""
-        return self.fusion.graph if self.fusion is not None else self.graph
+        """The graph a training step runs: the model's, its backward appended, fused."""
+        return self.training.graph
 
     @property
     def last_path(self) -> str:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
 
-    def step_for(self, backward: bool = True, grad_inputs: bool = False):
-        """The StepPlan of one kind of step (made on demand), or None. One
-        that also differentiates the inputs reaches nodes the plan did not
-        check: a node of it the graph path can't run is a FlowError at its line."""
-        if self.steps is None:
-            return None
+    def step_for(self, backward: bool = True, grad_inputs: bool = False) -> StepPlan:
+        """The StepPlan of one kind of step (made on demand). One that also
+        differentiates the inputs reaches nodes the plan did not check: a node
+        of it the graph path can't run is a FlowError at its line."""
         key = (bool(backward and self.graph.loss is not None), bool(grad_inputs))
         if key not in self.steps:
             from flowgrad.errors import FlowError
-            from flowgrad.exec_vulkan.step_plan import step_plan
 
             step = step_plan(self.graph, *key, fusion=self.fuses)
             refusals = step_refusals(step, self.device, {}) if grad_inputs else []
@@ -87,14 +94,6 @@ class Plan:
                                 r.node.span, hint="compile with backward='closures' to differentiate it")
             self.steps[key] = step
         return self.steps[key]
-
-    def memory_for(self, backward: bool = True, grad_inputs: bool = False) -> MemoryPlan:
-        """The memory plan of one kind of step: the training step's is the one
-        made with the plan; a forward-only step, or one that also
-        differentiates the inputs, is planned on demand."""
-        if (backward or self.graph.loss is None) and not grad_inputs:
-            return self.memory
-        return plan_memory(self.exec_graph, backward=backward, grad_inputs=grad_inputs)
 
 
 def memory_refusal(memory: MemoryPlan, device) -> list[Refusal]:
@@ -111,7 +110,7 @@ def f32_hint(op_name: str) -> str:
             "back to the model's dtype")
 
 
-def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: dict | None = None,
+def node_refusals(graph: Graph, device=None, kernels: dict | None = None,
                   only: frozenset | None = None) -> list[Refusal]:
     """Every node's refusals (of the nodes `only` names, where given); with a
     device, `kernels` collects what each node dispatches."""
@@ -135,18 +134,7 @@ def node_refusals(graph: Graph, backward_ids: frozenset, device=None, kernels: d
             out.append(Refusal("dtype", f"{op.name} forward has no {bad} lowering "
                                         f"(accepts {', '.join(sorted(low.dtypes))})", f32_hint(op.name), node))
             continue
-        if node.id in backward_ids:
-            if low.backward is None:
-                out.append(Refusal("no-lowering", f"op {op.name!r} has no graph lowering for its backward",
-                                   f"register a backward lowering for op {op.name!r}", node))
-                continue
-            if node.dtype not in low.bwd_dtypes:
-                accepts = ", ".join(sorted(low.bwd_dtypes))
-                out.append(Refusal("dtype", f"{op.name} backward runs in {accepts} only; this node is {node.dtype}",
-                                   f32_hint(op.name), node))
-                continue
-        limit = (limit_refusal(graph, node, op, node.id in backward_ids, device, kernels)
-                 or index_refusal(graph, node, op, low))
+        limit = limit_refusal(graph, node, device, kernels) or index_refusal(graph, node, op, low)
         if limit is not None:
             out.append(limit)
     return out
@@ -165,8 +153,7 @@ class DryLimits:
         self.max_storage_range = info.max_storage_range or None
 
 
-def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
-                  kernels: dict | None = None) -> Refusal | None:
+def limit_refusal(graph: Graph, node: Node, device=None, kernels: dict | None = None) -> Refusal | None:
     """Record the node's lowering on a dry-run Recorder (no Vulkan calls): a
     lowering that can't take this node's shapes (attention's head width, a
     rank its kernel can't index) or a buffer past the device's binding range
@@ -175,29 +162,15 @@ def limit_refusal(graph: Graph, node: Node, op, backward: bool, device=None,
     from flowgrad.errors import FlowError
     from flowgrad.exec_vulkan.recorder import BufView, Dispatch, FakeBuffer, Recorder
 
-    def shaders(commands):
-        return list(dict.fromkeys(c.shader for c in commands if isinstance(c, Dispatch)))
-
     def view(t):
         return BufView(FakeBuffer(max(t.nbytes, 4)), 0, t.shape, t.dtype)
 
-    ins = [view(graph.nodes[i].type) for i in node.inputs]
-    out = view(node.type)
-    grads = [None if pos in op.nondiff else view(graph.nodes[i].type) for pos, i in enumerate(node.inputs)]
-    dry = DryLimits(device) if device is not None else None
     try:
-        low = lowering_for(node.op)
-        # one recorder for both directions, as a step records them: a backward finds what its
-        # forward kept (an epilogue's pre-activation) instead of recomputing it
-        rec = Recorder(dry)
-        low.forward(rec, node, ins, out)
-        # by identity, not position: a lowering may insert at the recording's head (counters it zeroes)
-        forward = {id(c) for c in rec.commands}
-        if backward:
-            low.backward(rec, node, view(node.type), ins, out, grads)
+        rec = Recorder(DryLimits(device) if device is not None else None)
+        lowering_for(node.op).forward(rec, node, [view(graph.nodes[i].type) for i in node.inputs], view(node.type))
         if device is not None and kernels is not None:
-            kernels[node.id] = {"forward": shaders(c for c in rec.commands if id(c) in forward),
-                                "backward": shaders(c for c in rec.commands if id(c) not in forward)}
+            kernels[node.id] = {"forward": list(dict.fromkeys(c.shader for c in rec.commands
+                                                              if isinstance(c, Dispatch))), "backward": []}
     except (FlowError, ValueError) as e:
         return Refusal("limit", f"the {node.op} lowering can't take this node: {getattr(e, 'message', e)}",
                        getattr(e, "hint", None) or "change the node's shapes, or run on closures", node)
@@ -220,21 +193,6 @@ def index_refusal(graph: Graph, node: Node, op, low) -> Refusal | None:
     return None
 
 
-def fused_kernels(fused: Fusion, backward_ids: frozenset, device, kernels: dict) -> None:
-    """Each fused chain's members run the fused node's kernels, a split product its batched GEMM's;
-    the product's slices, views of its blocks, run none."""
-    runs = [(grp.node, grp.members) for grp in fused.groups] + [(sp.node, (sp.node,)) for sp in fused.splits]
-    for nid, members in runs:
-        node = fused.graph.nodes[nid]
-        found: dict = {}
-        if limit_refusal(fused.graph, node, get_op(node.op), nid in backward_ids, device, found) is None:
-            for m in members:
-                kernels[m] = found[nid]
-    for sp in fused.splits:
-        for part in sp.parts:
-            kernels[part] = {"forward": [], "backward": []}
-
-
 def step_refusals(step, device, kernels: dict) -> list[Refusal]:
     """The refusals of a step graph's scheduled nodes, each at the model's
     node: a backward node's at the node it differentiates (once per node and
@@ -242,7 +200,7 @@ def step_refusals(step, device, kernels: dict) -> list[Refusal]:
     scheduled = frozenset(s.node for s in step.memory.schedule)
     graph = step.graph
     found, seen = [], set()
-    for r in node_refusals(graph, frozenset(), device, kernels, only=scheduled):
+    for r in node_refusals(graph, device, kernels, only=scheduled):
         node = r.node
         if node is not None and node.grad_of is not None:
             node = graph.nodes[node.grad_of]
@@ -285,36 +243,20 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
     if fusion:
         fuse_cells(graph)
-    steps = training = None
-    if STEP_GRAPH:
-        from flowgrad.exec_vulkan.step_plan import step_plan
-
-        training = step_plan(graph, True, False, fusion=fusion)
-        steps = {(graph.loss is not None, False): training}
-        fused, memory = training.fusion, training.memory
-        bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
-    else:
-        fused = fuse(graph) if fusion else no_fusion(graph)
-        memory = plan_memory(fused.graph)
-        bwd = backward_nodes(graph)[0]  # on a differentiable path from a param to the loss
+    training = step_plan(graph, True, False, fusion=fusion)
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "the session runs on numpy (CPU), not on Vulkan",
                                 "device='vulkan' (or --device vulkan) for the graph path; 'auto' takes GPUs, "
                                 "not lavapipe"))
     else:
-        refusals += memory_refusal(memory, device)
+        refusals += memory_refusal(training.memory, device)
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
-    kernels: dict = {}
-    if training is not None:
-        refusals += step_refusals(training, device, kernels)
-        kernels = step_kernels(training, kernels) if device is not None else {}
-    else:
-        refusals += node_refusals(graph, bwd, device, kernels)
-        if device is not None:
-            fused_kernels(fused, bwd, device, kernels)
+    found: dict = {}
+    refusals += step_refusals(training, device, found)
+    kernels = step_kernels(training, found) if device is not None else {}
     if backward == "closures":
         path, reason = "closures", "backward='closures' was asked for"
     elif refusals:
@@ -326,4 +268,7 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         reason = (f"{first.node.label}{where}: {first.message}" if first.node else first.message) + more
     else:
         path, reason = "graph", "every node has a graph lowering for its dtype"
-    return Plan(graph, path, backward, refusals, device, dtype, bwd, memory, reason, kernels, fused, steps, fusion)
+    steps = {(graph.loss is not None, False): training}
+    # on a differentiable path from a param to the loss
+    return Plan(graph, path, backward, refusals, device, dtype, backward_nodes(graph)[0], steps, reason, kernels,
+                fusion)

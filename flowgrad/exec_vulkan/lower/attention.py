@@ -174,7 +174,7 @@ def attention_grad_forward(rec, node, ins, out):
 
 
 # i32: a boolean mask input (q, k, v and the result are always float)
-ATTENTION = Lowering(attention_forward, attention_backward, FLOATS | {"i32"}, FLOATS)
+ATTENTION = Lowering(attention_forward, FLOATS | {"i32"})
 
 register_lowering("attention", ATTENTION)
-register_lowering("attention_grad", Lowering(attention_grad_forward, None, FLOATS | {"i32"}))
+register_lowering("attention_grad", Lowering(attention_grad_forward, FLOATS | {"i32"}))

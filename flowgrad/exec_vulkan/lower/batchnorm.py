@@ -54,9 +54,9 @@ class _Call:
         rec.dispatch("bnorm", bufs, push, groups, variant(t))
 
 
-def _norm(running: bool) -> Lowering:
-    """batchnorm's lowering (running statistics and the random state as
-    inputs 3 to 5) or groupnorm's."""
+def _norm(running: bool) -> tuple[Lowering, Lowering]:
+    """batchnorm's lowering and its gradient's (running statistics and the
+    random state as inputs 3 to 5), or groupnorm's."""
 
     def parts(ins):
         """(x, w, b, running stats or None, rng or None)."""
@@ -74,47 +74,32 @@ def _norm(running: bool) -> Lowering:
         call.run(0, update=True)
         call.run(1, out=out)
 
-    def backward(rec, node, g, ins, out, grads):
-        x, w, b, stats, rng = parts(ins)
-        c = x.shape[1]
-        if x.size == 0:
-            for grad in grads[1:3]:
-                if grad is not None:
-                    rec.fill(grad, 0)
-            return
-        call = _Call(rec, node, x, w, b, stats, rng)
-        call.run(0)
-        if grads[1] is not None or grads[2] is not None:
-            dw = grads[1] if grads[1] is not None else rec.scratch((c,), x.dtype)
-            db = grads[2] if grads[2] is not None else rec.scratch((c,), x.dtype)
-            call.run(3, g=g, out=dw, db=db)
-        if grads[0] is not None:
-            call.run(2, g=g)
-            call.run(4, g=g, out=grads[0])
-
-    # batchnorm's forward also reads the i32 random state
-    return Lowering(forward, backward, FLOATS | {"i32"} if running else FLOATS, FLOATS)
-
-
-BATCHNORM = _norm(running=True)
-GROUPNORM = _norm(running=False)
-
-
-def _grads(norm: Lowering, running: bool) -> Lowering:
-    """batchnorm_grad's or groupnorm_grad's lowering: the norm's backward,
-    writing dx, dw and db into consecutive views of the vector. The bias is
-    bound but not read there: the weight stands in for it."""
-
-    def forward(rec, node, ins, out):
+    def grad_forward(rec, node, ins, out):
+        """batchnorm_grad / groupnorm_grad: dx, dw and db into consecutive views
+        of the vector. The bias is bound but not read: the weight stands in."""
         x, w, *rest = ins
         state, g, rng = (rest[:2], rest[2], rest[3:]) if running else ([], rest[0], [])
         nx, c = math.prod(x.shape), w.shape[0]
-        grads = [out.view(0, x.shape), out.view(nx, (c,)), out.view(nx + c, (c,))]
-        norm.backward(rec, node, g, [x, w, w, *state, *rng], None, grads)
+        dx, dw, db = out.view(0, x.shape), out.view(nx, (c,)), out.view(nx + c, (c,))
+        if x.size == 0:
+            rec.fill(dw, 0)
+            rec.fill(db, 0)
+            return
+        call = _Call(rec, node, x, w, w, (state[0], state[1]) if running else None, rng[0] if rng else None)
+        call.run(0)
+        call.run(3, g=g, out=dw, db=db)
+        call.run(2, g=g)
+        call.run(4, g=g, out=dx)
 
-    return Lowering(forward, None, FLOATS | {"i32"} if running else FLOATS)
+    # batchnorm's forward also reads the i32 random state
+    dtypes = FLOATS | {"i32"} if running else FLOATS
+    return Lowering(forward, dtypes), Lowering(grad_forward, dtypes)
+
+
+BATCHNORM, BATCHNORM_GRAD = _norm(running=True)
+GROUPNORM, GROUPNORM_GRAD = _norm(running=False)
 
 register_lowering("batchnorm", BATCHNORM)
 register_lowering("groupnorm", GROUPNORM)
-register_lowering("batchnorm_grad", _grads(BATCHNORM, running=True))
-register_lowering("groupnorm_grad", _grads(GROUPNORM, running=False))
+register_lowering("batchnorm_grad", BATCHNORM_GRAD)
+register_lowering("groupnorm_grad", GROUPNORM_GRAD)

@@ -1,5 +1,5 @@
-"""Lowerings of argmax (argmax.comp) and the comparisons (compare.comp).
-No gradients flow through them: their backward records nothing."""
+"""Lowerings of argmax (argmax.comp), the comparisons (compare.comp) and
+topk (topk.comp, its gradient's scatter and pick too)."""
 from __future__ import annotations
 
 import math
@@ -14,10 +14,6 @@ M.declare(NE=54, LT=55, LE=56, GT=57, GE=58)   # 1.0 where x0 <op> x1, else 0.0 
 MAP_OPS = (M.EQ, M.NE, M.LT, M.LE, M.GT, M.GE)   # by compare.comp's code
 
 MAX_RANK = 6
-
-
-def _no_backward(rec, node, g, ins, out, grads):
-    """Nothing to record: the inputs are non-differentiable positions."""
 
 
 def argmax_forward(rec, node, ins, out):
@@ -51,11 +47,11 @@ def compare_op(code: int) -> Lowering:
                      groups_1d(n), variant(a.dtype))
 
     # in a fused chain (a step graph's backward: relu's where(y <= 0, 0, g)), one map op
-    pointwise = Pointwise(MAP_OPS[code], (None, None))
-    return Lowering(forward, _no_backward, ALL_DTYPES, ALL_DTYPES, pointwise=lambda attrs: pointwise)
+    pointwise = Pointwise(MAP_OPS[code])
+    return Lowering(forward, ALL_DTYPES, pointwise=lambda attrs: pointwise)
 
 
-ARGMAX = Lowering(argmax_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+ARGMAX = Lowering(argmax_forward, ALL_DTYPES)
 EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
 
 
@@ -74,19 +70,15 @@ def _topk_values_forward(rec, node, ins, out):
     _topk(rec, node, 0, ins[0], unused(rec, out.dtype), out, unused(rec, "i32"), out.shape)
 
 
-def _topk_values_backward(rec, node, g, ins, out, grads):
-    if grads[0] is not None:
-        _topk(rec, node, 2, ins[0], g, grads[0], unused(rec, "i32"), g.shape)
-
-
 def _topk_indices_forward(rec, node, ins, out):
     t = ins[0].dtype
     _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
 
 
 def _topk_grad_forward(rec, node, ins, out):
+    """g scattered to where the top k of x lie, zeros elsewhere."""
     x, g = ins
-    _topk_values_backward(rec, node, g, [x], None, [out])
+    _topk(rec, node, 2, x, g, out, unused(rec, "i32"), g.shape)
 
 
 def _topk_pick_forward(rec, node, ins, out):
@@ -94,10 +86,10 @@ def _topk_pick_forward(rec, node, ins, out):
     _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
 
 
-TOPK = Lowering(_topk_values_forward, _topk_values_backward, FLOATS, FLOATS)
-TOPK_GRAD = Lowering(_topk_grad_forward, None, FLOATS)
-TOPK_PICK = Lowering(_topk_pick_forward, None, FLOATS)
-TOPK_INDICES = Lowering(_topk_indices_forward, _no_backward, ALL_DTYPES, ALL_DTYPES)
+TOPK = Lowering(_topk_values_forward, FLOATS)
+TOPK_GRAD = Lowering(_topk_grad_forward, FLOATS)
+TOPK_PICK = Lowering(_topk_pick_forward, FLOATS)
+TOPK_INDICES = Lowering(_topk_indices_forward, ALL_DTYPES)
 
 register_lowering("argmax", ARGMAX)
 register_lowering("eq", EQ)

@@ -169,27 +169,10 @@ def _as_2d(shape):
     return (shape[0], shape[1], 1, shape[2]) if len(shape) == 3 else tuple(shape)
 
 
-def _bias_grad(rec, g, db):
-    """db = g summed over everything but the channel axis."""
-    sum_to_shape(rec, g, db.reshape((1, db.shape[0]) + (1,) * (len(g.shape) - 2)))
-
-
 def conv_forward(rec, node, ins, out):
     x, w, *b = ins
     geo = _conv_geometry(node, x.shape, w.shape)
     _run(rec, 0, x, w, b[0] if b else None, out, _as_2d(x.shape), _as_2d(w.shape), geo)
-
-
-def conv_backward(rec, node, g, ins, out, grads):
-    x, w, *_ = ins
-    geo = _conv_geometry(node, x.shape, w.shape)
-    image, weight = _as_2d(x.shape), _as_2d(w.shape)
-    if grads[0] is not None:
-        _run(rec, 1, g, w, None, grads[0], image, weight, geo)
-    if grads[1] is not None:
-        _run(rec, 2, g, x, None, grads[1], image, weight, geo)
-    if len(grads) > 2 and grads[2] is not None:
-        _bias_grad(rec, g, grads[2])
 
 
 def transpose_forward(rec, node, ins, out):
@@ -199,36 +182,24 @@ def transpose_forward(rec, node, ins, out):
     _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
 
 
-def transpose_backward(rec, node, g, ins, out, grads):
-    x, w, *_ = ins
-    geo = _transpose_geometry(node, x.shape, w.shape)
-    image, weight = tuple(g.shape), tuple(w.shape)
-    if grads[0] is not None:
-        _run(rec, 0, g, w, None, grads[0], image, weight, geo)
-    if grads[1] is not None:
-        _run(rec, 2, x, g, None, grads[1], image, weight, geo)
-    if len(grads) > 2 and grads[2] is not None:
-        _bias_grad(rec, g, grads[2])
-
-
 def input_grad_forward(rec, node, ins, out):
-    """conv_input_grad: conv_backward's input gradient, into out (also x's shape)."""
+    """conv_input_grad: a convolution's input gradient, into out (x's shape)."""
     g, w = ins
-    conv_backward(rec, node, g, [out, w], None, [out, None])
+    _run(rec, 1, g, w, None, out, _as_2d(out.shape), _as_2d(w.shape), _conv_geometry(node, out.shape, w.shape))
 
 
 def weight_grad_forward(rec, node, ins, out):
-    """conv_weight_grad: conv_backward's weight gradient, into out (also the weight's shape)."""
+    """conv_weight_grad: a convolution's weight gradient, into out (the weight's shape)."""
     g, x = ins
-    conv_backward(rec, node, g, [x, out], None, [None, out])
+    _run(rec, 2, g, x, None, out, _as_2d(x.shape), _as_2d(out.shape), _conv_geometry(node, x.shape, out.shape))
 
 
-CONV2D = Lowering(conv_forward, conv_backward, FLOATS, FLOATS)
+CONV2D = Lowering(conv_forward, FLOATS)
 CONV1D = CONV2D
-CONV_TRANSPOSE2D = Lowering(transpose_forward, transpose_backward, FLOATS, FLOATS)
+CONV_TRANSPOSE2D = Lowering(transpose_forward, FLOATS)
 
 register_lowering("conv2d", CONV2D)
 register_lowering("conv1d", CONV1D)
 register_lowering("conv_transpose2d", CONV_TRANSPOSE2D)
-register_lowering("conv_input_grad", Lowering(input_grad_forward, None, FLOATS))
-register_lowering("conv_weight_grad", Lowering(weight_grad_forward, None, FLOATS))
+register_lowering("conv_input_grad", Lowering(input_grad_forward, FLOATS))
+register_lowering("conv_weight_grad", Lowering(weight_grad_forward, FLOATS))

@@ -2,11 +2,9 @@
 exec_vulkan/fusion.py) on fused_map.comp.
 
 A chain compiles to a register program of the members' own map ops (their
-Lowering.pointwise records): forward, one dispatch computing the chain's
-value per element; backward, one dispatch that recomputes the chain's
-intermediates per element and runs the members' VJP map ops in reverse,
-writing each full-size input gradient (two per dispatch), then one sum per
-input the chain broadcast (a bias), over the full-size gradient.
+Lowering.pointwise records), one dispatch computing the chain's value per
+element; its scalar constants are the program's own. A chain that starts
+with a product is the product with the chain in its store (an epilogue).
 
 Why a program in specialization constants rather than a shader per chain:
 the machines flowgrad runs on have no shader compiler (glslc runs at build
@@ -23,7 +21,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, sum_to_shape, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, unused
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
@@ -31,7 +29,6 @@ MAX_INSTRS = 20     # its program slots (instruction k writes register 4 + k)
 MAX_OUTPUTS = 2
 MAX_PARAMS = 8
 MAX_RANK = 3
-GRAD = ("g",)       # the incoming gradient, as a program source
 
 
 class TooLarge(DeviceError):
@@ -41,7 +38,7 @@ class TooLarge(DeviceError):
 
 @attrs.frozen
 class Program:
-    inputs: tuple       # the source each input register reads: ("x", k) or GRAD
+    inputs: tuple       # the source each input register reads: ("x", k)
     instrs: tuple       # (map op id, (a, b, c) registers, param slot)
     params: tuple       # float per slot
     outputs: tuple      # the register each output stores
@@ -96,44 +93,17 @@ def _chain(b: _Builder, steps, n_in: int, consts=()):
     values = [("src", ("x", k)) for k in range(n_in)]
     for k, value in consts:
         values[k] = b.emit(M.PARAM, [], value)
-    rules = []
     for op_name, refs, at in steps:
         pw = pointwise_of(op_name, at)
         values.append(b.emit(pw.op, [values[r] for r in refs], pw.param))
-        rules.append(pw)
-    return values, rules
+    return values
 
 
 def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
     """The chain's value; pre: first the value its last step reads (an activation's input)."""
     b = _Builder()
-    values, _ = _chain(b, steps, n_in, consts)
+    values = _chain(b, steps, n_in, consts)
     return b.finish(values[-2:] if pre else values[-1:])
-
-
-def backward_values(steps, n_in: int, wanted):
-    """(builder, {input k: symbolic gradient or None}): the chain recomputed,
-    then each member's VJP map ops in reverse, summing where a value is used twice."""
-    b = _Builder()
-    values, rules = _chain(b, steps, n_in)
-    needs = [k in wanted for k in range(n_in)]
-    for _op, refs, _at in steps:
-        needs.append(any(needs[r] for r in refs))
-    adj = {len(values) - 1: ("src", GRAD)}
-    for j in reversed(range(len(steps))):
-        here = n_in + j
-        if here not in adj:
-            continue
-        refs = steps[j][1]
-        names = {"g": adj[here], "y": values[here]} | {f"x{p}": values[r] for p, r in enumerate(refs)}
-        for pos, rule in enumerate(rules[j].grads):
-            r = refs[pos]
-            if rule is None or not needs[r]:
-                continue
-            op, roles = rule
-            d = b.emit(op, [names[x] for x in roles], rules[j].param)
-            adj[r] = d if r not in adj else b.emit(M.ADD, [adj[r], d], 0.0)
-    return b, {k: adj.get(k) for k in wanted}
 
 
 def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
@@ -168,73 +138,14 @@ def fused_forward(rec, node, ins, out):
     run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
 
 
-def fused_backward(rec, node, g, ins, out, grads):
-    space = tuple(out.shape)
-    wanted = [k for k, v in enumerate(grads) if v is not None]
-    b, adj = backward_values(node.attrs["steps"], len(ins), wanted)
-    sources = {("x", k): v for k, v in enumerate(ins)} | {GRAD: g}
-    full = {GRAD: g} | {("x", k): v for k, v in enumerate(ins) if tuple(v.shape) == space}
-    targets: list[tuple] = []     # (symbolic value, full-size view it is written to)
-    sums: list[tuple] = []        # (full-size view, broadcast gradient summed from it)
-    for k in wanted:
-        value, dst = adj[k], grads[k]
-        if value is None:
-            rec.fill(dst, 0)      # the chain does not reach this input
-            continue
-        held = {v: view for v, view in targets}
-        if value == ("src", GRAD) and dst.buffer is g.buffer and dst.offset == g.offset:
-            continue              # the memory plan put it in the incoming gradient's place (passes)
-        if tuple(dst.shape) == space:
-            targets.append((value, dst))
-        elif value[0] == "src" and value[1] in full:
-            sums.append((full[value[1]], dst))
-        elif value in held:
-            sums.append((held[value], dst))
-        else:
-            tmp = rec.scratch(space, dst.dtype)
-            targets.append((value, tmp))
-            sums.append((tmp, dst))
-    for pair in _pairs(b, targets):
-        if len(pair) == 1 and pair[0][0][0] == "src" and pair[0][0][1] in full:
-            rec.copy(full[pair[0][0][1]], pair[0][1])   # the gradient is an input as it is
-            continue
-        run_program(rec, b.finish([v for v, _ in pair]), sources, [view for _, view in pair], space)
-    for src, dst in sums:
-        sum_to_shape(rec, src, dst)
-
-
-def _pairs(b: _Builder, targets) -> list[list]:
-    """targets in dispatches of up to MAX_OUTPUTS whose program fits. The
-    planner sized the chain on a dry run that differentiates every float
-    input; a step that wants fewer gradients (none for a constant) pairs
-    them otherwise, and two that fit alone may together read too many inputs."""
-    groups: list[list] = []
-    for t in targets:
-        if groups and len(groups[-1]) < MAX_OUTPUTS and _fits(b, [v for v, _ in groups[-1]] + [t[0]]):
-            groups[-1].append(t)
-        else:
-            groups.append([t])
-    return groups
-
-
-def _fits(b: _Builder, outputs) -> bool:
-    try:
-        b.finish(outputs)
-    except TooLarge:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------- a product and the ops after it
 # steps[0] is an op whose lowering takes an Epilogue (a matmul), the next
 # steps add one input each to the value so far: a residual shaped as the
 # value, or a bias over its last axis (at most one of each), and the chain
 # may end with an activation (Pointwise.activation). The GEMM's store does
-# them where its kernel can, keeping the activation's input h for the
-# backward; the backward is the activation's with the incoming gradient
-# (none: the gradient itself, the adds pass it through), then the product's
-# with that gradient dh, the residual's gradient dh, the bias's its sum
-# over the rows.
+# them where its kernel can, storing the activation's input h beside its
+# output: into the node that stands for h where the backward reads it
+# (attrs["pre_out"]: the chain's last input), else into scratch.
 
 
 @attrs.frozen
@@ -283,10 +194,6 @@ def _product_node(node):
     return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
-def _pre_key(node):
-    return ("epilogue's pre-activation", node.id)
-
-
 def _sum_parts(steps, ins, form, pre):
     """Epilogue.sum_parts for this chain: the partials summed in order, then
     the chain's adds and activation (its input into `pre`), as one fused_map
@@ -316,8 +223,7 @@ def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps, shape = node.attrs["steps"], tuple(out.shape)
-    pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.keep(_pre_key(node), shape,
-                                                                                           out.dtype)
+    pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.scratch(shape, out.dtype)
     # where the store declines the activation, the product and its adds go to h, the activation after
     apart = pre is not None and not store_takes_activation(rec.caps)
     dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
@@ -341,45 +247,6 @@ def _act_alone(form) -> tuple:
     return ((op_name, (0,), at),)
 
 
-def _head(node):
-    """The chain without its activation."""
-    return attrs.evolve(node, attrs={**node.attrs, "steps": node.attrs["steps"][:-1]})
-
-
-def _pre_activation(rec, node, ins, out, form):
-    """The activation's input h: where the forward kept it, else (no forward
-    recorded beside this backward) recomputed into scratch."""
-    pre = rec.kept(_pre_key(node))
-    if pre is None:
-        pre = rec.scratch(tuple(out.shape), out.dtype)
-        _epilogue_forward(rec, _head(node), ins, pre, attrs.evolve(form, act=None))
-    return pre
-
-
-def _act_backward(rec, node, g, ins, out, grads, form):
-    """dh = the activation's VJP of g, as a one-op chain (a fused_map program:
-    the activation's own lowering decodes its op per element); in the
-    residual's gradient when that is wanted (it is dh)."""
-    res = grads[form.residual] if form.residual is not None else None
-    dh = res if res is not None else rec.scratch(tuple(out.shape), out.dtype)
-    pre = _pre_activation(rec, node, ins, out, form)
-    alone = attrs.evolve(node, attrs={**node.attrs, "steps": _act_alone(form)})
-    fused_backward(rec, alone, g, [pre], out, [dh])
-    return dh
-
-
-def _epilogue_backward(rec, node, g, ins, out, grads, form):
-    if form.act is not None:
-        g = _act_backward(rec, node, g, ins, out, grads, form)
-    low = LOWERINGS.get(node.attrs["steps"][0][0])
-    low.backward(rec, _product_node(node), g, [ins[r] for r in form.product], out, [grads[r] for r in form.product])
-    dres = grads[form.residual] if form.residual is not None else None
-    if dres is not None and not (dres.buffer is g.buffer and dres.offset == g.offset):
-        rec.copy(g, dres)   # the memory plan did not put it in the incoming gradient's place
-    if form.bias is not None and grads[form.bias] is not None:
-        sum_to_shape(rec, g, grads[form.bias])
-
-
 def _form(node, ins, out):
     return epilogue_form(node.attrs["steps"], [tuple(v.shape) for v in ins], tuple(out.shape))
 
@@ -394,25 +261,4 @@ def forward(rec, node, ins, out):
         fused_forward(rec, node, ins, out)
 
 
-def backward(rec, node, g, ins, out, grads):
-    form = _form(node, ins, out)
-    if form is not None:
-        _epilogue_backward(rec, node, g, ins, out, grads, form)
-    else:
-        fused_backward(rec, node, g, ins, out, grads)
-
-
-def passes(node, in_shapes) -> frozenset:
-    """Lowering.passes: a product's residual (unless an activation ends the
-    chain: its gradient is then dh); a chain's full-size inputs whose
-    gradient is the incoming one (the operands of an add)."""
-    steps = node.attrs["steps"]
-    form = epilogue_form(steps, in_shapes, node.shape)
-    if form is not None:
-        return frozenset() if form.residual is None or form.act is not None else frozenset({form.residual})
-    _b, adj = backward_values(steps, len(in_shapes), range(len(in_shapes)))
-    return frozenset(k for k, v in adj.items() if v == ("src", GRAD) and tuple(in_shapes[k]) == tuple(node.shape))
-
-
-FUSED = register_lowering("fused", Lowering(forward, backward, frozenset({"f32", "f16"}), frozenset({"f32", "f16"}),
-                                            passes=passes))
+FUSED = register_lowering("fused", Lowering(forward, frozenset({"f32", "f16"})))

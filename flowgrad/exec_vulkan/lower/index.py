@@ -69,6 +69,6 @@ def one_hot_forward(rec, node, ins, out):
               math.prod(out.shape))
 
 
-register_lowering("gather", Lowering(gather_forward, None, ALL_DTYPES, checks_indices=True))
-register_lowering("scatter_add", Lowering(scatter_add_forward, None, ALL_DTYPES, checks_indices=True))
-register_lowering("one_hot", Lowering(one_hot_forward, None, ALL_DTYPES, checks_indices=True))
+register_lowering("gather", Lowering(gather_forward, ALL_DTYPES, checks_indices=True))
+register_lowering("scatter_add", Lowering(scatter_add_forward, ALL_DTYPES, checks_indices=True))
+register_lowering("one_hot", Lowering(one_hot_forward, ALL_DTYPES, checks_indices=True))

@@ -318,16 +318,6 @@ def matmul_forward(rec, node, ins, out, epilogue=None):
     _product(rec, (a, a2), (b, b2), out, out2, full, False, False, epilogue)
 
 
-def matmul_backward(rec, node, g, ins, out, grads):
-    a, b = ins
-    a2, b2, full = _promoted(a.shape, b.shape)
-    g2 = tuple(full) + (a2[-2], b2[-1])
-    if grads[0] is not None:  # da = g @ b^T, summed over a's broadcast dims
-        _product(rec, (g, g2), (b, b2), grads[0], a2, full, False, True)
-    if grads[1] is not None:  # db = a^T @ g, summed over b's broadcast dims
-        _product(rec, (a, a2), (g, g2), grads[1], b2, full, True, False)
-
-
 def matmul_t_forward(rec, node, ins, out, epilogue=None):
     """A product whose operands are read transposed where `ta` / `tb` say
     (the planner's fold of a transpose into the product: fusion.py)."""
@@ -338,7 +328,7 @@ def matmul_t_forward(rec, node, ins, out, epilogue=None):
     _product(rec, (a, a2), (b, b2), out, out2, full, ta, tb, epilogue)
 
 
-MATMUL = Lowering(matmul_forward, matmul_backward, FLOATS, FLOATS, blocked="matmul_parts", epilogue=True)
+MATMUL = Lowering(matmul_forward, FLOATS, blocked="matmul_parts", epilogue=True)
 
 register_lowering("matmul", MATMUL)
-register_lowering("matmul_t", Lowering(matmul_t_forward, None, FLOATS, epilogue=True))
+register_lowering("matmul_t", Lowering(matmul_t_forward, FLOATS, epilogue=True))

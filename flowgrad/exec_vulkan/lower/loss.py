@@ -16,17 +16,7 @@ def _mse_forward(rec, node, ins, out):
                scale=1.0 / n if n else math.nan)
 
 
-def _mse_backward(rec, node, g, ins, out, grads):
-    """d pred = 2 g (pred - target) / n; d target is its negative."""
-    pred, target = ins
-    n = max(math.prod(pred.shape), 1)
-    for grad, sign in zip(grads, (1.0, -1.0)):
-        if grad is not None:
-            map_reduce(rec, M.DIFF_MUL, [pred, target, g], grad, shapes=[pred.shape, pred.shape, ()],
-                       scale=sign * 2.0 / n)
-
-
-MSE_LOSS = Lowering(_mse_forward, _mse_backward, FLOATS, FLOATS)
+MSE_LOSS = Lowering(_mse_forward, FLOATS)
 
 # xent.comp modes
 ROW_LOSS, MEAN, GRAD, DENOMINATOR = 0, 1, 2, 3
@@ -52,9 +42,9 @@ def _classes(logits):
     return (math.prod(logits.shape) // c if c else 0), c
 
 
-def _xent_lowering(log_probs: bool) -> Lowering:
-    """cross_entropy's lowering, or nll_loss's (log_probs: the input already
-    holds log-probabilities): one kernel, told which."""
+def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
+    """cross_entropy's lowering and its gradient's, or nll_loss's (log_probs:
+    the input already holds log-probabilities): one kernel, told which."""
 
     def dispatch(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
         attrs = node.attrs
@@ -90,11 +80,11 @@ def _xent_lowering(log_probs: bool) -> Lowering:
         t = logits.dtype
         dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
 
-    def backward(rec, node, g, ins, out, grads, forward_id=None):
-        """forward_id: the loss node whose forward kept the row losses (default this one)."""
-        logits, targets, *weight = ins
-        if grads[0] is None:
-            return
+    def grad_forward(rec, node, ins, out):
+        """The loss's gradient for the logits (cross_entropy_grad's,
+        nll_loss_grad's), into out: its row losses read where the forward of
+        the node it differentiates kept them, else recomputed."""
+        logits, targets, g, *weight = ins
         w = weight[0] if weight else None
         moved, perm = _class_last(rec, node, logits)
         n, c = _classes(moved)
@@ -102,38 +92,25 @@ def _xent_lowering(log_probs: bool) -> Lowering:
             return
         t = logits.dtype
         # the forward's rows and denominator, when it was recorded here
-        row_loss = rec.kept(("xent_rows", node.id if forward_id is None else forward_id))
+        row_loss = rec.kept(("xent_rows", node.grad_of))
         if row_loss is None:
             row_loss = row_losses(rec, node, moved, targets, w)
             dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
                      row_loss, None)
-        dx = grads[0] if perm is None else rec.scratch(moved.shape, t)
+        dx = out if perm is None else rec.scratch(moved.shape, t)
         dispatch(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
         if perm is not None:  # back to the class axis the logits have
             ds = strides(logits.shape)
-            strided_copy(rec, dx, grads[0], dx.shape, strides(dx.shape), [ds[d] for d in perm])
+            strided_copy(rec, dx, out, dx.shape, strides(dx.shape), [ds[d] for d in perm])
 
-    return Lowering(forward, backward, ALL_DTYPES, FLOATS, checks_indices=True)
-
-
-CROSS_ENTROPY = _xent_lowering(log_probs=False)
-NLL_LOSS = _xent_lowering(log_probs=True)
+    return Lowering(forward, ALL_DTYPES, checks_indices=True), Lowering(grad_forward, ALL_DTYPES, checks_indices=True)
 
 
-def _xent_grad(loss: Lowering) -> Lowering:
-    """cross_entropy_grad's or nll_loss_grad's lowering: the loss's backward
-    (its row losses read where the forward it differentiates kept them, else
-    recomputed), into out."""
-
-    def forward(rec, node, ins, out):
-        logits, targets, g, *weight = ins
-        loss.backward(rec, node, g, [logits, targets, *weight], None, [out, None, *[None] * len(weight)],
-                      forward_id=node.grad_of)
-
-    return Lowering(forward, None, ALL_DTYPES, checks_indices=True)
+CROSS_ENTROPY, CROSS_ENTROPY_GRAD = _xent_lowering(log_probs=False)
+NLL_LOSS, NLL_LOSS_GRAD = _xent_lowering(log_probs=True)
 
 register_lowering("mse_loss", MSE_LOSS)
 register_lowering("cross_entropy", CROSS_ENTROPY)
 register_lowering("nll_loss", NLL_LOSS)
-register_lowering("cross_entropy_grad", _xent_grad(CROSS_ENTROPY))
-register_lowering("nll_loss_grad", _xent_grad(NLL_LOSS))
+register_lowering("cross_entropy_grad", CROSS_ENTROPY_GRAD)
+register_lowering("nll_loss_grad", NLL_LOSS_GRAD)

@@ -49,13 +49,10 @@ class MapOps:
 
 
 M = MapOps()
-# x0 is the first input (the incoming gradient in a backward map)
+# x0 is the first input
 M.declare(COPY=0, ADD=1, SUB=2, MUL=3, DIV=4, NEG=5,
           SQDIFF=16,    # (x0 - x1)^2
-          EQ=17,        # 1 where x0 equals x1, else 0
-          DIV_DB=20,    # x1 = a, x2 = b: -g * a / b^2
-          EXTREME_B=31,  # x0 = g / tie count, x1 = x, x2 = the max (min): g where x is it, else 0; NaN as torch.amax
-          DIFF_MUL=32)  # x0 = a, x1 = b, x2 = g: g * (a - b)
+          EQ=17)        # 1 where x0 equals x1, else 0
 
 
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}

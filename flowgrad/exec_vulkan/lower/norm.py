@@ -1,14 +1,14 @@
 """Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.comp.
 
-The backward is one dispatch for rows of up to MAXC lanes' worth of
+Their gradients (layernorm_grad, rmsnorm_grad) take one dispatch for rows of up to MAXC lanes' worth of
 columns: each row's mean and rstd are recomputed while dx is written, each
 workgroup sums the weight (and bias) gradients of its rows' columns, and
 the last to finish add those sums up, in two levels (clusters of about
 sqrt(groups) workgroups, then the clusters' sums). Longer rows take three:
 dx (keeping the row statistics in an f32 scratch), the column sums from
-them in pieces of rows, and the sum of the pieces. dx can be added into
-the gradient already there (Lowering.accumulates), saving the executor an
-accumulate dispatch where x feeds other nodes too."""
+them in pieces of rows, and the sum of the pieces. dx can be stored added
+to another gradient (layernorm_grad's `acc`: x's gradient summed on its
+way, where x feeds other nodes too)."""
 from __future__ import annotations
 
 import math
@@ -59,24 +59,23 @@ def _norm(kind: str):
                     unused(rec, "f32")]
             _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
 
-    def backward(rec, node, g, ins, out, grads, add=frozenset(), acc=None):
-        """acc: a gradient dx is written added to (dx = acc + the VJP)."""
+    def record_grads(rec, node, g, ins, grads, acc=None):
+        """dx, dw (and db) into grads; acc: a gradient dx is added to (dx = acc + the VJP)."""
         x, w = ins[0], ins[1]
         t = x.dtype
         b = unused(rec, t) if rms else ins[2]
         n, d = _rows(x, w)
         eps = node.attrs["eps"]
         if not (n and d):
-            for pos, grad in enumerate(grads):
-                if grad is not None and pos not in add:
-                    rec.fill(grad, 0)  # no rows: the column sums are empty
+            for grad in grads:
+                rec.fill(grad, 0)  # no rows: the column sums are empty (dx has no element)
             return
-        dx = grads[0] if grads[0] is not None else rec.scratch(tuple(x.shape), t)
-        flags = int(0 in add and grads[0] is not None) | 2 * int(acc is not None)
+        dx = grads[0]
+        flags = 2 * int(acc is not None)
         lanes = _one_pass_lanes(n, d)
         if lanes is not None:
-            dw = grads[1] if grads[1] is not None else unused(rec, t)
-            db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
+            dw = grads[1]
+            db = unused(rec, t) if rms else grads[2]
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
             size = math.isqrt(groups - 1) + 1   # groups per cluster: the sums are added in two levels
             clusters = -(-groups // size)
@@ -90,10 +89,8 @@ def _norm(kind: str):
         stats = rec.scratch((n, 2), "f32")
         _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
                   [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")], flags=flags, acc=acc)
-        dw = grads[1] if grads[1] is not None else unused(rec, t)
-        db = grads[2] if not rms and grads[2] is not None else unused(rec, t)
-        if grads[1] is None and (rms or grads[2] is None):
-            return
+        dw = grads[1]
+        db = unused(rec, t) if rms else grads[2]
         lanes = segment_lanes(n, d, interleaved=True)
         chunks = reduce_chunks(n, d, lanes)
         part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else unused(rec, "f32")
@@ -103,27 +100,22 @@ def _norm(kind: str):
             _dispatch(rec, bwd_sum, d, 1, n, d, eps,
                       [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
 
-    return Lowering(forward, backward, FLOATS, FLOATS, accumulates=frozenset({0}))
-
-
-LAYERNORM = _norm("layernorm")
-RMSNORM = _norm("rmsnorm")
-
-
-def _grads(norm: Lowering, params: int) -> Lowering:
-    """layernorm_grad's (params 2) or rmsnorm_grad's lowering: the norm's
-    backward, writing dx, dw (and db) into consecutive views of the vector."""
-
-    def forward(rec, node, ins, out):
+    def grad_forward(rec, node, ins, out):
+        """layernorm_grad / rmsnorm_grad: dx, dw (and db) into consecutive views of the vector."""
         x, w, g, *acc = ins
         nx, nw = math.prod(x.shape), math.prod(w.shape)
+        params = 1 if rms else 2
         grads = [out.view(0, x.shape)] + [out.view(nx + i * nw, w.shape) for i in range(params)]
-        # the backward binds the bias without reading it: the weight stands in
-        norm.backward(rec, node, g, [x, w, w][:1 + params], None, grads, acc=acc[0] if acc else None)
+        # the bias is bound but not read: the weight stands in
+        record_grads(rec, node, g, [x, w, w][:1 + params], grads, acc=acc[0] if acc else None)
 
-    return Lowering(forward, None, FLOATS)
+    return Lowering(forward, FLOATS), Lowering(grad_forward, FLOATS)
+
+
+LAYERNORM, LAYERNORM_GRAD = _norm("layernorm")
+RMSNORM, RMSNORM_GRAD = _norm("rmsnorm")
 
 register_lowering("layernorm", LAYERNORM)
 register_lowering("rmsnorm", RMSNORM)
-register_lowering("layernorm_grad", _grads(LAYERNORM, 2))
-register_lowering("rmsnorm_grad", _grads(RMSNORM, 1))
+register_lowering("layernorm_grad", LAYERNORM_GRAD)
+register_lowering("rmsnorm_grad", RMSNORM_GRAD)

@@ -1,6 +1,6 @@
 """Lowerings of erf, softplus, leaky_relu, elu and the elementwise losses
-(l1_loss, huber_loss, bce_with_logits) on pointwise.comp: one map each
-way; a loss's forward maps into scratch and map_reduce takes the mean."""
+(l1_loss, huber_loss, bce_with_logits) on pointwise.comp: one map; a
+loss's maps into scratch and map_reduce takes the mean."""
 from __future__ import annotations
 
 import math
@@ -20,29 +20,23 @@ def _map(rec, op, a, b, g, out, p0=0.0, p1=0.0, scale=1.0, g_scalar=False):
 
 
 def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lowering:
-    """Forward op `code`, backward `code + 1` (its derivative times g)."""
+    """pointwise.comp's op `code` of x."""
 
     def forward(rec, node, ins, out):
         _map(rec, code, ins[0], None, None, out, *params(node.attrs))
 
-    def backward(rec, node, g, ins, out, grads):
-        if grads[0] is not None:
-            _map(rec, code + 1, ins[0], None, g, grads[0], *params(node.attrs))
-
-    return Lowering(forward, backward, FLOATS, FLOATS, pointwise=pointwise)
+    return Lowering(forward, FLOATS, pointwise=pointwise)
 
 
 M.declare(ERF=59)
-# in a step graph's fused chains (gelu's gradient); no map op for its own gradient
-ERF = activation(0, pointwise=lambda attrs: Pointwise(M.ERF, None))
+ERF = activation(0, pointwise=lambda attrs: Pointwise(M.ERF))   # in fused chains too (gelu's gradient)
 SOFTPLUS = activation(2, lambda at: (at["beta"], at["threshold"]))
 LEAKY_RELU = activation(4, lambda at: (at["negative_slope"], 0.0))
 ELU = activation(6, lambda at: (at["alpha"], 0.0))
 
 
-def loss(code: int, grad_b: int | None, param=lambda attrs: 0.0) -> Lowering:
-    """mean(F(a, b)) with F op `code`; d/da is op `code + 1`, d/db op
-    `grad_b` (None: minus d/da, as for a function of a - b)."""
+def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
+    """mean(F(a, b)) with F pointwise.comp's op `code`."""
 
     def forward(rec, node, ins, out):
         a, b = ins
@@ -52,22 +46,12 @@ def loss(code: int, grad_b: int | None, param=lambda attrs: 0.0) -> Lowering:
         map_reduce(rec, M.COPY, [per], out, space=tuple(a.shape), reduce_axes=range(len(a.shape)),
                    scale=1.0 / n if n else math.nan)
 
-    def backward(rec, node, g, ins, out, grads):
-        a, b = ins
-        n = max(math.prod(a.shape), 1)
-        p0 = param(node.attrs)
-        if grads[0] is not None:
-            _map(rec, code + 1, a, b, g, grads[0], p0, scale=1.0 / n, g_scalar=True)
-        if grads[1] is not None:
-            op, sign = (code + 1, -1.0) if grad_b is None else (grad_b, 1.0)
-            _map(rec, op, a, b, g, grads[1], p0, scale=sign / n, g_scalar=True)
-
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    return Lowering(forward, FLOATS)
 
 
-L1_LOSS = loss(8, None)
-HUBER_LOSS = loss(10, None, lambda at: at["delta"])
-BCE_WITH_LOGITS = loss(12, 14)
+L1_LOSS = loss(8)
+HUBER_LOSS = loss(10, lambda at: at["delta"])
+BCE_WITH_LOGITS = loss(12)
 
 register_lowering("erf", ERF)
 register_lowering("softplus", SOFTPLUS)

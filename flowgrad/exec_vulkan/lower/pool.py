@@ -35,30 +35,25 @@ def _dispatch(rec, node, mode, x, g, dst, x_shape, out_shape):
 
 
 def _pool(name):
-    fwd, bwd = MODES[name]
+    fwd = MODES[name][0]
 
     def forward(rec, node, ins, out):
         (x,) = ins
         _dispatch(rec, node, fwd, x, unused(rec, x.dtype), out, x.shape, out.shape)
 
-    def backward(rec, node, g, ins, out, grads):
-        (x,), dx = ins, grads[0]
-        if dx is not None:
-            _dispatch(rec, node, bwd, x, g, dx, x.shape, g.shape)
-
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    return Lowering(forward, FLOATS)
 
 
 def _grads(name):
-    """The backward op's lowering: the pooling's backward, with g (and for
-    maxpool2d_grad x; the averages read no x) from the op's inputs."""
+    """The pooling's gradient op: g (and for maxpool2d_grad x; the averages
+    read no x) spread back over the windows."""
     bwd = MODES[name][1]
 
     def forward(rec, node, ins, out):
         x, g = ins if name == "maxpool2d" else (unused(rec, out.dtype), ins[0])
         _dispatch(rec, node, bwd, x, g, out, out.shape, g.shape)
 
-    return Lowering(forward, None, FLOATS)
+    return Lowering(forward, FLOATS)
 
 
 def _max_pick_forward(rec, node, ins, out):
@@ -74,6 +69,6 @@ register_lowering("maxpool2d", MAXPOOL2D)
 register_lowering("avgpool2d", AVGPOOL2D)
 register_lowering("adaptive_avgpool2d", ADAPTIVE_AVGPOOL2D)
 register_lowering("maxpool2d_grad", _grads("maxpool2d"))
-register_lowering("maxpool2d_pick", Lowering(_max_pick_forward, None, FLOATS))
+register_lowering("maxpool2d_pick", Lowering(_max_pick_forward, FLOATS))
 register_lowering("avgpool2d_grad", _grads("avgpool2d"))
 register_lowering("adaptive_avgpool2d_grad", _grads("adaptive_avgpool2d"))

@@ -27,13 +27,8 @@ def dropout_forward(rec, node, ins, out):
     _masked(rec, node, ins[0], ins[1], out)
 
 
-def dropout_backward(rec, node, g, ins, out, grads):
-    if grads[0] is not None:
-        _masked(rec, node, g, ins[1], grads[0])
-
-
 # the forward also reads the i32 random state
-DROPOUT = Lowering(dropout_forward, dropout_backward, FLOATS | {"i32"}, FLOATS)
+DROPOUT = Lowering(dropout_forward, FLOATS | {"i32"})
 
 
 def randn_forward(rec, node, ins, out):
@@ -45,11 +40,7 @@ def randn_forward(rec, node, ins, out):
         rec.dispatch("randn", [ins[1], out], push, groups_1d(n), variant(out.dtype))
 
 
-def randn_backward(rec, node, g, ins, out, grads):
-    """Nothing flows back: the noise does not depend on x."""
-
-
-RANDN_LIKE = Lowering(randn_forward, randn_backward, FLOATS | {"i32"}, FLOATS)
+RANDN_LIKE = Lowering(randn_forward, FLOATS | {"i32"})
 
 register_lowering("dropout", DROPOUT)
 register_lowering("randn_like", RANDN_LIKE)

@@ -11,8 +11,7 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 from flowgrad.ops.reduce import dof, reduce_axes
 
 M.declare(LSE_EXP=46,     # x0 = x, x1 = its max: exp(x - max), the max taken as 0 where infinite
-          LSE_LOG=47,     # x0 = mean of those exps, x1 = the max: log(x0) + param + max (0 where infinite)
-          LSE_B=48)       # x0 = g, x1 = x, x2 = logsumexp: g * exp(x - y)
+          LSE_LOG=47)     # x0 = mean of those exps, x1 = the max: log(x0) + param + max (0 where infinite)
 
 
 def _axes(node, x) -> tuple[int, ...]:
@@ -38,35 +37,6 @@ def _reducer(reduce: str, mean: bool = False):
     return forward
 
 
-def _spread_backward(mean: bool):
-    """sum / mean: dx = g (/ count) broadcast back over the reduced axes."""
-
-    def backward(rec, node, g, ins, out, grads):
-        (x,) = ins
-        if grads[0] is None:
-            return
-        axes = _axes(node, x)
-        n = _count(x, axes)
-        scale = 1.0 / n if mean and n else 1.0
-        map_reduce(rec, M.COPY, [g], grads[0], shapes=[_kept_shape(x, axes)], scale=scale)
-    return backward
-
-
-def _extreme_backward(rec, node, g, ins, out, grads):
-    """As ops.reduce's max and min VJP (torch.amax, amin): count the extremes,
-    divide g by the count, hand it to every one; a slice whose extreme is NaN is NaN."""
-    (x,) = ins
-    if grads[0] is None:
-        return
-    axes = _axes(node, x)
-    kept = _kept_shape(x, axes)
-    ties = rec.scratch(tuple(out.shape), out.dtype)
-    map_reduce(rec, M.EQ, [x, out], ties, space=x.shape, reduce_axes=axes, shapes=[x.shape, kept])
-    share = rec.scratch(tuple(out.shape), out.dtype)
-    map_reduce(rec, M.DIV, [g, ties], share)
-    map_reduce(rec, M.EXTREME_B, [share, x, out], grads[0], shapes=[kept, x.shape, kept])
-
-
 def _logsumexp_forward(rec, node, ins, out):
     """max, then the mean of the shifted exps (a mean: an f16 sum of many
     exps would overflow), then its log plus log(count) and the max."""
@@ -82,19 +52,11 @@ def _logsumexp_forward(rec, node, ins, out):
     map_reduce(rec, M.LSE_LOG, [mean, top], out, param=math.log(n))
 
 
-def _logsumexp_backward(rec, node, g, ins, out, grads):
-    (x,) = ins
-    if grads[0] is None:
-        return
-    kept = _kept_shape(x, _axes(node, x))
-    map_reduce(rec, M.LSE_B, [g, x, out], grads[0], shapes=[kept, x.shape, kept])
-
-
-SUM = Lowering(_reducer("sum"), _spread_backward(mean=False), FLOATS, FLOATS)
-MEAN = Lowering(_reducer("sum", mean=True), _spread_backward(mean=True), FLOATS, FLOATS)
-MAX = Lowering(_reducer("max"), _extreme_backward, FLOATS, FLOATS)
-MIN = Lowering(_reducer("min"), _extreme_backward, FLOATS, FLOATS)
-LOGSUMEXP = Lowering(_logsumexp_forward, _logsumexp_backward, FLOATS, FLOATS)
+SUM = Lowering(_reducer("sum"), FLOATS)
+MEAN = Lowering(_reducer("sum", mean=True), FLOATS)
+MAX = Lowering(_reducer("max"), FLOATS)
+MIN = Lowering(_reducer("min"), FLOATS)
+LOGSUMEXP = Lowering(_logsumexp_forward, FLOATS)
 
 # ---------------------------------------------------------------- softmax
 
@@ -119,11 +81,7 @@ def _softmax(kind: str):
     def forward(rec, node, ins, out):
         _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, node.attrs["axis"])
 
-    def backward(rec, node, g, ins, out, grads):
-        if grads[0] is not None:
-            _rows(rec, bwd_mode, out, g, grads[0], node.attrs["axis"])
-
-    return Lowering(forward, backward, FLOATS, FLOATS)
+    return Lowering(forward, FLOATS)
 
 
 SOFTMAX = _softmax("softmax")
@@ -170,6 +128,6 @@ def _cumsum_forward(rec, node, ins, out):
                  variant=variant(out.dtype))
 
 
-register_lowering("var", Lowering(_var_forward(root=False), None, FLOATS))
-register_lowering("std", Lowering(_var_forward(root=True), None, FLOATS))
-register_lowering("cumsum", Lowering(_cumsum_forward, None, FLOATS))
+register_lowering("var", Lowering(_var_forward(root=False), FLOATS))
+register_lowering("std", Lowering(_var_forward(root=True), FLOATS))
+register_lowering("cumsum", Lowering(_cumsum_forward, FLOATS))

@@ -12,9 +12,8 @@ planner fused it (fuse_cells: its pointwise chains one dispatch each), what
 reads only its params and constants once before the first step, and steps
 alike repeat one recorded step's commands (_Repeats).
 
-A scan records no backward of its own: its grad rule (a scan of the cell's
-backward, run the other way) is recorded through the forward lowerings
-(lower/derived.py), this one included.
+A scan's gradient is a scan too (its grad rule: a scan of the cell's
+backward, run the other way), a node of the step's graph like any other.
 
 `unpack` is a window of the packed value: the memory plan places it there
 (a view), so it copies only when it lies elsewhere."""
@@ -30,7 +29,7 @@ from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
 from flowgrad.exec_vulkan.lower.spatial import fill_word
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, LOWERINGS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowering
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
@@ -243,13 +242,5 @@ def unpack_forward(rec, node, ins, out):
         rec.copy(src, out)
 
 
-def unpack_backward(rec, node, g, ins, out, grads):
-    dx = grads[0]
-    if dx is None:
-        return
-    rec.fill(dx, 0)
-    rec.copy(g, dx.reshape((dx.size,)).view(node.attrs["offset"], g.shape))
-
-
-register_lowering("scan", Lowering(scan_forward, None, ALL_DTYPES))
-register_lowering("unpack", Lowering(unpack_forward, unpack_backward, ALL_DTYPES, FLOATS, view=_unpack_offset))
+register_lowering("scan", Lowering(scan_forward, ALL_DTYPES))
+register_lowering("unpack", Lowering(unpack_forward, ALL_DTYPES, view=_unpack_offset))

@@ -9,7 +9,7 @@ import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, sum_to_shape
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
 from flowgrad.ops import shape as rules
 
@@ -26,27 +26,17 @@ def reshape_forward(rec, node, ins, out):
         rec.copy(ins[0], out)  # same elements, same order
 
 
-def reshape_backward(rec, node, g, ins, out, grads):
-    if grads[0] is not None and not _same_place(g, grads[0]):
-        rec.copy(g, grads[0])
-
-
 # a reshape is its input, read with another shape: the memory plan places it there
-RESHAPE = Lowering(reshape_forward, reshape_backward, ALL_DTYPES, FLOATS, view=lambda node, in_shape: 0)
+RESHAPE = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
 # so is stop_gradient: its value is its input's, and no gradient leaves it
-STOP_GRADIENT = Lowering(reshape_forward, None, ALL_DTYPES, FLOATS, view=lambda node, in_shape: 0)
+STOP_GRADIENT = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
 
 
 def broadcast_forward(rec, node, ins, out):
     map_reduce(rec, M.COPY, ins, out)
 
 
-def broadcast_backward(rec, node, g, ins, out, grads):
-    if grads[0] is not None:
-        sum_to_shape(rec, g, grads[0])
-
-
-BROADCAST_TO = Lowering(broadcast_forward, broadcast_backward, FLOATS, FLOATS)
+BROADCAST_TO = Lowering(broadcast_forward, FLOATS)
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -62,14 +52,7 @@ def permuting(perm_of) -> Lowering:
         # output axis i walks input axis perm[i]
         strided_copy(rec, x, out, out.shape, [xs[p] for p in perm], strides(out.shape))
 
-    def backward(rec, node, g, ins, out, grads):
-        dx = grads[0]
-        if dx is not None:
-            perm = perm_of(len(dx.shape), node.attrs)
-            xs = strides(dx.shape)
-            strided_copy(rec, g, dx, g.shape, strides(g.shape), [xs[p] for p in perm])
-
-    return Lowering(forward, backward, ALL_DTYPES, FLOATS)
+    return Lowering(forward, ALL_DTYPES)
 
 
 # ---------------------------------------------------------------- slice / concat
@@ -97,17 +80,7 @@ def slice_forward(rec, node, ins, out):
     strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
 
 
-def slice_backward(rec, node, g, ins, out, grads):
-    dx = grads[0]
-    if dx is None:
-        return
-    win, xs, off = _window(node, tuple(dx.shape))
-    rec.fill(dx, 0)  # outside the window the gradient is zero
-    strided_copy(rec, g, dx, win, strides(win), xs, dst_off=off)
-
-
-SLICE = Lowering(slice_forward, slice_backward, ALL_DTYPES, FLOATS, view=slice_view,
-                 window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs))
+SLICE = Lowering(slice_forward, ALL_DTYPES, view=slice_view, window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs))
 
 
 def _parts(node, shape, sizes):
@@ -131,15 +104,7 @@ def concat_forward(rec, node, ins, out):
             strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
 
-def concat_backward(rec, node, g, ins, out, grads):
-    axis = node.attrs["axis"] % len(g.shape)
-    gs = strides(g.shape)
-    for dx, (off, shape) in zip(grads, _parts(node, tuple(g.shape), [x.shape[axis] for x in ins])):
-        if dx is not None:
-            strided_copy(rec, g, dx, shape, gs, strides(shape), src_off=off)
-
-
-CONCAT = Lowering(concat_forward, concat_backward, ALL_DTYPES, FLOATS)
+CONCAT = Lowering(concat_forward, ALL_DTYPES)
 
 # ---------------------------------------------------------------- embedding
 
@@ -176,33 +141,26 @@ def sorted_ids(rec, ids, rows: int):
     return keys, vals
 
 
-def embedding_backward(rec, node, g, ins, out, grads):
-    """A scatter-add in proportion to ids x d: the ids sorted, then each
-    id's gradient rows summed in position order (embedding_bwd.comp)."""
-    ids, table = ins
-    dtable = grads[1]
-    if dtable is None:
-        return
-    n, (rows, d) = math.prod(ids.shape), table.shape
-    rec.fill(dtable, 0)   # the rows no id picks
+EMBEDDING = Lowering(embedding_forward, ALL_DTYPES, checks_indices=True)
+
+
+def embedding_grad_forward(rec, node, ins, out):
+    """embedding_grad: a scatter-add in proportion to ids x d: the ids
+    sorted, then each id's gradient rows summed in position order
+    (embedding_bwd.comp), into the table's shape."""
+    ids, g = ins
+    n, (rows, d) = math.prod(ids.shape), out.shape
+    rec.fill(out, 0)   # the rows no id picks
     if n == 0:
         return
     keys, vals = sorted_ids(rec, ids, rows)
     runs, tiles = math.ceil(n / EMBED_RUN), math.ceil(d / EMBED_COLS)
     parts = rec.scratch((2 * runs, d), "f32")   # f32 under f16 too: the pieces of an id's sum
-    rec.dispatch("embedding_bwd", [keys, vals, g, dtable, parts, rec.counters(runs * tiles)], (n, d, rows),
-                 (tiles, min(runs, MAX_GROUPS), 1), variant(table.dtype))
+    rec.dispatch("embedding_bwd", [keys, vals, g, out, parts, rec.counters(runs * tiles)], (n, d, rows),
+                 (tiles, min(runs, MAX_GROUPS), 1), variant(out.dtype))
 
 
-EMBEDDING = Lowering(embedding_forward, embedding_backward, ALL_DTYPES, FLOATS, checks_indices=True)
-
-
-def embedding_grad_forward(rec, node, ins, out):
-    ids, g = ins
-    embedding_backward(rec, node, g, [ids, out], None, [None, out])
-
-
-EMBEDDING_GRAD = Lowering(embedding_grad_forward, None, ALL_DTYPES, checks_indices=True)
+EMBEDDING_GRAD = Lowering(embedding_grad_forward, ALL_DTYPES, checks_indices=True)
 
 register_lowering("transpose", permuting(rules._transpose_perm))
 register_lowering("permute", permuting(rules._permute_perm))

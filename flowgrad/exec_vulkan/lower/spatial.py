@@ -9,7 +9,7 @@ import numpy as np
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowering
 
 
 FLATTEN = RESHAPE
@@ -41,14 +41,7 @@ def pad_forward(rec, node, ins, out):
     strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
 
-def pad_backward(rec, node, g, ins, out, grads):
-    dx = grads[0]
-    if dx is not None:
-        shape, gs, off = _interior(node, dx.shape, g.shape)
-        strided_copy(rec, g, dx, shape, gs, strides(shape), src_off=off)
-
-
-PAD = Lowering(pad_forward, pad_backward, ALL_DTYPES, FLOATS)
+PAD = Lowering(pad_forward, ALL_DTYPES)
 
 register_lowering("flatten", FLATTEN)
 register_lowering("pad", PAD)

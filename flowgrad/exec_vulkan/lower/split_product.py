@@ -53,14 +53,6 @@ def _grad_b(rec, a, g, db):
     _gemm(rec, Operand(a, 1, kk, (0,)), Operand(g, w, 1, (m * w,)), Operand(db, k * w, 1, (w,)), kk, w, m, (k,), (False,))
 
 
-def parts_backward(rec, node, g, ins, out, grads):
-    a, b = ins
-    if grads[0] is not None:
-        _grad_a(rec, g, b, grads[0])
-    if grads[1] is not None:
-        _grad_b(rec, a, g, grads[1])
-
-
 def _in_place(inner, outer, elem_offset: int) -> bool:
     return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
 
@@ -77,17 +69,7 @@ def part_forward(rec, node, ins, out):
         rec.copy(x.view(off, out.shape), out)
 
 
-def part_backward(rec, node, g, ins, out, grads):
-    dx = grads[0]
-    if dx is None:
-        return
-    off = part_offset(node, dx.shape)
-    rec.fill(dx, 0)
-    rec.copy(g, dx.view(off, g.shape))
-
-
-register_lowering("matmul_parts", Lowering(parts_forward, parts_backward, FLOATS, FLOATS))
-register_lowering("parts_grad_a", Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), None, FLOATS))
-register_lowering("parts_grad_b", Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), None, FLOATS))
-register_lowering("part", Lowering(part_forward, part_backward, ALL_DTYPES, FLOATS,
-                                   view=lambda node, in_shape: part_offset(node, in_shape)))
+register_lowering("matmul_parts", Lowering(parts_forward, FLOATS))
+register_lowering("parts_grad_a", Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS))
+register_lowering("parts_grad_b", Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS))
+register_lowering("part", Lowering(part_forward, ALL_DTYPES, view=lambda node, in_shape: part_offset(node, in_shape)))

@@ -111,20 +111,9 @@ float fg_relu(float x) { return (x > 0.0 || isnan(x)) ? x : 0.0; }   // NaN stay
 
 float fg_gelu(float x) { return x * fg_phi(x); }
 
-float fg_gelu_grad(float x) {
-    return fg_phi(x) + x * FG_INV_SQRT_2PI * exp(-0.5 * x * x);
-}
-
 float fg_gelu_tanh(float x) {
     float u = FG_SQRT_2_OVER_PI * (x + FG_GELU_C * x * x * x);
     return 0.5 * x * (1.0 + fg_tanh(u));
-}
-
-float fg_gelu_tanh_grad(float x) {
-    float u = FG_SQRT_2_OVER_PI * (x + FG_GELU_C * x * x * x);
-    float t = fg_tanh(u);
-    float du = FG_SQRT_2_OVER_PI * (1.0 + 3.0 * FG_GELU_C * x * x);
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
 }
 
 // x^p as torch.pow, where GLSL's pow is undefined (x < 0, x == 0, NaN, inf):
