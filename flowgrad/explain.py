@@ -71,6 +71,7 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         "nodes": [node_dict(graph, n, grad_nodes, refused, kernels, fused_in) for n in graph.nodes],
         "saved_for_backward": summed([saved_dict(p) for _g, p in parts]),
         "fusion": fusion_dict(graph, plan),
+        "backward_graph": backward_dict(plan),
         "graph_plan": graph_plan,
         "closure_plan": summed([closure_plan_dict(g, p) for g, p in parts]),
         "analyze": run_analyze(sess, steps) if analyze else None,
@@ -229,6 +230,25 @@ def node_dict(graph: Graph, node: Node, grad_nodes: frozenset, refused: dict, ke
         out["kernels"] = kernels[node.id]
     if node.id in fused_in:
         out["fused_into"] = fused_in[node.id]
+    return out
+
+
+def backward_dict(plan: Plan) -> list[dict]:
+    """The backward the autodiff pass appended to the training step's graph:
+    each node it runs (a fused chain as one), with the forward node it
+    differentiates (`grad_of`, `of`) and that node's line."""
+    step = plan.training
+    g, src = step.graph, step.fusion.source
+    out = []
+    for s in step.memory.schedule:
+        n = g.nodes[s.node]
+        if n.grad_of is None:
+            continue
+        d = {"id": n.id, "op": n.op, "grad_of": n.grad_of, "of": g.nodes[n.grad_of].label, "shape": list(n.shape),
+             "dtype": n.dtype, "where": where_dict(n.span)}
+        if n.op == "fused":
+            d["ops"] = [src.nodes[m].op for m in step.fusion.group_of()[n.id].members]
+        out.append(d)
     return out
 
 
@@ -408,9 +428,26 @@ def render_text(d: dict, graph: Graph) -> str:
     if d["fusion"]["groups"] or d["fusion"]["split_products"]:
         lines += ["fused (one node each on the graph path)", *render_fusion(d["fusion"]), ""]
     lines += ["nodes", *render_nodes(d, graph), ""]
+    if d["backward_graph"]:
+        lines += ["backward (the step graph's nodes, by the node each differentiates)",
+                  *render_backward(d["backward_graph"]), ""]
     if d["analyze"]:
         lines += render_analyze(d["analyze"])
     return "\n".join(lines).rstrip() + "\n"
+
+
+def render_backward(nodes: list[dict], width: int = 118) -> list[str]:
+    """One line per forward node: the backward nodes that differentiate it, in the order they run."""
+    by: dict[str, list[str]] = {}
+    for n in nodes:
+        ops = n.get("ops")
+        by.setdefault(n["of"], []).append(n["op"] if ops is None else
+                                          f"fused[{ops[0]}..{ops[-1]}]" if len(ops) > 3 else f"fused[{','.join(ops)}]")
+    lines = []
+    for of, ops in by.items():
+        line = f"  {of:<12} <- {', '.join(ops)}"
+        lines.append(line if len(line) <= width else line[:width - 3] + "...")
+    return lines
 
 
 def render_objectives(objectives: list[dict], path: str) -> list[str]:

@@ -3,9 +3,9 @@ the op's numpy forward and VJP in float64: causality, head widths 8..256
 (every kernel build), sequence lengths across tile edges, sq != sk, every
 mask shape, additive and boolean masks, and fully masked rows (output 0,
 gradient 0). Each check first asserts the lowering ran, not numpy. The
-backward runs both ways: in its own recording (recomputing each row's
-log-sum-exp) and recorded after the forward in one recording, as the graph
-path does (reading the lse the forward saved)."""
+gradient (attention_grad) runs both ways: in its own recording
+(recomputing each row's log-sum-exp) and recorded after the forward in one
+recording, as the graph path does (reading the lse the forward kept)."""
 from __future__ import annotations
 
 import re
@@ -41,19 +41,26 @@ def wide(x):
 
 
 def one_recording(device, node, ins, g):
-    """Forward then backward recorded into one command buffer (the graph
-    path's order): the backward reads the lse the forward kept."""
+    """Forward, then attention_grad (the node of the step graph that
+    differentiates it), recorded into one command buffer (the graph path's
+    order): the gradient reads the lse the forward kept."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
+    q, k, v, *mask = ins
+    at = {"heads": node.attrs["heads"], "causal": node.attrs["causal"]}
+    packed = TensorType((q.size + k.size + v.size,), node.dtype)
+    # inputs q, k, v, the attention's output (this node), g, and the mask
+    grad_node = Node(node.id + 1, "attention_grad", (0, 1, 2, node.id, node.id + 2, *range(3, 3 + len(mask))), packed,
+                     attrs=get_op("attention_grad").with_defaults(at), grad_of=node.id)
     with OneShot(device) as s:
         views = [s.upload(x) for x in ins]
         out = s.empty(node.shape, node.dtype)
         g_view = s.upload(g)
-        grads = [s.empty(v.shape, v.dtype) for v in views[:3]] + [None] * (len(ins) - 3)
+        grads = s.empty(packed.shape, packed.dtype)
         with s.rec.section("a", "forward"):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
-            attn_low.ATTENTION.backward(s.rec, node, g_view, views, out, grads)
+            attn_low.attention_grad_forward(s.rec, grad_node, [*views[:3], out, g_view, *views[3:]], grads)
         stats = s.rec.kept(attn_low._stats_key(node.id))
         assert stats is not None and any(stats in c.views for c in s.rec.commands
                                          if getattr(c, "shader", "").startswith("attn_bwd_stats")), \
@@ -61,10 +68,12 @@ def one_recording(device, node, ins, g):
         passes = {re.match(r"attn_(\w+?)_d\d", c.shader)[1]: c for c in s.rec.commands
                   if getattr(c, "shader", "").startswith("attn_bwd")}
         assert not depends(passes["bwd_dkdv"], passes["bwd_dq"]), "the dk/dv pass waits for the dq pass"
-        for v in [out, *grads[:3]]:
-            s.download(v)
-        out, *grads = s.run()
-    return out, grads + [None] * (len(ins) - 3)
+        s.download(out)
+        s.download(grads)
+        out, packed_grads = s.run()
+    sizes = np.cumsum([0, q.size, k.size, v.size])
+    grads = [packed_grads[a:b].reshape(x.shape) for a, b, x in zip(sizes, sizes[1:], (q, k, v))]
+    return out, grads + [None] * len(mask)
 
 
 def check(kernels, ins, attrs, dtype=np.float32, seed=0):

@@ -1,8 +1,9 @@
 """What the Vulkan lowerings record, apart from their numbers (those are in
-test_op_backends.py): that each op carries its lowering, the dispatches each
-direction takes (counted on the dry-run Recorder, as explain counts them:
-the explain goldens leave these figures to this file), gradients written as
-views at offsets of one buffer, and the FlowErrors for what a kernel cannot run."""
+test_op_backends.py): that each op carries its lowering, the dispatches an
+op and its gradient take (the gradient's nodes of a step graph, fused as a
+step fuses them; counted on the dry-run Recorder, as explain counts them:
+the explain goldens leave these figures to this file), gradients packed in
+one buffer, and the FlowErrors for what a kernel cannot run."""
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.lower import elementwise, linalg, loss, norm, reduce, shape
 from flowgrad.exec_vulkan.lower import lowering_for
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
@@ -40,13 +41,13 @@ BOTH_WAYS = {"f32", "f16"}
 def test_op_records_carry_their_lowering(name):
     low = lowering_for(name)
     assert low is LOWERINGS[name]
-    assert BOTH_WAYS <= low.dtypes and BOTH_WAYS <= low.bwd_dtypes
+    assert BOTH_WAYS <= low.dtypes
 
 
 @pytest.mark.parametrize("name", ["transpose", "permute"])
 def test_permutations_carry_a_lowering(name):
     low = lowering_for(name)
-    assert low is not None and low.dtypes == ALL_DTYPES and low.bwd_dtypes == FLOATS
+    assert low is not None and low.dtypes == ALL_DTYPES
 
 
 def view(shape, dtype="f32"):
@@ -55,22 +56,50 @@ def view(shape, dtype="f32"):
 
 # ---------------------------------------------------------------- dispatch counts, no device
 
-DRY = [  # op, input shapes and dtypes, attrs, forward dispatches, backward dispatches
-    ("add", [((3, 5), "f32"), ((5,), "f32")], {}, 1, 2),
-    ("gelu", [((4,), "f16")], {"approximate": "tanh"}, 1, 1),
+DRY = [  # op, input shapes and dtypes, attrs, forward dispatches, its gradient's dispatches
+    ("add", [((3, 5), "f32"), ((5,), "f32")], {}, 1, 1),   # a's is g itself, b's its column sum
+    # tanh-approximate gelu's derivative is longer than one fused program holds: four chains
+    ("gelu", [((4,), "f16")], {"approximate": "tanh"}, 1, 4),
     ("cast", [((4,), "f32")], {"dtype": "f16"}, 1, 1),
-    ("max", [((3, 4), "f32")], {"axis": 1, "keepdims": False}, 1, 3),
-    ("softmax", [((3, 4), "f32")], {"axis": 0}, 1, 1),
+    ("max", [((3, 4), "f32")], {"axis": 1, "keepdims": False}, 1, 4),   # ties counted, g shared among them
+    ("softmax", [((3, 4), "f32")], {"axis": 0}, 1, 3),   # y * (g - sum(g * y)): a product, its sum, the rest
     ("layernorm", [((3, 4), "f32"), ((4,), "f32"), ((4,), "f32")], {"eps": 1e-5}, 1, 1),
     ("layernorm", [((3, 4100), "f32"), ((4100,), "f32"), ((4100,), "f32")], {"eps": 1e-5}, 1, 2),  # long rows
     ("cross_entropy", [((3, 4), "f32"), ((3,), "i32")], {}, 2, 3),
 ]
 
 
+def gradient_commands(op, specs, attrs, wrt=None):
+    """The commands of the gradient of one `op` node (its grad rule's nodes,
+    fused as a step graph is), recorded on the dry-run Recorder; wrt: the
+    input positions differentiated (default every float one)."""
+    from flowgrad.autodiff import vjp_nodes
+    from flowgrad.exec_vulkan.fusion import fuse
+    from flowgrad.graph import Graph
+
+    g = Graph("one")
+    ins = [g.add("input", [], TensorType(s, d), name=f"x{k}").id for k, (s, d) in enumerate(specs)]
+    attrs = get_op(op).with_defaults(attrs)
+    y = g.add(op, ins, get_op(op).infer([g.nodes[i].type for i in ins], attrs), attrs=attrs)
+    seed = g.add("input", [], y.type, name="g")
+    wrt = [i for k, i in enumerate(ins) if (wrt is None and specs[k][1] != "i32") or (wrt is not None and k in wrt)]
+    start = len(g.nodes)
+    grads = vjp_nodes(g, [y.id], [seed.id], wrt)
+    g.outputs.update({f"d{k}": i for k, i in enumerate(grads)})
+    fused = fuse(g, keep=tuple(grads)).graph
+    rec = Recorder()
+    for node in fused.needed_for(grads):   # views (reshapes) left out: a step places them in place
+        if node.id >= start and node.op not in ("input", "param", "const") and lowering_for(node.op).view is None:
+            lowering_for(node.op).forward(rec, node, [view(fused.nodes[i].shape, fused.nodes[i].dtype)
+                                                      for i in node.inputs], view(node.shape, node.dtype))
+    return rec.commands
+
+
 @pytest.mark.parametrize("op,specs,attrs,n_fwd,n_bwd", DRY, ids=lambda v: v if isinstance(v, str) else "")
 def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     """explain counts dispatches with a dry-run Recorder: lowerings must run
-    on it (no device access) and record what they say."""
+    on it (no device access) and record what they say, the op's and its
+    gradient's."""
     types = [TensorType(s, d) for s, d in specs]
     attrs = get_op(op).with_defaults(attrs)   # a node carries complete attrs, as the builder makes them
     node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
@@ -79,23 +108,21 @@ def test_lowerings_record_without_a_device(op, specs, attrs, n_fwd, n_bwd):
     rec = Recorder()
     lowering_for(op).forward(rec, node, ins, out)
     assert rec.counts()["dispatches"] == n_fwd
-    rec = Recorder()
-    grads = [None if i in get_op(op).nondiff else view(s, d) for i, (s, d) in enumerate(specs)]
-    lowering_for(op).backward(rec, node, view(node.shape, node.dtype), ins, out, grads)
-    assert rec.counts()["dispatches"] == n_bwd
+    assert sum(hasattr(c, "shader") for c in gradient_commands(op, specs, attrs)) == n_bwd
 
 
 def test_matmul_common_case_is_one_gemm_per_direction():
     """[batch.., M, K] @ [K, N]: forward, da and db are each ONE matmul
-    dispatch (db over the flattened rows), with no scratch reduction."""
+    dispatch (db over the flattened rows, the transposes read by strides),
+    with no scratch reduction."""
     a, b, out = view((4, 3, 6)), view((6, 5)), view((4, 3, 5))
     node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
     rec = Recorder(None)
     linalg.MATMUL.forward(rec, node, [a, b], out)
-    linalg.MATMUL.backward(rec, node, view(out.shape), [a, b], out, [view(a.shape), view(b.shape)])
-    shaders = [c.shader for c in rec.commands]
+    commands = rec.commands + gradient_commands("matmul", [((4, 3, 6), "f32"), ((6, 5), "f32")], {})
+    shaders = [c.shader for c in commands]
     assert len(shaders) == 3 and all(s.startswith("matmul_") for s in shaders)
-    pushes = [np.frombuffer(c.push, np.uint32) for c in rec.commands]
+    pushes = [np.frombuffer(c.push, np.uint32) for c in commands]
     assert [tuple(p[:3]) for p in pushes] == [(12, 5, 6), (12, 6, 5), (6, 5, 12)]  # (M, N, K)
     assert all(p[8] == 1 and p[12] == 1 for p in pushes)  # no batch, no in-kernel sum
 
@@ -104,11 +131,7 @@ def test_matmul_deep_k_splits_in_one_dispatch():
     """A weight gradient's GEMM (few output tiles, K = every row) splits K
     into chunks whose partials the last chunk of each tile sums: one
     dispatch, after the fill (first in the recording) of the tile counters."""
-    a, b = view((4, 300, 8)), view((8, 6))
-    node = make_node("matmul", [np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)], {})
-    rec = Recorder(None)
-    linalg.MATMUL.backward(rec, node, view((4, 300, 6)), [a, b], view((4, 300, 6)), [None, view(b.shape)])
-    fill, gemm = rec.commands
+    fill, gemm = gradient_commands("matmul", [((4, 300, 8), "f32"), ((8, 6), "f32")], {}, wrt=[1])
     assert isinstance(fill, Fill) and gemm.shader.startswith("matmul_") and fill.view.buffer is gemm.views[5].buffer
     push = np.frombuffer(gemm.push, np.uint32)
     # chunks of K = 1200 rows, klimit = K, the fixup's chunk count (one product: all of z), D's row
@@ -118,11 +141,9 @@ def test_matmul_deep_k_splits_in_one_dispatch():
 
 
 def embedding_backward_commands(n, rows, d):
-    ids = np.zeros((n,), np.int32)
-    node = make_node("embedding", [ids, np.zeros((rows, d), np.float32)], {})
+    node = make_node("embedding_grad", [np.zeros((n,), np.int32), np.zeros((n, d), np.float32)], {"rows": rows})
     rec = Recorder(None)
-    shape.EMBEDDING.backward(rec, node, view((n, d)), [view((n,), "i32"), view((rows, d))], view((n, d)),
-                             [None, view((rows, d))])
+    shape.EMBEDDING_GRAD.forward(rec, node, [view((n,), "i32"), view((n, d))], view((rows, d)))
     return rec.commands
 
 
@@ -182,9 +203,10 @@ def test_attention_limits_are_flow_errors():
 # ---------------------------------------------------------------- views and helpers, on the device
 
 
-def test_attention_grads_at_offsets_of_one_packed_buffer(vk_device):
-    """dq, dk, dv as views into ONE buffer, at offsets (one not even
-    aligned): each must land in its own window, the gaps untouched."""
+def test_attention_grads_land_in_their_windows_of_one_packed_buffer(vk_device):
+    """attention_grad writes dq, dk, dv one after another into its vector,
+    here a view at an unaligned offset of a larger buffer: each must land in
+    its own window, the rest untouched."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(9)
@@ -195,22 +217,20 @@ def test_attention_grads_at_offsets_of_one_packed_buffer(vk_device):
     g = uniform(rng, ref_out.shape)
     want = NumpyKernels().vjp(node, g, ins, ref_out)[:3]
     n = q.size
-    offsets = (0, n + 3, 2 * n + 70)
-    sentinel = np.float32(1234.5)
+    grad_node = make_node("attention_grad", [q, k, v, ref_out, g], {"heads": 2, "causal": True})
+    sentinel, at = np.float32(1234.5), 3
     with OneShot(vk_device) as s:
         packed = s.upload(np.full(3 * n + 80, sentinel, np.float32))
-        views = [s.upload(x) for x in ins]
-        grads = [packed.view(off, q.shape) for off in offsets]
-        attn_low.ATTENTION.backward(s.rec, node, s.upload(g), views, s.upload(ref_out), grads)
+        views = [s.upload(x) for x in (q, k, v, ref_out, g)]
+        attn_low.attention_grad_forward(s.rec, grad_node, views, packed.view(at, (3 * n,)))
         s.download(packed)
         (got,) = s.run()
-    for name, off, w in zip("qkv", offsets, want):
-        d = got[off:off + n].reshape(q.shape)
+    for j, (name, w) in enumerate(zip("qkv", want)):
+        d = got[at + j * n:at + (j + 1) * n].reshape(q.shape)
         assert np.max(np.abs(d)) > 0, f"d{name} is all zeros"
-        close(d, w, "f32", f"d{name} at element offset {off}")
+        close(d, w, "f32", f"d{name}")
     written = np.zeros(got.shape, bool)
-    for off in offsets:
-        written[off:off + n] = True
+    written[at:at + 3 * n] = True
     assert np.all(got[~written] == sentinel), "a gradient was written outside its view"
 
 
@@ -253,59 +273,3 @@ def test_sum_to_shape(vk_device):
         want = x.sum(axis=tuple(range(extra)))
         want = want.sum(axis=tuple(i for i, n in enumerate(target) if n == 1 and want.shape[i] != 1), keepdims=True)
         close(got, want.reshape(target), "f32", f"reduce to {target}")
-
-
-def test_a_recorded_grad_rule_refuses_what_its_lowerings_cannot_record():
-    """The derived backward (an op's grad rule recorded through forward
-    lowerings) raises ValueError, which the planner turns into a refusal and
-    the Vulkan closures into numpy, for an op on a dtype its lowering does not
-    take (add runs on floats only) and for a constant other than a fill."""
-    from flowgrad.exec_vulkan.lower.derived import RecordEmitter
-
-    node = make_node("embedding_grad", [np.zeros((2,), np.int32), np.zeros((2, 3), np.float32)], {"rows": 4})
-    e = RecordEmitter(Recorder(), lowering_for, node, [])
-    ids = e.val(view((2,), "i32"))
-    with pytest.raises(ValueError, match="needs op 'add' on i32, which its lowering does not take"):
-        e.op("add", ids, ids)
-    with pytest.raises(ValueError, match="a constant tensor, which a recorded backward cannot hold"):
-        e.const(np.arange(3.0), "f32")
-    assert e.const(np.full(3, 2.0), "f32").shape == (3,)   # one value: a fill
-
-
-SAME_KERNELS = [  # forward op, its inputs, attrs, its backward op's inputs (positions in the forward's, "g", "out")
-    ("layernorm", [((3, 4), "f32"), ((4,), "f32"), ((4,), "f32")], {}, [0, 1, "g"]),
-    ("rmsnorm", [((3, 4100), "f16"), ((4100,), "f16")], {}, [0, 1, "g"]),
-    # momentum, which only the running statistics' update reads, at 0: batchnorm_grad has none to push
-    ("batchnorm", [((4, 3, 2), "f32"), ((3,), "f32"), ((3,), "f32"), ((3,), "f32"), ((3,), "f32"), ((5,), "i32")],
-     {"momentum": 0.0}, [0, 1, 3, 4, "g", 5]),
-    ("groupnorm", [((2, 4, 3), "f32"), ((4,), "f32"), ((4,), "f32")], {"groups": 2}, [0, 1, "g"]),
-    ("attention", [((2, 5, 8), "f16"), ((2, 7, 8), "f16"), ((2, 7, 8), "f16"), ((5, 7), "i32")], {"heads": 2},
-     [0, 1, 2, "out", "g", 3]),
-    ("cross_entropy", [((3, 4, 2), "f32"), ((3, 2), "i32")], {"axis": 1, "label_smoothing": 0.1}, [0, 1, "g"]),
-    ("maxpool2d", [((1, 2, 5, 5), "f32")], {"kernel_size": 3, "stride": 2, "padding": 1}, [0, "g"]),
-    ("topk", [((2, 7), "f32")], {"k": 3}, [0, "g"]),
-]
-
-
-@pytest.mark.parametrize("op,specs,attrs,picks", SAME_KERNELS, ids=[c[0] for c in SAME_KERNELS])
-def test_a_backward_op_records_its_forward_op_s_backward_kernels(op, specs, attrs, picks):
-    """The op a grad rule emits (layernorm_grad, attention_grad, ...) runs the
-    dispatches the forward op's own backward does, with the same push words."""
-    types = [TensorType(s, d) for s, d in specs]
-    attrs = get_op(op).with_defaults(attrs)
-    node = Node(len(specs), op, tuple(range(len(specs))), get_op(op).infer(types, attrs), attrs=attrs)
-    ins, out, g = [view(s, d) for s, d in specs], view(node.shape, node.dtype), view(node.shape, node.dtype)
-    grads = [None if i in get_op(op).nondiff or d == "i32" else view(s, d) for i, (s, d) in enumerate(specs)]
-    rec = Recorder()
-    lowering_for(op).backward(rec, node, g, ins, out, grads)
-    name = op + "_grad"
-    bins = [{"g": g, "out": out}[p] if isinstance(p, str) else ins[p] for p in picks]
-    battrs = {k: v for k, v in attrs.items() if k in {a.name for a in get_op(name).args}}
-    bnode = Node(len(bins), name, tuple(range(len(bins))),
-                 get_op(name).infer([TensorType(tuple(v.shape), v.dtype) for v in bins], battrs), attrs=battrs)
-    brec = Recorder()
-    lowering_for(name).forward(brec, bnode, bins, view(bnode.shape, bnode.dtype))
-
-    def dispatches(r):
-        return [(c.shader, c.variant, c.push) for c in r.commands if hasattr(c, "shader")]
-    assert dispatches(brec) == dispatches(rec) and dispatches(rec)

@@ -17,7 +17,7 @@ from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.lower import linalg
 from flowgrad.exec_vulkan.lower import matmul_kernels as mk
 from flowgrad.exec_vulkan.recorder import Fill
-from flowgrad.graph import Node, TensorType
+from flowgrad.graph import TensorType
 from flowgrad.ops import get_op
 from tests.test_attention_coop import COOP_ENV
 
@@ -29,18 +29,28 @@ def products(device, a, b, shader=None, chunks=None, seed=0):
     """(out, da, db, dispatches) for a @ b and its backward with a random g."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
+    from flowgrad.autodiff import vjp_nodes
+    from flowgrad.exec_vulkan.fusion import fuse
+    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.graph import Graph
+
     dtype = dtype_of(a)
-    types = [TensorType(tuple(x.shape), dtype) for x in (a, b)]
-    node = Node(2, "matmul", (0, 1), get_op("matmul").infer(types, {}))
-    g = np.random.default_rng(seed).uniform(-1, 1, node.shape).astype(a.dtype)
+    graph = Graph("product")
+    ia, ib = (graph.add("input", [], TensorType(tuple(x.shape), dtype), name=n).id for x, n in ((a, "a"), (b, "b")))
+    y = graph.add("matmul", (ia, ib), get_op("matmul").infer([graph.nodes[ia].type, graph.nodes[ib].type], {}))
+    seed_node = graph.add("input", [], y.type, name="g")
+    grads = vjp_nodes(graph, [y.id], [seed_node.id], [ia, ib])
+    step = fuse(graph, keep=tuple(grads)).graph   # the gradients as a step records them: matmul_t nodes
+    g = np.random.default_rng(seed).uniform(-1, 1, y.shape).astype(a.dtype)
     with OneShot(device) as s, mk.forced(shader, chunks):
-        av, bv, gv = s.upload(a), s.upload(b), s.upload(g)
-        out, da, db = s.empty(node.shape, dtype), s.empty(a.shape, dtype), s.empty(b.shape, dtype)
-        linalg.MATMUL.forward(s.rec, node, [av, bv], out)
-        linalg.MATMUL.backward(s.rec, node, gv, [av, bv], out, [da, db])
+        values = {ia: s.upload(a), ib: s.upload(b), seed_node.id: s.upload(g)}
+        for node in step.needed_for([y.id, *grads]):
+            if node.id not in values:
+                values[node.id] = s.empty(node.shape, node.dtype)
+                lowering_for(node.op).forward(s.rec, node, [values[i] for i in node.inputs], values[node.id])
         dispatches = [c for c in s.rec.commands if hasattr(c, "shader")]
-        for v in (out, da, db):
-            s.download(v)
+        for i in (y.id, *grads):
+            s.download(values[i])
         got = s.run()
     a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
     want = get_op("matmul").vjp(g64, [a64, b64], None, {})

@@ -275,19 +275,23 @@ def test_scan_on_vulkan_closures_runs_each_scan_as_one_call(vk_device):
 
 
 def recorded(node, graph) -> tuple[list, int]:
-    """The commands scan's lowering records both ways on a dry run, its views
-    as (buffer number, offset, shape, dtype), and its scratch's high water."""
+    """The commands scan's lowering records on a dry run for the scan and for
+    its gradient (a scan of the cell's backward, a node of the step graph),
+    its views as (buffer number, offset, shape, dtype), and its scratch's high water."""
+    from flowgrad.autodiff import backward_graph
     from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.recorder import BufView, Copy, Dispatch, FakeBuffer, Recorder
 
+    step = backward_graph(graph, list(graph.trainable().values())).graph
+    back = next(n for n in step.nodes if n.op == "scan" and n.grad_of == node.id)
+
     def empty(i):
-        t = graph.nodes[i].type
+        t = step.nodes[i].type
         return BufView(FakeBuffer(t.nbytes), 0, t.shape, t.dtype)
 
     rec, low = Recorder(None), lowering_for("scan")
-    ins, out = [empty(i) for i in node.inputs], empty(node.id)
-    low.forward(rec, node, ins, out)
-    low.backward(rec, node, empty(node.id), ins, out, [empty(i) for i in node.inputs])
+    for n in (node, back):
+        low.forward(rec, n, [empty(i) for i in n.inputs], empty(n.id))
     numbers: dict = {}
 
     def view(v):

@@ -254,10 +254,12 @@ def _epilogue_chain(graph: Graph, users, roots, node: Node, counted: dict | None
     return best, pre
 
 
-def _first_reader(users, i: int) -> int:
+def _first_reader(users, i: int) -> int | None:
     """The reader of value i that an epilogue may end with while i is also
     read later (by the backward): the first of its readers, when every other
     one runs after it."""
+    if not users[i]:
+        return None
     first = min(users[i])
     return first if all(u > first for u in users[i] if u != first) else None
 
