@@ -249,7 +249,7 @@ def test_vulkan_kernels_compute_f16_in_f32_where_the_lowering_wants_it(vk_device
     vk_test_ops.ensure_registered()
     kern = VulkanKernels(vk_device)
     a, b = np.full((4,), 1.5, np.float16), np.full((4,), 0.25, np.float16)
-    node = _node("vk_test_add", (4,), "f16", 2)     # forward takes f16, backward f32 only
+    node = _node("vk_test_add", (4,), "f16", 2)     # forward takes f16, its gradient's op f32 only
     out = kern.forward(node, [a, b])
     assert out.dtype == np.float16 and out.tolist() == [1.75] * 4
     da, db = kern.vjp(node, np.ones(4, np.float16), [a, b], out)
@@ -279,9 +279,9 @@ def _traffic(dev, before) -> dict:
 def test_vulkan_kernels_upload_nothing_for_a_node_its_lowering_refuses(dev, monkeypatch):
     """A node whose buffers are past the device's binding range runs on
     numpy. The call records its lowering before uploading, so the refusal
-    sends nothing (the inputs, and a VJP's output and g, used to go up
-    first, unused); a node the lowering takes still has its inputs in place
-    before its commands read them, on the staging path too."""
+    sends nothing; a node the lowering takes still has its inputs in place
+    before its commands read them, on the staging path too. A VJP is its
+    grad rule's ops, each such a call."""
     from flowgrad.exec_vulkan import VulkanKernels
 
     vk_test_ops.ensure_registered()
@@ -293,7 +293,7 @@ def test_vulkan_kernels_upload_nothing_for_a_node_its_lowering_refuses(dev, monk
     out = kern.forward(wide, [a])
     (grad,) = kern.vjp(wide, np.ones(20, np.float32), [a], out)
     assert _traffic(dev, before) == {"submits": 0, "uploads": 0, "downloads": 0}
-    assert kern.on_numpy == {"vk_test_twice"}
+    assert kern.on_numpy == {"vk_test_twice", "mul"}   # its gradient's op (g * 2) is past the range too
     np.testing.assert_array_equal(out, 2 * a)
     assert grad.tolist() == [2.0] * 20
 
@@ -301,7 +301,8 @@ def test_vulkan_kernels_upload_nothing_for_a_node_its_lowering_refuses(dev, monk
     before = dict(dev.stats)
     out = kern.forward(narrow, [a[:4], b[:4]])
     grads = kern.vjp(narrow, np.full(4, 2.0, np.float32), [a[:4], b[:4]], out)
-    assert _traffic(dev, before) == {"submits": 2, "uploads": 2 + 4, "downloads": 1 + 2}
+    # the forward, then the gradient's one op (vk_test_copy32 of g, for both inputs)
+    assert _traffic(dev, before) == {"submits": 2, "uploads": 2 + 1, "downloads": 1 + 1}
     assert kern.on_numpy == set()
     np.testing.assert_array_equal(out, a[:4] + b[:4])
     assert [g.tolist() for g in grads] == [[2.0] * 4] * 2

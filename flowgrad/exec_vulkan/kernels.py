@@ -59,7 +59,7 @@ def record_call(rec, node: Node, in_types: list[TensorType], empty) -> Call | No
     if promote is None:
         return None
     run_node = _retyped(node, promote)
-    call = Call([empty(t.shape, promote.get(t.dtype, t.dtype)) for t in in_types], empty(node.shape, node.dtype))
+    call = Call([empty(t.shape, promote.get(t.dtype, t.dtype)) for t in in_types], empty(node.shape, run_node.dtype))
     try:
         with rec.section(node.label, "forward"):
             lowering_for(node.op).forward(rec, run_node, call.ins, call.out)
