@@ -101,7 +101,7 @@ def loss64(graph, params, feeds):
     return float(vals[graph.loss])
 
 
-def assert_step_matches_finite_differences(model, plan, directions=3, eps=1e-6, rtol=1e-3):
+def assert_step_matches_finite_differences(model, plan, directions=3, eps=1e-6, rtol=1e-4):
     """Each gradient of the plan's fused step graph (run on numpy, in the model's f32) against
     float64 central differences of the model's loss along random directions d: <grad, d>
     within rtol of the sum of |grad * d| (the scale its f32 rounding is relative to)."""
@@ -158,7 +158,8 @@ def test_products_take_their_adds_as_an_epilogue():
     graph = epilogues().graph
     plan = make_plan(graph, None)
     src, ex = plan.fusion.source, plan.exec_graph
-    h, u, v, logits = chains = product_chains(plan)
+    chains = product_chains(plan)
+    u = chains[1]
     assert [member_ops(plan, grp) for grp in chains] == [
         ("matmul", "add", "add"), ("matmul", "add", "add", "tanh"), ("matmul", "add"), ("matmul", "add")]
     forms = [form_of(plan, grp) for grp in chains]
@@ -177,12 +178,11 @@ def test_products_take_their_adds_as_an_epilogue():
         products = [n for n in src.nodes if n.grad_of == grp.members[0] and n.op == "matmul_t"]
         assert len(products) == want, member_ops(plan, grp)
     assert "transpose" not in {src.nodes[s.node].op for s in plan.memory.schedule}
-    # ... each dispatched as one GEMM whose store adds the gradient sums after it: h's backward is w1's
-    # gradient, the next product's input gradient whose store adds h's other gradient (from h * u) and b1's
-    # sum; u's is tanh's derivative fused with u's gradient sum, b2's sum and w2's gradient (its input
-    # gradient is h's); v's is its gradient (2v from v * v, one chain), w3's and tanh(u)'s gradients (the
-    # latter feeding u's chain) and the next product's input gradient adding v's; logits' is b4's sum and
-    # w4's gradient (its input gradient is v's)
+    # ... each one GEMM, whose store adds the gradient sum after it (such a GEMM counts for both chains):
+    # h's backward is x @ w1's gradient, b1's sum and h @ w2's input gradient, whose store adds h's other
+    # gradient (from h * u); u's is tanh's derivative fused with u's gradient sum, b2's sum and h @ w2's two
+    # gradients; v's is its gradient from v * v (one chain), tanh(u) @ w3's two gradients and v @ w4's input
+    # gradient, whose store adds that; logits' is b4's sum and v @ w4's two gradients
     assert [gradient_dispatches(plan, grp.members) for grp in chains] == [
         ["map_reduce", GEMM, GEMM], ["fused_map", "map_reduce", GEMM, GEMM], ["fused_map", GEMM, GEMM, GEMM],
         ["map_reduce", GEMM, GEMM]]
@@ -224,7 +224,8 @@ def test_epilogues_match_unfused_and_closures_on_vulkan(vk_device, split, tile):
     assert len(forward) == 4 and all(g == tile if tile else g in matmul_kernels.TILES for g, _ in forward), forward
     assert all(groups[2] == (2 if split else 1) for _, groups in forward), forward
     # the node standing for u (tanh's input) records nothing: its chain's GEMM stores it
-    kept = [grp.node for grp in fused.plan.fusion.groups if fused.plan.exec_graph.nodes[grp.node].attrs["written_by"] >= 0]
+    ex = fused.plan.exec_graph
+    kept = [grp.node for grp in fused.plan.fusion.groups if ex.nodes[grp.node].attrs["written_by"] >= 0]
     assert len(kept) == 1 and not [s for label, s, _ in seen if label and label[1:] == ("forward", kept[0])]
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
