@@ -5,10 +5,14 @@ shape (cooperative matrices for f16 where the device has them), every tile
 computes the three products of a convolution (output, input gradient,
 weight gradient) as the numpy rules do, and the weight gradient's split-K
 matches direct sums written from the definition (not the rules' im2col).
-The kernel and split each case runs are asserted from the recorded
-dispatches before numbers are compared."""
+On the device each case is a step of a one-node model on the graph path,
+whose backward is the op's gradient nodes (conv_input_grad,
+conv_weight_grad, or for a transposed convolution a conv2d, and the bias's
+sum), each run by its own lowering. The kernel and split each case runs
+are asserted from the recorded dispatches before numbers are compared."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -21,7 +25,7 @@ from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.lower import conv as conv_lowering
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.ops import get_op
-from tests.op_harness import close, make_node
+from tests.op_harness import VulkanGraph, close, make_node
 
 SHADERS = Path(conv_lowering.__file__).resolve().parent.parent / "shaders"
 
@@ -164,29 +168,42 @@ def reference_weight_grad(name, x, w, g, attrs):
 # ---------------------------------------------------------------- on the device
 
 
-def run_conv(device, name, ins, attrs, shader=None, chunks=None, seed=0):
-    """(out, grads, [(shader, push words)] of the conv dispatches, shaders dispatched) for the
-    lowering's forward and backward with a random output gradient g (also returned)."""
-    from flowgrad.exec_vulkan.lower import lowering_for
-    from flowgrad.exec_vulkan.oneshot import OneShot
+@contextlib.contextmanager
+def recorded():
+    """Every Dispatch recorded inside the block in a node's section, in order (not the planner's
+    dry runs, which record none in a section)."""
+    from flowgrad.exec_vulkan.recorder import Dispatch, Recorder
 
+    seen, real = [], Recorder.dispatch
+
+    def dispatch(self, *args, **kwargs):
+        at = len(self.commands)
+        real(self, *args, **kwargs)
+        seen.extend(c for c in self.commands[at:] if isinstance(c, Dispatch) and c.label is not None)
+
+    Recorder.dispatch = dispatch
+    try:
+        yield seen
+    finally:
+        Recorder.dispatch = real
+
+
+def mode_of(dispatch) -> int:
+    """The conv dispatch's product: its push block's mode field (word 16)."""
+    return struct.unpack_from("<I", dispatch.push, 64)[0]
+
+
+def run_conv(device, name, ins, attrs, shader=None, chunks=None, seed=0):
+    """(out, grads, g, [(shader, push words, direction)] of the conv dispatches, every dispatch) of
+    one graph-path step of the op in a one-node model (op_harness.VulkanGraph: loss = sum(op(...) * g),
+    each input a param) with a random output gradient g."""
     node = make_node(name, ins, attrs)
-    dtype = "f16" if ins[0].dtype == np.float16 else "f32"
     g = np.random.default_rng(seed).uniform(-1, 1, node.shape).astype(ins[0].dtype)
-    low = lowering_for(name)
-    with OneShot(device) as s, kernels.forced(shader, chunks):
-        views = [s.upload(a) for a in ins]
-        gv = s.upload(g)
-        out = s.empty(node.shape, dtype)
-        grads = [s.empty(a.shape, dtype) for a in ins]
-        low.forward(s.rec, node, views, out)
-        low.backward(s.rec, node, gv, views, out, grads)
-        cmds = [c for c in s.rec.commands if hasattr(c, "shader")]
-        for v in (out, *grads):
-            s.download(v)
-        got = s.run()
-    convs = [(c.shader, struct.unpack(f"<{len(c.push) // 4}I", c.push)) for c in cmds if c.shader.startswith("conv_")]
-    return got[0], got[1:], g, convs, [c.shader for c in cmds]
+    with recorded() as cmds, kernels.forced(shader, chunks):
+        out, grads = VulkanGraph(device).run(name, ins, attrs, g)
+    convs = [(c.shader, struct.unpack(f"<{len(c.push) // 4}I", c.push), c.label[1]) for c in cmds
+             if c.shader.startswith("conv_")]
+    return out, grads, g, convs, cmds
 
 
 def check_conv(device, name, shapes, attrs, dtype, shader=None, chunks=None, seed=0, expect=None):
@@ -196,18 +213,25 @@ def check_conv(device, name, shapes, attrs, dtype, shader=None, chunks=None, see
     Returns the conv dispatches."""
     rng = np.random.default_rng(seed)
     ins = [rng.uniform(-1, 1, s).astype(NP[dtype]) for s in shapes]
-    out, grads, g, convs, shaders = run_conv(device, name, ins, attrs, shader, chunks or None, seed)
+    out, grads, g, convs, cmds = run_conv(device, name, ins, attrs, shader, chunks or None, seed)
+    shaders = [c.shader for c in cmds]
     assert len(convs) == 3, shaders
     if shader is not None or expect is not None:
         want = expect or "conv_" + shader.removeprefix("matmul_")
         assert {c[0] for c in convs} == {want}, shaders
-    modes = {push[16]: push for _, push in convs}   # the push block's mode field
+    modes = {push[16]: push for _, push, _ in convs}   # the push block's mode field
     assert sorted(modes) == [0, 1, 2]
+    # the op's own product in the forward (a transposed convolution's is the input gradient's), the
+    # other two in the backward
+    assert [d for _, push, d in convs if push[16] == (1 if name == "conv_transpose2d" else 0)] == ["forward"]
+    assert sorted(d for _, _, d in convs) == ["backward", "backward", "forward"]
     split, kc = modes[2][18:20]
     k_full = modes[2][0] * modes[2][5] * modes[2][6]  # N * OH * OW
     if chunks is not None:
         assert split > 1 and (split - 1) * kc < k_full <= split * kc, (split, kc, k_full)
-        assert shaders[-1].startswith("map_reduce") or "map_reduce" in shaders, shaders  # the partials' sum
+    if split > 1:   # the partials summed right after, in the weight gradient's section
+        at = next(k for k, c in enumerate(cmds) if c.shader.startswith("conv_") and mode_of(c) == 2)
+        assert cmds[at + 1].shader == "map_reduce" and cmds[at + 1].label == cmds[at].label, shaders
     assert modes[0][18] == 1 and modes[1][18] == 1   # forward and input gradient never split
     op = get_op(name)
     wide = [a.astype(np.float64) for a in ins]
@@ -252,7 +276,7 @@ def test_split_k_on_every_tiled_tile_and_in_f16(vk_device):
 
 def test_a_large_weight_gradient_splits_by_itself(vk_device):
     convs = check_conv(vk_device, *LARGE, "f32")
-    assert max(push[18] for _, push in convs) > 1   # K = 8 * 32 * 32 = 8192: the policy splits
+    assert max(push[18] for _, push, _ in convs) > 1   # K = 8 * 32 * 32 = 8192: the policy splits
 
 
 def coop_device(device):
@@ -280,7 +304,7 @@ def test_conv_coop_when_offered(vk_device, build):
             check_conv(vk_device, name, shapes, attrs, "f16", shader=COOP, chunks=chunks, expect=build)
         for name, shapes, attrs in [LARGE, *COOP_SHAPES]:
             convs = check_conv(vk_device, name, shapes, attrs, "f16", expect=build)
-            assert max(push[18] for _, push in convs) > 1   # these weight gradients split K by themselves
+            assert max(push[18] for _, push, _ in convs) > 1   # these weight gradients split K by themselves
 
 
 def test_default_f16_convolution_takes_conv_coop_exactly_where_offered(vk_device):
@@ -292,27 +316,18 @@ def test_default_f16_convolution_takes_conv_coop_exactly_where_offered(vk_device
     assert {c[0] for c in convs} == {want}
 
 
-@pytest.fixture(scope="module")
-def device_kernels(vk_device):
-    from flowgrad.exec_vulkan import VulkanKernels
-
-    return VulkanKernels(vk_device)
-
-
 @pytest.mark.parametrize("tile", TILED)
-def test_every_tile_computes_the_three_products(device_kernels, tile):
+def test_every_tile_computes_the_three_products(vk_device, tile):
     rng = np.random.default_rng(4)
     # M = 3 * 9 * 5 = 135 output pixels (two 128-row tiles), 130 output channels (two
     # 128-column tiles), K = 4 * 2 * 3 = 24 (two 16-deep steps); groups and strides
     ins = [rng.uniform(-1, 1, (3, 8, 17, 9)).astype(np.float32), rng.uniform(-0.5, 0.5, (130, 4, 2, 3)).astype(
         np.float32), rng.uniform(-1, 1, 130).astype(np.float32)]
     attrs = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 2], "groups": 2}
-    op, node = get_op("conv2d"), make_node("conv2d", ins, attrs)
-    with kernels.forced(tile):
-        out = device_kernels.forward(node, ins)
-        g = rng.uniform(-1, 1, out.shape).astype(np.float32)
-        grads = device_kernels.vjp(node, g, ins, out)
-    assert "conv2d" not in device_kernels.on_numpy
+    out, grads, g, convs, _ = run_conv(vk_device, "conv2d", ins, attrs, shader=tile)
+    build = "conv_" + tile.removeprefix("matmul_")
+    assert sorted((c[0], c[1][16]) for c in convs) == [(build, 0), (build, 1), (build, 2)], convs
+    op = get_op("conv2d")
     wide = [x.astype(np.float64) for x in ins]
     ref = op.forward(wide, attrs)
     close(out, ref, "f32", f"{tile}: conv2d forward")

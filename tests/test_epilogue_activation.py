@@ -1,9 +1,12 @@
 """A matmul, its adds and an activation as one node (exec_vulkan/fusion.py,
-lower/fused.py): the tiled GEMM's store computes h = the product plus its
-bias and/or residual, keeps h for the backward and stores act(h); where the
-kernel can't (a batched or cooperative-matrix product), one fused_map pass
-after the product does it. Bit-identical on numpy, 1e-5
-against the unfused plan on Vulkan, the path asserted first."""
+lower/fused.py) of the step graph: the tiled GEMM's store computes h = the
+product plus its bias and/or residual and stores act(h), and, where the
+activation's gradient reads h (gelu, silu), h too, into the node that stands
+for it (which records nothing); where the kernel can't (a batched or
+cooperative-matrix product), one fused_map pass after the product does it.
+The backward is nodes of the step graph: the activation's derivative one
+fused chain reading that h. Bit-identical on numpy, matching float64 finite
+differences, 1e-5 against the unfused plan on Vulkan, the path asserted first."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +18,7 @@ import pytest
 import flowgrad as fg
 from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.planner import make_plan
+from test_epilogue import assert_step_matches_finite_differences, form_of, member_ops, product_chains, recorded
 from test_fusion import assert_numpy_bit_identical, close, run
 
 ACTS = {"gelu": "gelu({})", "gelu_tanh": 'gelu({}, approximate="tanh")', "relu": "relu({})",
@@ -65,14 +69,13 @@ def acts(act="gelu", dtype="f32", **config):
     return fg.loads(text, file="acts.flow", config=config or None)
 
 
-def act_groups(graph, plan):
-    """The fused groups that start with a product and end with an activation, in graph order."""
-    return [grp for grp in plan.fusion.groups
-            if graph.nodes[grp.members[0]].op == "matmul" and graph.nodes[grp.members[-1]].op != "add"]
+def act_groups(plan):
+    """The fused chains of the forward that start with a product and end with an activation, in graph order."""
+    return [grp for grp in product_chains(plan) if member_ops(plan, grp)[-1] != "add"]
 
 
-def shape_of(graph, grp):
-    return tuple("act" if graph.nodes[i].op not in ("matmul", "add") else graph.nodes[i].op for i in grp.members)
+def shape_of(plan, grp):
+    return tuple(op if op in ("matmul", "add") else "act" for op in member_ops(plan, grp))
 
 
 @contextlib.contextmanager
@@ -92,9 +95,8 @@ def dispatches():
         Recorder.dispatch = real
 
 
-def forward_of(seen, graph, grp):
-    label = graph.nodes[grp.node].label
-    return [(shader, groups, spec) for lab, shader, groups, spec in seen if lab and lab[:2] == (label, "forward")]
+def forward_of(seen, grp):
+    return [(shader, groups, spec) for lab, shader, groups, spec in seen if lab and lab[1:] == ("forward", grp.node)]
 
 
 def act_code(act):
@@ -104,19 +106,35 @@ def act_code(act):
     return int(lowering_for(act.removesuffix("_tanh")).pointwise(at).op)
 
 
+# the activations whose gradient reads their input h (the others' read act(h))
+READS_INPUT = ("gelu", "gelu_tanh", "silu")
+
+
 @pytest.mark.parametrize("act", list(ACTS))
 def test_products_take_their_activation_in_the_epilogue(act):
     graph = acts(act).graph
     plan = make_plan(graph, None)
-    groups = act_groups(graph, plan)
-    assert [shape_of(graph, grp) for grp in groups] == CHAINS
-    from flowgrad.exec_vulkan.lower.fused import epilogue_form
-
-    ex = plan.exec_graph
-    forms = [epilogue_form(ex.nodes[g.node].attrs["steps"], [ex.nodes[i].shape for i in ex.nodes[g.node].inputs],
-                           ex.nodes[g.node].shape) for g in groups]
+    groups = act_groups(plan)
+    assert [shape_of(plan, grp) for grp in groups] == CHAINS
+    forms = [form_of(plan, grp) for grp in groups]
     assert [(f.residual is not None, f.bias is not None, f.act is not None) for f in forms] == [
         (False, True, True), (True, True, True), (True, False, True), (False, False, True)]
+    src, ex = plan.fusion.source, plan.exec_graph
+    for grp in groups:
+        node = ex.nodes[grp.node]
+        assert recorded(ex, grp.node) == ["matmul_64x64_k16"]   # the adds and the activation in its store
+        # the activation's gradient: fused chains of the backward (gelu's tanh form: too long for one
+        # fused_map program, three) reading h, which the GEMM stores too into the node standing for it
+        # (recording nothing), or act(h), the chain's own value
+        derivs = [g.node for g in plan.fusion.groups if src.nodes[g.node].grad_of == grp.members[-1]]
+        assert len(derivs) == (3 if act == "gelu_tanh" else 1), derivs
+        reads = {i for d in derivs for i in ex.nodes[d].inputs}
+        if act in READS_INPUT:
+            pre = node.inputs[-1]
+            assert node.attrs["pre_out"] and ex.nodes[pre].attrs["written_by"] == grp.node and pre in reads
+            assert recorded(ex, pre) == [] and grp.node not in reads
+        else:
+            assert not node.attrs["pre_out"] and grp.node in reads
 
 
 def test_an_activation_in_the_epilogue_saves_one_forward_dispatch_per_chain(monkeypatch):
@@ -131,15 +149,16 @@ def test_an_activation_in_the_epilogue_saves_one_forward_dispatch_per_chain(monk
     monkeypatch.setitem(LOWERINGS, "gelu", attrs.evolve(
         low, pointwise=lambda at: attrs.evolve(low.pointwise(at), activation=False)))
     plan = make_plan(graph, None)
-    assert act_groups(graph, plan) == []
+    assert act_groups(plan) == []
     apart = count_dispatches(graph, plan)
     assert fused["forward"] == apart["forward"] - len(CHAINS)
     assert fused["backward"] <= apart["backward"]
 
 
 def test_a_residual_under_an_activation_takes_dh_not_the_incoming_gradient():
-    from flowgrad.exec_vulkan.lower import lowering_for
-
+    """h's gradient (through h + x @ w under gelu) is gelu's derivative times u's incoming gradient,
+    the fused chain that reads h + x @ w where u's GEMM stored it; u's incoming gradient itself
+    reaches only that chain."""
     text = """
 model res
 input x: f32[4, 6]
@@ -152,37 +171,38 @@ minimize loss
 """
     graph = fg.loads(text).graph
     plan = make_plan(graph, None)
-    (grp,) = act_groups(graph, plan)
-    node = plan.exec_graph.nodes[grp.node]
-    (h,) = [graph.nodes[i] for i in node.inputs if graph.nodes[i].name == "h"]
-    assert lowering_for("fused").passes(node, [plan.exec_graph.nodes[i].shape for i in node.inputs]) == frozenset()
-    mem = plan.memory
-    assert (mem.slots[("grad", h.id)].buffer, mem.slots[("grad", h.id)].offset) != (
-        mem.slots[("grad", grp.node)].buffer, mem.slots[("grad", grp.node)].offset)
+    src, ex = plan.fusion.source, plan.exec_graph
+    h, u = graph.node("h").id, graph.node("u").id
+    assert [shape_of(plan, grp) for grp in act_groups(plan) if grp.node == u] == [("matmul", "add", "act")]
+    pre = graph.nodes[u].inputs[0]    # h + x @ w
+    xw = graph.nodes[pre].inputs[1]
+    assert ex.nodes[pre].attrs["written_by"] == u and not [n for n in src.nodes if n.grad_of == pre]
+    (uw,) = graph.users()[u]
+    (du,) = [n.id for n in src.nodes if n.grad_of == uw and n.shape == graph.nodes[u].shape]
+    (dh,) = [g.node for g in plan.fusion.groups if src.nodes[g.node].grad_of == u]
+    assert {du, pre} <= set(ex.nodes[dh].inputs)
+    # tanh's gradient and x @ w's weight gradient read dh, and nothing but gelu's derivative reads du
+    for of in (h, xw):
+        reads = {i for n in src.nodes if n.grad_of == of for i in n.inputs}
+        assert dh in reads and du not in reads
+    assert [n.id for n in ex.nodes if du in n.inputs] == [dh]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
 def test_activation_epilogues_are_bit_identical_on_numpy(size, dtype):
     model = acts("gelu", dtype, **size)
-    graph = model.graph
-    plan = make_plan(graph, None)
-    assert [shape_of(graph, grp) for grp in act_groups(graph, plan)] == CHAINS
+    plan = make_plan(model.graph, None)
+    assert [shape_of(plan, grp) for grp in act_groups(plan)] == CHAINS
     assert_numpy_bit_identical(model, plan)
 
 
 @pytest.mark.parametrize("act", list(ACTS))
 def test_activation_epilogues_match_finite_differences(act):
-    from flowgrad.ops.gradcheck import check_vjp
-
-    graph = acts(act, m=3, k=5, n=4).graph
-    plan = make_plan(graph, None)
-    ex = plan.exec_graph
-    rng = np.random.default_rng(1)
-    for grp in act_groups(graph, plan):
-        node = ex.nodes[grp.node]
-        ins = [rng.normal(0, 0.7, ex.nodes[i].shape) for i in node.inputs]
-        check_vjp("fused", ins, node.attrs)
+    model = acts(act, m=3, k=5, n=4)
+    plan = make_plan(model.graph, None)
+    assert [shape_of(plan, grp) for grp in act_groups(plan)] == CHAINS
+    assert_step_matches_finite_differences(model, plan)
 
 
 def unfused_tol(dtype: str) -> float:
@@ -206,11 +226,10 @@ def vulkan_agrees(model, act="gelu", dtype="f32", tile_groups=1, tile=None):
     info = fused.device.info
     coop = dtype == "f16" and (info.coopmat_f16 or info.coopmat_khr_f16 or bool(info.cm2_invocations))
     takes = matmul_kernels.store_takes_activation(info)
-    graph = fused.graph
-    groups = act_groups(graph, fused.plan)
-    assert [shape_of(graph, grp) for grp in groups] == CHAINS
+    groups = act_groups(fused.plan)
+    assert [shape_of(fused.plan, grp) for grp in groups] == CHAINS
     for grp in groups:
-        (shader, groups_, spec), *rest = forward_of(seen, graph, grp)
+        (shader, groups_, spec), *rest = forward_of(seen, grp)
         if shader in matmul_kernels.TILES and takes:
             assert shader == (tile or shader) and rest == [] and spec[:1] == (act_code(act),), (shader, rest, spec)
             assert groups_[2] == tile_groups, groups_
@@ -311,8 +330,8 @@ minimize loss
         fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype=dtype)
     plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype=dtype)
     assert fused.last_path == "graph" and plain.last_path == "graph"
-    (grp,) = act_groups(model.graph, fused.plan)
-    gemm, *passes = [s for s, _, _ in forward_of(seen, model.graph, grp)]
+    (grp,) = act_groups(fused.plan)
+    gemm, *passes = [s for s, _, _ in forward_of(seen, grp)]
     assert gemm.startswith("matmul_") and passes == ["fused_map"], (gemm, passes)
     tol = unfused_tol(dtype)
     close(f_loss, p_loss, tol)
@@ -322,7 +341,8 @@ minimize loss
 
 
 def _act_chain():
-    """A gelu(x @ w + b + r) fused node and random f32 inputs for it."""
+    """A gelu(x @ w + b + r) fused node (its last input the node standing for h = x @ w + b + r,
+    which it stores), that node, and random f32 inputs for the chain."""
     text = """
 model one
 input x: f32[5, 7]
@@ -334,13 +354,13 @@ u = gelu(x @ w + b + r)
 loss = sum(u @ v)
 minimize loss
 """
-    graph = fg.loads(text).graph
-    plan = make_plan(graph, None)
-    (grp,) = act_groups(graph, plan)
-    node = plan.exec_graph.nodes[grp.node]
+    plan = make_plan(fg.loads(text).graph, None)
+    (grp,) = act_groups(plan)
+    ex = plan.exec_graph
+    node = ex.nodes[grp.node]
     rng = np.random.default_rng(2)
-    ins = [rng.normal(0, 0.7, graph.nodes[i].shape).astype(np.float32) for i in node.inputs]
-    return node, ins
+    ins = [rng.normal(0, 0.7, ex.nodes[i].shape).astype(np.float32) for i in node.inputs]
+    return node, ex.nodes[node.inputs[-1]], ins
 
 
 def test_split_k_partials_summed_with_the_activation_on_vulkan(vk_device):
@@ -350,7 +370,7 @@ def test_split_k_partials_summed_with_the_activation_on_vulkan(vk_device):
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.ops import get_op
 
-    node, ins = _act_chain()
+    node, _pre, ins = _act_chain()
     m, n = node.shape
     # two partials: with the residual and the bias, the four inputs fused_map takes
     parts = np.random.default_rng(3).normal(0, 1, (2, m, n)).astype(np.float32)
@@ -370,26 +390,26 @@ def test_split_k_partials_summed_with_the_activation_on_vulkan(vk_device):
     np.testing.assert_allclose(got, get_op("gelu").forward([want_pre], steps[-1][2]), rtol=1e-5, atol=1e-6)
 
 
-def test_a_backward_recorded_without_its_forward_recomputes_h_on_vulkan(vk_device):
-    """With no forward beside it in the recording (nothing kept), the backward computes h itself."""
+def test_the_gemm_stores_h_for_the_activations_gradient_on_vulkan(vk_device):
+    """The chain's one GEMM stores gelu(h) and h itself into the node standing for h (its last
+    input), which the backward's gelu derivative reads; that node records nothing of its own."""
     from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.ops import get_op
 
-    node, ins = _act_chain()
-    op = get_op("fused")
-    out = op.forward(ins, node.attrs)
-    g = np.random.default_rng(4).normal(0, 1, out.shape).astype(np.float32)
-    want = op.vjp(g, ins, out, node.attrs)
+    node, pre, ins = _act_chain()
+    assert node.attrs["pre_out"] and pre.attrs["written_by"] == node.id
+    low = lowering_for("fused")
     with OneShot(vk_device) as s:
-        views = [s.upload(x) for x in ins]
-        grads = [s.empty(x.shape, "f32") for x in ins]
-        lowering_for("fused").backward(s.rec, node, s.upload(g), views, s.upload(out), grads)
+        views = [s.upload(x) for x in ins[:-1]] + [s.empty(ins[-1].shape, "f32")]
+        out = s.empty(node.shape, "f32")
+        low.forward(s.rec, pre, views[:len(pre.inputs)], views[-1])
+        assert s.rec.commands == []
+        low.forward(s.rec, node, views, out)
         shaders = [c.shader for c in s.rec.commands if hasattr(c, "shader")]
-        for v in grads:
-            s.download(v)
-        got = s.run()
-    # h's GEMM (its adds in the store), dh, the product's two GEMMs, the bias's sum
-    assert [sh.startswith("matmul_") for sh in shaders] == [True, False, True, True, False], shaders
-    for a, b in zip(got, want):
-        close(a, b, 1e-5)
+        s.download(views[-1]), s.download(out)
+        got_h, got = s.run()
+    assert shaders == ["matmul_64x64_k16"], shaders
+    want_h = get_op("fused").forward(ins[:len(pre.inputs)], pre.attrs)
+    close(got_h, want_h, 1e-5)
+    close(got, get_op("gelu").forward([want_h.astype(np.float64)], node.attrs["steps"][-1][2]), 1e-5)
