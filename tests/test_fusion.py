@@ -392,9 +392,9 @@ def norm_dispatches(graph, op):
 
     plan = make_plan(graph, None)
     step, leaf = plan.step_for(True), {}
-    layout = StepLayout(step.graph, step.memory, lambda nb, name: FakeBuffer(nb, name),
+    layout = StepLayout(step, lambda nb, name: FakeBuffer(nb, name),
                         lambda pb: leaf.setdefault(pb.values[0], FakeBuffer(pb.nbytes)), True, False, None,
-                        (FakeBuffer(0), FakeBuffer(0)), step=step)
+                        (FakeBuffer(0), FakeBuffer(0)))
     rec = Recorder(None)
     record_step(rec, step.graph, step.memory, layout.view, layout.io)
     labels = {n.label for n in graph.nodes if n.op == op}

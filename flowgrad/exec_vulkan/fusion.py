@@ -333,7 +333,7 @@ def fuse(graph: Graph, keep: tuple = ()) -> Fusion:
     groups, built = [], {}   # built: each group's fused node, by the id it takes over
     for node in graph.nodes:
         found = None if node.id in taken else _epilogue_chain(graph, users, roots, node, counted)
-        if found is not None:
+        if found is not None and not taken & set(found[0]):   # two products summed by one add: the first
             chain, pre = found
             if pre is not None:   # stored by the chain's dispatch; recorded as nothing of its own
                 head = chain[:chain.index(pre) + 1]
