@@ -410,9 +410,18 @@ def test_norm_backward_dispatches(d, want):
     for op in ("layernorm", "rmsnorm"):
         shaders, in_place = norm_dispatches(graph, op)
         assert shaders == want, op
-    # x * p feeds both norms and a product (whose backward comes first): each norm's kernel adds its dx
-    # to the gradient summed so far
-    assert len(norm_dispatches(graph, "layernorm")[1]) == len(norm_dispatches(graph, "rmsnorm")[1]) == 1
+    # x * p's gradient sums the product's part, computed after both norms' backward: no norm can add it
+    assert norm_dispatches(graph, "layernorm")[1] == norm_dispatches(graph, "rmsnorm")[1] == []
+
+
+def test_the_residual_streams_gradient_sums_are_added_by_the_norms_kernels():
+    """A decoder's residual stream feeds each block's layernorm and the next
+    residual add: x's gradient is the next block's plus the norm's dx, and the
+    norm's kernel adds it as it stores dx (its `acc` input): 2 per block,
+    every layernorm but the first block's first."""
+    step = make_plan(gpt(GPT_TINY).graph, None).training
+    norms = [n for n in step.graph.nodes if n.op == "layernorm_grad"]
+    assert len(norms) == 5 and sum(len(n.inputs) == 4 for n in norms) == 4
 
 
 @pytest.mark.parametrize("n, d", [(600, 40), (3, 2100)], ids=["one-pass", "long-rows"])
