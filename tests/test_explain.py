@@ -303,15 +303,15 @@ def test_closure_plan_counts_what_a_vulkan_closures_step_sends(vk_device, name, 
 
 def test_closure_plan_sends_nothing_for_a_node_its_lowering_refuses(vk_device):
     """attention's head width 300 is past its kernels: on Vulkan closures
-    it runs on numpy both ways, refused before anything is uploaded for it
-    (its inputs, and its VJP's output and g, used to go up unused), and
-    explain counts the step's traffic without them."""
+    it and its gradient (attention_grad) run on numpy, refused before
+    anything is uploaded for them, and explain counts the step's traffic
+    without them."""
     from flowgrad.feeds import random_feeds
     from flowgrad.explain import _closure_traffic
 
     sess = fg.loads(WIDE_HEADS_MODEL, file="wide.flow").compile(device="vulkan", backward="closures")
     a = next(n for n in sess.graph.nodes if n.op == "attention")
-    assert [_closure_traffic(sess.graph, sess.plan, a, bwd) for bwd in (False, True)] == [(0, 0, 0)] * 2
+    assert _closure_traffic(sess.graph, sess.plan, a) == (0, 0, 0)
     plan = sess.explain().to_dict()["closure_plan"]
     before = dict(sess.device.stats)
     sess.step(random_feeds(sess.graph, 0, 2))
@@ -322,9 +322,9 @@ def test_closure_plan_sends_nothing_for_a_node_its_lowering_refuses(vk_device):
 
 def test_closure_plan_counts_each_direction_as_its_lowering_takes_it(vk_device, monkeypatch):
     """With 64 bytes a binding, vk_test_add's forward (a dispatch over 80)
-    is refused and runs on numpy, while its VJP (copies, which no binding
-    range limits) runs on the device: explain counts each direction as the
-    step runs it, not the node's one plan refusal for both."""
+    is refused and runs on numpy, while its gradient's op (a copy, which no
+    binding range limits) runs on the device: explain counts each node of
+    the step as it runs, not the forward's refusal for both."""
     import attrs
 
     from flowgrad.feeds import random_feeds
@@ -337,7 +337,9 @@ def test_closure_plan_counts_each_direction_as_its_lowering_takes_it(vk_device, 
     sess = fg.loads("input x: f32[20]\nparam w: f32[20] = zeros()\ny = vk_test_add(x, w)\n"
                     "loss = sum(y)\nminimize loss\n").compile(device="vulkan", backward="closures")
     add = next(n for n in sess.graph.nodes if n.op == "vk_test_add")
-    assert [_closure_traffic(sess.graph, sess.plan, add, bwd) for bwd in (False, True)] == [(0, 0, 0), (1, 4, 2)]
+    copy = next(n for n in sess.plan.training.graph.nodes if n.op == "vk_test_copy32")
+    assert _closure_traffic(sess.graph, sess.plan, add) == (0, 0, 0)
+    assert _closure_traffic(sess.plan.training.graph, sess.plan, copy) == (1, 1, 1)
     plan = sess.explain().to_dict()["closure_plan"]
     before = dict(sess.device.stats)
     sess.step(random_feeds(sess.graph, 0, 2))

@@ -189,7 +189,6 @@ def test_an_f32_island_in_an_f16_model_keeps_the_graph_path():
 
 def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):
     import flowgrad.exec_vulkan.memory as memory
-    import flowgrad.planner.plan as plan_module
 
     calls = []
     real = memory.plan_memory
@@ -201,7 +200,6 @@ def test_the_memory_plan_is_made_once_per_compile_and_explain(monkeypatch):
     import flowgrad.exec_vulkan.step_plan as step_module
 
     monkeypatch.setattr(memory, "plan_memory", counted)
-    monkeypatch.setattr(plan_module, "plan_memory", counted)
     monkeypatch.setattr(step_module, "plan_memory", counted)
     sess = attn_model().compile(device="cpu")
     report = sess.explain().to_dict()
