@@ -238,7 +238,7 @@ def backward_dict(plan: Plan) -> list[dict]:
     each node it runs (a fused chain as one), with the forward node it
     differentiates (`grad_of`, `of`) and that node's line."""
     step = plan.training
-    g, src = step.graph, step.fusion.source
+    g, src, group_of = step.graph, step.fusion.source, step.fusion.group_of()
     out = []
     for s in step.memory.schedule:
         n = g.nodes[s.node]
@@ -247,7 +247,7 @@ def backward_dict(plan: Plan) -> list[dict]:
         d = {"id": n.id, "op": n.op, "grad_of": n.grad_of, "of": g.nodes[n.grad_of].label, "shape": list(n.shape),
              "dtype": n.dtype, "where": where_dict(n.span)}
         if n.op == "fused":
-            d["ops"] = [src.nodes[m].op for m in step.fusion.group_of()[n.id].members]
+            d["ops"] = [src.nodes[m].op for m in group_of[n.id].members]
         out.append(d)
     return out
 

@@ -28,8 +28,7 @@ from flowgrad.graph import LEAF_OPS, Graph
 
 @attrs.frozen
 class Step:
-    node: int
-    kind: str = "forward"   # every node of a step graph runs its forward
+    node: int   # a node of the step graph, run by its op's forward lowering
 
 
 @attrs.frozen

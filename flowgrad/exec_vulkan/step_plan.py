@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowgrad.autodiff import SEED, backward_graph
+from flowgrad.autodiff import backward_graph
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 from flowgrad.grad_paths import updated_params
@@ -46,7 +46,3 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
     fused.splits = splits + fused.splits
     memory = plan_memory(fused.graph, keep=tuple(grads.values()))
     return StepPlan(fused.graph, fused, grads, seed, memory)
-
-
-def is_seed(node) -> bool:
-    return node.op == "input" and node.name == SEED
