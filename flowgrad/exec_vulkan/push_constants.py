@@ -72,7 +72,7 @@ SPECS_TEXT = {
             "mode: u32, include_pad: u32",
     "dropout": "n: u32, row_len: u32, thr: u32, stream: u32, scale: f32",
     "randn": "n: u32, row_len: u32, stream: u32",
-    "pointwise": "n: u32, op: u32, p0: f32, p1: f32, scale: f32, g_scalar: u32",
+    "pointwise": "n: u32, op: u32, p0: f32, p1: f32",
     "argmax": "n_out: u32, L: u32, inner: u32, is_int: u32",
     "topk": "rows: u32, L: u32, inner: u32, k: u32, mode: u32",
     "compare": "n: u32, op: u32, rank: u32, is_int: u32, shape: u32[6], sa: u32[6], sb: u32[6]",

@@ -7,23 +7,23 @@ import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowering
 
 
 
-def _map(rec, op, a, b, g, out, p0=0.0, p1=0.0, scale=1.0, g_scalar=False):
+def _map(rec, op, a, b, out, p0=0.0, p1=0.0):
     n = math.prod(out.shape)
     if n:
-        rec.dispatch("pointwise", [a, b if b is not None else a, g if g is not None else unused(rec, out.dtype), out],
-                     [n, op, float(p0), float(p1), float(scale), int(g_scalar)], groups_1d(n), variant(out.dtype))
+        rec.dispatch("pointwise", [a, b if b is not None else a, out], [n, op, float(p0), float(p1)], groups_1d(n),
+                     variant(out.dtype))
 
 
 def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lowering:
     """pointwise.comp's op `code` of x."""
 
     def forward(rec, node, ins, out):
-        _map(rec, code, ins[0], None, None, out, *params(node.attrs))
+        _map(rec, code, ins[0], None, out, *params(node.attrs))
 
     return Lowering(forward, FLOATS, pointwise=pointwise)
 
@@ -42,7 +42,7 @@ def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
         a, b = ins
         n = math.prod(a.shape)
         per = rec.scratch(tuple(a.shape), out.dtype)
-        _map(rec, code, a, b, None, per, param(node.attrs))
+        _map(rec, code, a, b, per, param(node.attrs))
         map_reduce(rec, M.COPY, [per], out, space=tuple(a.shape), reduce_axes=range(len(a.shape)),
                    scale=1.0 / n if n else math.nan)
 

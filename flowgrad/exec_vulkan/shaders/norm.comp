@@ -23,8 +23,7 @@
 //                     zero before the dispatch and reset by those workgroups;
 //                     `chunks` is the groups per cluster there).
 // `items` counts what the segments handle: rows, (chunk, column)s or columns.
-// flags bit 0: dx is added to what y holds (a gradient accumulated in place);
-// bit 1: dx is added to r (a gradient summed on its way: y = r + dx).
+// flags bit 1: dx is added to r (a gradient summed on its way: y = r + dx).
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
@@ -81,8 +80,7 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
 
 // dx into y; added as the unfused step would: dx stored (rounded) first, then the sum
 void store_dx(uint at, float dx) {
-    y[at] = T((pc.flags & 1u) != 0u ? float(y[at]) + float(T(dx)) : (pc.flags & 2u) != 0u ? float(r[at]) + float(T(dx))
-                                                                                     : dx);
+    y[at] = T((pc.flags & 2u) != 0u ? float(r[at]) + float(T(dx)) : dx);
 }
 
 shared vec4 seg4[FG_WG];
