@@ -315,6 +315,8 @@ LOWER = {
     "layernorm": lambda torch, node, ins, at: torch.nn.functional.layer_norm(
         ins[0], tuple(ins[1].shape), ins[1], ins[2], at["eps"]),
     "rmsnorm": _rmsnorm,
+    "softmax_grad": lambda torch, node, ins, at: ins[0] * (ins[1] - (ins[1] * ins[0]).sum(at["axis"], keepdim=True)),
+    "log_softmax_grad": lambda torch, node, ins, at: ins[1] - ins[0].exp() * ins[1].sum(at["axis"], keepdim=True),
     "layernorm_grad": _norm_grad(2),
     "rmsnorm_grad": _norm_grad(1),
     "batchnorm": _batchnorm,
@@ -395,6 +397,7 @@ COUNTERPART = {
     "bce_with_logits": "F.binary_cross_entropy_with_logits", "slice": "x[..., start:stop]", "concat": "torch.cat",
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
+    "softmax_grad": "torch._softmax_backward_data", "log_softmax_grad": "torch._log_softmax_backward_data",
     "conv_input_grad": "torch.nn.grad.conv2d_input", "conv_weight_grad": "torch.nn.grad.conv2d_weight",
     **{f"{n}_grad": f"torch.autograd.grad(F.{t})" for n, t in (
         ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},

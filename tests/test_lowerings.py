@@ -62,7 +62,7 @@ DRY = [  # op, input shapes and dtypes, attrs, forward dispatches, its gradient'
     ("gelu", [((4,), "f16")], {"approximate": "tanh"}, 1, 4),
     ("cast", [((4,), "f32")], {"dtype": "f16"}, 1, 1),
     ("max", [((3, 4), "f32")], {"axis": 1, "keepdims": False}, 1, 4),   # ties counted, g shared among them
-    ("softmax", [((3, 4), "f32")], {"axis": 0}, 1, 3),   # y * (g - sum(g * y)): a product, its sum, the rest
+    ("softmax", [((3, 4), "f32")], {"axis": 0}, 1, 1),   # softmax_grad: one kernel
     ("layernorm", [((3, 4), "f32"), ((4,), "f32"), ((4,), "f32")], {"eps": 1e-5}, 1, 1),
     ("layernorm", [((3, 4100), "f32"), ((4100,), "f32"), ((4100,), "f32")], {"eps": 1e-5}, 1, 2),  # long rows
     ("cross_entropy", [((3, 4), "f32"), ((3,), "i32")], {}, 2, 3),

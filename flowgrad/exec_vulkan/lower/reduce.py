@@ -75,17 +75,22 @@ def _rows(rec, mode, src, grad, dst, axis):
                  groups=(segment_groups(rows, lanes), 1, 1), variant=variant(dst.dtype))
 
 
-def _softmax(kind: str):
+def _softmax(kind: str) -> tuple[Lowering, Lowering]:
+    """softmax's (log_softmax's) lowering and its gradient's (from y and g)."""
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
         _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, node.attrs["axis"])
 
-    return Lowering(forward, FLOATS)
+    def grad_forward(rec, node, ins, out):
+        y, g = ins
+        _rows(rec, bwd_mode, y, g, out, node.attrs["axis"])
+
+    return Lowering(forward, FLOATS), Lowering(grad_forward, FLOATS)
 
 
-SOFTMAX = _softmax("softmax")
-LOG_SOFTMAX = _softmax("log_softmax")
+SOFTMAX, SOFTMAX_GRAD = _softmax("softmax")
+LOG_SOFTMAX, LOG_SOFTMAX_GRAD = _softmax("log_softmax")
 
 register_lowering("sum", SUM)
 register_lowering("mean", MEAN)
@@ -94,6 +99,8 @@ register_lowering("min", MIN)
 register_lowering("logsumexp", LOGSUMEXP)
 register_lowering("softmax", SOFTMAX)
 register_lowering("log_softmax", LOG_SOFTMAX)
+register_lowering("softmax_grad", SOFTMAX_GRAD)
+register_lowering("log_softmax_grad", LOG_SOFTMAX_GRAD)
 
 # ---------------------------------------------------------------- var / std / cumsum
 
