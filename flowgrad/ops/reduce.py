@@ -157,14 +157,18 @@ def softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-# softmax's and log_softmax's gradients from their output y, as ops (what their backward ops compute
-# in one kernel, and what those ops' own gradients differentiate)
-def _softmax_vjp(g, y, axis):
-    return y * (g - (g * y).sum(axis=axis, keepdims=True))
+# softmax's and log_softmax's gradients from their output y, as compositions: the ops of the
+# graph's backward (one kernel each on Vulkan), whose own gradients their compositions give
+def _softmax_grad_ops(emit, ins, at):
+    y, g = ins
+    total = emit("sum", [emit("mul", [g, y])], {"axis": at["axis"], "keepdims": True})
+    return emit("mul", [y, emit("sub", [g, total])])
 
 
-def _log_softmax_vjp(g, y, axis):
-    return g - y.e.op("exp", y) * g.sum(axis=axis, keepdims=True)
+def _log_softmax_grad_ops(emit, ins, at):
+    y, g = ins
+    total = emit("sum", [g], {"axis": at["axis"], "keepdims": True})
+    return emit("sub", [g, emit("mul", [emit("exp", [y]), total])])
 
 
 def _grad_op(name):
@@ -172,33 +176,10 @@ def _grad_op(name):
     return lambda g, ins, out, attrs: [g.e.op(name, out, g, axis=attrs["axis"])]
 
 
-def _composed_grad(vjp):
-    """A backward op's own derivative: the VJP of its composition, taped."""
-    from flowgrad.ops.emit import Tape
-
-    def grad(G, ins, out, attrs):
-        t = Tape(G.e)
-        y, g = (t.watch(x) for x in ins)
-        return [None if d is None else d.h for d in t.vjp([vjp(g, y, attrs["axis"])], [t.watch(G)], [y, g])]
-    return grad
-
-
-def _numpy_vjp(vjp):
-    from flowgrad.ops.emit import NumpyEmitter
-
-    def forward(ins, attrs):
-        e = NumpyEmitter()
-        y, g = (e.val(wide(x)) for x in ins)
-        with np.errstate(all="ignore"):
-            return narrow(vjp(g, y, attrs["axis"]).h, ins[0])
-    return forward
-
-
-def _grad_infer(ins, attrs):
+def _grad_check(ins, attrs):
     y, g = ins
     if y != g:
         raise OpTypeError(f"g must be y's type {y}, got {g}")
-    return _softmax_infer([y], attrs)
 
 
 softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
@@ -208,12 +189,10 @@ log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
                     grad=_grad_op("log_softmax_grad"), doc="x - logsumexp(x) along axis, computed stably")
 GRAD_ARGS = (Arg("y"), Arg("g"), Arg("axis", "attr", -1, (int,)))
-softmax_grad = defop("softmax_grad", GRAD_ARGS, _grad_infer, _numpy_vjp(_softmax_vjp),
-                     grad=_composed_grad(_softmax_vjp),
+softmax_grad = defop("softmax_grad", GRAD_ARGS, decompose=_softmax_grad_ops, check=_grad_check,
                      doc="softmax's gradient from its output y: y * (g - sum(g * y)) along axis",
                      samples=[Sample((((3, 4), "positive"), ((3, 4), "normal")), {"axis": 0})])
-log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, _grad_infer, _numpy_vjp(_log_softmax_vjp),
-                         grad=_composed_grad(_log_softmax_vjp),
+log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, decompose=_log_softmax_grad_ops, check=_grad_check,
                          doc="log_softmax's gradient from its output y: g - exp(y) * sum(g) along axis",
                          samples=[Sample((((3, 4), "normal"), ((3, 4), "normal")), {"axis": -1})])
 
