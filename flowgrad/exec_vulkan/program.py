@@ -29,7 +29,7 @@ from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, c
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
 from flowgrad.exec_vulkan.optim_records import groups_for, update_record
-from flowgrad.graph import Graph
+from flowgrad.graph import Graph, fill_value
 from flowgrad.exec_vulkan.memory import MemoryPlan
 from flowgrad.exec_vulkan.step_plan import step_plan
 
@@ -294,10 +294,10 @@ class StepProgram:
         # a constant of one value is filled in by the step (no transfer of its own), any other uploaded once
         fills, uploads = [], []
         for buf, node in consts.values():
-            view, value = BufView(buf, 0, node.shape, node.dtype), np.asarray(node.attrs["value"])
-            flat = value.reshape(-1)
-            if flat.size == 0 or np.array_equal(flat, np.full_like(flat, flat[0]), equal_nan=True):
-                fills.append((view, float(flat[0]) if flat.size else 0.0))
+            view, value = BufView(buf, 0, node.shape, node.dtype), node.attrs["value"]
+            one = fill_value(value)
+            if one is not None:
+                fills.append((view, one))
             else:
                 uploads.append((view, value))
         sess.write_consts(uploads)

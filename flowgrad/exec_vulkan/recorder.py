@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import struct
 
 import attrs
+import numpy as np
 
 from flowgrad.errors import DeviceError
 from flowgrad.dtypes import ITEMSIZE
@@ -373,12 +375,10 @@ def count_barriers(commands) -> int:
 
 
 def fill_word(value: float, dtype: str) -> int:
-    """The 32-bit word a fill repeats to hold `value` in every element."""
-    import struct
-
+    """The 32-bit word a fill repeats to hold `value` in every element of `dtype`."""
     if dtype == "f32":
-        return struct.unpack("<I", struct.pack("<f", value))[0]
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
     if dtype == "f16":
-        half = struct.unpack("<H", struct.pack("<e", value))[0]
+        half = int(np.array(value, np.float16).view(np.uint16))
         return half | half << 16
     return int(value) & 0xFFFFFFFF

@@ -28,9 +28,8 @@ import attrs
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
-from flowgrad.exec_vulkan.lower.spatial import fill_word
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowering
-from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill
+from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill, fill_word
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
 from flowgrad.ops.scan import invariant, layout

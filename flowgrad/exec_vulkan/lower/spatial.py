@@ -1,28 +1,14 @@
 """Lowerings of flatten (a reshape: one buffer copy) and pad (a fill of the
-pad value, then a strided copy of the input into the interior; the backward
-copies the interior of the gradient back out)."""
+pad value, then a strided copy of the input into the interior)."""
 from __future__ import annotations
-
-import struct
-
-import numpy as np
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowering
+from flowgrad.exec_vulkan.recorder import fill_word
 
 
 FLATTEN = RESHAPE
-
-
-def fill_word(value: float, dtype: str) -> int:
-    """The 32-bit pattern that fills a buffer of `dtype` with `value`."""
-    if dtype == "f32":
-        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
-    if dtype == "f16":
-        half = int(np.array(value, np.float16).view(np.uint16))
-        return half | half << 16
-    return int(value) & 0xFFFFFFFF
 
 
 def _interior(node, x_shape, out_shape):
