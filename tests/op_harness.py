@@ -36,6 +36,24 @@ def make_node(op, ins, attrs):
     return Node(len(ins), op, tuple(range(len(ins))), get_op(op).infer(types, attrs), attrs=attrs)
 
 
+def gradient_graph(op, types, attrs, wrt=None):
+    """(graph, input ids, y, seed, gradient ids): one `op` node of inputs of
+    `types` and its gradient's nodes (the grad rule's, seeded by input "g"),
+    fused as a step graph is; wrt: the input positions differentiated
+    (default every float one)."""
+    from flowgrad.autodiff import vjp_nodes
+    from flowgrad.exec_vulkan.fusion import fuse
+
+    g = Graph("one")
+    ins = [g.add("input", [], t, name=f"x{k}").id for k, t in enumerate(types)]
+    attrs = get_op(op).with_defaults(attrs)
+    y = g.add(op, ins, get_op(op).infer(list(types), attrs), attrs=attrs).id
+    seed = g.add("input", [], g.nodes[y].type, name="g").id
+    wrt = [i for k, (i, t) in enumerate(zip(ins, types)) if (k in wrt if wrt is not None else t.dtype != "i32")]
+    grads = vjp_nodes(g, [y], [seed], wrt)
+    return fuse(g, keep=tuple(grads)).graph, ins, y, seed, grads
+
+
 def wide64(x):
     return x.astype(np.float64) if x.dtype.kind == "f" else x
 

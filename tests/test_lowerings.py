@@ -20,7 +20,7 @@ from flowgrad.exec_vulkan.lowering import ALL_DTYPES
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder
 from flowgrad.graph import Node, TensorType
 from flowgrad.ops import get_op
-from tests.op_harness import close, make_node, uniform
+from tests.op_harness import close, gradient_graph, make_node, uniform
 
 LOWERINGS = {
     "add": elementwise.ADD, "sub": elementwise.SUB, "mul": elementwise.MUL, "div": elementwise.DIV,
@@ -71,26 +71,12 @@ DRY = [  # op, input shapes and dtypes, attrs, forward dispatches, its gradient'
 
 def gradient_commands(op, specs, attrs, wrt=None):
     """The commands of the gradient of one `op` node (its grad rule's nodes,
-    fused as a step graph is), recorded on the dry-run Recorder; wrt: the
-    input positions differentiated (default every float one)."""
-    from flowgrad.autodiff import vjp_nodes
-    from flowgrad.exec_vulkan.fusion import fuse
-    from flowgrad.graph import Graph
-
-    g = Graph("one")
-    ins = [g.add("input", [], TensorType(s, d), name=f"x{k}").id for k, (s, d) in enumerate(specs)]
-    attrs = get_op(op).with_defaults(attrs)
-    y = g.add(op, ins, get_op(op).infer([g.nodes[i].type for i in ins], attrs), attrs=attrs)
-    seed = g.add("input", [], y.type, name="g")
-    wrt = [i for k, i in enumerate(ins) if (wrt is None and specs[k][1] != "i32") or (wrt is not None and k in wrt)]
-    start = len(g.nodes)
-    grads = vjp_nodes(g, [y.id], [seed.id], wrt)
-    g.outputs.update({f"d{k}": i for k, i in enumerate(grads)})
-    fused = fuse(g, keep=tuple(grads)).graph
+    fused as a step graph is), recorded on the dry-run Recorder."""
+    graph, _ins, _y, seed, grads = gradient_graph(op, [TensorType(s, d) for s, d in specs], attrs, wrt)
     rec = Recorder()
-    for node in fused.needed_for(grads):   # views (reshapes) left out: a step places them in place
-        if node.id >= start and node.op not in ("input", "param", "const") and lowering_for(node.op).view is None:
-            lowering_for(node.op).forward(rec, node, [view(fused.nodes[i].shape, fused.nodes[i].dtype)
+    for node in graph.needed_for(grads):   # views (reshapes) left out: a step places them in place
+        if node.id > seed and node.op not in ("input", "param", "const") and lowering_for(node.op).view is None:
+            lowering_for(node.op).forward(rec, node, [view(graph.nodes[i].shape, graph.nodes[i].dtype)
                                                       for i in node.inputs], view(node.shape, node.dtype))
     return rec.commands
 

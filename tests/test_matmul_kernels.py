@@ -27,29 +27,22 @@ NP = {"f32": np.float32, "f16": np.float16}
 
 def products(device, a, b, shader=None, chunks=None, seed=0):
     """(out, da, db, dispatches) for a @ b and its backward with a random g."""
-    from flowgrad.exec_vulkan.oneshot import OneShot
-
-    from flowgrad.autodiff import vjp_nodes
-    from flowgrad.exec_vulkan.fusion import fuse
     from flowgrad.exec_vulkan.lower import lowering_for
-    from flowgrad.graph import Graph
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from tests.op_harness import gradient_graph
 
     dtype = dtype_of(a)
-    graph = Graph("product")
-    ia, ib = (graph.add("input", [], TensorType(tuple(x.shape), dtype), name=n).id for x, n in ((a, "a"), (b, "b")))
-    y = graph.add("matmul", (ia, ib), get_op("matmul").infer([graph.nodes[ia].type, graph.nodes[ib].type], {}))
-    seed_node = graph.add("input", [], y.type, name="g")
-    grads = vjp_nodes(graph, [y.id], [seed_node.id], [ia, ib])
-    step = fuse(graph, keep=tuple(grads)).graph   # the gradients as a step records them: matmul_t nodes
-    g = np.random.default_rng(seed).uniform(-1, 1, y.shape).astype(a.dtype)
+    # the gradients as a step records them: matmul_t nodes
+    step, (ia, ib), y, seed_id, grads = gradient_graph("matmul", [TensorType(tuple(x.shape), dtype) for x in (a, b)], {})
+    g = np.random.default_rng(seed).uniform(-1, 1, step.nodes[y].shape).astype(a.dtype)
     with OneShot(device) as s, mk.forced(shader, chunks):
-        values = {ia: s.upload(a), ib: s.upload(b), seed_node.id: s.upload(g)}
-        for node in step.needed_for([y.id, *grads]):
+        values = {ia: s.upload(a), ib: s.upload(b), seed_id: s.upload(g)}
+        for node in step.needed_for([y, *grads]):
             if node.id not in values:
                 values[node.id] = s.empty(node.shape, node.dtype)
                 lowering_for(node.op).forward(s.rec, node, [values[i] for i in node.inputs], values[node.id])
         dispatches = [c for c in s.rec.commands if hasattr(c, "shader")]
-        for i in (y.id, *grads):
+        for i in (y, *grads):
             s.download(values[i])
         got = s.run()
     a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
