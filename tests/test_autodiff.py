@@ -252,13 +252,8 @@ minimize loss
 """
 
 
-def test_attention_s_gradient_differentiated_again_matches_torch(device):
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
-    m = np.ones((2, 1, 5, 5), np.int32)
-    m[0, 0, 3] = 0   # a query that sees no key: zeros, and no NaN in any derivative
-    m[1, 0, :, 1] = 0
-
+def _attention_torch_loss(x, **sdpa):
+    """ATTENTION's loss in PyTorch (sdpa: the mask, or is_causal), from float64 params."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def torch_loss(p, outputs):
@@ -268,12 +263,21 @@ def test_attention_s_gradient_differentiated_again_matches_torch(device):
             return h.reshape(2, 5, 2, 4).transpose(1, 2)
         with sdpa_kernel(SDPBackend.MATH):   # the one PyTorch differentiates twice
             a = torch.nn.functional.scaled_dot_product_attention(
-                heads(xt @ p["wq"]), heads(xt @ p["wk"]), heads(xt @ p["wv"]), attn_mask=torch.tensor(m) != 0)
+                heads(xt @ p["wq"]), heads(xt @ p["wk"]), heads(xt @ p["wv"]), **sdpa)
         a = a.transpose(1, 2).reshape(2, 5, 8)
         (dx,) = torch.autograd.grad(torch.tanh(a).sum(), xt, create_graph=True)
         return (a * a).mean() + (dx * dx).sum()
+    return torch_loss
 
-    _check_family(ATTENTION, "attn.flow", device, {"x": x, "m": m}, torch_loss)
+
+def test_attention_s_gradient_differentiated_again_matches_torch(device):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    m = np.ones((2, 1, 5, 5), np.int32)
+    m[0, 0, 3] = 0   # a query that sees no key: zeros, and no NaN in any derivative
+    m[1, 0, :, 1] = 0
+    _check_family(ATTENTION, "attn.flow", device, {"x": x, "m": m},
+                  _attention_torch_loss(x, attn_mask=torch.tensor(m) != 0))
 
 
 def test_causal_attention_s_second_derivative_matches_torch(device):
@@ -281,22 +285,7 @@ def test_causal_attention_s_second_derivative_matches_torch(device):
     graph holds (and uploads once) on the graph path too."""
     src = ATTENTION.replace("mask=m", "causal=true").replace("input m: i32[2, 1, 5, 5]\n", "")
     x = np.random.default_rng(5).standard_normal((2, 5, 8)).astype(np.float32)
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def torch_loss(p, outputs):
-        xt = _t(x).requires_grad_()
-
-        def heads(h):
-            return h.reshape(2, 5, 2, 4).transpose(1, 2)
-        with sdpa_kernel(SDPBackend.MATH):
-            a = torch.nn.functional.scaled_dot_product_attention(
-                heads(xt @ p["wq"]), heads(xt @ p["wk"]), heads(xt @ p["wv"]), is_causal=True)
-        a = a.transpose(1, 2).reshape(2, 5, 8)
-        (dx,) = torch.autograd.grad(torch.tanh(a).sum(), xt, create_graph=True)
-        return (a * a).mean() + (dx * dx).sum()
-
-    _check_family(src, "attn.flow", device, {"x": x}, torch_loss)
+    _check_family(src, "attn.flow", device, {"x": x}, _attention_torch_loss(x, is_causal=True))
 
 
 CONV = """
