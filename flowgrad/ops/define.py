@@ -15,7 +15,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import Tape, dtype_name, numpy_vjp
+from flowgrad.ops.emit import Emitter, Tape, dtype_name, numpy_vjp
 from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
                                    register)
 
@@ -107,7 +107,7 @@ def _composition_grad(decompose, nondiff):
             return len(values) - 1
 
         def add_const(array, dtype):
-            values.append(t.watch(g.e.const(array, dtype)))
+            values.append(t.watch(Emitter.const(g.e, array, dtype)))   # (the graph's emitter has a builder's const too)
             return len(values) - 1
 
         emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: values[h].dtype, add_const)

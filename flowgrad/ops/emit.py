@@ -197,6 +197,34 @@ def numpy_vjp(grad_rule):
     return vjp
 
 
+class _Composing(Emitter):
+    """Emits into a `Composer` (a decompose rule's emit), so the rule can
+    compute with Vals."""
+
+    def __init__(self, emit):
+        self.emit = emit
+
+    def val(self, handle) -> Val:
+        return Val(self, handle, _LooseType(self.emit.shape(handle), self.emit.dtype(handle)))
+
+    def _apply(self, name, handles, attrs):
+        out = self.val(self.emit(name, handles, attrs))
+        return out.h, out.type
+
+    def _const(self, value, shape, dtype):
+        out = self.val(self.emit.const(np.broadcast_to(value, shape), dtype))
+        return out.h, out.type
+
+
+def composition(rule):
+    """A decompose rule (see Op) from one written with Vals: rule(e, ins,
+    attrs) -> Val, e the emitter its constants come from."""
+    def compose(emit, ins, attrs):
+        e = _Composing(emit)
+        return rule(e, [e.val(h) for h in ins], attrs).h
+    return compose
+
+
 class Tape(Emitter):
     """Emits into `base` and keeps what it emitted, so a grad rule can
     differentiate a composition of ops: a backward op's second derivative is

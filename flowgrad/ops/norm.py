@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 
-from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
-from flowgrad.ops.emit import second_order, unpack
+from flowgrad.ops.emit import composition, unpack
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, same_dtype
@@ -34,13 +33,9 @@ def _norm_infer(ins, attrs):
     return x
 
 
-def _leading_sum(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
-
-
 def _rows(x, w):
     """x as rows of the features w spans: [..., prod(w.shape)]."""
-    return x.reshape(x.shape[:x.ndim - w.ndim] + (w.size,))
+    return x.reshape(x.shape[:x.ndim - w.ndim] + (math.prod(w.shape),))
 
 
 def standardize(x, eps):
@@ -56,37 +51,55 @@ def _ln_forward(ins, attrs):
     return narrow((xhat * wide(w).reshape(-1) + wide(b).reshape(-1)).reshape(x.shape), x)
 
 
-def _accumulated(forward):
-    """A norm gradient's forward, dx added to `acc` where it is given (a
-    gradient summed on its way, as the device's kernel stores it)."""
-    def run(ins, attrs):
-        x, w, g, *acc = ins
-        packed = forward([x, w, g], attrs)
-        if acc and acc[0] is not None:
-            n = x.size
-            packed[:n] = narrow(wide(acc[0]).reshape(-1) + wide(packed[:n]), x)
-        return packed
-    return run
+# The backward ops, as compositions (one kernel each on Vulkan): f16 is computed in f32 and each
+# gradient rounded back once; their own derivatives (second order) are their compositions'.
 
 
-def _ln_grad_forward(ins, attrs):
-    x, w, g = ins
-    gw = _rows(wide(g), w)
-    xhat, rstd = standardize(_rows(wide(x), w), attrs["eps"])
-    dxhat = gw * wide(w).reshape(-1)
-    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    return _packed([narrow(dx.reshape(x.shape), x), narrow(_leading_sum(gw * xhat).reshape(w.shape), w),
-                    narrow(_leading_sum(gw).reshape(w.shape), w)])
+def widened(v):
+    """v in f32 if it is f16 (as precision.wide)."""
+    return v.cast("f32") if v.dtype == "f16" else v
 
 
-def _ln_ops(e, ins, attrs):
-    """layernorm as ops (what its gradient's own derivative differentiates)."""
-    x, w, b = ins
-    rows = x.reshape(x.shape[:x.ndim - w.ndim] + (math.prod(w.shape),))
-    xc = rows - e.op("mean", rows, axis=-1, keepdims=True)
-    var = e.op("mean", xc * xc, axis=-1, keepdims=True)
-    return (xc / e.op("sqrt", var + attrs["eps"])).reshape(x.shape) * w + b
+def mean_over(v, axes):
+    return v.e.op("mean", v, axis=axes, keepdims=True)
+
+
+def rstd_of(var, eps):
+    return 1.0 / var.e.op("sqrt", var + eps)
+
+
+def standardized(x, axes, eps):
+    """(x - mean) / std over axes, and 1 / std, as ops."""
+    xc = x - mean_over(x, axes)
+    rstd = rstd_of(mean_over(xc * xc, axes), eps)
+    return xc * rstd, rstd
+
+
+def standardized_grad(dxhat, xhat, rstd, axes):
+    """The gradient for x of xhat = (x - mean) * rstd over axes, from xhat's."""
+    return rstd * (dxhat - mean_over(dxhat, axes) - xhat * mean_over(dxhat * xhat, axes))
+
+
+def packed(x, w, dx, param_grads, acc=()):
+    """dx (added to acc where given) and the parameters' gradients, each
+    rounded to its input's dtype, as one flat vector."""
+    dx = dx.reshape(x.shape).cast(x.dtype)
+    if acc:
+        dx = (widened(acc[0]) + widened(dx)).cast(x.dtype)
+    parts = [dx] + [d.reshape(w.shape).cast(w.dtype) for d in param_grads]
+    return x.e.op("concat", *(p.reshape((math.prod(p.shape),)) for p in parts), axis=0)
+
+
+def _leading_sum(v):
+    return v.reshape((math.prod(v.shape[:-1]), v.shape[-1])).sum(axis=0)
+
+
+def _ln_grad(e, ins, attrs):
+    x, w, g, *acc = ins
+    xr, gr = _rows(widened(x), w), _rows(widened(g), w)
+    xhat, rstd = standardized(xr, -1, attrs["eps"])
+    dx = standardized_grad(gr * widened(w).reshape((xr.shape[-1],)), xhat, rstd, -1)
+    return packed(x, w, dx, [_leading_sum(gr * xhat), _leading_sum(gr)], acc)
 
 
 def _grads(name, params):
@@ -98,32 +111,12 @@ def _grads(name, params):
     return grad
 
 
-def _grad_infer(params):
-    def infer(ins, attrs):
-        x, w, g, *acc = ins
-        _norm_infer([x, w], attrs)
-        for name, t in [("g", g)] + [("acc", a) for a in acc if a is not None]:
-            if t != x:
-                raise OpTypeError(f"{name} must be x's type {x}, got {t}")
-        return TensorType((math.prod(x.shape) + params * math.prod(w.shape),), x.dtype)
-    return infer
-
-
-def _grad_grad(forward, params):
-    """A norm gradient's derivative: the VJP of its own (second order). The
-    bias (layernorm's) is a variable at 0 there: dx, dw and db do not depend
-    on its value, but db is the derivative for it."""
-    def grad(G, ins, out, attrs):
-        x, w, g, *acc = ins
-        fwd = [x, w] + [G.e.zeros(w)] * (params - 1)
-        parts = unpack(G, [t.shape for t in fwd])
-        grads = second_order(lambda e, xs: forward(e, xs, attrs), fwd, g, range(params + 1), parts)
-        return grads[:2] + grads[-1:] + [parts[0] for a in acc if a is not None]
-    return grad
-
-
-def _packed(arrays):
-    return np.concatenate([a.reshape(-1) for a in arrays])
+def _grad_check(ins, attrs):
+    x, w, g, *acc = ins
+    _norm_infer([x, w], attrs)
+    for name, t in [("g", g)] + [("acc", a) for a in acc]:
+        if t != x:
+            raise OpTypeError(f"{name} must be x's type {x}, got {t}")
 
 
 _EPS = Arg("eps", "attr", 1e-5, (float, int))
@@ -132,39 +125,28 @@ layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), _EPS),
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes weight spans (biased var, as PyTorch)")
 # one pass computes the three gradients (norm.comp's backward): they come back as one vector, dx then dw then db
 layernorm_grad = defop(
-    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _EPS), _grad_infer(2),
-    _accumulated(_ln_grad_forward),
-    grad=_grad_grad(_ln_ops, 2),
+    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _EPS),
+    decompose=composition(_ln_grad), check=_grad_check,
     doc="layernorm's gradients for x, weight and bias from the output's gradient g, flat, one after another "
         "(the bias changes none of them); x's added to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),
              Sample((((2, 3, 4), "normal"), ((3, 4), "normal"), ((2, 3, 4), "normal")), {"eps": 1e-3})])
 
 
-def _rms_scale(x, eps):
-    return 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
-
-
 def _rms_forward(ins, attrs):
     x, w = ins
     xw = _rows(wide(x), w)
-    return narrow((xw * _rms_scale(xw, attrs["eps"]) * wide(w).reshape(-1)).reshape(x.shape), x)
+    rstd = 1.0 / np.sqrt((xw * xw).mean(axis=-1, keepdims=True) + attrs["eps"])
+    return narrow((xw * rstd * wide(w).reshape(-1)).reshape(x.shape), x)
 
 
-def _rms_grad_forward(ins, attrs):
-    x, w, g = ins
-    xw, gw = _rows(wide(x), w), _rows(wide(g), w)
-    r = _rms_scale(xw, attrs["eps"])
-    dxh = gw * wide(w).reshape(-1)
-    dx = r * (dxh - xw * r * r * (dxh * xw).mean(axis=-1, keepdims=True))
-    return _packed([narrow(dx.reshape(x.shape), x), narrow(_leading_sum(gw * xw * r).reshape(w.shape), w)])
-
-
-def _rms_ops(e, ins, attrs):
-    x, w = ins
-    rows = x.reshape(x.shape[:x.ndim - w.ndim] + (math.prod(w.shape),))
-    ms = e.op("mean", rows * rows, axis=-1, keepdims=True)
-    return (rows / e.op("sqrt", ms + attrs["eps"])).reshape(x.shape) * w
+def _rms_grad(e, ins, attrs):
+    x, w, g, *acc = ins
+    xr, gr = _rows(widened(x), w), _rows(widened(g), w)
+    r = rstd_of(mean_over(xr * xr, -1), attrs["eps"])
+    dxh = gr * widened(w).reshape((xr.shape[-1],))
+    dx = r * (dxh - xr * r * r * mean_over(dxh * xr, -1))
+    return packed(x, w, dx, [_leading_sum(gr * xr * r)], acc)
 
 
 _RMS_EPS = Arg("eps", "attr", 1e-6, (float, int))
@@ -172,9 +154,8 @@ rmsnorm = defop("rmsnorm", (Arg("x"), Arg("weight"), _RMS_EPS),
                 _norm_infer, _rms_forward, grad=_grads("rmsnorm", 1),
                 doc="x / sqrt(mean(x^2) + eps) * weight over the trailing axes weight spans")
 rmsnorm_grad = defop(
-    "rmsnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _RMS_EPS), _grad_infer(1),
-    _accumulated(_rms_grad_forward),
-    grad=_grad_grad(_rms_ops, 1),
+    "rmsnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _RMS_EPS),
+    decompose=composition(_rms_grad), check=_grad_check,
     doc="rmsnorm's gradients for x and weight from the output's gradient g, flat, one after another; x's added "
         "to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),
