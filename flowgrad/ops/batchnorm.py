@@ -16,10 +16,9 @@ import math
 
 import numpy as np
 
-from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
-from flowgrad.ops.emit import second_order, unpack
-from flowgrad.ops.norm import standardize
+from flowgrad.ops.emit import composition, unpack
+from flowgrad.ops.norm import mean_over, packed, rstd_of, standardize, standardized, standardized_grad, widened
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
@@ -34,12 +33,12 @@ def _channels_first(x, what="x"):
 
 def _axes(x):
     """The axes statistics are taken over: all but the channels (axis 1)."""
-    return (0,) + tuple(range(2, x.ndim))
+    return [0] + list(range(2, x.ndim))
 
 
 def _per_channel(v, x):
     """[C] shaped to broadcast against x [N, C, ...]."""
-    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+    return v.reshape((1, x.shape[1]) + (1,) * (x.ndim - 2))
 
 
 # ---------------------------------------------------------------- batchnorm
@@ -77,81 +76,54 @@ def _bn_infer(ins, attrs):
     return x
 
 
-def _bn_stats(x, rm, rv, training, eps):
-    """(mean, rstd, batch var) per channel, in x's shape for broadcasting."""
-    if training:
-        mean = x.mean(axis=_axes(x), keepdims=True)
-        var = ((x - mean) ** 2).mean(axis=_axes(x), keepdims=True)
-    else:
-        mean, var = _per_channel(wide(rm), x), _per_channel(wide(rv), x)
-    return mean, 1.0 / np.sqrt(var + eps), var
-
-
 def _bn_forward(ins, attrs):
     x, w, b, rm, rv, rng = ins
-    training = bool(rng[0])
     xw = wide(x)
-    mean, rstd, var = _bn_stats(xw, rm, rv, training, attrs["eps"])
-    if training:  # the running statistics, updated in place (they are this node's state)
+    if rng[0]:   # a training step: the batch's statistics
+        mean = xw.mean(axis=tuple(_axes(xw)), keepdims=True)
+        var = ((xw - mean) ** 2).mean(axis=tuple(_axes(xw)), keepdims=True)
+        # the running statistics, updated in place (they are this node's state)
         n = xw.size // xw.shape[1]
         m = attrs["momentum"]
         unbiased = var.reshape(-1) * (n / (n - 1) if n > 1 else 1.0)
         rm[...] = ((1 - m) * wide(rm) + m * mean.reshape(-1)).astype(rm.dtype)
         rv[...] = ((1 - m) * wide(rv) + m * unbiased).astype(rv.dtype)
+    else:
+        mean, var = _per_channel(wide(rm), xw), _per_channel(wide(rv), xw)
+    rstd = 1.0 / np.sqrt(var + attrs["eps"])
     y = (xw - mean) * rstd * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
     return narrow(y, x)
 
 
-def _bn_grad_forward(ins, attrs):
-    x, w, rm, rv, g, rng = ins
-    training = bool(rng[0])
-    xw, gw = wide(x), wide(g)
-    mean, rstd, _ = _bn_stats(xw, rm, rv, training, attrs["eps"])
-    xhat = (xw - mean) * rstd
-    dxhat = gw * _per_channel(wide(w), xw)
+def _bn_grad(e, ins, attrs):
+    """The batch's statistics in a training step (the random state's first
+    word), the running ones in eval; a call checked before the build adds
+    its random state is read as a training step."""
+    x, w, rm, rv, g, *rng = ins
+    xw, gw, axes = widened(x), widened(g), _axes(x)
+    mean = mean_over(xw, axes)
+    var = mean_over((xw - mean) * (xw - mean), axes)
+    training = e.op("slice", rng[0], axis=0, start=0, stop=1).reshape(()) if rng else None
     if training:
-        axes = _axes(xw)
-        dx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
-                     - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
-    else:
-        dx = dxhat * rstd
-    axes = _axes(xw)
-    return _packed([narrow(dx, x), narrow((gw * xhat).sum(axis=axes), w), narrow(gw.sum(axis=axes), w)])
+        mean = e.where(training, mean, _per_channel(widened(rm), x))
+        var = e.where(training, var, _per_channel(widened(rv), x))
+    rstd = rstd_of(var, attrs["eps"])
+    xhat = (xw - mean) * rstd
+    dxhat = gw * _per_channel(widened(w), x)
+    dx = standardized_grad(dxhat, xhat, rstd, axes)
+    if training:
+        dx = e.where(training, dx, dxhat * rstd)
+    return packed(x, w, dx, [(gw * xhat).sum(axis=axes), gw.sum(axis=axes)])
 
 
-def _packed(arrays):
-    return np.concatenate([a.reshape(-1) for a in arrays])
-
-
-def _channel_shape(x) -> tuple:
-    """[C] as a shape that broadcasts against x [N, C, ...]."""
-    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
-
-
-def _standardized(e, x, groups, eps):
-    """x standardized over each example's group of channels (groups=None:
-    over each channel's values in the batch), as ops."""
-    rows = x.reshape((x.shape[0], groups, -1)) if groups else x
-    axes = [-1] if groups else [0] + list(range(2, x.ndim))
-    xc = rows - e.op("mean", rows, axis=axes, keepdims=True)
-    var = e.op("mean", xc * xc, axis=axes, keepdims=True)
-    return (xc / e.op("sqrt", var + eps)).reshape(x.shape)
-
-
-def _bn_ops(e, ins, attrs):
-    """batchnorm as ops, both kinds of step, chosen by the random state."""
-    x, w, b, rm, rv, rng = ins
-    shape = _channel_shape(x)
-    training = e.op("slice", rng, axis=0, start=0, stop=1).cast_like(x).reshape(())   # 1 or 0
-    running = (x - rm.cast(x.dtype).reshape(shape)) / e.op("sqrt", rv.cast(x.dtype).reshape(shape) + attrs["eps"])
-    xhat = e.where(training, _standardized(e, x, None, attrs["eps"]), running)
-    return xhat * w.reshape(shape) + b.reshape(shape)
-
-
-def _gn_ops(e, ins, attrs):
-    x, w, b = ins
-    shape = _channel_shape(x)
-    return _standardized(e, x, attrs["groups"], attrs["eps"]) * w.reshape(shape) + b.reshape(shape)
+def _gn_grad(e, ins, attrs):
+    x, w, g = ins
+    xw, gw, groups = widened(x), widened(g), attrs["groups"]
+    rows = (x.shape[0], groups, math.prod(x.shape[1:]) // groups)
+    xhat, rstd = standardized(xw.reshape(rows), -1, attrs["eps"])
+    dx = standardized_grad((gw * _per_channel(widened(w), x)).reshape(rows), xhat, rstd, -1)
+    xhat = xhat.reshape(x.shape)
+    return packed(x, w, dx, [(gw * xhat).sum(axis=_axes(x)), gw.sum(axis=_axes(x))])
 
 
 def _grad_rule(name, attr_names):
@@ -167,35 +139,16 @@ def _grad_rule(name, attr_names):
     return grad
 
 
-def _split_grad_ins(ins, n_state):
-    """A backward op's inputs: (x, w, the running statistics, g, the random state)."""
-    return ins[0], ins[1], ins[2:2 + n_state], ins[2 + n_state], ins[3 + n_state:]
-
-
-def _grad_grad(forward, n_state):
-    """The backward op's own derivative: the VJP of the norm written as ops
-    (second order). The bias is a variable at 0 there: nothing depends on
-    its value, but db is the derivative for it."""
-    def grad(G, ins, out, attrs):
-        x, w, state, g, rng = _split_grad_ins(ins, n_state)
-        fwd = [x, w, G.e.zeros(w), *state, *rng]
-        grads = second_order(lambda e, xs: forward(e, xs, attrs), fwd, g, (0, 1, 2),
-                             unpack(G, [x.shape, w.shape, w.shape]))
-        return grads[:2] + [None] * n_state + grads[-1:] + [None] * len(rng)
-    return grad
-
-
-def _grad_infer(forward_infer, n_state):
-    """The backward op's rule: the norm's inputs, bias left out, and g shaped as x."""
-    def infer(ins, attrs):
+def _grad_check(forward_infer, n_state):
+    """The backward op's checks: the norm's inputs, bias left out, and g shaped as x."""
+    def check(ins, attrs):
         if len(ins) < 3 + n_state:
             raise OpTypeError("takes x, weight, " + ("running_mean, running_var, " if n_state else "") + "and g")
-        x, w, state, g, rng = _split_grad_ins(ins, n_state)
+        x, w, state, g, rng = ins[0], ins[1], ins[2:2 + n_state], ins[2 + n_state], ins[3 + n_state:]
         forward_infer([x, w, w, *state, *rng], {"momentum": 0.0} | attrs)   # the gradient takes no momentum
         if g != x:
             raise OpTypeError(f"g must be x's type {x}, got {g}")
-        return TensorType((math.prod(x.shape) + 2 * math.prod(w.shape),), x.dtype)
-    return infer
+    return check
 
 
 def _bn_grad_expand(builder, ins, attrs):
@@ -221,8 +174,7 @@ batchnorm = defop(
 batchnorm_grad = defop(
     "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("g"),
                        Arg("eps", "attr", 1e-5, (float, int)), Arg("rng", "tensor", None)),
-    _grad_infer(_bn_infer, 2), _bn_grad_forward, grad=_grad_grad(_bn_ops, 2), expand=_bn_grad_expand,
-    nondiff=(2, 3, 5),
+    decompose=composition(_bn_grad), check=_grad_check(_bn_infer, 2), expand=_bn_grad_expand, nondiff=(2, 3, 5),
     doc="batchnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another; "
         "the batch statistics in a training step (the random state says which), the running ones in eval",
     samples=[Sample((((4, 3, 2), "normal"), ((3,), "positive"), ((3,), "normal"), ((3,), "positive"),
@@ -259,19 +211,6 @@ def _gn_forward(ins, attrs):
     return narrow(y, x)
 
 
-def _gn_grad_forward(ins, attrs):
-    x, w, g = ins
-    xw, gw = wide(x), wide(g)
-    groups = attrs["groups"]
-    xhat, rstd = standardize(_grouped(xw, groups), attrs["eps"])
-    dxhat = _grouped(gw * _per_channel(wide(w), xw), groups)
-    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-    axes = _axes(xw)
-    xhat = xhat.reshape(xw.shape)
-    return _packed([narrow(dx.reshape(x.shape), x), narrow((gw * xhat).sum(axis=axes), w),
-                    narrow(gw.sum(axis=axes), w)])
-
-
 groupnorm = defop(
     "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
                   Arg("eps", "attr", 1e-5, (float, int))),
@@ -280,6 +219,6 @@ groupnorm = defop(
 groupnorm_grad = defop(
     "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("groups", "attr", types=(int,)),
                        Arg("eps", "attr", 1e-5, (float, int))),
-    _grad_infer(_gn_infer, 0), _gn_grad_forward, grad=_grad_grad(_gn_ops, 0),
+    decompose=composition(_gn_grad), check=_grad_check(_gn_infer, 0),
     doc="groupnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another",
     samples=[Sample((((2, 4, 3), "normal"), ((4,), "positive"), ((2, 4, 3), "normal")), {"groups": 2})])
