@@ -85,3 +85,9 @@ def register_lowering(op_name: str, lowering: Lowering, replace: bool = False) -
         raise ValueError(f"op {op_name!r} already has a Vulkan lowering")
     LOWERINGS[op_name] = lowering
     return lowering
+
+
+def register_lowerings(table: dict[str, Lowering]) -> None:
+    """register_lowering for each op name and lowering of the table."""
+    for op_name, lowering in table.items():
+        register_lowering(op_name, lowering)

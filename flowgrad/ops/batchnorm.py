@@ -18,7 +18,8 @@ import numpy as np
 
 from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition, unpack
-from flowgrad.ops.norm import mean_over, packed, rstd_of, standardize, standardized, standardized_grad, widened
+from flowgrad.ops.norm import (mean_over, packed, rstd_of, standardize, standardized, standardized_grad,
+                               widened)
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample

@@ -28,7 +28,7 @@ from flowgrad.exec_vulkan.attention_builds import (
     shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 __all__ = ["ATTENTION", "TILES", "HEAD_BOUNDS", "SHARED_LIMIT", "shared_bytes", "shader_builds", "coop_kernels",
            "forced_coop"]   # the build tables are read through this module too (tests, benches)
@@ -176,5 +176,4 @@ def attention_grad_forward(rec, node, ins, out):
 # i32: a boolean mask input (q, k, v and the result are always float)
 ATTENTION = Lowering(attention_forward, FLOATS | {"i32"})
 
-register_lowering("attention", ATTENTION)
-register_lowering("attention_grad", Lowering(attention_grad_forward, FLOATS | {"i32"}))
+register_lowerings({"attention": ATTENTION, "attention_grad": Lowering(attention_grad_forward, FLOATS | {"i32"})})

@@ -13,7 +13,7 @@ import math
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 HAS_RUNNING, UPDATE, STATS_F32 = 1, 2, 4
 
@@ -99,7 +99,5 @@ def _norm(running: bool) -> tuple[Lowering, Lowering]:
 BATCHNORM, BATCHNORM_GRAD = _norm(running=True)
 GROUPNORM, GROUPNORM_GRAD = _norm(running=False)
 
-register_lowering("batchnorm", BATCHNORM)
-register_lowering("groupnorm", GROUPNORM)
-register_lowering("batchnorm_grad", BATCHNORM_GRAD)
-register_lowering("groupnorm_grad", GROUPNORM_GRAD)
+register_lowerings({"batchnorm": BATCHNORM, "groupnorm": GROUPNORM, "batchnorm_grad": BATCHNORM_GRAD,
+    "groupnorm_grad": GROUPNORM_GRAD})

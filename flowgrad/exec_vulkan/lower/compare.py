@@ -8,7 +8,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse, unused
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(NE=54, LT=55, LE=56, GT=57, GE=58)   # 1.0 where x0 <op> x1, else 0.0 (M.EQ is map_reduce's)
 MAP_OPS = (M.EQ, M.NE, M.LT, M.LE, M.GT, M.GE)   # by compare.comp's code
@@ -91,14 +91,5 @@ TOPK_GRAD = Lowering(_topk_grad_forward, FLOATS)
 TOPK_PICK = Lowering(_topk_pick_forward, FLOATS)
 TOPK_INDICES = Lowering(_topk_indices_forward, ALL_DTYPES)
 
-register_lowering("argmax", ARGMAX)
-register_lowering("eq", EQ)
-register_lowering("ne", NE)
-register_lowering("lt", LT)
-register_lowering("le", LE)
-register_lowering("gt", GT)
-register_lowering("ge", GE)
-register_lowering("topk", TOPK)
-register_lowering("topk_indices", TOPK_INDICES)
-register_lowering("topk_grad", TOPK_GRAD)
-register_lowering("topk_pick", TOPK_PICK)
+register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE, "topk": TOPK,
+    "topk_indices": TOPK_INDICES, "topk_grad": TOPK_GRAD, "topk_pick": TOPK_PICK})

@@ -28,7 +28,7 @@ from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
 CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
@@ -198,8 +198,6 @@ CONV2D = Lowering(conv_forward, FLOATS)
 CONV1D = CONV2D
 CONV_TRANSPOSE2D = Lowering(transpose_forward, FLOATS)
 
-register_lowering("conv2d", CONV2D)
-register_lowering("conv1d", CONV1D)
-register_lowering("conv_transpose2d", CONV_TRANSPOSE2D)
-register_lowering("conv_input_grad", Lowering(input_grad_forward, FLOATS))
-register_lowering("conv_weight_grad", Lowering(weight_grad_forward, FLOATS))
+register_lowerings({"conv2d": CONV2D, "conv1d": CONV1D, "conv_transpose2d": CONV_TRANSPOSE2D,
+    "conv_input_grad": Lowering(input_grad_forward, FLOATS),
+    "conv_weight_grad": Lowering(weight_grad_forward, FLOATS)})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           ABS=33, MAXIMUM=35, MINIMUM=36,
@@ -87,27 +87,7 @@ def _cast_forward(rec, node, ins, out):
 
 CAST = Lowering(_cast_forward, ALL_DTYPES)
 
-register_lowering("add", ADD)
-register_lowering("sub", SUB)
-register_lowering("mul", MUL)
-register_lowering("div", DIV)
-register_lowering("neg", NEG)
-register_lowering("exp", EXP)
-register_lowering("log", LOG)
-register_lowering("sqrt", SQRT)
-register_lowering("tanh", TANH)
-register_lowering("sigmoid", SIGMOID)
-register_lowering("relu", RELU)
-register_lowering("silu", SILU)
-register_lowering("abs", ABS)
-register_lowering("sin", SIN)
-register_lowering("cos", COS)
-register_lowering("maximum", MAXIMUM)
-register_lowering("minimum", MINIMUM)
-register_lowering("where", WHERE)
-register_lowering("clamp_min", CLAMP_MIN)
-register_lowering("clamp_max", CLAMP_MAX)
-register_lowering("gelu", GELU)
-register_lowering("pow", POW)
-register_lowering("cast", CAST)
-register_lowering("softsign", SOFTSIGN)
+register_lowerings({"add": ADD, "sub": SUB, "mul": MUL, "div": DIV, "neg": NEG, "exp": EXP, "log": LOG, "sqrt": SQRT,
+    "tanh": TANH, "sigmoid": SIGMOID, "relu": RELU, "silu": SILU, "abs": ABS, "sin": SIN, "cos": COS,
+    "maximum": MAXIMUM, "minimum": MINIMUM, "where": WHERE, "clamp_min": CLAMP_MIN, "clamp_max": CLAMP_MAX,
+    "gelu": GELU, "pow": POW, "cast": CAST, "softsign": SOFTSIGN})

@@ -9,7 +9,7 @@ import math
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowerings
 
 GATHER, SCATTER_ADD, ONE_HOT = 0, 1, 2   # gather.comp's modes
 
@@ -69,6 +69,6 @@ def one_hot_forward(rec, node, ins, out):
               math.prod(out.shape))
 
 
-register_lowering("gather", Lowering(gather_forward, ALL_DTYPES, checks_indices=True))
-register_lowering("scatter_add", Lowering(scatter_add_forward, ALL_DTYPES, checks_indices=True))
-register_lowering("one_hot", Lowering(one_hot_forward, ALL_DTYPES, checks_indices=True))
+register_lowerings({"gather": Lowering(gather_forward, ALL_DTYPES, checks_indices=True),
+    "scatter_add": Lowering(scatter_add_forward, ALL_DTYPES, checks_indices=True),
+    "one_hot": Lowering(one_hot_forward, ALL_DTYPES, checks_indices=True)})

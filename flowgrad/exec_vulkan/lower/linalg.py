@@ -22,7 +22,7 @@ from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 
 @attrs.frozen
@@ -330,5 +330,4 @@ def matmul_t_forward(rec, node, ins, out, epilogue=None):
 
 MATMUL = Lowering(matmul_forward, FLOATS, blocked="matmul_parts", epilogue=True)
 
-register_lowering("matmul", MATMUL)
-register_lowering("matmul_t", Lowering(matmul_t_forward, FLOATS, epilogue=True))
+register_lowerings({"matmul": MATMUL, "matmul_t": Lowering(matmul_t_forward, FLOATS, epilogue=True)})

@@ -6,7 +6,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
 
 
 def _mse_forward(rec, node, ins, out):
@@ -109,8 +109,5 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
 CROSS_ENTROPY, CROSS_ENTROPY_GRAD = _xent_lowering(log_probs=False)
 NLL_LOSS, NLL_LOSS_GRAD = _xent_lowering(log_probs=True)
 
-register_lowering("mse_loss", MSE_LOSS)
-register_lowering("cross_entropy", CROSS_ENTROPY)
-register_lowering("nll_loss", NLL_LOSS)
-register_lowering("cross_entropy_grad", CROSS_ENTROPY_GRAD)
-register_lowering("nll_loss_grad", NLL_LOSS_GRAD)
+register_lowerings({"mse_loss": MSE_LOSS, "cross_entropy": CROSS_ENTROPY, "nll_loss": NLL_LOSS,
+    "cross_entropy_grad": CROSS_ENTROPY_GRAD, "nll_loss_grad": NLL_LOSS_GRAD})

@@ -15,7 +15,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes, unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
@@ -115,7 +115,5 @@ def _norm(kind: str):
 LAYERNORM, LAYERNORM_GRAD = _norm("layernorm")
 RMSNORM, RMSNORM_GRAD = _norm("rmsnorm")
 
-register_lowering("layernorm", LAYERNORM)
-register_lowering("rmsnorm", RMSNORM)
-register_lowering("layernorm_grad", LAYERNORM_GRAD)
-register_lowering("rmsnorm_grad", RMSNORM_GRAD)
+register_lowerings({"layernorm": LAYERNORM, "rmsnorm": RMSNORM, "layernorm_grad": LAYERNORM_GRAD,
+    "rmsnorm_grad": RMSNORM_GRAD})

@@ -8,7 +8,7 @@ import math
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowerings
 
 
 
@@ -53,10 +53,5 @@ L1_LOSS = loss(8)
 HUBER_LOSS = loss(10, lambda at: at["delta"])
 BCE_WITH_LOGITS = loss(12)
 
-register_lowering("erf", ERF)
-register_lowering("softplus", SOFTPLUS)
-register_lowering("leaky_relu", LEAKY_RELU)
-register_lowering("elu", ELU)
-register_lowering("l1_loss", L1_LOSS)
-register_lowering("huber_loss", HUBER_LOSS)
-register_lowering("bce_with_logits", BCE_WITH_LOGITS)
+register_lowerings({"erf": ERF, "softplus": SOFTPLUS, "leaky_relu": LEAKY_RELU, "elu": ELU, "l1_loss": L1_LOSS,
+    "huber_loss": HUBER_LOSS, "bce_with_logits": BCE_WITH_LOGITS})

@@ -8,7 +8,7 @@ import math
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
 MAX_PICK = 6
@@ -65,10 +65,6 @@ MAXPOOL2D = _pool("maxpool2d")
 AVGPOOL2D = _pool("avgpool2d")
 ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
 
-register_lowering("maxpool2d", MAXPOOL2D)
-register_lowering("avgpool2d", AVGPOOL2D)
-register_lowering("adaptive_avgpool2d", ADAPTIVE_AVGPOOL2D)
-register_lowering("maxpool2d_grad", _grads("maxpool2d"))
-register_lowering("maxpool2d_pick", Lowering(_max_pick_forward, FLOATS))
-register_lowering("avgpool2d_grad", _grads("avgpool2d"))
-register_lowering("adaptive_avgpool2d_grad", _grads("adaptive_avgpool2d"))
+register_lowerings({"maxpool2d": MAXPOOL2D, "avgpool2d": AVGPOOL2D, "adaptive_avgpool2d": ADAPTIVE_AVGPOOL2D,
+    "maxpool2d_grad": _grads("maxpool2d"), "maxpool2d_pick": Lowering(_max_pick_forward, FLOATS),
+    "avgpool2d_grad": _grads("avgpool2d"), "adaptive_avgpool2d_grad": _grads("adaptive_avgpool2d")})

@@ -7,7 +7,7 @@ import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 
 
@@ -42,5 +42,4 @@ def randn_forward(rec, node, ins, out):
 
 RANDN_LIKE = Lowering(randn_forward, FLOATS | {"i32"})
 
-register_lowering("dropout", DROPOUT)
-register_lowering("randn_like", RANDN_LIKE)
+register_lowerings({"dropout": DROPOUT, "randn_like": RANDN_LIKE})

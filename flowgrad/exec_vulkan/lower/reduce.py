@@ -7,7 +7,7 @@ import math
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
-from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 from flowgrad.ops.reduce import dof, reduce_axes
 
 M.declare(LSE_EXP=46,     # x0 = x, x1 = its max: exp(x - max), the max taken as 0 where infinite
@@ -92,15 +92,8 @@ def _softmax(kind: str) -> tuple[Lowering, Lowering]:
 SOFTMAX, SOFTMAX_GRAD = _softmax("softmax")
 LOG_SOFTMAX, LOG_SOFTMAX_GRAD = _softmax("log_softmax")
 
-register_lowering("sum", SUM)
-register_lowering("mean", MEAN)
-register_lowering("max", MAX)
-register_lowering("min", MIN)
-register_lowering("logsumexp", LOGSUMEXP)
-register_lowering("softmax", SOFTMAX)
-register_lowering("log_softmax", LOG_SOFTMAX)
-register_lowering("softmax_grad", SOFTMAX_GRAD)
-register_lowering("log_softmax_grad", LOG_SOFTMAX_GRAD)
+register_lowerings({"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN, "logsumexp": LOGSUMEXP, "softmax": SOFTMAX,
+    "log_softmax": LOG_SOFTMAX, "softmax_grad": SOFTMAX_GRAD, "log_softmax_grad": LOG_SOFTMAX_GRAD})
 
 # ---------------------------------------------------------------- var / std / cumsum
 
@@ -135,6 +128,5 @@ def _cumsum_forward(rec, node, ins, out):
                  variant=variant(out.dtype))
 
 
-register_lowering("var", Lowering(_var_forward(root=False), FLOATS))
-register_lowering("std", Lowering(_var_forward(root=True), FLOATS))
-register_lowering("cumsum", Lowering(_cumsum_forward, FLOATS))
+register_lowerings({"var": Lowering(_var_forward(root=False), FLOATS),
+    "std": Lowering(_var_forward(root=True), FLOATS), "cumsum": Lowering(_cumsum_forward, FLOATS)})

@@ -28,7 +28,7 @@ import attrs
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill, fill_word
 from flowgrad.graph import fill_value
 from flowgrad.ops import get_op
@@ -241,5 +241,5 @@ def unpack_forward(rec, node, ins, out):
         rec.copy(src, out)
 
 
-register_lowering("scan", Lowering(scan_forward, ALL_DTYPES))
-register_lowering("unpack", Lowering(unpack_forward, ALL_DTYPES, view=_unpack_offset))
+register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES),
+    "unpack": Lowering(unpack_forward, ALL_DTYPES, view=_unpack_offset)})

@@ -10,7 +10,7 @@ import math
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
 from flowgrad.ops import shape as rules
 
 
@@ -162,15 +162,7 @@ def embedding_grad_forward(rec, node, ins, out):
 
 EMBEDDING_GRAD = Lowering(embedding_grad_forward, ALL_DTYPES, checks_indices=True)
 
-register_lowering("transpose", permuting(rules._transpose_perm))
-register_lowering("permute", permuting(rules._permute_perm))
-register_lowering("reshape", RESHAPE)
-register_lowering("stop_gradient", STOP_GRADIENT)
-register_lowering("broadcast_to", BROADCAST_TO)
-register_lowering("slice", SLICE)
-register_lowering("concat", CONCAT)
-register_lowering("embedding", EMBEDDING)
-register_lowering("embedding_grad", EMBEDDING_GRAD)
-# the same elements in another shape: a reshape
-register_lowering("squeeze", RESHAPE)
-register_lowering("unsqueeze", RESHAPE)
+register_lowerings({"transpose": permuting(rules._transpose_perm), "permute": permuting(rules._permute_perm),
+    "reshape": RESHAPE, "stop_gradient": STOP_GRADIENT, "broadcast_to": BROADCAST_TO, "slice": SLICE, "concat": CONCAT,
+    "embedding": EMBEDDING, "embedding_grad": EMBEDDING_GRAD,
+    "squeeze": RESHAPE, "unsqueeze": RESHAPE})   # the same elements in another shape: a reshape

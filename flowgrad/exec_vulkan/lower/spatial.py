@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import fill_word
 
 
@@ -29,5 +29,4 @@ def pad_forward(rec, node, ins, out):
 
 PAD = Lowering(pad_forward, ALL_DTYPES)
 
-register_lowering("flatten", FLATTEN)
-register_lowering("pad", PAD)
+register_lowerings({"flatten": FLATTEN, "pad": PAD})

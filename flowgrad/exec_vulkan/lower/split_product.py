@@ -15,7 +15,7 @@ import math
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
-from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowerings
 
 
 def _sizes(node, a, b):
@@ -69,7 +69,7 @@ def part_forward(rec, node, ins, out):
         rec.copy(x.view(off, out.shape), out)
 
 
-register_lowering("matmul_parts", Lowering(parts_forward, FLOATS))
-register_lowering("parts_grad_a", Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS))
-register_lowering("parts_grad_b", Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS))
-register_lowering("part", Lowering(part_forward, ALL_DTYPES, view=lambda node, in_shape: part_offset(node, in_shape)))
+register_lowerings({"matmul_parts": Lowering(parts_forward, FLOATS),
+    "parts_grad_a": Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS),
+    "parts_grad_b": Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS),
+    "part": Lowering(part_forward, ALL_DTYPES, view=lambda node, in_shape: part_offset(node, in_shape))})
