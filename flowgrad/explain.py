@@ -46,6 +46,8 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     grad_nodes = frozenset().union(*(p.grad_nodes for _g, p in parts))
     recorded: dict = {}
     graph_plan = summed([graph_plan_dict(g, p, recorded if k == 0 else None) for k, (g, p) in enumerate(parts)])
+    if len(parts) > 1 and graph_plan.get("submits") is not None:
+        graph_plan["submits"] = 1   # the objectives' programs go in one submission (graph_session.step_together)
     kernels = node_kernels(plan, recorded)
     # each fused member's group node, by its label (a step graph's node may be one of its backward's)
     fused_in = ({m: plan.fusion.source.nodes[grp.node].label for m, grp in plan.fusion.group_of().items()}
@@ -451,7 +453,7 @@ def render_backward(nodes: list[dict], width: int = 118) -> list[str]:
 
 
 def render_objectives(objectives: list[dict], path: str) -> list[str]:
-    each = "its own submit" if path == "graph" else "its own forward, backward and update"
+    each = "its own program, all in one submit" if path == "graph" else "its own forward, backward and update"
     lines = [f"objectives, applied in this order each step ({each}):" if len(objectives) > 1 else "objective:"]
     for k, o in enumerate(objectives, 1):
         lines.append(f"  {k}. {o['name']} over {', '.join(o['params']) or 'no trainable param'}   "

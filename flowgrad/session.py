@@ -266,23 +266,35 @@ class Session:
         parts = self.parts if learn else self.parts[:1]
         optimizers = [None] * len(parts) if optimizer is None else per_objective(optimizer, self.graph)
         check = self.check_finite and learn and self.graph.loss is not None
-        start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
-        outputs, losses, out_grads = None, {}, {}
-        for k, ((name, graph, runner), opt) in enumerate(zip(parts, optimizers)):
-            if check:
-                before = start[0] if k == 0 else self.runner.get_params()
-                out, loss, got = self._checked_step(graph, runner, feeds, grads, opt, grad_inputs, on_grad_final,
-                                                    start, before)
-            else:
-                out, loss, got = runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
-                                             **_hook(on_grad_final))
-            outputs = out if outputs is None else outputs
+        results = None
+        if learn and not check and isinstance(self.runner, ObjectiveRunners):
+            # the graph path runs them all in one submission. A checked step runs each on its own: the
+            # node that made a non-finite value is found from the params its objective started from
+            results = self.runner.step_together(feeds, grads, optimizers, grad_inputs, _hook(on_grad_final))
+        if results is None:
+            results = self._each_objective(parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check)
+        outputs, losses, out_grads = results[0][0], {}, {}
+        for (name, _graph, _runner), (_out, loss, got) in zip(parts, results):
             losses[name] = loss
             for key, value in got.items():
                 out_grads.setdefault(key, value)
         if not learn:
             losses.update({name: outputs.get(name) for name in objective_names(self.graph)[1:]})
         return outputs, losses, out_grads
+
+    def _each_objective(self, parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check) -> list[tuple]:
+        """[(outputs, loss, gradients)] of each objective's step, one after the other."""
+        start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
+        results = []
+        for k, ((_name, graph, runner), opt) in enumerate(zip(parts, optimizers)):
+            if check:
+                before = start[0] if k == 0 else self.runner.get_params()
+                results.append(self._checked_step(graph, runner, feeds, grads, opt, grad_inputs, on_grad_final,
+                                                  start, before))
+            else:
+                results.append(runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
+                                           **_hook(on_grad_final)))
+        return results
 
     def _session_for_rows(self, feeds):
         """The session predict builds for the feeds' row count when it is below

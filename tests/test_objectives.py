@@ -2,7 +2,7 @@
 reads the params as the objectives before it left them, its backward takes
 its loss's gradient for its own params, its optimizer (its own state)
 updates them, in file order, as a PyTorch loop that alternates the updates
-of a GAN does; on numpy and on the Vulkan graph path (one submit each). The
+of a GAN does; on numpy and on the Vulkan graph path (one submit for them all). The
 `over` names (params, block prefixes), their errors, optimizer lists,
 checkpoints, frozen params and `explain`."""
 from __future__ import annotations
@@ -139,8 +139,38 @@ def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
     first, second = sess.runner.runners
     assert all(second.leaves[("val", i)] is first.leaves[("val", i)] for i in sess.graph.params.values())
     report = sess.explain()
-    assert report.to_dict()["graph_plan"]["submits"] == 2
-    assert "objectives, applied in this order each step (its own submit):" in report.text()
+    assert report.to_dict()["graph_plan"]["submits"] == 1
+    assert "objectives, applied in this order each step (its own program, all in one submit):" in report.text()
+
+
+def test_a_graph_path_step_of_two_objectives_is_one_submit(vk_device, monkeypatch):
+    from flowgrad.objectives import ObjectiveRunners
+
+    def run(each: bool):
+        sess = gan().compile(device="vulkan", backward="graph", seed=3)
+        assert sess.last_path == "graph"
+        if each:   # every objective a submission of its own, as a checked step runs them
+            monkeypatch.setattr(ObjectiveRunners, "step_together", lambda *args: None)
+        opts, stats, got = optimizers(), sess.device.stats, []
+        for k, f in enumerate(batches(3)):
+            before = stats["submits"]
+            got.append(sess.step(f, optimizer=opts))
+            if k:   # the first records the programs (and uploads their optimizer state)
+                assert stats["submits"] - before == (2 if each else 1)
+        before = stats["submits"]
+        got.append(sess.step(batches(1, seed=9)[0]))   # gradients alone, from the same params
+        assert stats["submits"] - before == (2 if each else 1)
+        return got, sess.params
+
+    together, params = run(False)
+    each, want = run(True)
+    for a, b in zip(together, each):
+        assert a.losses == b.losses
+        assert a.grads.keys() == b.grads.keys() == set(DISC + GEN)
+        for name in a.grads:
+            np.testing.assert_array_equal(a.grads[name], b.grads[name], err_msg=name)
+    for name, value in want.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
 
 
 def test_each_objective_differentiates_and_updates_its_own_params_only():
