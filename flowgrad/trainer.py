@@ -277,7 +277,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 scaler = sess.loss_scaler
-                scale = None if scaler is None else scaler.scale   # the scale this step's backward uses
+                scales = [s.scale for s in sess.loss_scalers]   # the scales this step's backwards use
                 in_step = True
                 losses = None
                 if world is None:
@@ -288,8 +288,12 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                 step += 1
                 in_step = False
                 rec = _record(step, loss, ts.optimizer, sess.runner.counts.iterations, losses)
-                if scaler is not None:
-                    rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
+                if scaler is not None:   # the first objective's, as `loss` is; with several, each one's too
+                    rec.update({"loss_scale": scales[0], "skipped_steps": scaler.skipped})
+                    if losses is not None:
+                        rec.update({"loss_scales": dict(zip(losses, scales)),
+                                    "skipped_steps_by_objective": {n: s.skipped for n, s in
+                                                                   zip(losses, sess.loss_scalers)}})
                 if step % ts.eval_every == 0 or step == ts.steps:
                     rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
                     if split == "val" and "val_loss" in rec:

@@ -227,9 +227,68 @@ def test_a_list_of_optimizers_needs_one_per_objective(tmp_path):
     assert str(e.value).startswith(f"{path}:26:3: 3 optimizers for tiny_gan's 2 objectives (d_loss, g_loss)")
 
 
-def test_several_objectives_refuse_mixed_precision():
-    with pytest.raises(FlowError, match="several objectives train in f32 or f16 for now"):
-        gan().compile(device="cpu", dtype="mixed")
+def compiled(device, **kw):
+    sess = gan().compile(device=device, seed=1, **kw)
+    assert sess.last_path == "graph" if device == "vulkan" else sess.last_path.startswith("closures")
+    return sess
+
+
+@pytest.fixture(params=["cpu", "vulkan"])
+def device(request):
+    if request.param == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+def test_two_objectives_in_mixed_track_f32(device):
+    mixed, f32 = compiled(device, dtype="mixed"), compiled(device)
+    assert len(mixed.loss_scalers) == 2 and mixed.loss_scalers[0] is not mixed.loss_scalers[1]
+    assert f32.loss_scalers == []
+    opts_m, opts_f = optimizers(), optimizers()
+    for f in batches(3):
+        got, want = mixed.step(f, optimizer=opts_m).losses, f32.step(f, optimizer=opts_f).losses
+        np.testing.assert_allclose([got[k] for k in want], list(want.values()), rtol=1e-3)
+    for name, value in f32.params.items():
+        np.testing.assert_allclose(mixed.params[name], value, rtol=1e-2, atol=2e-3 * np.abs(value).max(), err_msg=name)
+    assert [s.skipped for s in mixed.loss_scalers] == [0, 0]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")
+def test_an_overflow_in_one_objective_skips_its_update_alone(device):
+    """x reaches the discriminator's loss alone: an inf in it skips the
+    discriminator's update and halves its scale; the generator's objective
+    (its own scaler) updates as ever."""
+    sess = compiled(device, dtype="mixed")
+    opts = optimizers()
+    good, bad = batches(2)
+    sess.step(good, optimizer=opts)
+    before, (counts_before, _) = sess.params, sess.parts[0][2].get_opt_state()
+    bad["x"][1, 2] = np.inf
+    sess.step(bad, optimizer=opts)
+    d_scaler, g_scaler = sess.loss_scalers
+    assert d_scaler.state() == {"scale": 32768.0, "good_steps": 0, "skipped": 1} and d_scaler.last_skipped
+    assert g_scaler.state() == {"scale": 65536.0, "good_steps": 2, "skipped": 0} and not g_scaler.last_skipped
+    after = sess.params
+    for name in DISC + GEN:
+        assert np.array_equal(after[name], before[name]) == (name in DISC), name
+    d_counts, g_counts = (runner.get_opt_state()[0] for _name, _graph, runner in sess.parts)
+    assert (d_counts.updates, d_counts.iterations) == (counts_before.updates, counts_before.iterations + 1) == (1, 2)
+    assert (g_counts.updates, g_counts.iterations) == (2, 2)
+
+
+def test_a_checkpoint_keeps_each_objectives_loss_scale(tmp_path):
+    sess = compiled("cpu", dtype="mixed")
+    opts = optimizers()
+    good, bad = batches(2)
+    sess.step(good, optimizer=opts)
+    bad["x"][0, 0] = np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        sess.step(bad, optimizer=opts)
+    sess.save_checkpoint(tmp_path / "c.safetensors")
+    again = compiled("cpu", dtype="mixed")
+    again.load_checkpoint(tmp_path / "c.safetensors")
+    assert [s.state() for s in again.loss_scalers] == [s.state() for s in sess.loss_scalers] == [
+        {"scale": 32768.0, "good_steps": 0, "skipped": 1}, {"scale": 65536.0, "good_steps": 2, "skipped": 0}]
 
 
 def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
@@ -252,6 +311,20 @@ def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
         second.step(f, optimizer=opts)
     for name, value in whole.params.items():
         np.testing.assert_allclose(second.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_train_in_mixed_logs_and_resumes_each_objectives_loss_scale(tmp_path):
+    path = tmp_path / "tiny_gan.flow"
+    path.write_text(GAN)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 3)).astype(np.float32),
+             z=rng.normal(size=(40, 2)).astype(np.float32))
+    fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", steps=2, progress=False)
+    res = fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", resume=True, progress=False)
+    assert [s.state()["good_steps"] for s in res.session.loss_scalers] == [4, 4]   # 2 before the resume, 2 after
+    last = json.loads((tmp_path / "part" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["loss_scales"] == {"d_loss": 65536.0, "g_loss": 65536.0}
+    assert last["skipped_steps_by_objective"] == {"d_loss": 0, "g_loss": 0} and last["skipped_steps"] == 0
 
 
 def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
