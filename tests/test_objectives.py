@@ -415,19 +415,3 @@ def test_check_finite_names_the_node_of_the_objective_that_failed(request, devic
     assert e.value.span.where() == "turns.flow:6:5"
     assert device == "cpu" or sess.last_path == "graph"
     np.testing.assert_array_equal(sess.params["a"], np.ones(3, np.float32))   # the whole step was undone
-
-
-def test_data_parallel_training_refuses_several_objectives(monkeypatch, tmp_path):
-    from flowgrad import trainer
-
-    (tmp_path / "tiny_gan.flow").write_text(GAN)
-    np.savez(tmp_path / "data.npz", x=np.zeros((20, 3), np.float32), z=np.zeros((20, 2), np.float32))
-
-    class World:   # a launcher's ranks, as far as train() asks before it steps
-        def device_for(self, device):
-            return device
-
-    monkeypatch.setattr(trainer, "_join", lambda: World())
-    with pytest.raises(FlowError, match="tiny_gan has 2 objectives, and data-parallel training all-reduces one "
-                                        "backward's gradients a step"):
-        fg.train(fg.load(tmp_path / "tiny_gan.flow"), device="cpu", progress=False)
