@@ -86,17 +86,18 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         data["precision"] = precision_dict(sess, kernels)
     ranks = getattr(sess, "ranks", 1)   # set by data-parallel training and `explain --ranks`, with grad_buckets
     if ranks > 1:
-        data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1))
+        data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1), len(parts))
     return Explain(data, graph)
 
 
-def ranks_dict(ranks: int, path: str, buckets: int) -> dict:
+def ranks_dict(ranks: int, path: str, buckets: int, objectives: int = 1) -> dict:
     """Data-parallel training on `ranks` ranks, its gradients all-reduced in
-    `buckets` buckets: how a training step changes."""
+    `buckets` buckets: how a training step changes (each objective's in turn)."""
     if path == "graph":
-        step = ("forward+backward submit, the packed gradients read back and averaged across ranks "
-                "(all-reduce), optimizer submit: 2 submits per step")
-        submits = 2
+        each = " each objective's in turn:" if objectives > 1 else ""
+        step = (f"{each} forward+backward submit, the packed gradients read back and averaged across ranks "
+                f"(all-reduce), optimizer submit: {2 * objectives} submits per step").lstrip()
+        submits = 2 * objectives
     else:
         if buckets == 1:
             # one bucket is posted when the last gradient is final, i.e. after the whole backward

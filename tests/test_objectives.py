@@ -141,6 +141,12 @@ def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
     report = sess.explain()
     assert report.to_dict()["graph_plan"]["submits"] == 1
     assert "objectives, applied in this order each step (its own program, all in one submit):" in report.text()
+    # on ranks, each objective's gradients are averaged before its update: two submits each
+    from flowgrad.training.distributed import describe_ranks
+
+    describe_ranks(sess, 2)
+    ranks = sess.explain().to_dict()["ranks"]
+    assert ranks["submits_per_step"] == 4 and ranks["step"].startswith("each objective's in turn:")
 
 
 def test_a_graph_path_step_of_two_objectives_is_one_submit(vk_device, monkeypatch):
