@@ -76,7 +76,8 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     if seed is None:
         seed = checked_seed(graph.config.get("seed", 0), "config seed")
     if scalers is None and options.dtype == "mixed" and graph.loss is not None:
-        scalers = [copy.deepcopy(options.loss_scale or LossScaler()) for _ in graphs]
+        first = options.loss_scale or LossScaler()   # the one given is the first objective's; the others copy it
+        scalers = [first] + [copy.deepcopy(first) for _ in graphs[1:]]
     if params is None:
         params = init_params(graph, seed)
     return Session(model, graph, plan, device, params, options, seed=seed, scalers=scalers, plans=plans)
