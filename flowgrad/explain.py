@@ -46,6 +46,8 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     grad_nodes = frozenset().union(*(p.grad_nodes for _g, p in parts))
     recorded: dict = {}
     graph_plan = summed([graph_plan_dict(g, p, recorded if k == 0 else None) for k, (g, p) in enumerate(parts)])
+    if len(parts) > 1 and graph_plan.get("submits") is not None:
+        graph_plan["submits"] = 1   # the objectives' programs go in one submission (graph_session.step_together)
     kernels = node_kernels(plan, recorded)
     # each fused member's group node, by its label (a step graph's node may be one of its backward's)
     fused_in = ({m: plan.fusion.source.nodes[grp.node].label for m, grp in plan.fusion.group_of().items()}
@@ -84,17 +86,18 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
         data["precision"] = precision_dict(sess, kernels)
     ranks = getattr(sess, "ranks", 1)   # set by data-parallel training and `explain --ranks`, with grad_buckets
     if ranks > 1:
-        data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1))
+        data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1), len(parts))
     return Explain(data, graph)
 
 
-def ranks_dict(ranks: int, path: str, buckets: int) -> dict:
+def ranks_dict(ranks: int, path: str, buckets: int, objectives: int = 1) -> dict:
     """Data-parallel training on `ranks` ranks, its gradients all-reduced in
-    `buckets` buckets: how a training step changes."""
+    `buckets` buckets: how a training step changes (each objective's in turn)."""
     if path == "graph":
-        step = ("forward+backward submit, the packed gradients read back and averaged across ranks "
-                "(all-reduce), optimizer submit: 2 submits per step")
-        submits = 2
+        each = " each objective's in turn:" if objectives > 1 else ""
+        step = (f"{each} forward+backward submit, the packed gradients read back and averaged across ranks "
+                f"(all-reduce), optimizer submit: {2 * objectives} submits per step").lstrip()
+        submits = 2 * objectives
     else:
         if buckets == 1:
             # one bucket is posted when the last gradient is final, i.e. after the whole backward
@@ -451,7 +454,7 @@ def render_backward(nodes: list[dict], width: int = 118) -> list[str]:
 
 
 def render_objectives(objectives: list[dict], path: str) -> list[str]:
-    each = "its own submit" if path == "graph" else "its own forward, backward and update"
+    each = "its own program, all in one submit" if path == "graph" else "its own forward, backward and update"
     lines = [f"objectives, applied in this order each step ({each}):" if len(objectives) > 1 else "objective:"]
     for k, o in enumerate(objectives, 1):
         lines.append(f"  {k}. {o['name']} over {', '.join(o['params']) or 'no trainable param'}   "

@@ -131,6 +131,16 @@ class ObjectiveRunners:
         for opt, (_name, g, runner) in zip(per_objective(optimizer, self.model_graph), self.parts):
             runner.apply_update(opt, {n: grads[n] for n in g.trainable()})
 
+    def step_together(self, feeds, grads: bool, optimizers: list, grad_inputs: bool, hook: dict) -> list | None:
+        """Every objective's step at once where the runners can (the graph
+        path: one submission for them all), [(outputs, loss, gradients)] of
+        each in file order; None where each must step on its own."""
+        if self.path != "graph":
+            return None
+        from flowgrad.exec_vulkan.graph_session import step_together
+
+        return step_together(self.runners, feeds, grads, optimizers, grad_inputs, **hook)
+
     def profile(self, feeds, steps: int, grads: bool = True, nodes: bool = False) -> list[tuple]:
         """The first objective's step, op by op (each objective's runs the same forward)."""
         return self.first.profile(feeds, steps, grads=grads, nodes=nodes)

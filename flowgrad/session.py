@@ -4,6 +4,7 @@ Session, which holds the params and the executor that carries out its plan,
 and steps it."""
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import warnings
@@ -46,14 +47,15 @@ class CompileOptions:
 
 
 def compile_session(model: Model, device, options: CompileOptions, seed: int | None = None, params=None,
-                    scaler: LossScaler | None = None) -> Session:
+                    scalers: list[LossScaler] | None = None) -> Session:
     """`model` built in the options' dtype, its params frozen as they say,
     planned for `device` (an open Vulkan device, or None for numpy) and made
     a Session: the one way a Session is made. seed: its params' and random
-    ops' (default: the config's). params, scaler: a session made at another
-    batch size starts from its session's params and shares its loss scaler
-    (a short batch's step moves the scale); a new one initialises its params
-    and, under "mixed", scales as the options say."""
+    ops' (default: the config's). params, scalers: a session made at another
+    batch size starts from its session's params and shares its loss scalers
+    (a short batch's step moves the scales); a new one initialises its params
+    and, under "mixed", gives each objective a loss scaler of its own, as
+    the options say (a GAN's two losses overflow at scales of their own)."""
     graph = model.build(options.dtype)
     if options.freeze is not None:
         graph = freeze_params(graph, options.freeze)
@@ -61,10 +63,6 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     if not several(graph):   # one `minimize LOSS over P`: the other params are held fixed
         graph = graphs[0]
     check_host_memory(graph)
-    if several(graph) and options.dtype == "mixed":
-        raise FlowError(f"{graph.name} has {len(graph.objectives)} objectives ({', '.join(objective_names(graph))}), "
-                        "and dtype='mixed' steps one loss scaler for one: several objectives train in f32 or f16 "
-                        "for now", graph.objectives[1].span, hint="compile with dtype='f32' (--dtype f32)")
     # one plan per objective; the graph path only if every objective's step can take it
     plans = [make_plan(g, device.info if device is not None else None, options.backward, options.dtype,
                        fusion=options.fusion) for g in graphs]
@@ -77,11 +75,12 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
         )
     if seed is None:
         seed = checked_seed(graph.config.get("seed", 0), "config seed")
-    if scaler is None and options.dtype == "mixed" and graph.loss is not None:
-        scaler = options.loss_scale or LossScaler()
+    if scalers is None and options.dtype == "mixed" and graph.loss is not None:
+        first = options.loss_scale or LossScaler()   # the one given is the first objective's; the others copy it
+        scalers = [first] + [copy.deepcopy(first) for _ in graphs[1:]]
     if params is None:
         params = init_params(graph, seed)
-    return Session(model, graph, plan, device, params, options, seed=seed, scaler=scaler, plans=plans)
+    return Session(model, graph, plan, device, params, options, seed=seed, scalers=scalers, plans=plans)
 
 
 @attrs.frozen
@@ -112,11 +111,13 @@ class Session:
     sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
-                 options: CompileOptions, seed: int = 0, scaler=None, plans: list[Plan] | None = None):
+                 options: CompileOptions, seed: int = 0, scalers=None, plans: list[Plan] | None = None):
         self._lock = threading.RLock()
         self.model = model
         self.options = options
-        self.loss_scaler = scaler   # dtype="mixed": the dynamic loss scale (None otherwise)
+        # dtype="mixed": each objective's dynamic loss scale (none otherwise); loss_scaler is the first's
+        self.loss_scalers = list(scalers or [])
+        self.loss_scaler = self.loss_scalers[0] if self.loss_scalers else None
         self.seed = seed
         # training steps taken, for the random ops' counter (see flowgrad.ops.random)
         self.train_steps = 0
@@ -143,28 +144,30 @@ class Session:
 
     def _make_runner(self, params):
         if not several(self.graph):
-            return self._runner_for(self.graph, self.plan, params)
+            return self._runner_for(self.graph, self.plan, params, self.loss_scaler)
         parts = []
-        for name, graph, plan in zip(objective_names(self.graph), objective_graphs(self.graph), self.plans):
+        scalers = self.loss_scalers or [None] * len(self.plans)
+        for name, graph, plan, scaler in zip(objective_names(self.graph), objective_graphs(self.graph), self.plans,
+                                             scalers):
             # every objective steps the first one's params
-            runner = self._runner_for(graph, plan, params, parts[0][2] if parts else None)
+            runner = self._runner_for(graph, plan, params, scaler, parts[0][2] if parts else None)
             parts.append((name, graph, runner))
         return ObjectiveRunners(self.graph, parts)
 
-    def _runner_for(self, graph: Graph, plan: Plan, params, params_of=None):
-        """The runner of one objective's step; params_of: the runner whose params it steps."""
+    def _runner_for(self, graph: Graph, plan: Plan, params, scaler, params_of=None):
+        """The runner of one objective's step, with its loss scaler; params_of: the runner whose params it steps."""
         from flowgrad.exec_closure import ClosureSession
 
         if self.plan.path == "graph":
             from flowgrad.exec_vulkan import GraphSession
 
-            return GraphSession(graph, plan, self.device, params, scaler=self.loss_scaler, params_of=params_of)
+            return GraphSession(graph, plan, self.device, params, scaler=scaler, params_of=params_of)
         kernels = None
         if self.device is not None:
             from flowgrad.exec_vulkan import VulkanKernels
 
             kernels = VulkanKernels(self.device)
-        return ClosureSession(graph, params, kernels, scaler=self.loss_scaler, params_of=params_of)
+        return ClosureSession(graph, params, kernels, scaler=scaler, params_of=params_of)
 
     @property
     def parts(self) -> list[tuple]:
@@ -266,23 +269,35 @@ class Session:
         parts = self.parts if learn else self.parts[:1]
         optimizers = [None] * len(parts) if optimizer is None else per_objective(optimizer, self.graph)
         check = self.check_finite and learn and self.graph.loss is not None
-        start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
-        outputs, losses, out_grads = None, {}, {}
-        for k, ((name, graph, runner), opt) in enumerate(zip(parts, optimizers)):
-            if check:
-                before = start[0] if k == 0 else self.runner.get_params()
-                out, loss, got = self._checked_step(graph, runner, feeds, grads, opt, grad_inputs, on_grad_final,
-                                                    start, before)
-            else:
-                out, loss, got = runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
-                                             **_hook(on_grad_final))
-            outputs = out if outputs is None else outputs
+        results = None
+        if learn and not check and isinstance(self.runner, ObjectiveRunners):
+            # the graph path runs them all in one submission. A checked step runs each on its own: the
+            # node that made a non-finite value is found from the params its objective started from
+            results = self.runner.step_together(feeds, grads, optimizers, grad_inputs, _hook(on_grad_final))
+        if results is None:
+            results = self._each_objective(parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check)
+        outputs, losses, out_grads = results[0][0], {}, {}
+        for (name, _graph, _runner), (_out, loss, got) in zip(parts, results):
             losses[name] = loss
             for key, value in got.items():
                 out_grads.setdefault(key, value)
         if not learn:
             losses.update({name: outputs.get(name) for name in objective_names(self.graph)[1:]})
         return outputs, losses, out_grads
+
+    def _each_objective(self, parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check) -> list[tuple]:
+        """[(outputs, loss, gradients)] of each objective's step, one after the other."""
+        start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
+        results = []
+        for k, ((_name, graph, runner), opt) in enumerate(zip(parts, optimizers)):
+            if check:
+                before = start[0] if k == 0 else self.runner.get_params()
+                results.append(self._checked_step(graph, runner, feeds, grads, opt, grad_inputs, on_grad_final,
+                                                  start, before))
+            else:
+                results.append(runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
+                                           **_hook(on_grad_final)))
+        return results
 
     def _session_for_rows(self, feeds):
         """The session predict builds for the feeds' row count when it is below
@@ -303,8 +318,8 @@ class Session:
 
     def compiled_like(self, model: Model) -> Session:
         """`model` (this session's at another batch size) compiled as this one
-        was, on its device, from its params, seed and loss scaler."""
-        return compile_session(model, self.device, self.options, self.seed, self.params, self.loss_scaler)
+        was, on its device, from its params, seed and loss scalers."""
+        return compile_session(model, self.device, self.options, self.seed, self.params, self.loss_scalers or None)
 
     def _step_on(self, sized, feeds, training: bool, kwargs: dict) -> StepResult:
         """A step of fewer rows than the batch, on `sized` (the model built at
@@ -365,7 +380,8 @@ class Session:
 
         outputs, loss, out_grads = runner.step(feeds, grads=True, optimizer=optimizer, grad_inputs=grad_inputs,
                                                **_hook(on_grad_final))
-        overflow = (self.loss_scaler is not None and optimizer is not None and self.loss_scaler.last_skipped
+        scaler = runner.scaler   # the objective's own
+        overflow = (scaler is not None and optimizer is not None and scaler.last_skipped
                     and np.isfinite(loss))   # the loss scaler skipped the step: no anomaly
         if overflow or anomaly.step_is_finite(loss, out_grads):
             return outputs, loss, out_grads if grads else {}

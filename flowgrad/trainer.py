@@ -140,10 +140,6 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     if world is not None:
         device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze)
-    if world is not None and several(model.graph):
-        raise FlowError(f"{model.name} has {len(model.graph.objectives)} objectives, and data-parallel training "
-                        "all-reduces one backward's gradients a step: several objectives train in one process "
-                        "for now", model.graph.objectives[1].span)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite,
                          freeze=ts.freeze)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
@@ -259,7 +255,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
         log.start(header)
     files = _write_data_files(ts.data, out)
     if world is not None:
-        start = world.sync_from_root(sess.runner, sess.loss_scaler, start)   # rank 0's params and state everywhere
+        start = world.sync_from_root(sess.runner, sess.loss_scalers, start)   # rank 0's params and state everywhere
         sess.train_steps = start
         history = world.share(history, "the broadcast of the resumed history")   # for best and early stop
     evaluate = _evaluator(sess, ts, world)
@@ -277,19 +273,23 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
             while step < ts.steps and not stopped_early:
                 feeds = ts.data.train_batch(step)
                 scaler = sess.loss_scaler
-                scale = None if scaler is None else scaler.scale   # the scale this step's backward uses
+                scales = [s.scale for s in sess.loss_scalers]   # the scales this step's backwards use
                 in_step = True
                 losses = None
                 if world is None:
                     res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
                     loss, losses = res.loss, res.losses if several(graph) else None
                 else:  # the ranks agree on stopping (any rank's Ctrl-C), so all stop after the same step
-                    loss, stopping = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
+                    loss, stopping, losses = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)
                 step += 1
                 in_step = False
                 rec = _record(step, loss, ts.optimizer, sess.runner.counts.iterations, losses)
-                if scaler is not None:
-                    rec.update({"loss_scale": scale, "skipped_steps": scaler.skipped})
+                if scaler is not None:   # the first objective's, as `loss` is; with several, each one's too
+                    rec.update({"loss_scale": scales[0], "skipped_steps": scaler.skipped})
+                    if losses is not None:
+                        rec.update({"loss_scales": dict(zip(losses, scales)),
+                                    "skipped_steps_by_objective": {n: s.skipped for n, s in
+                                                                   zip(losses, sess.loss_scalers)}})
                 if step % ts.eval_every == 0 or step == ts.steps:
                     rec.update({f"{split}_{k}": v for k, v in evaluate(split).items()})
                     if split == "val" and "val_loss" in rec:

@@ -193,6 +193,35 @@ def test_ranks_on_the_graph_path_equal_one_process(tmp_path, mlp, vk_device, def
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
+def test_two_objectives_on_two_ranks_equal_one_process(tmp_path, default_mpi, device, request):
+    """A GAN's objectives in turn on every rank: each one's gradients
+    averaged and its update applied before the next one's forward, as one
+    process with the global batch steps them."""
+    from test_objectives import GAN
+
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (60, 3)).astype(np.float32),
+             z=rng.normal(size=(60, 2)).astype(np.float32))
+    model = tmp_path / "tiny_gan.flow"
+    model.write_text(GAN.replace("eval_every = 2", "eval_every = 3"))
+    save = str(tmp_path / "ranks.npz")
+    proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device=device, save=save)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(Path(save + ".json").read_text())
+    ref = one_process(str(model), 8, 6, device)
+    assert summary["ranks"] == 2 and summary["path"] == ref.path
+    assert device == "cpu" or ref.path == "graph"
+    assert_same_params(save, ref.session.params)
+    for got, want in zip(summary["history"], ref.history, strict=True):
+        assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+        for split in ("val", "test"):
+            if f"{split}_losses" in want:
+                assert got[f"{split}_losses"] == pytest.approx(want[f"{split}_losses"], rel=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
 def test_ranks_draw_the_dropout_masks_of_their_rows(tmp_path, default_mpi, device, request):
     """Each rank's rows get the mask one process draws for them: with the
     same mask on every rank (rank 1's rows took rank 0's), the run drifted

@@ -1,7 +1,8 @@
 """models/gan.flow (two objectives: the discriminator's, then the
 generator's): a few training steps from the command line log both losses,
 finite, and `flowgrad generate` writes the samples as a PNG grid; on Vulkan
-the model takes the graph path with the numbers numpy gives."""
+the model takes the graph path with the numbers numpy gives, and under
+dtype="mixed" (a loss scaler each objective) those f32 gives."""
 from __future__ import annotations
 
 import json
@@ -71,6 +72,19 @@ def test_takes_the_graph_path_and_matches_numpy(vk_device):
                                [want.losses[k] for k in ("d_loss", "g_loss")], rtol=1e-4)
     for k, p in ref.params.items():
         np.testing.assert_allclose(sess.params[k], p, rtol=1e-3, atol=1e-5, err_msg=k)
+
+
+def test_trains_in_mixed_on_the_graph_path_as_in_f32(vk_device):
+    model = fg.load(MODEL, config={"batch": 8, "hidden": 32})
+    mixed, f32 = model.compile(device="vulkan", dtype="mixed"), model.compile(device="vulkan")
+    assert mixed.last_path == "graph" and len(mixed.loss_scalers) == 2
+    feeds = {"x": np.random.default_rng(0).uniform(size=(8, 64)).astype(np.float32)}
+    opt_m, opt_f = Adam(lr=1e-3), Adam(lr=1e-3)
+    for _ in range(2):
+        got, want = mixed.step(feeds, optimizer=opt_m), f32.step(feeds, optimizer=opt_f)
+        np.testing.assert_allclose([got.losses[k] for k in ("d_loss", "g_loss")],
+                                   [want.losses[k] for k in ("d_loss", "g_loss")], rtol=2e-3)
+    assert [s.skipped for s in mixed.loss_scalers] == [0, 0]
 
 
 def test_without_matplotlib_generate_says_what_to_install(tmp_path, monkeypatch):

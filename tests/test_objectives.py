@@ -2,7 +2,7 @@
 reads the params as the objectives before it left them, its backward takes
 its loss's gradient for its own params, its optimizer (its own state)
 updates them, in file order, as a PyTorch loop that alternates the updates
-of a GAN does; on numpy and on the Vulkan graph path (one submit each). The
+of a GAN does; on numpy and on the Vulkan graph path (one submit for them all). The
 `over` names (params, block prefixes), their errors, optimizer lists,
 checkpoints, frozen params and `explain`."""
 from __future__ import annotations
@@ -139,8 +139,44 @@ def test_two_objectives_on_the_graph_path_match_pytorch(vk_device):
     first, second = sess.runner.runners
     assert all(second.leaves[("val", i)] is first.leaves[("val", i)] for i in sess.graph.params.values())
     report = sess.explain()
-    assert report.to_dict()["graph_plan"]["submits"] == 2
-    assert "objectives, applied in this order each step (its own submit):" in report.text()
+    assert report.to_dict()["graph_plan"]["submits"] == 1
+    assert "objectives, applied in this order each step (its own program, all in one submit):" in report.text()
+    # on ranks, each objective's gradients are averaged before its update: two submits each
+    from flowgrad.training.distributed import describe_ranks
+
+    describe_ranks(sess, 2)
+    ranks = sess.explain().to_dict()["ranks"]
+    assert ranks["submits_per_step"] == 4 and ranks["step"].startswith("each objective's in turn:")
+
+
+def test_a_graph_path_step_of_two_objectives_is_one_submit(vk_device, monkeypatch):
+    from flowgrad.objectives import ObjectiveRunners
+
+    def run(each: bool):
+        sess = gan().compile(device="vulkan", backward="graph", seed=3)
+        assert sess.last_path == "graph"
+        if each:   # every objective a submission of its own, as a checked step runs them
+            monkeypatch.setattr(ObjectiveRunners, "step_together", lambda *args: None)
+        opts, stats, got = optimizers(), sess.device.stats, []
+        for k, f in enumerate(batches(3)):
+            before = stats["submits"]
+            got.append(sess.step(f, optimizer=opts))
+            if k:   # the first records the programs (and uploads their optimizer state)
+                assert stats["submits"] - before == (2 if each else 1)
+        before = stats["submits"]
+        got.append(sess.step(batches(1, seed=9)[0]))   # gradients alone, from the same params
+        assert stats["submits"] - before == (2 if each else 1)
+        return got, sess.params
+
+    together, params = run(False)
+    each, want = run(True)
+    for a, b in zip(together, each):
+        assert a.losses == b.losses
+        assert a.grads.keys() == b.grads.keys() == set(DISC + GEN)
+        for name in a.grads:
+            np.testing.assert_array_equal(a.grads[name], b.grads[name], err_msg=name)
+    for name, value in want.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
 
 
 def test_each_objective_differentiates_and_updates_its_own_params_only():
@@ -197,9 +233,68 @@ def test_a_list_of_optimizers_needs_one_per_objective(tmp_path):
     assert str(e.value).startswith(f"{path}:26:3: 3 optimizers for tiny_gan's 2 objectives (d_loss, g_loss)")
 
 
-def test_several_objectives_refuse_mixed_precision():
-    with pytest.raises(FlowError, match="several objectives train in f32 or f16 for now"):
-        gan().compile(device="cpu", dtype="mixed")
+def compiled(device, **kw):
+    sess = gan().compile(device=device, seed=1, **kw)
+    assert sess.last_path == "graph" if device == "vulkan" else sess.last_path.startswith("closures")
+    return sess
+
+
+@pytest.fixture(params=["cpu", "vulkan"])
+def device(request):
+    if request.param == "vulkan":
+        request.getfixturevalue("vk_device")
+    return request.param
+
+
+def test_two_objectives_in_mixed_track_f32(device):
+    mixed, f32 = compiled(device, dtype="mixed"), compiled(device)
+    assert len(mixed.loss_scalers) == 2 and mixed.loss_scalers[0] is not mixed.loss_scalers[1]
+    assert f32.loss_scalers == []
+    opts_m, opts_f = optimizers(), optimizers()
+    for f in batches(3):
+        got, want = mixed.step(f, optimizer=opts_m).losses, f32.step(f, optimizer=opts_f).losses
+        np.testing.assert_allclose([got[k] for k in want], list(want.values()), rtol=1e-3)
+    for name, value in f32.params.items():
+        np.testing.assert_allclose(mixed.params[name], value, rtol=1e-2, atol=2e-3 * np.abs(value).max(), err_msg=name)
+    assert [s.skipped for s in mixed.loss_scalers] == [0, 0]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow:RuntimeWarning")
+def test_an_overflow_in_one_objective_skips_its_update_alone(device):
+    """x reaches the discriminator's loss alone: an inf in it skips the
+    discriminator's update and halves its scale; the generator's objective
+    (its own scaler) updates as ever."""
+    sess = compiled(device, dtype="mixed")
+    opts = optimizers()
+    good, bad = batches(2)
+    sess.step(good, optimizer=opts)
+    before, (counts_before, _) = sess.params, sess.parts[0][2].get_opt_state()
+    bad["x"][1, 2] = np.inf
+    sess.step(bad, optimizer=opts)
+    d_scaler, g_scaler = sess.loss_scalers
+    assert d_scaler.state() == {"scale": 32768.0, "good_steps": 0, "skipped": 1} and d_scaler.last_skipped
+    assert g_scaler.state() == {"scale": 65536.0, "good_steps": 2, "skipped": 0} and not g_scaler.last_skipped
+    after = sess.params
+    for name in DISC + GEN:
+        assert np.array_equal(after[name], before[name]) == (name in DISC), name
+    d_counts, g_counts = (runner.get_opt_state()[0] for _name, _graph, runner in sess.parts)
+    assert (d_counts.updates, d_counts.iterations) == (counts_before.updates, counts_before.iterations + 1) == (1, 2)
+    assert (g_counts.updates, g_counts.iterations) == (2, 2)
+
+
+def test_a_checkpoint_keeps_each_objectives_loss_scale(tmp_path):
+    sess = compiled("cpu", dtype="mixed")
+    opts = optimizers()
+    good, bad = batches(2)
+    sess.step(good, optimizer=opts)
+    bad["x"][0, 0] = np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        sess.step(bad, optimizer=opts)
+    sess.save_checkpoint(tmp_path / "c.safetensors")
+    again = compiled("cpu", dtype="mixed")
+    again.load_checkpoint(tmp_path / "c.safetensors")
+    assert [s.state() for s in again.loss_scalers] == [s.state() for s in sess.loss_scalers] == [
+        {"scale": 32768.0, "good_steps": 0, "skipped": 1}, {"scale": 65536.0, "good_steps": 2, "skipped": 0}]
 
 
 def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
@@ -222,6 +317,20 @@ def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
         second.step(f, optimizer=opts)
     for name, value in whole.params.items():
         np.testing.assert_allclose(second.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_train_in_mixed_logs_and_resumes_each_objectives_loss_scale(tmp_path):
+    path = tmp_path / "tiny_gan.flow"
+    path.write_text(GAN)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 3)).astype(np.float32),
+             z=rng.normal(size=(40, 2)).astype(np.float32))
+    fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", steps=2, progress=False)
+    res = fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", resume=True, progress=False)
+    assert [s.state()["good_steps"] for s in res.session.loss_scalers] == [4, 4]   # 2 before the resume, 2 after
+    last = json.loads((tmp_path / "part" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["loss_scales"] == {"d_loss": 65536.0, "g_loss": 65536.0}
+    assert last["skipped_steps_by_objective"] == {"d_loss": 0, "g_loss": 0} and last["skipped_steps"] == 0
 
 
 def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
@@ -312,19 +421,3 @@ def test_check_finite_names_the_node_of_the_objective_that_failed(request, devic
     assert e.value.span.where() == "turns.flow:6:5"
     assert device == "cpu" or sess.last_path == "graph"
     np.testing.assert_array_equal(sess.params["a"], np.ones(3, np.float32))   # the whole step was undone
-
-
-def test_data_parallel_training_refuses_several_objectives(monkeypatch, tmp_path):
-    from flowgrad import trainer
-
-    (tmp_path / "tiny_gan.flow").write_text(GAN)
-    np.savez(tmp_path / "data.npz", x=np.zeros((20, 3), np.float32), z=np.zeros((20, 2), np.float32))
-
-    class World:   # a launcher's ranks, as far as train() asks before it steps
-        def device_for(self, device):
-            return device
-
-    monkeypatch.setattr(trainer, "_join", lambda: World())
-    with pytest.raises(FlowError, match="tiny_gan has 2 objectives, and data-parallel training all-reduces one "
-                                        "backward's gradients a step"):
-        fg.train(fg.load(tmp_path / "tiny_gan.flow"), device="cpu", progress=False)

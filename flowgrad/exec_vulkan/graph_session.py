@@ -19,8 +19,9 @@ from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
 from flowgrad.exec_vulkan.optim_records import update_record
-from flowgrad.exec_vulkan.program import StepProgram
+from flowgrad.exec_vulkan.program import StepProgram, run_together
 from flowgrad.exec_vulkan.recorder import BufView
+from flowgrad.exec_vulkan.submit import Submission
 from flowgrad.exec_vulkan.update_program import UpdateProgram
 from flowgrad.graph import Graph
 from flowgrad.grad_paths import updated_params
@@ -52,6 +53,7 @@ class GraphSession:
         self.loaded_opt_state: dict | None = None  # from set_opt_state, for optimizers not seen yet
         self.leaves: dict[tuple, object] = {}      # ("val", id) / ("seed",) -> Buffer
         self.borrowed: set = set()                 # the leaves that are params_of's (it frees them)
+        self.together: dict = {}                   # step_together's submissions, by their command buffers
         if params_of is not None:
             self.borrowed = {("val", i) for i in self.graph.params.values()}
             self.leaves.update({key: params_of.leaves[key] for key in self.borrowed})
@@ -178,14 +180,28 @@ class GraphSession:
     def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
         """on_grad_final(name, grad): see session.Session.step; the backward is one
         submit, so every gradient is final when the step's results are read back."""
-        g = self.graph
+        prog, feeds, hyper = self.prepare(feeds, grads, optimizer, grad_inputs)
+        got = prog.run(feeds, hyper)   # an index out of range raises: nothing is counted
+        return self.finish(got, grads, optimizer, grad_inputs, on_grad_final)
+
+    def prepare(self, feeds, grads: bool, optimizer, grad_inputs: bool):
+        """(the program a step of this kind runs, its feeds, its hyper words):
+        what StepProgram.run, or run_together with other objectives', takes."""
         prog = self._program(grads, grad_inputs, optimizer)
-        hyper = None
         if optimizer is not None:
             self.last_opt_key = id(optimizer) if prog.optimizer is not None else "host"
-        if prog.optimizer is not None:
-            hyper = self._hyper(optimizer)
-        got = prog.run(self._feeds(feeds, prog), hyper)   # an index out of range raises: nothing is counted
+        hyper = self._hyper(optimizer) if prog.optimizer is not None else None
+        return prog, self._feeds(feeds, prog), hyper
+
+    def host_updates(self, grads: bool, optimizer, grad_inputs: bool) -> bool:
+        """Whether a step of this kind updates the params on the host, after its read-back."""
+        return optimizer is not None and self._program(grads, grad_inputs, optimizer).optimizer is None
+
+    def finish(self, got: dict, grads: bool, optimizer, grad_inputs: bool, on_grad_final=None):
+        """The step's (outputs, loss, gradients) from its program's read-back
+        `got`; a host update, the counts and the loss scale move here."""
+        g = self.graph
+        prog = self._program(grads, grad_inputs, optimizer)
         found_inf = bool(got["@found_inf"][0]) if "@found_inf" in got else False   # the device skipped the update
         outputs = {name: got[name] for name in g.outputs}
         loss = got.get("@loss")
@@ -348,3 +364,27 @@ class GraphSession:
                     view.buffer.free()
         self.opt_state.clear()
 
+
+def step_together(sessions: list[GraphSession], feeds, grads: bool, optimizers: list, grad_inputs: bool,
+                  on_grad_final=None) -> list[tuple] | None:
+    """The steps of a model's objectives (each session's, in order, over the
+    first's params) in one submission: their command buffers in one batch,
+    each seeing what the ones before it wrote (see submit.Submission), so
+    each objective's forward reads the params as the update before it left
+    them. [(outputs, loss, gradients)] of each, or None where a step needs
+    the host between two of them: an update on the host (an optimizer without
+    a graph-path record) before the last, or index checks, whose flags the
+    host reads before the update may run (program.split_update)."""
+    runs = [s.prepare(feeds, grads, opt, grad_inputs) for s, opt in zip(sessions, optimizers)]
+    if any(prog.update_submission is not None for prog, _f, _h in runs) or any(
+            s.host_updates(grads, opt, grad_inputs) for s, opt in zip(sessions[:-1], optimizers[:-1])):
+        return None
+    cmds = tuple(prog.cmd for prog, _f, _h in runs)   # cffi pointers: equal and hashed by address
+    together = sessions[0].together
+    if cmds not in together:
+        if len(together) > 8:   # those of programs freed since (a retired optimizer's) are never asked again
+            together.clear()
+        together[cmds] = Submission(*cmds)
+    gots = run_together(sessions[0].device, runs, together[cmds])
+    return [s.finish(got, grads, opt, grad_inputs, on_grad_final)
+            for s, opt, got in zip(sessions, optimizers, gots)]

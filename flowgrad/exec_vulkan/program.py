@@ -348,28 +348,45 @@ class StepProgram:
         self.feeds_in.write(feeds, hyper)
 
     def run(self, feeds, hyper=None) -> dict[str, np.ndarray]:
-        stats = self.device.stats
-        dispatches, uploads, downloads = self.traffic
-        stats["dispatches"] += dispatches
-        stats["uploads"] += uploads
-        stats["downloads"] += downloads
-        self.feeds_in.write(feeds, hyper)
-        reading = self.host.start(self.staging_down.array if self.staging_down is not None else None)
-        poll = None
-        if self.events.handles:
-            self.events.reset()
-            poll = lambda: reading.poll(self.events.is_set)   # noqa: E731
-        submit_and_wait(self.device, self.submission, "running a graph step", poll)
-        stats["reads_before_fence"] += reading.done
-        got = reading.finish()
-        if INDEX_FLAGS in got:
-            self.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), self.graph)
+        (got,) = run_together(self.device, [(self, feeds, hyper)], self.submission)
         if self.update_submission is not None:
             submit_and_wait(self.device, self.update_submission, "running a graph step's optimizer update")
         return got
 
     def free(self) -> None:
         self._finalizer()
+
+
+def run_together(device, runs: list[tuple], submission: Submission) -> list[dict[str, np.ndarray]]:
+    """runs: [(program, feeds, hyper)], whose command buffers `submission`
+    holds in that order: each one's inputs written, one submit and fence
+    wait, then each one's read-back ({name: array}), its index flags checked
+    in turn. The read-backs are copied as their groups are ready."""
+    stats = device.stats
+    readings = []
+    for prog, feeds, hyper in runs:
+        dispatches, uploads, downloads = prog.traffic
+        stats["dispatches"] += dispatches
+        stats["uploads"] += uploads
+        stats["downloads"] += downloads
+        prog.feeds_in.write(feeds, hyper)
+        readings.append(prog.host.start(prog.staging_down.array if prog.staging_down is not None else None))
+        if prog.events.handles:
+            prog.events.reset()
+    polled = [(reading, prog.events.is_set) for reading, (prog, _f, _h) in zip(readings, runs)
+              if prog.events.handles]
+    poll = None
+    if polled:
+        poll = lambda: any([reading.poll(ready) for reading, ready in polled])   # noqa: E731 (each polled)
+    submit_and_wait(device, submission, "running a graph step", poll)
+    out = []
+    for reading, (prog, _feeds, _hyper) in zip(readings, runs):
+        stats["reads_before_fence"] += reading.done
+        got = reading.finish()
+        if INDEX_FLAGS in got:
+            prog.rec.checks.raise_flagged(got.pop(INDEX_FLAGS), prog.graph)
+        out.append(got)
+    return out
 
 
 def split_update(rec: Recorder) -> tuple[list, list]:

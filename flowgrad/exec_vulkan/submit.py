@@ -35,15 +35,20 @@ VK_SUCCESS, VK_NOT_READY, VK_TIMEOUT = 0, 1, 2
 
 
 class Submission:
-    """One command buffer, ready to be submitted any number of times."""
+    """One command buffer, or several run in their order as one batch, ready
+    to be submitted any number of times. Each encoded command buffer begins
+    with a full memory barrier (encoder.py), whose first scope holds every
+    command earlier in submission order: a later buffer of the batch sees
+    all that an earlier one wrote, as a later submission would."""
 
-    def __init__(self, cmd):
+    def __init__(self, cmd, *more):
         vk = load_vulkan()
         self.cmd = cmd
+        cmds = [cmd, *more]
         # the cdata the loader reads: kept alive as long as the submission
-        self._cmds = vk.ffi.new("VkCommandBuffer[1]", [cmd])
+        self._cmds = vk.ffi.new(f"VkCommandBuffer[{len(cmds)}]", cmds)
         self._info = vk.ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                                  "commandBufferCount": 1, "pCommandBuffers": self._cmds})
+                                                  "commandBufferCount": len(cmds), "pCommandBuffers": self._cmds})
 
 
 def submit_and_wait(device, submission: Submission, what: str, poll=None) -> None:

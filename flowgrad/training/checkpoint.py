@@ -308,20 +308,32 @@ def optimizer_counts(ckpt: Checkpoint) -> Counts:
 
 def with_loss_scale(describe: dict | None, sess) -> dict | None:
     """The optimizer's description plus, under dtype="mixed", the loss
-    scaler's state: a resumed run goes on with the scale it had."""
-    scaler = getattr(sess, "loss_scaler", None)
-    if describe is None or scaler is None:
+    scaler's state (with several objectives each one's, by its name): a
+    resumed run goes on with the scale it had."""
+    scalers = getattr(sess, "loss_scalers", None) or []
+    if describe is None or not scalers:
         return describe
-    return {**describe, "loss_scale": scaler.state()}
+    if not objectives.several(sess.graph):
+        return {**describe, "loss_scale": scalers[0].state()}
+    names = objectives.objective_names(sess.graph)
+    return {**describe, "loss_scale": {"objectives": {n: s.state() for n, s in zip(names, scalers)}}}
 
 
 def restore_loss_scale(ckpt: Checkpoint, sess) -> None:
     saved = (ckpt.optimizer or {}).get("loss_scale")
-    if saved is not None and getattr(sess, "loss_scaler", None) is not None:
+    scalers = getattr(sess, "loss_scalers", None) or []
+    if saved is None or not scalers:
+        return
+    names = objectives.objective_names(sess.graph)
+    each = saved.get("objectives") if isinstance(saved, dict) and objectives.several(sess.graph) else None
+    if objectives.several(sess.graph) and (not isinstance(each, dict) or sorted(each) != sorted(names)):
+        raise FlowError(f"checkpoint {ckpt.path!r}: bad loss-scale state {saved!r} (one for each objective: "
+                        f"{', '.join(names)})")
+    for scaler, state in zip(scalers, [each[n] for n in names] if each is not None else [saved]):
         try:
-            sess.loss_scaler.load_state(saved)
+            scaler.load_state(state)
         except (KeyError, TypeError, ValueError) as e:
-            raise FlowError(f"checkpoint {ckpt.path!r}: bad loss-scale state {saved!r} ({e})") from None
+            raise FlowError(f"checkpoint {ckpt.path!r}: bad loss-scale state {state!r} ({e})") from None
 
 
 def load_into_session(sess, path) -> Checkpoint:

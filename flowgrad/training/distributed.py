@@ -133,7 +133,7 @@ class World:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = local.rank
         local.Free()
-        self._buckets: GradBuckets | None = None
+        self._buckets: dict[int, GradBuckets] = {}   # by id of the graph (each objective's) they cut
         mpi_launch.record_start(self.rank)     # under `--ranks`: to name this rank if it dies
 
     @property
@@ -212,10 +212,11 @@ class World:
     # -- training -------------------------------------------------------------------
     def buckets(self, graph) -> GradBuckets:
         """The gradient buckets of `graph`, ready for a step (laid out once)."""
-        if self._buckets is None or self._buckets.graph is not graph:
-            self._buckets = GradBuckets(graph, self.bucket_bytes)
-        self._buckets.begin(lambda a: self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM))
-        return self._buckets
+        buckets = self._buckets.get(id(graph))
+        if buckets is None or buckets.graph is not graph:
+            buckets = self._buckets[id(graph)] = GradBuckets(graph, self.bucket_bytes)
+        buckets.begin(lambda a: self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM))
+        return buckets
 
     def finish(self, buckets: GradBuckets, loss: float, stop: bool, step: int, state=None):
         """(grads averaged across ranks, mean loss, whether any rank was asked
@@ -242,33 +243,55 @@ class World:
             buckets.final(name, grads[name])
         return self.finish(buckets, loss, stop, step)[:3]
 
-    def step(self, sess, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool]:
+    def step(self, sess, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool, dict | None]:
         """One data-parallel step: forward + backward, each gradient bucket's
         all-reduce posted as soon as its gradients are final (during the
         backward on closures; after it on the graph path, whose backward is
         one submit), then the optimizer update alone (on the graph path a
-        second submit). Returns (mean loss, stop agreed).
+        second submit). With several objectives, each objective's in turn:
+        its gradients averaged and its update applied before the next one's
+        forward, which reads the params that update left on every rank.
+        Returns (mean loss, stop agreed, each objective's mean loss with
+        several, else None).
 
         State the forward updates (batch norm's running statistics, from each
         rank's own rows) is averaged across ranks every step: an average of
         running means over equal shards is the running mean of the global
         batches, as one process keeps it (a running variance's average leaves
         out the spread between the shards' means)."""
-        buckets = self.buckets(sess.graph)
-        res = sess.step(feeds, grads=True, on_grad_final=buckets.final)
+        from flowgrad.objectives import per_objective, several
+
+        sess.optimizer = optimizer
+        if not several(sess.graph):
+            loss, stop = self._objective_step(sess, sess.graph, sess.runner, feeds, optimizer, stop, step)
+            return loss, stop, None
+        feeds = sess.runner_feeds(feeds, True)   # each objective's forward draws the same noise, as in one process
+        losses = {}
+        for (name, graph, runner), opt in zip(sess.parts, per_objective(optimizer, sess.graph)):
+            losses[name], stop = self._objective_step(sess, graph, runner, feeds, opt, stop, step)
+        sess.steps += 1
+        return next(iter(losses.values())), stop, losses
+
+    def _objective_step(self, sess, graph, runner, feeds, optimizer, stop: bool, step: int) -> tuple[float, bool]:
+        """One objective's step on `runner` (the session's own, with one
+        objective): gradients, averaged, then its update."""
+        buckets = self.buckets(graph)
+        if runner is sess.runner:
+            loss = sess.step(feeds, grads=True, on_grad_final=buckets.final).loss
+        else:
+            _outputs, loss, _grads = runner.step(feeds, grads=True, on_grad_final=buckets.final)
         state = sess.graph.states().keys()
-        grads, loss, stop, means = self.finish(buckets, res.loss, stop, step,
+        grads, loss, stop, means = self.finish(buckets, float(loss), stop, step,
                                                sess.runner.get_params(sorted(state)) if state else None)
         if means:
             sess.runner.set_params(means)
-        sess.optimizer = optimizer
-        sess.runner.apply_update(optimizer, grads)
+        runner.apply_update(optimizer, grads)
         return loss, stop
 
-    def sync_from_root(self, runner, scaler=None, start: int = 0) -> int:
+    def sync_from_root(self, runner, scalers=(), start: int = 0) -> int:
         """Every rank takes rank 0's params, optimizer state and counts,
-        loss scale (dtype="mixed") and the run's step, `start` on rank 0
-        (returned): rank 0 alone read the checkpoint."""
+        loss scales (dtype="mixed": each objective's) and the run's step,
+        `start` on rank 0 (returned): rank 0 alone read the checkpoint."""
         from safetensors.numpy import load, save
 
         data = None
@@ -292,9 +315,11 @@ class World:
                     state.setdefault(p, {})[name] = v
             runner.set_params(params)
             runner.set_opt_state(Counts(updates, iterations), state)
-        if scaler is not None:
+        if scalers:
             # a rank at another scale overflows where the others do not, and its skip skips every rank's step
-            scaler.load_state(self.share(scaler.state(), "the broadcast of rank 0's loss scale"))
+            for scaler, state in zip(scalers, self.share([s.state() for s in scalers],
+                                                         "the broadcast of rank 0's loss scale")):
+                scaler.load_state(state)
         return start
 
     def check_same_params(self, params: dict[str, np.ndarray], step: int) -> None:
@@ -396,7 +421,7 @@ class _GatheringSession:
         value = np.asarray(value)
         if value.ndim and value.shape[0] == local:
             return world.allgather(value, "the gathering of eval outputs").reshape((-1,) + value.shape[1:])
-        if name == self._loss_name:
+        if name in self._loss_names:
             # a loss that is a mean over the scored targets (over the rows when all are scored): each
             # rank's mean weighted by its count is the batch's mean, as one process computes it (with
             # padded lines the ranks' counts differ); summed in rank order, every rank gets the same bits
@@ -412,3 +437,10 @@ class _GatheringSession:
     def _loss_name(self):
         graph = self._sess.graph
         return next((n for n, i in graph.outputs.items() if i == graph.loss), None)
+
+    @property
+    def _loss_names(self) -> set:
+        """The loss's output and, with several objectives, each one's loss (each an output)."""
+        from flowgrad.objectives import objective_names
+
+        return {self._loss_name, *(n for n in objective_names(self._sess.graph) if n in self._sess.graph.outputs)}
