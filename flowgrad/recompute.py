@@ -47,6 +47,8 @@ def parse_budget(value, what: str = "memory_budget") -> int | None:
     "512MB", "1.5GiB" (GB = 10^9 bytes, GiB = 2^30)."""
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():   # 1e9 in a model file
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise FlowError(f"{what} takes bytes (an int) or a size such as '20GB' or '512MiB', got {value!r}")
     if isinstance(value, int):

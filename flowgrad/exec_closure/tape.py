@@ -108,8 +108,9 @@ class ClosureExecutor:
                 out = rewrite(step.graph, step.seed + 1, self.recompute)
                 step = attrs.evolve(step, graph=out.graph, grads={x: out.ids.get(i, i) for x, i in step.grads.items()})
             # the backward's nodes, and any forward node they read that the outputs and loss do not
+            ran = {n.id for n in g.needed_for(g.roots())}   # by the forward (which may drop them after it)
             nodes = [n for n in step.graph.needed_for(list(step.grads.values()))
-                     if n.op not in ("input", "param") and n.id != step.seed]
+                     if n.op not in ("input", "param") and n.id != step.seed and n.id not in ran]
             last = {}
             for pos, node in enumerate(nodes):
                 for i in node.inputs:
