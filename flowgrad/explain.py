@@ -95,11 +95,12 @@ def budget_dict(parts) -> dict:
     """The memory budget, the planned peak with and without recomputation
     (with several objectives, the largest of theirs), and the forward nodes
     the backward computes again."""
-    dicts = [p.training.recompute.to_dict(g) for g, p in parts]
-    return {"budget_bytes": dicts[0]["budget_bytes"],
-            "planned_bytes_without": max(d["planned_bytes_without"] for d in dicts),
-            "planned_bytes": max(d["planned_bytes"] for d in dicts),
-            "nodes": [n for d in dicts for n in d["nodes"]]}
+    done = [(g, p.training.recompute) for g, p in parts]
+    return {"budget_bytes": done[0][1].budget,
+            "planned_bytes_without": max(r.bytes_before for _g, r in done),
+            "planned_bytes": max(r.bytes_after for _g, r in done),
+            "nodes": [{"node": g.nodes[n.node].label, "node_id": n.node, "op": g.nodes[n.node].op,
+                       "where": where_dict(g.nodes[n.node].span)} for g, r in done for n in r.nodes]}
 
 
 def ranks_dict(ranks: int, path: str, buckets: int) -> dict:

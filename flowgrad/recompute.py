@@ -83,14 +83,6 @@ class Recompute:
     bytes_after: int
     nodes: tuple          # Recomputed, in the order the backward runs the clones
 
-    def to_dict(self, graph: Graph) -> dict:
-        from flowgrad.explain import where_dict
-
-        return {"budget_bytes": self.budget, "planned_bytes_without": self.bytes_before,
-                "planned_bytes": self.bytes_after,
-                "nodes": [{"node": graph.nodes[r.node].label, "node_id": r.node, "op": graph.nodes[r.node].op,
-                           "where": where_dict(graph.nodes[r.node].span)} for r in self.nodes]}
-
 
 @attrs.frozen
 class Rewritten:
