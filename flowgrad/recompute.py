@@ -16,15 +16,15 @@ and pointwise ops, then norms, softmaxes and reductions, and products
 (matmul, attention, convolution) only when nothing else brings the step
 under the budget; within a class, the groups that free the most bytes
 first. It measures each choice with the caller's own memory plan (the
-graph path fuses the graph and plans its buffers) and takes the fewest
-groups that fit, or raises a FlowError naming the budget and the smallest
-plan it reached. Clones keep their original's op, inputs' values, attrs and
+graph path fuses the graph and plans its buffers), keeps it only where the
+planned peak falls, and stops at the first set that fits, or raises a
+FlowError naming the budget and the smallest peak it reached. Clones keep their original's op, inputs' values, attrs and
 span (so they compute the same numbers, and errors name the model line);
 `grad_of` marks them as the backward's, pointing at their original."""
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 
