@@ -58,7 +58,7 @@ class Model:
         return Model(self.program, self.overrides, self.grads + ((y, x, name),))
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False, loss_scale=None, fusion: bool = True, freeze=None):
+                check_finite: bool = False, loss_scale=None, fusion: bool = True, freeze=None, memory_budget=None):
         """dtype: "f32", "f16" (every declared-f32 tensor in f16), or "mixed"
         (f16 compute, f32 master params and optimizer state, f32 losses, and
         dynamic loss scaling). check_finite: stop at the first step with a
@@ -69,9 +69,13 @@ class Model:
         dispatch (to compare with the fused chains). freeze: params to hold
         fixed, as names, block prefixes ("decoder.0") or globs
         (flowgrad.param_patterns): they take no gradient and no update, and
-        checkpoints save and load them as the others. A session made later at
-        another batch size (predict's, a short batch's) is compiled alike."""
-        options = CompileOptions(dtype, backward, fusion, freeze, check_finite, loss_scale)
+        checkpoints save and load them as the others. memory_budget: bytes
+        (an int) or a size ("20GB", "512MiB") the training step's planned
+        peak must fit: the backward then computes again the cheapest forward
+        values it would keep (flowgrad/recompute.py), or compile fails
+        naming the smallest peak reached. A session made later at another
+        batch size (predict's, a short batch's) is compiled alike."""
+        options = CompileOptions(dtype, backward, fusion, freeze, check_finite, loss_scale, memory_budget)
         if seed is not None:
             seed = checked_seed(seed)
         return compile_session(self, open_device(device), options, seed)

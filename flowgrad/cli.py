@@ -37,6 +37,12 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
                         "refusal an error (default auto)")
 
 
+def add_budget_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="bytes (or a size: 512MB, 20GB, 16GiB) the training step's planned peak must fit: the "
+                        "backward computes the cheapest forward values again instead of keeping them")
+
+
 def cmd_check(args) -> int:
     """The model's summary, then every error of its train section."""
     from flowgrad.training.section import check_train
@@ -119,11 +125,12 @@ def section_summary(graph) -> str:
 
 def cmd_explain(args) -> int:
     model = load_model(args.file, parse_sets(args.set))
-    from flowgrad.training.section import freeze_patterns
+    from flowgrad.training.section import freeze_patterns, memory_budget
 
-    # the step training runs: with the train section's frozen params
+    # the step training runs: with the train section's frozen params and memory budget
     sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward,
-                         freeze=freeze_patterns(model.graph))
+                         freeze=freeze_patterns(model.graph),
+                         memory_budget=memory_budget(model.graph, args.memory_budget))
     if args.ranks is not None:
         at_least_one("--ranks", args.ranks)
         from flowgrad.training.distributed import describe_ranks
@@ -154,7 +161,7 @@ def cmd_train(args) -> int:
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
                           out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
-                          check_finite=args.check_finite, seed=args.seed)
+                          check_finite=args.check_finite, seed=args.seed, memory_budget=args.memory_budget)
     except TrainInterrupted as e:
         if getattr(e, "rank", 0) == 0:
             print(f"\n{e}", file=sys.stderr)
@@ -347,7 +354,7 @@ def cmd_bench(args) -> int:
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = bench.run(args.file or bench.MODEL, device=args.device, repeats=args.repeats, config=parse_sets(args.set),
-                  dtype=args.dtype, phase=phase, compare=args.compare)
+                  dtype=args.dtype, phase=phase, compare=args.compare, memory_budget=args.memory_budget)
     print(json.dumps(r, indent=2) if args.json else bench.report(r))
     return 0
 
@@ -372,7 +379,8 @@ def cmd_bench_gpt2(args) -> int:
     def phase(text):
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
-    r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase)
+    r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase,
+                 memory_budget=args.memory_budget)
     print(json.dumps(r, indent=2) if args.json else gpt2.report(r))
     return 0
 
@@ -454,11 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/explain.md)")
     p.add_argument("--analyze", action="store_true", help="run a few steps and add measured times")
     p.add_argument("--ranks", type=int, default=None, metavar="N", help="describe data-parallel training on N ranks")
+    add_budget_arg(p)
     p.set_defaults(func=cmd_explain)
 
     p = _sub(sub, "train", "train a model on the data named in its train section")
     add_model_args(p)
     add_session_args(p)
+    add_budget_arg(p)
     p.add_argument("--steps", type=int, default=None, help="how many steps in all (default: the train "
                    "section's steps); with --resume, a number above the checkpoint's step trains further")
     p.add_argument("--out", default=None, metavar="DIR", help="directory for checkpoint.safetensors, "
@@ -561,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: as the lowering splits)")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="data-parallel training steps at 1..N ranks (mpiexec): step time, samples/s, all-reduce share")
+    add_budget_arg(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

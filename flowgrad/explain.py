@@ -80,6 +80,9 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     }
     if several(graph) or any(o.over is not None for o in graph.objectives):
         data["objectives"] = objectives_dict(graph)
+    budgeted = [(g, p) for g, p in parts if p.training.recompute is not None]
+    if budgeted:   # compile(memory_budget=...): what the backward computes again to fit it
+        data["memory_budget"] = budget_dict(budgeted)
     if graph.frozen:   # params held fixed: no gradient, no update (Model.compile(freeze=...))
         data["frozen"] = [name for name in graph.params if name in graph.frozen]
     if plan.dtype == "mixed":
@@ -88,6 +91,18 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
     if ranks > 1:
         data["ranks"] = ranks_dict(ranks, plan.path, getattr(sess, "grad_buckets", 1), len(parts))
     return Explain(data, graph)
+
+
+def budget_dict(parts) -> dict:
+    """The memory budget, the planned peak with and without recomputation
+    (with several objectives, the largest of theirs), and the forward nodes
+    the backward computes again."""
+    done = [(g, p.training.recompute) for g, p in parts]
+    return {"budget_bytes": done[0][1].budget,
+            "planned_bytes_without": max(r.bytes_before for _g, r in done),
+            "planned_bytes": max(r.bytes_after for _g, r in done),
+            "nodes": [{"node": g.nodes[n.node].label, "node_id": n.node, "op": g.nodes[n.node].op,
+                       "where": where_dict(g.nodes[n.node].span)} for g, r in done for n in r.nodes]}
 
 
 def ranks_dict(ranks: int, path: str, buckets: int, objectives: int = 1) -> dict:
@@ -336,6 +351,11 @@ def closure_plan_dict(graph: Graph, plan: Plan) -> dict:
     step_graph, bwd = graph, []
     if graph.loss is not None:
         step = backward_graph(graph, [i for i in graph.trainable().values() if graph.nodes[i].dtype != "i32"])
+        if plan.recomputed:   # as the closure executor runs it: the clones among the backward's calls
+            from flowgrad.recompute import rewrite
+
+            out = rewrite(step.graph, step.seed + 1, plan.recomputed)
+            step = attrs.evolve(step, graph=out.graph, grads={x: out.ids.get(i, i) for x, i in step.grads.items()})
         step_graph, ran = step.graph, {n.id for n in fwd}
         bwd = [n for n in step.graph.needed_for(list(step.grads.values()))
                if n.op not in LEAF_OPS and n.id not in ran]
@@ -423,6 +443,8 @@ def render_text(d: dict, graph: Graph) -> str:
         lines[-1:] = [f"frozen: {', '.join(d['frozen'])} (no gradient, no update)", ""]
     if "ranks" in d:
         lines[-1:] = [f"ranks: {d['ranks']['count']}, data-parallel: {d['ranks']['step']}", ""]
+    if "memory_budget" in d:
+        lines[-1:] = [*render_budget(d["memory_budget"]), ""]
     if d["refusals"]:
         lines += ["refusals", *render_refusals(d["refusals"]), ""]
     lines += [*render_plans(d), ""]
@@ -450,6 +472,17 @@ def render_backward(nodes: list[dict], width: int = 118) -> list[str]:
     for of, ops in by.items():
         line = f"  {of:<12} <- {', '.join(ops)}"
         lines.append(line if len(line) <= width else line[:width - 3] + "...")
+    return lines
+
+
+def render_budget(b: dict) -> list[str]:
+    """The budget, the planned peaks, and each recomputed node with its line."""
+    lines = [f"memory budget: {mib(b['budget_bytes'])}; planned peak {mib(b['planned_bytes'])}, "
+             f"{mib(b['planned_bytes_without'])} without recomputation"]
+    if not b["nodes"]:
+        return lines + ["  fits without recomputing anything"]
+    lines.append(f"  recomputed in the backward ({len(b['nodes'])} forward nodes):")
+    lines += [f"    {n['node']:<16} {n['op']:<12} {where_text(n['where'])}".rstrip() for n in b["nodes"]]
     return lines
 
 

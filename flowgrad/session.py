@@ -23,6 +23,7 @@ from flowgrad.objectives import ObjectiveRunners, objective_graphs, objective_na
 from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.param_patterns import freeze_params
 from flowgrad.planner import Plan, make_plan
+from flowgrad.recompute import parse_budget
 
 
 @attrs.frozen
@@ -35,6 +36,8 @@ class CompileOptions:
     freeze: object = None   # params held fixed: names, block prefixes or globs (param_patterns)
     check_finite: bool = attrs.field(default=False, converter=bool)
     loss_scale: LossScaler | None = None   # under "mixed", instead of GradScaler's defaults
+    # bytes the step's planned peak must fit, recomputing forward values in the backward (flowgrad/recompute.py)
+    memory_budget: int | None = attrs.field(default=None, converter=parse_budget)
 
     def __attrs_post_init__(self):
         if not isinstance(self.dtype, str) or self.dtype not in COMPILE_DTYPES:
@@ -65,7 +68,7 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     check_host_memory(graph)
     # one plan per objective; the graph path only if every objective's step can take it
     plans = [make_plan(g, device.info if device is not None else None, options.backward, options.dtype,
-                       fusion=options.fusion) for g in graphs]
+                       fusion=options.fusion, memory_budget=options.memory_budget) for g in graphs]
     plan = next((p for p in plans if p.path != "graph"), plans[0])
     if plan.path != "graph" and options.backward == "graph":
         raise GraphPathRefused(
@@ -167,7 +170,8 @@ class Session:
             from flowgrad.exec_vulkan import VulkanKernels
 
             kernels = VulkanKernels(self.device)
-        return ClosureSession(graph, params, kernels, scaler=scaler, params_of=params_of)
+        return ClosureSession(graph, params, kernels, scaler=scaler, params_of=params_of,
+                              recompute=plan.recomputed)
 
     @property
     def parts(self) -> list[tuple]:

@@ -108,7 +108,8 @@ def deferred_signals():
 def train(model, *, steps: int | None = None, device: str = "auto", dtype: str = "f32", backward: str = "auto",
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
-          callback=None, check_finite: bool = False, check_every: int | None = None, freeze=None) -> TrainResult:
+          callback=None, check_finite: bool = False, check_every: int | None = None, freeze=None,
+          memory_budget=None) -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
@@ -126,6 +127,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         node that produced it (the last checkpoint written before it is kept).
     check_every: data-parallel runs (started by mpiexec): steps between checks
         that every rank holds the same params (default: eval_every).
+    memory_budget: as Model.compile's; overrides the train section's.
 
     Returns a TrainResult. Ctrl-C or SIGTERM finishes the current step, saves
     a checkpoint and raises TrainInterrupted."""
@@ -139,9 +141,9 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
     world = _join()
     if world is not None:
         device = world.device_for(device)
-    ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze)
+    ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze, memory_budget)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite,
-                         freeze=ts.freeze)
+                         freeze=ts.freeze, memory_budget=ts.memory_budget)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
                                     or check_every < 1):
         raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")

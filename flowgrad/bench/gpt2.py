@@ -69,14 +69,16 @@ def median_step(step, steps: int, warmup: int, sync=lambda: None) -> float:
     return statistics.median(times)
 
 
-def flowgrad_row(model, device: str, dtype: str, feeds, steps: int, warmup: int) -> tuple[dict, dict]:
+def flowgrad_row(model, device: str, dtype: str, feeds, steps: int, warmup: int,
+                 memory_budget=None) -> tuple[dict, dict]:
     """(row, check): the graph path's Adam step in `dtype`, and what the twin
-    is checked against (this session's first loss, its params then)."""
+    is checked against (this session's first loss, its params then).
+    memory_budget: as Model.compile's."""
     from flowgrad.api import open_device
 
     dev = open_device(device)
     before = dev.live_bytes
-    sess = model.compile(device=device, dtype=dtype, backward="graph")
+    sess = model.compile(device=device, dtype=dtype, backward="graph", memory_budget=memory_budget)
     try:
         check = {"loss": sess.step(feeds, grads=False).loss, "params": sess.params, "dtype": dtype}
         opt = Adam(lr=LR)
@@ -146,8 +148,9 @@ def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase) -> lis
 
 
 def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, warmup: int = 5,
-        dtypes=DTYPES, phase=None) -> dict:
-    """`phase(text)`, when given, is called as each phase starts."""
+        dtypes=DTYPES, phase=None, memory_budget=None) -> dict:
+    """`phase(text)`, when given, is called as each phase starts.
+    memory_budget: as Model.compile's (the flowgrad rows')."""
     from flowgrad.api import load
 
     phase = phase or (lambda text: None)
@@ -166,7 +169,7 @@ def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, war
     for dtype in dtypes:
         phase(f"compiling and timing flowgrad {dtype}, the graph path with Adam on the device "
               f"({steps} steps after {WARMUP})")
-        row, first = flowgrad_row(model, device, dtype, feeds, steps, warmup)
+        row, first = flowgrad_row(model, device, dtype, feeds, steps, warmup, memory_budget)
         rows.append(row)
         if check is None or dtype == "f32":   # the twin is the f32 model: checked against f32 where it ran
             check = first

@@ -246,9 +246,9 @@ def compare_torch(graph_sess, feeds, repeats: int, phase) -> dict:
 
 
 def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dict | None = None,
-        dtype: str = "f32", phase=None, compare: str | None = None) -> dict:
+        dtype: str = "f32", phase=None, compare: str | None = None, memory_budget=None) -> dict:
     """`phase(text)`, when given, is called as each phase starts (a long
-    bench is otherwise silent for a minute)."""
+    bench is otherwise silent for a minute). memory_budget: as Model.compile's."""
     from flowgrad.api import load
 
     phase = phase or (lambda text: None)
@@ -262,7 +262,8 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
             raise FlowError("--compare torch times PyTorch on a CUDA GPU, and this PyTorch sees none",
                             hint="run it where a CUDA build of torch sees the GPU, or leave out --compare")
     phase("compiling the graph path")
-    graph_sess = model.compile(device=device, dtype=dtype, backward="graph")   # refused without Vulkan
+    graph_sess = model.compile(device=device, dtype=dtype, backward="graph",   # refused without Vulkan
+                               memory_budget=memory_budget)
     feeds, source = bench_feeds(graph_sess.graph)
     phase(f"timing the graph path, Adam on the device ({repeats} steps after {WARMUP})")
     g_time, g_traffic = time_steps(graph_sess, feeds, repeats, optimizer=Adam(lr=LR))
@@ -270,7 +271,7 @@ def run(model_path=MODEL, device: str = "vulkan", repeats: int = 20, config: dic
     r_time, r_traffic = time_steps(graph_sess, feeds, repeats)
     # compiled only now: the graph path is timed with no other session's memory held
     phase("compiling the closures path")
-    closure_sess = model.compile(device=device, dtype=dtype, backward="closures")
+    closure_sess = model.compile(device=device, dtype=dtype, backward="closures", memory_budget=memory_budget)
     c_repeats = max(3, repeats // 4)
     phase(f"timing the closures path, gradients to the host ({c_repeats} steps after {WARMUP})")
     c_time, c_traffic = time_steps(closure_sess, feeds, c_repeats)

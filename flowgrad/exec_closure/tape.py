@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
 from flowgrad.autodiff import backward_graph
+from flowgrad.recompute import rewrite
 from flowgrad.grad_paths import updated_params
 from flowgrad.graph import Graph, Node
 from flowgrad.ops import get_op
@@ -36,27 +38,45 @@ class ClosureExecutor:
     """Runs a graph node by node: the forward, then the backward the
     autodiff pass appended to it (flowgrad/autodiff.py), each node an op run
     on its own. `timings`, when a dict, collects wall time per node (for
-    explain --analyze; a backward node's under the node it differentiates)."""
+    explain --analyze; a backward node's under the node it differentiates).
+    recompute: forward nodes (by id) the backward computes again instead of
+    keeping them (flowgrad/recompute.py): the forward then drops each value
+    after its last reader, unless the backward or the step's result reads it."""
 
     path = "closures"
 
-    def __init__(self, graph: Graph, kernels=None):
+    def __init__(self, graph: Graph, kernels=None, recompute=frozenset()):
         self.graph = graph
         self.kernels = kernels or NumpyKernels()
+        self.recompute = frozenset(recompute)
         self.timings: dict[int, list[float]] | None = None
         self._steps: dict[tuple, tuple] = {}
 
-    def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots) -> dict:
-        """Evaluate what `roots` need. Returns the values by node id."""
+    def forward(self, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray], roots, keep=None) -> dict:
+        """Evaluate what `roots` need. Returns the values by node id: all of
+        them, or with `keep` (ids), the roots and those only."""
         values: dict[int, np.ndarray] = {}
-        for node in self.graph.needed_for(roots):
+        order = self.graph.needed_for(roots)
+        last = {i: pos for pos, node in enumerate(order) for i in node.inputs} if keep is not None else {}
+        for pos, node in enumerate(order):
             if node.op == "input":
                 values[node.id] = feeds[node.name]
             elif node.op == "param":
                 values[node.id] = params[node.name]
             else:
                 values[node.id] = self._run(self.graph, node, values)
+            for i in set(node.inputs) if keep is not None else ():
+                if last[i] == pos and i not in keep and i not in roots:
+                    del values[i]
         return values
+
+    def backward_reads(self, loss_id: int, grad_inputs: bool = False) -> set[int] | None:
+        """The forward values the backward of loss_id reads, where it
+        recomputes some (the forward need keep only these); else None."""
+        if not self.recompute:
+            return None
+        step, nodes, _last = self.step_graph(loss_id, grad_inputs)
+        return {i for node in nodes if node.id >= step.forward_nodes for i in node.inputs if i < step.forward_nodes}
 
     def _run(self, graph, node, values, backward=False):
         if node.op == "const":
@@ -84,9 +104,13 @@ class ClosureExecutor:
             if grad_inputs:
                 wrt += [i for i in g.inputs.values() if g.nodes[i].dtype != "i32"]
             step = backward_graph(g, wrt, loss_id)
+            if self.recompute:
+                out = rewrite(step.graph, step.seed + 1, self.recompute)
+                step = attrs.evolve(step, graph=out.graph, grads={x: out.ids.get(i, i) for x, i in step.grads.items()})
             # the backward's nodes, and any forward node they read that the outputs and loss do not
+            ran = {n.id for n in g.needed_for(g.roots())}   # by the forward (which may drop them after it)
             nodes = [n for n in step.graph.needed_for(list(step.grads.values()))
-                     if n.op not in ("input", "param") and n.id != step.seed]
+                     if n.op not in ("input", "param") and n.id != step.seed and n.id not in ran]
             last = {}
             for pos, node in enumerate(nodes):
                 for i in node.inputs:
@@ -139,11 +163,13 @@ class ClosureSession:
     path = "closures"
     timer = "wall clock per op"
 
-    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None, params_of=None):
+    def __init__(self, graph: Graph, params: dict[str, np.ndarray], kernels=None, scaler=None, params_of=None,
+                 recompute=frozenset()):
         """params_of: a ClosureSession whose params this one steps (the
-        objectives of a model: flowgrad/objectives.py), else its own copy of `params`."""
+        objectives of a model: flowgrad/objectives.py), else its own copy of
+        `params`. recompute: see ClosureExecutor."""
         self.graph = graph
-        self.executor = ClosureExecutor(graph, kernels)
+        self.executor = ClosureExecutor(graph, kernels, recompute)
         self.params = params_of.params if params_of is not None else {k: v.copy() for k, v in params.items()}
         self.opt_state: dict = {}
         self.counts = Counts()
@@ -163,7 +189,9 @@ class ClosureSession:
     def _step(self, feeds, grads, optimizer, grad_inputs, on_grad_final):
         g = self.graph
         roots = g.roots()
-        values = self.executor.forward(feeds, self.params, roots)
+        backward = (grads or optimizer is not None) and g.loss is not None
+        keep = self.executor.backward_reads(g.loss, grad_inputs) if backward else None
+        values = self.executor.forward(feeds, self.params, roots, keep)
         outputs = {name: values[i] for name, i in g.outputs.items()}
         loss = None if g.loss is None else values[g.loss]
         out_grads = {}

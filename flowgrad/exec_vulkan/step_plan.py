@@ -11,6 +11,7 @@ from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 from flowgrad.grad_paths import updated_params
 from flowgrad.graph import Graph
+from flowgrad.recompute import Recompute, recompute
 
 
 @attrs.frozen
@@ -20,6 +21,7 @@ class StepPlan:
     grads: dict             # param or input name -> the node holding its gradient
     seed: int | None        # the input node the loss's incoming gradient lies in (1, or the loss scale)
     memory: MemoryPlan
+    recompute: Recompute | None = None   # with a memory budget: what the backward computes again
 
     @property
     def backward_start(self) -> int:
@@ -27,11 +29,14 @@ class StepPlan:
         return self.seed if self.seed is not None else len(self.graph.nodes)
 
 
-def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fusion: bool = True) -> StepPlan:
+def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fusion: bool = True,
+              memory_budget: int | None = None) -> StepPlan:
     """The plan of a step of `graph` (the model's, in its compute dtypes):
     with backward, the gradient of its loss for every param the optimizer
-    updates (and, with grad_inputs, every float input)."""
-    grads, seed, splits = {}, None, []
+    updates (and, with grad_inputs, every float input). memory_budget
+    (bytes): the backward recomputes forward values (flowgrad/recompute.py)
+    until the step's buffers fit it."""
+    grads, seed, splits, redone = {}, None, [], None
     if fusion:   # before the backward is built: its gradients then lie in the blocks too
         splits, nodes = split_products(graph, set(graph.roots()))
         graph = attrs.evolve(graph, nodes=nodes)
@@ -42,7 +47,17 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
         sg = backward_graph(graph, list(wrt.values()))
         graph, seed = sg.graph, sg.seed
         grads = {name: sg.grads[i] for name, i in wrt.items()}
+        if memory_budget is not None:   # before fusion: the clones fuse as any chain does
+            out, redone = recompute(graph, seed + 1, tuple(grads.values()), memory_budget,
+                                    lambda g, keep: _planned_bytes(g, keep, fusion))
+            graph, grads = out.graph, {name: out.ids.get(i, i) for name, i in grads.items()}
     fused = fuse(graph, keep=tuple(grads.values())) if fusion else no_fusion(graph)
     fused.splits = splits + fused.splits
     memory = plan_memory(fused.graph, keep=tuple(grads.values()))
-    return StepPlan(fused.graph, fused, grads, seed, memory)
+    return StepPlan(fused.graph, fused, grads, seed, memory, redone)
+
+
+def _planned_bytes(graph: Graph, keep: tuple, fusion: bool) -> int:
+    """The planned peak of a step of `graph`: the most bytes the graph path holds at once."""
+    fused = fuse(graph, keep=keep) if fusion else no_fusion(graph)
+    return plan_memory(fused.graph, keep=keep).peak_bytes

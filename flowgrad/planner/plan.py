@@ -54,6 +54,7 @@ class Plan:
     # dispatches on this device (a matmul's tile per shape class, say); empty without a device
     kernels: dict = attrs.field(factory=dict)
     fuses: bool = True         # chains of pointwise ops run as one node each
+    memory_budget: int | None = None   # bytes a step's planned peak must fit (flowgrad/recompute.py)
 
     @property
     def training(self) -> StepPlan:
@@ -75,6 +76,12 @@ class Plan:
         return self.training.graph
 
     @property
+    def recomputed(self) -> frozenset:
+        """The forward nodes the training step's backward computes again (by id), to fit the memory budget."""
+        r = self.training.recompute
+        return frozenset(n.node for n in r.nodes) if r is not None else frozenset()
+
+    @property
     def last_path(self) -> str:
         return "graph" if self.path == "graph" else f"closures ({self.reason})"
 
@@ -86,7 +93,7 @@ class Plan:
         if key not in self.steps:
             from flowgrad.errors import FlowError
 
-            step = step_plan(self.graph, *key, fusion=self.fuses)
+            step = step_plan(self.graph, *key, fusion=self.fuses, memory_budget=self.memory_budget)
             refusals = step_refusals(step, self.device, {}) if grad_inputs else []
             if refusals:
                 r = refusals[0]
@@ -236,14 +243,17 @@ def spread_kernels(step, runs) -> dict:
     return out
 
 
-def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True) -> Plan:
+def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f32", fusion: bool = True,
+              memory_budget: int | None = None) -> Plan:
     """device: an exec_vulkan DeviceInfo, or None for numpy on the CPU.
-    fusion: run chains of pointwise ops as one node each on the graph path."""
+    fusion: run chains of pointwise ops as one node each on the graph path.
+    memory_budget: bytes the training step's planned peak must fit, by
+    recomputing forward values in the backward (flowgrad/recompute.py)."""
     if backward not in ("auto", "graph", "closures"):
         raise ValueError(f"backward must be 'auto', 'graph' or 'closures', got {backward!r}")
     if fusion:
         fuse_cells(graph)
-    training = step_plan(graph, True, False, fusion=fusion)
+    training = step_plan(graph, True, False, fusion=fusion, memory_budget=memory_budget)
     refusals = []
     if device is None:
         refusals.append(Refusal("device", "the session runs on numpy (CPU), not on Vulkan",
@@ -271,4 +281,4 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
     steps = {(graph.loss is not None, False): training}
     # on a differentiable path from a param to the loss
     return Plan(graph, path, backward, refusals, device, dtype, backward_nodes(graph)[0], steps, reason, kernels,
-                fusion)
+                fusion, memory_budget)

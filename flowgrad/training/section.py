@@ -36,7 +36,7 @@ from flowgrad.training.optim import Optimizer, make_optimizer
 from flowgrad.training.sources import make_data
 
 TRAIN_KEYS = ("data", "optimizer", "steps", "eval_every", "checkpoint_every", "seed", "metric", "early_stop",
-              "schedule", "warmup", "clip", "min_lr", "freeze")
+              "schedule", "warmup", "clip", "min_lr", "freeze", "memory_budget")
 OPTIMIZER_KEYS = ("schedule", "warmup", "clip", "min_lr")
 
 
@@ -52,15 +52,18 @@ class TrainSetup:
     eval_split: str              # "val" when the data has a validation split, else "test"
     early_stop: int | None = None
     freeze: tuple[str, ...] = ()   # the patterns of the params held fixed (Model.compile's freeze=)
+    memory_budget: int | None = None   # bytes the step's planned peak must fit (Model.compile's memory_budget=)
 
 
-def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None, freeze=None) -> TrainSetup:
+def setup(graph: Graph, steps=None, data=None, optimizer=None, seed=None, freeze=None,
+          budget=None) -> TrainSetup:
     """Read and check the train section (arguments override it). Raises the
     first error; check_train lists them all."""
-    errors, data = _check(graph, steps, data, optimizer, seed, freeze, first=True)
+    errors, data = _check(graph, steps, data, optimizer, seed, freeze, first=True, budget=budget)
     if errors:
         raise errors[0]
-    return _setup(graph, steps, data, optimizer, seed, freeze)
+    return attrs.evolve(_setup(graph, steps, data, optimizer, seed, freeze),
+                        memory_budget=memory_budget(graph, budget))
 
 
 def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, freeze=None) -> list[FlowError]:
@@ -69,7 +72,8 @@ def check_train(graph: Graph, steps=None, data=None, optimizer=None, seed=None, 
     return _check(graph, steps, data, optimizer, seed, freeze)[0]
 
 
-def _check(graph, steps, data, optimizer, seed, freeze=None, first=False) -> tuple[list[FlowError], Dataset | None]:
+def _check(graph, steps, data, optimizer, seed, freeze=None, first=False,
+           budget=None) -> tuple[list[FlowError], Dataset | None]:
     """(errors, the data source made and bound on the way, or None)."""
     items = dict(graph.train.items) if graph.train is not None else {}
     spans = dict(graph.train.spans) if graph.train is not None else {}
@@ -106,6 +110,7 @@ def _check(graph, steps, data, optimizer, seed, freeze=None, first=False) -> tup
     if steps is not None:
         attempt(lambda: _steps(items, steps, where))
     attempt(lambda: freeze_patterns(graph, freeze))
+    attempt(lambda: memory_budget(graph, budget))
     if optimizer is None:
         attempt(lambda: _check_optimizers(_optimizer(items, where, 100, graph), graph))
     else:
@@ -162,6 +167,20 @@ def freeze_patterns(graph: Graph, freeze=None) -> tuple[str, ...]:
         value, span = freeze, None
     freeze_params(graph, value, span)
     return patterns_of(value, "freeze", span)
+
+
+def memory_budget(graph: Graph, given=None) -> int | None:
+    """The bytes of the memory budget: `given` (the caller's), else the
+    train section's `memory_budget = "20GB"` (an error at its line), else None."""
+    from flowgrad.recompute import parse_budget
+
+    if given is not None:
+        return parse_budget(given, "--memory-budget" if isinstance(given, str) else "memory_budget")
+    items, spans = (graph.train.items, graph.train.spans) if graph.train is not None else ({}, {})
+    try:
+        return parse_budget(items.get("memory_budget"), "train memory_budget")
+    except FlowError as e:
+        raise FlowError(e.message, spans.get("memory_budget"), hint=e.hint) from None
 
 
 def _fail(message, span, hint=None):
