@@ -95,12 +95,13 @@ def explain(sess, analyze: bool = False, steps: int = 5) -> Explain:
 
 def budget_dict(parts) -> dict:
     """The memory budget, the planned peak with and without recomputation
-    (with several objectives, the largest of theirs), and the forward nodes
-    the backward computes again."""
+    and the bytes of the step's buffers (with several objectives, the
+    largest of theirs), and the forward nodes the backward computes again."""
     done = [(g, p.training.recompute) for g, p in parts]
     return {"budget_bytes": done[0][1].budget,
             "planned_bytes_without": max(r.bytes_before for _g, r in done),
             "planned_bytes": max(r.bytes_after for _g, r in done),
+            "buffer_bytes": max(p.training.memory.total_bytes for _g, p in parts),
             "nodes": [{"node": g.nodes[n.node].label, "node_id": n.node, "op": g.nodes[n.node].op,
                        "where": where_dict(g.nodes[n.node].span)} for g, r in done for n in r.nodes]}
 
@@ -478,7 +479,7 @@ def render_backward(nodes: list[dict], width: int = 118) -> list[str]:
 def render_budget(b: dict) -> list[str]:
     """The budget, the planned peaks, and each recomputed node with its line."""
     lines = [f"memory budget: {mib(b['budget_bytes'])}; planned peak {mib(b['planned_bytes'])}, "
-             f"{mib(b['planned_bytes_without'])} without recomputation"]
+             f"{mib(b['planned_bytes_without'])} without recomputation; buffers {mib(b['buffer_bytes'])}"]
     if not b["nodes"]:
         return lines + ["  fits without recomputing anything"]
     lines.append(f"  recomputed in the backward ({len(b['nodes'])} forward nodes):")

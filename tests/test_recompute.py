@@ -111,6 +111,7 @@ def test_recomputed_values_die_after_the_forward_and_the_peak_fits(make):
     step = model.compile(device="cpu", memory_budget=budget).plan.training
     redone = {r.node for r in step.recompute.nodes}
     assert redone and step.memory.peak_bytes <= budget < step.recompute.bytes_before
+    assert step.memory.total_bytes <= budget   # the buffers allocated, not only the peak
     # no node the backward runs (fused or not) reads an original: it dies with its last forward reader
     for s in step.memory.schedule:
         node = step.graph.nodes[s.node]
@@ -199,3 +200,24 @@ def test_recomputation_on_the_graph_path_matches_keeping(vk_device, make):
     np.testing.assert_allclose(b.loss, a.loss, rtol=1e-5)
     for k, g in a.grads.items():
         np.testing.assert_allclose(b.grads[k], g, rtol=1e-5, atol=1e-5 * np.abs(g).max(), err_msg=k)
+
+
+@pytest.mark.parametrize("make", [deep, gpt])
+def test_values_packed_at_offsets_never_share_bytes_while_both_live(make):
+    from flowgrad.exec_vulkan import memory
+    from flowgrad.exec_vulkan.step_plan import step_plan
+
+    plan = step_plan(make().graph)
+    planner = memory._Planner(plan.graph, plan.memory.schedule, tuple(plan.grads.values()), tight=True)
+    tight = planner.run()
+    assert tight.total_bytes <= plan.memory.total_bytes
+    spans = []   # (buffer, lo, hi, start, end) of each step-scoped group
+    for key, (start, end, kind, parts, size) in planner.groups.items():
+        if kind == "step":
+            slot = tight.slots[parts[0][0]]
+            spans.append((slot.buffer, slot.offset, slot.offset + size, start, end))
+    assert len({s[0] for s in spans}) < len(spans)   # values do share buffers
+    for i, (b, lo, hi, s, e) in enumerate(spans):
+        for b2, lo2, hi2, s2, e2 in spans[i + 1:]:
+            if b == b2 and lo < hi2 and lo2 < hi:
+                assert e < s2 or e2 < s, "two values live at once in the same bytes"

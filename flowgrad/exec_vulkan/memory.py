@@ -90,12 +90,14 @@ def _nbytes(node) -> int:
     return max(node.type.nbytes, 1)
 
 
-def plan_memory(graph: Graph, keep: tuple = ()) -> MemoryPlan:
+def plan_memory(graph: Graph, keep: tuple = (), tight: bool = False) -> MemoryPlan:
     """The memory plan of one step of `graph`: what its outputs and loss need,
     and `keep`, the nodes the step keeps to its end beside them (the
-    gradients a step graph computes)."""
+    gradients a step graph computes). tight: pack the step's values at
+    offsets in arenas (close to the peak; for a memory budget) instead of
+    sharing whole buffers between them."""
     nodes = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
-    return _Planner(graph, [Step(n.id) for n in nodes], keep).run()
+    return _Planner(graph, [Step(n.id) for n in nodes], keep, tight).run()
 
 
 def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
@@ -119,9 +121,10 @@ def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
 
 
 class _Planner:
-    def __init__(self, graph, schedule, keep=()):
+    def __init__(self, graph, schedule, keep=(), tight=False):
         self.graph = graph
         self.keep = keep
+        self.tight = tight
         self.schedule = schedule
         self.last = len(schedule)                 # "until the end of the step"
         # group key -> [start, end, kind, [(part key, node, offset)], size]
@@ -246,18 +249,39 @@ class _Planner:
         return True
 
     def assign(self, saved_ids) -> MemoryPlan:
+        buffers: list[list] = []        # [size, [group keys], kind]
+        where: dict[tuple, tuple[int, int]] = {}   # group key -> (buffer, byte offset)
+        (self.pack_arenas if self.tight else self.share_buffers)(buffers, where)
+        slots = {}
+        for key, (_s, _e, _k, parts, _size) in self.groups.items():
+            b, at = where[key]
+            for part, node, offset in parts:
+                slots[part] = Slot(b, at + offset, node.shape, node.dtype, node.type.nbytes)
+        for part, (inside, offset) in self.alias.items():   # in placement order: what it lies in is known
+            node, base = self.graph.nodes[part[1]], slots[inside]
+            slots[part] = Slot(base.buffer, base.offset + offset, node.shape, node.dtype, node.type.nbytes)
+        planned = [PlannedBuffer(i, size, tuple(keys), kind) for i, (size, keys, kind) in enumerate(buffers)]
+        sizes = [grp[4] for grp in self.groups.values()]
+        # a view's bytes are its input's
+        saved = [Saved(self.graph.nodes[i], self.graph.nodes[i].shape, self.graph.nodes[i].dtype,
+                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)
+                 if ("val", i) not in self.alias and self.graph.nodes[i].op not in LEAF_OPS]
+        parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
+        return MemoryPlan(self.schedule, planned, slots, parts,
+                          total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),
+                          peak_bytes=self.peak(), saved=saved)
+
+    def share_buffers(self, buffers, where) -> None:
         """Greedy interval packing: each step-scoped group takes the free
         buffer that fits best (growing the largest free one if none fits);
         among equal sizes, the one freed first."""
-        buffers: list[list] = []        # [size, [group keys], kind]
-        where: dict[tuple, int] = {}
         free = _FreeBuffers(buffers)
         busy: list[tuple[int, int, int]] = []  # heap of (end, when taken, buffer)
         order = sorted(self.groups.items(), key=lambda kv: (kv[1][0], -kv[1][4]))
         for taken, (key, (start, end, kind, _parts, size)) in enumerate(order):
             if kind != "step":
                 buffers.append([size, [key], kind])
-                where[key] = len(buffers) - 1
+                where[key] = (len(buffers) - 1, 0)
                 continue
             done = []
             while busy and busy[0][0] < start:
@@ -273,24 +297,41 @@ class _Planner:
                 b = len(buffers) - 1
             buffers[b][1].append(key)
             heapq.heappush(busy, (end, taken, b))
-            where[key] = b
-        slots = {}
-        for key, (_s, _e, _k, parts, _size) in self.groups.items():
-            for part, node, offset in parts:
-                slots[part] = Slot(where[key], offset, node.shape, node.dtype, node.type.nbytes)
-        for part, (inside, offset) in self.alias.items():   # in placement order: what it lies in is known
-            node, base = self.graph.nodes[part[1]], slots[inside]
-            slots[part] = Slot(base.buffer, base.offset + offset, node.shape, node.dtype, node.type.nbytes)
-        planned = [PlannedBuffer(i, size, tuple(keys), kind) for i, (size, keys, kind) in enumerate(buffers)]
-        sizes = [grp[4] for grp in self.groups.values()]
-        # a view's bytes are its input's
-        saved = [Saved(self.graph.nodes[i], self.graph.nodes[i].shape, self.graph.nodes[i].dtype,
-                       self.graph.nodes[i].type.nbytes) for i in sorted(saved_ids)
-                 if ("val", i) not in self.alias and self.graph.nodes[i].op not in LEAF_OPS]
-        parts = {key: tuple(part for part, _n, _o in grp[3]) for key, grp in self.groups.items()}
-        return MemoryPlan(self.schedule, planned, slots, parts,
-                          total_bytes=sum(b.nbytes for b in planned), naive_bytes=sum(sizes),
-                          peak_bytes=self.peak(), saved=saved)
+            where[key] = (b, 0)
+
+    def pack_arenas(self, buffers, where) -> None:
+        """Greedy by size: the largest groups first, each in the tightest gap
+        left between the groups placed beside its lifetime in some arena (else
+        at an arena's end, where it grows the arena least). An arena holds at
+        most ARENA bytes (what every Vulkan device allocates in one piece), or
+        the size of the larger group that opened it. Leaves and kept
+        gradients keep buffers of their own."""
+        arenas: list[tuple[int, list, int]] = []   # (buffer, [(offset, size, start, end)], capacity)
+        step = []
+        for key, (start, end, kind, _parts, size) in self.groups.items():
+            if kind == "step":
+                step.append((size, start, end, key))
+            else:
+                buffers.append([size, [key], kind])
+                where[key] = (len(buffers) - 1, 0)
+        for size, start, end, key in sorted(step, key=lambda g: (-g[0], g[1])):
+            best = None   # (waste, arena, offset)
+            for a, (b, placed, cap) in enumerate(arenas):
+                at, gap = _tightest_gap(placed, start, end, size)
+                if gap is None:   # past the others: waste what the arena grows by
+                    gap = cap + max(0, at + size - buffers[b][0])
+                if at + size <= cap and (best is None or gap < best[0]):
+                    best = (gap, a, at)
+            if best is None:
+                buffers.append([0, [], "step"])
+                arenas.append((len(buffers) - 1, [], max(ARENA, size)))
+                best = (0, len(arenas) - 1, 0)
+            _gap, a, at = best
+            b, placed, _cap = arenas[a]
+            placed.append((at, size, start, end))
+            buffers[b][0] = max(buffers[b][0], at + size)
+            buffers[b][1].append(key)
+            where[key] = (b, at)
 
     def peak(self) -> int:
         """The most bytes live at once: a lower bound for any buffer sharing."""
@@ -335,6 +376,22 @@ class _FreeBuffers:
     def largest(self) -> int:
         """The largest free buffer (the first freed of those), taken."""
         return self._take(bisect.bisect_left(self.order, (self.order[-1][0], -1, -1)))
+
+
+ARENA = 1 << 30   # Vulkan's least maxMemoryAllocationSize
+
+
+def _tightest_gap(placed, start, end, size) -> tuple[int, int | None]:
+    """(offset, waste) of the tightest free range of at least `size` bytes
+    among `placed` [(offset, size, start, end)] that lives in [start, end];
+    (the end of the last of them, None) where no gap fits."""
+    live = sorted((o, o + n) for o, n, s, e in placed if s <= end and start <= e)
+    best, top = None, 0
+    for lo, hi in live:
+        if lo - top >= size and (best is None or lo - top - size < best[1]):
+            best = (top, lo - top - size)
+        top = max(top, hi)
+    return best if best is not None else (top, None)
 
 
 def _elementwise(node) -> bool:

@@ -10,6 +10,7 @@ from flowgrad.autodiff import backward_graph
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
 from flowgrad.grad_paths import updated_params
+from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
 from flowgrad.recompute import Recompute, recompute
 
@@ -47,17 +48,43 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
         sg = backward_graph(graph, list(wrt.values()))
         graph, seed = sg.graph, sg.seed
         grads = {name: sg.grads[i] for name, i in wrt.items()}
-        if memory_budget is not None:   # before fusion: the clones fuse as any chain does
-            out, redone = recompute(graph, seed + 1, tuple(grads.values()), memory_budget,
-                                    lambda g, keep: _planned_bytes(g, keep, fusion))
-            graph, grads = out.graph, {name: out.ids.get(i, i) for name, i in grads.items()}
-    fused = fuse(graph, keep=tuple(grads.values())) if fusion else no_fusion(graph)
+    if memory_budget is None:
+        fused, memory = _planned(graph, tuple(grads.values()), fusion)
+    else:
+        graph, grads, fused, memory, redone = _fit(graph, seed, grads, memory_budget, fusion)
     fused.splits = splits + fused.splits
-    memory = plan_memory(fused.graph, keep=tuple(grads.values()))
     return StepPlan(fused.graph, fused, grads, seed, memory, redone)
 
 
-def _planned_bytes(graph: Graph, keep: tuple, fusion: bool) -> int:
-    """The planned peak of a step of `graph`: the most bytes the graph path holds at once."""
+def _planned(graph: Graph, keep: tuple, fusion: bool, tight: bool = False):
     fused = fuse(graph, keep=keep) if fusion else no_fusion(graph)
-    return plan_memory(fused.graph, keep=keep).peak_bytes
+    return fused, plan_memory(fused.graph, keep=keep, tight=tight)
+
+
+def _fit(graph: Graph, seed: int, grads: dict, budget: int, fusion: bool):
+    """The step graph recomputing what brings its buffers within `budget`,
+    unchanged where they fit it: the values are packed at offsets, the
+    recomputation aims at the planned peak and, where the buffers still
+    exceed the budget, at a peak lower by the excess. The clones are made
+    before fusion: they fuse as any chain does."""
+    fused, memory = _planned(graph, tuple(grads.values()), fusion)
+    if memory.total_bytes <= budget:   # fits as it is: the plan without a budget
+        return graph, grads, fused, memory, Recompute(budget, memory.peak_bytes, memory.peak_bytes, ())
+    target = budget
+    for _ in range(4):
+        try:
+            out, redone = recompute(graph, seed + 1, tuple(grads.values()), target,
+                                    lambda g, keep: _planned(g, keep, fusion)[1].peak_bytes)
+        except FlowError:
+            if target == budget:
+                raise
+            break
+        kept = {name: out.ids.get(i, i) for name, i in grads.items()}
+        fused, memory = _planned(out.graph, tuple(kept.values()), fusion, tight=True)
+        if memory.total_bytes <= budget:
+            return out.graph, kept, fused, memory, attrs.evolve(redone, budget=budget)
+        target -= memory.total_bytes - budget
+    raise FlowError(f"the step's buffers take {memory.total_bytes} bytes, recomputing {len(redone.nodes)} forward "
+                    f"value(s) in the backward (a peak of {memory.peak_bytes}): over the memory budget of "
+                    f"{budget} bytes", hint="raise memory_budget (--memory-budget), or use a smaller batch or model")
+
