@@ -1,7 +1,10 @@
 """attention's lowering: flash-attention kernels (attn_fwd, then for the
 backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound
 (attention_builds.py); in f16 storage, on a device with cooperative
-matrices of a built fragment shape, their builds on cooperative matrices.
+matrices of a built fragment shape, their builds on cooperative matrices,
+and of those, where the device also offers VK_NV_cooperative_matrix2's
+reductions and conversions, the attn_cm2 builds (the softmax kept in the
+fragments).
 
 Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
@@ -24,18 +27,19 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
-    shader_builds, shared_bytes)
+    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, coop_name, coop_shared_bytes,
+    scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowering
 
 __all__ = ["ATTENTION", "TILES", "HEAD_BOUNDS", "SHARED_LIMIT", "shared_bytes", "shader_builds", "coop_kernels",
-           "forced_coop"]   # the build tables are read through this module too (tests, benches)
+           "forced_coop", "forced_cm2"]   # the build tables are read through this module too (tests, benches)
 
 MASK_MODES = {None: 0, "additive": 1, "boolean": 2}
 
 _COOP: contextvars.ContextVar = contextvars.ContextVar("attention_coop", default=None)
+_CM2: contextvars.ContextVar = contextvars.ContextVar("attention_cm2", default=None)
 
 
 @contextlib.contextmanager
@@ -49,6 +53,31 @@ def forced_coop(on: bool):
         yield
     finally:
         _COOP.reset(token)
+
+
+@contextlib.contextmanager
+def forced_cm2(on: bool):
+    """Within the block the cooperative-matrix attention kernels that have an
+    attn_cm2 build run on it (on=True: an error where the device lacks
+    VK_NV_cooperative_matrix2's reductions and conversions) or on their
+    VK_KHR_cooperative_matrix build (on=False); outside it, on attn_cm2
+    wherever the device offers those."""
+    token = _CM2.set(on)
+    try:
+        yield
+    finally:
+        _CM2.reset(token)
+
+
+def _uses_cm2(caps: DeviceCaps, kernel: str) -> bool:
+    """This cooperative-matrix kernel runs on its attn_cm2 build."""
+    want = _CM2.get()
+    if want is False or kernel not in CM2_BODIES:
+        return False
+    if want and not caps.cm2_fragment_ops:
+        raise DeviceError(f"{caps.described} lacks VK_NV_cooperative_matrix2's reductions and conversions, "
+                          "which the attn_cm2 attention kernels need")
+    return caps.cm2_fragment_ops
 
 
 def coop_build(caps: DeviceCaps, dh: int) -> tuple[int, int, int] | None:
@@ -124,13 +153,14 @@ def _stats_key(node_id):
 
 def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
     """One of the kernels, on cooperative matrices where coop_kernels says so
-    and the kernel has such builds."""
+    and the kernel has such builds (attn_cm2 where _uses_cm2 says so)."""
     coop = coop_kernels(rec, q.dtype, dh) if kernel in COOP_KERNELS else None
     if coop is None:
         shader, build, own = scalar_name(kernel, bound), variant(q.dtype), TILES[bound][kernel][0]
     else:
         fr, sg, maxd = coop
-        shader, build, own = coop_name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+        name = cm2_name if _uses_cm2(rec.caps, kernel) else coop_name
+        shader, build, own = name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
     rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
 
 
