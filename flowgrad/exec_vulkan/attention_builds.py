@@ -12,7 +12,7 @@ COOP_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
 # The kernels with a build that also takes VK_NV_cooperative_matrix2 (subgroup-scope
 # row reductions and conversions between uses), on the cooperative-matrix tiles:
 # {kernel: glsl body}
-CM2_BODIES = {"fwd": "attn_cm2_fwd.glsl"}
+CM2_BODIES = {"fwd": "attn_cm2_fwd.glsl", "bwd_dq": "attn_coop_bwd_dq.glsl", "bwd_dkdv": "attn_coop_bwd_dkdv.glsl"}
 
 # Scalar kernels: per head-width bound MAXD and kernel, (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
@@ -75,10 +75,11 @@ def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int
 
 
 def cm2_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int:
-    """Shared memory one attn_cm2_* build declares (mirrors its .glsl)."""
+    """Shared memory one attn_cm2_* build declares (mirrors the .glsl declarations)."""
     tiles = 2 * bc * (maxd // 8 + 1) * 16            # two staged tiles of head rows, f16
     ids = 2 * fr * fr * 4
-    return tiles + ids + nsg * fr * (fr + 8) * 2     # and each subgroup's output rows, f16
+    stage = nsg * fr * (fr + 8) * 2                   # each subgroup's output rows, f16
+    return tiles + ids + stage + {"fwd": 0, "bwd_dq": 3 * nsg * fr * 4, "bwd_dkdv": 3 * bc * 4}[kernel]
 
 
 def scalar_name(kernel: str, maxd: int) -> str:
@@ -133,7 +134,7 @@ def cm2_builds() -> dict[str, tuple[str, dict[str, int]]]:
                 nsg, bc = kernels[kernel]
                 if cm2_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT:
                     raise ValueError(f"attention tiles cm2 {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
-                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1}
+                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1, "CM2": 1}
                 out[cm2_name(kernel, maxd, fr, sg)] = (body, defines)
     return out
 

@@ -13,7 +13,9 @@
 // row's value), so they scale O and P element by element; l is kept as partial
 // sums per element and reduced once, at the end. The next key tile's K and V
 // rows are fetched into registers while this one's products run.
-#define CM2 1
+#ifndef CM2
+#error "attn_cm2_fwd is built with CM2 (VK_NV_cooperative_matrix2)"
+#endif
 #define PROW (FR + 8)          // a row of the output's f16 staging, in halves
 #include "attn_coop.glsl"
 
