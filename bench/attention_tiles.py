@@ -64,7 +64,7 @@ def ours(device, case, steps):
         with s.rec.section("a", "forward"):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
-            attn_low.ATTENTION.backward(s.rec, node, gv, views, out, grads)
+            attn_low.attention_backward(s.rec, node, gv, views, out, grads)
         # one timestamp interval per dispatch
         cmds = [attrs.evolve(c, label=(c.shader, str(i))) if hasattr(c, "shader") else c
                 for i, c in enumerate(s.rec.commands)]
