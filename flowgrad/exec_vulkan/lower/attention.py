@@ -27,7 +27,7 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, coop_name, coop_shared_bytes,
+    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_shared_bytes, coop_name, coop_shared_bytes,
     scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
@@ -80,17 +80,22 @@ def _uses_cm2(caps: DeviceCaps, kernel: str) -> bool:
     return caps.cm2_fragment_ops
 
 
-def coop_build(caps: DeviceCaps, dh: int) -> tuple[int, int, int] | None:
+def _shared_bytes(kernel: str, cm2: bool):
+    return cm2_shared_bytes if cm2 and kernel in CM2_BODIES else coop_shared_bytes
+
+
+def coop_build(caps: DeviceCaps, dh: int, cm2: bool = False) -> tuple[int, int, int] | None:
     """(FR, SG, MAXD) of the cooperative-matrix build an f16 attention of head
     width dh takes on this device, or None: the device offers FR x FR x FR f16
-    products with subgroups of SG, subgroup shuffles, and the shared memory."""
+    products with subgroups of SG, subgroup shuffles, and the shared memory
+    (of the attn_cm2 builds where cm2, of the KHR ones otherwise)."""
     if not caps.subgroup_shuffle:
         return None
     for (fr, sg), bounds in COOP_TILES.items():
         if fr not in caps.coopmat_khr_sizes or sg != caps.subgroup_size:
             continue
         maxd = next((m for m in sorted(bounds) if dh <= m), None)
-        if maxd is not None and all(coop_shared_bytes(kernel, maxd, fr, *tiles) <= caps.shared_memory
+        if maxd is not None and all(_shared_bytes(kernel, cm2)(kernel, maxd, fr, *tiles) <= caps.shared_memory
                                     for kernel, tiles in bounds[maxd].items()):
             return fr, sg, maxd
     return None
@@ -101,7 +106,7 @@ def coop_kernels(rec, dtype: str, dh: int) -> tuple[int, int, int] | None:
     want = _COOP.get()
     if want is False or dtype != "f16":
         return None
-    build = coop_build(rec.caps, dh)
+    build = coop_build(rec.caps, dh, cm2=_uses_cm2(rec.caps, "fwd"))
     if want and build is None:
         raise DeviceError(f"no cooperative-matrix attention build runs on {rec.caps.described} "
                           f"for head width {dh} (it needs f16 storage, VK_KHR_cooperative_matrix with one of the "
