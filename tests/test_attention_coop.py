@@ -127,15 +127,15 @@ def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, ca
 
 
 def test_the_builds_fit_shared_memory_and_exist():
-    from flowgrad.exec_vulkan.attention_builds import COOP_SHARED_LIMIT, COOP_TILES, coop_builds, coop_shared_bytes
+    from flowgrad.exec_vulkan.attention_builds import (COOP_SHARED_LIMIT, COOP_TILES, cm2_builds, cm2_shared_bytes,
+                                                       coop_builds, coop_shared_bytes)
     from flowgrad.exec_vulkan.spirv import spv_path
 
-    builds = coop_builds()
-    assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
-    for stem, (_body, d) in builds.items():
-        kernel = re.match(r"attn_(\w+?)_d\d", stem)[1]
-        assert coop_shared_bytes(kernel, d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
-        assert spv_path(stem).exists()
+    for builds, size in ((coop_builds(), coop_shared_bytes), (cm2_builds(), cm2_shared_bytes)):
+        assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
+        for stem, (_body, d) in builds.items():
+            assert size(kernel_of(stem), d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
+            assert spv_path(stem).exists()
 
 
 def test_the_build_follows_the_device():
@@ -153,4 +153,7 @@ def test_the_build_follows_the_device():
     assert attn_low.coop_build(dev((16,), 64), 64) is None             # no build for subgroups of 64
     assert attn_low.coop_build(dev((16,), 32, shuffle=False), 64) is None
     assert attn_low.coop_build(dev((16,), 32, shared=16384), 64) is None
+    # the attn_cm2 builds keep no score rows in shared memory: 32 KiB holds them at width 64
+    assert attn_low.coop_build(dev((16,), 32, shared=32768), 64) is None
+    assert attn_low.coop_build(dev((16,), 32, shared=32768), 64, cm2=True) == (16, 32, 64)
     assert attn_low.coop_build(dev((), 32), 64) is None
