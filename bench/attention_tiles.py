@@ -7,7 +7,11 @@ tables elsewhere and run this once per candidate with its .spv files in place:
     python bench/attention_tiles.py [--steps 20] [--json OUT] [--label NAME] [--dtype f16]
 
 --dtype f16 times the kernels f16 storage runs on the device: on cooperative
-matrices where it has them (their candidate table: --coop).
+matrices where it has them (their candidate table: --coop); --builds khr,cm2
+times both cooperative-matrix builds of each case in turn (cm2 only where the
+device offers VK_NV_cooperative_matrix2's reductions and conversions);
+--case B,T,H,causal (repeatable) replaces the list of cases, e.g. GPT-2's
+--case 8,1024,12,1.
 
 Forward and backward of each case are recorded into one command buffer (the
 graph path's order, so the dq pass reads the forward's lse), every dispatch
@@ -17,6 +21,7 @@ marked WRONG."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -34,6 +39,7 @@ CASES = [  # batch, seq, heads, causal (head width: --maxd)
     (1, 1024, 8, False),
     (2, 1031, 8, True),   # partial query and key tiles
 ]
+BUILDS = {"auto": None, "khr": False, "cm2": True}   # --builds: how forced_cm2 is set
 CHECK_TOL = {"f32": 1e-4, "f16": 2e-2}   # relative error above which a case is marked WRONG
 
 
@@ -58,7 +64,7 @@ def ours(device, case, steps):
         with s.rec.section("a", "forward"):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
-            attn_low.ATTENTION.backward(s.rec, node, gv, views, out, grads)
+            attn_low.attention_backward(s.rec, node, gv, views, out, grads)
         # one timestamp interval per dispatch
         cmds = [attrs.evolve(c, label=(c.shader, str(i))) if hasattr(c, "shader") else c
                 for i, c in enumerate(s.rec.commands)]
@@ -132,7 +138,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="f32", choices=("f32", "f16"))
     p.add_argument("--coop", default=None, help='JSON {"fwd": [NSG, BC], ...} for the MAXD cooperative-matrix '
                    "builds of the device's fragment shape in place (a candidate table's)")
+    p.add_argument("--builds", default="auto", help="comma-separated: auto (the device's pick), khr, cm2")
+    p.add_argument("--case", action="append", default=None, help="B,T,H,causal (replaces the default cases)")
     args = p.parse_args(argv)
+    cases = [tuple(int(x) for x in c.split(",")) for c in args.case] if args.case else CASES
     if args.tiles:
         attn_low.TILES[args.maxd].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
     device = select_device("vulkan")
@@ -140,23 +149,33 @@ def main(argv=None) -> int:
         fr, sg, _maxd = attn_low.coop_build(device.info, args.maxd)
         attn_low.COOP_TILES[(fr, sg)][args.maxd].update({k: tuple(v) for k, v in json.loads(args.coop).items()})
     rows = []
-    for batch, seq, heads, causal in CASES:
-        case = (batch, seq, heads, args.maxd, causal, args.dtype)
-        kern, err = ours(device, case, args.steps)
+    for batch, seq, heads, causal in cases:
+        case = (batch, seq, heads, args.maxd, bool(causal), args.dtype)
         ref = (float("nan"), float("nan"))
         if not args.no_sdpa:
             try:
                 ref = sdpa(case, args.steps)
             except Exception as e:  # noqa: BLE001 - our numbers stand without torch
                 print(f"sdpa unavailable: {e}", file=sys.stderr)
-        fwd = sum(t for sh, t in kern.items() if "fwd" in sh)
-        bwd = sum(t for sh, t in kern.items() if "bwd" in sh)
-        rows.append({"label": args.label, "case": case, "tiles": attn_low.TILES[args.maxd], "ms": {k: v * 1e3 for k, v in kern.items()},
-                     "sdpa_ms": [x * 1e3 for x in ref], "ratio": (fwd + bwd) / sum(ref), "err": err})
-        parts = " ".join(f"{sh[5:sh.rindex('_d')]} {t * 1e3:.3f}" for sh, t in kern.items())
-        print(f"[{args.label}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} {'causal' if case[4] else 'full'} {case[5]}: "
-              f"{parts} ms; sdpa {ref[0] * 1e3:.3f}+{ref[1] * 1e3:.3f} ms; ours/sdpa {rows[-1]['ratio']:.2f}x"
-              + f"; max rel err {err:.1e}" + (" WRONG" if not err < CHECK_TOL[args.dtype] else ""), flush=True)
+        for build in args.builds.split(","):
+            try:
+                with attn_low.forced_cm2(BUILDS[build]) if BUILDS[build] is not None else contextlib.nullcontext():
+                    kern, err = ours(device, case, args.steps)
+            except Exception as e:  # noqa: BLE001 - the other builds' numbers stand
+                print(f"[{args.label} {build}] failed: {e}", file=sys.stderr)
+                continue
+            fwd = sum(t for sh, t in kern.items() if "fwd" in sh)
+            bwd = sum(t for sh, t in kern.items() if "bwd" in sh)
+            rows.append({"label": args.label, "build": build, "case": case, "tiles": attn_low.TILES[args.maxd],
+                         "ms": {k: v * 1e3 for k, v in kern.items()}, "sdpa_ms": [x * 1e3 for x in ref],
+                         "ratio": (fwd + bwd) / sum(ref), "fwd_ratio": fwd / ref[0], "bwd_ratio": bwd / ref[1],
+                         "err": err})
+            parts = " ".join(f"{sh[5:sh.rindex('_d')]} {t * 1e3:.3f}" for sh, t in kern.items())
+            print(f"[{args.label} {build}] b{case[0]} T{case[1]} h{case[2]} hd{case[3]} "
+                  f"{'causal' if case[4] else 'full'} {case[5]}: {parts} ms; sdpa {ref[0] * 1e3:.3f}+{ref[1] * 1e3:.3f} "
+                  f"ms; ours/sdpa {rows[-1]['ratio']:.2f}x (fwd {rows[-1]['fwd_ratio']:.2f}x, bwd "
+                  f"{rows[-1]['bwd_ratio']:.2f}x); max rel err {err:.1e}"
+                  + (" WRONG" if not err < CHECK_TOL[args.dtype] else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -50,8 +50,8 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     for stem, (body, defines) in attention_builds.shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
-    for stem, (body, defines) in {**attention_builds.coop_builds(), **matmul_cm2.builds(),
-                                  **matmul_coop.builds()}.items():   # f16 only
+    for stem, (body, defines) in {**attention_builds.coop_builds(), **attention_builds.cm2_builds(),
+                                  **matmul_cm2.builds(), **matmul_coop.builds()}.items():   # f16 only
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 

@@ -17,6 +17,7 @@ import re
 import numpy as np
 import pytest
 
+from flowgrad.exec_vulkan.attention_builds import CM2_BODIES
 from flowgrad.exec_vulkan.lower import attention as attn_low
 from flowgrad.exec_vulkan.recorder import Recorder
 from tests.test_attention_vulkan import assert_masked_rows_zero, check, fully_masked, mask_of, qkv
@@ -24,14 +25,20 @@ from tests.test_attention_vulkan import assert_masked_rows_zero, check, fully_ma
 COOP_ENV = "FLOWGRAD_TEST_COOP"     # "1": the device must run these builds (./dev.sh test's second pass)
 
 
-@pytest.fixture
-def coop(vk_device, monkeypatch):
+@pytest.fixture(params=["khr", "cm2"])
+def coop(vk_device, monkeypatch, request):
     """The attention shaders dispatched inside the test, with f16 attention
-    forced onto cooperative matrices (skips where the device has no build)."""
-    if attn_low.coop_build(vk_device.info, 8) is None:
-        info = vk_device.info
+    forced onto cooperative matrices (skips where the device has no build):
+    their VK_KHR_cooperative_matrix builds (khr), or where a kernel has one,
+    its build with VK_NV_cooperative_matrix2's reductions and conversions (cm2)."""
+    info = vk_device.info
+    why = None
+    if attn_low.coop_build(info, 8) is None:
         why = (f"{info.name} has no cooperative-matrix attention build (VK_KHR_cooperative_matrix f16 "
                f"sizes {info.coopmat_khr_sizes}, subgroup size {info.subgroup_size})")
+    elif request.param == "cm2" and not info.cm2_fragment_ops:
+        why = f"{info.name} lacks VK_NV_cooperative_matrix2's reductions and conversions"
+    if why:
         if os.environ.get(COOP_ENV) == "1":
             pytest.fail(f"{COOP_ENV}=1, but {why}")
         pytest.skip(why)
@@ -44,7 +51,7 @@ def coop(vk_device, monkeypatch):
         return dispatch(self, shader, *args, **kwargs)
 
     monkeypatch.setattr(Recorder, "dispatch", spy)
-    with attn_low.forced_coop(True):
+    with attn_low.forced_coop(True), attn_low.forced_cm2(request.param == "cm2"):
         yield shaders
 
 
@@ -55,11 +62,18 @@ def kernels(request):
     return VulkanKernels(request.getfixturevalue("vk_device"))
 
 
+def kernel_of(shader: str) -> str:
+    return re.match(r"attn_(?:cm2_)?(\w+?)_d\d", shader)[1]
+
+
 def coop_check(kernels, shaders, ins, attrs):
     out = check(kernels, ins, attrs, np.float16)
-    assert {re.match(r"attn_(\w+?)_d\d", s)[1] for s in shaders} == {"fwd", "bwd_stats", "bwd_dq", "bwd_dkdv"}
+    assert {kernel_of(s) for s in shaders} == {"fwd", "bwd_stats", "bwd_dq", "bwd_dkdv"}
     on_scalars = [s for s in shaders if "_fr" not in s and not s.startswith("attn_bwd_stats")]  # it has no coop build
     assert not on_scalars, f"an attention kernel ran without cooperative matrices: {on_scalars}"
+    cm2 = attn_low._CM2.get()
+    wrong = [s for s in shaders if "_fr" in s and s.startswith("attn_cm2_") != bool(cm2 and kernel_of(s) in CM2_BODIES)]
+    assert not wrong, f"attention kernels ran on the other build than {'cm2' if cm2 else 'khr'}: {wrong}"
     return out
 
 
@@ -113,15 +127,15 @@ def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, ca
 
 
 def test_the_builds_fit_shared_memory_and_exist():
-    from flowgrad.exec_vulkan.attention_builds import COOP_SHARED_LIMIT, COOP_TILES, coop_builds, coop_shared_bytes
+    from flowgrad.exec_vulkan.attention_builds import (COOP_SHARED_LIMIT, COOP_TILES, cm2_builds, cm2_shared_bytes,
+                                                       coop_builds, coop_shared_bytes)
     from flowgrad.exec_vulkan.spirv import spv_path
 
-    builds = coop_builds()
-    assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
-    for stem, (_body, d) in builds.items():
-        kernel = re.match(r"attn_(\w+?)_d\d", stem)[1]
-        assert coop_shared_bytes(kernel, d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
-        assert spv_path(stem).exists()
+    for builds, size in ((coop_builds(), coop_shared_bytes), (cm2_builds(), cm2_shared_bytes)):
+        assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
+        for stem, (_body, d) in builds.items():
+            assert size(kernel_of(stem), d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
+            assert spv_path(stem).exists()
 
 
 def test_the_build_follows_the_device():
@@ -139,4 +153,7 @@ def test_the_build_follows_the_device():
     assert attn_low.coop_build(dev((16,), 64), 64) is None             # no build for subgroups of 64
     assert attn_low.coop_build(dev((16,), 32, shuffle=False), 64) is None
     assert attn_low.coop_build(dev((16,), 32, shared=16384), 64) is None
+    # the attn_cm2 builds keep no score rows in shared memory: 32 KiB holds them at width 64
+    assert attn_low.coop_build(dev((16,), 32, shared=32768), 64) is None
+    assert attn_low.coop_build(dev((16,), 32, shared=32768), 64, cm2=True) == (16, 32, 64)
     assert attn_low.coop_build(dev((), 32), 64) is None

@@ -65,8 +65,8 @@ def one_recording(device, node, ins, g):
         assert stats is not None and any(stats in c.views for c in s.rec.commands
                                          if getattr(c, "shader", "").startswith("attn_bwd_stats")), \
             "the backward did not bind the forward's saved lse"
-        passes = {re.match(r"attn_(\w+?)_d\d", c.shader)[1]: c for c in s.rec.commands
-                  if getattr(c, "shader", "").startswith("attn_bwd")}
+        passes = {re.match(r"attn_(?:cm2_)?(\w+?)_d\d", c.shader)[1]: c for c in s.rec.commands
+                  if re.match(r"attn_(cm2_)?bwd", getattr(c, "shader", ""))}
         assert not depends(passes["bwd_dkdv"], passes["bwd_dq"]), "the dk/dv pass waits for the dq pass"
         s.download(out)
         s.download(grads)

@@ -2,11 +2,17 @@
 attn_bwd_stats, attn_bwd_dq, attn_bwd_dkdv; f32 and f16 storage) once per
 head-width bound, and those on cooperative matrices (attn_coop_*; f16
 storage; every kernel but attn_bwd_stats) once per head-width bound and
-fragment shape. Plain data: the shader build, the
-push-constant specs and the lowering all read it."""
+fragment shape; where the device offers VK_NV_cooperative_matrix2's
+reductions and conversions, the attn_cm2_* builds of the same tiles. Plain
+data: the shader build, the push-constant specs and the lowering all read
+it."""
 from __future__ import annotations
 
 COOP_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
+# The kernels with a build that also takes VK_NV_cooperative_matrix2 (subgroup-scope
+# row reductions and conversions between uses), on the cooperative-matrix tiles:
+# {kernel: glsl body}
+CM2_BODIES = {"fwd": "attn_cm2_fwd.glsl", "bwd_dq": "attn_coop_bwd_dq.glsl", "bwd_dkdv": "attn_coop_bwd_dkdv.glsl"}
 
 # Scalar kernels: per head-width bound MAXD and kernel, (BR own rows per
 # workgroup, BC streamed rows per tile, CT threads per 4-row group, KV_SLOTS).
@@ -68,12 +74,24 @@ def coop_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int
                           "bwd_dkdv": 2 * probs + 2 * bc * 4}[kernel]
 
 
+def cm2_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int:
+    """Shared memory one attn_cm2_* build declares (mirrors the .glsl declarations)."""
+    tiles = 2 * bc * (maxd // 8 + 1) * 16            # two staged tiles of head rows, f16
+    ids = 2 * fr * fr * 4
+    stage = nsg * fr * (fr + 8) * 2                   # each subgroup's output rows, f16
+    return tiles + ids + stage + {"fwd": 0, "bwd_dq": 3 * nsg * fr * 4, "bwd_dkdv": 3 * bc * 4}[kernel]
+
+
 def scalar_name(kernel: str, maxd: int) -> str:
     return f"attn_{kernel}_d{maxd}"
 
 
 def coop_name(kernel: str, maxd: int, fr: int, sg: int) -> str:
     return f"attn_{kernel}_d{maxd}_fr{fr}_sg{sg}"
+
+
+def cm2_name(kernel: str, maxd: int, fr: int, sg: int) -> str:
+    return f"attn_cm2_{kernel}_d{maxd}_fr{fr}_sg{sg}"
 
 
 def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
@@ -106,5 +124,20 @@ def coop_builds() -> dict[str, tuple[str, dict[str, int]]]:
     return out
 
 
+def cm2_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the cooperative-matrix-2 kernels (f16 only),
+    one per cooperative-matrix build of a kernel in CM2_BODIES."""
+    out = {}
+    for (fr, sg), bounds in COOP_TILES.items():
+        for maxd, kernels in bounds.items():
+            for kernel, body in CM2_BODIES.items():
+                nsg, bc = kernels[kernel]
+                if cm2_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT:
+                    raise ValueError(f"attention tiles cm2 {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
+                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1, "CM2": 1}
+                out[cm2_name(kernel, maxd, fr, sg)] = (body, defines)
+    return out
+
+
 def shader_names() -> list[str]:
-    return sorted({**shader_builds(), **coop_builds()})
+    return sorted({**shader_builds(), **coop_builds(), **cm2_builds()})

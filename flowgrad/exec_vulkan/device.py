@@ -19,9 +19,9 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
-from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_NEEDED, COOPMAT_EXT,
-                                            KHR_COOPMAT_EXT, RawStruct, _extensions, compute_family, describe, features,
-                                            physical_devices)
+from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_FRAGMENT_OPS, CM2_NEEDED,
+                                            COOPMAT_EXT, KHR_COOPMAT_EXT, RawStruct, _extensions, compute_family, describe,
+                                            features, physical_devices)
 from flowgrad.exec_vulkan import submit
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
 from flowgrad.exec_vulkan.spirv import shader_info
@@ -98,7 +98,7 @@ class Device:
         # 1.3.239, rejects them)
         exts = []
         chain = want_s16
-        subgroup_coop = self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes)
+        subgroup_coop = self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes) or self.info.cm2_fragment_ops
         if subgroup_coop or self.info.cm2_invocations:
             # subgroup-scope kernels' barriers take device scope; matmul_cm2 has none
             chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
@@ -106,13 +106,17 @@ class Device:
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
-        if self.info.coopmat_khr_sizes or self.info.cm2_invocations:
+        if self.info.coopmat_khr_sizes or self.info.cm2_invocations or self.info.cm2_fragment_ops:
             exts.append(KHR_COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
-        if self.info.cm2_invocations:   # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads
-            exts += [e for e in CM2_EXTS if e != KHR_COOPMAT_EXT]
+        # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads; the attn_cm2
+        # kernels: reductions and conversions
+        cm2_wanted = ((CM2_NEEDED if self.info.cm2_invocations else ())
+                      + (CM2_FRAGMENT_OPS if self.info.cm2_fragment_ops else ()))
+        if cm2_wanted:
+            exts += [e for e in CM2_EXTS if e not in exts]
             self._cm2_features = RawStruct(vk, CM2_FEATURES_STYPE, len(CM2_FEATURES), pnext=chain)
-            for name in CM2_NEEDED:
+            for name in cm2_wanted:
                 self._cm2_features[CM2_FEATURES.index(name)] = 1
             chain = self._cm2_features.ptr
         if self.capture_stats:

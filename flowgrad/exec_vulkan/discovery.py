@@ -31,6 +31,9 @@ class DeviceInfo:
     # products of flexible dimensions, and those dimensions' (M, N, K) granularity; () where it is absent
     cm2_invocations: tuple = ()
     cm2_granularity: tuple = ()
+    # VK_NV_cooperative_matrix2's row reductions and conversions between uses on subgroup-scope
+    # matrices (the attn_cm2 kernels)
+    cm2_fragment_ops: bool = False
     # VK_KHR_cooperative_matrix: the sizes n of its n x n x n f16 x f16 + f32 subgroup products
     # (the attention kernels' fragments), and what those kernels ask of subgroups and shared memory
     coopmat_khr_sizes: tuple = ()
@@ -58,6 +61,7 @@ class DeviceCaps:
     coopmat_khr_f16: bool = False
     cm2_invocations: tuple = ()
     cm2_granularity: tuple = ()
+    cm2_fragment_ops: bool = False
     coopmat_khr_sizes: tuple = ()
     subgroup_size: int = 0
     subgroup_shuffle: bool = False
@@ -162,6 +166,7 @@ CM2_FLEX_STYPE = 1000593001       # VkCooperativeMatrixFlexibleDimensionsPropert
 CM2_FEATURES = ("workgroupScope", "flexibleDimensions", "reductions", "conversions", "perElementOperations",
                 "tensorAddressing", "blockLoads")
 CM2_NEEDED = ("workgroupScope", "flexibleDimensions", "tensorAddressing")
+CM2_FRAGMENT_OPS = ("reductions", "conversions")   # what the attn_cm2 kernels need of it
 _WORKGROUP = 2                    # VkScopeKHR
 
 
@@ -221,6 +226,19 @@ def cm2_lacks(vk, physical, exts: set[str]) -> list[str]:
         return missing
     have = cm2_features(vk, physical)
     return [n for n in (*CM2_NEEDED, "cooperativeMatrix", "vulkanMemoryModel") if not have[n]]
+
+
+def cm2_fragment_ops(vk, physical, exts: set[str]) -> bool:
+    """The device offers VK_NV_cooperative_matrix2's reductions and conversions (with
+    VK_KHR_cooperative_matrix and the Vulkan memory model). A query the binding cannot
+    make counts as absent."""
+    if any(e not in exts for e in CM2_EXTS):
+        return False
+    try:
+        have = cm2_features(vk, physical)
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return False
+    return all(have[n] for n in (*CM2_FRAGMENT_OPS, "cooperativeMatrix", "vulkanMemoryModel"))
 
 
 def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
@@ -293,7 +311,8 @@ def describe(vk, index: int, physical) -> DeviceInfo:
 
 def _cm2_fields(vk, physical, exts, f16_ok: bool) -> dict:
     invocations, granularity = cm2_f16(vk, physical, exts) if f16_ok else ((), ())
-    return {"cm2_invocations": invocations, "cm2_granularity": granularity}
+    return {"cm2_invocations": invocations, "cm2_granularity": granularity,
+            "cm2_fragment_ops": f16_ok and cm2_fragment_ops(vk, physical, exts)}
 
 
 def physical_devices():

@@ -1,7 +1,10 @@
 """attention's lowering: flash-attention kernels (attn_fwd, then for the
 backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-width bound
 (attention_builds.py); in f16 storage, on a device with cooperative
-matrices of a built fragment shape, their builds on cooperative matrices.
+matrices of a built fragment shape, their builds on cooperative matrices,
+and of those, where the device also offers VK_NV_cooperative_matrix2's
+reductions and conversions, the attn_cm2 builds (the softmax kept in the
+fragments).
 
 Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
@@ -24,18 +27,19 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, coop_name, coop_shared_bytes, scalar_name,
-    shader_builds, shared_bytes)
+    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_shared_bytes, coop_name, coop_shared_bytes,
+    scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 __all__ = ["ATTENTION", "TILES", "HEAD_BOUNDS", "SHARED_LIMIT", "shared_bytes", "shader_builds", "coop_kernels",
-           "forced_coop"]   # the build tables are read through this module too (tests, benches)
+           "forced_coop", "forced_cm2"]   # the build tables are read through this module too (tests, benches)
 
 MASK_MODES = {None: 0, "additive": 1, "boolean": 2}
 
 _COOP: contextvars.ContextVar = contextvars.ContextVar("attention_coop", default=None)
+_CM2: contextvars.ContextVar = contextvars.ContextVar("attention_cm2", default=None)
 
 
 @contextlib.contextmanager
@@ -51,17 +55,47 @@ def forced_coop(on: bool):
         _COOP.reset(token)
 
 
-def coop_build(caps: DeviceCaps, dh: int) -> tuple[int, int, int] | None:
+@contextlib.contextmanager
+def forced_cm2(on: bool):
+    """Within the block the cooperative-matrix attention kernels that have an
+    attn_cm2 build run on it (on=True: an error where the device lacks
+    VK_NV_cooperative_matrix2's reductions and conversions) or on their
+    VK_KHR_cooperative_matrix build (on=False); outside it, on attn_cm2
+    wherever the device offers those."""
+    token = _CM2.set(on)
+    try:
+        yield
+    finally:
+        _CM2.reset(token)
+
+
+def _uses_cm2(caps: DeviceCaps, kernel: str) -> bool:
+    """This cooperative-matrix kernel runs on its attn_cm2 build."""
+    want = _CM2.get()
+    if want is False or kernel not in CM2_BODIES:
+        return False
+    if want and not caps.cm2_fragment_ops:
+        raise DeviceError(f"{caps.described} lacks VK_NV_cooperative_matrix2's reductions and conversions, "
+                          "which the attn_cm2 attention kernels need")
+    return caps.cm2_fragment_ops
+
+
+def _shared_bytes(kernel: str, cm2: bool):
+    return cm2_shared_bytes if cm2 and kernel in CM2_BODIES else coop_shared_bytes
+
+
+def coop_build(caps: DeviceCaps, dh: int, cm2: bool = False) -> tuple[int, int, int] | None:
     """(FR, SG, MAXD) of the cooperative-matrix build an f16 attention of head
     width dh takes on this device, or None: the device offers FR x FR x FR f16
-    products with subgroups of SG, subgroup shuffles, and the shared memory."""
+    products with subgroups of SG, subgroup shuffles, and the shared memory
+    (of the attn_cm2 builds where cm2, of the KHR ones otherwise)."""
     if not caps.subgroup_shuffle:
         return None
     for (fr, sg), bounds in COOP_TILES.items():
         if fr not in caps.coopmat_khr_sizes or sg != caps.subgroup_size:
             continue
         maxd = next((m for m in sorted(bounds) if dh <= m), None)
-        if maxd is not None and all(coop_shared_bytes(kernel, maxd, fr, *tiles) <= caps.shared_memory
+        if maxd is not None and all(_shared_bytes(kernel, cm2)(kernel, maxd, fr, *tiles) <= caps.shared_memory
                                     for kernel, tiles in bounds[maxd].items()):
             return fr, sg, maxd
     return None
@@ -72,7 +106,7 @@ def coop_kernels(rec, dtype: str, dh: int) -> tuple[int, int, int] | None:
     want = _COOP.get()
     if want is False or dtype != "f16":
         return None
-    build = coop_build(rec.caps, dh)
+    build = coop_build(rec.caps, dh, cm2=_uses_cm2(rec.caps, "fwd"))
     if want and build is None:
         raise DeviceError(f"no cooperative-matrix attention build runs on {rec.caps.described} "
                           f"for head width {dh} (it needs f16 storage, VK_KHR_cooperative_matrix with one of the "
@@ -124,13 +158,14 @@ def _stats_key(node_id):
 
 def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
     """One of the kernels, on cooperative matrices where coop_kernels says so
-    and the kernel has such builds."""
+    and the kernel has such builds (attn_cm2 where _uses_cm2 says so)."""
     coop = coop_kernels(rec, q.dtype, dh) if kernel in COOP_KERNELS else None
     if coop is None:
         shader, build, own = scalar_name(kernel, bound), variant(q.dtype), TILES[bound][kernel][0]
     else:
         fr, sg, maxd = coop
-        shader, build, own = coop_name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+        name = cm2_name if _uses_cm2(rec.caps, kernel) else coop_name
+        shader, build, own = name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
     rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
 
 

@@ -19,6 +19,9 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#ifdef CM2
+#extension GL_NV_cooperative_matrix2 : require
+#endif
 #include "attn_common.glsl"
 
 #define BR (NSG * FR)
@@ -28,7 +31,9 @@
 #define NB (BC / FR)           // fragments across a streamed tile
 #define HROW (MAXD / 8 + 1)    // a staged head row, in 16-byte vectors (+1: rows start in other banks)
 #define SROW (BC + 4)          // a row of scores, in floats
+#ifndef PROW
 #define PROW (BC + 8)          // a row of f16 probabilities (or their gradients), in halves
+#endif
 #define PER_LANE (BC / LPR)    // a lane's columns of its row: part + LPR * x
 
 #if SG % FR != 0 || MAXD % FR != 0 || BC % FR != 0 || 2 * BC < BR
@@ -118,25 +123,30 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
 
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
 
+// x <- head h's columns c .. c+7 of row r of src as f16, 8 columns per
+// vector, zero past seq and past dh
+#define HEAD_VEC8(x, src, src8, seq, r, c, b, h)                                    \
+    x = uvec4(0u);                                                                    \
+    if ((r) < (seq) && (c) < p.dh) {                                                  \
+        uint at_ = row_base(b, seq, r, h) + (c);                                      \
+        if (VEC8) {                                                                   \
+            x = src8[at_ / 8u];                                                       \
+        } else {                                                                      \
+            float16_t h_[8];                                                          \
+            [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                              \
+                h_[t_] = (c) + t_ < p.dh ? src[at_ + t_] : float16_t(0.0);            \
+            x = uvec4(packFloat2x16(f16vec2(h_[0], h_[1])), packFloat2x16(f16vec2(h_[2], h_[3])), \
+                      packFloat2x16(f16vec2(h_[4], h_[5])), packFloat2x16(f16vec2(h_[6], h_[7]))); \
+        }                                                                             \
+    }
+
 // dst[off + r * HROW + c / 8] (r < nrows, c < MAXD) <- head h's row r0 + r
-// of src as f16, 8 columns per vector, zero past seq and past dh. Every
-// invocation of the workgroup takes part.
+// of src as f16 (HEAD_VEC8). Every invocation of the workgroup takes part.
 #define STAGE(dst, off, src, src8, seq, r0, nrows, b, h)                             \
     for (uint e_ = gl_LocalInvocationIndex; e_ < (nrows) * (MAXD / 8u); e_ += NT) {  \
         uint r_ = e_ / (MAXD / 8u), c_ = (e_ % (MAXD / 8u)) * 8u;                      \
-        uvec4 x_ = uvec4(0u);                                                         \
-        if ((r0) + r_ < (seq) && c_ < p.dh) {                                         \
-            uint at_ = row_base(b, seq, (r0) + r_, h) + c_;                           \
-            if (VEC8) {                                                               \
-                x_ = src8[at_ / 8u];                                                  \
-            } else {                                                                  \
-                float16_t h_[8];                                                      \
-                [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                          \
-                    h_[t_] = c_ + t_ < p.dh ? src[at_ + t_] : float16_t(0.0);         \
-                x_ = uvec4(packFloat2x16(f16vec2(h_[0], h_[1])), packFloat2x16(f16vec2(h_[2], h_[3])), \
-                           packFloat2x16(f16vec2(h_[4], h_[5])), packFloat2x16(f16vec2(h_[6], h_[7]))); \
-            }                                                                         \
-        }                                                                             \
+        uvec4 x_;                                                                     \
+        HEAD_VEC8(x_, src, src8, seq, (r0) + r_, c_, b, h);                           \
         dst[(off) + r_ * HROW + c_ / 8u] = x_;                                        \
     }
 
@@ -213,3 +223,43 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         }                                                                             \
         subgroup_sync();                                                              \
     }
+
+#ifdef CM2
+// VK_NV_cooperative_matrix2 on subgroup-scope fragments (the attn_cm2_*
+// builds): row reductions and conversions between uses, so what the softmax
+// makes (probabilities, dS) becomes an A fragment without a round trip
+// through shared memory.
+
+float max_of(const in float a, const in float b) { return max(a, b); }
+float sum_of(const in float a, const in float b) { return a + b; }
+
+// acc[d] += the accumulator fragment pf (this subgroup's rows by streamed
+// rows n*FR .. n*FR+FR-1), rounded to an f16 A fragment, times those streamed
+// rows of a staged tile (FR x MAXD)
+#define ACCUMULATE_FRAG(acc, pf, tile, off, n)                                       \
+    {                                                                                 \
+        FRAG_A p_ = FRAG_A(pf);                                                       \
+        [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                \
+            FRAG_B t_;                                                                \
+            coopMatLoad(t_, tile, (off) + (n) * FR * HROW + d_ * (FR / 8u), HROW, ROWS); \
+            acc[d_] = coopMatMulAdd(p_, t_, acc[d_]);                                 \
+        }                                                                             \
+    }
+
+// A streamed tile in flight: regs[l] holds what STAGE would store for element
+// e = invocation + l * NT of head h's rows r0 .. r0+BC-1. Fetched into
+// registers before a tile's products, stored to shared memory after them
+// (PUT_TILE), so the global loads' latency overlaps the products.
+#define FETCH_N ((BC * (MAXD / 8u) + NT - 1u) / NT)
+#define FETCH_TILE(regs, src, src8, seq, r0, b, h)                                   \
+    [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
+        uint e_ = gl_LocalInvocationIndex + l_ * NT;                                  \
+        uint r_ = e_ / (MAXD / 8u), c_ = (e_ % (MAXD / 8u)) * 8u;                      \
+        HEAD_VEC8(regs[l_], src, src8, seq, e_ < BC * (MAXD / 8u) ? (r0) + r_ : (seq), c_, b, h); \
+    }
+#define PUT_TILE(dst, off, regs)                                                     \
+    [[unroll]] for (uint l_ = 0u; l_ < FETCH_N; ++l_) {                              \
+        uint e_ = gl_LocalInvocationIndex + l_ * NT;                                  \
+        if (e_ < BC * (MAXD / 8u)) dst[(off) + (e_ / (MAXD / 8u)) * HROW + e_ % (MAXD / 8u)] = regs[l_]; \
+    }
+#endif

@@ -6,7 +6,12 @@
 // and dP^T = V G^T on fragments, and P^T = exp(S^T - m - log l) and dS^T = P^T
 // (dP^T - D) on their elements, stored as f16 and read back as A fragments
 // for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows
-// of dk and dv.
+// of dk and dv. The attn_cm2 build (CM2) turns P^T and dS^T into A fragments
+// in place (VK_NV_cooperative_matrix2's conversions) and fetches the next Q and
+// G rows into registers while a tile's products run.
+#ifdef CM2
+#define PROW (FR + 8)          // DSs only stages the output rows
+#endif
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
@@ -16,8 +21,10 @@ layout(std430, set = 0, binding = 6) writeonly buffer DK { T dk[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 
 shared uvec4 QGs[2 * BC * HROW];        // Q at 0, G at BC * HROW (K, then V, staged here first)
+#ifndef CM2
 shared float16_t Ps[NSG * FR * PROW];   // each subgroup's P^T
-shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T
+#endif
+shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T (CM2: its output rows on their way out)
 shared float Ms[BC], LLs[BC];           // the streamed queries' m and log l
 shared float Ds[BC];                    // and D
 
@@ -41,10 +48,20 @@ void main() {
 
     uint sbase = stat_index(b, h, 0u);
     uint istart = p.causal != 0u ? (j0 / BC) * BC : 0u;
+#ifdef CM2
+    uvec4 qr[FETCH_N], gr[FETCH_N];
+    FETCH_TILE(qr, q, q8, p.sq, istart, b, h);
+    FETCH_TILE(gr, g, g8, p.sq, istart, b, h);
+#endif
     for (uint i0 = istart; i0 < p.sq; i0 += BC) {
         barrier();
+#ifdef CM2
+        PUT_TILE(QGs, 0u, qr);
+        PUT_TILE(QGs, BC * HROW, gr);
+#else
         STAGE(QGs, 0u, q, q8, p.sq, i0, BC, b, h);
         STAGE(QGs, BC * HROW, g, g8, p.sq, i0, BC, b, h);
+#endif
         for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) {
             bool in_seq = i0 + c < p.sq;
             Ms[c] = in_seq ? stats[sbase + i0 + c] : POS_INF;
@@ -52,6 +69,12 @@ void main() {
             Ds[c] = in_seq ? stats[2u * p.nstat + sbase + i0 + c] : 0.0;
         }
         barrier();
+#ifdef CM2
+        if (i0 + BC < p.sq) {
+            FETCH_TILE(qr, q, q8, p.sq, i0 + BC, b, h);
+            FETCH_TILE(gr, g, g8, p.sq, i0 + BC, b, h);
+        }
+#endif
         // P^T and dS^T on the fragments' elements, each query's m, log l and D by its column id
         [[unroll]] for (uint n = 0u; n < NB; ++n) {
             FRAG_C s, dp;
@@ -63,12 +86,19 @@ void main() {
                 s[e] = pij;
                 dp[e] = pij * (dp[e] - Ds[c]);
             }
+#ifdef CM2
+            ACCUMULATE_FRAG(dva, s, QGs, BC * HROW, n);
+            ACCUMULATE_FRAG(dka, dp, QGs, 0u, n);
+#else
             STORE_F16(s, Ps, n);
             STORE_F16(dp, DSs, n);
+#endif
         }
+#ifndef CM2
         subgroup_sync();
         ACCUMULATE(dva, Ps, QGs, BC * HROW);
         ACCUMULATE(dka, DSs, QGs, 0u);
+#endif
     }
 
     STORE_ROWS(dk, dka, p.scale, DSs, p.sk, j0 + sg * FR, b, h);

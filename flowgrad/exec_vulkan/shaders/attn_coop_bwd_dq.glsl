@@ -5,7 +5,12 @@
 // BR query rows. Per key tile, S = Q K^T and dP = G V^T on fragments, and
 // dS = P (dP - D) with P = exp(S - m - log l) on their elements, stored as f16 and
 // read back as A fragments for dQ += dS K; each row's m, log l and D come from
-// attn_bwd_stats.
+// attn_bwd_stats. The attn_cm2 build (CM2) turns dS into A fragments in place
+// (VK_NV_cooperative_matrix2's conversions) and fetches the next K and V rows
+// into registers while a tile's products run.
+#ifdef CM2
+#define PROW (FR + 8)          // Ps only stages the output rows
+#endif
 #include "attn_coop.glsl"
 
 layout(std430, set = 0, binding = 4) readonly buffer G { T g[]; };
@@ -14,7 +19,7 @@ layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
-shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS
+shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS (CM2: its output rows on their way out)
 shared float Mrow[BR], LLrow[BR], Drow[BR];  // the own rows' m, log l and D
 
 void main() {
@@ -28,6 +33,11 @@ void main() {
     OWN_ROWS(qf, q, q8, gf, g, g8, KVs, p.sq, i0, b, h);
 
     uint jend = p.causal != 0u ? min(p.sk, i0 + BR) : p.sk;
+#ifdef CM2
+    uvec4 kr[FETCH_N], vr[FETCH_N];
+    FETCH_TILE(kr, k, k8, p.sk, 0u, b, h);
+    FETCH_TILE(vr, v, v8, p.sk, 0u, b, h);
+#endif
     if (part == 0u) {
         uint si = stat_index(b, h, row);
         Mrow[sg * FR + r] = row < p.sq ? stats[si] : POS_INF;
@@ -44,9 +54,19 @@ void main() {
     [[unroll]] for (uint d = 0u; d < ND; ++d) acc[d] = FRAG_C(0.0);
     for (uint j0 = 0u; j0 < jend; j0 += BC) {
         barrier();
+#ifdef CM2
+        PUT_TILE(KVs, 0u, kr);
+        PUT_TILE(KVs, BC * HROW, vr);
+        barrier();
+        if (j0 + BC < jend) {
+            FETCH_TILE(kr, k, k8, p.sk, j0 + BC, b, h);
+            FETCH_TILE(vr, v, v8, p.sk, j0 + BC, b, h);
+        }
+#else
         STAGE(KVs, 0u, k, k8, p.sk, j0, BC, b, h);
         STAGE(KVs, BC * HROW, v, v8, p.sk, j0, BC, b, h);
         barrier();
+#endif
         [[unroll]] for (uint n = 0u; n < NB; ++n) {
             FRAG_C s, dp;
             SCORE_FRAG(s, qf, KVs, 0u, n);
@@ -56,10 +76,16 @@ void main() {
                 float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Mrow[own] - LLrow[own]);
                 s[e] = pij * (dp[e] - Drow[own]);
             }
+#ifdef CM2
+            ACCUMULATE_FRAG(acc, s, KVs, 0u, n);
+#else
             STORE_F16(s, Ps, n);
+#endif
         }
+#ifndef CM2
         subgroup_sync();
         ACCUMULATE(acc, Ps, KVs, 0u);
+#endif
     }
 
     STORE_ROWS(dq, acc, p.scale, Ps, p.sq, i0 + sg * FR, b, h);
