@@ -1,42 +1,27 @@
-"""Memory by recomputation: a pass over a step graph (the model's nodes, then
-the backward flowgrad/autodiff.py appends) that, to fit a memory budget,
-computes forward values again in the backward instead of keeping them alive
-from the forward to the backward.
+"""Memory by recomputation, the graph side: a step graph (the model's nodes,
+then the backward flowgrad/autodiff.py appends) rewritten so that its
+backward computes chosen forward values again instead of keeping them
+alive from the forward to the backward, and the budgets that ask for it.
 
 A forward value the backward reads (an activation a VJP needs) stays alive
 from where the forward makes it until its last backward reader: across the
 whole rest of the forward, where the peak is. Recomputing it clones its node
-(and the cheap nodes between it and values the backward keeps anyway) just
-before the clone's first backward reader, and the backward reads the clone:
-the original then dies after its last forward reader, and the clone lives
-only while the backward reads it.
-
-The pass chooses what to recompute greedily, cheapest first: views, casts
-and pointwise ops, then norms, softmaxes and reductions, and products
-(matmul, attention, convolution) only when nothing else brings the step
-under the budget; within a class, the groups that free the most bytes
-first. It measures each choice with the caller's own memory plan (the
-graph path fuses the graph and plans its buffers), keeps it only where the
-planned peak falls, and stops at the first set that fits, or raises a
-FlowError naming the budget and the smallest peak it reached. Clones keep their original's op, inputs' values, attrs and
-span (so they compute the same numbers, and errors name the model line);
-`grad_of` marks them as the backward's, pointing at their original."""
+just before the clone's first backward reader, and the backward reads the
+clone: the original then dies after its last forward reader, and the clone
+lives only while the backward reads it. Clones keep their original's op,
+inputs' values, attrs and span (so they compute the same numbers, and
+errors name the model line); `grad_of` marks them as the backward's,
+pointing at their original. What to recompute is chosen against the graph
+path's memory plan (flowgrad/exec_vulkan/recompute_choice.py); closures
+rewrite their step with the same choice."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import attrs
 
 from flowgrad.errors import FlowError
-from flowgrad.graph import LEAF_OPS, Graph
-
-# ops whose recomputation costs as much as the step's own work: taken last
-PRODUCTS = frozenset({"matmul", "matmul_t", "matmul_parts", "attention", "conv1d", "conv2d",
-                      "conv_transpose2d", "einsum", "scan"})
-# data movement, one cheap pass over the value: taken first beside the pointwise ops
-MOVES = frozenset({"cast", "transpose", "permute", "broadcast_to", "concat", "pad", "part", "stop_gradient"})
-MAX_CHAIN = 8   # nodes recomputed for one value at most: longer chains keep their first input instead
+from flowgrad.graph import Graph
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -119,145 +104,3 @@ def rewrite(graph: Graph, start: int, chosen) -> Rewritten:
     moved = {name: ids.get(i, i) for name, i in graph.outputs.items()}
     loss = None if graph.loss is None else ids.get(graph.loss, graph.loss)
     return Rewritten(attrs.evolve(graph, nodes=nodes, outputs=moved, loss=loss), ids, tuple(made))
-
-
-def cost_class(graph: Graph, node) -> int | None:
-    """0: a view, a move or a pointwise op; 1: any other cheap op (a norm, a
-    softmax, a reduction); 2: a product; None: never recomputed (a leaf, an
-    op that updates state, or one that draws random numbers)."""
-    from flowgrad.ops import get_op
-    from flowgrad.ops.random import RNG_INPUT
-
-    if node.op in LEAF_OPS or node.grad_of is not None:
-        return None
-    if node.op in PRODUCTS:
-        return 2
-    op = get_op(node.op)
-    if op.updates or any(graph.nodes[i].op == "input" and graph.nodes[i].name == RNG_INPUT
-                                for i in node.inputs):
-        return None
-    from flowgrad.exec_vulkan.lower import lowering_for
-
-    low = lowering_for(node.op)
-    cheap = node.op in MOVES or (low is not None and (low.pointwise is not None or low.view is not None))
-    return 0 if cheap else 1
-
-
-class _Chooser:
-    """The groups of forward nodes to recompute, best first: each group a
-    saved value, the views of it the backward reads, and the cheap nodes
-    between it and values kept anyway (leaves, other saved values)."""
-
-    def __init__(self, graph: Graph, start: int, keep: tuple):
-        from flowgrad.exec_vulkan.memory import views
-
-        self.graph, self.start = graph, start
-        self.view_of = {v: src for v, (src, _off) in views(graph, graph.nodes[:start]).items()}
-        self.pinned = set(graph.roots()) | set(keep)
-        self.readers: dict[int, list[int]] = {}   # forward value -> its backward readers
-        for node in graph.nodes[start:]:
-            for i in node.inputs:
-                if i < start:
-                    self.readers.setdefault(i, []).append(node.id)
-        self.saved = {self.base(i) for i in self.readers if graph.nodes[self.base(i)].op not in LEAF_OPS}
-        self.chosen: set[int] = set()
-
-    def base(self, i: int) -> int:
-        while i in self.view_of:
-            i = self.view_of[i]
-        return i
-
-    def own_bytes(self, i: int) -> int:
-        return 0 if i in self.view_of else self.graph.nodes[i].type.nbytes
-
-    def group(self, b: int, limit: int) -> tuple[set, int, int] | None:
-        """(nodes, their cost class, bytes freed less bytes newly kept) of
-        recomputing saved value b, through inputs of cost class up to
-        `limit`; None when it can't be."""
-        g = self.graph
-        # b, and the views of it the backward reads (each read alone would keep b alive)
-        members = {b} | {v for v in self.readers if self.base(v) == b and v not in self.chosen}
-        stack = list(members)
-        worst = 0
-        while stack:
-            i = stack.pop()
-            c = cost_class(g, g.nodes[i])
-            if c is None or i in self.pinned:
-                return None
-            worst = max(worst, c)
-            for j in g.nodes[i].inputs:
-                if j in members or j in self.chosen:
-                    continue
-                if self.base(j) == b:   # a view between b and a view the backward reads
-                    members.add(j)
-                    stack.append(j)
-                    continue
-                if self.kept(j):
-                    continue
-                c_j = cost_class(g, g.nodes[j])
-                if c_j is not None and c_j <= limit and j not in self.pinned and len(members) < MAX_CHAIN:
-                    members.add(j)
-                    stack.append(j)
-        newly = {self.base(j) for i in members for j in g.nodes[i].inputs
-                 if j not in members and j not in self.chosen and not self.kept(j)}
-        return members, worst, self.own_bytes(b) - sum(self.own_bytes(n) for n in newly)
-
-    def kept(self, j: int) -> bool:
-        """Alive in the backward anyway: a leaf, a root, or a value saved and not recomputed."""
-        node = self.graph.nodes[j]
-        return node.op in LEAF_OPS or j in self.pinned or (self.base(j) in self.saved and self.base(j) not in self.chosen)
-
-    def order(self) -> list[set]:
-        """The groups, best first: lowest cost class, then most bytes freed;
-        each valued again once the groups before it are taken. Products
-        come last, when recomputing cheap ops alone has nothing more to give."""
-        picked = []
-        for limit in (1, 2):
-            while (best := self.best(limit)) is not None:
-                picked.append(self.take(*best))
-        return picked
-
-    def best(self, limit: int) -> tuple[int, set] | None:
-        best = None
-        for b in sorted(self.saved - self.chosen):
-            found = self.group(b, limit)
-            if found is None or found[2] <= 0:
-                continue
-            key = (found[1], -found[2], b)
-            if best is None or key < best[0]:
-                best = (key, b, found[0])
-        return None if best is None else best[1:]
-
-    def take(self, b: int, members: set) -> set:
-        self.chosen |= members
-        # a value the new clones read is now saved
-        self.saved |= {self.base(j) for i in members for j in self.graph.nodes[i].inputs
-                       if j not in self.chosen and self.graph.nodes[self.base(j)].op not in LEAF_OPS}
-        self.saved -= members
-        return members
-
-
-def recompute(graph: Graph, start: int, keep: tuple, budget: int,
-              planned: Callable[[Graph, tuple], int]) -> tuple[Rewritten, Recompute]:
-    """The step graph `graph` (its backward from node `start` on; `keep`, the
-    gradients it keeps) rewritten to recompute the fewest groups of forward
-    values that bring `planned(graph, keep)` (the bytes the caller's memory
-    plan needs) within `budget`. Unchanged when it fits as it is."""
-    before = planned(graph, keep)
-    unchanged = Rewritten(graph, {}, ())
-    if before <= budget:
-        return unchanged, Recompute(budget, before, before, ())
-    best, chosen = (before, unchanged), set()
-    # one group at a time, each kept only where it lowers the peak: where the peak lies
-    # in the backward, a clone that lives long there can raise it
-    for group in _Chooser(graph, start, keep).order():
-        out = rewrite(graph, start, chosen | group)
-        peak = planned(out.graph, tuple(out.ids.get(i, i) for i in keep))
-        if peak < best[0]:
-            best, chosen = (peak, out), chosen | group
-            if peak <= budget:
-                return out, Recompute(budget, before, peak, out.nodes)
-    raise FlowError(f"the step's planned peak is {best[0]} bytes at least, recomputing {len(chosen)} forward "
-                    f"value(s) in the backward: over the memory budget of {budget} bytes (without "
-                    f"recomputation it is {before})",
-                    hint="raise memory_budget (--memory-budget), or use a smaller batch or model")

@@ -7,12 +7,13 @@ from __future__ import annotations
 import attrs
 
 from flowgrad.autodiff import backward_graph
+from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
+from flowgrad.exec_vulkan.recompute_choice import recompute
 from flowgrad.grad_paths import updated_params
-from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
-from flowgrad.recompute import Recompute, recompute
+from flowgrad.recompute import Recompute
 
 
 @attrs.frozen
@@ -35,7 +36,7 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
     """The plan of a step of `graph` (the model's, in its compute dtypes):
     with backward, the gradient of its loss for every param the optimizer
     updates (and, with grad_inputs, every float input). memory_budget
-    (bytes): the backward recomputes forward values (flowgrad/recompute.py)
+    (bytes): the backward recomputes forward values (recompute_choice.py)
     until the step's buffers fit it."""
     grads, seed, splits, redone = {}, None, [], None
     if fusion:   # before the backward is built: its gradients then lie in the blocks too
