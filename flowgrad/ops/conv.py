@@ -17,7 +17,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, same_dtype, shape_attr
 
 INTS = (int, list)
 
@@ -219,7 +219,7 @@ def _grad_infer(role):
         g, other = ins
         same_dtype(ins, "g and " + ("weight" if role == "input" else "x"))
         float_dtype(g, "g")
-        shape = tuple(_shape_attr(attrs))
+        shape = tuple(shape_attr(attrs))
         x, w = (TensorType(shape, g.dtype), other) if role == "input" else (other, TensorType(shape, g.dtype))
         if len(x.shape) not in (3, 4):
             raise OpTypeError(f"x must be [batch, channels, length] or [batch, channels, height, width], got {x}")
@@ -228,13 +228,6 @@ def _grad_infer(role):
             raise OpTypeError(f"g must be the convolution's output {want} (x {x}, weight {w}), got {g}")
         return TensorType(shape, g.dtype)
     return infer
-
-
-def _shape_attr(attrs):
-    shape = attrs["shape"]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise OpTypeError(f"shape={shape!r} must be a list of sizes")
-    return shape
 
 
 def _input_grad_forward(ins, attrs):
