@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowerings
 
 
-
 def _map(rec, op, a, b, out, p0=0.0, p1=0.0):
     n = math.prod(out.shape)
-    if n:
-        rec.dispatch("pointwise", [a, b if b is not None else a, out], [n, op, float(p0), float(p1)], groups_1d(n),
-                     variant(out.dtype))
+    dispatch_1d(rec, "pointwise", [a, b if b is not None else a, out], [n, op, float(p0), float(p1)], n, out.dtype)
 
 
 def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lowering:
