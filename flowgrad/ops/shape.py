@@ -45,12 +45,18 @@ def reshape_target(shape: tuple[int, ...], want) -> tuple[int, ...]:
     return tuple(dims)
 
 
-reshape = defop(
-    "reshape", (Arg("x"), Arg("shape", "attr", types=INTS)),
-    lambda ins, at: TensorType(reshape_target(ins[0].shape, at["shape"]), ins[0].dtype),
-    lambda ins, at: np.reshape(ins[0], reshape_target(ins[0].shape, at["shape"])),
-    grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)],
-    doc="same elements, new shape (row-major); one -1 is inferred")
+def _reshaping(name, args, shape_of, doc, samples=()):
+    """An op that is a reshape whose target its attrs give: the same
+    elements, so the same lowering, and a gradient reshaped back."""
+    return defop(name, (Arg("x"),) + args,
+                 lambda ins, at: TensorType(shape_of(ins[0].shape, at), ins[0].dtype),
+                 lambda ins, at: np.reshape(ins[0], shape_of(ins[0].shape, at)),
+                 grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
+
+
+reshape = _reshaping("reshape", (Arg("shape", "attr", types=INTS),),
+                     lambda shape, at: reshape_target(shape, at["shape"]),
+                     "same elements, new shape (row-major); one -1 is inferred")
 
 
 def _broadcast_infer(ins, at):
@@ -263,15 +269,6 @@ def _unsqueeze_shape(shape, at):
                           f"(valid: {-len(shape) - 1}..{len(shape)})")
     axis %= len(shape) + 1
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis:])
-
-
-def _reshaping(name, args, shape_of, doc, samples):
-    """An op that is a reshape whose target its attrs give: the same
-    elements, so the same lowering, and a gradient reshaped back."""
-    return defop(name, (Arg("x"),) + args,
-                 lambda ins, at: TensorType(shape_of(ins[0].shape, at), ins[0].dtype),
-                 lambda ins, at: np.reshape(ins[0], shape_of(ins[0].shape, at)),
-                 grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
 
 
 squeeze = _reshaping(
