@@ -45,7 +45,7 @@ def reshape_target(shape: tuple[int, ...], want) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _reshaping(name, args, shape_of, doc, samples=()):
+def reshaping(name, args, shape_of, doc, samples=()):
     """An op that is a reshape whose target its attrs give: the same
     elements, so the same lowering, and a gradient reshaped back."""
     return defop(name, (Arg("x"),) + args,
@@ -54,7 +54,7 @@ def _reshaping(name, args, shape_of, doc, samples=()):
                  grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
 
 
-reshape = _reshaping("reshape", (Arg("shape", "attr", types=INTS),),
+reshape = reshaping("reshape", (Arg("shape", "attr", types=INTS),),
                      lambda shape, at: reshape_target(shape, at["shape"]),
                      "same elements, new shape (row-major); one -1 is inferred")
 
@@ -271,11 +271,11 @@ def _unsqueeze_shape(shape, at):
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis:])
 
 
-squeeze = _reshaping(
+squeeze = reshaping(
     "squeeze", (Arg("axis", "attr", None, (int, list, tuple, type(None))),), _squeeze_shape,
     "x without its size-1 axes (none: all of them; a named axis of another size stays, as torch.squeeze)",
     [Sample((((2, 1, 3, 1), "normal"),)), Sample((((2, 1, 3, 1), "normal"),), {"axis": [-1, 0]})])
-unsqueeze = _reshaping(
+unsqueeze = reshaping(
     "unsqueeze", (Arg("axis", "attr", types=INT),), _unsqueeze_shape,
     "x with a new axis of size 1 at axis (negative: counted from the end of the result)",
     [Sample((((2, 3), "normal"),), {"axis": -1}), Sample((((2, 3), "normal"),), {"axis": 1})])
