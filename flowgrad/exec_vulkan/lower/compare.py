@@ -82,10 +82,6 @@ def _topk_pick_forward(rec, node, ins, out):
     _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
 
 
-TOPK = Lowering(_topk_values_forward, FLOATS)
-TOPK_GRAD = Lowering(_topk_grad_forward, FLOATS)
-TOPK_PICK = Lowering(_topk_pick_forward, FLOATS)
-TOPK_INDICES = Lowering(_topk_indices_forward, ALL_DTYPES)
-
-register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE, "topk": TOPK,
-    "topk_indices": TOPK_INDICES, "topk_grad": TOPK_GRAD, "topk_pick": TOPK_PICK})
+register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE,
+    "topk": Lowering(_topk_values_forward, FLOATS), "topk_indices": Lowering(_topk_indices_forward, ALL_DTYPES),
+    "topk_grad": Lowering(_topk_grad_forward, FLOATS), "topk_pick": Lowering(_topk_pick_forward, FLOATS)})

@@ -24,13 +24,6 @@ def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lo
     return Lowering(forward, FLOATS, pointwise=pointwise)
 
 
-M.declare(ERF=59)
-ERF = activation(0, pointwise=lambda attrs: Pointwise(M.ERF))   # in fused chains too (gelu's gradient)
-SOFTPLUS = activation(2, lambda at: (at["beta"], at["threshold"]))
-LEAKY_RELU = activation(4, lambda at: (at["negative_slope"], 0.0))
-ELU = activation(6, lambda at: (at["alpha"], 0.0))
-
-
 def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
     """mean(F(a, b)) with F pointwise.comp's op `code`."""
 
@@ -45,9 +38,10 @@ def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
     return Lowering(forward, FLOATS)
 
 
-L1_LOSS = loss(8)
-HUBER_LOSS = loss(10, lambda at: at["delta"])
-BCE_WITH_LOGITS = loss(12)
-
-register_lowerings({"erf": ERF, "softplus": SOFTPLUS, "leaky_relu": LEAKY_RELU, "elu": ELU, "l1_loss": L1_LOSS,
-    "huber_loss": HUBER_LOSS, "bce_with_logits": BCE_WITH_LOGITS})
+M.declare(ERF=59)
+register_lowerings({
+    "erf": activation(0, pointwise=lambda attrs: Pointwise(M.ERF)),   # in fused chains too (gelu's gradient)
+    "softplus": activation(2, lambda at: (at["beta"], at["threshold"])),
+    "leaky_relu": activation(4, lambda at: (at["negative_slope"], 0.0)),
+    "elu": activation(6, lambda at: (at["alpha"], 0.0)),
+    "l1_loss": loss(8), "huber_loss": loss(10, lambda at: at["delta"]), "bce_with_logits": loss(12)})

@@ -58,10 +58,7 @@ def _max_pick_forward(rec, node, ins, out):
     _dispatch(rec, node, MAX_PICK, x, t, out, x.shape, out.shape)
 
 
-MAXPOOL2D = _pool("maxpool2d")
-AVGPOOL2D = _pool("avgpool2d")
-ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
-
-register_lowerings({"maxpool2d": MAXPOOL2D, "avgpool2d": AVGPOOL2D, "adaptive_avgpool2d": ADAPTIVE_AVGPOOL2D,
+register_lowerings({"maxpool2d": _pool("maxpool2d"), "avgpool2d": _pool("avgpool2d"),
+    "adaptive_avgpool2d": _pool("adaptive_avgpool2d"),
     "maxpool2d_grad": _grads("maxpool2d"), "maxpool2d_pick": Lowering(_max_pick_forward, FLOATS),
     "avgpool2d_grad": _grads("avgpool2d"), "adaptive_avgpool2d_grad": _grads("adaptive_avgpool2d")})
