@@ -51,8 +51,8 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
                 for d, x in zip(grads, ins)]
 
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
-            expand=(lambda builder, ins, at: expand(builder, ins, sig.defaults | at)) if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
-            updates=frozenset(updates), doc=doc,
+            expand=(lambda builder, ins, at: expand(builder, ins, sig.defaults | at)) if expand else None,
+            nondiff=frozenset(nondiff), index_bounds=index_bounds, updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
             grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
@@ -78,8 +78,8 @@ def _run(decompose, ins, attrs, step, const):
 
 
 def _composed(decompose, check):
-    """infer and forward of an op defined as a composition: it run on
-    TensorTypes (the shape rule) or on arrays (the forward)."""
+    """infer and forward of an op defined as a composition: the composition
+    run on TensorTypes (its shape rule) or on arrays (its forward)."""
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
@@ -100,8 +100,8 @@ def _composition_grad(decompose, nondiff):
     no gradient)."""
     def grad(g, ins, out, attrs):
         t = Tape(g.e)
+        # Emitter.const, not g.e.const: the graph's emitter has a builder's const too
         values, y = _run(decompose, [t.watch(x) for x in ins], attrs, lambda n, vs, at: t.op(n, *vs, **at),
-                         # (the graph's emitter has a builder's const too)
                          lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
         grads = t.vjp([values[y]], [t.watch(g)], values[:len(ins)])
         return [None if i in nondiff else g.e.zeros(x) if d is None else d.h

@@ -174,8 +174,8 @@ cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_loss_grad("cross_entropy", True), nondiff=(1, 2), autocast="f32",
-    index_bounds=_class_bounds,
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_loss_grad("cross_entropy", True),
+    nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
@@ -188,8 +188,8 @@ nll_loss = defop(
     "nll_loss",
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
-    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_loss_grad("nll_loss", False), nondiff=(1, 2), autocast="f32",
-    index_bounds=_class_bounds,
+    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_loss_grad("nll_loss", False),
+    nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")
 
