@@ -9,7 +9,7 @@ import numpy as np
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, norm_axis, same_dtype
+from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, same_dtype
 
 
 def _argmax_infer(ins, at):
@@ -55,8 +55,7 @@ ge = _compare("ge", np.greater_equal, ">=")
 
 def _topk_infer(ins, at, dtype=None):
     (x,) = ins
-    if x.dtype not in ("f32", "f16"):
-        raise OpTypeError(f"x must be a float tensor (f32 or f16), got {x}")
+    float_dtype(x, "x")
     if not x.shape:
         raise OpTypeError(f"x must have an axis to pick from, got {x}")
     axis = norm_axis(at["axis"], len(x.shape))

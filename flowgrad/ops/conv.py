@@ -17,7 +17,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, same_dtype, shape_attr
 
 INTS = (int, list)
 
@@ -219,7 +219,7 @@ def _grad_infer(role):
         g, other = ins
         same_dtype(ins, "g and " + ("weight" if role == "input" else "x"))
         float_dtype(g, "g")
-        shape = tuple(_shape_attr(attrs))
+        shape = tuple(shape_attr(attrs))
         x, w = (TensorType(shape, g.dtype), other) if role == "input" else (other, TensorType(shape, g.dtype))
         if len(x.shape) not in (3, 4):
             raise OpTypeError(f"x must be [batch, channels, length] or [batch, channels, height, width], got {x}")
@@ -230,29 +230,19 @@ def _grad_infer(role):
     return infer
 
 
-def _shape_attr(attrs):
-    shape = attrs["shape"]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise OpTypeError(f"shape={shape!r} must be a list of sizes")
-    return shape
-
-
-def _input_grad_forward(ins, attrs):
-    g, w = ins
-    shape = tuple(attrs["shape"])
-    nd = len(shape) - 2
-    x2 = shape if nd == 2 else (shape[0], shape[1], 1, shape[2])
-    geo = geometry(shape, w.shape, attrs, nd)
-    return narrow(conv_input_grad(as_2d(wide(g), nd), as_2d(wide(w), nd), x2, geo).reshape(shape), g)
-
-
-def _weight_grad_forward(ins, attrs):
-    g, x = ins
-    shape = tuple(attrs["shape"])
-    nd = x.ndim - 2
-    w2 = shape if nd == 2 else (shape[0], shape[1], 1, shape[2])
-    geo = geometry(x.shape, shape, attrs, nd)
-    return narrow(conv_weight_grad(as_2d(wide(g), nd), as_2d(wide(x), nd), w2, geo).reshape(shape), g)
+def _grad_forward(role):
+    """conv_input_grad's numpy forward (role "input") or conv_weight_grad's
+    (role "weight"), as _grad_infer's roles."""
+    def forward(ins, attrs):
+        g, other = ins
+        shape = tuple(attrs["shape"])
+        x_shape, w_shape = (shape, other.shape) if role == "input" else (other.shape, shape)
+        nd = len(x_shape) - 2
+        shape2 = shape if nd == 2 else (shape[0], shape[1], 1, shape[2])
+        kernel = conv_input_grad if role == "input" else conv_weight_grad
+        out = kernel(as_2d(wide(g), nd), as_2d(wide(other), nd), shape2, geometry(x_shape, w_shape, attrs, nd))
+        return narrow(out.reshape(shape), g)
+    return forward
 
 
 def _input_grad_grad(G, ins, out, at):
@@ -274,13 +264,13 @@ def _grad_args(other):
 
 
 input_grad = defop(
-    "conv_input_grad", _grad_args("weight"), _grad_infer("input"), _input_grad_forward, grad=_input_grad_grad,
+    "conv_input_grad", _grad_args("weight"), _grad_infer("input"), _grad_forward("input"), grad=_input_grad_grad,
     doc="conv1d's or conv2d's gradient for x (of this shape) from the output's gradient g",
     samples=[Sample((((2, 6, 3, 3), "normal"), ((6, 2, 3, 2), "normal")),
                     {"shape": [2, 4, 5, 4], "stride": 2, "padding": 1, "groups": 2}),
              Sample((((2, 4, 7), "normal"), ((4, 3, 3), "normal")), {"shape": [2, 3, 7], "padding": "same"})])
 weight_grad = defop(
-    "conv_weight_grad", _grad_args("x"), _grad_infer("weight"), _weight_grad_forward, grad=_weight_grad_grad,
+    "conv_weight_grad", _grad_args("x"), _grad_infer("weight"), _grad_forward("weight"), grad=_weight_grad_grad,
     doc="conv1d's or conv2d's gradient for the weight (of this shape) from the output's gradient g",
     samples=[Sample((((2, 6, 3, 3), "normal"), ((2, 4, 5, 4), "normal")),
                     {"shape": [6, 2, 3, 2], "stride": 2, "padding": 1, "groups": 2}),

@@ -15,7 +15,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import Emitter, Tape, dtype_name, numpy_vjp
+from flowgrad.ops.emit import Emitter, Tape, Val, dtype_name, numpy_vjp
 from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
                                    register)
 
@@ -50,45 +50,45 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
         return [None if d is None else _own(np.asarray(d, dtype=x.dtype), (g, out, *ins))
                 for d, x in zip(grads, ins)]
 
-    def full_expand(builder, ins, attrs):
-        return expand(builder, ins, sig.defaults | attrs)
-
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
-            expand=full_expand if expand else None, nondiff=frozenset(nondiff), index_bounds=index_bounds,
-            updates=frozenset(updates), doc=doc,
+            expand=(lambda builder, ins, at: expand(builder, ins, sig.defaults | at)) if expand else None,
+            nondiff=frozenset(nondiff), index_bounds=index_bounds, updates=frozenset(updates), doc=doc,
             decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
             grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
     return register(op)
 
 
+def _run(decompose, ins, attrs, step, const):
+    """(every value, the result's index) of the composition run on `ins`:
+    step(op name, values, attrs) -> value; const(array, dtype) -> value.
+    The values are TensorTypes, arrays or Vals; handles index them."""
+    values = list(ins)
+
+    def apply(op_name, handles, at):
+        values.append(step(op_name, [values[h] for h in handles], at))
+        return len(values) - 1
+
+    def add_const(array, dtype):
+        values.append(const(np.asarray(array), dtype))
+        return len(values) - 1
+
+    emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
+    return values, decompose(emit, list(range(len(ins))), attrs)
+
+
 def _composed(decompose, check):
-    """infer and forward of an op defined as a composition."""
-    def run(ins, attrs, step, const):
-        """step(op name, values, attrs) -> value; const(array, dtype) -> value.
-        The values are TensorTypes (the shape rule) or arrays (the forward)."""
-        values = list(ins)
-
-        def apply(op_name, handles, at):
-            values.append(step(op_name, [values[h] for h in handles], at))
-            return len(values) - 1
-
-        def add_const(array, dtype):
-            values.append(const(np.asarray(array), dtype))
-            return len(values) - 1
-
-        emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
-        return values, decompose(emit, list(range(len(ins))), attrs)
-
+    """infer and forward of an op defined as a composition: the composition
+    run on TensorTypes (its shape rule) or on arrays (its forward)."""
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = run(in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
-                          lambda a, dtype: TensorType(a.shape, dtype))
+        values, out = _run(decompose, in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
+                           lambda a, dtype: TensorType(a.shape, dtype))
         return values[out]
 
     def forward(ins, attrs):
-        values, out = run(ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at), _const_array)
+        values, out = _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at), _const_array)
         return values[out]
 
     return infer, forward
@@ -100,27 +100,18 @@ def _composition_grad(decompose, nondiff):
     no gradient)."""
     def grad(g, ins, out, attrs):
         t = Tape(g.e)
-        values = [t.watch(x) for x in ins]
-
-        def apply(op_name, handles, at):
-            values.append(t.op(op_name, *(values[h] for h in handles), **at))
-            return len(values) - 1
-
-        def add_const(array, dtype):
-            values.append(t.watch(Emitter.const(g.e, array, dtype)))   # (the graph's emitter has a builder's const too)
-            return len(values) - 1
-
-        emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: values[h].dtype, add_const)
-        y = values[decompose(emit, list(range(len(ins))), attrs)]
-        grads = t.vjp([y], [t.watch(g)], values[:len(ins)])
+        # Emitter.const, not g.e.const: the graph's emitter has a builder's const too
+        values, y = _run(decompose, [t.watch(x) for x in ins], attrs, lambda n, vs, at: t.op(n, *vs, **at),
+                         lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
+        grads = t.vjp([values[y]], [t.watch(g)], values[:len(ins)])
         return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
                 for i, (x, d) in enumerate(zip(ins, grads))]
     return grad
 
 
 def _dtype_name(value) -> str:
-    """A value's dtype name: a TensorType's, or an array's (emit.dtype_name)."""
-    return value.dtype if isinstance(value, TensorType) else dtype_name(value)
+    """A value's dtype name: a TensorType's or a Val's, or an array's (emit.dtype_name)."""
+    return value.dtype if isinstance(value, (TensorType, Val)) else dtype_name(value)
 
 
 def _const_array(array, dtype):

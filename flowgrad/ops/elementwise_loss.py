@@ -6,22 +6,10 @@ import math
 
 import numpy as np
 
-from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
-from flowgrad.ops.registry import Arg, OpTypeError
-from flowgrad.ops.rules import float_dtype, same_dtype
-
-
-def _infer(ins, at):
-    a, b = ins
-    same_dtype(ins, "input and target")
-    float_dtype(a, "input")
-    if a.shape != b.shape:
-        raise OpTypeError(f"input and target must have the same shape, got input: {a}, target: {b}")
-    if "delta" in at and at["delta"] <= 0:   # huber_loss has it; the other losses share this rule
-        raise OpTypeError(f"delta={at['delta']} must be positive")
-    return TensorType((), a.dtype)
+from flowgrad.ops.registry import Arg
+from flowgrad.ops.rules import pair_infer
 
 
 def _loss(name, f, grads, extra=(), doc=""):
@@ -38,7 +26,7 @@ def _loss(name, f, grads, extra=(), doc=""):
         da, db = grads(a, b, at)
         return [k * da, k * db]
 
-    return defop(name, (Arg("input"), Arg("target")) + tuple(extra), _infer, forward, grad=grad,
+    return defop(name, (Arg("input"), Arg("target")) + tuple(extra), pair_infer("input"), forward, grad=grad,
                  doc=doc, autocast="f32")
 
 

@@ -123,19 +123,16 @@ class Emitter:
         raise TypeError(f"a grad rule computes with Vals and numbers, got {type(x).__name__}")
 
     def scalar(self, value, dtype: str) -> Val:
-        handle, type_ = self._const(np.asarray(value), (), dtype)
-        return Val(self, handle, type_)
+        return Val(self, *self._const(np.asarray(value), (), dtype))
 
     def const(self, array, dtype: str) -> Val:
         """A constant tensor (a recorded backward holds only uniform ones)."""
         array = np.asarray(array)
-        handle, type_ = self._const(array, array.shape, dtype)
-        return Val(self, handle, type_)
+        return Val(self, *self._const(array, array.shape, dtype))
 
     def zeros(self, like: Val, dtype: str | None = None) -> Val:
         """Zeros of like's shape, in like's dtype or `dtype`."""
-        handle, type_ = self._const(np.asarray(0), like.shape, dtype or like.dtype)
-        return Val(self, handle, type_)
+        return Val(self, *self._const(np.asarray(0), like.shape, dtype or like.dtype))
 
     def where(self, cond: Val, a, b) -> Val:
         like = a if isinstance(a, Val) else b

@@ -12,16 +12,7 @@ from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import log_softmax_of
 from flowgrad.ops.emit import second_order
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
-
-
-def _mse_infer(ins, at):
-    pred, target = ins
-    same_dtype(ins, "pred and target")
-    float_dtype(pred, "pred")
-    if pred.shape != target.shape:
-        raise OpTypeError(f"pred and target must have the same shape, got pred: {pred}, target: {target}")
-    return TensorType((), pred.dtype)
+from flowgrad.ops.rules import float_dtype, norm_axis, pair_infer
 
 
 def _mse_grad(g, ins, out, at):
@@ -30,7 +21,7 @@ def _mse_grad(g, ins, out, at):
     return [d, -d]
 
 
-mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), _mse_infer,
+mse_loss = defop("mse_loss", (Arg("pred"), Arg("target")), pair_infer("pred"),
                  lambda ins, at: narrow(np.mean((wide(ins[0]) - wide(ins[1])) ** 2), ins[0]), grad=_mse_grad,
                  doc="mean((pred - target)^2)",
                  autocast="f32")
@@ -118,16 +109,13 @@ def _loss_attrs(at, smoothing: bool) -> dict:
     return {k: at[k] for k in keys}
 
 
-def _ce_grad(g, ins, out, at):
-    logits, targets, *weight = ins
-    d = g.e.op("cross_entropy_grad", logits, targets, g, *weight, **_loss_attrs(at, True))
-    return [d] + [None] * (len(ins) - 1)
-
-
-def _nll_grad(g, ins, out, at):
-    log_probs, targets, *weight = ins
-    d = g.e.op("nll_loss_grad", log_probs, targets, g, *weight, **_loss_attrs(at, False))
-    return [d] + [None] * (len(ins) - 1)
+def _loss_grad(name: str, smoothing: bool):
+    """The loss's grad rule: its gradient op for the logits (log-probabilities); the targets and weight get none."""
+    def grad(g, ins, out, at):
+        x, targets, *weight = ins
+        d = g.e.op(name + "_grad", x, targets, g, *weight, **_loss_attrs(at, smoothing))
+        return [d] + [None] * (len(ins) - 1)
+    return grad
 
 
 def _ce_ops(e, ins, at):
@@ -186,8 +174,8 @@ cross_entropy = defop(
     "cross_entropy",
     (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_ce_grad, nondiff=(1, 2), autocast="f32",
-    index_bounds=_class_bounds,
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_loss_grad("cross_entropy", True),
+    nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
@@ -200,8 +188,8 @@ nll_loss = defop(
     "nll_loss",
     (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
      Arg("axis", "attr", -1, (int,))),
-    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_nll_grad, nondiff=(1, 2), autocast="f32",
-    index_bounds=_class_bounds,
+    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_loss_grad("nll_loss", False),
+    nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")
 

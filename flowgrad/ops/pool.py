@@ -14,7 +14,7 @@ from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype
+from flowgrad.ops.rules import float_dtype, shape_attr
 
 INTS = (int, list)
 
@@ -93,7 +93,7 @@ def _max_grad_forward(ins, attrs):
     win = window(x.shape, attrs)
     _, arg = _argmax(wide(x), win)
     gw = wide(g)
-    dxp = np.zeros(_padded(x, win, 0).shape, dtype=gw.dtype)
+    dxp = _padded(np.zeros(x.shape, gw.dtype), win, 0)
     for t, (hs, ws) in _taps(win):
         dxp[..., hs, ws] += np.where(arg == t, gw, 0)
     return narrow(_crop(dxp, win, x.shape), x)
@@ -173,10 +173,7 @@ def _shaped_infer(pooled):
     """A pooling gradient's rule: g shaped as the pooling of x (of the attr shape) gives."""
     def infer(ins, attrs):
         (g,) = ins
-        shape = attrs["shape"]
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise OpTypeError(f"shape={shape!r} must be a list of sizes")
-        x = TensorType(tuple(shape), g.dtype)
+        x = TensorType(tuple(shape_attr(attrs)), g.dtype)
         want = pooled([x], attrs)
         if g != want:
             raise OpTypeError(f"g must be the pooling's output {want} (x {x}), got {g}")
@@ -189,8 +186,7 @@ def _avg_grad_forward(ins, attrs):
     shape = tuple(attrs["shape"])
     win = window(shape, attrs)
     share = wide(g) / _divisor(shape, win, attrs["count_include_pad"])
-    dxp = np.zeros((shape[0], shape[1]) + tuple(n + 2 * p for n, p in zip(shape[2:], win["pad"])),
-                   dtype=share.dtype)
+    dxp = _padded(np.zeros(shape, share.dtype), win, 0)
     for _, (hs, ws) in _taps(win):
         dxp[..., hs, ws] += share
     return narrow(_crop(dxp, win, shape), g)
@@ -234,6 +230,11 @@ def _pool_matrix(n, out):
     return m
 
 
+def _pool_matrices(x_shape, size, dtype):
+    """The height's and the width's averaging matrices [out, n]."""
+    return [_pool_matrix(n, out).astype(dtype) for n, out in zip(x_shape[2:], size)]
+
+
 def _adaptive_infer(ins, attrs):
     (x,) = ins
     _nchw(x)
@@ -242,18 +243,16 @@ def _adaptive_infer(ins, attrs):
 
 def _adaptive_forward(ins, attrs):
     (x,) = ins
-    oh, ow = adaptive_size(x.shape, attrs)
     xw = wide(x)
-    ph, pw = _pool_matrix(x.shape[2], oh).astype(xw.dtype), _pool_matrix(x.shape[3], ow).astype(xw.dtype)
+    ph, pw = _pool_matrices(x.shape, adaptive_size(x.shape, attrs), xw.dtype)
     return narrow(np.einsum("ih,nchw,jw->ncij", ph, xw, pw, optimize=True), x)
 
 
 def _adaptive_grad_forward(ins, attrs):
     (g,) = ins
     shape = tuple(attrs["shape"])
-    oh, ow = adaptive_size(shape, attrs)
     gw = wide(g)
-    ph, pw = _pool_matrix(shape[2], oh).astype(gw.dtype), _pool_matrix(shape[3], ow).astype(gw.dtype)
+    ph, pw = _pool_matrices(shape, adaptive_size(shape, attrs), gw.dtype)
     return narrow(np.einsum("ih,ncij,jw->nchw", ph, gw, pw, optimize=True), g)
 
 

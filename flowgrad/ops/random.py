@@ -150,13 +150,11 @@ def _check_rng(ins, attrs):
     stream = attrs["stream"]
     if stream is not None and not 0 <= stream < 2**32:
         raise OpTypeError(f"stream={stream} must be in [0, 2^32)")
-    x = ins[0]
     # one input: the call as written, checked before the build adds the random state
     if len(ins) > 2 or (len(ins) == 2 and ins[1] != RNG_TYPE):
-        got = ins[1]
         raise OpTypeError(f"its second input is its random state, {RNG_TYPE} (added when the model is built), "
-                          f"got {got}")
-    return x
+                          f"got {ins[1]}")
+    return ins[0]
 
 
 def _scaled_mask(x, rng, attrs):

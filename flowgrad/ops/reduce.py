@@ -139,7 +139,8 @@ logsumexp = defop("logsumexp", REDUCE_ARGS, _reduce_infer(True), _logsumexp_forw
 SOFTMAX_ARGS = (Arg("x"), Arg("axis", "attr", -1, (int,)))
 
 
-def _softmax_infer(ins, attrs):
+def _along_axis_infer(ins, attrs):
+    """softmax's, log_softmax's and cumsum's rule: x's type, with a float x and a valid axis."""
     (x,) = ins
     float_dtype(x)
     norm_axis(attrs["axis"], len(x.shape))
@@ -182,10 +183,10 @@ def _grad_check(ins, attrs):
         raise OpTypeError(f"g must be y's type {y}, got {g}")
 
 
-softmax = defop("softmax", SOFTMAX_ARGS, _softmax_infer,
+softmax = defop("softmax", SOFTMAX_ARGS, _along_axis_infer,
                 lambda ins, at: narrow(softmax_of(wide(ins[0]), at["axis"]), ins[0]), grad=_grad_op("softmax_grad"),
                 doc="exp(x) / sum(exp(x)) along axis, computed stably")
-log_softmax = defop("log_softmax", SOFTMAX_ARGS, _softmax_infer,
+log_softmax = defop("log_softmax", SOFTMAX_ARGS, _along_axis_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
                     grad=_grad_op("log_softmax_grad"), doc="x - logsumexp(x) along axis, computed stably")
 GRAD_ARGS = (Arg("y"), Arg("g"), Arg("axis", "attr", -1, (int,)))
@@ -262,13 +263,6 @@ std = defop("std", VAR_ARGS, _var_infer, _var_forward(True), grad=_std_grad, sam
 # ---------------------------------------------------------------- cumsum
 
 
-def _cumsum_infer(ins, attrs):
-    (x,) = ins
-    float_dtype(x)
-    norm_axis(attrs["axis"], len(x.shape))
-    return x
-
-
 def _cumsum_forward(ins, attrs):
     (x,) = ins
     axis = attrs["axis"]
@@ -279,7 +273,7 @@ def _cumsum_forward(ins, attrs):
 
 
 cumsum = defop("cumsum", (Arg("x"), Arg("axis", "attr", types=(int,)), Arg("reverse", "attr", False, (bool,))),
-               _cumsum_infer, _cumsum_forward,
+               _along_axis_infer, _cumsum_forward,
                grad=lambda g, ins, out, at: [g.e.op("cumsum", g, axis=at["axis"], reverse=not at["reverse"])],
                doc="running sums along axis; reverse=true sums from the end (x.flip(axis).cumsum(axis).flip(axis))",
                samples=[Sample((((3, 4), "normal"),), {"axis": 0}),

@@ -30,6 +30,28 @@ def float_dtype(t: TensorType, what: str = "input") -> str:
     return t.dtype
 
 
+def pair_infer(first: str):
+    """The rule of a loss of (first, target), both floats of one type: a scalar."""
+    def infer(ins, at):
+        a, b = ins
+        same_dtype(ins, f"{first} and target")
+        float_dtype(a, first)
+        if a.shape != b.shape:
+            raise OpTypeError(f"{first} and target must have the same shape, got {first}: {a}, target: {b}")
+        if "delta" in at and at["delta"] <= 0:   # huber_loss has it; the other losses share this rule
+            raise OpTypeError(f"delta={at['delta']} must be positive")
+        return TensorType((), a.dtype)
+    return infer
+
+
+def shape_attr(attrs) -> list[int]:
+    """A gradient op's `shape` attr (its input's shape), checked."""
+    shape = attrs["shape"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise OpTypeError(f"shape={shape!r} must be a list of sizes")
+    return shape
+
+
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Sum a gradient over the axes that broadcasting added or stretched.
     f16 is summed in f32 and rounded once, as PyTorch does: an f16 running

@@ -92,16 +92,10 @@ def layout(body: Body, steps: int, history: bool) -> tuple[list[tuple[int, tuple
 
 # ---------------------------------------------------------------- the op
 
-def _check_attrs(at) -> Body:
-    body = at["body"]
-    if at["steps"] < 1:
-        raise OpTypeError(f"steps={at['steps']} must be at least 1")
-    return body
-
-
 def _infer(in_types, at):
-    body = _check_attrs(at)
-    steps = at["steps"]
+    body, steps = at["body"], at["steps"]
+    if steps < 1:
+        raise OpTypeError(f"steps={steps} must be at least 1")
     want = body.input_types()
     if len(in_types) != len(want):
         raise OpTypeError(f"the cell {body.name} reads {len(want)} inputs ({body.xs} sequences, {body.carries} "
@@ -181,7 +175,7 @@ def _forward(ins, at):
     ys, kept, last = run_steps(body, steps, at["reverse"], carries, step)
     parts = [np.stack(y) for y in ys] + ([np.stack(c) for c in kept] if at["history"] else last)
     # in the carries' and sequences' dtype: a cell's f32 constants do not widen f16 (or narrow float64) results
-    like = [np.asarray(a).dtype for a in body.split(ins)[1] + xs if np.asarray(a).dtype.kind == "f"]
+    like = [np.asarray(a).dtype for a in carries + xs if np.asarray(a).dtype.kind == "f"]
     packed = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
     return packed.astype(np.result_type(*like), copy=False) if like else packed
 

@@ -45,12 +45,18 @@ def reshape_target(shape: tuple[int, ...], want) -> tuple[int, ...]:
     return tuple(dims)
 
 
-reshape = defop(
-    "reshape", (Arg("x"), Arg("shape", "attr", types=INTS)),
-    lambda ins, at: TensorType(reshape_target(ins[0].shape, at["shape"]), ins[0].dtype),
-    lambda ins, at: np.reshape(ins[0], reshape_target(ins[0].shape, at["shape"])),
-    grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)],
-    doc="same elements, new shape (row-major); one -1 is inferred")
+def reshaping(name, args, shape_of, doc, samples=()):
+    """An op that is a reshape whose target its attrs give: the same
+    elements, so the same lowering, and a gradient reshaped back."""
+    return defop(name, (Arg("x"),) + args,
+                 lambda ins, at: TensorType(shape_of(ins[0].shape, at), ins[0].dtype),
+                 lambda ins, at: np.reshape(ins[0], shape_of(ins[0].shape, at)),
+                 grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
+
+
+reshape = reshaping("reshape", (Arg("shape", "attr", types=INTS),),
+                     lambda shape, at: reshape_target(shape, at["shape"]),
+                     "same elements, new shape (row-major); one -1 is inferred")
 
 
 def _broadcast_infer(ins, at):
@@ -265,20 +271,11 @@ def _unsqueeze_shape(shape, at):
     return tuple(shape[:axis]) + (1,) + tuple(shape[axis:])
 
 
-def _reshaping(name, args, shape_of, doc, samples):
-    """An op that is a reshape whose target its attrs give: the same
-    elements, so the same lowering, and a gradient reshaped back."""
-    return defop(name, (Arg("x"),) + args,
-                 lambda ins, at: TensorType(shape_of(ins[0].shape, at), ins[0].dtype),
-                 lambda ins, at: np.reshape(ins[0], shape_of(ins[0].shape, at)),
-                 grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)], doc=doc, samples=samples)
-
-
-squeeze = _reshaping(
+squeeze = reshaping(
     "squeeze", (Arg("axis", "attr", None, (int, list, tuple, type(None))),), _squeeze_shape,
     "x without its size-1 axes (none: all of them; a named axis of another size stays, as torch.squeeze)",
     [Sample((((2, 1, 3, 1), "normal"),)), Sample((((2, 1, 3, 1), "normal"),), {"axis": [-1, 0]})])
-unsqueeze = _reshaping(
+unsqueeze = reshaping(
     "unsqueeze", (Arg("axis", "attr", types=INT),), _unsqueeze_shape,
     "x with a new axis of size 1 at axis (negative: counted from the end of the result)",
     [Sample((((2, 3), "normal"),), {"axis": -1}), Sample((((2, 3), "normal"),), {"axis": 1})])

@@ -12,6 +12,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, norm_axis
+from flowgrad.ops.shape import reshaping
 
 # ---------------------------------------------------------------- flatten
 
@@ -26,12 +27,9 @@ def flat_shape(shape, attrs) -> tuple[int, ...]:
     return tuple(shape[:lo]) + (math.prod(shape[lo:hi + 1]),) + tuple(shape[hi + 1:])
 
 
-flatten = defop(
-    "flatten", (Arg("x"), Arg("start_dim", "attr", 0, (int,)), Arg("end_dim", "attr", -1, (int,))),
-    lambda ins, at: TensorType(flat_shape(ins[0].shape, at), ins[0].dtype),
-    lambda ins, at: np.reshape(ins[0], flat_shape(ins[0].shape, at)),
-    grad=lambda g, ins, out, at: [g.reshape(ins[0].shape)],
-    doc="merge the axes start_dim..end_dim into one (torch.flatten; a CNN's head uses start_dim=1)")
+flatten = reshaping(
+    "flatten", (Arg("start_dim", "attr", 0, (int,)), Arg("end_dim", "attr", -1, (int,))), flat_shape,
+    "merge the axes start_dim..end_dim into one (torch.flatten; a CNN's head uses start_dim=1)")
 
 # ---------------------------------------------------------------- pad
 

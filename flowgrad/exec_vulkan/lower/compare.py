@@ -6,7 +6,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse, unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
@@ -19,12 +19,8 @@ MAX_RANK = 6
 def argmax_forward(rec, node, ins, out):
     (x,) = ins
     axis = node.attrs["axis"] % len(x.shape)
-    n_out, length = math.prod(out.shape), x.shape[axis]
-    if n_out == 0:
-        return
-    inner = math.prod(x.shape[axis + 1:])
-    rec.dispatch("argmax", [x, out], [n_out, length, inner, int(x.dtype == "i32")], groups_1d(n_out),
-                 variant(x.dtype))
+    n_out, length, inner = math.prod(out.shape), x.shape[axis], math.prod(x.shape[axis + 1:])
+    dispatch_1d(rec, "argmax", [x, out], [n_out, length, inner, int(x.dtype == "i32")], n_out, x.dtype)
 
 
 def compare_op(code: int) -> Lowering:
@@ -86,10 +82,6 @@ def _topk_pick_forward(rec, node, ins, out):
     _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
 
 
-TOPK = Lowering(_topk_values_forward, FLOATS)
-TOPK_GRAD = Lowering(_topk_grad_forward, FLOATS)
-TOPK_PICK = Lowering(_topk_pick_forward, FLOATS)
-TOPK_INDICES = Lowering(_topk_indices_forward, ALL_DTYPES)
-
-register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE, "topk": TOPK,
-    "topk_indices": TOPK_INDICES, "topk_grad": TOPK_GRAD, "topk_pick": TOPK_PICK})
+register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE,
+    "topk": Lowering(_topk_values_forward, FLOATS), "topk_indices": Lowering(_topk_indices_forward, ALL_DTYPES),
+    "topk_grad": Lowering(_topk_grad_forward, FLOATS), "topk_pick": Lowering(_topk_pick_forward, FLOATS)})

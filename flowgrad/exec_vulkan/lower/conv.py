@@ -153,16 +153,12 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
         sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
-def _conv_geometry(node, x_shape, w_shape):
+def _conv_geometry(node, x_shape, w_shape, transposed: bool = False):
     from flowgrad.ops import conv  # lazy: the op module imports this one
 
+    if transposed:
+        return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
     return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
-
-
-def _transpose_geometry(node, x_shape, w_shape):
-    from flowgrad.ops import conv  # lazy: the op module imports this one
-
-    return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
 
 
 def _as_2d(shape):
@@ -177,7 +173,7 @@ def conv_forward(rec, node, ins, out):
 
 def transpose_forward(rec, node, ins, out):
     x, w, *b = ins
-    geo = _transpose_geometry(node, x.shape, w.shape)
+    geo = _conv_geometry(node, x.shape, w.shape, transposed=True)
     # the conv whose input gradient this is: input shaped like our output
     _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
 

@@ -6,6 +6,8 @@ space. Their gradients are ops too (each op's grad rule), run by these
 same lowerings or fused with their neighbours."""
 from __future__ import annotations
 
+import math
+
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
@@ -64,9 +66,7 @@ def _convert(rec, src, dst):
     if src.dtype == dst.dtype:
         rec.copy(src, dst)
         return
-    n = 1
-    for d in src.shape:
-        n *= d
+    n = math.prod(src.shape)
     if n == 0:
         return
     groups = groups_1d(n)

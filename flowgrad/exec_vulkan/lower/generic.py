@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 
@@ -52,6 +53,18 @@ def coalesce(shape, *stride_lists):
     return ([n for n, _, _ in dims],) + tuple([st[k] for _, _, st in dims] for k in range(len(stride_lists)))
 
 
+def dispatch_1d(rec, shader: str, bufs, push, n: int, dtype: str) -> None:
+    """One invocation per item of n over a grid-stride loop, in dtype's
+    build; nothing is recorded when there are no items."""
+    if n:
+        rec.dispatch(shader, bufs, push, groups_1d(n), variant(dtype))
+
+
+def placed_at(inner, outer, elem_offset: int = 0) -> bool:
+    """Whether the memory plan laid `inner` inside `outer`, elem_offset elements in."""
+    return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
+
+
 def _padded(values, n):
     return list(values) + [0] * (n - len(values))
 
@@ -69,4 +82,4 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
     if len(dims) > COPY_RANK:
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
     push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
-    rec.dispatch("strided_copy", [src, dst], push, groups_1d(n), variant(src.dtype))
+    dispatch_1d(rec, "strided_copy", [src, dst], push, n, src.dtype)

@@ -46,7 +46,9 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
     """cross_entropy's lowering and its gradient's, or nll_loss's (log_probs:
     the input already holds log-probabilities): one kernel, told which."""
 
-    def dispatch(rec, node, mode, n, c, logits, targets, g, o, row_loss, weight):
+    def dispatch(rec, node, mode, n, c, t, row_loss, logits=None, targets=None, g=None, o=None, weight=None):
+        """One xent.comp pass over n rows of c classes in dtype t; a binding left None is one the mode
+        does not read (a stand-in is bound there)."""
         attrs = node.attrs
         if mode in (MEAN, DENOMINATOR):
             lanes, groups = WG, 1
@@ -55,17 +57,19 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
             groups = segment_groups(n, lanes)
         push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
                 int(weight is not None), int(log_probs)]
-        t = o.dtype
+
+        def bound(view, dtype=t):
+            return view if view is not None else unused(rec, dtype)
+
+        bufs = [bound(logits), bound(targets, "i32"), bound(g), bound(o), row_loss, bound(weight)]
         bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else unused(rec, "i32")
-        rec.dispatch("xent", [logits, targets, g, o, row_loss, weight if weight is not None else unused(rec, t), bad],
-                     push=push, groups=(groups, 1, 1), variant=variant(t))
+        rec.dispatch("xent", bufs + [bad], push=push, groups=(groups, 1, 1), variant=variant(t))
 
     def row_losses(rec, node, logits, targets, weight, keep: bool = False):
         n, c = _classes(logits)
         row_loss = rec.keep(("xent_rows", node.id), (2 * n + 1,), "f32") if keep else rec.scratch((2 * n + 1,), "f32")
         if n:
-            t = logits.dtype
-            dispatch(rec, node, ROW_LOSS, n, c, logits, targets, unused(rec, t), unused(rec, t), row_loss, weight)
+            dispatch(rec, node, ROW_LOSS, n, c, logits.dtype, row_loss, logits, targets, weight=weight)
         return row_loss
 
     def forward(rec, node, ins, out):
@@ -77,8 +81,7 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         logits, _ = _class_last(rec, node, logits)
         n, c = _classes(logits)
         row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None, keep=True)
-        t = logits.dtype
-        dispatch(rec, node, MEAN, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), out, row_loss, None)
+        dispatch(rec, node, MEAN, n, c, logits.dtype, row_loss, o=out)
 
     def grad_forward(rec, node, ins, out):
         """The loss's gradient for the logits (cross_entropy_grad's,
@@ -95,10 +98,9 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         row_loss = rec.kept(("xent_rows", node.grad_of))
         if row_loss is None:
             row_loss = row_losses(rec, node, moved, targets, w)
-            dispatch(rec, node, DENOMINATOR, n, c, unused(rec, t), unused(rec, "i32"), unused(rec, t), unused(rec, t),
-                     row_loss, None)
+            dispatch(rec, node, DENOMINATOR, n, c, t, row_loss)
         dx = out if perm is None else rec.scratch(moved.shape, t)
-        dispatch(rec, node, GRAD, n, c, moved, targets, g, dx, row_loss, w)
+        dispatch(rec, node, GRAD, n, c, t, row_loss, moved, targets, g, dx, w)
         if perm is not None:  # back to the class axis the logits have
             ds = strides(logits.shape)
             strided_copy(rec, dx, out, dx.shape, strides(dx.shape), [ds[d] for d in perm])

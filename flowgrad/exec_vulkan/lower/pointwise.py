@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowerings
 
 
-
 def _map(rec, op, a, b, out, p0=0.0, p1=0.0):
     n = math.prod(out.shape)
-    if n:
-        rec.dispatch("pointwise", [a, b if b is not None else a, out], [n, op, float(p0), float(p1)], groups_1d(n),
-                     variant(out.dtype))
+    dispatch_1d(rec, "pointwise", [a, b if b is not None else a, out], [n, op, float(p0), float(p1)], n, out.dtype)
 
 
 def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lowering:
@@ -26,13 +22,6 @@ def activation(code: int, params=lambda attrs: (0.0, 0.0), pointwise=None) -> Lo
         _map(rec, code, ins[0], None, out, *params(node.attrs))
 
     return Lowering(forward, FLOATS, pointwise=pointwise)
-
-
-M.declare(ERF=59)
-ERF = activation(0, pointwise=lambda attrs: Pointwise(M.ERF))   # in fused chains too (gelu's gradient)
-SOFTPLUS = activation(2, lambda at: (at["beta"], at["threshold"]))
-LEAKY_RELU = activation(4, lambda at: (at["negative_slope"], 0.0))
-ELU = activation(6, lambda at: (at["alpha"], 0.0))
 
 
 def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
@@ -49,9 +38,10 @@ def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
     return Lowering(forward, FLOATS)
 
 
-L1_LOSS = loss(8)
-HUBER_LOSS = loss(10, lambda at: at["delta"])
-BCE_WITH_LOGITS = loss(12)
-
-register_lowerings({"erf": ERF, "softplus": SOFTPLUS, "leaky_relu": LEAKY_RELU, "elu": ELU, "l1_loss": L1_LOSS,
-    "huber_loss": HUBER_LOSS, "bce_with_logits": BCE_WITH_LOGITS})
+M.declare(ERF=59)
+register_lowerings({
+    "erf": activation(0, pointwise=lambda attrs: Pointwise(M.ERF)),   # in fused chains too (gelu's gradient)
+    "softplus": activation(2, lambda at: (at["beta"], at["threshold"])),
+    "leaky_relu": activation(4, lambda at: (at["negative_slope"], 0.0)),
+    "elu": activation(6, lambda at: (at["alpha"], 0.0)),
+    "l1_loss": loss(8), "huber_loss": loss(10, lambda at: at["delta"]), "bce_with_logits": loss(12)})

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
@@ -27,11 +26,9 @@ def _geometry(node, x_shape, adaptive: bool):
 
 def _dispatch(rec, node, mode, x, g, dst, x_shape, out_shape):
     items = math.prod(dst.shape)
-    if items == 0:
-        return
     (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode in MODES["adaptive_avgpool2d"])
     push = [items, x_shape[2], x_shape[3], out_shape[2], out_shape[3], kh, kw, sh, sw, ph, pw, mode, inc]
-    rec.dispatch("pool", [x, g, dst], push, groups_1d(items), variant(dst.dtype))
+    dispatch_1d(rec, "pool", [x, g, dst], push, items, dst.dtype)
 
 
 def _pool(name):
@@ -61,10 +58,7 @@ def _max_pick_forward(rec, node, ins, out):
     _dispatch(rec, node, MAX_PICK, x, t, out, x.shape, out.shape)
 
 
-MAXPOOL2D = _pool("maxpool2d")
-AVGPOOL2D = _pool("avgpool2d")
-ADAPTIVE_AVGPOOL2D = _pool("adaptive_avgpool2d")
-
-register_lowerings({"maxpool2d": MAXPOOL2D, "avgpool2d": AVGPOOL2D, "adaptive_avgpool2d": ADAPTIVE_AVGPOOL2D,
+register_lowerings({"maxpool2d": _pool("maxpool2d"), "avgpool2d": _pool("avgpool2d"),
+    "adaptive_avgpool2d": _pool("adaptive_avgpool2d"),
     "maxpool2d_grad": _grads("maxpool2d"), "maxpool2d_pick": Lowering(_max_pick_forward, FLOATS),
     "avgpool2d_grad": _grads("avgpool2d"), "adaptive_avgpool2d_grad": _grads("adaptive_avgpool2d")})

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
+
+def _stream(attrs) -> int:
+    """The node's random stream as the kernels' 32-bit push constant."""
+    return (attrs["stream"] or 0) & 0xFFFFFFFF
 
 
 def _masked(rec, node, src, rng, dst):
     from flowgrad.ops.random import drop_threshold, keep_scale, row_length  # lazy: the op module imports this one
 
     n = math.prod(dst.shape)
-    if n == 0:
-        return
-    attrs = node.attrs
-    push = [n, row_length(dst.shape), drop_threshold(attrs["p"]), (attrs["stream"] or 0) & 0xFFFFFFFF,
-            keep_scale(attrs["p"])]
-    rec.dispatch("dropout", [src, rng, dst], push, groups_1d(n), variant(dst.dtype))
+    p = node.attrs["p"]
+    push = [n, row_length(dst.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
+    dispatch_1d(rec, "dropout", [src, rng, dst], push, n, dst.dtype)
 
 
 def dropout_forward(rec, node, ins, out):
@@ -35,9 +35,7 @@ def randn_forward(rec, node, ins, out):
     from flowgrad.ops.random import row_length
 
     n = math.prod(out.shape)
-    if n:
-        push = [n, row_length(out.shape), (node.attrs["stream"] or 0) & 0xFFFFFFFF]
-        rec.dispatch("randn", [ins[1], out], push, groups_1d(n), variant(out.dtype))
+    dispatch_1d(rec, "randn", [ins[1], out], [n, row_length(out.shape), _stream(node.attrs)], n, out.dtype)
 
 
 RANDN_LIKE = Lowering(randn_forward, FLOATS | {"i32"})

@@ -28,6 +28,7 @@ import attrs
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
+from flowgrad.exec_vulkan.lower.generic import placed_at
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill, fill_word
 from flowgrad.graph import fill_value
@@ -136,7 +137,7 @@ def scan_forward(rec, node, ins, out):
                     first.setdefault(o, place)
                 _record(rec, graph, lows, cell, step, first)
                 for o, place in zip(body.outputs, places):   # a value returned twice, or as it came in
-                    if not _same(step[o], place):
+                    if not placed_at(step[o], place):
                         rec.copy(step[o], place)
             rec.arena.top = top   # the next step takes the same scratch
         carries = places[body.ys:]
@@ -224,10 +225,6 @@ def _record(rec, graph, lows, cell, values, first) -> None:
         lows[n.id].forward(rec, cell[n.id], ins, values[n.id])
 
 
-def _same(a, b) -> bool:
-    return a.buffer is b.buffer and a.offset == b.offset
-
-
 # ---------------------------------------------------------------- unpack
 
 def _unpack_offset(node, in_shape) -> int:
@@ -237,7 +234,7 @@ def _unpack_offset(node, in_shape) -> int:
 def unpack_forward(rec, node, ins, out):
     (x,) = ins
     src = x.reshape((x.size,)).view(node.attrs["offset"], out.shape)
-    if not _same(src, out):   # the memory plan put it elsewhere: copy the window
+    if not placed_at(out, src):   # the memory plan put it elsewhere: copy the window
         rec.copy(src, out)
 
 

@@ -3,12 +3,10 @@ concat (all through the generic strided copy) and embedding (a gather, and a
 sorted, deterministic scatter-add for the table gradient)."""
 from __future__ import annotations
 
-from flowgrad.dtypes import ITEMSIZE
-
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
-from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.generic import placed_at, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
 from flowgrad.ops import shape as rules
@@ -17,12 +15,8 @@ from flowgrad.ops import shape as rules
 # ---------------------------------------------------------------- reshape
 
 
-def _same_place(a, b) -> bool:
-    return a.buffer is b.buffer and a.offset == b.offset
-
-
 def reshape_forward(rec, node, ins, out):
-    if not _same_place(ins[0], out):
+    if not placed_at(out, ins[0]):
         rec.copy(ins[0], out)  # same elements, same order
 
 
@@ -75,7 +69,7 @@ def slice_view(node, in_shape):
 def slice_forward(rec, node, ins, out):
     (x,) = ins
     win, xs, off = _window(node, tuple(x.shape))
-    if out.buffer is x.buffer and out.offset == x.offset + off * (x.nbytes // max(x.size, 1)):
+    if placed_at(out, x, off):
         return   # a contiguous window, placed inside x by the memory plan
     strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
 
@@ -99,8 +93,7 @@ def concat_forward(rec, node, ins, out):
     os_ = strides(out.shape)
     for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
         # a part the memory plan laid where it belongs (a concat along the leading axis) stays
-        if not (x.buffer is out.buffer and x.offset == out.offset + off * ITEMSIZE[out.dtype]
-                and all(n == 1 for n in out.shape[:axis])):
+        if not (placed_at(x, out, off) and all(n == 1 for n in out.shape[:axis])):
             strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
 

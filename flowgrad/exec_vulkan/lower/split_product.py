@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
+from flowgrad.exec_vulkan.lower.generic import placed_at
 from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
 from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowerings
 
@@ -53,10 +53,6 @@ def _grad_b(rec, a, g, db):
     _gemm(rec, Operand(a, 1, kk, (0,)), Operand(g, w, 1, (m * w,)), Operand(db, k * w, 1, (w,)), kk, w, m, (k,), (False,))
 
 
-def _in_place(inner, outer, elem_offset: int) -> bool:
-    return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
-
-
 def part_offset(node, in_shape) -> int:
     """Where part `index` starts inside its [k, ...] source, in elements."""
     return node.attrs["index"] * math.prod(in_shape[1:])
@@ -65,7 +61,7 @@ def part_offset(node, in_shape) -> int:
 def part_forward(rec, node, ins, out):
     (x,) = ins
     off = part_offset(node, x.shape)
-    if not _in_place(out, x, off):   # the memory plan put it elsewhere: copy the block
+    if not placed_at(out, x, off):   # the memory plan put it elsewhere: copy the block
         rec.copy(x.view(off, out.shape), out)
 
 
