@@ -35,7 +35,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.lowering import FLOATS
-from flowgrad.graph import LEAF_OPS, Graph, Node
+from flowgrad.graph import LEAF_OPS, Graph, Node, TensorType
 from flowgrad.ops import get_op
 
 
@@ -92,8 +92,6 @@ def _split_blocks(graph: Graph, node: Node, users) -> tuple | None:
 
 def _blocked(graph: Graph, node: Node, blocked: str, k: int) -> Node | None:
     """`node` as op `blocked` (its lowering's Lowering.blocked) in k blocks, when that op's lowering takes it."""
-    from flowgrad.graph import TensorType
-
     if lowering_for(blocked) is None:
         return None
     shape = (k,) + node.shape[:-1] + (node.shape[-1] // k,)
@@ -322,10 +320,60 @@ def fold_sums(graph: Graph) -> Graph:
     return attrs.evolve(graph, nodes=nodes)
 
 
+LOSS_KERNELS = {"cross_entropy": False, "nll_loss": False, "cross_entropy_grad": True, "nll_loss_grad": True}
+# (xent.comp's ops, each a gradient or not): they read f16 logits beside an f32 loss (lower/loss.py's `wide`)
+
+
+def _cast_of(node: Node, dtype: str) -> bool:
+    return node.op == "cast" and node.dtype == dtype
+
+
+def _loss_reads(graph: Graph, users, roots, cast: Node) -> tuple | None:
+    """(the loss nodes, the casts back to f16 of their gradients) when
+    `cast` (f16 to f32) is read only as the logits of xent.comp's ops, and
+    each such gradient only by casts back to f16; else None."""
+    if not (_cast_of(cast, "f32") and graph.nodes[cast.inputs[0]].dtype == "f16") or cast.id in roots:
+        return None
+    readers = [graph.nodes[u] for u in sorted(set(users[cast.id]))]
+    if not readers or not all(r.op in LOSS_KERNELS and r.inputs.index(cast.id) == 0 and r.inputs.count(cast.id) == 1
+                              for r in readers):
+        return None
+    backs = []
+    for r in readers:
+        if LOSS_KERNELS[r.op]:
+            found = [graph.nodes[u] for u in sorted(set(users[r.id]))]
+            if r.id in roots or not found or not all(_cast_of(b, "f16") for b in found):
+                return None
+            backs += found
+    return readers, backs
+
+
+def fold_loss_casts(graph: Graph, keep: tuple = ()) -> Graph:
+    """A loss on xent.comp (cross_entropy, nll_loss) that dtype="mixed" runs
+    on an f32 copy of its f16 logits reads them as they are, and its
+    gradient is stored in f16, where the casts to f32 and back were: the
+    kernel computes in f32 all the same (an f16 value widens exactly, and
+    its store rounds as the cast did), and the f32 copies go. Each gradient
+    node becomes f16, and each cast of it a view of it."""
+    nodes, users = list(graph.nodes), graph.users()
+    roots = set(graph.roots()) | set(keep)
+    for cast in graph.nodes:
+        found = _loss_reads(graph, users, roots, cast)
+        if found is None:
+            continue
+        readers, backs = found
+        for r in readers:
+            narrow = TensorType(r.shape, "f16") if LOSS_KERNELS[r.op] else r.type
+            nodes[r.id] = attrs.evolve(r, inputs=cast.inputs + r.inputs[1:], type=narrow)
+        for b in backs:
+            nodes[b.id] = attrs.evolve(b, op="reshape", attrs={"shape": b.shape})
+    return attrs.evolve(graph, nodes=nodes)
+
+
 def fuse(graph: Graph, keep: tuple = ()) -> Fusion:
     """keep: nodes whose values the step keeps beside the outputs (its
     gradients), which no chain may swallow."""
-    graph = fold_sums(fold_transposes(graph))
+    graph = fold_sums(fold_transposes(fold_loss_casts(graph, keep)))
     users = graph.users()
     roots = set(graph.roots()) | set(keep)
     taken: set[int] = set()

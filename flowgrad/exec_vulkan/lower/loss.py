@@ -42,13 +42,20 @@ def _classes(logits):
     return (math.prod(logits.shape) // c if c else 0), c
 
 
+def _wide(logits, loss) -> bool:
+    """f16 logits with an f32 loss: the loss's casts folded into its kernels."""
+    return logits.dtype == "f16" and loss.dtype == "f32"
+
+
 def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
     """cross_entropy's lowering and its gradient's, or nll_loss's (log_probs:
     the input already holds log-probabilities): one kernel, told which."""
 
-    def dispatch(rec, node, mode, n, c, t, row_loss, logits=None, targets=None, g=None, o=None, weight=None):
-        """One xent.comp pass over n rows of c classes in dtype t; a binding left None is one the mode
-        does not read (a stand-in is bound there)."""
+    def dispatch(rec, node, mode, n, c, t, row_loss, logits=None, targets=None, g=None, o=None, weight=None,
+                 wide=False):
+        """One xent.comp pass over n rows of c classes of logits in dtype t; a binding left None is one the
+        mode does not read (a stand-in is bound there). wide: f16 logits (and dx) beside an f32 loss, g
+        and weight (the loss's casts folded in, exec_vulkan/fusion.py's fold_loss_casts)."""
         attrs = node.attrs
         if mode in (MEAN, DENOMINATOR):
             lanes, groups = WG, 1
@@ -56,20 +63,22 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
             lanes = segment_lanes(c, n)
             groups = segment_groups(n, lanes)
         push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
-                int(weight is not None), int(log_probs)]
+                int(weight is not None), int(log_probs), int(wide)]
+        lt = "f32" if wide else t   # the loss's dtype
 
-        def bound(view, dtype=t):
+        def bound(view, dtype=lt):
             return view if view is not None else unused(rec, dtype)
 
-        bufs = [bound(logits), bound(targets, "i32"), bound(g), bound(o), row_loss, bound(weight)]
+        bufs = [bound(logits, t), bound(targets, "i32"), bound(g), bound(o, lt if mode == MEAN else t), row_loss,
+                bound(weight)]
         bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else unused(rec, "i32")
         rec.dispatch("xent", bufs + [bad], push=push, groups=(groups, 1, 1), variant=variant(t))
 
-    def row_losses(rec, node, logits, targets, weight, keep: bool = False):
+    def row_losses(rec, node, logits, targets, weight, wide, keep: bool = False):
         n, c = _classes(logits)
         row_loss = rec.keep(("xent_rows", node.id), (2 * n + 1,), "f32") if keep else rec.scratch((2 * n + 1,), "f32")
         if n:
-            dispatch(rec, node, ROW_LOSS, n, c, logits.dtype, row_loss, logits, targets, weight=weight)
+            dispatch(rec, node, ROW_LOSS, n, c, logits.dtype, row_loss, logits, targets, weight=weight, wide=wide)
         return row_loss
 
     def forward(rec, node, ins, out):
@@ -78,10 +87,11 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         outside [0, C) that is not ignore_index makes the loss NaN and is
         flagged (rec.index_flag): the step raises."""
         logits, targets, *weight = ins
+        wide = _wide(logits, out)
         logits, _ = _class_last(rec, node, logits)
         n, c = _classes(logits)
-        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None, keep=True)
-        dispatch(rec, node, MEAN, n, c, logits.dtype, row_loss, o=out)
+        row_loss = row_losses(rec, node, logits, targets, weight[0] if weight else None, wide, keep=True)
+        dispatch(rec, node, MEAN, n, c, logits.dtype, row_loss, o=out, wide=wide)
 
     def grad_forward(rec, node, ins, out):
         """The loss's gradient for the logits (cross_entropy_grad's,
@@ -93,14 +103,14 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         n, c = _classes(moved)
         if not (n and c):
             return
-        t = logits.dtype
+        t, wide = logits.dtype, _wide(logits, g)
         # the forward's rows and denominator, when it was recorded here
         row_loss = rec.kept(("xent_rows", node.grad_of))
         if row_loss is None:
-            row_loss = row_losses(rec, node, moved, targets, w)
-            dispatch(rec, node, DENOMINATOR, n, c, t, row_loss)
+            row_loss = row_losses(rec, node, moved, targets, w, wide)
+            dispatch(rec, node, DENOMINATOR, n, c, t, row_loss, wide=wide)
         dx = out if perm is None else rec.scratch(moved.shape, t)
-        dispatch(rec, node, GRAD, n, c, t, row_loss, moved, targets, g, dx, w)
+        dispatch(rec, node, GRAD, n, c, t, row_loss, moved, targets, g, dx, w, wide=wide)
         if perm is not None:  # back to the class axis the logits have
             ds = strides(logits.shape)
             strided_copy(rec, dx, out, dx.shape, strides(dx.shape), [ds[d] for d in perm])

@@ -16,6 +16,8 @@
 //                                            + eps/C valid_r (W p_c - w_c)),  W = sum w
 // A segment of S lanes handles one row (modes 0 and 2). has_weight == 0: w is all ones.
 // log_probs != 0 (nll_loss): x holds log-probabilities, so lse is 0 and p is not used.
+// wide != 0 (the f16 build only): g, w and the loss are f32 beside f16 logits and dx
+// (dtype="mixed" runs the loss in f32: its logits' casts to f32 and back are done here).
 #include "common.glsl"
 
 #define FG_WG 256
@@ -26,9 +28,12 @@ layout(local_size_x = FG_WG) in;
 layout(std430, set = 0, binding = 0) readonly buffer X { T x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Tg { int tgt[]; };
 layout(std430, set = 0, binding = 2) readonly buffer G { T g[]; };
+layout(std430, set = 0, binding = 2) readonly buffer G32 { float g32[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer O { T o[]; };  // loss or dx
+layout(std430, set = 0, binding = 3) writeonly buffer O32 { float o32[]; };  // a wide loss
 layout(std430, set = 0, binding = 4) buffer RL { float rl[]; };
 layout(std430, set = 0, binding = 5) readonly buffer Wt { T w[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Wt32 { float w32[]; };
 layout(std430, set = 0, binding = 6) buffer Bad { uint bad; };
 
 layout(push_constant) uniform Push {
@@ -40,9 +45,13 @@ layout(push_constant) uniform Push {
     float eps;
     uint has_weight;
     uint log_probs;  // nll_loss: x already holds log-probabilities
+    uint wide;       // g, w and the loss in f32
 } pc;
 
-float weight(uint c) { return pc.has_weight != 0u ? float(w[c]) : 1.0; }
+float weight(uint c) {
+    if (pc.has_weight == 0u) return 1.0;
+    return pc.wide != 0u ? w32[c] : float(w[c]);
+}
 
 void main() {
     uint S = pc.S;
@@ -57,7 +66,8 @@ void main() {
         num = fg_seg_sum(num, FG_WG, false);
         den = fg_seg_sum(den, FG_WG, false);
         if (lid == 0u) {
-            if (pc.mode == 1u) o[0] = T(num / den);
+            if (pc.mode == 1u && pc.wide != 0u) o32[0] = num / den;
+            else if (pc.mode == 1u) o[0] = T(num / den);
             rl[2u * pc.N] = den;
         }
         return;
@@ -103,7 +113,7 @@ void main() {
                 if (!ok) atomicMin(bad, row);
             }
         } else {
-            float k = float(g[0]) / rl[2u * pc.N];
+            float k = (pc.wide != 0u ? g32[0] : float(g[0])) / rl[2u * pc.N];
             for (uint j = lane; j < pc.C; j += S) {
                 float p = pc.log_probs != 0u ? 0.0 : exp(float(x[start + j]) - lse);
                 float d = (1.0 - pc.eps) * tw * (p - (int(j) == t ? 1.0 : 0.0)) + sm * (wsum * p - weight(j));
