@@ -1,7 +1,9 @@
 """Fusion for the graph path, over a step's graph (the model's nodes and
 its backward's): chains of pointwise ops become one `fused` node.
 
-First two folds of the backward's own shapes: a matmul of an operand
+First three folds of the backward's own shapes: a loss that dtype="mixed"
+runs on an f32 copy of its f16 logits reads them as they are and stores
+their gradient in f16 (fold_loss_casts), a matmul of an operand
 transposed in its last two axes reads it as it lies (`matmul_t`), and a
 gradient summed from a norm's dx and an earlier value is added by the
 norm's kernel (its `acc` input). Then, an op is pointwise when its Vulkan
