@@ -322,8 +322,8 @@ def fold_sums(graph: Graph) -> Graph:
     return attrs.evolve(graph, nodes=nodes)
 
 
+# xent.comp's ops, each a gradient or not: they read f16 logits beside an f32 loss (lower/loss.py's `wide`)
 LOSS_KERNELS = {"cross_entropy": False, "nll_loss": False, "cross_entropy_grad": True, "nll_loss_grad": True}
-# (xent.comp's ops, each a gradient or not): they read f16 logits beside an f32 loss (lower/loss.py's `wide`)
 
 
 def _cast_of(node: Node, dtype: str) -> bool:
@@ -337,7 +337,7 @@ def _loss_reads(graph: Graph, users, roots, cast: Node) -> tuple | None:
     if not (_cast_of(cast, "f32") and graph.nodes[cast.inputs[0]].dtype == "f16") or cast.id in roots:
         return None
     readers = [graph.nodes[u] for u in sorted(set(users[cast.id]))]
-    if not readers or not all(r.op in LOSS_KERNELS and r.inputs.index(cast.id) == 0 and r.inputs.count(cast.id) == 1
+    if not readers or not all(r.op in LOSS_KERNELS and r.inputs[0] == cast.id and cast.id not in r.inputs[1:]
                               for r in readers):
         return None
     backs = []
