@@ -168,6 +168,23 @@ def test_model_dispatch_counts(name, want, dtype):
     assert (plan["dispatches"], plan["dispatches_forward"], plan["dispatches_backward"]) == want
 
 
+def test_tiny_gpt_step_barriers():
+    """tiny_gpt's training step (batch 32, f32, AdamW) on NVIDIA's kernels:
+    a barrier only where a command reads or overwrites what an earlier one
+    wrote, none between two nodes that only reuse each other's scratch."""
+    import flowgrad as fg
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
+    from flowgrad.exec_vulkan.program import count_dispatches
+    from flowgrad.planner import make_plan
+    from flowgrad.training.optim import AdamW
+
+    graph = fg.load("tiny_gpt", config={"batch": 32}).graph
+    h200 = DeviceInfo(0, "NVIDIA H200", "discrete", 140 << 30, True, False)
+    counts = count_dispatches(graph, make_plan(graph, h200), optimizer=AdamW(lr=3e-3, weight_decay=0.01))
+    assert (counts["dispatches"], counts["barriers"]) == (66, 48)
+    assert count_dispatches(graph, make_plan(graph, None))["barriers"] == 45
+
+
 # ---------------------------------------------------------------- what a kernel cannot run
 
 

@@ -316,12 +316,16 @@ def _grow(graph: Graph, users, roots, taken, node: Node, counted: dict) -> set:
 
 
 def _behind(graph: Graph, joins, members: set) -> set:
-    """`members` and every node that joins them, one after another, as a chain grows (no fit checked)."""
-    out, grown = set(members), True
-    while grown:
-        found = {i for m in out for i in graph.nodes[m].inputs if joins(i, out)}
-        out |= found
-        grown = bool(found)
+    """`members` and the nodes that join them, one after another, as a chain
+    grows (no fit checked), nearest first: as many as a program has slots,
+    so that a chain's growth stays linear in its length."""
+    from flowgrad.exec_vulkan.lower.fused import MAX_INSTRS
+
+    out, last = set(members), set(members)
+    while last and len(out) < len(members) + MAX_INSTRS:
+        # a node joins once its last reader has: it is an input of a node that joined last
+        last = {i for m in last for i in graph.nodes[m].inputs if joins(i, out)}
+        out |= last
     return out
 
 
