@@ -123,11 +123,11 @@ def test_products_take_their_activation_in_the_epilogue(act):
     for grp in groups:
         node = ex.nodes[grp.node]
         assert recorded(ex, grp.node) == ["matmul_64x64_k16"]   # the adds and the activation in its store
-        # the activation's gradient: fused chains of the backward (gelu's tanh form: too long for one
-        # fused_map program, three) reading h, which the GEMM stores too into the node standing for it
-        # (recording nothing), or act(h), the chain's own value
+        # the activation's gradient: one fused chain of the backward (gelu's tanh form too) reading h,
+        # which the GEMM stores too into the node standing for it (recording nothing), or act(h), the
+        # chain's own value
         derivs = [g.node for g in plan.fusion.groups if src.nodes[g.node].grad_of == grp.members[-1]]
-        assert len(derivs) == (3 if act == "gelu_tanh" else 1), derivs
+        assert len(derivs) == 1, derivs
         reads = {i for d in derivs for i in ex.nodes[d].inputs}
         if act in READS_INPUT:
             pre = node.inputs[-1]

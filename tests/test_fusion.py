@@ -43,6 +43,27 @@ def chains(dtype="f32"):
     return fg.loads(CHAINS.replace("f32", dtype), file="chains.flow")
 
 
+# tanh-gelu's derivative (one chain of 18 ops and 5 constants), and the reductions max and min,
+# whose gradients read g through a broadcast
+PICKS = """
+model picks
+config { n = 6
+         m = 5 }
+input x: f32[n, m]
+param a: f32[m] = normal(std=0.5)
+param b: f32[n, m] = normal(std=0.5)
+h = gelu(x * a + b, approximate="tanh")
+u = max(h * b, axis=1)
+v = min(h + a, axis=0)
+loss = sum(u * u) + sum(v * v) + sum(h * b)
+minimize loss
+"""
+
+
+def picks(dtype="f32"):
+    return fg.loads(PICKS.replace("f32", dtype), file="picks.flow")
+
+
 def gpt(config):
     return fg.load("tiny_gpt", config=config)
 
@@ -147,8 +168,9 @@ def assert_numpy_bit_identical(model, plan, int_high=1):
         assert np.array_equal(grads[name], ref_grads[name]), name
 
 
-@pytest.mark.parametrize("make", [lambda: chains(), lambda: chains("f16"), lambda: gpt(GPT_TINY)],
-                         ids=["chains", "chains-f16", "tiny_gpt"])
+@pytest.mark.parametrize("make", [lambda: chains(), lambda: chains("f16"), lambda: gpt(GPT_TINY), lambda: picks(),
+                                  lambda: picks("f16")],
+                         ids=["chains", "chains-f16", "tiny_gpt", "picks", "picks-f16"])
 def test_fused_graph_is_bit_identical_on_numpy(make):
     model = make()
     graph = model.graph
@@ -196,9 +218,9 @@ def f16_fused_agrees_with_unfused(model, grad_tol: float):
     return fused
 
 
-@pytest.mark.parametrize("name", ["chains", "tiny_gpt"])
+@pytest.mark.parametrize("name", ["chains", "tiny_gpt", "picks"])
 def test_fused_graph_matches_unfused_and_closures_on_vulkan(vk_device, name):
-    model = chains() if name == "chains" else gpt(GPT_TINY)
+    model = {"chains": chains, "picks": picks}.get(name, lambda: gpt(GPT_TINY))()
     fused, f_loss, f_grads = run(model, "vulkan", "graph")
     plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False)
     clos, c_loss, c_grads = run(model, "vulkan", "closures")

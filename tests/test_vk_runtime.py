@@ -94,6 +94,25 @@ def test_barriers_only_where_a_command_depends_on_an_earlier_one():
     assert count_barriers(rec.commands) == 1
 
 
+def test_sections_in_a_row_take_scratch_that_shares_no_bytes():
+    """Two nodes' sections, each writing scratch of its own and otherwise
+    independent: no barrier between them (scratch released and taken again
+    at the same bytes would order them). The section after takes the first
+    one's bytes again, and one that takes none leaves the turn as it was."""
+    rec = Recorder(None)
+    a = _fake(8)
+    taken = []
+    for name in ("n1", "none", "n2", "n3"):
+        with rec.section(name, "forward"):
+            if name != "none":
+                t = rec.scratch((8,), "f32")
+                rec.dispatch("accumulate", [t, a], push=[8])   # t += a: a only read
+                taken.append((t.buffer, t.offset))
+    assert count_barriers(rec.commands[:2]) == 0
+    assert taken[0][0] is not taken[1][0] and taken[2] == taken[0]
+    assert rec.arena.scratch_bytes == 2 * rec.arena.high == 2 * 256
+
+
 def test_views_check_bounds():
     v = _fake(8)
     assert v.view(2, (3,)).offset == 8
@@ -196,7 +215,7 @@ def test_scratch_is_usable_and_reused_between_sections(dev):
         s.rec.copy(x, out)
         s.download(out)
         (r,) = s.run()
-        assert s.rec.arena.high == 256    # both sections used the same aligned slot
+        assert s.rec.arena.high == s.rec.arena.spare.high == 256    # the sections took one slot each, in turn
     np.testing.assert_allclose(r, a * 9)
 
 

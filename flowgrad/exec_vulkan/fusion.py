@@ -139,7 +139,7 @@ def fused_node(graph: Graph, members, pre: int | None = None, written_by: int | 
     inside = set(members)
     ext: list[int] = []
     for m in members:
-        ext += [i for i in graph.nodes[m].inputs if i not in inside and i not in ext]
+        ext += [i for i in dict.fromkeys(graph.nodes[m].inputs) if i not in inside and i not in ext]
     if pre is not None:
         ext.append(pre)
     ref = {i: k for k, i in enumerate(ext)} | {m: len(ext) + j for j, m in enumerate(members)}
@@ -287,6 +287,48 @@ def fold_transposes(graph: Graph) -> Graph:
     return attrs.evolve(graph, nodes=nodes)
 
 
+def _grow(graph: Graph, users, roots, taken, node: Node, counted: dict) -> set:
+    """The chain that ends at `node`: it pulls in each pointwise node it
+    reads whose every user is already in it, while the merged node fits.
+    Where one node alone does not fit, it comes with every node that can
+    join behind it: a chain half grown may read more inputs than fused_map
+    binds where the whole one reads fewer (tanh-gelu's derivative reads x
+    and g, but cut anywhere inside, also values computed from x)."""
+    def joins(i: int, inside: set) -> bool:
+        cand = graph.nodes[i]
+        return (i not in inside and i not in taken and i not in roots and cand.dtype == node.dtype
+                and _pointwise(cand) and all(u in inside for u in users[i]))
+
+    members = {node.id}
+    grown = True
+    while grown:
+        grown = False
+        for m in sorted(members, reverse=True):
+            for i in graph.nodes[m].inputs:
+                if not joins(i, members):
+                    continue
+                for more in ({i}, _behind(graph, joins, members | {i})):
+                    if _fits(graph, fused_node(graph, sorted(members | more)), counted):
+                        members |= more
+                        grown = True
+                        break
+    return members
+
+
+def _behind(graph: Graph, joins, members: set) -> set:
+    """`members` and the nodes that join them, one after another, as a chain
+    grows (no fit checked), nearest first: as many as a program has slots,
+    so that a chain's growth stays linear in its length."""
+    from flowgrad.exec_vulkan.lower.fused import MAX_INSTRS
+
+    out, last = set(members), set(members)
+    while last and len(out) < len(members) + MAX_INSTRS:
+        # a node joins once its last reader has: it is an input of a node that joined last
+        last = {i for m in last for i in graph.nodes[m].inputs if joins(i, out)}
+        out |= last
+    return out
+
+
 ACCUMULATES = ("layernorm_grad", "rmsnorm_grad")   # backward ops that add x's gradient to an `acc` input
 
 
@@ -395,19 +437,7 @@ def fuse(graph: Graph, keep: tuple = ()) -> Fusion:
     for node in reversed(graph.nodes):
         if node.id in taken or not _pointwise(node):
             continue
-        members = {node.id}
-        grown = True
-        while grown:
-            grown = False
-            for m in sorted(members, reverse=True):
-                for i in graph.nodes[m].inputs:
-                    cand = graph.nodes[i]
-                    if (i in members or i in taken or i in roots or cand.dtype != node.dtype
-                            or not _pointwise(cand) or not all(u in members for u in users[i])):
-                        continue
-                    if _fits(graph, fused_node(graph, sorted(members | {i})), counted):
-                        members.add(i)
-                        grown = True
+        members = _grow(graph, users, roots, taken, node, counted)
         chain = tuple(sorted(members))
         if _saves(graph, chain, counted):
             built[node.id] = fused_node(graph, chain)

@@ -490,7 +490,7 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     counts["dispatches"] = counts["forward"] + counts["backward"] + counts["optimizer"]
     counts["barriers"] = count_barriers(rec.commands)
     counts["submits"] = 2 if split_update(rec)[1] else 1
-    counts["scratch_bytes"] = rec.arena.high
+    counts["scratch_bytes"] = rec.arena.scratch_bytes
     counts["kept_bytes"] = rec.arena.lasting.high   # what kernels keep across the step (rec.keep, counters)
     counts["kernels"] = kernels
     return counts

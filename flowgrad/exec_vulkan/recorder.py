@@ -71,16 +71,21 @@ class Arena(LateBuffer):
     """Scratch memory for lowerings: bump allocation in one buffer that is
     created (at its high-water size) only after recording. Each lowering
     call's scratch is released when the call returns, so calls reuse it.
-    `lasting` is a second arena for what one lowering call leaves for a later
-    one (Recorder.keep); it is never released while the recording lives."""
+    A main arena holds two more: `lasting`, for what one lowering call
+    leaves for a later one (Recorder.keep), never released while the
+    recording lives; and `spare`, that a section takes its scratch from when
+    the last section that took any took it from the main one
+    (Recorder.section): two such sections in a row share no bytes, which
+    would order them (a barrier) where nothing else does."""
 
     what = "scratch arena"
 
-    def __init__(self, lasting: bool = True):
+    def __init__(self, main: bool = True):
         super().__init__()
         self.top = 0
         self.high = 0
-        self.lasting = Arena(lasting=False) if lasting else None
+        self.lasting = Arena(main=False) if main else None
+        self.spare = Arena(main=False) if main else None
 
     def alloc(self, nbytes: int) -> int:
         offset = self.top
@@ -88,16 +93,22 @@ class Arena(LateBuffer):
         self.high = max(self.high, self.top)
         return offset
 
+    @property
+    def scratch_bytes(self) -> int:
+        """The scratch of this arena and its spare."""
+        return self.high + (self.spare.high if self.spare is not None else 0)
+
+    def _parts(self) -> list:
+        return [self] + [a for a in (self.lasting, self.spare) if a is not None]
+
     def materialize(self, device, pool=None) -> None:
-        """Allocate the buffer: from `pool` (returned to it by free) or its own."""
-        self.allocate(device, self.high, pool)
-        if self.lasting is not None:
-            self.lasting.materialize(device, pool)
+        """Allocate the buffers: from `pool` (returned to it by free) or their own."""
+        for arena in self._parts():
+            arena.allocate(device, arena.high, pool)
 
     def free(self) -> None:
-        super().free()
-        if self.lasting is not None:
-            self.lasting.free()
+        for arena in self._parts():
+            LateBuffer.free(arena)
 
 
 class FakeBuffer:
@@ -120,6 +131,8 @@ class Recorder:
         self.max_groups = device.max_groups if device is not None else DRY_MAX_GROUPS
         self.commands: list = []
         self.arena = arena or Arena()
+        self._scratch = self.arena        # the arena scratch comes from now (section)
+        self._took: Arena | None = None   # the one the last section that took scratch took it from
         self.checks = IndexChecks()
         self.trusted: frozenset = frozenset()   # node ids whose indices the host range-checks (feeds)
         self.label: tuple | None = None
@@ -199,7 +212,7 @@ class Recorder:
     def scratch(self, shape, dtype: str) -> BufView:
         shape = tuple(int(d) for d in shape)
         nbytes = math.prod(shape) * ITEMSIZE[dtype]
-        return BufView(self.arena, self.arena.alloc(nbytes), shape, dtype)
+        return BufView(self._scratch, self._scratch.alloc(nbytes), shape, dtype)
 
     def stand_in(self, dtype: str) -> BufView:
         """A view for a binding the dispatch's mode never touches: one aligned
@@ -260,13 +273,27 @@ class Recorder:
         """Commands recorded inside are tagged (label, direction) for
         profiling, or (label, direction, node) for a graph node's section:
         two nodes may share a label (a rebound name), and a profile tells them
-        apart by the id; scratch taken inside is released at the end."""
-        saved, top = self.label, self.arena.top
-        self.label = (label, direction) if node is None else (label, direction, node)
+        apart by the id; scratch taken inside is released at the end. It
+        comes from the other arena than the last section's that took any."""
+        arena = (self.arena.spare or self.arena) if self._took is self.arena else self.arena
+        saved, outer, top = self.label, self._scratch, arena.top
+        self.label, self._scratch = (label, direction) if node is None else (label, direction, node), arena
         try:
             yield self
         finally:
-            self.label, self.arena.top = saved, top
+            if arena.top != top:
+                self._took = arena
+            self.label, self._scratch, arena.top = saved, outer, top
+
+    @contextlib.contextmanager
+    def released(self):
+        """Scratch taken inside is released at the end: what comes next takes the same bytes."""
+        arena = self._scratch
+        top = arena.top
+        try:
+            yield
+        finally:
+            arena.top = top
 
     def counts(self) -> dict:
         out = {"dispatches": 0, "fills": 0, "copies": 0}

@@ -25,7 +25,7 @@ from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, unused
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
-MAX_INSTRS = 20     # its program slots (instruction k writes register 4 + k)
+MAX_INSTRS = 32     # its program slots (instruction k writes register 4 + k)
 MAX_OUTPUTS = 2
 MAX_PARAMS = 8
 MAX_RANK = 3
@@ -121,11 +121,11 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     for k in range(MAX_INPUTS):
         walk = [s[k] for _, _, s in dims] if k < len(ins) else []
         st += walk + [0] * (MAX_RANK - len(walk))
-    prog_words = [op | a << 7 | b << 12 | c << 17 | p << 22 for op, (a, b, c), p in prog.instrs]
+    prog_words = [op | a << 7 | b << 13 | c << 19 | p << 25 for op, (a, b, c), p in prog.instrs]
     prog_words += [0] * (MAX_INSTRS - len(prog_words))
     params = list(prog.params) + [0.0] * (MAX_PARAMS - len(prog.params))
     o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
-    meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 10 | o[0] << 12 | o[1] << 17
+    meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 11 | o[0] << 13 | o[1] << 19
     dtype = outs[0].dtype
     bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]

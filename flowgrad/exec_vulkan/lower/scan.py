@@ -128,8 +128,8 @@ def scan_forward(rec, node, ins, out):
         # the first step reads the initial carries, and without a history the last writes the packed value
         alike = s > 0 and (history or s < steps - 1)
         if not (alike and steps_of.repeat(s % 2, i)):
-            top = rec.arena.top
-            with steps_of.record(s % 2 if alike else None, i):
+            # the next step takes the same scratch
+            with rec.released(), steps_of.record(s % 2 if alike else None, i):
                 step = dict(values)
                 step.update(zip(body.inputs, [x.view(i * (x.size // steps), x.shape[1:]) for x in xs] + carries))
                 first: dict = {}
@@ -139,7 +139,6 @@ def scan_forward(rec, node, ins, out):
                 for o, place in zip(body.outputs, places):   # a value returned twice, or as it came in
                     if not placed_at(step[o], place):
                         rec.copy(step[o], place)
-            rec.arena.top = top   # the next step takes the same scratch
         carries = places[body.ys:]
 
 

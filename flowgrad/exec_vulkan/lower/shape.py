@@ -8,7 +8,7 @@ import math
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
 from flowgrad.exec_vulkan.lower.generic import placed_at, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
-from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 from flowgrad.ops import shape as rules
 
 
@@ -30,7 +30,9 @@ def broadcast_forward(rec, node, ins, out):
     map_reduce(rec, M.COPY, ins, out)
 
 
-BROADCAST_TO = Lowering(broadcast_forward, FLOATS)
+# a copy per element, reading its input by broadcast strides: in a fused chain, the
+# chain's program reads that input so (lower/fused.py), and the copy is no instruction
+BROADCAST_TO = Lowering(broadcast_forward, FLOATS, pointwise=lambda attrs: Pointwise(M.COPY))
 
 # ---------------------------------------------------------------- transpose / permute
 

@@ -35,9 +35,9 @@ layout(push_constant) uniform Push {
     float param[8];
 } pc;
 
-// rank | inputs << 2 | instructions << 5 | outputs << 10 | out0 reg << 12 | out1 reg << 17
+// rank | inputs << 2 | instructions << 5 | outputs << 11 | out0 reg << 13 | out1 reg << 19
 layout(constant_id = 0) const uint META = 0u;
-// instruction k: map op | a << 7 | b << 12 | c << 17 | param slot << 22 (registers 0..23)
+// instruction k: map op | a << 7 | b << 13 | c << 19 | param slot << 25 (registers 0..35)
 layout(constant_id = 1) const uint P0 = 0u;
 layout(constant_id = 2) const uint P1 = 0u;
 layout(constant_id = 3) const uint P2 = 0u;
@@ -58,6 +58,18 @@ layout(constant_id = 17) const uint P16 = 0u;
 layout(constant_id = 18) const uint P17 = 0u;
 layout(constant_id = 19) const uint P18 = 0u;
 layout(constant_id = 20) const uint P19 = 0u;
+layout(constant_id = 21) const uint P20 = 0u;
+layout(constant_id = 22) const uint P21 = 0u;
+layout(constant_id = 23) const uint P22 = 0u;
+layout(constant_id = 24) const uint P23 = 0u;
+layout(constant_id = 25) const uint P24 = 0u;
+layout(constant_id = 26) const uint P25 = 0u;
+layout(constant_id = 27) const uint P26 = 0u;
+layout(constant_id = 28) const uint P27 = 0u;
+layout(constant_id = 29) const uint P28 = 0u;
+layout(constant_id = 30) const uint P29 = 0u;
+layout(constant_id = 31) const uint P30 = 0u;
+layout(constant_id = 32) const uint P31 = 0u;
 #include "map_ops.glsl"
 #include "map_apply.glsl"
 
@@ -73,10 +85,10 @@ float load_input(uint k, uint at) {
 void main() {
     const uint rank = META & 3u;
     const uint nin = (META >> 2) & 7u;
-    const uint ninstr = (META >> 5) & 31u;
-    const uint nout = (META >> 10) & 3u;
-    uint prog[20] = uint[20](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11, P12, P13, P14, P15, P16, P17,
-                             P18, P19);
+    const uint ninstr = (META >> 5) & 63u;
+    const uint nout = (META >> 11) & 3u;
+    uint prog[32] = uint[32](P0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, P11, P12, P13, P14, P15, P16, P17,
+                             P18, P19, P20, P21, P22, P23, P24, P25, P26, P27, P28, P29, P30, P31);
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * FG_WG) {
         uint c[3] = uint[3](0u, 0u, 0u);
         uint rest = i;
@@ -86,7 +98,7 @@ void main() {
                 rest /= pc.shape[d];
             }
         }
-        float r[24];
+        float r[36];
         [[unroll]] for (uint k = 0u; k < 4u; ++k) {
             r[k] = 0.0;
             if (k < nin) {
@@ -94,15 +106,15 @@ void main() {
                 r[k] = load_input(k, at);
             }
         }
-        [[unroll]] for (uint k = 0u; k < 20u; ++k) {
+        [[unroll]] for (uint k = 0u; k < 32u; ++k) {
             if (k < ninstr) {
                 uint ins = prog[k];
-                float v = map_apply(ins & 0x7fu, r[(ins >> 7) & 31u], r[(ins >> 12) & 31u], r[(ins >> 17) & 31u],
-                                    pc.param[(ins >> 22) & 7u]);
+                float v = map_apply(ins & 0x7fu, r[(ins >> 7) & 63u], r[(ins >> 13) & 63u], r[(ins >> 19) & 63u],
+                                    pc.param[(ins >> 25) & 7u]);
                 r[4u + k] = float(T(v));
             }
         }
-        y0[i] = T(r[(META >> 12) & 31u]);
-        if (nout > 1u) y1[i] = T(r[(META >> 17) & 31u]);
+        y0[i] = T(r[(META >> 13) & 63u]);
+        if (nout > 1u) y1[i] = T(r[(META >> 19) & 63u]);
     }
 }
