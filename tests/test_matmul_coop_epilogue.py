@@ -146,3 +146,31 @@ def test_the_store_agrees_with_the_unfused_passes(vk_device, adds, act):
         pairs = [(got[0], want[0])] if act is None else [(got[1], want[0]), (got[0], want[1])]   # h, act(h)
         for fused, unfused in pairs:
             assert ulps(fused, unfused, size) <= 1.0
+
+
+def test_a_decoder_in_mixed_takes_its_epilogues_in_the_cooperative_gemm(vk_device):
+    """tiny_gpt under dtype="mixed" with every GEMM on the cooperative-matrix build: each product
+    chain of the forward (a @ wo + x, gelu(. @ w1 + b1), . @ w2 + b2 + x) is that one GEMM with
+    its epilogue, and the step agrees with the unfused plan's."""
+    from test_epilogue import product_chains
+    from test_epilogue_activation import forward_of
+    from test_fusion import close, run
+    from test_mixed_precision import gpt
+
+    (shader, *_) = coop_shaders(vk_device)
+    model = gpt(d=32, heads=2, ff=64)
+    with mk.forced(shader), dispatches() as seen:
+        fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype="mixed")
+    with mk.forced(shader):
+        plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype="mixed")
+    assert fused.last_path == "graph" and plain.last_path == "graph"
+    chains = product_chains(fused.plan)
+    assert len(chains) == 3
+    build = {**mk.COOPS, **mk.CM2S}[shader].shader_for(False, False)
+    for grp in chains:
+        (gemm, _groups, spec), *rest = forward_of(seen, grp)
+        assert gemm == build and rest == [] and spec[1] != 0, (gemm, spec, rest)
+    close(f_loss, p_loss, 2e-3)
+    for k in p_grads:
+        assert np.any(f_grads[k] != 0), k
+        close(f_grads[k], p_grads[k], 4e-3)

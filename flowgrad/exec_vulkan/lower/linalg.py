@@ -83,8 +83,9 @@ class Epilogue:
                 | 4 * int(self.bias_first and self.bias is not None))
 
     def spec(self) -> tuple:
-        """The cooperative-matrix kernels' specialization constants (EPI_ACT, EPI_ADDS)."""
-        return self.act, self.bits()
+        """The cooperative-matrix kernels' specialization constants (EPI_ACT, EPI_ADDS);
+        () for none, the plain GEMM's pipeline."""
+        return (self.act, self.bits()) if self.act or self.bits() else ()
 
 
 def _epilogue_views(rec, epi, dtype) -> list:
