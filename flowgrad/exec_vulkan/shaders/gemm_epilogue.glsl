@@ -4,8 +4,10 @@
 // (1 residual, 2 bias, 4 the bias before the residual), then end with an
 // activation (EPI_ACT, a map op id; 0: none), storing the value before it
 // in H (laid out as C) for the backward. Each result is rounded to the
-// storage type as a separate dispatch would store it (fused_map.comp), so
-// fusing never changes a value. Needs fg_math.glsl and map_ops.glsl.
+// storage type as a separate dispatch would store it (fused_map.comp); a
+// driver may fold such an f32 -> f16 -> f32 round trip (lavapipe does), which
+// leaves the sum rounded once, an f16 ulp from the unfused plan's value.
+// Needs fg_math.glsl and map_ops.glsl.
 #ifndef FG_GEMM_EPILOGUE_GLSL
 #define FG_GEMM_EPILOGUE_GLSL
 // a specialization constant: a product without an activation compiles with none of its code
