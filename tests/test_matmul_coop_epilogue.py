@@ -6,6 +6,7 @@ the same epilogue through coopMatPerElementNV and tensor loads, runs where the d
 from __future__ import annotations
 
 import os
+from math import erf
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from test_epilogue_activation import act_code, dispatches
 ADDS = {"bias": (False, True, False), "residual": (True, False, False), "bias_then_residual": (True, True, True),
         "residual_then_bias": (True, True, False), "none": (False, False, False)}
 NUMPY_ACTS = {
-    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(__import__("math").erf)(x / np.sqrt(2.0))),
+    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0))),
     "relu": lambda x: np.maximum(x, 0.0),
     "tanh": np.tanh,
 }
@@ -37,6 +38,12 @@ def coop_shaders(device) -> list[str]:
     return names
 
 
+def shapes(shaders):
+    """(shader, (m, n, k)) to run: 48 rows, 6 fragments of 8 (3 of 16) in a partial tile, 32
+    columns, 40 deep; and for matmul_cm2, which takes any sizes, 67 rows."""
+    return [(s, mnk) for s in shaders for mnk in [(48, 32, 40)] + ([(67, 32, 40)] if s in mk.CM2S else [])]
+
+
 def inputs(m, n, k, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.uniform(-1, 1, s).astype(np.float16) for s in ((m, k), (k, n), (m, n), (n,))]
@@ -45,7 +52,10 @@ def inputs(m, n, k, seed=0):
 def rounded_chain(product, res, bias, adds, act):
     """The unfused plan's values: the product and each step after it rounded to f16 (fused_map)."""
     has_res, has_bias, bias_first = adds
-    f16 = lambda x: x.astype(np.float16).astype(np.float64)   # noqa: E731
+
+    def f16(x):
+        return x.astype(np.float16).astype(np.float64)
+
     v = f16(product)
     order = (["bias"] if has_bias and bias_first else []) + (["res"] if has_res else []) \
         + (["bias"] if has_bias and not bias_first else [])
@@ -87,9 +97,7 @@ def act_attrs(act) -> dict:
 @pytest.mark.parametrize("adds,act", [(adds, act) for act in (None, "gelu", "relu", "tanh") for adds in ADDS
                                       if (adds, act) != ("none", None)])
 def test_the_store_applies_the_epilogue(vk_device, adds, act):
-    for shader in coop_shaders(vk_device):
-        # 48 rows: 6 fragments of 8 (3 of 16), a partial tile; 32 columns, 40 deep
-        m, n, k = 48, 32, 40
+    for shader, (m, n, k) in shapes(coop_shaders(vk_device)):
         a, b, res, bias = inputs(m, n, k)
         got, seen, applied = run_gemm(vk_device, shader, a, b, res, bias, ADDS[adds], act)
         build = {**mk.COOPS, **mk.CM2S}[shader].shader_for(False, False)
@@ -122,9 +130,8 @@ def test_the_store_agrees_with_the_unfused_passes(vk_device, adds, act):
     from flowgrad.exec_vulkan.lower.fused import forward_program, run_program
     from flowgrad.exec_vulkan.oneshot import OneShot
 
-    has_res, has_bias, bias_first = ADDS[adds]
-    for shader in coop_shaders(vk_device):
-        m, n, k = 48, 32, 40
+    bias_first = ADDS[adds][2]
+    for shader, (m, n, k) in shapes(coop_shaders(vk_device)):
         a, b, res, bias = inputs(m, n, k, seed=1)
         got, _, _ = run_gemm(vk_device, shader, a, b, res, bias, ADDS[adds], act)
         # the unfused chain over sources 0 product, 1 residual, 2 bias
