@@ -15,6 +15,17 @@ UNKNOWN_CAPABILITY = ("Validation Error: [ UNASSIGNED-CoreValidation-Shader-Inco
 UNKNOWN_EXTENSION = ("Validation Error: [ VUID-VkShaderModuleCreateInfo-pCode-04146 ] Object 0: handle = "
                      "0x39a98e50, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0xd80a42ae | vkCreateShaderModule(): "
                      "A SPIR-V Extension (SPV_KHR_cooperative_matrix) was declared that is not supported by Vulkan.")
+# the same capability checked again where a pipeline specializes the module (bookworm's layer on Mesa
+# 26's lavapipe, for matmul_coop's builds with an epilogue in specialization constants)
+SPECIALIZED_CAPABILITY = ("Validation Error: [ VUID-VkPipelineShaderStageCreateInfo-module-parameter ] Object 0: "
+                          "handle = 0x555593d1fa60, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0xfd71dc70 | "
+                          "VkShaderModule 0x2f000000002f[] does not contain valid spirv for stage "
+                          "VK_SHADER_STAGE_COMPUTE_BIT. Invalid capability operand: 6022")
+# and its spirv-opt, which cannot read such a module, failing to specialize it
+SPECIALIZE_FAILED = ("Validation Error: [ VUID-VkPipelineShaderStageCreateInfo-pSpecializationInfo-06719 ] Object 0: "
+                     "handle = 0x5555687da080, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x6002c3e1 | VkShaderModule "
+                     "0x120000000012[] module (stage VK_SHADER_STAGE_COMPUTE_BIT) attempted to apply specialization "
+                     "constants with spirv-opt but failed.")
 UNNAMED_CAPABILITY = ("Validation Error: [ VUID-VkShaderModuleCreateInfo-pCode-01090 ] Object 0: handle = "
                       "0x14cc3810, type = VK_OBJECT_TYPE_DEVICE; | MessageID = 0x2c00a3d6 | vkCreateShaderModule(): "
                       "A SPIR-V Capability (Unhandled OpCapability) was declared that is not supported by Vulkan.")
@@ -28,6 +39,8 @@ def test_messages_of_a_layer_older_than_cooperative_matrix_2_are_warnings():
     assert message_level(True, UNKNOWN_CAPABILITY.replace("5433", "6022")) == "warning"
     assert message_level(True, UNNAMED_CAPABILITY) == "warning"
     assert message_level(True, UNKNOWN_EXTENSION) == "warning"
+    assert message_level(True, SPECIALIZED_CAPABILITY) == "warning"
+    assert message_level(True, SPECIALIZE_FAILED) == "warning"
 
 
 def test_other_validation_errors_stay_errors():
@@ -38,4 +51,5 @@ def test_other_validation_errors_stay_errors():
     assert message_level(True, UNNAMED_CAPABILITY.replace("Unhandled OpCapability", "Kernel")) == "error"
     assert message_level(True, UNKNOWN_EXTENSION.replace("SPV_KHR_cooperative_matrix", "SPV_INTEL_foo")) == "error"
     assert message_level(False, UNKNOWN_CAPABILITY) == "warning"
+    assert message_level(True, SPECIALIZED_CAPABILITY.replace("6022", "5345")) == "error"
     assert message_level(False, "a performance warning") == "warning"

@@ -28,8 +28,14 @@ PREDATES_LAYER = (
     # VkPhysicalDeviceCooperativeMatrix2FeaturesNV (1000593000) in vkCreateDevice's chain
     re.compile(r"VUID-VkDeviceCreateInfo-pNext-pNext.*unknown VkStructureType \((1000506000|1000593000)\)", re.S),
     # SPV_NV_cooperative_matrix2 / SPV_NV_tensor_addressing capabilities (5430-5439), and
-    # SPV_KHR_cooperative_matrix's CooperativeMatrixKHR (6022)
-    re.compile(r"InconsistentSpirv.*Invalid capability operand: (543\d|6022)\b", re.S),
+    # SPV_KHR_cooperative_matrix's CooperativeMatrixKHR (6022), in a module or where a
+    # pipeline specializes one
+    re.compile(r"(InconsistentSpirv|VUID-VkPipelineShaderStageCreateInfo-module-parameter)"
+               r".*Invalid capability operand: (543\d|6022)\b", re.S),
+    # its spirv-opt failing to specialize a module it cannot read (a module with those capabilities
+    # and specialization constants): no verdict on the module, whose checks above ran at its creation
+    re.compile(r"VUID-VkPipelineShaderStageCreateInfo-pSpecializationInfo-06719.*"
+               r"attempted to apply specialization constants with spirv-opt but failed", re.S),
     # a capability the layer cannot even name (it names every one it knows)
     re.compile(r"VUID-VkShaderModuleCreateInfo-pCode-01090.*\(Unhandled OpCapability\)", re.S),
     # those extensions' SPIR-V extensions, which the layer does not know Vulkan takes

@@ -60,12 +60,12 @@ def _batch_strides(shape2, full):
 
 @attrs.define
 class Epilogue:
-    """What the tiled kernels' store does to C (matmul_tiled.glsl's epi bits
-    and EPI_ACT): adds `residual` laid out as C and `bias` over C's columns,
+    """What a GEMM's store does to C (gemm_epilogue.glsl: the adds bits and
+    EPI_ACT): adds `residual` laid out as C and `bias` over C's columns,
     in the order `bias_first` says, then, where `act` (a map op id) is set,
     stores that sum in `pre` and its activation in C. `applied` is set when
-    the GEMM did all of it (a cooperative-matrix or batched GEMM does not:
-    the caller does it after)."""
+    the GEMM did all of it (a batched GEMM, or split-K's partials where
+    sum_parts cannot, does not: the caller does it after)."""
 
     residual: object = None
     bias: object = None
@@ -81,6 +81,18 @@ class Epilogue:
     def bits(self) -> int:
         return (int(self.residual is not None) | 2 * int(self.bias is not None)
                 | 4 * int(self.bias_first and self.bias is not None))
+
+    def spec(self) -> tuple:
+        """The cooperative-matrix kernels' specialization constants (EPI_ACT, EPI_ADDS);
+        () for none, the plain GEMM's pipeline."""
+        return (self.act, self.bits()) if self.act or self.bits() else ()
+
+
+def _epilogue_views(rec, epi, dtype) -> list:
+    """The epilogue's residual, bias and pre-activation value, as the GEMM
+    kernels bind them (stand-ins where unused)."""
+    views = (None, None, None) if epi is None else (epi.residual, epi.bias, epi.pre)
+    return [v if v is not None else rec.stand_in(dtype) for v in views]
 
 
 def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, summed, epilogue=None) -> bool:
@@ -117,8 +129,11 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     elif choice.chunks > 1:
         _split_k_fixup(rec, g, choice, epi)
     elif choice.tile.coop:
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view], g.push(choice.tile),
-                     _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype))
+        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_epilogue_views(rec, epi, c.view.dtype)],
+                     g.push(choice.tile), _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype),
+                     spec=epi.spec() if epi is not None else ())
+        if epi is not None:
+            epi.applied = True
     else:
         rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
                      g.push() + (epi.bits() if epi else 0, 0, 0, 0, 0, 0), _groups(choice.tile, m, n, nz),
@@ -132,11 +147,9 @@ def _tiled_extras(rec, epi, dtype, counts=None, d=None) -> list:
     """The tiled kernels' bindings past A, B, C: the epilogue's residual and
     bias, split-K's tile counters and D, the epilogue's pre-activation
     value (stand-ins where unused)."""
-    def use(view, what):
-        return view if view is not None else rec.stand_in(what)
-
-    return [use(epi and epi.residual, dtype), use(epi and epi.bias, dtype), use(counts, "i32"), use(d, dtype),
-            use(epi and epi.pre, dtype)]
+    res, bias, pre = _epilogue_views(rec, epi, dtype)
+    counts = counts if counts is not None else rec.stand_in("i32")
+    return [res, bias, counts, d if d is not None else rec.stand_in(dtype), pre]
 
 
 @attrs.frozen
@@ -255,8 +268,8 @@ def _split_k(rec, g: _Gemm, choice, epilogue=None):
     sum_parts can)."""
     c, m, n = g.c, g.m, g.n
     parts, part, _ = _split_parts(rec, g, choice)
-    rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts], part.push(choice.tile),
-                 _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype))
+    rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_epilogue_views(rec, None, parts.dtype)],
+                 part.push(choice.tile), _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype))
     if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
         epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
         if epilogue.applied:

@@ -13,7 +13,9 @@
 // Interior tiles whose strides and offsets are multiples of 8 (the host says so
 // in amode) load unclamped with the stride masked to a multiple of 8, which lets
 // the driver move 16-byte vectors; edge tiles and the K tail load clamped (zeros
-// past the edge) and the store drops what falls outside C.
+// past the edge) and the store drops what falls outside C. The store applies
+// the epilogue of matmul_tiled.glsl (gemm_epilogue.glsl; its adds bits in the
+// EPI_ADDS specialization constant); split-K's partials' sum takes it instead.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_NV_cooperative_matrix2 : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -25,12 +27,23 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { float16_t a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { float16_t b[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
+// the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
+layout(std430, set = 0, binding = 3) readonly buffer BufR { float16_t res[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { float16_t bias[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer BufH { float16_t pre[]; };
 #include "gemm_push.glsl"
 // amode: every stride and offset is a multiple of 8; bmode, cvec unused
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;
+#include "fg_math.glsl"
+#include "map_ops.glsl"
+#include "gemm_epilogue.glsl"
+// the epilogue's adds bits, a specialization constant as EPI_ACT is: a product
+// without an epilogue compiles with none of its code
+layout(constant_id = 1) const uint EPI_ADDS = 0u;
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
+#define ACC16 coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
 #define MATA coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
 #define MATB coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
 #ifndef UNROLL
@@ -58,6 +71,33 @@ layout(push_constant, std430) uniform Push { GEMM_PUSH } p;
 #define B_STRIDE p.sbk
 #define LOAD_B(mat, lay, k0) coopMatLoadTensorNV(mat, b, bbase, sliceTensorLayoutNV(lay, k0, BK, n0, BN))
 #endif
+
+// gemm_epilogue.glsl's epilogue, element by element (coopMatPerElementNV gives
+// each element's row and column in the tile m0, n0), every step rounded to f16
+float plus_bias(const in uint row, const in uint col, const in float v, const in uint n0) {
+    uint n = n0 + col;
+    return n < p.N ? float(float16_t(v + float(bias[n]))) : v;
+}
+float activation(const in uint row, const in uint col, const in float v) { return epi_act(v); }
+
+// the epilogue on the output tile at m0, n0 of C (its layout lc, clamped to M x N)
+ACC epilogue(ACC v, uint cbase, uint m0, uint n0, tensorLayoutNV<2, CLAMP> lc) {
+    v = ACC(ACC16(v));
+    if ((EPI_ADDS & 6u) == 6u) coopMatPerElementNV(v, v, plus_bias, n0);
+    if ((EPI_ADDS & 1u) != 0u) {
+        ACC16 r;
+        lc = setTensorLayoutClampValueNV(lc, 0u);   // zeros past C's edge, which the store drops
+        coopMatLoadTensorNV(r, res, cbase, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
+        v = ACC(ACC16(v + ACC(r)));
+    }
+    if ((EPI_ADDS & 6u) == 2u) coopMatPerElementNV(v, v, plus_bias, n0);
+    if (EPI_ACT != 0u) {
+        ACC16 h = ACC16(v);
+        coopMatStoreTensorNV(h, pre, cbase, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
+        coopMatPerElementNV(v, v, activation);
+    }
+    return v;
+}
 
 void main() {
     // grouped tile order: GROUP_M consecutive workgroups share one column band
@@ -116,8 +156,9 @@ void main() {
         tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP);
         lc = setTensorLayoutDimensionNV(lc, p.M, p.N);
         lc = setTensorLayoutStrideNV(lc, p.scm, 1);
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> h =
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc);
-        coopMatStoreTensorNV(h, c, p.offc + z * p.zc, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
+        uint cbase = p.offc + z * p.zc;
+        if (EPI_ADDS != 0u || EPI_ACT != 0u) acc = epilogue(acc, cbase, m0, n0, lc);
+        ACC16 h = ACC16(acc);
+        coopMatStoreTensorNV(h, c, cbase, sliceTensorLayoutNV(lc, m0, BM, n0, BN));
     }
 }

@@ -1,7 +1,9 @@
 // GEMM on cooperative matrices (VK_KHR_cooperative_matrix, or with COOP_NV
 // the NV extension that preceded it): f16 operands, FR x FR x FR products
 // (FR 16, or 8 where the .comp says so) accumulated in f32, f16 result. Same
-// contract and push constants as matmul_tiled.glsl (strides, batches, summed batches, split-K);
+// contract, push constants and epilogue (gemm_epilogue.glsl: its adds bits in
+// the EPI_ADDS specialization constant) as matmul_tiled.glsl (strides,
+// batches, summed batches, split-K, whose partials' sum takes the epilogue);
 // the host sends only GEMMs whose M and N are multiples of 16, K a multiple
 // of 8, and whose unit-stride rows start 16-byte aligned (8 f16), so tiles
 // move as 16-byte vectors. Each operand's tile is kept in shared memory in
@@ -80,8 +82,18 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
+// the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
+layout(std430, set = 0, binding = 3) readonly buffer BufR { float16_t res[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { float16_t bias[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer BufH { float16_t pre[]; };
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
+#include "fg_math.glsl"
+#include "map_ops.glsl"
+#include "gemm_epilogue.glsl"
+// the epilogue's adds bits, a specialization constant as EPI_ACT is: a product
+// without an epilogue compiles with none of its code
+layout(constant_id = 1) const uint EPI_ADDS = 0u;
 // A build for one operand layout (FIXED_A_KFAST: A read along k, FIXED_B_NFAST: B read
 // along n; each 1 or 0): the driver then compiles that layout's loads alone, without the
 // branches that pick one inside the unrolled steps
@@ -202,6 +214,39 @@ void store_tiles(uint buf) {
     }
 }
 
+#ifndef GEMM_OPERANDS
+// v rounded to f16, as a dispatch would store it, and read back
+FRAG_ACC rounded(FRAG_ACC v) { return FRAG_ACC(FRAG_OUT(v)); }
+
+// v + t (an f16 fragment), rounded: element by element in one fragment type, whose
+// elements each invocation holds in one order (Debian bookworm's glslc crashes
+// optimizing the NV extension's whole-fragment add)
+#define PLUS(v, t) { FRAG_ACC w = FRAG_ACC(t); for (int e = 0; e < v.length(); ++e) v[e] += w[e]; v = rounded(v); }
+// the bias over the fragment's columns from n: a fragment loaded with stride 0 has bias[n ..] in every row
+#define PLUS_BIAS(v, n) { FRAG_OUT t; LOAD_ROWS(t, bias, n, 0u); PLUS(v, t) }
+
+// gemm_epilogue.glsl's epilogue on the output fragment at element `at` of C,
+// column n, as whole fragments: where an element sits in a fragment is the
+// driver's choice, so the adds read fragments laid out as this one, and the
+// activation, which needs no position, runs element by element
+FRAG_ACC epilogue(FRAG_ACC v, uint at, uint n) {
+    v = rounded(v);
+    if ((EPI_ADDS & 6u) == 6u) PLUS_BIAS(v, n)
+    if ((EPI_ADDS & 1u) != 0u) {
+        FRAG_OUT r;
+        LOAD_ROWS(r, res, at, p.scm);
+        PLUS(v, r)
+    }
+    if ((EPI_ADDS & 6u) == 2u) PLUS_BIAS(v, n)
+    if (EPI_ACT != 0u) {
+        FRAG_OUT h = FRAG_OUT(v);
+        STORE_FRAG(h, pre, at, p.scm);
+        for (int e = 0; e < v.length(); ++e) v[e] = epi_act(v[e]);
+    }
+    return v;
+}
+#endif
+
 void main() {
     uint warp = gl_LocalInvocationIndex / SGU;
     uint wm = warp / WGN, wn = warp % WGN;
@@ -288,8 +333,10 @@ void main() {
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
                 uint n = n0 + (wn * FN + j) * FRU;
                 if (m < p.M && n < p.N) {
+                    uint at = cbase + m * p.scm + n;
+                    if (EPI_ADDS != 0u || EPI_ACT != 0u) acc[i][j] = epilogue(acc[i][j], at, n);
                     FRAG_OUT h = FRAG_OUT(acc[i][j]);
-                    STORE_FRAG(h, c, cbase + m * p.scm + n, p.scm);
+                    STORE_FRAG(h, c, at, p.scm);
                 }
             }
         }

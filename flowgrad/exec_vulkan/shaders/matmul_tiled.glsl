@@ -20,12 +20,8 @@
 // barrier per step. Loads are 16-byte vectors along an operand's unit-stride
 // dim when the host says the strides and sizes allow it (amode/bmode 1).
 //
-// The store may add to each output, in the order the epilogue bits give
-// (epi: 1 a residual R shaped and laid out as C, 2 a bias over n, 4 the bias
-// before the residual), then end with an activation (EPI_ACT, a map op id;
-// 0: none), storing the value before it in H (laid out as C) for the
-// backward; each result rounded to the storage type as a separate dispatch
-// would store it: a matmul followed by those ops is one dispatch.
+// The store may apply an epilogue (gemm_epilogue.glsl; the adds bits in the
+// push block's epi): a matmul followed by those ops is one dispatch.
 //
 // A shader whose operands are not strided matrices (conv_gemm.glsl: image
 // patches gathered on the fly) defines GEMM_OPERANDS, its own buffers and
@@ -82,8 +78,6 @@ layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };          
 layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { V4 d4[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer BufH { T pre[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer BufH4 { V4 pre4[]; };
-// a specialization constant: a product without an activation compiles with none of its code
-layout(constant_id = 0) const uint EPI_ACT = 0u;
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push {
     GEMM_PUSH             // amode, bmode 1: 16-byte loads along the unit-stride dim, 0: scalar;
@@ -125,19 +119,7 @@ vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p
 uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
 #include "fg_math.glsl"
 #include "map_ops.glsl"
-// The activations the store offers (Pointwise.activation marks their ops),
-// each the function map_apply.glsl computes for that op.
-float epi_act(float v) {
-    switch (EPI_ACT) {
-    case M_GELU: return fg_gelu(v);
-    case M_GELU_TANH: return fg_gelu_tanh(v);
-    case M_RELU: return fg_relu(v);
-    case M_SILU: return fg_silu(v);
-    case M_TANH: return fg_tanh(v);
-    case M_SIGMOID: return fg_sigmoid(v);
-    }
-    return fg_nan();
-}
+#include "gemm_epilogue.glsl"
 float adds(uint at, uint n, float v) {
     v = float(T(v));
     if ((p.epi & 6u) == 6u) v = float(T(v + float(bias[n])));
