@@ -13,6 +13,20 @@ device offers VK_NV_cooperative_matrix2's reductions and conversions);
 --case B,T,H,causal (repeatable) replaces the list of cases, e.g. GPT-2's
 --case 8,1024,12,1.
 
+Candidate attn_cm2 builds (other defines of the shipped .glsl bodies, or an older
+body) are compiled here, since the GPU machine has no glslc, and timed there as
+builds of their own:
+
+    python bench/attention_tiles.py --build-candidates CANDIDATES.json DIR      # here
+    python bench/attention_tiles.py --candidates DIR --builds cm2,cand:NAME ... # on the GPU
+
+CANDIDATES.json maps NAME to {"kernel": "fwd" | "bwd_dq" | "bwd_dkdv", "defines":
+{...} (over the shipped build's, at --maxd and --cand-shape, by default NVIDIA's
+16x16 fragments with subgroups of 32), optionally "source": a .glsl path (default
+the shipped body)}; cand:NAME runs the cm2 builds with NAME in
+place of its kernel's. With FLOWGRAD_VK_PIPELINE_STATS=1 each build's registers
+and spills are printed.
+
 Forward and backward of each case are recorded into one command buffer (the
 graph path's order, so the dq pass reads the forward's lse), every dispatch
 timed by GPU timestamps (medians over --steps submits); every case's output
@@ -22,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -40,7 +55,24 @@ CASES = [  # batch, seq, heads, causal (head width: --maxd)
     (2, 1031, 8, True),   # partial query and key tiles
 ]
 BUILDS = {"auto": None, "khr": False, "cm2": True}   # --builds: how forced_cm2 is set
+CAND_SHAPE = (16, 32)   # the fragment shape and subgroup size candidates are built for (NVIDIA's)
 CHECK_TOL = {"f32": 1e-4, "f16": 2e-2}   # relative error above which a case is marked WRONG
+
+
+@functools.cache
+def reference(case):
+    """The float64 output and gradients of a case's inputs (those ours() makes)."""
+    from flowgrad.dtypes import NUMPY_DTYPE
+    from flowgrad.ops import get_op
+
+    batch, seq, heads, dh, causal, dtype = case
+    attrs_ = {"heads": heads, "causal": causal}
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(NUMPY_DTYPE[dtype]) for _ in range(4))
+    op = get_op("attention")
+    wide = [x.astype(np.float64) for x in (q, k, v)]
+    ref = op.forward(wide, attrs_)
+    return [ref, *op.vjp(g.astype(np.float64), wide, ref, attrs_)[:3]]
 
 
 def ours(device, case, steps):
@@ -49,7 +81,6 @@ def ours(device, case, steps):
     from flowgrad.exec_vulkan.lower import attention as attn_low
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.graph import Node, TensorType
-    from flowgrad.ops import get_op
 
     batch, seq, heads, dh, causal, dtype = case
     attrs_ = {"heads": heads, "causal": causal}
@@ -71,10 +102,7 @@ def ours(device, case, steps):
         for x in (out, *grads):
             s.download(x)
         got = s.run()
-        op = get_op("attention")
-        wide = [x.astype(np.float64) for x in (q, k, v)]
-        ref = op.forward(wide, attrs_)
-        want = [ref, *op.vjp(g.astype(np.float64), wide, ref, attrs_)[:3]]
+        want = reference(case)
         err = max(float(np.abs(a - w).max() / np.abs(w).max()) for a, w in zip(got, want))
         s.rec.arena.materialize(device, device.pool)
         cmd = device.command_buffer()
@@ -122,6 +150,51 @@ def sdpa(case, steps):
     return fwd, timed(True) - fwd
 
 
+def cand_stem(name: str, kernel: str, maxd: int) -> str:
+    return f"attn_cand_{kernel}_{name}_d{maxd}"
+
+
+def build_candidates(table_path: Path, out: Path, maxd: int, shape=CAND_SHAPE) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import build_shaders
+
+    from flowgrad.exec_vulkan.attention_builds import cm2_builds, cm2_name
+
+    table = json.loads(table_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    shipped = cm2_builds()
+    for name, c in table.items():
+        body, defines = shipped[cm2_name(c["kernel"], maxd, *shape)]
+        source = Path(c["source"]) if "source" in c else build_shaders.SHADER_DIR / body
+        merged = {**defines, **c.get("defines", {})}
+        c["rows"] = merged["NSG"] * merged.get("RF", 1) * merged["FR"]
+        flags = [f"-D{k}={v}" for k, v in merged.items()]
+        build_shaders.compile_one(source, flags, out / f"{cand_stem(name, c['kernel'], maxd)}.spv")
+        print(f"built {name}", flush=True)
+    (out / "candidates.json").write_text(json.dumps({"maxd": maxd, "shape": shape, "builds": table}, indent=1))
+
+
+@contextlib.contextmanager
+def candidate(folder: Path, name: str):
+    """The cm2 builds with candidate NAME (built into folder) in place of its kernel's."""
+    from flowgrad.exec_vulkan import push_constants, spirv
+    from flowgrad.exec_vulkan.lower import attention as attn_low
+
+    listing = json.loads((folder / "candidates.json").read_text())
+    c = listing["builds"][name]
+    stem = cand_stem(name, c["kernel"], listing["maxd"])
+    saved = (spirv.spv_path, attn_low.cm2_name, attn_low.cm2_rows)
+    push_constants.SPECS[stem] = push_constants.SPECS[saved[1](c["kernel"], listing["maxd"], *listing["shape"])]
+    spirv.spv_path = lambda shader, variant=None: folder / f"{shader}.spv" if shader == stem else saved[0](shader, variant)
+    attn_low.cm2_name = lambda kernel, *a: stem if kernel == c["kernel"] else saved[1](kernel, *a)
+    attn_low.cm2_rows = lambda fr, sg, maxd, kernel: c["rows"] if kernel == c["kernel"] else saved[2](fr, sg, maxd, kernel)
+    try:
+        with attn_low.forced_cm2(True):
+            yield stem
+    finally:
+        spirv.spv_path, attn_low.cm2_name, attn_low.cm2_rows = saved
+
+
 def main(argv=None) -> int:
     from flowgrad.exec_vulkan import select_device
     from flowgrad.exec_vulkan.lower import attention as attn_low
@@ -140,7 +213,14 @@ def main(argv=None) -> int:
                    "builds of the device's fragment shape in place (a candidate table's)")
     p.add_argument("--builds", default="auto", help="comma-separated: auto (the device's pick), khr, cm2")
     p.add_argument("--case", action="append", default=None, help="B,T,H,causal (replaces the default cases)")
+    p.add_argument("--build-candidates", nargs=2, metavar=("JSON", "DIR"), default=None)
+    p.add_argument("--cand-shape", default="16,32", help="FR,SG the candidates are built for")
+    p.add_argument("--candidates", default=None, help="DIR of candidate builds (cand:NAME in --builds)")
     args = p.parse_args(argv)
+    if args.build_candidates:
+        build_candidates(Path(args.build_candidates[0]), Path(args.build_candidates[1]), args.maxd,
+                         tuple(int(x) for x in args.cand_shape.split(",")))
+        return 0
     cases = [tuple(int(x) for x in c.split(",")) for c in args.case] if args.case else CASES
     if args.tiles:
         attn_low.TILES[args.maxd].update({k: tuple(v) for k, v in json.loads(args.tiles).items()})
@@ -148,6 +228,17 @@ def main(argv=None) -> int:
     if args.coop:
         fr, sg, _maxd = attn_low.coop_build(device.info, args.maxd)
         attn_low.COOP_TILES[(fr, sg)][args.maxd].update({k: tuple(v) for k, v in json.loads(args.coop).items()})
+    if device.capture_stats:
+        shipped = [attn_low.cm2_name(kernel, args.maxd, *CAND_SHAPE) for kernel in attn_low.CM2_BODIES]
+        cands = json.loads((Path(args.candidates) / "candidates.json").read_text())["builds"] if args.candidates else {}
+        for name in [*shipped, *cands]:
+            with candidate(Path(args.candidates), name) if name in cands else contextlib.nullcontext(name) as stem:
+                try:
+                    stats = device.pipeline_statistics(stem)
+                    print(f"pipeline {name}:", {k: v for k, v in stats.items() if "Register" in k or "pill" in k
+                                                 or "Memory" in k}, flush=True)
+                except Exception as e:  # noqa: BLE001 - statistics are optional
+                    print(f"pipeline {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     rows = []
     for batch, seq, heads, causal in cases:
         case = (batch, seq, heads, args.maxd, bool(causal), args.dtype)
@@ -159,7 +250,11 @@ def main(argv=None) -> int:
                 print(f"sdpa unavailable: {e}", file=sys.stderr)
         for build in args.builds.split(","):
             try:
-                with attn_low.forced_cm2(BUILDS[build]) if BUILDS[build] is not None else contextlib.nullcontext():
+                if build.startswith("cand:"):
+                    ctx = candidate(Path(args.candidates), build[5:])
+                else:
+                    ctx = attn_low.forced_cm2(BUILDS[build]) if BUILDS[build] is not None else contextlib.nullcontext()
+                with ctx:
                     kern, err = ours(device, case, args.steps)
             except Exception as e:  # noqa: BLE001 - the other builds' numbers stand
                 print(f"[{args.label} {build}] failed: {e}", file=sys.stderr)

@@ -127,8 +127,8 @@ def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, ca
 
 
 def test_the_builds_fit_shared_memory_and_exist():
-    from flowgrad.exec_vulkan.attention_builds import (COOP_SHARED_LIMIT, COOP_TILES, cm2_builds, cm2_shared_bytes,
-                                                       coop_builds, coop_shared_bytes)
+    from flowgrad.exec_vulkan.attention_builds import (COOP_SHARED_LIMIT, COOP_TILES, cm2_builds, cm2_rows,
+                                                       cm2_shared_bytes, coop_builds, coop_shared_bytes)
     from flowgrad.exec_vulkan.spirv import spv_path
 
     for builds, size in ((coop_builds(), coop_shared_bytes), (cm2_builds(), cm2_shared_bytes)):
@@ -136,6 +136,9 @@ def test_the_builds_fit_shared_memory_and_exist():
         for stem, (_body, d) in builds.items():
             assert size(kernel_of(stem), d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
             assert spv_path(stem).exists()
+    # the lowering's grid covers the rows each attn_cm2 build owns (RF row fragments per subgroup)
+    for stem, (_body, d) in cm2_builds().items():
+        assert cm2_rows(d["FR"], d["SG"], d["MAXD"], kernel_of(stem)) == d["NSG"] * d.get("RF", 1) * d["FR"]
 
 
 def test_the_build_follows_the_device():

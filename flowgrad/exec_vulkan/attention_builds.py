@@ -50,6 +50,10 @@ COOP_TILES = {
                for maxd in (32, 64, 128)},
     (8, 8): {maxd: {kernel: (4, 32) for kernel in COOP_KERNELS} for maxd in (32, 64, 128)},
 }
+# The attn_cm2 forward's row fragments per subgroup RF, per fragment shape and
+# head-width bound: its workgroup owns NSG * RF * FR rows (the backward passes' own
+# NSG * FR). Lavapipe's 2 keeps the RF > 1 path under test.
+CM2_FWD_RF = {(16, 32): {32: 1, 64: 1, 128: 1}, (8, 8): {32: 2, 64: 2, 128: 2}}
 COOP_SHARED_LIMIT = 49152   # the most any build may declare (NVIDIA's 48 KiB); each device's own is checked too
 
 
@@ -80,6 +84,11 @@ def cm2_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int:
     ids = 2 * fr * fr * 4
     stage = nsg * fr * (fr + 8) * 2                   # each subgroup's output rows, f16
     return tiles + ids + stage + {"fwd": 0, "bwd_dq": 3 * nsg * fr * 4, "bwd_dkdv": 3 * bc * 4}[kernel]
+
+
+def cm2_rows(fr: int, sg: int, maxd: int, kernel: str) -> int:
+    """The rows one workgroup of an attn_cm2 build owns."""
+    return COOP_TILES[(fr, sg)][maxd][kernel][0] * (CM2_FWD_RF[(fr, sg)][maxd] if kernel == "fwd" else 1) * fr
 
 
 def scalar_name(kernel: str, maxd: int) -> str:
@@ -135,6 +144,8 @@ def cm2_builds() -> dict[str, tuple[str, dict[str, int]]]:
                 if cm2_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT:
                     raise ValueError(f"attention tiles cm2 {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
                 defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1, "CM2": 1}
+                if kernel == "fwd" and CM2_FWD_RF[(fr, sg)][maxd] > 1:
+                    defines["RF"] = CM2_FWD_RF[(fr, sg)][maxd]
                 out[cm2_name(kernel, maxd, fr, sg)] = (body, defines)
     return out
 

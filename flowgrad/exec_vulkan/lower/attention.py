@@ -27,8 +27,8 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_shared_bytes, coop_name, coop_shared_bytes,
-    scalar_name, shader_builds, shared_bytes)
+    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows, cm2_shared_bytes, coop_name,
+    coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
@@ -164,8 +164,11 @@ def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
         shader, build, own = scalar_name(kernel, bound), variant(q.dtype), TILES[bound][kernel][0]
     else:
         fr, sg, maxd = coop
-        name = cm2_name if _uses_cm2(rec.caps, kernel) else coop_name
-        shader, build, own = name(kernel, maxd, fr, sg), None, COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+        if _uses_cm2(rec.caps, kernel):
+            shader, own = cm2_name(kernel, maxd, fr, sg), cm2_rows(fr, sg, maxd, kernel)
+        else:
+            shader, own = coop_name(kernel, maxd, fr, sg), COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+        build = None
     rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
 
 

@@ -161,10 +161,11 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
     barrier();                                                                    \
     LOAD_ROWS_A(fb, tile, 0u, sg_index() * FR)
 
-// frags[d] <- the A fragments of rows row0 .. row0+FR-1 of a staged tile
-#define LOAD_ROWS_A(frags, tile, off, row0)                                          \
+// frags[base + d] <- the A fragments of rows row0 .. row0+FR-1 of a staged tile
+#define LOAD_ROWS_A_AT(frags, base, tile, off, row0)                                 \
     [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_)                                      \
-        coopMatLoad(frags[d_], tile, (off) + (row0) * HROW + d_ * (FR / 8u), HROW, ROWS)
+        coopMatLoad(frags[(base) + d_], tile, (off) + (row0) * HROW + d_ * (FR / 8u), HROW, ROWS)
+#define LOAD_ROWS_A(frags, tile, off, row0) LOAD_ROWS_A_AT(frags, 0u, tile, off, row0)
 
 // s[n] <- A(FR x MAXD, fragments a) times the transpose of streamed rows
 // n*FR .. n*FR+FR-1 of a staged tile, stored to this subgroup's score rows
@@ -207,13 +208,13 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         }                                                                             \
     }
 
-// head h's columns of rows row0 + r (r < FR, below seq) of dst <- acc[d] * factor,
+// head h's columns of rows row0 + r (r < FR, below seq) of dst <- acc[base + d] * factor,
 // rounded to f16 once, each fragment through this subgroup's f16 rows of stage
 // (after its lanes' last reads of them)
-#define STORE_ROWS(dst, acc, factor, stage, seq, row0, b, h)                          \
+#define STORE_ROWS_AT(dst, acc, base, factor, stage, seq, row0, b, h)                 \
     subgroup_sync();                                                                  \
     [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                    \
-        STORE_F16(acc[d_] * (factor), stage, 0u);                                     \
+        STORE_F16(acc[(base) + d_] * (factor), stage, 0u);                            \
         subgroup_sync();                                                              \
         uint r_ = lane_row(), row_ = (row0) + r_;                                     \
         for (uint c_ = lane_part(); c_ < FR; c_ += LPR) {                             \
@@ -223,12 +224,16 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         }                                                                             \
         subgroup_sync();                                                              \
     }
+#define STORE_ROWS(dst, acc, factor, stage, seq, row0, b, h) STORE_ROWS_AT(dst, acc, 0u, factor, stage, seq, row0, b, h)
 
 #ifdef CM2
 // VK_NV_cooperative_matrix2 on subgroup-scope fragments (the attn_cm2_*
 // builds): row reductions and conversions between uses, so what the softmax
 // makes (probabilities, dS) becomes an A fragment without a round trip
 // through shared memory.
+
+// the attn_cm2 kernels exponentiate in base 2: scores and statistics scaled by log2(e)
+#define LOG2E 1.4426950408889634
 
 float max_of(const in float a, const in float b) { return max(a, b); }
 float sum_of(const in float a, const in float b) { return a + b; }

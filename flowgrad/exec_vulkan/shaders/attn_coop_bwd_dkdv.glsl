@@ -7,8 +7,9 @@
 // (dP^T - D) on their elements, stored as f16 and read back as A fragments
 // for dV += P^T G and dK += dS^T Q. Each workgroup writes only its own rows
 // of dk and dv. The attn_cm2 build (CM2) turns P^T and dS^T into A fragments
-// in place (VK_NV_cooperative_matrix2's conversions) and fetches the next Q and
-// G rows into registers while a tile's products run.
+// in place (VK_NV_cooperative_matrix2's conversions), fetches the next Q and
+// G rows into registers while a tile's products run, exponentiates in base 2
+// and masks only the tiles that need it.
 #ifdef CM2
 #define PROW (FR + 8)          // DSs only stages the output rows
 #endif
@@ -37,9 +38,17 @@ void main() {
     fill_ids();
     FRAG_A kf[ND], vf[ND];
     OWN_ROWS(kf, k, k8, vf, v, v8, QGs, p.sk, j0, b, h);
+#ifdef CM2
+    FRAG_C cid;
+    LOAD_IDS(cid, ColIds);
+    float scale2 = p.scale * LOG2E;
+#define STAT_UNIT LOG2E   // the streamed queries' m and log l in log2 units
+#else
     FRAG_C rid, cid;
     LOAD_IDS(rid, RowIds);
     LOAD_IDS(cid, ColIds);
+#define STAT_UNIT 1.0
+#endif
     FRAG_C dka[ND], dva[ND];
     [[unroll]] for (uint d = 0u; d < ND; ++d) {
         dka[d] = FRAG_C(0.0);
@@ -64,8 +73,8 @@ void main() {
 #endif
         for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) {
             bool in_seq = i0 + c < p.sq;
-            Ms[c] = in_seq ? stats[sbase + i0 + c] : POS_INF;
-            LLs[c] = in_seq ? stats[p.nstat + sbase + i0 + c] : 0.0;
+            Ms[c] = in_seq ? stats[sbase + i0 + c] * STAT_UNIT : POS_INF;
+            LLs[c] = in_seq ? stats[p.nstat + sbase + i0 + c] * STAT_UNIT : 0.0;
             Ds[c] = in_seq ? stats[2u * p.nstat + sbase + i0 + c] : 0.0;
         }
         barrier();
@@ -80,12 +89,30 @@ void main() {
             FRAG_C s, dp;
             SCORE_FRAG(s, kf, QGs, 0u, n);
             SCORE_FRAG(dp, vf, QGs, BC * HROW, n);
+#ifdef CM2
+            // only a tile that crosses the diagonal, the queries' end or a mask masks its elements
+            if (p.mask_mode != 0u || i0 + BC > p.sq || (p.causal != 0u && i0 + 1u < j0 + (sg + 1u) * FR)) {
+                FRAG_C rid;
+                LOAD_IDS(rid, RowIds);
+                for (uint e = 0u; e < uint(s.length()); ++e)
+                    s[e] = LOG2E * masked(s[e] * p.scale, b, h, i0 + n * FR + uint(cid[e]), j0 + sg * FR + uint(rid[e]));
+            } else {
+                s = s * scale2;
+            }
+            for (uint e = 0u; e < uint(s.length()); ++e) {
+                uint c = n * FR + uint(cid[e]);
+                float pij = exp2((s[e] - Ms[c]) - LLs[c]);
+                s[e] = pij;
+                dp[e] = pij * (dp[e] - Ds[c]);
+            }
+#else
             for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint c = n * FR + uint(cid[e]);
                 float pij = exp(masked(s[e] * p.scale, b, h, i0 + c, j0 + sg * FR + uint(rid[e])) - Ms[c] - LLs[c]);
                 s[e] = pij;
                 dp[e] = pij * (dp[e] - Ds[c]);
             }
+#endif
 #ifdef CM2
             ACCUMULATE_FRAG(dva, s, QGs, BC * HROW, n);
             ACCUMULATE_FRAG(dka, dp, QGs, 0u, n);

@@ -6,8 +6,10 @@
 // dS = P (dP - D) with P = exp(S - m - log l) on their elements, stored as f16 and
 // read back as A fragments for dQ += dS K; each row's m, log l and D come from
 // attn_bwd_stats. The attn_cm2 build (CM2) turns dS into A fragments in place
-// (VK_NV_cooperative_matrix2's conversions) and fetches the next K and V rows
-// into registers while a tile's products run.
+// (VK_NV_cooperative_matrix2's conversions), fetches the next K and V rows
+// into registers while a tile's products run, keeps each row's statistics in
+// fragments smeared along the rows, exponentiates in base 2 and masks only the
+// tiles that need it.
 #ifdef CM2
 #define PROW (FR + 8)          // Ps only stages the output rows
 #endif
@@ -45,9 +47,25 @@ void main() {
         Drow[sg * FR + r] = row < p.sq ? stats[2u * p.nstat + si] : 0.0;
     }
     barrier();   // the ids and the rows' statistics are visible
+#ifdef CM2
+    // each row's m and log l (in log2 units) and D, smeared along the fragment's rows
+    FRAG_C m2, ll2, drow;
+    {
+        FRAG_C rid;
+        LOAD_IDS(rid, RowIds);
+        for (uint e = 0u; e < uint(rid.length()); ++e) {
+            uint own = sg * FR + uint(rid[e]);
+            m2[e] = Mrow[own] * LOG2E;
+            ll2[e] = LLrow[own] * LOG2E;
+            drow[e] = Drow[own];
+        }
+    }
+    float scale2 = p.scale * LOG2E;
+#else
     FRAG_C rid, cid;
     LOAD_IDS(rid, RowIds);
     LOAD_IDS(cid, ColIds);
+#endif
 
     // dS = P (dP - D) on the fragments' elements, each row's m, log l and D by its row id
     FRAG_C acc[ND];
@@ -71,11 +89,26 @@ void main() {
             FRAG_C s, dp;
             SCORE_FRAG(s, qf, KVs, 0u, n);
             SCORE_FRAG(dp, gf, KVs, BC * HROW, n);
+#ifdef CM2
+            // only a tile that crosses the diagonal, the keys' end or a mask masks its elements
+            if (p.mask_mode != 0u || j0 + BC > p.sk || (p.causal != 0u && j0 + BC > i0 + sg * FR + 1u)) {
+                FRAG_C rid, cid;
+                LOAD_IDS(rid, RowIds);
+                LOAD_IDS(cid, ColIds);
+                for (uint e = 0u; e < uint(s.length()); ++e)
+                    s[e] = LOG2E * masked(s[e] * p.scale, b, h, i0 + sg * FR + uint(rid[e]), j0 + n * FR + uint(cid[e]));
+            } else {
+                s = s * scale2;
+            }
+            for (uint e = 0u; e < uint(s.length()); ++e) s[e] = exp2((s[e] - m2[e]) - ll2[e]);
+            s = s * (dp - drow);
+#else
             for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint own = sg * FR + uint(rid[e]);
                 float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Mrow[own] - LLrow[own]);
                 s[e] = pij * (dp[e] - Drow[own]);
             }
+#endif
 #ifdef CM2
             ACCUMULATE_FRAG(acc, s, KVs, 0u, n);
 #else
