@@ -67,8 +67,7 @@ def _fit(graph: Graph, seed: int, grads: dict, budget: int, fusion: bool):
     unchanged where they fit it: the values are packed at offsets, the
     recomputation aims at the planned peak and, where the buffers still
     exceed the budget, at a peak lower by the excess (half a percent at
-    least). The clones are made
-    before fusion: they fuse as any chain does."""
+    least). The clones are made before fusion: they fuse as any chain does."""
     fused, memory = _planned(graph, tuple(grads.values()), fusion)
     if memory.total_bytes <= budget:   # fits as it is: the plan without a budget
         return graph, grads, fused, memory, Recompute(budget, memory.peak_bytes, memory.peak_bytes, ())
