@@ -330,8 +330,8 @@ def cmd_bench(args) -> int:
     at_least_one("--repeats", args.repeats)
     if args.file == "gpt2":
         return cmd_bench_gpt2(args)
-    given = [flag for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--batch", args.batch))
-             if value is not None]
+    given = [flag for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--batch", args.batch),
+                                      ("--families", args.families or None)) if value is not None]
     if given:
         raise FlowError(f"{', '.join(given)}: options of `bench gpt2`; bench MODEL takes --repeats and --set batch=N")
     args.dtype = args.dtype or "f32"
@@ -380,7 +380,7 @@ def cmd_bench_gpt2(args) -> int:
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase,
-                 memory_budget=args.memory_budget)
+                 memory_budget=args.memory_budget, families=args.families)
     print(json.dumps(r, indent=2) if args.json else gpt2.report(r))
     return 0
 
@@ -428,7 +428,7 @@ EXAMPLES = {
                 "  flowgrad generate models/gan.flow --checkpoint runs/gan/checkpoint.safetensors --out digits.png",
     "export": "flowgrad export models/mlp.flow --checkpoint runs/mlp/checkpoint.safetensors -o mlp.onnx",
     "bench": "flowgrad bench --device vulkan --repeats 20\n  flowgrad bench matmul --dtype f16\n"
-             "  flowgrad bench gpt2 --batch 16",
+             "  flowgrad bench gpt2 --batch 16\n  flowgrad bench gpt2 --families",
     "devices": "flowgrad devices",
 }
 
@@ -563,6 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="bench gpt2: untimed steps per row, at least "
                    "(default 5; each row also warms up for 1-10 s, until its steps stop getting faster)")
     p.add_argument("--batch", type=int, default=None, help="bench gpt2: the batch size (default 8)")
+    p.add_argument("--families", action="store_true",
+                   help="bench gpt2: also the mixed-precision step's GPU time per kernel family (products, "
+                        "attention, elementwise, layernorm, cross_entropy, embedding, casts, optimizer, transfers, "
+                        "other), flowgrad's from its GPU timestamps beside PyTorch's bf16 autocast rows' from "
+                        "torch.profiler (a CUDA GPU), ms per step and the ratio")
     p.add_argument("--shape", action="append", default=[], metavar="M,N,K[,nn|nt|tn]",
                    help="bench matmul: a product to time (default: 4096^3 and gpt_small's)")
     p.add_argument("--all", action="store_true", help="bench matmul: time every kernel, not only the chosen one")

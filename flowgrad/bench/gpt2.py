@@ -26,6 +26,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.errors import FlowError
+from flowgrad.bench import families as kernel_families
 from flowgrad.bench.step import LR, MODEL, WARMUP, bench_feeds, torch_step, warm_up
 from flowgrad.training.optim import Adam
 
@@ -70,10 +71,11 @@ def median_step(step, steps: int, warmup: int, sync=lambda: None) -> float:
 
 
 def flowgrad_row(model, device: str, dtype: str, feeds, steps: int, warmup: int,
-                 memory_budget=None) -> tuple[dict, dict]:
+                 memory_budget=None, families: bool = False) -> tuple[dict, dict]:
     """(row, check): the graph path's Adam step in `dtype`, and what the twin
     is checked against (this session's first loss, its params then).
-    memory_budget: as Model.compile's."""
+    memory_budget: as Model.compile's. families: the row also carries its
+    GPU time per kernel family (bench/families.py)."""
     from flowgrad.api import open_device
 
     dev = open_device(device)
@@ -86,6 +88,8 @@ def flowgrad_row(model, device: str, dtype: str, feeds, steps: int, warmup: int,
         row = {"name": f"flowgrad {dtype}", "seconds": seconds, "compute": "f32" if dtype == "f32" else "f16",
                "device": dev.info.name, "device_bytes": dev.live_bytes - before,
                "plan_bytes": sess.plan.memory.total_bytes}
+        if families:
+            row["families"] = kernel_families.flowgrad_families(sess, feeds, opt)
     finally:
         sess.close()
     return row, check
@@ -108,9 +112,10 @@ def torch_missing() -> str | None:
     return None
 
 
-def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase) -> list[dict]:
+def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase, families: bool = False) -> list[dict]:
     """The twin of `graph` (the f32 build) on the CUDA GPU, from the params
-    flowgrad's first loss came from, checked against that loss first."""
+    flowgrad's first loss came from, checked against that loss first.
+    families: the bf16 rows also carry their GPU time per kernel family."""
     import torch
 
     from flowgrad.torch_twin import TorchTwin
@@ -138,6 +143,9 @@ def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase) -> lis
         try:
             row["seconds"] = median_step(step, steps, warmup, sync)
             row["device_bytes"] = torch.cuda.max_memory_allocated()
+            if families and amp == "bf16":
+                phase(f"profiling {name}'s kernels ({kernel_families.PROFILED_STEPS} steps)")
+                row["families"] = kernel_families.torch_families(step, sync)
         except Exception as e:  # noqa: BLE001 - a compiler failure leaves the eager rows standing
             if not compiled:
                 raise
@@ -148,15 +156,19 @@ def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase) -> lis
 
 
 def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, warmup: int = 5,
-        dtypes=DTYPES, phase=None, memory_budget=None) -> dict:
+        dtypes=DTYPES, phase=None, memory_budget=None, families: bool = False) -> dict:
     """`phase(text)`, when given, is called as each phase starts.
-    memory_budget: as Model.compile's (the flowgrad rows')."""
+    memory_budget: as Model.compile's (the flowgrad rows'). families: the
+    mixed rows (flowgrad's, and PyTorch's under bf16 autocast) also carry
+    their GPU time per kernel family, profiled after their timed steps."""
     from flowgrad.api import load
 
     phase = phase or (lambda text: None)
     for dtype in dtypes:
         if dtype not in DTYPES:
             raise FlowError(f"bench gpt2 times f32 and mixed precision, not {dtype!r}")
+    if families and "mixed" not in dtypes:
+        raise FlowError("--families profiles the mixed-precision step: leave out --dtype f32 (or give --dtype mixed)")
     model = load(MODEL, {**GPT2, **(config or {})})
     graph = model.build("f32")
     missing = torch_missing()
@@ -169,18 +181,28 @@ def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, war
     for dtype in dtypes:
         phase(f"compiling and timing flowgrad {dtype}, the graph path with Adam on the device "
               f"({steps} steps after {WARMUP})")
-        row, first = flowgrad_row(model, device, dtype, feeds, steps, warmup, memory_budget)
+        row, first = flowgrad_row(model, device, dtype, feeds, steps, warmup, memory_budget,
+                                  families and dtype == "mixed")
         rows.append(row)
         if check is None or dtype == "f32":   # the twin is the f32 model: checked against f32 where it ran
             check = first
     if missing is None:
         phase("building the PyTorch twin")
-        rows += torch_rows(graph, feeds, check, steps, warmup, phase)
+        rows += torch_rows(graph, feeds, check, steps, warmup, phase, families)
     c = graph.config
     return {"model": model.name, "config": {k: c[k] for k in GPT2}, "tokens": c["batch"] * c["seq"],
             "params": graph.param_count(),
             "matmul_params": matmul_params(graph), "flops": flops_per_step(graph), "steps": steps,
-            "warmup": warmup, "feeds": source, "rows": rows, "torch": missing}
+            "warmup": warmup, "feeds": source, "rows": rows, "torch": missing,
+            "families": None if not families else {"families": list(kernel_families.FAMILIES),
+                                                   "missing": families_missing(missing)}}
+
+
+def families_missing(torch_missing: str | None) -> list[str]:
+    """Why PyTorch's columns of the kernel families are not there."""
+    if torch_missing is None:
+        return []
+    return ["kernel families: PyTorch's columns need a CUDA GPU; " + torch_missing.removeprefix("PyTorch rows: ")]
 
 
 def mfu(r: dict, row: dict) -> float | None:
@@ -221,6 +243,8 @@ def report(r: dict) -> str:
               "x / run: flowgrad x's step time over the row's"]
     if r["torch"]:
         lines.append(r["torch"])
+    if r.get("families"):
+        lines += [""] + kernel_families.report(r["rows"], r["families"]["missing"])
     return "\n".join(lines)
 
 
