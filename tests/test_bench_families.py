@@ -21,21 +21,21 @@ from flowgrad.cli import main as cli_main
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "layernorm"),
     ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>", "layernorm"),
-    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-     "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>", "cross_entropy"),
+    (("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+     "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>"), "cross_entropy"),
     ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>",
      "cross_entropy"),
     ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>",
      "embedding"),
     ("void at::native::embedding_backward_feature_kernel<float, float, long>", "embedding"),
-    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-     "TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>", "optimizer"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda("
-     "at::TensorIteratorBase&)::{lambda()#1}, at::detail::Array<char*, 2>>", "casts"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl, "
-     "at::detail::Array<char*, 2>>", "elementwise"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<float, float, float>>, unsigned int, float, 4>>", "elementwise"),
+    (("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>"), "optimizer"),
+    (("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda("
+     "at::TensorIteratorBase&)::{lambda()#1}, at::detail::Array<char*, 2>>"), "casts"),
+    (("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl, "
+     "at::detail::Array<char*, 2>>"), "elementwise"),
+    (("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+     "at::native::sum_functor<float, float, float>>, unsigned int, float, 4>>"), "elementwise"),
     ("triton_poi_fused_add_gelu_0", "elementwise"),
     ("Memcpy HtoD (Pageable -> Device)", "transfers"),
     ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, long, int>::Policy800>", "other"),
