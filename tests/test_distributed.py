@@ -602,6 +602,20 @@ def test_explain_claims_overlap_only_with_several_buckets(monkeypatch):
     assert "each of the 2 gradient buckets" in step and "while the backward goes on" in step, step
 
 
+def write_overflowing_gan(tmp_path) -> Path:
+    """The tiny GAN with a generator's loss 100 times larger: under mixed its
+    scaled backward overflows for the first steps at batch 4 and at 8 alike."""
+    from test_objectives import GAN
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (60, 3)).astype(np.float32),
+             z=rng.normal(size=(60, 2)).astype(np.float32))
+    model = tmp_path / "tiny_gan.flow"
+    model.write_text(GAN.replace("eval_every = 2", "eval_every = 3")
+                     .replace("g_loss = bce_with_logits(gen_s, ones)", "g_loss = bce_with_logits(gen_s, ones) * 100.0"))
+    return model
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
 def test_two_objectives_in_mixed_on_two_ranks_equal_one_process(tmp_path, default_mpi, device, request):
     """dtype="mixed" gives each objective a loss scaler of its own. The
@@ -609,16 +623,9 @@ def test_two_objectives_in_mixed_on_two_ranks_equal_one_process(tmp_path, defaul
     first steps: its updates alone are skipped and its scale alone halves, on
     every rank together (each finds the overflow in the averaged gradients),
     as in one process; rank 0 logs each objective's scale and skipped steps."""
-    from test_objectives import GAN
-
     if device == "vulkan":
         request.getfixturevalue("vk_device")
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (60, 3)).astype(np.float32),
-             z=rng.normal(size=(60, 2)).astype(np.float32))
-    model = tmp_path / "tiny_gan.flow"
-    model.write_text(GAN.replace("eval_every = 2", "eval_every = 3")
-                     .replace("g_loss = bce_with_logits(gen_s, ones)", "g_loss = bce_with_logits(gen_s, ones) * 100.0"))
+    model = write_overflowing_gan(tmp_path)
     out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
     proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device=device, save=save,
                      out=str(out), dtype="mixed")
@@ -641,3 +648,20 @@ def test_two_objectives_in_mixed_on_two_ranks_equal_one_process(tmp_path, defaul
         assert g["skipped_steps_by_objective"] == w["skipped_steps_by_objective"]
         assert g["loss_scale"] == w["loss_scale"] and g["skipped_steps"] == w["skipped_steps"]
     assert got[-1]["skipped_steps_by_objective"] == {"d_loss": 0, "g_loss": scales[1]["skipped"]}
+
+
+def test_resume_under_mixed_gives_every_rank_each_objectives_loss_scale(tmp_path, default_mpi):
+    """Rank 0 alone reads the checkpoint, which keeps a loss scale per
+    objective: every rank must take each one's, or a rank left at another
+    scale would overflow where rank 0 does not."""
+    model = write_overflowing_gan(tmp_path)
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    one_process(str(model), 8, 3, "cpu", dtype="mixed", out=out)
+    proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device="cpu", save=save,
+                     out=str(out), dtype="mixed", resume=True)
+    assert proc.returncode == 0, proc.stderr
+    straight = one_process(str(model), 8, 6, "cpu", dtype="mixed")
+    scales = [s.state() for s in straight.session.loss_scalers]
+    assert scales[0] != scales[1]      # a scale each, not one shared
+    assert [json.loads(Path(f"{save}.rank{r}").read_text())["loss_scales"] for r in range(2)] == [scales, scales]
+    assert_same_params(save, straight.session.params)
