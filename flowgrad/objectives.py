@@ -12,8 +12,20 @@ runner per objective over one set of params and answers the runner API
 for them all. A model with one plain `minimize` has one runner, as ever."""
 from __future__ import annotations
 
+import attrs
+
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph
+from flowgrad.update_counts import Counts
+
+
+@attrs.frozen
+class ObjectiveCounts(Counts):
+    """The counts of several objectives: the first's, as Counts, and `each`
+    objective's by its name. Every objective is asked for an update each
+    step, so their iterations agree; under dtype="mixed" each loss scaler
+    skips its own objective's updates, so their `updates` differ."""
+    each: dict = attrs.field(factory=dict, hash=False)
 
 
 def objective_names(graph: Graph) -> list[str]:
@@ -100,9 +112,10 @@ class ObjectiveRunners:
         return self.first.graph
 
     @property
-    def counts(self):
-        """Every objective is updated once a step, so their counts agree: the first's."""
-        return self.first.counts
+    def counts(self) -> ObjectiveCounts:
+        """The first objective's counts (its iterations are every one's), with each one's."""
+        first = self.first.counts
+        return ObjectiveCounts(first.updates, first.iterations, {name: r.counts for name, _g, r in self.parts})
 
     @property
     def timer(self) -> str:
@@ -122,9 +135,14 @@ class ObjectiveRunners:
         return self.counts, state
 
     def set_opt_state(self, counts, state) -> None:
+        """counts: ObjectiveCounts gives each objective its own; plain Counts (a
+        checkpoint that kept one count) serve every objective."""
+        each = getattr(counts, "each", {})
         for name, _graph, runner in self.parts:
-            runner.set_opt_state(counts, {key.split("/", 1)[1]: st for key, st in state.items()
-                                          if key.split("/", 1)[0] == name})
+            own = each.get(name, counts)
+            runner.set_opt_state(Counts(own.updates, own.iterations),
+                                 {key.split("/", 1)[1]: st for key, st in state.items()
+                                  if key.split("/", 1)[0] == name})
 
     def apply_update(self, optimizer, grads) -> None:
         """Each objective's update of its own params from `grads`, in file order."""

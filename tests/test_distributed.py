@@ -76,7 +76,8 @@ RANK = textwrap.dedent("""
     with open(args["save"] + f".rank{rank}", "w") as f:
         scaler = r.session.loss_scaler
         json.dump({"wrote_to": None if r.out is None else str(r.out),
-                   "loss_scale": None if scaler is None else scaler.state()}, f)
+                   "loss_scale": None if scaler is None else scaler.state(),
+                   "loss_scales": [s.state() for s in r.session.loss_scalers]}, f)
     if r.rank == 0:
         np.savez(args["save"], **r.session.params)
         with open(args["save"] + ".json", "w") as f:
@@ -599,3 +600,68 @@ def test_explain_claims_overlap_only_with_several_buckets(monkeypatch):
     distributed.describe_ranks(sess, 2)
     step = explain(sess).to_dict()["ranks"]["step"]
     assert "each of the 2 gradient buckets" in step and "while the backward goes on" in step, step
+
+
+def write_overflowing_gan(tmp_path) -> Path:
+    """The tiny GAN with a generator's loss 100 times larger: under mixed its
+    scaled backward overflows for the first steps at batch 4 and at 8 alike."""
+    from test_objectives import GAN
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (60, 3)).astype(np.float32),
+             z=rng.normal(size=(60, 2)).astype(np.float32))
+    model = tmp_path / "tiny_gan.flow"
+    model.write_text(GAN.replace("eval_every = 2", "eval_every = 3")
+                     .replace("g_loss = bce_with_logits(gen_s, ones)", "g_loss = bce_with_logits(gen_s, ones) * 100.0"))
+    return model
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=pytest.mark.vulkan)])
+def test_two_objectives_in_mixed_on_two_ranks_equal_one_process(tmp_path, default_mpi, device, request):
+    """dtype="mixed" gives each objective a loss scaler of its own. The
+    generator's loss, 100 times larger, overflows its scaled backward for its
+    first steps: its updates alone are skipped and its scale alone halves, on
+    every rank together (each finds the overflow in the averaged gradients),
+    as in one process; rank 0 logs each objective's scale and skipped steps."""
+    if device == "vulkan":
+        request.getfixturevalue("vk_device")
+    model = write_overflowing_gan(tmp_path)
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device=device, save=save,
+                     out=str(out), dtype="mixed")
+    assert proc.returncode == 0, proc.stderr
+    ref = one_process(str(model), 8, 6, device, dtype="mixed", out=tmp_path / "one")
+    summary = json.loads(Path(save + ".json").read_text())
+    assert summary["ranks"] == 2 and summary["path"] == ref.path
+    assert device == "cpu" or ref.path == "graph"
+    assert_same_params(save, ref.session.params)
+    scales = [s.state() for s in ref.session.loss_scalers]
+    assert scales[0]["skipped"] == 0 and scales[1]["skipped"] > 0      # the case under test happens
+    assert [json.loads(Path(f"{save}.rank{r}").read_text())["loss_scales"] for r in range(2)] == [scales, scales]
+    got = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+    want = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[1:]]
+    assert len(got) == len(want) == 6
+    for g, w in zip(got, want):
+        assert g["losses"] == pytest.approx(w["losses"], rel=1e-5)
+        assert set(g["loss_scales"]) == {"d_loss", "g_loss"}
+        assert g["loss_scales"] == w["loss_scales"]
+        assert g["skipped_steps_by_objective"] == w["skipped_steps_by_objective"]
+        assert g["loss_scale"] == w["loss_scale"] and g["skipped_steps"] == w["skipped_steps"]
+    assert got[-1]["skipped_steps_by_objective"] == {"d_loss": 0, "g_loss": scales[1]["skipped"]}
+
+
+def test_resume_under_mixed_gives_every_rank_each_objectives_loss_scale(tmp_path, default_mpi):
+    """Rank 0 alone reads the checkpoint, which keeps a loss scale per
+    objective: every rank must take each one's, or a rank left at another
+    scale would overflow where rank 0 does not."""
+    model = write_overflowing_gan(tmp_path)
+    out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    one_process(str(model), 8, 3, "cpu", dtype="mixed", out=out)
+    proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device="cpu", save=save,
+                     out=str(out), dtype="mixed", resume=True)
+    assert proc.returncode == 0, proc.stderr
+    straight = one_process(str(model), 8, 6, "cpu", dtype="mixed")
+    scales = [s.state() for s in straight.session.loss_scalers]
+    assert scales[0] != scales[1]      # a scale each, not one shared
+    assert [json.loads(Path(f"{save}.rank{r}").read_text())["loss_scales"] for r in range(2)] == [scales, scales]
+    assert_same_params(save, straight.session.params)

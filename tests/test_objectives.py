@@ -333,6 +333,29 @@ def test_train_in_mixed_logs_and_resumes_each_objectives_loss_scale(tmp_path):
     assert last["skipped_steps_by_objective"] == {"d_loss": 0, "g_loss": 0} and last["skipped_steps"] == 0
 
 
+def test_a_resume_in_mixed_goes_on_from_each_objectives_update_count(tmp_path):
+    """The generator's loss, 100 times larger, overflows its scaled backward
+    for its first 5 steps: its objective has applied fewer updates (none at
+    step 3, one at step 6) than the discriminator's. A resume took the first
+    objective's count for both: at step 3 it wanted Adam state the generator
+    never had, at step 6 its bias correction went on from 6 updates, not 1."""
+    path = tmp_path / "tiny_gan.flow"
+    path.write_text(GAN.replace("g_loss = bce_with_logits(gen_s, ones)", "g_loss = bce_with_logits(gen_s, ones) * 100.0")
+                    .replace("sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (40, 3)).astype(np.float32),
+             z=rng.normal(size=(40, 2)).astype(np.float32))
+    straight = fg.train(fg.load(path), device="cpu", dtype="mixed", steps=8, progress=False)
+    assert [h["skipped_steps_by_objective"]["g_loss"] for h in straight.history][2:6] == [3, 4, 5, 5]
+    for steps in (3, 6, 8):
+        res = fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "run", steps=steps,
+                       resume=steps > 3, progress=False)
+    for name, value in straight.session.params.items():
+        np.testing.assert_allclose(res.session.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert ([runner.get_opt_state()[0] for _n, _g, runner in res.session.parts]
+            == [runner.get_opt_state()[0] for _n, _g, runner in straight.session.parts])
+
+
 def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
     path = tmp_path / "tiny_gan.flow"
     path.write_text(GAN)

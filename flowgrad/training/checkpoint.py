@@ -269,7 +269,8 @@ def check_resumable(ckpt: Checkpoint, optimizer, graph: Graph) -> None:
     counts = {k: meta[k] for k in ("updates", "iterations") if k in meta}
     for name, part, opt in zip(names, objectives.objective_graphs(graph), objectives.per_objective(optimizer, graph)):
         prefix = f"{name}/"
-        own = attrs.evolve(ckpt, optimizer={**saved[name], **counts} if isinstance(saved[name], dict) else None,
+        # the objective's own count of updates where it kept one
+        own = attrs.evolve(ckpt, optimizer={**counts, **saved[name]} if isinstance(saved[name], dict) else None,
                            opt_state={k[len(prefix):]: v for k, v in ckpt.opt_state.items() if k.startswith(prefix)})
         trained = part.trainable()
         check_opt_state(own, opt, {k: v for k, v in ckpt.params.items() if k in trained})
@@ -292,16 +293,34 @@ def optimizer_meta(describe: dict | None, sess, counts: Counts) -> dict | None:
     counts fewer steps than the lr schedule: a resume that took one count for
     both would go on from another point than the run did."""
     meta = with_loss_scale(describe, sess)
-    return None if meta is None else {**meta, "updates": int(counts.updates), "iterations": int(counts.iterations)}
+    if meta is None:
+        return None
+    each = getattr(counts, "each", ())
+    if each and isinstance(meta.get("objectives"), dict):
+        # each loss scaler skips its own objective's updates: each objective keeps its count
+        meta = {**meta, "objectives": {name: {**own, "updates": int(each[name].updates)} if name in each else own
+                                       for name, own in meta["objectives"].items()}}
+    return {**meta, "updates": int(counts.updates), "iterations": int(counts.iterations)}
 
 
 def optimizer_counts(ckpt: Checkpoint) -> Counts:
-    """The optimizer's Counts at the checkpoint (files without them: the checkpoint's step)."""
+    """The optimizer's Counts at the checkpoint (files without them: the
+    checkpoint's step); with several objectives that kept a count each,
+    ObjectiveCounts."""
     meta = ckpt.optimizer or {}
-    updates, iterations = meta.get("updates", ckpt.step), meta.get("iterations", ckpt.step)
+    iterations = meta.get("iterations", ckpt.step)
+    first = _checked_counts(ckpt, meta.get("updates", ckpt.step), iterations)
+    saved = meta.get("objectives")
+    if not isinstance(saved, dict) or not all(isinstance(d, dict) and "updates" in d for d in saved.values()):
+        return first
+    each = {name: _checked_counts(ckpt, d["updates"], iterations, f" of objective {name}") for name, d in saved.items()}
+    return objectives.ObjectiveCounts(first.updates, first.iterations, each)
+
+
+def _checked_counts(ckpt: Checkpoint, updates, iterations, what: str = "") -> Counts:
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (updates, iterations)) \
             or not 0 <= updates <= iterations <= ckpt.step:
-        raise FlowError(f"checkpoint {ckpt.path!r}: bad optimizer counts (updates {updates!r}, iterations "
+        raise FlowError(f"checkpoint {ckpt.path!r}: bad optimizer counts{what} (updates {updates!r}, iterations "
                         f"{iterations!r}; ints with 0 <= updates <= iterations <= its step, {ckpt.step})")
     return Counts(updates, iterations)
 

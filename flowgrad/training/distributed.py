@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from flowgrad.errors import FlowError
+from flowgrad.objectives import ObjectiveCounts
 from flowgrad.training import mpi_launch
 from flowgrad.training.grad_buckets import DEFAULT_BUCKET_MB, GradBuckets, bucket_count
 from flowgrad.training.mpi_launch import INSTALL
@@ -301,10 +302,16 @@ class World:
             tensors.update({f"optim/{p}/{k}": np.ascontiguousarray(v)
                             for p, st in state.items() for k, v in st.items()})
             tensors["counts"] = np.array([counts.updates, counts.iterations], np.int64)
+            # several objectives: each one's (under dtype="mixed" each skips its own updates)
+            tensors.update({f"counts/{name}": np.array([c.updates, c.iterations], np.int64)
+                            for name, c in getattr(counts, "each", {}).items()})
             tensors["start"] = np.array([start], np.int64)
             data = save(tensors)
         tensors = load(self.bcast_bytes(data, "the broadcast of rank 0's params"))
-        updates, iterations = (int(n) for n in tensors.pop("counts"))
+        counts = Counts(*(int(n) for n in tensors.pop("counts")))
+        each = {k[7:]: Counts(*(int(n) for n in tensors.pop(k))) for k in list(tensors) if k.startswith("counts/")}
+        if each:
+            counts = ObjectiveCounts(counts.updates, counts.iterations, each)
         start = int(tensors.pop("start")[0])
         if not self.is_root:
             params = {k[6:]: v for k, v in tensors.items() if k.startswith("param/")}
@@ -314,7 +321,7 @@ class World:
                     p, _, name = k[6:].rpartition("/")
                     state.setdefault(p, {})[name] = v
             runner.set_params(params)
-            runner.set_opt_state(Counts(updates, iterations), state)
+            runner.set_opt_state(counts, state)
         if scalers:
             # a rank at another scale overflows where the others do not, and its skip skips every rank's step
             for scaler, state in zip(scalers, self.share([s.state() for s in scalers],
