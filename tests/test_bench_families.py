@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from conftest import needs_module
 
 from flowgrad.bench import families
 from flowgrad.cli import main as cli_main
@@ -70,14 +71,13 @@ def test_a_profile_groups_by_op_and_direction():
 
 def test_kernel_events_and_the_median_of_steps():
     """torch.profiler's events: only those that ran on the GPU count; each family's median over steps."""
-    torch = pytest.importorskip("torch")
+    needs_module("torch")
     from torch.autograd import DeviceType
 
     def event(name, us, device=DeviceType.CUDA):
         return SimpleNamespace(name=name, device_type=device,
                                time_range=SimpleNamespace(elapsed_us=lambda: us))
 
-    del torch
     steps = [families.group(families.kernel_times([event("sm90_xmma_gemm", us), event("cudaLaunchKernel", 99.0,
                                                                                        DeviceType.CPU),
                                                    event("cub::RadixSort", 2.0)]))
