@@ -196,3 +196,18 @@ def backend(request):
         return NumpyBackend()
     device = request.getfixturevalue("vk_device")
     return VulkanClosures(device) if request.param == "vulkan-closures" else VulkanGraph(device)
+
+
+def loss64(graph, params, feeds):
+    """A model's loss in float64, from the op records' numpy rules."""
+    vals = {}
+    for node in graph.needed_for([graph.loss]):
+        if node.op == "input":
+            vals[node.id] = np.asarray(feeds[node.name], np.float64)
+        elif node.op == "param":
+            vals[node.id] = params[node.name]
+        elif node.op == "const":
+            vals[node.id] = np.asarray(node.attrs["value"], np.float64)
+        else:
+            vals[node.id] = get_op(node.op).forward([vals[i] for i in node.inputs], node.attrs)
+    return float(vals[graph.loss])

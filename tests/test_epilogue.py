@@ -18,6 +18,7 @@ import flowgrad as fg
 from flowgrad.exec_vulkan.program import count_dispatches
 from flowgrad.feeds import random_feeds
 from flowgrad.planner import make_plan
+from op_harness import loss64
 from test_fusion import (agree, assert_numpy_bit_identical, close, f16_fused_agrees_with_unfused, run,
                          step_values)
 
@@ -82,23 +83,6 @@ def gradient_dispatches(plan, members) -> list:
     scheduled = [s.node for s in plan.memory.schedule]
     held = {(group_of[n.id].node if n.id in group_of else n.id) for n in src.nodes if n.grad_of in members}
     return sorted(k for nid in scheduled if nid in held for k in recorded(ex, nid))
-
-
-def loss64(graph, params, feeds):
-    """The model's loss in float64, from the op records' numpy rules."""
-    from flowgrad.ops import get_op
-
-    vals = {}
-    for node in graph.needed_for([graph.loss]):
-        if node.op == "input":
-            vals[node.id] = np.asarray(feeds[node.name], np.float64)
-        elif node.op == "param":
-            vals[node.id] = params[node.name]
-        elif node.op == "const":
-            vals[node.id] = np.asarray(node.attrs["value"], np.float64)
-        else:
-            vals[node.id] = get_op(node.op).forward([vals[i] for i in node.inputs], node.attrs)
-    return float(vals[graph.loss])
 
 
 def assert_step_matches_finite_differences(model, plan, directions=3, eps=1e-6, rtol=1e-4):

@@ -15,10 +15,10 @@ from flowgrad import dsl
 from flowgrad.cli import main
 from flowgrad.errors import FlowError
 from flowgrad.feeds import random_feeds
-from flowgrad.ops import get_op
 from flowgrad.ops.gradcheck import numeric_grad
 from flowgrad.training.optim import Adam
 from conftest import needs_module
+from op_harness import loss64
 
 # a recurrent cell unrolled over three steps from the state h0
 RNN = """
@@ -150,21 +150,6 @@ def test_check_and_explain_on_the_command_line(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- training
-
-
-def loss64(graph, params, feeds):
-    """The loss in float64, from the op records' numpy rules."""
-    vals = {}
-    for node in graph.needed_for([graph.loss]):
-        if node.op == "input":
-            vals[node.id] = np.asarray(feeds[node.name], np.float64)
-        elif node.op == "param":
-            vals[node.id] = params[node.name]
-        elif node.op == "const":
-            vals[node.id] = np.asarray(node.attrs["value"], np.float64)
-        else:
-            vals[node.id] = get_op(node.op).forward([vals[i] for i in node.inputs], node.attrs)
-    return float(vals[graph.loss])
 
 
 def test_numpy_gradients_match_float64_finite_differences():
