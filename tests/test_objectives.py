@@ -319,12 +319,18 @@ def test_a_checkpoint_keeps_every_objectives_optimizer_state(tmp_path):
         np.testing.assert_allclose(second.params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_train_in_mixed_logs_and_resumes_each_objectives_loss_scale(tmp_path):
+def gan_on_disk(tmp_path, text=GAN, x_mean=0.0, x_std=1.0):
+    """The tiny GAN's file and its npz data (40 rows of x and of z) in tmp_path: the file's path."""
     path = tmp_path / "tiny_gan.flow"
-    path.write_text(GAN)
+    path.write_text(text)
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 3)).astype(np.float32),
+    np.savez(tmp_path / "data.npz", x=rng.normal(x_mean, x_std, (40, 3)).astype(np.float32),
              z=rng.normal(size=(40, 2)).astype(np.float32))
+    return path
+
+
+def test_train_in_mixed_logs_and_resumes_each_objectives_loss_scale(tmp_path):
+    path = gan_on_disk(tmp_path)
     fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", steps=2, progress=False)
     res = fg.train(fg.load(path), device="cpu", dtype="mixed", out=tmp_path / "part", resume=True, progress=False)
     assert [s.state()["good_steps"] for s in res.session.loss_scalers] == [4, 4]   # 2 before the resume, 2 after
@@ -339,12 +345,9 @@ def test_a_resume_in_mixed_goes_on_from_each_objectives_update_count(tmp_path):
     step 3, one at step 6) than the discriminator's. A resume took the first
     objective's count for both: at step 3 it wanted Adam state the generator
     never had, at step 6 its bias correction went on from 6 updates, not 1."""
-    path = tmp_path / "tiny_gan.flow"
-    path.write_text(GAN.replace("g_loss = bce_with_logits(gen_s, ones)", "g_loss = bce_with_logits(gen_s, ones) * 100.0")
-                    .replace("sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"))
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(1.0, 0.5, (40, 3)).astype(np.float32),
-             z=rng.normal(size=(40, 2)).astype(np.float32))
+    path = gan_on_disk(tmp_path, GAN.replace("g_loss = bce_with_logits(gen_s, ones)",
+                                              "g_loss = bce_with_logits(gen_s, ones) * 100.0")
+                       .replace("sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"), x_mean=1.0, x_std=0.5)
     straight = fg.train(fg.load(path), device="cpu", dtype="mixed", steps=8, progress=False)
     assert [h["skipped_steps_by_objective"]["g_loss"] for h in straight.history][2:6] == [3, 4, 5, 5]
     for steps in (3, 6, 8):
@@ -357,11 +360,7 @@ def test_a_resume_in_mixed_goes_on_from_each_objectives_update_count(tmp_path):
 
 
 def test_train_resumes_each_objective_and_logs_each_loss(tmp_path):
-    path = tmp_path / "tiny_gan.flow"
-    path.write_text(GAN)
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(size=(40, 3)).astype(np.float32),
-             z=rng.normal(size=(40, 2)).astype(np.float32))
+    path = gan_on_disk(tmp_path)
     whole = fg.train(fg.load(path), device="cpu", out=tmp_path / "whole", progress=False)
     fg.train(fg.load(path), device="cpu", out=tmp_path / "part", steps=2, progress=False)
     resumed = fg.train(fg.load(path), device="cpu", out=tmp_path / "part", resume=True, progress=False)
