@@ -20,7 +20,6 @@ dq, the other (a workgroup per key tile) dk and dv. Each gradient goes to
 its own view, whatever offset the executor gave it inside a shared buffer."""
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 
@@ -30,7 +29,7 @@ from flowgrad.exec_vulkan.attention_builds import (
     CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows, cm2_shared_bytes, coop_name,
     coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 __all__ = ["ATTENTION", "TILES", "HEAD_BOUNDS", "SHARED_LIMIT", "shared_bytes", "shader_builds", "coop_kernels",
@@ -42,31 +41,21 @@ _COOP: contextvars.ContextVar = contextvars.ContextVar("attention_coop", default
 _CM2: contextvars.ContextVar = contextvars.ContextVar("attention_cm2", default=None)
 
 
-@contextlib.contextmanager
 def forced_coop(on: bool):
     """Within the block f16 attention runs on the cooperative-matrix kernels
     (on=True: an error where the device has none of their builds) or on the
     scalar ones (on=False); outside it, on cooperative matrices wherever the
     device takes a build."""
-    token = _COOP.set(on)
-    try:
-        yield
-    finally:
-        _COOP.reset(token)
+    return holding(_COOP, on)
 
 
-@contextlib.contextmanager
 def forced_cm2(on: bool):
     """Within the block the cooperative-matrix attention kernels that have an
     attn_cm2 build run on it (on=True: an error where the device lacks
     VK_NV_cooperative_matrix2's reductions and conversions) or on their
     VK_KHR_cooperative_matrix build (on=False); outside it, on attn_cm2
     wherever the device offers those."""
-    token = _CM2.set(on)
-    try:
-        yield
-    finally:
-        _CM2.reset(token)
+    return holding(_CM2, on)
 
 
 def _uses_cm2(caps: DeviceCaps, kernel: str) -> bool:

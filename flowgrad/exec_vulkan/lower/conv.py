@@ -16,7 +16,6 @@ matmul does (matmul_kernels.split_count): each chunk writes a partial
 gradient into scratch, and one sum adds them."""
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 
@@ -26,7 +25,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
@@ -43,17 +42,12 @@ DEFAULT_COOP = "conv_coop_64x64"
 _COOP = contextvars.ContextVar("conv_coop_build", default=DEFAULT_COOP)
 
 
-@contextlib.contextmanager
 def coop_build(name: str):
     """Within the block f16 convolutions on cooperative matrices use this build
     (benchmarks and tests reach each one this way)."""
     if name not in COOP_BUILDS:
         raise DeviceError(f"no cooperative-matrix conv build {name!r}; the builds are {sorted(COOP_BUILDS)}")
-    token = _COOP.set(name)
-    try:
-        yield
-    finally:
-        _COOP.reset(token)
+    return holding(_COOP, name)
 
 
 def _up(v: int, q: int) -> int:

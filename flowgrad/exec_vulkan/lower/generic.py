@@ -8,6 +8,8 @@ element offsets in push constants (a descriptor offset has alignment rules a
 window inside a tensor rarely meets)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 from flowgrad.dtypes import ITEMSIZE
@@ -83,3 +85,14 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
     push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
     dispatch_1d(rec, "strided_copy", [src, dst], push, n, src.dtype)
+
+
+@contextlib.contextmanager
+def holding(var: contextvars.ContextVar, value):
+    """Within the block `var` holds `value`: a kernel choice that tests and
+    benchmarks force, as each module's `forced...` says."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)

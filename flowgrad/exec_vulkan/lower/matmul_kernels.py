@@ -21,7 +21,6 @@ alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8 (8x8x8 products) is
 for tests and benches to force where only those are offered."""
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import math
 
@@ -30,6 +29,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan import matmul_cm2
+from flowgrad.exec_vulkan.lower.generic import holding
 
 
 @attrs.frozen
@@ -140,15 +140,10 @@ class Choice:
 _FORCED: contextvars.ContextVar = contextvars.ContextVar("matmul_forced", default=None)
 
 
-@contextlib.contextmanager
 def forced(shader: str | None = None, chunks: int | None = None):
     """Within the block every GEMM uses this tile shader and/or split count
     (benchmarks and tests reach each variant this way)."""
-    token = _FORCED.set((shader, chunks))
-    try:
-        yield
-    finally:
-        _FORCED.reset(token)
+    return holding(_FORCED, (shader, chunks))
 
 
 def device_family(caps: DeviceCaps) -> str:
