@@ -12,6 +12,7 @@ import warnings
 import attrs
 import numpy as np
 
+from flowgrad.binder import did_you_mean
 from flowgrad.dtypes import COMPILE_DTYPES
 from flowgrad.errors import FlowError, FlowWarning, GraphPathRefused
 from flowgrad.feeds import check_feeds, index_uses, typed_array
@@ -216,7 +217,8 @@ class Session:
 
     @_one_at_a_time
     def step(self, feeds: dict[str, np.ndarray], grads: bool = True, optimizer=None,
-             grad_inputs: bool = False, train: bool | None = None, on_grad_final=None) -> StepResult:
+             grad_inputs: bool = False, train: bool | None = None, on_grad_final=None,
+             outputs=None) -> StepResult:
         """Forward (and backward, and an optimizer update when given).
 
         feeds: the model's batch, or fewer rows (a custom loop's short last
@@ -236,7 +238,12 @@ class Session:
         soon as its gradient is final: during the backward on closures (in
         reverse topological order; grad is None for a param no gradient
         reaches), after the step on the graph path. Data-parallel training
-        starts each all-reduce bucket from it."""
+        starts each all-reduce bucket from it.
+
+        outputs: the names of the outputs the result holds (default: all). On
+        the graph path only those are copied back to the host: a training
+        loop that reads only the loss passes outputs=() and saves the copy of
+        the logits (at GPT-2's size, 0.8 GB a step)."""
         for name, value, allowed in (("grads", grads, (bool,)), ("grad_inputs", grad_inputs, (bool,)),
                                      ("train", train, (bool, type(None)))):
             if not isinstance(value, allowed + (np.bool_,)):
@@ -246,6 +253,7 @@ class Session:
                             "differentiate; add `minimize <scalar>` or call step(..., grads=False)")
         if optimizer is not None:
             self._check_optimizer(optimizer)
+        outputs = self._check_outputs(outputs)
         self._warn_fallback()
         if optimizer is not None:
             self.optimizer = optimizer
@@ -254,9 +262,13 @@ class Session:
         if sized is not None:
             return self._step_on(sized, feeds, training, dict(grads=grads, optimizer=optimizer,
                                                                grad_inputs=grad_inputs, train=train,
-                                                               on_grad_final=on_grad_final))
+                                                               on_grad_final=on_grad_final, outputs=outputs))
         feeds = self.runner_feeds(feeds, training)
-        outputs, losses, out_grads = self._step_objectives(feeds, grads, optimizer, grad_inputs, on_grad_final)
+        wanted = outputs
+        if outputs is not None and not (grads or optimizer is not None):   # the other objectives' losses
+            wanted = tuple(outputs) + tuple(objective_names(self.graph)[1:])
+        got, losses, out_grads = self._step_objectives(feeds, grads, optimizer, grad_inputs, on_grad_final, wanted)
+        outputs = {k: v for k, v in got.items() if outputs is None or k in outputs}
         self.steps += bool(grads or optimizer is not None)
         losses = {name: float(v) for name, v in losses.items() if name is not None and v is not None}
         loss = next(iter(losses.values()), None)
@@ -264,7 +276,7 @@ class Session:
         return StepResult({k: np.asarray(v) for k, v in outputs.items()},
                           {k: np.asarray(v) for k, v in out_grads.items()}, loss, losses)
 
-    def _step_objectives(self, feeds, grads, optimizer, grad_inputs, on_grad_final):
+    def _step_objectives(self, feeds, grads, optimizer, grad_inputs, on_grad_final, outputs=None):
         """Each objective's step, in file order, each from the params the one
         before left: (the first's outputs, {objective: its loss}, each param's
         gradient from the first objective that takes it). A step without
@@ -277,9 +289,11 @@ class Session:
         if learn and not check and isinstance(self.runner, ObjectiveRunners):
             # the graph path runs them all in one submission. A checked step runs each on its own: the
             # node that made a non-finite value is found from the params its objective started from
-            results = self.runner.step_together(feeds, grads, optimizers, grad_inputs, _hook(on_grad_final))
+            results = self.runner.step_together(feeds, grads, optimizers, grad_inputs,
+                                                {**_hook(on_grad_final), "outputs": outputs})
         if results is None:
-            results = self._each_objective(parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check)
+            results = self._each_objective(parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check,
+                                           outputs)
         outputs, losses, out_grads = results[0][0], {}, {}
         for (name, _graph, _runner), (_out, loss, got) in zip(parts, results):
             losses[name] = loss
@@ -289,7 +303,8 @@ class Session:
             losses.update({name: outputs.get(name) for name in objective_names(self.graph)[1:]})
         return outputs, losses, out_grads
 
-    def _each_objective(self, parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check) -> list[tuple]:
+    def _each_objective(self, parts, optimizers, feeds, grads, grad_inputs, on_grad_final, check,
+                        outputs=None) -> list[tuple]:
         """[(outputs, loss, gradients)] of each objective's step, one after the other."""
         start = (self.runner.get_params(), self.runner.get_opt_state()) if check else None
         results = []
@@ -300,7 +315,7 @@ class Session:
                                                   start, before))
             else:
                 results.append(runner.step(feeds, grads=grads, optimizer=opt, grad_inputs=grad_inputs,
-                                           **_hook(on_grad_final)))
+                                           outputs=outputs if k == 0 else (), **_hook(on_grad_final)))
         return results
 
     def _session_for_rows(self, feeds):
@@ -374,6 +389,20 @@ class Session:
             if not any(o is one for o in self._optimizers_checked):
                 one.check_params(declared_params(self.graph), self.graph.name)
                 self._optimizers_checked.append(one)
+
+    def _check_outputs(self, outputs) -> tuple | None:
+        """step's outputs= as a tuple of the model's output names (None: all)."""
+        if outputs is None:
+            return None
+        names = tuple(outputs) if isinstance(outputs, (list, tuple, set, frozenset)) else None
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise FlowError(f"step(): outputs must be a list of output names (or None for all), got {outputs!r}")
+        for name in names:
+            if name not in self.graph.outputs:
+                raise FlowError(f"step(): {name!r} is not an output of {self.graph.name} "
+                                f"(outputs: {', '.join(self.graph.outputs) or 'none'})",
+                                hint=did_you_mean(name, self.graph.outputs))
+        return names
 
     def _checked_step(self, graph, runner, feeds, grads, optimizer, grad_inputs, on_grad_final, start, before):
         """One objective's step, its loss and gradients read back and checked; on a

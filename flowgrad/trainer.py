@@ -279,7 +279,7 @@ def _run(sess, ts, out, resume, overwrite, progress, callback, world=None, check
                 in_step = True
                 losses = None
                 if world is None:
-                    res = sess.step(feeds, grads=False, optimizer=ts.optimizer)
+                    res = sess.step(feeds, grads=False, optimizer=ts.optimizer, outputs=())
                     loss, losses = res.loss, res.losses if several(graph) else None
                 else:  # the ranks agree on stopping (any rank's Ctrl-C), so all stop after the same step
                     loss, stopping, losses = world.step(sess, feeds, ts.optimizer, stop["stop"], step + 1)

@@ -12,6 +12,7 @@ from flowgrad.api import model_file
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.buffers import BufView
 from flowgrad.exec_vulkan.upload import FeedWriter
+from flowgrad.training.optim import Adam
 
 CONFIG = {"inputs": 6, "hidden": 8, "classes": 3, "batch": 4}
 
@@ -200,3 +201,48 @@ def test_largest_index_is_below_n_exactly_when_all_are_indices(values, n, fits):
     from flowgrad.feeds import largest_index
 
     assert bool(largest_index(values) < n) == fits
+
+
+@pytest.mark.parametrize("backward", ["graph", "closures"])
+def test_a_step_reads_back_only_the_outputs_asked_for(vk_device, backward):
+    s = fg.load("mlp", CONFIG).compile(device="vulkan", backward=backward)
+    assert s.last_path.startswith(backward)
+    twin = fg.load("mlp", CONFIG).compile(device="vulkan", backward=backward)
+    try:
+        opt, opt2 = Adam(lr=1e-2), Adam(lr=1e-2)
+        reads = []
+        for _ in range(2):
+            downloads = vk_device.stats["downloads"]
+            full = twin.step(feeds(), grads=False, optimizer=opt2)
+            reads.append(vk_device.stats["downloads"] - downloads)
+            bare = s.step(feeds(), grads=False, optimizer=opt, outputs=())
+            reads.append(vk_device.stats["downloads"] - downloads - reads[-1])
+            assert bare.outputs == {} and bare.loss == full.loss
+        if backward == "graph":   # after the first steps: the logits and the loss, the loss alone
+            assert reads[2:] == [3, 1]
+        np.testing.assert_array_equal(s.params["w1"], twin.params["w1"])
+        named = s.step(feeds(1), grads=False, outputs=["logits"])
+        np.testing.assert_array_equal(named.outputs["logits"], twin.step(feeds(1), grads=False).outputs["logits"])
+    finally:
+        s.close()
+        twin.close()
+
+
+def test_programs_that_read_back_different_outputs_share_the_steps_buffers(vk_device):
+    s = fg.load("mlp", {**CONFIG, "batch": 64}).compile(device="vulkan", backward="graph")
+    try:
+        x = {"x": np.ones((64, 6), np.float32), "y": np.zeros(64, np.int32)}
+        s.step(x, outputs=())
+        live = vk_device.live_bytes
+        s.step(x)   # a second program of the same kind: its own command buffer and staging, not its own values
+        plan = s.plan.step_for(True, False).memory.total_bytes
+        assert vk_device.live_bytes - live < plan
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("bad, message", [("logits", "must be a list of output names"),
+                                          (["logit"], "'logit' is not an output of mlp")])
+def test_a_bad_outputs_argument_names_what_is_wrong(sess, bad, message):
+    with pytest.raises(FlowError, match=message):
+        sess.step(feeds(), outputs=bad)

@@ -101,7 +101,8 @@ def flowgrad_sections(profile, nodes) -> list[tuple]:
 def flowgrad_families(sess, feeds, optimizer, steps: int = PROFILED_STEPS) -> dict:
     """The graph path's training step (with `optimizer`, as timed), profiled section by section."""
     runner = sess.runner
-    profile = runner.profile(sess.runner_feeds(feeds, True), steps, grads=False, optimizer=optimizer, nodes=True)
+    profile = runner.profile(sess.runner_feeds(feeds, True), steps, grads=False, optimizer=optimizer, nodes=True,
+                             outputs=())
     # the profile holds each section's median already: one step's worth
     return {**group(flowgrad_sections(profile, runner.graph.nodes)), "timer": runner.timer, "steps": steps}
 

@@ -176,9 +176,11 @@ class ClosureSession:
         self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"
         self._updated_names = None
 
-    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
+    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None,
+             outputs=None):
         """on_grad_final(name, grad): see session.Session.step; here it is called
-        during the backward, as each param's gradient becomes final."""
+        during the backward, as each param's gradient becomes final. outputs: every
+        output is on the host here, whichever are asked for."""
         # A diverging run overflows in op after op: numpy would print a
         # RuntimeWarning (file and source line) for each, ahead of the one clear
         # error the training loop or check_finite gives for the non-finite loss.

@@ -46,6 +46,7 @@ class GraphSession:
         self.plan, self.device = plan, device
         self.scaler = scaler   # a loss_scale.LossScaler under dtype="mixed"
         self.programs: dict[tuple, StepProgram] = {}
+        self.shared: dict[tuple, dict] = {}        # (backward, grad_inputs) -> the memory plan's buffers
         self.opt_state: dict[int, dict] = {}       # id(optimizer) -> {param: {name: Buffer}}
         self.host_opt_state: dict = {}             # for an optimizer without a graph-path `record`
         self.counts = Counts()
@@ -169,25 +170,32 @@ class GraphSession:
 
     # -- the step
 
-    def _program(self, want_grads, grad_inputs, optimizer) -> StepProgram:
+    def _program(self, want_grads, grad_inputs, optimizer, outputs=None) -> StepProgram:
         on_device = optimizer if optimizer is not None and update_record(optimizer) is not None else None
+        reads = None if outputs is None else tuple(n for n in self.graph.outputs if n in outputs)
         key = (bool(want_grads or (optimizer is not None and on_device is None)), bool(grad_inputs),
-               None if on_device is None else id(on_device))
+               None if on_device is None else id(on_device), reads)
         if key not in self.programs:
-            self.programs[key] = StepProgram(self, key[0], key[1], on_device)
+            self.programs[key] = StepProgram(self, key[0], key[1], on_device, reads)
         return self.programs[key]
 
-    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None):
-        """on_grad_final(name, grad): see session.Session.step; the backward is one
-        submit, so every gradient is final when the step's results are read back."""
-        prog, feeds, hyper = self.prepare(feeds, grads, optimizer, grad_inputs)
-        got = prog.run(feeds, hyper)   # an index out of range raises: nothing is counted
-        return self.finish(got, grads, optimizer, grad_inputs, on_grad_final)
+    def plan_buffers(self, backward: bool, grad_inputs: bool) -> dict:
+        """{memory plan buffer index: Buffer} of one kind of step, for every program of it."""
+        return self.shared.setdefault((backward, grad_inputs), {})
 
-    def prepare(self, feeds, grads: bool, optimizer, grad_inputs: bool):
+    def step(self, feeds, grads: bool = True, optimizer=None, grad_inputs: bool = False, on_grad_final=None,
+             outputs=None):
+        """on_grad_final(name, grad): see session.Session.step; the backward is one
+        submit, so every gradient is final when the step's results are read back.
+        outputs: the names of the outputs to read back (None: all)."""
+        prog, feeds, hyper = self.prepare(feeds, grads, optimizer, grad_inputs, outputs)
+        got = prog.run(feeds, hyper)   # an index out of range raises: nothing is counted
+        return self.finish(got, grads, optimizer, grad_inputs, on_grad_final, outputs)
+
+    def prepare(self, feeds, grads: bool, optimizer, grad_inputs: bool, outputs=None):
         """(the program a step of this kind runs, its feeds, its hyper words):
         what StepProgram.run, or run_together with other objectives', takes."""
-        prog = self._program(grads, grad_inputs, optimizer)
+        prog = self._program(grads, grad_inputs, optimizer, outputs)
         if optimizer is not None:
             self.last_opt_key = id(optimizer) if prog.optimizer is not None else "host"
         hyper = self._hyper(optimizer) if prog.optimizer is not None else None
@@ -195,18 +203,18 @@ class GraphSession:
 
     def host_updates(self, grads: bool, optimizer, grad_inputs: bool) -> bool:
         """Whether a step of this kind updates the params on the host, after its read-back."""
-        return optimizer is not None and self._program(grads, grad_inputs, optimizer).optimizer is None
+        return optimizer is not None and update_record(optimizer) is None
 
-    def finish(self, got: dict, grads: bool, optimizer, grad_inputs: bool, on_grad_final=None):
+    def finish(self, got: dict, grads: bool, optimizer, grad_inputs: bool, on_grad_final=None, outputs=None):
         """The step's (outputs, loss, gradients) from its program's read-back
         `got`; a host update, the counts and the loss scale move here."""
         g = self.graph
-        prog = self._program(grads, grad_inputs, optimizer)
+        on_host = self.host_updates(grads, optimizer, grad_inputs)
         found_inf = bool(got["@found_inf"][0]) if "@found_inf" in got else False   # the device skipped the update
-        outputs = {name: got[name] for name in g.outputs}
+        outputs = {name: got[name] for name in g.outputs if name in got}
         loss = got.get("@loss")
         out_grads = {}
-        if grads or (optimizer is not None and prog.optimizer is None):
+        if grads or on_host:
             for name, key in self._grad_keys:
                 grad = got.get(key)
                 if grad is None:   # a param the loss does not reach
@@ -219,7 +227,7 @@ class GraphSession:
             for name, _key in self._grad_keys:
                 on_grad_final(name, out_grads[name])
         if optimizer is not None:
-            if prog.optimizer is None and not found_inf:
+            if on_host and not found_inf:
                 self._host_update(optimizer, out_grads)
             self._count(found_inf)
         if not grads:
@@ -330,15 +338,16 @@ class GraphSession:
         return "gpu timestamps" if self.device.info.timestamps else "wall clock per section"
 
     def profile(self, feeds, steps: int = 3, grads: bool = True, optimizer=None,
-                timer: str | None = None, nodes: bool = False) -> list[tuple]:
+                timer: str | None = None, nodes: bool = False, outputs=None) -> list[tuple]:
         """[(node label, direction, seconds)], one entry per recorded section
         in step order (medians over `steps` runs): GPU timestamps where the
         device has them, else (or with timer="wall") wall time of each section
         submitted alone. Directions: forward, backward, optimizer, and transfer
         (feeds in, read-back). With an optimizer, each profiled step updates the params too.
         nodes=True adds each section's node id in self.graph (None for a transfer, the
-        optimizer or the loss scale): labels alone do not tell a rebound name's nodes apart."""
-        prog = self._program(grads, False, optimizer)
+        optimizer or the loss scale): labels alone do not tell a rebound name's nodes apart.
+        outputs: as step's."""
+        prog = self._program(grads, False, optimizer, outputs)
         hyper = None if prog.optimizer is None else self._hyper(optimizer)
         feeds = self._feeds(feeds, prog)
         if (timer or ("gpu" if self.device.info.timestamps else "wall")) == "gpu":
@@ -354,6 +363,10 @@ class GraphSession:
         for prog in self.programs.values():
             prog.free()
         self.programs.clear()
+        for bufs in self.shared.values():
+            for buf in bufs.values():
+                buf.free()
+        self.shared.clear()
         for key, buf in self.leaves.items():
             if key not in self.borrowed:
                 buf.free()
@@ -366,7 +379,7 @@ class GraphSession:
 
 
 def step_together(sessions: list[GraphSession], feeds, grads: bool, optimizers: list, grad_inputs: bool,
-                  on_grad_final=None) -> list[tuple] | None:
+                  on_grad_final=None, outputs=None) -> list[tuple] | None:
     """The steps of a model's objectives (each session's, in order, over the
     first's params) in one submission: their command buffers in one batch,
     each seeing what the ones before it wrote (see submit.Submission), so
@@ -374,8 +387,10 @@ def step_together(sessions: list[GraphSession], feeds, grads: bool, optimizers: 
     them. [(outputs, loss, gradients)] of each, or None where a step needs
     the host between two of them: an update on the host (an optimizer without
     a graph-path record) before the last, or index checks, whose flags the
-    host reads before the update may run (program.split_update)."""
-    runs = [s.prepare(feeds, grads, opt, grad_inputs) for s, opt in zip(sessions, optimizers)]
+    host reads before the update may run (program.split_update). outputs:
+    the first objective's outputs to read back (None: all); the others read none."""
+    reads = [outputs] + [()] * (len(sessions) - 1)
+    runs = [s.prepare(feeds, grads, opt, grad_inputs, r) for s, opt, r in zip(sessions, optimizers, reads)]
     if any(prog.update_submission is not None for prog, _f, _h in runs) or any(
             s.host_updates(grads, opt, grad_inputs) for s, opt in zip(sessions[:-1], optimizers[:-1])):
         return None
@@ -386,5 +401,5 @@ def step_together(sessions: list[GraphSession], feeds, grads: bool, optimizers: 
             together.clear()
         together[cmds] = Submission(*cmds)
     gots = run_together(sessions[0].device, runs, together[cmds])
-    return [s.finish(got, grads, opt, grad_inputs, on_grad_final)
-            for s, opt, got in zip(sessions, optimizers, gots)]
+    return [s.finish(got, grads, opt, grad_inputs, on_grad_final, r)
+            for s, opt, got, r in zip(sessions, optimizers, gots, reads)]

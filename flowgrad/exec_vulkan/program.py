@@ -183,11 +183,14 @@ def _lowering_errors(node, direction):
 class StepLayout:
     """The buffers and I/O of one step program, over real or fake buffers."""
 
-    def __init__(self, step, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging, scaled=False):
+    def __init__(self, step, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, staging, scaled=False,
+                 outputs=None, plan_buffer=None):
         """step: the StepPlan recorded. scaled: the backward starts from a
         loss scale the host uploads (into the seed leaf: [scale, 1/scale]),
         and the gradients are unscaled and checked for overflow on the device
-        (`found`)."""
+        (`found`). outputs: the names of the model's outputs read back (None: all).
+        plan_buffer(pb): the buffer that holds the memory plan's buffer pb, where
+        not make_buffer's own."""
         graph = step.graph
         self.graph, self.mem = graph, step.memory
         mem = self.mem
@@ -199,7 +202,8 @@ class StepLayout:
             if pb.kind in ("param", "const", "seed"):
                 self.buffers.append(leaf_buffer(pb))
             else:
-                self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}"))
+                self.buffers.append(make_buffer(pb.nbytes, f"buffer{pb.index}") if plan_buffer is None
+                                    else plan_buffer(pb))
         self.io = StepIO()
         up, down = staging
         self.io.down_staging = down
@@ -220,7 +224,8 @@ class StepLayout:
             self.io.uploads.append(("@scale", self.io.upload_region(up, (2,), "f32"), self.scale))
             self.found = BufView(make_buffer(4, "found-inf"), 0, (1,), "f32")
         for name, i in graph.outputs.items():
-            self._download(name, ("val", i), down)
+            if outputs is None or name in outputs:
+                self._download(name, ("val", i), down)
         if graph.loss is not None and ("val", graph.loss) in mem.slots:
             self._download("@loss", ("val", graph.loss), down)
         if want_grads:
@@ -263,7 +268,10 @@ class StepLayout:
 class StepProgram:
     """One recorded step (for one mode) and the device objects it owns."""
 
-    def __init__(self, sess, want_grads: bool, grad_inputs: bool, optimizer):
+    def __init__(self, sess, want_grads: bool, grad_inputs: bool, optimizer, outputs=None):
+        """outputs: the model's outputs read back (None: all). Programs of one
+        kind of step that read back different outputs share the memory plan's
+        buffers (sess.plan_buffers): a step's values live within the step."""
         device, graph = sess.device, sess.graph
         self.device = device
         self.optimizer = optimizer
@@ -276,6 +284,13 @@ class StepProgram:
             buf = device.buffer(nbytes, "device")
             owned.append(buf)
             return buf
+
+        shared = sess.plan_buffers(backward, grad_inputs)
+
+        def plan_buffer(pb):
+            if pb.index not in shared:
+                shared[pb.index] = device.buffer(pb.nbytes, "device")
+            return shared[pb.index]
 
         consts = {}   # the step's own constants (its backward's), uploaded with the program
 
@@ -290,7 +305,7 @@ class StepProgram:
         up, down = LazyStaging(device, "upload"), LazyStaging(device, "download")
         scaled = backward and getattr(sess, "scaler", None) is not None
         self.layout = StepLayout(step, make_buffer, leaf_buffer, want_grads, grad_inputs, optimizer, (up, down),
-                                 scaled)
+                                 scaled, outputs, plan_buffer)
         # a constant of one value is filled in by the step (no transfer of its own), any other uploaded once
         fills, uploads = [], []
         for buf, node in consts.values():

@@ -278,9 +278,9 @@ class World:
         objective): gradients, averaged, then its update."""
         buckets = self.buckets(graph)
         if runner is sess.runner:
-            loss = sess.step(feeds, grads=True, on_grad_final=buckets.final).loss
+            loss = sess.step(feeds, grads=True, on_grad_final=buckets.final, outputs=()).loss
         else:
-            _outputs, loss, _grads = runner.step(feeds, grads=True, on_grad_final=buckets.final)
+            _outputs, loss, _grads = runner.step(feeds, grads=True, on_grad_final=buckets.final, outputs=())
         state = sess.graph.states().keys()
         grads, loss, stop, means = self.finish(buckets, float(loss), stop, step,
                                                sess.runner.get_params(sorted(state)) if state else None)
