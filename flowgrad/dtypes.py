@@ -59,6 +59,22 @@ def round_bf16(x) -> np.ndarray:
     return bf16_from_bits(bf16_bits(a)).reshape(a.shape)
 
 
+DEVICE_NUMPY = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bf16": np.uint16}   # what a device stores
+
+
+def device_array(x, dtype: str) -> np.ndarray:
+    """x as the C-ordered array a device stores for `dtype` (bf16: its bits), shape kept."""
+    shape = np.shape(x)
+    if dtype == "bf16":
+        return bf16_bits(round_bf16(x)).reshape(shape)
+    return np.ascontiguousarray(x, dtype=NUMPY_DTYPE[dtype]).reshape(shape)
+
+
+def host_array(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """What a device stored for `dtype` (an array of DEVICE_NUMPY[dtype]) as the host's array."""
+    return bf16_from_bits(stored).reshape(stored.shape) if dtype == "bf16" else stored
+
+
 def as_dtype(x, dtype: str) -> np.ndarray:
     """x as the host array of `dtype` (bf16: float32 holding bf16's values)."""
     return round_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=NUMPY_DTYPE[dtype])

@@ -5,8 +5,11 @@
     python scripts/build_shaders.py NAME ...   # only these shaders
     python scripts/build_shaders.py --check    # exit 1 if a shipped .spv is stale or missing
 
-A first line `// variants: f32 f16` also builds <name>.f16.spv with -DF16=1
-(no variants line: f32 only). Shaders built from one GLSL body with several
+A first line `// variants: f32 f16 bf16` also builds <name>.f16.spv with -DF16=1
+and <name>.bf16.spv with -DBF16=1 (no variants line: f32 only); each bf16
+build is also compiled with -DBF16_LINT=1 (common.glsl makes T a struct there),
+so a shader that converts bf16's bits by float(x) or T(x) instead of LOAD and
+STORE fails the build. Shaders built from one GLSL body with several
 sets of defines (the attention kernels, one build per tile configuration)
 come from a table of variants the lowering that dispatches them owns
 (`tables()` below): each entry is an output stem, its .glsl body and defines.
@@ -33,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHADER_DIR = ROOT / "flowgrad" / "exec_vulkan" / "shaders"
 SPV_DIR = SHADER_DIR / "spv"
 GLSLC_FLAGS = ["--target-env=vulkan1.1", "-O"]
-KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
+KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"], "bf16": ["-DBF16=1"]}
+LINT_FLAGS = ["-DBF16_LINT=1"]   # bf16 builds compile once more with T a struct: a cast of T fails
 
 
 class BuildError(Exception):
@@ -49,7 +53,8 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     out = {}
     for stem, (body, defines) in attention_builds.shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
-        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
+        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"],
+                                         f"{stem}.bf16.spv": flags + ["-DBF16=1"]})
     for stem, (body, defines) in {**attention_builds.coop_builds(), **attention_builds.cm2_builds(),
                                   **matmul_cm2.builds(), **matmul_coop.builds()}.items():   # f16 only
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
@@ -166,6 +171,9 @@ def build(names: list[str]) -> list[Path]:
         for spv, flags in outs.items():
             compile_one(src, flags, SPV_DIR / spv)
             built.append(SPV_DIR / spv)
+            if "-DBF16=1" in flags:
+                with tempfile.TemporaryDirectory() as tmp:
+                    compile_one(src, flags + LINT_FLAGS, Path(tmp) / spv)
     problems = push_problems(built)
     if problems:
         raise BuildError("push constants disagree with their specs:\n  " + "\n  ".join(problems))

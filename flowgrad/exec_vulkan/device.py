@@ -263,6 +263,8 @@ class Device:
         spec = shader_info(shader, variant)
         if variant == "f16" and not self.info.f16:
             raise DeviceError(f"{self.info.name} has no 16-bit storage / float16 support for shader {spec.name}")
+        if variant == "bf16" and not self.info.storage16:
+            raise DeviceError(f"{self.info.name} has no 16-bit storage (storageBuffer16BitAccess) for shader {spec.name}")
         set_layout, layout = self.set_layout(spec.bindings)
         code = spec.code
         module_info = vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)

@@ -40,7 +40,9 @@ def promotion(node: Node, in_dtypes) -> dict | None:
     low = lowering_for(node.op)
     if low is None:
         return None
-    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes)
+    # a closure's bf16 values are f32 arrays on the host (flowgrad.dtypes): its ops run in f32, and
+    # VulkanKernels.forward rounds the result once, as numpy's closures do
+    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes - {"bf16"})
 
 
 @attrs.frozen

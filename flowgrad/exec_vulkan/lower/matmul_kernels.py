@@ -26,6 +26,7 @@ import math
 
 import attrs
 
+from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan import matmul_cm2
@@ -39,7 +40,7 @@ class Tile:
     bn: int
     bk: int
     coop: bool = False  # cooperative matrices, f16 only
-    f16: bool = False   # has an f16-storage build
+    f16: bool = False   # has 16-bit storage builds (f16 and bf16)
     cm2: bool = False   # workgroup-scope cooperative matrices: one build per operand layout (matmul_cm2.py)
     invocations: int = 0
     fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
@@ -218,8 +219,8 @@ def _tile(shader: str) -> Tile:
 
 
 def _check_forced(caps: DeviceCaps, tile: Tile, dtype: str, m: int, n: int, k: int, coop_aligned: bool) -> None:
-    if dtype == "f16" and not (tile.coop or tile.f16):
-        raise DeviceError(f"{tile.shader} has no f16 build (f16 GEMMs use {F16_TILE}, matmul_coop or matmul_cm2)")
+    if dtype in HALF_DTYPES and not (tile.coop or tile.f16):
+        raise DeviceError(f"{tile.shader} has no {dtype} build ({dtype} GEMMs use {F16_TILE}, or cooperative matrices)")
     if tile.cm2:
         if dtype != "f16":
             raise DeviceError(f"{tile.shader} takes f16 GEMMs only, not {dtype}")
@@ -253,7 +254,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
             else cm2
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps)
-    elif dtype == "f16":
+    elif dtype in HALF_DTYPES:
         tile = TILES[F16_TILE]
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
