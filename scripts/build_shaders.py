@@ -21,7 +21,13 @@ Python table) are written first and checked by --check. Needs Debian's `glslc`;
 a source whose first line is `// compiler: glslc-2025` (GL_NV_cooperative_matrix2)
 is compiled by a glslc of shaderc 2025.2 or newer instead, for Vulkan 1.3:
 $FLOWGRAD_GLSLC_2025, else Debian trixie's, which scripts/fetch_glslc.sh (run by
-`./dev.sh test`) unpacks into ~/.cache/flowgrad/glslc-trixie."""
+`./dev.sh test`) unpacks into ~/.cache/flowgrad/glslc-trixie. A first line
+`// compiler: glslc-bf16` (GL_EXT_bfloat16) takes a glslc of shaderc 2026.4
+(glslang 16.4) exactly, the version the shipped SPIR-V was built with (trixie's
+is too old, and trixie-backports has none): $FLOWGRAD_GLSLC_BF16, else Debian
+sid's, which `scripts/fetch_glslc.sh sid` unpacks into ~/.cache/flowgrad/glslc-sid.
+A compiler of another version is refused by name, since its SPIR-V would differ
+from the shipped files for that reason alone."""
 from __future__ import annotations
 
 import argparse
@@ -56,7 +62,8 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"],
                                          f"{stem}.bf16.spv": flags + ["-DBF16=1"]})
     for stem, (body, defines) in {**attention_builds.coop_builds(), **attention_builds.cm2_builds(),
-                                  **matmul_cm2.builds(), **matmul_coop.builds()}.items():   # f16 only
+                                  **matmul_cm2.builds(), **matmul_coop.builds(),
+                                  **matmul_coop.bf16_builds()}.items():   # one dtype each
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 
@@ -126,10 +133,51 @@ def needs_new_glslc(source: Path) -> bool:
     return bool(first) and first[0].strip().startswith(f"// compiler: {NEW_GLSLC}")
 
 
+BF16_GLSLC = "glslc-bf16"
+BF16_GLSLC_VERSION = "shaderc 2026.4-1"   # Debian sid's, pinned: the shipped bf16 SPIR-V is its output
+SID_ROOT = Path(os.environ.get("FLOWGRAD_GLSLC_SID_ROOT")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowgrad" / "glslc-sid")
+
+
+def needs_bf16_glslc(source: Path) -> bool:
+    first = source.read_text().splitlines()[:1]
+    return bool(first) and first[0].strip().startswith(f"// compiler: {BF16_GLSLC}")
+
+
+def bf16_glslc() -> list[str]:
+    """The command that runs the pinned glslc for GL_EXT_bfloat16: $FLOWGRAD_GLSLC_BF16, else
+    the unpacked Debian sid one, through sid's own loader and libraries; a BuildError where it
+    is missing or of another version."""
+    if os.environ.get("FLOWGRAD_GLSLC_BF16"):
+        cmd = [os.environ["FLOWGRAD_GLSLC_BF16"]]
+    else:
+        loader, exe = SID_ROOT / "usr/lib64/ld-linux-x86-64.so.2", SID_ROOT / "usr/bin/glslc"
+        if not (loader.exists() and exe.exists()):
+            raise BuildError(f"the bf16 cooperative-matrix shaders need glslc {BF16_GLSLC_VERSION} (glslang 16.4, "
+                             f"GL_EXT_bfloat16), not found in {SID_ROOT}: run `scripts/fetch_glslc.sh sid` "
+                             "(fetches Debian sid's), or set FLOWGRAD_GLSLC_BF16=/path/to/glslc")
+        cmd = [str(loader), "--library-path", str(SID_ROOT / "usr/lib/x86_64-linux-gnu"), str(exe)]
+    try:
+        version = subprocess.run([*cmd, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    except OSError as e:
+        raise BuildError(f"the bf16 shaders' glslc ({cmd[-1]}) does not run: {e}") from None
+    if version != [BF16_GLSLC_VERSION]:
+        raise BuildError(f"the shipped bf16 SPIR-V was built by glslc {BF16_GLSLC_VERSION}, but {cmd[-1]} is "
+                         f"{(version or ['unknown'])[0]!r}: its output would differ for that reason alone. Use that "
+                         "version (`scripts/fetch_glslc.sh sid`), or move BF16_GLSLC_VERSION (and the fetch's pin) "
+                         "to the new one and commit the SPIR-V it builds")
+    return cmd
+
+
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
     # a .glsl body has no stage in its name: say it is a compute shader
     stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
-    compiler = new_glslc() + NEW_GLSLC_FLAGS if needs_new_glslc(source) else [glslc(), *GLSLC_FLAGS]
+    if needs_bf16_glslc(source):
+        compiler = bf16_glslc() + NEW_GLSLC_FLAGS
+    elif needs_new_glslc(source):
+        compiler = new_glslc() + NEW_GLSLC_FLAGS
+    else:
+        compiler = [glslc(), *GLSLC_FLAGS]
     cmd = [*compiler, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
