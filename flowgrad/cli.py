@@ -342,11 +342,11 @@ def cmd_bench(args) -> int:
                                       ("--families", args.families or None)) if value is not None]
     if given:
         raise FlowError(f"{', '.join(given)}: options of `bench gpt2`; bench MODEL takes --repeats and --set batch=N")
-    if args.dtype == "bf16":
-        raise FlowError("--dtype bf16 is bench matmul's: a model's step computes in bf16 under --dtype mixed")
     args.dtype = args.dtype or "f32"
     if args.file == "matmul":
         return cmd_bench_matmul(args)
+    if args.dtype == "bf16":
+        raise FlowError("--dtype bf16 is bench matmul's: a model's step computes in bf16 under --dtype mixed")
     from flowgrad.bench import step as bench
 
     if args.ranks is not None:

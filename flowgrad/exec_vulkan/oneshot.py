@@ -45,10 +45,8 @@ class OneShot:
     def upload(self, array, dtype: str | None = None) -> BufView:
         """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
         dtype = dtype or dtype_of(np.asarray(array), narrow=True)
-        # reshape: ascontiguousarray turns a 0-d array into shape (1,)
-        data = device_array(array, dtype)
-        view = self.empty(data.shape, dtype)
-        self.write(view, data)     # mapped: written now (nothing is in flight), else through staging
+        view = self.empty(np.shape(array), dtype)
+        self.write(view, array)     # mapped: written now (nothing is in flight), else through staging
         return view
 
     def write(self, view: BufView, array) -> None:
