@@ -75,6 +75,8 @@ case "${1:-}" in
         apt_install glslc mesa-vulkan-drivers vulkan-validationlayers libvulkan1
         # the cooperative-matrix-2 shaders need a newer glslc: Debian trixie's, unpacked privately
         scripts/fetch_glslc.sh >/dev/null
+        # ... and the bf16 cooperative-matrix shaders Debian sid's, pinned to the version they were built with
+        scripts/fetch_glslc.sh sid >/dev/null
         # and the cooperative-matrix attention kernels a newer lavapipe (Mesa 26, trixie-backports)
         scripts/fetch_lavapipe.sh >/dev/null
         venv

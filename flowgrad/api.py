@@ -35,10 +35,11 @@ class Model:
     def config(self) -> dict:
         return dict(self.graph.config)
 
-    def build(self, dtype: str = "f32", check: bool = True) -> Graph:
+    def build(self, dtype: str = "f32", check: bool = True, half: str = "f16") -> Graph:
+        """The graph in `dtype`; under "mixed", computing in `half` (f16 or bf16)."""
         if check and dtype == "f32":
             return self.graph
-        graph = dsl.build(self.program, self.overrides, dtype=dtype)
+        graph = dsl.build(self.program, self.overrides, dtype=dtype, half=half)
         for y, x, name in self.grads:
             add_grad_output(graph, y, x, name)
         return graph
@@ -58,12 +59,16 @@ class Model:
         return Model(self.program, self.overrides, self.grads + ((y, x, name),))
 
     def compile(self, device: str = "auto", dtype: str = "f32", backward: str = "auto", seed: int | None = None,
-                check_finite: bool = False, loss_scale=None, fusion: bool = True, freeze=None, memory_budget=None):
+                check_finite: bool = False, loss_scale=None, fusion: bool = True, freeze=None, memory_budget=None,
+                mixed: str = "auto"):
         """dtype: "f32", "f16" (every declared-f32 tensor in f16), or "mixed"
-        (f16 compute, f32 master params and optimizer state, f32 losses, and
-        dynamic loss scaling). check_finite: stop at the first step with a
+        (16-bit compute, f32 master params and optimizer state, f32 losses).
+        mixed: what dtype="mixed" computes in: "bf16" (no loss scaling: bf16
+        has f32's range), "f16" (with dynamic loss scaling), or "auto" (the
+        default): bf16 where the device offers bf16 cooperative matrices,
+        else f16 (flowgrad/mixed_choice.py). check_finite: stop at the first step with a
         non-finite loss or gradient, naming the node that produced it
-        (flowgrad.anomaly). loss_scale: under "mixed", the LossScaler
+        (flowgrad.anomaly). loss_scale: under "mixed" in f16, the LossScaler
         (flowgrad.loss_scale) to use instead of GradScaler's defaults.
         fusion=False: the graph path runs every pointwise op as its own
         dispatch (to compare with the fused chains). freeze: params to hold
@@ -75,7 +80,7 @@ class Model:
         values it would keep (flowgrad/recompute.py), or compile fails
         naming the smallest peak reached. A session made later at another
         batch size (predict's, a short batch's) is compiled alike."""
-        options = CompileOptions(dtype, backward, fusion, freeze, check_finite, loss_scale, memory_budget)
+        options = CompileOptions(dtype, backward, fusion, freeze, check_finite, loss_scale, memory_budget, mixed)
         if seed is not None:
             seed = checked_seed(seed)
         return compile_session(self, open_device(device), options, seed)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import as_dtype
 from flowgrad.errors import FlowError
 from flowgrad.graph import LEAF_OPS, Graph, TensorType
 from flowgrad.ops.emit import Emitter, Val
@@ -43,7 +43,7 @@ class GraphEmitter(Emitter):
         return node.id, out
 
     def _const(self, value, shape, dtype):
-        array = np.broadcast_to(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), shape)
+        array = np.broadcast_to(as_dtype(value, dtype), shape)
         t = TensorType(tuple(shape), dtype)
         return self.graph.add("const", (), t, attrs={"value": array}, span=self.span, grad_of=self.grad_of).id, t
 

@@ -12,7 +12,7 @@ import difflib
 import inspect
 import numbers
 
-from flowgrad.dtypes import DTYPES
+from flowgrad.dtypes import GRAPH_DTYPES
 
 
 class _Required:
@@ -101,7 +101,7 @@ def accept(types, value):
     int), or NO. types hold Python types, None, and "dtype" for a dtype name."""
     for t in types:
         if t == "dtype":
-            ok = isinstance(value, str) and value in DTYPES
+            ok = isinstance(value, str) and value in GRAPH_DTYPES   # bf16: what mixed precision casts to
         elif t is None or t is type(None):
             ok = value is None
         elif t is bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from flowgrad.dsl.config import parse_sets
+from flowgrad.dtypes import MIXED_HALVES
 from flowgrad.errors import FlowError, FlowWarning
 from flowgrad.initializers import init_text
 from flowgrad.overrides import load_model
@@ -31,7 +32,10 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (a GPU's Vulkan device, else numpy), cpu, vulkan (any "
                    "Vulkan device, lavapipe too) or vulkan:N (default auto)")
     p.add_argument("--dtype", default="f32", choices=["f32", "f16", "mixed"], help="the compile dtype of floats: "
-                   "f32, f16, or mixed (f16 compute, f32 master params, loss scaling; default f32)")
+                   "f32, f16, or mixed (16-bit compute, f32 master params; default f32)")
+    p.add_argument("--mixed", default="auto", choices=list(MIXED_HALVES),
+                   help="what --dtype mixed computes in: bf16 (no loss scaling), f16 (with loss scaling), or auto: "
+                        "bf16 where the device offers bf16 cooperative matrices, else f16 (default auto)")
     p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"],
                    help="execution path of the backward pass: auto lets the planner choose; graph makes a "
                         "refusal an error (default auto)")
@@ -128,7 +132,7 @@ def cmd_explain(args) -> int:
     from flowgrad.training.section import freeze_patterns, memory_budget
 
     # the step training runs: with the train section's frozen params and memory budget
-    sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward,
+    sess = model.compile(device=args.device, dtype=args.dtype, backward=args.backward, mixed=args.mixed,
                          freeze=freeze_patterns(model.graph),
                          memory_budget=memory_budget(model.graph, args.memory_budget))
     if args.ranks is not None:
@@ -160,6 +164,7 @@ def cmd_train(args) -> int:
     out = args.out if args.out is not None else str(Path("runs") / model.name)
     try:
         result = fg.train(model, steps=args.steps, device=args.device, dtype=args.dtype, backward=args.backward,
+                          mixed=args.mixed,
                           out=out, resume=args.resume, overwrite=args.overwrite, check_every=args.check_every,
                           check_finite=args.check_finite, seed=args.seed, memory_budget=args.memory_budget)
     except TrainInterrupted as e:
@@ -304,6 +309,7 @@ def cmd_devices(args) -> int:
 def devices_text() -> str:
     from flowgrad.errors import DeviceError
     from flowgrad.exec_vulkan import runtime
+    from flowgrad.mixed_choice import choose
 
     try:
         runtime.instance()     # a loader or validation-layer problem is worth showing as such
@@ -317,10 +323,12 @@ def devices_text() -> str:
     lines = []
     for d in devices:
         caps = ", ".join(x for x, ok in (("f16", d.f16), ("cooperative matrix", d.coopmat),
+                                          ("bf16 cooperative matrix", not d.bf16_lacks),
                                           ("timestamps", d.timestamps)) if ok) or "f32 only"
         mark = "  <- auto" if d.index == auto else ""
         lines.append(f"vulkan:{d.index}  {d.name}  [{d.type}]  {d.memory / 2**30:.1f} GiB  "
                      f"Vulkan {d.api_version}  ({caps}){mark}")
+        lines.append(f"  --dtype mixed computes in {choose('auto', d).summary}")
     if auto is None:
         lines.append("device='auto' runs on numpy (no GPU); --device vulkan uses vulkan:0")
     return "\n".join(lines)
@@ -337,6 +345,8 @@ def cmd_bench(args) -> int:
     args.dtype = args.dtype or "f32"
     if args.file == "matmul":
         return cmd_bench_matmul(args)
+    if args.dtype == "bf16":
+        raise FlowError("--dtype bf16 is bench matmul's: a model's step computes in bf16 under --dtype mixed")
     from flowgrad.bench import step as bench
 
     if args.ranks is not None:
@@ -367,7 +377,7 @@ def cmd_bench_gpt2(args) -> int:
     at_least_one("--steps", steps)
     if warmup < 0:
         raise FlowError(f"--warmup must be at least 0, got {warmup}")
-    if args.dtype == "f16":
+    if args.dtype in ("f16", "bf16"):
         raise FlowError("bench gpt2 times f32 and mixed precision: --dtype f32 or mixed (default: both)")
     config = parse_sets(args.set)
     if args.batch is not None:
@@ -405,7 +415,8 @@ def cmd_bench_matmul(args) -> int:
     from flowgrad.exec_vulkan import select_device
 
     if args.dtype == "mixed":
-        raise FlowError("bench matmul times one operand dtype: --dtype f32 or f16 (mixed runs its matmuls in f16)")
+        raise FlowError("bench matmul times one operand dtype: --dtype f32, f16 or bf16 (mixed runs its matmuls in "
+                        "f16 or bf16, as `flowgrad devices` says)")
     device = select_device(args.device)
     if device is None:
         raise FlowError(f"bench matmul needs a Vulkan device; device={args.device!r} gave none")
@@ -554,9 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override config values (repeatable): --set d=64 layers=1")
     p.add_argument("--device", default="vulkan",
                    help="vulkan or vulkan:N (default vulkan); with --ranks any device, cpu too")
-    p.add_argument("--dtype", default=None, choices=["f32", "f16", "mixed"],
-                   help="compile dtype (default f32; bench matmul: f32 or f16; bench gpt2: f32 or mixed, "
-                        "default both)")
+    p.add_argument("--dtype", default=None, choices=["f32", "f16", "mixed", "bf16"],
+                   help="compile dtype (default f32; bench matmul: f32, f16 or bf16, beside torch.matmul in that "
+                        "dtype; bench gpt2: f32 or mixed, default both)")
     p.add_argument("--repeats", type=int, default=20, help="timed graph-path steps; closures get a quarter "
                    "(default 20)")
     p.add_argument("--steps", type=int, default=None, help="bench gpt2: timed steps per row (default 20)")

@@ -138,11 +138,14 @@ def precision_dict(sess, kernels: dict) -> dict:
             for k in kernels.get(n.id, {}).get("forward", []) + kernels.get(n.id, {}).get("backward", []):
                 kernels[k] = kernels.get(k, 0) + 1
     scaler = sess.loss_scaler
+    half = sess.mixed.half
     return {
+        "half": half,
+        "half_reason": sess.mixed.summary,
         "master_params": len(masters),
         "master_bytes": sum(n.type.nbytes for n in masters),
-        "params": "f32, updated by the optimizer with f32 state; the model reads them through f16 casts",
-        "compute": "f16 storage, f32 arithmetic: reductions, softmax, layernorm, attention and matmul products "
+        "params": f"f32, updated by the optimizer with f32 state; the model reads them through {half} casts",
+        "compute": f"{half} storage, f32 arithmetic: reductions, softmax, layernorm, attention and matmul products "
                    "accumulate in f32",
         "f32_ops": f32_ops,
         "matmul_kernels": kernels,
@@ -556,12 +559,15 @@ def render_plans(d: dict) -> list[str]:
 
 
 def render_precision(p: dict) -> list[str]:
-    lines = [f"  params          {p['master_params']} ({mib(p['master_bytes'])}) {p['params']}",
+    lines = [f"  computes in     {p['half_reason']}",
+             f"  params          {p['master_params']} ({mib(p['master_bytes'])}) {p['params']}",
              f"  compute         {p['compute']}",
              f"  in f32          {', '.join(p['f32_ops']) or 'nothing'}"]
     if p["matmul_kernels"]:
         lines.append("  matmul kernels  " + ", ".join(f"{k} x{n}" for k, n in sorted(p["matmul_kernels"].items())))
     ls = p["loss_scale"]
+    if ls is None and p["half"] == "bf16":
+        lines.append("  loss scale      none: bf16 has f32's range (no scaler, no skipped steps)")
     if ls is not None:
         lines.append(f"  loss scale      {ls['scale']:g} (x{ls['growth']:g} after {ls['interval']} good steps, "
                      f"x{ls['backoff']:g} and the step skipped on an overflow; {ls['skipped_steps']} skipped)")

@@ -384,6 +384,9 @@ def export(sess, path, outputs: list[str] | None = None, dynamic_batch: bool = T
 
     if not isinstance(dynamic_batch, bool):
         raise FlowError(f"dynamic_batch must be True or False, got {dynamic_batch!r}")
+    if any(n.dtype == "bf16" for n in sess.graph.nodes):
+        raise FlowError("this session computes in bf16 (dtype='mixed'), which the ONNX export does not write",
+                        hint="export its checkpoint with `flowgrad export` (f32), or compile with mixed='f16'")
     model = to_model(sess.graph, sess.params, outputs, batch_dims(sess) if dynamic_batch else None)
     try:
         write_atomic(path, model.SerializeToString())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE, dtype_of
+from flowgrad.dtypes import FLOAT_DTYPES, LARGEST, NUMPY_DTYPE, as_dtype, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import LEAF_OPS, Graph
 from flowgrad.ops import get_op
@@ -25,7 +25,7 @@ def random_feeds(graph, seed: int = 0, int_high: int = 1) -> dict[str, np.ndarra
             high = min([int_high] + [n for n, _ in uses.get(i, [])])
             out[name] = rng.integers(0, high, t.shape, dtype=np.int32)
         else:
-            out[name] = rng.standard_normal(t.shape).astype(NUMPY_DTYPE[t.dtype])
+            out[name] = as_dtype(rng.standard_normal(t.shape).astype(np.float32), t.dtype)
     return out
 
 
@@ -45,9 +45,10 @@ def check_feeds(graph: Graph, feeds: dict[str, np.ndarray], uses: dict[int, list
         if name not in feeds:
             raise FlowError(f"missing feed for input {name!r} ({node.type})", node.span)
         value = feeds[name]
-        # a C-ordered array of the input's shape and dtype is taken as it is (an i32 one is in range)
-        if not (type(value) is np.ndarray and value.dtype == NUMPY_DTYPE[node.dtype] and value.shape == node.shape
-                and value.flags.c_contiguous):
+        # a C-ordered array of the input's shape and dtype is taken as it is (an i32 one is in range;
+        # a bf16 one is rounded to bf16 on the way)
+        if node.dtype == "bf16" or not (type(value) is np.ndarray and value.dtype == NUMPY_DTYPE[node.dtype]
+                                        and value.shape == node.shape and value.flags.c_contiguous):
             value = converted(node, name, value)
         out[name] = value
         check_indices(node, value, uses.get(nid, ()))
@@ -87,7 +88,7 @@ def as_float(arr: np.ndarray, dtype: str) -> np.ndarray:
     """`arr` as a C-ordered array of the float dtype; a value past its range
     becomes inf (overflowed finds it), with no numpy warning."""
     with np.errstate(over="ignore"):
-        return np.asarray(arr, NUMPY_DTYPE[dtype], order="C")
+        return np.ascontiguousarray(as_dtype(arr, dtype)) if dtype == "bf16" else np.asarray(arr, NUMPY_DTYPE[dtype], order="C")
 
 
 def overflowed(arr: np.ndarray, out: np.ndarray) -> tuple | None:
@@ -103,7 +104,7 @@ def overflowed(arr: np.ndarray, out: np.ndarray) -> tuple | None:
 
 
 def outside_float(dtype: str) -> str:
-    return f"outside the {dtype} range (largest {float(np.finfo(NUMPY_DTYPE[dtype]).max):g}): it would be inf"
+    return f"outside the {dtype} range (largest {LARGEST[dtype]:g}): it would be inf"
 
 
 def numeric_array(value, what: str, span=None) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from flowgrad.dtypes import DTYPES, ITEMSIZE
+from flowgrad.dtypes import GRAPH_DTYPES, ITEMSIZE
 
 # Node ops that are not computations: they have no forward/VJP of their own.
 LEAF_OPS = ("input", "param", "const")
@@ -54,8 +54,8 @@ def _check_shape(_inst, _attr, shape):
 
 
 def _check_dtype(_inst, _attr, dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype not in GRAPH_DTYPES:
+        raise ValueError(f"dtype must be one of {GRAPH_DTYPES}, got {dtype!r}")
 
 
 @attrs.frozen

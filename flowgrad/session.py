@@ -20,6 +20,7 @@ from flowgrad.graph import Graph
 from flowgrad.host_memory import check_host_memory
 from flowgrad.initializers import init_params
 from flowgrad.loss_scale import LossScaler
+from flowgrad.mixed_choice import MixedChoice, check_mixed, choose
 from flowgrad.objectives import ObjectiveRunners, objective_graphs, objective_names, per_objective, several
 from flowgrad.ops.random import RNG_INPUT, rng_feed
 from flowgrad.param_patterns import freeze_params
@@ -39,10 +40,12 @@ class CompileOptions:
     loss_scale: LossScaler | None = None   # under "mixed", instead of GradScaler's defaults
     # bytes the step's planned peak must fit, recomputing forward values in the backward (flowgrad/recompute.py)
     memory_budget: int | None = attrs.field(default=None, converter=parse_budget)
+    mixed: str = "auto"   # what "mixed" computes in: bf16, f16, or auto (flowgrad/mixed_choice.py)
 
     def __attrs_post_init__(self):
         if not isinstance(self.dtype, str) or self.dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be 'f32', 'f16' or 'mixed', got {self.dtype!r}")
+        check_mixed(self.mixed, self.dtype, self.loss_scale)
         if self.loss_scale is not None and (self.dtype != "mixed" or not isinstance(self.loss_scale, LossScaler)):
             raise FlowError("loss_scale takes a flowgrad.loss_scale.LossScaler, and only with "
                             f"dtype='mixed' (got {type(self.loss_scale).__name__} with dtype={self.dtype!r})")
@@ -60,7 +63,8 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
     (a short batch's step moves the scales); a new one initialises its params
     and, under "mixed", gives each objective a loss scaler of its own, as
     the options say (a GAN's two losses overflow at scales of their own)."""
-    graph = model.build(options.dtype)
+    choice = mixed_choice(options, device)
+    graph = model.build(options.dtype, half=choice.half if choice is not None else "f16")
     if options.freeze is not None:
         graph = freeze_params(graph, options.freeze)
     graphs = objective_graphs(graph)   # the graph each objective steps
@@ -79,12 +83,20 @@ def compile_session(model: Model, device, options: CompileOptions, seed: int | N
         )
     if seed is None:
         seed = checked_seed(graph.config.get("seed", 0), "config seed")
-    if scalers is None and options.dtype == "mixed" and graph.loss is not None:
+    if scalers is None and choice is not None and choice.loss_scaled and graph.loss is not None:
         first = options.loss_scale or LossScaler()   # the one given is the first objective's; the others copy it
         scalers = [first] + [copy.deepcopy(first) for _ in graphs[1:]]
     if params is None:
         params = init_params(graph, seed)
-    return Session(model, graph, plan, device, params, options, seed=seed, scalers=scalers, plans=plans)
+    return Session(model, graph, plan, device, params, options, seed=seed, scalers=scalers, plans=plans,
+                   mixed=choice)
+
+
+def mixed_choice(options: CompileOptions, device) -> MixedChoice | None:
+    """What dtype="mixed" computes in on `device` (None for the other dtypes)."""
+    if options.dtype != "mixed":
+        return None
+    return choose(options.mixed, device.info if device is not None else None, options.loss_scale)
 
 
 @attrs.frozen
@@ -115,11 +127,13 @@ class Session:
     sessions on one device share its queue one submission at a time."""
 
     def __init__(self, model: Model, graph: Graph, plan: Plan, device, params: dict[str, np.ndarray],
-                 options: CompileOptions, seed: int = 0, scalers=None, plans: list[Plan] | None = None):
+                 options: CompileOptions, seed: int = 0, scalers=None, plans: list[Plan] | None = None,
+                 mixed: MixedChoice | None = None):
         self._lock = threading.RLock()
         self.model = model
         self.options = options
-        # dtype="mixed": each objective's dynamic loss scale (none otherwise); loss_scaler is the first's
+        self.mixed = mixed   # dtype="mixed": its 16-bit type and why (None for the other dtypes)
+        # dtype="mixed" in f16: each objective's dynamic loss scale (none otherwise); loss_scaler is the first's
         self.loss_scalers = list(scalers or [])
         self.loss_scaler = self.loss_scalers[0] if self.loss_scalers else None
         self.seed = seed

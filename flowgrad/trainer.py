@@ -109,14 +109,14 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
           out=None, resume: bool = False, overwrite: bool = False, seed: int | None = None,
           data: Dataset | None = None, optimizer: Optimizer | None = None, progress: bool | None = None,
           callback=None, check_finite: bool = False, check_every: int | None = None, freeze=None,
-          memory_budget=None) -> TrainResult:
+          memory_budget=None, mixed: str = "auto") -> TrainResult:
     """Train `model` (a Model, a path to a .flow file, or a shipped model's
     name such as "mlp") as its train section says; the arguments override it.
 
     steps, seed, data, optimizer, freeze: override the train section's values
         (data: any object with the Dataset protocol, flowgrad.training.data;
         freeze: as Model.compile's).
-    device, dtype, backward: as for Model.compile.
+    device, dtype, backward, mixed: as for Model.compile.
     out: directory for the checkpoints, metrics.jsonl and loss.png (None:
         write nothing); resume=True continues the run saved there,
         overwrite=True starts afresh over it.
@@ -143,7 +143,7 @@ def train(model, *, steps: int | None = None, device: str = "auto", dtype: str =
         device = world.device_for(device)
     ts = setup(model.build(dtype), steps, data, optimizer, seed, freeze, memory_budget)
     sess = model.compile(device=device, dtype=dtype, backward=backward, seed=ts.seed, check_finite=check_finite,
-                         freeze=ts.freeze, memory_budget=ts.memory_budget)
+                         freeze=ts.freeze, memory_budget=ts.memory_budget, mixed=mixed)
     if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
                                     or check_every < 1):
         raise FlowError(f"check_every must be a positive number of steps, got {check_every!r}")

@@ -5,8 +5,11 @@
     python scripts/build_shaders.py NAME ...   # only these shaders
     python scripts/build_shaders.py --check    # exit 1 if a shipped .spv is stale or missing
 
-A first line `// variants: f32 f16` also builds <name>.f16.spv with -DF16=1
-(no variants line: f32 only). Shaders built from one GLSL body with several
+A first line `// variants: f32 f16 bf16` also builds <name>.f16.spv with -DF16=1
+and <name>.bf16.spv with -DBF16=1 (no variants line: f32 only); each bf16
+build is also compiled with -DBF16_LINT=1 (common.glsl makes T a struct there),
+so a shader that converts bf16's bits by float(x) or T(x) instead of LOAD and
+STORE fails the build. Shaders built from one GLSL body with several
 sets of defines (the attention kernels, one build per tile configuration)
 come from a table of variants the lowering that dispatches them owns
 (`tables()` below): each entry is an output stem, its .glsl body and defines.
@@ -18,7 +21,13 @@ Python table) are written first and checked by --check. Needs Debian's `glslc`;
 a source whose first line is `// compiler: glslc-2025` (GL_NV_cooperative_matrix2)
 is compiled by a glslc of shaderc 2025.2 or newer instead, for Vulkan 1.3:
 $FLOWGRAD_GLSLC_2025, else Debian trixie's, which scripts/fetch_glslc.sh (run by
-`./dev.sh test`) unpacks into ~/.cache/flowgrad/glslc-trixie."""
+`./dev.sh test`) unpacks into ~/.cache/flowgrad/glslc-trixie. A first line
+`// compiler: glslc-bf16` (GL_EXT_bfloat16) takes a glslc of shaderc 2026.4
+(glslang 16.4) exactly, the version the shipped SPIR-V was built with (trixie's
+is too old, and trixie-backports has none): $FLOWGRAD_GLSLC_BF16, else Debian
+sid's, which `scripts/fetch_glslc.sh sid` unpacks into ~/.cache/flowgrad/glslc-sid.
+A compiler of another version is refused by name, since its SPIR-V would differ
+from the shipped files for that reason alone."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHADER_DIR = ROOT / "flowgrad" / "exec_vulkan" / "shaders"
 SPV_DIR = SHADER_DIR / "spv"
 GLSLC_FLAGS = ["--target-env=vulkan1.1", "-O"]
-KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"]}
+KNOWN_VARIANTS = {"f32": [], "f16": ["-DF16=1"], "bf16": ["-DBF16=1"]}
+LINT_FLAGS = ["-DBF16_LINT=1"]   # bf16 builds compile once more with T a struct: a cast of T fails
 
 
 class BuildError(Exception):
@@ -49,9 +59,11 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
     out = {}
     for stem, (body, defines) in attention_builds.shader_builds().items():
         flags = [f"-D{k}={v}" for k, v in defines.items()]
-        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"]})
+        out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"],
+                                         f"{stem}.bf16.spv": flags + ["-DBF16=1"]})
     for stem, (body, defines) in {**attention_builds.coop_builds(), **attention_builds.cm2_builds(),
-                                  **matmul_cm2.builds(), **matmul_coop.builds()}.items():   # f16 only
+                                  **matmul_cm2.builds(), **matmul_coop.builds(),
+                                  **matmul_coop.bf16_builds()}.items():   # one dtype each
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
 
@@ -121,10 +133,51 @@ def needs_new_glslc(source: Path) -> bool:
     return bool(first) and first[0].strip().startswith(f"// compiler: {NEW_GLSLC}")
 
 
+BF16_GLSLC = "glslc-bf16"
+BF16_GLSLC_VERSION = "shaderc 2026.4-1"   # Debian sid's, pinned: the shipped bf16 SPIR-V is its output
+SID_ROOT = Path(os.environ.get("FLOWGRAD_GLSLC_SID_ROOT")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowgrad" / "glslc-sid")
+
+
+def needs_bf16_glslc(source: Path) -> bool:
+    first = source.read_text().splitlines()[:1]
+    return bool(first) and first[0].strip().startswith(f"// compiler: {BF16_GLSLC}")
+
+
+def bf16_glslc() -> list[str]:
+    """The command that runs the pinned glslc for GL_EXT_bfloat16: $FLOWGRAD_GLSLC_BF16, else
+    the unpacked Debian sid one, through sid's own loader and libraries; a BuildError where it
+    is missing or of another version."""
+    if os.environ.get("FLOWGRAD_GLSLC_BF16"):
+        cmd = [os.environ["FLOWGRAD_GLSLC_BF16"]]
+    else:
+        loader, exe = SID_ROOT / "usr/lib64/ld-linux-x86-64.so.2", SID_ROOT / "usr/bin/glslc"
+        if not (loader.exists() and exe.exists()):
+            raise BuildError(f"the bf16 cooperative-matrix shaders need glslc {BF16_GLSLC_VERSION} (glslang 16.4, "
+                             f"GL_EXT_bfloat16), not found in {SID_ROOT}: run `scripts/fetch_glslc.sh sid` "
+                             "(fetches Debian sid's), or set FLOWGRAD_GLSLC_BF16=/path/to/glslc")
+        cmd = [str(loader), "--library-path", str(SID_ROOT / "usr/lib/x86_64-linux-gnu"), str(exe)]
+    try:
+        version = subprocess.run([*cmd, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    except OSError as e:
+        raise BuildError(f"the bf16 shaders' glslc ({cmd[-1]}) does not run: {e}") from None
+    if version != [BF16_GLSLC_VERSION]:
+        raise BuildError(f"the shipped bf16 SPIR-V was built by glslc {BF16_GLSLC_VERSION}, but {cmd[-1]} is "
+                         f"{(version or ['unknown'])[0]!r}: its output would differ for that reason alone. Use that "
+                         "version (`scripts/fetch_glslc.sh sid`), or move BF16_GLSLC_VERSION (and the fetch's pin) "
+                         "to the new one and commit the SPIR-V it builds")
+    return cmd
+
+
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
     # a .glsl body has no stage in its name: say it is a compute shader
     stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
-    compiler = new_glslc() + NEW_GLSLC_FLAGS if needs_new_glslc(source) else [glslc(), *GLSLC_FLAGS]
+    if needs_bf16_glslc(source):
+        compiler = bf16_glslc() + NEW_GLSLC_FLAGS
+    elif needs_new_glslc(source):
+        compiler = new_glslc() + NEW_GLSLC_FLAGS
+    else:
+        compiler = [glslc(), *GLSLC_FLAGS]
     cmd = [*compiler, *stage, *flags, f"-I{SHADER_DIR}", str(source), "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -166,6 +219,9 @@ def build(names: list[str]) -> list[Path]:
         for spv, flags in outs.items():
             compile_one(src, flags, SPV_DIR / spv)
             built.append(SPV_DIR / spv)
+            if "-DBF16=1" in flags:
+                with tempfile.TemporaryDirectory() as tmp:
+                    compile_one(src, flags + LINT_FLAGS, Path(tmp) / spv)
     problems = push_problems(built)
     if problems:
         raise BuildError("push constants disagree with their specs:\n  " + "\n  ".join(problems))

@@ -56,9 +56,11 @@ def check_golden(name: str, text: str):
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "mixed", "mixed_bf16"])
 def test_explain_golden_and_schema(name, dtype):
-    sess = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=dtype)
+    # mixed: f16 with loss scaling on numpy (what "auto" picks there); mixed_bf16: bf16 asked for
+    kind, mixed = ("mixed", "bf16") if dtype == "mixed_bf16" else (dtype, "auto")
+    sess = fg.load(f"models/{name}.flow").compile(device="cpu", dtype=kind, mixed=mixed)
     report = sess.explain()
     data = report.to_dict()
     jsonschema.validate(data, SCHEMA)

@@ -1,6 +1,7 @@
 """The shipped SPIR-V is what the shipped GLSL compiles to: every .comp is
 recompiled (each variant) and compared byte for byte with shaders/spv/, the
-shaders marked `// compiler: glslc-2025` with that newer glslc."""
+shaders marked `// compiler: glslc-2025` with that newer glslc, those marked
+`// compiler: glslc-bf16` with the pinned one they were built with."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,9 @@ def test_shipped_spirv_is_current():
             pytest.fail("CI=true but glslc is not installed")
         pytest.skip("glslc is not installed")
     build = _build_shaders()
-    try:   # the GL_NV_cooperative_matrix2 shaders' compiler (./dev.sh test fetches it)
-        build.new_glslc()
+    try:   # the GL_NV_cooperative_matrix2 and bf16 shaders' compilers (./dev.sh test fetches them); the
+        build.new_glslc()   # bf16 one refuses, by name, a version other than the pinned one
+        build.bf16_glslc()
     except build.BuildError as e:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {e}")
@@ -69,3 +71,18 @@ def test_compiler_marker_selects_the_newer_glslc(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "TRIXIE_ROOT", tmp_path / "none")
     with pytest.raises(build.BuildError, match="run scripts/fetch_glslc.sh"):
         build.new_glslc()
+
+
+def test_the_bf16_compiler_of_another_version_is_refused_by_name(tmp_path, monkeypatch):
+    build = _build_shaders()
+    assert build.needs_bf16_glslc(build.SHADER_DIR / "matmul_coop_bf16.glsl")
+    fake = tmp_path / "glslc"
+    fake.write_text("#!/bin/sh\necho 'shaderc 2027.1-1'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("FLOWGRAD_GLSLC_BF16", str(fake))
+    with pytest.raises(build.BuildError, match="built by glslc shaderc 2026.4-1, but .* is 'shaderc 2027.1-1'"):
+        build.bf16_glslc()
+    monkeypatch.delenv("FLOWGRAD_GLSLC_BF16")
+    monkeypatch.setattr(build, "SID_ROOT", tmp_path / "none")
+    with pytest.raises(build.BuildError, match="scripts/fetch_glslc.sh sid"):
+        build.bf16_glslc()

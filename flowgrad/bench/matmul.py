@@ -16,6 +16,7 @@ import statistics
 
 import numpy as np
 
+from flowgrad.dtypes import as_dtype
 from flowgrad.errors import FlowError
 
 # the decoder at d512 T256 h8 L6 batch 16 vocab 256: 4096 rows; forward, da and db products
@@ -29,7 +30,7 @@ GPT_SMALL = [
 SQUARE = [(4096, 4096, 4096, "nn")]
 FLOP_PER_SUBMIT = 5e10      # enough work per submit that host overhead is noise
 SUBMITS = 5
-CHECK_TOL = {"f32": 1e-4, "f16": 2e-2}   # spot-check error above this marks a row WRONG
+CHECK_TOL = {"f32": 1e-4, "f16": 2e-2, "bf16": 2e-2}   # spot-check error above this marks a row WRONG
 
 
 def parse_shape(text: str) -> tuple[int, int, int, str]:
@@ -92,12 +93,12 @@ def time_shape(device, dtype, shape, kernels=((None, None),), seed=0) -> list[di
     m, n, k, layout = shape
     sa, sb, _, _ = _operands(m, n, k, layout)
     rng = np.random.default_rng(seed)
-    npd = np.float16 if dtype == "f16" else np.float32
-    a = rng.uniform(-1, 1, sa).astype(npd)
-    b = rng.uniform(-1, 1, sb).astype(npd)
+    # bf16 operands: f32 arrays of bf16's values (flowgrad.dtypes), uploaded as bf16
+    a = as_dtype(rng.uniform(-1, 1, sa).astype(np.float32), dtype)
+    b = as_dtype(rng.uniform(-1, 1, sb).astype(np.float32), dtype)
     rows = []
     with OneShot(device) as s:
-        av, bv, cv = s.upload(a), s.upload(b), s.empty((m, n), dtype)
+        av, bv, cv = s.upload(a, dtype), s.upload(b, dtype), s.empty((m, n), dtype)
         s.run()
         for shader, chunks in kernels:
             row = _time_one(device, av, bv, cv, shape, shader, chunks)
@@ -140,7 +141,7 @@ def torch_tflops(dtype, shape) -> float | None:
         return None
     m, n, k, layout = shape
     sa, sb, _, _ = _operands(m, n, k, layout)
-    td = torch.float16 if dtype == "f16" else torch.float32
+    td = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype, torch.float32)
     a = torch.rand(sa, device="cuda", dtype=td) - 0.5
     b = torch.rand(sb, device="cuda", dtype=td) - 0.5
     a = a.t() if layout == "tn" else a
@@ -191,7 +192,7 @@ def report(rows, device_name: str, dtype: str) -> str:
 
 def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tuple]:
     """(tile shader, split chunks) to time: what the lowering picks, and with
-    `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16);
+    `every` each shipped tile too (and the cooperative-matrix ones the device runs, in f16 or bf16);
     with `chunks`, each of those at each split-K chunk count instead of the lowering's."""
     from flowgrad.exec_vulkan.discovery import DeviceCaps
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
@@ -200,7 +201,7 @@ def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tu
     if every:
         caps = DeviceCaps.of(device.info)
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
-        coops = [t.shader for t in mk.coop_builds(caps)] if dtype == "f16" else []
+        coops = [t.shader for t in mk.coop_builds(caps, dtype)] if dtype in ("f16", "bf16") else []
         cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(caps, t)) if dtype == "f16" else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return [(shader, c) for shader, _ in kernels for c in chunks] if chunks else kernels

@@ -21,10 +21,11 @@ def parse(text: str | bytes, file: str = "<string>") -> Program:
     return parse_program(decode_source(text, str(file)), str(file))
 
 
-def build(program: Program, config: dict | None = None, dtype: str = "f32") -> Graph:
-    """Config overrides typed and applied, every node's type inferred; a checked Graph."""
+def build(program: Program, config: dict | None = None, dtype: str = "f32", half: str = "f16") -> Graph:
+    """Config overrides typed and applied, every node's type inferred; a checked Graph.
+    half: what dtype="mixed" computes in (f16 or bf16)."""
     with limits.recursion_room(limits.BUILD_FRAMES):
-        return Builder(program, config, dtype).build()
+        return Builder(program, config, dtype, half).build()
 
 
 __all__ = ["Program", "build", "grammar_path", "parse"]

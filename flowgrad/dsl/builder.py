@@ -26,7 +26,7 @@ from flowgrad.dsl.subscripts import Subscripts
 from flowgrad.dsl.source import make_span
 from flowgrad.dsl.values import (COMPILE_DTYPE, CONSTANT_NAMES, DType, StaticError, show, static_binop, static_neg,
                                   type_name)
-from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES
+from flowgrad.dtypes import COMPILE_DTYPES, DTYPES, FLOAT_DTYPES, HALF_DTYPES
 from flowgrad.errors import FlowError
 from flowgrad.graph import Graph, Objective, Span, TensorType
 from flowgrad.graph_check import check_graph
@@ -39,13 +39,16 @@ BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 
 class Builder(Calls, Builtins, Subscripts, Scans):
-    def __init__(self, program: ast.Program, overrides: dict | None, dtype: str):
+    def __init__(self, program: ast.Program, overrides: dict | None, dtype: str, half: str = "f16"):
         if dtype not in COMPILE_DTYPES:
             raise FlowError(f"dtype must be one of {', '.join(COMPILE_DTYPES)}, got {dtype!r}")
+        if half not in HALF_DTYPES:
+            raise FlowError(f"mixed precision computes in {' or '.join(HALF_DTYPES)}, got {half!r}")
         self.program = program
-        # "mixed" computes in f16 around f32 master params (see param_decl) and f32 losses (see apply_op)
+        # "mixed" computes in `half` (f16 or bf16) around f32 master params (see param_decl) and
+        # f32 losses (see apply_op)
         self.mixed = dtype == "mixed"
-        self.dtype = "f16" if self.mixed else dtype
+        self.dtype = half if self.mixed else dtype
         self.mixed_casts = 0   # nodes only "mixed" adds: a random op's default stream does not count them
         stmts = program.stmts
         self.graph = Graph(self._model_name(stmts), program.file)
@@ -216,8 +219,8 @@ class Builder(Calls, Builtins, Subscripts, Scans):
         self.graph.params[full] = node.id
         value = node.id
         if master:
-            value = self.graph.add("cast", (node.id,), TensorType(ttype.shape, "f16"),
-                                   attrs=OPS["cast"].with_defaults({"dtype": "f16"}), span=span).id
+            value = self.graph.add("cast", (node.id,), TensorType(ttype.shape, self.dtype),
+                                   attrs={"dtype": self.dtype}, span=span).id
             self.mixed_casts += 1
         scope.names[s.name.id] = Binding(Tensor(value), kind, s.name.pos)
 
@@ -275,7 +278,7 @@ class Builder(Calls, Builtins, Subscripts, Scans):
                              hint="reduce it first, e.g. mean(x) or sum(x)")
         if ttype.dtype not in FLOAT_DTYPES:
             raise self.error(f"minimize needs a float scalar, but {s.name.id} is {ttype}", s.name.pos, scope)
-        if self.mixed and ttype.dtype == "f16":   # the scaled loss and its seed gradient need f32's range
+        if self.mixed and ttype.dtype == self.dtype:   # the (scaled) loss and its seed gradient stay f32
             t = self.apply_op("cast", [(t, s.name.pos)], {"dtype": (DType("f32"), s.name.pos)}, s.name.pos, scope)
         self.graph.objectives += (Objective(s.name.id, t.id, None, self.span(s.pos, scope)),)
         self.over.append(s.over)

@@ -14,7 +14,7 @@ from flowgrad.binder import NO, REQUIRED, BindError, Signature, accept, suggest,
 from flowgrad.dsl import ast, limits
 from flowgrad.dsl.scope import Scope, Tensor
 from flowgrad.dsl.values import DType, is_number, show
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import LARGEST, as_dtype
 from flowgrad.errors import FlowError
 from flowgrad.graph import Span, TensorType
 from flowgrad.initializers import INITIALISERS
@@ -149,7 +149,7 @@ class Calls:
         ins = _given(ins, op_name, op.expand is not None)
         span = self.span(call_pos, scope)
         if self.mixed and self.autocasts(op, ins):
-            ins = [self.mixed_cast(i, span) if i is not None and self.graph.nodes[i].dtype == "f16" else i
+            ins = [self.mixed_cast(i, span) if i is not None and self.graph.nodes[i].dtype == self.dtype else i
                    for i in ins]
         if op.expand is not None:
             if None not in ins:   # (with a gap, the hook reads the inputs by position and checks them)
@@ -168,12 +168,12 @@ class Calls:
         return Tensor(self.add_node(op_name, ins, attr_values, span).id)
 
     def autocasts(self, op, ins) -> bool:
-        """Whether dtype="mixed" runs the op on f32 copies of its f16 inputs:
-        a loss always; an arithmetic op only where its operands mix f16 and
+        """Whether dtype="mixed" runs the op on f32 copies of its 16-bit inputs:
+        a loss always; an arithmetic op only where its operands mix 16-bit and
         f32 (an f32 loss plus an f16 regulariser, in a model that declares
         only f32), as PyTorch promotes them under autocast."""
         if op.autocast == "promote":
-            return {self.graph.nodes[i].dtype for i in ins} == {"f16", "f32"}
+            return {self.graph.nodes[i].dtype for i in ins} == {self.dtype, "f32"}
         return op.autocast == "f32"
 
     def mixed_cast(self, i: int, span: Span) -> int:
@@ -208,7 +208,7 @@ class Calls:
         if not is_number(value):
             raise self.error(f"{what} must be a tensor or a number, got {self.show_value(value)}", pos, scope)
         dtype = self.literal_dtype(what, value, like, pos, scope)
-        return Tensor(self.const(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), dtype, self.span(pos, scope)))
+        return Tensor(self.const(as_dtype(value, dtype), dtype, self.span(pos, scope)))
 
     def literal_dtype(self, what, value, like, pos, scope, verb: str = "meets") -> str:
         """The dtype a number literal takes: `like` (the tensor it meets, or
@@ -220,7 +220,7 @@ class Calls:
                              pos, scope, hint="cast the tensor first, e.g. cast(x, f32)" if verb == "meets" else None)
         if dtype == "i32" and not -2**31 <= value < 2**31:
             raise self.error(f"{what} is {show(value)}, outside the range of the i32 tensor it {verb}", pos, scope)
-        largest = float(np.finfo(NUMPY_DTYPE[dtype]).max) if dtype != "i32" else math.inf
+        largest = LARGEST.get(dtype, math.inf)
         if abs(value) > largest:
             # it would be an inf (a mask's `(1 - m) * -1e9` in f16, then 0 * -inf = NaN)
             raise self.error(f"{what} is {show(value)}, outside the range of the {dtype} tensor it {verb} "
@@ -230,7 +230,7 @@ class Calls:
         return dtype
 
     def const(self, array: np.ndarray, dtype: str, span: Span) -> int:
-        array = np.asarray(array, dtype=NUMPY_DTYPE[dtype])
+        array = as_dtype(array, dtype)
         return self.graph.add("const", (), TensorType(tuple(array.shape), dtype), attrs={"value": array},
                               span=span).id
 
@@ -260,7 +260,7 @@ class NodeBuilder:
 
     @property
     def float_dtype(self) -> str:
-        """The float dtype the model is compiled for (f16 under mixed)."""
+        """The float dtype the model is compiled for (f16 or bf16 under mixed)."""
         return self._b.dtype
 
     def const(self, array, dtype: str) -> int:

@@ -11,7 +11,7 @@ import time
 import attrs
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import as_dtype
 from flowgrad.errors import FlowError
 from flowgrad.autodiff import backward_graph
 from flowgrad.recompute import rewrite
@@ -27,7 +27,7 @@ class NumpyKernels:
 
     def forward(self, node: Node, ins: list[np.ndarray]) -> np.ndarray:
         out = get_op(node.op).forward(ins, node.attrs)
-        return np.asarray(out, dtype=NUMPY_DTYPE[node.dtype])
+        return as_dtype(out, node.dtype)   # a bf16 node's f32 result rounds once, as its store does
 
     def vjp(self, node: Node, g, ins, out) -> list:
         grads = get_op(node.op).vjp(g, ins, out, node.attrs)
@@ -80,7 +80,7 @@ class ClosureExecutor:
 
     def _run(self, graph, node, values, backward=False):
         if node.op == "const":
-            return np.asarray(node.attrs["value"], dtype=NUMPY_DTYPE[node.dtype])
+            return as_dtype(node.attrs["value"], node.dtype)
         ins = [values[i] for i in node.inputs]
         check_index_inputs(graph, node, ins)
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import Buffer, BufferPool, mib
-from flowgrad.exec_vulkan.discovery import (CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_FRAGMENT_OPS, CM2_NEEDED,
+from flowgrad.exec_vulkan.discovery import (BF16_EXT, BF16_FEATURES, BF16_FEATURES_STYPE, CM2_EXTS, CM2_FEATURES, CM2_FEATURES_STYPE, CM2_FRAGMENT_OPS, CM2_NEEDED,
                                             COOPMAT_EXT, KHR_COOPMAT_EXT, RawStruct, _extensions, compute_family, describe,
                                             features, physical_devices)
 from flowgrad.exec_vulkan import submit
@@ -98,7 +98,9 @@ class Device:
         # 1.3.239, rejects them)
         exts = []
         chain = want_s16
-        subgroup_coop = self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes) or self.info.cm2_fragment_ops
+        bf16_coop = not self.info.bf16_lacks   # the bf16 GEMM builds (VK_KHR_shader_bfloat16)
+        subgroup_coop = (self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes) or self.info.cm2_fragment_ops
+                         or bf16_coop)
         if subgroup_coop or self.info.cm2_invocations:
             # subgroup-scope kernels' barriers take device scope; matmul_cm2 has none
             chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
@@ -106,9 +108,15 @@ class Device:
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
-        if self.info.coopmat_khr_sizes or self.info.cm2_invocations or self.info.cm2_fragment_ops:
+        if self.info.coopmat_khr_sizes or self.info.cm2_invocations or self.info.cm2_fragment_ops or bf16_coop:
             exts.append(KHR_COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
+        if bf16_coop:
+            exts.append(BF16_EXT)
+            self._bf16_features = RawStruct(vk, BF16_FEATURES_STYPE, len(BF16_FEATURES), pnext=chain)
+            for name in ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix"):
+                self._bf16_features[BF16_FEATURES.index(name)] = 1
+            chain = self._bf16_features.ptr
         # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads; the attn_cm2
         # kernels: reductions and conversions
         cm2_wanted = ((CM2_NEEDED if self.info.cm2_invocations else ())
@@ -263,6 +271,8 @@ class Device:
         spec = shader_info(shader, variant)
         if variant == "f16" and not self.info.f16:
             raise DeviceError(f"{self.info.name} has no 16-bit storage / float16 support for shader {spec.name}")
+        if variant == "bf16" and not self.info.storage16:
+            raise DeviceError(f"{self.info.name} has no 16-bit storage (storageBuffer16BitAccess) for shader {spec.name}")
         set_layout, layout = self.set_layout(spec.bindings)
         code = spec.code
         module_info = vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)

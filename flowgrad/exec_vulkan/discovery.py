@@ -40,6 +40,12 @@ class DeviceInfo:
     subgroup_size: int = 0
     subgroup_shuffle: bool = False   # subgroupShuffleXor in compute shaders
     shared_memory: int = 0           # maxComputeSharedMemorySize, bytes
+    storage16: bool = False          # storageBuffer16BitAccess: bf16 storage (the `bf16` shader builds)
+    # VK_KHR_shader_bfloat16 with bf16 cooperative matrices: the sizes n of its n x n x n
+    # bf16 x bf16 + f32 subgroup products (the bf16 GEMM builds), and what is missing where
+    # there are none ("" where they are offered)
+    bf16_coopmat_sizes: tuple = ()
+    bf16_lacks: str = "no VK_KHR_shader_bfloat16"
 
     @property
     def is_gpu(self) -> bool:
@@ -66,6 +72,8 @@ class DeviceCaps:
     subgroup_size: int = 0
     subgroup_shuffle: bool = False
     shared_memory: int = 0
+    bf16_coopmat_sizes: tuple = ()
+    bf16_lacks: str = "no VK_KHR_shader_bfloat16"
 
     @classmethod
     def of(cls, info: DeviceInfo | None) -> DeviceCaps:
@@ -125,9 +133,10 @@ def _sizes(vk, physical, exts: set[str], ext: str, kind: str) -> tuple:
         return ()
 
 
-def coopmat_f16_sizes(vk, physical, kind: str = "KHR") -> tuple:
+def coopmat_f16_sizes(vk, physical, kind: str = "KHR", operand: int = _F16) -> tuple:
     """The sizes n of the n x n x n f16 x f16 + f32 subgroup products the
-    extension `kind` ("NV" or "KHR") offers, with its feature; () if none."""
+    extension `kind` ("NV" or "KHR") offers, with its feature; () if none.
+    operand=BF16: those of bf16 x bf16 + f32 (KHR only)."""
     # glslc's cooperative-matrix SPIR-V declares the VulkanMemoryModel capability
     # and its barriers take device scope, so the device must offer (and the device
     # creation enable) both of those features too
@@ -155,7 +164,42 @@ def coopmat_f16_sizes(vk, physical, kind: str = "KHR") -> tuple:
     return tuple(sorted({p.MSize for p in props[0:count[0]]
                          if p.MSize == p.NSize == p.KSize
                          and (p.AType, p.BType, p.CType, getattr(p, result), p.scope)
-                         == (_F16, _F16, _F32, _F32, _SUBGROUP)}))
+                         == (operand, operand, _F32, _F32, _SUBGROUP)}))
+
+
+BF16_EXT = "VK_KHR_shader_bfloat16"
+BF16_FEATURES_STYPE = 1000141000   # VkPhysicalDeviceShaderBfloat16FeaturesKHR (newer than the binding)
+BF16 = 1000141000                  # VK_COMPONENT_TYPE_BFLOAT16_KHR
+BF16_FEATURES = ("shaderBFloat16Type", "shaderBFloat16DotProduct", "shaderBFloat16CooperativeMatrix")
+
+
+def bf16_features(vk, physical) -> dict[str, bool]:
+    """VkPhysicalDeviceShaderBfloat16FeaturesKHR, by name."""
+    raw = RawStruct(vk, BF16_FEATURES_STYPE, len(BF16_FEATURES))
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=raw.ptr)
+    vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(f2))
+    return {name: bool(raw[i]) for i, name in enumerate(BF16_FEATURES)}
+
+
+def bf16_coopmat(vk, physical, exts: set[str], storage16: bool) -> tuple[tuple, str]:
+    """(sizes n of the n x n x n bf16 x bf16 + f32 subgroup products, what is
+    missing where there are none: "" where they are offered). A query the
+    binding cannot make counts as absent."""
+    if BF16_EXT not in exts:
+        return (), f"no {BF16_EXT}"
+    if KHR_COOPMAT_EXT not in exts:
+        return (), f"no {KHR_COOPMAT_EXT}"
+    if not storage16:
+        return (), "no 16-bit storage (storageBuffer16BitAccess)"
+    try:
+        have = bf16_features(vk, physical)
+        missing = [n for n in ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix") if not have[n]]
+        if missing:
+            return (), f"{BF16_EXT} without {' and '.join(missing)}"
+        sizes = coopmat_f16_sizes(vk, physical, "KHR", BF16)
+    except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
+        return (), f"{BF16_EXT}'s features could not be read"
+    return (sizes, "") if 16 in sizes else (sizes, "no 16x16x16 bf16 x bf16 + f32 cooperative-matrix product")
 
 
 CM2_EXTS = (KHR_COOPMAT_EXT, "VK_NV_cooperative_matrix2")   # what matmul_cm2's SPIR-V needs
@@ -290,6 +334,10 @@ def describe(vk, index: int, physical) -> DeviceInfo:
     f16_ok = bool(s16.storageBuffer16BitAccess and f16.shaderFloat16)
     shared = int(props.limits.maxComputeSharedMemorySize)
     khr_sizes = coopmat_khr_sizes(vk, physical, exts) if f16_ok else ()
+    storage16 = bool(s16.storageBuffer16BitAccess)
+    bf16_sizes, bf16_lacks = bf16_coopmat(vk, physical, exts, storage16)
+    if not bf16_lacks and shared < COOP_SHARED_BYTES:
+        bf16_lacks = f"{shared} bytes of shared memory (the bf16 GEMM takes {COOP_SHARED_BYTES})"
     return DeviceInfo(
         index=index, name=str(props.deviceName), type=DEVICE_TYPES.get(props.deviceType, "other"),
         memory=int(max(local)), f16=f16_ok,
@@ -306,7 +354,7 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         coopmat_khr_sizes=khr_sizes, subgroup_size=int(sub.subgroupSize),
         subgroup_shuffle=bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
                               and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT),
-        shared_memory=shared)
+        shared_memory=shared, storage16=storage16, bf16_coopmat_sizes=bf16_sizes, bf16_lacks=bf16_lacks)
 
 
 def _cm2_fields(vk, physical, exts, f16_ok: bool) -> dict:

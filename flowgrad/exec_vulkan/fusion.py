@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import attrs
 
+from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.lowering import FLOATS
@@ -375,8 +376,9 @@ def _cast_of(node: Node, dtype: str) -> bool:
 def _loss_reads(graph: Graph, users, roots, cast: Node) -> tuple | None:
     """(the loss nodes, the casts back to f16 of their gradients) when
     `cast` (f16 to f32) is read only as the logits of xent.comp's ops, and
-    each such gradient only by casts back to f16; else None."""
-    if not (_cast_of(cast, "f32") and graph.nodes[cast.inputs[0]].dtype == "f16") or cast.id in roots:
+    each such gradient only by casts back to f16; else None. bf16 alike."""
+    half = graph.nodes[cast.inputs[0]].dtype if cast.inputs else None
+    if not (_cast_of(cast, "f32") and half in HALF_DTYPES) or cast.id in roots:
         return None
     readers = [graph.nodes[u] for u in sorted(set(users[cast.id]))]
     if not readers or not all(r.op in LOSS_KERNELS and r.inputs[0] == cast.id and cast.id not in r.inputs[1:]
@@ -386,7 +388,7 @@ def _loss_reads(graph: Graph, users, roots, cast: Node) -> tuple | None:
     for r in readers:
         if LOSS_KERNELS[r.op]:
             found = [graph.nodes[u] for u in sorted(set(users[r.id]))]
-            if r.id in roots or not found or not all(_cast_of(b, "f16") for b in found):
+            if r.id in roots or not found or not all(_cast_of(b, half) for b in found):
                 return None
             backs += found
     return readers, backs
@@ -407,7 +409,7 @@ def fold_loss_casts(graph: Graph, keep: tuple = ()) -> Graph:
             continue
         readers, backs = found
         for r in readers:
-            narrow = TensorType(r.shape, "f16") if LOSS_KERNELS[r.op] else r.type
+            narrow = TensorType(r.shape, graph.nodes[cast.inputs[0]].dtype) if LOSS_KERNELS[r.op] else r.type
             nodes[r.id] = attrs.evolve(r, inputs=cast.inputs + r.inputs[1:], type=narrow)
         for b in backs:
             nodes[b.id] = attrs.evolve(b, op="reshape", attrs={"shape": b.shape})

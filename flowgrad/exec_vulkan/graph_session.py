@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, dtype_of
+from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, device_array, dtype_of
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
@@ -81,13 +81,13 @@ class GraphSession:
             arrays[("seed",)] = ((np.ones(g.nodes[g.loss].shape), g.nodes[g.loss].dtype) if self.scaler is None
                                  else (self._scale_words(), "f32"))
         for key, (value, dtype) in arrays.items():
-            self.leaves[key] = self.device.buffer(max(np.asarray(value, NUMPY[dtype]).nbytes, 4), "device")
+            self.leaves[key] = self.device.buffer(max(device_array(value, dtype).nbytes, 4), "device")
         self._write_leaves({k: v for k, v in arrays.items()})
 
     def _write_leaves(self, arrays: dict):
         with OneShot(self.device) as s:
             for key, (value, dtype) in arrays.items():
-                data = np.ascontiguousarray(value, dtype=NUMPY[dtype]).reshape(np.shape(value))
+                data = device_array(value, dtype)
                 s.write(BufView(self.leaves[key], 0, data.shape, dtype), data)
             s.run()
 
@@ -108,7 +108,7 @@ class GraphSession:
         if pairs:
             with OneShot(self.device) as s:
                 for view, value in pairs:
-                    s.write(view, np.ascontiguousarray(value, dtype=NUMPY[view.dtype]).reshape(view.shape))
+                    s.write(view, device_array(value, view.dtype).reshape(view.shape))
                 s.run()
 
     def leaf_buffer(self, pb):

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from flowgrad.exec_closure import NumpyKernels
-from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.dtypes import as_dtype, dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import Node, TensorType
 from flowgrad.exec_vulkan.lower import lowering_for
@@ -22,7 +22,7 @@ from flowgrad.exec_vulkan.recorder import BufView
 from flowgrad.ops import get_op
 from flowgrad.ops.emit import Emitter, Val
 
-_PROMOTE = {"f16": "f32"}
+_PROMOTE = {"f16": "f32", "bf16": "f32"}
 
 
 def run_dtypes(present: set, accepted) -> dict | None:
@@ -40,7 +40,9 @@ def promotion(node: Node, in_dtypes) -> dict | None:
     low = lowering_for(node.op)
     if low is None:
         return None
-    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes)
+    # a closure's bf16 values are f32 arrays on the host (flowgrad.dtypes): its ops run in f32, and
+    # VulkanKernels.forward rounds the result once, as numpy's closures do
+    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes - {"bf16"})
 
 
 @attrs.frozen
@@ -85,7 +87,7 @@ class KernelEmitter(Emitter):
         return self.kernels.forward(node, [np.asarray(h) for h in handles]), t
 
     def _const(self, value, shape, dtype):
-        return np.broadcast_to(np.asarray(value, dtype=NUMPY_DTYPE[dtype]), shape), TensorType(tuple(shape), dtype)
+        return np.broadcast_to(as_dtype(value, dtype), shape), TensorType(tuple(shape), dtype)
 
 
 class VulkanKernels:
@@ -111,7 +113,7 @@ class VulkanKernels:
             result, *new = s.run()
         for pos, value in zip(updated, new):
             ins[pos][...] = value
-        return result.astype(NUMPY_DTYPE[node.dtype], copy=False)
+        return as_dtype(result, node.dtype)
 
     def vjp(self, node: Node, g, ins, out) -> list:
         """The node's VJP: its op's grad rule, each op of it run on the device

@@ -12,10 +12,10 @@ from typing import Callable
 
 import attrs
 
-from flowgrad.dtypes import DTYPES, FLOAT_DTYPES
+from flowgrad.dtypes import FLOAT_DTYPES, GRAPH_DTYPES
 
 FLOATS = frozenset(FLOAT_DTYPES)
-ALL_DTYPES = frozenset(DTYPES)
+ALL_DTYPES = frozenset(GRAPH_DTYPES)
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ all read it."""
 from __future__ import annotations
 
 BODY = "matmul_coop_khr.glsl"
+BF16_BODY = "matmul_coop_bf16.glsl"   # the same GEMM in bf16 (VK_KHR_shader_bfloat16), built by a newer glslc
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
 # tile -> its defines (matmul_coop.glsl: WGM x WGN subgroups of FM x FN fragments, BK deep per
@@ -33,5 +34,19 @@ def builds() -> dict[str, tuple[str, dict[str, int]]]:
     return {f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS}
 
 
+# the tiles with bf16 builds: FR 16, what NVIDIA's bf16 products take (no device offers bf16
+# 8x8x8 products to the fr8 tile)
+BF16_TILES = ("matmul_coop_khr", "matmul_coop_khr_w128")
+
+
+def bf16_name(tile: str) -> str:
+    return f"{tile}_bf16"
+
+
+def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the bf16 builds."""
+    return {f"{bf16_name(tile)}_{lay}": (BF16_BODY, defines(tile, lay)) for tile in BF16_TILES for lay in LAYOUTS}
+
+
 def shader_names() -> list[str]:
-    return sorted(builds())
+    return sorted({**builds(), **bf16_builds()})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.dtypes import HALF_DTYPES
 UNSCALE_SLOTS = 12   # unscale_multi.comp's gradient bindings
 
 
@@ -65,7 +66,7 @@ def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
     flags = rec.counters(max(len(groups), 1))
     for k, batch in enumerate(groups):
         dtype = batch[0].dtype
-        variant = "f16" if dtype == "f16" else None
+        variant = dtype if dtype in HALF_DTYPES else None
         if not slots:
             g = batch[0]
             rec.dispatch("unscale", [g, scale, flags], push=(g.size, k), groups=(groups_for(g.size), 1, 1),
@@ -110,9 +111,10 @@ def _merged(run: list, groups_for):
     sizes = [struct.unpack("<I", d.push[:4])[0] for d in run]
     direction = struct.unpack("<I", run[0].push[4:8])[0]
     n, first, total = slot_push(sizes, CAST_SLOTS, groups_for)
-    info = shader_info("cast_f16_multi", None)
+    info = shader_info("cast_f16_multi", run[0].variant)
     push = push_spec("cast_f16_multi").pack([direction, *n, *first])
-    return Dispatch("cast_f16_multi", None, tuple(wide + half), info.readonly, push, (total, 1, 1), run[0].label)
+    return Dispatch("cast_f16_multi", run[0].variant, tuple(wide + half), info.readonly, push, (total, 1, 1),
+                    run[0].label)
 
 
 def merge_casts(rec, groups_for) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY, dtype_of
+from flowgrad.dtypes import DEVICE_NUMPY, ITEMSIZE, device_array, dtype_of, host_array
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, Copy, Fill, Recorder
@@ -45,17 +45,15 @@ class OneShot:
     def upload(self, array, dtype: str | None = None) -> BufView:
         """A device buffer holding `array` (as dtype, default its own) by the time the commands run."""
         dtype = dtype or dtype_of(np.asarray(array), narrow=True)
-        # reshape: ascontiguousarray turns a 0-d array into shape (1,)
-        data = np.ascontiguousarray(array, dtype=NUMPY[dtype]).reshape(np.shape(array))
-        view = self.empty(data.shape, dtype)
-        self.write(view, data)     # mapped: written now (nothing is in flight), else through staging
+        view = self.empty(np.shape(array), dtype)
+        self.write(view, array)     # mapped: written now (nothing is in flight), else through staging
         return view
 
     def write(self, view: BufView, array) -> None:
         """Fill an existing device view with `array` by the time the commands run,
         even those recorded before the write (a closure records a lowering
         first, and uploads only once it has taken the shapes)."""
-        data = np.ascontiguousarray(array, dtype=NUMPY[view.dtype]).reshape(view.shape)
+        data = device_array(array, view.dtype).reshape(view.shape)
         with self.device.lock:
             self.device.stats["uploads"] += 1
         if view.buffer.mapped:
@@ -107,7 +105,7 @@ class OneShot:
         for view, staging in self._downloads:
             src = staging or view
             raw = src.buffer.read(src.offset, src.nbytes) if src.nbytes else np.zeros(0, np.uint8)
-            out.append(raw.view(NUMPY[view.dtype]).reshape(view.shape).copy())
+            out.append(host_array(raw.view(DEVICE_NUMPY[view.dtype]).reshape(view.shape).copy(), view.dtype))
         if checks.checks:
             checks.raise_flagged(out.pop(flags))
         return out

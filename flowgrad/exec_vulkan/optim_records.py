@@ -10,6 +10,8 @@ import math
 import attrs
 import numpy as np
 
+from flowgrad.exec_vulkan.lower.generic import variant
+
 GROUP = 256           # local size of every optimizer shader
 MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS
 
@@ -73,7 +75,7 @@ def record_update(opt, shaders: UpdateShaders, rec, params, grads, state, hyper,
         n = math.prod(p.shape)
         bufs = [p, grads[name]] + [state[name][k] for k in opt.STATE] + [rows[opt.row(name)], scale]
         rec.dispatch(shaders.shader(opt), bufs, push=(n,), groups=(groups_for(n), 1, 1),
-                     variant="f16" if p.dtype == "f16" else None)
+                     variant=variant(p.dtype))
 
 
 def _record_rows(opt, rec, hyper) -> list:
@@ -102,7 +104,7 @@ def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> No
             bufs += [rec.stand_in("f32") for _k in opt.STATE]
         n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups_for)
         rec.dispatch(shaders.multi, bufs, push=(*n, *first), groups=(total, 1, 1),
-                     variant="f16" if dtype == "f16" else None)
+                     variant=variant(dtype))
 
 
 def _record_clip_scale(opt, rec, grads):
@@ -120,7 +122,7 @@ def _record_clip_scale(opt, rec, grads):
     offset = 0
     for name, g in grads.items():
         rec.dispatch("sumsq", [g, partials], push=(math.prod(g.shape), offset),
-                     groups=(counts[name], 1, 1), variant="f16" if g.dtype == "f16" else None)
+                     groups=(counts[name], 1, 1), variant=variant(g.dtype))
         offset += counts[name]
     rec.dispatch("clip_scale", [partials, scale], push=(offset, float(opt.clip), opt.clip_eps), groups=(1, 1, 1))
     return pair

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import DEVICE_NUMPY, host_array
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
 from flowgrad.exec_vulkan.limits import ALIGN
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Signal
@@ -115,7 +115,7 @@ class HostBlock:
         regions of a buffer `nbytes` long; groups: lists of those staging
         views that the device signals as ready together, in signal order."""
         self.nbytes = nbytes
-        self.regions = [(name, s.shape, NUMPY[s.dtype], s.offset) for name, _dev, s in downloads]
+        self.regions = [(name, s.shape, s.dtype, s.offset) for name, _dev, s in downloads]
         self.block = None
         grouped = {v.offset for g in groups for v in g}
         self.groups = [_ranges(g) for g in groups]
@@ -152,7 +152,8 @@ class Reading:
             return {}
         copy_ranges(host.block, self.staging, [r for g in host.groups[self.done:] for r in g] + host.rest)
         block = host.block
-        return {name: np.ndarray(shape, dtype, block, offset) for name, shape, dtype, offset in host.regions}
+        return {name: host_array(np.ndarray(shape, DEVICE_NUMPY[dtype], block, offset), dtype)
+                for name, shape, dtype, offset in host.regions}
 
 
 def _ranges(views) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from flowgrad.errors import DeviceError
-from flowgrad.dtypes import ITEMSIZE
+from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE, bf16_bits
 from flowgrad.exec_vulkan.buffers import BufView, LateBuffer
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.index_checks import IndexChecks
@@ -405,7 +405,7 @@ def fill_word(value: float, dtype: str) -> int:
     """The 32-bit word a fill repeats to hold `value` in every element of `dtype`."""
     if dtype == "f32":
         return struct.unpack("<I", struct.pack("<f", float(value)))[0]
-    if dtype == "f16":
-        half = int(np.array(value, np.float16).view(np.uint16))
+    if dtype in HALF_DTYPES:
+        half = int(bf16_bits(np.float32(value))) if dtype == "bf16" else int(np.array(value, np.float16).view(np.uint16))
         return half | half << 16
     return int(value) & 0xFFFFFFFF

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY
+from flowgrad.dtypes import device_array
 from flowgrad.exec_vulkan.encoder import encode
 from flowgrad.exec_vulkan.limits import ALIGN, align_up
 from flowgrad.exec_vulkan.optim_records import update_record
@@ -58,7 +58,7 @@ class UpdateProgram:
 
     def run(self, grads: dict[str, np.ndarray], hyper: np.ndarray) -> None:
         for name, view in self.grads.items():
-            data = np.ascontiguousarray(grads[name], dtype=NUMPY[view.dtype]).reshape(-1)
+            data = device_array(grads[name], view.dtype).reshape(-1)
             if data.size != math.prod(view.shape):
                 raise ValueError(f"gradient {name!r} has {data.size} values, expected {view.shape}")
             self.staging.write(data, view.offset)

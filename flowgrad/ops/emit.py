@@ -20,7 +20,7 @@ import numbers
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE
+from flowgrad.dtypes import HALF_DTYPES, NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops.precision import wide
 from flowgrad.ops.registry import get_op
@@ -153,7 +153,7 @@ class NumpyEmitter(Emitter):
         return out, _numpy_type(out)
 
     def _const(self, value, shape, dtype):
-        like = np.float32 if dtype == "f16" else _HOST_DTYPE.get(dtype, dtype)
+        like = np.float32 if dtype in HALF_DTYPES else _HOST_DTYPE.get(dtype, dtype)
         a = np.broadcast_to(np.asarray(value, dtype=like), shape)
         return a, _numpy_type(a)
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition, unpack
 from flowgrad.ops.precision import narrow, wide
@@ -57,7 +58,7 @@ def _ln_forward(ins, attrs):
 
 def widened(v):
     """v in f32 if it is f16 (as precision.wide)."""
-    return v.cast("f32") if v.dtype == "f16" else v
+    return v.cast("f32") if v.dtype in HALF_DTYPES else v
 
 
 def mean_over(v, axes):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.graph import TensorType
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import OpTypeError
@@ -25,7 +26,7 @@ def same_dtype(types: list[TensorType], what: str = "operands") -> str:
 
 
 def float_dtype(t: TensorType, what: str = "input") -> str:
-    if t.dtype not in ("f32", "f16"):
+    if t.dtype not in FLOAT_DTYPES:
         raise OpTypeError(f"{what} must be a float tensor (f32 or f16), got {t}")
     return t.dtype
 

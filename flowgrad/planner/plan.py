@@ -264,6 +264,9 @@ def make_plan(graph: Graph, device=None, backward: str = "auto", dtype: str = "f
         if any(n.dtype == "f16" for n in graph.nodes) and not device.f16:
             refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
                                               "for this model's f16 tensors", "compile with dtype='f32'"))
+        if any(n.dtype == "bf16" for n in graph.nodes) and not device.storage16:
+            refusals.append(Refusal("device", f"{device.name} has no 16-bit storage (storageBuffer16BitAccess) "
+                                              "for this model's bf16 tensors", "compile with dtype='f32'"))
     found: dict = {}
     refusals += step_refusals(training, device, found)
     kernels = step_kernels(training, found) if device is not None else {}

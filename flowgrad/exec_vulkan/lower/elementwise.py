@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.dtypes import HALF_DTYPES
+from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
@@ -76,9 +78,12 @@ def _convert(rec, src, dst):
         rec.dispatch("cast", [flt, ints], push=[n, 0 if to_int else 1], groups=groups,
                      variant=variant(flt.dtype))
     else:
-        to_half = dst.dtype == "f16"
+        to_half = dst.dtype in HALF_DTYPES
         wide, half = (src, dst) if to_half else (dst, src)
-        rec.dispatch("cast_f16", [wide, half], push=[n, 0 if to_half else 1], groups=groups)
+        if wide.dtype != "f32":
+            raise DeviceError(f"no kernel casts {src.dtype} to {dst.dtype}")
+        rec.dispatch("cast_f16", [wide, half], push=[n, 0 if to_half else 1], groups=groups,
+                     variant="bf16" if half.dtype == "bf16" else None)
 
 
 def _cast_forward(rec, node, ins, out):

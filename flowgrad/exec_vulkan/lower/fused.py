@@ -18,6 +18,7 @@ import math
 
 import attrs
 
+from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
@@ -261,4 +262,4 @@ def forward(rec, node, ins, out):
         fused_forward(rec, node, ins, out)
 
 
-FUSED = register_lowering("fused", Lowering(forward, frozenset({"f32", "f16"})))
+FUSED = register_lowering("fused", Lowering(forward, frozenset(FLOAT_DTYPES)))

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import math
 
-from flowgrad.dtypes import ITEMSIZE
+from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 
@@ -21,7 +21,7 @@ COPY_RANK = 8       # strided_copy.comp MAXR
 
 def variant(dtype: str) -> str | None:
     """The shader build for a storage dtype (i32 moves through the 32-bit build)."""
-    return "f16" if dtype == "f16" else None
+    return dtype if dtype in HALF_DTYPES else None
 
 
 def strides(shape) -> tuple[int, ...]:

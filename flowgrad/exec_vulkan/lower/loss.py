@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
@@ -43,8 +44,8 @@ def _classes(logits):
 
 
 def _wide(logits, loss) -> bool:
-    """f16 logits with an f32 loss: the loss's casts folded into its kernels."""
-    return logits.dtype == "f16" and loss.dtype == "f32"
+    """16-bit logits with an f32 loss: the loss's casts folded into its kernels."""
+    return logits.dtype in HALF_DTYPES and loss.dtype == "f32"
 
 
 def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:

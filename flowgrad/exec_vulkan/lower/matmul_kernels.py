@@ -26,6 +26,7 @@ import math
 
 import attrs
 
+from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan import matmul_cm2
@@ -38,8 +39,9 @@ class Tile:
     bm: int
     bn: int
     bk: int
-    coop: bool = False  # cooperative matrices, f16 only
-    f16: bool = False   # has an f16-storage build
+    coop: bool = False  # cooperative matrices, f16 only (bf16 only where bf16 is set)
+    bf16: bool = False  # a bf16 cooperative-matrix build (VK_KHR_shader_bfloat16)
+    f16: bool = False   # has 16-bit storage builds (f16 and bf16)
     cm2: bool = False   # workgroup-scope cooperative matrices: one build per operand layout (matmul_cm2.py)
     invocations: int = 0
     fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
@@ -63,7 +65,10 @@ F16_TILE = "matmul_64x64_k16"
 COOPS = {t.shader: t for t in (Tile("matmul_coop", 128, 128, 32, True),
                                 Tile("matmul_coop_khr", 128, 128, 32, True, layouts=True),
                                 Tile("matmul_coop_khr_fr8", 64, 64, 32, True, layouts=True),
-                                Tile("matmul_coop_khr_w128", 128, 128, 32, True, invocations=128, layouts=True))}
+                                Tile("matmul_coop_khr_w128", 128, 128, 32, True, invocations=128, layouts=True),
+                                Tile("matmul_coop_khr_bf16", 128, 128, 32, True, True, layouts=True),
+                                Tile("matmul_coop_khr_w128_bf16", 128, 128, 32, True, True, invocations=128,
+                                     layouts=True))}
 COOP = COOPS["matmul_coop"]            # on VK_NV_cooperative_matrix
 COOP_KHR = COOPS["matmul_coop_khr"]    # the same tile on VK_KHR_cooperative_matrix, where the device has it
 # 128x128 in workgroups of 128 (2x2 subgroups of 4x4 fragments), two workgroups an SM: the NVIDIA f16
@@ -73,6 +78,9 @@ COOP_W128 = COOPS["matmul_coop_khr_w128"]
 # tests run matmul_coop there, never chosen by default (lavapipe's emulated products gain nothing)
 COOP_FR8 = COOPS["matmul_coop_khr_fr8"]
 COOP_FR8_SHARED = 20480
+# bf16 GEMMs on VK_KHR_shader_bfloat16's cooperative matrices (matmul_coop_khr's tiles, bf16 builds)
+COOP_KHR_BF16 = COOPS["matmul_coop_khr_bf16"]
+COOP_W128_BF16 = COOPS["matmul_coop_khr_w128_bf16"]
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
 CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations, layouts=True)
         for name, t in matmul_cm2.TILES.items()}
@@ -166,22 +174,29 @@ def shape_class(m: int, n: int, k: int, nz: int) -> str:
 
 def coop_fits(dtype: str, m: int, n: int, k: int, aligned: bool) -> bool:
     """matmul_coop can compute this GEMM (whatever the device)."""
-    return dtype == "f16" and aligned and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0
+    return dtype in HALF_DTYPES and aligned and m % 16 == 0 and n % 16 == 0 and k % COOP_ALIGN == 0
 
 
 def coop_ok(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, aligned: bool, khr: bool = True) -> bool:
     """A subgroup cooperative-matrix GEMM runs this (khr=False: on the NV extension)."""
-    have = caps.coopmat_f16 or (khr and caps.coopmat_khr_f16)
+    if dtype == "bf16":
+        have = khr and not caps.bf16_lacks
+    else:
+        have = caps.coopmat_f16 or (khr and caps.coopmat_khr_f16)
     return bool(have) and coop_fits(dtype, m, n, k, aligned)
 
 
-def coop_tile(caps: DeviceCaps) -> Tile:
-    """matmul_coop's build for the device: the KHR extension's where it has it."""
+def coop_tile(caps: DeviceCaps, dtype: str = "f16") -> Tile:
+    """matmul_coop's build for the device: the KHR extension's where it has it (bf16: its bf16 build)."""
+    if dtype == "bf16":
+        return COOP_KHR_BF16
     return COOP_KHR if caps.coopmat_khr_f16 else COOP
 
 
-def coop_builds(caps: DeviceCaps) -> list[Tile]:
+def coop_builds(caps: DeviceCaps, dtype: str = "f16") -> list[Tile]:
     """Every matmul_coop build the device runs (the chosen one, and the others a test or bench may force)."""
+    if dtype == "bf16":
+        return [COOP_KHR_BF16, COOP_W128_BF16] if not caps.bf16_lacks else []
     fr8 = 8 in caps.coopmat_khr_sizes and caps.subgroup_size == 8 and caps.shared_memory >= COOP_FR8_SHARED
     w128 = caps.coopmat_khr_f16 and caps.subgroup_size in (0, 32)
     return [t for t, have in ((COOP, caps.coopmat_f16), (COOP_KHR, caps.coopmat_khr_f16), (COOP_W128, w128),
@@ -218,14 +233,18 @@ def _tile(shader: str) -> Tile:
 
 
 def _check_forced(caps: DeviceCaps, tile: Tile, dtype: str, m: int, n: int, k: int, coop_aligned: bool) -> None:
-    if dtype == "f16" and not (tile.coop or tile.f16):
-        raise DeviceError(f"{tile.shader} has no f16 build (f16 GEMMs use {F16_TILE}, matmul_coop or matmul_cm2)")
+    if dtype in HALF_DTYPES and not (tile.coop or tile.f16):
+        raise DeviceError(f"{tile.shader} has no {dtype} build ({dtype} GEMMs use {F16_TILE}, or cooperative matrices)")
     if tile.cm2:
         if dtype != "f16":
             raise DeviceError(f"{tile.shader} takes f16 GEMMs only, not {dtype}")
         if caps.name and not cm2_runs(caps, tile):   # a dry run without a device takes it on trust
             raise DeviceError(f"{tile.shader} does not run on {caps.described} "
                               "(no VK_NV_cooperative_matrix2 workgroup-scope f16 products of its size)")
+    elif tile.coop and tile.bf16 != (dtype == "bf16"):
+        raise DeviceError(f"{tile.shader} takes {'bf16' if tile.bf16 else 'f16'} GEMMs only, not {dtype}")
+    elif tile.coop and tile.bf16 and caps.name and caps.bf16_lacks:
+        raise DeviceError(f"{tile.shader} does not run on {caps.described} ({caps.bf16_lacks})")
     elif tile.coop and not coop_fits(dtype, m, n, k, coop_aligned):
         raise DeviceError(f"{tile.shader} cannot take a {dtype} GEMM of {m}x{k} by {k}x{n} "
                           f"(f16, M and N multiples of 16, K and strides of {COOP_ALIGN})")
@@ -252,8 +271,8 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
         tile = COOP_W128 if many and COOP_W128 in coop_builds(caps) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
             else cm2
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
-        tile = coop_tile(caps)
-    elif dtype == "f16":
+        tile = coop_tile(caps, dtype)
+    elif dtype in HALF_DTYPES:
         tile = TILES[F16_TILE]
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}

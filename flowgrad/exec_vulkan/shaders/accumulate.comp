@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // dst += src over n elements: gradient accumulation where a value feeds two nodes.
 #version 450
 #include "common.glsl"

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Adam and AdamW, one param: see flowgrad/train/optim.py (Adam) for the formula
 // and the hyper layout. AdamW is Adam with grad_decay 0 and param_decay 1 - lr*wd.
 #version 450

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Adam and AdamW over up to 7 params in one dispatch (the math of adam.comp,
 // per element). Param k gets first[k+1] - first[k] workgroups in a row and
 // walks its own n[k] elements with them; every param has its own four

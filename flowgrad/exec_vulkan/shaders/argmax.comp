@@ -1,13 +1,13 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // argmax over one axis (length L, element stride `inner`) of x, into i32:
 // the first maximum, as numpy and PyTorch. The 32-bit build reads f32 or i32
-// words (is_int says which), the f16 build float16.
+// words (is_int says which), the 16-bit builds T.
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
-#ifdef F16
-layout(std430, set = 0, binding = 0) readonly buffer BufX { float16_t x[]; };
+#if defined(F16) || defined(BF16)
+layout(std430, set = 0, binding = 0) readonly buffer BufX { T x[]; };
 #else
 layout(std430, set = 0, binding = 0) readonly buffer BufX { uint x[]; };
 #endif
@@ -17,8 +17,8 @@ layout(push_constant, std430) uniform Push {
 } p;
 
 float value(uint i) {
-#ifdef F16
-    return float(x[i]);
+#if defined(F16) || defined(BF16)
+    return LOAD(x[i]);
 #else
     return p.is_int != 0u ? float(int(x[i])) : uintBitsToFloat(x[i]);
 #endif

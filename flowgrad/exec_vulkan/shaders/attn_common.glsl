@@ -27,9 +27,13 @@ layout(std430, set = 0, binding = 2) readonly buffer V { T v[]; };
 #endif
 // The mask is read as raw words so one binding serves an additive mask of
 // the storage type and a boolean i32 mask.
-#ifdef F16
+#if defined(F16) || defined(BF16)
 layout(std430, set = 0, binding = 3) readonly buffer Mask { uint16_t mbits[]; };
+#ifdef BF16
+float mask_add(uint e) { return uintBitsToFloat(uint(mbits[e]) << 16); }
+#else
 float mask_add(uint e) { return unpackHalf2x16(uint(mbits[e])).x; }
+#endif
 bool mask_keep(uint e) { return (uint(mbits[2u * e]) | uint(mbits[2u * e + 1u])) != 0u; }
 #else
 layout(std430, set = 0, binding = 3) readonly buffer Mask { uint mbits[]; };

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // y += a * x over n elements (a a push constant): scaled accumulation.
 #version 450
 #include "common.glsl"

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // batchnorm and groupnorm on x [N, C, S] (S: the pixels of a channel).
 // Statistics are taken per segment: batchnorm's segment is a channel (all N
@@ -59,9 +59,9 @@ uint channel_of(uint i) { return (i / p.S) % p.C; }
 uint segment_of(uint i) { return (i / p.inner) % p.segments; }
 bool running_eval() { return (p.flags & 1u) != 0u && rng[0] == 0u; }
 bool stats_f32() { return (p.flags & 4u) != 0u; }
-float rm_at(uint k) { return stats_f32() ? rm32[k] : float(rm[k]); }
-float rv_at(uint k) { return stats_f32() ? rv32[k] : float(rv[k]); }
-float xhat_at(uint i) { vec4 s = stats[segment_of(i)]; return (float(x[i]) - s.x) * s.y; }
+float rm_at(uint k) { return stats_f32() ? rm32[k] : LOAD(rm[k]); }
+float rv_at(uint k) { return stats_f32() ? rv32[k] : LOAD(rv[k]); }
+float xhat_at(uint i) { vec4 s = stats[segment_of(i)]; return (LOAD(x[i]) - s.x) * s.y; }
 
 void segment_stats(uint k) {
     uint lid = gl_LocalInvocationID.x;
@@ -70,11 +70,11 @@ void segment_stats(uint k) {
         return;
     }
     float acc = 0.0;
-    for (uint j = lid; j < p.seg_len; j += 256u) acc += float(x[seg_index(k, j)]);
+    for (uint j = lid; j < p.seg_len; j += 256u) acc += LOAD(x[seg_index(k, j)]);
     float mean = wg_sum(acc) / float(p.seg_len);
     acc = 0.0;
     for (uint j = lid; j < p.seg_len; j += 256u) {
-        float d = float(x[seg_index(k, j)]) - mean;
+        float d = LOAD(x[seg_index(k, j)]) - mean;
         acc += d * d;
     }
     float var = wg_sum(acc) / float(p.seg_len);
@@ -101,7 +101,7 @@ void segment_sums(uint k) {
     float a = 0.0, c = 0.0;
     for (uint j = lid; j < p.seg_len; j += 256u) {
         uint i = seg_index(k, j);
-        float d = float(g[i]) * float(w[channel_of(i)]);
+        float d = LOAD(g[i]) * LOAD(w[channel_of(i)]);
         a += d;
         c += d * xhat_at(i);
     }
@@ -115,7 +115,7 @@ void channel_sums(uint ch) {
     float a = 0.0, c = 0.0;
     for (uint j = lid; j < p.N * p.S; j += 256u) {
         uint i = (j / p.S) * p.C * p.S + ch * p.S + j % p.S;
-        float gv = float(g[i]);
+        float gv = LOAD(g[i]);
         a += gv * xhat_at(i);
         c += gv;
     }
@@ -142,10 +142,10 @@ void main() {
     for (uint i = gl_GlobalInvocationID.x; i < total; i += step) {
         uint ch = channel_of(i);
         if (p.mode == 1u) {
-            o[i] = STORE(xhat_at(i) * float(w[ch]) + float(b[ch]));
+            o[i] = STORE(xhat_at(i) * LOAD(w[ch]) + LOAD(b[ch]));
         } else {
             vec4 s = stats[segment_of(i)];
-            float d = float(g[i]) * float(w[ch]);
+            float d = LOAD(g[i]) * LOAD(w[ch]);
             float v = running_eval() ? d * s.y
                 : s.y * (d - s.z / float(p.seg_len) - xhat_at(i) * s.w / float(p.seg_len));
             o[i] = STORE(v);

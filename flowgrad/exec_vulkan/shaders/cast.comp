@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // Float <-> i32 casts (the float side is T): dir 0 float -> i32 (truncates
 // toward zero, like numpy's astype), dir 1 i32 -> float. NaN and values
@@ -20,9 +20,9 @@ void main() {
     uint stride = gl_NumWorkGroups.x * 256u;
     for (uint k = gl_GlobalInvocationID.x; k < pc.n; k += stride) {
         if (pc.dir == 0u) {
-            float v = float(f[k]);
+            float v = LOAD(f[k]);
             iv[k] = v >= -2147483648.0 && v < 2147483648.0 ? int(v) : int(0x80000000u);
         }
-        else f[k] = T(float(iv[k]));
+        else f[k] = STORE(float(iv[k]));
     }
 }

@@ -1,11 +1,14 @@
+// variants: f32 bf16
 #version 450
 // cast_f16.comp over up to 15 tensors in one dispatch: dir 0 f32 -> f16
-// (round to nearest), dir 1 f16 -> f32. Tensor j is the pair of bindings
+// (round to nearest), dir 1 f16 -> f32 (the bf16 build: bf16 alike). Tensor j is the pair of bindings
 // j (f32) and 15 + j (f16); it gets workgroups first[j] .. first[j+1] - 1
 // and walks its own n[j] elements with them. The recorder merges a run of
 // independent cast_f16 dispatches into this one (multi_tensor.py).
-#extension GL_EXT_shader_16bit_storage : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef BF16
+#define F16 1   // the half side of the plain build
+#endif
+#include "common.glsl"
 
 layout(local_size_x = 256) in;
 layout(std430, set = 0, binding = 0) buffer A0 { float a0[]; };
@@ -23,27 +26,27 @@ layout(std430, set = 0, binding = 11) buffer A11 { float a11[]; };
 layout(std430, set = 0, binding = 12) buffer A12 { float a12[]; };
 layout(std430, set = 0, binding = 13) buffer A13 { float a13[]; };
 layout(std430, set = 0, binding = 14) buffer A14 { float a14[]; };
-layout(std430, set = 0, binding = 15) buffer H0 { float16_t h0[]; };
-layout(std430, set = 0, binding = 16) buffer H1 { float16_t h1[]; };
-layout(std430, set = 0, binding = 17) buffer H2 { float16_t h2[]; };
-layout(std430, set = 0, binding = 18) buffer H3 { float16_t h3[]; };
-layout(std430, set = 0, binding = 19) buffer H4 { float16_t h4[]; };
-layout(std430, set = 0, binding = 20) buffer H5 { float16_t h5[]; };
-layout(std430, set = 0, binding = 21) buffer H6 { float16_t h6[]; };
-layout(std430, set = 0, binding = 22) buffer H7 { float16_t h7[]; };
-layout(std430, set = 0, binding = 23) buffer H8 { float16_t h8[]; };
-layout(std430, set = 0, binding = 24) buffer H9 { float16_t h9[]; };
-layout(std430, set = 0, binding = 25) buffer H10 { float16_t h10[]; };
-layout(std430, set = 0, binding = 26) buffer H11 { float16_t h11[]; };
-layout(std430, set = 0, binding = 27) buffer H12 { float16_t h12[]; };
-layout(std430, set = 0, binding = 28) buffer H13 { float16_t h13[]; };
-layout(std430, set = 0, binding = 29) buffer H14 { float16_t h14[]; };
+layout(std430, set = 0, binding = 15) buffer H0 { T h0[]; };
+layout(std430, set = 0, binding = 16) buffer H1 { T h1[]; };
+layout(std430, set = 0, binding = 17) buffer H2 { T h2[]; };
+layout(std430, set = 0, binding = 18) buffer H3 { T h3[]; };
+layout(std430, set = 0, binding = 19) buffer H4 { T h4[]; };
+layout(std430, set = 0, binding = 20) buffer H5 { T h5[]; };
+layout(std430, set = 0, binding = 21) buffer H6 { T h6[]; };
+layout(std430, set = 0, binding = 22) buffer H7 { T h7[]; };
+layout(std430, set = 0, binding = 23) buffer H8 { T h8[]; };
+layout(std430, set = 0, binding = 24) buffer H9 { T h9[]; };
+layout(std430, set = 0, binding = 25) buffer H10 { T h10[]; };
+layout(std430, set = 0, binding = 26) buffer H11 { T h11[]; };
+layout(std430, set = 0, binding = 27) buffer H12 { T h12[]; };
+layout(std430, set = 0, binding = 28) buffer H13 { T h13[]; };
+layout(std430, set = 0, binding = 29) buffer H14 { T h14[]; };
 layout(push_constant) uniform Push { uint dir; uint n[15]; uint first[16]; } pc;
 
 #define CAST(A, H)                                              \
     for (uint k = at; k < count; k += stride) {                 \
-        if (pc.dir == 0u) H[k] = float16_t(A[k]);               \
-        else A[k] = float(H[k]);                                \
+        if (pc.dir == 0u) H[k] = STORE(A[k]);                   \
+        else A[k] = LOAD(H[k]);                                 \
     }
 
 void main() {

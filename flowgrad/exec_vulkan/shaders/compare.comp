@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // Elementwise comparisons with numpy broadcasting (each operand read through
 // its own strides over the output's index space, 0 where broadcast):
@@ -8,8 +8,8 @@
 #define MAXR 6
 
 layout(local_size_x = 256) in;
-#ifdef F16
-#define W float16_t
+#if defined(F16) || defined(BF16)
+#define W T
 #else
 #define W uint
 #endif
@@ -23,13 +23,12 @@ layout(push_constant, std430) uniform Push {
     uint sb[MAXR];
 } p;
 
-float read(W v) {
-#ifdef F16
-    return float(v);
+#if defined(F16) || defined(BF16)
+#define READ(v) LOAD(v)
 #else
-    return p.is_int != 0u ? float(int(v)) : uintBitsToFloat(v);
+float read(W v) { return p.is_int != 0u ? float(int(v)) : uintBitsToFloat(v); }
+#define READ(v) read(v)
 #endif
-}
 
 void main() {
     uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -41,11 +40,11 @@ void main() {
             ia += c * p.sa[k];
             ib += c * p.sb[k];
         }
-        float x = read(a[ia]), y = read(b[ib]);
+        float x = READ(a[ia]), y = READ(b[ib]);
         bool t = p.op == 0u ? x == y : p.op == 1u ? x != y : p.op == 2u ? x < y
                : p.op == 3u ? x <= y : p.op == 4u ? x > y : x >= y;
-#ifdef F16
-        o[i] = float16_t(t ? 1.0 : 0.0);
+#if defined(F16) || defined(BF16)
+        o[i] = STORE(t ? 1.0 : 0.0);
 #else
         o[i] = p.is_int != 0u ? uint(t ? 1 : 0) : floatBitsToUint(t ? 1.0 : 0.0);
 #endif

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // matmul_64x64_k16's tile (the same defines; a test compares them) over conv_gemm.glsl's operands.
 #define BM 64

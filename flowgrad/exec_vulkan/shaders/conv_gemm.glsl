@@ -76,11 +76,11 @@ bool tap_output(uint ih, uint iw, uint r, uint s, out uint oh, out uint ow) {
 
 float x_at(uint n, uint ch, uint ih, uint iw) {
     uint i = ((n * p.C + ch) * p.H + ih) * p.W + iw;
-    return float(p.mode == 0u ? a[i] : b[i]);
+    return p.mode == 0u ? LOAD(a[i]) : LOAD(b[i]);
 }
 
 float g_at(uint n, uint ch, uint oh, uint ow) {
-    return float(a[((n * p.O + ch) * p.OH + oh) * p.OW + ow]);
+    return LOAD(a[((n * p.O + ch) * p.OH + oh) * p.OW + ow]);
 }
 
 // A(m, k) of batch z (group z % G; k counts from its chunk's start)
@@ -113,9 +113,9 @@ float b_at(uint z, uint k, uint col) {
     z %= p.G;
     uint kk = p.KH * p.KW, cg = p.C / p.G, og = p.O / p.G;
     if (p.mode == 0u)
-        return float(b[(z * og + col) * cg * kk + k]);
+        return LOAD(b[(z * og + col) * cg * kk + k]);
     if (p.mode == 1u)
-        return float(b[((z * og + k / kk) * cg + col) * kk + k % kk]);
+        return LOAD(b[((z * og + k / kk) * cg + col) * kk + k % kk]);
     uint ohw = p.OH * p.OW;
     uint n = k / ohw, q = k % ohw, t = col % kk, ih, iw;
     if (tap_input(q / p.OW, q % p.OW, t / p.KW, t % p.KW, ih, iw))
@@ -192,7 +192,7 @@ void b_run(uint z, uint k, uint col, uint kend, out float v[GEMM_RUN]) {
         uint at = (z * og + col) * cg * kk + kg;
         [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
             v[j] = 0.0;
-            if (live && k + j < kend) v[j] = float(b[at + j]);
+            if (live && k + j < kend) v[j] = LOAD(b[at + j]);
         }
         return;
     }
@@ -200,7 +200,7 @@ void b_run(uint z, uint k, uint col, uint kend, out float v[GEMM_RUN]) {
         uint q = kg / kk, t = kg % kk;
         [[unroll]] for (uint j = 0u; j < GEMM_RUN; ++j) {
             v[j] = 0.0;
-            if (live && k + j < kend) v[j] = float(b[((z * og + q) * cg + col) * kk + t]);
+            if (live && k + j < kend) v[j] = LOAD(b[((z * og + q) * cg + col) * kk + t]);
             if (++t == kk) { t = 0u; ++q; }
         }
         return;
@@ -223,7 +223,7 @@ void store_c4(uint z, uint m, uint n, vec4 v) {}
 void store_c(uint z, uint m, uint col, float v) {
     uint cg = p.C / p.G, og = p.O / p.G, chunk = z / p.G;
     z %= p.G;
-    if (p.has_bias != 0u) v += float(bias[z * conv_n() + col]);
+    if (p.has_bias != 0u) v += LOAD(bias[z * conv_n() + col]);
     uint at;
     if (p.mode == 0u) {
         uint ohw = p.OH * p.OW;

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // Running sums along one axis of x, laid out [outer, n, inner]: one
 // invocation per (outer, inner) line walks its n elements in order (from the

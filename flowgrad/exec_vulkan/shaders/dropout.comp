@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // dropout forward and backward (the same map: y = x * mask / (1 - p)).
 // The mask is Philox4x32-10 of counter (rank * n + row * row_len + i, step, 0, 0)
@@ -24,7 +24,7 @@ void main() {
     uint step = rng[1], seed = rng[2], first = rng[3] * p.n + rng[4] * p.row_len;
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
-        float v = float(x[i]);
+        float v = LOAD(x[i]);
         if (training) v = (philox4x32(uvec4(first + i, step, 0u, 0u), uvec2(seed, p.stream)).x >> 8) >= p.thr ? v * p.scale : 0.0;
         y[i] = STORE(v);
     }

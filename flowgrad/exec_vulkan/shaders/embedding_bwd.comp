@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // dtable[v, :] = sum over positions i with ids[i] == v of g[i, :], from the
 // positions sorted by id (keys: the sorted ids, vals: their positions, in

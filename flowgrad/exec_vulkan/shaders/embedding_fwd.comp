@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // out[n, d] = table[ids[n], d]; an id outside [0, rows) is never read: it
 // gives a zero row, and the smallest such position n lands in `bad` (a
@@ -16,9 +16,12 @@ void main() {
     uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n * p.d; i += step) {
         int id = ids[i / p.d];
-        T val = T(0.0);
-        if (id >= 0 && uint(id) < p.rows) val = table[uint(id) * p.d + i % p.d];
-        else if (i % p.d == 0u) atomicMin(bad, i / p.d);
-        outv[i] = val;
+        // (stored in each branch: bf16's uint16_t may be loaded and stored, not held in a variable)
+        if (id >= 0 && uint(id) < p.rows) {
+            outv[i] = table[uint(id) * p.d + i % p.d];
+        } else {
+            outv[i] = STORE(0.0);
+            if (i % p.d == 0u) atomicMin(bad, i / p.d);
+        }
     }
 }

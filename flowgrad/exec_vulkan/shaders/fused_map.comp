@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // A chain of map ops in one pass: per element, read up to 4 inputs into
 // registers r0..r3, run a short program of map ops (map_apply.glsl, the ops
@@ -75,11 +75,11 @@ layout(constant_id = 32) const uint P31 = 0u;
 
 float load_input(uint k, uint at) {
     switch (k) {
-    case 0u: return float(x0[at]);
-    case 1u: return float(x1[at]);
-    case 2u: return float(x2[at]);
+    case 0u: return LOAD(x0[at]);
+    case 1u: return LOAD(x1[at]);
+    case 2u: return LOAD(x2[at]);
     }
-    return float(x3[at]);
+    return LOAD(x3[at]);
 }
 
 void main() {
@@ -111,10 +111,10 @@ void main() {
                 uint ins = prog[k];
                 float v = map_apply(ins & 0x7fu, r[(ins >> 7) & 63u], r[(ins >> 13) & 63u], r[(ins >> 19) & 63u],
                                     pc.param[(ins >> 25) & 7u]);
-                r[4u + k] = float(T(v));
+                r[4u + k] = LOAD(STORE(v));
             }
         }
-        y0[i] = T(r[(META >> 13) & 63u]);
-        if (nout > 1u) y1[i] = T(r[(META >> 19) & 63u]);
+        y0[i] = STORE(r[(META >> 13) & 63u]);
+        if (nout > 1u) y1[i] = STORE(r[(META >> 19) & 63u]);
     }
 }

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // Reads and writes at i32 indices along one axis; x and out are laid out
 // [outer, n, inner] along it, index and src [outer, m, inner]:
@@ -29,7 +29,7 @@ void main() {
             int id = index[i];
             uint o = i / (p.m * p.inner), k = i % p.inner;
             if (outside(id)) {
-                outv[i] = T(0.0);
+                outv[i] = STORE(0.0);
                 atomicMin(bad, i);
             } else {
                 outv[i] = x[(o * p.n + uint(id)) * p.inner + k];

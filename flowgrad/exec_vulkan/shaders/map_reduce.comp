@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // One kernel for every elementwise op and every axis reduction:
 //   y[o] = scale * REDUCE_{r < R} MAP(x0[i0], x1[i1], x2[i2])
@@ -59,9 +59,9 @@ float fold(uint rop, float acc, float v) {
 
 // b and c are read only from inputs the dispatch binds (code bits 22-23: how many)
 float map_value(uint op, uint nin, uint i0, uint i1, uint i2) {
-    float b = nin > 1u ? float(x1[i1]) : 0.0;
-    float c = nin > 2u ? float(x2[i2]) : 0.0;
-    return map_apply(op, float(x0[i0]), b, c, pc.param);
+    float b = nin > 1u ? LOAD(x1[i1]) : 0.0;
+    float c = nin > 2u ? LOAD(x2[i2]) : 0.0;
+    return map_apply(op, LOAD(x0[i0]), b, c, pc.param);
 }
 
 void main() {
@@ -118,19 +118,19 @@ void main() {
         acc = fg_seg_reduce2(vec2(acc, 0.0), S, rop, il).x;
         if (lane == 0u && slot_out < pc.n_out) {
             if (pc.chunks == 1u) {
-                y[slot_out] = T(acc * pc.scale);
+                y[slot_out] = STORE(acc * pc.scale);
             } else {
-                pieces_w[slot_out] = T(acc);
+                pieces_w[slot_out] = STORE(acc);
                 memoryBarrierBuffer();
                 uint o = slot_out % n_kept;
                 if (atomicAdd(counts[o], 1u) == pc.chunks - 1u) {
                     memoryBarrierBuffer();
                     float total = identity;
                     for (uint c = 0u; c < pc.chunks; ++c) {
-                        float v = float(pieces[c * n_kept + o]);
+                        float v = LOAD(pieces[c * n_kept + o]);
                         total = fold(rop, total, v);
                     }
-                    z[o] = T(total * pc.scale);
+                    z[o] = STORE(total * pc.scale);
                 }
             }
         }

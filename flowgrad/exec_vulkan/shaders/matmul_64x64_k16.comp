@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // 64x64 output tile, 16 deep per step, 4x4 outputs per invocation (see matmul_tiled.glsl).
 #define BM 64

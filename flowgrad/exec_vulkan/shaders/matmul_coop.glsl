@@ -1,5 +1,5 @@
 // GEMM on cooperative matrices (VK_KHR_cooperative_matrix, or with COOP_NV
-// the NV extension that preceded it): f16 operands, FR x FR x FR products
+// the NV extension that preceded it): f16 operands (bf16 in the BF16 builds), FR x FR x FR products
 // (FR 16, or 8 where the .comp says so) accumulated in f32, f16 result. Same
 // contract, push constants and epilogue (gemm_epilogue.glsl: its adds bits in
 // the EPI_ADDS specialization constant) as matmul_tiled.glsl (strides,
@@ -28,6 +28,7 @@
 // fragments), where plain GEMMs keep the alignment rules above.
 #ifdef COOP_NV
 #extension GL_NV_cooperative_matrix : require
+#define H float16_t
 #define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, FR, FR>
 #define FRAG_B FRAG_A
 #define FRAG_ACC fcoopmatNV<32, gl_ScopeSubgroup, FR, FR>
@@ -38,10 +39,19 @@
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #else
 #extension GL_KHR_cooperative_matrix : require
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
+// H: the operands' and the result's type, f16, or bf16 where BF16 is defined
+// (GL_EXT_bfloat16: VK_KHR_shader_bfloat16's cooperative matrices); the products
+// accumulate in f32 either way
+#ifdef BF16
+#extension GL_EXT_bfloat16 : require
+#define H bfloat16_t
+#else
+#define H float16_t
+#endif
+#define FRAG_A coopmat<H, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
+#define FRAG_B coopmat<H, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
 #define FRAG_ACC coopmat<float, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
-#define FRAG_OUT coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
+#define FRAG_OUT coopmat<H, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
 #define LOAD_ROWS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
 #define LOAD_COLS(f, buf, at, stride) coopMatLoad(f, buf, at, stride, gl_CooperativeMatrixLayoutColumnMajor)
 #define STORE_FRAG(f, buf, at, stride) coopMatStore(f, buf, at, stride, gl_CooperativeMatrixLayoutRowMajor)
@@ -81,11 +91,11 @@ layout(local_size_x = NT) in;
 #ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
-layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
 // the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
-layout(std430, set = 0, binding = 3) readonly buffer BufR { float16_t res[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufBias { float16_t bias[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer BufH { float16_t pre[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR { H res[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { H bias[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer BufH { H pre[]; };
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
 #include "fg_math.glsl"

@@ -34,11 +34,6 @@
 // (the order its *_KFAST / *_NFAST switches give), which scalar loads use.
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-#ifdef F16
-#define V4 f16vec4
-#else
-#define V4 vec4
-#endif
 
 #define WN (BN / TN)            // invocations along n
 #define WM (BM / TM)            // invocations along m
@@ -58,26 +53,26 @@
 layout(local_size_x = NT) in;
 #ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { T a[]; };
-layout(std430, set = 0, binding = 0) readonly buffer BufA4 { V4 a4[]; };
+layout(std430, set = 0, binding = 0) readonly buffer BufA4 { T4 a4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { T b[]; };
-layout(std430, set = 0, binding = 1) readonly buffer BufB4 { V4 b4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufB4 { T4 b4[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { T c[]; };
-layout(std430, set = 0, binding = 2) writeonly buffer BufC4 { V4 c4[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC4 { T4 c4[]; };
 layout(std430, set = 0, binding = 3) readonly buffer BufR { T res[]; };
-layout(std430, set = 0, binding = 3) readonly buffer BufR4 { V4 res4[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR4 { T4 res4[]; };
 layout(std430, set = 0, binding = 4) readonly buffer BufBias { T bias[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { V4 bias4[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { T4 bias4[]; };
 // split-K's partials go to C through coherent stores (the fixup reads them
 // back from other workgroups); the plain store stays a plain one
 layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { T parts_w[]; };
-layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { V4 parts_w4[]; };
+layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { T4 parts_w4[]; };
 layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { T parts[]; };
-layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { V4 parts4[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { T4 parts4[]; };
 layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile
 layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
-layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { V4 d4[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { T4 d4[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer BufH { T pre[]; };
-layout(std430, set = 0, binding = 7) writeonly buffer BufH4 { V4 pre4[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer BufH4 { T4 pre4[]; };
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push {
     GEMM_PUSH             // amode, bmode 1: 16-byte loads along the unit-stride dim, 0: scalar;
@@ -112,26 +107,26 @@ layout(constant_id = 1) const uint LAYOUT = 0u;
 #undef B_NFAST
 #define B_NFAST FIXED(8u, p.sbn == 1u)
 #define C_VEC (p.cvec == 1u)
-float a_at(uint base, uint m, uint k) { return float(a[base + m * p.sam + k * p.sak]); }
-float b_at(uint base, uint k, uint n) { return float(b[base + k * p.sbk + n * p.sbn]); }
-vec4 a_vec(uint base, uint m, uint k) { return vec4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
-vec4 b_vec(uint base, uint k, uint n) { return vec4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
+float a_at(uint base, uint m, uint k) { return LOAD(a[base + m * p.sam + k * p.sak]); }
+float b_at(uint base, uint k, uint n) { return LOAD(b[base + k * p.sbk + n * p.sbn]); }
+vec4 a_vec(uint base, uint m, uint k) { return LOAD4(a4[(base + m * p.sam + k * p.sak) / 4u]); }
+vec4 b_vec(uint base, uint k, uint n) { return LOAD4(b4[(base + k * p.sbk + n * p.sbn) / 4u]); }
 uint c_at(uint z, uint m, uint n) { return p.offc + z * p.zc + m * p.scm + n; }
 #include "fg_math.glsl"
 #include "map_ops.glsl"
 #include "gemm_epilogue.glsl"
 float adds(uint at, uint n, float v) {
-    v = float(T(v));
-    if ((p.epi & 6u) == 6u) v = float(T(v + float(bias[n])));
-    if ((p.epi & 1u) != 0u) v = float(T(v + float(res[at])));
-    if ((p.epi & 6u) == 2u) v = float(T(v + float(bias[n])));
+    v = LOAD(STORE(v));
+    if ((p.epi & 6u) == 6u) v = LOAD(STORE(v + LOAD(bias[n])));
+    if ((p.epi & 1u) != 0u) v = LOAD(STORE(v + LOAD(res[at])));
+    if ((p.epi & 6u) == 2u) v = LOAD(STORE(v + LOAD(bias[n])));
     return v;
 }
 vec4 adds4(uint at, uint n, vec4 v) {
-    v = vec4(V4(v));
-    if ((p.epi & 6u) == 6u) v = vec4(V4(v + vec4(bias4[n / 4u])));
-    if ((p.epi & 1u) != 0u) v = vec4(V4(v + vec4(res4[at / 4u])));
-    if ((p.epi & 6u) == 2u) v = vec4(V4(v + vec4(bias4[n / 4u])));
+    v = LOAD4(STORE4(v));
+    if ((p.epi & 6u) == 6u) v = LOAD4(STORE4(v + LOAD4(bias4[n / 4u])));
+    if ((p.epi & 1u) != 0u) v = LOAD4(STORE4(v + LOAD4(res4[at / 4u])));
+    if ((p.epi & 6u) == 2u) v = LOAD4(STORE4(v + LOAD4(bias4[n / 4u])));
     return v;
 }
 #define EPILOGUE (p.epi != 0u || EPI_ACT != 0u)
@@ -147,13 +142,13 @@ vec4 epilogue(uint at, uint n, vec4 v, bool vec) {
     }
     if (EPI_ACT == 0u) return v;
     if (vec) {
-        pre4[at / 4u] = V4(v);
+        pre4[at / 4u] = STORE4(v);
     } else {
         [[unroll]] for (uint q = 0u; q < 4u; ++q)
-            if (n + q < GEMM_N) pre[at + q] = T(v[q]);
+            if (n + q < GEMM_N) pre[at + q] = STORE(v[q]);
     }
     float r[4] = float[4](v.x, v.y, v.z, v.w);
-    for (uint q = 0u; q < 4u; ++q) r[q] = float(T(epi_act(r[q])));
+    for (uint q = 0u; q < 4u; ++q) r[q] = LOAD(STORE(epi_act(r[q])));
     return vec4(r[0], r[1], r[2], r[3]);
 }
 // the store's epilogue (store_acc), before store_c4 / store_c store its result
@@ -166,8 +161,8 @@ void store_c(uint z, uint m, uint n, float v) {
 }
 void store_c4(uint z, uint m, uint n, vec4 v) {
     uint at = c_at(z, m, n);
-    if (p.fixup != 0u) parts_w4[at / 4u] = V4(v);
-    else c4[at / 4u] = V4(v);
+    if (p.fixup != 0u) parts_w4[at / 4u] = STORE4(v);
+    else c4[at / 4u] = STORE4(v);
 }
 
 #endif
@@ -205,19 +200,19 @@ void fixup(uint z, uint m0, uint n0) {
         if (v4) {
             uint z = 0u;
             for (; z + 4u <= p.fixup; z += 4u) {
-                vec4 a0 = vec4(parts4[(at + z * p.zc) / 4u]), a1 = vec4(parts4[(at + (z + 1u) * p.zc) / 4u]);
-                vec4 a2 = vec4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = vec4(parts4[(at + (z + 3u) * p.zc) / 4u]);
+                vec4 a0 = LOAD4(parts4[(at + z * p.zc) / 4u]), a1 = LOAD4(parts4[(at + (z + 1u) * p.zc) / 4u]);
+                vec4 a2 = LOAD4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = LOAD4(parts4[(at + (z + 3u) * p.zc) / 4u]);
                 v = (((v + a0) + a1) + a2) + a3;
             }
-            for (; z < p.fixup; ++z) v += vec4(parts4[(at + z * p.zc) / 4u]);
+            for (; z < p.fixup; ++z) v += LOAD4(parts4[(at + z * p.zc) / 4u]);
         } else {
             [[unroll]] for (uint q = 0u; q < 4u; ++q)
                 if (n + q < p.N)
-                    for (uint z = 0u; z < p.fixup; ++z) v[q] += float(parts[at + q + z * p.zc]);
+                    for (uint z = 0u; z < p.fixup; ++z) v[q] += LOAD(parts[at + q + z * p.zc]);
         }
         if (EPILOGUE) v = epilogue(o, n, v, v4);
         if (v4) {
-            d4[o / 4u] = V4(v);
+            d4[o / 4u] = STORE4(v);
         } else {
             [[unroll]] for (uint q = 0u; q < 4u; ++q)
                 if (n + q < p.N) d[o + q] = STORE(v[q]);

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // layernorm and rmsnorm over the last axis (rows of D), forward and backward.
 // Row modes (a segment of S lanes per row):
@@ -65,13 +65,13 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
     if (!rms) {
         float s = 0.0;
         if (live)
-            for (uint j = lane; j < pc.D; j += S) s += float(x[start + j]);
+            for (uint j = lane; j < pc.D; j += S) s += LOAD(x[start + j]);
         mean = fg_seg_sum(s, S, false) / float(pc.D);
     }
     float v = 0.0;
     if (live)
         for (uint j = lane; j < pc.D; j += S) {
-            float d = float(x[start + j]) - mean;
+            float d = LOAD(x[start + j]) - mean;
             v += d * d;
         }
     v = fg_seg_sum(v, S, false) / float(pc.D);
@@ -80,7 +80,7 @@ vec2 row_stats(uint start, bool live, uint lane, uint S, bool rms) {
 
 // dx into y; added as the unfused step would: dx stored (rounded) first, then the sum
 void store_dx(uint at, float dx) {
-    y[at] = T((pc.flags & 2u) != 0u ? float(r[at]) + float(T(dx)) : dx);
+    y[at] = STORE((pc.flags & 2u) != 0u ? LOAD(r[at]) + LOAD(STORE(dx)) : dx);
 }
 
 shared vec4 seg4[FG_WG];
@@ -107,8 +107,8 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
     if (mode < 2u) {
         if (live)
             for (uint j = lane; j < pc.D; j += S) {
-                float v = (float(x[start + j]) - mean) * rstd * float(w[j]);
-                y[start + j] = T(rms ? v : v + float(b[j]));
+                float v = (LOAD(x[start + j]) - mean) * rstd * LOAD(w[j]);
+                y[start + j] = STORE(rms ? v : v + LOAD(b[j]));
             }
         return;
     }
@@ -117,16 +117,16 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
         for (uint j = lane; j < pc.D; j += S) {
             // precise: the second loop must compute the very same gw and
             // xhat (no FMA contraction), or their mean no longer cancels
-            precise float gw = float(g[start + j]) * float(w[j]);
-            precise float xhat = (float(x[start + j]) - mean) * rstd;
+            precise float gw = LOAD(g[start + j]) * LOAD(w[j]);
+            precise float xhat = (LOAD(x[start + j]) - mean) * rstd;
             acc += vec2(gw, gw * xhat);
         }
     acc = fg_seg_reduce2(acc, S, 0u, false) / float(pc.D);
     if (!live) return;
     float c = rms ? 0.0 : acc.x;
     for (uint j = lane; j < pc.D; j += S) {
-        precise float gw = float(g[start + j]) * float(w[j]);
-        precise float xhat = (float(x[start + j]) - mean) * rstd;
+        precise float gw = LOAD(g[start + j]) * LOAD(w[j]);
+        precise float xhat = (LOAD(x[start + j]) - mean) * rstd;
         store_dx(start + j, rstd * ((gw - c) - xhat * acc.y));
     }
     if (lane == 0u) {
@@ -147,8 +147,8 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAX
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         uint j = lane + k * S;
         bool in_row = live && j < pc.D;
-        xs[k] = in_row ? float(x[start + j]) : 0.0;
-        gs[k] = in_row ? float(g[start + j]) : 0.0;
+        xs[k] = in_row ? LOAD(x[start + j]) : 0.0;
+        gs[k] = in_row ? LOAD(g[start + j]) : 0.0;
         s += xs[k];
     }
     float mean = rms ? 0.0 : fg_seg_sum(s, S, false) / float(pc.D);
@@ -195,8 +195,8 @@ void sum_parts(uint first, uint count, uint to, bool final, bool rms) {
         }
         for (uint u = 0u; u < step; ++u) {
             if (final) {
-                dw[j + u] = T(acc[2u * u]);
-                if (!rms) db[j + u] = T(acc[2u * u + 1u]);
+                dw[j + u] = STORE(acc[2u * u]);
+                if (!rms) db[j + u] = STORE(acc[2u * u + 1u]);
             } else {
                 part[2u * (to * pc.D + j + u)] = acc[2u * u];
                 part[2u * (to * pc.D + j + u) + 1u] = acc[2u * u + 1u];
@@ -259,8 +259,8 @@ void columns(uint item, bool live, uint lane, uint S, bool rms) {
     if (live)
         for (uint r = chunk * piece + lane; r < end; r += S) {
             uint i = r * pc.D + col;
-            float gi = float(g[i]);
-            float xhat = (float(x[i]) - uintBitsToFloat(stats[2u * r])) * uintBitsToFloat(stats[2u * r + 1u]);
+            float gi = LOAD(g[i]);
+            float xhat = (LOAD(x[i]) - uintBitsToFloat(stats[2u * r])) * uintBitsToFloat(stats[2u * r + 1u]);
             acc += vec2(gi * xhat, gi);
         }
     acc = fg_seg_reduce2(acc, S, 0u, true);
@@ -269,8 +269,8 @@ void columns(uint item, bool live, uint lane, uint S, bool rms) {
         part[2u * item] = acc.x;
         part[2u * item + 1u] = acc.y;
     } else {
-        dw[col] = T(acc.x);
-        if (!rms) db[col] = T(acc.y);
+        dw[col] = STORE(acc.x);
+        if (!rms) db[col] = STORE(acc.y);
     }
 }
 
@@ -283,8 +283,8 @@ void main() {
             vec2 acc = vec2(0.0);
             for (uint c = 0u; c < pc.chunks; ++c)
                 acc += vec2(part[2u * (c * pc.D + col)], part[2u * (c * pc.D + col) + 1u]);
-            dw[col] = T(acc.x);
-            if (!rms) db[col] = T(acc.y);
+            dw[col] = STORE(acc.x);
+            if (!rms) db[col] = STORE(acc.y);
         }
         return;
     }
@@ -296,7 +296,7 @@ void main() {
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         cols[k] = vec2(0.0);
         uint j = lane + k * S;
-        wk[k] = mode >= 8u && j < pc.D ? float(w[j]) : 0.0;
+        wk[k] = mode >= 8u && j < pc.D ? LOAD(w[j]) : 0.0;
     }
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // One map per invocation for the activations and elementwise losses that
 // map_reduce.comp does not carry: out[i] = F(a[i], b[i]). Ops:
@@ -35,6 +35,6 @@ float f(uint op, float x, float y) {
 void main() {
     uint step = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gl_GlobalInvocationID.x; i < p.n; i += step) {
-        o[i] = STORE(f(p.op, float(a[i]), float(b[i])));  // unary ops bind a as b too
+        o[i] = STORE(f(p.op, LOAD(a[i]), LOAD(b[i])));  // unary ops bind a as b too
     }
 }

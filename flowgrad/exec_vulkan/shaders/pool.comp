@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // 2-D pooling over planes of x [planes, H, W] into [planes, OH, OW].
 // Forward modes: one invocation per output; backward modes: one per input
@@ -31,7 +31,7 @@ uint argmax_of(uint base, uint oh, uint ow) {
             int w = int(ow * p.SW + s) - int(p.PW);
             if (w < 0 || w >= int(p.W)) continue;
             uint idx = uint(h) * p.W + uint(w);
-            float v = float(x[base + idx]);
+            float v = LOAD(x[base + idx]);
             if (at == 0xFFFFFFFFu || v > best || isnan(v)) { best = v; at = idx; }
         }
     }
@@ -60,8 +60,8 @@ uint bin_hi(uint i, uint n, uint out_n) { return ((i + 1u) * n + out_n - 1u) / o
 float forward(uint i) {
     uint ohw = p.OH * p.OW, plane = i / ohw, oh = (i % ohw) / p.OW, ow = i % p.OW;
     uint base = plane * p.H * p.W;
-    if (p.mode == 0u) return float(x[base + argmax_of(base, oh, ow)]);
-    if (p.mode == 6u) return float(g[base + argmax_of(base, oh, ow)]);
+    if (p.mode == 0u) return LOAD(x[base + argmax_of(base, oh, ow)]);
+    if (p.mode == 6u) return LOAD(g[base + argmax_of(base, oh, ow)]);
     uint h0, h1, w0, w1;
     if (p.mode == 2u) {
         int hs = int(oh * p.SH) - int(p.PH), ws = int(ow * p.SW) - int(p.PW);
@@ -73,7 +73,7 @@ float forward(uint i) {
     }
     float acc = 0.0;
     for (uint h = h0; h < h1; ++h)
-        for (uint w = w0; w < w1; ++w) acc += float(x[base + h * p.W + w]);
+        for (uint w = w0; w < w1; ++w) acc += LOAD(x[base + h * p.W + w]);
     return acc / (p.mode == 2u ? divisor(oh, ow) : float((h1 - h0) * (w1 - w0)));
 }
 
@@ -90,7 +90,7 @@ float backward(uint i) {
             for (int ow = max(d0 - 1, 0); ow <= min(d0 + 1 + int(p.OW / p.W), int(p.OW) - 1); ++ow) {
                 uint w0 = bin_lo(uint(ow), p.W, p.OW), w1 = bin_hi(uint(ow), p.W, p.OW);
                 if (iw < w0 || iw >= w1) continue;
-                acc += float(g[gbase + uint(oh) * p.OW + uint(ow)]) / float((h1 - h0) * (w1 - w0));
+                acc += LOAD(g[gbase + uint(oh) * p.OW + uint(ow)]) / float((h1 - h0) * (w1 - w0));
             }
         }
         return acc;
@@ -101,7 +101,7 @@ float backward(uint i) {
     uint me = ih * p.W + iw, base = plane * hw;
     for (int oh = hlo; oh <= hhi; ++oh)
         for (int ow = wlo; ow <= whi; ++ow) {
-            float gv = float(g[gbase + uint(oh) * p.OW + uint(ow)]);
+            float gv = LOAD(g[gbase + uint(oh) * p.OW + uint(ow)]);
             if (p.mode == 1u) {
                 if (argmax_of(base, uint(oh), uint(ow)) == me) acc += gv;
             } else {

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // randn_like: standard normal noise, element i from Philox4x32-10 of counter
 // (rank * n + row * row_len + i, step, 1, 0) under key (seed, stream) (the 1

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Plain SGD (no momentum), one param: see flowgrad/train/optim.py (SGD) for
 // the formula and the hyper layout; the numpy update reads the same hyper array.
 #version 450

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // SGD with momentum (dampening, nesterov), one param: see flowgrad/train/optim.py
 // (SGD) for the formula and the hyper layout. The momentum buffer is f32.
 #version 450

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // softmax / log_softmax along one axis, forward and backward. The tensor is
 // seen as rows of L elements `inner` apart (axis -1: inner = 1); a segment of
@@ -41,18 +41,18 @@ void main() {
         if (mode < 2u) {
             float m = -uintBitsToFloat(0x7f800000u);
             if (live)
-                for (uint j = lane; j < pc.L; j += S) m = fg_nanmax(m, float(a[start + j * step]));
+                for (uint j = lane; j < pc.L; j += S) m = fg_nanmax(m, LOAD(a[start + j * step]));
             m = fg_seg_max(m, S, il);
             float s = 0.0;
             if (live)
-                for (uint j = lane; j < pc.L; j += S) s += exp(float(a[start + j * step]) - m);
+                for (uint j = lane; j < pc.L; j += S) s += exp(LOAD(a[start + j * step]) - m);
             s = fg_seg_sum(s, S, il);
             if (live) {
                 float ls = log(s);
                 for (uint j = lane; j < pc.L; j += S) {
                     uint i = start + j * step;
-                    float z = float(a[i]) - m;
-                    o[i] = T(mode == 0u ? exp(z) / s : z - ls);
+                    float z = LOAD(a[i]) - m;
+                    o[i] = STORE(mode == 0u ? exp(z) / s : z - ls);
                 }
             }
         } else {
@@ -60,14 +60,14 @@ void main() {
             if (live)
                 for (uint j = lane; j < pc.L; j += S) {
                     uint i = start + j * step;
-                    d += mode == 2u ? float(g[i]) * float(a[i]) : float(g[i]);
+                    d += mode == 2u ? LOAD(g[i]) * LOAD(a[i]) : LOAD(g[i]);
                 }
             d = fg_seg_sum(d, S, il);
             if (live)
                 for (uint j = lane; j < pc.L; j += S) {
                     uint i = start + j * step;
-                    float y = float(a[i]), gi = float(g[i]);
-                    o[i] = T(mode == 2u ? y * (gi - d) : gi - exp(y) * d);
+                    float y = LOAD(a[i]), gi = LOAD(g[i]);
+                    o[i] = STORE(mode == 2u ? y * (gi - d) : gi - exp(y) * d);
                 }
         }
     }

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // Generic strided copy: dst[dst_off + idx.dstride] = src[src_off + idx.sstride]
 // for every multi-index idx of `shape` (row-major order). Serves reshape-free
@@ -8,6 +8,9 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #define W float16_t
+#elif defined(BF16)
+#extension GL_EXT_shader_16bit_storage : require
+#define W uint16_t
 #else
 #define W uint
 #endif

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Gradient clipping, part 1: partial sums of squares of one grad, one per
 // workgroup, written to partials[offset + group]. A fixed tree order per
 // group, so the sum is deterministic.

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // topk along one axis (length L, element stride `inner`), one invocation
 // per row: k selection passes, each the largest element after the previous
@@ -24,21 +24,21 @@ void main() {
         uint base = (row / p.inner) * p.L * p.inner + row % p.inner;
         uint obase = (row / p.inner) * p.k * p.inner + row % p.inner;
         if (p.mode == 2u)
-            for (uint j = 0u; j < p.L; ++j) vals[base + j * p.inner] = T(0.0);
+            for (uint j = 0u; j < p.L; ++j) vals[base + j * p.inner] = STORE(0.0);
         float pv = 0.0;
         int pi = -1;
         for (uint r = 0u; r < p.k; ++r) {
             float bv = 0.0;
             int bi = -1;
             for (uint j = 0u; j < p.L; ++j) {
-                float v = float(x[base + j * p.inner]);
+                float v = LOAD(x[base + j * p.inner]);
                 bool after = pi < 0 || v < pv || (v == pv && int(j) > pi);
                 if (after && (bi < 0 || v > bv)) { bv = v; bi = int(j); }
             }
             pv = bv;
             pi = bi;
             uint o = obase + r * p.inner;
-            if (p.mode == 0u) vals[o] = T(bv);
+            if (p.mode == 0u) vals[o] = STORE(bv);
             else if (p.mode == 1u) idx[o] = bi;
             else if (p.mode == 2u) vals[base + uint(bi) * p.inner] = g[o];
             else vals[o] = g[base + uint(bi) * p.inner];

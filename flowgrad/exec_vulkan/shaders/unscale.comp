@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Loss scaling, part 1: one gradient times 1/scale, in place; flags[k] = 1
 // if it holds an inf or a NaN (the flags are zeroed before, and several
 // workgroups may write the same 1). As torch's

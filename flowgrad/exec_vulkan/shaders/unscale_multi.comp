@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 // Loss scaling, part 1, over up to 12 gradients in one dispatch: each
 // gradient times 1/scale, in place, and flags[k] = 1 if any of them holds an
 // inf or a NaN (the flags are zeroed before; several workgroups may write

@@ -1,4 +1,4 @@
-// variants: f32 f16
+// variants: f32 f16 bf16
 #version 450
 // cross_entropy(logits [N, C], targets i32 [N], class weights w [C]) with
 // ignore_index and label smoothing eps, the weighted mean over the rows
@@ -50,7 +50,7 @@ layout(push_constant) uniform Push {
 
 float weight(uint c) {
     if (pc.has_weight == 0u) return 1.0;
-    return pc.wide != 0u ? w32[c] : float(w[c]);
+    return pc.wide != 0u ? w32[c] : LOAD(w[c]);
 }
 
 void main() {
@@ -67,7 +67,7 @@ void main() {
         den = fg_seg_sum(den, FG_WG, false);
         if (lid == 0u) {
             if (pc.mode == 1u && pc.wide != 0u) o32[0] = num / den;
-            else if (pc.mode == 1u) o[0] = T(num / den);
+            else if (pc.mode == 1u) o[0] = STORE(num / den);
             rl[2u * pc.N] = den;
         }
         return;
@@ -81,12 +81,12 @@ void main() {
         uint start = row * pc.C;
         float m = -uintBitsToFloat(0x7f800000u);
         if (live)
-            for (uint j = lane; j < pc.C; j += S) m = fg_nanmax(m, float(x[start + j]));
+            for (uint j = lane; j < pc.C; j += S) m = fg_nanmax(m, LOAD(x[start + j]));
         m = fg_seg_max(m, S, false);
         float s = 0.0, wsum = 0.0, wz = 0.0;
         if (live)
             for (uint j = lane; j < pc.C; j += S) {
-                float z = float(x[start + j]);
+                float z = LOAD(x[start + j]);
                 s += exp(z - m);
                 wsum += weight(j);
                 wz += weight(j) * z;
@@ -104,7 +104,7 @@ void main() {
         float sm = pc.eps / float(pc.C) * valid;
         if (pc.mode == 0u) {
             if (lane == 0u) {
-                float nll = ignored || !ok ? 0.0 : lse - float(x[start + uint(t)]);
+                float nll = ignored || !ok ? 0.0 : lse - LOAD(x[start + uint(t)]);
                 // -sum_c w_c logp_c = W lse - sum_c w_c z_c
                 // no smoothing leaves its term out: a -inf logit makes it inf, and 0 * inf is NaN
                 float smoothing = sm == 0.0 ? 0.0 : sm * (wsum * lse - wz);
@@ -113,11 +113,11 @@ void main() {
                 if (!ok) atomicMin(bad, row);
             }
         } else {
-            float k = (pc.wide != 0u ? g32[0] : float(g[0])) / rl[2u * pc.N];
+            float k = (pc.wide != 0u ? g32[0] : LOAD(g[0])) / rl[2u * pc.N];
             for (uint j = lane; j < pc.C; j += S) {
-                float p = pc.log_probs != 0u ? 0.0 : exp(float(x[start + j]) - lse);
+                float p = pc.log_probs != 0u ? 0.0 : exp(LOAD(x[start + j]) - lse);
                 float d = (1.0 - pc.eps) * tw * (p - (int(j) == t ? 1.0 : 0.0)) + sm * (wsum * p - weight(j));
-                o[start + j] = T(ok ? k * d : nan);
+                o[start + j] = STORE(ok ? k * d : nan);
             }
         }
     }
