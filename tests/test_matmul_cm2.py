@@ -111,8 +111,8 @@ CM2 = discovery.DeviceCaps("NVIDIA H200", coopmat_f16=True, cm2_invocations=(32,
 def test_cm2_first_then_coop_then_the_f16_tile():
     tile = mk.choose(CM2, "f16", 4096, 4096, 4096, 1, coop_aligned=True, tensor_loads=True).tile
     assert tile.cm2 and tile.shader == mk.CM2_TABLE["large"]
-    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep"),
-                           (4096, 1536, 512, "square")]:
+    # (4096x1536 takes the class tile's wider sibling: test_grids_of_more_waves_take_the_wider_tile)
+    for m, n, k, klass in [(4096, 2048, 512, "square"), (4096, 512, 512, "tall"), (512, 512, 4096, "deep")]:
         assert mk.choose(CM2, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
     assert mk.choose(CM2, "f16", 64, 64, 32, 8, tensor_loads=True).tile.shader == mk.CM2_TABLE["batched"]
     # odd sizes and strides: still matmul_cm2 (clamped tensor loads), not coop
@@ -130,28 +130,47 @@ H100 = attrs.evolve(CM2, name="NVIDIA H100 80GB HBM3", coopmat_khr_f16=True, coo
                     subgroup_size=32, shared_memory=49152)
 
 
-@pytest.mark.parametrize("m,n,k,want", [
-    (768, 3072, 8192, "deep_long"), (3072, 768, 8192, "deep_long"), (768, 768, 8192, "deep_long"),
-    (8192, 768, 50304, "deep_long"), (512, 2048, 4096, "deep"), (512, 256, 4096, "deep"),
-    (4096, 4096, 4096, "large")])
-def test_the_longest_deep_products_take_their_own_tile(m, n, k, want):
+WIDE = "matmul_cm2_128x96_k64_w128"
+
+
+@pytest.mark.parametrize("m,n,k,want,tile", [
+    (768, 3072, 8192, "deep_long", WIDE), (3072, 768, 8192, "deep_long", WIDE), (768, 768, 8192, "deep_long", None),
+    (8192, 768, 50304, "deep_long", WIDE), (512, 2048, 4096, "deep", None), (512, 256, 4096, "deep", None),
+    (4096, 4096, 4096, "large", None)])
+def test_the_longest_deep_products_take_their_own_tile(m, n, k, want, tile):
     assert mk.cm2_class(mk.shape_class(m, n, k, 1), m, n, k) == want
     choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)
-    assert choice.tile.shader == mk.CM2_TABLE[want]
+    assert choice.tile.shader == (tile or mk.CM2_TABLE[want])
+
+
+@pytest.mark.parametrize("m,n,k,wide", [
+    # 288 tiles of 128x64 (two waves of 264, the second nearly empty) against 192 of 128x96 (one)
+    (768, 3072, 8192, True), (3072, 768, 8192, True),
+    # 216 and 72 tiles: one wave of 128x64 already, where 128x96's larger tiles would only take longer
+    (768, 2304, 8192, False), (768, 768, 8192, False),
+    # 768 tiles (2.9 waves) against 512 (1.9): fewer waves of ~1.1x the rate per output
+    (8192, 768, 768, True), (8192, 768, 3072, True), (4096, 1536, 512, True),
+    # 1024 tiles (3.9 waves) against 704 (2.7): as many waves, each 1.5x the outputs
+    (4096, 2048, 512, False), (4096, 512, 512, False)])
+def test_grids_of_more_waves_take_the_wider_tile(m, n, k, wide):
+    klass = mk.cm2_class(mk.shape_class(m, n, k, 1), m, n, k)
+    assert mk.CM2_TABLE[klass] == "matmul_cm2_128x64_k64_w128"
+    choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)
+    assert choice.tile.shader == (WIDE if wide else mk.CM2_TABLE[klass])
+    # a device that does not list the wider tile's workgroup keeps the class's tile; batches keep it too
+    coarse = attrs.evolve(H100, cm2_granularity=(64, 64, 16))
+    assert mk.choose(coarse, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
 
 
 def test_tall_outputs_of_many_tiles_take_the_two_per_sm_coop_tile():
     # GPT-2's vocabulary projection and its weight gradient
     for m, n, k in [(8192, 50304, 768), (768, 50304, 8192)]:
         assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP_W128
-        # not aligned for it, or no KHR products of 16: the class's cm2 tile
-        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=False, tensor_loads=True).tile.shader == \
-            mk.CM2_TABLE["tall"]
-        assert mk.choose(CM2, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile.shader == \
-            mk.CM2_TABLE["tall"]
-    # a tall output of few tiles keeps the cm2 tile
-    assert mk.choose(H100, "f16", 8192, 768, 3072, 1, coop_aligned=True, tensor_loads=True).tile.shader == \
-        mk.CM2_TABLE["tall"]
+        # not aligned for it, or no KHR products of 16: the class's cm2 tile (here its wider sibling)
+        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=False, tensor_loads=True).tile.shader == WIDE
+        assert mk.choose(CM2, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile.shader == WIDE
+    # a tall output of few tiles keeps a cm2 tile
+    assert mk.choose(H100, "f16", 8192, 768, 3072, 1, coop_aligned=True, tensor_loads=True).tile.cm2
     assert mk.COOP_W128 in mk.coop_builds(H100) and mk.COOP_W128 not in mk.coop_builds(CM2)
 
 

@@ -102,6 +102,13 @@ CM2_LONG_K = 8192
 # vocabulary projection (8192x50304 by 768) 0.30-0.31 of cuBLAS against 0.26-0.27 for the cm2 tile,
 # on an H100 and an H200; with few tiles (8192x768) the cm2 tile stays ahead (0.33-0.37 against 0.29-0.32)
 COOP_MANY_TILES = 2048
+# A tile's wider sibling, taken where it needs fewer whole waves of workgroups for the same output:
+# the cost of a grid is its waves (SPLIT_TARGET workgroups each, two per SM for these 128-invocation
+# tiles) times a tile's outputs over its rate per output. On an H100 (bench/matmul_f16_candidates.py,
+# one process) 128x96 ran GPT-2's 8192x768 outputs (512 tiles, 1.9 waves, against 768, 2.9) at 1.04-1.25x
+# 128x64 and 768x3072 by 8192 (192 tiles, one wave, against 288) at 1.26x, but 768x2304 by 8192
+# (144 tiles against 216, both under a wave) at 0.77x: a full wave of it runs ~1.1x the outputs.
+CM2_WIDER = {"matmul_cm2_128x64_k64_w128": ("matmul_cm2_128x96_k64_w128", 1.1)}
 
 NARROW = 256            # a tall output this short on its short side is "narrow" (few 128-wide tiles)
 # device family -> shape class -> tile shader
@@ -225,6 +232,19 @@ def _cm2_tile(caps: DeviceCaps, key: str) -> Tile | None:
     return next((CM2S[t] for t in names if cm2_runs(caps, CM2S[t])), None)
 
 
+def _wider(caps: DeviceCaps, tile: Tile, m: int, n: int) -> Tile:
+    """The cm2 tile or its wider sibling (CM2_WIDER), whichever covers m x n at less cost."""
+    name, rate = CM2_WIDER.get(tile.shader, (None, 1.0))
+    wide = CM2S.get(name)
+    if wide is None or not cm2_runs(caps, wide):
+        return tile
+    wave = SPLIT_TARGET[device_family(caps)]
+
+    def cost(t: Tile, r: float) -> float:
+        return math.ceil(math.ceil(m / t.bm) * math.ceil(n / t.bn) / wave) * t.bm * t.bn / r
+    return wide if cost(wide, rate) < cost(tile, 1.0) else tile
+
+
 def _tile(shader: str) -> Tile:
     tile = TILES.get(shader) or COOPS.get(shader) or CM2S.get(shader)
     if tile is None:
@@ -269,7 +289,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     elif tensor_loads and dtype == "f16" and cm2 is not None:
         many = klass in ("tall", "narrow") and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES
         tile = COOP_W128 if many and COOP_W128 in coop_builds(caps) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
-            else cm2
+            else cm2 if nz > 1 else _wider(caps, cm2, m, n)
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps, dtype)
     elif dtype in HALF_DTYPES:
