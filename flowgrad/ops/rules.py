@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.graph import TensorType
-from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import OpTypeError
 
 
@@ -50,22 +49,6 @@ def shape_attr(attrs) -> list[int]:
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise OpTypeError(f"shape={shape!r} must be a list of sizes")
     return shape
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum a gradient over the axes that broadcasting added or stretched.
-    f16 is summed in f32 and rounded once, as PyTorch does: an f16 running
-    sum stops growing once its spacing passes twice the addend (4096 ones
-    sum to 2048)."""
-    grad = np.asarray(grad)
-    summed = wide(grad)
-    extra = grad.ndim - len(shape)
-    if extra:
-        summed = summed.sum(axis=tuple(range(extra)))
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and summed.shape[i] != 1)
-    if stretched:
-        summed = summed.sum(axis=stretched, keepdims=True)
-    return narrow(summed, grad).reshape(shape)
 
 
 def norm_axis(axis: int, ndim: int) -> int:

@@ -8,6 +8,7 @@ import math
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
+from flowgrad.ops.pool import window
 
 MODES = {"maxpool2d": (0, 1), "avgpool2d": (2, 3), "adaptive_avgpool2d": (4, 5)}
 MAX_PICK = 6
@@ -18,8 +19,6 @@ def _geometry(node, x_shape, adaptive: bool):
     attrs = node.attrs
     if adaptive:  # the bins come from the sizes alone
         return (1, 1), (1, 1), (0, 0), 0
-    from flowgrad.ops.pool import window  # lazy: the op module imports this one
-
     win = window(tuple(x_shape), attrs)
     return win["kernel"], win["stride"], win["pad"], int(attrs.get("count_include_pad", True))
 

@@ -7,6 +7,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
+from flowgrad.ops.random import drop_threshold, keep_scale, row_length
 
 
 def _stream(attrs) -> int:
@@ -15,8 +16,6 @@ def _stream(attrs) -> int:
 
 
 def _masked(rec, node, src, rng, dst):
-    from flowgrad.ops.random import drop_threshold, keep_scale, row_length  # lazy: the op module imports this one
-
     n = math.prod(dst.shape)
     p = node.attrs["p"]
     push = [n, row_length(dst.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
@@ -32,8 +31,6 @@ DROPOUT = Lowering(dropout_forward, FLOATS | {"i32"})
 
 
 def randn_forward(rec, node, ins, out):
-    from flowgrad.ops.random import row_length
-
     n = math.prod(out.shape)
     dispatch_1d(rec, "randn", [ins[1], out], [n, row_length(out.shape), _stream(node.attrs)], n, out.dtype)
 

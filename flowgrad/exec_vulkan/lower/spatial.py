@@ -6,6 +6,7 @@ from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
 from flowgrad.exec_vulkan.lower.shape import RESHAPE
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import fill_word
+from flowgrad.ops.spatial import pad_widths
 
 
 FLATTEN = RESHAPE
@@ -13,8 +14,6 @@ FLATTEN = RESHAPE
 
 def _interior(node, x_shape, out_shape):
     """(x's shape, out's row-major strides, element offset of x's corner in out)."""
-    from flowgrad.ops.spatial import pad_widths  # lazy: the op module imports this one
-
     widths = pad_widths(tuple(x_shape), node.attrs)
     os_ = strides(out_shape)
     return tuple(x_shape), os_, sum(lo * s for (lo, _), s in zip(widths, os_))
