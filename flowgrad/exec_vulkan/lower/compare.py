@@ -7,7 +7,7 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(NE=54, LT=55, LE=56, GT=57, GE=58)   # 1.0 where x0 <op> x1, else 0.0 (M.EQ is map_reduce's)
@@ -63,23 +63,23 @@ def _topk(rec, node, mode, x, g, vals, idx, out_shape):
 
 
 def _topk_values_forward(rec, node, ins, out):
-    _topk(rec, node, 0, ins[0], unused(rec, out.dtype), out, unused(rec, "i32"), out.shape)
+    _topk(rec, node, 0, ins[0], rec.stand_in(out.dtype), out, rec.stand_in("i32"), out.shape)
 
 
 def _topk_indices_forward(rec, node, ins, out):
     t = ins[0].dtype
-    _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
+    _topk(rec, node, 1, ins[0], rec.stand_in(t), rec.stand_in(t), out, out.shape)
 
 
 def _topk_grad_forward(rec, node, ins, out):
     """g scattered to where the top k of x lie, zeros elsewhere."""
     x, g = ins
-    _topk(rec, node, 2, x, g, out, unused(rec, "i32"), g.shape)
+    _topk(rec, node, 2, x, g, out, rec.stand_in("i32"), g.shape)
 
 
 def _topk_pick_forward(rec, node, ins, out):
     x, t = ins
-    _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
+    _topk(rec, node, 3, x, t, out, rec.stand_in("i32"), out.shape)
 
 
 register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE,

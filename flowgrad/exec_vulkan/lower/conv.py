@@ -26,7 +26,7 @@ from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import holding, variant
-from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
+from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 from flowgrad.ops import conv
 
@@ -141,7 +141,7 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
     chunks, kc = _chunks(rec.caps, tile, gemm)
     out = dst if chunks == 1 else rec.scratch((chunks, weight[0], math.prod(weight[1:])), dst.dtype)
     has_bias = bias is not None
-    bufs = [a, b, bias if has_bias else unused(rec, dst.dtype), out]
+    bufs = [a, b, bias if has_bias else rec.stand_in(dst.dtype), out]
     rec.dispatch(conv_shader(tile), bufs, gemm.push(has_bias, chunks, kc),
                  (gx, gy, min(groups * chunks, MAX_GROUPS)), None if tile.coop else variant(dst.dtype))
     if chunks > 1:

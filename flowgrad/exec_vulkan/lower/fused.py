@@ -21,7 +21,7 @@ import attrs
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
@@ -127,8 +127,8 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
     meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 11 | o[0] << 13 | o[1] << 19
     dtype = outs[0].dtype
-    bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
-    bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]
+    bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
+    bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
     rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(n), variant(dtype),
                  spec=(meta, *prog_words))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
 
 
@@ -67,11 +67,11 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         lt = "f32" if wide else t   # the loss's dtype
 
         def bound(view, dtype=lt):
-            return view if view is not None else unused(rec, dtype)
+            return view if view is not None else rec.stand_in(dtype)
 
         bufs = [bound(logits, t), bound(targets, "i32"), bound(g), bound(o, lt if mode == MEAN else t), row_loss,
                 bound(weight)]
-        bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else unused(rec, "i32")
+        bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else rec.stand_in("i32")
         rec.dispatch("xent", bufs + [bad], push=push, groups=(groups, 1, 1), variant=variant(t))
 
     def row_losses(rec, node, logits, targets, weight, wide, keep: bool = False):

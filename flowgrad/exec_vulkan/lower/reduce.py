@@ -6,7 +6,7 @@ import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 from flowgrad.ops.reduce import dof, reduce_axes
 
@@ -80,7 +80,7 @@ def _softmax(kind: str) -> tuple[Lowering, Lowering]:
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
-        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, node.attrs["axis"])
+        _rows(rec, fwd_mode, ins[0], rec.stand_in(out.dtype), out, node.attrs["axis"])
 
     def grad_forward(rec, node, ins, out):
         y, g = ins
