@@ -43,6 +43,22 @@ def pair_infer(first: str):
     return infer
 
 
+def picks_infer(forward_infer, second: str, scatter: bool):
+    """The rule of an op of (x, second) beside an op of x that picks some of
+    x's elements (maxpool2d, topk): its gradient (scatter: second shaped as
+    the pick's output, the result as x) or the pick of `second` at x's picks
+    (second shaped as x, the result as the output). The two are each other's
+    transposes."""
+    def infer(ins, attrs):
+        x, other = ins
+        picked = forward_infer([x], attrs)
+        want = picked if scatter else x
+        if other != want:
+            raise OpTypeError(f"{second} must be {want}, got {other} (x is {x})")
+        return x if scatter else picked
+    return infer
+
+
 def shape_attr(attrs) -> list[int]:
     """A gradient op's `shape` attr (its input's shape), checked."""
     shape = attrs["shape"]
