@@ -125,21 +125,19 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
     if choice.chunks > 1 and choice.tile.coop:
-        _split_k(rec, g, choice, epilogue)
-    elif choice.chunks > 1:
+        _split_k(rec, g, choice, epilogue)   # it applies the epilogue where it can
+        return True
+    if choice.chunks > 1:
         _split_k_fixup(rec, g, choice, epi)
-    elif choice.tile.coop:
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_epilogue_views(rec, epi, c.view.dtype)],
-                     g.push(choice.tile), _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype),
-                     spec=epi.spec() if epi is not None else ())
-        if epi is not None:
-            epi.applied = True
     else:
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
-                     g.push() + (epi.bits() if epi else 0, 0, 0, 0, 0, 0), _groups(choice.tile, m, n, nz),
-                     _variant(choice, c.view.dtype), spec=g.spec(choice.tile, epi))
-        if epi is not None:
-            epi.applied = True
+        tile, dtype = choice.tile, c.view.dtype
+        extras = _epilogue_views(rec, epi, dtype) if tile.coop else _tiled_extras(rec, epi, dtype)
+        words = () if tile.coop else (epi.bits() if epi else 0, 0, 0, 0, 0, 0)
+        spec = (epi.spec() if epi is not None else ()) if tile.coop else g.spec(tile, epi)
+        rec.dispatch(g.shader(tile), [a.view, b.view, c.view, *extras], g.push(tile) + words,
+                     _groups(tile, m, n, nz), _variant(choice, dtype), spec=spec)
+    if epi is not None:
+        epi.applied = True
     return True
 
 
@@ -258,8 +256,6 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
                  part.push() + (epi.bits() if epi else 0, chunks, g.c.rs, g.za, g.zb, g.zc), groups,
                  _variant(choice, c.dtype), spec=part.spec(choice.tile, epi))
-    if epi is not None:
-        epi.applied = True
 
 
 def _split_k(rec, g: _Gemm, choice, epilogue=None):
