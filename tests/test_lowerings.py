@@ -14,7 +14,7 @@ import pytest
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_closure import NumpyKernels
 from flowgrad.exec_vulkan.lower import attention as attn_low
-from flowgrad.exec_vulkan.lower import linalg, shape
+from flowgrad.exec_vulkan.lower import linalg
 from flowgrad.exec_vulkan.lower import lowering_for
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder
@@ -122,7 +122,7 @@ def test_matmul_deep_k_splits_in_one_dispatch():
 def embedding_backward_commands(n, rows, d):
     node = make_node("embedding_grad", [np.zeros((n,), np.int32), np.zeros((n, d), np.float32)], {"rows": rows})
     rec = Recorder(None)
-    shape.EMBEDDING_GRAD.forward(rec, node, [view((n,), "i32"), view((n, d))], view((rows, d)))
+    lowering_for("embedding_grad").forward(rec, node, [view((n,), "i32"), view((n, d))], view((rows, d)))
     return rec.commands
 
 

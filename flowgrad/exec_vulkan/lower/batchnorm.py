@@ -51,9 +51,10 @@ class _Call:
                      groups, variant(t))
 
 
-def _norm(running: bool) -> tuple[Lowering, Lowering]:
+def _norm(kind: str) -> dict[str, Lowering]:
     """batchnorm's lowering and its gradient's (running statistics and the
     random state as inputs 3 to 5), or groupnorm's."""
+    running = kind == "batchnorm"
 
     def forward(rec, node, ins, out):
         x, w, b, *state = ins
@@ -81,11 +82,7 @@ def _norm(running: bool) -> tuple[Lowering, Lowering]:
 
     # batchnorm's forward also reads the i32 random state
     dtypes = FLOATS | {"i32"} if running else FLOATS
-    return Lowering(forward, dtypes), Lowering(grad_forward, dtypes)
+    return {kind: Lowering(forward, dtypes), kind + "_grad": Lowering(grad_forward, dtypes)}
 
 
-BATCHNORM, BATCHNORM_GRAD = _norm(running=True)
-GROUPNORM, GROUPNORM_GRAD = _norm(running=False)
-
-register_lowerings({"batchnorm": BATCHNORM, "groupnorm": GROUPNORM, "batchnorm_grad": BATCHNORM_GRAD,
-    "groupnorm_grad": GROUPNORM_GRAD})
+register_lowerings(_norm("batchnorm") | _norm("groupnorm"))

@@ -16,8 +16,6 @@ def _mse_forward(rec, node, ins, out):
                scale=1.0 / n if n else math.nan)
 
 
-MSE_LOSS = Lowering(_mse_forward, FLOATS)
-
 # xent.comp modes
 ROW_LOSS, MEAN, GRAD, DENOMINATOR = 0, 1, 2, 3
 
@@ -47,9 +45,10 @@ def _wide(logits, loss) -> bool:
     return logits.dtype == "f16" and loss.dtype == "f32"
 
 
-def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
-    """cross_entropy's lowering and its gradient's, or nll_loss's (log_probs:
-    the input already holds log-probabilities): one kernel, told which."""
+def _xent_lowering(name: str) -> dict[str, Lowering]:
+    """cross_entropy's lowering and its gradient's, or nll_loss's (whose
+    input already holds log-probabilities): one kernel, told which."""
+    log_probs = name == "nll_loss"
 
     def dispatch(rec, node, mode, n, c, t, row_loss, logits=None, targets=None, g=None, o=None, weight=None,
                  wide=False):
@@ -115,11 +114,9 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
             ds = strides(logits.shape)
             strided_copy(rec, dx, out, dx.shape, strides(dx.shape), [ds[d] for d in perm])
 
-    return Lowering(forward, ALL_DTYPES, checks_indices=True), Lowering(grad_forward, ALL_DTYPES, checks_indices=True)
+    return {name: Lowering(forward, ALL_DTYPES, checks_indices=True),
+            name + "_grad": Lowering(grad_forward, ALL_DTYPES, checks_indices=True)}
 
 
-CROSS_ENTROPY, CROSS_ENTROPY_GRAD = _xent_lowering(log_probs=False)
-NLL_LOSS, NLL_LOSS_GRAD = _xent_lowering(log_probs=True)
-
-register_lowerings({"mse_loss": MSE_LOSS, "cross_entropy": CROSS_ENTROPY, "nll_loss": NLL_LOSS,
-    "cross_entropy_grad": CROSS_ENTROPY_GRAD, "nll_loss_grad": NLL_LOSS_GRAD})
+register_lowerings({"mse_loss": Lowering(_mse_forward, FLOATS)} | _xent_lowering("cross_entropy")
+                   | _xent_lowering("nll_loss"))

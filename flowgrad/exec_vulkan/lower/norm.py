@@ -97,11 +97,7 @@ def _norm(kind: str):
             _dispatch(rec, bwd_sum, d, 1, n, d, eps,
                       [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
 
-    return Lowering(forward, FLOATS), Lowering(grad_forward, FLOATS)
+    return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-LAYERNORM, LAYERNORM_GRAD = _norm("layernorm")
-RMSNORM, RMSNORM_GRAD = _norm("rmsnorm")
-
-register_lowerings({"layernorm": LAYERNORM, "rmsnorm": RMSNORM, "layernorm_grad": LAYERNORM_GRAD,
-    "rmsnorm_grad": RMSNORM_GRAD})
+register_lowerings(_norm("layernorm") | _norm("rmsnorm"))

@@ -15,19 +15,11 @@ def _stream(attrs) -> int:
     return (attrs["stream"] or 0) & 0xFFFFFFFF
 
 
-def _masked(rec, node, src, rng, dst):
-    n = math.prod(dst.shape)
-    p = node.attrs["p"]
-    push = [n, row_length(dst.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
-    dispatch_1d(rec, "dropout", [src, rng, dst], push, n, dst.dtype)
-
-
 def dropout_forward(rec, node, ins, out):
-    _masked(rec, node, ins[0], ins[1], out)
-
-
-# the forward also reads the i32 random state
-DROPOUT = Lowering(dropout_forward, FLOATS | {"i32"})
+    x, rng = ins
+    n, p = math.prod(out.shape), node.attrs["p"]
+    push = [n, row_length(out.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
+    dispatch_1d(rec, "dropout", [x, rng, out], push, n, out.dtype)
 
 
 def randn_forward(rec, node, ins, out):
@@ -35,6 +27,6 @@ def randn_forward(rec, node, ins, out):
     dispatch_1d(rec, "randn", [ins[1], out], [n, row_length(out.shape), _stream(node.attrs)], n, out.dtype)
 
 
-RANDN_LIKE = Lowering(randn_forward, FLOATS | {"i32"})
-
-register_lowerings({"dropout": DROPOUT, "randn_like": RANDN_LIKE})
+# each also reads the i32 random state
+register_lowerings({"dropout": Lowering(dropout_forward, FLOATS | {"i32"}),
+    "randn_like": Lowering(randn_forward, FLOATS | {"i32"})})
