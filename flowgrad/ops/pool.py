@@ -35,8 +35,9 @@ def window(x_shape, attrs, nd: int = 2) -> dict:
                           f"{attrs['kernel_size']!r} (as PyTorch)")
     out = tuple((n + 2 * p - k) // s + 1 for n, p, k, s in zip(x_shape[2:], pad, kernel, stride))
     if any(o < 1 for o in out):
-        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded input "
-                          f"{[n + 2 * p for n, p in zip(x_shape[2:], pad)]}")
+        padded = [n + 2 * p for n, p in zip(x_shape[2:], pad)]
+        where = f"length {padded[0]}" if nd == 1 else f"input {padded}"
+        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded {where}")
     return {"kernel": kernel, "stride": stride, "pad": pad, "out": out}
 
 
