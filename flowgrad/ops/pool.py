@@ -59,9 +59,13 @@ def _padded(x, win, value):
     return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
 
 
-def _crop(a, win, shape):
+def _spread(shape, win, part, dtype):
+    """Zeros of x's shape with part(tap) added at that tap's pixel of every window (the padding cut off)."""
     (ph, pw) = win["pad"]
-    return a[..., ph:ph + shape[2], pw:pw + shape[3]]
+    dxp = _padded(np.zeros(shape, dtype), win, 0)
+    for t, (hs, ws) in _taps(win):
+        dxp[..., hs, ws] += part(t)
+    return dxp[..., ph:ph + shape[2], pw:pw + shape[3]]
 
 
 # ---------------------------------------------------------------- maxpool2d
@@ -94,10 +98,7 @@ def _max_grad_forward(ins, attrs):
     win = window(x.shape, attrs)
     _, arg = _argmax(wide(x), win)
     gw = wide(g)
-    dxp = _padded(np.zeros(x.shape, gw.dtype), win, 0)
-    for t, (hs, ws) in _taps(win):
-        dxp[..., hs, ws] += np.where(arg == t, gw, 0)
-    return narrow(_crop(dxp, win, x.shape), x)
+    return narrow(_spread(x.shape, win, lambda t: np.where(arg == t, gw, 0), gw.dtype), x)
 
 
 def _max_pick_forward(ins, attrs):
@@ -174,10 +175,7 @@ def _avg_grad_forward(ins, attrs):
     shape = tuple(attrs["shape"])
     win = window(shape, attrs)
     share = wide(g) / _divisor(shape, win, attrs["count_include_pad"])
-    dxp = _padded(np.zeros(shape, share.dtype), win, 0)
-    for _, (hs, ws) in _taps(win):
-        dxp[..., hs, ws] += share
-    return narrow(_crop(dxp, win, shape), g)
+    return narrow(_spread(shape, win, lambda t: share, share.dtype), g)
 
 
 _AVG = (Arg("count_include_pad", "attr", True, (bool,)),)
