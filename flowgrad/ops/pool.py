@@ -127,14 +127,16 @@ maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward,
                   grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **_with(at))],
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
 maxpool2d_grad = defop(
-    "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], picks_infer(_pool_infer, "g", True), _max_grad_forward,
+    "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], picks_infer(_pool_infer, "g", True),
+    _max_grad_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_pick", ins[0], g, **_with(at))], nondiff=(0,),
     doc="maxpool2d's gradient: each window's g added at its first maximum of x, zeros elsewhere",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 3, 4), "normal")), {"kernel_size": 2, "stride": 1}),
              Sample((((1, 2, 5, 5), "distinct"), ((1, 2, 3, 3), "normal")), {"kernel_size": 3, "stride": 2,
                                                                               "padding": 1})])
 maxpool2d_pick = defop(
-    "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], picks_infer(_pool_infer, "t", False), _max_pick_forward,
+    "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], picks_infer(_pool_infer, "t", False),
+    _max_pick_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_grad", ins[0], g, **_with(at))], nondiff=(0,),
     doc="t at each window's first maximum of x (maxpool2d's derivative along t)",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 4, 5), "normal")), {"kernel_size": 2, "stride": 1})])

@@ -34,9 +34,10 @@ def _fixed(op: MapOp, activation=False, adds=False) -> Lowering:
 
 
 # each one map op of its own name; a product's store offers the activations
-register_lowerings({name: _fixed(getattr(M, name.upper()), activation=name in ("tanh", "sigmoid", "relu", "silu"))
-                    for name in ("sub", "mul", "div", "neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "silu",
-                                 "abs", "sin", "cos", "maximum", "minimum", "where", "softsign")})
+ACTIVATIONS = ("tanh", "sigmoid", "relu", "silu")
+register_lowerings({name: _fixed(getattr(M, name.upper()), activation=name in ACTIVATIONS) for name in (
+    "sub", "mul", "div", "neg", "exp", "log", "sqrt", *ACTIVATIONS, "abs", "sin", "cos", "maximum", "minimum",
+    "where", "softsign")})
 
 # ---------------------------------------------------------------- cast
 

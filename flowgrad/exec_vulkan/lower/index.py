@@ -42,8 +42,8 @@ def _along(node, x_shape, index_shape):
 def gather_forward(rec, node, ins, out):
     x, index = ins
     axis, reach, m, inner = _along(node, tuple(x.shape), tuple(index.shape))
-    _dispatch(rec, node, GATHER, 1, index, _cut(rec, x, reach), rec.stand_in(x.dtype), out, x.shape[axis], m, inner,
-              math.prod(index.shape))
+    _dispatch(rec, node, GATHER, 1, index, _cut(rec, x, reach), rec.stand_in(x.dtype), out, x.shape[axis], m,
+              inner, math.prod(index.shape))
 
 
 def scatter_add_forward(rec, node, ins, out):

@@ -86,8 +86,8 @@ def _norm(kind: str):
                       chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")
-        _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
-                  [x, w, b, g, dx, rec.stand_in(t), rec.stand_in(t), stats, rec.stand_in("f32")], flags=flags, acc=acc)
+        bufs = [x, w, b, g, dx, rec.stand_in(t), rec.stand_in(t), stats, rec.stand_in("f32")]
+        _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps, bufs, flags=flags, acc=acc)
         lanes = segment_lanes(n, d, interleaved=True)
         chunks = reduce_chunks(n, d, lanes)
         part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else rec.stand_in("f32")
