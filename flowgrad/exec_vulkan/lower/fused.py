@@ -237,14 +237,9 @@ def _epilogue_forward(rec, node, ins, out, form):
         srcs = list(ins) + [dst]
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
         run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out], shape)
-    elif apart:   # h is in pre: the activation alone
-        run_program(rec, forward_program(_act_alone(form), 1), {("x", 0): pre}, [out], shape)
-
-
-def _act_alone(form) -> tuple:
-    """The chain's activation as a chain of its own, of one input (h)."""
-    op_name, _refs, at = form.act
-    return ((op_name, (0,), at),)
+    elif apart:   # h is in pre: the activation alone, a chain of its own of one input
+        op_name, _refs, at = form.act
+        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], shape)
 
 
 def _form(node, ins, out):

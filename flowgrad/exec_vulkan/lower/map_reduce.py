@@ -115,13 +115,6 @@ def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[in
     return strides
 
 
-def broadcast_axes(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
-    """Axes of `space` that a tensor of `shape` is broadcast along: where its
-    gradient must be summed."""
-    pad = (1,) * (len(space) - len(shape)) + tuple(shape)
-    return tuple(d for d in range(len(space)) if pad[d] == 1 and space[d] != 1)
-
-
 def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None,
                scale: float = 1.0, param: float = 0.0, reduce: str = "sum") -> None:
     """Record `out = scale * reduce(op(ins...))`.
@@ -160,7 +153,8 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
 def sum_to_shape(rec, src, dst) -> None:
     """dst = src summed over the axes broadcasting stretched dst's shape to src's."""
     space = tuple(src.shape)
-    map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=broadcast_axes(tuple(dst.shape), space))
+    pad = (1,) * (len(space) - len(dst.shape)) + tuple(dst.shape)
+    map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=[d for d, n in enumerate(space) if pad[d] == 1 != n])
 
 
 def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
