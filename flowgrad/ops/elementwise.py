@@ -243,10 +243,6 @@ clamp = defop("clamp", (Arg("x"), Arg("min", "attr", None, _BOUND + (type(None),
 # ---------------------------------------------------------------- cast
 
 
-def _cast_infer(ins, attrs):
-    return TensorType(ins[0].shape, attrs["dtype"])
-
-
 def _cast_forward(ins, attrs):
     (x,) = ins
     target = NUMPY_DTYPE[attrs["dtype"]]
@@ -270,6 +266,7 @@ def _cast_grad(g, ins, out, attrs):
     return [g.cast(x.dtype)]
 
 
-cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             grad=_cast_grad, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
+cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))),
+             lambda ins, at: TensorType(ins[0].shape, at["dtype"]), _cast_forward, grad=_cast_grad,
+             doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
                  "past the i32 range gives -2^31")

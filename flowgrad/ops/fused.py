@@ -127,10 +127,6 @@ def _parts_forward(ins, attrs):
     return np.stack(np.split(y, attrs["parts"], axis=-1))
 
 
-def _part_infer(in_types, attrs):
-    return TensorType(in_types[0].shape[1:], in_types[0].dtype)
-
-
 PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _numpy(_parts_grad),
                                  grad=_parts_grad,
                                  doc="a @ b, b's columns in `parts` blocks stacked first (planner only)")
@@ -138,8 +134,8 @@ PLANNER_OPS["parts_grad_a"] = Op("parts_grad_a", (Arg("g"), Arg("b")), _grad_a_i
                                  doc="a split product's da from its blocks' gradients (planner only)")
 PLANNER_OPS["parts_grad_b"] = Op("parts_grad_b", (Arg("a"), Arg("g")), _grad_b_infer, _parts_grad_b, None,
                                  doc="a split product's db from its blocks' gradients (planner only)")
-PLANNER_OPS["part"] = Op("part", PART_ARGS, _part_infer, lambda ins, at: ins[0][at["index"]].copy(),
-                         _numpy(_part_grad), grad=_part_grad,
+PLANNER_OPS["part"] = Op("part", PART_ARGS, lambda ts, at: TensorType(ts[0].shape[1:], ts[0].dtype),
+                         lambda ins, at: ins[0][at["index"]].copy(), _numpy(_part_grad), grad=_part_grad,
                          doc="block `index` of a split product (planner only)")
 
 

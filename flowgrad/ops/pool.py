@@ -211,16 +211,13 @@ def bins(n: int, out: int) -> list[tuple[int, int]]:
     return [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
 
 
-def _pool_matrix(n, out):
-    m = np.zeros((out, n))
-    for i, (lo, hi) in enumerate(bins(n, out)):
-        m[i, lo:hi] = 1.0 / (hi - lo)
-    return m
-
-
 def _pool_matrices(x_shape, size, dtype):
     """The height's and the width's averaging matrices [out, n]."""
-    return [_pool_matrix(n, out).astype(dtype) for n, out in zip(x_shape[2:], size)]
+    mats = [np.zeros((out, n)) for n, out in zip(x_shape[2:], size)]
+    for m in mats:
+        for i, (lo, hi) in enumerate(bins(m.shape[1], m.shape[0])):
+            m[i, lo:hi] = 1.0 / (hi - lo)
+    return [m.astype(dtype) for m in mats]
 
 
 def _adaptive_infer(ins, attrs):

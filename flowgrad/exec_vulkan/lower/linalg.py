@@ -36,13 +36,6 @@ class Operand:
     batch: tuple[int, ...]
 
 
-def _promoted(a_shape, b_shape):
-    """numpy's matmul promotion: 1-D a is [1, K], 1-D b is [K, 1]."""
-    a2 = tuple(a_shape) if len(a_shape) > 1 else (1,) + tuple(a_shape)
-    b2 = tuple(b_shape) if len(b_shape) > 1 else tuple(b_shape) + (1,)
-    return a2, b2, _batch(a2[:-2], b2[:-2])
-
-
 def _batch(a, b):
     n = max(len(a), len(b))
     a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
@@ -322,7 +315,9 @@ def matmul_forward(rec, node, ins, out, epilogue=None):
     """epilogue: an Epilogue the GEMM's store may apply (the planner's fused
     matmul-and-adds, lower/fused.py; its `applied` says whether it did)."""
     a, b = ins
-    a2, b2, full = _promoted(a.shape, b.shape)
+    a2 = tuple(a.shape) if len(a.shape) > 1 else (1,) + tuple(a.shape)   # numpy's promotion: 1-D a is [1, K],
+    b2 = tuple(b.shape) if len(b.shape) > 1 else tuple(b.shape) + (1,)   # 1-D b [K, 1]
+    full = _batch(a2[:-2], b2[:-2])
     out2 = tuple(full) + (a2[-2], b2[-1])
     _product(rec, (a, a2), (b, b2), out, out2, full, False, False, epilogue)
 

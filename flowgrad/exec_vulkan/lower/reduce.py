@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 from flowgrad.ops.reduce import dof, reduce_axes
@@ -111,14 +110,10 @@ def _var_forward(root: bool):
 
 def _cumsum_forward(rec, node, ins, out):
     (x,) = ins
-    shape = tuple(x.shape)
-    if math.prod(shape) == 0:
-        return
-    axis = node.attrs["axis"] % len(shape)
-    n, inner = shape[axis], math.prod(shape[axis + 1:])
-    lines = math.prod(shape) // n
-    rec.dispatch("cumsum", [x, out], push=[lines, n, inner, int(node.attrs["reverse"])], groups=groups_1d(lines),
-                 variant=variant(out.dtype))
+    axis = node.attrs["axis"] % len(x.shape)
+    n, inner = x.shape[axis], math.prod(x.shape[axis + 1:])
+    lines = math.prod(x.shape) // n if n else 0
+    dispatch_1d(rec, "cumsum", [x, out], [lines, n, inner, int(node.attrs["reverse"])], lines, out.dtype)
 
 
 register_lowerings({"var": Lowering(_var_forward(root=False), FLOATS),
