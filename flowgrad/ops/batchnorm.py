@@ -17,9 +17,9 @@ import math
 import numpy as np
 
 from flowgrad.ops.define import defop
-from flowgrad.ops.emit import composition, unpack
-from flowgrad.ops.norm import (mean_over, packed, rstd_of, standardize, standardized, standardized_grad,
-                               widened)
+from flowgrad.ops.emit import composition
+from flowgrad.ops.norm import (grad_check, mean_over, norm_grads, packed, rstd_of, standardize, standardized,
+                               standardized_grad, widened)
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
@@ -127,31 +127,6 @@ def _gn_grad(e, ins, attrs):
     return packed(x, w, dx, [(gw * xhat).sum(axis=_axes(x)), gw.sum(axis=_axes(x))])
 
 
-def _grad_rule(name, attr_names):
-    """The norm's grad rule: its backward op's vector, unpacked (dx, dw, db;
-    the bias changes none of them, so the backward op does not read it).
-    batchnorm's takes the running statistics, g, then the random state."""
-    def grad(g, ins, out, attrs):
-        x, w, b, *rest = ins
-        state, rng = rest[:2], rest[2:]
-        parts = unpack(g.e.op(name, x, w, *state, g, *rng, **{k: attrs[k] for k in attr_names}),
-                       [x.shape, w.shape, w.shape])
-        return parts + [None] * len(rest)
-    return grad
-
-
-def _grad_check(forward_infer, n_state):
-    """The backward op's checks: the norm's inputs, bias left out, and g shaped as x."""
-    def check(ins, attrs):
-        if len(ins) < 3 + n_state:
-            raise OpTypeError("takes x, weight, " + ("running_mean, running_var, " if n_state else "") + "and g")
-        x, w, state, g, rng = ins[0], ins[1], ins[2:2 + n_state], ins[2 + n_state], ins[3 + n_state:]
-        forward_infer([x, w, w, *state, *rng], {"momentum": 0.0} | attrs)   # the gradient takes no momentum
-        if g != x:
-            raise OpTypeError(f"g must be x's type {x}, got {g}")
-    return check
-
-
 def _bn_grad_expand(builder, ins, attrs):
     """A call as written gets the random state, as batchnorm's does; the
     gradient of a batchnorm reads that one's."""
@@ -166,7 +141,7 @@ batchnorm = defop(
     "batchnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("running_mean"), Arg("running_var"),
                   Arg("momentum", "attr", 0.1, (float, int)), Arg("eps", "attr", 1e-5, (float, int)),
                   Arg("rng", "tensor", None)),
-    _bn_infer, _bn_forward, grad=_grad_rule("batchnorm_grad", ("eps",)), expand=_bn_expand, nondiff=(3, 4, 5),
+    _bn_infer, _bn_forward, grad=norm_grads("batchnorm", ("eps",)), expand=_bn_expand, nondiff=(3, 4, 5),
     updates=(3, 4),
     doc="batch normalization over all axes but the channels (axis 1); batch statistics and a running-average "
         "update in training, the running statistics in eval")
@@ -175,7 +150,7 @@ batchnorm = defop(
 batchnorm_grad = defop(
     "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("g"),
                        Arg("eps", "attr", 1e-5, (float, int)), Arg("rng", "tensor", None)),
-    decompose=composition(_bn_grad), check=_grad_check(_bn_infer, 2), expand=_bn_grad_expand, nondiff=(2, 3, 5),
+    decompose=composition(_bn_grad), check=grad_check(_bn_infer, 2), expand=_bn_grad_expand, nondiff=(2, 3, 5),
     doc="batchnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another; "
         "the batch statistics in a training step (the random state says which), the running ones in eval",
     samples=[Sample((((4, 3, 2), "normal"), ((3,), "positive"), ((3,), "normal"), ((3,), "positive"),
@@ -215,11 +190,11 @@ def _gn_forward(ins, attrs):
 groupnorm = defop(
     "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
                   Arg("eps", "attr", 1e-5, (float, int))),
-    _gn_infer, _gn_forward, grad=_grad_rule("groupnorm_grad", ("groups", "eps")),
+    _gn_infer, _gn_forward, grad=norm_grads("groupnorm", ("groups", "eps")),
     doc="normalize each group of channels (and all their pixels) per example, then a per-channel affine")
 groupnorm_grad = defop(
     "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("groups", "attr", types=(int,)),
                        Arg("eps", "attr", 1e-5, (float, int))),
-    decompose=composition(_gn_grad), check=_grad_check(_gn_infer, 0),
+    decompose=composition(_gn_grad), check=grad_check(_gn_infer),
     doc="groupnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another",
     samples=[Sample((((2, 4, 3), "normal"), ((4,), "positive"), ((2, 4, 3), "normal")), {"groups": 2})])

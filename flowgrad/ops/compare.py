@@ -9,7 +9,7 @@ import numpy as np
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, same_dtype
+from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, picks_infer, same_dtype
 
 
 def _argmax_infer(ins, at):
@@ -70,26 +70,11 @@ def topk_order(x, at):
     return np.take(order, np.arange(at["k"]), axis=at["axis"])
 
 
-def _topk_grad_infer(ins, at):
-    x, g = ins
-    want = _topk_infer([x], at)
-    if g != want:
-        raise OpTypeError(f"g must be topk's output type {want}, got {g}")
-    return x
-
-
 def _topk_grad_forward(ins, at):
     x, g = ins
     dx = np.zeros(x.shape, dtype=g.dtype)
     np.put_along_axis(dx, topk_order(x, at), g, axis=at["axis"])
     return dx
-
-
-def _topk_pick_infer(ins, at):
-    x, t = ins
-    if t != x:
-        raise OpTypeError(f"t must be x's type {x}, got {t}")
-    return _topk_infer([x], at)
 
 
 _TOPK_ARGS = (Arg("x"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,)))
@@ -111,13 +96,14 @@ topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins
 # topk_grad and topk_pick are each other's transposes (a scatter to x's picks and a gather from them)
 topk_grad = defop(
     "topk_grad", (Arg("x"), Arg("g")) + _TOPK_ARGS[1:],
-    _topk_grad_infer, _topk_grad_forward,
+    picks_infer(_topk_infer, "g", True), _topk_grad_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("topk_pick", ins[0], g, **_kat(at))], nondiff=(0,),
     doc="topk's gradient: zeros of x's shape with g at x's k largest along axis",
     samples=[Sample((((2, 5, 3), "distinct"), ((2, 2, 3), "normal")), {"k": 2, "axis": 1})])
 topk_pick = defop(
     "topk_pick", (Arg("x"), Arg("t")) + _TOPK_ARGS[1:],
-    _topk_pick_infer, lambda ins, at: np.take_along_axis(ins[1], topk_order(ins[0], at), axis=at["axis"]),
+    picks_infer(_topk_infer, "t", False),
+    lambda ins, at: np.take_along_axis(ins[1], topk_order(ins[0], at), axis=at["axis"]),
     grad=lambda g, ins, out, at: [None, g.e.op("topk_grad", ins[0], g, **_kat(at))], nondiff=(0,),
     doc="t at the places of x's k largest along axis, in topk's order (topk's derivative along t)",
     samples=[Sample((((2, 5, 3), "distinct"), ((2, 5, 3), "normal")), {"k": 2, "axis": 1})])

@@ -37,15 +37,19 @@ def tuple_of(name: str, value, nd: int, low: int) -> tuple[int, ...]:
 # ---------------------------------------------------------------- geometry
 
 
+def _steps(attrs, nd: int):
+    """stride, dilation and groups, checked."""
+    stride, dil = tuple_of("stride", attrs["stride"], nd, 1), tuple_of("dilation", attrs["dilation"], nd, 1)
+    if attrs["groups"] < 1:
+        raise OpTypeError(f"groups={attrs['groups']} must be >= 1")
+    return stride, dil, attrs["groups"]
+
+
 def geometry(x_shape, w_shape, attrs, nd: int) -> dict:
     """Everything a convolution's rules and lowering need, as conv2d sees it
     (1-D adds a height of 1): stride, dilation, pads ((top, bottom), (left,
     right)), groups, and the output's spatial size. Raises OpTypeError."""
-    stride = tuple_of("stride", attrs["stride"], nd, 1)
-    dil = tuple_of("dilation", attrs["dilation"], nd, 1)
-    groups = attrs["groups"]
-    if groups < 1:
-        raise OpTypeError(f"groups={groups} must be >= 1")
+    stride, dil, groups = _steps(attrs, nd)
     pad = attrs["padding"]
     kernel = tuple(w_shape[2:])
     if isinstance(pad, str):
@@ -185,10 +189,6 @@ def _conv_attrs(at) -> dict:
     return {k: at[k] for k in ("stride", "padding", "dilation", "groups")}
 
 
-def _conv_name(nd: int) -> str:
-    return "conv1d" if nd == 1 else "conv2d"
-
-
 def _conv_grad(g, ins, out, at):
     x, w, *b = ins
     e, conv = g.e, _conv_attrs(at)
@@ -197,15 +197,14 @@ def _conv_grad(g, ins, out, at):
     return grads + [g.sum(axis=[0] + list(range(2, g.ndim)))] * len(b)
 
 
-def _conv_args():
-    return (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
-            Arg("padding", "attr", 0, (int, list, str)), Arg("dilation", "attr", 1, INTS),
-            Arg("groups", "attr", 1, (int,)))
+_CONV_ARGS = (Arg("x"), Arg("weight"), Arg("bias", "tensor", None), Arg("stride", "attr", 1, INTS),
+              Arg("padding", "attr", 0, (int, list, str)), Arg("dilation", "attr", 1, INTS),
+              Arg("groups", "attr", 1, (int,)))
 
 
-conv2d = defop("conv2d", _conv_args(), _conv_infer(2), _conv_forward(2), grad=_conv_grad,
+conv2d = defop("conv2d", _CONV_ARGS, _conv_infer(2), _conv_forward(2), grad=_conv_grad,
                doc="2-D convolution (cross-correlation, as PyTorch), NCHW; weight [out, in/groups, kh, kw]")
-conv1d = defop("conv1d", _conv_args(), _conv_infer(1), _conv_forward(1), grad=_conv_grad,
+conv1d = defop("conv1d", _CONV_ARGS, _conv_infer(1), _conv_forward(1), grad=_conv_grad,
                doc="1-D convolution, [batch, channels, length]; weight [out, in/groups, k]")
 
 
@@ -248,19 +247,19 @@ def _grad_forward(role):
 def _input_grad_grad(G, ins, out, at):
     """<G, dx(g, w)> = <conv(G, w), g>: a product of the convolution and its transpose."""
     g, w = ins
-    conv, e = _conv_attrs(at), G.e
-    return [e.op(_conv_name(G.ndim - 2), G, w, **conv), e.op("conv_weight_grad", g, G, shape=list(w.shape), **conv)]
+    conv, e, name = _conv_attrs(at), G.e, "conv1d" if G.ndim == 3 else "conv2d"
+    return [e.op(name, G, w, **conv), e.op("conv_weight_grad", g, G, shape=list(w.shape), **conv)]
 
 
 def _weight_grad_grad(G, ins, out, at):
     """<G, dw(g, x)> = <conv(x, G), g>."""
     g, x = ins
-    conv, e = _conv_attrs(at), G.e
-    return [e.op(_conv_name(x.ndim - 2), x, G, **conv), e.op("conv_input_grad", g, G, shape=list(x.shape), **conv)]
+    conv, e, name = _conv_attrs(at), G.e, "conv1d" if x.ndim == 3 else "conv2d"
+    return [e.op(name, x, G, **conv), e.op("conv_input_grad", g, G, shape=list(x.shape), **conv)]
 
 
 def _grad_args(other):
-    return (Arg("g"), Arg(other), Arg("shape", "attr", types=(list,))) + _conv_args()[3:]
+    return (Arg("g"), Arg(other), Arg("shape", "attr", types=(list,))) + _CONV_ARGS[3:]
 
 
 input_grad = defop(
@@ -283,13 +282,9 @@ weight_grad = defop(
 def transpose_geometry(x_shape, w_shape, attrs) -> dict:
     """The geometry of the conv2d whose input gradient this transposed
     convolution is: its input is our output, its output our input."""
-    stride = tuple_of("stride", attrs["stride"], 2, 1)
-    dil = tuple_of("dilation", attrs["dilation"], 2, 1)
+    stride, dil, groups = _steps(attrs, 2)
     pad = tuple_of("padding", attrs["padding"], 2, 0)
     extra = tuple_of("output_padding", attrs["output_padding"], 2, 0)
-    groups = attrs["groups"]
-    if groups < 1:
-        raise OpTypeError(f"groups={groups} must be >= 1")
     if any(e >= max(s, d) for e, s, d in zip(extra, stride, dil)):
         raise OpTypeError(f"output_padding={attrs['output_padding']!r} must be smaller than stride or dilation "
                           "(as PyTorch)")

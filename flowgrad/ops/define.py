@@ -38,7 +38,7 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
     def checked_infer(in_types, attrs):
         try:
             sig.check_inputs(in_types)
-            return infer(list(in_types), sig.complete(attrs))
+            return infer(list(in_types), complete_attrs(args, attrs))
         except OpTypeError as e:
             raise OpTypeError(f"{name}: {e}") from None
 
@@ -120,7 +120,6 @@ def _const_array(array, dtype):
 
 class _Signature:
     def __init__(self, args):
-        self.attrs = {a.name: a for a in args if a.kind == "attr"}
         self.defaults = attr_defaults(args)
         tensors = [a for a in args if a.kind == "tensor"]
         self.min_inputs = sum(a.default is REQUIRED for a in tensors)
@@ -137,9 +136,6 @@ class _Signature:
                     else f"{self.min_inputs} to {self.max_inputs}")
             plural = "" if want == "1" else "s"
             raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
-
-    def complete(self, attrs):
-        return complete_attrs(self.attrs.values(), attrs)
 
 
 def _own(a, others) -> np.ndarray:

@@ -93,17 +93,14 @@ where = defop("where", (Arg("cond"), Arg("a"), Arg("b")), _where_infer,
 # ---------------------------------------------------------------- unary
 
 
-def _float_infer(ins, attrs):
-    float_dtype(ins[0])
-    return ins[0]
-
-
-def _unary(name, f, grad, doc, extra_args=(), check=None, samples=(), torch=""):
-    """f(x, attrs) -> y on the widened x; grad(g, x, y, attrs) -> dx, as ops."""
+def unary(name, f, grad, doc, extra_args=(), check=None, samples=(), torch=""):
+    """f(x, attrs) -> y on the widened x; grad(g, x, y, attrs) -> dx, as ops;
+    check(attrs): the op's own checks."""
     def infer(ins, attrs):
+        float_dtype(ins[0], "x")
         if check:
             check(attrs)
-        return _float_infer(ins, attrs)
+        return ins[0]
 
     def forward(ins, attrs):
         (x,) = ins
@@ -117,17 +114,17 @@ neg = defop("neg", (Arg("x"),), lambda ins, at: ins[0], lambda ins, at: np.negat
             grad=lambda g, ins, out, at: [-g], doc="-x", samples=[Sample((((2, 3), "normal"),))],
             torch="torch.neg")
 
-exp = _unary("exp", lambda x, at: np.exp(x), lambda g, x, y, at: g * y, "e^x",
+exp = unary("exp", lambda x, at: np.exp(x), lambda g, x, y, at: g * y, "e^x",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.exp")
-log = _unary("log", lambda x, at: np.log(x), lambda g, x, y, at: g / x, "natural log", torch="torch.log")
-sqrt = _unary("sqrt", lambda x, at: np.sqrt(x), lambda g, x, y, at: g * (0.5 / y), "square root",
+log = unary("log", lambda x, at: np.log(x), lambda g, x, y, at: g / x, "natural log", torch="torch.log")
+sqrt = unary("sqrt", lambda x, at: np.sqrt(x), lambda g, x, y, at: g * (0.5 / y), "square root",
               torch="torch.sqrt")
-tanh = _unary("tanh", lambda x, at: np.tanh(x), lambda g, x, y, at: g * (1.0 - y * y), "tanh", torch="torch.tanh")
-sigmoid = _unary("sigmoid", lambda x, at: expit(x), lambda g, x, y, at: g * (y * (1.0 - y)), "1 / (1 + e^-x)",
+tanh = unary("tanh", lambda x, at: np.tanh(x), lambda g, x, y, at: g * (1.0 - y * y), "tanh", torch="torch.tanh")
+sigmoid = unary("sigmoid", lambda x, at: expit(x), lambda g, x, y, at: g * (y * (1.0 - y)), "1 / (1 + e^-x)",
                  torch="torch.sigmoid")
 # a NaN x is not <= 0: it passes g, as PyTorch's threshold does
 # y for x: a step graph keeps relu's output for its readers, not its input (NaN stays NaN in y)
-relu = _unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.where(y.le(0), 0, g),
+relu = unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.where(y.le(0), 0, g),
               "max(x, 0); gradient 0 at x = 0, 1 at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="F.relu")
 
@@ -137,13 +134,13 @@ def _sign(x):
     return x.gt(0) - x.lt(0)
 
 
-abs_ = _unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
+abs_ = unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")
 
-sin = _unary("sin", lambda x, at: np.sin(x), lambda g, x, y, at: g * x.e.op("cos", x), "sine (radians)",
+sin = unary("sin", lambda x, at: np.sin(x), lambda g, x, y, at: g * x.e.op("cos", x), "sine (radians)",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.sin")
-cos = _unary("cos", lambda x, at: np.cos(x), lambda g, x, y, at: -g * x.e.op("sin", x), "cosine (radians)",
+cos = unary("cos", lambda x, at: np.cos(x), lambda g, x, y, at: -g * x.e.op("sin", x), "cosine (radians)",
              samples=[Sample((((2, 3), "normal"),))], torch="torch.cos")
 
 
@@ -152,7 +149,7 @@ def _silu_grad(g, x, y, at):
     return g * (s * (1.0 + x * (1.0 - s)))
 
 
-silu = _unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", torch="F.silu")
+silu = unary("silu", lambda x, at: x * expit(x), _silu_grad, "x * sigmoid(x)", torch="F.silu")
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -177,7 +174,7 @@ def _gelu_check(at):
         raise OpTypeError(f"approximate={at['approximate']!r} must be \"none\" (exact, erf) or \"tanh\"")
 
 
-gelu = _unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
+gelu = unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
 
 
@@ -198,7 +195,7 @@ def _pow_grad(g, x, y, at):
     return g.e.zeros(x) if p == 0 else g * (p * x.e.op("pow", x, exponent=p - 1))
 
 
-power = _unary("pow", lambda x, at: _pow(x, at["exponent"]), _pow_grad,
+power = unary("pow", lambda x, at: _pow(x, at["exponent"]), _pow_grad,
                "x ** exponent (a number literal); exponents 0.5 and -0.5 are sqrt(x) and 1 / sqrt(x), at -0.0 "
                "and -inf too (as PyTorch)", extra_args=(Arg("exponent", "attr", types=(int, float)),))
 
@@ -211,10 +208,10 @@ def _pass_where(test, bound):
 
 
 _BOUND = (int, float)
-clamp_min = _unary("clamp_min", lambda x, at: np.maximum(x, at["min"]), _pass_where("ge", "min"),
+clamp_min = unary("clamp_min", lambda x, at: np.maximum(x, at["min"]), _pass_where("ge", "min"),
                    "max(x, min); gradient 1 where x >= min",
                    extra_args=(Arg("min", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"min": 0.1})])
-clamp_max = _unary("clamp_max", lambda x, at: np.minimum(x, at["max"]), _pass_where("le", "max"),
+clamp_max = unary("clamp_max", lambda x, at: np.minimum(x, at["max"]), _pass_where("le", "max"),
                    "min(x, max); gradient 1 where x <= max",
                    extra_args=(Arg("max", "attr", types=_BOUND),), samples=[Sample((((2, 3), "normal"),), {"max": 0.1})])
 
@@ -246,10 +243,6 @@ clamp = defop("clamp", (Arg("x"), Arg("min", "attr", None, _BOUND + (type(None),
 # ---------------------------------------------------------------- cast
 
 
-def _cast_infer(ins, attrs):
-    return TensorType(ins[0].shape, attrs["dtype"])
-
-
 def _cast_forward(ins, attrs):
     (x,) = ins
     target = NUMPY_DTYPE[attrs["dtype"]]
@@ -273,6 +266,7 @@ def _cast_grad(g, ins, out, attrs):
     return [g.cast(x.dtype)]
 
 
-cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))), _cast_infer, _cast_forward,
-             grad=_cast_grad, doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
+cast = defop("cast", (Arg("x"), Arg("dtype", "attr", types=("dtype",))),
+             lambda ins, at: TensorType(ins[0].shape, at["dtype"]), _cast_forward, grad=_cast_grad,
+             doc="convert to dtype (f32, f16, i32); float -> i32 truncates toward zero, and NaN or a value "
                  "past the i32 range gives -2^31")

@@ -10,6 +10,11 @@ so a fused graph computes exactly what the graph it came from does. Models
 never write it: only the planner makes it, for the graph path."""
 from __future__ import annotations
 
+import numpy as np
+
+from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
+from flowgrad.graph import TensorType
+from flowgrad.ops.emit import Tape, numpy_vjp
 from flowgrad.ops.registry import PLANNER_OPS, Arg, Op, complete_attrs, get_op
 
 # consts: (input position, value) of the scalar constants a chain's program holds (the graph path's own);
@@ -31,11 +36,6 @@ def _infer(in_types, attrs):
 
 def _forward(ins, attrs):
     """Each step's result in its own dtype, as the chain's nodes run one by one store it."""
-    import numpy as np
-
-    from flowgrad.dtypes import NUMPY_DTYPE, dtype_of
-    from flowgrad.graph import TensorType
-
     def step(name, xs, at):
         out = get_op(name).forward(xs, at)
         if any(np.asarray(x).dtype == np.float64 for x in xs):   # a float64 check (finite differences)
@@ -48,10 +48,6 @@ def _forward(ins, attrs):
 def _numpy(rule):
     """The numpy VJP of a planner op: its grad rule run on numpy, in each input's dtype (zeros for none)."""
     def vjp(g, ins, out, attrs):
-        import numpy as np
-
-        from flowgrad.ops.emit import numpy_vjp
-
         grads = numpy_vjp(rule)(g, ins, out, attrs)
         return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
     return vjp
@@ -59,8 +55,6 @@ def _numpy(rule):
 
 def _grad(g, ins, out, attrs):
     """The chain's VJP as ops: each member differentiated by its own rule."""
-    from flowgrad.ops.emit import Tape
-
     t = Tape(g.e)
     values = [t.watch(x) for x in ins]
     for op_name, refs, at in attrs["steps"]:
@@ -77,8 +71,6 @@ def _parts_grad(g, ins, out, attrs):
 
 def _blocks(g):
     """g's blocks [k, ..., w] side by side: [..., k * w]."""
-    import numpy as np
-
     return np.concatenate(list(g), axis=-1)
 
 
@@ -95,15 +87,11 @@ def _parts_grad_b(ins, attrs):
 
 
 def _grad_a_infer(in_types, attrs):
-    from flowgrad.graph import TensorType
-
     g, b = in_types
     return TensorType(g.shape[1:-1] + (b.shape[0],), g.dtype)
 
 
 def _grad_b_infer(in_types, attrs):
-    from flowgrad.graph import TensorType
-
     a, g = in_types
     return TensorType((a.shape[-1], g.shape[0] * g.shape[-1]), a.dtype)
 
@@ -129,24 +117,14 @@ PART_ARGS = (Arg("x"), Arg("index", "attr"))
 
 
 def _parts_infer(in_types, attrs):
-    from flowgrad.graph import TensorType
-
     y = get_op("matmul").infer(in_types, {})
     k = attrs["parts"]
     return TensorType((k,) + y.shape[:-1] + (y.shape[-1] // k,), y.dtype)
 
 
 def _parts_forward(ins, attrs):
-    import numpy as np
-
     y = get_op("matmul").forward(ins, {})
     return np.stack(np.split(y, attrs["parts"], axis=-1))
-
-
-def _part_infer(in_types, attrs):
-    from flowgrad.graph import TensorType
-
-    return TensorType(in_types[0].shape[1:], in_types[0].dtype)
 
 
 PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _numpy(_parts_grad),
@@ -156,8 +134,8 @@ PLANNER_OPS["parts_grad_a"] = Op("parts_grad_a", (Arg("g"), Arg("b")), _grad_a_i
                                  doc="a split product's da from its blocks' gradients (planner only)")
 PLANNER_OPS["parts_grad_b"] = Op("parts_grad_b", (Arg("a"), Arg("g")), _grad_b_infer, _parts_grad_b, None,
                                  doc="a split product's db from its blocks' gradients (planner only)")
-PLANNER_OPS["part"] = Op("part", PART_ARGS, _part_infer, lambda ins, at: ins[0][at["index"]].copy(),
-                         _numpy(_part_grad), grad=_part_grad,
+PLANNER_OPS["part"] = Op("part", PART_ARGS, lambda ts, at: TensorType(ts[0].shape[1:], ts[0].dtype),
+                         lambda ins, at: ins[0][at["index"]].copy(), _numpy(_part_grad), grad=_part_grad,
                          doc="block `index` of a split product (planner only)")
 
 
@@ -174,8 +152,6 @@ def _swap(x, flag):
 
 
 def _t_infer(in_types, attrs):
-    from flowgrad.graph import TensorType
-
     a, b = (TensorType(t.shape[:-2] + t.shape[-2:][::-1] if f else t.shape, t.dtype)
             for t, f in zip(in_types, (attrs["ta"], attrs["tb"])))
     return get_op("matmul").infer([a, b], {})

@@ -104,16 +104,12 @@ LOGITS = {"log_probs": False}
 LOG_PROBS = {"log_probs": True, "label_smoothing": 0.0}
 
 
-def _loss_attrs(at, smoothing: bool) -> dict:
-    keys = ("ignore_index", "label_smoothing", "axis") if smoothing else ("ignore_index", "axis")
-    return {k: at[k] for k in keys}
-
-
-def _loss_grad(name: str, smoothing: bool):
-    """The loss's grad rule: its gradient op for the logits (log-probabilities); the targets and weight get none."""
+def _loss_grad(name: str):
+    """The loss's grad rule: its gradient op (which takes the loss's attrs) for
+    the logits (log-probabilities); the targets and weight get none."""
     def grad(g, ins, out, at):
         x, targets, *weight = ins
-        d = g.e.op(name + "_grad", x, targets, g, *weight, **_loss_attrs(at, smoothing))
+        d = g.e.op(name + "_grad", x, targets, g, *weight, **at)
         return [d] + [None] * (len(ins) - 1)
     return grad
 
@@ -151,7 +147,7 @@ def _ce_grad_grad(G, ins, out, at):
 def _nll_grad_grad(G, ins, out, at):
     """nll_loss's gradient is linear in g and flat in the log-probabilities."""
     log_probs, targets, g, *weight = ins
-    unit = G.e.op("nll_loss_grad", log_probs, targets, G.e.scalar(1.0, g.dtype), *weight, **_loss_attrs(at, False))
+    unit = G.e.op("nll_loss_grad", log_probs, targets, G.e.scalar(1.0, g.dtype), *weight, **at)
     return [None, None, (G * unit).sum(), *[None] * len(weight)]
 
 
@@ -170,34 +166,27 @@ def _class_bounds(ins, at):
     return {1: ins[0].shape[norm_axis(at["axis"], len(ins[0].shape))]}
 
 
+_WEIGHT, _IGNORE = Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,))
+_SMOOTHING, _AXIS = Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))
 cross_entropy = defop(
-    "cross_entropy",
-    (Arg("logits"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
-     Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
-    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_loss_grad("cross_entropy", True),
+    "cross_entropy", (Arg("logits"), Arg("targets"), _WEIGHT, _IGNORE, _SMOOTHING, _AXIS),
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOGITS), grad=_loss_grad("cross_entropy"),
     nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_softmax(logits)[target] (with label smoothing); targets i32; "
         "targets equal to ignore_index count for nothing; classes on the last axis unless axis= says")
 
 
-def _nll_infer(ins, at):
-    return _ce_infer(ins, at | LOG_PROBS)
-
-
 nll_loss = defop(
-    "nll_loss",
-    (Arg("log_probs"), Arg("targets"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
-     Arg("axis", "attr", -1, (int,))),
-    _nll_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS), grad=_loss_grad("nll_loss", False),
+    "nll_loss", (Arg("log_probs"), Arg("targets"), _WEIGHT, _IGNORE, _AXIS),
+    lambda ins, at: _ce_infer(ins, at | LOG_PROBS), lambda ins, at: _ce_forward(ins, at | LOG_PROBS),
+    grad=_loss_grad("nll_loss"),
     nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
         "count for nothing")
 
 
 cross_entropy_grad = defop(
-    "cross_entropy_grad",
-    (Arg("logits"), Arg("targets"), Arg("g"), Arg("weight", "tensor", None), Arg("ignore_index", "attr", -100, (int,)),
-     Arg("label_smoothing", "attr", 0.0, (float, int)), Arg("axis", "attr", -1, (int,))),
+    "cross_entropy_grad", (Arg("logits"), Arg("targets"), Arg("g"), _WEIGHT, _IGNORE, _SMOOTHING, _AXIS),
     _grad_infer(True), lambda ins, at: _ce_grad_forward(ins, at | LOGITS), grad=_ce_grad_grad, nondiff=(1, 3),
     autocast="f32", index_bounds=_class_bounds,
     doc="cross_entropy's gradient for the logits from the loss's gradient g (a scalar)",
@@ -205,9 +194,7 @@ cross_entropy_grad = defop(
              Sample((((2, 4, 3), "normal"), ((2, 3), "ints:4"), ((), "normal"), ((4,), "positive")),
                     {"axis": 1, "label_smoothing": 0.2, "ignore_index": 1})])
 nll_loss_grad = defop(
-    "nll_loss_grad",
-    (Arg("log_probs"), Arg("targets"), Arg("g"), Arg("weight", "tensor", None),
-     Arg("ignore_index", "attr", -100, (int,)), Arg("axis", "attr", -1, (int,))),
+    "nll_loss_grad", (Arg("log_probs"), Arg("targets"), Arg("g"), _WEIGHT, _IGNORE, _AXIS),
     _grad_infer(False), lambda ins, at: _ce_grad_forward(ins, at | LOG_PROBS), grad=_nll_grad_grad, nondiff=(0, 1, 3),
     autocast="f32", index_bounds=_class_bounds,
     doc="nll_loss's gradient for the log-probabilities from the loss's gradient g (a scalar): -g weight[target] "

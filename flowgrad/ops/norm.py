@@ -103,31 +103,42 @@ def _ln_grad(e, ins, attrs):
     return packed(x, w, dx, [_leading_sum(gr * xhat), _leading_sum(gr)], acc)
 
 
-def _grads(name, params):
-    """The norm's grad rule: its backward op's vector, unpacked (dx, then
-    dw and for layernorm db; the bias changes none of them)."""
+def norm_grads(name, attr_names, bias=True):
+    """A norm's grad rule: its backward op's vector, unpacked (dx, dw, then
+    db where it has a bias; the bias changes none of them, so the backward
+    op does not read it). batchnorm's takes the running statistics, g, then
+    the random state, which get no gradient."""
     def grad(g, ins, out, attrs):
-        x, w = ins[:2]
-        return unpack(g.e.op(name + "_grad", x, w, g, eps=attrs["eps"]), [x.shape] + [w.shape] * params)
+        x, w, *rest = ins
+        rest = rest[bias:]
+        packed = g.e.op(name + "_grad", x, w, *rest[:2], g, *rest[2:], **{k: attrs[k] for k in attr_names})
+        return unpack(packed, [x.shape] + [w.shape] * (1 + bias)) + [None] * len(rest)
     return grad
 
 
-def _grad_check(ins, attrs):
-    x, w, g, *acc = ins
-    _norm_infer([x, w], attrs)
-    for name, t in [("g", g)] + [("acc", a) for a in acc]:
-        if t != x:
-            raise OpTypeError(f"{name} must be x's type {x}, got {t}")
+def grad_check(forward_infer, n_state=0):
+    """A norm's backward op's checks: the norm's own on x and the weight (it
+    reads no bias and no momentum), then g (and layernorm's or rmsnorm's
+    acc) x's type. batchnorm's takes n_state running statistics before g."""
+    def check(ins, attrs):
+        x, w, *rest = ins
+        state, (g, *rest) = rest[:n_state], rest[n_state:]
+        rng, acc = (rest, []) if n_state else ([], rest)
+        forward_infer([x, w, w, *state, *rng], {"momentum": 0.0} | attrs)
+        for name, t in [("g", g)] + [("acc", a) for a in acc]:
+            if t != x:
+                raise OpTypeError(f"{name} must be x's type {x}, got {t}")
+    return check
 
 
 _EPS = Arg("eps", "attr", 1e-5, (float, int))
 layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), _EPS),
-                  _norm_infer, _ln_forward, grad=_grads("layernorm", 2),
+                  _norm_infer, _ln_forward, grad=norm_grads("layernorm", ("eps",)),
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes weight spans (biased var, as PyTorch)")
 # one pass computes the three gradients (norm.comp's backward): they come back as one vector, dx then dw then db
 layernorm_grad = defop(
     "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _EPS),
-    decompose=composition(_ln_grad), check=_grad_check,
+    decompose=composition(_ln_grad), check=grad_check(_norm_infer),
     doc="layernorm's gradients for x, weight and bias from the output's gradient g, flat, one after another "
         "(the bias changes none of them); x's added to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),
@@ -152,11 +163,11 @@ def _rms_grad(e, ins, attrs):
 
 _RMS_EPS = Arg("eps", "attr", 1e-6, (float, int))
 rmsnorm = defop("rmsnorm", (Arg("x"), Arg("weight"), _RMS_EPS),
-                _norm_infer, _rms_forward, grad=_grads("rmsnorm", 1),
+                _norm_infer, _rms_forward, grad=norm_grads("rmsnorm", ("eps",), bias=False),
                 doc="x / sqrt(mean(x^2) + eps) * weight over the trailing axes weight spans")
 rmsnorm_grad = defop(
     "rmsnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _RMS_EPS),
-    decompose=composition(_rms_grad), check=_grad_check,
+    decompose=composition(_rms_grad), check=grad_check(_norm_infer),
     doc="rmsnorm's gradients for x and weight from the output's gradient g, flat, one after another; x's added "
         "to acc where given",
     samples=[Sample((((3, 6), "normal"), ((6,), "normal"), ((3, 6), "normal"))),

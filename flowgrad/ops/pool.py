@@ -14,7 +14,7 @@ from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, shape_attr
+from flowgrad.ops.rules import float_dtype, picks_infer, shape_attr
 
 INTS = (int, list)
 
@@ -25,18 +25,19 @@ def _nchw(x):
         raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
 
 
-def window(x_shape, attrs) -> dict:
-    """kernel, stride (default: the kernel), pads and the output size."""
-    kernel = tuple_of("kernel_size", attrs["kernel_size"], 2, 1)
-    stride = kernel if attrs["stride"] is None else tuple_of("stride", attrs["stride"], 2, 1)
-    pad = tuple_of("padding", attrs["padding"], 2, 0)
+def window(x_shape, attrs, nd: int = 2) -> dict:
+    """kernel, stride (default: the kernel), pads and the output size over the nd trailing axes."""
+    kernel = tuple_of("kernel_size", attrs["kernel_size"], nd, 1)
+    stride = kernel if attrs["stride"] is None else tuple_of("stride", attrs["stride"], nd, 1)
+    pad = tuple_of("padding", attrs["padding"], nd, 0)
     if any(2 * p > k for p, k in zip(pad, kernel)):
         raise OpTypeError(f"padding={attrs['padding']!r} must be at most half of kernel_size="
                           f"{attrs['kernel_size']!r} (as PyTorch)")
     out = tuple((n + 2 * p - k) // s + 1 for n, p, k, s in zip(x_shape[2:], pad, kernel, stride))
     if any(o < 1 for o in out):
-        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded input "
-                          f"{[n + 2 * p for n, p in zip(x_shape[2:], pad)]}")
+        padded = [n + 2 * p for n, p in zip(x_shape[2:], pad)]
+        where = f"length {padded[0]}" if nd == 1 else f"input {padded}"
+        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded {where}")
     return {"kernel": kernel, "stride": stride, "pad": pad, "out": out}
 
 
@@ -58,9 +59,13 @@ def _padded(x, win, value):
     return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
 
 
-def _crop(a, win, shape):
+def _spread(shape, win, part, dtype):
+    """Zeros of x's shape with part(tap) added at that tap's pixel of every window (the padding cut off)."""
     (ph, pw) = win["pad"]
-    return a[..., ph:ph + shape[2], pw:pw + shape[3]]
+    dxp = _padded(np.zeros(shape, dtype), win, 0)
+    for t, (hs, ws) in _taps(win):
+        dxp[..., hs, ws] += part(t)
+    return dxp[..., ph:ph + shape[2], pw:pw + shape[3]]
 
 
 # ---------------------------------------------------------------- maxpool2d
@@ -93,10 +98,7 @@ def _max_grad_forward(ins, attrs):
     win = window(x.shape, attrs)
     _, arg = _argmax(wide(x), win)
     gw = wide(g)
-    dxp = _padded(np.zeros(x.shape, gw.dtype), win, 0)
-    for t, (hs, ws) in _taps(win):
-        dxp[..., hs, ws] += np.where(arg == t, gw, 0)
-    return narrow(_crop(dxp, win, x.shape), x)
+    return narrow(_spread(x.shape, win, lambda t: np.where(arg == t, gw, 0), gw.dtype), x)
 
 
 def _max_pick_forward(ins, attrs):
@@ -108,19 +110,6 @@ def _max_pick_forward(ins, attrs):
     for tap, (hs, ws) in _taps(win):
         out = np.where(arg == tap, tp[..., hs, ws], out)
     return narrow(out, t)
-
-
-def _pair_infer(second, shaped_as_out):
-    """maxpool2d_grad's rule (its second input shaped as the output) or
-    maxpool2d_pick's (as x); the result is shaped as the other."""
-    def infer(ins, attrs):
-        x, other = ins
-        pooled = _pool_infer([x], attrs)
-        want = pooled if shaped_as_out else x
-        if other != want:
-            raise OpTypeError(f"{second} must be {want}, got {other} (x is {x})")
-        return x if shaped_as_out else pooled
-    return infer
 
 
 def _pool_args(*extra):
@@ -138,14 +127,16 @@ maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward,
                   grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **_with(at))],
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
 maxpool2d_grad = defop(
-    "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], _pair_infer("g", True), _max_grad_forward,
+    "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], picks_infer(_pool_infer, "g", True),
+    _max_grad_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_pick", ins[0], g, **_with(at))], nondiff=(0,),
     doc="maxpool2d's gradient: each window's g added at its first maximum of x, zeros elsewhere",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 3, 4), "normal")), {"kernel_size": 2, "stride": 1}),
              Sample((((1, 2, 5, 5), "distinct"), ((1, 2, 3, 3), "normal")), {"kernel_size": 3, "stride": 2,
                                                                               "padding": 1})])
 maxpool2d_pick = defop(
-    "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], _pair_infer("t", False), _max_pick_forward,
+    "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], picks_infer(_pool_infer, "t", False),
+    _max_pick_forward,
     grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_grad", ins[0], g, **_with(at))], nondiff=(0,),
     doc="t at each window's first maximum of x (maxpool2d's derivative along t)",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 4, 5), "normal")), {"kernel_size": 2, "stride": 1})])
@@ -186,10 +177,7 @@ def _avg_grad_forward(ins, attrs):
     shape = tuple(attrs["shape"])
     win = window(shape, attrs)
     share = wide(g) / _divisor(shape, win, attrs["count_include_pad"])
-    dxp = _padded(np.zeros(shape, share.dtype), win, 0)
-    for _, (hs, ws) in _taps(win):
-        dxp[..., hs, ws] += share
-    return narrow(_crop(dxp, win, shape), g)
+    return narrow(_spread(shape, win, lambda t: share, share.dtype), g)
 
 
 _AVG = (Arg("count_include_pad", "attr", True, (bool,)),)
@@ -223,16 +211,13 @@ def bins(n: int, out: int) -> list[tuple[int, int]]:
     return [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
 
 
-def _pool_matrix(n, out):
-    m = np.zeros((out, n))
-    for i, (lo, hi) in enumerate(bins(n, out)):
-        m[i, lo:hi] = 1.0 / (hi - lo)
-    return m
-
-
 def _pool_matrices(x_shape, size, dtype):
     """The height's and the width's averaging matrices [out, n]."""
-    return [_pool_matrix(n, out).astype(dtype) for n, out in zip(x_shape[2:], size)]
+    mats = [np.zeros((out, n)) for n, out in zip(x_shape[2:], size)]
+    for m in mats:
+        for i, (lo, hi) in enumerate(bins(m.shape[1], m.shape[0])):
+            m[i, lo:hi] = 1.0 / (hi - lo)
+    return [m.astype(dtype) for m in mats]
 
 
 def _adaptive_infer(ins, attrs):
@@ -272,34 +257,22 @@ adaptive_avgpool2d_grad = defop(
 # ---------------------------------------------------------------- maxpool1d / avgpool1d
 
 
-def window_1d(length: int, attrs) -> tuple[int, int, int]:
-    """(kernel, stride, padding) of a 1-D pool, checked as PyTorch checks them."""
-    k = tuple_of("kernel_size", attrs["kernel_size"], 1, 1)[0]
-    s = k if attrs["stride"] is None else tuple_of("stride", attrs["stride"], 1, 1)[0]
-    p = tuple_of("padding", attrs["padding"], 1, 0)[0]
-    if 2 * p > k:
-        raise OpTypeError(f"padding={attrs['padding']!r} must be at most half of kernel_size={attrs['kernel_size']!r} "
-                          "(as PyTorch)")
-    if length + 2 * p < k:
-        raise OpTypeError(f"kernel_size={attrs['kernel_size']!r} does not fit in the padded length {length + 2 * p}")
-    return k, s, p
-
-
 def _pool1d_check(ins, attrs):
     (x,) = ins
     float_dtype(x, "x")
     if len(x.shape) != 3:
         raise OpTypeError(f"x must be [batch, channels, length], got {x}")
-    window_1d(x.shape[2], attrs)
+    window(x.shape, attrs, 1)
 
 
 def _as_2d(op2d):
     """The 2-D pool over [batch, channels, 1, length] with a 1-row window: the same windows, the same numbers."""
     def compose(emit, ins, attrs):
-        k, s, p = window_1d(emit.shape(ins[0])[2], attrs)
+        win = window(emit.shape(ins[0]), attrs, 1)
         extra = {key: attrs[key] for key in attrs if key not in ("kernel_size", "stride", "padding")}
         planes = emit("unsqueeze", ins, {"axis": 2})
-        pooled = emit(op2d, [planes], {"kernel_size": [1, k], "stride": [1, s], "padding": [0, p]} | extra)
+        row = {"kernel_size": [1, *win["kernel"]], "stride": [1, *win["stride"]], "padding": [0, *win["pad"]]}
+        pooled = emit(op2d, [planes], row | extra)
         return emit("squeeze", [pooled], {"axis": 2})
     return compose
 

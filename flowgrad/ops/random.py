@@ -139,14 +139,14 @@ def is_rng(builder, node_id) -> bool:
 
 
 def _infer(ins, attrs):
-    float_dtype(ins[0], "x")
     if not 0.0 <= attrs["p"] <= 1.0:
         raise OpTypeError(f"p={attrs['p']} must be in [0, 1]")
     return _check_rng(ins, attrs)
 
 
 def _check_rng(ins, attrs):
-    """The random state, and the stream: a 32-bit word of Philox's key."""
+    """x, the random state, and the stream: a 32-bit word of Philox's key."""
+    float_dtype(ins[0], "x")
     stream = attrs["stream"]
     if stream is not None and not 0 <= stream < 2**32:
         raise OpTypeError(f"stream={stream} must be in [0, 2^32)")
@@ -192,11 +192,6 @@ dropout = defop(
 # ---------------------------------------------------------------- randn_like
 
 
-def _randn_infer(ins, attrs):
-    float_dtype(ins[0], "x")
-    return _check_rng(ins, attrs)
-
-
 def _randn_forward(ins, attrs):
     """A call with no random state (as written, before the build adds it)
     draws as step 0 of seed 0."""
@@ -208,7 +203,7 @@ def _randn_forward(ins, attrs):
 
 randn_like = defop(
     "randn_like", (Arg("x"), Arg("stream", "attr", None, (int, type(None))), Arg("rng", "tensor", None)),
-    _randn_infer, _randn_forward, grad=lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
+    _check_rng, _randn_forward, grad=lambda g, ins, out, at: [None] * len(ins), expand=_expand, nondiff=(0, 1),
     doc="standard normal noise of x's shape and dtype (x's values are not read; no gradient), a fresh draw "
         "every training step; eval steps sample too",
     samples=[Sample((((3, 5), "normal"), ((5,), "ints:3")), {"stream": 7})])

@@ -5,7 +5,6 @@ import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.graph import TensorType
-from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import OpTypeError
 
 
@@ -45,28 +44,28 @@ def pair_infer(first: str):
     return infer
 
 
+def picks_infer(forward_infer, second: str, scatter: bool):
+    """The rule of an op of (x, second) beside an op of x that picks some of
+    x's elements (maxpool2d, topk): its gradient (scatter: second shaped as
+    the pick's output, the result as x) or the pick of `second` at x's picks
+    (second shaped as x, the result as the output). The two are each other's
+    transposes."""
+    def infer(ins, attrs):
+        x, other = ins
+        picked = forward_infer([x], attrs)
+        want = picked if scatter else x
+        if other != want:
+            raise OpTypeError(f"{second} must be {want}, got {other} (x is {x})")
+        return x if scatter else picked
+    return infer
+
+
 def shape_attr(attrs) -> list[int]:
     """A gradient op's `shape` attr (its input's shape), checked."""
     shape = attrs["shape"]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise OpTypeError(f"shape={shape!r} must be a list of sizes")
     return shape
-
-
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum a gradient over the axes that broadcasting added or stretched.
-    f16 is summed in f32 and rounded once, as PyTorch does: an f16 running
-    sum stops growing once its spacing passes twice the addend (4096 ones
-    sum to 2048)."""
-    grad = np.asarray(grad)
-    summed = wide(grad)
-    extra = grad.ndim - len(shape)
-    if extra:
-        summed = summed.sum(axis=tuple(range(extra)))
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and summed.shape[i] != 1)
-    if stretched:
-        summed = summed.sum(axis=stretched, keepdims=True)
-    return narrow(summed, grad).reshape(shape)
 
 
 def norm_axis(axis: int, ndim: int) -> int:

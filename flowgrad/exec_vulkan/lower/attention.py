@@ -171,33 +171,24 @@ def attention_forward(rec, node, ins, out):
               _push(node, sq, sk, d, dh, words, nstat), sq, heads, batch)
 
 
-def attention_backward(rec, node, g, ins, out, grads, forward_id=None):
-    """forward_id: the attention node whose forward kept the row statistics
-    (default this node)."""
-    q, k, v = ins[:3]
+def attention_grad_forward(rec, node, ins, out):
+    """attention_grad: the backward's passes, dq, dk and dv into consecutive
+    views. The row statistics are read where the forward of the attention it
+    differentiates kept them, else recomputed."""
+    q, k, v, o, g, *mask = ins
     batch, sq, sk, d, heads, dh, bound = _geometry(node, q, k)
-    mask, words = _mask(node, ins, q, k)
+    mask, words = _mask(node, [q, k, v, *mask], q, k)
     mview = mask if mask is not None else q  # bound but unread without a mask
     nstat = batch * heads * sq
-    stats = rec.kept(_stats_key(node.id if forward_id is None else forward_id))
+    stats = rec.kept(_stats_key(node.inputs[3]))
     saved = stats is not None
     if not saved:
         stats = rec.scratch((3 * nstat,), "f32")  # each row's m and log l, then its D
-    dq, dk, dv = (grads[i] if grads[i] is not None else rec.scratch(x.shape, x.dtype) for i, x in enumerate((q, k, v)))
+    dq, dk, dv = out.view(0, q.shape), out.view(q.size, k.shape), out.view(q.size + k.size, v.shape)
     push = _push(node, sq, sk, d, dh, words, nstat, saved)
-    _dispatch(rec, "bwd_stats", q, dh, bound, [q, k, out, mview, g, stats], push, sq, heads, batch)
+    _dispatch(rec, "bwd_stats", q, dh, bound, [q, k, o, mview, g, stats], push, sq, heads, batch)
     _dispatch(rec, "bwd_dq", q, dh, bound, [q, k, v, mview, g, stats, dq], push, sq, heads, batch)
     _dispatch(rec, "bwd_dkdv", q, dh, bound, [q, k, v, mview, g, stats, dk, dv], push, sk, heads, batch)
-
-
-def attention_grad_forward(rec, node, ins, out):
-    """attention_grad: the backward's passes (the row statistics read where
-    the forward it differentiates kept them, else recomputed), dq, dk and dv
-    into consecutive views."""
-    q, k, v, o, g, *mask = ins
-    nq, nk = q.size, k.size
-    grads = [out.view(0, q.shape), out.view(nq, k.shape), out.view(nq + nk, v.shape)]
-    attention_backward(rec, node, g, [q, k, v, *mask], o, grads, forward_id=node.inputs[3])
 
 
 # i32: a boolean mask input (q, k, v and the result are always float)

@@ -7,7 +7,7 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(NE=54, LT=55, LE=56, GT=57, GE=58)   # 1.0 where x0 <op> x1, else 0.0 (M.EQ is map_reduce's)
@@ -47,41 +47,23 @@ def compare_op(code: int) -> Lowering:
     return Lowering(forward, ALL_DTYPES, pointwise=lambda attrs: pointwise)
 
 
-ARGMAX = Lowering(argmax_forward, ALL_DTYPES)
-EQ, NE, LT, LE, GT, GE = (compare_op(i) for i in range(6))
+def _topk(mode: int) -> Lowering:
+    """topk.comp's `mode`: 0 topk's values, 1 its indices, 2 topk_grad's g
+    scattered to where the top k of x lie (zeros elsewhere), 3 topk_pick's t
+    picked there."""
+
+    def forward(rec, node, ins, out):
+        x, t = ins if len(ins) == 2 else (ins[0], rec.stand_in(ins[0].dtype))
+        vals, idx = (rec.stand_in(x.dtype), out) if mode == 1 else (out, rec.stand_in("i32"))
+        k, axis = node.attrs["k"], node.attrs["axis"] % len(x.shape)
+        rows = math.prod(t.shape if mode == 2 else out.shape) // k if k else 0
+        if rows:
+            push = [rows, x.shape[axis], math.prod(x.shape[axis + 1:]), k, mode]
+            rec.dispatch("topk", [x, t, vals, idx], push, groups_1d(rows, 64), variant(x.dtype))
+
+    return Lowering(forward, ALL_DTYPES if mode == 1 else FLOATS)
 
 
-def _topk(rec, node, mode, x, g, vals, idx, out_shape):
-    attrs = node.attrs
-    axis = attrs["axis"] % len(x.shape)
-    rows = math.prod(out_shape) // attrs["k"] if attrs["k"] else 0
-    if rows == 0:
-        return
-    inner = math.prod(x.shape[axis + 1:])
-    rec.dispatch("topk", [x, g, vals, idx], [rows, x.shape[axis], inner, attrs["k"], mode],
-                 groups_1d(rows, 64), variant(x.dtype))
-
-
-def _topk_values_forward(rec, node, ins, out):
-    _topk(rec, node, 0, ins[0], unused(rec, out.dtype), out, unused(rec, "i32"), out.shape)
-
-
-def _topk_indices_forward(rec, node, ins, out):
-    t = ins[0].dtype
-    _topk(rec, node, 1, ins[0], unused(rec, t), unused(rec, t), out, out.shape)
-
-
-def _topk_grad_forward(rec, node, ins, out):
-    """g scattered to where the top k of x lie, zeros elsewhere."""
-    x, g = ins
-    _topk(rec, node, 2, x, g, out, unused(rec, "i32"), g.shape)
-
-
-def _topk_pick_forward(rec, node, ins, out):
-    x, t = ins
-    _topk(rec, node, 3, x, t, out, unused(rec, "i32"), out.shape)
-
-
-register_lowerings({"argmax": ARGMAX, "eq": EQ, "ne": NE, "lt": LT, "le": LE, "gt": GT, "ge": GE,
-    "topk": Lowering(_topk_values_forward, FLOATS), "topk_indices": Lowering(_topk_indices_forward, ALL_DTYPES),
-    "topk_grad": Lowering(_topk_grad_forward, FLOATS), "topk_pick": Lowering(_topk_pick_forward, FLOATS)})
+register_lowerings({"argmax": Lowering(argmax_forward, ALL_DTYPES),
+    **{name: compare_op(code) for code, name in enumerate(("eq", "ne", "lt", "le", "gt", "ge"))},
+    "topk": _topk(0), "topk_indices": _topk(1), "topk_grad": _topk(2), "topk_pick": _topk(3)})

@@ -26,8 +26,9 @@ from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import holding, variant
-from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape, unused
+from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
+from flowgrad.ops import conv
 
 # the matmul tiles with a conv build: conv_<tile>.comp, the matmul .comp's defines
 CONV_TILES = ("matmul_64x64_k16", "matmul_128x128_k8", "matmul_128x128_k16", "matmul_coop")
@@ -140,18 +141,14 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
     chunks, kc = _chunks(rec.caps, tile, gemm)
     out = dst if chunks == 1 else rec.scratch((chunks, weight[0], math.prod(weight[1:])), dst.dtype)
     has_bias = bias is not None
-    bufs = [a, b, bias if has_bias else unused(rec, dst.dtype), out]
+    bufs = [a, b, bias if has_bias else rec.stand_in(dst.dtype), out]
     rec.dispatch(conv_shader(tile), bufs, gemm.push(has_bias, chunks, kc),
                  (gx, gy, min(groups * chunks, MAX_GROUPS)), None if tile.coop else variant(dst.dtype))
     if chunks > 1:
         sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
-def _conv_geometry(node, x_shape, w_shape, transposed: bool = False):
-    from flowgrad.ops import conv  # lazy: the op module imports this one
-
-    if transposed:
-        return conv.transpose_geometry(tuple(x_shape), tuple(w_shape), node.attrs)
+def _geometry(node, x_shape, w_shape):
     return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
 
 
@@ -161,13 +158,13 @@ def _as_2d(shape):
 
 def conv_forward(rec, node, ins, out):
     x, w, *b = ins
-    geo = _conv_geometry(node, x.shape, w.shape)
+    geo = _geometry(node, x.shape, w.shape)
     _run(rec, 0, x, w, b[0] if b else None, out, _as_2d(x.shape), _as_2d(w.shape), geo)
 
 
 def transpose_forward(rec, node, ins, out):
     x, w, *b = ins
-    geo = _conv_geometry(node, x.shape, w.shape, transposed=True)
+    geo = conv.transpose_geometry(tuple(x.shape), tuple(w.shape), node.attrs)
     # the conv whose input gradient this is: input shaped like our output
     _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
 
@@ -175,19 +172,16 @@ def transpose_forward(rec, node, ins, out):
 def input_grad_forward(rec, node, ins, out):
     """conv_input_grad: a convolution's input gradient, into out (x's shape)."""
     g, w = ins
-    _run(rec, 1, g, w, None, out, _as_2d(out.shape), _as_2d(w.shape), _conv_geometry(node, out.shape, w.shape))
+    _run(rec, 1, g, w, None, out, _as_2d(out.shape), _as_2d(w.shape), _geometry(node, out.shape, w.shape))
 
 
 def weight_grad_forward(rec, node, ins, out):
     """conv_weight_grad: a convolution's weight gradient, into out (the weight's shape)."""
     g, x = ins
-    _run(rec, 2, g, x, None, out, _as_2d(x.shape), _as_2d(out.shape), _conv_geometry(node, x.shape, out.shape))
+    _run(rec, 2, g, x, None, out, _as_2d(x.shape), _as_2d(out.shape), _geometry(node, x.shape, out.shape))
 
 
-CONV2D = Lowering(conv_forward, FLOATS)
-CONV1D = CONV2D
-CONV_TRANSPOSE2D = Lowering(transpose_forward, FLOATS)
-
-register_lowerings({"conv2d": CONV2D, "conv1d": CONV1D, "conv_transpose2d": CONV_TRANSPOSE2D,
+CONV = Lowering(conv_forward, FLOATS)
+register_lowerings({"conv2d": CONV, "conv1d": CONV, "conv_transpose2d": Lowering(transpose_forward, FLOATS),
     "conv_input_grad": Lowering(input_grad_forward, FLOATS),
     "conv_weight_grad": Lowering(weight_grad_forward, FLOATS)})

@@ -10,8 +10,7 @@ import math
 
 from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
@@ -36,63 +35,37 @@ def _fixed(op: MapOp, activation=False, adds=False) -> Lowering:
     return _map(lambda attrs: op, activation=activation, adds=adds)
 
 
-ADD = _fixed(M.ADD, adds=True)
-SUB = _fixed(M.SUB)
-MUL = _fixed(M.MUL)
-DIV = _fixed(M.DIV)
-MAXIMUM = _fixed(M.MAXIMUM)
-MINIMUM = _fixed(M.MINIMUM)
-WHERE = _fixed(M.WHERE)
-NEG = _fixed(M.NEG)
-EXP = _fixed(M.EXP)
-LOG = _fixed(M.LOG)
-SQRT = _fixed(M.SQRT)
-TANH = _fixed(M.TANH, activation=True)
-SIGMOID = _fixed(M.SIGMOID, activation=True)
-RELU = _fixed(M.RELU, activation=True)
-SILU = _fixed(M.SILU, activation=True)
-ABS = _fixed(M.ABS)
-SIN = _fixed(M.SIN)
-COS = _fixed(M.COS)
-SOFTSIGN = _fixed(M.SOFTSIGN)
-CLAMP_MIN = _map(lambda attrs: M.CLAMP_MIN, param=lambda attrs: float(attrs["min"]))
-CLAMP_MAX = _map(lambda attrs: M.CLAMP_MAX, param=lambda attrs: float(attrs["max"]))
-GELU = _map(lambda attrs: M.GELU_TANH if attrs["approximate"] == "tanh" else M.GELU, activation=True)
-POW = _map(lambda attrs: M.POW, param=lambda attrs: float(attrs["exponent"]))
+# each one map op of its own name; a product's store offers the activations
+ACTIVATIONS = ("tanh", "sigmoid", "relu", "silu")
+register_lowerings({name: _fixed(getattr(M, name.upper()), activation=name in ACTIVATIONS) for name in (
+    "sub", "mul", "div", "neg", "exp", "log", "sqrt", *ACTIVATIONS, "abs", "sin", "cos", "maximum", "minimum",
+    "where", "softsign")})
 
 # ---------------------------------------------------------------- cast
 
 
-def _convert(rec, src, dst):
-    """dst = src converted to dst's dtype (same shape)."""
-    if src.dtype == dst.dtype:
-        rec.copy(src, dst)
-        return
-    n = math.prod(src.shape)
-    if n == 0:
-        return
-    groups = groups_1d(n)
-    if "i32" in (src.dtype, dst.dtype):
-        to_int = dst.dtype == "i32"
-        flt, ints = (src, dst) if to_int else (dst, src)
-        rec.dispatch("cast", [flt, ints], push=[n, 0 if to_int else 1], groups=groups,
-                     variant=variant(flt.dtype))
-    else:
-        to_half = dst.dtype in HALF_DTYPES
-        wide, half = (src, dst) if to_half else (dst, src)
-        if wide.dtype != "f32":
-            raise DeviceError(f"no kernel casts {src.dtype} to {dst.dtype}")
-        rec.dispatch("cast_f16", [wide, half], push=[n, 0 if to_half else 1], groups=groups,
-                     variant="bf16" if half.dtype == "bf16" else None)
-
-
 def _cast_forward(rec, node, ins, out):
-    _convert(rec, ins[0], out)
+    """out = x converted to out's dtype (same shape)."""
+    (x,) = ins
+    n = math.prod(x.shape)
+    if x.dtype == out.dtype:
+        rec.copy(x, out)
+    elif "i32" in (x.dtype, out.dtype):
+        to_int = out.dtype == "i32"
+        flt, ints = (x, out) if to_int else (out, x)
+        dispatch_1d(rec, "cast", [flt, ints], [n, 0 if to_int else 1], n, flt.dtype)
+    else:
+        to_half = out.dtype in HALF_DTYPES
+        wide, half = (x, out) if to_half else (out, x)
+        if wide.dtype != "f32":
+            raise DeviceError(f"no kernel casts {x.dtype} to {out.dtype}")
+        dispatch_1d(rec, "cast_f16", [wide, half], [n, 0 if to_half else 1], n,
+                    "bf16" if half.dtype == "bf16" else wide.dtype)
 
 
-CAST = Lowering(_cast_forward, ALL_DTYPES)
-
-register_lowerings({"add": ADD, "sub": SUB, "mul": MUL, "div": DIV, "neg": NEG, "exp": EXP, "log": LOG, "sqrt": SQRT,
-    "tanh": TANH, "sigmoid": SIGMOID, "relu": RELU, "silu": SILU, "abs": ABS, "sin": SIN, "cos": COS,
-    "maximum": MAXIMUM, "minimum": MINIMUM, "where": WHERE, "clamp_min": CLAMP_MIN, "clamp_max": CLAMP_MAX,
-    "gelu": GELU, "pow": POW, "cast": CAST, "softsign": SOFTSIGN})
+register_lowerings({"add": _fixed(M.ADD, adds=True),
+    "clamp_min": _map(lambda attrs: M.CLAMP_MIN, param=lambda attrs: float(attrs["min"])),
+    "clamp_max": _map(lambda attrs: M.CLAMP_MAX, param=lambda attrs: float(attrs["max"])),
+    "gelu": _map(lambda attrs: M.GELU_TANH if attrs["approximate"] == "tanh" else M.GELU, activation=True),
+    "pow": _map(lambda attrs: M.POW, param=lambda attrs: float(attrs["exponent"])),
+    "cast": Lowering(_cast_forward, ALL_DTYPES)})

@@ -22,7 +22,7 @@ from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, unused
+from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
@@ -128,8 +128,8 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
     meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 11 | o[0] << 13 | o[1] << 19
     dtype = outs[0].dtype
-    bufs = ins + [unused(rec, dtype) for _ in range(MAX_INPUTS - len(ins))]
-    bufs += list(outs) + [unused(rec, dtype) for _ in range(MAX_OUTPUTS - len(outs))]
+    bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
+    bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
     rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(n), variant(dtype),
                  spec=(meta, *prog_words))
 
@@ -238,14 +238,9 @@ def _epilogue_forward(rec, node, ins, out, form):
         srcs = list(ins) + [dst]
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
         run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, [out] if pre is None else [pre, out], shape)
-    elif apart:   # h is in pre: the activation alone
-        run_program(rec, forward_program(_act_alone(form), 1), {("x", 0): pre}, [out], shape)
-
-
-def _act_alone(form) -> tuple:
-    """The chain's activation as a chain of its own, of one input (h)."""
-    op_name, _refs, at = form.act
-    return ((op_name, (0,), at),)
+    elif apart:   # h is in pre: the activation alone, a chain of its own of one input
+        op_name, _refs, at = form.act
+        run_program(rec, forward_program(((op_name, (0,), at),), 1), {("x", 0): pre}, [out], shape)
 
 
 def _form(node, ins, out):

@@ -8,7 +8,6 @@ import math
 
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import unused
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowerings
 
 GATHER, SCATTER_ADD, ONE_HOT = 0, 1, 2   # gather.comp's modes
@@ -43,8 +42,8 @@ def _along(node, x_shape, index_shape):
 def gather_forward(rec, node, ins, out):
     x, index = ins
     axis, reach, m, inner = _along(node, tuple(x.shape), tuple(index.shape))
-    _dispatch(rec, node, GATHER, 1, index, _cut(rec, x, reach), unused(rec, x.dtype), out, x.shape[axis], m, inner,
-              math.prod(index.shape))
+    _dispatch(rec, node, GATHER, 1, index, _cut(rec, x, reach), rec.stand_in(x.dtype), out, x.shape[axis], m,
+              inner, math.prod(index.shape))
 
 
 def scatter_add_forward(rec, node, ins, out):
@@ -65,7 +64,7 @@ def scatter_add_forward(rec, node, ins, out):
 def one_hot_forward(rec, node, ins, out):
     (i,) = ins
     n = node.attrs["n"]
-    _dispatch(rec, node, ONE_HOT, 0, i, unused(rec, out.dtype), unused(rec, out.dtype), out, n, 1, 1,
+    _dispatch(rec, node, ONE_HOT, 0, i, rec.stand_in(out.dtype), rec.stand_in(out.dtype), out, n, 1, 1,
               math.prod(out.shape))
 
 

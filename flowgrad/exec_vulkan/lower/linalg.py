@@ -36,13 +36,6 @@ class Operand:
     batch: tuple[int, ...]
 
 
-def _promoted(a_shape, b_shape):
-    """numpy's matmul promotion: 1-D a is [1, K], 1-D b is [K, 1]."""
-    a2 = tuple(a_shape) if len(a_shape) > 1 else (1,) + tuple(a_shape)
-    b2 = tuple(b_shape) if len(b_shape) > 1 else tuple(b_shape) + (1,)
-    return a2, b2, _batch(a2[:-2], b2[:-2])
-
-
 def _batch(a, b):
     n = max(len(a), len(b))
     a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
@@ -125,21 +118,19 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
     if choice.chunks > 1 and choice.tile.coop:
-        _split_k(rec, g, choice, epilogue)
-    elif choice.chunks > 1:
+        _split_k(rec, g, choice, epilogue)   # it applies the epilogue where it can
+        return True
+    if choice.chunks > 1:
         _split_k_fixup(rec, g, choice, epi)
-    elif choice.tile.coop:
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_epilogue_views(rec, epi, c.view.dtype)],
-                     g.push(choice.tile), _groups(choice.tile, m, n, nz), _variant(choice, c.view.dtype),
-                     spec=epi.spec() if epi is not None else ())
-        if epi is not None:
-            epi.applied = True
     else:
-        rec.dispatch(g.shader(choice.tile), [a.view, b.view, c.view, *_tiled_extras(rec, epi, c.view.dtype)],
-                     g.push() + (epi.bits() if epi else 0, 0, 0, 0, 0, 0), _groups(choice.tile, m, n, nz),
-                     _variant(choice, c.view.dtype), spec=g.spec(choice.tile, epi))
-        if epi is not None:
-            epi.applied = True
+        tile, dtype = choice.tile, c.view.dtype
+        extras = _epilogue_views(rec, epi, dtype) if tile.coop else _tiled_extras(rec, epi, dtype)
+        words = () if tile.coop else (epi.bits() if epi else 0, 0, 0, 0, 0, 0)
+        spec = (epi.spec() if epi is not None else ()) if tile.coop else g.spec(tile, epi)
+        rec.dispatch(g.shader(tile), [a.view, b.view, c.view, *extras], g.push(tile) + words,
+                     _groups(tile, m, n, nz), _variant(choice, dtype), spec=spec)
+    if epi is not None:
+        epi.applied = True
     return True
 
 
@@ -258,8 +249,6 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_tiled_extras(rec, epi, c.dtype, counts, c)],
                  part.push() + (epi.bits() if epi else 0, chunks, g.c.rs, g.za, g.zb, g.zc), groups,
                  _variant(choice, c.dtype), spec=part.spec(choice.tile, epi))
-    if epi is not None:
-        epi.applied = True
 
 
 def _split_k(rec, g: _Gemm, choice, epilogue=None):
@@ -326,7 +315,9 @@ def matmul_forward(rec, node, ins, out, epilogue=None):
     """epilogue: an Epilogue the GEMM's store may apply (the planner's fused
     matmul-and-adds, lower/fused.py; its `applied` says whether it did)."""
     a, b = ins
-    a2, b2, full = _promoted(a.shape, b.shape)
+    a2 = tuple(a.shape) if len(a.shape) > 1 else (1,) + tuple(a.shape)   # numpy's promotion: 1-D a is [1, K],
+    b2 = tuple(b.shape) if len(b.shape) > 1 else tuple(b.shape) + (1,)   # 1-D b [K, 1]
+    full = _batch(a2[:-2], b2[:-2])
     out2 = tuple(full) + (a2[-2], b2[-1])
     _product(rec, (a, a2), (b, b2), out, out2, full, False, False, epilogue)
 

@@ -6,7 +6,7 @@ import math
 
 from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
 
 
@@ -16,8 +16,6 @@ def _mse_forward(rec, node, ins, out):
     map_reduce(rec, M.SQDIFF, [pred, target], out, space=pred.shape, reduce_axes=range(len(pred.shape)),
                scale=1.0 / n if n else math.nan)
 
-
-MSE_LOSS = Lowering(_mse_forward, FLOATS)
 
 # xent.comp modes
 ROW_LOSS, MEAN, GRAD, DENOMINATOR = 0, 1, 2, 3
@@ -48,9 +46,10 @@ def _wide(logits, loss) -> bool:
     return logits.dtype in HALF_DTYPES and loss.dtype == "f32"
 
 
-def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
-    """cross_entropy's lowering and its gradient's, or nll_loss's (log_probs:
-    the input already holds log-probabilities): one kernel, told which."""
+def _xent_lowering(name: str) -> dict[str, Lowering]:
+    """cross_entropy's lowering and its gradient's, or nll_loss's (whose
+    input already holds log-probabilities): one kernel, told which."""
+    log_probs = name == "nll_loss"
 
     def dispatch(rec, node, mode, n, c, t, row_loss, logits=None, targets=None, g=None, o=None, weight=None,
                  wide=False):
@@ -68,11 +67,11 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
         lt = "f32" if wide else t   # the loss's dtype
 
         def bound(view, dtype=lt):
-            return view if view is not None else unused(rec, dtype)
+            return view if view is not None else rec.stand_in(dtype)
 
         bufs = [bound(logits, t), bound(targets, "i32"), bound(g), bound(o, lt if mode == MEAN else t), row_loss,
                 bound(weight)]
-        bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else unused(rec, "i32")
+        bad = rec.index_flag(node, 1, targets, c) if mode == ROW_LOSS else rec.stand_in("i32")
         rec.dispatch("xent", bufs + [bad], push=push, groups=(groups, 1, 1), variant=variant(t))
 
     def row_losses(rec, node, logits, targets, weight, wide, keep: bool = False):
@@ -116,11 +115,9 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
             ds = strides(logits.shape)
             strided_copy(rec, dx, out, dx.shape, strides(dx.shape), [ds[d] for d in perm])
 
-    return Lowering(forward, ALL_DTYPES, checks_indices=True), Lowering(grad_forward, ALL_DTYPES, checks_indices=True)
+    return {name: Lowering(forward, ALL_DTYPES, checks_indices=True),
+            name + "_grad": Lowering(grad_forward, ALL_DTYPES, checks_indices=True)}
 
 
-CROSS_ENTROPY, CROSS_ENTROPY_GRAD = _xent_lowering(log_probs=False)
-NLL_LOSS, NLL_LOSS_GRAD = _xent_lowering(log_probs=True)
-
-register_lowerings({"mse_loss": MSE_LOSS, "cross_entropy": CROSS_ENTROPY, "nll_loss": NLL_LOSS,
-    "cross_entropy_grad": CROSS_ENTROPY_GRAD, "nll_loss_grad": NLL_LOSS_GRAD})
+register_lowerings({"mse_loss": Lowering(_mse_forward, FLOATS)} | _xent_lowering("cross_entropy")
+                   | _xent_lowering("nll_loss"))

@@ -58,14 +58,6 @@ M.declare(COPY=0, ADD=1, SUB=2, MUL=3, DIV=4, NEG=5,
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 
-def unused(rec, dtype: str):
-    """A stand-in for a binding this dispatch's mode never touches. An
-    aligned word of the recording's own, never a real tensor: the recorder
-    would copy an unaligned view in (and, for a writable binding, back out
-    over the real result)."""
-    return rec.stand_in(dtype)
-
-
 # Lane heuristic. Each lane of a segment takes about ELEMS_PER_LANE elements
 # (fewer lanes: fewer tree-reduction barriers per element), unless the whole
 # dispatch would then have fewer than BUSY_THREADS threads (a large GPU's
@@ -123,13 +115,6 @@ def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[in
     return strides
 
 
-def broadcast_axes(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
-    """Axes of `space` that a tensor of `shape` is broadcast along: where its
-    gradient must be summed."""
-    pad = (1,) * (len(space) - len(shape)) + tuple(shape)
-    return tuple(d for d in range(len(space)) if pad[d] == 1 and space[d] != 1)
-
-
 def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None,
                scale: float = 1.0, param: float = 0.0, reduce: str = "sum") -> None:
     """Record `out = scale * reduce(op(ins...))`.
@@ -168,7 +153,8 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
 def sum_to_shape(rec, src, dst) -> None:
     """dst = src summed over the axes broadcasting stretched dst's shape to src's."""
     space = tuple(src.shape)
-    map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=broadcast_axes(tuple(dst.shape), space))
+    pad = (1,) * (len(space) - len(dst.shape)) + tuple(dst.shape)
+    map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=[d for d, n in enumerate(space) if pad[d] == 1 != n])
 
 
 def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
@@ -182,8 +168,8 @@ def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, sca
             | len(ins) << 22)
     push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
             *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
-    counts, z = finish if finish is not None else (unused(rec, "i32"), unused(rec, out.dtype))
-    bufs = list(ins) + [unused(rec, out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
+    counts, z = finish if finish is not None else (rec.stand_in("i32"), rec.stand_in(out.dtype))
+    bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
 

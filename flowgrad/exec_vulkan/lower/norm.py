@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
@@ -26,7 +26,7 @@ ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each lea
 
 def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None, acc=None):
     """acc: the gradient dx is added to (flags bit 1), else a stand-in."""
-    bufs = list(bufs) + [acc if acc is not None else unused(rec, bufs[0].dtype)]
+    bufs = list(bufs) + [acc if acc is not None else rec.stand_in(bufs[0].dtype)]
     rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
@@ -52,30 +52,29 @@ def _norm(kind: str):
     def forward(rec, node, ins, out):
         x, w = ins[0], ins[1]
         t = x.dtype
-        b = unused(rec, t) if rms else ins[2]
+        b = rec.stand_in(t) if rms else ins[2]
         n, d = _rows(x, w)
         if n and d:
-            bufs = [x, w, b, unused(rec, t), out, unused(rec, t), unused(rec, t), unused(rec, "f32"),
-                    unused(rec, "f32")]
+            bufs = [x, w, b, rec.stand_in(t), out, rec.stand_in(t), rec.stand_in(t), rec.stand_in("f32"),
+                    rec.stand_in("f32")]
             _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
 
-    def record_grads(rec, node, g, ins, grads, acc=None):
-        """dx, dw (and db) into grads; acc: a gradient dx is added to (dx = acc + the VJP)."""
-        x, w = ins[0], ins[1]
-        t = x.dtype
-        b = unused(rec, t) if rms else ins[2]
-        n, d = _rows(x, w)
-        eps = node.attrs["eps"]
+    def grad_forward(rec, node, ins, out):
+        """layernorm_grad / rmsnorm_grad: dx, dw (and db) into consecutive views of
+        the vector; dx added to acc where given (dx = acc + the VJP). The bias is
+        bound but not read: the weight stands in."""
+        x, w, g, *acc = ins
+        t, (n, d), eps = x.dtype, _rows(x, w), node.attrs["eps"]
+        nx, nw = math.prod(x.shape), math.prod(w.shape)
+        dx, dw = out.view(0, x.shape), out.view(nx, w.shape)
+        b, db = (rec.stand_in(t), rec.stand_in(t)) if rms else (w, out.view(nx + nw, w.shape))
         if not (n and d):
-            for grad in grads:
+            for grad in (dx, dw) if rms else (dx, dw, db):
                 rec.fill(grad, 0)  # no rows: the column sums are empty (dx has no element)
             return
-        dx = grads[0]
-        flags = 2 * int(acc is not None)
+        acc, flags = (acc[0], 2) if acc else (None, 0)
         lanes = _one_pass_lanes(n, d)
         if lanes is not None:
-            dw = grads[1]
-            db = unused(rec, t) if rms else grads[2]
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
             size = math.isqrt(groups - 1) + 1   # groups per cluster: the sums are added in two levels
             clusters = -(-groups // size)
@@ -87,33 +86,18 @@ def _norm(kind: str):
                       chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")
-        _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps,
-                  [x, w, b, g, dx, unused(rec, t), unused(rec, t), stats, unused(rec, "f32")], flags=flags, acc=acc)
-        dw = grads[1]
-        db = unused(rec, t) if rms else grads[2]
+        bufs = [x, w, b, g, dx, rec.stand_in(t), rec.stand_in(t), stats, rec.stand_in("f32")]
+        _dispatch(rec, bwd_dx, n, segment_lanes(d, n), n, d, eps, bufs, flags=flags, acc=acc)
         lanes = segment_lanes(n, d, interleaved=True)
         chunks = reduce_chunks(n, d, lanes)
-        part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else unused(rec, "f32")
+        part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else rec.stand_in("f32")
         _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps,
-                  [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
+                  [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
         if chunks > 1:
             _dispatch(rec, bwd_sum, d, 1, n, d, eps,
-                      [x, w, b, g, unused(rec, t), dw, db, stats, part], chunks=chunks)
+                      [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
 
-    def grad_forward(rec, node, ins, out):
-        """layernorm_grad / rmsnorm_grad: dx, dw (and db) into consecutive views of the vector."""
-        x, w, g, *acc = ins
-        nx, nw = math.prod(x.shape), math.prod(w.shape)
-        params = 1 if rms else 2
-        grads = [out.view(0, x.shape)] + [out.view(nx + i * nw, w.shape) for i in range(params)]
-        # the bias is bound but not read: the weight stands in
-        record_grads(rec, node, g, [x, w, w][:1 + params], grads, acc=acc[0] if acc else None)
-
-    return Lowering(forward, FLOATS), Lowering(grad_forward, FLOATS)
+    return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-LAYERNORM, LAYERNORM_GRAD = _norm("layernorm")
-RMSNORM, RMSNORM_GRAD = _norm("rmsnorm")
-
-register_lowerings({"layernorm": LAYERNORM, "rmsnorm": RMSNORM, "layernorm_grad": LAYERNORM_GRAD,
-    "rmsnorm_grad": RMSNORM_GRAD})
+register_lowerings(_norm("layernorm") | _norm("rmsnorm"))

@@ -7,6 +7,7 @@ import math
 
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
+from flowgrad.ops.random import drop_threshold, keep_scale, row_length
 
 
 def _stream(attrs) -> int:
@@ -14,30 +15,18 @@ def _stream(attrs) -> int:
     return (attrs["stream"] or 0) & 0xFFFFFFFF
 
 
-def _masked(rec, node, src, rng, dst):
-    from flowgrad.ops.random import drop_threshold, keep_scale, row_length  # lazy: the op module imports this one
-
-    n = math.prod(dst.shape)
-    p = node.attrs["p"]
-    push = [n, row_length(dst.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
-    dispatch_1d(rec, "dropout", [src, rng, dst], push, n, dst.dtype)
-
-
 def dropout_forward(rec, node, ins, out):
-    _masked(rec, node, ins[0], ins[1], out)
-
-
-# the forward also reads the i32 random state
-DROPOUT = Lowering(dropout_forward, FLOATS | {"i32"})
+    x, rng = ins
+    n, p = math.prod(out.shape), node.attrs["p"]
+    push = [n, row_length(out.shape), drop_threshold(p), _stream(node.attrs), keep_scale(p)]
+    dispatch_1d(rec, "dropout", [x, rng, out], push, n, out.dtype)
 
 
 def randn_forward(rec, node, ins, out):
-    from flowgrad.ops.random import row_length
-
     n = math.prod(out.shape)
     dispatch_1d(rec, "randn", [ins[1], out], [n, row_length(out.shape), _stream(node.attrs)], n, out.dtype)
 
 
-RANDN_LIKE = Lowering(randn_forward, FLOATS | {"i32"})
-
-register_lowerings({"dropout": DROPOUT, "randn_like": RANDN_LIKE})
+# each also reads the i32 random state
+register_lowerings({"dropout": Lowering(dropout_forward, FLOATS | {"i32"}),
+    "randn_like": Lowering(randn_forward, FLOATS | {"i32"})})

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes, unused
+from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 from flowgrad.ops.reduce import dof, reduce_axes
 
@@ -27,14 +26,14 @@ def _count(x, axes) -> int:
     return math.prod(x.shape[d] for d in axes)
 
 
-def _reducer(reduce: str, mean: bool = False):
+def _reducer(reduce: str, mean: bool = False) -> Lowering:
     def forward(rec, node, ins, out):
         (x,) = ins
         axes = _axes(node, x)
         n = _count(x, axes)
         scale = (1.0 / n if n else math.nan) if mean else 1.0
         map_reduce(rec, M.COPY, [x], out, space=x.shape, reduce_axes=axes, scale=scale, reduce=reduce)
-    return forward
+    return Lowering(forward, FLOATS)
 
 
 def _logsumexp_forward(rec, node, ins, out):
@@ -52,11 +51,8 @@ def _logsumexp_forward(rec, node, ins, out):
     map_reduce(rec, M.LSE_LOG, [mean, top], out, param=math.log(n))
 
 
-SUM = Lowering(_reducer("sum"), FLOATS)
-MEAN = Lowering(_reducer("sum", mean=True), FLOATS)
-MAX = Lowering(_reducer("max"), FLOATS)
-MIN = Lowering(_reducer("min"), FLOATS)
-LOGSUMEXP = Lowering(_logsumexp_forward, FLOATS)
+register_lowerings({"sum": _reducer("sum"), "mean": _reducer("sum", mean=True), "max": _reducer("max"),
+    "min": _reducer("min"), "logsumexp": Lowering(_logsumexp_forward, FLOATS)})
 
 # ---------------------------------------------------------------- softmax
 
@@ -75,25 +71,21 @@ def _rows(rec, mode, src, grad, dst, axis):
                  groups=(segment_groups(rows, lanes), 1, 1), variant=variant(dst.dtype))
 
 
-def _softmax(kind: str) -> tuple[Lowering, Lowering]:
+def _softmax(kind: str) -> dict[str, Lowering]:
     """softmax's (log_softmax's) lowering and its gradient's (from y and g)."""
     fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
 
     def forward(rec, node, ins, out):
-        _rows(rec, fwd_mode, ins[0], unused(rec, out.dtype), out, node.attrs["axis"])
+        _rows(rec, fwd_mode, ins[0], rec.stand_in(out.dtype), out, node.attrs["axis"])
 
     def grad_forward(rec, node, ins, out):
         y, g = ins
         _rows(rec, bwd_mode, y, g, out, node.attrs["axis"])
 
-    return Lowering(forward, FLOATS), Lowering(grad_forward, FLOATS)
+    return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-SOFTMAX, SOFTMAX_GRAD = _softmax("softmax")
-LOG_SOFTMAX, LOG_SOFTMAX_GRAD = _softmax("log_softmax")
-
-register_lowerings({"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN, "logsumexp": LOGSUMEXP, "softmax": SOFTMAX,
-    "log_softmax": LOG_SOFTMAX, "softmax_grad": SOFTMAX_GRAD, "log_softmax_grad": LOG_SOFTMAX_GRAD})
+register_lowerings(_softmax("softmax") | _softmax("log_softmax"))
 
 # ---------------------------------------------------------------- var / std / cumsum
 
@@ -118,14 +110,10 @@ def _var_forward(root: bool):
 
 def _cumsum_forward(rec, node, ins, out):
     (x,) = ins
-    shape = tuple(x.shape)
-    if math.prod(shape) == 0:
-        return
-    axis = node.attrs["axis"] % len(shape)
-    n, inner = shape[axis], math.prod(shape[axis + 1:])
-    lines = math.prod(shape) // n
-    rec.dispatch("cumsum", [x, out], push=[lines, n, inner, int(node.attrs["reverse"])], groups=groups_1d(lines),
-                 variant=variant(out.dtype))
+    axis = node.attrs["axis"] % len(x.shape)
+    n, inner = x.shape[axis], math.prod(x.shape[axis + 1:])
+    lines = math.prod(x.shape) // n if n else 0
+    dispatch_1d(rec, "cumsum", [x, out], [lines, n, inner, int(node.attrs["reverse"])], lines, out.dtype)
 
 
 register_lowerings({"var": Lowering(_var_forward(root=False), FLOATS),

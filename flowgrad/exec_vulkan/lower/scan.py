@@ -226,10 +226,6 @@ def _record(rec, graph, lows, cell, values, first) -> None:
 
 # ---------------------------------------------------------------- unpack
 
-def _unpack_offset(node, in_shape) -> int:
-    return node.attrs["offset"]
-
-
 def unpack_forward(rec, node, ins, out):
     (x,) = ins
     src = x.reshape((x.size,)).view(node.attrs["offset"], out.shape)
@@ -238,4 +234,4 @@ def unpack_forward(rec, node, ins, out):
 
 
 register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES),
-    "unpack": Lowering(unpack_forward, ALL_DTYPES, view=_unpack_offset)})
+    "unpack": Lowering(unpack_forward, ALL_DTYPES, view=lambda node, in_shape: node.attrs["offset"])})

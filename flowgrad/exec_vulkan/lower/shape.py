@@ -22,17 +22,11 @@ def reshape_forward(rec, node, ins, out):
 
 # a reshape is its input, read with another shape: the memory plan places it there
 RESHAPE = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
-# so is stop_gradient: its value is its input's, and no gradient leaves it
-STOP_GRADIENT = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
 
 
 def broadcast_forward(rec, node, ins, out):
     map_reduce(rec, M.COPY, ins, out)
 
-
-# a copy per element, reading its input by broadcast strides: in a fused chain, the
-# chain's program reads that input so (lower/fused.py), and the copy is no instruction
-BROADCAST_TO = Lowering(broadcast_forward, FLOATS, pointwise=lambda attrs: Pointwise(M.COPY))
 
 # ---------------------------------------------------------------- transpose / permute
 
@@ -76,9 +70,6 @@ def slice_forward(rec, node, ins, out):
     strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
 
 
-SLICE = Lowering(slice_forward, ALL_DTYPES, view=slice_view, window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs))
-
-
 def _parts(node, shape, sizes):
     """(offset along the whole tensor, part shape) of each concatenated part."""
     axis = node.attrs["axis"] % len(shape)
@@ -98,8 +89,6 @@ def concat_forward(rec, node, ins, out):
         if not (placed_at(x, out, off) and all(n == 1 for n in out.shape[:axis])):
             strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
 
-
-CONCAT = Lowering(concat_forward, ALL_DTYPES)
 
 # ---------------------------------------------------------------- embedding
 
@@ -136,9 +125,6 @@ def sorted_ids(rec, ids, rows: int):
     return keys, vals
 
 
-EMBEDDING = Lowering(embedding_forward, ALL_DTYPES, checks_indices=True)
-
-
 def embedding_grad_forward(rec, node, ins, out):
     """embedding_grad: a scatter-add in proportion to ids x d: the ids
     sorted, then each id's gradient rows summed in position order
@@ -155,9 +141,14 @@ def embedding_grad_forward(rec, node, ins, out):
                  (tiles, min(runs, MAX_GROUPS), 1), variant(out.dtype))
 
 
-EMBEDDING_GRAD = Lowering(embedding_grad_forward, ALL_DTYPES, checks_indices=True)
-
 register_lowerings({"transpose": permuting(rules._transpose_perm), "permute": permuting(rules._permute_perm),
-    "reshape": RESHAPE, "stop_gradient": STOP_GRADIENT, "broadcast_to": BROADCAST_TO, "slice": SLICE, "concat": CONCAT,
-    "embedding": EMBEDDING, "embedding_grad": EMBEDDING_GRAD,
-    "squeeze": RESHAPE, "unsqueeze": RESHAPE})   # the same elements in another shape: a reshape
+    # the same elements in another shape: a reshape; stop_gradient's value is its input's too
+    "reshape": RESHAPE, "squeeze": RESHAPE, "unsqueeze": RESHAPE, "flatten": RESHAPE, "stop_gradient": RESHAPE,
+    # a copy per element, reading its input by broadcast strides: in a fused chain, the
+    # chain's program reads that input so (lower/fused.py), and the copy is no instruction
+    "broadcast_to": Lowering(broadcast_forward, FLOATS, pointwise=lambda attrs: Pointwise(M.COPY)),
+    "slice": Lowering(slice_forward, ALL_DTYPES, view=slice_view,
+                      window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs)),
+    "concat": Lowering(concat_forward, ALL_DTYPES),
+    "embedding": Lowering(embedding_forward, ALL_DTYPES, checks_indices=True),
+    "embedding_grad": Lowering(embedding_grad_forward, ALL_DTYPES, checks_indices=True)})

@@ -1,32 +1,20 @@
-"""Lowerings of flatten (a reshape: one buffer copy) and pad (a fill of the
-pad value, then a strided copy of the input into the interior)."""
+"""The lowering of pad: a fill of the pad value, then a strided copy of the
+input into the interior (flatten is a reshape: lower/shape.py)."""
 from __future__ import annotations
 
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides
-from flowgrad.exec_vulkan.lower.shape import RESHAPE
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import fill_word
-
-
-FLATTEN = RESHAPE
-
-
-def _interior(node, x_shape, out_shape):
-    """(x's shape, out's row-major strides, element offset of x's corner in out)."""
-    from flowgrad.ops.spatial import pad_widths  # lazy: the op module imports this one
-
-    widths = pad_widths(tuple(x_shape), node.attrs)
-    os_ = strides(out_shape)
-    return tuple(x_shape), os_, sum(lo * s for (lo, _), s in zip(widths, os_))
+from flowgrad.ops.spatial import pad_widths
 
 
 def pad_forward(rec, node, ins, out):
+    """The pad value everywhere, then x copied in at its corner's element offset."""
     (x,) = ins
     rec.fill(out, fill_word(node.attrs["value"], out.dtype))
-    shape, os_, off = _interior(node, x.shape, out.shape)
-    strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
+    os_ = strides(out.shape)
+    corner = sum(lo * s for (lo, _), s in zip(pad_widths(tuple(x.shape), node.attrs), os_))
+    strided_copy(rec, x, out, tuple(x.shape), strides(x.shape), os_, dst_off=corner)
 
 
-PAD = Lowering(pad_forward, ALL_DTYPES)
-
-register_lowerings({"flatten": FLATTEN, "pad": PAD})
+register_lowerings({"pad": Lowering(pad_forward, ALL_DTYPES)})
