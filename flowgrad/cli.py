@@ -390,7 +390,7 @@ def cmd_bench_gpt2(args) -> int:
         print(f"bench [{time.perf_counter() - t0:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     r = gpt2.run(args.device, config, steps, warmup, (args.dtype,) if args.dtype else gpt2.DTYPES, phase,
-                 memory_budget=args.memory_budget, families=args.families)
+                 memory_budget=args.memory_budget, families=args.families, mixed=args.mixed)
     print(json.dumps(r, indent=2) if args.json else gpt2.report(r))
     return 0
 
@@ -574,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="bench gpt2: untimed steps per row, at least "
                    "(default 5; each row also warms up for 1-10 s, until its steps stop getting faster)")
     p.add_argument("--batch", type=int, default=None, help="bench gpt2: the batch size (default 8)")
+    p.add_argument("--mixed", default="auto", choices=list(MIXED_HALVES),
+                   help="bench gpt2: what the mixed row computes in: bf16, f16, or auto (as --dtype mixed "
+                        "chooses; default auto)")
     p.add_argument("--families", action="store_true",
                    help="bench gpt2: also the mixed-precision step's GPU time per kernel family (products, "
                         "attention, elementwise, layernorm, cross_entropy, embedding, casts, optimizer, transfers, "

@@ -124,11 +124,11 @@ def test_bench_gpt2_families_json(vk_device, capsys):
     import json
 
     tiny = ["--set", "d=32", "heads=2", "layers=1", "seq=16", "vocab=64", "--batch", "2", "--steps", "1",
-            "--warmup", "1", "--dtype", "mixed"]
+            "--warmup", "1", "--dtype", "mixed", "--mixed", "f16"]
     assert cli_main(["bench", "gpt2", *tiny, "--device", "vulkan", "--families", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     fam = r["rows"][0]["families"]
-    assert r["rows"][0]["name"] == "flowgrad mixed" and set(fam["seconds"]) == set(families.FAMILIES)
+    assert r["rows"][0]["name"] == "flowgrad mixed (f16)" and set(fam["seconds"]) == set(families.FAMILIES)
     assert r["families"]["families"] == list(families.FAMILIES)
 
 

@@ -71,21 +71,24 @@ def median_step(step, steps: int, warmup: int, sync=lambda: None) -> float:
 
 
 def flowgrad_row(model, device: str, dtype: str, feeds, steps: int, warmup: int,
-                 memory_budget=None, families: bool = False) -> tuple[dict, dict]:
+                 memory_budget=None, families: bool = False, mixed: str = "auto") -> tuple[dict, dict]:
     """(row, check): the graph path's Adam step in `dtype`, and what the twin
     is checked against (this session's first loss, its params then).
     memory_budget: as Model.compile's. families: the row also carries its
-    GPU time per kernel family (bench/families.py)."""
+    GPU time per kernel family (bench/families.py). mixed: as Model.compile's."""
     from flowgrad.api import open_device
 
     dev = open_device(device)
     before = dev.live_bytes
-    sess = model.compile(device=device, dtype=dtype, backward="graph", memory_budget=memory_budget)
+    sess = model.compile(device=device, dtype=dtype, backward="graph", memory_budget=memory_budget,
+                         **({"mixed": mixed} if dtype == "mixed" else {}))
     try:
         check = {"loss": sess.step(feeds, grads=False).loss, "params": sess.params, "dtype": dtype}
         opt = Adam(lr=LR)
         seconds = median_step(lambda: sess.step(feeds, grads=False, optimizer=opt, outputs=()), steps, warmup)
-        row = {"name": f"flowgrad {dtype}", "seconds": seconds, "compute": "f32" if dtype == "f32" else "f16",
+        half = sess.mixed.half if sess.mixed is not None else None
+        row = {"name": f"flowgrad {dtype}" + (f" ({half})" if half else ""), "seconds": seconds,
+               "compute": half or "f32",
                "device": dev.info.name, "device_bytes": dev.live_bytes - before,
                "plan_bytes": sess.plan.memory.total_bytes}
         if families:
@@ -156,11 +159,12 @@ def torch_rows(graph, feeds, check: dict, steps: int, warmup: int, phase, famili
 
 
 def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, warmup: int = 5,
-        dtypes=DTYPES, phase=None, memory_budget=None, families: bool = False) -> dict:
+        dtypes=DTYPES, phase=None, memory_budget=None, families: bool = False, mixed: str = "auto") -> dict:
     """`phase(text)`, when given, is called as each phase starts.
     memory_budget: as Model.compile's (the flowgrad rows'). families: the
     mixed rows (flowgrad's, and PyTorch's under bf16 autocast) also carry
-    their GPU time per kernel family, profiled after their timed steps."""
+    their GPU time per kernel family, profiled after their timed steps.
+    mixed: what flowgrad's mixed row computes in (as Model.compile's)."""
     from flowgrad.api import load
 
     phase = phase or (lambda text: None)
@@ -182,7 +186,7 @@ def run(device: str = "vulkan", config: dict | None = None, steps: int = 20, war
         phase(f"compiling and timing flowgrad {dtype}, the graph path with Adam on the device "
               f"({steps} steps after {WARMUP})")
         row, first = flowgrad_row(model, device, dtype, feeds, steps, warmup, memory_budget,
-                                  families and dtype == "mixed")
+                                  families and dtype == "mixed", mixed)
         rows.append(row)
         if check is None or dtype == "f32":   # the twin is the f32 model: checked against f32 where it ran
             check = first
