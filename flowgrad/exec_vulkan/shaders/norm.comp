@@ -4,6 +4,7 @@
 // Row modes (a segment of S lanes per row):
 //   0 layernorm:      y = (x - mean) * rstd * w + b
 //   1 rmsnorm:        y = x * rstd * w
+//                     (rows of D <= MAXC * S: each row read once, into registers)
 //   2 layernorm dx:   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),
 //                     gw = g * w; also stats[2r] = mean, stats[2r+1] = rstd
 //   3 rmsnorm dx:     dx = rstd * (gw - xhat * mean(gw * xhat)); stats as above
@@ -56,7 +57,7 @@ layout(push_constant) uniform Push {
     uint flags;
 } pc;
 
-#define MAXC 8  // columns per lane in the one-pass backward
+#define MAXC 16  // columns per lane of a row held in registers
 shared bool last_group;
 
 // mean and rstd of row `row` (mean 0 for rmsnorm), all lanes of a segment.
@@ -85,22 +86,64 @@ void store_dx(uint at, float dx) {
 
 shared vec4 seg4[FG_WG];
 
-// fg_seg_reduce2's sum, over vec4s (segments of consecutive lanes)
+// fg_seg_reduce2's sum, over vec4s (segments of consecutive lanes). Segments
+// of up to 64 lanes: each lane adds its segment's partials up itself, in lane
+// order (one barrier, not one per halving, and every lane the same sum).
 vec4 seg_sum4(vec4 v, uint S) {
     if (S == 1u) return v;
     uint lid = gl_LocalInvocationID.x, lane = lid & (S - 1u);
     seg4[lid] = v;
     barrier();
-    for (uint s = S >> 1; s > 0u; s >>= 1) {
-        if (lane < s) seg4[lid] += seg4[lid + s];
-        barrier();
+    vec4 r;
+    if (S <= 64u) {
+        r = vec4(0.0);
+        for (uint q = lid - lane; q < lid - lane + S; ++q) r += seg4[q];
+    } else {
+        for (uint s = S >> 1; s > 0u; s >>= 1) {
+            if (lane < s) seg4[lid] += seg4[lid + s];
+            barrier();
+        }
+        r = seg4[lid - lane];
     }
-    vec4 r = seg4[lid - lane];
     barrier();
     return r;
 }
 
+// The forward of a row of D <= MAXC * S: the lane's columns read once, into
+// registers (indexed at literal indices only), the mean and then the
+// variance about it summed from them.
+void row_in_registers(uint row, bool live, uint lane, uint S, bool rms) {
+    uint start = row * pc.D;
+    float xs[MAXC];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        uint j = lane + k * S;
+        xs[k] = live && j < pc.D ? float(x[start + j]) : 0.0;
+        s += xs[k];
+    }
+    float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    float v = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        float d = xs[k] - mean;
+        if (lane + k * S < pc.D) v += d * d;
+    }
+    v = seg_sum4(vec4(v, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    if (!live) return;
+    float rstd = inversesqrt(v + pc.eps);
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        uint j = lane + k * S;
+        if (j < pc.D) {
+            float y0 = (xs[k] - mean) * rstd * float(w[j]);
+            y[start + j] = T(rms ? y0 : y0 + float(b[j]));
+        }
+    }
+}
+
 void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
+    if (mode < 2u && pc.D <= MAXC * S) {
+        row_in_registers(row, live, lane, S, rms);
+        return;
+    }
     uint start = row * pc.D;
     vec2 st = row_stats(start, live, lane, S, rms);
     float mean = st.x, rstd = st.y;
@@ -140,7 +183,7 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
 // the two sums dx needs, together), and the lane's column sums carried on.
 // Registers are indexed at literal indices only (indexed at run time,
 // NVIDIA keeps an array in local memory).
-void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], inout vec2 cols[MAXC]) {
+void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, inout vec2 cols[MAXC]) {
     uint start = row * pc.D;
     float xs[MAXC], gs[MAXC];
     float s = 0.0;
@@ -151,12 +194,15 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAX
         gs[k] = in_row ? float(g[start + j]) : 0.0;
         s += xs[k];
     }
-    float mean = rms ? 0.0 : fg_seg_sum(s, S, false) / float(pc.D);
+    float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
     vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
+    float ws[MAXC];
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        if (lane + k * S < pc.D) {
+        uint j = lane + k * S;
+        ws[k] = j < pc.D ? float(w[j]) : 0.0;
+        if (j < pc.D) {
             float d = xs[k] - mean;
-            precise float gw = gs[k] * wk[k];
+            precise float gw = gs[k] * ws[k];
             acc += vec4(d * d, gw, gw * d, 0.0);
         }
     }
@@ -167,7 +213,7 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAX
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         uint j = lane + k * S;
         if (j < pc.D) {
-            precise float gw = gs[k] * wk[k];
+            precise float gw = gs[k] * ws[k];
             float xhat = (xs[k] - mean) * rstd;
             store_dx(start + j, rstd * ((gw - c) - xhat * a));
             cols[k] += vec2(gs[k] * xhat, gs[k]);
@@ -291,19 +337,14 @@ void main() {
     bool il = mode == 4u || mode == 5u;  // columns: consecutive threads take consecutive columns
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
-    vec2 cols[MAXC];
-    float wk[MAXC];   // the one-pass backward's weights: a lane's columns are the same in every row
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        cols[k] = vec2(0.0);
-        uint j = lane + k * S;
-        wk[k] = mode >= 8u && j < pc.D ? float(w[j]) : 0.0;
-    }
+    vec2 cols[MAXC];   // the one-pass backward's column sums: a lane's columns are the same in every row
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, wk, cols);
+        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, cols);
         else rows(item, live, lane, S, mode, rms);
     }
     if (mode >= 8u) finish_columns(cols, lane, S, rms);
