@@ -71,7 +71,8 @@ def _xent_lowering(log_probs: bool) -> tuple[Lowering, Lowering]:
             lanes = segment_lanes(c, n)
             groups = segment_groups(n, lanes)
         push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
-                int(weight is not None), int(log_probs), int(wide), int(_vectors(c, logits, o))]
+                int(weight is not None), int(log_probs), int(wide),
+                int(mode in (ROW_LOSS, GRAD) and _vectors(c, logits, o))]
         lt = "f32" if wide else t   # the loss's dtype
 
         def bound(view, dtype=lt):
