@@ -427,7 +427,7 @@ def norm_dispatches(graph, op):
     return shaders, adds
 
 
-@pytest.mark.parametrize("d, want", [(40, ["norm"]), (4100, ["norm", "norm"])])  # long rows: dx, then the column sums
+@pytest.mark.parametrize("d, want", [(40, ["norm"]), (2100, ["norm", "norm"])])  # long rows: dx, then the column sums
 def test_norm_backward_dispatches(d, want):
     graph = fg.loads(NORMS, config={"n": 600 if d == 40 else 3, "d": d}).graph
     for op in ("layernorm", "rmsnorm"):
@@ -447,7 +447,7 @@ def test_the_residual_streams_gradient_sums_are_added_by_the_norms_kernels():
     assert len(norms) == 5 and sum(len(n.inputs) == 4 for n in norms) == 4
 
 
-@pytest.mark.parametrize("n, d", [(600, 40), (3, 4100)], ids=["one-pass", "long-rows"])
+@pytest.mark.parametrize("n, d", [(600, 40), (3, 2100)], ids=["one-pass", "long-rows"])
 def test_norm_backward_matches_closures_on_vulkan(vk_device, n, d):
     model = fg.loads(NORMS, config={"n": n, "d": d})
     g_sess, g_loss, g_grads = run(model, "vulkan", "graph")

@@ -21,9 +21,10 @@ from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
 ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
-MAXC = 16           # norm.comp: columns per lane of a row held in registers
-ROW_ELEMS = 12      # a row's columns per lane, about, where a row fits in registers: few lanes a row
-                    # (fewer to sum over) with enough of them to read the row in few steps
+MAXC = 8            # norm.comp: columns per lane in the one-pass backward
+MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in registers
+ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
+                    # with enough of them to read the row in few steps (64 lanes at 768)
 ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
 
 
@@ -34,11 +35,18 @@ def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, group
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
 
-def _register_lanes(n, d):
-    """Lanes per row where each lane holds its columns of a row in registers (the
-    forward's one read, the one-pass backward), or None when a row is too long for it."""
+def _forward_lanes(n, d):
+    """Lanes per row of the forward: its row read once, into registers, where it fits."""
     lanes = min(WG, pow2(-(-d // ROW_ELEMS)))
     while lanes < min(WG, d) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
+        lanes *= 2
+    return lanes if -(-d // lanes) <= MAXC_FWD else segment_lanes(d, n)
+
+
+def _one_pass_lanes(n, d):
+    """Lanes per row for the one-pass backward, or None when a row is too long for it."""
+    lanes = segment_lanes(d, n)
+    while lanes < WG and -(-d // lanes) > MAXC:
         lanes *= 2
     return lanes if -(-d // lanes) <= MAXC else None
 
@@ -61,7 +69,7 @@ def _norm(kind: str):
         if n and d:
             bufs = [x, w, b, unused(rec, t), out, unused(rec, t), unused(rec, t), unused(rec, "f32"),
                     unused(rec, "f32")]
-            _dispatch(rec, fwd, n, _register_lanes(n, d) or segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
+            _dispatch(rec, fwd, n, _forward_lanes(n, d), n, d, node.attrs["eps"], bufs)
 
     def record_grads(rec, node, g, ins, grads, acc=None):
         """dx, dw (and db) into grads; acc: a gradient dx is added to (dx = acc + the VJP)."""
@@ -76,7 +84,7 @@ def _norm(kind: str):
             return
         dx = grads[0]
         flags = 2 * int(acc is not None)
-        lanes = _register_lanes(n, d)
+        lanes = _one_pass_lanes(n, d)
         if lanes is not None:
             dw = grads[1]
             db = unused(rec, t) if rms else grads[2]

@@ -4,7 +4,7 @@
 // Row modes (a segment of S lanes per row):
 //   0 layernorm:      y = (x - mean) * rstd * w + b
 //   1 rmsnorm:        y = x * rstd * w
-//                     (rows of D <= MAXC * S: each row read once, into registers)
+//                     (rows of D <= MAXC_FWD * S: each row read once, into registers)
 //   2 layernorm dx:   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),
 //                     gw = g * w; also stats[2r] = mean, stats[2r+1] = rstd
 //   3 rmsnorm dx:     dx = rstd * (gw - xhat * mean(gw * xhat)); stats as above
@@ -57,7 +57,8 @@ layout(push_constant) uniform Push {
     uint flags;
 } pc;
 
-#define MAXC 16  // columns per lane of a row held in registers
+#define MAXC 8       // columns per lane in the one-pass backward
+#define MAXC_FWD 32  // columns per lane in the forward's row held in registers
 shared bool last_group;
 
 // mean and rstd of row `row` (mean 0 for rmsnorm), all lanes of a segment.
@@ -109,28 +110,28 @@ vec4 seg_sum4(vec4 v, uint S) {
     return r;
 }
 
-// The forward of a row of D <= MAXC * S: the lane's columns read once, into
+// The forward of a row of D <= MAXC_FWD * S: the lane's columns read once, into
 // registers (indexed at literal indices only), the mean and then the
 // variance about it summed from them.
 void row_in_registers(uint row, bool live, uint lane, uint S, bool rms) {
     uint start = row * pc.D;
-    float xs[MAXC];
+    float xs[MAXC_FWD];
     float s = 0.0;
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
         uint j = lane + k * S;
         xs[k] = live && j < pc.D ? float(x[start + j]) : 0.0;
         s += xs[k];
     }
     float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
     float v = 0.0;
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
         float d = xs[k] - mean;
         if (lane + k * S < pc.D) v += d * d;
     }
     v = seg_sum4(vec4(v, 0.0, 0.0, 0.0), S).x / float(pc.D);
     if (!live) return;
     float rstd = inversesqrt(v + pc.eps);
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
         uint j = lane + k * S;
         if (j < pc.D) {
             float y0 = (xs[k] - mean) * rstd * float(w[j]);
@@ -140,7 +141,7 @@ void row_in_registers(uint row, bool live, uint lane, uint S, bool rms) {
 }
 
 void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
-    if (mode < 2u && pc.D <= MAXC * S) {
+    if (mode < 2u && pc.D <= MAXC_FWD * S) {
         row_in_registers(row, live, lane, S, rms);
         return;
     }
@@ -183,7 +184,7 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
 // the two sums dx needs, together), and the lane's column sums carried on.
 // Registers are indexed at literal indices only (indexed at run time,
 // NVIDIA keeps an array in local memory).
-void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, inout vec2 cols[MAXC]) {
+void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], inout vec2 cols[MAXC]) {
     uint start = row * pc.D;
     float xs[MAXC], gs[MAXC];
     float s = 0.0;
@@ -194,15 +195,12 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, inout vec2 c
         gs[k] = in_row ? float(g[start + j]) : 0.0;
         s += xs[k];
     }
-    float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    float mean = rms ? 0.0 : fg_seg_sum(s, S, false) / float(pc.D);
     vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
-    float ws[MAXC];
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        uint j = lane + k * S;
-        ws[k] = j < pc.D ? float(w[j]) : 0.0;
-        if (j < pc.D) {
+        if (lane + k * S < pc.D) {
             float d = xs[k] - mean;
-            precise float gw = gs[k] * ws[k];
+            precise float gw = gs[k] * wk[k];
             acc += vec4(d * d, gw, gw * d, 0.0);
         }
     }
@@ -213,7 +211,7 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, inout vec2 c
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         uint j = lane + k * S;
         if (j < pc.D) {
-            precise float gw = gs[k] * ws[k];
+            precise float gw = gs[k] * wk[k];
             float xhat = (xs[k] - mean) * rstd;
             store_dx(start + j, rstd * ((gw - c) - xhat * a));
             cols[k] += vec2(gs[k] * xhat, gs[k]);
@@ -337,14 +335,19 @@ void main() {
     bool il = mode == 4u || mode == 5u;  // columns: consecutive threads take consecutive columns
     uint lane = fg_seg_lane(S, il);
     uint per_group = FG_WG / S;
-    vec2 cols[MAXC];   // the one-pass backward's column sums: a lane's columns are the same in every row
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) cols[k] = vec2(0.0);
+    vec2 cols[MAXC];
+    float wk[MAXC];   // the one-pass backward's weights: a lane's columns are the same in every row
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
+        cols[k] = vec2(0.0);
+        uint j = lane + k * S;
+        wk[k] = mode >= 8u && j < pc.D ? float(w[j]) : 0.0;
+    }
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, cols);
+        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, wk, cols);
         else rows(item, live, lane, S, mode, rms);
     }
     if (mode >= 8u) finish_columns(cols, lane, S, rms);
