@@ -115,3 +115,13 @@ def test_cross_entropy_with_every_option_over_many_rows(kernels):
     weight = rng.uniform(0.5, 2.0, classes).astype(np.float32)
     check(kernels, "cross_entropy", [logits, targets, weight],
           {"ignore_index": -1, "label_smoothing": 0.1})
+
+
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+def test_norm_rows_longer_than_registers_hold(kernels, op):
+    """Rows of 8200 (more than a workgroup's lanes hold in registers, forward
+    or backward): both take their passes over memory instead."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 8200)).astype(np.float32) * 2 + 1
+    w = rng.uniform(0.5, 1.5, 8200).astype(np.float32)
+    check(kernels, op, [x, w] + ([rng.standard_normal(8200).astype(np.float32)] if op == "layernorm" else []), {})

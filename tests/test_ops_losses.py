@@ -148,3 +148,70 @@ def test_nll_loss_lowering(kernels, shape, axis, attrs):
     grads = kernels.vjp(node, np.array(g), ins, out)
     want = get_op("nll_loss").vjp(np.float64(g), ref_ins, ref, node_attrs)
     close(grads[0], want[0], "f32", "nll_loss grad")
+
+
+def _run_both_paths(kernels, monkeypatch, ins, attrs):
+    """cross_entropy's loss and logits gradient on the device, with the rows read 16 bytes at a
+    time and then an element at a time; asserts the first took the vector path."""
+    from flowgrad.exec_vulkan.lower import loss
+    from tests.op_harness import make_node
+
+    node = make_node("cross_entropy", ins, attrs)
+    g = np.asarray(0.75, ins[0].dtype)
+
+    def run():
+        out = kernels.forward(node, ins)
+        return out, kernels.vjp(node, g, ins, out)[0]
+
+    vectors = loss._vectors
+    taken = []
+    monkeypatch.setattr(loss, "_vectors", lambda *a: taken.append(vectors(*a)) or taken[-1])
+    wide = run()
+    assert taken and all(taken), "the rows were not read as vectors"
+    monkeypatch.setattr(loss, "_vectors", lambda *a: False)
+    return wide, run()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_vector_rows_with_infinite_logits_match_the_definition(kernels, monkeypatch, dtype):
+    """Rows of whole 16-byte vectors, several a lane, some of them all -inf
+    (before and after the row's max), with weights and ignore_index: the
+    running max and rescaled sum give the loss and gradient of the definition."""
+    from tests.op_harness import close
+
+    z, t, w = case(8, (6, 2312), -1)
+    z[0, :1500] = -np.inf
+    z[1, 1200:] = -np.inf
+    z[2, ::3] = -np.inf
+    t[:3] = [2000, 3, 1]
+    t[4] = 2   # ignored
+    attrs = {"label_smoothing": 0.0, "ignore_index": 2}
+    np_dtype = np.float32 if dtype == "f32" else np.float16
+    ins = [z.astype(np_dtype), t, w.astype(np_dtype)]
+    ref_ins = [ins[0].astype(np.float64), t, ins[2].astype(np.float64)]
+    want = get_op("cross_entropy").forward(ref_ins, attrs)
+    want_grad = get_op("cross_entropy").vjp(np.float64(0.75), ref_ins, want, attrs)[0]
+    for loss_value, grad in _run_both_paths(kernels, monkeypatch, ins, attrs):
+        close(loss_value, want, dtype, "cross_entropy forward")
+        close(grad, want_grad, dtype, "cross_entropy grad")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_vector_rows_keep_the_element_paths_nans(kernels, monkeypatch, dtype):
+    """NaN, +inf and all -inf rows, with smoothing and weights: the vector path's gradient is NaN
+    exactly where the element path's is, and its finite values agree."""
+    from tests.op_harness import close
+
+    z, t, w = case(9, (5, 32), -1)
+    z[0, 7] = np.nan
+    z[1, 20] = np.inf
+    z[2, :] = -np.inf
+    t[3] = -1   # an ignored row beside them
+    np_dtype = np.float32 if dtype == "f32" else np.float16
+    ins = [z.astype(np_dtype), t, w.astype(np_dtype)]
+    (loss_v, grad_v), (loss_e, grad_e) = _run_both_paths(kernels, monkeypatch, ins,
+                                                          {"label_smoothing": 0.1, "ignore_index": -1})
+    assert np.isnan(loss_v) and np.isnan(loss_e)
+    np.testing.assert_array_equal(np.isnan(grad_v), np.isnan(grad_e))
+    assert np.isnan(grad_v[:3]).all() and not np.isnan(grad_v[3:]).any()
+    close(grad_v[3:], grad_e[3:].astype(np.float64), dtype, "cross_entropy grad")

@@ -64,7 +64,7 @@ SPECS_TEXT = {
     "unscale": "n: u32, k: u32",
     "unscale_multi": "k: u32, n: u32[12], first: u32[13]",
     "found_inf": "count: u32",
-    "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32, wide: u32",
+    "xent": "N: u32, C: u32, S: u32, mode: u32, ignore_index: i32, eps: f32, has_weight: u32, log_probs: u32, wide: u32, vec: u32",
     **{name: CONV for name in ("conv_64x64_k16", "conv_128x128_k8", "conv_128x128_k16", "conv_coop", "conv_coop_64x64")},
     "radix_count": "n: u32, rows: u32, shift: u32, raw: u32",
     "radix_scatter": "n: u32, rows: u32, shift: u32, raw: u32",

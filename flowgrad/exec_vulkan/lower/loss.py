@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.dtypes import HALF_DTYPES
+from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
@@ -46,6 +46,13 @@ def _wide(logits, loss) -> bool:
     return logits.dtype in HALF_DTYPES and loss.dtype == "f32"
 
 
+def _vectors(c, *views) -> bool:
+    """Whether xent.comp may move a row's logits (and dx) 16 bytes at a time:
+    whole vectors per row, each view starting on a vector."""
+    bound = [v for v in views if v is not None]
+    return bool(bound) and all(c * ITEMSIZE[v.dtype] % 16 == 0 and v.offset % 16 == 0 for v in bound)
+
+
 def _xent_lowering(name: str) -> dict[str, Lowering]:
     """cross_entropy's lowering and its gradient's, or nll_loss's (whose
     input already holds log-probabilities): one kernel, told which."""
@@ -63,7 +70,8 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
             lanes = segment_lanes(c, n)
             groups = segment_groups(n, lanes)
         push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
-                int(weight is not None), int(log_probs), int(wide)]
+                int(weight is not None), int(log_probs), int(wide),
+                int(mode in (ROW_LOSS, GRAD) and _vectors(c, logits, o))]
         lt = "f32" if wide else t   # the loss's dtype
 
         def bound(view, dtype=lt):
@@ -76,7 +84,9 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
 
     def row_losses(rec, node, logits, targets, weight, wide, keep: bool = False):
         n, c = _classes(logits)
-        row_loss = rec.keep(("xent_rows", node.id), (2 * n + 1,), "f32") if keep else rec.scratch((2 * n + 1,), "f32")
+        # each row's numerator and weight, the denominator, then each row's lse and sum of weights
+        size = (4 * n + 1,)
+        row_loss = rec.keep(("xent_rows", node.id), size, "f32") if keep else rec.scratch(size, "f32")
         if n:
             dispatch(rec, node, ROW_LOSS, n, c, logits.dtype, row_loss, logits, targets, weight=weight, wide=wide)
         return row_loss

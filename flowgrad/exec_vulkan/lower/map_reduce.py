@@ -67,7 +67,7 @@ BUSY_THREADS = 1 << 17
 MAX_CHUNKS = 4096
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
@@ -77,10 +77,10 @@ def segment_lanes(n: int, items: int = 1, interleaved: bool = False) -> int:
     consecutive outputs per workgroup, so a warp's loads stay contiguous."""
     if n <= 1:
         return 1
-    full = min(WG, _pow2(n))
-    lanes = min(full, _pow2(-(-n // ELEMS_PER_LANE)))
+    full = min(WG, pow2(n))
+    lanes = min(full, pow2(-(-n // ELEMS_PER_LANE)))
     if items * lanes < BUSY_THREADS:
-        lanes = min(full, max(lanes, _pow2(-(-BUSY_THREADS // max(items, 1)))))
+        lanes = min(full, max(lanes, pow2(-(-BUSY_THREADS // max(items, 1)))))
     if interleaved and items >= 32:
         lanes = min(lanes, WG // 32)
     return lanes

@@ -14,13 +14,16 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.lower.generic import variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, reduce_chunks, segment_groups, segment_lanes
+from flowgrad.exec_vulkan.lower.map_reduce import BUSY_THREADS, WG, pow2, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 # norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
 MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
 ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
 MAXC = 8            # norm.comp: columns per lane in the one-pass backward
+MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in registers
+ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
+                    # with enough of them to read the row in few steps (64 lanes at 768)
 ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
 
 
@@ -29,6 +32,14 @@ def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, group
     bufs = list(bufs) + [acc if acc is not None else rec.stand_in(bufs[0].dtype)]
     rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
+
+
+def _forward_lanes(n, d):
+    """Lanes per row of the forward: its row read once, into registers, where it fits."""
+    lanes = min(WG, pow2(-(-d // ROW_ELEMS)))
+    while lanes < min(WG, d) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
+        lanes *= 2
+    return lanes if -(-d // lanes) <= MAXC_FWD else segment_lanes(d, n)
 
 
 def _one_pass_lanes(n, d):
@@ -57,7 +68,7 @@ def _norm(kind: str):
         if n and d:
             bufs = [x, w, b, rec.stand_in(t), out, rec.stand_in(t), rec.stand_in(t), rec.stand_in("f32"),
                     rec.stand_in("f32")]
-            _dispatch(rec, fwd, n, segment_lanes(d, n), n, d, node.attrs["eps"], bufs)
+            _dispatch(rec, fwd, n, _forward_lanes(n, d), n, d, node.attrs["eps"], bufs)
 
     def grad_forward(rec, node, ins, out):
         """layernorm_grad / rmsnorm_grad: dx, dw (and db) into consecutive views of

@@ -4,6 +4,7 @@
 // Row modes (a segment of S lanes per row):
 //   0 layernorm:      y = (x - mean) * rstd * w + b
 //   1 rmsnorm:        y = x * rstd * w
+//                     (rows of D <= MAXC_FWD * S: each row read once, into registers)
 //   2 layernorm dx:   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),
 //                     gw = g * w; also stats[2r] = mean, stats[2r+1] = rstd
 //   3 rmsnorm dx:     dx = rstd * (gw - xhat * mean(gw * xhat)); stats as above
@@ -56,7 +57,8 @@ layout(push_constant) uniform Push {
     uint flags;
 } pc;
 
-#define MAXC 8  // columns per lane in the one-pass backward
+#define MAXC 8       // columns per lane in the one-pass backward
+#define MAXC_FWD 32  // columns per lane in the forward's row held in registers
 shared bool last_group;
 
 // mean and rstd of row `row` (mean 0 for rmsnorm), all lanes of a segment.
@@ -85,22 +87,64 @@ void store_dx(uint at, float dx) {
 
 shared vec4 seg4[FG_WG];
 
-// fg_seg_reduce2's sum, over vec4s (segments of consecutive lanes)
+// fg_seg_reduce2's sum, over vec4s (segments of consecutive lanes). Segments
+// of up to 64 lanes: each lane adds its segment's partials up itself, in lane
+// order (one barrier, not one per halving, and every lane the same sum).
 vec4 seg_sum4(vec4 v, uint S) {
     if (S == 1u) return v;
     uint lid = gl_LocalInvocationID.x, lane = lid & (S - 1u);
     seg4[lid] = v;
     barrier();
-    for (uint s = S >> 1; s > 0u; s >>= 1) {
-        if (lane < s) seg4[lid] += seg4[lid + s];
-        barrier();
+    vec4 r;
+    if (S <= 64u) {
+        r = vec4(0.0);
+        for (uint q = lid - lane; q < lid - lane + S; ++q) r += seg4[q];
+    } else {
+        for (uint s = S >> 1; s > 0u; s >>= 1) {
+            if (lane < s) seg4[lid] += seg4[lid + s];
+            barrier();
+        }
+        r = seg4[lid - lane];
     }
-    vec4 r = seg4[lid - lane];
     barrier();
     return r;
 }
 
+// The forward of a row of D <= MAXC_FWD * S: the lane's columns read once, into
+// registers (indexed at literal indices only), the mean and then the
+// variance about it summed from them.
+void row_in_registers(uint row, bool live, uint lane, uint S, bool rms) {
+    uint start = row * pc.D;
+    float xs[MAXC_FWD];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
+        uint j = lane + k * S;
+        xs[k] = live && j < pc.D ? LOAD(x[start + j]) : 0.0;
+        s += xs[k];
+    }
+    float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    float v = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
+        float d = xs[k] - mean;
+        if (lane + k * S < pc.D) v += d * d;
+    }
+    v = seg_sum4(vec4(v, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    if (!live) return;
+    float rstd = inversesqrt(v + pc.eps);
+    [[unroll]] for (uint k = 0u; k < MAXC_FWD; ++k) {
+        uint j = lane + k * S;
+        if (j < pc.D) {
+            float y0 = (xs[k] - mean) * rstd * LOAD(w[j]);
+            y[start + j] = STORE(rms ? y0 : y0 + LOAD(b[j]));
+        }
+    }
+}
+
 void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
+    if (mode < 2u && pc.D <= MAXC_FWD * S) {
+        row_in_registers(row, live, lane, S, rms);
+        return;
+    }
     uint start = row * pc.D;
     vec2 st = row_stats(start, live, lane, S, rms);
     float mean = st.x, rstd = st.y;
