@@ -19,8 +19,8 @@ HALF_DTYPES = ("f16", "bf16")         # 16-bit storage, f32 arithmetic
 # what a model is compiled in: "mixed" is 16-bit compute on f32 master params
 # (losses in f32; in f16 the loss is scaled against underflow, bf16 has f32's range)
 COMPILE_DTYPES = ("f32", "f16", "mixed")
-# mixed precision's 16-bit type: "auto" is bf16 where the device offers bf16
-# cooperative matrices, else f16 (flowgrad/mixed_choice.py)
+# mixed precision's 16-bit type: "auto" is f16 until the bf16 kernels are as fast
+# (flowgrad/mixed_choice.py)
 MIXED_HALVES = ("auto", "bf16", "f16")
 NUMPY_DTYPE = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bf16": np.float32}
 ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4, "bf16": 2}   # on a device

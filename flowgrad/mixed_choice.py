@@ -3,11 +3,14 @@
 bf16 keeps f32's exponent range, so gradients do not underflow and the loss
 needs no scaling: no scaler, no skipped steps, as PyTorch's bf16 autocast.
 f16 has three more bits of mantissa but underflows below 6e-8, so it takes
-dynamic loss scaling (flowgrad/loss_scale.py). "auto" picks bf16 where the
-device multiplies bf16 on cooperative matrices (VK_KHR_shader_bfloat16), and
-f16 elsewhere, as before. "bf16" forces it anywhere: storage is the top 16
-bits of an f32 on every Vulkan device (products then run on the f32-arithmetic
-tiled kernels), and numpy emulates it (flowgrad.dtypes.round_bf16)."""
+dynamic loss scaling (flowgrad/loss_scale.py). "auto" picks f16 for now, even
+where the device multiplies bf16 on cooperative matrices (VK_KHR_shader_bfloat16):
+there the bf16 products run on two small tiles and attention on its plain
+kernels, so a GPT-2 124M step took 95.8 ms against f16's 52.8 (H100,
+2026-12-06); auto takes bf16 once its kernels are the f16 ones'. "bf16"
+forces it anywhere: storage is the top 16 bits of an f32 on every Vulkan
+device (products on bf16 cooperative matrices where offered, else on the
+f32-arithmetic tiled kernels), and numpy emulates it (flowgrad.dtypes.round_bf16)."""
 from __future__ import annotations
 
 import attrs
@@ -56,7 +59,9 @@ def choose(mixed: str, info, loss_scale=None) -> MixedChoice:
         return MixedChoice("f16", "the session runs on numpy, which has no bf16 cooperative matrices "
                                   "(mixed='bf16' emulates bf16 there)")
     if offered:
-        return MixedChoice("bf16", "the device offers bf16 cooperative matrices (VK_KHR_shader_bfloat16)")
+        return MixedChoice("f16", "the device offers bf16 cooperative matrices, but flowgrad's bf16 kernels are "
+                                  "slower than its f16 ones there (attention has no bf16 tensor-core build yet); "
+                                  "mixed='bf16' uses them")
     return MixedChoice("f16", f"{info.bf16_lacks} (mixed='bf16' stores bf16 all the same, with f32 products)")
 
 
