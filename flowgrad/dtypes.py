@@ -44,18 +44,23 @@ def bf16_from_bits(bits) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def round_bf16(x) -> np.ndarray:
-    """x (any float) rounded once to bf16, as a float32 array. A wider float
-    first goes to f32 rounded to odd (exact, or the f32 with an odd last bit
-    beside it), so rounding that to bf16 is as rounding x itself."""
+def _f32_rounded_to_odd(x) -> np.ndarray:
+    """x as float32; a wider float rounded to odd (exact, or the f32 with an odd
+    last bit beside it), so rounding that to bf16 is as rounding x itself."""
     a = np.asarray(x)
-    if a.dtype.kind == "f" and a.dtype.itemsize > 4:
-        with np.errstate(over="ignore", invalid="ignore"):
-            f = a.astype(np.float32)
-            inexact = np.isfinite(f) & (f.astype(a.dtype) != a)
-            toward_zero = np.where(inexact & (np.abs(f.astype(a.dtype)) > np.abs(a)),
-                                   np.nextafter(f, np.float32(0)), f)
-        a = np.where(inexact, (toward_zero.view(np.uint32) | 1).view(np.float32), f)
+    if not (a.dtype.kind == "f" and a.dtype.itemsize > 4):
+        return a.astype(np.float32, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = a.astype(np.float32)
+        inexact = np.isfinite(f) & (f.astype(a.dtype) != a)
+        toward_zero = np.where(inexact & (np.abs(f.astype(a.dtype)) > np.abs(a)),
+                               np.nextafter(f, np.float32(0)), f)
+    return np.where(inexact, (toward_zero.view(np.uint32) | 1).view(np.float32), f)
+
+
+def round_bf16(x) -> np.ndarray:
+    """x (any float) rounded once to bf16, as a float32 array."""
+    a = _f32_rounded_to_odd(x)
     return bf16_from_bits(bf16_bits(a)).reshape(a.shape)
 
 
@@ -66,7 +71,7 @@ def device_array(x, dtype: str) -> np.ndarray:
     """x as the C-ordered array a device stores for `dtype` (bf16: its bits), shape kept."""
     shape = np.shape(x)
     if dtype == "bf16":
-        return bf16_bits(round_bf16(x)).reshape(shape)
+        return bf16_bits(_f32_rounded_to_odd(x)).reshape(shape)
     return np.ascontiguousarray(x, dtype=NUMPY_DTYPE[dtype]).reshape(shape)
 
 

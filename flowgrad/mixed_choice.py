@@ -72,9 +72,3 @@ def bf16_products(info) -> str:
     if not info.bf16_lacks:
         return "products on bf16 cooperative matrices"
     return f"bf16 storage, products on the f32-arithmetic tiled kernels ({info.bf16_lacks})"
-
-
-def graph_half(graph) -> str | None:
-    """The 16-bit type a graph computes in (bf16 or f16), None if neither."""
-    dtypes = {n.dtype for n in graph.nodes}
-    return "bf16" if "bf16" in dtypes else "f16" if "f16" in dtypes else None
