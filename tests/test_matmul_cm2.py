@@ -136,7 +136,9 @@ WIDE = "matmul_cm2_128x96_k64_w128"
 @pytest.mark.parametrize("m,n,k,want,tile", [
     (768, 3072, 8192, "deep_long", WIDE), (3072, 768, 8192, "deep_long", WIDE), (768, 768, 8192, "deep_long", None),
     (8192, 768, 50304, "deep_long", WIDE), (512, 2048, 4096, "deep", None), (512, 256, 4096, "deep", None),
-    (4096, 4096, 4096, "large", None)])
+    (4096, 4096, 4096, "large", None),
+    # large outputs of a shallow product (GPT-2's qkv and MLP-up forwards) take 128x96, not 128x256
+    (8192, 2304, 768, "square", WIDE), (8192, 3072, 768, "square", WIDE)])
 def test_the_longest_deep_products_take_their_own_tile(m, n, k, want, tile):
     assert mk.cm2_class(mk.shape_class(m, n, k, 1), m, n, k) == want
     choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)

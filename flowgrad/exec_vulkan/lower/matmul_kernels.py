@@ -96,6 +96,10 @@ CM2_TABLE = {"large": "matmul_cm2_128x256_k32_w256_u2", "square": "matmul_cm2_12
              "deep": "matmul_cm2_64x64_k32_w64", "deep_long": "matmul_cm2_128x64_k64_w128",
              "batched": "matmul_cm2_64x64_k64_w128"}
 CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
+# A large output this shallow or less takes the square class's tiles (128x96 by CM2_WIDER): on an H100
+# (bench/matmul_f16_candidates.py, one process) 128x96 ran GPT-2's 8192x2304 and 8192x3072 by 768
+# (nn, and nt) at 1.05-1.17x the 128x256 tile, which kept 4096^3 (1.76x 128x96's rate)
+CM2_LARGE_MIN_K = 1024
 CM2_LONG_K = 8192
 # A tall or narrow output of at least this many 128x128 tiles (eight waves of two workgroups on 132
 # SMs) runs COOP_W128 where the device has it and the product is aligned for it: on GPT-2's
@@ -213,7 +217,7 @@ def coop_builds(caps: DeviceCaps, dtype: str = "f16") -> list[Tile]:
 def cm2_class(klass: str, m: int, n: int, k: int) -> str:
     """matmul_cm2's table key: the shape class, with square outputs of many tiles and the
     longest deep products apart."""
-    if klass == "square" and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES:
+    if klass == "square" and k > CM2_LARGE_MIN_K and math.ceil(m / 128) * math.ceil(n / 256) >= CM2_LARGE_TILES:
         return "large"
     return "deep_long" if klass == "deep" and k >= CM2_LONG_K else klass
 
