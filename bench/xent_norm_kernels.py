@@ -5,7 +5,10 @@ sections of the step's GPU-timestamp profile (GraphSession.profile), and the
 kernels each section ran. `--torch`: F.cross_entropy and F.layer_norm under
 bf16 autocast, eager and torch.compile'd, timed by CUDA events.
 
-    python bench/xent_norm_kernels.py [--rows 8192] [--vocab 50304] [--torch] [--json OUT]
+    python bench/xent_norm_kernels.py [--rows 8192] [--vocab 50304] [--torch] [--shared-sums] [--json OUT]
+
+`--shared-sums`: layernorm's row sums through shared memory (norm.comp) even
+where the device has subgroup shuffles (norm_sg.comp), to time the two.
 
 The model: two layernorms (the first's dx stored, the second's added to the
 residual its input also feeds, as a pre-norm block's are) and the loss.
@@ -120,8 +123,12 @@ def main():
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--torch", action="store_true")
+    ap.add_argument("--shared-sums", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.shared_sums:
+        from flowgrad.exec_vulkan.lower import norm
+        norm.SUBGROUP_SUMS = False
     times = torch_times(a.rows, a.d, a.vocab, a.steps) if a.torch else flowgrad_times(a.rows, a.d, a.vocab, a.steps)
     for k, v in times.items():
         print(f"{k:<55}{v:9.3f} ms")

@@ -125,3 +125,27 @@ def test_norm_rows_longer_than_registers_hold(kernels, op):
     x = rng.standard_normal((3, 8200)).astype(np.float32) * 2 + 1
     w = rng.uniform(0.5, 1.5, 8200).astype(np.float32)
     check(kernels, op, [x, w] + ([rng.standard_normal(8200).astype(np.float32)] if op == "layernorm" else []), {})
+
+
+@pytest.mark.parametrize("sums", ["subgroup", "shared"])
+@pytest.mark.parametrize("op,shape", [("layernorm", (37, 40)), ("layernorm", (33, 768)), ("rmsnorm", (45, 300)),
+                                      ("layernorm", (3, 8200))])
+def test_norm_row_sums_by_subgroup_shuffles_and_by_shared_memory(kernels, monkeypatch, sums, op, shape):
+    # norm_sg adds a row's lanes by subgroup shuffles (rows of one subgroup or less, and rows
+    # of several, on lavapipe's 8-lane subgroups); norm through shared memory: both builds,
+    # forward, the one-pass backward and the long rows' three passes, against float64
+    from flowgrad.exec_vulkan.discovery import DeviceCaps
+    from flowgrad.exec_vulkan.lower import norm
+    from flowgrad.exec_vulkan.recorder import Recorder
+
+    monkeypatch.setattr(norm, "SUBGROUP_SUMS", sums == "subgroup")
+    shaders = []
+    dispatch = Recorder.dispatch
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
+                                                                            dispatch(rec, shader, *a, **k))[1])
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+    w = rng.uniform(0.5, 1.5, shape[1]).astype(np.float32)
+    check(kernels, op, [x, w] + ([rng.standard_normal(shape[1]).astype(np.float32)] if op == "layernorm" else []), {})
+    shuffles = sums == "subgroup" and DeviceCaps.of(kernels.device.info).subgroup_shuffle
+    assert {s for s in shaders if s.startswith("norm")} == {"norm_sg" if shuffles else "norm"}

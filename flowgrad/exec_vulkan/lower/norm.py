@@ -25,12 +25,16 @@ MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in r
 ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
                     # with enough of them to read the row in few steps (64 lanes at 768)
 ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
+# norm_sg (norm.glsl with FG_SUBGROUP): a row's sums by subgroup shuffles instead of through
+# shared memory, where the device has them; False runs norm everywhere (the tests run both)
+SUBGROUP_SUMS = True
 
 
 def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None, acc=None):
     """acc: the gradient dx is added to (flags bit 1), else a stand-in."""
     bufs = list(bufs) + [acc if acc is not None else rec.stand_in(bufs[0].dtype)]
-    rec.dispatch("norm", bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
+    shader = "norm_sg" if SUBGROUP_SUMS and rec.caps.subgroup_shuffle else "norm"
+    rec.dispatch(shader, bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
 

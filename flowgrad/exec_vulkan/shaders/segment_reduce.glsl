@@ -8,25 +8,30 @@
 // true strides them by FG_WG / S, so consecutive threads hold consecutive
 // outputs at the same step (right when the outputs are the contiguous ones:
 // a column reduction). Either way the loads of a warp stay coalesced.
-// Define FG_WG first.
+// Define FG_WG first (and FG_LID, the thread's number in the segment layout,
+// where it is not gl_LocalInvocationID.x).
+
+#ifndef FG_LID
+#define FG_LID gl_LocalInvocationID.x
+#endif
 
 shared vec2 fg_seg[FG_WG];
 
 uint fg_seg_lane(uint S, bool interleaved) {
-    uint lid = gl_LocalInvocationID.x;
+    uint lid = FG_LID;
     return interleaved ? lid / (FG_WG / S) : lid & (S - 1u);
 }
 
 // which of the workgroup's FG_WG / S segments this thread is in
 uint fg_seg_slot(uint S, bool interleaved) {
-    uint lid = gl_LocalInvocationID.x;
+    uint lid = FG_LID;
     return interleaved ? lid % (FG_WG / S) : lid / S;
 }
 
 // op: 0 sums, 1 takes the max, 2 the min; both components are reduced.
 vec2 fg_seg_reduce2(vec2 v, uint S, uint op, bool interleaved) {
     if (S == 1u) return v;
-    uint lid = gl_LocalInvocationID.x;
+    uint lid = FG_LID;
     uint step = interleaved ? FG_WG / S : 1u;
     uint lane = fg_seg_lane(S, interleaved);
     fg_seg[lid] = v;
