@@ -10,27 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
-from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
+from flowgrad.ops.checks import checked
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
-
-
-def _i32(t: TensorType, what: str) -> None:
-    if t.dtype != "i32":
-        raise OpTypeError(f"{what} must be i32, got {t} (use cast({what}, i32))")
-
-
-def checked(op: str, index, n: int, what: str) -> np.ndarray:
-    """index, when every entry is in [0, n); else a FlowError naming the first bad one and where."""
-    index = np.asarray(index)
-    if index.size and (index.min() < 0 or index.max() >= n):
-        at = np.unravel_index(np.flatnonzero((index < 0) | (index >= n))[0], index.shape)
-        raise FlowError(f"{op}: index {index[at]} at {list(map(int, at))} is out of range for {what} "
-                        f"(valid: 0..{n - 1})")
-    return index
+from flowgrad.ops.rules import float_dtype, i32_dtype, norm_axis, same_dtype
 
 
 # ---------------------------------------------------------------- one_hot
@@ -38,7 +23,7 @@ def checked(op: str, index, n: int, what: str) -> np.ndarray:
 
 def _one_hot_infer(ins, at):
     (i,) = ins
-    _i32(i, "i")
+    i32_dtype(i, "i")
     if at["n"] < 1:
         raise OpTypeError(f"n={at['n']} must be a positive number of classes")
     dtype = at["dtype"] or "f32"
@@ -86,7 +71,7 @@ def _cut(x: np.ndarray, shape, axis: int | None = None) -> np.ndarray:
 def _gather_infer(ins, at):
     x, index = ins
     float_dtype(x, "x")
-    _i32(index, "index")
+    i32_dtype(index, "index")
     _fits(index, x, "x", norm_axis(at["axis"], len(x.shape)))
     return TensorType(index.shape, x.dtype)
 
@@ -116,7 +101,7 @@ def _scatter_add_infer(ins, at):
     x, index, src = ins
     float_dtype(x, "x")
     same_dtype([x, src], "x and src")
-    _i32(index, "index")
+    i32_dtype(index, "index")
     axis = norm_axis(at["axis"], len(x.shape))
     _fits(index, x, "x", axis)
     _fits(index, src, "src", None)

@@ -30,6 +30,11 @@ def float_dtype(t: TensorType, what: str = "input") -> str:
     return t.dtype
 
 
+def i32_dtype(t: TensorType, what: str) -> None:
+    if t.dtype != "i32":
+        raise OpTypeError(f"{what} must be i32, got {t} (use cast({what}, i32))")
+
+
 def pair_infer(first: str):
     """The rule of a loss of (first, target), both floats of one type: a scalar."""
     def infer(ins, at):

@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 
-from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
+from flowgrad.ops.checks import checked
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, same_dtype
+from flowgrad.ops.rules import broadcast_shape, float_dtype, i32_dtype, norm_axis, same_dtype
 
 INT = (int,)
 INTS = (list, tuple)
@@ -191,26 +191,16 @@ concat = defop("concat", (Arg("xs", "tensors"), Arg("axis", "attr", -1, INT)), _
 
 def _embedding_infer(ins, at):
     ids, table = ins
-    if ids.dtype != "i32":
-        raise OpTypeError(f"ids must be i32, got {ids} (use cast(ids, i32))")
+    i32_dtype(ids, "ids")
     float_dtype(table, "table")
     if len(table.shape) != 2:
         raise OpTypeError(f"table must be [rows, d], got {table}")
     return TensorType(ids.shape + table.shape[1:], table.dtype)
 
 
-def _checked_ids(ids, rows):
-    ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= rows):
-        bad = ids[(ids < 0) | (ids >= rows)].flat[0]
-        raise FlowError(f"embedding: id {bad} is out of range for a table of {rows} rows")
-    return ids
-
-
 def _embedding_grad_infer(ins, at):
     ids, g = ins
-    if ids.dtype != "i32":
-        raise OpTypeError(f"ids must be i32, got {ids}")
+    i32_dtype(ids, "ids")
     float_dtype(g, "g")
     if g.shape[:-1] != ids.shape:
         raise OpTypeError(f"g must be ids.shape + [d] = {list(ids.shape)} + [d], got {g}")
@@ -224,12 +214,14 @@ def _embedding_grad_forward(ins, at):
     rows, d = at["rows"], g.shape[-1]
     dtable = np.zeros((rows, d), dtype=wide(g).dtype)
     # ids repeat: np.add.at accumulates where a plain += would keep one
-    np.add.at(dtable, _checked_ids(ids, rows).reshape(-1), wide(g).reshape(-1, d))
+    ids = checked("embedding_grad", ids, rows, f"a table of {rows} rows")
+    np.add.at(dtable, ids.reshape(-1), wide(g).reshape(-1, d))
     return narrow(dtable, g)
 
 
 embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
-                  lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])],
+                  lambda ins, at: ins[1][checked("embedding", ins[0], len(ins[1]),
+                                                 f"a table of {len(ins[1])} rows")],
                   grad=lambda g, ins, out, at: [None, g.e.op("embedding_grad", ins[0], g, rows=ins[1].shape[0])],
                   nondiff=(0,), index_bounds=lambda ins, at: {0: ins[1].shape[0]},
                   doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")
