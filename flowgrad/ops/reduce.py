@@ -66,16 +66,11 @@ def _sum_forward(ins, attrs):
     return narrow(np.sum(x, axis=axes, keepdims=attrs["keepdims"], dtype=acc), x)
 
 
-def _mean_forward(ins, attrs):
-    (x,) = ins
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    return narrow(np.mean(wide(x), axis=axes, keepdims=attrs["keepdims"]), x)
-
-
-def _extreme_forward(pick):
+def _reduction(f):
+    """f over the axes, on x widened (f16 reduced in f32)."""
     def forward(ins, attrs):
         (x,) = ins
-        return pick(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
+        return narrow(f(wide(x), axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"]), x)
     return forward
 
 
@@ -91,13 +86,13 @@ def _extreme_grad(g, ins, out, attrs):
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at)], doc="sum over axis (none: all)")
-reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward,
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _reduction(np.mean),
                     grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0], at)],
                     doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.max), grad=_extreme_grad,
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _reduction(np.max), grad=_extreme_grad,
                    doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN")
-reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.min), grad=_extreme_grad,
+reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _reduction(np.min), grad=_extreme_grad,
                    doc="min over axis (none: all), NaN if any is; tied minima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN",
                    samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),
