@@ -10,6 +10,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.checks import checked
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.reduce import reduce_axes
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import broadcast_shape, float_dtype, i32_dtype, norm_axis, same_dtype
 
@@ -238,15 +239,9 @@ embedding_grad = defop(
 def squeezed_axes(shape, axis) -> tuple[int, ...]:
     """The axes squeeze removes: those named (all, for none) that have size 1;
     a named axis of another size stays, as in torch.squeeze."""
-    if axis is None:
-        return tuple(i for i, n in enumerate(shape) if n == 1)
-    listed = _ints("axis", axis) if isinstance(axis, (list, tuple)) else _ints("axis", [axis])
-    if not listed:
+    if isinstance(axis, (list, tuple)) and not axis:
         raise OpTypeError("axis=[] names no axis: leave axis out to squeeze every size-1 axis, or name the axes")
-    axes = [norm_axis(a, len(shape)) for a in listed]
-    if len(set(axes)) != len(axes):
-        raise OpTypeError(f"axis={axis!r} names the same axis twice")
-    return tuple(a for a in sorted(axes) if shape[a] == 1)
+    return tuple(a for a in reduce_axes(axis, len(shape)) if shape[a] == 1)
 
 
 def _squeeze_shape(shape, at):
