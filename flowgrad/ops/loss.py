@@ -48,12 +48,13 @@ def _ce_infer(ins, at):
     return TensorType((), logits.dtype)
 
 
-def _picked(ins, at):
+def _ce_parts(ins, at):
     """(logits as [n, C], targets [n] clipped into range, the rows that
-    count, class weights [C]), with out-of-range targets refused."""
+    count, class weights [C], log-probabilities, row indices, each row's
+    target weight (0 where it does not count), their sum), with out-of-range
+    targets refused."""
     logits, targets, *weight = ins
-    axis = norm_axis(at["axis"], logits.ndim)
-    z = np.moveaxis(wide(logits), axis, -1)
+    z = np.moveaxis(wide(logits), norm_axis(at["axis"], logits.ndim), -1)
     c = z.shape[-1]
     t = np.asarray(targets).reshape(-1)
     valid = t != at["ignore_index"]
@@ -61,15 +62,10 @@ def _picked(ins, at):
     if bad.any():
         raise FlowError(f"cross_entropy: target {t[bad][0]} is out of range for {c} classes")
     w = wide(weight[0]) if weight else np.ones(c, z.dtype)
-    return z.reshape(-1, c), np.where(valid, t, 0), valid, w
-
-
-def _ce_parts(ins, at):
-    z, t, valid, w = _picked(ins, at)
+    z, t = z.reshape(-1, c), np.where(valid, t, 0)
     lp = z if at["log_probs"] else log_softmax_of(z, -1)
-    rows = np.arange(t.size)
     tw = np.where(valid, w[t], 0.0)
-    return z, t, valid, w, lp, rows, tw, tw.sum()
+    return z, t, valid, w, lp, np.arange(t.size), tw, tw.sum()
 
 
 def _ce_forward(ins, at):
