@@ -23,7 +23,7 @@ from flowgrad.ops.norm import (grad_check, mean_over, norm_grads, packed, rstd_o
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, positive, same_dtype
 
 
 def _channels_first(x, what="x"):
@@ -70,8 +70,7 @@ def _bn_infer(ins, attrs):
     for name, t in zip(("weight", "bias", "running_mean", "running_var"), ins[1:5]):
         if t.shape != (c,):
             raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     if not 0.0 <= attrs["momentum"] <= 1.0:
         raise OpTypeError(f"momentum={attrs['momentum']} must be in [0, 1]")
     return x
@@ -169,8 +168,7 @@ def _gn_infer(ins, attrs):
     for name, t in (("weight", w), ("bias", b)):
         if t.shape != (c,):
             raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     return x
 
 

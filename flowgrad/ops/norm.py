@@ -13,7 +13,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition, unpack
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, positive, same_dtype
 
 
 def _norm_infer(ins, attrs):
@@ -29,8 +29,7 @@ def _norm_infer(ins, attrs):
     for name, t in zip(("weight", "bias"), params):
         if t.shape != params[0].shape:
             raise OpTypeError(f"{name} must be {list(params[0].shape)} (x's last axes), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     return x
 
 

@@ -35,6 +35,11 @@ def i32_dtype(t: TensorType, what: str) -> None:
         raise OpTypeError(f"{what} must be i32, got {t} (use cast({what}, i32))")
 
 
+def positive(attrs, name: str) -> None:
+    if attrs[name] <= 0:
+        raise OpTypeError(f"{name}={attrs[name]} must be positive")
+
+
 def pair_infer(first: str):
     """The rule of a loss of (first, target), both floats of one type: a scalar."""
     def infer(ins, at):
@@ -43,8 +48,8 @@ def pair_infer(first: str):
         float_dtype(a, first)
         if a.shape != b.shape:
             raise OpTypeError(f"{first} and target must have the same shape, got {first}: {a}, target: {b}")
-        if "delta" in at and at["delta"] <= 0:   # huber_loss has it; the other losses share this rule
-            raise OpTypeError(f"delta={at['delta']} must be positive")
+        if "delta" in at:   # huber_loss has it; the other losses share this rule
+            positive(at, "delta")
         return TensorType((), a.dtype)
     return infer
 

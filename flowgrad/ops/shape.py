@@ -12,7 +12,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.reduce import reduce_axes
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, float_dtype, i32_dtype, norm_axis, same_dtype
+from flowgrad.ops.rules import broadcast_shape, float_dtype, i32_dtype, norm_axis, positive, same_dtype
 
 INT = (int,)
 INTS = (list, tuple)
@@ -205,8 +205,7 @@ def _embedding_grad_infer(ins, at):
     float_dtype(g, "g")
     if g.shape[:-1] != ids.shape:
         raise OpTypeError(f"g must be ids.shape + [d] = {list(ids.shape)} + [d], got {g}")
-    if at["rows"] < 1:
-        raise OpTypeError(f"rows={at['rows']} must be positive")
+    positive(at, "rows")
     return TensorType((at["rows"], g.shape[-1]), g.dtype)
 
 
