@@ -172,15 +172,10 @@ def _gn_infer(ins, attrs):
     return x
 
 
-def _grouped(x, groups):
-    """[N, C, ...] as [N, G, C/G * rest]: each row one group's elements."""
-    return x.reshape(x.shape[0], groups, -1)
-
-
 def _gn_forward(ins, attrs):
     x, w, b = ins
     xw = wide(x)
-    xhat, _ = standardize(_grouped(xw, attrs["groups"]), attrs["eps"])
+    xhat, _ = standardize(xw.reshape(xw.shape[0], attrs["groups"], -1), attrs["eps"])   # a row a group
     y = xhat.reshape(xw.shape) * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
     return narrow(y, x)
 
