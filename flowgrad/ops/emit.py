@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import namedtuple
 
 import numpy as np
 
@@ -172,13 +173,8 @@ def _numpy_type(a: np.ndarray) -> _LooseType:
     return _LooseType(a.shape, dtype_name(a))
 
 
-class _LooseType:
-    """A TensorType that accepts float64 (numpy evaluation only)."""
-
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
+# a TensorType that accepts float64 (numpy evaluation only)
+_LooseType = namedtuple("_LooseType", ("shape", "dtype"))
 
 
 def numpy_vjp(grad_rule):
