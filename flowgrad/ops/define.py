@@ -16,8 +16,7 @@ import numpy as np
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
 from flowgrad.ops.emit import Emitter, Tape, Val, dtype_name, numpy_vjp
-from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
-                                   register)
+from flowgrad.ops.registry import REQUIRED, Arg, Composer, Op, OpTypeError, complete_attrs, get_op, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=None, expand=None,
@@ -27,7 +26,7 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
     on numpy. decompose: define the op as a composition of ops (see Op);
     infer, forward and grad then come from it. check(in_types, attrs): the
     op's own checks, run before the composition's."""
-    sig = _Signature(args)
+    defaults = {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
     if decompose is not None:
         infer, forward = _composed(decompose, check)
         grad = _composition_grad(decompose, nondiff)
@@ -37,25 +36,25 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
 
     def checked_infer(in_types, attrs):
         try:
-            sig.check_inputs(in_types)
+            _check_count(args, len(in_types))
             return infer(list(in_types), complete_attrs(args, attrs))
         except OpTypeError as e:
             raise OpTypeError(f"{name}: {e}") from None
 
     def full_forward(ins, attrs):
-        return _own(forward(ins, sig.defaults | attrs), ins)
+        return _own(forward(ins, defaults | attrs), ins)
 
     def full_vjp(g, ins, out, attrs):
-        grads = vjp(g, ins, out, sig.defaults | attrs)
+        grads = vjp(g, ins, out, defaults | attrs)
         return [None if d is None else _own(np.asarray(d, dtype=x.dtype), (g, out, *ins))
                 for d, x in zip(grads, ins)]
 
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
-            expand=(lambda builder, ins, at: expand(builder, ins, sig.defaults | at)) if expand else None,
+            expand=(lambda builder, ins, at: expand(builder, ins, defaults | at)) if expand else None,
             nondiff=frozenset(nondiff), index_bounds=index_bounds, updates=frozenset(updates), doc=doc,
-            decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
+            decompose=(lambda emit, ins, at: decompose(emit, ins, defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
-            grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
+            grad=lambda g, ins, out, at: grad(g, ins, out, defaults | at))
     return register(op)
 
 
@@ -88,7 +87,8 @@ def _composed(decompose, check):
         return values[out]
 
     def forward(ins, attrs):
-        values, out = _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at), _const_array)
+        values, out = _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at),
+                           lambda a, dtype: np.asarray(a, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype]))
         return values[out]
 
     return infer, forward
@@ -114,28 +114,16 @@ def _dtype_name(value) -> str:
     return value.dtype if isinstance(value, (TensorType, Val)) else dtype_name(value)
 
 
-def _const_array(array, dtype):
-    return np.asarray(array, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype])
-
-
-class _Signature:
-    def __init__(self, args):
-        self.defaults = attr_defaults(args)
-        tensors = [a for a in args if a.kind == "tensor"]
-        self.min_inputs = sum(a.default is REQUIRED for a in tensors)
-        self.variadic = any(a.kind == "tensors" for a in args)
-        self.max_inputs = None if self.variadic else len(tensors)
-
-    def check_inputs(self, in_types):
-        n = len(in_types)
-        if self.variadic:
-            if n < max(self.min_inputs, 1):
-                raise OpTypeError("needs at least one tensor input")
-        elif not self.min_inputs <= n <= self.max_inputs:
-            want = (str(self.min_inputs) if self.min_inputs == self.max_inputs
-                    else f"{self.min_inputs} to {self.max_inputs}")
-            plural = "" if want == "1" else "s"
-            raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
+def _check_count(args, n: int) -> None:
+    """n tensor inputs, as many as the signature takes."""
+    tensors = [a for a in args if a.kind == "tensor"]
+    least = sum(a.default is REQUIRED for a in tensors)
+    if any(a.kind == "tensors" for a in args):
+        if n < max(least, 1):
+            raise OpTypeError("needs at least one tensor input")
+    elif not least <= n <= len(tensors):
+        want = str(least) if least == len(tensors) else f"{least} to {len(tensors)}"
+        raise OpTypeError(f"takes {want} tensor input{'' if want == '1' else 's'}, got {n}")
 
 
 def _own(a, others) -> np.ndarray:
