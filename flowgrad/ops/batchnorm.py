@@ -23,13 +23,7 @@ from flowgrad.ops.norm import (grad_check, mean_over, norm_grads, packed, rstd_o
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, positive, same_dtype
-
-
-def _channels_first(x, what="x"):
-    float_dtype(x, what)
-    if len(x.shape) < 2:
-        raise OpTypeError(f"{what} must be [batch, channels, ...], got {x}")
+from flowgrad.ops.rules import channels_first, positive, same_dtype
 
 
 def _axes(x):
@@ -61,7 +55,7 @@ def _bn_infer(ins, attrs):
     if len(ins) not in (5, 6) or (len(ins) == 6 and ins[5] != RNG_TYPE):
         raise OpTypeError("its last input is its random state (added when the model is built)")
     x = ins[0]
-    _channels_first(x)
+    channels_first(x)
     same_dtype(ins[:3], "x, weight and bias")
     stats = same_dtype(ins[3:5], "the running statistics")
     if stats not in (x.dtype, "f32"):   # f32 beside f16 data: how dtype="mixed" keeps them
@@ -160,7 +154,7 @@ batchnorm_grad = defop(
 
 def _gn_infer(ins, attrs):
     x, w, b = ins
-    _channels_first(x)
+    channels_first(x)
     same_dtype(ins, "x, weight and bias")
     c, groups = x.shape[1], attrs["groups"]
     if groups < 1 or c % groups:

@@ -17,7 +17,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype, shape_attr
+from flowgrad.ops.rules import channels_first, float_dtype, same_dtype, shape_attr
 
 INTS = (int, list)
 
@@ -153,10 +153,7 @@ def _conv_infer(nd):
     def infer(ins, attrs):
         x, w, *b = ins
         same_dtype(ins, "x, weight and bias")
-        float_dtype(x, "x")
-        if len(x.shape) != nd + 2:
-            layout = "[batch, channels, length]" if nd == 1 else "[batch, channels, height, width]"
-            raise OpTypeError(f"x must be {layout}, got {x}")
+        channels_first(x, nd)
         if len(w.shape) != nd + 2:
             layout = "[out, in/groups, k]" if nd == 1 else "[out, in/groups, kh, kw]"
             raise OpTypeError(f"weight must be {layout}, got {w}")
@@ -290,9 +287,7 @@ def transpose_geometry(x_shape, w_shape, attrs) -> dict:
 def _convt_infer(ins, attrs):
     x, w, *b = ins
     same_dtype(ins, "x, weight and bias")
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+    channels_first(x, 2)
     if len(w.shape) != 4:
         raise OpTypeError(f"weight must be [in, out/groups, kh, kw], got {w}")
     geo = transpose_geometry(x.shape, w.shape, attrs)

@@ -14,15 +14,9 @@ from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, picks_infer, shape_attr
+from flowgrad.ops.rules import channels_first, picks_infer, shape_attr
 
 INTS = (int, list)
-
-
-def _nchw(x):
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
 
 
 def window(x_shape, attrs, nd: int = 2) -> dict:
@@ -43,7 +37,7 @@ def window(x_shape, attrs, nd: int = 2) -> dict:
 
 def _pool_infer(ins, attrs):
     (x,) = ins
-    _nchw(x)
+    channels_first(x, 2)
     return TensorType(tuple(x.shape[:2]) + window(x.shape, attrs)["out"], x.dtype)
 
 
@@ -217,7 +211,7 @@ def _pool_matrices(x_shape, size, dtype):
 
 def _adaptive_infer(ins, attrs):
     (x,) = ins
-    _nchw(x)
+    channels_first(x, 2)
     return TensorType(tuple(x.shape[:2]) + adaptive_size(x.shape, attrs), x.dtype)
 
 
@@ -249,9 +243,7 @@ adaptive_avgpool2d_grad = defop(
 
 def _pool1d_check(ins, attrs):
     (x,) = ins
-    float_dtype(x, "x")
-    if len(x.shape) != 3:
-        raise OpTypeError(f"x must be [batch, channels, length], got {x}")
+    channels_first(x, 1)
     window(x.shape, attrs, 1)
 
 

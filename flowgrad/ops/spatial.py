@@ -11,7 +11,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, norm_axis
+from flowgrad.ops.rules import channels_first, norm_axis
 from flowgrad.ops.shape import reshaping
 
 # ---------------------------------------------------------------- flatten
@@ -132,9 +132,7 @@ def taps(n_in: int, n_out: int, scale, mode: str) -> list:
 
 def _interpolate_check(ins, attrs):
     (x,) = ins
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+    channels_first(x, 2)
     resize(x.shape, attrs)
 
 
