@@ -115,12 +115,8 @@ def _parts_infer(in_types, attrs):
     return TensorType((k,) + y.shape[:-1] + (y.shape[-1] // k,), y.dtype)
 
 
-def _parts_forward(ins, attrs):
-    y = get_op("matmul").forward(ins, {})
-    return np.stack(np.split(y, attrs["parts"], axis=-1))
-
-
-_planner_op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _parts_grad,
+_planner_op("matmul_parts", PARTS_ARGS, _parts_infer,
+            lambda ins, at: np.stack(np.split(get_op("matmul").forward(ins, {}), at["parts"], axis=-1)), _parts_grad,
             "a @ b, b's columns in `parts` blocks stacked first (planner only)")
 _planner_op("parts_grad_a", (Arg("g"), Arg("b")),
             lambda ts, at: TensorType(ts[0].shape[1:-1] + (ts[1].shape[0],), ts[0].dtype), _parts_grad_a, None,

@@ -83,14 +83,10 @@ def _gather_forward(ins, at):
     return np.take_along_axis(_cut(x, index.shape, axis), index, axis=axis)
 
 
-def _gather_grad(g, ins, out, at):
-    x, index = ins
-    return [g.e.op("scatter_add", g.e.zeros(x), index, g, axis=at["axis"]), None]
-
-
 gather = defop(
     "gather", (Arg("x"), Arg("axis", "attr", types=(int,)), Arg("index")), _gather_infer, _gather_forward,
-    grad=_gather_grad, nondiff=(1,), index_bounds=lambda ins, at: {1: ins[0].shape[at["axis"] % len(ins[0].shape)]},
+    grad=lambda g, ins, out, at: [g.e.op("scatter_add", g.e.zeros(ins[0]), ins[1], g, axis=at["axis"]), None],
+    nondiff=(1,), index_bounds=lambda ins, at: {1: ins[0].shape[at["axis"] % len(ins[0].shape)]},
     doc="out[..., j, ...] = x[..., index[..., j, ...], ...] along axis: index's shape, i32 indices; no larger than x "
         "on the other axes",
     samples=[Sample((((3, 4), "normal"), ((3, 5), "ints:4")), {"axis": 1}),

@@ -82,11 +82,6 @@ def _argmax(x, win):
     return best, arg
 
 
-def _max_forward(ins, attrs):
-    (x,) = ins
-    return narrow(_argmax(wide(x), window(x.shape, attrs))[0], x)
-
-
 def _max_grad_forward(ins, attrs):
     x, g = ins
     win = window(x.shape, attrs)
@@ -113,7 +108,8 @@ def _pool_args(*extra):
 
 # which pixel is a window's maximum is flat in x almost everywhere: x gets no gradient through the
 # choice; maxpool2d_grad and maxpool2d_pick are each other's transposes
-maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward,
+maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer,
+                  lambda ins, at: narrow(_argmax(wide(ins[0]), window(ins[0].shape, at))[0], ins[0]),
                   grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **at)],
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
 maxpool2d_grad = defop(

@@ -59,11 +59,6 @@ def _pad_infer(ins, attrs):
     return TensorType(shape, x.dtype)
 
 
-def _pad_forward(ins, attrs):
-    (x,) = ins
-    return narrow(np.pad(x, pad_widths(x.shape, attrs), constant_values=attrs["value"]), x)
-
-
 def _pad_grad(g, ins, out, attrs):
     (x,) = ins
     if x.dtype == "i32":
@@ -74,8 +69,9 @@ def _pad_grad(g, ins, out, attrs):
     return [g]
 
 
-pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))),
-            _pad_infer, _pad_forward, grad=_pad_grad,
+pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))), _pad_infer,
+            lambda ins, at: narrow(np.pad(ins[0], pad_widths(ins[0].shape, at), constant_values=at["value"]), ins[0]),
+            grad=_pad_grad,
             doc="constant padding; pad lists (before, after) pairs starting at the last axis, as PyTorch")
 
 # ---------------------------------------------------------------- interpolate
