@@ -30,10 +30,6 @@ def _run(ins, steps, apply):
     return values
 
 
-def _infer(in_types, attrs):
-    return _run(in_types, attrs["steps"], lambda n, ts, at: get_op(n).infer(ts, at))[-1]
-
-
 def _forward(ins, attrs):
     """Each step's result in its own dtype, as the chain's nodes run one by one store it."""
     def step(name, xs, at):
@@ -43,14 +39,6 @@ def _forward(ins, attrs):
         t = get_op(name).infer([TensorType(np.shape(x), dtype_of(x, narrow=True)) for x in xs], at)
         return np.asarray(out, dtype=NUMPY_DTYPE[t.dtype])
     return _run(ins, attrs["steps"], step)[-1]
-
-
-def _numpy(rule):
-    """The numpy VJP of a planner op: its grad rule run on numpy, in each input's dtype (zeros for none)."""
-    def vjp(g, ins, out, attrs):
-        grads = numpy_vjp(rule)(g, ins, out, attrs)
-        return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
-    return vjp
 
 
 def _grad(g, ins, out, attrs):
@@ -92,12 +80,17 @@ def _part_grad(g, ins, out, attrs):
 
 
 def _planner_op(name, args, infer, forward, grad, doc):
-    """Register an op only the planner makes; its numpy VJP is its grad rule run on numpy."""
-    PLANNER_OPS[name] = Op(name, args, infer, forward, _numpy(grad) if grad else None, grad=grad, doc=doc)
+    """Register an op only the planner makes; its numpy VJP is its grad rule
+    run on numpy, in each input's dtype (zeros for none)."""
+    def vjp(g, ins, out, attrs):
+        grads = numpy_vjp(grad)(g, ins, out, attrs)
+        return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+    PLANNER_OPS[name] = Op(name, args, infer, forward, vjp if grad else None, grad=grad, doc=doc)
 
 
-_planner_op("fused", ARGS, lambda ins, at: _infer(ins, complete_attrs(ARGS, at)), _forward, _grad,
-            "a chain of ops merged by the planner (graph path only)")
+_planner_op("fused", ARGS,
+            lambda ins, at: _run(ins, complete_attrs(ARGS, at)["steps"], lambda n, ts, a: get_op(n).infer(ts, a))[-1],
+            _forward, _grad, "a chain of ops merged by the planner (graph path only)")
 
 
 # ---------------------------------------------------------------- a split product and its parts
