@@ -93,14 +93,10 @@ def _taps(geo):
             yield r, s, (slice(r * dh, r * dh + sh * (oh - 1) + 1, sh), slice(s * dw, s * dw + sw * (ow - 1) + 1, sw))
 
 
-def _padded(x, geo):
-    return np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
-
-
 def _cols(x, geo):
     """im2col: x [N, C, H, W] as [G, N*OH*OW, C/G*KH*KW], one row per output pixel."""
     G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
-    xp = _padded(x, geo)
+    xp = np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
     n, c = xp.shape[:2]
     cols = np.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
     for r, s, (hs, ws) in _taps(geo):
