@@ -18,7 +18,7 @@ import numpy as np
 
 from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition
-from flowgrad.ops.norm import (grad_check, mean_over, norm_grads, packed, rstd_of, standardize, standardized,
+from flowgrad.ops.norm import (EPS, grad_check, mean_over, norm_grads, packed, rstd_of, standardize, standardized,
                                standardized_grad, widened)
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
@@ -132,8 +132,7 @@ def _bn_grad_expand(builder, ins, attrs):
 
 batchnorm = defop(
     "batchnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("running_mean"), Arg("running_var"),
-                  Arg("momentum", "attr", 0.1, (float, int)), Arg("eps", "attr", 1e-5, (float, int)),
-                  Arg("rng", "tensor", None)),
+                  Arg("momentum", "attr", 0.1, (float, int)), EPS, Arg("rng", "tensor", None)),
     _bn_infer, _bn_forward, grad=norm_grads("batchnorm", ("eps",)), expand=_bn_expand, nondiff=(3, 4, 5),
     updates=(3, 4),
     doc="batch normalization over all axes but the channels (axis 1); batch statistics and a running-average "
@@ -142,7 +141,7 @@ batchnorm = defop(
 # vector, dx then dw then db; it leaves the running statistics as they are
 batchnorm_grad = defop(
     "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("g"),
-                       Arg("eps", "attr", 1e-5, (float, int)), Arg("rng", "tensor", None)),
+                       EPS, Arg("rng", "tensor", None)),
     decompose=composition(_bn_grad), check=grad_check(_bn_infer, 2), expand=_bn_grad_expand, nondiff=(2, 3, 5),
     doc="batchnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another; "
         "the batch statistics in a training step (the random state says which), the running ones in eval",
@@ -174,14 +173,13 @@ def _gn_forward(ins, attrs):
     return narrow(y, x)
 
 
+_GROUPS = Arg("groups", "attr", types=(int,))
 groupnorm = defop(
-    "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
-                  Arg("eps", "attr", 1e-5, (float, int))),
+    "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), _GROUPS, EPS),
     _gn_infer, _gn_forward, grad=norm_grads("groupnorm", ("groups", "eps")),
     doc="normalize each group of channels (and all their pixels) per example, then a per-channel affine")
 groupnorm_grad = defop(
-    "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("groups", "attr", types=(int,)),
-                       Arg("eps", "attr", 1e-5, (float, int))),
+    "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), _GROUPS, EPS),
     decompose=composition(_gn_grad), check=grad_check(_gn_infer),
     doc="groupnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another",
     samples=[Sample((((2, 4, 3), "normal"), ((4,), "positive"), ((2, 4, 3), "normal")), {"groups": 2})])
