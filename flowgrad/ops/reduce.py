@@ -55,8 +55,9 @@ def _spread(g, x, attrs):
     return g.reshape(_reduced_shape(x.shape, axes, True)).expand(x.shape)
 
 
-def _count(x, attrs) -> int:
-    return int(np.prod([x.shape[a] for a in reduce_axes(attrs["axis"], x.ndim)]))
+def _count(shape, attrs) -> int:
+    """How many elements each result reduces."""
+    return int(np.prod([shape[a] for a in reduce_axes(attrs["axis"], len(shape))]))
 
 
 def _sum_forward(ins, attrs):
@@ -87,7 +88,7 @@ def _extreme_grad(g, ins, out, attrs):
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at)], doc="sum over axis (none: all)")
 reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _reduction(np.mean),
-                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0], at)],
+                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0].shape, at)],
                     doc="mean over axis (none: all)")
 reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _reduction(np.max), grad=_extreme_grad,
                    doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
@@ -199,7 +200,7 @@ VAR_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
 def dof(x_shape, attrs) -> float:
     """N - correction, the divisor; a reduction that leaves no degrees of
     freedom is refused (PyTorch gives NaN or inf, with a warning)."""
-    n = int(np.prod([x_shape[a] for a in reduce_axes(attrs["axis"], len(x_shape))]))
+    n = _count(x_shape, attrs)
     if n - attrs["correction"] <= 0:
         raise OpTypeError(f"correction={attrs['correction']} leaves no degrees of freedom: it reduces {n} "
                           f"element{'s' * (n != 1)} (N - correction must be positive)")
@@ -212,19 +213,15 @@ def _var_infer(ins, attrs):
     return out
 
 
-def _variance(x, attrs):
-    """The variance of an already-widened array, kept dims."""
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    centred = x - np.mean(x, axis=axes, keepdims=True)
-    return np.sum(centred * centred, axis=axes, keepdims=True) / dof(x.shape, attrs)
-
-
 def _var_forward(root):
+    """var's numpy forward (root: std's), on x widened."""
     def forward(ins, attrs):
         (x,) = ins
-        v = _variance(wide(x), attrs)
+        axes, xw = reduce_axes(attrs["axis"], x.ndim), wide(x)
+        centred = xw - np.mean(xw, axis=axes, keepdims=True)
+        v = np.sum(centred * centred, axis=axes, keepdims=True) / dof(x.shape, attrs)
         v = np.sqrt(v) if root else v
-        return narrow(v if attrs["keepdims"] else np.squeeze(v, axis=reduce_axes(attrs["axis"], x.ndim)), x)
+        return narrow(v if attrs["keepdims"] else np.squeeze(v, axis=axes), x)
     return forward
 
 
