@@ -78,7 +78,7 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
     doc = inspect.getdoc(forward) or f"user op {name}"
     PLANNER_OPS[VJP_PREFIX + name] = _vjp_op(name, op_vjp, attr_args)
     op = Op(name, args, infer, op_forward, op_vjp, doc=doc,
-            grad=None if vjp is None else _grad_rule(name, len(inputs)))
+            grad=None if vjp is None else _grad_rule(name))
     OPS.pop(name, None)
     USER_OPS.add(name)
     return register(op)
@@ -87,7 +87,7 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
 VJP_PREFIX = "vjp_of_"   # the op that runs a user op's Python vjp inside a backward graph
 
 
-def _grad_rule(name, n_inputs):
+def _grad_rule(name):
     """A user op's gradients as nodes: each input's is its Python vjp, run as an
     op of its own (vjp_of_<name>, pos=i) on the incoming gradient, the output
     and the inputs."""
