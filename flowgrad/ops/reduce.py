@@ -9,6 +9,7 @@ import numpy as np
 
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
+from flowgrad.ops.emit import composition
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, norm_axis
@@ -154,16 +155,15 @@ def softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
 
 # softmax's and log_softmax's gradients from their output y, as compositions: the ops of the
 # graph's backward (one kernel each on Vulkan), whose own gradients their compositions give
-def _softmax_grad_ops(emit, ins, at):
+def _softmax_grad_ops(e, ins, at):
     y, g = ins
-    total = emit("sum", [emit("mul", [g, y])], {"axis": at["axis"], "keepdims": True})
-    return emit("mul", [y, emit("sub", [g, total])])
+    return y * (g - (g * y).sum(axis=at["axis"], keepdims=True))
 
 
-def _log_softmax_grad_ops(emit, ins, at):
+def _log_softmax_grad_ops(e, ins, at):
     y, g = ins
-    total = emit("sum", [g], {"axis": at["axis"], "keepdims": True})
-    return emit("sub", [g, emit("mul", [emit("exp", [y]), total])])
+    total = g.sum(axis=at["axis"], keepdims=True)
+    return g - e.op("exp", y) * total
 
 
 def _grad_op(name):
@@ -184,10 +184,10 @@ log_softmax = defop("log_softmax", SOFTMAX_ARGS, _along_axis_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
                     grad=_grad_op("log_softmax_grad"), doc="x - logsumexp(x) along axis, computed stably")
 GRAD_ARGS = (Arg("y"), Arg("g"), Arg("axis", "attr", -1, (int,)))
-softmax_grad = defop("softmax_grad", GRAD_ARGS, decompose=_softmax_grad_ops, check=_grad_check,
+softmax_grad = defop("softmax_grad", GRAD_ARGS, decompose=composition(_softmax_grad_ops), check=_grad_check,
                      doc="softmax's gradient from its output y: y * (g - sum(g * y)) along axis",
                      samples=[Sample((((3, 4), "positive"), ((3, 4), "normal")), {"axis": 0})])
-log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, decompose=_log_softmax_grad_ops, check=_grad_check,
+log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, decompose=composition(_log_softmax_grad_ops), check=_grad_check,
                          doc="log_softmax's gradient from its output y: g - exp(y) * sum(g) along axis",
                          samples=[Sample((((3, 4), "normal"), ((3, 4), "normal")), {"axis": -1})])
 
