@@ -28,20 +28,14 @@ from flowgrad.ops.registry import get_op
 
 
 class Val:
-    """A value a grad rule computes with: a handle of its emitter, and its type."""
+    """A value a grad rule computes with: a handle of its emitter, and its
+    type (its shape and dtype, also read alone)."""
 
-    __slots__ = ("e", "h", "type")
+    __slots__ = ("e", "h", "type", "shape", "dtype")
 
     def __init__(self, emitter, handle, type_: TensorType):
         self.e, self.h, self.type = emitter, handle, type_
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.type.shape
-
-    @property
-    def dtype(self) -> str:
-        return self.type.dtype
+        self.shape, self.dtype = type_.shape, type_.dtype
 
     @property
     def ndim(self) -> int:
