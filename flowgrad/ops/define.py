@@ -59,8 +59,8 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
 
 
 def _run(decompose, ins, attrs, step, const):
-    """(every value, the result's index) of the composition run on `ins`:
-    step(op name, values, attrs) -> value; const(array, dtype) -> value.
+    """The result of the composition run on `ins`: step(op name, values,
+    attrs) -> value; const(array, dtype) -> value.
     The values are TensorTypes, arrays or Vals; handles index them."""
     values = list(ins)
 
@@ -73,7 +73,7 @@ def _run(decompose, ins, attrs, step, const):
         return len(values) - 1
 
     emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
-    return values, decompose(emit, list(range(len(ins))), attrs)
+    return values[decompose(emit, list(range(len(ins))), attrs)]
 
 
 def _composed(decompose, check):
@@ -82,14 +82,12 @@ def _composed(decompose, check):
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = _run(decompose, in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
-                           lambda a, dtype: TensorType(a.shape, dtype))
-        return values[out]
+        return _run(decompose, in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
+                    lambda a, dtype: TensorType(a.shape, dtype))
 
     def forward(ins, attrs):
-        values, out = _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at),
-                           lambda a, dtype: np.asarray(a, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype]))
-        return values[out]
+        return _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at),
+                    lambda a, dtype: np.asarray(a, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype]))
 
     return infer, forward
 
@@ -100,10 +98,11 @@ def _composition_grad(decompose, nondiff):
     no gradient)."""
     def grad(g, ins, out, attrs):
         t = Tape(g.e)
+        xs = [t.watch(x) for x in ins]
         # Emitter.const, not g.e.const: the graph's emitter has a builder's const too
-        values, y = _run(decompose, [t.watch(x) for x in ins], attrs, lambda n, vs, at: t.op(n, *vs, **at),
-                         lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
-        grads = t.vjp([values[y]], [t.watch(g)], values[:len(ins)])
+        y = _run(decompose, xs, attrs, lambda n, vs, at: t.op(n, *vs, **at),
+                 lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
+        grads = t.vjp([y], [t.watch(g)], xs)
         return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
                 for i, (x, d) in enumerate(zip(ins, grads))]
     return grad
