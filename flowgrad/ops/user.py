@@ -75,9 +75,8 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
                             TensorType(np.shape(x), dtype_of(x, narrow=True)))
         return grads
 
-    doc = inspect.getdoc(forward) or f"user op {name}"
     PLANNER_OPS[VJP_PREFIX + name] = _vjp_op(name, op_vjp, attr_args)
-    op = Op(name, args, infer, op_forward, op_vjp, doc=doc,
+    op = Op(name, args, infer, op_forward, op_vjp, doc=inspect.getdoc(forward) or f"user op {name}",
             grad=None if vjp is None else _grad_rule(name))
     OPS.pop(name, None)
     USER_OPS.add(name)
@@ -181,6 +180,5 @@ def check_array(name: str, what: str, role: str, arr: np.ndarray, want: TensorTy
     if arr.shape != want.shape:
         raise OpTypeError(f"{name}: {what} gave {role} shape {list(arr.shape)}, but it must be "
                           f"{list(want.shape)} ({want})")
-    kind = "i" if want.dtype == "i32" else "f"
-    if arr.dtype.kind not in ({"i", "u", "b"} if kind == "i" else {"f"}):
+    if arr.dtype.kind not in ({"i", "u", "b"} if want.dtype == "i32" else {"f"}):
         raise OpTypeError(f"{name}: {what} gave {role} of dtype {arr.dtype}, but it must be {want.dtype}")
