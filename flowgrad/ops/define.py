@@ -15,7 +15,7 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import Emitter, Tape, Val, dtype_name, numpy_vjp
+from flowgrad.ops.emit import Emitter, Tape, dtype_name, numpy_vjp
 from flowgrad.ops.registry import REQUIRED, Arg, Composer, Op, OpTypeError, complete_attrs, get_op, register
 
 
@@ -72,7 +72,7 @@ def _run(decompose, ins, attrs, step, const):
         values.append(const(np.asarray(array), dtype))
         return len(values) - 1
 
-    emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
+    emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: dtype_name(values[h]), add_const)
     return values[decompose(emit, list(range(len(ins))), attrs)]
 
 
@@ -106,11 +106,6 @@ def _composition_grad(decompose, nondiff):
         return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
                 for i, (x, d) in enumerate(zip(ins, grads))]
     return grad
-
-
-def _dtype_name(value) -> str:
-    """A value's dtype name: a TensorType's or a Val's, or an array's (emit.dtype_name)."""
-    return value.dtype if isinstance(value, (TensorType, Val)) else dtype_name(value)
 
 
 def _check_count(args, n: int) -> None:

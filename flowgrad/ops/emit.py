@@ -156,9 +156,12 @@ class NumpyEmitter(Emitter):
 _HOST_DTYPE = {"f32": np.float32, "i32": np.int32, "f64": np.float64}
 
 
-def dtype_name(a: np.ndarray) -> str:
+def dtype_name(a) -> str:
     """A numpy array's dtype name: float64 (finite-difference checks) is
-    "f64", so that constants made beside it stay float64."""
+    "f64", so that constants made beside it stay float64. A TensorType or a
+    Val names its own."""
+    if isinstance(a.dtype, str):
+        return a.dtype
     name = "f64" if a.dtype == np.float64 else next((k for k, t in NUMPY_DTYPE.items() if a.dtype == t), None)
     return name or str(a.dtype)
 
