@@ -212,9 +212,9 @@ def _embedding_grad_infer(ins, at):
 def _embedding_grad_forward(ins, at):
     ids, g = ins
     rows, d = at["rows"], g.shape[-1]
+    ids = checked("embedding_grad", ids, rows, f"a table of {rows} rows")
     dtable = np.zeros((rows, d), dtype=wide(g).dtype)
     # ids repeat: np.add.at accumulates where a plain += would keep one
-    ids = checked("embedding_grad", ids, rows, f"a table of {rows} rows")
     np.add.at(dtable, ids.reshape(-1), wide(g).reshape(-1, d))
     return narrow(dtable, g)
 
