@@ -31,9 +31,10 @@ def float_dtype(t: TensorType, what: str = "input") -> str:
 
 
 def channels_first(x: TensorType, nd: int | None = None) -> None:
-    """x a float tensor [batch, channels, ...]: of nd spatial axes (1: a length, 2: a height and a width), or any."""
+    """x a float tensor [batch, channels, ...]: of nd spatial axes (1: a
+    length, 2: a height and a width), or of any."""
     float_dtype(x, "x")
-    if len(x.shape) < 2 if nd is None else len(x.shape) != nd + 2:
+    if (len(x.shape) < 2) if nd is None else (len(x.shape) != nd + 2):
         layout = {None: "...", 1: "length", 2: "height, width"}[nd]
         raise OpTypeError(f"x must be [batch, channels, {layout}], got {x}")
 
