@@ -37,14 +37,11 @@ def _one_hot_forward(ins, at):
     return (i[..., None] == np.arange(at["n"])).astype(NUMPY_DTYPE[at["dtype"] or "f32"])
 
 
-def _one_hot_expand(builder, ins, at):
-    # none is the dtype the model is compiled for (f16 under mixed), which only the builder knows
-    return ins, (at if at["dtype"] is not None else at | {"dtype": builder.float_dtype})
-
-
 one_hot = defop(
     "one_hot", (Arg("i"), Arg("n", "attr", types=(int,)), Arg("dtype", "attr", None, ("dtype", type(None)))),
-    _one_hot_infer, _one_hot_forward, grad=lambda g, ins, out, at: [None], expand=_one_hot_expand, nondiff=(0,),
+    _one_hot_infer, _one_hot_forward, grad=lambda g, ins, out, at: [None], nondiff=(0,),
+    # none is the dtype the model is compiled for (f16 under mixed), which only the builder knows
+    expand=lambda builder, ins, at: (ins, at if at["dtype"] is not None else at | {"dtype": builder.float_dtype}),
     index_bounds=lambda ins, at: {0: at["n"]},
     doc="i.shape + [n]: 1 at each i32 index's class, 0 elsewhere, in dtype (none: the model's float dtype)",
     samples=[Sample((((2, 3), "ints:4"),), {"n": 4}), Sample((((5,), "ints:1"),), {"n": 1})])

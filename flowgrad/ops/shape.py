@@ -274,11 +274,8 @@ def _stack_check(ins, at):
     _unsqueeze_shape(ins[0].shape, at)
 
 
-def _stack(emit, ins, at):
-    return emit("concat", [emit("unsqueeze", [x], {"axis": at["axis"]}) for x in ins], {"axis": at["axis"]})
-
-
-stack = defop("stack", (Arg("xs", "tensors"), Arg("axis", "attr", 0, INT)), decompose=_stack, check=_stack_check,
+stack = defop("stack", (Arg("xs", "tensors"), Arg("axis", "attr", 0, INT)), check=_stack_check,
+              decompose=lambda emit, ins, at: emit("concat", [emit("unsqueeze", [x], at) for x in ins], at),
               doc="tensors of one shape joined along a new axis (as torch.stack: axis 0 by default)",
               samples=[Sample((((2, 3), "normal"), ((2, 3), "normal"), ((2, 3), "normal")), {"axis": -1}),
                        Sample((((2, 3), "normal"), ((2, 3), "normal")))])
