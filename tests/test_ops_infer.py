@@ -201,7 +201,8 @@ def test_infer_types(name, ins, attrs, want):
 
 def test_bad_ids_and_targets_are_flow_errors_at_run_time():
     table = np.zeros((5, 2), np.float32)
-    with pytest.raises(FlowError, match="id 5 is out of range for a table of 5 rows"):
+    with pytest.raises(FlowError, match=r"embedding: index 5 at \[1\] is out of range for a table of 5 rows "
+                                        r"\(valid: 0..4\)"):
         get_op("embedding").forward([np.array([1, 5], np.int32), table], {})
     with pytest.raises(FlowError, match="target -1 is out of range for 3 classes"):
         get_op("cross_entropy").forward([np.zeros((2, 3), np.float32), np.array([0, -1], np.int32)], {})

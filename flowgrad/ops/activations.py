@@ -9,7 +9,8 @@ import numpy as np
 from scipy.special import erf as _erf
 
 from flowgrad.ops.elementwise import unary
-from flowgrad.ops.registry import Arg, OpTypeError, Sample
+from flowgrad.ops.registry import Arg, Sample
+from flowgrad.ops.rules import positive
 
 
 erf = unary("erf", lambda x, at: _erf(x),
@@ -19,11 +20,6 @@ erf = unary("erf", lambda x, at: _erf(x),
 def _softplus(x, at):
     bx = at["beta"] * x
     return np.where(bx > at["threshold"], x, (np.maximum(bx, 0) + np.log1p(np.exp(-np.abs(bx)))) / at["beta"])
-
-
-def _softplus_check(at):
-    if at["beta"] <= 0:
-        raise OpTypeError(f"beta={at['beta']} must be positive")
 
 
 def _softplus_grad(g, x, y, at):
@@ -41,7 +37,7 @@ def _elu_grad(g, x, y, at):
 softplus = unary(
     "softplus", _softplus, _softplus_grad,
     extra_args=(Arg("beta", "attr", 1.0, (float, int)), Arg("threshold", "attr", 20.0, (float, int))),
-    check=_softplus_check, doc="log(1 + exp(beta x)) / beta; x itself where beta x > threshold")
+    check=lambda at: positive(at, "beta"), doc="log(1 + exp(beta x)) / beta; x itself where beta x > threshold")
 leaky_relu = unary(
     "leaky_relu", lambda x, at: np.where(x > 0, x, at["negative_slope"] * x),
     lambda g, x, y, at: g.e.where(x.gt(0), g, g * at["negative_slope"]),

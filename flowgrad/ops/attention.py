@@ -125,43 +125,32 @@ def _merge(x, like_shape):
     return x.transpose(0, 2, 1, 3).reshape(like_shape[:-2] + (s, h * dh))
 
 
-def _scores(q, k, ins, at):
-    """q k^T * scale with the mask and causality applied (-inf where masked),
-    [batch, h, sq, sk] in the widened dtype."""
-    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+def _probs(q, k, ins, at):
+    """softmax over keys of q k^T * scale with the mask and causality applied
+    (-inf where masked), [batch, h, sq, sk] in the widened dtype; a row with
+    every score -inf gets all zeros."""
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     if len(ins) > 3:
         m = np.asarray(ins[3])
-        scores = np.where(m != 0, scores, -np.inf) if m.dtype == np.int32 else scores + wide(m)
+        s = np.where(m != 0, s, -np.inf) if m.dtype == np.int32 else s + wide(m)
     if at["causal"]:
-        above = np.triu(np.ones(scores.shape[-2:], dtype=bool), k=1)
-        scores = np.where(above, -np.inf, scores)
-    return scores
-
-
-def _probs(q, k, ins, at):
-    """softmax over keys; a row with every score -inf gets all zeros."""
-    s = _scores(q, k, ins, at)
+        above = np.triu(np.ones(s.shape[-2:], dtype=bool), k=1)
+        s = np.where(above, -np.inf, s)
     top = np.max(s, axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(top), top, 0))
     total = np.sum(e, axis=-1, keepdims=True)
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
-def _split(ins, at):
-    h = at["heads"]
-    return [_heads(wide(x), h) for x in ins[:3]]
-
-
 def _forward(ins, at):
-    q, k, v = _split(ins, at)
+    q, k, v = (_heads(wide(x), at["heads"]) for x in ins[:3])
     return narrow(_merge(_probs(q, k, ins, at) @ v, ins[0].shape), ins[0])
 
 
 def _grad_forward(ins, at):
     q_, k_, v_, _out, g, *mask = ins
     ins = [q_, k_, v_, *mask]
-    q, k, v = _split(ins, at)
-    go = _heads(wide(g), at["heads"])
+    q, k, v, go = (_heads(wide(x), at["heads"]) for x in (q_, k_, v_, g))
     p = _probs(q, k, ins, at)
     scale = 1.0 / math.sqrt(q.shape[-1])
     dv = np.swapaxes(p, -1, -2) @ go

@@ -18,18 +18,12 @@ import numpy as np
 
 from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition
-from flowgrad.ops.norm import (grad_check, mean_over, norm_grads, packed, rstd_of, standardize, standardized,
+from flowgrad.ops.norm import (EPS, grad_check, mean_over, norm_grads, packed, rstd_of, standardize, standardized,
                                standardized_grad, widened)
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.random import RNG_INPUT, RNG_TYPE, is_rng
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
-
-
-def _channels_first(x, what="x"):
-    float_dtype(x, what)
-    if len(x.shape) < 2:
-        raise OpTypeError(f"{what} must be [batch, channels, ...], got {x}")
+from flowgrad.ops.rules import channels_first, positive, same_dtype
 
 
 def _axes(x):
@@ -61,7 +55,7 @@ def _bn_infer(ins, attrs):
     if len(ins) not in (5, 6) or (len(ins) == 6 and ins[5] != RNG_TYPE):
         raise OpTypeError("its last input is its random state (added when the model is built)")
     x = ins[0]
-    _channels_first(x)
+    channels_first(x)
     same_dtype(ins[:3], "x, weight and bias")
     stats = same_dtype(ins[3:5], "the running statistics")
     if stats not in (x.dtype, "f32"):   # f32 beside f16 data: how dtype="mixed" keeps them
@@ -70,8 +64,7 @@ def _bn_infer(ins, attrs):
     for name, t in zip(("weight", "bias", "running_mean", "running_var"), ins[1:5]):
         if t.shape != (c,):
             raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     if not 0.0 <= attrs["momentum"] <= 1.0:
         raise OpTypeError(f"momentum={attrs['momentum']} must be in [0, 1]")
     return x
@@ -139,8 +132,7 @@ def _bn_grad_expand(builder, ins, attrs):
 
 batchnorm = defop(
     "batchnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("running_mean"), Arg("running_var"),
-                  Arg("momentum", "attr", 0.1, (float, int)), Arg("eps", "attr", 1e-5, (float, int)),
-                  Arg("rng", "tensor", None)),
+                  Arg("momentum", "attr", 0.1, (float, int)), EPS, Arg("rng", "tensor", None)),
     _bn_infer, _bn_forward, grad=norm_grads("batchnorm", ("eps",)), expand=_bn_expand, nondiff=(3, 4, 5),
     updates=(3, 4),
     doc="batch normalization over all axes but the channels (axis 1); batch statistics and a running-average "
@@ -149,7 +141,7 @@ batchnorm = defop(
 # vector, dx then dw then db; it leaves the running statistics as they are
 batchnorm_grad = defop(
     "batchnorm_grad", (Arg("x"), Arg("weight"), Arg("running_mean"), Arg("running_var"), Arg("g"),
-                       Arg("eps", "attr", 1e-5, (float, int)), Arg("rng", "tensor", None)),
+                       EPS, Arg("rng", "tensor", None)),
     decompose=composition(_bn_grad), check=grad_check(_bn_infer, 2), expand=_bn_grad_expand, nondiff=(2, 3, 5),
     doc="batchnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another; "
         "the batch statistics in a training step (the random state says which), the running ones in eval",
@@ -161,7 +153,7 @@ batchnorm_grad = defop(
 
 def _gn_infer(ins, attrs):
     x, w, b = ins
-    _channels_first(x)
+    channels_first(x)
     same_dtype(ins, "x, weight and bias")
     c, groups = x.shape[1], attrs["groups"]
     if groups < 1 or c % groups:
@@ -169,32 +161,25 @@ def _gn_infer(ins, attrs):
     for name, t in (("weight", w), ("bias", b)):
         if t.shape != (c,):
             raise OpTypeError(f"{name} must be [{c}] (x's channels, axis 1), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     return x
-
-
-def _grouped(x, groups):
-    """[N, C, ...] as [N, G, C/G * rest]: each row one group's elements."""
-    return x.reshape(x.shape[0], groups, -1)
 
 
 def _gn_forward(ins, attrs):
     x, w, b = ins
     xw = wide(x)
-    xhat, _ = standardize(_grouped(xw, attrs["groups"]), attrs["eps"])
+    xhat, _ = standardize(xw.reshape(xw.shape[0], attrs["groups"], -1), attrs["eps"])   # a row a group
     y = xhat.reshape(xw.shape) * _per_channel(wide(w), xw) + _per_channel(wide(b), xw)
     return narrow(y, x)
 
 
+_GROUPS = Arg("groups", "attr", types=(int,))
 groupnorm = defop(
-    "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), Arg("groups", "attr", types=(int,)),
-                  Arg("eps", "attr", 1e-5, (float, int))),
+    "groupnorm", (Arg("x"), Arg("weight"), Arg("bias"), _GROUPS, EPS),
     _gn_infer, _gn_forward, grad=norm_grads("groupnorm", ("groups", "eps")),
     doc="normalize each group of channels (and all their pixels) per example, then a per-channel affine")
 groupnorm_grad = defop(
-    "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("groups", "attr", types=(int,)),
-                       Arg("eps", "attr", 1e-5, (float, int))),
+    "groupnorm_grad", (Arg("x"), Arg("weight"), Arg("g"), _GROUPS, EPS),
     decompose=composition(_gn_grad), check=grad_check(_gn_infer),
     doc="groupnorm's gradients for x, weight and bias from the output's gradient g, flat, one after another",
     samples=[Sample((((2, 4, 3), "normal"), ((4,), "positive"), ((2, 4, 3), "normal")), {"groups": 2})])

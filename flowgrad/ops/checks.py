@@ -32,6 +32,16 @@ def check_index_inputs(graph: Graph, node: Node, ins) -> None:
                             f"out of range (valid: 0..{n - 1})", node.span)
 
 
+def checked(op: str, index, n: int, what: str) -> np.ndarray:
+    """index, when every entry is in [0, n); else a FlowError naming the first bad one and where."""
+    index = np.asarray(index)
+    if index.size and (index.min() < 0 or index.max() >= n):
+        at = np.unravel_index(np.flatnonzero((index < 0) | (index >= n))[0], index.shape)
+        raise FlowError(f"{op}: index {index[at]} at {list(map(int, at))} is out of range for {what} "
+                        f"(valid: 0..{n - 1})")
+    return index
+
+
 def at_node(node: Node, run: Callable):
     """run(); an op's refusal (OpTypeError, or a FlowError with no position)
     becomes a FlowError at the node's file:line:col."""

@@ -80,14 +80,10 @@ def _topk_grad_forward(ins, at):
 _TOPK_ARGS = (Arg("x"), Arg("k", "attr", types=(int,)), Arg("axis", "attr", -1, (int,)))
 
 
-def _kat(at):
-    return {"k": at["k"], "axis": at["axis"]}
-
-
 # which elements are picked is flat in x almost everywhere: x gets no gradient through the picks
 topk = defop("topk", _TOPK_ARGS, _topk_infer,
              lambda ins, at: np.take_along_axis(ins[0], topk_order(ins[0], at), axis=at["axis"]),
-             grad=lambda g, ins, out, at: [g.e.op("topk_grad", ins[0], g, **_kat(at))],
+             grad=lambda g, ins, out, at: [g.e.op("topk_grad", ins[0], g, **at)],
              doc="the k largest values along axis, largest first (topk_indices: where they are)")
 topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins, at, "i32"),
                      lambda ins, at: topk_order(ins[0], at).astype(np.int32), grad=lambda g, ins, out, at: [None],
@@ -97,13 +93,13 @@ topk_indices = defop("topk_indices", _TOPK_ARGS, lambda ins, at: _topk_infer(ins
 topk_grad = defop(
     "topk_grad", (Arg("x"), Arg("g")) + _TOPK_ARGS[1:],
     picks_infer(_topk_infer, "g", True), _topk_grad_forward,
-    grad=lambda g, ins, out, at: [None, g.e.op("topk_pick", ins[0], g, **_kat(at))], nondiff=(0,),
+    grad=lambda g, ins, out, at: [None, g.e.op("topk_pick", ins[0], g, **at)], nondiff=(0,),
     doc="topk's gradient: zeros of x's shape with g at x's k largest along axis",
     samples=[Sample((((2, 5, 3), "distinct"), ((2, 2, 3), "normal")), {"k": 2, "axis": 1})])
 topk_pick = defop(
     "topk_pick", (Arg("x"), Arg("t")) + _TOPK_ARGS[1:],
     picks_infer(_topk_infer, "t", False),
     lambda ins, at: np.take_along_axis(ins[1], topk_order(ins[0], at), axis=at["axis"]),
-    grad=lambda g, ins, out, at: [None, g.e.op("topk_grad", ins[0], g, **_kat(at))], nondiff=(0,),
+    grad=lambda g, ins, out, at: [None, g.e.op("topk_grad", ins[0], g, **at)], nondiff=(0,),
     doc="t at the places of x's k largest along axis, in topk's order (topk's derivative along t)",
     samples=[Sample((((2, 5, 3), "distinct"), ((2, 5, 3), "normal")), {"k": 2, "axis": 1})])

@@ -17,7 +17,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype, shape_attr
+from flowgrad.ops.rules import channels_first, float_dtype, same_dtype, shape_attr
 
 INTS = (int, list)
 
@@ -93,14 +93,10 @@ def _taps(geo):
             yield r, s, (slice(r * dh, r * dh + sh * (oh - 1) + 1, sh), slice(s * dw, s * dw + sw * (ow - 1) + 1, sw))
 
 
-def _padded(x, geo):
-    return np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
-
-
 def _cols(x, geo):
     """im2col: x [N, C, H, W] as [G, N*OH*OW, C/G*KH*KW], one row per output pixel."""
     G, (kh, kw), (oh, ow) = geo["groups"], geo["kernel"], geo["out"]
-    xp = _padded(x, geo)
+    xp = np.pad(x, ((0, 0), (0, 0), *geo["pads"]))
     n, c = xp.shape[:2]
     cols = np.empty((n, oh, ow, c, kh, kw), dtype=x.dtype)
     for r, s, (hs, ws) in _taps(geo):
@@ -153,10 +149,7 @@ def _conv_infer(nd):
     def infer(ins, attrs):
         x, w, *b = ins
         same_dtype(ins, "x, weight and bias")
-        float_dtype(x, "x")
-        if len(x.shape) != nd + 2:
-            layout = "[batch, channels, length]" if nd == 1 else "[batch, channels, height, width]"
-            raise OpTypeError(f"x must be {layout}, got {x}")
+        channels_first(x, nd)
         if len(w.shape) != nd + 2:
             layout = "[out, in/groups, k]" if nd == 1 else "[out, in/groups, kh, kw]"
             raise OpTypeError(f"weight must be {layout}, got {w}")
@@ -211,12 +204,14 @@ conv1d = defop("conv1d", _CONV_ARGS, _conv_infer(1), _conv_forward(1), grad=_con
 # ---------------------------------------------------------------- their gradients as ops of their own
 
 
-def _grad_infer(role):
-    """conv_input_grad's rule (role "input": ins g, weight; shape: x's) or
-    conv_weight_grad's (role "weight": ins g, x; shape: weight's)."""
+def _grad_op(role, doc, samples):
+    """conv_input_grad (role "input": ins g, weight; shape: x's) or
+    conv_weight_grad (role "weight": ins g, x; shape: weight's)."""
+    other_name = "weight" if role == "input" else "x"
+
     def infer(ins, attrs):
         g, other = ins
-        same_dtype(ins, "g and " + ("weight" if role == "input" else "x"))
+        same_dtype(ins, "g and " + other_name)
         float_dtype(g, "g")
         shape = tuple(shape_attr(attrs))
         x, w = (TensorType(shape, g.dtype), other) if role == "input" else (other, TensorType(shape, g.dtype))
@@ -226,12 +221,7 @@ def _grad_infer(role):
         if g != want:
             raise OpTypeError(f"g must be the convolution's output {want} (x {x}, weight {w}), got {g}")
         return TensorType(shape, g.dtype)
-    return infer
 
-
-def _grad_forward(role):
-    """conv_input_grad's numpy forward (role "input") or conv_weight_grad's
-    (role "weight"), as _grad_infer's roles."""
     def forward(ins, attrs):
         g, other = ins
         shape = tuple(attrs["shape"])
@@ -241,40 +231,31 @@ def _grad_forward(role):
         kernel = conv_input_grad if role == "input" else conv_weight_grad
         out = kernel(as_2d(wide(g), nd), as_2d(wide(other), nd), shape2, geometry(x_shape, w_shape, attrs, nd))
         return narrow(out.reshape(shape), g)
-    return forward
+
+    def grad(G, ins, out, at):
+        """<G, dx(g, w)> = <conv(G, w), g> and <G, dw(g, x)> = <conv(x, G), g>:
+        products of the convolution and its transposes."""
+        g, other = ins
+        conv, e = _conv_attrs(at), G.e
+        x, w = (G, other) if role == "input" else (other, G)
+        back = "conv_weight_grad" if role == "input" else "conv_input_grad"
+        return [e.op("conv1d" if x.ndim == 3 else "conv2d", x, w, **conv),
+                e.op(back, g, G, shape=list(other.shape), **conv)]
+
+    args = (Arg("g"), Arg(other_name), Arg("shape", "attr", types=(list,))) + _CONV_ARGS[3:]
+    return defop(f"conv_{role}_grad", args, infer, forward, grad=grad, doc=doc, samples=samples)
 
 
-def _input_grad_grad(G, ins, out, at):
-    """<G, dx(g, w)> = <conv(G, w), g>: a product of the convolution and its transpose."""
-    g, w = ins
-    conv, e, name = _conv_attrs(at), G.e, "conv1d" if G.ndim == 3 else "conv2d"
-    return [e.op(name, G, w, **conv), e.op("conv_weight_grad", g, G, shape=list(w.shape), **conv)]
-
-
-def _weight_grad_grad(G, ins, out, at):
-    """<G, dw(g, x)> = <conv(x, G), g>."""
-    g, x = ins
-    conv, e, name = _conv_attrs(at), G.e, "conv1d" if x.ndim == 3 else "conv2d"
-    return [e.op(name, x, G, **conv), e.op("conv_input_grad", g, G, shape=list(x.shape), **conv)]
-
-
-def _grad_args(other):
-    return (Arg("g"), Arg(other), Arg("shape", "attr", types=(list,))) + _CONV_ARGS[3:]
-
-
-input_grad = defop(
-    "conv_input_grad", _grad_args("weight"), _grad_infer("input"), _grad_forward("input"), grad=_input_grad_grad,
-    doc="conv1d's or conv2d's gradient for x (of this shape) from the output's gradient g",
-    samples=[Sample((((2, 6, 3, 3), "normal"), ((6, 2, 3, 2), "normal")),
-                    {"shape": [2, 4, 5, 4], "stride": 2, "padding": 1, "groups": 2}),
-             Sample((((2, 4, 7), "normal"), ((4, 3, 3), "normal")), {"shape": [2, 3, 7], "padding": "same"})])
-weight_grad = defop(
-    "conv_weight_grad", _grad_args("x"), _grad_infer("weight"), _grad_forward("weight"), grad=_weight_grad_grad,
-    doc="conv1d's or conv2d's gradient for the weight (of this shape) from the output's gradient g",
-    samples=[Sample((((2, 6, 3, 3), "normal"), ((2, 4, 5, 4), "normal")),
-                    {"shape": [6, 2, 3, 2], "stride": 2, "padding": 1, "groups": 2}),
-             Sample((((2, 4, 7), "normal"), ((2, 3, 7), "normal")), {"shape": [4, 3, 3], "padding": "same",
-                                                                    "dilation": 2})])
+input_grad = _grad_op(
+    "input", "conv1d's or conv2d's gradient for x (of this shape) from the output's gradient g",
+    [Sample((((2, 6, 3, 3), "normal"), ((6, 2, 3, 2), "normal")),
+            {"shape": [2, 4, 5, 4], "stride": 2, "padding": 1, "groups": 2}),
+     Sample((((2, 4, 7), "normal"), ((4, 3, 3), "normal")), {"shape": [2, 3, 7], "padding": "same"})])
+weight_grad = _grad_op(
+    "weight", "conv1d's or conv2d's gradient for the weight (of this shape) from the output's gradient g",
+    [Sample((((2, 6, 3, 3), "normal"), ((2, 4, 5, 4), "normal")),
+            {"shape": [6, 2, 3, 2], "stride": 2, "padding": 1, "groups": 2}),
+     Sample((((2, 4, 7), "normal"), ((2, 3, 7), "normal")), {"shape": [4, 3, 3], "padding": "same", "dilation": 2})])
 
 # ---------------------------------------------------------------- conv_transpose2d
 
@@ -302,9 +283,7 @@ def transpose_geometry(x_shape, w_shape, attrs) -> dict:
 def _convt_infer(ins, attrs):
     x, w, *b = ins
     same_dtype(ins, "x, weight and bias")
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+    channels_first(x, 2)
     if len(w.shape) != 4:
         raise OpTypeError(f"weight must be [in, out/groups, kh, kw], got {w}")
     geo = transpose_geometry(x.shape, w.shape, attrs)

@@ -15,9 +15,8 @@ import numpy as np
 
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops.emit import Emitter, Tape, Val, dtype_name, numpy_vjp
-from flowgrad.ops.registry import (REQUIRED, Arg, Composer, Op, OpTypeError, attr_defaults, complete_attrs, get_op,
-                                   register)
+from flowgrad.ops.emit import Emitter, Tape, dtype_name, numpy_vjp
+from flowgrad.ops.registry import REQUIRED, Arg, Composer, Op, OpTypeError, complete_attrs, get_op, register
 
 
 def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=None, expand=None,
@@ -27,7 +26,7 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
     on numpy. decompose: define the op as a composition of ops (see Op);
     infer, forward and grad then come from it. check(in_types, attrs): the
     op's own checks, run before the composition's."""
-    sig = _Signature(args)
+    defaults = {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
     if decompose is not None:
         infer, forward = _composed(decompose, check)
         grad = _composition_grad(decompose, nondiff)
@@ -37,31 +36,31 @@ def defop(name: str, args: tuple[Arg, ...], infer=None, forward=None, *, grad=No
 
     def checked_infer(in_types, attrs):
         try:
-            sig.check_inputs(in_types)
+            _check_count(args, len(in_types))
             return infer(list(in_types), complete_attrs(args, attrs))
         except OpTypeError as e:
             raise OpTypeError(f"{name}: {e}") from None
 
     def full_forward(ins, attrs):
-        return _own(forward(ins, sig.defaults | attrs), ins)
+        return _own(forward(ins, defaults | attrs), ins)
 
     def full_vjp(g, ins, out, attrs):
-        grads = vjp(g, ins, out, sig.defaults | attrs)
+        grads = vjp(g, ins, out, defaults | attrs)
         return [None if d is None else _own(np.asarray(d, dtype=x.dtype), (g, out, *ins))
                 for d, x in zip(grads, ins)]
 
     op = Op(name, tuple(args), checked_infer, full_forward, full_vjp,
-            expand=(lambda builder, ins, at: expand(builder, ins, sig.defaults | at)) if expand else None,
+            expand=(lambda builder, ins, at: expand(builder, ins, defaults | at)) if expand else None,
             nondiff=frozenset(nondiff), index_bounds=index_bounds, updates=frozenset(updates), doc=doc,
-            decompose=(lambda emit, ins, at: decompose(emit, ins, sig.defaults | at)) if decompose else None,
+            decompose=(lambda emit, ins, at: decompose(emit, ins, defaults | at)) if decompose else None,
             samples=tuple(samples), autocast=autocast, torch=torch,
-            grad=lambda g, ins, out, at: grad(g, ins, out, sig.defaults | at))
+            grad=lambda g, ins, out, at: grad(g, ins, out, defaults | at))
     return register(op)
 
 
 def _run(decompose, ins, attrs, step, const):
-    """(every value, the result's index) of the composition run on `ins`:
-    step(op name, values, attrs) -> value; const(array, dtype) -> value.
+    """The result of the composition run on `ins`: step(op name, values,
+    attrs) -> value; const(array, dtype) -> value.
     The values are TensorTypes, arrays or Vals; handles index them."""
     values = list(ins)
 
@@ -73,8 +72,8 @@ def _run(decompose, ins, attrs, step, const):
         values.append(const(np.asarray(array), dtype))
         return len(values) - 1
 
-    emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: _dtype_name(values[h]), add_const)
-    return values, decompose(emit, list(range(len(ins))), attrs)
+    emit = Composer(apply, lambda h: tuple(values[h].shape), lambda h: dtype_name(values[h]), add_const)
+    return values[decompose(emit, list(range(len(ins))), attrs)]
 
 
 def _composed(decompose, check):
@@ -83,13 +82,12 @@ def _composed(decompose, check):
     def infer(in_types, attrs):
         if check:
             check(in_types, attrs)
-        values, out = _run(decompose, in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
-                           lambda a, dtype: TensorType(a.shape, dtype))
-        return values[out]
+        return _run(decompose, in_types, attrs, lambda n, ts, at: get_op(n).infer(ts, at),
+                    lambda a, dtype: TensorType(a.shape, dtype))
 
     def forward(ins, attrs):
-        values, out = _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at), _const_array)
-        return values[out]
+        return _run(decompose, ins, attrs, lambda n, xs, at: get_op(n).forward(xs, at),
+                    lambda a, dtype: np.asarray(a, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype]))
 
     return infer, forward
 
@@ -100,42 +98,26 @@ def _composition_grad(decompose, nondiff):
     no gradient)."""
     def grad(g, ins, out, attrs):
         t = Tape(g.e)
+        xs = [t.watch(x) for x in ins]
         # Emitter.const, not g.e.const: the graph's emitter has a builder's const too
-        values, y = _run(decompose, [t.watch(x) for x in ins], attrs, lambda n, vs, at: t.op(n, *vs, **at),
-                         lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
-        grads = t.vjp([values[y]], [t.watch(g)], values[:len(ins)])
+        y = _run(decompose, xs, attrs, lambda n, vs, at: t.op(n, *vs, **at),
+                 lambda a, dtype: t.watch(Emitter.const(g.e, a, dtype)))
+        grads = t.vjp([y], [t.watch(g)], xs)
         return [None if i in nondiff else g.e.zeros(x) if d is None else d.h
                 for i, (x, d) in enumerate(zip(ins, grads))]
     return grad
 
 
-def _dtype_name(value) -> str:
-    """A value's dtype name: a TensorType's or a Val's, or an array's (emit.dtype_name)."""
-    return value.dtype if isinstance(value, (TensorType, Val)) else dtype_name(value)
-
-
-def _const_array(array, dtype):
-    return np.asarray(array, dtype=np.float64 if dtype == "f64" else NUMPY_DTYPE[dtype])
-
-
-class _Signature:
-    def __init__(self, args):
-        self.defaults = attr_defaults(args)
-        tensors = [a for a in args if a.kind == "tensor"]
-        self.min_inputs = sum(a.default is REQUIRED for a in tensors)
-        self.variadic = any(a.kind == "tensors" for a in args)
-        self.max_inputs = None if self.variadic else len(tensors)
-
-    def check_inputs(self, in_types):
-        n = len(in_types)
-        if self.variadic:
-            if n < max(self.min_inputs, 1):
-                raise OpTypeError("needs at least one tensor input")
-        elif not self.min_inputs <= n <= self.max_inputs:
-            want = (str(self.min_inputs) if self.min_inputs == self.max_inputs
-                    else f"{self.min_inputs} to {self.max_inputs}")
-            plural = "" if want == "1" else "s"
-            raise OpTypeError(f"takes {want} tensor input{plural}, got {n}")
+def _check_count(args, n: int) -> None:
+    """n tensor inputs, as many as the signature takes."""
+    tensors = [a for a in args if a.kind == "tensor"]
+    least = sum(a.default is REQUIRED for a in tensors)
+    if any(a.kind == "tensors" for a in args):
+        if n < max(least, 1):
+            raise OpTypeError("needs at least one tensor input")
+    elif not least <= n <= len(tensors):
+        want = str(least) if least == len(tensors) else f"{least} to {len(tensors)}"
+        raise OpTypeError(f"takes {want} tensor input{'' if want == '1' else 's'}, got {n}")
 
 
 def _own(a, others) -> np.ndarray:

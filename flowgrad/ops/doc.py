@@ -10,8 +10,6 @@ from pathlib import Path
 from flowgrad.ops import BUILTIN, get_op
 from flowgrad.ops.registry import REQUIRED, Op
 
-RNG_ARG = "rng"
-
 DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "language.md"
 BEGIN = "<!-- op table: generated from the op records by `python -m flowgrad.ops.doc`; do not edit -->"
 END = "<!-- end of op table -->"
@@ -32,7 +30,7 @@ def signature(op: Op) -> str:
     """The op's call signature as written in .flow: `x, axis=none`."""
     parts = []
     for a in op.args:
-        if a.name == RNG_ARG:
+        if a.name == "rng":
             continue   # the random state the build adds (dropout, batchnorm): a call that passes it is refused
         if a.kind == "tensors":
             parts.append(f"{a.name}...")

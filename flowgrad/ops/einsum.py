@@ -15,6 +15,7 @@ import math
 import string
 
 from flowgrad.ops.define import defop
+from flowgrad.ops.emit import composition
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, same_dtype
 
@@ -94,92 +95,73 @@ def _check(ins, attrs):
     Spec(attrs["equation"], [t.shape for t in ins])
 
 
-class _Builder:
-    """The composition: emit(op, values, attrs) and the shapes of values."""
-
-    def __init__(self, emit):
-        self.emit = emit
-
-    def permute(self, h, perm):
-        return h if list(perm) == sorted(perm) else self.emit("permute", [h], {"dims": list(perm)})
-
-    def reshape(self, h, shape):
-        shape = [int(n) for n in shape]
-        return h if list(self.emit.shape(h)) == shape else self.emit("reshape", [h], {"shape": shape})
-
-    def diagonal(self, h, labels):
-        """The first repeated label's diagonal: its two axes moved last,
-        flattened to n*n, padded to n*(n+1) and read as rows of n+1, whose
-        first column is the diagonal."""
-        lab = next(lab for lab in labels if labels.count(lab) > 1)
-        first = labels.index(lab)
-        second = labels.index(lab, first + 1)
-        rest = [d for d in range(len(labels)) if d not in (first, second)]
-        h = self.permute(h, rest + [first, second])
-        shape = [self.emit.shape(h)[d] for d in range(len(rest))]
-        n = self.emit.shape(h)[-1]
-        h = self.reshape(h, shape + [n * n])
-        h = self.emit("pad", [h], {"pad": [0, n]})
-        h = self.emit("slice", [self.reshape(h, shape + [n, n + 1])], {"axis": -1, "start": 0, "stop": 1})
-        return self.reshape(h, shape + [n]), [labels[d] for d in rest] + [lab]
-
-    def sum_out(self, h, labels, keep):
-        axes = [d for d, lab in enumerate(labels) if lab not in keep]
-        if not axes:
-            return h, labels
-        return self.emit("sum", [h], {"axis": axes}), [lab for lab in labels if lab in keep]
-
-    def widen(self, h, labels, sizes):
-        """Size-1 axes of labels that are larger elsewhere, broadcast to that size."""
-        want = [sizes[lab] for lab in labels]
-        return h if list(self.emit.shape(h)) == want else self.emit("broadcast_to", [h], {"shape": want})
-
-    def contract(self, a, la, b, lb, keep):
-        """a and b (their own labels each, none repeated, none that only one
-        of them has and nothing keeps) as one matmul: [batch, m, k] @ [batch, k, n];
-        with nothing to contract, a broadcast product."""
-        batch = [lab for lab in la if lab in lb and lab in keep]
-        inner = [lab for lab in la if lab in lb and lab not in keep]
-        rows = [lab for lab in la if lab not in lb]
-        cols = [lab for lab in lb if lab not in la]
-        size = dict(zip(la, self.emit.shape(a))) | dict(zip(lb, self.emit.shape(b)))
-        if not inner:
-            ones = [[1] * len(rows), [1] * len(cols)]
-            a = self.reshape(self.permute(a, [la.index(lab) for lab in batch + rows]),
-                             [size[lab] for lab in batch + rows] + ones[1])
-            b = self.reshape(self.permute(b, [lb.index(lab) for lab in batch + cols]),
-                             [size[lab] for lab in batch] + ones[0] + [size[lab] for lab in cols])
-            return self.emit("mul", [a, b]), batch + rows + cols
-        dims = [math.prod(size[lab] for lab in group) for group in (batch, rows, inner, cols)]
-        lead = dims[:1] if batch else []
-        a = self.reshape(self.permute(a, [la.index(lab) for lab in batch + rows + inner]), lead + dims[1:3])
-        b = self.reshape(self.permute(b, [lb.index(lab) for lab in batch + inner + cols]), lead + dims[2:])
-        out = self.emit("matmul", [a, b])
-        return self.reshape(out, [size[lab] for lab in batch + rows + cols]), batch + rows + cols
+def _permute(x, perm):
+    return x if list(perm) == sorted(perm) else x.e.op("permute", x, dims=list(perm))
 
 
-def _einsum(emit, ins, attrs):
-    spec = Spec(attrs["equation"], [emit.shape(h) for h in ins])
-    build = _Builder(emit)
+def _diagonal(x, labels):
+    """The first repeated label's diagonal: its two axes moved last,
+    flattened to n*n, padded to n*(n+1) and read as rows of n+1, whose
+    first column is the diagonal."""
+    lab = next(lab for lab in labels if labels.count(lab) > 1)
+    first = labels.index(lab)
+    second = labels.index(lab, first + 1)
+    rest = [d for d in range(len(labels)) if d not in (first, second)]
+    x = _permute(x, rest + [first, second])
+    shape, n = list(x.shape[:len(rest)]), x.shape[-1]
+    x = x.e.op("pad", x.reshape(shape + [n * n]), pad=[0, n])
+    x = x.e.op("slice", x.reshape(shape + [n, n + 1]), axis=-1, start=0, stop=1)
+    return x.reshape(shape + [n]), [labels[d] for d in rest] + [lab]
+
+
+def _sum_out(x, labels, keep):
+    axes = [d for d, lab in enumerate(labels) if lab not in keep]
+    return (x.sum(axis=axes), [lab for lab in labels if lab in keep]) if axes else (x, labels)
+
+
+def _contract(a, la, b, lb, keep):
+    """a and b (their own labels each, none repeated, none that only one
+    of them has and nothing keeps) as one matmul: [batch, m, k] @ [batch, k, n];
+    with nothing to contract, a broadcast product."""
+    batch = [lab for lab in la if lab in lb and lab in keep]
+    inner = [lab for lab in la if lab in lb and lab not in keep]
+    rows = [lab for lab in la if lab not in lb]
+    cols = [lab for lab in lb if lab not in la]
+    size = dict(zip(la, a.shape)) | dict(zip(lb, b.shape))
+    if not inner:
+        a = _permute(a, [la.index(lab) for lab in batch + rows]).reshape(
+            [size[lab] for lab in batch + rows] + [1] * len(cols))
+        b = _permute(b, [lb.index(lab) for lab in batch + cols]).reshape(
+            [size[lab] for lab in batch] + [1] * len(rows) + [size[lab] for lab in cols])
+        return a * b, batch + rows + cols
+    dims = [math.prod(size[lab] for lab in group) for group in (batch, rows, inner, cols)]
+    lead = dims[:1] if batch else []
+    a = _permute(a, [la.index(lab) for lab in batch + rows + inner]).reshape(lead + dims[1:3])
+    b = _permute(b, [lb.index(lab) for lab in batch + inner + cols]).reshape(lead + dims[2:])
+    return (a @ b).reshape([size[lab] for lab in batch + rows + cols]), batch + rows + cols
+
+
+def _einsum(e, ins, attrs):
+    spec = Spec(attrs["equation"], [x.shape for x in ins])
     terms = []
-    for k, (h, labels) in enumerate(zip(ins, spec.ins)):
+    for k, (x, labels) in enumerate(zip(ins, spec.ins)):
         while len(set(labels)) < len(labels):
-            h, labels = build.diagonal(h, labels)
+            x, labels = _diagonal(x, labels)
         others = {lab for j, ls in enumerate(spec.ins) if j != k for lab in ls}
-        h, labels = build.sum_out(h, labels, others | set(spec.out))
-        terms.append((build.widen(h, labels, spec.sizes), labels))
-    h, labels = terms[0]
+        x, labels = _sum_out(x, labels, others | set(spec.out))
+        terms.append((x.expand([spec.sizes[lab] for lab in labels]), labels))   # size-1 axes larger elsewhere
+    x, labels = terms[0]
     for k, (b, lb) in enumerate(terms[1:], start=1):
         keep = set(spec.out) | {lab for _, ls in terms[k + 1:] for lab in ls}
-        h, labels = build.sum_out(h, labels, keep | set(lb))
-        b, lb = build.sum_out(b, lb, keep | set(labels))
-        h, labels = build.contract(h, labels, b, lb, keep)
-    h, labels = build.sum_out(h, labels, set(spec.out))
-    return build.permute(h, [labels.index(lab) for lab in spec.out])
+        x, labels = _sum_out(x, labels, keep | set(lb))
+        b, lb = _sum_out(b, lb, keep | set(labels))
+        x, labels = _contract(x, labels, b, lb, keep)
+    x, labels = _sum_out(x, labels, set(spec.out))
+    return _permute(x, [labels.index(lab) for lab in spec.out])
 
 
 einsum = defop(
-    "einsum", (Arg("equation", "attr", types=(str,)), Arg("operands", "tensors")), decompose=_einsum,
+    "einsum", (Arg("equation", "attr", types=(str,)), Arg("operands", "tensors")), decompose=composition(_einsum),
     check=_check,
     doc="Einstein summation over the operands' subscripts (\"ij,jk->ik\"; implicit output, '...', a repeated "
         "subscript's diagonal and size-1 broadcasting as torch.einsum), built from permute, reshape, sum and matmul",

@@ -57,12 +57,9 @@ def _pick_grads(loses):
 
 
 _PAIR = [Sample((((2, 3), "normal"), ((3,), "normal")))]
-maximum = _binary("maximum", np.maximum, _pick_grads("lt"),
-                  "elementwise max, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
-                  "all of it", samples=_PAIR, torch="torch.maximum")
-minimum = _binary("minimum", np.minimum, _pick_grads("gt"),
-                  "elementwise min, NaN where either is; a tie splits the gradient evenly, a NaN gives both "
-                  "all of it", samples=_PAIR, torch="torch.minimum")
+_PICK = "elementwise {}, NaN where either is; a tie splits the gradient evenly, a NaN gives both all of it"
+maximum = _binary("maximum", np.maximum, _pick_grads("lt"), _PICK.format("max"), samples=_PAIR, torch="torch.maximum")
+minimum = _binary("minimum", np.minimum, _pick_grads("gt"), _PICK.format("min"), samples=_PAIR, torch="torch.minimum")
 
 
 def _where_infer(ins, attrs):
@@ -129,12 +126,8 @@ relu = unary("relu", lambda x, at: np.maximum(x, 0), lambda g, x, y, at: g.e.whe
               torch="F.relu")
 
 
-def _sign(x):
-    """sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)."""
-    return x.gt(0) - x.lt(0)
-
-
-abs_ = unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * _sign(x),
+# sign(x) with 0 at a NaN x, as PyTorch's sgn (np.sign gives NaN)
+abs_ = unary("abs", lambda x, at: np.abs(x), lambda g, x, y, at: g * (x.gt(0) - x.lt(0)),
               "|x|; gradient sign(x), 0 at x = 0 and at NaN (as PyTorch)", samples=[Sample((((2, 3), "nonzero"),))],
               torch="torch.abs")
 

@@ -51,12 +51,9 @@ def _huber_grads(a, b, at):
     return c, -c
 
 
-def _bce_grads(x, y, at):
-    return x.e.op("sigmoid", x) - y, -x
-
-
 huber_loss = _loss("huber_loss", _huber, _huber_grads, extra=(Arg("delta", "attr", 1.0, (float, int)),),
                    doc="mean of 0.5 d^2 where |d| < delta, else delta (|d| - delta/2); d = input - target")
 bce_with_logits = _loss(
-    "bce_with_logits", lambda x, y, at: np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))), _bce_grads,
+    "bce_with_logits", lambda x, y, at: np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))),
+    lambda x, y, at: (x.e.op("sigmoid", x) - y, -x),
     doc="mean binary cross-entropy of sigmoid(input) against target in [0, 1], computed stably from logits")

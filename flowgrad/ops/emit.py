@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import namedtuple
 
 import numpy as np
 
@@ -27,20 +28,14 @@ from flowgrad.ops.registry import get_op
 
 
 class Val:
-    """A value a grad rule computes with: a handle of its emitter, and its type."""
+    """A value a grad rule computes with: a handle of its emitter, and its
+    type (its shape and dtype, also read alone)."""
 
-    __slots__ = ("e", "h", "type")
+    __slots__ = ("e", "h", "type", "shape", "dtype")
 
     def __init__(self, emitter, handle, type_: TensorType):
         self.e, self.h, self.type = emitter, handle, type_
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.type.shape
-
-    @property
-    def dtype(self) -> str:
-        return self.type.dtype
+        self.shape, self.dtype = type_.shape, type_.dtype
 
     @property
     def ndim(self) -> int:
@@ -161,9 +156,12 @@ class NumpyEmitter(Emitter):
 _HOST_DTYPE = {"f32": np.float32, "i32": np.int32, "f64": np.float64}
 
 
-def dtype_name(a: np.ndarray) -> str:
+def dtype_name(a) -> str:
     """A numpy array's dtype name: float64 (finite-difference checks) is
-    "f64", so that constants made beside it stay float64."""
+    "f64", so that constants made beside it stay float64. A TensorType or a
+    Val names its own."""
+    if isinstance(a.dtype, str):
+        return a.dtype
     name = "f64" if a.dtype == np.float64 else next((k for k, t in NUMPY_DTYPE.items() if a.dtype == t), None)
     return name or str(a.dtype)
 
@@ -172,13 +170,8 @@ def _numpy_type(a: np.ndarray) -> _LooseType:
     return _LooseType(a.shape, dtype_name(a))
 
 
-class _LooseType:
-    """A TensorType that accepts float64 (numpy evaluation only)."""
-
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
+# a TensorType that accepts float64 (numpy evaluation only)
+_LooseType = namedtuple("_LooseType", ("shape", "dtype"))
 
 
 def numpy_vjp(grad_rule):

@@ -30,10 +30,6 @@ def _run(ins, steps, apply):
     return values
 
 
-def _infer(in_types, attrs):
-    return _run(in_types, attrs["steps"], lambda n, ts, at: get_op(n).infer(ts, at))[-1]
-
-
 def _forward(ins, attrs):
     """Each step's result in its own dtype, as the chain's nodes run one by one store it."""
     def step(name, xs, at):
@@ -45,21 +41,12 @@ def _forward(ins, attrs):
     return _run(ins, attrs["steps"], step)[-1]
 
 
-def _numpy(rule):
-    """The numpy VJP of a planner op: its grad rule run on numpy, in each input's dtype (zeros for none)."""
-    def vjp(g, ins, out, attrs):
-        grads = numpy_vjp(rule)(g, ins, out, attrs)
-        return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
-    return vjp
-
-
 def _grad(g, ins, out, attrs):
     """The chain's VJP as ops: each member differentiated by its own rule."""
     t = Tape(g.e)
-    values = [t.watch(x) for x in ins]
-    for op_name, refs, at in attrs["steps"]:
-        values.append(t.op(op_name, *(values[r] for r in refs), **at))
-    return [None if d is None else d.h for d in t.vjp([values[-1]], [t.watch(g)], values[:len(ins)])]
+    xs = [t.watch(x) for x in ins]
+    y = _run(xs, attrs["steps"], lambda n, vs, at: t.op(n, *vs, **at))[-1]
+    return [None if d is None else d.h for d in t.vjp([y], [t.watch(g)], xs)]
 
 
 def _parts_grad(g, ins, out, attrs):
@@ -86,25 +73,24 @@ def _parts_grad_b(ins, attrs):
                                     {})
 
 
-def _grad_a_infer(in_types, attrs):
-    g, b = in_types
-    return TensorType(g.shape[1:-1] + (b.shape[0],), g.dtype)
-
-
-def _grad_b_infer(in_types, attrs):
-    a, g = in_types
-    return TensorType((a.shape[-1], g.shape[0] * g.shape[-1]), a.dtype)
-
-
 def _part_grad(g, ins, out, attrs):
     """g in block `index` of zeros shaped as the stacked blocks."""
     k, i = ins[0].shape[0], attrs["index"]
     return [g.e.op("pad", g.reshape((1,) + g.shape), pad=[0, 0] * g.ndim + [i, k - 1 - i])]
 
 
-FUSED = Op("fused", ARGS, lambda ins, at: _infer(ins, complete_attrs(ARGS, at)), _forward, _numpy(_grad), grad=_grad,
-           doc="a chain of ops merged by the planner (graph path only)")
-PLANNER_OPS["fused"] = FUSED
+def _planner_op(name, args, infer, forward, grad, doc):
+    """Register an op only the planner makes; its numpy VJP is its grad rule
+    run on numpy, in each input's dtype (zeros for none)."""
+    def vjp(g, ins, out, attrs):
+        grads = numpy_vjp(grad)(g, ins, out, attrs)
+        return [np.zeros_like(x) if d is None else np.asarray(d, dtype=x.dtype) for d, x in zip(grads, ins)]
+    PLANNER_OPS[name] = Op(name, args, infer, forward, vjp if grad else None, grad=grad, doc=doc)
+
+
+_planner_op("fused", ARGS,
+            lambda ins, at: _run(ins, complete_attrs(ARGS, at)["steps"], lambda n, ts, a: get_op(n).infer(ts, a))[-1],
+            _forward, _grad, "a chain of ops merged by the planner (graph path only)")
 
 
 # ---------------------------------------------------------------- a split product and its parts
@@ -122,21 +108,17 @@ def _parts_infer(in_types, attrs):
     return TensorType((k,) + y.shape[:-1] + (y.shape[-1] // k,), y.dtype)
 
 
-def _parts_forward(ins, attrs):
-    y = get_op("matmul").forward(ins, {})
-    return np.stack(np.split(y, attrs["parts"], axis=-1))
-
-
-PLANNER_OPS["matmul_parts"] = Op("matmul_parts", PARTS_ARGS, _parts_infer, _parts_forward, _numpy(_parts_grad),
-                                 grad=_parts_grad,
-                                 doc="a @ b, b's columns in `parts` blocks stacked first (planner only)")
-PLANNER_OPS["parts_grad_a"] = Op("parts_grad_a", (Arg("g"), Arg("b")), _grad_a_infer, _parts_grad_a, None,
-                                 doc="a split product's da from its blocks' gradients (planner only)")
-PLANNER_OPS["parts_grad_b"] = Op("parts_grad_b", (Arg("a"), Arg("g")), _grad_b_infer, _parts_grad_b, None,
-                                 doc="a split product's db from its blocks' gradients (planner only)")
-PLANNER_OPS["part"] = Op("part", PART_ARGS, lambda ts, at: TensorType(ts[0].shape[1:], ts[0].dtype),
-                         lambda ins, at: ins[0][at["index"]].copy(), _numpy(_part_grad), grad=_part_grad,
-                         doc="block `index` of a split product (planner only)")
+_planner_op("matmul_parts", PARTS_ARGS, _parts_infer,
+            lambda ins, at: np.stack(np.split(get_op("matmul").forward(ins, {}), at["parts"], axis=-1)), _parts_grad,
+            "a @ b, b's columns in `parts` blocks stacked first (planner only)")
+_planner_op("parts_grad_a", (Arg("g"), Arg("b")),
+            lambda ts, at: TensorType(ts[0].shape[1:-1] + (ts[1].shape[0],), ts[0].dtype), _parts_grad_a, None,
+            "a split product's da from its blocks' gradients (planner only)")
+_planner_op("parts_grad_b", (Arg("a"), Arg("g")),
+            lambda ts, at: TensorType((ts[0].shape[-1], ts[1].shape[0] * ts[1].shape[-1]), ts[0].dtype),
+            _parts_grad_b, None, "a split product's db from its blocks' gradients (planner only)")
+_planner_op("part", PART_ARGS, lambda ts, at: TensorType(ts[0].shape[1:], ts[0].dtype),
+            lambda ins, at: ins[0][at["index"]].copy(), _part_grad, "block `index` of a split product (planner only)")
 
 
 # ---------------------------------------------------------------- a product of transposed operands
@@ -157,7 +139,6 @@ def _t_infer(in_types, attrs):
     return get_op("matmul").infer([a, b], {})
 
 
-PLANNER_OPS["matmul_t"] = Op("matmul_t", T_ARGS, _t_infer,
-                             lambda ins, at: get_op("matmul").forward([_swap(ins[0], at["ta"]),
-                                                                       _swap(ins[1], at["tb"])], {}),
-                             None, doc="a @ b with a and/or b transposed in their last two axes (planner only)")
+_planner_op("matmul_t", T_ARGS, _t_infer,
+            lambda ins, at: get_op("matmul").forward([_swap(ins[0], at["ta"]), _swap(ins[1], at["tb"])], {}), None,
+            "a @ b with a and/or b transposed in their last two axes (planner only)")

@@ -10,27 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE
-from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
+from flowgrad.ops.checks import checked
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, norm_axis, same_dtype
-
-
-def _i32(t: TensorType, what: str) -> None:
-    if t.dtype != "i32":
-        raise OpTypeError(f"{what} must be i32, got {t} (use cast({what}, i32))")
-
-
-def checked(op: str, index, n: int, what: str) -> np.ndarray:
-    """index, when every entry is in [0, n); else a FlowError naming the first bad one and where."""
-    index = np.asarray(index)
-    if index.size and (index.min() < 0 or index.max() >= n):
-        at = np.unravel_index(np.flatnonzero((index < 0) | (index >= n))[0], index.shape)
-        raise FlowError(f"{op}: index {index[at]} at {list(map(int, at))} is out of range for {what} "
-                        f"(valid: 0..{n - 1})")
-    return index
+from flowgrad.ops.rules import float_dtype, i32_dtype, norm_axis, same_dtype
 
 
 # ---------------------------------------------------------------- one_hot
@@ -38,7 +23,7 @@ def checked(op: str, index, n: int, what: str) -> np.ndarray:
 
 def _one_hot_infer(ins, at):
     (i,) = ins
-    _i32(i, "i")
+    i32_dtype(i, "i")
     if at["n"] < 1:
         raise OpTypeError(f"n={at['n']} must be a positive number of classes")
     dtype = at["dtype"] or "f32"
@@ -52,14 +37,11 @@ def _one_hot_forward(ins, at):
     return (i[..., None] == np.arange(at["n"])).astype(NUMPY_DTYPE[at["dtype"] or "f32"])
 
 
-def _one_hot_expand(builder, ins, at):
-    # none is the dtype the model is compiled for (f16 under mixed), which only the builder knows
-    return ins, (at if at["dtype"] is not None else at | {"dtype": builder.float_dtype})
-
-
 one_hot = defop(
     "one_hot", (Arg("i"), Arg("n", "attr", types=(int,)), Arg("dtype", "attr", None, ("dtype", type(None)))),
-    _one_hot_infer, _one_hot_forward, grad=lambda g, ins, out, at: [None], expand=_one_hot_expand, nondiff=(0,),
+    _one_hot_infer, _one_hot_forward, grad=lambda g, ins, out, at: [None], nondiff=(0,),
+    # none is the dtype the model is compiled for (f16 under mixed), which only the builder knows
+    expand=lambda builder, ins, at: (ins, at if at["dtype"] is not None else at | {"dtype": builder.float_dtype}),
     index_bounds=lambda ins, at: {0: at["n"]},
     doc="i.shape + [n]: 1 at each i32 index's class, 0 elsewhere, in dtype (none: the model's float dtype)",
     samples=[Sample((((2, 3), "ints:4"),), {"n": 4}), Sample((((5,), "ints:1"),), {"n": 1})])
@@ -86,7 +68,7 @@ def _cut(x: np.ndarray, shape, axis: int | None = None) -> np.ndarray:
 def _gather_infer(ins, at):
     x, index = ins
     float_dtype(x, "x")
-    _i32(index, "index")
+    i32_dtype(index, "index")
     _fits(index, x, "x", norm_axis(at["axis"], len(x.shape)))
     return TensorType(index.shape, x.dtype)
 
@@ -98,14 +80,10 @@ def _gather_forward(ins, at):
     return np.take_along_axis(_cut(x, index.shape, axis), index, axis=axis)
 
 
-def _gather_grad(g, ins, out, at):
-    x, index = ins
-    return [g.e.op("scatter_add", g.e.zeros(x), index, g, axis=at["axis"]), None]
-
-
 gather = defop(
     "gather", (Arg("x"), Arg("axis", "attr", types=(int,)), Arg("index")), _gather_infer, _gather_forward,
-    grad=_gather_grad, nondiff=(1,), index_bounds=lambda ins, at: {1: ins[0].shape[at["axis"] % len(ins[0].shape)]},
+    grad=lambda g, ins, out, at: [g.e.op("scatter_add", g.e.zeros(ins[0]), ins[1], g, axis=at["axis"]), None],
+    nondiff=(1,), index_bounds=lambda ins, at: {1: ins[0].shape[at["axis"] % len(ins[0].shape)]},
     doc="out[..., j, ...] = x[..., index[..., j, ...], ...] along axis: index's shape, i32 indices; no larger than x "
         "on the other axes",
     samples=[Sample((((3, 4), "normal"), ((3, 5), "ints:4")), {"axis": 1}),
@@ -116,7 +94,7 @@ def _scatter_add_infer(ins, at):
     x, index, src = ins
     float_dtype(x, "x")
     same_dtype([x, src], "x and src")
-    _i32(index, "index")
+    i32_dtype(index, "index")
     axis = norm_axis(at["axis"], len(x.shape))
     _fits(index, x, "x", axis)
     _fits(index, src, "src", None)

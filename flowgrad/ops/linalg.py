@@ -32,11 +32,6 @@ def _infer(ins, attrs):
     return TensorType(tuple(d for d in out if d is not None), dtype)
 
 
-def _forward(ins, attrs):
-    a, b = ins
-    return narrow(np.matmul(wide(a), wide(b)), a)
-
-
 def _grad(g, ins, out, attrs):
     """g @ b^T and a^T @ g, a 1-D operand taken as a row (a) or column (b)
     matrix, each summed over the batch axes its operand was broadcast along."""
@@ -52,5 +47,6 @@ def _grad(g, ins, out, attrs):
     return [da, db]
 
 
-matmul = defop("matmul", (Arg("a"), Arg("b")), _infer, _forward, grad=_grad,
+matmul = defop("matmul", (Arg("a"), Arg("b")), _infer,
+               lambda ins, at: narrow(np.matmul(wide(ins[0]), wide(ins[1])), ins[0]), grad=_grad,
                doc="a @ b; batch dims broadcast; 1-D operands follow numpy")

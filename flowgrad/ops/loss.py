@@ -43,17 +43,18 @@ def _ce_infer(ins, at):
     c = logits.shape[axis]
     if weight and (weight[0].shape != (c,) or weight[0].dtype != logits.dtype):
         raise OpTypeError(f"weight must be {logits.dtype}[{c}] (one per class), got {weight[0]}")
-    if not 0.0 <= at["label_smoothing"] <= 1.0:
+    if not 0.0 <= at.get("label_smoothing", 0.0) <= 1.0:   # (nll_loss has none)
         raise OpTypeError(f"label_smoothing={at['label_smoothing']} must be in [0, 1]")
     return TensorType((), logits.dtype)
 
 
-def _picked(ins, at):
+def _ce_parts(ins, at):
     """(logits as [n, C], targets [n] clipped into range, the rows that
-    count, class weights [C]), with out-of-range targets refused."""
+    count, class weights [C], log-probabilities, row indices, each row's
+    target weight (0 where it does not count), their sum), with out-of-range
+    targets refused."""
     logits, targets, *weight = ins
-    axis = norm_axis(at["axis"], logits.ndim)
-    z = np.moveaxis(wide(logits), axis, -1)
+    z = np.moveaxis(wide(logits), norm_axis(at["axis"], logits.ndim), -1)
     c = z.shape[-1]
     t = np.asarray(targets).reshape(-1)
     valid = t != at["ignore_index"]
@@ -61,15 +62,10 @@ def _picked(ins, at):
     if bad.any():
         raise FlowError(f"cross_entropy: target {t[bad][0]} is out of range for {c} classes")
     w = wide(weight[0]) if weight else np.ones(c, z.dtype)
-    return z.reshape(-1, c), np.where(valid, t, 0), valid, w
-
-
-def _ce_parts(ins, at):
-    z, t, valid, w = _picked(ins, at)
+    z, t = z.reshape(-1, c), np.where(valid, t, 0)
     lp = z if at["log_probs"] else log_softmax_of(z, -1)
-    rows = np.arange(t.size)
     tw = np.where(valid, w[t], 0.0)
-    return z, t, valid, w, lp, rows, tw, tw.sum()
+    return z, t, valid, w, lp, np.arange(t.size), tw, tw.sum()
 
 
 def _ce_forward(ins, at):
@@ -151,14 +147,12 @@ def _nll_grad_grad(G, ins, out, at):
     return [None, None, (G * unit).sum(), *[None] * len(weight)]
 
 
-def _grad_infer(smoothing: bool):
-    def infer(ins, at):
-        logits, targets, g, *weight = ins
-        x = _ce_infer([logits, targets, *weight], at if smoothing else at | LOG_PROBS)
-        if g != x:
-            raise OpTypeError(f"g must be the loss's type {x}, got {g}")
-        return logits
-    return infer
+def _grad_infer(ins, at):
+    logits, targets, g, *weight = ins
+    x = _ce_infer([logits, targets, *weight], at)
+    if g != x:
+        raise OpTypeError(f"g must be the loss's type {x}, got {g}")
+    return logits
 
 
 def _class_bounds(ins, at):
@@ -178,7 +172,7 @@ cross_entropy = defop(
 
 nll_loss = defop(
     "nll_loss", (Arg("log_probs"), Arg("targets"), _WEIGHT, _IGNORE, _AXIS),
-    lambda ins, at: _ce_infer(ins, at | LOG_PROBS), lambda ins, at: _ce_forward(ins, at | LOG_PROBS),
+    _ce_infer, lambda ins, at: _ce_forward(ins, at | LOG_PROBS),
     grad=_loss_grad("nll_loss"),
     nondiff=(1, 2), autocast="f32", index_bounds=_class_bounds,
     doc="weighted mean over targets of -log_probs[target] (log_softmax's output); targets equal to ignore_index "
@@ -187,7 +181,7 @@ nll_loss = defop(
 
 cross_entropy_grad = defop(
     "cross_entropy_grad", (Arg("logits"), Arg("targets"), Arg("g"), _WEIGHT, _IGNORE, _SMOOTHING, _AXIS),
-    _grad_infer(True), lambda ins, at: _ce_grad_forward(ins, at | LOGITS), grad=_ce_grad_grad, nondiff=(1, 3),
+    _grad_infer, lambda ins, at: _ce_grad_forward(ins, at | LOGITS), grad=_ce_grad_grad, nondiff=(1, 3),
     autocast="f32", index_bounds=_class_bounds,
     doc="cross_entropy's gradient for the logits from the loss's gradient g (a scalar)",
     samples=[Sample((((4, 5), "normal"), ((4,), "ints:5"), ((), "normal"))),
@@ -195,7 +189,7 @@ cross_entropy_grad = defop(
                     {"axis": 1, "label_smoothing": 0.2, "ignore_index": 1})])
 nll_loss_grad = defop(
     "nll_loss_grad", (Arg("log_probs"), Arg("targets"), Arg("g"), _WEIGHT, _IGNORE, _AXIS),
-    _grad_infer(False), lambda ins, at: _ce_grad_forward(ins, at | LOG_PROBS), grad=_nll_grad_grad, nondiff=(0, 1, 3),
+    _grad_infer, lambda ins, at: _ce_grad_forward(ins, at | LOG_PROBS), grad=_nll_grad_grad, nondiff=(0, 1, 3),
     autocast="f32", index_bounds=_class_bounds,
     doc="nll_loss's gradient for the log-probabilities from the loss's gradient g (a scalar): -g weight[target] "
         "/ sum of the counted targets' weights at each target, zero elsewhere",

@@ -13,7 +13,7 @@ from flowgrad.ops.define import defop
 from flowgrad.ops.emit import composition, unpack
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, same_dtype
+from flowgrad.ops.rules import float_dtype, positive, same_dtype
 
 
 def _norm_infer(ins, attrs):
@@ -29,8 +29,7 @@ def _norm_infer(ins, attrs):
     for name, t in zip(("weight", "bias"), params):
         if t.shape != params[0].shape:
             raise OpTypeError(f"{name} must be {list(params[0].shape)} (x's last axes), got {t}; x is {x}")
-    if attrs["eps"] <= 0:
-        raise OpTypeError(f"eps={attrs['eps']} must be positive")
+    positive(attrs, "eps")
     return x
 
 
@@ -131,13 +130,13 @@ def grad_check(forward_infer, n_state=0):
     return check
 
 
-_EPS = Arg("eps", "attr", 1e-5, (float, int))
-layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), _EPS),
+EPS = Arg("eps", "attr", 1e-5, (float, int))
+layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), EPS),
                   _norm_infer, _ln_forward, grad=norm_grads("layernorm", ("eps",)),
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes weight spans (biased var, as PyTorch)")
 # one pass computes the three gradients (norm.comp's backward): they come back as one vector, dx then dw then db
 layernorm_grad = defop(
-    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), _EPS),
+    "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), EPS),
     decompose=composition(_ln_grad), check=grad_check(_norm_infer),
     doc="layernorm's gradients for x, weight and bias from the output's gradient g, flat, one after another "
         "(the bias changes none of them); x's added to acc where given",

@@ -14,15 +14,9 @@ from flowgrad.ops.conv import tuple_of
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, picks_infer, shape_attr
+from flowgrad.ops.rules import channels_first, picks_infer, shape_attr
 
 INTS = (int, list)
-
-
-def _nchw(x):
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
 
 
 def window(x_shape, attrs, nd: int = 2) -> dict:
@@ -43,7 +37,7 @@ def window(x_shape, attrs, nd: int = 2) -> dict:
 
 def _pool_infer(ins, attrs):
     (x,) = ins
-    _nchw(x)
+    channels_first(x, 2)
     return TensorType(tuple(x.shape[:2]) + window(x.shape, attrs)["out"], x.dtype)
 
 
@@ -88,11 +82,6 @@ def _argmax(x, win):
     return best, arg
 
 
-def _max_forward(ins, attrs):
-    (x,) = ins
-    return narrow(_argmax(wide(x), window(x.shape, attrs))[0], x)
-
-
 def _max_grad_forward(ins, attrs):
     x, g = ins
     win = window(x.shape, attrs)
@@ -117,19 +106,16 @@ def _pool_args(*extra):
             Arg("padding", "attr", 0, INTS)) + extra
 
 
-def _with(at, *names):
-    return {k: at[k] for k in ("kernel_size", "stride", "padding") + names}
-
-
 # which pixel is a window's maximum is flat in x almost everywhere: x gets no gradient through the
 # choice; maxpool2d_grad and maxpool2d_pick are each other's transposes
-maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer, _max_forward,
-                  grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **_with(at))],
+maxpool2d = defop("maxpool2d", _pool_args(), _pool_infer,
+                  lambda ins, at: narrow(_argmax(wide(ins[0]), window(ins[0].shape, at))[0], ins[0]),
+                  grad=lambda g, ins, out, at: [g.e.op("maxpool2d_grad", ins[0], g, **at)],
                   doc="max over kernel_size windows (stride defaults to kernel_size; padding is -inf)")
 maxpool2d_grad = defop(
     "maxpool2d_grad", _pool_args()[:1] + (Arg("g"),) + _pool_args()[1:], picks_infer(_pool_infer, "g", True),
     _max_grad_forward,
-    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_pick", ins[0], g, **_with(at))], nondiff=(0,),
+    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_pick", ins[0], g, **at)], nondiff=(0,),
     doc="maxpool2d's gradient: each window's g added at its first maximum of x, zeros elsewhere",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 3, 4), "normal")), {"kernel_size": 2, "stride": 1}),
              Sample((((1, 2, 5, 5), "distinct"), ((1, 2, 3, 3), "normal")), {"kernel_size": 3, "stride": 2,
@@ -137,7 +123,7 @@ maxpool2d_grad = defop(
 maxpool2d_pick = defop(
     "maxpool2d_pick", _pool_args()[:1] + (Arg("t"),) + _pool_args()[1:], picks_infer(_pool_infer, "t", False),
     _max_pick_forward,
-    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_grad", ins[0], g, **_with(at))], nondiff=(0,),
+    grad=lambda g, ins, out, at: [None, g.e.op("maxpool2d_grad", ins[0], g, **at)], nondiff=(0,),
     doc="t at each window's first maximum of x (maxpool2d's derivative along t)",
     samples=[Sample((((2, 3, 4, 5), "distinct"), ((2, 3, 4, 5), "normal")), {"kernel_size": 2, "stride": 1})])
 
@@ -182,14 +168,13 @@ def _avg_grad_forward(ins, attrs):
 
 _AVG = (Arg("count_include_pad", "attr", True, (bool,)),)
 avgpool2d = defop("avgpool2d", _pool_args(*_AVG), _pool_infer, _avg_forward,
-                  grad=lambda g, ins, out, at: [g.e.op("avgpool2d_grad", g, shape=list(ins[0].shape),
-                                                       **_with(at, "count_include_pad"))],
+                  grad=lambda g, ins, out, at: [g.e.op("avgpool2d_grad", g, shape=list(ins[0].shape), **at)],
                   doc="mean over kernel_size windows; padding counts in the mean unless count_include_pad=false")
 # the pooling and its gradient are linear, each the other's transpose
 avgpool2d_grad = defop(
     "avgpool2d_grad", (Arg("g"), Arg("shape", "attr", types=(list,))) + _pool_args(*_AVG)[1:],
     _shaped_infer(_pool_infer), _avg_grad_forward,
-    grad=lambda g, ins, out, at: [g.e.op("avgpool2d", g, **_with(at, "count_include_pad"))],
+    grad=lambda g, ins, out, at: [g.e.op("avgpool2d", g, **{k: v for k, v in at.items() if k != "shape"})],
     doc="avgpool2d's gradient for an x of this shape: each window's g shared among its pixels",
     samples=[Sample((((2, 3, 2, 2), "normal"),), {"shape": [2, 3, 4, 5], "kernel_size": 3, "padding": 1}),
              Sample((((1, 2, 5, 6), "normal"),), {"shape": [1, 2, 4, 5], "kernel_size": 2, "stride": 1,
@@ -222,34 +207,29 @@ def _pool_matrices(x_shape, size, dtype):
 
 def _adaptive_infer(ins, attrs):
     (x,) = ins
-    _nchw(x)
+    channels_first(x, 2)
     return TensorType(tuple(x.shape[:2]) + adaptive_size(x.shape, attrs), x.dtype)
 
 
-def _adaptive_forward(ins, attrs):
-    (x,) = ins
-    xw = wide(x)
-    ph, pw = _pool_matrices(x.shape, adaptive_size(x.shape, attrs), xw.dtype)
-    return narrow(np.einsum("ih,nchw,jw->ncij", ph, xw, pw, optimize=True), x)
-
-
-def _adaptive_grad_forward(ins, attrs):
-    (g,) = ins
-    shape = tuple(attrs["shape"])
-    gw = wide(g)
-    ph, pw = _pool_matrices(shape, adaptive_size(shape, attrs), gw.dtype)
-    return narrow(np.einsum("ih,ncij,jw->nchw", ph, gw, pw, optimize=True), g)
+def _adaptive_forward(grad: bool):
+    """adaptive_avgpool2d's numpy forward, or (grad) its gradient's for an x
+    of the attr shape: each axis's averaging matrix applied, or transposed."""
+    def forward(ins, attrs):
+        (x,) = ins
+        shape = tuple(attrs["shape"]) if grad else x.shape
+        ph, pw = _pool_matrices(shape, adaptive_size(shape, attrs), wide(x).dtype)
+        spec = "ih,ncij,jw->nchw" if grad else "ih,nchw,jw->ncij"
+        return narrow(np.einsum(spec, ph, wide(x), pw, optimize=True), x)
+    return forward
 
 
 adaptive_avgpool2d = defop(
-    "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer,
-    _adaptive_forward,
-    grad=lambda g, ins, out, at: [g.e.op("adaptive_avgpool2d_grad", g, shape=list(ins[0].shape),
-                                         output_size=at["output_size"])],
+    "adaptive_avgpool2d", (Arg("x"), Arg("output_size", "attr", types=INTS)), _adaptive_infer, _adaptive_forward(False),
+    grad=lambda g, ins, out, at: [g.e.op("adaptive_avgpool2d_grad", g, shape=list(ins[0].shape), **at)],
     doc="mean over output_size bins as PyTorch's; output_size=1 is global average pooling")
 adaptive_avgpool2d_grad = defop(
     "adaptive_avgpool2d_grad", (Arg("g"), Arg("shape", "attr", types=(list,)), Arg("output_size", "attr", types=INTS)),
-    _shaped_infer(_adaptive_infer), _adaptive_grad_forward,
+    _shaped_infer(_adaptive_infer), _adaptive_forward(True),
     grad=lambda g, ins, out, at: [g.e.op("adaptive_avgpool2d", g, output_size=at["output_size"])],
     doc="adaptive_avgpool2d's gradient for an x of this shape: each bin's g shared among its pixels",
     samples=[Sample((((2, 3, 2, 3), "normal"),), {"shape": [2, 3, 5, 4], "output_size": [2, 3]})])
@@ -259,9 +239,7 @@ adaptive_avgpool2d_grad = defop(
 
 def _pool1d_check(ins, attrs):
     (x,) = ins
-    float_dtype(x, "x")
-    if len(x.shape) != 3:
-        raise OpTypeError(f"x must be [batch, channels, length], got {x}")
+    channels_first(x, 1)
     window(x.shape, attrs, 1)
 
 

@@ -157,22 +157,16 @@ def _check_rng(ins, attrs):
     return ins[0]
 
 
-def _scaled_mask(x, rng, attrs):
-    """The factor each element is multiplied by (None: eval, the identity;
-    so is a call with no random state, as written before the build adds it)."""
-    if rng is None:
-        return None
-    training, step, seed, rank, row = (int(v) for v in rng)
-    if not training:
-        return None
-    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0, rank, row)
-    return np.where(mask, np.float32(keep_scale(attrs["p"])), np.float32(0.0))
-
-
 def _forward(ins, attrs):
-    x, rng = ins[0], (ins[1] if len(ins) > 1 else None)
-    factor = _scaled_mask(x, rng, attrs)
-    return x.copy() if factor is None else narrow(wide(x) * factor.astype(wide(x).dtype), x)
+    """x times each element's factor; the identity in eval, and in a call
+    with no random state (as written, before the build adds it)."""
+    x = ins[0]
+    if len(ins) < 2 or not int(ins[1][0]):
+        return x.copy()
+    _training, step, seed, rank, row = (int(v) for v in ins[1])
+    mask = dropout_mask(x.shape, attrs["p"], step, seed, attrs["stream"] or 0, rank, row)
+    factor = np.where(mask, np.float32(keep_scale(attrs["p"])), np.float32(0.0))
+    return narrow(wide(x) * factor.astype(wide(x).dtype), x)
 
 
 def _grad(g, ins, out, attrs):

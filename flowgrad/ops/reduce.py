@@ -9,6 +9,7 @@ import numpy as np
 
 from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
+from flowgrad.ops.emit import composition
 from flowgrad.ops.precision import narrow, wide
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
 from flowgrad.ops.rules import float_dtype, norm_axis
@@ -55,8 +56,9 @@ def _spread(g, x, attrs):
     return g.reshape(_reduced_shape(x.shape, axes, True)).expand(x.shape)
 
 
-def _count(x, attrs) -> int:
-    return int(np.prod([x.shape[a] for a in reduce_axes(attrs["axis"], x.ndim)]))
+def _count(shape, attrs) -> int:
+    """How many elements each result reduces."""
+    return int(np.prod([shape[a] for a in reduce_axes(attrs["axis"], len(shape))]))
 
 
 def _sum_forward(ins, attrs):
@@ -66,16 +68,11 @@ def _sum_forward(ins, attrs):
     return narrow(np.sum(x, axis=axes, keepdims=attrs["keepdims"], dtype=acc), x)
 
 
-def _mean_forward(ins, attrs):
-    (x,) = ins
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    return narrow(np.mean(wide(x), axis=axes, keepdims=attrs["keepdims"]), x)
-
-
-def _extreme_forward(pick):
+def _reduction(f):
+    """f over the axes, on x widened (f16 reduced in f32)."""
     def forward(ins, attrs):
         (x,) = ins
-        return pick(x, axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"])
+        return narrow(f(wide(x), axis=reduce_axes(attrs["axis"], x.ndim), keepdims=attrs["keepdims"]), x)
     return forward
 
 
@@ -91,13 +88,13 @@ def _extreme_grad(g, ins, out, attrs):
 
 reduce_sum = defop("sum", REDUCE_ARGS, _reduce_infer(False), _sum_forward,
                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at)], doc="sum over axis (none: all)")
-reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _mean_forward,
-                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0], at)],
+reduce_mean = defop("mean", REDUCE_ARGS, _reduce_infer(True), _reduction(np.mean),
+                    grad=lambda g, ins, out, at: [_spread(g, ins[0], at) / _count(ins[0].shape, at)],
                     doc="mean over axis (none: all)")
-reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.max), grad=_extreme_grad,
+reduce_max = defop("max", REDUCE_ARGS, _reduce_infer(False), _reduction(np.max), grad=_extreme_grad,
                    doc="max over axis (none: all), NaN if any is; tied maxima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN")
-reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _extreme_forward(np.min), grad=_extreme_grad,
+reduce_min = defop("min", REDUCE_ARGS, _reduce_infer(False), _reduction(np.min), grad=_extreme_grad,
                    doc="min over axis (none: all), NaN if any is; tied minima share the gradient evenly, a NaN makes "
                        "its slice's gradient NaN",
                    samples=[Sample((((2, 3, 4), "distinct"),), {"axis": 1}),
@@ -158,16 +155,15 @@ def softmax_of(x: np.ndarray, axis: int) -> np.ndarray:
 
 # softmax's and log_softmax's gradients from their output y, as compositions: the ops of the
 # graph's backward (one kernel each on Vulkan), whose own gradients their compositions give
-def _softmax_grad_ops(emit, ins, at):
+def _softmax_grad_ops(e, ins, at):
     y, g = ins
-    total = emit("sum", [emit("mul", [g, y])], {"axis": at["axis"], "keepdims": True})
-    return emit("mul", [y, emit("sub", [g, total])])
+    return y * (g - (g * y).sum(axis=at["axis"], keepdims=True))
 
 
-def _log_softmax_grad_ops(emit, ins, at):
+def _log_softmax_grad_ops(e, ins, at):
     y, g = ins
-    total = emit("sum", [g], {"axis": at["axis"], "keepdims": True})
-    return emit("sub", [g, emit("mul", [emit("exp", [y]), total])])
+    total = g.sum(axis=at["axis"], keepdims=True)
+    return g - e.op("exp", y) * total
 
 
 def _grad_op(name):
@@ -188,10 +184,10 @@ log_softmax = defop("log_softmax", SOFTMAX_ARGS, _along_axis_infer,
                     lambda ins, at: narrow(log_softmax_of(wide(ins[0]), at["axis"]), ins[0]),
                     grad=_grad_op("log_softmax_grad"), doc="x - logsumexp(x) along axis, computed stably")
 GRAD_ARGS = (Arg("y"), Arg("g"), Arg("axis", "attr", -1, (int,)))
-softmax_grad = defop("softmax_grad", GRAD_ARGS, decompose=_softmax_grad_ops, check=_grad_check,
+softmax_grad = defop("softmax_grad", GRAD_ARGS, decompose=composition(_softmax_grad_ops), check=_grad_check,
                      doc="softmax's gradient from its output y: y * (g - sum(g * y)) along axis",
                      samples=[Sample((((3, 4), "positive"), ((3, 4), "normal")), {"axis": 0})])
-log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, decompose=_log_softmax_grad_ops, check=_grad_check,
+log_softmax_grad = defop("log_softmax_grad", GRAD_ARGS, decompose=composition(_log_softmax_grad_ops), check=_grad_check,
                          doc="log_softmax's gradient from its output y: g - exp(y) * sum(g) along axis",
                          samples=[Sample((((3, 4), "normal"), ((3, 4), "normal")), {"axis": -1})])
 
@@ -204,7 +200,7 @@ VAR_ARGS = (Arg("x"), Arg("axis", "attr", None, (int, list, tuple, type(None))),
 def dof(x_shape, attrs) -> float:
     """N - correction, the divisor; a reduction that leaves no degrees of
     freedom is refused (PyTorch gives NaN or inf, with a warning)."""
-    n = int(np.prod([x_shape[a] for a in reduce_axes(attrs["axis"], len(x_shape))]))
+    n = _count(x_shape, attrs)
     if n - attrs["correction"] <= 0:
         raise OpTypeError(f"correction={attrs['correction']} leaves no degrees of freedom: it reduces {n} "
                           f"element{'s' * (n != 1)} (N - correction must be positive)")
@@ -217,19 +213,15 @@ def _var_infer(ins, attrs):
     return out
 
 
-def _variance(x, attrs):
-    """The variance of an already-widened array, kept dims."""
-    axes = reduce_axes(attrs["axis"], x.ndim)
-    centred = x - np.mean(x, axis=axes, keepdims=True)
-    return np.sum(centred * centred, axis=axes, keepdims=True) / dof(x.shape, attrs)
-
-
 def _var_forward(root):
+    """var's numpy forward (root: std's), on x widened."""
     def forward(ins, attrs):
         (x,) = ins
-        v = _variance(wide(x), attrs)
+        axes, xw = reduce_axes(attrs["axis"], x.ndim), wide(x)
+        centred = xw - np.mean(xw, axis=axes, keepdims=True)
+        v = np.sum(centred * centred, axis=axes, keepdims=True) / dof(x.shape, attrs)
         v = np.sqrt(v) if root else v
-        return narrow(v if attrs["keepdims"] else np.squeeze(v, axis=reduce_axes(attrs["axis"], x.ndim)), x)
+        return narrow(v if attrs["keepdims"] else np.squeeze(v, axis=axes), x)
     return forward
 
 

@@ -119,14 +119,6 @@ class Op:
         return complete_attrs(self.args, attrs or {})
 
 
-def attr_defaults(args) -> dict:
-    """{attr name: default} of a signature: the one place defaults are read
-    from. Nodes carry attrs completed with these (with_defaults, when the
-    node is built), so executors, lowerings and exporters read node.attrs
-    as they are; defop gives the op's own rules the same completion."""
-    return {a.name: a.default for a in args if a.kind == "attr" and a.default is not REQUIRED}
-
-
 def complete_attrs(args, attrs) -> dict:
     """attrs completed with the defaults of `args`, each checked against its
     Arg's types; OpTypeError names an unknown, missing or mistyped one."""

@@ -30,6 +30,25 @@ def float_dtype(t: TensorType, what: str = "input") -> str:
     return t.dtype
 
 
+def channels_first(x: TensorType, nd: int | None = None) -> None:
+    """x a float tensor [batch, channels, ...]: of nd spatial axes (1: a
+    length, 2: a height and a width), or of any."""
+    float_dtype(x, "x")
+    if (len(x.shape) < 2) if nd is None else (len(x.shape) != nd + 2):
+        layout = {None: "...", 1: "length", 2: "height, width"}[nd]
+        raise OpTypeError(f"x must be [batch, channels, {layout}], got {x}")
+
+
+def i32_dtype(t: TensorType, what: str) -> None:
+    if t.dtype != "i32":
+        raise OpTypeError(f"{what} must be i32, got {t} (use cast({what}, i32))")
+
+
+def positive(attrs, name: str) -> None:
+    if attrs[name] <= 0:
+        raise OpTypeError(f"{name}={attrs[name]} must be positive")
+
+
 def pair_infer(first: str):
     """The rule of a loss of (first, target), both floats of one type: a scalar."""
     def infer(ins, at):
@@ -38,8 +57,8 @@ def pair_infer(first: str):
         float_dtype(a, first)
         if a.shape != b.shape:
             raise OpTypeError(f"{first} and target must have the same shape, got {first}: {a}, target: {b}")
-        if "delta" in at and at["delta"] <= 0:   # huber_loss has it; the other losses share this rule
-            raise OpTypeError(f"delta={at['delta']} must be positive")
+        if "delta" in at:   # huber_loss has it; the other losses share this rule
+            positive(at, "delta")
         return TensorType((), a.dtype)
     return infer
 

@@ -62,17 +62,11 @@ class Body:
         items = list(items)
         return items[:self.xs], items[self.xs:self.xs + self.carries], items[self.xs + self.carries:]
 
-    def input_types(self) -> list[TensorType]:
-        return [self.graph.nodes[i].type for i in self.inputs]
-
     def output_types(self) -> list[TensorType]:
         return [self.graph.nodes[i].type for i in self.outputs]
 
-    def ops(self) -> int:
-        return sum(n.op not in ("input", "const") for n in self.graph.nodes)
-
     def __str__(self) -> str:
-        return f"{self.name}({self.ops()} ops)"
+        return f"{self.name}({sum(n.op not in ('input', 'const') for n in self.graph.nodes)} ops)"
 
     def __repr__(self) -> str:   # by identity: two bodies are one value only if they are one object
         return f"<Body {self.name} at {id(self):#x}>"
@@ -96,7 +90,7 @@ def _infer(in_types, at):
     body, steps = at["body"], at["steps"]
     if steps < 1:
         raise OpTypeError(f"steps={steps} must be at least 1")
-    want = body.input_types()
+    want = [body.graph.nodes[i].type for i in body.inputs]
     if len(in_types) != len(want):
         raise OpTypeError(f"the cell {body.name} reads {len(want)} inputs ({body.xs} sequences, {body.carries} "
                           f"carries, {len(want) - body.xs - body.carries} captured values), got {len(in_types)}")

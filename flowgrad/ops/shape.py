@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 
-from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
+from flowgrad.ops.checks import checked
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow, wide
+from flowgrad.ops.reduce import reduce_axes
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import broadcast_shape, float_dtype, norm_axis, same_dtype
+from flowgrad.ops.rules import broadcast_shape, float_dtype, i32_dtype, norm_axis, positive, same_dtype
 
 INT = (int,)
 INTS = (list, tuple)
@@ -191,45 +192,36 @@ concat = defop("concat", (Arg("xs", "tensors"), Arg("axis", "attr", -1, INT)), _
 
 def _embedding_infer(ins, at):
     ids, table = ins
-    if ids.dtype != "i32":
-        raise OpTypeError(f"ids must be i32, got {ids} (use cast(ids, i32))")
+    i32_dtype(ids, "ids")
     float_dtype(table, "table")
     if len(table.shape) != 2:
         raise OpTypeError(f"table must be [rows, d], got {table}")
     return TensorType(ids.shape + table.shape[1:], table.dtype)
 
 
-def _checked_ids(ids, rows):
-    ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= rows):
-        bad = ids[(ids < 0) | (ids >= rows)].flat[0]
-        raise FlowError(f"embedding: id {bad} is out of range for a table of {rows} rows")
-    return ids
-
-
 def _embedding_grad_infer(ins, at):
     ids, g = ins
-    if ids.dtype != "i32":
-        raise OpTypeError(f"ids must be i32, got {ids}")
+    i32_dtype(ids, "ids")
     float_dtype(g, "g")
     if g.shape[:-1] != ids.shape:
         raise OpTypeError(f"g must be ids.shape + [d] = {list(ids.shape)} + [d], got {g}")
-    if at["rows"] < 1:
-        raise OpTypeError(f"rows={at['rows']} must be positive")
+    positive(at, "rows")
     return TensorType((at["rows"], g.shape[-1]), g.dtype)
 
 
 def _embedding_grad_forward(ins, at):
     ids, g = ins
     rows, d = at["rows"], g.shape[-1]
+    ids = checked("embedding_grad", ids, rows, f"a table of {rows} rows")
     dtable = np.zeros((rows, d), dtype=wide(g).dtype)
     # ids repeat: np.add.at accumulates where a plain += would keep one
-    np.add.at(dtable, _checked_ids(ids, rows).reshape(-1), wide(g).reshape(-1, d))
+    np.add.at(dtable, ids.reshape(-1), wide(g).reshape(-1, d))
     return narrow(dtable, g)
 
 
 embedding = defop("embedding", (Arg("ids"), Arg("table")), _embedding_infer,
-                  lambda ins, at: ins[1][_checked_ids(ins[0], ins[1].shape[0])],
+                  lambda ins, at: ins[1][checked("embedding", ins[0], len(ins[1]),
+                                                 f"a table of {len(ins[1])} rows")],
                   grad=lambda g, ins, out, at: [None, g.e.op("embedding_grad", ins[0], g, rows=ins[1].shape[0])],
                   nondiff=(0,), index_bounds=lambda ins, at: {0: ins[1].shape[0]},
                   doc="rows of table picked by i32 ids: ids.shape + [d]; no gradient for ids")
@@ -246,15 +238,9 @@ embedding_grad = defop(
 def squeezed_axes(shape, axis) -> tuple[int, ...]:
     """The axes squeeze removes: those named (all, for none) that have size 1;
     a named axis of another size stays, as in torch.squeeze."""
-    if axis is None:
-        return tuple(i for i, n in enumerate(shape) if n == 1)
-    listed = _ints("axis", axis) if isinstance(axis, (list, tuple)) else _ints("axis", [axis])
-    if not listed:
+    if isinstance(axis, (list, tuple)) and not axis:
         raise OpTypeError("axis=[] names no axis: leave axis out to squeeze every size-1 axis, or name the axes")
-    axes = [norm_axis(a, len(shape)) for a in listed]
-    if len(set(axes)) != len(axes):
-        raise OpTypeError(f"axis={axis!r} names the same axis twice")
-    return tuple(a for a in sorted(axes) if shape[a] == 1)
+    return tuple(a for a in reduce_axes(axis, len(shape)) if shape[a] == 1)
 
 
 def _squeeze_shape(shape, at):
@@ -288,11 +274,8 @@ def _stack_check(ins, at):
     _unsqueeze_shape(ins[0].shape, at)
 
 
-def _stack(emit, ins, at):
-    return emit("concat", [emit("unsqueeze", [x], {"axis": at["axis"]}) for x in ins], {"axis": at["axis"]})
-
-
-stack = defop("stack", (Arg("xs", "tensors"), Arg("axis", "attr", 0, INT)), decompose=_stack, check=_stack_check,
+stack = defop("stack", (Arg("xs", "tensors"), Arg("axis", "attr", 0, INT)), check=_stack_check,
+              decompose=lambda emit, ins, at: emit("concat", [emit("unsqueeze", [x], at) for x in ins], at),
               doc="tensors of one shape joined along a new axis (as torch.stack: axis 0 by default)",
               samples=[Sample((((2, 3), "normal"), ((2, 3), "normal"), ((2, 3), "normal")), {"axis": -1}),
                        Sample((((2, 3), "normal"), ((2, 3), "normal")))])

@@ -11,7 +11,7 @@ from flowgrad.graph import TensorType
 from flowgrad.ops.define import defop
 from flowgrad.ops.precision import narrow
 from flowgrad.ops.registry import Arg, OpTypeError, Sample
-from flowgrad.ops.rules import float_dtype, norm_axis
+from flowgrad.ops.rules import channels_first, norm_axis
 from flowgrad.ops.shape import reshaping
 
 # ---------------------------------------------------------------- flatten
@@ -59,11 +59,6 @@ def _pad_infer(ins, attrs):
     return TensorType(shape, x.dtype)
 
 
-def _pad_forward(ins, attrs):
-    (x,) = ins
-    return narrow(np.pad(x, pad_widths(x.shape, attrs), constant_values=attrs["value"]), x)
-
-
 def _pad_grad(g, ins, out, attrs):
     (x,) = ins
     if x.dtype == "i32":
@@ -74,8 +69,9 @@ def _pad_grad(g, ins, out, attrs):
     return [g]
 
 
-pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))),
-            _pad_infer, _pad_forward, grad=_pad_grad,
+pad = defop("pad", (Arg("x"), Arg("pad", "attr", types=(list,)), Arg("value", "attr", 0.0, (float, int))), _pad_infer,
+            lambda ins, at: narrow(np.pad(ins[0], pad_widths(ins[0].shape, at), constant_values=at["value"]), ins[0]),
+            grad=_pad_grad,
             doc="constant padding; pad lists (before, after) pairs starting at the last axis, as PyTorch")
 
 # ---------------------------------------------------------------- interpolate
@@ -132,9 +128,7 @@ def taps(n_in: int, n_out: int, scale, mode: str) -> list:
 
 def _interpolate_check(ins, attrs):
     (x,) = ins
-    float_dtype(x, "x")
-    if len(x.shape) != 4:
-        raise OpTypeError(f"x must be [batch, channels, height, width], got {x}")
+    channels_first(x, 2)
     resize(x.shape, attrs)
 
 

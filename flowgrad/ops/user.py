@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from flowgrad.dtypes import dtype_of
 from flowgrad.errors import FlowError
 from flowgrad.graph import TensorType
 from flowgrad.ops.registry import OPS, PLANNER_OPS, Arg, Op, OpTypeError, register
@@ -56,7 +57,7 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
 
     def op_forward(ins, at):
         out = np.asarray(call_user(name, "forward", forward, *ins, **at))
-        want = infer([TensorType(np.shape(x), _dtype_of(x)) for x in ins], at)
+        want = infer([TensorType(np.shape(x), dtype_of(x, narrow=True)) for x in ins], at)
         check_array(name, "forward", "its output", out, want)
         return out
 
@@ -71,13 +72,12 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
             if d is not None:
                 grads[i] = np.asarray(d)
                 check_array(name, "vjp", f"the gradient of {inputs[i]!r}", grads[i],
-                            TensorType(np.shape(x), _dtype_of(x)))
+                            TensorType(np.shape(x), dtype_of(x, narrow=True)))
         return grads
 
-    doc = inspect.getdoc(forward) or f"user op {name}"
     PLANNER_OPS[VJP_PREFIX + name] = _vjp_op(name, op_vjp, attr_args)
-    op = Op(name, args, infer, op_forward, op_vjp, doc=doc,
-            grad=None if vjp is None else _grad_rule(name, len(inputs)))
+    op = Op(name, args, infer, op_forward, op_vjp, doc=inspect.getdoc(forward) or f"user op {name}",
+            grad=None if vjp is None else _grad_rule(name))
     OPS.pop(name, None)
     USER_OPS.add(name)
     return register(op)
@@ -86,7 +86,7 @@ def register_op(name: str, shape: Callable, forward: Callable, vjp: Callable | N
 VJP_PREFIX = "vjp_of_"   # the op that runs a user op's Python vjp inside a backward graph
 
 
-def _grad_rule(name, n_inputs):
+def _grad_rule(name):
     """A user op's gradients as nodes: each input's is its Python vjp, run as an
     op of its own (vjp_of_<name>, pos=i) on the incoming gradient, the output
     and the inputs."""
@@ -180,10 +180,5 @@ def check_array(name: str, what: str, role: str, arr: np.ndarray, want: TensorTy
     if arr.shape != want.shape:
         raise OpTypeError(f"{name}: {what} gave {role} shape {list(arr.shape)}, but it must be "
                           f"{list(want.shape)} ({want})")
-    kind = "i" if want.dtype == "i32" else "f"
-    if arr.dtype.kind not in ({"i", "u", "b"} if kind == "i" else {"f"}):
+    if arr.dtype.kind not in ({"i", "u", "b"} if want.dtype == "i32" else {"f"}):
         raise OpTypeError(f"{name}: {what} gave {role} of dtype {arr.dtype}, but it must be {want.dtype}")
-
-
-def _dtype_of(x) -> str:
-    return {"float16": "f16", "int32": "i32"}.get(np.asarray(x).dtype.name, "f32")
