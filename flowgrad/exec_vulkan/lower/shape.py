@@ -48,13 +48,6 @@ def permuting(perm_of) -> Lowering:
 # ---------------------------------------------------------------- slice / concat
 
 
-def _window(node, shape):
-    """(shape of the window, row-major strides of the full tensor, offset of the window)."""
-    axis, lo, hi = rules._slice_bounds(tuple(shape), node.attrs)
-    st = strides(shape)
-    return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
-
-
 def slice_view(node, in_shape):
     """A slice whose window is contiguous (every axis before the sliced one
     has size 1) starts `offset` elements into its input."""
@@ -64,30 +57,20 @@ def slice_view(node, in_shape):
 
 def slice_forward(rec, node, ins, out):
     (x,) = ins
-    win, xs, off = _window(node, tuple(x.shape))
-    if placed_at(out, x, off):
-        return   # a contiguous window, placed inside x by the memory plan
-    strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
-
-
-def _parts(node, shape, sizes):
-    """(offset along the whole tensor, part shape) of each concatenated part."""
-    axis = node.attrs["axis"] % len(shape)
-    step = strides(shape)[axis]
-    out, at = [], 0
-    for n in sizes:
-        out.append((at * step, shape[:axis] + (n,) + shape[axis + 1:]))
-        at += n
-    return out
+    axis, lo, _hi = rules._slice_bounds(tuple(x.shape), node.attrs)
+    xs = strides(x.shape)
+    if not placed_at(out, x, lo * xs[axis]):   # else a contiguous window, placed inside x by the memory plan
+        strided_copy(rec, x, out, out.shape, xs, strides(out.shape), src_off=lo * xs[axis])
 
 
 def concat_forward(rec, node, ins, out):
     axis = node.attrs["axis"] % len(out.shape)
-    os_ = strides(out.shape)
-    for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
+    os_, at = strides(out.shape), 0
+    for x in ins:
         # a part the memory plan laid where it belongs (a concat along the leading axis) stays
-        if not (placed_at(x, out, off) and all(n == 1 for n in out.shape[:axis])):
-            strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
+        if not (placed_at(x, out, at) and all(n == 1 for n in out.shape[:axis])):
+            strided_copy(rec, x, out, tuple(x.shape), strides(x.shape), os_, dst_off=at)
+        at += x.shape[axis] * os_[axis]   # the next part's first element
 
 
 # ---------------------------------------------------------------- embedding
