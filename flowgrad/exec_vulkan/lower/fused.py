@@ -21,7 +21,7 @@ import attrs
 from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
 from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
 
@@ -113,25 +113,18 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     if n == 0:
         return
     ins = [sources[s] for s in prog.inputs]
-    dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in ins] + [strides(space)])
+    dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in ins])
     if len(dims) > MAX_RANK:
         raise TooLarge(f"a fused chain over {list(space)} with these broadcasts needs {len(dims)} axes; "
                        f"fused_map takes {MAX_RANK}")
-    shape = [d for d, _, _ in dims] + [1] * (MAX_RANK - len(dims))
-    st = []
-    for k in range(MAX_INPUTS):
-        walk = [s[k] for _, _, s in dims] if k < len(ins) else []
-        st += walk + [0] * (MAX_RANK - len(walk))
-    prog_words = [op | a << 7 | b << 13 | c << 19 | p << 25 for op, (a, b, c), p in prog.instrs]
-    prog_words += [0] * (MAX_INSTRS - len(prog_words))
-    params = list(prog.params) + [0.0] * (MAX_PARAMS - len(prog.params))
-    o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
+    prog_words = padded([op | a << 7 | b << 13 | c << 19 | p << 25 for op, (a, b, c), p in prog.instrs], MAX_INSTRS)
+    o = padded(prog.outputs, MAX_OUTPUTS)
     meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 11 | o[0] << 13 | o[1] << 19
     dtype = outs[0].dtype
     bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
-    rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(n), variant(dtype),
-                 spec=(meta, *prog_words))
+    push = [n, *axis_words(dims, MAX_RANK, MAX_INPUTS, fill=1), *padded(prog.params, MAX_PARAMS, 0.0)]
+    rec.dispatch("fused_map", bufs, push, groups_1d(n), variant(dtype), spec=(meta, *prog_words))
 
 
 def fused_forward(rec, node, ins, out):

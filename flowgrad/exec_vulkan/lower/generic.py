@@ -67,8 +67,19 @@ def placed_at(inner, outer, elem_offset: int = 0) -> bool:
     return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
 
 
-def _padded(values, n):
-    return list(values) + [0] * (n - len(values))
+def padded(values, n: int, fill=0) -> list:
+    """values, then `fill` up to n of them (a push block's fixed-size array)."""
+    return list(values) + [fill] * (n - len(values))
+
+
+def axis_words(dims, rank: int, inputs: int, fill: int = 0) -> list[int]:
+    """collapse's axes as a kernel's push words: their sizes (then `fill`), then
+    each of `inputs` inputs' strides along them (0 for an input dims has none of),
+    each list padded to `rank`."""
+    words = padded([n for n, _, _ in dims], rank, fill)
+    for k in range(inputs):
+        words += padded([st[k] for _, _, st in dims if k < len(st)], rank)
+    return words
 
 
 def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 0, dst_off: int = 0) -> None:
@@ -83,7 +94,7 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         return
     if len(dims) > COPY_RANK:
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
-    push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
+    push = [n, len(dims), src_off, dst_off] + padded(dims, COPY_RANK) + padded(ss, COPY_RANK) + padded(ds, COPY_RANK)
     dispatch_1d(rec, "strided_copy", [src, dst], push, n, src.dtype)
 
 

@@ -15,7 +15,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import collapse, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
@@ -160,14 +160,10 @@ def sum_to_shape(rec, src, dst) -> None:
 def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
     """finish: (counters, z) for a reduction in chunks, which the last chunk
     of each output finishes into z (out then takes the pieces)."""
-    pad = [0] * (MAX_RANK - len(dims))
-    strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
-    strides += [[0] * MAX_RANK] * (3 - len(ins))
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
             | len(ins) << 22)
-    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
-            *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
+    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param), *axis_words(dims, MAX_RANK, 3)]
     counts, z = finish if finish is not None else (rec.stand_in("i32"), rec.stand_in(out.dtype))
     bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
