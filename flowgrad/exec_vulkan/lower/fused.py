@@ -18,12 +18,11 @@ import math
 
 import attrs
 
-from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
-from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
 MAX_INSTRS = 32     # its program slots (instruction k writes register 4 + k)
@@ -82,7 +81,9 @@ class _Builder:
 
 
 def pointwise_of(op_name: str, attrs):
-    return LOWERINGS[op_name].pointwise(attrs)
+    """The op's Pointwise record, or None where it is no map op."""
+    low = LOWERINGS.get(op_name)
+    return low.pointwise(attrs) if low and low.pointwise else None
 
 
 M.declare(PARAM=60)   # the instruction's scalar: a constant the chain reads (fused_map.comp)
@@ -127,11 +128,6 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     rec.dispatch("fused_map", bufs, push, groups_1d(n), variant(dtype), spec=(meta, *prog_words))
 
 
-def fused_forward(rec, node, ins, out):
-    prog = forward_program(node.attrs["steps"], len(ins), consts=node.attrs.get("consts", ()))
-    run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
-
-
 # ---------------------------------------------------------------- a product and the ops after it
 # steps[0] is an op whose lowering takes an Epilogue (a matmul), the next
 # steps add one input each to the value so far: a residual shaped as the
@@ -151,26 +147,19 @@ class EpilogueForm:
     act: tuple | None = None   # the activation step, last in the chain
 
 
-def _activation(step, prev: int) -> bool:
-    """`step` is an activation of the value `prev`."""
-    op_name, refs, at = step
-    low = LOWERINGS.get(op_name)
-    return bool(low and low.pointwise and low.pointwise(at).activation and tuple(refs) == (prev,))
-
-
 def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
     """The chain as a product, its adds and its activation, or None when it is not one."""
     first = LOWERINGS.get(steps[0][0]) if steps else None
     if first is None or not first.epilogue or not 2 <= len(steps) <= 4:
         return None
     n_in = len(in_shapes)
-    act = steps[-1] if _activation(steps[-1], n_in + len(steps) - 2) else None
+    last = pointwise_of(steps[-1][0], steps[-1][2])   # an activation of the value before it?
+    act = steps[-1] if last and last.activation and tuple(steps[-1][1]) == (n_in + len(steps) - 2,) else None
     adds = steps[1:len(steps) - (act is not None)]
     product = tuple(steps[0][1])
     roles: dict[str, int] = {}
     for j, (op_name, refs, at) in enumerate(adds, start=1):
-        low = LOWERINGS.get(op_name)
-        pw = low.pointwise(at) if low and low.pointwise else None
+        pw = pointwise_of(op_name, at)
         others = [r for r in refs if r != n_in + j - 1]
         if pw is None or not pw.adds or len(refs) != 2 or len(others) != 1 or others[0] >= n_in:
             return None
@@ -181,11 +170,6 @@ def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
         roles[role] = others[0]
     return EpilogueForm(product, roles.get("residual"), roles.get("bias"),
                         list(roles) == ["bias", "residual"], act)
-
-
-def _product_node(node):
-    op_name, refs, at = node.attrs["steps"][0]
-    return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
 def _sum_parts(steps, ins, form, pre):
@@ -226,7 +210,9 @@ def _epilogue_forward(rec, node, ins, out, form):
                    None if form.bias is None else ins[form.bias], form.bias_first,
                    sum_parts=_sum_parts(steps[:-1] if apart else steps, ins, stored, None if apart else pre),
                    act=act, pre=None if apart else pre)
-    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], dst, epilogue=epi)
+    op_name, refs, at = steps[0]
+    product = attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
+    LOWERINGS[op_name].forward(rec, product, [ins[r] for r in refs], dst, epilogue=epi)
     if not epi.applied and len(steps) > 1:   # the product is in dst: the rest in place, in one pass
         srcs = list(ins) + [dst]
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
@@ -247,7 +233,8 @@ def forward(rec, node, ins, out):
     if form is not None:
         _epilogue_forward(rec, node, ins, out, form)
     else:
-        fused_forward(rec, node, ins, out)
+        prog = forward_program(node.attrs["steps"], len(ins), consts=node.attrs.get("consts", ()))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
 
 
-FUSED = register_lowering("fused", Lowering(forward, frozenset(FLOAT_DTYPES)))
+register_lowering("fused", Lowering(forward, FLOATS))
