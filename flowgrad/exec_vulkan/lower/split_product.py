@@ -18,14 +18,6 @@ from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
 from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowerings
 
 
-def _sizes(node, a, b):
-    if len(b.shape) != 2 or len(a.shape) < 2:
-        raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
-    k = node.attrs["parts"]
-    m, kk, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
-    return k, m, kk, n // k
-
-
 def _gemm(rec, *args):
     if not gemm(rec, *args):
         raise DeviceError("internal error: a split product's blocks did not map to one batch dim")
@@ -33,7 +25,10 @@ def _gemm(rec, *args):
 
 def parts_forward(rec, node, ins, out):
     a, b = ins
-    k, m, kk, w = _sizes(node, a, b)
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
+    k, m, kk = node.attrs["parts"], math.prod(a.shape[:-1]), a.shape[-1]
+    w = b.shape[-1] // k
     # C[z] = A @ B[:, z*w:(z+1)*w]
     _gemm(rec, Operand(a, kk, 1, (0,)), Operand(b, k * w, 1, (w,)), Operand(out, w, 1, (m * w,)),
           m, w, kk, (k,), (False,))
