@@ -148,40 +148,28 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
         sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
-def _geometry(node, x_shape, w_shape):
-    return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
-
-
 def _as_2d(shape):
     return (shape[0], shape[1], 1, shape[2]) if len(shape) == 3 else tuple(shape)
 
 
-def conv_forward(rec, node, ins, out):
-    x, w, *b = ins
-    geo = _geometry(node, x.shape, w.shape)
-    _run(rec, 0, x, w, b[0] if b else None, out, _as_2d(x.shape), _as_2d(w.shape), geo)
+def _conv(mode: int, transposed: bool = False) -> Lowering:
+    """conv_gemm.glsl's product `mode` into out, of inputs (a, b[, bias]):
+    a convolution's output of (x, w, b), its input gradient of (g, w) (the
+    image shaped as out) or its weight gradient of (g, x) (the weight shaped
+    as out); transposed: conv_transpose2d's (x, w, b), the input gradient of
+    the convolution whose input is shaped as its output."""
+
+    def forward(rec, node, ins, out):
+        a, b, *bias = ins
+        image, weight = {0: (a, b), 1: (out, b), 2: (b, out)}[mode]
+        if transposed:
+            geo = conv.transpose_geometry(tuple(a.shape), tuple(b.shape), node.attrs)
+        else:
+            geo = conv.geometry(tuple(image.shape), tuple(weight.shape), node.attrs, len(image.shape) - 2)
+        _run(rec, mode, a, b, bias[0] if bias else None, out, _as_2d(image.shape), _as_2d(weight.shape), geo)
+
+    return Lowering(forward, FLOATS)
 
 
-def transpose_forward(rec, node, ins, out):
-    x, w, *b = ins
-    geo = conv.transpose_geometry(tuple(x.shape), tuple(w.shape), node.attrs)
-    # the conv whose input gradient this is: input shaped like our output
-    _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
-
-
-def input_grad_forward(rec, node, ins, out):
-    """conv_input_grad: a convolution's input gradient, into out (x's shape)."""
-    g, w = ins
-    _run(rec, 1, g, w, None, out, _as_2d(out.shape), _as_2d(w.shape), _geometry(node, out.shape, w.shape))
-
-
-def weight_grad_forward(rec, node, ins, out):
-    """conv_weight_grad: a convolution's weight gradient, into out (the weight's shape)."""
-    g, x = ins
-    _run(rec, 2, g, x, None, out, _as_2d(x.shape), _as_2d(out.shape), _geometry(node, x.shape, out.shape))
-
-
-CONV = Lowering(conv_forward, FLOATS)
-register_lowerings({"conv2d": CONV, "conv1d": CONV, "conv_transpose2d": Lowering(transpose_forward, FLOATS),
-    "conv_input_grad": Lowering(input_grad_forward, FLOATS),
-    "conv_weight_grad": Lowering(weight_grad_forward, FLOATS)})
+register_lowerings({**dict.fromkeys(("conv2d", "conv1d"), _conv(0)), "conv_transpose2d": _conv(1, transposed=True),
+                    "conv_input_grad": _conv(1), "conv_weight_grad": _conv(2)})
