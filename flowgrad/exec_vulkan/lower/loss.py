@@ -63,13 +63,10 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
         """One xent.comp pass over n rows of c classes of logits in dtype t; a binding left None is one the
         mode does not read (a stand-in is bound there). wide: f16 logits (and dx) beside an f32 loss, g
         and weight (the loss's casts folded in, exec_vulkan/fusion.py's fold_loss_casts)."""
-        attrs = node.attrs
-        if mode in (MEAN, DENOMINATOR):
-            lanes, groups = WG, 1
-        else:
-            lanes = segment_lanes(c, n)
-            groups = segment_groups(n, lanes)
-        push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
+        whole = mode in (MEAN, DENOMINATOR)   # one workgroup over every row
+        lanes = WG if whole else segment_lanes(c, n)
+        groups = 1 if whole else segment_groups(n, lanes)
+        push = [n, c, lanes, mode, int(node.attrs["ignore_index"]), float(node.attrs.get("label_smoothing", 0.0)),
                 int(weight is not None), int(log_probs), int(wide),
                 int(mode in (ROW_LOSS, GRAD) and _vectors(c, logits, o))]
         lt = "f32" if wide else t   # the loss's dtype
