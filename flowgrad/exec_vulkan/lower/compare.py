@@ -30,8 +30,7 @@ def compare_op(code: int) -> Lowering:
         n = math.prod(space)
         if n == 0:
             return
-        dims = collapse(space, frozenset(), [broadcast_strides(tuple(a.shape), space),
-                                             broadcast_strides(tuple(b.shape), space)])
+        dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in (a, b)])
         if len(dims) > MAX_RANK:
             raise DeviceError(f"comparison over {len(dims)} axes after merging; the kernel takes {MAX_RANK}",
                               hint="reshape to fewer axes")

@@ -102,11 +102,10 @@ def _norm(kind: str):
         lanes = segment_lanes(n, d, interleaved=True)
         chunks = reduce_chunks(n, d, lanes)
         part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else rec.stand_in("f32")
-        _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps,
-                  [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
-        if chunks > 1:
-            _dispatch(rec, bwd_sum, d, 1, n, d, eps,
-                      [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
+        bufs = [x, w, b, g, rec.stand_in(t), dw, db, stats, part]
+        _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps, bufs, chunks=chunks)
+        if chunks > 1:   # the pieces' sum
+            _dispatch(rec, bwd_sum, d, 1, n, d, eps, bufs, chunks=chunks)
 
     return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
