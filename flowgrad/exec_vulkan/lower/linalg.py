@@ -5,12 +5,12 @@ same kernels with swapped strides.
 
 Batch dims are described per GEMM as (size, stride in A, stride in B, stride
 in C, summed?): a broadcast operand has stride 0, and a dim the result does
-not have (the backward of a broadcast operand) is summed inside the kernel.
+not have (a split product's da over its blocks) is summed inside the kernel.
 Where the strides allow, a batch dim folds into the GEMM itself: the common
 [batch.., M, K] @ [K, N] runs forward and da as one GEMM over the flattened
 rows, and db = a^T @ g as one GEMM whose inner dim runs over all rows.
 Broadcast patterns the kernel's one-stride batch cannot address are expanded
-into contiguous scratch first (rare: e.g. [2,1,M,K] @ [1,3,K,N] backward)."""
+into contiguous scratch first (rare: e.g. [2,1,M,K] @ [1,3,K,N])."""
 from __future__ import annotations
 
 import math
@@ -176,11 +176,13 @@ class _Gemm:
         return tile.shader_for(self.a.cs != 1, self.b.cs != 1)
 
     def push(self, tile=None) -> tuple:
-        c = self.c
+        a, b, c = self.a, self.b, self.c
         if tile is not None and tile.cm2:   # amode: every stride a multiple of 8 (16-byte rows: vector loads)
-            return self._push(int(self.coop_aligned(8)), 0, 0)
-        cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
-        return self._push(*self._modes(), cvec)
+            modes = (int(self.coop_aligned(8)), 0, 0)
+        else:   # amode, bmode, then cvec
+            modes = (*self._modes(), int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0)))
+        return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
+                self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, *modes)
 
     def _modes(self) -> tuple[int, int]:
         """(amode, bmode): 1 where an operand's tiles load as 16-byte vectors: read along a unit
@@ -201,11 +203,6 @@ class _Gemm:
             return (act,) if act else ()
         amode, bmode = self._modes()
         return act, 16 | amode | 2 * bmode | 4 * (self.a.cs == 1) | 8 * (self.b.cs == 1)
-
-    def _push(self, amode: int, bmode: int, cvec: int) -> tuple:
-        a, b, c = self.a, self.b, self.c
-        return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
-                self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
 def _variant(choice, dtype):
@@ -268,39 +265,6 @@ def _expanded(rec, view, shape2, full):
     return out
 
 
-def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool, epilogue=None):
-    """dst (shaped dst_shape2, batch dims broadcastable to `full`) =
-    sum over dst's broadcast dims of op(lhs) @ op(rhs), where lhs/rhs are
-    (view, promoted shape) and op transposes when asked."""
-    (lv, ls), (rv, rs) = lhs, rhs
-    m = ls[-1] if t_lhs else ls[-2]
-    k = ls[-2] if t_lhs else ls[-1]
-    n = rs[-2] if t_rhs else rs[-1]
-
-    def operand(view, shape2, trans):
-        width = shape2[-1]  # the row stride of the contiguous [.., r, c] view
-        return Operand(view, 1 if trans else width, width if trans else 1, _batch_strides(shape2, full))
-
-    own = (1,) * (len(full) - len(dst_shape2[:-2])) + tuple(dst_shape2[:-2])
-    summed = tuple(o == 1 and f != 1 for o, f in zip(own, full))
-    c = Operand(dst, dst_shape2[-1], 1, _batch_strides(dst_shape2, full))
-    if gemm(rec, operand(lv, ls, t_lhs), operand(rv, rs, t_rhs), c, m, n, k, full, summed, epilogue):
-        return
-    # general broadcasting: materialise both operands over the full batch,
-    # compute every batch's product, then sum down to dst's shape
-    lfull = _expanded(rec, lv, ls, full)
-    rfull = _expanded(rec, rv, rs, full)
-    ls_, rs_ = tuple(full) + tuple(ls[-2:]), tuple(full) + tuple(rs[-2:])
-    target = tuple(full) + tuple(dst_shape2[-2:])
-    tmp = dst if tuple(dst_shape2) == target else rec.scratch(target, dst.dtype)
-    no_sum = (False,) * len(full)
-    c = Operand(tmp, target[-1], 1, _batch_strides(target, full))
-    if not gemm(rec, operand(lfull, ls_, t_lhs), operand(rfull, rs_, t_rhs), c, m, n, k, full, no_sum):
-        raise DeviceError(f"internal error: matmul batch {list(full)} did not reduce to one dim once expanded")
-    if tmp is not dst:
-        sum_to_shape(rec, tmp, dst.reshape(dst_shape2))
-
-
 def matmul_forward(rec, node, ins, out, epilogue=None):
     """matmul's, and matmul_t's: a product whose operands are read transposed
     where `ta` / `tb` say (the planner's fold of a transpose into the
@@ -311,8 +275,21 @@ def matmul_forward(rec, node, ins, out, epilogue=None):
     a2 = tuple(a.shape) if len(a.shape) > 1 else (1,) + tuple(a.shape)   # numpy's promotion: 1-D a is [1, K],
     b2 = tuple(b.shape) if len(b.shape) > 1 else tuple(b.shape) + (1,)   # 1-D b [K, 1]
     full = _batch(a2[:-2], b2[:-2])
-    out2 = tuple(full) + (a2[-1] if ta else a2[-2], b2[-2] if tb else b2[-1])
-    _product(rec, (a, a2), (b, b2), out, out2, full, ta, tb, epilogue)
+    m, k = (a2[-1], a2[-2]) if ta else (a2[-2], a2[-1])
+    n = b2[-2] if tb else b2[-1]
+
+    def operand(view, shape2, trans):
+        width = shape2[-1]  # the row stride of the contiguous [.., r, c] view
+        return Operand(view, 1 if trans else width, width if trans else 1, _batch_strides(shape2, full))
+
+    c = Operand(out, n, 1, _batch_strides(full + (m, n), full))
+    no_sum = (False,) * len(full)
+    if gemm(rec, operand(a, a2, ta), operand(b, b2, tb), c, m, n, k, full, no_sum, epilogue):
+        return
+    # batch dims that one stride cannot address: both operands materialised over the full batch first
+    afull, bfull = _expanded(rec, a, a2, full), _expanded(rec, b, b2, full)
+    if not gemm(rec, operand(afull, full + a2[-2:], ta), operand(bfull, full + b2[-2:], tb), c, m, n, k, full, no_sum):
+        raise DeviceError(f"internal error: matmul batch {list(full)} did not reduce to one dim once expanded")
 
 
 MATMUL = Lowering(matmul_forward, FLOATS, blocked="matmul_parts", epilogue=True)
