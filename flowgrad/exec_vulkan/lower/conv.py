@@ -23,7 +23,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
-from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, align_up
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
@@ -51,10 +51,6 @@ def coop_build(name: str):
     return holding(_COOP, name)
 
 
-def _up(v: int, q: int) -> int:
-    return -(-v // q) * q
-
-
 def conv_tile(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
     """The tile of a convolution's GEMM (m x n per group, k deep). An f16
     convolution on a device with cooperative matrices gets DEFAULT_COOP
@@ -66,7 +62,7 @@ def conv_tile(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, groups: int 
     gathered operands, spills and ran 9 to 11 times slower at both layers
     measured. A tile forced with matmul_kernels.forced is used if it has a
     conv build."""
-    padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
+    padded = (align_up(m, COOP_FRAGMENT), align_up(n, COOP_FRAGMENT), align_up(k, kernels.COOP_ALIGN))
     forced = kernels.forced_shader()
     if forced is not None:
         tile = kernels.choose(caps, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
@@ -122,7 +118,7 @@ def _chunks(caps: DeviceCaps, tile, gemm: ConvGemm) -> tuple[int, int]:
     if chunks == 1:
         return 1, k
     step = max(16, tile.bk)     # chunks start on whole steps of the tile
-    kc = _up(math.ceil(k / chunks), step)
+    kc = align_up(math.ceil(k / chunks), step)
     return math.ceil(k / kc), kc
 
 
