@@ -17,9 +17,6 @@ from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import BUSY_THREADS, WG, pow2, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
-# norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
-MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
-ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
 MAXC = 8            # norm.comp: columns per lane in the one-pass backward
 MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in registers
 ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
@@ -56,8 +53,9 @@ def _rows(x, w):
     return math.prod(x.shape) // d if d else 0, d
 
 
-def _norm(kind: str):
-    fwd, bwd_dx, bwd_w, bwd_sum = MODES[kind]
+def _norm(kind: str, modes: tuple):
+    """norm.comp's `modes`: forward, backward dx, backward weight/bias, sum of the pieces, one-pass backward."""
+    fwd, bwd_dx, bwd_w, bwd_sum, one_pass = modes
     rms = kind == "rmsnorm"
 
     def forward(rec, node, ins, out):
@@ -93,7 +91,7 @@ def _norm(kind: str):
             # would be a transfer that the dispatch waits for, and with it any read-back in flight
             counters = rec.counters(1 + clusters)
             part = rec.scratch((groups + clusters, d, 2), "f32")
-            _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
+            _dispatch(rec, one_pass, n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
                       chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")
@@ -110,4 +108,4 @@ def _norm(kind: str):
     return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-register_lowerings(_norm("layernorm") | _norm("rmsnorm"))
+register_lowerings(_norm("layernorm", (0, 2, 4, 6, 8)) | _norm("rmsnorm", (1, 3, 5, 7, 9)))
