@@ -17,8 +17,7 @@ from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwis
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           ABS=33, MAXIMUM=35, MINIMUM=36,
           WHERE=39,                       # x0 = cond, x1 = a, x2 = b
-          CLAMP_MIN=42, CLAMP_MAX=44)
-M.declare(SIN=49, COS=50, SOFTSIGN=53)
+          CLAMP_MIN=42, CLAMP_MAX=44, SIN=49, COS=50, SOFTSIGN=53)
 
 
 def _map(op, param: str | None = None, activation=False, adds=False) -> Lowering:

@@ -1,11 +1,8 @@
-"""Helpers shared by the lowerings: variants, strides, group counts,
-and the generic kernels other lowerings build on:
-
-    strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off, dst_off)
-
-Views are contiguous row-major tensors; sub-windows are addressed with
-element offsets in push constants (a descriptor offset has alignment rules a
-window inside a tensor rarely meets)."""
+"""Helpers shared by the lowerings: variants, strides, group counts, and
+the strided copy other lowerings build on. Views are contiguous row-major
+tensors; sub-windows are addressed with element offsets in push constants
+(a descriptor offset has alignment rules a window inside a tensor rarely
+meets)."""
 from __future__ import annotations
 
 import contextlib

@@ -24,10 +24,6 @@ def reshape_forward(rec, node, ins, out):
 RESHAPE = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
 
 
-def broadcast_forward(rec, node, ins, out):
-    map_reduce(rec, M.COPY, ins, out)
-
-
 # ---------------------------------------------------------------- transpose / permute
 
 
@@ -129,7 +125,8 @@ register_lowerings({"transpose": permuting(rules._transpose_perm), "permute": pe
     "reshape": RESHAPE, "squeeze": RESHAPE, "unsqueeze": RESHAPE, "flatten": RESHAPE, "stop_gradient": RESHAPE,
     # a copy per element, reading its input by broadcast strides: in a fused chain, the
     # chain's program reads that input so (lower/fused.py), and the copy is no instruction
-    "broadcast_to": Lowering(broadcast_forward, FLOATS, pointwise=lambda attrs: Pointwise(M.COPY)),
+    "broadcast_to": Lowering(lambda rec, node, ins, out: map_reduce(rec, M.COPY, ins, out), FLOATS,
+                             pointwise=lambda attrs: Pointwise(M.COPY)),
     "slice": Lowering(slice_forward, ALL_DTYPES, view=slice_view,
                       window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs)),
     "concat": Lowering(concat_forward, ALL_DTYPES),

@@ -63,4 +63,4 @@ def part_forward(rec, node, ins, out):
 register_lowerings({"matmul_parts": Lowering(parts_forward, FLOATS),
     "parts_grad_a": Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS),
     "parts_grad_b": Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS),
-    "part": Lowering(part_forward, ALL_DTYPES, view=lambda node, in_shape: part_offset(node, in_shape))})
+    "part": Lowering(part_forward, ALL_DTYPES, view=part_offset)})
