@@ -6,15 +6,8 @@ import math
 
 from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, mean_of, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
-
-
-def _mse_forward(rec, node, ins, out):
-    pred, target = ins
-    n = math.prod(pred.shape)
-    map_reduce(rec, M.SQDIFF, [pred, target], out, space=pred.shape, reduce_axes=range(len(pred.shape)),
-               scale=1.0 / n if n else math.nan)
 
 
 # xent.comp modes
@@ -126,5 +119,5 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
             name + "_grad": Lowering(grad_forward, ALL_DTYPES, checks_indices=True)}
 
 
-register_lowerings({"mse_loss": Lowering(_mse_forward, FLOATS)} | _xent_lowering("cross_entropy")
-                   | _xent_lowering("nll_loss"))
+register_lowerings({"mse_loss": Lowering(lambda rec, node, ins, out: mean_of(rec, M.SQDIFF, ins, out), FLOATS)}
+                   | _xent_lowering("cross_entropy") | _xent_lowering("nll_loss"))

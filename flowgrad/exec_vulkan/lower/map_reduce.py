@@ -157,6 +157,13 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
                  variant=variant(out.dtype))
 
 
+def mean_of(rec, op: MapOp, ins, out) -> None:
+    """out = the mean of op(ins...) over all of ins[0]'s elements (NaN over none), as the losses take it."""
+    space = tuple(ins[0].shape)
+    n = math.prod(space)
+    map_reduce(rec, op, ins, out, space=space, reduce_axes=range(len(space)), scale=1.0 / n if n else math.nan)
+
+
 def sum_to_shape(rec, src, dst) -> None:
     """dst = src summed over the axes broadcasting stretched dst's shape to src's."""
     space = tuple(src.shape)
