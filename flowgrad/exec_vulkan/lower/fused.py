@@ -65,18 +65,16 @@ class _Builder:
                 live.add(j)
                 stack += [v for v in self.instrs[j][1] if v[0] == "ins"]
         kept = sorted(live)
-        sources: list = []
-        for v in [v for j in kept for v in self.instrs[j][1]] + list(outputs):
-            if v[0] == "src" and v[1] not in sources:
-                sources.append(v[1])
+        read = [v for j in kept for v in self.instrs[j][1]] + list(outputs)
+        sources = list(dict.fromkeys(v[1] for v in read if v[0] == "src"))
         params = list(dict.fromkeys(self.instrs[j][2] for j in kept))
         if len(sources) > MAX_INPUTS or len(kept) > MAX_INSTRS or len(params) > MAX_PARAMS:
             raise TooLarge(f"a fused chain needs {len(sources)} inputs, {len(kept)} instructions and "
                            f"{len(params)} scalars; fused_map takes {MAX_INPUTS}, {MAX_INSTRS} and {MAX_PARAMS}")
         reg = {("src", s): k for k, s in enumerate(sources)}
         reg.update({("ins", j): MAX_INPUTS + k for k, j in enumerate(kept)})
-        instrs = tuple((self.instrs[j][0], tuple(reg[v] for v in self.instrs[j][1]) + (0,) * (3 - len(self.instrs[j][1])),
-                        params.index(self.instrs[j][2])) for j in kept)
+        instrs = tuple((op, tuple(reg[v] for v in operands) + (0,) * (3 - len(operands)), params.index(p))
+                       for op, operands, p in (self.instrs[j] for j in kept))
         return Program(tuple(sources), instrs, tuple(params), tuple(reg[v] for v in outputs))
 
 
@@ -89,22 +87,17 @@ def pointwise_of(op_name: str, attrs):
 M.declare(PARAM=60)   # the instruction's scalar: a constant the chain reads (fused_map.comp)
 
 
-def _chain(b: _Builder, steps, n_in: int, consts=()):
-    """consts: (input k, value) for the scalar constants among the inputs,
-    loaded as the program's scalars rather than read from their buffers."""
+def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
+    """The chain's value; pre: first the value its last step reads (an activation's input).
+    consts: (input k, value) for the scalar constants among the inputs, loaded
+    as the program's scalars rather than read from their buffers."""
+    b = _Builder()
     values = [("src", ("x", k)) for k in range(n_in)]
     for k, value in consts:
         values[k] = b.emit(M.PARAM, [], value)
     for op_name, refs, at in steps:
         pw = pointwise_of(op_name, at)
         values.append(b.emit(pw.op, [values[r] for r in refs], pw.param))
-    return values
-
-
-def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
-    """The chain's value; pre: first the value its last step reads (an activation's input)."""
-    b = _Builder()
-    values = _chain(b, steps, n_in, consts)
     return b.finish(values[-2:] if pre else values[-1:])
 
 
