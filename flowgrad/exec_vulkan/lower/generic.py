@@ -12,6 +12,7 @@ import math
 from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -62,6 +63,19 @@ def dispatch_1d(rec, shader: str, bufs, push, n: int, dtype: str) -> None:
 def placed_at(inner, outer, elem_offset: int = 0) -> bool:
     """Whether the memory plan laid `inner` inside `outer`, elem_offset elements in."""
     return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
+
+
+def in_place(offset) -> Lowering:
+    """The lowering of an op whose output is input 0's elements as they lie,
+    from element offset(node, in_shape) on (Lowering.view): the memory plan
+    places it there, so it copies only when it lies elsewhere."""
+
+    def forward(rec, node, ins, out):
+        src = ins[0].view(offset(node, tuple(ins[0].shape)), out.shape)
+        if not placed_at(out, src):
+            rec.copy(src, out)
+
+    return Lowering(forward, ALL_DTYPES, view=offset)
 
 
 def padded(values, n: int, fill=0) -> list:

@@ -28,7 +28,7 @@ import attrs
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
-from flowgrad.exec_vulkan.lower.generic import placed_at
+from flowgrad.exec_vulkan.lower.generic import in_place, placed_at
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill, fill_word
 from flowgrad.graph import fill_value
@@ -216,14 +216,5 @@ def _record(rec, graph, lows, cell, values, first) -> None:
         lows[n.id].forward(rec, cell[n.id], ins, values[n.id])
 
 
-# ---------------------------------------------------------------- unpack
-
-def unpack_forward(rec, node, ins, out):
-    (x,) = ins
-    src = x.reshape((x.size,)).view(node.attrs["offset"], out.shape)
-    if not placed_at(out, src):   # the memory plan put it elsewhere: copy the window
-        rec.copy(src, out)
-
-
 register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES),
-    "unpack": Lowering(unpack_forward, ALL_DTYPES, view=lambda node, in_shape: node.attrs["offset"])})
+    "unpack": in_place(lambda node, in_shape: node.attrs["offset"])})

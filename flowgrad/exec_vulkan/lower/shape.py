@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
-from flowgrad.exec_vulkan.lower.generic import placed_at, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.generic import in_place, placed_at, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 from flowgrad.ops import shape as rules
@@ -15,13 +15,8 @@ from flowgrad.ops import shape as rules
 # ---------------------------------------------------------------- reshape
 
 
-def reshape_forward(rec, node, ins, out):
-    if not placed_at(out, ins[0]):
-        rec.copy(ins[0], out)  # same elements, same order
-
-
-# a reshape is its input, read with another shape: the memory plan places it there
-RESHAPE = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
+# a reshape is its input, read with another shape (same elements, same order)
+RESHAPE = in_place(lambda node, in_shape: 0)
 
 
 # ---------------------------------------------------------------- transpose / permute

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import placed_at
+from flowgrad.exec_vulkan.lower.generic import in_place
 from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
-from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowerings
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 
 def _gemm(rec, *args):
@@ -53,14 +53,7 @@ def part_offset(node, in_shape) -> int:
     return node.attrs["index"] * math.prod(in_shape[1:])
 
 
-def part_forward(rec, node, ins, out):
-    (x,) = ins
-    off = part_offset(node, x.shape)
-    if not placed_at(out, x, off):   # the memory plan put it elsewhere: copy the block
-        rec.copy(x.view(off, out.shape), out)
-
-
 register_lowerings({"matmul_parts": Lowering(parts_forward, FLOATS),
     "parts_grad_a": Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS),
     "parts_grad_b": Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS),
-    "part": Lowering(part_forward, ALL_DTYPES, view=part_offset)})
+    "part": in_place(part_offset)})
