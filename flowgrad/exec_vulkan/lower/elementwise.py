@@ -11,7 +11,7 @@ import math
 from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
-from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
