@@ -84,9 +84,9 @@ def padded(values, n: int, fill=0) -> list:
 
 
 def axis_words(dims, rank: int, inputs: int, fill: int = 0) -> list[int]:
-    """collapse's axes as a kernel's push words: their sizes (then `fill`), then
-    each of `inputs` inputs' strides along them (0 for an input dims has none of),
-    each list padded to `rank`."""
+    """collapse's axes as a kernel's push words: their sizes, padded to `rank`
+    with `fill`, then each of `inputs` inputs' strides along them, padded with
+    0 (all 0 for an input the dims do not walk)."""
     words = padded([n for n, _, _ in dims], rank, fill)
     for k in range(inputs):
         words += padded([st[k] for _, _, st in dims if k < len(st)], rank)

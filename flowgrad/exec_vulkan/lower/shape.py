@@ -50,18 +50,19 @@ def slice_forward(rec, node, ins, out):
     (x,) = ins
     axis, lo, _hi = rules._slice_bounds(tuple(x.shape), node.attrs)
     xs = strides(x.shape)
-    if not placed_at(out, x, lo * xs[axis]):   # else a contiguous window, placed inside x by the memory plan
+    if not placed_at(out, x, lo * xs[axis]):   # a contiguous window the memory plan placed inside x stays
         strided_copy(rec, x, out, out.shape, xs, strides(out.shape), src_off=lo * xs[axis])
 
 
 def concat_forward(rec, node, ins, out):
     axis = node.attrs["axis"] % len(out.shape)
-    os_, at = strides(out.shape), 0
+    os_ = strides(out.shape)
+    at = 0   # the part's first element
     for x in ins:
         # a part the memory plan laid where it belongs (a concat along the leading axis) stays
         if not (placed_at(x, out, at) and all(n == 1 for n in out.shape[:axis])):
             strided_copy(rec, x, out, tuple(x.shape), strides(x.shape), os_, dst_off=at)
-        at += x.shape[axis] * os_[axis]   # the next part's first element
+        at += x.shape[axis] * os_[axis]
 
 
 # ---------------------------------------------------------------- embedding
