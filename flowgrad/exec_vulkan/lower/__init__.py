@@ -5,13 +5,10 @@ ops' `Lowering`s by name in exec_vulkan/lowering.py. Importing this package
 imports them all, so `lowering_for` sees every built-in lowering. Lowerings
 only call Recorder methods and read node attrs / view shapes, so a dry-run
 Recorder can count their dispatches without a device."""
-from flowgrad.exec_vulkan.lower import attention, elementwise, linalg, loss, norm, reduce, shape  # noqa: F401
-from flowgrad.exec_vulkan.lower import batchnorm, compare, conv, pointwise, pool, random, spatial  # noqa: F401
-from flowgrad.exec_vulkan.lower import index  # noqa: F401
-from flowgrad.exec_vulkan.lower import fused  # noqa: F401, E402
-from flowgrad.exec_vulkan.lower import split_product  # noqa: F401, E402
-from flowgrad.exec_vulkan.lower import scan  # noqa: F401, E402
-from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering  # noqa: E402
+from flowgrad.exec_vulkan.lower import (  # noqa: F401
+    attention, elementwise, linalg, loss, norm, reduce, shape, batchnorm, compare, conv, pointwise, pool, random,
+    spatial, index, fused, split_product, scan)
+from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering
 
 
 def lowering_for(op_name: str) -> Lowering | None:

@@ -6,7 +6,7 @@ import math
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import dispatch_1d, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, dispatch_1d, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides, collapse
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
@@ -30,17 +30,12 @@ def compare_op(code: int) -> Lowering:
         n = math.prod(space)
         if n == 0:
             return
-        dims = collapse(space, frozenset(), [broadcast_strides(tuple(a.shape), space),
-                                             broadcast_strides(tuple(b.shape), space)])
+        dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in (a, b)])
         if len(dims) > MAX_RANK:
             raise DeviceError(f"comparison over {len(dims)} axes after merging; the kernel takes {MAX_RANK}",
                               hint="reshape to fewer axes")
-        pad = [0] * (MAX_RANK - len(dims))
-        shape = [d for d, _, _ in dims] + pad
-        sa = [st[0] for _, _, st in dims] + pad
-        sb = [st[1] for _, _, st in dims] + pad
-        rec.dispatch("compare", [a, b, out], [n, code, len(dims), int(a.dtype == "i32"), *shape, *sa, *sb],
-                     groups_1d(n), variant(a.dtype))
+        push = [n, code, len(dims), int(a.dtype == "i32"), *axis_words(dims, MAX_RANK, 2)]
+        rec.dispatch("compare", [a, b, out], push, groups_1d(n), variant(a.dtype))
 
     # in a fused chain (a step graph's backward: relu's where(y <= 0, 0, g)), one map op
     pointwise = Pointwise(MAP_OPS[code])

@@ -23,7 +23,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
-from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.limits import MAX_GROUPS, align_up
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
@@ -51,10 +51,6 @@ def coop_build(name: str):
     return holding(_COOP, name)
 
 
-def _up(v: int, q: int) -> int:
-    return -(-v // q) * q
-
-
 def conv_tile(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, groups: int = 1) -> kernels.Tile:
     """The tile of a convolution's GEMM (m x n per group, k deep). An f16
     convolution on a device with cooperative matrices gets DEFAULT_COOP
@@ -66,7 +62,7 @@ def conv_tile(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, groups: int 
     gathered operands, spills and ran 9 to 11 times slower at both layers
     measured. A tile forced with matmul_kernels.forced is used if it has a
     conv build."""
-    padded = (_up(m, COOP_FRAGMENT), _up(n, COOP_FRAGMENT), _up(k, kernels.COOP_ALIGN))
+    padded = (align_up(m, COOP_FRAGMENT), align_up(n, COOP_FRAGMENT), align_up(k, kernels.COOP_ALIGN))
     forced = kernels.forced_shader()
     if forced is not None:
         tile = kernels.choose(caps, dtype, *padded, groups, coop_aligned=True).tile   # checks dtype and shape
@@ -122,7 +118,7 @@ def _chunks(caps: DeviceCaps, tile, gemm: ConvGemm) -> tuple[int, int]:
     if chunks == 1:
         return 1, k
     step = max(16, tile.bk)     # chunks start on whole steps of the tile
-    kc = _up(math.ceil(k / chunks), step)
+    kc = align_up(math.ceil(k / chunks), step)
     return math.ceil(k / kc), kc
 
 
@@ -148,40 +144,28 @@ def _run(rec, mode, a, b, bias, dst, image, weight, geo):
         sum_to_shape(rec, out, dst.reshape(out.shape[1:]))
 
 
-def _geometry(node, x_shape, w_shape):
-    return conv.geometry(tuple(x_shape), tuple(w_shape), node.attrs, len(x_shape) - 2)
-
-
 def _as_2d(shape):
     return (shape[0], shape[1], 1, shape[2]) if len(shape) == 3 else tuple(shape)
 
 
-def conv_forward(rec, node, ins, out):
-    x, w, *b = ins
-    geo = _geometry(node, x.shape, w.shape)
-    _run(rec, 0, x, w, b[0] if b else None, out, _as_2d(x.shape), _as_2d(w.shape), geo)
+def _conv(mode: int, transposed: bool = False) -> Lowering:
+    """conv_gemm.glsl's product `mode` into out, of inputs (a, b[, bias]):
+    a convolution's output of (x, w, b), its input gradient of (g, w) (the
+    image shaped as out) or its weight gradient of (g, x) (the weight shaped
+    as out); transposed: conv_transpose2d's (x, w, b), the input gradient of
+    the convolution whose input is shaped as its output."""
+
+    def forward(rec, node, ins, out):
+        a, b, *bias = ins
+        image, weight = {0: (a, b), 1: (out, b), 2: (b, out)}[mode]
+        if transposed:
+            geo = conv.transpose_geometry(tuple(a.shape), tuple(b.shape), node.attrs)
+        else:
+            geo = conv.geometry(tuple(image.shape), tuple(weight.shape), node.attrs, len(image.shape) - 2)
+        _run(rec, mode, a, b, bias[0] if bias else None, out, _as_2d(image.shape), _as_2d(weight.shape), geo)
+
+    return Lowering(forward, FLOATS)
 
 
-def transpose_forward(rec, node, ins, out):
-    x, w, *b = ins
-    geo = conv.transpose_geometry(tuple(x.shape), tuple(w.shape), node.attrs)
-    # the conv whose input gradient this is: input shaped like our output
-    _run(rec, 1, x, w, b[0] if b else None, out, tuple(out.shape), tuple(w.shape), geo)
-
-
-def input_grad_forward(rec, node, ins, out):
-    """conv_input_grad: a convolution's input gradient, into out (x's shape)."""
-    g, w = ins
-    _run(rec, 1, g, w, None, out, _as_2d(out.shape), _as_2d(w.shape), _geometry(node, out.shape, w.shape))
-
-
-def weight_grad_forward(rec, node, ins, out):
-    """conv_weight_grad: a convolution's weight gradient, into out (the weight's shape)."""
-    g, x = ins
-    _run(rec, 2, g, x, None, out, _as_2d(x.shape), _as_2d(out.shape), _geometry(node, x.shape, out.shape))
-
-
-CONV = Lowering(conv_forward, FLOATS)
-register_lowerings({"conv2d": CONV, "conv1d": CONV, "conv_transpose2d": Lowering(transpose_forward, FLOATS),
-    "conv_input_grad": Lowering(input_grad_forward, FLOATS),
-    "conv_weight_grad": Lowering(weight_grad_forward, FLOATS)})
+register_lowerings({**dict.fromkeys(("conv2d", "conv1d"), _conv(0)), "conv_transpose2d": _conv(1, transposed=True),
+                    "conv_input_grad": _conv(1), "conv_weight_grad": _conv(2)})

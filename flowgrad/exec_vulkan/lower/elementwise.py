@@ -11,35 +11,28 @@ import math
 from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
-from flowgrad.exec_vulkan.lower.map_reduce import M, MapOp, map_reduce
+from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           ABS=33, MAXIMUM=35, MINIMUM=36,
           WHERE=39,                       # x0 = cond, x1 = a, x2 = b
-          CLAMP_MIN=42, CLAMP_MAX=44)
-M.declare(SIN=49, COS=50, SOFTSIGN=53)
+          CLAMP_MIN=42, CLAMP_MAX=44, SIN=49, COS=50, SOFTSIGN=53)
 
 
-def _map(op, param=lambda attrs: 0.0, activation=False, adds=False) -> Lowering:
-    """One map op over the output, of the inputs in order. activation: a
+def _map(op, param: str | None = None, activation=False, adds=False) -> Lowering:
+    """One map op over the output, of the inputs in order: `op`, or op(attrs)
+    where it depends on them; param: the attr its scalar is. activation: a
     product's store offers it (Pointwise.activation); adds: it is x0 + x1."""
+    op_of = op if callable(op) else lambda attrs: op
+    param_of = (lambda attrs: float(attrs[param])) if param else lambda attrs: 0.0
 
     def forward(rec, node, ins, out):
-        map_reduce(rec, op(node.attrs), ins, out, param=param(node.attrs))
+        map_reduce(rec, op_of(node.attrs), ins, out, param=param_of(node.attrs))
 
-    return Lowering(forward, FLOATS, pointwise=lambda attrs: Pointwise(op(attrs), param(attrs), adds, activation))
+    return Lowering(forward, FLOATS,
+                    pointwise=lambda attrs: Pointwise(op_of(attrs), param_of(attrs), adds, activation))
 
-
-def _fixed(op: MapOp, activation=False, adds=False) -> Lowering:
-    return _map(lambda attrs: op, activation=activation, adds=adds)
-
-
-# each one map op of its own name; a product's store offers the activations
-ACTIVATIONS = ("tanh", "sigmoid", "relu", "silu")
-register_lowerings({name: _fixed(getattr(M, name.upper()), activation=name in ACTIVATIONS) for name in (
-    "sub", "mul", "div", "neg", "exp", "log", "sqrt", *ACTIVATIONS, "abs", "sin", "cos", "maximum", "minimum",
-    "where", "softsign")})
 
 # ---------------------------------------------------------------- cast
 
@@ -63,9 +56,12 @@ def _cast_forward(rec, node, ins, out):
                     "bf16" if half.dtype == "bf16" else wide.dtype)
 
 
-register_lowerings({"add": _fixed(M.ADD, adds=True),
-    "clamp_min": _map(lambda attrs: M.CLAMP_MIN, param=lambda attrs: float(attrs["min"])),
-    "clamp_max": _map(lambda attrs: M.CLAMP_MAX, param=lambda attrs: float(attrs["max"])),
-    "gelu": _map(lambda attrs: M.GELU_TANH if attrs["approximate"] == "tanh" else M.GELU, activation=True),
-    "pow": _map(lambda attrs: M.POW, param=lambda attrs: float(attrs["exponent"])),
-    "cast": Lowering(_cast_forward, ALL_DTYPES)})
+# each one map op of its own name; a product's store offers the activations
+ACTIVATIONS = ("tanh", "sigmoid", "relu", "silu")
+register_lowerings({name: _map(getattr(M, name.upper()), activation=name in ACTIVATIONS, adds=name == "add")
+                    for name in ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", *ACTIVATIONS, "abs", "sin",
+                                 "cos", "maximum", "minimum", "where", "softsign")}
+                   | {"clamp_min": _map(M.CLAMP_MIN, "min"), "clamp_max": _map(M.CLAMP_MAX, "max"),
+                      "gelu": _map(lambda attrs: M.GELU_TANH if attrs["approximate"] == "tanh" else M.GELU,
+                                   activation=True),
+                      "pow": _map(M.POW, "exponent"), "cast": Lowering(_cast_forward, ALL_DTYPES)})

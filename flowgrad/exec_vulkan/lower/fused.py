@@ -18,12 +18,11 @@ import math
 
 import attrs
 
-from flowgrad.dtypes import FLOAT_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import collapse, strides, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
-from flowgrad.exec_vulkan.lowering import LOWERINGS, Lowering, register_lowering
+from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
 MAX_INSTRS = 32     # its program slots (instruction k writes register 4 + k)
@@ -66,44 +65,39 @@ class _Builder:
                 live.add(j)
                 stack += [v for v in self.instrs[j][1] if v[0] == "ins"]
         kept = sorted(live)
-        sources: list = []
-        for v in [v for j in kept for v in self.instrs[j][1]] + list(outputs):
-            if v[0] == "src" and v[1] not in sources:
-                sources.append(v[1])
+        read = [v for j in kept for v in self.instrs[j][1]] + list(outputs)
+        sources = list(dict.fromkeys(v[1] for v in read if v[0] == "src"))
         params = list(dict.fromkeys(self.instrs[j][2] for j in kept))
         if len(sources) > MAX_INPUTS or len(kept) > MAX_INSTRS or len(params) > MAX_PARAMS:
             raise TooLarge(f"a fused chain needs {len(sources)} inputs, {len(kept)} instructions and "
                            f"{len(params)} scalars; fused_map takes {MAX_INPUTS}, {MAX_INSTRS} and {MAX_PARAMS}")
         reg = {("src", s): k for k, s in enumerate(sources)}
         reg.update({("ins", j): MAX_INPUTS + k for k, j in enumerate(kept)})
-        instrs = tuple((self.instrs[j][0], tuple(reg[v] for v in self.instrs[j][1]) + (0,) * (3 - len(self.instrs[j][1])),
-                        params.index(self.instrs[j][2])) for j in kept)
+        instrs = tuple((op, tuple(reg[v] for v in operands) + (0,) * (3 - len(operands)), params.index(p))
+                       for op, operands, p in (self.instrs[j] for j in kept))
         return Program(tuple(sources), instrs, tuple(params), tuple(reg[v] for v in outputs))
 
 
 def pointwise_of(op_name: str, attrs):
-    return LOWERINGS[op_name].pointwise(attrs)
+    """The op's Pointwise record, or None where it is no map op."""
+    low = LOWERINGS.get(op_name)
+    return low.pointwise(attrs) if low and low.pointwise else None
 
 
 M.declare(PARAM=60)   # the instruction's scalar: a constant the chain reads (fused_map.comp)
 
 
-def _chain(b: _Builder, steps, n_in: int, consts=()):
-    """consts: (input k, value) for the scalar constants among the inputs,
-    loaded as the program's scalars rather than read from their buffers."""
+def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
+    """The chain's value; pre: first the value its last step reads (an activation's input).
+    consts: (input k, value) for the scalar constants among the inputs, loaded
+    as the program's scalars rather than read from their buffers."""
+    b = _Builder()
     values = [("src", ("x", k)) for k in range(n_in)]
     for k, value in consts:
         values[k] = b.emit(M.PARAM, [], value)
     for op_name, refs, at in steps:
         pw = pointwise_of(op_name, at)
         values.append(b.emit(pw.op, [values[r] for r in refs], pw.param))
-    return values
-
-
-def forward_program(steps, n_in: int, pre: bool = False, consts=()) -> Program:
-    """The chain's value; pre: first the value its last step reads (an activation's input)."""
-    b = _Builder()
-    values = _chain(b, steps, n_in, consts)
     return b.finish(values[-2:] if pre else values[-1:])
 
 
@@ -113,30 +107,18 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     if n == 0:
         return
     ins = [sources[s] for s in prog.inputs]
-    dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in ins] + [strides(space)])
+    dims = collapse(space, frozenset(), [broadcast_strides(tuple(v.shape), space) for v in ins])
     if len(dims) > MAX_RANK:
         raise TooLarge(f"a fused chain over {list(space)} with these broadcasts needs {len(dims)} axes; "
                        f"fused_map takes {MAX_RANK}")
-    shape = [d for d, _, _ in dims] + [1] * (MAX_RANK - len(dims))
-    st = []
-    for k in range(MAX_INPUTS):
-        walk = [s[k] for _, _, s in dims] if k < len(ins) else []
-        st += walk + [0] * (MAX_RANK - len(walk))
-    prog_words = [op | a << 7 | b << 13 | c << 19 | p << 25 for op, (a, b, c), p in prog.instrs]
-    prog_words += [0] * (MAX_INSTRS - len(prog_words))
-    params = list(prog.params) + [0.0] * (MAX_PARAMS - len(prog.params))
-    o = list(prog.outputs) + [0] * (MAX_OUTPUTS - len(prog.outputs))
+    prog_words = padded([op | a << 7 | b << 13 | c << 19 | p << 25 for op, (a, b, c), p in prog.instrs], MAX_INSTRS)
+    o = padded(prog.outputs, MAX_OUTPUTS)
     meta = len(dims) | len(ins) << 2 | len(prog.instrs) << 5 | len(outs) << 11 | o[0] << 13 | o[1] << 19
     dtype = outs[0].dtype
     bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
-    rec.dispatch("fused_map", bufs, [n, *shape, *st, *params], groups_1d(n), variant(dtype),
-                 spec=(meta, *prog_words))
-
-
-def fused_forward(rec, node, ins, out):
-    prog = forward_program(node.attrs["steps"], len(ins), consts=node.attrs.get("consts", ()))
-    run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
+    push = [n, *axis_words(dims, MAX_RANK, MAX_INPUTS, fill=1), *padded(prog.params, MAX_PARAMS, 0.0)]
+    rec.dispatch("fused_map", bufs, push, groups_1d(n), variant(dtype), spec=(meta, *prog_words))
 
 
 # ---------------------------------------------------------------- a product and the ops after it
@@ -158,26 +140,19 @@ class EpilogueForm:
     act: tuple | None = None   # the activation step, last in the chain
 
 
-def _activation(step, prev: int) -> bool:
-    """`step` is an activation of the value `prev`."""
-    op_name, refs, at = step
-    low = LOWERINGS.get(op_name)
-    return bool(low and low.pointwise and low.pointwise(at).activation and tuple(refs) == (prev,))
-
-
 def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
     """The chain as a product, its adds and its activation, or None when it is not one."""
     first = LOWERINGS.get(steps[0][0]) if steps else None
     if first is None or not first.epilogue or not 2 <= len(steps) <= 4:
         return None
     n_in = len(in_shapes)
-    act = steps[-1] if _activation(steps[-1], n_in + len(steps) - 2) else None
+    last = pointwise_of(steps[-1][0], steps[-1][2])   # an activation of the value before it?
+    act = steps[-1] if last and last.activation and tuple(steps[-1][1]) == (n_in + len(steps) - 2,) else None
     adds = steps[1:len(steps) - (act is not None)]
     product = tuple(steps[0][1])
     roles: dict[str, int] = {}
     for j, (op_name, refs, at) in enumerate(adds, start=1):
-        low = LOWERINGS.get(op_name)
-        pw = low.pointwise(at) if low and low.pointwise else None
+        pw = pointwise_of(op_name, at)
         others = [r for r in refs if r != n_in + j - 1]
         if pw is None or not pw.adds or len(refs) != 2 or len(others) != 1 or others[0] >= n_in:
             return None
@@ -188,11 +163,6 @@ def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
         roles[role] = others[0]
     return EpilogueForm(product, roles.get("residual"), roles.get("bias"),
                         list(roles) == ["bias", "residual"], act)
-
-
-def _product_node(node):
-    op_name, refs, at = node.attrs["steps"][0]
-    return attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
 
 
 def _sum_parts(steps, ins, form, pre):
@@ -233,7 +203,9 @@ def _epilogue_forward(rec, node, ins, out, form):
                    None if form.bias is None else ins[form.bias], form.bias_first,
                    sum_parts=_sum_parts(steps[:-1] if apart else steps, ins, stored, None if apart else pre),
                    act=act, pre=None if apart else pre)
-    LOWERINGS.get(steps[0][0]).forward(rec, _product_node(node), [ins[r] for r in form.product], dst, epilogue=epi)
+    op_name, refs, at = steps[0]
+    product = attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
+    LOWERINGS[op_name].forward(rec, product, [ins[r] for r in refs], dst, epilogue=epi)
     if not epi.applied and len(steps) > 1:   # the product is in dst: the rest in place, in one pass
         srcs = list(ins) + [dst]
         prog = forward_program(steps[1:], len(srcs), pre=pre is not None)
@@ -254,7 +226,8 @@ def forward(rec, node, ins, out):
     if form is not None:
         _epilogue_forward(rec, node, ins, out, form)
     else:
-        fused_forward(rec, node, ins, out)
+        prog = forward_program(node.attrs["steps"], len(ins), consts=node.attrs.get("consts", ()))
+        run_program(rec, prog, {("x", k): v for k, v in enumerate(ins)}, [out], tuple(out.shape))
 
 
-FUSED = register_lowering("fused", Lowering(forward, frozenset(FLOAT_DTYPES)))
+register_lowering("fused", Lowering(forward, FLOATS))

@@ -1,11 +1,8 @@
-"""Helpers shared by the lowerings: variants, strides, group counts,
-and the generic kernels other lowerings build on:
-
-    strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off, dst_off)
-
-Views are contiguous row-major tensors; sub-windows are addressed with
-element offsets in push constants (a descriptor offset has alignment rules a
-window inside a tensor rarely meets)."""
+"""Helpers shared by the lowerings: variants, strides, group counts, and
+the strided copy other lowerings build on. Views are contiguous row-major
+tensors; sub-windows are addressed with element offsets in push constants
+(a descriptor offset has alignment rules a window inside a tensor rarely
+meets)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +12,7 @@ import math
 from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
+from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering
 
 COPY_RANK = 8       # strided_copy.comp MAXR
 
@@ -67,8 +65,32 @@ def placed_at(inner, outer, elem_offset: int = 0) -> bool:
     return inner.buffer is outer.buffer and inner.offset == outer.offset + elem_offset * ITEMSIZE[outer.dtype]
 
 
-def _padded(values, n):
-    return list(values) + [0] * (n - len(values))
+def in_place(offset) -> Lowering:
+    """The lowering of an op whose output is input 0's elements as they lie,
+    from element offset(node, in_shape) on (Lowering.view): the memory plan
+    places it there, so it copies only when it lies elsewhere."""
+
+    def forward(rec, node, ins, out):
+        src = ins[0].view(offset(node, tuple(ins[0].shape)), out.shape)
+        if not placed_at(out, src):
+            rec.copy(src, out)
+
+    return Lowering(forward, ALL_DTYPES, view=offset)
+
+
+def padded(values, n: int, fill=0) -> list:
+    """values, then `fill` up to n of them (a push block's fixed-size array)."""
+    return list(values) + [fill] * (n - len(values))
+
+
+def axis_words(dims, rank: int, inputs: int, fill: int = 0) -> list[int]:
+    """collapse's axes as a kernel's push words: their sizes, padded to `rank`
+    with `fill`, then each of `inputs` inputs' strides along them, padded with
+    0 (all 0 for an input the dims do not walk)."""
+    words = padded([n for n, _, _ in dims], rank, fill)
+    for k in range(inputs):
+        words += padded([st[k] for _, _, st in dims if k < len(st)], rank)
+    return words
 
 
 def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 0, dst_off: int = 0) -> None:
@@ -83,7 +105,7 @@ def strided_copy(rec, src, dst, shape, src_strides, dst_strides, src_off: int = 
         return
     if len(dims) > COPY_RANK:
         raise DeviceError(f"strided copy of rank {len(dims)} after merging dims (max {COPY_RANK})")
-    push = [n, len(dims), src_off, dst_off] + _padded(dims, COPY_RANK) + _padded(ss, COPY_RANK) + _padded(ds, COPY_RANK)
+    push = [n, len(dims), src_off, dst_off] + padded(dims, COPY_RANK) + padded(ss, COPY_RANK) + padded(ds, COPY_RANK)
     dispatch_1d(rec, "strided_copy", [src, dst], push, n, src.dtype)
 
 

@@ -50,15 +50,12 @@ def scatter_add_forward(rec, node, ins, out):
     x, index, src = ins
     axis, reach, m, inner = _along(node, tuple(x.shape), tuple(index.shape))
     part = _cut(rec, src, index.shape)
-    total, n = math.prod(reach), x.shape[axis]
-    if reach == tuple(x.shape):
-        _dispatch(rec, node, SCATTER_ADD, 1, index, x, part, out, n, m, inner, total)
-        return
-    # the index reaches a corner of x: add into that corner, then place it in a copy of x
-    corner = rec.scratch(reach, x.dtype)
-    _dispatch(rec, node, SCATTER_ADD, 1, index, _cut(rec, x, reach), part, corner, n, m, inner, total)
-    rec.copy(x, out)
-    strided_copy(rec, corner, out, reach, strides(reach), strides(x.shape))
+    corner = out if reach == tuple(x.shape) else rec.scratch(reach, x.dtype)
+    _dispatch(rec, node, SCATTER_ADD, 1, index, _cut(rec, x, reach), part, corner, x.shape[axis], m, inner,
+              math.prod(reach))
+    if corner is not out:   # the index reaches a corner of x: added into that corner, placed in a copy of x
+        rec.copy(x, out)
+        strided_copy(rec, corner, out, reach, strides(reach), strides(x.shape))
 
 
 def one_hot_forward(rec, node, ins, out):

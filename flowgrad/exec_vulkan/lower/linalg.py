@@ -5,12 +5,12 @@ same kernels with swapped strides.
 
 Batch dims are described per GEMM as (size, stride in A, stride in B, stride
 in C, summed?): a broadcast operand has stride 0, and a dim the result does
-not have (the backward of a broadcast operand) is summed inside the kernel.
+not have (a split product's da over its blocks) is summed inside the kernel.
 Where the strides allow, a batch dim folds into the GEMM itself: the common
 [batch.., M, K] @ [K, N] runs forward and da as one GEMM over the flattened
 rows, and db = a^T @ g as one GEMM whose inner dim runs over all rows.
 Broadcast patterns the kernel's one-stride batch cannot address are expanded
-into contiguous scratch first (rare: e.g. [2,1,M,K] @ [1,3,K,N] backward)."""
+into contiguous scratch first (rare: e.g. [2,1,M,K] @ [1,3,K,N])."""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
-from flowgrad.exec_vulkan.lower.map_reduce import sum_to_shape
+from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, sum_to_shape
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 
@@ -45,10 +45,7 @@ def _batch(a, b):
 def _batch_strides(shape2, full):
     """Strides of a contiguous [batch.., r, c] tensor over the full batch dims
     (0 where it is broadcast)."""
-    own = shape2[:-2]
-    own = (1,) * (len(full) - len(own)) + own
-    st = strides(own + shape2[-2:])[:-2]
-    return tuple(0 if n == 1 else s for n, s in zip(own, st))
+    return tuple(broadcast_strides(tuple(shape2), tuple(full) + tuple(shape2[-2:]))[:-2])
 
 
 @attrs.define
@@ -93,10 +90,9 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     is summed, C's stride there is ignored). Returns False when the batch
     dims do not reduce to one kept and one summed stride (caller expands).
     epilogue: an Epilogue the store may apply (see there)."""
-    kept = [(s, za, zb, zc) for s, za, zb, zc, r in zip(full, a.batch, b.batch, c.batch, summed) if not r]
-    red = [(s, za, zb) for s, za, zb, r in zip(full, a.batch, b.batch, summed) if r]
-    kd, kza, kzb, kzc = coalesce([d[0] for d in kept], *([d[i] for d in kept] for i in (1, 2, 3)))
-    rd, rza, rzb = coalesce([d[0] for d in red], *([d[i] for d in red] for i in (1, 2)))
+    cols = (full, a.batch, b.batch, c.batch)   # the kept dims and the summed ones, merged where they can
+    kd, kza, kzb, kzc = coalesce(*([d for d, r in zip(col, summed) if not r] for col in cols))
+    rd, rza, rzb = coalesce(*([d for d, r in zip(col, summed) if r] for col in cols[:3]))
     # fold the innermost kept dim into M when B is shared and A, C step by whole row blocks
     if kd and kzb[-1] == 0 and kza[-1] == m * a.rs and kzc[-1] == m * c.rs:
         m *= kd.pop()
@@ -167,14 +163,9 @@ class _Gemm:
     def coop_aligned(self, q: int) -> bool:
         """Each operand is read along a unit-stride dim whose rows, like every batch
         stride, start at multiples of q elements (q-element vectors stay in one row)."""
-        a, b, c = self.a, self.b, self.c
-        a_ok = a.rs % q == 0 if a.cs == 1 else (a.rs == 1 and a.cs % q == 0)
-        b_ok = b.rs % q == 0 if b.cs == 1 else (b.rs == 1 and b.cs % q == 0)
-        return (a_ok and b_ok and c.cs == 1 and c.rs % q == 0
-                and all(x % q == 0 for x in (self.za, self.zb, self.zc, self.ra, self.rb)))
-
-    def _mode(self, unit_fast: bool, other: int, batch: tuple, size: int, q: int = 4) -> int:
-        return int(unit_fast and other % q == 0 and size % q == 0 and all(x % q == 0 for x in batch))
+        c, batch = self.c, (self.za, self.zb, self.zc, self.ra, self.rb)
+        return (all(x.rs % q == 0 if x.cs == 1 else (x.rs == 1 and x.cs % q == 0) for x in (self.a, self.b))
+                and c.cs == 1 and c.rs % q == 0 and all(z % q == 0 for z in batch))
 
     def unit_strided(self) -> bool:
         """Each operand has a unit-stride dim (matmul_cm2 reads A along k or m, B along n or k, writes C's rows)."""
@@ -185,22 +176,23 @@ class _Gemm:
         return tile.shader_for(self.a.cs != 1, self.b.cs != 1)
 
     def push(self, tile=None) -> tuple:
-        c = self.c
+        a, b, c = self.a, self.b, self.c
         if tile is not None and tile.cm2:   # amode: every stride a multiple of 8 (16-byte rows: vector loads)
-            return self._push(int(self.coop_aligned(8)), 0, 0)
-        cvec = int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0))
-        return self._push(*self._modes(), cvec)
+            modes = (int(self.coop_aligned(8)), 0, 0)
+        else:   # amode, bmode, then cvec
+            modes = (*self._modes(), int(c.rs % 4 == 0 and (self.nz == 1 or self.zc % 4 == 0)))
+        return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
+                self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, *modes)
 
     def _modes(self) -> tuple[int, int]:
-        """(amode, bmode): 1 where an operand's tiles load as 16-byte vectors."""
-        a, b = self.a, self.b
-        batch_a, batch_b = (self.za, self.ra, self.pza), (self.zb, self.rb, self.pzb)
-        # the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1, else along k
-        amode = (self._mode(True, a.rs, batch_a, self.k) if a.cs == 1
-                 else self._mode(a.rs == 1, a.cs, batch_a, self.m))
-        bmode = (self._mode(True, b.rs, batch_b, self.n) if b.cs == 1
-                 else self._mode(b.rs == 1, b.cs, batch_b, self.k))
-        return amode, bmode
+        """(amode, bmode): 1 where an operand's tiles load as 16-byte vectors: read along a unit
+        stride (the shader reads A along k when a.cs == 1, else along m; B along n when b.cs == 1,
+        else along k) whose size, row stride and batch strides are multiples of 4."""
+        def vectors(x, along_cols, along_rows, batch):
+            unit, other, size = (True, x.rs, along_cols) if x.cs == 1 else (x.rs == 1, x.cs, along_rows)
+            return int(unit and other % 4 == 0 and size % 4 == 0 and all(z % 4 == 0 for z in batch))
+        return (vectors(self.a, self.k, self.m, (self.za, self.ra, self.pza)),
+                vectors(self.b, self.n, self.k, (self.zb, self.rb, self.pzb)))
 
     def spec(self, tile, epi) -> tuple:
         """The tiled kernel's specialization constants: the store's activation
@@ -211,11 +203,6 @@ class _Gemm:
             return (act,) if act else ()
         amode, bmode = self._modes()
         return act, 16 | amode | 2 * bmode | 4 * (self.a.cs == 1) | 8 * (self.b.cs == 1)
-
-    def _push(self, amode: int, bmode: int, cvec: int) -> tuple:
-        a, b, c = self.a, self.b, self.c
-        return (self.m, self.n, self.k, a.rs, a.cs, b.rs, b.cs, c.rs, self.nz, self.za, self.zb, self.zc,
-                self.nr, self.ra, self.rb, 0, 0, 0, self.klimit, amode, bmode, cvec)
 
 
 def _variant(choice, dtype):
@@ -278,60 +265,33 @@ def _expanded(rec, view, shape2, full):
     return out
 
 
-def _product(rec, lhs, rhs, dst, dst_shape2, full, t_lhs: bool, t_rhs: bool, epilogue=None):
-    """dst (shaped dst_shape2, batch dims broadcastable to `full`) =
-    sum over dst's broadcast dims of op(lhs) @ op(rhs), where lhs/rhs are
-    (view, promoted shape) and op transposes when asked."""
-    (lv, ls), (rv, rs) = lhs, rhs
-    m = ls[-1] if t_lhs else ls[-2]
-    k = ls[-2] if t_lhs else ls[-1]
-    n = rs[-2] if t_rhs else rs[-1]
+def matmul_forward(rec, node, ins, out, epilogue=None):
+    """matmul's, and matmul_t's: a product whose operands are read transposed
+    where `ta` / `tb` say (the planner's fold of a transpose into the
+    product: fusion.py). epilogue: an Epilogue the GEMM's store may apply
+    (the planner's fused matmul-and-adds, lower/fused.py; its `applied`
+    says whether it did)."""
+    (a, b), ta, tb = ins, node.attrs.get("ta", False), node.attrs.get("tb", False)
+    a2 = tuple(a.shape) if len(a.shape) > 1 else (1,) + tuple(a.shape)   # numpy's promotion: 1-D a is [1, K],
+    b2 = tuple(b.shape) if len(b.shape) > 1 else tuple(b.shape) + (1,)   # 1-D b [K, 1]
+    full = _batch(a2[:-2], b2[:-2])
+    m, k = (a2[-1], a2[-2]) if ta else (a2[-2], a2[-1])
+    n = b2[-2] if tb else b2[-1]
 
     def operand(view, shape2, trans):
         width = shape2[-1]  # the row stride of the contiguous [.., r, c] view
         return Operand(view, 1 if trans else width, width if trans else 1, _batch_strides(shape2, full))
 
-    own = (1,) * (len(full) - len(dst_shape2[:-2])) + tuple(dst_shape2[:-2])
-    summed = tuple(o == 1 and f != 1 for o, f in zip(own, full))
-    c = Operand(dst, dst_shape2[-1], 1, _batch_strides(dst_shape2, full))
-    if gemm(rec, operand(lv, ls, t_lhs), operand(rv, rs, t_rhs), c, m, n, k, full, summed, epilogue):
-        return
-    # general broadcasting: materialise both operands over the full batch,
-    # compute every batch's product, then sum down to dst's shape
-    lfull = _expanded(rec, lv, ls, full)
-    rfull = _expanded(rec, rv, rs, full)
-    ls_, rs_ = tuple(full) + tuple(ls[-2:]), tuple(full) + tuple(rs[-2:])
-    target = tuple(full) + tuple(dst_shape2[-2:])
-    tmp = dst if tuple(dst_shape2) == target else rec.scratch(target, dst.dtype)
+    c = Operand(out, n, 1, _batch_strides(full + (m, n), full))
     no_sum = (False,) * len(full)
-    c = Operand(tmp, target[-1], 1, _batch_strides(target, full))
-    if not gemm(rec, operand(lfull, ls_, t_lhs), operand(rfull, rs_, t_rhs), c, m, n, k, full, no_sum):
+    if gemm(rec, operand(a, a2, ta), operand(b, b2, tb), c, m, n, k, full, no_sum, epilogue):
+        return
+    # batch dims that one stride cannot address: both operands materialised over the full batch first
+    afull, bfull = _expanded(rec, a, a2, full), _expanded(rec, b, b2, full)
+    if not gemm(rec, operand(afull, full + a2[-2:], ta), operand(bfull, full + b2[-2:], tb), c, m, n, k, full, no_sum):
         raise DeviceError(f"internal error: matmul batch {list(full)} did not reduce to one dim once expanded")
-    if tmp is not dst:
-        sum_to_shape(rec, tmp, dst.reshape(dst_shape2))
-
-
-def matmul_forward(rec, node, ins, out, epilogue=None):
-    """epilogue: an Epilogue the GEMM's store may apply (the planner's fused
-    matmul-and-adds, lower/fused.py; its `applied` says whether it did)."""
-    a, b = ins
-    a2 = tuple(a.shape) if len(a.shape) > 1 else (1,) + tuple(a.shape)   # numpy's promotion: 1-D a is [1, K],
-    b2 = tuple(b.shape) if len(b.shape) > 1 else tuple(b.shape) + (1,)   # 1-D b [K, 1]
-    full = _batch(a2[:-2], b2[:-2])
-    out2 = tuple(full) + (a2[-2], b2[-1])
-    _product(rec, (a, a2), (b, b2), out, out2, full, False, False, epilogue)
-
-
-def matmul_t_forward(rec, node, ins, out, epilogue=None):
-    """A product whose operands are read transposed where `ta` / `tb` say
-    (the planner's fold of a transpose into the product: fusion.py)."""
-    (a, b), ta, tb = ins, node.attrs["ta"], node.attrs["tb"]
-    a2, b2 = tuple(a.shape), tuple(b.shape)
-    full = _batch(a2[:-2], b2[:-2])
-    out2 = tuple(full) + (a2[-1] if ta else a2[-2], b2[-2] if tb else b2[-1])
-    _product(rec, (a, a2), (b, b2), out, out2, full, ta, tb, epilogue)
 
 
 MATMUL = Lowering(matmul_forward, FLOATS, blocked="matmul_parts", epilogue=True)
 
-register_lowerings({"matmul": MATMUL, "matmul_t": Lowering(matmul_t_forward, FLOATS, epilogue=True)})
+register_lowerings({"matmul": MATMUL, "matmul_t": Lowering(matmul_forward, FLOATS, epilogue=True)})

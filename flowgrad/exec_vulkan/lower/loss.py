@@ -6,15 +6,8 @@ import math
 
 from flowgrad.dtypes import HALF_DTYPES, ITEMSIZE
 from flowgrad.exec_vulkan.lower.generic import strided_copy, strides, variant
-from flowgrad.exec_vulkan.lower.map_reduce import WG, M, map_reduce, segment_groups, segment_lanes
+from flowgrad.exec_vulkan.lower.map_reduce import WG, M, mean_of, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, register_lowerings
-
-
-def _mse_forward(rec, node, ins, out):
-    pred, target = ins
-    n = math.prod(pred.shape)
-    map_reduce(rec, M.SQDIFF, [pred, target], out, space=pred.shape, reduce_axes=range(len(pred.shape)),
-               scale=1.0 / n if n else math.nan)
 
 
 # xent.comp modes
@@ -63,13 +56,10 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
         """One xent.comp pass over n rows of c classes of logits in dtype t; a binding left None is one the
         mode does not read (a stand-in is bound there). wide: f16 logits (and dx) beside an f32 loss, g
         and weight (the loss's casts folded in, exec_vulkan/fusion.py's fold_loss_casts)."""
-        attrs = node.attrs
-        if mode in (MEAN, DENOMINATOR):
-            lanes, groups = WG, 1
-        else:
-            lanes = segment_lanes(c, n)
-            groups = segment_groups(n, lanes)
-        push = [n, c, lanes, mode, int(attrs["ignore_index"]), float(attrs.get("label_smoothing", 0.0)),
+        whole = mode in (MEAN, DENOMINATOR)   # one workgroup over every row
+        lanes = WG if whole else segment_lanes(c, n)
+        groups = 1 if whole else segment_groups(n, lanes)
+        push = [n, c, lanes, mode, int(node.attrs["ignore_index"]), float(node.attrs.get("label_smoothing", 0.0)),
                 int(weight is not None), int(log_probs), int(wide),
                 int(mode in (ROW_LOSS, GRAD) and _vectors(c, logits, o))]
         lt = "f32" if wide else t   # the loss's dtype
@@ -129,5 +119,5 @@ def _xent_lowering(name: str) -> dict[str, Lowering]:
             name + "_grad": Lowering(grad_forward, ALL_DTYPES, checks_indices=True)}
 
 
-register_lowerings({"mse_loss": Lowering(_mse_forward, FLOATS)} | _xent_lowering("cross_entropy")
-                   | _xent_lowering("nll_loss"))
+register_lowerings({"mse_loss": Lowering(lambda rec, node, ins, out: mean_of(rec, M.SQDIFF, ins, out), FLOATS)}
+                   | _xent_lowering("cross_entropy") | _xent_lowering("nll_loss"))

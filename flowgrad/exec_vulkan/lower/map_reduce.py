@@ -15,7 +15,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import collapse, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, variant
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
@@ -133,8 +133,10 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
                         f"{MAX_RANK}", hint="reshape the tensor to fewer axes")
     n_out = math.prod(n for n, red, _ in dims if not red)
     total = math.prod(n for n, _, _ in dims)
-    if n_out == 0 or (total == 0 and reduce != "sum"):
-        return _empty(out, n_out, reduce)
+    if n_out and total == 0 and reduce != "sum":
+        raise DeviceError(f"{reduce} over an empty axis has no value (output shape {list(out.shape)})")
+    if n_out == 0:
+        return
     R = total // n_out
     # innermost axis kept: neighbouring outputs are neighbours in memory, so
     # interleave the lanes (coalesced column sums, e.g. a bias gradient)
@@ -142,12 +144,24 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     lanes = segment_lanes(R, n_out, interleaved)
     chunks = reduce_chunks(R, n_out, lanes)
     if chunks == 1:
-        _dispatch(rec, op, ins, out, dims, n_out, R, lanes, 1, interleaved, scale, param, reduce)
-        return
-    # the pieces, which the last chunk of each output to finish reduces into out
-    pieces = rec.scratch((chunks, n_out), out.dtype)
-    _dispatch(rec, op, ins, pieces, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce,
-              finish=(rec.counters(n_out), out))
+        counts, z = rec.stand_in("i32"), rec.stand_in(out.dtype)
+    else:   # out takes the pieces, which the last chunk of each output to finish reduces into z
+        pieces = rec.scratch((chunks, n_out), out.dtype)
+        counts, z, out = rec.counters(n_out), out, pieces
+    redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
+    code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
+            | len(ins) << 22)
+    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param), *axis_words(dims, MAX_RANK, 3)]
+    bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
+    rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
+                 variant=variant(out.dtype))
+
+
+def mean_of(rec, op: MapOp, ins, out) -> None:
+    """out = the mean of op(ins...) over all of ins[0]'s elements (NaN over none), as the losses take it."""
+    space = tuple(ins[0].shape)
+    n = math.prod(space)
+    map_reduce(rec, op, ins, out, space=space, reduce_axes=range(len(space)), scale=1.0 / n if n else math.nan)
 
 
 def sum_to_shape(rec, src, dst) -> None:
@@ -155,26 +169,3 @@ def sum_to_shape(rec, src, dst) -> None:
     space = tuple(src.shape)
     pad = (1,) * (len(space) - len(dst.shape)) + tuple(dst.shape)
     map_reduce(rec, M.COPY, [src], dst, space=space, reduce_axes=[d for d, n in enumerate(space) if pad[d] == 1 != n])
-
-
-def _dispatch(rec, op, ins, out, dims, n_out, R, lanes, chunks, interleaved, scale, param, reduce, finish=None):
-    """finish: (counters, z) for a reduction in chunks, which the last chunk
-    of each output finishes into z (out then takes the pieces)."""
-    pad = [0] * (MAX_RANK - len(dims))
-    strides = [[st[k] for _, _, st in dims] + pad for k in range(len(ins))]
-    strides += [[0] * MAX_RANK] * (3 - len(ins))
-    redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
-    code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
-            | len(ins) << 22)
-    push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param),
-            *([n for n, _, _ in dims] + pad), *strides[0], *strides[1], *strides[2]]
-    counts, z = finish if finish is not None else (rec.stand_in("i32"), rec.stand_in(out.dtype))
-    bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
-    rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
-                 variant=variant(out.dtype))
-
-
-def _empty(out, n_out, reduce):
-    """Nothing to compute (an empty output), or a max or min over nothing."""
-    if n_out:
-        raise DeviceError(f"{reduce} over an empty axis has no value (output shape {list(out.shape)})")

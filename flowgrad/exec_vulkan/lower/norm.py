@@ -17,9 +17,6 @@ from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import BUSY_THREADS, WG, pow2, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
-# norm.comp modes: forward, backward dx, backward weight/bias, sum of the pieces
-MODES = {"layernorm": (0, 2, 4, 6), "rmsnorm": (1, 3, 5, 7)}
-ONE_PASS = {"layernorm": 8, "rmsnorm": 9}
 MAXC = 8            # norm.comp: columns per lane in the one-pass backward
 MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in registers
 ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
@@ -60,8 +57,9 @@ def _rows(x, w):
     return math.prod(x.shape) // d if d else 0, d
 
 
-def _norm(kind: str):
-    fwd, bwd_dx, bwd_w, bwd_sum = MODES[kind]
+def _norm(kind: str, modes: tuple):
+    """norm.comp's `modes`: forward, backward dx, backward weight/bias, sum of the pieces, one-pass backward."""
+    fwd, bwd_dx, bwd_w, bwd_sum, one_pass = modes
     rms = kind == "rmsnorm"
 
     def forward(rec, node, ins, out):
@@ -97,7 +95,7 @@ def _norm(kind: str):
             # would be a transfer that the dispatch waits for, and with it any read-back in flight
             counters = rec.counters(1 + clusters)
             part = rec.scratch((groups + clusters, d, 2), "f32")
-            _dispatch(rec, ONE_PASS[kind], n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
+            _dispatch(rec, one_pass, n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
                       chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")
@@ -106,13 +104,12 @@ def _norm(kind: str):
         lanes = segment_lanes(n, d, interleaved=True)
         chunks = reduce_chunks(n, d, lanes)
         part = rec.scratch((chunks, d, 2), "f32") if chunks > 1 else rec.stand_in("f32")
-        _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps,
-                  [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
-        if chunks > 1:
-            _dispatch(rec, bwd_sum, d, 1, n, d, eps,
-                      [x, w, b, g, rec.stand_in(t), dw, db, stats, part], chunks=chunks)
+        bufs = [x, w, b, g, rec.stand_in(t), dw, db, stats, part]
+        _dispatch(rec, bwd_w, chunks * d, lanes, n, d, eps, bufs, chunks=chunks)
+        if chunks > 1:   # the pieces' sum
+            _dispatch(rec, bwd_sum, d, 1, n, d, eps, bufs, chunks=chunks)
 
     return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-register_lowerings(_norm("layernorm") | _norm("rmsnorm"))
+register_lowerings(_norm("layernorm", (0, 2, 4, 6, 8)) | _norm("rmsnorm", (1, 3, 5, 7, 9)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.lower.generic import dispatch_1d
-from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
+from flowgrad.exec_vulkan.lower.map_reduce import M, mean_of
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, Pointwise, register_lowerings
 
 
@@ -29,11 +29,9 @@ def loss(code: int, param=lambda attrs: 0.0) -> Lowering:
 
     def forward(rec, node, ins, out):
         a, b = ins
-        n = math.prod(a.shape)
         per = rec.scratch(tuple(a.shape), out.dtype)
         _map(rec, code, a, b, per, param(node.attrs))
-        map_reduce(rec, M.COPY, [per], out, space=tuple(a.shape), reduce_axes=range(len(a.shape)),
-                   scale=1.0 / n if n else math.nan)
+        mean_of(rec, M.COPY, [per], out)
 
     return Lowering(forward, FLOATS)
 

@@ -12,15 +12,6 @@ from flowgrad.ops.pool import window
 ADAPTIVE = (4, 5)   # pool.comp's modes of adaptive_avgpool2d and its gradient
 
 
-def _geometry(node, x_shape, adaptive: bool):
-    """(kernel, stride, pad, include_pad) as pool.comp reads them."""
-    attrs = node.attrs
-    if adaptive:  # the bins come from the sizes alone
-        return (1, 1), (1, 1), (0, 0), 0
-    win = window(tuple(x_shape), attrs)
-    return win["kernel"], win["stride"], win["pad"], int(attrs.get("count_include_pad", True))
-
-
 def _pool(mode: int, backward: bool = False) -> Lowering:
     """pool.comp's `mode` into out: a pooling of x (maxpool2d_pick's of x and
     t), or backward a pooling's gradient from g (and for maxpool2d_grad x;
@@ -32,8 +23,11 @@ def _pool(mode: int, backward: bool = False) -> Lowering:
             x, g = g, x
         x_shape, out_shape = (out.shape, g.shape) if backward else (x.shape, out.shape)
         items = math.prod(out.shape)
-        (kh, kw), (sh, sw), (ph, pw), inc = _geometry(node, x_shape, mode in ADAPTIVE)
-        push = [items, x_shape[2], x_shape[3], out_shape[2], out_shape[3], kh, kw, sh, sw, ph, pw, mode, inc]
+        if mode in ADAPTIVE:   # the bins come from the sizes alone
+            win, inc = {"kernel": (1, 1), "stride": (1, 1), "pad": (0, 0)}, 0
+        else:
+            win, inc = window(tuple(x_shape), node.attrs), int(node.attrs.get("count_include_pad", True))
+        push = [items, *x_shape[2:], *out_shape[2:], *win["kernel"], *win["stride"], *win["pad"], mode, inc]
         dispatch_1d(rec, "pool", [x, g, out], push, items, out.dtype)
 
     return Lowering(forward, FLOATS)

@@ -56,9 +56,6 @@ register_lowerings({"sum": _reducer("sum"), "mean": _reducer("sum", mean=True), 
 
 # ---------------------------------------------------------------- softmax
 
-SOFTMAX_MODES = {"softmax": (0, 2), "log_softmax": (1, 3)}  # (forward, backward) in softmax.comp
-
-
 def _rows(rec, mode, src, grad, dst, axis):
     shape = tuple(src.shape)
     if math.prod(shape) == 0:
@@ -71,9 +68,8 @@ def _rows(rec, mode, src, grad, dst, axis):
                  groups=(segment_groups(rows, lanes), 1, 1), variant=variant(dst.dtype))
 
 
-def _softmax(kind: str) -> dict[str, Lowering]:
-    """softmax's (log_softmax's) lowering and its gradient's (from y and g)."""
-    fwd_mode, bwd_mode = SOFTMAX_MODES[kind]
+def _softmax(kind: str, fwd_mode: int, bwd_mode: int) -> dict[str, Lowering]:
+    """softmax's (log_softmax's) lowering and its gradient's (from y and g): softmax.comp's modes."""
 
     def forward(rec, node, ins, out):
         _rows(rec, fwd_mode, ins[0], rec.stand_in(out.dtype), out, node.attrs["axis"])
@@ -85,7 +81,7 @@ def _softmax(kind: str) -> dict[str, Lowering]:
     return {kind: Lowering(forward, FLOATS), kind + "_grad": Lowering(grad_forward, FLOATS)}
 
 
-register_lowerings(_softmax("softmax") | _softmax("log_softmax"))
+register_lowerings(_softmax("softmax", 0, 2) | _softmax("log_softmax", 1, 3))
 
 # ---------------------------------------------------------------- var / std / cumsum
 

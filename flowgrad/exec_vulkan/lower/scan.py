@@ -28,7 +28,7 @@ import attrs
 from flowgrad.dtypes import ITEMSIZE
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.buffers import BufView
-from flowgrad.exec_vulkan.lower.generic import placed_at
+from flowgrad.exec_vulkan.lower.generic import in_place, placed_at
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, LOWERINGS, Lowering, register_lowerings
 from flowgrad.exec_vulkan.recorder import Copy, Dispatch, Fill, fill_word
 from flowgrad.graph import fill_value
@@ -50,13 +50,7 @@ def keep_cell(body, graph) -> None:
     CELLS[body] = graph, runs, invariant(graph, body.split(body.inputs)[2], runs)
 
 
-def cell_graph(body):
-    if body not in CELLS:
-        keep_cell(body, body.graph)
-    return CELLS[body]
-
-
-def _cell_lowerings(node, body, graph, runs) -> dict:
+def _cell_lowerings(graph, runs) -> dict:
     """{id: lowering} of the cell's nodes a step runs, each checked as the
     planner checks a model's node: a lowering that takes its dtypes, and
     index checks where it reads indices (a cell's inputs are never
@@ -77,13 +71,6 @@ def _cell_lowerings(node, body, graph, runs) -> dict:
             raise DeviceError(f"the cell's {n.op} at {where} reads indices, and its lowering does not check them")
         lows[n.id] = low
     return lows
-
-
-def _recorded(node, body, n):
-    """Body node n as the lowerings see it: an id of its own (what a lowering
-    keeps is keyed by it), reading the scan node (an index it flags names
-    the scan; its span names the cell's line)."""
-    return attrs.evolve(n, id=(node.id, id(body), n.id), inputs=(node.id,) * len(n.inputs))
 
 
 def _constants(rec, graph, runs) -> dict:
@@ -110,9 +97,14 @@ def _in_place(low, n, src):
 
 def scan_forward(rec, node, ins, out):
     body, steps, reverse, history = (node.attrs[k] for k in ("body", "steps", "reverse", "history"))
-    graph, runs, fixed = cell_graph(body)
-    lows = _cell_lowerings(node, body, graph, runs)
-    cell = {k: _recorded(node, body, graph.nodes[k]) for k in lows}
+    if body not in CELLS:
+        keep_cell(body, body.graph)
+    graph, runs, fixed = CELLS[body]
+    lows = _cell_lowerings(graph, runs)
+    # the cell's nodes as the lowerings see them: each an id of its own (what a lowering keeps is
+    # keyed by it), reading the scan node (an index it flags names the scan; its span the cell's line)
+    cell = {k: attrs.evolve(n, id=(node.id, id(body), k), inputs=(node.id,) * len(n.inputs))
+            for k, n in enumerate(graph.nodes) if k in lows}
     xs, carries, captured = body.split(ins)
     values = _constants(rec, graph, runs)
     values.update(zip(body.inputs[body.xs + body.carries:], captured))
@@ -224,14 +216,5 @@ def _record(rec, graph, lows, cell, values, first) -> None:
         lows[n.id].forward(rec, cell[n.id], ins, values[n.id])
 
 
-# ---------------------------------------------------------------- unpack
-
-def unpack_forward(rec, node, ins, out):
-    (x,) = ins
-    src = x.reshape((x.size,)).view(node.attrs["offset"], out.shape)
-    if not placed_at(out, src):   # the memory plan put it elsewhere: copy the window
-        rec.copy(src, out)
-
-
 register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES),
-    "unpack": Lowering(unpack_forward, ALL_DTYPES, view=lambda node, in_shape: node.attrs["offset"])})
+    "unpack": in_place(lambda node, in_shape: node.attrs["offset"])})

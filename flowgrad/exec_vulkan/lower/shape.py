@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from flowgrad.exec_vulkan.limits import MAX_GROUPS, groups_1d
-from flowgrad.exec_vulkan.lower.generic import placed_at, strided_copy, strides, variant
+from flowgrad.exec_vulkan.lower.generic import in_place, placed_at, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwise, register_lowerings
 from flowgrad.ops import shape as rules
@@ -15,17 +15,8 @@ from flowgrad.ops import shape as rules
 # ---------------------------------------------------------------- reshape
 
 
-def reshape_forward(rec, node, ins, out):
-    if not placed_at(out, ins[0]):
-        rec.copy(ins[0], out)  # same elements, same order
-
-
-# a reshape is its input, read with another shape: the memory plan places it there
-RESHAPE = Lowering(reshape_forward, ALL_DTYPES, view=lambda node, in_shape: 0)
-
-
-def broadcast_forward(rec, node, ins, out):
-    map_reduce(rec, M.COPY, ins, out)
+# a reshape is its input, read with another shape (same elements, same order)
+RESHAPE = in_place(lambda node, in_shape: 0)
 
 
 # ---------------------------------------------------------------- transpose / permute
@@ -48,13 +39,6 @@ def permuting(perm_of) -> Lowering:
 # ---------------------------------------------------------------- slice / concat
 
 
-def _window(node, shape):
-    """(shape of the window, row-major strides of the full tensor, offset of the window)."""
-    axis, lo, hi = rules._slice_bounds(tuple(shape), node.attrs)
-    st = strides(shape)
-    return shape[:axis] + (hi - lo,) + shape[axis + 1:], st, lo * st[axis]
-
-
 def slice_view(node, in_shape):
     """A slice whose window is contiguous (every axis before the sliced one
     has size 1) starts `offset` elements into its input."""
@@ -64,30 +48,21 @@ def slice_view(node, in_shape):
 
 def slice_forward(rec, node, ins, out):
     (x,) = ins
-    win, xs, off = _window(node, tuple(x.shape))
-    if placed_at(out, x, off):
-        return   # a contiguous window, placed inside x by the memory plan
-    strided_copy(rec, x, out, win, xs, strides(win), src_off=off)
-
-
-def _parts(node, shape, sizes):
-    """(offset along the whole tensor, part shape) of each concatenated part."""
-    axis = node.attrs["axis"] % len(shape)
-    step = strides(shape)[axis]
-    out, at = [], 0
-    for n in sizes:
-        out.append((at * step, shape[:axis] + (n,) + shape[axis + 1:]))
-        at += n
-    return out
+    axis, lo, _hi = rules._slice_bounds(tuple(x.shape), node.attrs)
+    xs = strides(x.shape)
+    if not placed_at(out, x, lo * xs[axis]):   # a contiguous window the memory plan placed inside x stays
+        strided_copy(rec, x, out, out.shape, xs, strides(out.shape), src_off=lo * xs[axis])
 
 
 def concat_forward(rec, node, ins, out):
     axis = node.attrs["axis"] % len(out.shape)
     os_ = strides(out.shape)
-    for x, (off, shape) in zip(ins, _parts(node, tuple(out.shape), [x.shape[axis] for x in ins])):
+    at = 0   # the part's first element
+    for x in ins:
         # a part the memory plan laid where it belongs (a concat along the leading axis) stays
-        if not (placed_at(x, out, off) and all(n == 1 for n in out.shape[:axis])):
-            strided_copy(rec, x, out, shape, strides(shape), os_, dst_off=off)
+        if not (placed_at(x, out, at) and all(n == 1 for n in out.shape[:axis])):
+            strided_copy(rec, x, out, tuple(x.shape), strides(x.shape), os_, dst_off=at)
+        at += x.shape[axis] * os_[axis]
 
 
 # ---------------------------------------------------------------- embedding
@@ -146,7 +121,8 @@ register_lowerings({"transpose": permuting(rules._transpose_perm), "permute": pe
     "reshape": RESHAPE, "squeeze": RESHAPE, "unsqueeze": RESHAPE, "flatten": RESHAPE, "stop_gradient": RESHAPE,
     # a copy per element, reading its input by broadcast strides: in a fused chain, the
     # chain's program reads that input so (lower/fused.py), and the copy is no instruction
-    "broadcast_to": Lowering(broadcast_forward, FLOATS, pointwise=lambda attrs: Pointwise(M.COPY)),
+    "broadcast_to": Lowering(lambda rec, node, ins, out: map_reduce(rec, M.COPY, ins, out), FLOATS,
+                             pointwise=lambda attrs: Pointwise(M.COPY)),
     "slice": Lowering(slice_forward, ALL_DTYPES, view=slice_view,
                       window=lambda node, in_shape: rules._slice_bounds(tuple(in_shape), node.attrs)),
     "concat": Lowering(concat_forward, ALL_DTYPES),

@@ -13,17 +13,9 @@ from __future__ import annotations
 import math
 
 from flowgrad.errors import DeviceError
-from flowgrad.exec_vulkan.lower.generic import placed_at
+from flowgrad.exec_vulkan.lower.generic import in_place
 from flowgrad.exec_vulkan.lower.linalg import Operand, gemm
-from flowgrad.exec_vulkan.lowering import FLOATS, ALL_DTYPES, Lowering, register_lowerings
-
-
-def _sizes(node, a, b):
-    if len(b.shape) != 2 or len(a.shape) < 2:
-        raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
-    k = node.attrs["parts"]
-    m, kk, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
-    return k, m, kk, n // k
+from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
 
 def _gemm(rec, *args):
@@ -33,7 +25,10 @@ def _gemm(rec, *args):
 
 def parts_forward(rec, node, ins, out):
     a, b = ins
-    k, m, kk, w = _sizes(node, a, b)
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise DeviceError(f"a split product takes a [.., m, k] @ [k, n] product, not {list(a.shape)} @ {list(b.shape)}")
+    k, m, kk = node.attrs["parts"], math.prod(a.shape[:-1]), a.shape[-1]
+    w = b.shape[-1] // k
     # C[z] = A @ B[:, z*w:(z+1)*w]
     _gemm(rec, Operand(a, kk, 1, (0,)), Operand(b, k * w, 1, (w,)), Operand(out, w, 1, (m * w,)),
           m, w, kk, (k,), (False,))
@@ -58,14 +53,7 @@ def part_offset(node, in_shape) -> int:
     return node.attrs["index"] * math.prod(in_shape[1:])
 
 
-def part_forward(rec, node, ins, out):
-    (x,) = ins
-    off = part_offset(node, x.shape)
-    if not placed_at(out, x, off):   # the memory plan put it elsewhere: copy the block
-        rec.copy(x.view(off, out.shape), out)
-
-
 register_lowerings({"matmul_parts": Lowering(parts_forward, FLOATS),
     "parts_grad_a": Lowering(lambda rec, node, ins, out: _grad_a(rec, *ins, out), FLOATS),
     "parts_grad_b": Lowering(lambda rec, node, ins, out: _grad_b(rec, *ins, out), FLOATS),
-    "part": Lowering(part_forward, ALL_DTYPES, view=lambda node, in_shape: part_offset(node, in_shape))})
+    "part": in_place(part_offset)})
