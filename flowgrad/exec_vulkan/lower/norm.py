@@ -1,4 +1,5 @@
-"""Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.comp.
+"""Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.glsl
+(built as norm.comp, and as norm_sg.comp with subgroup sums: SUBGROUP_SUMS).
 
 Their gradients (layernorm_grad, rmsnorm_grad) take one dispatch for rows of up to MAXC lanes' worth of
 columns: each row's mean and rstd are recomputed while dx is written, each
@@ -17,8 +18,8 @@ from flowgrad.exec_vulkan.lower.generic import variant
 from flowgrad.exec_vulkan.lower.map_reduce import BUSY_THREADS, WG, pow2, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
-MAXC = 8            # norm.comp: columns per lane in the one-pass backward
-MAXC_FWD = 32       # norm.comp: columns per lane of the forward's row held in registers
+MAXC = 8            # norm.glsl: columns per lane in the one-pass backward
+MAXC_FWD = 32       # norm.glsl: columns per lane of the forward's row held in registers
 ROW_ELEMS = 12      # the forward's columns per lane, about: few lanes a row (fewer partials to add up)
                     # with enough of them to read the row in few steps (64 lanes at 768)
 ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each leaves D column sums
