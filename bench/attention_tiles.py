@@ -6,7 +6,7 @@ tables elsewhere and run this once per candidate with its .spv files in place:
 
     python bench/attention_tiles.py [--steps 20] [--json OUT] [--label NAME] [--dtype f16]
 
---dtype f16 times the kernels f16 storage runs on the device: on cooperative
+--dtype f16 (or bf16) times the kernels f16 (bf16) storage runs on the device: on cooperative
 matrices where it has them (their candidate table: --coop); --builds khr,cm2
 times both cooperative-matrix builds of each case in turn (cm2 only where the
 device offers VK_NV_cooperative_matrix2's reductions and conversions);
@@ -56,19 +56,19 @@ CASES = [  # batch, seq, heads, causal (head width: --maxd)
 ]
 BUILDS = {"auto": None, "khr": False, "cm2": True}   # --builds: how forced_cm2 is set
 CAND_SHAPE = (16, 32)   # the fragment shape and subgroup size candidates are built for (NVIDIA's)
-CHECK_TOL = {"f32": 1e-4, "f16": 2e-2}   # relative error above which a case is marked WRONG
+CHECK_TOL = {"f32": 1e-4, "f16": 2e-2, "bf16": 4e-2}   # relative error above which a case is marked WRONG
 
 
 @functools.cache
 def reference(case):
     """The float64 output and gradients of a case's inputs (those ours() makes)."""
-    from flowgrad.dtypes import NUMPY_DTYPE
+    from flowgrad.dtypes import as_dtype
     from flowgrad.ops import get_op
 
     batch, seq, heads, dh, causal, dtype = case
     attrs_ = {"heads": heads, "causal": causal}
     rng = np.random.default_rng(0)
-    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(NUMPY_DTYPE[dtype]) for _ in range(4))
+    q, k, v, g = (as_dtype(rng.standard_normal((batch, seq, heads * dh)), dtype) for _ in range(4))
     op = get_op("attention")
     wide = [x.astype(np.float64) for x in (q, k, v)]
     ref = op.forward(wide, attrs_)
@@ -76,26 +76,31 @@ def reference(case):
 
 
 def ours(device, case, steps):
-    from flowgrad.dtypes import NUMPY_DTYPE
+    from flowgrad.dtypes import as_dtype
     from flowgrad.exec_vulkan.encoder import encode, read_timestamps
     from flowgrad.exec_vulkan.lower import attention as attn_low
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.graph import Node, TensorType
+    from flowgrad.ops import get_op
 
     batch, seq, heads, dh, causal, dtype = case
     attrs_ = {"heads": heads, "causal": causal}
     rng = np.random.default_rng(0)
-    q, k, v, g = (rng.standard_normal((batch, seq, heads * dh)).astype(NUMPY_DTYPE[dtype]) for _ in range(4))
+    q, k, v, g = (as_dtype(rng.standard_normal((batch, seq, heads * dh)), dtype) for _ in range(4))
     t = TensorType(q.shape, dtype)
     node = Node(3, "attention", (0, 1, 2), t, attrs=attrs_)
+    # attention_grad's inputs: q, k, v, the attention's output (node 3), g (node 4); dq, dk, dv packed
+    grad_node = Node(5, "attention_grad", (0, 1, 2, 3, 4), TensorType((3 * q.size,), dtype),
+                     attrs=get_op("attention_grad").with_defaults(attrs_), grad_of=3)
     with OneShot(device) as s:
-        views = [s.upload(x) for x in (q, k, v)]
-        out, gv = s.empty(q.shape, dtype), s.upload(g)
-        grads = [s.empty(q.shape, dtype) for _ in range(3)]
+        views = [s.upload(x, dtype) for x in (q, k, v)]
+        out, gv = s.empty(q.shape, dtype), s.upload(g, dtype)
+        packed = s.empty((3 * q.size,), dtype)
+        grads = [packed.view(i * q.size, q.shape) for i in range(3)]
         with s.rec.section("a", "forward"):
             attn_low.ATTENTION.forward(s.rec, node, views, out)
         with s.rec.section("a", "backward"):
-            attn_low.attention_backward(s.rec, node, gv, views, out, grads)
+            attn_low.attention_grad_forward(s.rec, grad_node, [*views, out, gv], packed)
         # one timestamp interval per dispatch
         cmds = [attrs.evolve(c, label=(c.shader, str(i))) if hasattr(c, "shader") else c
                 for i, c in enumerate(s.rec.commands)]
@@ -128,7 +133,7 @@ def sdpa(case, steps):
     import torch.nn.functional as F
 
     batch, seq, heads, dh, causal, dtype = case
-    dt = getattr(torch, {"f32": "float32", "f16": "float16"}[dtype])
+    dt = getattr(torch, {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype])
     q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
     g = torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt)
 
@@ -208,7 +213,7 @@ def main(argv=None) -> int:
                    help="the build to time, at head width MAXD")
     p.add_argument("--tiles", default=None, help='JSON {"fwd": [BR, BC, CT, SLOTS], ...} for the MAXD builds '
                    "in place (a candidate table's, not the shipped one)")
-    p.add_argument("--dtype", default="f32", choices=("f32", "f16"))
+    p.add_argument("--dtype", default="f32", choices=("f32", "f16", "bf16"))
     p.add_argument("--coop", default=None, help='JSON {"fwd": [NSG, BC], ...} for the MAXD cooperative-matrix '
                    "builds of the device's fragment shape in place (a candidate table's)")
     p.add_argument("--builds", default="auto", help="comma-separated: auto (the device's pick), khr, cm2")

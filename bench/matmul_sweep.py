@@ -60,7 +60,7 @@ def main() -> int:
             out["splitk"] += rows
             print(mb.report(rows, device.info.name, "f32").split("\n", 2)[-1], flush=True)
     f16_shapes = mb.SQUARE + mb.GPT_SMALL
-    cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(device.info, t))
+    cm2s = [t.shader for t in mk.cm2_builds(device.info)]
     # the f16-storage tile (~30 TFLOP/s on the H200) only where no cooperative-matrix kernel runs
     kernels = [(None, None)] if cm2s else [(mk.F16_TILE, None), (None, None)]
     if device.info.coopmat_f16:

@@ -26,7 +26,8 @@ $FLOWGRAD_GLSLC_2025, else Debian trixie's, which scripts/fetch_glslc.sh (run by
 (glslang 16.4) exactly, the version the shipped SPIR-V was built with (trixie's
 is too old, and trixie-backports has none): $FLOWGRAD_GLSLC_BF16, else Debian
 sid's, which `scripts/fetch_glslc.sh sid` unpacks into ~/.cache/flowgrad/glslc-sid.
-A compiler of another version is refused by name, since its SPIR-V would differ
+The bf16 builds (-DBF16=1) of a glslc-2025 source take that compiler too: one
+source serves both element types, and only glslang 16 knows bfloat16_t. A compiler of another version is refused by name, since its SPIR-V would differ
 from the shipped files for that reason alone."""
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def tables() -> dict[str, tuple[Path, dict[str, list[str]]]]:
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": flags, f"{stem}.f16.spv": flags + ["-DF16=1"],
                                          f"{stem}.bf16.spv": flags + ["-DBF16=1"]})
     for stem, (body, defines) in {**attention_builds.coop_builds(), **attention_builds.cm2_builds(),
-                                  **matmul_cm2.builds(), **matmul_coop.builds(),
+                                  **attention_builds.bf16_builds(),
+                                  **matmul_cm2.builds(), **matmul_cm2.bf16_builds(), **matmul_coop.builds(),
                                   **matmul_coop.bf16_builds()}.items():   # one dtype each
         out[stem] = (SHADER_DIR / body, {f"{stem}.spv": [f"-D{k}={v}" for k, v in defines.items()]})
     return out
@@ -172,7 +174,7 @@ def bf16_glslc() -> list[str]:
 def compile_one(source: Path, flags: list[str], out: Path) -> None:
     # a .glsl body has no stage in its name: say it is a compute shader
     stage = ["-fshader-stage=compute"] if source.suffix == ".glsl" else []
-    if needs_bf16_glslc(source):
+    if needs_bf16_glslc(source) or (needs_new_glslc(source) and "-DBF16=1" in flags):
         compiler = bf16_glslc() + NEW_GLSLC_FLAGS
     elif needs_new_glslc(source):
         compiler = new_glslc() + NEW_GLSLC_FLAGS

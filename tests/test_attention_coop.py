@@ -160,3 +160,154 @@ def test_the_build_follows_the_device():
     assert attn_low.coop_build(dev((16,), 32, shared=32768), 64) is None
     assert attn_low.coop_build(dev((16,), 32, shared=32768), 64, cm2=True) == (16, 32, 64)
     assert attn_low.coop_build(dev((), 32), 64) is None
+
+
+# ---------------------------------------------------------------- bf16 builds
+
+BF16_TOL = 3e-2   # bf16 keeps 8 bits: ~8 of its ulps (2**-8) of each result's largest, as f16's 1e-2 is ~20 of its
+
+
+@pytest.fixture(params=["khr", "cm2"])
+def coop_bf16(vk_device, request):
+    """bf16 attention forced onto the cooperative-matrix builds' bf16 siblings (khr or cm2);
+    skips where the device has none, fails instead under FLOWGRAD_TEST_COOP=1 where it
+    offers bf16 cooperative matrices of a built shape."""
+    from flowgrad.exec_vulkan.attention_builds import BF16_SHAPES
+
+    info = vk_device.info
+    why = None
+    if info.bf16_lacks:
+        why = f"{info.name} has no bf16 cooperative matrices: {info.bf16_lacks}"
+    elif attn_low.coop_build(info, 8, half="bf16") is None:
+        why = (f"{info.name} has no bf16 cooperative-matrix attention build (bf16 sizes "
+               f"{info.bf16_coopmat_sizes}, subgroup size {info.subgroup_size}; built: {BF16_SHAPES})")
+    elif request.param == "cm2" and not info.cm2_fragment_ops:
+        why = f"{info.name} lacks VK_NV_cooperative_matrix2's reductions and conversions"
+    if why:
+        if os.environ.get(COOP_ENV) == "1" and not info.bf16_lacks:
+            pytest.fail(f"{COOP_ENV}=1, but {why}")
+        pytest.skip(why)
+    with attn_low.forced_coop(True), attn_low.forced_cm2(request.param == "cm2"):
+        yield vk_device, request.param
+
+
+def bf16_attention(device, ins, attrs, together: bool):
+    """(out, [dq, dk, dv], the attention shaders dispatched) of bf16 attention on the device:
+    the backward recorded after the forward in one recording (together: it reads the lse the
+    forward kept), or alone in its own (it recomputes it)."""
+    from flowgrad.dtypes import round_bf16
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from tests.test_attention_vulkan import ATT, Node, TensorType, get_op
+
+    q, k, v, *mask = ins
+    types = [TensorType(x.shape, "i32" if x.dtype == np.int32 else "bf16") for x in ins]
+    at = ATT.with_defaults(attrs)
+    node = Node(len(ins), "attention", tuple(range(len(ins))), ATT.infer(types, at), attrs=at)
+    packed = TensorType((q.size + k.size + v.size,), "bf16")
+    grad_node = Node(node.id + 1, "attention_grad", (0, 1, 2, node.id, node.id + 2, *range(3, 3 + len(mask))),
+                     packed, attrs=get_op("attention_grad").with_defaults(attrs), grad_of=node.id)
+    g = round_bf16(np.random.default_rng(0).standard_normal(node.shape).astype(np.float32))
+    shaders = []
+    with OneShot(device) as s:
+        views = [s.upload(x, t.dtype) for x, t in zip(ins, types)]
+        out = s.empty(node.shape, "bf16")
+        attn_low.ATTENTION.forward(s.rec, node, views, out)
+        s.download(out)
+        if together:
+            grads = s.empty(packed.shape, "bf16")
+            attn_low.attention_grad_forward(s.rec, grad_node, [*views[:3], out, s.upload(g, "bf16"), *views[3:]], grads)
+            s.download(grads)
+        shaders += [c.shader for c in s.rec.commands if getattr(c, "shader", "").startswith("attn_")]
+        got = s.run()
+    if not together:
+        with OneShot(device) as s:
+            views = [s.upload(x, t.dtype) for x, t in zip(ins, types)]
+            grads = s.empty(packed.shape, "bf16")
+            attn_low.attention_grad_forward(s.rec, grad_node, [*views[:3], s.upload(got[0], "bf16"), s.upload(g, "bf16"),
+                                                               *views[3:]], grads)
+            s.download(grads)
+            shaders += [c.shader for c in s.rec.commands if getattr(c, "shader", "").startswith("attn_")]
+            got += s.run()
+    sizes = np.cumsum([0, q.size, k.size, v.size])
+    return got[0], [got[1][a:b].reshape(x.shape) for a, b, x in zip(sizes, sizes[1:], (q, k, v))], g, shaders
+
+
+def bf16_check(coop_bf16, ins, attrs):
+    """bf16 attention (both recordings) against float64 numpy of the same bf16 values, after
+    asserting that every kernel with a cooperative-matrix build ran its bf16 one (khr or cm2)."""
+    from flowgrad.dtypes import round_bf16
+    from tests.test_attention_vulkan import ATT
+
+    device, build = coop_bf16
+    ins = [x if x.dtype == np.int32 else round_bf16(x.astype(np.float32)) for x in ins]
+    wide = [x if x.dtype == np.int32 else x.astype(np.float64) for x in ins]
+    ref = ATT.forward(wide, attrs)
+    first = None
+    for together in (True, False):
+        out, grads, g, shaders = bf16_attention(device, ins, attrs, together)
+        coop = [s for s in shaders if "_fr" in s]
+        assert {kernel_of(s) for s in coop} == {"fwd", "bwd_dq", "bwd_dkdv"}, shaders
+        assert all(s.endswith("_bf16") and s.startswith("attn_cm2_") == (build == "cm2") for s in coop), shaders
+        assert all(s.startswith("attn_bwd_stats") for s in shaders if "_fr" not in s), shaders
+        want = ATT.vjp(g.astype(np.float64), wide, ref, attrs)
+        operands = max(float(np.abs(x).max()) for x in ins[:3])
+        floor = float(np.abs(g).max()) * operands * operands
+        for name, x, w in zip(("out", "dq", "dk", "dv"), [out, *grads], [ref, *want[:3]]):
+            scale = float(np.abs(w).max()) or floor
+            np.testing.assert_allclose(x.astype(np.float64), w, rtol=BF16_TOL, atol=BF16_TOL * scale,
+                                       err_msg=f"{name} ({'one recording' if together else 'own recording'})")
+        first = first or (out, grads + [None] * (len(ins) - 3))
+    return first
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, sq, sk, d, heads", WIDTHS, ids=lambda v: str(v))
+def test_bf16_head_widths(coop_bf16, batch, sq, sk, d, heads, causal):
+    bf16_check(coop_bf16, qkv(np.random.default_rng(d), batch, sq, sk, d), {"heads": heads, "causal": causal})
+
+
+@pytest.mark.parametrize("batch, sq, sk, d, heads", [
+    (2, 1, 5, 16, 2), (1, 200, 200, 16, 2), (2, 7, 13, 24, 3), (2, 13, 7, 24, 3), (1, 70, 33, 128, 2),
+    (1, 37, 70, 192, 2), (1, 129, 129, 768, 12)])   # the last: GPT-2's head width 64, odd T
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_sequence_lengths(coop_bf16, batch, sq, sk, d, heads, causal):
+    bf16_check(coop_bf16, qkv(np.random.default_rng(sq * 7 + sk), batch, sq, sk, d), {"heads": heads, "causal": causal})
+
+
+@pytest.mark.parametrize("kind", ["additive", "boolean"])
+def test_bf16_masks(coop_bf16, kind):
+    rng = np.random.default_rng(5)
+    bf16_check(coop_bf16, qkv(rng, 2, 6, 9, 48) + [mask_of(rng, kind, (2, 3, 6, 9))], {"heads": 3, "causal": False})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_fully_masked_rows_give_zero_output_and_gradient(coop_bf16, causal):
+    ins = qkv(np.random.default_rng(21), 2, 40, 40, 32) + [fully_masked("boolean", np.float32)]
+    assert_masked_rows_zero(*bf16_check(coop_bf16, ins, {"heads": 2, "causal": causal}), causal)
+
+
+def test_the_bf16_builds_exist_and_follow_the_device():
+    from flowgrad.exec_vulkan.attention_builds import BF16_SHAPES, COOP_TILES, bf16_builds, cm2_builds, coop_builds
+    from flowgrad.exec_vulkan.discovery import DeviceInfo
+    from flowgrad.exec_vulkan.spirv import spv_path
+
+    f16 = {**coop_builds(), **cm2_builds()}
+    for stem, (body, defines) in bf16_builds().items():
+        sibling = stem.removesuffix("_bf16")
+        assert spv_path(stem).exists() and f16[sibling][0] == body
+        assert {k: v for k, v in defines.items() if k != "BF16"} == {k: v for k, v in f16[sibling][1].items()
+                                                                      if k != "F16"}
+        assert (defines["FR"], defines["SG"]) in BF16_SHAPES
+    assert len(bf16_builds()) == 2 * sum(len(COOP_TILES[s]) * 3 for s in BF16_SHAPES)
+
+    def dev(f16_sizes, bf16_sizes, lacks="", sg=32):
+        return DeviceInfo(0, "d", "discrete", 1, True, True, coopmat_khr_sizes=f16_sizes, subgroup_size=sg,
+                          subgroup_shuffle=True, shared_memory=49152, bf16_coopmat_sizes=bf16_sizes, bf16_lacks=lacks)
+
+    assert attn_low.coop_build(dev((16,), (16,)), 64, half="bf16") == (16, 32, 64)
+    assert attn_low.coop_build(dev((16,), (16,)), 100, cm2=True, half="bf16") == (16, 32, 128)
+    assert attn_low.coop_build(dev((16,), ()), 64, half="bf16") is None                  # f16 products only
+    assert attn_low.coop_build(dev((16,), (16,), "no VK_KHR_shader_bfloat16"), 64, half="bf16") is None
+    assert attn_low.coop_build(dev((8,), (8,), sg=8), 64, half="bf16") is None           # no bf16 8x8x8 build
+    assert attn_low.coop_build(dev((8,), (8,), sg=8), 64) == (8, 8, 64)
+    assert attn_low.coop_build(dev((16,), ()), 64) == (16, 32, 64)

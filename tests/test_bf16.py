@@ -219,7 +219,7 @@ def test_auto_takes_f16_and_says_why_where_bf16_cooperative_matrices_are():
     lvp = DeviceInfo(0, "llvmpipe", "cpu", 1 << 30, True, False)
     h100 = DeviceInfo(0, "NVIDIA H100", "discrete", 80 << 30, True, True, storage16=True,
                       bf16_coopmat_sizes=(16,), bf16_lacks="")
-    # offered, but slower than f16 until attention has a bf16 tensor-core build
+    # offered, but the bf16 builds of the f16 kernels ran a step slower than f16 (H100)
     assert choose("auto", h100).summary.startswith("f16 with loss scaling: the device offers bf16 cooperative "
                                                    "matrices, but flowgrad's bf16 kernels are slower")
     assert choose("auto", lvp).summary.startswith("f16 with loss scaling: no VK_KHR_shader_bfloat16")

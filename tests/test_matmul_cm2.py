@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 import pytest
 
+from flowgrad.dtypes import round_bf16
 from flowgrad.exec_vulkan import discovery
 from flowgrad.exec_vulkan.instance import load_vulkan
 from flowgrad.exec_vulkan.lower import linalg
@@ -22,8 +23,8 @@ from test_matmul_kernels import check
 TOL = 2e-2
 
 
-def _runnable(device):
-    return [name for name, t in sorted(mk.CM2S.items()) if mk.cm2_runs(device.info, t)]
+def _runnable(device, dtype="f16"):
+    return [t.shader for t in mk.cm2_builds(device.info, dtype)]
 
 
 @pytest.fixture(scope="module")
@@ -71,17 +72,23 @@ def test_split_k(cm2_device, sa, sb):
         shaders
 
 
-def gemm_layout(device, shader, m, n, k, layout, seed=0):
+def halves(rng, shape, dtype):
+    """Uniform values in [-1, 1) held exactly in dtype (f16 or bf16; bf16 as float32)."""
+    x = rng.uniform(-1, 1, shape)
+    return round_bf16(x.astype(np.float32)) if dtype == "bf16" else x.astype(np.float16)
+
+
+def gemm_layout(device, shader, m, n, k, layout, seed=0, dtype="f16"):
     """C = op(A) @ op(B) with A read along m when layout[0] == "t", B along k when layout[1] == "t"."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     rng = np.random.default_rng(seed)
-    a = rng.uniform(-1, 1, (k, m) if layout[0] == "t" else (m, k)).astype(np.float16)
-    b = rng.uniform(-1, 1, (n, k) if layout[1] == "t" else (k, n)).astype(np.float16)
+    a = halves(rng, (k, m) if layout[0] == "t" else (m, k), dtype)
+    b = halves(rng, (n, k) if layout[1] == "t" else (k, n), dtype)
     ops = (1, m) if layout[0] == "t" else (k, 1)
     bps = (1, k) if layout[1] == "t" else (n, 1)
     with OneShot(device) as s, mk.forced(shader, 1):
-        av, bv, cv = s.upload(a), s.upload(b), s.empty((m, n), "f16")
+        av, bv, cv = s.upload(a, dtype), s.upload(b, dtype), s.empty((m, n), dtype)
         linalg.gemm(s.rec, linalg.Operand(av, *ops, ()), linalg.Operand(bv, *bps, ()), linalg.Operand(cv, n, 1, ()),
                     m, n, k, (), ())
         used = [c.shader for c in s.rec.commands if getattr(c, "shader", "").startswith("matmul_")]
@@ -208,3 +215,127 @@ def test_layout_names():
         "matmul_cm2_128x64_k64_w128_nn", "matmul_cm2_128x64_k64_w128_nt", "matmul_cm2_128x64_k64_w128_tn",
         "matmul_cm2_128x64_k64_w128_tt"]
     assert mk.CM2S["matmul_cm2_128x256_k32_w256_u2"].shader_for(True, False) == "matmul_cm2_128x256_k32_w256_u2_tn"
+
+
+# ---------------------------------------------------------------- bf16 builds
+
+BF16_TOL = 1e-2   # relative norm error: bf16 storage rounds each result by up to 2**-9
+# what the H100's driver lists with VK_KHR_shader_bfloat16 (the bf16 x bf16 + f32 rows as its f16 ones)
+H100_BF16 = attrs.evolve(H100, bf16_coopmat_sizes=(16,), bf16_lacks="", cm2_bf16_invocations=(32, 64, 128, 256),
+                         cm2_bf16_granularity=(32, 32, 16))
+
+
+@pytest.mark.parametrize("m,n,k,nz,aligned", [
+    (4096, 4096, 4096, 1, True), (4096, 2048, 512, 1, True), (512, 512, 4096, 1, True), (768, 3072, 8192, 1, True),
+    (768, 768, 8192, 1, True), (8192, 768, 768, 1, True), (8192, 50304, 768, 1, True), (8192, 50304, 768, 1, False),
+    (64, 64, 32, 8, True), (17, 33, 9, 1, False)])
+def test_bf16_takes_the_f16_tiles_bf16_builds(m, n, k, nz, aligned):
+    f16 = mk.choose(H100_BF16, "f16", m, n, k, nz, coop_aligned=aligned, tensor_loads=True)
+    bf16 = mk.choose(H100_BF16, "bf16", m, n, k, nz, coop_aligned=aligned, tensor_loads=True)
+    assert f16 == mk.choose(H100, "f16", m, n, k, nz, coop_aligned=aligned, tensor_loads=True)
+    assert bf16.tile.bf16 and bf16.chunks == f16.chunks and bf16.klass == f16.klass
+    sibling = mk.COOP_W128_BF16 if f16.tile is mk.COOP_W128 else mk.CM2S[f"{f16.tile.shader}_bf16"]
+    assert bf16.tile is sibling
+
+
+def test_bf16_without_workgroup_scope_products_takes_the_subgroup_tile():
+    no_cm2 = attrs.evolve(H100_BF16, cm2_bf16_invocations=(), cm2_bf16_granularity=())
+    assert mk.choose(no_cm2, "bf16", 512, 512, 512, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP_KHR_BF16
+    assert mk.choose(no_cm2, "bf16", 17, 33, 9, 1, tensor_loads=True).tile.shader == mk.F16_TILE
+    assert mk.cm2_builds(no_cm2, "bf16") == [] and mk.cm2_builds(no_cm2) == mk.cm2_builds(H100)
+    # bf16 products listed with a coarser grain than a tile's: that tile is not taken
+    coarse = attrs.evolve(H100_BF16, cm2_bf16_granularity=(64, 64, 16))
+    assert mk.CM2S["matmul_cm2_128x96_k64_w128_bf16"] not in mk.cm2_builds(coarse, "bf16")
+    assert mk.choose(coarse, "bf16", 8192, 768, 768, 1, tensor_loads=True).tile.shader == \
+        "matmul_cm2_128x64_k64_w128_bf16"
+
+
+def test_forcing_a_bf16_build_on_the_wrong_dtype_or_device_is_an_error():
+    from flowgrad.errors import DeviceError
+
+    with mk.forced("matmul_cm2_128x64_k64_w128_bf16"):
+        with pytest.raises(DeviceError, match="takes bf16 GEMMs only, not f16"):
+            mk.choose(H100_BF16, "f16", 64, 64, 64, 1, tensor_loads=True)
+        with pytest.raises(DeviceError, match="no VK_NV_cooperative_matrix2 workgroup-scope bf16 products"):
+            mk.choose(H100, "bf16", 64, 64, 64, 1, tensor_loads=True)
+        assert mk.choose(H100_BF16, "bf16", 64, 64, 64, 1, tensor_loads=True).tile.shader.endswith("_bf16")
+    with mk.forced("matmul_cm2_128x64_k64_w128"), pytest.raises(DeviceError, match="takes f16 GEMMs only, not bf16"):
+        mk.choose(H100_BF16, "bf16", 64, 64, 64, 1, tensor_loads=True)
+
+
+@pytest.fixture(scope="module")
+def cm2_bf16_device(vk_device):
+    """The device, where it runs matmul_cm2's bf16 builds; else a skip saying why (a fail under
+    CI where the driver lists workgroup-scope bf16 products that discovery did not take)."""
+    info = vk_device.info
+    if not info.cm2_bf16_invocations:
+        listed = ()
+        if not info.bf16_lacks:
+            vk = load_vulkan()
+            exts = discovery._extensions(vk, vk_device.physical)
+            listed = discovery.cm2_f16(vk, vk_device.physical, exts, discovery.BF16)[0]
+        if listed and os.environ.get("CI") == "true":
+            pytest.fail(f"{info.name} lists workgroup-scope bf16 products {listed}, but discovery did not take them")
+        pytest.skip(f"{info.name} cannot run matmul_cm2's bf16 builds: "
+                    f"{info.bf16_lacks or 'no VK_NV_cooperative_matrix2 workgroup-scope bf16 products'}")
+    return vk_device
+
+
+def bf16_products(device, sa, sb, shader=None, chunks=None, seed=0):
+    """(the GEMM shaders dispatched, relative errors of out, da, db) of a @ b and its backward in
+    bf16 (through the matmul lowering, as a step records them) against float64."""
+    from flowgrad.exec_vulkan.lower import lowering_for
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.graph import TensorType
+    from flowgrad.ops import get_op
+    from tests.op_harness import gradient_graph
+
+    rng = np.random.default_rng(seed)
+    a, b = halves(rng, sa, "bf16"), halves(rng, sb, "bf16")
+    step, (ia, ib), y, seed_id, grads = gradient_graph("matmul", [TensorType(x.shape, "bf16") for x in (a, b)], {})
+    g = halves(rng, step.nodes[y].shape, "bf16")
+    with OneShot(device) as s, mk.forced(shader, chunks):
+        values = {ia: s.upload(a, "bf16"), ib: s.upload(b, "bf16"), seed_id: s.upload(g, "bf16")}
+        for node in step.needed_for([y, *grads]):
+            if node.id not in values:
+                values[node.id] = s.empty(node.shape, node.dtype)
+                lowering_for(node.op).forward(s.rec, node, [values[i] for i in node.inputs], values[node.id])
+        used = [c.shader for c in s.rec.commands if getattr(c, "shader", "").startswith("matmul")]
+        for i in (y, *grads):
+            s.download(values[i])
+        got = s.run()
+    a64, b64, g64 = (x.astype(np.float64) for x in (a, b, g))
+    want = [a64 @ b64, *get_op("matmul").vjp(g64, [a64, b64], None, {})]
+    return used, [np.linalg.norm(x - w) / max(np.linalg.norm(w), 1e-30) for x, w in zip(got, want)]
+
+
+def test_bf16_selected_by_default_where_offered(cm2_bf16_device):
+    used, errs = bf16_products(cm2_bf16_device, (2, 64, 96), (96, 144))
+    assert all(s.startswith("matmul_cm2_") and "_bf16_" in s for s in used) and {s[-2:] for s in used} == \
+        {"nn", "nt", "tn"}, used
+    assert max(errs) < BF16_TOL, errs
+
+
+def test_every_table_tile_has_a_bf16_build_on_the_device(cm2_bf16_device):
+    assert {f"{t}_bf16" for t in mk.CM2_TABLE.values()} <= set(_runnable(cm2_bf16_device, "bf16")), \
+        cm2_bf16_device.info.cm2_bf16_invocations
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_every_bf16_tile_and_layout(cm2_bf16_device, layout):
+    for shader in _runnable(cm2_bf16_device, "bf16"):
+        for m, n, k in [(256, 272, 144), (67, 45, 93)]:   # aligned (unclamped interior) and odd (clamped)
+            used, err = gemm_layout(cm2_bf16_device, shader, m, n, k, layout, dtype="bf16")
+            assert used == [f"{shader}_{layout}"]
+            assert err < BF16_TOL, f"{shader}_{layout} {m}x{n}x{k}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("sa,sb,chunks", [
+    ((1, 24), (24, 40), None), ((33, 17), (17, 40), None), ((40, 24), (24, 513), None),   # odd sizes
+    ((3, 17, 9), (3, 9, 5), None), ((2, 4, 8, 136), (2, 4, 136, 48), None),               # batched
+    ((2, 96, 64), (64, 80), None), ((9, 64), (3, 64, 40), None),                           # summed batches
+    ((17, 600), (600, 9), 3), ((128, 1024), (1024, 96), 3)])                               # split-K
+def test_bf16_through_the_lowering(cm2_bf16_device, sa, sb, chunks):
+    used, errs = bf16_products(cm2_bf16_device, sa, sb, chunks=chunks)
+    assert all(s.startswith("matmul_cm2_") and "_bf16_" in s for s in used), used
+    assert max(errs) < BF16_TOL, (sa, sb, chunks, errs)

@@ -29,7 +29,7 @@ NUMPY_ACTS = {
 def coop_shaders(device) -> list[str]:
     """The matmul_coop and matmul_cm2 builds the device runs (the tests' forced tiles)."""
     info = device.info
-    names = [t.shader for t in mk.coop_builds(info)] + [n for n, t in sorted(mk.CM2S.items()) if mk.cm2_runs(info, t)]
+    names = [t.shader for t in mk.coop_builds(info) + mk.cm2_builds(info)]
     if not names:
         why = f"{info.name} runs no cooperative-matrix GEMM"
         if os.environ.get(COOP_ENV) == "1":

@@ -202,6 +202,6 @@ def kernels_for(device, dtype: str, every: bool = False, chunks=None) -> list[tu
         caps = DeviceCaps.of(device.info)
         tiles = sorted(name for name, t in mk.TILES.items() if dtype == "f32" or t.f16)
         coops = [t.shader for t in mk.coop_builds(caps, dtype)] if dtype in ("f16", "bf16") else []
-        cm2s = sorted(n for n, t in mk.CM2S.items() if mk.cm2_runs(caps, t)) if dtype == "f16" else []
+        cm2s = [t.shader for t in mk.cm2_builds(caps, dtype)] if dtype in ("f16", "bf16") else []
         kernels += [(shader, None) for shader in (*tiles, *coops, *cm2s)]
     return [(shader, c) for shader, _ in kernels for c in chunks] if chunks else kernels

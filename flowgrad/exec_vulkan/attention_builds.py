@@ -3,9 +3,11 @@ attn_bwd_stats, attn_bwd_dq, attn_bwd_dkdv; f32 and f16 storage) once per
 head-width bound, and those on cooperative matrices (attn_coop_*; f16
 storage; every kernel but attn_bwd_stats) once per head-width bound and
 fragment shape; where the device offers VK_NV_cooperative_matrix2's
-reductions and conversions, the attn_cm2_* builds of the same tiles. Plain
-data: the shader build, the push-constant specs and the lowering all read
-it."""
+reductions and conversions, the attn_cm2_* builds of the same tiles. The
+cooperative-matrix builds of the fragment shapes in BF16_SHAPES have bf16
+siblings (named ..._bf16: bf16 storage and fragments, VK_KHR_shader_bfloat16).
+Plain data: the shader build, the push-constant specs and the lowering all
+read it."""
 from __future__ import annotations
 
 COOP_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
@@ -54,6 +56,9 @@ COOP_TILES = {
 # head-width bound: its workgroup owns NSG * RF * FR rows (the backward passes' own
 # NSG * FR). Lavapipe's 2 keeps the RF > 1 path under test.
 CM2_FWD_RF = {(16, 32): {32: 1, 64: 1, 128: 1}, (8, 8): {32: 2, 64: 2, 128: 2}}
+# The fragment shapes with bf16 builds: NVIDIA's 16x16x16 (no device offers 8x8x8 bf16 products)
+BF16_SHAPES = ((16, 32),)
+HALF_DEFINE = {"f16": "F16", "bf16": "BF16"}   # the define that selects the storage and fragment type
 COOP_SHARED_LIMIT = 49152   # the most any build may declare (NVIDIA's 48 KiB); each device's own is checked too
 
 
@@ -95,12 +100,12 @@ def scalar_name(kernel: str, maxd: int) -> str:
     return f"attn_{kernel}_d{maxd}"
 
 
-def coop_name(kernel: str, maxd: int, fr: int, sg: int) -> str:
-    return f"attn_{kernel}_d{maxd}_fr{fr}_sg{sg}"
+def coop_name(kernel: str, maxd: int, fr: int, sg: int, half: str = "f16") -> str:
+    return f"attn_{kernel}_d{maxd}_fr{fr}_sg{sg}" + ("_bf16" if half == "bf16" else "")
 
 
-def cm2_name(kernel: str, maxd: int, fr: int, sg: int) -> str:
-    return f"attn_cm2_{kernel}_d{maxd}_fr{fr}_sg{sg}"
+def cm2_name(kernel: str, maxd: int, fr: int, sg: int, half: str = "f16") -> str:
+    return f"attn_cm2_{kernel}_d{maxd}_fr{fr}_sg{sg}" + ("_bf16" if half == "bf16" else "")
 
 
 def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
@@ -119,36 +124,46 @@ def shader_builds() -> dict[str, tuple[str, dict[str, int]]]:
     return out
 
 
-def coop_builds() -> dict[str, tuple[str, dict[str, int]]]:
-    """{spv stem: (glsl body, defines)} of the cooperative-matrix kernels (f16 only)."""
+def coop_builds(half: str = "f16") -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the cooperative-matrix kernels in `half` (f16 or bf16)."""
     out = {}
-    for (fr, sg), bounds in COOP_TILES.items():
+    for (fr, sg), bounds in _shapes(half):
         for maxd, kernels in bounds.items():
             for kernel, (nsg, bc) in kernels.items():
                 if (sg % fr or maxd % fr or bc % fr or 2 * bc < nsg * fr
                         or coop_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT):
                     raise ValueError(f"attention tiles {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
-                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1}
-                out[coop_name(kernel, maxd, fr, sg)] = (f"attn_coop_{kernel}.glsl", defines)
+                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, HALF_DEFINE[half]: 1}
+                out[coop_name(kernel, maxd, fr, sg, half)] = (f"attn_coop_{kernel}.glsl", defines)
     return out
 
 
-def cm2_builds() -> dict[str, tuple[str, dict[str, int]]]:
-    """{spv stem: (glsl body, defines)} of the cooperative-matrix-2 kernels (f16 only),
+def cm2_builds(half: str = "f16") -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the cooperative-matrix-2 kernels in `half`,
     one per cooperative-matrix build of a kernel in CM2_BODIES."""
     out = {}
-    for (fr, sg), bounds in COOP_TILES.items():
+    for (fr, sg), bounds in _shapes(half):
         for maxd, kernels in bounds.items():
             for kernel, body in CM2_BODIES.items():
                 nsg, bc = kernels[kernel]
                 if cm2_shared_bytes(kernel, maxd, fr, nsg, bc) > COOP_SHARED_LIMIT:
                     raise ValueError(f"attention tiles cm2 {kernel} d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
-                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, "F16": 1, "CM2": 1}
+                defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, HALF_DEFINE[half]: 1, "CM2": 1}
                 if kernel == "fwd" and CM2_FWD_RF[(fr, sg)][maxd] > 1:
                     defines["RF"] = CM2_FWD_RF[(fr, sg)][maxd]
-                out[cm2_name(kernel, maxd, fr, sg)] = (body, defines)
+                out[cm2_name(kernel, maxd, fr, sg, half)] = (body, defines)
     return out
 
 
+def _shapes(half: str):
+    """COOP_TILES' (fragment shape, tiles) with `half` builds."""
+    return [(shape, b) for shape, b in COOP_TILES.items() if half == "f16" or shape in BF16_SHAPES]
+
+
+def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of every bf16 cooperative-matrix build."""
+    return {**coop_builds("bf16"), **cm2_builds("bf16")}
+
+
 def shader_names() -> list[str]:
-    return sorted({**shader_builds(), **coop_builds(), **cm2_builds()})
+    return sorted({**shader_builds(), **coop_builds(), **cm2_builds(), **bf16_builds()})

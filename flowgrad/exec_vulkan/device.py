@@ -101,14 +101,15 @@ class Device:
         bf16_coop = not self.info.bf16_lacks   # the bf16 GEMM builds (VK_KHR_shader_bfloat16)
         subgroup_coop = (self.info.coopmat_f16 or bool(self.info.coopmat_khr_sizes) or self.info.cm2_fragment_ops
                          or bf16_coop)
-        if subgroup_coop or self.info.cm2_invocations:
+        cm2_products = bool(self.info.cm2_invocations or self.info.cm2_bf16_invocations)   # matmul_cm2's builds
+        if subgroup_coop or cm2_products:
             # subgroup-scope kernels' barriers take device scope; matmul_cm2 has none
             chain = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(
                 pNext=chain, vulkanMemoryModel=1, vulkanMemoryModelDeviceScope=int(subgroup_coop))
         if self.info.coopmat_f16:
             exts.append(COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=chain, cooperativeMatrix=1)
-        if self.info.coopmat_khr_sizes or self.info.cm2_invocations or self.info.cm2_fragment_ops or bf16_coop:
+        if self.info.coopmat_khr_sizes or cm2_products or self.info.cm2_fragment_ops or bf16_coop:
             exts.append(KHR_COOPMAT_EXT)
             chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=1)
         if bf16_coop:
@@ -119,7 +120,7 @@ class Device:
             chain = self._bf16_features.ptr
         # matmul_cm2: workgroup-scope matrices, flexible sizes, tensor loads; the attn_cm2
         # kernels: reductions and conversions
-        cm2_wanted = ((CM2_NEEDED if self.info.cm2_invocations else ())
+        cm2_wanted = ((CM2_NEEDED if cm2_products else ())
                       + (CM2_FRAGMENT_OPS if self.info.cm2_fragment_ops else ()))
         if cm2_wanted:
             exts += [e for e in CM2_EXTS if e not in exts]

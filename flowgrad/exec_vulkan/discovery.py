@@ -31,6 +31,10 @@ class DeviceInfo:
     # products of flexible dimensions, and those dimensions' (M, N, K) granularity; () where it is absent
     cm2_invocations: tuple = ()
     cm2_granularity: tuple = ()
+    # the same for workgroup-scope bf16 x bf16 + f32 products (matmul_cm2's bf16 builds), where
+    # the device also offers VK_KHR_shader_bfloat16's cooperative matrices (bf16_lacks == "")
+    cm2_bf16_invocations: tuple = ()
+    cm2_bf16_granularity: tuple = ()
     # VK_NV_cooperative_matrix2's row reductions and conversions between uses on subgroup-scope
     # matrices (the attn_cm2 kernels)
     cm2_fragment_ops: bool = False
@@ -67,6 +71,8 @@ class DeviceCaps:
     coopmat_khr_f16: bool = False
     cm2_invocations: tuple = ()
     cm2_granularity: tuple = ()
+    cm2_bf16_invocations: tuple = ()
+    cm2_bf16_granularity: tuple = ()
     cm2_fragment_ops: bool = False
     coopmat_khr_sizes: tuple = ()
     subgroup_size: int = 0
@@ -240,12 +246,13 @@ class RawStruct:
         self.words[self.HEADER_WORDS + i] = value
 
 
-def cm2_f16(vk, physical, exts: set[str]) -> tuple[tuple, tuple]:
+def cm2_f16(vk, physical, exts: set[str], operand: int = _F16) -> tuple[tuple, tuple]:
     """(workgroup sizes, (M, N, K) granularity) for matmul_cm2 on this device, or
     ((), ()) where the extensions, features or an f16 x f16 + f32 workgroup-scope
-    shape are missing. A query the binding cannot make counts as absent."""
+    shape are missing (operand=BF16: bf16 x bf16 + f32, its bf16 builds). A query
+    the binding cannot make counts as absent."""
     try:
-        return ((), ()) if cm2_lacks(vk, physical, exts) else cm2_f16_query(vk, physical)
+        return ((), ()) if cm2_lacks(vk, physical, exts) else cm2_f16_query(vk, physical, operand)
     except Exception:  # noqa: BLE001 - an optional capability must never stop device discovery
         return (), ()
 
@@ -285,7 +292,7 @@ def cm2_fragment_ops(vk, physical, exts: set[str]) -> bool:
     return all(have[n] for n in (*CM2_FRAGMENT_OPS, "cooperativeMatrix", "vulkanMemoryModel"))
 
 
-def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
+def cm2_f16_query(vk, physical, operand: int = _F16) -> tuple[tuple, tuple]:
     raw = vk.lib.vkGetInstanceProcAddr(instance().handle,
                                        b"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV")
     if raw == vk.ffi.NULL:
@@ -301,7 +308,7 @@ def cm2_f16_query(vk, physical) -> tuple[tuple, tuple]:
     if query(physical, count, props) != vk.VK_SUCCESS:
         return (), ()
     rows = [tuple(int(props[i * size + 4 + j]) for j in range(10)) for i in range(count[0])]
-    ok = [r for r in rows if r[3:8] == (_F16, _F16, _F32, _F32, 0) and r[8] == _WORKGROUP]
+    ok = [r for r in rows if r[3:8] == (operand, operand, _F32, _F32, 0) and r[8] == _WORKGROUP]
     if not ok:
         return (), ()
     granularity = tuple(max(r[j] for r in ok) for j in range(3))
@@ -350,16 +357,18 @@ def describe(vk, index: int, physical) -> DeviceInfo:
         storage_buffers=int(props.limits.maxPerStageDescriptorStorageBuffers),
         coopmat_f16=f16_ok and shared >= COOP_SHARED_BYTES and coopmat_f16(vk, physical, exts),
         coopmat_khr_f16=shared >= COOP_SHARED_BYTES and 16 in khr_sizes,
-        **_cm2_fields(vk, physical, exts, f16_ok),
+        **_cm2_fields(vk, physical, exts, f16_ok, bf16=not bf16_lacks),
         coopmat_khr_sizes=khr_sizes, subgroup_size=int(sub.subgroupSize),
         subgroup_shuffle=bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
                               and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT),
         shared_memory=shared, storage16=storage16, bf16_coopmat_sizes=bf16_sizes, bf16_lacks=bf16_lacks)
 
 
-def _cm2_fields(vk, physical, exts, f16_ok: bool) -> dict:
+def _cm2_fields(vk, physical, exts, f16_ok: bool, bf16: bool) -> dict:
     invocations, granularity = cm2_f16(vk, physical, exts) if f16_ok else ((), ())
+    bf16_invocations, bf16_granularity = cm2_f16(vk, physical, exts, BF16) if bf16 else ((), ())
     return {"cm2_invocations": invocations, "cm2_granularity": granularity,
+            "cm2_bf16_invocations": bf16_invocations, "cm2_bf16_granularity": bf16_granularity,
             "cm2_fragment_ops": f16_ok and cm2_fragment_ops(vk, physical, exts)}
 
 

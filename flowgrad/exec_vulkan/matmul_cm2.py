@@ -3,8 +3,10 @@ VK_NV_cooperative_matrix2): one SPIR-V per tile shape and operand layout.
 
 A build is named matmul_cm2_<BM>x<BN>_k<BK>_w<invocations>[_u<unroll>]_<a><b>: `a` is t when A is read
 along m (its unit stride is the m dim, as in the backward's db = a^T @ g), `b`
-is t when B is read along k (da = g @ b^T). Plain data: the shader build,
-the push-constant specs and the kernel choice all read it."""
+is t when B is read along k (da = g @ b^T). Each tile has a bf16 build too,
+matmul_cm2_..._bf16_<a><b> (the same body with BF16: VK_KHR_shader_bfloat16's
+workgroup-scope products). Plain data: the shader build, the push-constant
+specs and the kernel choice all read it."""
 from __future__ import annotations
 
 import attrs
@@ -42,10 +44,20 @@ TILES = {t.name: t for t in (
 )}
 
 
+def bf16_name(tile: str) -> str:
+    return f"{tile}_bf16"
+
+
 def builds() -> dict[str, tuple[str, dict[str, int]]]:
-    """{spv stem: (glsl body, defines)} for scripts/build_shaders.py."""
+    """{spv stem: (glsl body, defines)} for scripts/build_shaders.py (f16)."""
     return {t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS}
 
 
+def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
+    """{spv stem: (glsl body, defines)} of the bf16 builds."""
+    return {f"{bf16_name(t.name)}_{lay}": (BODY, {**t.defines(lay), "BF16": 1})
+            for t in TILES.values() for lay in LAYOUTS}
+
+
 def shader_names() -> list[str]:
-    return sorted(builds())
+    return sorted({**builds(), **bf16_builds()})

@@ -230,7 +230,8 @@ def problems(spv: Path, shader_dir: Path) -> list[str]:
     source = shader_dir / f"{shader}.comp"
     if not source.exists():  # a build from a table of variants: its .glsl body
         body = {**attention_builds.shader_builds(), **attention_builds.coop_builds(), **attention_builds.cm2_builds(),
-                **matmul_cm2.builds(), **matmul_coop.builds()}.get(shader)
+                **attention_builds.bf16_builds(),
+                **matmul_cm2.builds(), **matmul_cm2.bf16_builds(), **matmul_coop.builds()}.get(shader)
         source = shader_dir / body[0] if body else source
     if source.exists():
         names = source_names(source) or []

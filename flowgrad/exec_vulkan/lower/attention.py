@@ -4,7 +4,8 @@ backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-widt
 matrices of a built fragment shape, their builds on cooperative matrices,
 and of those, where the device also offers VK_NV_cooperative_matrix2's
 reductions and conversions, the attn_cm2 builds (the softmax kept in the
-fragments).
+fragments). bf16 takes the same builds' bf16 siblings by the same rules,
+where the device offers bf16 cooperative matrices of their fragment shape.
 
 Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
@@ -26,7 +27,7 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows, cm2_shared_bytes, coop_name,
+    BF16_SHAPES, CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows, cm2_shared_bytes, coop_name,
     coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import holding, variant
@@ -42,7 +43,7 @@ _CM2: contextvars.ContextVar = contextvars.ContextVar("attention_cm2", default=N
 
 
 def forced_coop(on: bool):
-    """Within the block f16 attention runs on the cooperative-matrix kernels
+    """Within the block f16 and bf16 attention run on the cooperative-matrix kernels
     (on=True: an error where the device has none of their builds) or on the
     scalar ones (on=False); outside it, on cooperative matrices wherever the
     device takes a build."""
@@ -73,15 +74,18 @@ def _shared_bytes(kernel: str, cm2: bool):
     return cm2_shared_bytes if cm2 and kernel in CM2_BODIES else coop_shared_bytes
 
 
-def coop_build(caps: DeviceCaps, dh: int, cm2: bool = False) -> tuple[int, int, int] | None:
-    """(FR, SG, MAXD) of the cooperative-matrix build an f16 attention of head
-    width dh takes on this device, or None: the device offers FR x FR x FR f16
-    products with subgroups of SG, subgroup shuffles, and the shared memory
-    (of the attn_cm2 builds where cm2, of the KHR ones otherwise)."""
+def coop_build(caps: DeviceCaps, dh: int, cm2: bool = False, half: str = "f16") -> tuple[int, int, int] | None:
+    """(FR, SG, MAXD) of the cooperative-matrix build an attention of head
+    width dh in `half` (f16 or bf16) takes on this device, or None: the device
+    offers FR x FR x FR products of that type with subgroups of SG (bf16: of a
+    shape built in bf16, VK_KHR_shader_bfloat16's), subgroup shuffles, and the
+    shared memory (of the attn_cm2 builds where cm2, of the KHR ones otherwise)."""
     if not caps.subgroup_shuffle:
         return None
+    bf16 = half == "bf16"
+    sizes = (() if caps.bf16_lacks else caps.bf16_coopmat_sizes) if bf16 else caps.coopmat_khr_sizes
     for (fr, sg), bounds in COOP_TILES.items():
-        if fr not in caps.coopmat_khr_sizes or sg != caps.subgroup_size:
+        if fr not in sizes or sg != caps.subgroup_size or (bf16 and (fr, sg) not in BF16_SHAPES):
             continue
         maxd = next((m for m in sorted(bounds) if dh <= m), None)
         if maxd is not None and all(_shared_bytes(kernel, cm2)(kernel, maxd, fr, *tiles) <= caps.shared_memory
@@ -93,13 +97,15 @@ def coop_build(caps: DeviceCaps, dh: int, cm2: bool = False) -> tuple[int, int, 
 def coop_kernels(rec, dtype: str, dh: int) -> tuple[int, int, int] | None:
     """The cooperative-matrix build this attention runs on, or None (the scalar kernels)."""
     want = _COOP.get()
-    if want is False or dtype != "f16":
+    if want is False or dtype not in ("f16", "bf16"):
         return None
-    build = coop_build(rec.caps, dh, cm2=_uses_cm2(rec.caps, "fwd"))
+    build = coop_build(rec.caps, dh, cm2=_uses_cm2(rec.caps, "fwd"), half=dtype)
     if want and build is None:
+        shapes = sorted(BF16_SHAPES) if dtype == "bf16" else sorted(COOP_TILES)
         raise DeviceError(f"no cooperative-matrix attention build runs on {rec.caps.described} "
-                          f"for head width {dh} (it needs f16 storage, VK_KHR_cooperative_matrix with one of the "
-                          f"fragment and subgroup sizes {sorted(COOP_TILES)}, and head widths up to "
+                          f"for head width {dh} in {dtype} (it needs {dtype} cooperative matrices "
+                          f"(VK_KHR_cooperative_matrix{', VK_KHR_shader_bfloat16' if dtype == 'bf16' else ''}) "
+                          f"with one of the fragment and subgroup sizes {shapes}, and head widths up to "
                           f"{max(max(b) for b in COOP_TILES.values())})")
     return build
 
@@ -154,9 +160,9 @@ def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
     else:
         fr, sg, maxd = coop
         if _uses_cm2(rec.caps, kernel):
-            shader, own = cm2_name(kernel, maxd, fr, sg), cm2_rows(fr, sg, maxd, kernel)
+            shader, own = cm2_name(kernel, maxd, fr, sg, q.dtype), cm2_rows(fr, sg, maxd, kernel)
         else:
-            shader, own = coop_name(kernel, maxd, fr, sg), COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
+            shader, own = coop_name(kernel, maxd, fr, sg, q.dtype), COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
         build = None
     rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
 

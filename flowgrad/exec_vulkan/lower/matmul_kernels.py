@@ -18,7 +18,10 @@ for it), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
 VK_KHR_cooperative_matrix as matmul_coop_khr, one build per operand layout
 (matmul_coop.py), and for the NV extension that preceded it), when its
 alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8 (8x8x8 products) is
-for tests and benches to force where only those are offered."""
+for tests and benches to force where only those are offered. bf16 operands take
+the same tiles' bf16 builds by the same rules, where the device lists bf16
+products of their scope (VK_KHR_shader_bfloat16; workgroup scope for matmul_cm2),
+else matmul_coop_khr_bf16."""
 from __future__ import annotations
 
 import contextvars
@@ -82,9 +85,12 @@ COOP_FR8_SHARED = 20480
 COOP_KHR_BF16 = COOPS["matmul_coop_khr_bf16"]
 COOP_W128_BF16 = COOPS["matmul_coop_khr_w128_bf16"]
 COOP_ALIGN = 8          # matmul_coop moves 16-byte vectors (8 f16): strides and K multiples of 8, M and N of 16
-CM2S = {name: Tile(name, t.bm, t.bn, t.bk, coop=True, cm2=True, invocations=t.invocations, layouts=True)
-        for name, t in matmul_cm2.TILES.items()}
-# shape class -> matmul_cm2 tile, measured on an H200 by bench/matmul_sweep.py (per class, the best
+# matmul_cm2's tiles under their f16 builds' names and their bf16 builds' (matmul_cm2.bf16_name)
+CM2S = {(matmul_cm2.bf16_name(name) if bf16 else name):
+        Tile(matmul_cm2.bf16_name(name) if bf16 else name, t.bm, t.bn, t.bk, coop=True, bf16=bf16, cm2=True,
+             invocations=t.invocations, layouts=True)
+        for name, t in matmul_cm2.TILES.items() for bf16 in (False, True)}
+# shape class -> matmul_cm2 tile (its f16 build; bf16 takes the same tile's bf16 build), measured on an H200 by bench/matmul_sweep.py (per class, the best
 # mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
 # 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile).
 # "deep_long": deep products CM2_LONG_K or more deep, GPT-2 124M's weight gradients at 8192 tokens and
@@ -204,6 +210,11 @@ def coop_tile(caps: DeviceCaps, dtype: str = "f16") -> Tile:
     return COOP_KHR if caps.coopmat_khr_f16 else COOP
 
 
+def coop_w128(dtype: str) -> Tile:
+    """COOP_W128 in dtype's build."""
+    return COOP_W128_BF16 if dtype == "bf16" else COOP_W128
+
+
 def coop_builds(caps: DeviceCaps, dtype: str = "f16") -> list[Tile]:
     """Every matmul_coop build the device runs (the chosen one, and the others a test or bench may force)."""
     if dtype == "bf16":
@@ -223,23 +234,39 @@ def cm2_class(klass: str, m: int, n: int, k: int) -> str:
 
 
 def cm2_runs(caps: DeviceCaps, tile: Tile) -> bool:
-    """The device takes this matmul_cm2 tile: its workgroup size is one the driver lists for
-    workgroup-scope f16 products, and its sizes are multiples of the listed granularity."""
-    sizes, grain = caps.cm2_invocations, caps.cm2_granularity
+    """The device takes this matmul_cm2 build: its workgroup size is one the driver lists for
+    workgroup-scope products of its type (f16, or bf16), and its sizes are multiples of the
+    listed granularity."""
+    sizes, grain = ((caps.cm2_bf16_invocations, caps.cm2_bf16_granularity) if tile.bf16
+                    else (caps.cm2_invocations, caps.cm2_granularity))
     return (tile.invocations in sizes and len(grain) == 3
             and all(d % g == 0 for d, g in zip((tile.bm, tile.bn, tile.bk), grain)))
 
 
-def _cm2_tile(caps: DeviceCaps, key: str) -> Tile | None:
-    """The class's matmul_cm2 tile, or where the device does not take it another table tile it does."""
+def cm2_build(name: str, bf16: bool) -> Tile | None:
+    """matmul_cm2's tile `name` (as the tables name it: its f16 build) in the f16 or bf16 build."""
+    return CM2S.get(matmul_cm2.bf16_name(name) if bf16 and name else name)
+
+
+def cm2_builds(caps: DeviceCaps, dtype: str = "f16") -> list[Tile]:
+    """Every matmul_cm2 build in dtype (f16 or bf16) the device runs (a test or bench may force any)."""
+    return [t for _, t in sorted(CM2S.items()) if t.bf16 == (dtype == "bf16") and cm2_runs(caps, t)]
+
+
+def _cm2_tile(caps: DeviceCaps, key: str, dtype: str) -> Tile | None:
+    """The class's matmul_cm2 tile in dtype's build, or where the device does not take it
+    another table tile it does (None: no half dtype, or none)."""
+    if dtype not in HALF_DTYPES:
+        return None
     names = [CM2_TABLE[key]] + [t for k, t in CM2_TABLE.items() if k != key]
-    return next((CM2S[t] for t in names if cm2_runs(caps, CM2S[t])), None)
+    builds = (cm2_build(t, dtype == "bf16") for t in names)
+    return next((t for t in builds if cm2_runs(caps, t)), None)
 
 
 def _wider(caps: DeviceCaps, tile: Tile, m: int, n: int) -> Tile:
     """The cm2 tile or its wider sibling (CM2_WIDER), whichever covers m x n at less cost."""
-    name, rate = CM2_WIDER.get(tile.shader, (None, 1.0))
-    wide = CM2S.get(name)
+    name, rate = CM2_WIDER.get(tile.shader.removesuffix("_bf16") if tile.bf16 else tile.shader, (None, 1.0))
+    wide = cm2_build(name, tile.bf16)
     if wide is None or not cm2_runs(caps, wide):
         return tile
     wave = SPLIT_TARGET[device_family(caps)]
@@ -260,11 +287,12 @@ def _check_forced(caps: DeviceCaps, tile: Tile, dtype: str, m: int, n: int, k: i
     if dtype in HALF_DTYPES and not (tile.coop or tile.f16):
         raise DeviceError(f"{tile.shader} has no {dtype} build ({dtype} GEMMs use {F16_TILE}, or cooperative matrices)")
     if tile.cm2:
-        if dtype != "f16":
-            raise DeviceError(f"{tile.shader} takes f16 GEMMs only, not {dtype}")
+        half = "bf16" if tile.bf16 else "f16"
+        if dtype != half:
+            raise DeviceError(f"{tile.shader} takes {half} GEMMs only, not {dtype}")
         if caps.name and not cm2_runs(caps, tile):   # a dry run without a device takes it on trust
             raise DeviceError(f"{tile.shader} does not run on {caps.described} "
-                              "(no VK_NV_cooperative_matrix2 workgroup-scope f16 products of its size)")
+                              f"(no VK_NV_cooperative_matrix2 workgroup-scope {half} products of its size)")
     elif tile.coop and tile.bf16 != (dtype == "bf16"):
         raise DeviceError(f"{tile.shader} takes {'bf16' if tile.bf16 else 'f16'} GEMMs only, not {dtype}")
     elif tile.coop and tile.bf16 and caps.name and caps.bf16_lacks:
@@ -284,15 +312,16 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     shader = forced_shader()
     klass = shape_class(m, n, k, nz)
     family = device_family(caps)
-    cm2 = _cm2_tile(caps, cm2_class(klass, m, n, k))
+    cm2 = _cm2_tile(caps, cm2_class(klass, m, n, k), dtype)
     if shader is not None:
         tile = _tile(shader)
         if tile.cm2 and not tensor_loads:
             raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
         _check_forced(caps, tile, dtype, m, n, k, coop_aligned)
-    elif tensor_loads and dtype == "f16" and cm2 is not None:
+    elif tensor_loads and cm2 is not None:
         many = klass in ("tall", "narrow") and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES
-        tile = COOP_W128 if many and COOP_W128 in coop_builds(caps) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
+        w128 = coop_w128(dtype)
+        tile = w128 if many and w128 in coop_builds(caps, dtype) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
             else cm2 if nz > 1 else _wider(caps, cm2, m, n)
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps, dtype)

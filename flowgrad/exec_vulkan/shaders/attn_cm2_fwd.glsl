@@ -35,7 +35,7 @@ layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q staged here first)
-shared float16_t Os[NSG * FR * PROW];   // each subgroup's output rows on their way out
+shared HT Os[NSG * FR * PROW];   // each subgroup's output rows on their way out
 
 void main() {
     uint sg = sg_index();

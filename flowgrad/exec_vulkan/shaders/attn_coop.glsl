@@ -1,5 +1,6 @@
 // The attention kernels on cooperative matrices (VK_KHR_cooperative_matrix,
-// subgroup scope; f16 storage, f32 accumulation): attn_coop_fwd,
+// subgroup scope; f16 storage, or bf16 where BF16 is defined (VK_KHR_shader_bfloat16's
+// fragments), f32 accumulation): attn_coop_fwd,
 // attn_coop_bwd_dq and attn_coop_bwd_dkdv, with the same contract as the
 // scalar kernels (attn_common.glsl). The build table in attention_builds.py
 // gives:
@@ -22,10 +23,18 @@
 #ifdef CM2
 #extension GL_NV_cooperative_matrix2 : require
 #endif
-#include "attn_common.glsl"
-
 #define BR (NSG * FR)
 #define NT (NSG * SG)
+layout(local_size_x = NT) in;   // declared before common.glsl's flat_index reads it (glslang 16 insists)
+#include "attn_common.glsl"
+// HT: the fragments' and the staged tiles' half type (T holds bf16 as its bits: uint16_t)
+#ifdef BF16
+#extension GL_EXT_bfloat16 : require
+#define HT bfloat16_t
+#else
+#define HT float16_t
+#endif
+
 #define LPR (SG / FR)          // lanes per row in the scalar phases
 #define ND (MAXD / FR)         // fragments across a head row
 #define NB (BC / FR)           // fragments across a streamed tile
@@ -40,15 +49,13 @@
 #error "attention tile: FR must divide SG, MAXD and BC, and two streamed tiles must hold the own rows"
 #endif
 
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
+#define FRAG_A coopmat<HT, gl_ScopeSubgroup, FR, FR, gl_MatrixUseA>
+#define FRAG_B coopmat<HT, gl_ScopeSubgroup, FR, FR, gl_MatrixUseB>
 #define FRAG_C coopmat<float, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>
 #define ROWS gl_CooperativeMatrixLayoutRowMajor
 #define COLS gl_CooperativeMatrixLayoutColumnMajor
 
-layout(local_size_x = NT) in;
-
-// 8 halves at a time where every head row starts 16-byte aligned
+// 8 halves at a time where every head row starts 16-byte aligned (bf16: their bits)
 layout(std430, set = 0, binding = 0) readonly buffer Q8 { uvec4 q8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer K8 { uvec4 k8[]; };
 layout(std430, set = 0, binding = 2) readonly buffer V8 { uvec4 v8[]; };
@@ -123,7 +130,28 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
 
 #define VEC8 (p.d % 8u == 0u && p.dh % 8u == 0u)
 
-// x <- head h's columns c .. c+7 of row r of src as f16, 8 columns per
+// x <- src[at + t] for t < 8 as halves packed in a vector, zero from column c + t == dh on
+#ifdef BF16
+// (the bits of each: a bf16 read and stored again is itself)
+#define PACK8(x, src, at, c)                                                         \
+    {                                                                                 \
+        uint w_[8];                                                                   \
+        [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                                  \
+            w_[t_] = (c) + t_ < p.dh ? fg_bf16(LOAD(src[(at) + t_])) : 0u;            \
+        x = uvec4(w_[0] | (w_[1] << 16), w_[2] | (w_[3] << 16), w_[4] | (w_[5] << 16), w_[6] | (w_[7] << 16)); \
+    }
+#else
+#define PACK8(x, src, at, c)                                                         \
+    {                                                                                 \
+        float16_t h_[8];                                                              \
+        [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                                  \
+            h_[t_] = (c) + t_ < p.dh ? src[(at) + t_] : float16_t(0.0);               \
+        x = uvec4(packFloat2x16(f16vec2(h_[0], h_[1])), packFloat2x16(f16vec2(h_[2], h_[3])), \
+                  packFloat2x16(f16vec2(h_[4], h_[5])), packFloat2x16(f16vec2(h_[6], h_[7]))); \
+    }
+#endif
+
+// x <- head h's columns c .. c+7 of row r of src as halves, 8 columns per
 // vector, zero past seq and past dh
 #define HEAD_VEC8(x, src, src8, seq, r, c, b, h)                                    \
     x = uvec4(0u);                                                                    \
@@ -132,16 +160,12 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         if (VEC8) {                                                                   \
             x = src8[at_ / 8u];                                                       \
         } else {                                                                      \
-            float16_t h_[8];                                                          \
-            [[unroll]] for (uint t_ = 0u; t_ < 8u; ++t_)                              \
-                h_[t_] = (c) + t_ < p.dh ? src[at_ + t_] : float16_t(0.0);            \
-            x = uvec4(packFloat2x16(f16vec2(h_[0], h_[1])), packFloat2x16(f16vec2(h_[2], h_[3])), \
-                      packFloat2x16(f16vec2(h_[4], h_[5])), packFloat2x16(f16vec2(h_[6], h_[7]))); \
+            PACK8(x, src, at_, c)                                                     \
         }                                                                             \
     }
 
 // dst[off + r * HROW + c / 8] (r < nrows, c < MAXD) <- head h's row r0 + r
-// of src as f16 (HEAD_VEC8). Every invocation of the workgroup takes part.
+// of src as halves (HEAD_VEC8). Every invocation of the workgroup takes part.
 #define STAGE(dst, off, src, src8, seq, r0, nrows, b, h)                             \
     for (uint e_ = gl_LocalInvocationIndex; e_ < (nrows) * (MAXD / 8u); e_ += NT) {  \
         uint r_ = e_ / (MAXD / 8u), c_ = (e_ % (MAXD / 8u)) * 8u;                      \
@@ -190,12 +214,12 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         s = coopMatMulAdd(a[d_], t_, s);                                              \
     }
 
-// an accumulator fragment, as f16, to columns n*FR .. of this subgroup's rows of dst
+// an accumulator fragment, as HT, to columns n*FR .. of this subgroup's rows of dst
 #define STORE_F16(frag, dst, n)                                                      \
-    coopMatStore(coopmat<float16_t, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>(frag), \
+    coopMatStore(coopmat<HT, gl_ScopeSubgroup, FR, FR, gl_MatrixUseAccumulator>(frag), \
                  dst, sg_index() * FR * PROW + (n) * FR, PROW, ROWS)
 
-// acc[d] += P (this subgroup's FR x BC f16 rows of src) times the streamed
+// acc[d] += P (this subgroup's FR x BC HT rows of src) times the streamed
 // tile's rows (BC x MAXD)
 #define ACCUMULATE(acc, src, tile, off)                                              \
     [[unroll]] for (uint n_ = 0u; n_ < NB; ++n_) {                                   \
@@ -209,8 +233,13 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
     }
 
 // head h's columns of rows row0 + r (r < FR, below seq) of dst <- acc[base + d] * factor,
-// rounded to f16 once, each fragment through this subgroup's f16 rows of stage
-// (after its lanes' last reads of them)
+// rounded to HT once, each fragment through this subgroup's HT rows of stage
+// (after its lanes' last reads of them); a staged HT as T (bf16: the same value)
+#ifdef BF16
+#define STAGED(x) STORE(float(x))
+#else
+#define STAGED(x) x
+#endif
 #define STORE_ROWS_AT(dst, acc, base, factor, stage, seq, row0, b, h)                 \
     subgroup_sync();                                                                  \
     [[unroll]] for (uint d_ = 0u; d_ < ND; ++d_) {                                    \
@@ -220,7 +249,7 @@ float online_step(uint j0, uint b, uint h, uint row, inout float m, inout float 
         for (uint c_ = lane_part(); c_ < FR; c_ += LPR) {                             \
             uint col_ = d_ * FR + c_;                                                 \
             if (row_ < (seq) && col_ < p.dh)                                          \
-                dst[row_base(b, seq, row_, h) + col_] = stage[(sg_index() * FR + r_) * PROW + c_]; \
+                dst[row_base(b, seq, row_, h) + col_] = STAGED(stage[(sg_index() * FR + r_) * PROW + c_]); \
         }                                                                             \
         subgroup_sync();                                                              \
     }
@@ -239,7 +268,7 @@ float max_of(const in float a, const in float b) { return max(a, b); }
 float sum_of(const in float a, const in float b) { return a + b; }
 
 // acc[d] += the accumulator fragment pf (this subgroup's rows by streamed
-// rows n*FR .. n*FR+FR-1), rounded to an f16 A fragment, times those streamed
+// rows n*FR .. n*FR+FR-1), rounded to an HT A fragment, times those streamed
 // rows of a staged tile (FR x MAXD)
 #define ACCUMULATE_FRAG(acc, pf, tile, off, n)                                       \
     {                                                                                 \

@@ -23,9 +23,9 @@ layout(std430, set = 0, binding = 7) writeonly buffer DV { T dv[]; };
 
 shared uvec4 QGs[2 * BC * HROW];        // Q at 0, G at BC * HROW (K, then V, staged here first)
 #ifndef CM2
-shared float16_t Ps[NSG * FR * PROW];   // each subgroup's P^T
+shared HT Ps[NSG * FR * PROW];   // each subgroup's P^T
 #endif
-shared float16_t DSs[NSG * FR * PROW];  // each subgroup's dS^T (CM2: its output rows on their way out)
+shared HT DSs[NSG * FR * PROW];  // each subgroup's dS^T (CM2: its output rows on their way out)
 shared float Ms[BC], LLs[BC];           // the streamed queries' m and log l
 shared float Ds[BC];                    // and D
 

@@ -21,7 +21,7 @@ layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  
 layout(std430, set = 0, binding = 6) writeonly buffer DQ { T dq[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q, then G, staged here first)
-shared float16_t Ps[NSG * FR * PROW];   // each subgroup's dS (CM2: its output rows on their way out)
+shared HT Ps[NSG * FR * PROW];   // each subgroup's dS (CM2: its output rows on their way out)
 shared float Mrow[BR], LLrow[BR], Drow[BR];  // the own rows' m, log l and D
 
 void main() {

@@ -13,7 +13,7 @@ layout(std430, set = 0, binding = 4) writeonly buffer O { T o[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer Stats { float stats[]; };
 
 shared uvec4 KVs[2 * BC * HROW];        // K at 0, V at BC * HROW (Q staged here first)
-shared float16_t Ps[NSG * FR * PROW];   // each subgroup's probabilities
+shared HT Ps[NSG * FR * PROW];   // each subgroup's probabilities
 shared float Rowf[BR];                  // a factor per own row: the softmax's correction, then 1/l
 
 // acc[d] rows scaled by Rowf of this subgroup's rows (Rowf written, the subgroup synced)
@@ -53,7 +53,7 @@ void main() {
         [[unroll]] for (uint x = 0u; x < PER_LANE; ++x) {
             float pv = exp(s[x] - mref);
             l += pv;
-            Ps[(sg * FR + r) * PROW + part + LPR * x] = float16_t(pv);
+            Ps[(sg * FR + r) * PROW + part + LPR * x] = HT(pv);
         }
         if (part == 0u) Rowf[sg * FR + r] = corr;
         subgroup_sync();

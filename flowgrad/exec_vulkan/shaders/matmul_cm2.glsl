@@ -1,7 +1,8 @@
 // compiler: glslc-2025 (GL_NV_cooperative_matrix2 needs glslang 15 or newer)
 #version 450
 // GEMM on workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2 with
-// VK_KHR_cooperative_matrix): f16 operands, f32 accumulation, f16 result. Same
+// VK_KHR_cooperative_matrix): f16 operands, f32 accumulation, f16 result (bf16
+// operands and result where BF16 is defined: VK_KHR_shader_bfloat16). Same
 // contract and push constants as matmul_tiled.glsl (strides, batches, summed
 // batches, split-K). Each workgroup owns one BM x BN output tile as a single
 // matrix and steps K by BK with tensor-addressed loads: the operand tiles are
@@ -22,15 +23,22 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+// H: the operands' and the result's type; the products accumulate in f32 either way
+#ifdef BF16
+#extension GL_EXT_bfloat16 : require
+#define H bfloat16_t
+#else
+#define H float16_t
+#endif
 
 layout(local_size_x = NT) in;
-layout(std430, set = 0, binding = 0) readonly buffer BufA { float16_t a[]; };
-layout(std430, set = 0, binding = 1) readonly buffer BufB { float16_t b[]; };
-layout(std430, set = 0, binding = 2) writeonly buffer BufC { float16_t c[]; };
+layout(std430, set = 0, binding = 0) readonly buffer BufA { H a[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BufB { H b[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
 // the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
-layout(std430, set = 0, binding = 3) readonly buffer BufR { float16_t res[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufBias { float16_t bias[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer BufH { float16_t pre[]; };
+layout(std430, set = 0, binding = 3) readonly buffer BufR { H res[]; };
+layout(std430, set = 0, binding = 4) readonly buffer BufBias { H bias[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer BufH { H pre[]; };
 #include "gemm_push.glsl"
 // amode: every stride and offset is a multiple of 8; bmode, cvec unused
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;
@@ -43,9 +51,9 @@ layout(constant_id = 1) const uint EPI_ADDS = 0u;
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define ACC coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
-#define ACC16 coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
-#define MATA coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
-#define MATB coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
+#define ACC16 coopmat<H, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>
+#define MATA coopmat<H, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
+#define MATB coopmat<H, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>
 #ifndef UNROLL
 #define UNROLL 1u
 #endif
@@ -73,10 +81,10 @@ layout(constant_id = 1) const uint EPI_ADDS = 0u;
 #endif
 
 // gemm_epilogue.glsl's epilogue, element by element (coopMatPerElementNV gives
-// each element's row and column in the tile m0, n0), every step rounded to f16
+// each element's row and column in the tile m0, n0), every step rounded to H
 float plus_bias(const in uint row, const in uint col, const in float v, const in uint n0) {
     uint n = n0 + col;
-    return n < p.N ? float(float16_t(v + float(bias[n]))) : v;
+    return n < p.N ? float(H(v + float(bias[n]))) : v;
 }
 float activation(const in uint row, const in uint col, const in float v) { return epi_act(v); }
 
