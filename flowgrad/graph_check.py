@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from flowgrad.dtypes import FLOAT_DTYPES, dtype_of
+from flowgrad.dtypes import FLOAT_DTYPES, NUMPY_DTYPE, dtype_of
 from flowgrad.errors import IRError
 from flowgrad.graph import LEAF_OPS, Graph, Node, format_node
 
@@ -60,7 +60,8 @@ def _check_leaf(node: Node) -> None:
             got = dtype_of(value)
         except TypeError:
             got = str(value.dtype)
-        if tuple(value.shape) != node.shape or got != node.dtype:
+        # a bf16 value is held on the host as f32 (flowgrad.dtypes), as NUMPY_DTYPE says
+        if tuple(value.shape) != node.shape or value.dtype != NUMPY_DTYPE.get(node.dtype):
             raise _bad(node, f"the const's value is {got}[{','.join(map(str, value.shape))}], "
                              f"its type says {node.type}")
         if value.flags.writeable:

@@ -87,8 +87,7 @@ class GraphSession:
     def _write_leaves(self, arrays: dict):
         with OneShot(self.device) as s:
             for key, (value, dtype) in arrays.items():
-                data = device_array(value, dtype)
-                s.write(BufView(self.leaves[key], 0, data.shape, dtype), data)
+                s.write(BufView(self.leaves[key], 0, np.shape(value), dtype), value)
             s.run()
 
     def _scale_words(self) -> np.ndarray:
@@ -108,7 +107,7 @@ class GraphSession:
         if pairs:
             with OneShot(self.device) as s:
                 for view, value in pairs:
-                    s.write(view, device_array(value, view.dtype).reshape(view.shape))
+                    s.write(view, value)
                 s.run()
 
     def leaf_buffer(self, pb):

@@ -406,6 +406,6 @@ def fill_word(value: float, dtype: str) -> int:
     if dtype == "f32":
         return struct.unpack("<I", struct.pack("<f", float(value)))[0]
     if dtype in HALF_DTYPES:
-        half = int(bf16_bits(np.float32(value))) if dtype == "bf16" else int(np.array(value, np.float16).view(np.uint16))
+        half = int(bf16_bits([value])[0]) if dtype == "bf16" else int(np.array(value, np.float16).view(np.uint16))
         return half | half << 16
     return int(value) & 0xFFFFFFFF
