@@ -35,7 +35,7 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
                    "f32, f16, or mixed (16-bit compute, f32 master params; default f32)")
     p.add_argument("--mixed", default="auto", choices=list(MIXED_HALVES),
                    help="what --dtype mixed computes in: bf16 (no loss scaling), f16 (with loss scaling), or auto: "
-                        "f16 for now, as bf16's kernels are slower (default auto)")
+                        "bf16 where the device multiplies bf16 on cooperative matrices, else f16 (default auto)")
     p.add_argument("--backward", default="auto", choices=["auto", "graph", "closures"],
                    help="execution path of the backward pass: auto lets the planner choose; graph makes a "
                         "refusal an error (default auto)")

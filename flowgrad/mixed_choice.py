@@ -3,12 +3,12 @@
 bf16 keeps f32's exponent range, so gradients do not underflow and the loss
 needs no scaling: no scaler, no skipped steps, as PyTorch's bf16 autocast.
 f16 has three more bits of mantissa but underflows below 6e-8, so it takes
-dynamic loss scaling (flowgrad/loss_scale.py). "auto" picks f16 for now, even
-where the device multiplies bf16 on cooperative matrices (VK_KHR_shader_bfloat16):
-there bf16 runs the bf16 builds of f16's kernels (matmul_cm2's tiles, the
-cooperative-matrix attention kernels), yet a GPT-2 124M step took 53.7 ms
-against f16's 52.6, its products 38.3 against 36.7 (H100, 2026-12-06, one
-process); auto takes bf16 once its step is no slower. "bf16"
+dynamic loss scaling (flowgrad/loss_scale.py). "auto" takes bf16 where the
+device multiplies bf16 on cooperative matrices (VK_KHR_shader_bfloat16): there
+bf16 runs the bf16 builds of f16's kernels (matmul_cm2's tiles, the
+cooperative-matrix attention kernels), a GPT-2 124M step 2% slower than f16's
+(53.7 ms against 52.6 on an H100, 2026-12-06) for a step with no loss scale to
+tend; elsewhere f16, whose products have tensor cores on more devices. "bf16"
 forces it anywhere: storage is the top 16 bits of an f32 on every Vulkan
 device (products on bf16 cooperative matrices where offered, else on the
 f32-arithmetic tiled kernels), and numpy emulates it (flowgrad.dtypes.round_bf16)."""
@@ -60,9 +60,8 @@ def choose(mixed: str, info, loss_scale=None) -> MixedChoice:
         return MixedChoice("f16", "the session runs on numpy, which has no bf16 cooperative matrices "
                                   "(mixed='bf16' emulates bf16 there)")
     if offered:
-        return MixedChoice("f16", "the device offers bf16 cooperative matrices, but flowgrad's bf16 kernels are "
-                                  "slower than its f16 ones there (a GPT-2 124M step 2% slower on an H100); "
-                                  "mixed='bf16' uses them")
+        return MixedChoice("bf16", "the device multiplies bf16 on cooperative matrices; " + bf16_products(info)
+                           + " (mixed='f16' takes f16 with loss scaling)")
     return MixedChoice("f16", f"{info.bf16_lacks} (mixed='bf16' stores bf16 all the same, with f32 products)")
 
 
