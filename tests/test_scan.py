@@ -274,6 +274,22 @@ def test_scan_on_vulkan_closures_runs_each_scan_as_one_call(vk_device):
         close(got.grads[name], value, f"d{name}")
 
 
+def test_a_bf16_scan_on_vulkan_closures_runs_its_cell_in_bf16(vk_device):
+    # a closure retyped bf16 nodes to f32, but not the scan's cell: its kernels mixed f32 and
+    # bf16 views and the loss came out NaN; the scan runs in bf16 as numpy's emulation does
+    model = fg.loads(source(LSTM), file="lstm.flow")
+    numpy = model.compile(device="cpu", dtype="mixed", mixed="bf16")
+    closures = model.compile(device="vulkan", dtype="mixed", mixed="bf16", backward="closures")
+    closures.set_params(numpy.params)
+    feeds = {k: v.astype(np.float32) for k, v in feeds_for(model.graph, seed=5).items()}
+    want, got = numpy.step(feeds), closures.step(feeds)
+    assert closures.runner.executor.kernels.on_numpy == set()
+    assert abs(got.loss - want.loss) <= 2e-2 * abs(want.loss), (got.loss, want.loss)
+    for name, value in want.grads.items():
+        scale = max(float(np.abs(value).max()), 1e-6)
+        assert np.abs(got.grads[name] - value).max() <= 6e-2 * scale, name
+
+
 def recorded(node, graph) -> tuple[list, int]:
     """The commands scan's lowering records on a dry run for the scan and for
     its gradient (a scan of the cell's backward, a node of the step graph),

@@ -42,7 +42,7 @@ def promotion(node: Node, in_dtypes) -> dict | None:
         return None
     # a closure's bf16 values are f32 arrays on the host (flowgrad.dtypes): its ops run in f32, and
     # VulkanKernels.forward rounds the result once, as numpy's closures do
-    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes - {"bf16"})
+    return run_dtypes({node.dtype, *in_dtypes}, low.dtypes if low.cell is not None else low.dtypes - {"bf16"})
 
 
 @attrs.frozen
@@ -57,6 +57,9 @@ def record_call(rec, node: Node, in_types: list[TensorType], empty) -> Call | No
     runs it in, with buffers from empty(shape, dtype): its buffers, or None
     (numpy) where promotion says no or the lowering refuses the shapes.
     Recording makes no Vulkan calls, so a refusal costs no transfer."""
+    low = lowering_for(node.op)
+    if low is not None and low.cell is not None:   # a bf16 value's host array is f32: the cell says what it holds
+        in_types = [TensorType(t.shape, d) for t, d in zip(in_types, low.cell(node))]
     promote = promotion(node, [t.dtype for t in in_types])
     if promote is None:
         return None
@@ -64,7 +67,7 @@ def record_call(rec, node: Node, in_types: list[TensorType], empty) -> Call | No
     call = Call([empty(t.shape, promote.get(t.dtype, t.dtype)) for t in in_types], empty(node.shape, run_node.dtype))
     try:
         with rec.section(node.label, "forward"):
-            lowering_for(node.op).forward(rec, run_node, call.ins, call.out)
+            low.forward(rec, run_node, call.ins, call.out)
     except (FlowError, ValueError):
         return None
     return call

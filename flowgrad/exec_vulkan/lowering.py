@@ -49,7 +49,12 @@ class Lowering:
     (lower/linalg.py) and adds a residual laid out as the output and a bias
     over its last axis, then applies an activation, in its store where its
     kernel can (setting `applied`); the planner fuses such a product with
-    the adds and the activation after it."""
+    the adds and the activation after it.
+    cell(node) -> [dtype]: set when forward records a graph of other nodes
+    (a scan's cell), typed as the model typed them: the dtypes the node's
+    inputs hold. A closure runs such a node in those dtypes, bf16 included
+    (a retyped node's cell would keep its own), whatever array holds a value
+    on the host (a bf16 value's is f32)."""
 
     forward: Callable
     dtypes: frozenset = frozenset({"f32"})
@@ -59,6 +64,7 @@ class Lowering:
     blocked: str | None = None
     window: Callable | None = None
     epilogue: bool = False
+    cell: Callable | None = None
 
 
 @attrs.frozen

@@ -216,5 +216,11 @@ def _record(rec, graph, lows, cell, values, first) -> None:
         lows[n.id].forward(rec, cell[n.id], ins, values[n.id])
 
 
-register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES),
+def _cell_dtypes(node) -> list[str]:
+    """The dtypes a scan's inputs hold: its cell's inputs'."""
+    body = node.attrs["body"]
+    return [body.graph.nodes[i].dtype for i in body.inputs]
+
+
+register_lowerings({"scan": Lowering(scan_forward, ALL_DTYPES, cell=_cell_dtypes),
     "unpack": in_place(lambda node, in_shape: node.attrs["offset"])})
