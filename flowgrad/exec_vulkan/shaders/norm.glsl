@@ -220,20 +220,17 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
 // the two sums dx needs, together), and the lane's column sums carried on.
 // Registers are indexed at literal indices only (indexed at run time,
 // NVIDIA keeps an array in local memory).
-void load_row(uint row, bool live, uint lane, uint S, out float xs[MAXC], out float gs[MAXC]) {
+void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], inout vec2 cols[MAXC]) {
+    uint start = row * pc.D;
+    float xs[MAXC], gs[MAXC];
+    float s = 0.0;
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         uint j = lane + k * S;
         bool in_row = live && j < pc.D;
-        xs[k] = in_row ? LOAD(x[row * pc.D + j]) : 0.0;
-        gs[k] = in_row ? LOAD(g[row * pc.D + j]) : 0.0;
+        xs[k] = in_row ? LOAD(x[start + j]) : 0.0;
+        gs[k] = in_row ? LOAD(g[start + j]) : 0.0;
+        s += xs[k];
     }
-}
-
-void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], float xs[MAXC], float gs[MAXC],
-                  inout vec2 cols[MAXC]) {
-    uint start = row * pc.D;
-    float s = 0.0;
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) s += xs[k];
     float mean = rms ? 0.0 : row_sum(s, S) / float(pc.D);
     vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
@@ -381,20 +378,12 @@ void main() {
         uint j = lane + k * S;
         wk[k] = mode >= 8u && j < pc.D ? LOAD(w[j]) : 0.0;
     }
-    uint stride = gl_NumWorkGroups.x * per_group, slot = fg_seg_slot(S, il);
-    // the one-pass backward's next row is read while this one is reduced (its loads in flight across the barriers)
-    float xs[MAXC], gs[MAXC];
-    uint first = gl_WorkGroupID.x * per_group + slot;
-    if (mode >= 8u) load_row(first, first < pc.items, lane, S, xs, gs);
-    for (uint base = gl_WorkGroupID.x * per_group; base < pc.items; base += stride) {
-        uint item = base + slot;
+    for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
+         base += gl_NumWorkGroups.x * per_group) {
+        uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else if (mode >= 8u) {
-            float xr[MAXC] = xs, gr[MAXC] = gs;
-            load_row(item + stride, item + stride < pc.items, lane, S, xs, gs);
-            row_one_pass(item, live, lane, S, rms, wk, xr, gr, cols);
-        }
+        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, wk, cols);
         else rows(item, live, lane, S, mode, rms);
     }
     if (mode >= 8u) finish_columns(cols, lane, S, rms);
