@@ -27,7 +27,8 @@ $FLOWGRAD_GLSLC_2025, else Debian trixie's, which scripts/fetch_glslc.sh (run by
 is too old, and trixie-backports has none): $FLOWGRAD_GLSLC_BF16, else Debian
 sid's, which `scripts/fetch_glslc.sh sid` unpacks into ~/.cache/flowgrad/glslc-sid.
 The bf16 builds (-DBF16=1) of a glslc-2025 source take that compiler too: one
-source serves both element types, and only glslang 16 knows bfloat16_t. A compiler of another version is refused by name, since its SPIR-V would differ
+source serves both element types, and only glslang 16 knows bfloat16_t. A
+compiler of another version is refused by name, since its SPIR-V would differ
 from the shipped files for that reason alone."""
 from __future__ import annotations
 

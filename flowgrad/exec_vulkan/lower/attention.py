@@ -27,8 +27,8 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    BF16_SHAPES, CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows, cm2_shared_bytes, coop_name,
-    coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
+    BF16_SHAPES, CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows,
+    cm2_shared_bytes, coop_name, coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings

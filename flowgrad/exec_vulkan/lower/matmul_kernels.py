@@ -90,8 +90,8 @@ CM2S = {(matmul_cm2.bf16_name(name) if bf16 else name):
         Tile(matmul_cm2.bf16_name(name) if bf16 else name, t.bm, t.bn, t.bk, coop=True, bf16=bf16, cm2=True,
              invocations=t.invocations, layouts=True)
         for name, t in matmul_cm2.TILES.items() for bf16 in (False, True)}
-# shape class -> matmul_cm2 tile (its f16 build; bf16 takes the same tile's bf16 build), measured on an H200 by bench/matmul_sweep.py (per class, the best
-# mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
+# shape class -> matmul_cm2 tile (its f16 build; bf16 takes the same tile's bf16 build), measured on
+# an H200 by bench/matmul_sweep.py (per class, the best mean share of cuBLAS at gpt_small's shapes; "large": a square output of two or more waves of the
 # 128x256 tile, as 4096^3); narrow was measured as part of tall; batched is unmeasured (the small tile).
 # "deep_long": deep products CM2_LONG_K or more deep, GPT-2 124M's weight gradients at 8192 tokens and
 # its vocabulary's da; on an H100 (bench/matmul_f16_candidates.py, one process) 128x64 ran all five
