@@ -134,7 +134,7 @@ EPS = Arg("eps", "attr", 1e-5, (float, int))
 layernorm = defop("layernorm", (Arg("x"), Arg("weight"), Arg("bias"), EPS),
                   _norm_infer, _ln_forward, grad=norm_grads("layernorm", ("eps",)),
                   doc="(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes weight spans (biased var, as PyTorch)")
-# one pass computes the three gradients (norm.comp's backward): they come back as one vector, dx then dw then db
+# one pass computes the three gradients (norm.glsl's backward): they come back as one vector, dx then dw then db
 layernorm_grad = defop(
     "layernorm_grad", (Arg("x"), Arg("weight"), Arg("g"), Arg("acc", "tensor", None), EPS),
     decompose=composition(_ln_grad), check=grad_check(_norm_infer),

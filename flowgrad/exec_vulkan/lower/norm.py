@@ -59,7 +59,7 @@ def _rows(x, w):
 
 
 def _norm(kind: str, modes: tuple):
-    """norm.comp's `modes`: forward, backward dx, backward weight/bias, sum of the pieces, one-pass backward."""
+    """norm.glsl's `modes`: forward, backward dx, backward weight/bias, sum of the pieces, one-pass backward."""
     fwd, bwd_dx, bwd_w, bwd_sum, one_pass = modes
     rms = kind == "rmsnorm"
 
