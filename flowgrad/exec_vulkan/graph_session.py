@@ -10,11 +10,12 @@ it asked for. GraphSession holds the resident leaves (params, consts,
 optimizer state) and the programs, and answers the session API."""
 from __future__ import annotations
 
+import math
 import statistics
 
 import numpy as np
 
-from flowgrad.dtypes import NUMPY_DTYPE as NUMPY, device_array, dtype_of
+from flowgrad.dtypes import ITEMSIZE, NUMPY_DTYPE as NUMPY, dtype_of
 from flowgrad.errors import DeviceError, FlowError
 from flowgrad.exec_vulkan import profile
 from flowgrad.exec_vulkan.oneshot import OneShot
@@ -81,8 +82,8 @@ class GraphSession:
             arrays[("seed",)] = ((np.ones(g.nodes[g.loss].shape), g.nodes[g.loss].dtype) if self.scaler is None
                                  else (self._scale_words(), "f32"))
         for key, (value, dtype) in arrays.items():
-            self.leaves[key] = self.device.buffer(max(device_array(value, dtype).nbytes, 4), "device")
-        self._write_leaves({k: v for k, v in arrays.items()})
+            self.leaves[key] = self.device.buffer(max(math.prod(np.shape(value)) * ITEMSIZE[dtype], 4), "device")
+        self._write_leaves(arrays)
 
     def _write_leaves(self, arrays: dict):
         with OneShot(self.device) as s:
