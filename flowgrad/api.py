@@ -65,9 +65,9 @@ class Model:
         (16-bit compute, f32 master params and optimizer state, f32 losses).
         mixed: what dtype="mixed" computes in: "bf16" (no loss scaling: bf16
         has f32's range), "f16" (with dynamic loss scaling), or "auto" (the
-        default): f16 for now, as flowgrad's bf16 kernels are slower than its
-        f16 ones (flowgrad/mixed_choice.py). check_finite: stop at the first step with a
-        non-finite loss or gradient, naming the node that produced it
+        default): bf16 where the device multiplies bf16 on cooperative
+        matrices, else f16 (flowgrad/mixed_choice.py). check_finite: stop at
+        the first step with a non-finite loss or gradient, naming the node that produced it
         (flowgrad.anomaly). loss_scale: under "mixed" in f16, the LossScaler
         (flowgrad.loss_scale) to use instead of GradScaler's defaults.
         fusion=False: the graph path runs every pointwise op as its own

@@ -5,9 +5,10 @@ Policy for arrays from the host: `dtype_of(a)` is exact (f32, f16, i32, else
 TypeError), for values that must already be what the model declares
 (checkpoints, the IR's consts). A bf16 tensor lives on the host as a float32
 array whose values are bf16's (numpy has no bf16): `as_dtype` rounds to it,
-and on a device it is stored as the top 16 bits of each f32 (`bf16_bits`). `dtype_of(a, narrow=True)` names the dtype a
-host array is narrowed to on upload: float64 (numpy's default) becomes f32 and
-every integer width becomes i32, as feeds and optimizer state are."""
+and on a device it is stored as the top 16 bits of each f32 (`bf16_bits`).
+`dtype_of(a, narrow=True)` names the dtype a host array is narrowed to on
+upload: float64 (numpy's default) becomes f32 and every integer width becomes
+i32, as feeds and optimizer state are."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,8 @@ HALF_DTYPES = ("f16", "bf16")         # 16-bit storage, f32 arithmetic
 # what a model is compiled in: "mixed" is 16-bit compute on f32 master params
 # (losses in f32; in f16 the loss is scaled against underflow, bf16 has f32's range)
 COMPILE_DTYPES = ("f32", "f16", "mixed")
-# mixed precision's 16-bit type: "auto" is f16 until the bf16 kernels are as fast
-# (flowgrad/mixed_choice.py)
+# mixed precision's 16-bit type: "auto" takes bf16 where the device multiplies it on
+# cooperative matrices, else f16 (flowgrad/mixed_choice.py)
 MIXED_HALVES = ("auto", "bf16", "f16")
 NUMPY_DTYPE = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bf16": np.float32}
 ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4, "bf16": 2}   # on a device
