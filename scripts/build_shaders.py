@@ -33,6 +33,7 @@ from the shipped files for that reason alone."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -118,22 +119,36 @@ def glslc() -> str:
     return path
 
 
+def unpacked_glslc(root: Path) -> list[str] | None:
+    """The command that runs a glslc unpacked from Debian packages under root (by
+    scripts/fetch_glslc.sh), through their own loader and libraries; None where it is not there."""
+    loader, exe = root / "usr/lib64/ld-linux-x86-64.so.2", root / "usr/bin/glslc"
+    if not (loader.exists() and exe.exists()):
+        return None
+    return [str(loader), "--library-path", str(root / "usr/lib/x86_64-linux-gnu"), str(exe)]
+
+
 def new_glslc() -> list[str]:
     """The command that runs a glslc of shaderc 2025.2 or newer: $FLOWGRAD_GLSLC_2025,
-    else the unpacked Debian trixie one, through trixie's own loader and libraries."""
+    else the unpacked Debian trixie one."""
     if os.environ.get("FLOWGRAD_GLSLC_2025"):
         return [os.environ["FLOWGRAD_GLSLC_2025"]]
-    loader, exe = TRIXIE_ROOT / "usr/lib64/ld-linux-x86-64.so.2", TRIXIE_ROOT / "usr/bin/glslc"
-    if not (loader.exists() and exe.exists()):
+    cmd = unpacked_glslc(TRIXIE_ROOT)
+    if cmd is None:
         raise BuildError(f"the cooperative-matrix-2 shaders need glslc >= 2025.2 (glslang >= 15), not found in "
                          f"{TRIXIE_ROOT}: run scripts/fetch_glslc.sh (fetches Debian trixie's), or set "
                          "FLOWGRAD_GLSLC_2025=/path/to/glslc")
-    return [str(loader), "--library-path", str(TRIXIE_ROOT / "usr/lib/x86_64-linux-gnu"), str(exe)]
+    return cmd
+
+
+def marked_for(source: Path, compiler: str) -> bool:
+    """The source's first line asks for that compiler (`// compiler: NAME ...`)."""
+    first = source.read_text().splitlines()[:1]
+    return bool(first) and first[0].strip().startswith(f"// compiler: {compiler}")
 
 
 def needs_new_glslc(source: Path) -> bool:
-    first = source.read_text().splitlines()[:1]
-    return bool(first) and first[0].strip().startswith(f"// compiler: {NEW_GLSLC}")
+    return marked_for(source, NEW_GLSLC)
 
 
 BF16_GLSLC = "glslc-bf16"
@@ -143,27 +158,30 @@ SID_ROOT = Path(os.environ.get("FLOWGRAD_GLSLC_SID_ROOT")
 
 
 def needs_bf16_glslc(source: Path) -> bool:
-    first = source.read_text().splitlines()[:1]
-    return bool(first) and first[0].strip().startswith(f"// compiler: {BF16_GLSLC}")
+    return marked_for(source, BF16_GLSLC)
+
+
+@functools.cache
+def glslc_version(cmd: tuple[str, ...]) -> list[str]:
+    """The first line `cmd --version` prints (asked once per command: every bf16 build checks it)."""
+    try:
+        return subprocess.run([*cmd, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    except OSError as e:
+        raise BuildError(f"the bf16 shaders' glslc ({cmd[-1]}) does not run: {e}") from None
 
 
 def bf16_glslc() -> list[str]:
     """The command that runs the pinned glslc for GL_EXT_bfloat16: $FLOWGRAD_GLSLC_BF16, else
-    the unpacked Debian sid one, through sid's own loader and libraries; a BuildError where it
-    is missing or of another version."""
+    the unpacked Debian sid one; a BuildError where it is missing or of another version."""
     if os.environ.get("FLOWGRAD_GLSLC_BF16"):
         cmd = [os.environ["FLOWGRAD_GLSLC_BF16"]]
     else:
-        loader, exe = SID_ROOT / "usr/lib64/ld-linux-x86-64.so.2", SID_ROOT / "usr/bin/glslc"
-        if not (loader.exists() and exe.exists()):
+        cmd = unpacked_glslc(SID_ROOT)
+        if cmd is None:
             raise BuildError(f"the bf16 cooperative-matrix shaders need glslc {BF16_GLSLC_VERSION} (glslang 16.4, "
                              f"GL_EXT_bfloat16), not found in {SID_ROOT}: run `scripts/fetch_glslc.sh sid` "
                              "(fetches Debian sid's), or set FLOWGRAD_GLSLC_BF16=/path/to/glslc")
-        cmd = [str(loader), "--library-path", str(SID_ROOT / "usr/lib/x86_64-linux-gnu"), str(exe)]
-    try:
-        version = subprocess.run([*cmd, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    except OSError as e:
-        raise BuildError(f"the bf16 shaders' glslc ({cmd[-1]}) does not run: {e}") from None
+    version = glslc_version(tuple(cmd))
     if version != [BF16_GLSLC_VERSION]:
         raise BuildError(f"the shipped bf16 SPIR-V was built by glslc {BF16_GLSLC_VERSION}, but {cmd[-1]} is "
                          f"{(version or ['unknown'])[0]!r}: its output would differ for that reason alone. Use that "
