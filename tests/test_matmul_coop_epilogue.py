@@ -40,8 +40,10 @@ def coop_shaders(device) -> list[str]:
 
 def shapes(shaders):
     """(shader, (m, n, k)) to run: 48 rows, 6 fragments of 8 (3 of 16) in a partial tile, 32
-    columns, 40 deep; and for matmul_cm2, which takes any sizes, 67 rows."""
-    return [(s, mnk) for s in shaders for mnk in [(48, 32, 40)] + ([(67, 32, 40)] if s in mk.CM2S else [])]
+    columns, 40 deep; and for matmul_cm2, which takes any sizes, 67 rows, and 256 x 256, whose
+    interior tiles store through an unclamped layout and its edge tiles (96 wide) a clamped one."""
+    cm2 = [(67, 32, 40), (256, 256, 40)]
+    return [(s, mnk) for s in shaders for mnk in [(48, 32, 40)] + (cm2 if s in mk.CM2S else [])]
 
 
 def inputs(m, n, k, seed=0):
