@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 LAYOUTS = ("nn", "nt", "tn")
 # timed beside the candidates: what the lowering picks, and the shipped f16 tiles it picks among on NVIDIA
 SHIPPED = ("auto", "matmul_cm2_128x256_k32_w256_u2", "matmul_coop_khr_w128", "matmul_cm2_128x64_k64_w128",
-           "matmul_cm2_128x96_k64_w128", "matmul_cm2_64x64_k32_w64")
+           "matmul_cm2_128x96_k64_w128_u2", "matmul_cm2_64x64_k32_w64")
 GPT2 = [(4096, 4096, 4096, "nn")] + [
     shape for m, n, k in ((8192, 2304, 768), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072),
                           (8192, 50304, 768))

@@ -137,7 +137,7 @@ H100 = attrs.evolve(CM2, name="NVIDIA H100 80GB HBM3", coopmat_khr_f16=True, coo
                     subgroup_size=32, shared_memory=49152)
 
 
-WIDE = "matmul_cm2_128x96_k64_w128"
+WIDE = "matmul_cm2_128x96_k64_w128_u2"
 
 
 @pytest.mark.parametrize("m,n,k,want,tile", [
@@ -245,7 +245,7 @@ def test_bf16_without_workgroup_scope_products_takes_the_subgroup_tile():
     assert mk.cm2_builds(no_cm2, "bf16") == [] and mk.cm2_builds(no_cm2) == mk.cm2_builds(H100)
     # bf16 products listed with a coarser grain than a tile's: that tile is not taken
     coarse = attrs.evolve(H100_BF16, cm2_bf16_granularity=(64, 64, 16))
-    assert mk.CM2S["matmul_cm2_128x96_k64_w128_bf16"] not in mk.cm2_builds(coarse, "bf16")
+    assert mk.CM2S["matmul_cm2_128x96_k64_w128_u2_bf16"] not in mk.cm2_builds(coarse, "bf16")
     assert mk.choose(coarse, "bf16", 8192, 768, 768, 1, tensor_loads=True).tile.shader == \
         "matmul_cm2_128x64_k64_w128_bf16"
 

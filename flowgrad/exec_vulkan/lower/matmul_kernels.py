@@ -118,7 +118,7 @@ COOP_MANY_TILES = 2048
 # one process) 128x96 ran GPT-2's 8192x768 outputs (512 tiles, 1.9 waves, against 768, 2.9) at 1.04-1.25x
 # 128x64 and 768x3072 by 8192 (192 tiles, one wave, against 288) at 1.26x, but 768x2304 by 8192
 # (144 tiles against 216, both under a wave) at 0.77x: a full wave of it runs ~1.1x the outputs.
-CM2_WIDER = {"matmul_cm2_128x64_k64_w128": ("matmul_cm2_128x96_k64_w128", 1.1)}
+CM2_WIDER = {"matmul_cm2_128x64_k64_w128": ("matmul_cm2_128x96_k64_w128_u2", 1.1)}
 
 NARROW = 256            # a tall output this short on its short side is "narrow" (few 128-wide tiles)
 # device family -> shape class -> tile shader
