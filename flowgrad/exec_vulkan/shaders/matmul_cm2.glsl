@@ -37,10 +37,7 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { H a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { H b[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
-// the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
-layout(std430, set = 0, binding = 3) readonly buffer BufR { H res[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufBias { H bias[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer BufH { H pre[]; };
+#include "gemm_epilogue_buffers.glsl"
 #include "gemm_push.glsl"
 // amode: every stride and offset is a multiple of 8; bmode, cvec unused
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;

@@ -92,10 +92,7 @@ layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
-// the epilogue's residual, bias and pre-activation value (gemm_epilogue.glsl)
-layout(std430, set = 0, binding = 3) readonly buffer BufR { H res[]; };
-layout(std430, set = 0, binding = 4) readonly buffer BufBias { H bias[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer BufH { H pre[]; };
+#include "gemm_epilogue_buffers.glsl"
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
 #include "fg_math.glsl"
