@@ -7,7 +7,8 @@ f16 GEMM on the same GPU: the ceiling the cooperative-matrix GEMMs can approach.
     python bench/mma_peak.py time DIR      # time them, on the GPU
 
 Builds: subgroup-scope 16x16x16 products with FM x FN accumulators per subgroup
-(s44: 4 x 4 in workgroups of 256, s44w128: of 128, s42, s22), and
+(s44: 4 x 4 in workgroups of 256, s44w128: of 128, s42, s22; sh...: the same with
+every step's fragments loaded from shared memory first), and
 workgroup-scope products of one BM x BN accumulator per workgroup
 (VK_NV_cooperative_matrix2; wg128x256, wg128x128, wg128x128w128)."""
 from __future__ import annotations
@@ -27,6 +28,12 @@ BUILDS = {
     "s44w128": ({"FM": 4, "FN": 4, "NT": 128}, 4 * 16 * 2 * 4096, 128),
     "s42": ({"FM": 4, "FN": 2, "NT": 256}, 8 * 8 * 2 * 4096, 256),
     "s22": ({"FM": 2, "FN": 2, "NT": 256}, 8 * 4 * 2 * 4096, 256),
+    "sh44": ({"FM": 4, "FN": 4, "NT": 256, "SH": 1}, 8 * 16 * 2 * 4096, 256),
+    "sh44w128": ({"FM": 4, "FN": 4, "NT": 128, "SH": 1}, 4 * 16 * 2 * 4096, 128),
+    "sh24w128": ({"FM": 2, "FN": 4, "NT": 128, "SH": 1}, 4 * 8 * 2 * 4096, 128),
+    "sh26w128": ({"FM": 2, "FN": 6, "NT": 128, "SH": 1}, 4 * 12 * 2 * 4096, 128),
+    "sh42": ({"FM": 4, "FN": 2, "NT": 256, "SH": 1}, 8 * 8 * 2 * 4096, 256),
+    "sh22": ({"FM": 2, "FN": 2, "NT": 256, "SH": 1}, 8 * 4 * 2 * 4096, 256),
     "wg128x256": ({"WG": 1, "BM": 128, "BN": 256, "BK": 32, "NT": 256}, 2 * 128 * 256 * 32, 256),
     "wg128x128": ({"WG": 1, "BM": 128, "BN": 128, "BK": 32, "NT": 256}, 2 * 128 * 128 * 32, 256),
     "wg128x128w128": ({"WG": 1, "BM": 128, "BN": 128, "BK": 32, "NT": 128}, 2 * 128 * 128 * 32, 128),

@@ -4,7 +4,10 @@
 // subgroup multiplies FM x FN pairs of 16x16 fragments `iters` times into
 // FM x FN independent accumulators, no memory traffic but the fragments'
 // first load and one store at the end. WG: one workgroup-scope product of
-// BM x BK by BK x BN per step instead (VK_NV_cooperative_matrix2).
+// BM x BK by BK x BN per step instead (VK_NV_cooperative_matrix2). SH: every
+// step loads its FM + FN fragments from shared memory first (one of 8 slots,
+// so the loads stay in the loop), as a GEMM's inner loop does: the products'
+// rate when fragment loads share the SM with them.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_control_flow_attributes : require
@@ -35,6 +38,11 @@ void main() {
 #define FA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define FB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define FC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#ifdef SH
+#define SLOTS 8u
+#define SLOT ((FM + FN) * 256u)
+shared float16_t sh[SLOTS * SLOT];
+#endif
 void main() {
     FA a[FM];
     FB b[FN];
@@ -43,7 +51,16 @@ void main() {
     [[unroll]] for (uint j = 0u; j < FN; ++j) coopMatLoad(b[j], x, 4096u + j * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
     [[unroll]] for (uint i = 0u; i < FM; ++i)
         [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = FC(0.0);
+#ifdef SH
+    for (uint e = gl_LocalInvocationIndex; e < SLOTS * SLOT; e += NT) sh[e] = x[e % 16384u];
+    barrier();
+#endif
     for (uint t = 0u; t < p.iters; ++t) {
+#ifdef SH
+        uint at = (t % SLOTS) * SLOT;
+        [[unroll]] for (uint i = 0u; i < FM; ++i) coopMatLoad(a[i], sh, at + i * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
+        [[unroll]] for (uint j = 0u; j < FN; ++j) coopMatLoad(b[j], sh, at + (FM + j) * 256u, 16, gl_CooperativeMatrixLayoutRowMajor);
+#endif
         [[unroll]] for (uint i = 0u; i < FM; ++i)
             [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = coopMatMulAdd(a[i], b[j], acc[i][j]);
     }
