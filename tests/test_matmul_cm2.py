@@ -171,13 +171,27 @@ def test_grids_of_more_waves_take_the_wider_tile(m, n, k, wide):
     assert mk.choose(coarse, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
 
 
-def test_tall_outputs_of_many_tiles_take_the_two_per_sm_coop_tile():
-    # GPT-2's vocabulary projection and its weight gradient
-    for m, n, k in [(8192, 50304, 768), (768, 50304, 8192)]:
-        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP_W128
-        # not aligned for it, or no KHR products of 16: the class's cm2 tile (here its wider sibling)
-        assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=False, tensor_loads=True).tile.shader == WIDE
-        assert mk.choose(CM2, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile.shader == WIDE
+@pytest.mark.parametrize("m,n,k,nz,split_batch,wide", [
+    # GPT-2's qkv forward as three 8192x768 blocks: 2304 tiles of 128x64 (8.7 waves) against 1536 (5.8)
+    (8192, 768, 768, 3, True, True),
+    # its da, the blocks summed inside each tile: one grid, 768 tiles against 512
+    (8192, 768, 768, 3, False, True),
+    # its db, three grids of 72 tiles (216, under a wave) against 144: the smaller tile
+    (768, 768, 8192, 3, True, False)])
+def test_a_batch_counts_each_of_its_grids_toward_the_wider_tile(m, n, k, nz, split_batch, wide):
+    choice = mk.choose(H100, "f16", m, n, k, nz, coop_aligned=True, tensor_loads=True, split_batch=split_batch)
+    assert choice.tile.shader == (WIDE if wide else "matmul_cm2_128x64_k64_w128")
+
+
+def test_deep_tall_outputs_of_many_tiles_take_the_two_per_sm_coop_tile():
+    # GPT-2's vocabulary weight gradient
+    m, n, k = 768, 50304, 8192
+    assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile is mk.COOP_W128
+    # not aligned for it, or no KHR products of 16: the class's cm2 tile (here its wider sibling)
+    assert mk.choose(H100, "f16", m, n, k, 1, coop_aligned=False, tensor_loads=True).tile.shader == WIDE
+    assert mk.choose(CM2, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True).tile.shader == WIDE
+    # the vocabulary projection itself, 768 deep, keeps the cm2 tile
+    assert mk.choose(H100, "f16", 8192, 50304, 768, 1, coop_aligned=True, tensor_loads=True).tile.shader == WIDE
     # a tall output of few tiles keeps a cm2 tile
     assert mk.choose(H100, "f16", 8192, 768, 3072, 1, coop_aligned=True, tensor_loads=True).tile.cm2
     assert mk.COOP_W128 in mk.coop_builds(H100) and mk.COOP_W128 not in mk.coop_builds(CM2)

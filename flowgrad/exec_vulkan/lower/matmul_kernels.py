@@ -13,8 +13,8 @@ unbatched GEMM whose output has too few tiles to fill the device.
 f16 operands run on cooperative matrices where the device has them: first
 choice `matmul_cm2` (VK_NV_cooperative_matrix2: workgroup-scope matrices with
 tensor-addressed loads, any sizes and strides; the tile per shape class from
-CM2_TABLE, but tall outputs of many tiles run COOP_W128 where they are aligned
-for it), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
+CM2_TABLE, but deep tall outputs of many tiles run COOP_W128 where they are
+aligned for it), else `matmul_coop` (subgroup-scope 16x16x16 products; built for
 VK_KHR_cooperative_matrix as matmul_coop_khr, one build per operand layout
 (matmul_coop.py), and for the NV extension that preceded it), when its
 alignment rules hold (see COOP_ALIGN); matmul_coop_khr_fr8 (8x8x8 products) is
@@ -108,16 +108,21 @@ CM2_LARGE_TILES = 264   # 128x256 tiles in two waves of the H200's 132 SMs
 CM2_LARGE_MIN_K = 1024
 CM2_LONG_K = 8192
 # A tall or narrow output of at least this many 128x128 tiles (eight waves of two workgroups on 132
-# SMs) runs COOP_W128 where the device has it and the product is aligned for it: on GPT-2's
-# vocabulary projection (8192x50304 by 768) 0.30-0.31 of cuBLAS against 0.26-0.27 for the cm2 tile,
-# on an H100 and an H200; with few tiles (8192x768) the cm2 tile stays ahead (0.33-0.37 against 0.29-0.32)
+# SMs), deeper than COOP_MANY_MIN_K, runs COOP_W128 where the device has it and the product is aligned
+# for it: on an H100 (bench/matmul_f16_candidates.py, one process) GPT-2's vocabulary weight gradient
+# (768x50304 by 8192) 297 TFLOP/s against 283 for the cm2 128x96 tile, but its forward (8192x50304 by
+# 768) 197 against 227 since the cm2 tiles store interior tiles unclamped; with few tiles (8192x768)
+# the cm2 tile stays ahead (0.33-0.37 of cuBLAS against 0.29-0.32)
 COOP_MANY_TILES = 2048
+COOP_MANY_MIN_K = 1024
 # A tile's wider sibling, taken where it needs fewer whole waves of workgroups for the same output:
 # the cost of a grid is its waves (SPLIT_TARGET workgroups each, two per SM for these 128-invocation
 # tiles) times a tile's outputs over its rate per output. On an H100 (bench/matmul_f16_candidates.py,
 # one process) 128x96 ran GPT-2's 8192x768 outputs (512 tiles, 1.9 waves, against 768, 2.9) at 1.04-1.25x
 # 128x64 and 768x3072 by 8192 (192 tiles, one wave, against 288) at 1.26x, but 768x2304 by 8192
-# (144 tiles against 216, both under a wave) at 0.77x: a full wave of it runs ~1.1x the outputs.
+# (144 tiles against 216, both under a wave) at 0.77x: a full wave of it runs ~1.1x the outputs. A batch
+# counts the grid of each of its products (GPT-2's qkv forward, three 8192x768 blocks, takes 128x96);
+# a summed batch is one grid.
 CM2_WIDER = {"matmul_cm2_128x64_k64_w128": ("matmul_cm2_128x96_k64_w128_u2", 1.1)}
 
 NARROW = 256            # a tall output this short on its short side is "narrow" (few 128-wide tiles)
@@ -263,8 +268,9 @@ def _cm2_tile(caps: DeviceCaps, key: str, dtype: str) -> Tile | None:
     return next((t for t in builds if cm2_runs(caps, t)), None)
 
 
-def _wider(caps: DeviceCaps, tile: Tile, m: int, n: int) -> Tile:
-    """The cm2 tile or its wider sibling (CM2_WIDER), whichever covers m x n at less cost."""
+def _wider(caps: DeviceCaps, tile: Tile, m: int, n: int, grids: int = 1) -> Tile:
+    """The cm2 tile or its wider sibling (CM2_WIDER), whichever covers `grids` outputs of
+    m x n (a batch's products, each its own grid) at less cost."""
     name, rate = CM2_WIDER.get(tile.shader.removesuffix("_bf16") if tile.bf16 else tile.shader, (None, 1.0))
     wide = cm2_build(name, tile.bf16)
     if wide is None or not cm2_runs(caps, wide):
@@ -272,7 +278,7 @@ def _wider(caps: DeviceCaps, tile: Tile, m: int, n: int) -> Tile:
     wave = SPLIT_TARGET[device_family(caps)]
 
     def cost(t: Tile, r: float) -> float:
-        return math.ceil(math.ceil(m / t.bm) * math.ceil(n / t.bn) / wave) * t.bm * t.bn / r
+        return math.ceil(grids * math.ceil(m / t.bm) * math.ceil(n / t.bn) / wave) * t.bm * t.bn / r
     return wide if cost(wide, rate) < cost(tile, 1.0) else tile
 
 
@@ -319,10 +325,11 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
             raise DeviceError(f"{shader} is not offered to this GEMM (its caller has no operand layouts for it)")
         _check_forced(caps, tile, dtype, m, n, k, coop_aligned)
     elif tensor_loads and cm2 is not None:
-        many = klass in ("tall", "narrow") and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES
+        many = (klass in ("tall", "narrow") and k > COOP_MANY_MIN_K
+                and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES)
         w128 = coop_w128(dtype)
         tile = w128 if many and w128 in coop_builds(caps, dtype) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
-            else cm2 if nz > 1 else _wider(caps, cm2, m, n)
+            else _wider(caps, cm2, m, n, nz if split_batch else 1)
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps, dtype)
     elif dtype in HALF_DTYPES:
