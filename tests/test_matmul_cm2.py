@@ -166,7 +166,7 @@ def test_grids_of_more_waves_take_the_wider_tile(m, n, k, wide):
     assert mk.CM2_TABLE[klass] == "matmul_cm2_128x64_k64_w128"
     choice = mk.choose(H100, "f16", m, n, k, 1, coop_aligned=True, tensor_loads=True)
     assert choice.tile.shader == (WIDE if wide else mk.CM2_TABLE[klass])
-    # a device that does not list the wider tile's workgroup keeps the class's tile; batches keep it too
+    # a device that does not list the wider tile's workgroup keeps the class's tile
     coarse = attrs.evolve(H100, cm2_granularity=(64, 64, 16))
     assert mk.choose(coarse, "f16", m, n, k, 1, tensor_loads=True).tile.shader == mk.CM2_TABLE[klass]
 
