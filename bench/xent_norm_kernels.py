@@ -5,8 +5,10 @@ sections of the step's GPU-timestamp profile (GraphSession.profile), and the
 kernels each section ran. `--torch`: F.cross_entropy and F.layer_norm under
 bf16 autocast, eager and torch.compile'd, timed by CUDA events.
 
-    python bench/xent_norm_kernels.py [--rows 8192] [--vocab 50304] [--torch] [--shared-sums] [--json OUT]
+    python bench/xent_norm_kernels.py [--rows 8192] [--vocab 50304] [--torch] [--shared-sums] [--vectors] [--json OUT]
 
+`--vectors`: the step timed four times in turn, layernorm's forward by norm_sg
+and by norm_vec (rows in 16-byte vectors) alternately, in one process.
 `--shared-sums`: layernorm's row sums through shared memory (norm.comp) even
 where the device has subgroup shuffles (norm_sg.comp), to time the two.
 
@@ -124,12 +126,22 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--torch", action="store_true")
     ap.add_argument("--shared-sums", action="store_true")
+    ap.add_argument("--vectors", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
+    from flowgrad.exec_vulkan.lower import norm
     if a.shared_sums:
-        from flowgrad.exec_vulkan.lower import norm
         norm.SUBGROUP_SUMS = False
-    times = torch_times(a.rows, a.d, a.vocab, a.steps) if a.torch else flowgrad_times(a.rows, a.d, a.vocab, a.steps)
+    if a.torch:
+        times = torch_times(a.rows, a.d, a.vocab, a.steps)
+    elif a.vectors:
+        times = {}
+        for turn, vectors in enumerate((False, True, False, True)):
+            norm.VECTOR_ROWS = vectors
+            label = f"[{'norm_vec' if vectors else 'norm_sg'} {turn // 2 + 1}] "
+            times.update({label + k: v for k, v in flowgrad_times(a.rows, a.d, a.vocab, a.steps).items()})
+    else:
+        times = flowgrad_times(a.rows, a.d, a.vocab, a.steps)
     for k, v in times.items():
         print(f"{k:<55}{v:9.3f} ms")
     if a.json:

@@ -54,7 +54,7 @@ SPECS_TEXT = {
        for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
     "matmul_coop": MATMUL,
     **{name: MATMUL for name in (*matmul_cm2.shader_names(), *matmul_coop.shader_names())},
-    **dict.fromkeys(("norm", "norm_sg"),
+    **dict.fromkeys(("norm", "norm_sg", "norm_vec"),
                     "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32"),
     "sgd": "n: u32",
     "sgd_momentum": "n: u32",

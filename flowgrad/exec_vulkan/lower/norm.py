@@ -1,5 +1,6 @@
 """Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.glsl
-(built as norm.comp, and as norm_sg.comp with subgroup sums: SUBGROUP_SUMS).
+(built as norm.comp, as norm_sg.comp with subgroup sums: SUBGROUP_SUMS, and as
+norm_vec.comp, whose forward moves rows in 16-byte vectors: VECTOR_ROWS).
 
 Their gradients (layernorm_grad, rmsnorm_grad) take one dispatch for rows of up to MAXC lanes' worth of
 columns: each row's mean and rstd are recomputed while dx is written, each
@@ -26,12 +27,19 @@ ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each lea
 # norm_sg (norm.glsl with FG_SUBGROUP): a row's sums by subgroup shuffles instead of through
 # shared memory, where the device has them; False runs norm everywhere (the tests run both)
 SUBGROUP_SUMS = True
+# norm_vec (norm.glsl with FG_VECTORS and subgroup sums): the forward reads and writes a row in
+# 16-byte vectors (8 halves or 4 f32) where it is a whole number of them, ~ROW_VECS a lane. Not yet
+# timed against norm_sg on a GPU, so off; the tests run it (bench/xent_norm_kernels.py --vectors times it)
+VECTOR_ROWS = False
+VECTOR_ELEMS = {"f32": 4, "f16": 8, "bf16": 8}
+MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
+ROW_VECS = 3        # about: at 768 halves, 32 lanes (one subgroup) a row
 
 
 def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, groups=None, acc=None):
     """acc: the gradient dx is added to (flags bit 1), else a stand-in."""
     bufs = list(bufs) + [acc if acc is not None else rec.stand_in(bufs[0].dtype)]
-    shader = "norm_sg" if SUBGROUP_SUMS and rec.caps.subgroup_shuffle else "norm"
+    shader = "norm_vec" if mode >= 10 else "norm_sg" if SUBGROUP_SUMS and rec.caps.subgroup_shuffle else "norm"
     rec.dispatch(shader, bufs, push=[items, n, d, lanes, mode, float(eps), chunks, flags],
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
@@ -42,6 +50,18 @@ def _forward_lanes(n, d):
     while lanes < min(WG, d) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
         lanes *= 2
     return lanes if -(-d // lanes) <= MAXC_FWD else segment_lanes(d, n)
+
+
+def _vector_lanes(rec, n, d, dtype):
+    """Lanes per row of the vectorized forward, or None where it does not apply."""
+    vw = VECTOR_ELEMS.get(dtype)
+    if not (VECTOR_ROWS and vw and d % vw == 0 and rec.caps.subgroup_shuffle and rec.align % 16 == 0):
+        return None
+    nv = d // vw
+    lanes = min(WG, pow2(-(-nv // ROW_VECS)))
+    while lanes < min(WG, nv) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
+        lanes *= 2
+    return lanes if -(-nv // lanes) <= MAXV else None
 
 
 def _one_pass_lanes(n, d):
@@ -71,7 +91,11 @@ def _norm(kind: str, modes: tuple):
         if n and d:
             bufs = [x, w, b, rec.stand_in(t), out, rec.stand_in(t), rec.stand_in(t), rec.stand_in("f32"),
                     rec.stand_in("f32")]
-            _dispatch(rec, fwd, n, _forward_lanes(n, d), n, d, node.attrs["eps"], bufs)
+            lanes = _vector_lanes(rec, n, d, t)
+            if lanes is not None:
+                _dispatch(rec, fwd + 10, n, lanes, n, d, node.attrs["eps"], bufs)
+            else:
+                _dispatch(rec, fwd, n, _forward_lanes(n, d), n, d, node.attrs["eps"], bufs)
 
     def grad_forward(rec, node, ins, out):
         """layernorm_grad / rmsnorm_grad: dx, dw (and db) into consecutive views of

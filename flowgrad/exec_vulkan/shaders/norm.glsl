@@ -13,6 +13,10 @@
 //   5 rmsnorm:        dw[j] = sum_r g * xhat
 //                     (chunks > 1: the sums go to part[2 item], part[2 item + 1])
 //   6 / 7             layernorm / rmsnorm: dw, db = the sums of the chunks' parts
+// Forward in 16-byte vectors (the norm_vec build, FG_VECTORS; rows of D, a multiple
+// of VW, <= MAXV * VW * S):
+//   10 / 11           layernorm / rmsnorm: as modes 0 / 1, each row read once,
+//                     VW elements a load (8 halves, or 4 f32)
 // One-pass backward (rows of D <= MAXC * S):
 //   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3 (each row read
 //                     once, into registers), while each lane sums g * xhat and
@@ -51,6 +55,38 @@ layout(std430, set = 0, binding = 8) coherent readonly buffer Part2 { vec2 part2
 layout(std430, set = 0, binding = 8) coherent readonly buffer Part4 { vec4 part4[]; };
 layout(std430, set = 0, binding = 9) readonly buffer R { T r[]; };
 
+#ifdef FG_VECTORS
+#define ONE_PASS(mode) ((mode) == 8u || (mode) == 9u)
+// modes 10, 11: x, w, b and y as 16-byte vectors of VW elements; vel(v, e) is element e of
+// vector v as f32, vpack rounds VW values to a vector as STORE rounds each
+#if defined(BF16) || defined(F16)
+#define VW 8u
+#define VT uvec4
+#ifdef BF16
+float vel(uvec4 v, uint e) {
+    uint u = v[e >> 1];
+    return uintBitsToFloat((e & 1u) == 0u ? u << 16 : u & 0xFFFF0000u);
+}
+uint vpair(float a, float b) { return fg_bf16(a) | (fg_bf16(b) << 16); }
+#else
+float vel(uvec4 v, uint e) { return float(unpackFloat2x16(v[e >> 1])[e & 1u]); }
+uint vpair(float a, float b) { return packFloat2x16(f16vec2(a, b)); }
+#endif
+uvec4 vpack(float f[VW]) { return uvec4(vpair(f[0], f[1]), vpair(f[2], f[3]), vpair(f[4], f[5]), vpair(f[6], f[7])); }
+#else
+#define VW 4u
+#define VT vec4
+float vel(vec4 v, uint e) { return v[e]; }
+vec4 vpack(float f[VW]) { return vec4(f[0], f[1], f[2], f[3]); }
+#endif
+layout(std430, set = 0, binding = 0) readonly buffer XV { VT xv[]; };
+layout(std430, set = 0, binding = 1) readonly buffer WV { VT wv[]; };
+layout(std430, set = 0, binding = 2) readonly buffer BV { VT bv[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer YV { VT yv[]; };
+#else
+#define ONE_PASS(mode) ((mode) >= 8u)
+#endif
+
 layout(push_constant) uniform Push {
     uint items;
     uint N;      // rows of x
@@ -64,6 +100,7 @@ layout(push_constant) uniform Push {
 
 #define MAXC 8       // columns per lane in the one-pass backward
 #define MAXC_FWD 32  // columns per lane in the forward's row held in registers
+#define MAXV 4       // vectors per lane in the vectorized forward
 shared bool last_group;
 
 shared vec4 seg4[FG_WG];
@@ -176,7 +213,56 @@ void row_in_registers(uint row, bool live, uint lane, uint S, bool rms) {
     }
 }
 
+#ifdef FG_VECTORS
+// The forward of modes 10, 11: row_in_registers' arithmetic, the row moved in
+// vectors (lane + k * S is the lane's k-th vector of the row)
+void row_vectors(uint row, bool live, uint lane, uint S, bool rms) {
+    uint nv = pc.D / VW, start = row * nv;
+    float xs[MAXV * VW];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXV; ++k) {
+        uint v = lane + k * S;
+        VT q = live && v < nv ? xv[start + v] : VT(0);
+        [[unroll]] for (uint e = 0u; e < VW; ++e) {
+            xs[k * VW + e] = vel(q, e);
+            s += xs[k * VW + e];
+        }
+    }
+    float mean = rms ? 0.0 : seg_sum4(vec4(s, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    float var = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXV; ++k) {
+        if (lane + k * S < nv) {
+            [[unroll]] for (uint e = 0u; e < VW; ++e) {
+                float d = xs[k * VW + e] - mean;
+                var += d * d;
+            }
+        }
+    }
+    var = seg_sum4(vec4(var, 0.0, 0.0, 0.0), S).x / float(pc.D);
+    if (!live) return;
+    float rstd = inversesqrt(var + pc.eps);
+    [[unroll]] for (uint k = 0u; k < MAXV; ++k) {
+        uint v = lane + k * S;
+        if (v < nv) {
+            VT wq = wv[v], bq = rms ? VT(0) : bv[v];
+            float o[VW];
+            [[unroll]] for (uint e = 0u; e < VW; ++e) {
+                float y0 = (xs[k * VW + e] - mean) * rstd * vel(wq, e);
+                o[e] = rms ? y0 : y0 + vel(bq, e);
+            }
+            yv[start + v] = vpack(o);
+        }
+    }
+}
+#endif
+
 void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
+#ifdef FG_VECTORS
+    if (mode >= 10u) {
+        row_vectors(row, live, lane, S, rms);
+        return;
+    }
+#endif
     if (mode < 2u && pc.D <= MAXC_FWD * S) {
         row_in_registers(row, live, lane, S, rms);
         return;
@@ -376,15 +462,15 @@ void main() {
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         cols[k] = vec2(0.0);
         uint j = lane + k * S;
-        wk[k] = mode >= 8u && j < pc.D ? LOAD(w[j]) : 0.0;
+        wk[k] = ONE_PASS(mode) && j < pc.D ? LOAD(w[j]) : 0.0;
     }
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
          base += gl_NumWorkGroups.x * per_group) {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else if (mode >= 8u) row_one_pass(item, live, lane, S, rms, wk, cols);
+        else if ONE_PASS(mode) row_one_pass(item, live, lane, S, rms, wk, cols);
         else rows(item, live, lane, S, mode, rms);
     }
-    if (mode >= 8u) finish_columns(cols, lane, S, rms);
+    if ONE_PASS(mode) finish_columns(cols, lane, S, rms);
 }

@@ -1,0 +1,62 @@
+"""layernorm's and rmsnorm's forward in 16-byte vectors (norm_vec, VECTOR_ROWS) on the
+device, in f32, f16 and bf16 storage: against float64, against the scalar forward it
+stands in for, and taken only where a row is a whole number of vectors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowgrad.dtypes import round_bf16
+from flowgrad.ops import get_op
+
+TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}   # storage's rounding of the result: 2**-11, 2**-8
+
+
+def stored(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x as the device holds it in `dtype`, as f32."""
+    return {"f32": x, "f16": x.astype(np.float16).astype(np.float32), "bf16": round_bf16(x)}[dtype]
+
+
+def run(device, monkeypatch, op, dtype, x, w, b, vectors):
+    from flowgrad.exec_vulkan.lower import lowering_for, norm
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.exec_vulkan.recorder import Recorder
+    from flowgrad.graph import Node, TensorType
+
+    monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
+    shaders = []
+    dispatch = Recorder.dispatch
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
+                                                                            dispatch(rec, shader, *a, **k))[1])
+    node = Node(0, op, (1, 2, 3), TensorType(x.shape, dtype), attrs={"eps": 1e-5})
+    with OneShot(device) as s:
+        ins = [s.upload(v, dtype) for v in ([x, w, b] if op == "layernorm" else [x, w])]
+        out = s.empty(x.shape, dtype)
+        lowering_for(op).forward(s.rec, node, ins, out)
+        s.download(out)
+        (got,) = s.run()
+    return np.asarray(got, np.float32), list(shaders)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("rows,d", [(33, 768), (37, 40), (5, 8), (3, 4104), (70, 64), (9, 36), (6, 42)])
+def test_vector_forward_against_float64_and_the_scalar_forward(vk_device, monkeypatch, dtype, op, rows, d):
+    from flowgrad.exec_vulkan.discovery import DeviceCaps
+
+    rng = np.random.default_rng(rows * d)
+    x = stored((rng.standard_normal((rows, d)) * 2 + 1).astype(np.float32), dtype)
+    w = stored(rng.uniform(0.5, 1.5, d).astype(np.float32), dtype)
+    b = stored(rng.standard_normal(d).astype(np.float32), dtype)
+    ins = [x, w, b] if op == "layernorm" else [x, w]
+    want = get_op(op).forward([v.astype(np.float64) for v in ins], {"eps": 1e-5})
+    vec, shaders = run(vk_device, monkeypatch, op, dtype, x, w, b, True)
+    scalar, _ = run(vk_device, monkeypatch, op, dtype, x, w, b, False)
+    vw = {"f32": 4, "f16": 8, "bf16": 8}[dtype]
+    # rows of whole vectors, up to MAXV of them a lane of a workgroup (4104 f32: 1026 vectors, too many)
+    whole = d % vw == 0 and d // vw <= 4 * 256 and DeviceCaps.of(vk_device.info).subgroup_shuffle
+    assert shaders == (["norm_vec"] if whole else [shaders[0]]) and (whole or shaders[0] != "norm_vec")
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(vec, want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+    # the same arithmetic as the scalar forward; only the order of the row's sums differs
+    np.testing.assert_allclose(vec, scalar, rtol=2 * TOL[dtype], atol=2 * TOL[dtype] * scale)
