@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from flowgrad.dtypes import round_bf16
+from flowgrad.exec_vulkan.recorder import Recorder
 from flowgrad.ops import get_op
 
 TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}   # storage's rounding of the result: 2**-11, 2**-8
+DISPATCH = Recorder.dispatch
 
 
 def stored(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -20,14 +22,12 @@ def stored(x: np.ndarray, dtype: str) -> np.ndarray:
 def run(device, monkeypatch, op, dtype, x, w, b, vectors):
     from flowgrad.exec_vulkan.lower import lowering_for, norm
     from flowgrad.exec_vulkan.oneshot import OneShot
-    from flowgrad.exec_vulkan.recorder import Recorder
     from flowgrad.graph import Node, TensorType
 
     monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
     shaders = []
-    dispatch = Recorder.dispatch
     monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
-                                                                            dispatch(rec, shader, *a, **k))[1])
+                                                                            DISPATCH(rec, shader, *a, **k))[1])
     node = Node(0, op, (1, 2, 3), TensorType(x.shape, dtype), attrs={"eps": 1e-5})
     with OneShot(device) as s:
         ins = [s.upload(v, dtype) for v in ([x, w, b] if op == "layernorm" else [x, w])]
@@ -35,7 +35,7 @@ def run(device, monkeypatch, op, dtype, x, w, b, vectors):
         lowering_for(op).forward(s.rec, node, ins, out)
         s.download(out)
         (got,) = s.run()
-    return np.asarray(got, np.float32), list(shaders)
+    return np.asarray(got, np.float32), shaders
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
@@ -60,3 +60,54 @@ def test_vector_forward_against_float64_and_the_scalar_forward(vk_device, monkey
     np.testing.assert_allclose(vec, want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
     # the same arithmetic as the scalar forward; only the order of the row's sums differs
     np.testing.assert_allclose(vec, scalar, rtol=2 * TOL[dtype], atol=2 * TOL[dtype] * scale)
+
+
+def run_grad(device, monkeypatch, op, dtype, x, w, g, acc, vectors):
+    from flowgrad.exec_vulkan.lower import lowering_for, norm
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.graph import Node, TensorType
+
+    monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
+    shaders = []
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
+                                                                            DISPATCH(rec, shader, *a, **k))[1])
+    size = x.size + w.size * (2 if op == "layernorm" else 1)
+    node = Node(0, op + "_grad", (1, 2, 3), TensorType((size,), dtype), attrs={"eps": 1e-5})
+    with OneShot(device) as s:
+        ins = [s.upload(v, dtype) for v in [x, w, g] + ([acc] if acc is not None else [])]
+        out = s.empty((size,), dtype)
+        lowering_for(op + "_grad").forward(s.rec, node, ins, out)
+        s.download(out)
+        (got,) = s.run()
+    got = np.asarray(got, np.float32)
+    return [got[:x.size].reshape(x.shape), *np.split(got[x.size:], size // w.size - x.size // w.size)], shaders
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("rows,d,summed", [(33, 768, False), (600, 768, True), (37, 40, True), (70, 64, False),
+                                           (9, 36, False), (6, 42, True)])
+def test_vector_one_pass_backward_against_float64_and_the_scalar_one(vk_device, monkeypatch, dtype, op, rows, d,
+                                                                      summed):
+    from flowgrad.exec_vulkan.discovery import DeviceCaps
+
+    rng = np.random.default_rng(rows * d + 1)
+    x = stored((rng.standard_normal((rows, d)) * 2 + 1).astype(np.float32), dtype)
+    w = stored(rng.uniform(0.5, 1.5, d).astype(np.float32), dtype)
+    g = stored(rng.uniform(-1, 1, (rows, d)).astype(np.float32), dtype)
+    acc = stored(rng.uniform(-1, 1, (rows, d)).astype(np.float32), dtype) if summed else None
+    ins64 = [v.astype(np.float64) for v in [x, w] + ([np.zeros(d)] if op == "layernorm" else [])]
+    rule = get_op(op)
+    want = rule.vjp(g.astype(np.float64), ins64, rule.forward(ins64, {"eps": 1e-5}), {"eps": 1e-5})
+    if summed:
+        want = [want[0] + acc, *want[1:]]
+    vec, shaders = run_grad(vk_device, monkeypatch, op, dtype, x, w, g, acc, True)
+    scalar, _ = run_grad(vk_device, monkeypatch, op, dtype, x, w, g, acc, False)
+    vw = {"f32": 4, "f16": 8, "bf16": 8}[dtype]
+    whole = d % vw == 0 and DeviceCaps.of(vk_device.info).subgroup_shuffle
+    assert ("norm_vec" in shaders) == whole
+    for got, ref, other in zip(vec, want, scalar):
+        scale = float(np.abs(ref).max())
+        # dw and db add up rows: their rounding grows with the rows (f16, bf16: of the stored result)
+        np.testing.assert_allclose(got, ref, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)
+        np.testing.assert_allclose(got, other, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)

@@ -27,9 +27,10 @@ ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each lea
 # norm_sg (norm.glsl with FG_SUBGROUP): a row's sums by subgroup shuffles instead of through
 # shared memory, where the device has them; False runs norm everywhere (the tests run both)
 SUBGROUP_SUMS = True
-# norm_vec (norm.glsl with FG_VECTORS and subgroup sums): the forward reads and writes a row in
-# 16-byte vectors (8 halves or 4 f32) where it is a whole number of them, ~ROW_VECS a lane. Not yet
-# timed against norm_sg on a GPU, so off; the tests run it (bench/xent_norm_kernels.py --vectors times it)
+# norm_vec (norm.glsl with FG_VECTORS and subgroup sums): the forward and the one-pass backward
+# read and write a row in 16-byte vectors (8 halves or 4 f32) where it is a whole number of them
+# (the forward ~ROW_VECS a lane). Not yet timed against norm_sg on a GPU, so off; the tests run it
+# (bench/xent_norm_kernels.py --vectors times it)
 VECTOR_ROWS = False
 VECTOR_ELEMS = {"f32": 4, "f16": 8, "bf16": 8}
 MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
@@ -44,24 +45,44 @@ def _dispatch(rec, mode, items, lanes, n, d, eps, bufs, chunks=1, flags=0, group
                  groups=(groups or segment_groups(items, lanes), 1, 1), variant=variant(bufs[0].dtype))
 
 
+def _busy(lanes, n, width):
+    """lanes, doubled while there are too few rows to fill the device (up to a lane per element)."""
+    while lanes < min(WG, width) and n * lanes < BUSY_THREADS:
+        lanes *= 2
+    return lanes
+
+
 def _forward_lanes(n, d):
     """Lanes per row of the forward: its row read once, into registers, where it fits."""
-    lanes = min(WG, pow2(-(-d // ROW_ELEMS)))
-    while lanes < min(WG, d) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
-        lanes *= 2
+    lanes = _busy(min(WG, pow2(-(-d // ROW_ELEMS))), n, d)
     return lanes if -(-d // lanes) <= MAXC_FWD else segment_lanes(d, n)
+
+
+def _vectors(rec, d, dtype):
+    """A row's 16-byte vectors and their elements, (nv, vw), where norm_vec takes it; else None."""
+    vw = VECTOR_ELEMS.get(dtype)
+    if not (VECTOR_ROWS and vw and d % vw == 0 and rec.caps.subgroup_shuffle and rec.align % 16 == 0):
+        return None
+    return d // vw, vw
 
 
 def _vector_lanes(rec, n, d, dtype):
     """Lanes per row of the vectorized forward, or None where it does not apply."""
-    vw = VECTOR_ELEMS.get(dtype)
-    if not (VECTOR_ROWS and vw and d % vw == 0 and rec.caps.subgroup_shuffle and rec.align % 16 == 0):
+    vec = _vectors(rec, d, dtype)
+    if vec is None:
         return None
-    nv = d // vw
-    lanes = min(WG, pow2(-(-nv // ROW_VECS)))
-    while lanes < min(WG, nv) and n * lanes < BUSY_THREADS:   # too few rows to fill the device
-        lanes *= 2
-    return lanes if -(-nv // lanes) <= MAXV else None
+    lanes = _busy(min(WG, pow2(-(-vec[0] // ROW_VECS))), n, vec[0])
+    return lanes if -(-vec[0] // lanes) <= MAXV else None
+
+
+def _vector_one_pass_lanes(rec, n, d, dtype):
+    """Lanes per row of the vectorized one-pass backward (MAXC columns a lane), or None."""
+    vec = _vectors(rec, d, dtype)
+    if vec is None:
+        return None
+    nv, vw = vec
+    lanes = _busy(pow2(-(-nv // (MAXC // vw))), n, nv)
+    return lanes if lanes <= WG and -(-nv // lanes) <= MAXC // vw else None
 
 
 def _one_pass_lanes(n, d):
@@ -111,7 +132,9 @@ def _norm(kind: str, modes: tuple):
                 rec.fill(grad, 0)  # no rows: the column sums are empty (dx has no element)
             return
         acc, flags = (acc[0], 2) if acc else (None, 0)
-        lanes = _one_pass_lanes(n, d)
+        lanes, mode = _vector_one_pass_lanes(rec, n, d, t), one_pass + 4
+        if lanes is None:
+            lanes, mode = _one_pass_lanes(n, d), one_pass
         if lanes is not None:
             groups = min(segment_groups(n, lanes), ONE_PASS_GROUPS)
             size = math.isqrt(groups - 1) + 1   # groups per cluster: the sums are added in two levels
@@ -120,7 +143,7 @@ def _norm(kind: str, modes: tuple):
             # would be a transfer that the dispatch waits for, and with it any read-back in flight
             counters = rec.counters(1 + clusters)
             part = rec.scratch((groups + clusters, d, 2), "f32")
-            _dispatch(rec, one_pass, n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
+            _dispatch(rec, mode, n, lanes, n, d, eps, [x, w, b, g, dx, dw, db, counters, part],
                       chunks=size, flags=flags, groups=groups, acc=acc)
             return
         stats = rec.scratch((n, 2), "f32")

@@ -13,10 +13,11 @@
 //   5 rmsnorm:        dw[j] = sum_r g * xhat
 //                     (chunks > 1: the sums go to part[2 item], part[2 item + 1])
 //   6 / 7             layernorm / rmsnorm: dw, db = the sums of the chunks' parts
-// Forward in 16-byte vectors (the norm_vec build, FG_VECTORS; rows of D, a multiple
-// of VW, <= MAXV * VW * S):
-//   10 / 11           layernorm / rmsnorm: as modes 0 / 1, each row read once,
-//                     VW elements a load (8 halves, or 4 f32)
+// In 16-byte vectors (the norm_vec build, FG_VECTORS, which runs these alone; rows
+// of D a multiple of VW, 8 halves or 4 f32 a load):
+//   10 / 11           layernorm / rmsnorm forward: as modes 0 / 1, each row read
+//                     once (D <= MAXV * VW * S)
+//   12 / 13           the one-pass backward of modes 8 / 9 (D <= MAXC * S)
 // One-pass backward (rows of D <= MAXC * S):
 //   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3 (each row read
 //                     once, into registers), while each lane sums g * xhat and
@@ -56,9 +57,14 @@ layout(std430, set = 0, binding = 8) coherent readonly buffer Part4 { vec4 part4
 layout(std430, set = 0, binding = 9) readonly buffer R { T r[]; };
 
 #ifdef FG_VECTORS
-#define ONE_PASS(mode) ((mode) == 8u || (mode) == 9u)
-// modes 10, 11: x, w, b and y as 16-byte vectors of VW elements; vel(v, e) is element e of
-// vector v as f32, vpack rounds VW values to a vector as STORE rounds each
+// norm_vec runs modes 10-13: x, w, b, g, y and r as 16-byte vectors of VW elements; vel(v, e)
+// is element e of vector v as f32, vpack rounds VW values to a vector as STORE rounds each,
+// vround one value as STORE then LOAD do. A lane's i-th column of a row (of MAXC) is
+// element i % VW of its vector i / VW, the row's vector lane + (i / VW) * S.
+#define ONE_PASS(mode) ((mode) >= 12u)
+#define ROW_ONE_PASS row_one_pass_vectors
+#define LANE_COL(lane, i, S) (((lane) + ((i) / VW) * (S)) * VW + (i) % VW)
+#define FIRST_COL(i, S) LANE_COL(0u, i, S)   // lane 0's: the least of any lane's
 #if defined(BF16) || defined(F16)
 #define VW 8u
 #define VT uvec4
@@ -68,9 +74,11 @@ float vel(uvec4 v, uint e) {
     return uintBitsToFloat((e & 1u) == 0u ? u << 16 : u & 0xFFFF0000u);
 }
 uint vpair(float a, float b) { return fg_bf16(a) | (fg_bf16(b) << 16); }
+float vround(float a) { return uintBitsToFloat(fg_bf16(a) << 16); }
 #else
 float vel(uvec4 v, uint e) { return float(unpackFloat2x16(v[e >> 1])[e & 1u]); }
 uint vpair(float a, float b) { return packFloat2x16(f16vec2(a, b)); }
+float vround(float a) { return float(float16_t(a)); }
 #endif
 uvec4 vpack(float f[VW]) { return uvec4(vpair(f[0], f[1]), vpair(f[2], f[3]), vpair(f[4], f[5]), vpair(f[6], f[7])); }
 #else
@@ -78,13 +86,19 @@ uvec4 vpack(float f[VW]) { return uvec4(vpair(f[0], f[1]), vpair(f[2], f[3]), vp
 #define VT vec4
 float vel(vec4 v, uint e) { return v[e]; }
 vec4 vpack(float f[VW]) { return vec4(f[0], f[1], f[2], f[3]); }
+float vround(float a) { return a; }
 #endif
 layout(std430, set = 0, binding = 0) readonly buffer XV { VT xv[]; };
 layout(std430, set = 0, binding = 1) readonly buffer WV { VT wv[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BV { VT bv[]; };
+layout(std430, set = 0, binding = 3) readonly buffer GV { VT gv[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer YV { VT yv[]; };
+layout(std430, set = 0, binding = 9) readonly buffer RV { VT rv[]; };
 #else
 #define ONE_PASS(mode) ((mode) >= 8u)
+#define ROW_ONE_PASS row_one_pass
+#define LANE_COL(lane, i, S) ((lane) + (i) * (S))
+#define FIRST_COL(i, S) ((i) * (S))
 #endif
 
 layout(push_constant) uniform Push {
@@ -341,6 +355,55 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAX
     }
 }
 
+#ifdef FG_VECTORS
+// row_one_pass in vectors (modes 12, 13): the lane's MAXC columns are MAXC / VW vectors
+void row_one_pass_vectors(uint row, bool live, uint lane, uint S, bool rms, float wk[MAXC], inout vec2 cols[MAXC]) {
+    uint nv = pc.D / VW, start = row * nv;
+    float xs[MAXC], gs[MAXC];
+    float s = 0.0;
+    [[unroll]] for (uint k = 0u; k < MAXC / VW; ++k) {
+        uint v = lane + k * S;
+        bool in_row = live && v < nv;
+        VT qx = in_row ? xv[start + v] : VT(0), qg = in_row ? gv[start + v] : VT(0);
+        [[unroll]] for (uint e = 0u; e < VW; ++e) {
+            xs[k * VW + e] = vel(qx, e);
+            gs[k * VW + e] = vel(qg, e);
+            s += xs[k * VW + e];
+        }
+    }
+    float mean = rms ? 0.0 : row_sum(s, S) / float(pc.D);
+    vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
+    [[unroll]] for (uint i = 0u; i < MAXC; ++i) {
+        if (lane + (i / VW) * S < nv) {
+            float d = xs[i] - mean;
+            precise float gw = gs[i] * wk[i];
+            acc += vec4(d * d, gw, gw * d, 0.0);
+        }
+    }
+    acc = seg_sum4(acc, S) / float(pc.D);
+    if (!live) return;
+    float rstd = inversesqrt(acc.x + pc.eps);
+    float c = rms ? 0.0 : acc.y, a = rstd * acc.z;   // mean(gw), mean(gw * xhat)
+    bool add = (pc.flags & 2u) != 0u;
+    [[unroll]] for (uint k = 0u; k < MAXC / VW; ++k) {
+        uint v = lane + k * S;
+        if (v < nv) {
+            VT qr = add ? rv[start + v] : VT(0);
+            float o[VW];
+            [[unroll]] for (uint e = 0u; e < VW; ++e) {
+                uint i = k * VW + e;
+                precise float gw = gs[i] * wk[i];
+                float xhat = (xs[i] - mean) * rstd;
+                float dx = rstd * ((gw - c) - xhat * a);
+                o[e] = add ? vel(qr, e) + vround(dx) : dx;   // as store_dx: dx stored, then the sum
+                cols[i] += vec2(gs[i] * xhat, gs[i]);
+            }
+            yv[start + v] = vpack(o);
+        }
+    }
+}
+#endif
+
 // Parts first .. first + count - 1 of part ([slot, D, 2]) added up in slot
 // order, into slot `to` or, when final, into dw (and db); two columns per
 // 16-byte load (D even), 8 loads in flight.
@@ -396,10 +459,10 @@ void finish_columns(vec2 cols[MAXC], uint lane, uint S, bool rms) {
     uint per_group = FG_WG / S;
     uint base = gl_WorkGroupID.x * pc.D;
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        if (k * S >= pc.D) break;
+        if (FIRST_COL(k, S) >= pc.D) break;
         fg_seg[lid] = cols[k];
         barrier();
-        uint j = lane + k * S;
+        uint j = LANE_COL(lane, k, S);
         if (lid < S && j < pc.D) {
             vec2 sum = fg_seg[lid];
             for (uint q = 1u; q < per_group; ++q) sum += fg_seg[q * S + lid];
@@ -461,7 +524,7 @@ void main() {
     float wk[MAXC];   // the one-pass backward's weights: a lane's columns are the same in every row
     [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
         cols[k] = vec2(0.0);
-        uint j = lane + k * S;
+        uint j = LANE_COL(lane, k, S);
         wk[k] = ONE_PASS(mode) && j < pc.D ? LOAD(w[j]) : 0.0;
     }
     for (uint base = gl_WorkGroupID.x * per_group; base < pc.items;
@@ -469,7 +532,7 @@ void main() {
         uint item = base + fg_seg_slot(S, il);
         bool live = item < pc.items;
         if (il) columns(item, live, lane, S, rms);
-        else if ONE_PASS(mode) row_one_pass(item, live, lane, S, rms, wk, cols);
+        else if ONE_PASS(mode) ROW_ONE_PASS(item, live, lane, S, rms, wk, cols);
         else rows(item, live, lane, S, mode, rms);
     }
     if ONE_PASS(mode) finish_columns(cols, lane, S, rms);
