@@ -111,3 +111,34 @@ def test_vector_one_pass_backward_against_float64_and_the_scalar_one(vk_device, 
         # dw and db add up rows: their rounding grows with the rows (f16, bf16: of the stored result)
         np.testing.assert_allclose(got, ref, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)
         np.testing.assert_allclose(got, other, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "mixed"])
+def test_a_decoder_steps_the_same_with_vector_rows(vk_device, monkeypatch, dtype):
+    # tiny_gpt's layernorms (forward, one-pass backward with the residual's gradient added) on the
+    # graph path: norm_vec taken, the step's loss and gradients those of the scalar kernels
+    from pathlib import Path
+
+    import flowgrad as fg
+    from flowgrad.exec_vulkan.lower import norm
+
+    model = fg.load(str(Path(__file__).resolve().parent.parent / "models" / "tiny_gpt.flow"),
+                    {"d": 32, "layers": 2, "seq": 8, "batch": 4, "ff": 64})
+    feeds = {name: np.random.default_rng(3).integers(0, 10, model.graph.nodes[i].type.shape).astype(np.int32)
+             for name, i in model.graph.inputs.items()}
+    shaders = []
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
+                                                                            DISPATCH(rec, shader, *a, **k))[1])
+    results = []
+    for vectors in (False, True):
+        monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
+        shaders.clear()
+        sess = model.compile(device="vulkan", dtype=dtype, backward="graph", seed=0)
+        results.append(sess.step(feeds))
+        assert sess.last_path == "graph" and ("norm_vec" in shaders) == vectors
+        sess.close()
+    plain, vec = results
+    tol = 1e-5 if dtype == "f32" else 1e-2
+    assert abs(vec.loss - plain.loss) <= tol * abs(plain.loss)
+    for k, g in plain.grads.items():
+        np.testing.assert_allclose(vec.grads[k], g, rtol=tol, atol=tol * float(np.abs(g).max()), err_msg=k)
