@@ -47,7 +47,7 @@ SPECS_TEXT = {
     "embedding_fwd": "n: u32, d: u32, rows: u32",
     "fill_word": "index: u32, keep: u32, value: u32",
     "gather": "total: u32, n: u32, m: u32, inner: u32, mode: u32",
-    "fused_map": "n: u32, shape: u32[3], st: u32[12], param: f32[8]",
+    **dict.fromkeys(("fused_map", "fused_map_vec"), "n: u32, shape: u32[3], st: u32[12], param: f32[8]"),
     "map_reduce": "n_out: u32, R: u32, S: u32, code: u32, chunks: u32, scale: f32, param: f32, "
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
     **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32, pza: u32, pzb: u32, pzd: u32"

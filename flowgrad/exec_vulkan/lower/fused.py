@@ -20,7 +20,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant, vector_width
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
 from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering, register_lowering
 
@@ -29,6 +29,10 @@ MAX_INSTRS = 32     # its program slots (instruction k writes register 4 + k)
 MAX_OUTPUTS = 2
 MAX_PARAMS = 8
 MAX_RANK = 3
+# fused_map_vec (fused_map.glsl with FG_VECTORS): a chain whose inputs are all read at the
+# element's own index moves 16-byte vectors. Not yet timed against fused_map on a GPU, so
+# off; the tests run it (bench/fusion_bench.py --vectors times it)
+VECTOR_MAPS = False
 
 
 class TooLarge(DeviceError):
@@ -118,7 +122,11 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
     push = [n, *axis_words(dims, MAX_RANK, MAX_INPUTS, fill=1), *padded(prog.params, MAX_PARAMS, 0.0)]
-    rec.dispatch("fused_map", bufs, push, groups_1d(n), variant(dtype), spec=(meta, *prog_words))
+    vw = vector_width(rec, dtype) if VECTOR_MAPS else None
+    if vw and len(dims) == 1 and all(s == 1 for s in dims[0][2]):   # every input read at the element's index
+        rec.dispatch("fused_map_vec", bufs, push, groups_1d(-(-n // vw)), variant(dtype), spec=(meta, *prog_words))
+    else:
+        rec.dispatch("fused_map", bufs, push, groups_1d(n), variant(dtype), spec=(meta, *prog_words))
 
 
 # ---------------------------------------------------------------- a product and the ops after it

@@ -15,11 +15,19 @@ from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lowering import ALL_DTYPES, Lowering
 
 COPY_RANK = 8       # strided_copy.comp MAXR
+VECTOR_ELEMS = {"f32": 4, "f16": 8, "bf16": 8}   # vectors.glsl: a 16-byte vector's elements
 
 
 def variant(dtype: str) -> str | None:
     """The shader build for a storage dtype (i32 moves through the 32-bit build)."""
     return dtype if dtype in HALF_DTYPES else None
+
+
+def vector_width(rec, dtype: str) -> int | None:
+    """The elements of dtype a 16-byte vector holds (vectors.glsl), where the device binds
+    every view 16-byte aligned; else None."""
+    vw = VECTOR_ELEMS.get(dtype)
+    return vw if vw and rec.align % 16 == 0 else None
 
 
 def strides(shape) -> tuple[int, ...]:

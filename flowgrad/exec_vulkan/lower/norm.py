@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from flowgrad.exec_vulkan.lower.generic import variant
+from flowgrad.exec_vulkan.lower.generic import variant, vector_width
 from flowgrad.exec_vulkan.lower.map_reduce import BUSY_THREADS, WG, pow2, reduce_chunks, segment_groups, segment_lanes
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
 
@@ -32,7 +32,6 @@ SUBGROUP_SUMS = True
 # (the forward ~ROW_VECS a lane). Not yet timed against norm_sg on a GPU, so off; the tests run it
 # (bench/xent_norm_kernels.py --vectors times it)
 VECTOR_ROWS = False
-VECTOR_ELEMS = {"f32": 4, "f16": 8, "bf16": 8}
 MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
 ROW_VECS = 3        # about: at 768 halves, 32 lanes (one subgroup) a row
 
@@ -60,8 +59,8 @@ def _forward_lanes(n, d):
 
 def _vectors(rec, d, dtype):
     """A row's 16-byte vectors and their elements, (nv, vw), where norm_vec takes it; else None."""
-    vw = VECTOR_ELEMS.get(dtype)
-    if not (VECTOR_ROWS and vw and d % vw == 0 and rec.caps.subgroup_shuffle and rec.align % 16 == 0):
+    vw = vector_width(rec, dtype)
+    if not (VECTOR_ROWS and vw and d % vw == 0 and rec.caps.subgroup_shuffle):
         return None
     return d // vw, vw
 

@@ -57,37 +57,14 @@ layout(std430, set = 0, binding = 8) coherent readonly buffer Part4 { vec4 part4
 layout(std430, set = 0, binding = 9) readonly buffer R { T r[]; };
 
 #ifdef FG_VECTORS
-// norm_vec runs modes 10-13: x, w, b, g, y and r as 16-byte vectors of VW elements; vel(v, e)
-// is element e of vector v as f32, vpack rounds VW values to a vector as STORE rounds each,
-// vround one value as STORE then LOAD do. A lane's i-th column of a row (of MAXC) is
-// element i % VW of its vector i / VW, the row's vector lane + (i / VW) * S.
+// norm_vec runs modes 10-13: x, w, b, g, y and r as 16-byte vectors of VW elements
+// (vectors.glsl). A lane's i-th column of a row (of MAXC) is element i % VW of its
+// vector i / VW, the row's vector lane + (i / VW) * S.
 #define ONE_PASS(mode) ((mode) >= 12u)
 #define ROW_ONE_PASS row_one_pass_vectors
 #define LANE_COL(lane, i, S) (((lane) + ((i) / VW) * (S)) * VW + (i) % VW)
 #define FIRST_COL(i, S) LANE_COL(0u, i, S)   // lane 0's: the least of any lane's
-#if defined(BF16) || defined(F16)
-#define VW 8u
-#define VT uvec4
-#ifdef BF16
-float vel(uvec4 v, uint e) {
-    uint u = v[e >> 1];
-    return uintBitsToFloat((e & 1u) == 0u ? u << 16 : u & 0xFFFF0000u);
-}
-uint vpair(float a, float b) { return fg_bf16(a) | (fg_bf16(b) << 16); }
-float vround(float a) { return uintBitsToFloat(fg_bf16(a) << 16); }
-#else
-float vel(uvec4 v, uint e) { return float(unpackFloat2x16(v[e >> 1])[e & 1u]); }
-uint vpair(float a, float b) { return packFloat2x16(f16vec2(a, b)); }
-float vround(float a) { return float(float16_t(a)); }
-#endif
-uvec4 vpack(float f[VW]) { return uvec4(vpair(f[0], f[1]), vpair(f[2], f[3]), vpair(f[4], f[5]), vpair(f[6], f[7])); }
-#else
-#define VW 4u
-#define VT vec4
-float vel(vec4 v, uint e) { return v[e]; }
-vec4 vpack(float f[VW]) { return vec4(f[0], f[1], f[2], f[3]); }
-float vround(float a) { return a; }
-#endif
+#include "vectors.glsl"
 layout(std430, set = 0, binding = 0) readonly buffer XV { VT xv[]; };
 layout(std430, set = 0, binding = 1) readonly buffer WV { VT wv[]; };
 layout(std430, set = 0, binding = 2) readonly buffer BV { VT bv[]; };

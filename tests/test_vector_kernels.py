@@ -1,6 +1,8 @@
-"""layernorm's and rmsnorm's forward in 16-byte vectors (norm_vec, VECTOR_ROWS) on the
-device, in f32, f16 and bf16 storage: against float64, against the scalar forward it
-stands in for, and taken only where a row is a whole number of vectors."""
+"""The kernels that move 16-byte vectors, on the device in f32, f16 and bf16 storage:
+layernorm's and rmsnorm's forward and one-pass backward (norm_vec, VECTOR_ROWS) against
+float64 and the scalar kernels, taken only where a row is a whole number of vectors; and
+pointwise chains over contiguous inputs (fused_map_vec, VECTOR_MAPS), whole vectors and a
+tail, in a model's step against the scalar kernel's."""
 from __future__ import annotations
 
 import numpy as np
@@ -113,32 +115,70 @@ def test_vector_one_pass_backward_against_float64_and_the_scalar_one(vk_device, 
         np.testing.assert_allclose(got, other, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)
 
 
+def steps_both_ways(monkeypatch, model, feeds, dtype, shader):
+    """The graph path's step of `model` with the vector kernels off, then on: both results,
+    each after asserting whether `shader` ran."""
+    from flowgrad.exec_vulkan.lower import fused, norm
+
+    shaders = []
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, name, *a, **k: (shaders.append(name),
+                                                                          DISPATCH(rec, name, *a, **k))[1])
+    results = []
+    for vectors in (False, True):
+        monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
+        monkeypatch.setattr(fused, "VECTOR_MAPS", vectors)
+        shaders.clear()
+        sess = model.compile(device="vulkan", dtype=dtype, backward="graph", seed=0)
+        results.append(sess.step(feeds))
+        assert sess.last_path == "graph" and (shader in shaders) == vectors, (shader, vectors, set(shaders))
+        sess.close()
+    return results
+
+
+def same_step(plain, vec, tol):
+    assert abs(vec.loss - plain.loss) <= tol * abs(plain.loss)
+    for k, g in plain.grads.items():
+        np.testing.assert_allclose(vec.grads[k], g, rtol=tol, atol=tol * float(np.abs(g).max()), err_msg=k)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "mixed"])
-def test_a_decoder_steps_the_same_with_vector_rows(vk_device, monkeypatch, dtype):
-    # tiny_gpt's layernorms (forward, one-pass backward with the residual's gradient added) on the
-    # graph path: norm_vec taken, the step's loss and gradients those of the scalar kernels
+def test_a_decoder_steps_the_same_with_vector_kernels(vk_device, monkeypatch, dtype):
+    # tiny_gpt's layernorms (forward, one-pass backward with the residual's gradient added) and its
+    # pointwise chains on the graph path: norm_vec and fused_map_vec taken, the step's loss and
+    # gradients those of the scalar kernels
     from pathlib import Path
 
     import flowgrad as fg
-    from flowgrad.exec_vulkan.lower import norm
 
     model = fg.load(str(Path(__file__).resolve().parent.parent / "models" / "tiny_gpt.flow"),
                     {"d": 32, "layers": 2, "seq": 8, "batch": 4, "ff": 64})
     feeds = {name: np.random.default_rng(3).integers(0, 10, model.graph.nodes[i].type.shape).astype(np.int32)
              for name, i in model.graph.inputs.items()}
-    shaders = []
-    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
-                                                                            DISPATCH(rec, shader, *a, **k))[1])
-    results = []
-    for vectors in (False, True):
-        monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
-        shaders.clear()
-        sess = model.compile(device="vulkan", dtype=dtype, backward="graph", seed=0)
-        results.append(sess.step(feeds))
-        assert sess.last_path == "graph" and ("norm_vec" in shaders) == vectors
-        sess.close()
-    plain, vec = results
-    tol = 1e-5 if dtype == "f32" else 1e-2
-    assert abs(vec.loss - plain.loss) <= tol * abs(plain.loss)
-    for k, g in plain.grads.items():
-        np.testing.assert_allclose(vec.grads[k], g, rtol=tol, atol=tol * float(np.abs(g).max()), err_msg=k)
+    for shader in ("norm_vec", "fused_map_vec"):
+        same_step(*steps_both_ways(monkeypatch, model, feeds, dtype, shader), 1e-5 if dtype == "f32" else 1e-2)
+
+
+CHAIN = """
+model chain
+config {
+  rows = 7
+  cols = 13
+}
+input x: f32[rows, cols]
+param w: f32[rows, cols] = normal(std=1.0)
+y = gelu(x * w) * 2.0 + tanh(w) - x
+loss = mean(y * y)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "mixed"])
+@pytest.mark.parametrize("cols", [13, 16, 3])
+def test_pointwise_chains_in_vectors_and_a_tail(vk_device, monkeypatch, dtype, cols):
+    # 7 x 13: whole vectors and a tail (f32: 22 of 4 and 3; halves: 11 of 8 and 3); 7 x 16: no
+    # tail; 7 x 3: fewer elements than fill a workgroup's vectors, one partial
+    import flowgrad as fg
+
+    model = fg.loads(CHAIN, {"cols": cols})
+    feeds = {"x": np.random.default_rng(5).standard_normal((7, cols)).astype(np.float32)}
+    same_step(*steps_both_ways(monkeypatch, model, feeds, dtype, "fused_map_vec"), 1e-6 if dtype == "f32" else 1e-3)

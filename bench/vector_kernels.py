@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""The kernels that move 16-byte vectors (layernorm's norm_vec: lower/norm.py's VECTOR_ROWS;
+contiguous pointwise chains' fused_map_vec: lower/fused.py's VECTOR_MAPS) against the scalar
+ones, in one process: a model's graph-path Adam step compiled with each setting in turn, two
+rounds, median step time and the step's GPU time by kernel family (flowgrad.bench.families).
+
+    python bench/vector_kernels.py [--set k=v ...] [--dtype mixed] [--steps 15]
+
+Default: tiny_gpt at GPT-2 124M's shape (batch 8, seq 1024). A benchmark: nothing asserts its
+numbers; the losses are printed so that a difference shows."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flowgrad.api import load  # noqa: E402
+from flowgrad.bench import families  # noqa: E402
+from flowgrad.bench.gpt2 import GPT2  # noqa: E402
+from flowgrad.bench.step import LR, MODEL, bench_feeds  # noqa: E402
+from flowgrad.dsl.config import parse_sets  # noqa: E402
+from flowgrad.exec_vulkan.lower import fused, norm  # noqa: E402
+from flowgrad.training.optim import Adam  # noqa: E402
+
+SETTINGS = {"scalar": (False, False), "vector rows": (True, False), "vector rows and maps": (True, True)}
+
+
+def run(config: dict, dtype: str, steps: int, rows: bool, maps: bool) -> dict:
+    norm.VECTOR_ROWS, fused.VECTOR_MAPS = rows, maps
+    sess = load(MODEL, config).compile(device="vulkan", dtype=dtype, backward="graph")
+    feeds, _ = bench_feeds(sess.graph)
+    opt = Adam(lr=LR)
+    losses = [float(sess.step(feeds, grads=False, optimizer=opt, outputs=()).loss) for _ in range(3)]
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        sess.step(feeds, grads=False, optimizer=opt, outputs=())
+        times.append(time.perf_counter() - t)
+    fam = families.flowgrad_families(sess, feeds, opt)["seconds"]
+    sess.close()
+    return {"step_ms": 1e3 * statistics.median(times), "losses": losses,
+            "families": {k: round(1e3 * v, 3) for k, v in fam.items() if v}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--dtype", default="mixed")
+    ap.add_argument("--steps", type=int, default=15)
+    a = ap.parse_args(argv)
+    config = {**GPT2, **parse_sets(a.set)}
+    for rnd in (1, 2):
+        for name, (rows, maps) in SETTINGS.items():
+            r = run(config, a.dtype, a.steps, rows, maps)
+            print(f"[{name} {rnd}] step {r['step_ms']:.3f} ms, losses {r['losses']}, {r['families']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
