@@ -31,7 +31,7 @@ MAX_PARAMS = 8
 MAX_RANK = 3
 # fused_map_vec (fused_map.glsl with FG_VECTORS): a chain whose inputs are all read at the
 # element's own index moves 16-byte vectors. Not yet timed against fused_map on a GPU, so
-# off; the tests run it (bench/fusion_bench.py --vectors times it)
+# off; the tests run it (bench/vector_kernels.py times it)
 VECTOR_MAPS = False
 
 

@@ -30,7 +30,7 @@ SUBGROUP_SUMS = True
 # norm_vec (norm.glsl with FG_VECTORS and subgroup sums): the forward and the one-pass backward
 # read and write a row in 16-byte vectors (8 halves or 4 f32) where it is a whole number of them
 # (the forward ~ROW_VECS a lane). Not yet timed against norm_sg on a GPU, so off; the tests run it
-# (bench/xent_norm_kernels.py --vectors times it)
+# (bench/xent_norm_kernels.py --vectors and bench/vector_kernels.py time it)
 VECTOR_ROWS = False
 MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
 ROW_VECS = 3        # about: at 768 halves, 32 lanes (one subgroup) a row
