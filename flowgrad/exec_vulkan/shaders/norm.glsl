@@ -292,6 +292,21 @@ void rows(uint row, bool live, uint lane, uint S, uint mode, bool rms) {
     }
 }
 
+// The one-pass backward's row statistics from the lane's columns xs, gs (s: its sum of xs):
+// mean, then acc = (variance, mean(gw), mean(gw * d)) over the row, d = x - mean. A macro:
+// row_one_pass and row_one_pass_vectors declare mean and acc with it
+#define ROW_MOMENTS                                                                            \
+    float mean = rms ? 0.0 : row_sum(s, S) / float(pc.D);                                     \
+    vec4 acc = vec4(0.0);  /* sum(d * d), sum(gw), sum(gw * d) */                              \
+    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {                                             \
+        if (LANE_COL(lane, k, S) < pc.D) {                                                    \
+            float d = xs[k] - mean;                                                           \
+            precise float gw = gs[k] * wk[k];                                                 \
+            acc += vec4(d * d, gw, gw * d, 0.0);                                              \
+        }                                                                                     \
+    }                                                                                         \
+    acc = seg_sum4(acc, S) / float(pc.D);
+
 // The one-pass backward's row: the lane's MAXC columns held in registers
 // (one read of x and g), two reductions (the mean; then the variance and
 // the two sums dx needs, together), and the lane's column sums carried on.
@@ -308,16 +323,7 @@ void row_one_pass(uint row, bool live, uint lane, uint S, bool rms, float wk[MAX
         gs[k] = in_row ? LOAD(g[start + j]) : 0.0;
         s += xs[k];
     }
-    float mean = rms ? 0.0 : row_sum(s, S) / float(pc.D);
-    vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
-    [[unroll]] for (uint k = 0u; k < MAXC; ++k) {
-        if (lane + k * S < pc.D) {
-            float d = xs[k] - mean;
-            precise float gw = gs[k] * wk[k];
-            acc += vec4(d * d, gw, gw * d, 0.0);
-        }
-    }
-    acc = seg_sum4(acc, S) / float(pc.D);
+    ROW_MOMENTS
     if (!live) return;
     float rstd = inversesqrt(acc.x + pc.eps);
     float c = rms ? 0.0 : acc.y, a = rstd * acc.z;   // mean(gw), mean(gw * xhat)
@@ -348,16 +354,7 @@ void row_one_pass_vectors(uint row, bool live, uint lane, uint S, bool rms, floa
             s += xs[k * VW + e];
         }
     }
-    float mean = rms ? 0.0 : row_sum(s, S) / float(pc.D);
-    vec4 acc = vec4(0.0);  // sum(d * d), sum(gw), sum(gw * d), d = x - mean
-    [[unroll]] for (uint i = 0u; i < MAXC; ++i) {
-        if (lane + (i / VW) * S < nv) {
-            float d = xs[i] - mean;
-            precise float gw = gs[i] * wk[i];
-            acc += vec4(d * d, gw, gw * d, 0.0);
-        }
-    }
-    acc = seg_sum4(acc, S) / float(pc.D);
+    ROW_MOMENTS
     if (!live) return;
     float rstd = inversesqrt(acc.x + pc.eps);
     float c = rms ? 0.0 : acc.y, a = rstd * acc.z;   // mean(gw), mean(gw * xhat)
