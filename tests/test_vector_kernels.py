@@ -1,8 +1,9 @@
 """The kernels that move 16-byte vectors, on the device in f32, f16 and bf16 storage:
 layernorm's and rmsnorm's forward and one-pass backward (norm_vec, VECTOR_ROWS) against
 float64 and the scalar kernels, taken only where a row is a whole number of vectors; and
-pointwise chains over contiguous inputs (fused_map_vec, VECTOR_MAPS), whole vectors and a
-tail, in a model's step against the scalar kernel's."""
+pointwise chains over contiguous inputs (fused_map_vec, VECTOR_MAPS) and mixed precision's
+batched casts (cast_f16_multi_vec, VECTOR_CASTS), whole vectors and a tail, in a model's step
+against the scalar kernels'."""
 from __future__ import annotations
 
 import numpy as np
@@ -115,9 +116,10 @@ def test_vector_one_pass_backward_against_float64_and_the_scalar_one(vk_device, 
         np.testing.assert_allclose(got, other, rtol=4 * TOL[dtype], atol=4 * TOL[dtype] * scale)
 
 
-def steps_both_ways(monkeypatch, model, feeds, dtype, shader):
+def steps_both_ways(monkeypatch, model, feeds, dtype, shader, **options):
     """The graph path's step of `model` with the vector kernels off, then on: both results,
     each after asserting whether `shader` ran."""
+    from flowgrad.exec_vulkan import multi_tensor
     from flowgrad.exec_vulkan.lower import fused, norm
 
     shaders = []
@@ -127,10 +129,13 @@ def steps_both_ways(monkeypatch, model, feeds, dtype, shader):
     for vectors in (False, True):
         monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
         monkeypatch.setattr(fused, "VECTOR_MAPS", vectors)
+        monkeypatch.setattr(multi_tensor, "VECTOR_CASTS", vectors)
         shaders.clear()
-        sess = model.compile(device="vulkan", dtype=dtype, backward="graph", seed=0)
+        sess = model.compile(device="vulkan", dtype=dtype, backward="graph", seed=0, **options)
         results.append(sess.step(feeds))
-        assert sess.last_path == "graph" and (shader in shaders) == vectors, (shader, vectors, set(shaders))
+        ran = set(shaders) | {c.shader for c in sess.runner._program(True, False, None).rec.commands
+                              if hasattr(c, "shader")}   # the casts are merged after recording
+        assert sess.last_path == "graph" and (shader in ran) == vectors, (shader, vectors, ran)
         sess.close()
     return results
 
@@ -182,3 +187,23 @@ def test_pointwise_chains_in_vectors_and_a_tail(vk_device, monkeypatch, dtype, c
     model = fg.loads(CHAIN, {"cols": cols})
     feeds = {"x": np.random.default_rng(5).standard_normal((7, cols)).astype(np.float32)}
     same_step(*steps_both_ways(monkeypatch, model, feeds, dtype, "fused_map_vec"), 1e-6 if dtype == "f32" else 1e-3)
+
+
+PARAMS = """
+model params
+param a: f32[7, 13] = normal(std=1.0)
+param b: f32[5, 3] = normal(std=1.0)
+param c: f32[16] = normal(std=1.0)
+loss = mean(a * a) + mean(b * b * b) + mean(c)
+minimize loss
+"""
+
+
+@pytest.mark.parametrize("half", ["f16", "bf16"])
+def test_mixed_precision_casts_in_vectors_and_tails(vk_device, monkeypatch, half):
+    # three params cast to half and their gradients back, each direction one batched dispatch:
+    # 91 elements (11 steps of 8 and 3), 15 (1 and 7), 16 (2, no tail); the same rounding either way
+    import flowgrad as fg
+
+    model = fg.loads(PARAMS)
+    same_step(*steps_both_ways(monkeypatch, model, {}, "mixed", "cast_f16_multi_vec", mixed=half), 1e-7)

@@ -88,6 +88,10 @@ def record_unscale(rec, grads: list, scale, found, groups_for) -> None:
 # cast_f16_multi dispatch per CAST_SLOTS of them (same bindings, same math).
 
 CAST_SLOTS = 15   # cast_f16_multi.comp's tensor pairs
+# cast_f16_multi_vec (cast_f16_multi.glsl with FG_VECTORS): 8 elements a step in 16-byte vectors.
+# Not yet timed against cast_f16_multi on a GPU, so off; the tests run it (bench/vector_kernels.py
+# times it)
+VECTOR_CASTS = False
 
 
 def _joins(run: list, cmd) -> bool:
@@ -98,7 +102,7 @@ def _joins(run: list, cmd) -> bool:
     return cmd.push[4:8] == run[0].push[4:8] and not any(depends(cmd, earlier) for earlier in run)
 
 
-def _merged(run: list, groups_for):
+def _merged(run: list, groups_for, shader: str = "cast_f16_multi"):
     import struct
 
     from flowgrad.exec_vulkan.push_constants import push_spec
@@ -111,16 +115,16 @@ def _merged(run: list, groups_for):
     sizes = [struct.unpack("<I", d.push[:4])[0] for d in run]
     direction = struct.unpack("<I", run[0].push[4:8])[0]
     n, first, total = slot_push(sizes, CAST_SLOTS, groups_for)
-    info = shader_info("cast_f16_multi", run[0].variant)
-    push = push_spec("cast_f16_multi").pack([direction, *n, *first])
-    return Dispatch("cast_f16_multi", run[0].variant, tuple(wide + half), info.readonly, push, (total, 1, 1),
-                    run[0].label)
+    info = shader_info(shader, run[0].variant)
+    push = push_spec(shader).pack([direction, *n, *first])
+    return Dispatch(shader, run[0].variant, tuple(wide + half), info.readonly, push, (total, 1, 1), run[0].label)
 
 
 def merge_casts(rec, groups_for) -> None:
     """Rewrite rec.commands: each run of mergeable cast_f16 dispatches as
     cast_f16_multi dispatches (the run's first label stands for it);
     groups_for(n): the workgroups a tensor of n elements gets."""
+    from flowgrad.exec_vulkan.lower.generic import vector_width
     from flowgrad.exec_vulkan.recorder import Dispatch
 
     if not fits(rec, 2 * CAST_SLOTS):
@@ -131,7 +135,13 @@ def merge_casts(rec, groups_for) -> None:
     def flush():
         for i in range(0, len(run), CAST_SLOTS):
             chunk = run[i:i + CAST_SLOTS]
-            out.append(chunk[0] if len(chunk) == 1 else _merged(chunk, groups_for))
+            vw = vector_width(rec, chunk[0].variant or "f16") if VECTOR_CASTS else None
+            if len(chunk) == 1:
+                out.append(chunk[0])
+            elif vw:   # each invocation a step of vw elements
+                out.append(_merged(chunk, lambda n: groups_for(-(-n // vw)), "cast_f16_multi_vec"))
+            else:
+                out.append(_merged(chunk, groups_for))
         run.clear()
 
     for cmd in rec.commands:

@@ -40,7 +40,7 @@ SPECS_TEXT = {
     "axpy": "n: u32, a: f32",
     "cast": "n: u32, dir: u32",
     "cast_f16": "n: u32, dir: u32",
-    "cast_f16_multi": "dir: u32, n: u32[15], first: u32[16]",
+    **dict.fromkeys(("cast_f16_multi", "cast_f16_multi_vec"), "dir: u32, n: u32[15], first: u32[16]"),
     "clip_scale": "count: u32, max_norm: f32, eps: f32",
     "cumsum": "lines: u32, n: u32, inner: u32, reverse: u32",
     "embedding_bwd": "n: u32, d: u32, rows: u32",
