@@ -7,8 +7,9 @@ bf16 autocast, eager and torch.compile'd, timed by CUDA events.
 
     python bench/xent_norm_kernels.py [--rows 8192] [--vocab 50304] [--torch] [--shared-sums] [--vectors] [--json OUT]
 
-`--vectors`: the step timed four times in turn, layernorm's forward by norm_sg
-and by norm_vec (rows in 16-byte vectors) alternately, in one process.
+`--vectors`: the step timed four times in turn, layernorm's forward and
+backward by norm_sg and by norm_vec (rows in 16-byte vectors) alternately, in
+one process.
 `--shared-sums`: layernorm's row sums through shared memory (norm.comp) even
 where the device has subgroup shuffles (norm_sg.comp), to time the two.
 

@@ -17,6 +17,14 @@ TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}   # storage's rounding of the r
 DISPATCH = Recorder.dispatch
 
 
+def recorded_shaders(monkeypatch) -> list:
+    """The shaders recorders dispatch from now on, in order."""
+    shaders = []
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
+                                                                            DISPATCH(rec, shader, *a, **k))[1])
+    return shaders
+
+
 def stored(x: np.ndarray, dtype: str) -> np.ndarray:
     """x as the device holds it in `dtype`, as f32."""
     return {"f32": x, "f16": x.astype(np.float16).astype(np.float32), "bf16": round_bf16(x)}[dtype]
@@ -28,9 +36,7 @@ def run(device, monkeypatch, op, dtype, x, w, b, vectors):
     from flowgrad.graph import Node, TensorType
 
     monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
-    shaders = []
-    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
-                                                                            DISPATCH(rec, shader, *a, **k))[1])
+    shaders = recorded_shaders(monkeypatch)
     node = Node(0, op, (1, 2, 3), TensorType(x.shape, dtype), attrs={"eps": 1e-5})
     with OneShot(device) as s:
         ins = [s.upload(v, dtype) for v in ([x, w, b] if op == "layernorm" else [x, w])]
@@ -71,9 +77,7 @@ def run_grad(device, monkeypatch, op, dtype, x, w, g, acc, vectors):
     from flowgrad.graph import Node, TensorType
 
     monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)
-    shaders = []
-    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, *a, **k: (shaders.append(shader),
-                                                                            DISPATCH(rec, shader, *a, **k))[1])
+    shaders = recorded_shaders(monkeypatch)
     size = x.size + w.size * (2 if op == "layernorm" else 1)
     node = Node(0, op + "_grad", (1, 2, 3), TensorType((size,), dtype), attrs={"eps": 1e-5})
     with OneShot(device) as s:
@@ -122,9 +126,7 @@ def steps_both_ways(monkeypatch, model, feeds, dtype, shader, **options):
     from flowgrad.exec_vulkan import multi_tensor
     from flowgrad.exec_vulkan.lower import fused, norm
 
-    shaders = []
-    monkeypatch.setattr(Recorder, "dispatch", lambda rec, name, *a, **k: (shaders.append(name),
-                                                                          DISPATCH(rec, name, *a, **k))[1])
+    shaders = recorded_shaders(monkeypatch)
     results = []
     for vectors in (False, True):
         monkeypatch.setattr(norm, "VECTOR_ROWS", vectors)

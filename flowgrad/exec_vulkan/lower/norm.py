@@ -1,6 +1,7 @@
 """Vulkan lowerings of layernorm and rmsnorm (last axis) on norm.glsl
 (built as norm.comp, as norm_sg.comp with subgroup sums: SUBGROUP_SUMS, and as
-norm_vec.comp, whose forward moves rows in 16-byte vectors: VECTOR_ROWS).
+norm_vec.comp, whose forward and one-pass backward move rows in 16-byte vectors:
+VECTOR_ROWS).
 
 Their gradients (layernorm_grad, rmsnorm_grad) take one dispatch for rows of up to MAXC lanes' worth of
 columns: each row's mean and rstd are recomputed while dx is written, each
