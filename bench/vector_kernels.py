@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The kernels that move 16-byte vectors (layernorm's norm_vec: lower/norm.py's VECTOR_ROWS;
 contiguous pointwise chains' fused_map_vec: lower/fused.py's VECTOR_MAPS; mixed precision's
-batched casts, cast_f16_multi_vec: multi_tensor.py's VECTOR_CASTS) against the scalar ones,
+batched casts, cast_f16_multi_vec: multi_tensor.py's VECTOR_CASTS; Adam's f32 update,
+adam_multi_vec: optim_records.py's VECTOR_ADAM) against the scalar ones,
 each added to the last, in one process: a model's graph-path Adam step compiled with each setting in turn, two
 rounds, median step time and the step's GPU time by kernel family (flowgrad.bench.families).
 
@@ -24,16 +25,16 @@ from flowgrad.bench import families  # noqa: E402
 from flowgrad.bench.gpt2 import GPT2  # noqa: E402
 from flowgrad.bench.step import LR, MODEL, bench_feeds  # noqa: E402
 from flowgrad.dsl.config import parse_sets  # noqa: E402
-from flowgrad.exec_vulkan import multi_tensor  # noqa: E402
+from flowgrad.exec_vulkan import multi_tensor, optim_records  # noqa: E402
 from flowgrad.exec_vulkan.lower import fused, norm  # noqa: E402
 from flowgrad.training.optim import Adam  # noqa: E402
 
-SETTINGS = {"scalar": (False, False, False), "rows": (True, False, False), "rows, maps": (True, True, False),
-            "rows, maps, casts": (True, True, True)}
+SETTINGS = {"scalar": (False,) * 4, "rows": (True, False, False, False), "rows, maps": (True, True, False, False),
+            "rows, maps, casts": (True, True, True, False), "rows, maps, casts, adam": (True,) * 4}
 
 
 def run(config: dict, dtype: str, steps: int, flags) -> dict:
-    norm.VECTOR_ROWS, fused.VECTOR_MAPS, multi_tensor.VECTOR_CASTS = flags
+    norm.VECTOR_ROWS, fused.VECTOR_MAPS, multi_tensor.VECTOR_CASTS, optim_records.VECTOR_ADAM = flags
     sess = load(MODEL, config).compile(device="vulkan", dtype=dtype, backward="graph")
     feeds, _ = bench_feeds(sess.graph)
     opt = Adam(lr=LR)

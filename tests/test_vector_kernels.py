@@ -3,7 +3,8 @@ layernorm's and rmsnorm's forward and one-pass backward (norm_vec, VECTOR_ROWS) 
 float64 and the scalar kernels, taken only where a row is a whole number of vectors; and
 pointwise chains over contiguous inputs (fused_map_vec, VECTOR_MAPS) and mixed precision's
 batched casts (cast_f16_multi_vec, VECTOR_CASTS), whole vectors and a tail, in a model's step
-against the scalar kernels'."""
+against the scalar kernels'; and Adam's f32 update (adam_multi_vec, VECTOR_ADAM) against the
+scalar kernel's and numpy's."""
 from __future__ import annotations
 
 import numpy as np
@@ -209,3 +210,34 @@ def test_mixed_precision_casts_in_vectors_and_tails(vk_device, monkeypatch, half
 
     model = fg.loads(PARAMS)
     same_step(*steps_both_ways(monkeypatch, model, {}, "mixed", "cast_f16_multi_vec", mixed=half), 1e-7)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_in_vectors_and_tails(vk_device, monkeypatch, name, clip):
+    # params of 2100 elements (525 vectors: more than a workgroup's 256 invocations), 91 (22 and a
+    # tail of 3), 16 (no tail), 3 (a tail alone), one dispatch for all: adam_multi_vec taken, its
+    # params and moments those of the scalar kernel and of the numpy update
+    from test_optim_vulkan import device_steps, host_steps
+
+    from flowgrad.exec_vulkan import optim_records
+    from flowgrad.training.optim import Adam, AdamW
+
+    shapes = {"w": (300, 7), "a": (7, 13), "c": (16,), "d": (3,)}
+    rng = np.random.default_rng(11)
+    params = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()}
+    grads = [{k: rng.normal(0, 0.1, s).astype(np.float32) for k, s in shapes.items()} for _ in range(3)]
+    opt = lambda: {"adam": Adam, "adamw": AdamW}[name](lr=0.05, weight_decay=0.3, clip=clip)   # noqa: E731
+    got = {}
+    for vectors in (False, True):
+        monkeypatch.setattr(optim_records, "VECTOR_ADAM", vectors)
+        shaders = recorded_shaders(monkeypatch)
+        got[vectors] = device_steps(vk_device, opt(), params, grads, "f32")
+        assert ("adam_multi_vec" in shaders) == vectors and ("adam_multi" in shaders) != vectors, shaders
+    want = host_steps(opt(), params, grads)
+    for k in shapes:
+        np.testing.assert_allclose(got[True][0][k], want[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[True][0][k], got[False][0][k], rtol=1e-6, atol=1e-7, err_msg=k)
+        for m in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(got[True][1][k][m], got[False][1][k][m], rtol=1e-6, atol=1e-9,
+                                       err_msg=(k, m))

@@ -16,6 +16,12 @@ GROUP = 256           # local size of every optimizer shader
 MAX_GROUPS = 1024     # shaders loop over the elements beyond GROUP * MAX_GROUPS
 
 
+# adam_multi_vec (adam_multi.glsl with FG_VECTORS): f32 params, moments and gradients 4 elements a
+# step in 16-byte vectors. Not yet timed against adam_multi on a GPU, so off; the tests run it
+# (bench/vector_kernels.py times it)
+VECTOR_ADAM = False
+
+
 def groups_for(n: int) -> int:
     return max(1, min(MAX_GROUPS, -(-n // GROUP)))
 
@@ -92,18 +98,23 @@ def _record_rows(opt, rec, hyper) -> list:
 
 def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> None:
     """The same update, up to `slots` params per dispatch (exec_vulkan/multi_tensor.py)."""
+    from flowgrad.exec_vulkan.lower.generic import vector_width
     from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
 
     for batch in batches(list(params), shaders.slots, lambda name: params[name]):
         dtype = params[batch[0]].dtype
+        shader, groups = shaders.multi, groups_for
+        vw = vector_width(rec, dtype) if VECTOR_ADAM and shader == "adam_multi" and dtype == "f32" else None
+        if vw:   # each invocation a step of vw elements
+            shader, groups = "adam_multi_vec", lambda n: groups_for(-(-n // vw))
         bufs = [hyper, scale]
         for name in batch:
             bufs += [params[name], grads[name]] + [state[name][k] for k in opt.STATE]
         for _ in range(shaders.slots - len(batch)):
             bufs += [rec.stand_in(dtype), rec.stand_in(dtype)]
             bufs += [rec.stand_in("f32") for _k in opt.STATE]
-        n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups_for)
-        rec.dispatch(shaders.multi, bufs, push=(*n, *first), groups=(total, 1, 1),
+        n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups)
+        rec.dispatch(shader, bufs, push=(*n, *first), groups=(total, 1, 1),
                      variant=variant(dtype))
 
 

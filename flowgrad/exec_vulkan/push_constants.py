@@ -36,7 +36,7 @@ CONV = ("N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: 
 SPECS_TEXT = {
     "accumulate": "n: u32",
     "adam": "n: u32",
-    "adam_multi": "n: u32[7], first: u32[8]",
+    **dict.fromkeys(("adam_multi", "adam_multi_vec"), "n: u32[7], first: u32[8]"),
     "axpy": "n: u32, a: f32",
     "cast": "n: u32, dir: u32",
     "cast_f16": "n: u32, dir: u32",
