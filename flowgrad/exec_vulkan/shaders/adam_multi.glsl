@@ -38,6 +38,23 @@ layout(binding = 28) buffer M6 { float m6[]; };
 layout(binding = 29) buffer V6 { float v6[]; };
 layout(push_constant) uniform Push { uint n[7]; uint first[8]; } pc;
 
+// one element's (or one vector's) update: w and g read, the moments m and v read and written, the
+// new param passed to SET
+#define ADAM_STEP(TYPE, W, G, M, V, SET)                                      \
+    {                                                                         \
+        TYPE w = W;                                                           \
+        TYPE d = G * clip_scale + grad_decay * w;                             \
+        w *= param_decay;                                                     \
+        TYPE mi = b1 * M + c1 * d;                                            \
+        TYPE vi = b2 * V + c2 * d * d;                                        \
+        M = mi;                                                               \
+        V = vi;                                                               \
+        SET(w - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps));            \
+    }
+#define ADAM_ONE(P, G, M, V, from)                                            \
+    for (uint i = from; i < count; i += stride)                               \
+        ADAM_STEP(float, LOAD(P[i]), LOAD(G[i]), M[i], V[i], P[i] = STORE)
+
 #ifdef FG_VECTORS
 // adam_multi_vec (f32 params): 4 elements a step in 16-byte vectors, each param's tail past
 // its last whole vector element by element
@@ -50,32 +67,12 @@ VIEWS(2, p0, g0, m0, v0) VIEWS(6, p1, g1, m1, v1) VIEWS(10, p2, g2, m2, v2) VIEW
 VIEWS(18, p4, g4, m4, v4) VIEWS(22, p5, g5, m5, v5) VIEWS(26, p6, g6, m6, v6)
 
 #define ADAM(P, G, M, V)                                                      \
-    for (uint s = at; s < count / 4u; s += stride) {                          \
-        vec4 w = P##v[s];                                                     \
-        vec4 d = G##v[s] * clip_scale + grad_decay * w;                       \
-        w *= param_decay;                                                     \
-        vec4 mi = b1 * M##v[s] + c1 * d;                                      \
-        vec4 vi = b2 * V##v[s] + c2 * d * d;                                  \
-        M##v[s] = mi;                                                         \
-        V##v[s] = vi;                                                         \
-        P##v[s] = w - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps);       \
-    }                                                                         \
+    for (uint s = at; s < count / 4u; s += stride)                            \
+        ADAM_STEP(vec4, P##v[s], G##v[s], M##v[s], V##v[s], P##v[s] = )      \
     ADAM_ONE(P, G, M, V, count / 4u * 4u + at)
 #else
 #define ADAM(P, G, M, V) ADAM_ONE(P, G, M, V, at)
 #endif
-
-#define ADAM_ONE(P, G, M, V, from)                                            \
-    for (uint i = from; i < count; i += stride) {                             \
-        float w = LOAD(P[i]);                                                 \
-        float d = LOAD(G[i]) * clip_scale + grad_decay * w;                   \
-        w *= param_decay;                                                     \
-        float mi = b1 * M[i] + c1 * d;                                        \
-        float vi = b2 * V[i] + c2 * d * d;                                    \
-        M[i] = mi;                                                            \
-        V[i] = vi;                                                            \
-        P[i] = STORE(w - step_size * mi / (sqrt(vi) * inv_sqrt_bc2 + eps));   \
-    }
 
 void main() {
     if (skip != 0.0) return;
