@@ -100,3 +100,16 @@ def _restore_op_registry():
     yield
     OPS.clear()
     OPS.update(saved)
+
+
+@pytest.fixture
+def scalar_kernels(monkeypatch):
+    """The kernels that move an element at a time where 16-byte vector ones exist (norm, fused_map,
+    cast_f16_multi, adam_multi): for tests of those kernels' own dispatches, which devices without
+    16-byte aligned bindings still run; tests/test_vector_kernels.py tests the vector ones."""
+    from flowgrad.exec_vulkan import multi_tensor, optim_records
+    from flowgrad.exec_vulkan.lower import fused, norm
+
+    for module, flag in ((norm, "VECTOR_ROWS"), (fused, "VECTOR_MAPS"), (multi_tensor, "VECTOR_CASTS"),
+                         (optim_records, "VECTOR_ADAM")):
+        monkeypatch.setattr(module, flag, False)

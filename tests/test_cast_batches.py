@@ -5,9 +5,14 @@ direction, and bit-identical to the unmerged step on Vulkan."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flowgrad.feeds import random_feeds
 from test_fusion import GPT_TINY, gpt
+
+
+# the scalar kernels' dispatches (conftest.scalar_kernels)
+pytestmark = pytest.mark.usefixtures("scalar_kernels")
 
 
 def test_runs_of_casts_become_one_dispatch_and_dependent_ones_do_not():

@@ -68,7 +68,7 @@ RANK = textwrap.dedent("""
     r = fg.train(model, steps=args["steps"], device=args["device"], out=args.get("out"), progress=False,
                  optimizer=Adam(lr=args.get("lr", 3e-3)),
                  callback=callback, resume=args.get("resume", False), check_every=args.get("check_every"),
-                 dtype=args.get("dtype", "f32"))
+                 dtype=args.get("dtype", "f32"), mixed=args.get("mixed", "auto"))
     if args["device"] != "cpu":
         from flowgrad.exec_vulkan import runtime
         errors = runtime.validation_errors()
@@ -627,10 +627,11 @@ def test_two_objectives_in_mixed_on_two_ranks_equal_one_process(tmp_path, defaul
         request.getfixturevalue("vk_device")
     model = write_overflowing_gan(tmp_path)
     out, save = tmp_path / "run", str(tmp_path / "ranks.npz")
+    # f16 by name: where the device multiplies bf16, "auto" takes it, and bf16 needs no loss scale
     proc, _ = launch(tmp_path, default_mpi, 2, model=str(model), batch=4, steps=6, device=device, save=save,
-                     out=str(out), dtype="mixed")
+                     out=str(out), dtype="mixed", mixed="f16")
     assert proc.returncode == 0, proc.stderr
-    ref = one_process(str(model), 8, 6, device, dtype="mixed", out=tmp_path / "one")
+    ref = one_process(str(model), 8, 6, device, dtype="mixed", mixed="f16", out=tmp_path / "one")
     summary = json.loads(Path(save + ".json").read_text())
     assert summary["ranks"] == 2 and summary["path"] == ref.path
     assert device == "cpu" or ref.path == "graph"

@@ -138,6 +138,7 @@ def epilogues(dtype="f32"):
 GEMM = "matmul_64x64_k16"
 
 
+@pytest.mark.usefixtures("scalar_kernels")   # their dispatches
 def test_products_take_their_adds_as_an_epilogue():
     graph = epilogues().graph
     plan = make_plan(graph, None)
@@ -183,6 +184,7 @@ def test_epilogue_chains_are_bit_identical_on_numpy_and_match_finite_differences
     assert_step_matches_finite_differences(model, plan)
 
 
+@pytest.mark.usefixtures("scalar_kernels")   # their dispatches
 @pytest.mark.parametrize("split, tile", [(False, None), (True, None), (False, "matmul_128x128_k8"),
                                          (False, "matmul_128x128_k16")],
                          ids=["in-the-store", "split-k", "128x128-k8", "128x128-k16"])

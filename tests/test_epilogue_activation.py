@@ -62,6 +62,10 @@ SIZES = [dict(m=17, k=3, n=65), dict(m=1, k=17, n=3), dict(m=65, k=65, n=17), di
 SIZE_IDS = [f"m{s['m']}k{s['k']}n{s['n']}" for s in SIZES]
 
 
+# the scalar kernels' dispatches (conftest.scalar_kernels)
+pytestmark = pytest.mark.usefixtures("scalar_kernels")
+
+
 def acts(act="gelu", dtype="f32", **config):
     text = MODEL.replace("f32", dtype)
     for name in "acef":

@@ -254,6 +254,7 @@ def test_a_chain_with_a_constant_input_matches_unfused_and_closures_on_vulkan(vk
     agree((f_loss, f_grads), (p_loss, p_grads), (c_loss, c_grads))
 
 
+@pytest.mark.usefixtures("scalar_kernels")   # their dispatches
 def test_each_fused_chain_is_a_pipeline_of_its_own(vk_device):
     """A chain's program is fused_map's specialization constants: each
     distinct program its own pipeline, the same program one."""

@@ -127,6 +127,7 @@ def test_norm_rows_longer_than_registers_hold(kernels, op):
     check(kernels, op, [x, w] + ([rng.standard_normal(8200).astype(np.float32)] if op == "layernorm" else []), {})
 
 
+@pytest.mark.usefixtures("scalar_kernels")   # their dispatches
 @pytest.mark.parametrize("sums", ["subgroup", "shared"])
 @pytest.mark.parametrize("op,shape", [("layernorm", (37, 40)), ("layernorm", (33, 768)), ("rmsnorm", (45, 300)),
                                       ("layernorm", (3, 8200))])

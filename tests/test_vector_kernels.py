@@ -235,9 +235,11 @@ def test_adam_in_vectors_and_tails(vk_device, monkeypatch, name, clip):
         got[vectors] = device_steps(vk_device, opt(), params, grads, "f32")
         assert ("adam_multi_vec" in shaders) == vectors and ("adam_multi" in shaders) != vectors, shaders
     want = host_steps(opt(), params, grads)
+    # the same arithmetic as the scalar kernel's, but a compiler may contract a vector's and an
+    # element's multiply-adds differently (a GPU's does): a few ulps of each tensor's largest value
     for k in shapes:
-        np.testing.assert_allclose(got[True][0][k], want[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
-        np.testing.assert_allclose(got[True][0][k], got[False][0][k], rtol=1e-6, atol=1e-7, err_msg=k)
-        for m in ("exp_avg", "exp_avg_sq"):
-            np.testing.assert_allclose(got[True][1][k][m], got[False][1][k][m], rtol=1e-6, atol=1e-9,
-                                       err_msg=(k, m))
+        for vec, plain, host in [(got[True][0][k], got[False][0][k], want[0][k])] + [
+                (got[True][1][k][m], got[False][1][k][m], want[1][k][m]) for m in ("exp_avg", "exp_avg_sq")]:
+            scale = float(np.abs(host).max())
+            np.testing.assert_allclose(vec, host, rtol=1e-5, atol=1e-6 * scale, err_msg=k)
+            np.testing.assert_allclose(vec, plain, rtol=1e-6, atol=1e-6 * scale, err_msg=k)

@@ -30,9 +30,9 @@ ONE_PASS_GROUPS = 512   # workgroups of the one-pass backward, at most: each lea
 SUBGROUP_SUMS = True
 # norm_vec (norm.glsl with FG_VECTORS and subgroup sums): the forward and the one-pass backward
 # read and write a row in 16-byte vectors (8 halves or 4 f32) where it is a whole number of them
-# (the forward ~ROW_VECS a lane). Not yet timed against norm_sg on a GPU, so off; the tests run it
-# (bench/xent_norm_kernels.py --vectors and bench/vector_kernels.py time it)
-VECTOR_ROWS = False
+# (the forward ~ROW_VECS a lane). GPT-2's mixed step on an H100: layernorm 3.87 -> 2.45 ms
+# (bench/vector_kernels.py); False runs norm_sg and norm alone
+VECTOR_ROWS = True
 MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
 ROW_VECS = 3        # about: at 768 halves, 32 lanes (one subgroup) a row
 
