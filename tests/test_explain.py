@@ -211,7 +211,7 @@ def test_node_kernels_are_listed_in_dispatch_order():
     by_name = {n.label: n.id for n in plan.graph.nodes}
     gelu = plan.kernels[by_name["decoder.0.m"]]
     assert gelu["forward"] == ["matmul_64x64_k16"]
-    assert gelu["backward"] == ["fused_map", "map_reduce", "matmul_64x64_k16"]
+    assert gelu["backward"] == ["fused_map_vec", "map_reduce", "matmul_64x64_k16"]
     assert plan.kernels[by_name["decoder.0.h"]] == {"forward": ["norm"], "backward": ["norm"]}
 
 
@@ -223,7 +223,7 @@ def test_dispatch_count_follows_the_planned_devices_kernels():
 
     generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(generic_gpu("NVIDIA H100 80GB HBM3"), "mlp")
     h = {n.label: n.id for n in nvidia.graph.nodes}["h"]
-    assert "fused_map" in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
+    assert "fused_map_vec" in nvidia.kernels[h]["forward"] and "fused_map_vec" not in generic.kernels[h]["forward"]
     ours, theirs = graph_plan_dict(nvidia.graph, nvidia), graph_plan_dict(generic.graph, generic)
     assert ours["dispatches_forward"] == theirs["dispatches_forward"] + 1
 

@@ -134,7 +134,8 @@ def test_adam_updates_many_params_per_dispatch(vk_device, monkeypatch, dtype):
     seen = _shaders(monkeypatch)
     want_p, want_s = host_steps(Adam(lr=0.01, weight_decay=0.01), params, grads)
     got_p, got_s = device_steps(vk_device, Adam(lr=0.01, weight_decay=0.01), params, grads, dtype)
-    assert seen[0] == ["adam_multi"] * 3   # the path: 17 params in three dispatches
+    # the path: 17 params in three dispatches, f32 in 16-byte vectors
+    assert seen[0] == ["adam_multi_vec" if dtype == "f32" else "adam_multi"] * 3
     tol = dict(rtol=2e-3, atol=2e-3) if dtype == "f16" else dict(rtol=1e-5, atol=1e-6)
     for k in params:
         assert not np.array_equal(got_p[k], params[k]), k
@@ -143,6 +144,7 @@ def test_adam_updates_many_params_per_dispatch(vk_device, monkeypatch, dtype):
             np.testing.assert_allclose(got_s[k][n], want_s[k][n], rtol=1e-4, atol=1e-6, err_msg=f"{k}/{n}")
 
 
+@pytest.mark.usefixtures("scalar_kernels")   # adam_multi's bits (adam_multi_vec's: tests/test_vector_kernels.py)
 def test_batched_adam_equals_one_dispatch_per_param(vk_device, monkeypatch):
     """A device with too few bindings per shader gets adam.comp per param: the same bits."""
     import flowgrad.exec_vulkan.multi_tensor as multi
