@@ -29,17 +29,19 @@ def groups_for(n: int) -> int:
 @attrs.frozen
 class UpdateShaders:
     """shader(optimizer): the one-param update's shader; multi: the shader
-    that updates up to `slots` params per dispatch, if there is one."""
+    that updates up to `slots` params per dispatch, if there is one; multi_vec:
+    multi's build for f32 params in 16-byte vectors (VECTOR_ADAM), if there is one."""
 
     shader: object
     multi: str | None = None
     slots: int = 0
+    multi_vec: str | None = None
 
 
 UPDATES = {
     "sgd": UpdateShaders(lambda opt: "sgd_momentum" if opt.STATE else "sgd"),
-    "adam": UpdateShaders(lambda opt: "adam", "adam_multi", 7),
-    "adamw": UpdateShaders(lambda opt: "adam", "adam_multi", 7),
+    "adam": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec"),
+    "adamw": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec"),
 }
 
 
@@ -104,9 +106,9 @@ def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> No
     for batch in batches(list(params), shaders.slots, lambda name: params[name]):
         dtype = params[batch[0]].dtype
         shader, groups = shaders.multi, groups_for
-        vw = vector_width(rec, dtype) if VECTOR_ADAM and shader == "adam_multi" and dtype == "f32" else None
+        vw = vector_width(rec, dtype) if VECTOR_ADAM and shaders.multi_vec and dtype == "f32" else None
         if vw:   # each invocation a step of vw elements
-            shader, groups = "adam_multi_vec", lambda n: groups_for(-(-n // vw))
+            shader, groups = shaders.multi_vec, lambda n: groups_for(-(-n // vw))
         bufs = [hyper, scale]
         for name in batch:
             bufs += [params[name], grads[name]] + [state[name][k] for k in opt.STATE]
