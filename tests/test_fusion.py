@@ -179,8 +179,8 @@ def test_fused_graph_is_bit_identical_on_numpy(make):
     assert_numpy_bit_identical(model, plan, int_high=4)
 
 
-def run(model, device, backward, fusion=True, dtype="f32", seed=5):
-    sess = model.compile(device=device, backward=backward, fusion=fusion, dtype=dtype)
+def run(model, device, backward, fusion=True, dtype="f32", seed=5, **options):
+    sess = model.compile(device=device, backward=backward, fusion=fusion, dtype=dtype, **options)
     feeds = random_feeds(sess.graph, seed=seed, int_high=4)
     res = sess.step(feeds)
     return sess, res.loss, res.grads

@@ -170,9 +170,9 @@ def test_a_decoder_in_mixed_takes_its_epilogues_in_the_cooperative_gemm(vk_devic
     (shader, *_) = coop_shaders(vk_device)
     model = gpt(d=32, heads=2, ff=64)
     with mk.forced(shader), dispatches() as seen:
-        fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype="mixed")
+        fused, f_loss, f_grads = run(model, "vulkan", "graph", dtype="mixed", mixed="f16")
     with mk.forced(shader):
-        plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype="mixed")
+        plain, p_loss, p_grads = run(model, "vulkan", "graph", fusion=False, dtype="mixed", mixed="f16")
     assert fused.last_path == "graph" and plain.last_path == "graph"
     chains = product_chains(fused.plan)
     assert len(chains) == 3

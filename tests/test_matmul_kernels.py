@@ -369,7 +369,7 @@ def test_the_plan_records_each_matmuls_kernels_and_explain_shows_them(vk_device)
         k = sess.plan.kernels[node.id]
         # a pass after the GEMM where its store declines the activation (NVIDIA)
         gemm, *after = k["forward"]
-        assert gemm in mk.TILES and set(after) <= {"fused_map"}, k
+        assert gemm in mk.TILES and set(after) <= {"fused_map", "fused_map_vec"}, k
         assert mk.TILES.keys() & set(k["backward"])
     report = sess.explain()
     data = report.to_dict()

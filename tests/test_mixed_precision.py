@@ -195,8 +195,8 @@ def test_only_an_update_moves_the_scale(device):
 
 def test_graph_and_closures_agree_under_mixed(vk_device):
     model = gpt()
-    graph = model.compile(device="vulkan", dtype="mixed", backward="graph")
-    closures = model.compile(device="vulkan", dtype="mixed", backward="closures")
+    graph = model.compile(device="vulkan", dtype="mixed", mixed="f16", backward="graph")
+    closures = model.compile(device="vulkan", dtype="mixed", mixed="f16", backward="closures")
     assert graph.last_path == "graph"
     assert closures.last_path.startswith("closures")
     rng = np.random.default_rng(3)
@@ -219,7 +219,7 @@ def test_graph_and_closures_agree_under_mixed(vk_device):
 
 
 def test_the_graph_step_stays_one_submit(vk_device):
-    sess = gpt().compile(device="vulkan", dtype="mixed", backward="graph")
+    sess = gpt().compile(device="vulkan", dtype="mixed", mixed="f16", backward="graph")
     rng = np.random.default_rng(4)
     feeds = {"tokens": rng.integers(0, 16, (8, 8)), "targets": rng.integers(0, 16, (8, 8))}
     opt = AdamW(lr=1e-3)
@@ -352,7 +352,8 @@ SKIPPED = [1, 2, 3, 4, 5, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9, 9]   # so far, at each o
 
 def spiky_run(device, optimizer, **kw):
     return fg.train(fg.loads(PRED), data=_far_targets(_Spikes), optimizer=optimizer, steps=16, device=device,
-                    dtype="mixed", progress=False, backward="graph" if device == "vulkan" else "auto", **kw)
+                    dtype="mixed", mixed="f16", progress=False, backward="graph" if device == "vulkan" else "auto",
+                    **kw)
 
 
 def torch_amp(torch, params: dict, batches, optimizer, scheduler, scale=65536.0):

@@ -76,7 +76,7 @@ def test_takes_the_graph_path_and_matches_numpy(vk_device):
 
 def test_trains_in_mixed_on_the_graph_path_as_in_f32(vk_device):
     model = fg.load(MODEL, config={"batch": 8, "hidden": 32})
-    mixed, f32 = model.compile(device="vulkan", dtype="mixed"), model.compile(device="vulkan")
+    mixed, f32 = model.compile(device="vulkan", dtype="mixed", mixed="f16"), model.compile(device="vulkan")
     assert mixed.last_path == "graph" and len(mixed.loss_scalers) == 2
     feeds = {"x": np.random.default_rng(0).uniform(size=(8, 64)).astype(np.float32)}
     opt_m, opt_f = Adam(lr=1e-3), Adam(lr=1e-3)

@@ -227,7 +227,7 @@ def test_a_blocks_unscale_runs_once_its_gradients_are_final(vk_device):
     and are read back, while the backward of the earlier blocks still runs."""
     from flowgrad.exec_vulkan.recorder import Dispatch
 
-    sess = compile_graph(model("tiny_gpt"), dtype="mixed")
+    sess = compile_graph(model("tiny_gpt"), dtype="mixed", mixed="f16")
     prog = sess.runner._program(True, False, None)
     cmds = prog.rec.commands
     unscales = [i for i, c in enumerate(cmds) if isinstance(c, Dispatch) and c.shader.startswith("unscale")]
