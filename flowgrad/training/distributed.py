@@ -204,11 +204,13 @@ class World:
         return json.loads(self.bcast_bytes(data, what).decode())
 
     def allgather(self, array: np.ndarray, what: str) -> np.ndarray:
-        """[size, *array.shape]: every rank's array (same shape and dtype on all)."""
+        """[size, *array.shape]: every rank's array (same shape and dtype on all). Sent as
+        bytes: Open MPI has no f16 datatype (mixed precision's eval outputs)."""
         array = np.ascontiguousarray(array)
-        out = np.empty((self.size,) + array.shape, array.dtype)
-        self._wait([self.comm.Iallgather(array, out)], what)
-        return out
+        data = array.reshape(-1).view(np.uint8)
+        out = np.empty((self.size, data.size), np.uint8)
+        self._wait([self.comm.Iallgather(data, out)], what)
+        return out.view(array.dtype).reshape((self.size,) + array.shape)
 
     # -- training -------------------------------------------------------------------
     def buckets(self, graph) -> GradBuckets:
