@@ -319,7 +319,8 @@ def test_the_expected_pow_sqrt_and_erf_values_are_pytorchs(name):
     m = torch_m(torch, leaf)
     (m * torch.tensor(MATH_G, dtype=torch.float64)).sum().backward()
     for got, want in ((m.detach().numpy(), want_m), (leaf.grad.numpy(), want_grad)):
-        np.testing.assert_array_equal(got, want)
+        # to an ulp of float64: PyTorch's own sqrt(0.5) differs by one between CPUs
+        np.testing.assert_allclose(got, want, rtol=2.5e-16, atol=0)
         zeros = np.array(want) == 0
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(np.array(want)[zeros]))
 
