@@ -617,7 +617,7 @@ def write_overflowing_gan(tmp_path) -> Path:
 
 
 GATHER = textwrap.dedent("""
-    import json, sys
+    import json
     import numpy as np
     from flowgrad.training import distributed
     world = distributed.join(timeout=60)
