@@ -93,9 +93,8 @@ def run_grad(device, monkeypatch, op, dtype, x, w, g, acc, vectors):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
-# 768 columns: a row a subgroup of 32 lanes; 2304: four of them (the row's sums through shared memory)
-@pytest.mark.parametrize("rows,d,summed", [(33, 768, False), (600, 768, True), (5, 2304, True), (37, 40, True),
-                                           (70, 64, False), (9, 36, False), (6, 42, True)])
+@pytest.mark.parametrize("rows,d,summed", [(33, 768, False), (600, 768, True), (37, 40, True), (70, 64, False),
+                                           (9, 36, False), (6, 42, True)])
 def test_vector_one_pass_backward_against_float64_and_the_scalar_one(vk_device, monkeypatch, dtype, op, rows, d,
                                                                       summed):
     from flowgrad.exec_vulkan.discovery import DeviceCaps

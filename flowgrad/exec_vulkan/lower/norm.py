@@ -34,7 +34,6 @@ SUBGROUP_SUMS = True
 # (bench/vector_kernels.py); False runs norm_sg and norm alone
 VECTOR_ROWS = True
 MAXV = 4            # norm.glsl: vectors per lane in the vectorized forward
-MAXC_VEC = 24       # norm.glsl: columns per lane in the vectorized one-pass backward (768 a subgroup)
 ROW_VECS = 3        # about: at 768 halves, 32 lanes (one subgroup) a row
 
 
@@ -77,13 +76,13 @@ def _vector_lanes(rec, n, d, dtype):
 
 
 def _vector_one_pass_lanes(rec, n, d, dtype):
-    """Lanes per row of the vectorized one-pass backward (MAXC_VEC columns a lane), or None."""
+    """Lanes per row of the vectorized one-pass backward (MAXC columns a lane), or None."""
     vec = _vectors(rec, d, dtype)
     if vec is None:
         return None
     nv, vw = vec
-    lanes = _busy(pow2(-(-nv // (MAXC_VEC // vw))), n, nv)
-    return lanes if lanes <= WG and -(-nv // lanes) <= MAXC_VEC // vw else None
+    lanes = _busy(pow2(-(-nv // (MAXC // vw))), n, nv)
+    return lanes if lanes <= WG and -(-nv // lanes) <= MAXC // vw else None
 
 
 def _one_pass_lanes(n, d):

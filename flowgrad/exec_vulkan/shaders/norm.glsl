@@ -17,9 +17,7 @@
 // of D a multiple of VW, 8 halves or 4 f32 a load):
 //   10 / 11           layernorm / rmsnorm forward: as modes 0 / 1, each row read
 //                     once (D <= MAXV * VW * S)
-//   12 / 13           the one-pass backward of modes 8 / 9 (D <= MAXC * S; MAXC 24
-//                     here, so that a row of 768 is one subgroup's and its sums
-//                     need shuffles alone)
+//   12 / 13           the one-pass backward of modes 8 / 9 (D <= MAXC * S)
 // One-pass backward (rows of D <= MAXC * S):
 //   8 / 9             layernorm / rmsnorm: dx as in mode 2 / 3 (each row read
 //                     once, into registers), while each lane sums g * xhat and
@@ -91,11 +89,7 @@ layout(push_constant) uniform Push {
     uint flags;
 } pc;
 
-#ifdef FG_VECTORS
-#define MAXC 24      // columns per lane in the one-pass backward: 3 vectors of halves, 6 of f32
-#else
 #define MAXC 8       // columns per lane in the one-pass backward
-#endif
 #define MAXC_FWD 32  // columns per lane in the forward's row held in registers
 #define MAXV 4       // vectors per lane in the vectorized forward
 shared bool last_group;
