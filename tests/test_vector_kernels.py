@@ -192,6 +192,37 @@ def test_pointwise_chains_in_vectors_and_a_tail(vk_device, monkeypatch, dtype, c
     same_step(*steps_both_ways(monkeypatch, model, feeds, dtype, "fused_map_vec"), 1e-6 if dtype == "f32" else 1e-3)
 
 
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("last", ["tanh", "sigmoid"])
+def test_a_chain_of_four_inputs_ending_in_a_branching_function(vk_device, monkeypatch, dtype, last):
+    # x0 * x1 + x2 * x3, then tanh or sigmoid (an LSTM cell's backward has this chain): with each
+    # vector's elements unrolled side by side, NVIDIA's driver took fg_tanh's and fg_sigmoid's
+    # branches by another element's value (tanh above 1, sigmoid as 1 - itself)
+    from flowgrad.exec_vulkan.lower import fused
+    from flowgrad.exec_vulkan.lower.fused import Program
+    from flowgrad.exec_vulkan.lower.map_reduce import M
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    op = {"tanh": M.TANH, "sigmoid": M.SIGMOID}[last]
+    prog = Program(tuple(("x", k) for k in range(4)),
+                   ((int(M.MUL), (0, 1, 0), 0), (int(M.MUL), (2, 3, 0), 0), (int(M.ADD), (4, 5, 0), 0),
+                    (int(op), (6, 0, 0), 0)), (0.0,), (7,))
+    n = 1001   # whole vectors and a tail
+    xs = [stored(np.random.default_rng(k).uniform(-2, 2, n).astype(np.float32), dtype) for k in range(4)]
+    z = xs[0].astype(np.float64) * xs[1] + xs[2].astype(np.float64) * xs[3]
+    want = np.tanh(z) if last == "tanh" else 1 / (1 + np.exp(-z))
+    shaders = recorded_shaders(monkeypatch)
+    monkeypatch.setattr(fused, "VECTOR_MAPS", True)
+    with OneShot(vk_device) as s:
+        out = s.empty((n,), dtype)
+        fused.run_program(s.rec, prog, {("x", k): s.upload(x, dtype) for k, x in enumerate(xs)}, [out], (n,))
+        s.download(out)
+        (got,) = s.run()
+    assert shaders == ["fused_map_vec"]
+    # each step's result is rounded to the storage type, as stored: a few of its ulps
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=4 * TOL[dtype])
+
 PARAMS = """
 model params
 param a: f32[7, 13] = normal(std=1.0)

@@ -31,8 +31,12 @@ MAX_PARAMS = 8
 MAX_RANK = 3
 # fused_map_vec (fused_map.glsl with FG_VECTORS): a chain whose inputs are all read at the
 # element's own index moves 16-byte vectors. GPT-2's mixed step on an H100: its GELU passes (in
-# the products family) 0.8 ms less (bench/vector_kernels.py)
-VECTOR_MAPS = True
+# the products family) 0.8 ms less (bench/vector_kernels.py). Off: on that H100 (driver
+# 580.159) the build that unrolled each vector's elements side by side gave wrong values for
+# x0 * x1 + x2 * x3 then tanh or sigmoid (an LSTM's gradients were off by 10%); the build now
+# runs them one at a time, which has not yet run on an NVIDIA GPU
+# (tests/test_vector_kernels.py's chain of four inputs is the check)
+VECTOR_MAPS = False
 
 
 class TooLarge(DeviceError):

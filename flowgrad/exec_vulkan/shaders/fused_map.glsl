@@ -126,7 +126,10 @@ void main() {
         VT q[4];
         [[unroll]] for (uint k = 0u; k < 4u; ++k) q[k] = k < nin ? load_vector(k, v) : VT(0);
         float o0[VW], o1[VW];
-        [[unroll]] for (uint e = 0u; e < VW; ++e) {
+        // one element at a time: with the elements' programs unrolled side by side, NVIDIA's
+        // driver (580.159) took a branch inside fg_tanh or fg_sigmoid by another element's value
+        // (x0 * x1 + x2 * x3 then tanh gave values above 1 on an H100)
+        [[dont_unroll]] for (uint e = 0u; e < VW; ++e) {
             float r[36];
             [[unroll]] for (uint k = 0u; k < 4u; ++k) r[k] = vel(q[k], e);
             RUN_PROGRAM(r)
