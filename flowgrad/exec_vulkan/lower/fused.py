@@ -33,7 +33,7 @@ MAX_RANK = 3
 # element's own index moves 16-byte vectors. GPT-2's mixed step on an H100: its GELU passes (in
 # the products family) 0.8 ms less (bench/vector_kernels.py). Off: on that H100 (driver
 # 580.159) the build that unrolled each vector's elements side by side gave wrong values for
-# x0 * x1 + x2 * x3 then tanh or sigmoid (an LSTM's gradients were off by 10%); the build now
+# x0 * x1 + x2 * x3 then tanh or sigmoid (an LSTM's gradients off by up to 14%); the build now
 # runs them one at a time, which has not yet run on an NVIDIA GPU
 # (tests/test_vector_kernels.py's chain of four inputs is the check)
 VECTOR_MAPS = False
