@@ -243,6 +243,39 @@ def test_mixed_precision_casts_in_vectors_and_tails(vk_device, monkeypatch, half
     same_step(*steps_both_ways(monkeypatch, model, {}, "mixed", "cast_f16_multi_vec", mixed=half), 1e-7)
 
 
+
+@pytest.mark.parametrize("half", ["f16", "bf16"])
+def test_batched_casts_keep_each_elements_edge_values(vk_device, monkeypatch, half):
+    # NaN, infinities, values past the half type's range, subnormals and ties beside ordinary
+    # values, both ways, through one cast_f16_multi_vec dispatch each: every element rounds as
+    # it would alone (the rounding's NaN test is per element, whatever its neighbours hold)
+    from flowgrad.exec_vulkan import multi_tensor
+    from flowgrad.exec_vulkan.oneshot import OneShot
+    from flowgrad.exec_vulkan.optim_records import groups_for
+
+    monkeypatch.setattr(multi_tensor, "VECTOR_CASTS", True)
+    specials = np.array([np.nan, 1.5, -np.inf, 2.0 ** -20, 70000.0, -0.0, np.inf, 1 + 2.0 ** -9,
+                         -2.5, 3e-8, 1e30, -np.nan, 0.1, 1 + 2.0 ** -12, -65519.0], np.float32)
+    wide = [np.resize(specials, n) for n in (67, 16)]   # 8 steps and a tail of 3; two steps
+    with OneShot(vk_device) as s:
+        halves = [s.empty(w.shape, half) for w in wide]
+        back = [s.empty(w.shape, "f32") for w in wide]
+        for w, h in zip(wide, halves):
+            s.rec.dispatch("cast_f16", [s.upload(w, "f32"), h], push=[w.size, 0], groups=(groups_for(w.size), 1, 1),
+                           variant="bf16" if half == "bf16" else None)
+        for h, b in zip(halves, back):
+            s.rec.dispatch("cast_f16", [b, h], push=[b.size, 1], groups=(groups_for(b.size), 1, 1),
+                           variant="bf16" if half == "bf16" else None)
+        multi_tensor.merge_casts(s.rec, groups_for)
+        assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["cast_f16_multi_vec"] * 2
+        for b in back:
+            s.download(b)
+        got = s.run()
+    for g, w in zip(got, wide):
+        with np.errstate(over="ignore"):   # 70000 and 1e30 are inf in f16
+            want = w.astype(np.float16).astype(np.float32) if half == "f16" else round_bf16(w)
+        np.testing.assert_array_equal(np.asarray(g, np.float32), want)
+
 @pytest.mark.parametrize("clip", [None, 0.5])
 @pytest.mark.parametrize("name", ["adam", "adamw"])
 def test_adam_in_vectors_and_tails(vk_device, monkeypatch, name, clip):
