@@ -199,14 +199,9 @@ def test_a_chain_of_four_inputs_ending_in_a_branching_function(vk_device, monkey
     # vector's elements unrolled side by side, an H100's driver gave tanh above 1 and sigmoid as
     # 1 - itself on some elements
     from flowgrad.exec_vulkan.lower import fused
-    from flowgrad.exec_vulkan.lower.fused import Program
-    from flowgrad.exec_vulkan.lower.map_reduce import M
     from flowgrad.exec_vulkan.oneshot import OneShot
 
-    op = {"tanh": M.TANH, "sigmoid": M.SIGMOID}[last]
-    prog = Program(tuple(("x", k) for k in range(4)),
-                   ((int(M.MUL), (0, 1, 0), 0), (int(M.MUL), (2, 3, 0), 0), (int(M.ADD), (4, 5, 0), 0),
-                    (int(op), (6, 0, 0), 0)), (0.0,), (7,))
+    prog = fused.forward_program([("mul", (0, 1), {}), ("mul", (2, 3), {}), ("add", (4, 5), {}), (last, (6,), {})], 4)
     n = 1001   # whole vectors and a tail
     xs = [stored(np.random.default_rng(k).uniform(-2, 2, n).astype(np.float32), dtype) for k in range(4)]
     z = xs[0].astype(np.float64) * xs[1] + xs[2].astype(np.float64) * xs[3]
@@ -249,8 +244,10 @@ def test_batched_casts_keep_each_elements_edge_values(vk_device, monkeypatch, ha
     # values, both ways, through one cast_f16_multi_vec dispatch each: every element rounds as
     # it would alone (the rounding's NaN test is per element, whatever its neighbours hold)
     from flowgrad.exec_vulkan import multi_tensor
+    from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.exec_vulkan.optim_records import groups_for
+    from flowgrad.graph import Node, TensorType
 
     monkeypatch.setattr(multi_tensor, "VECTOR_CASTS", True)
     # ties of bf16 (1 + 2^-8, 1 + 3 * 2^-8) and of f16 (1 + 2^-11, 1 + 3 * 2^-11); f16's and
@@ -262,12 +259,9 @@ def test_batched_casts_keep_each_elements_edge_values(vk_device, monkeypatch, ha
     with OneShot(vk_device) as s:
         halves = [s.empty(w.shape, half) for w in wide]
         back = [s.empty(w.shape, "f32") for w in wide]
-        for w, h in zip(wide, halves):
-            s.rec.dispatch("cast_f16", [s.upload(w, "f32"), h], push=[w.size, 0], groups=(groups_for(w.size), 1, 1),
-                           variant="bf16" if half == "bf16" else None)
-        for h, b in zip(halves, back):
-            s.rec.dispatch("cast_f16", [b, h], push=[b.size, 1], groups=(groups_for(b.size), 1, 1),
-                           variant="bf16" if half == "bf16" else None)
+        cast = lowering_for("cast").forward   # each cast a cast_f16 dispatch, merged as a step's are
+        for src, dst in [(s.upload(w, "f32"), h) for w, h in zip(wide, halves)] + list(zip(halves, back)):
+            cast(s.rec, Node(0, "cast", (1,), TensorType(dst.shape, dst.dtype)), [src], dst)
         multi_tensor.merge_casts(s.rec, groups_for)
         assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["cast_f16_multi_vec"] * 2
         for b in back:
