@@ -32,10 +32,10 @@ MAX_RANK = 3
 # fused_map_vec (fused_map.glsl with FG_VECTORS): a chain whose inputs are all read at the
 # element's own index moves 16-byte vectors. GPT-2's mixed step on an H100: its GELU passes (in
 # the products family) 0.8 ms less (bench/vector_kernels.py). Off: on that H100 (driver
-# 580.159) the build that unrolled each vector's elements side by side gave wrong values for
-# x0 * x1 + x2 * x3 then tanh or sigmoid (an LSTM's gradients off by up to 14%); the build now
-# runs them one at a time, which has not yet run on an NVIDIA GPU
-# (tests/test_vector_kernels.py's chain of four inputs is the check)
+# 580.159) it gives wrong values for x0 * x1 + x2 * x3 then tanh or sigmoid (tanh's series
+# branch taken far from 0, sigmoid as 1 - itself: a branch decided by the wrong value), which put
+# an LSTM's gradients off by up to 14%; running a vector's elements one at a time did not
+# change that. tests/test_vector_kernels.py's chain of four inputs is the check
 VECTOR_MAPS = False
 
 

@@ -126,10 +126,7 @@ void main() {
         VT q[4];
         [[unroll]] for (uint k = 0u; k < 4u; ++k) q[k] = k < nin ? load_vector(k, v) : VT(0);
         float o0[VW], o1[VW];
-        // one element at a time: with the elements' programs unrolled side by side, NVIDIA's
-        // driver (580.159, an H100) computed x0 * x1 + x2 * x3 then tanh or sigmoid wrongly
-        // (tanh above 1, sigmoid as 1 - itself: as if a branch went by another element's value)
-        [[dont_unroll]] for (uint e = 0u; e < VW; ++e) {
+        [[unroll]] for (uint e = 0u; e < VW; ++e) {
             float r[36];
             [[unroll]] for (uint k = 0u; k < 4u; ++k) r[k] = vel(q[k], e);
             RUN_PROGRAM(r)
