@@ -3,7 +3,7 @@ defines) beside the shipped tiles and torch.matmul, in one process. Two
 steps, since the GPU machine may have no glslc:
 
     python bench/matmul_candidates.py build CANDIDATES.json DIR   # compile, here
-    python bench/matmul_candidates.py time DIR [--small]           # time, on the GPU
+    python bench/matmul_candidates.py time DIR [--small | --gpt2]  # time, on the GPU
 
 CANDIDATES.json maps a name to the defines of one build, e.g.
 {"c_128x256_k8": {"BM": 128, "BN": 256, "BK": 8, "TM": 8, "TN": 16}}: the tile
@@ -13,7 +13,8 @@ dispatch's pipeline to its product's operand layout, as the shipped
 128x128_k8 is. `time` prints each product's share of cuBLAS per kernel, the driver's register counts where it reports them,
 and per kernel the share at 4096^3 and the mean and min over gpt_small's
 13 products; every product is spot-checked against float64 (bench/MATMUL_NOTES.md
-says how its tables were made). --small: three odd-sized products, checked only."""
+says how its tables were made). --small: three odd-sized products, checked only; --gpt2:
+GPT-2 124M's products at 8192 tokens instead of gpt_small's (the mean and min over those)."""
 from __future__ import annotations
 
 import json
@@ -28,6 +29,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 SHIPPED = ("matmul_128x128_k16", "matmul_128x128_k8")
 SMALL = [(67, 45, 93, "nn"), (256, 272, 144, "nt"), (130, 260, 70, "tn")]
+# GPT-2 124M at 8192 tokens: the 8192x768 outputs (the projection's and the MLP's forward, the
+# input gradients), the wide forwards, the weight gradients
+GPT2 = [(8192, 768, 768, "nn"), (8192, 768, 3072, "nn"), (8192, 768, 768, "nt"), (8192, 768, 2304, "nt"),
+        (8192, 768, 3072, "nt"), (8192, 2304, 768, "nn"), (8192, 3072, 768, "nn"), (8192, 3072, 768, "nt"),
+        (768, 2304, 8192, "tn"), (768, 768, 8192, "tn"), (768, 3072, 8192, "tn"), (3072, 768, 8192, "tn")]
 
 
 def shader_name(name: str) -> str:
@@ -63,7 +69,7 @@ def register(folder: Path) -> dict:
     return table
 
 
-def time_all(folder: Path, small: bool) -> None:
+def time_all(folder: Path, small: bool, gpt2: bool = False) -> None:
     os.environ.setdefault("FLOWGRAD_VK_PIPELINE_STATS", "1")
     from flowgrad.bench import matmul as mb
     from flowgrad.exec_vulkan import select_device
@@ -82,7 +88,7 @@ def time_all(folder: Path, small: bool) -> None:
             print(name, {k: v for k, v in stats.items() if "Register" in k or "Memory" in k}, flush=True)
         except Exception as e:  # noqa: BLE001 - statistics are optional
             print(f"{name}: no statistics ({type(e).__name__})", flush=True)
-    shapes = SMALL if small else mb.SQUARE + mb.GPT_SMALL
+    shapes = SMALL if small else mb.SQUARE + (GPT2 if gpt2 else mb.GPT_SMALL)
     shares = {name: [] for name in names}
     for shape in shapes:
         rows = mb.run(device, "f32", [shape], [(name, None) for name in names], torch=not small)
@@ -91,7 +97,7 @@ def time_all(folder: Path, small: bool) -> None:
             shares[r["asked"]].append(r["tflops"] / r["torch"] if r["torch"] else float("nan"))
     if small:
         return
-    print("\nshare of cuBLAS: 4096^3, gpt_small mean, gpt_small min")
+    print(f"\nshare of cuBLAS: 4096^3, {'GPT-2' if gpt2 else 'gpt_small'} mean, min")
     for name, s in shares.items():
         print(f"{name:<28}{s[0]:6.2f}{statistics.mean(s[1:]):6.2f}{min(s[1:]):6.2f}")
 
@@ -100,7 +106,7 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "build":
         build(Path(argv[1]), Path(argv[2]))
     elif argv[:1] == ["time"] and len(argv) in (2, 3):
-        time_all(Path(argv[1]), "--small" in argv)
+        time_all(Path(argv[1]), "--small" in argv, "--gpt2" in argv)
     else:
         print(__doc__, file=sys.stderr)
         return 2
