@@ -86,10 +86,23 @@ float fg_phi(float x) {
     return x >= 0.0 ? 1.0 - e : e;
 }
 
+#ifdef FG_VECTORS
+// fused_map_vec reads the sign and the size these functions branch on as bits: NVIDIA's driver
+// 580.159 decided their float compares there by another value than their operand (x0 * x1 +
+// x2 * x3 then tanh or sigmoid). The same results, but tanh(-0) = -0.
+#define FG_NEGATIVE(x) ((floatBitsToUint(x) & 0x80000000u) != 0u)
+#define FG_NONNEGATIVE(x) ((floatBitsToUint(x) & 0x80000000u) == 0u)   // NaN: either way
+#define FG_SMALL(a) (floatBitsToUint(a) < 0x3E000000u)   // 0 <= a < 0.125; NaN: false
+#else
+#define FG_NEGATIVE(x) x < 0.0
+#define FG_NONNEGATIVE(x) x >= 0.0
+#define FG_SMALL(a) a < 0.125
+#endif
+
 float fg_tanh(float x) {
     float a = abs(x);
     float r;
-    if (a < 0.125) {
+    if (FG_SMALL(a)) {
         // series: (1 - t)/(1 + t) below would lose relative accuracy here
         float a2 = a * a;
         r = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0))));
@@ -97,12 +110,12 @@ float fg_tanh(float x) {
         float t = exp(-2.0 * a);  // <= 1: never overflows
         r = (1.0 - t) / (1.0 + t);
     }
-    return x < 0.0 ? -r : r;
+    return FG_NEGATIVE(x) ? -r : r;
 }
 
 float fg_sigmoid(float x) {
     float e = exp(-abs(x));  // <= 1: never overflows
-    return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+    return FG_NONNEGATIVE(x) ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
 
 float fg_silu(float x) { return x * fg_sigmoid(x); }
