@@ -33,17 +33,24 @@ def pack(rev: str, out: Path) -> None:
 
 
 def one(tree: Path, config: dict, dtype: str, steps: int) -> dict:
-    """The step in `tree`'s flowgrad (this process imports nothing else of it)."""
+    """timed_step in `tree`'s flowgrad (this process imports no other)."""
     sys.path.insert(0, str(tree))
     import flowgrad
+
+    if not Path(flowgrad.__file__).resolve().is_relative_to(tree):
+        raise SystemExit(f"imported {flowgrad.__file__}, not {tree}'s flowgrad")
+    return timed_step(config, dtype, steps)
+
+
+def timed_step(config: dict, dtype: str, steps: int) -> dict:
+    """The decoder's graph-path Adam step at `config`: the median of `steps` timed steps after
+    three whose losses are kept, then the step's GPU time by family (ms)."""
     from flowgrad.api import load
     from flowgrad.bench import families
     from flowgrad.bench.step import LR, MODEL, bench_feeds
     from flowgrad.training.optim import Adam
 
     sess = load(MODEL, config).compile(device="vulkan", dtype=dtype, backward="graph")
-    if not Path(flowgrad.__file__).resolve().is_relative_to(tree):
-        raise SystemExit(f"imported {flowgrad.__file__}, not {tree}'s flowgrad")
     feeds, _ = bench_feeds(sess.graph)
     opt = Adam(lr=LR)
     losses = [float(sess.step(feeds, grads=False, optimizer=opt, outputs=()).loss) for _ in range(3)]

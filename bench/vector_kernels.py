@@ -13,21 +13,16 @@ numbers; the losses are printed so that a difference shows."""
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowgrad.api import load  # noqa: E402
-from flowgrad.bench import families  # noqa: E402
+from ab_step import timed_step  # noqa: E402
 from flowgrad.bench.gpt2 import GPT2  # noqa: E402
-from flowgrad.bench.step import LR, MODEL, bench_feeds  # noqa: E402
 from flowgrad.dsl.config import parse_sets  # noqa: E402
 from flowgrad.exec_vulkan import multi_tensor, optim_records  # noqa: E402
 from flowgrad.exec_vulkan.lower import fused, norm  # noqa: E402
-from flowgrad.training.optim import Adam  # noqa: E402
 
 SETTINGS = {"scalar": (False,) * 4, "rows": (True, False, False, False), "rows, maps": (True, True, False, False),
             "rows, maps, casts": (True, True, True, False), "rows, maps, casts, adam": (True,) * 4}
@@ -35,19 +30,7 @@ SETTINGS = {"scalar": (False,) * 4, "rows": (True, False, False, False), "rows, 
 
 def run(config: dict, dtype: str, steps: int, flags) -> dict:
     norm.VECTOR_ROWS, fused.VECTOR_MAPS, multi_tensor.VECTOR_CASTS, optim_records.VECTOR_ADAM = flags
-    sess = load(MODEL, config).compile(device="vulkan", dtype=dtype, backward="graph")
-    feeds, _ = bench_feeds(sess.graph)
-    opt = Adam(lr=LR)
-    losses = [float(sess.step(feeds, grads=False, optimizer=opt, outputs=()).loss) for _ in range(3)]
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        sess.step(feeds, grads=False, optimizer=opt, outputs=())
-        times.append(time.perf_counter() - t)
-    fam = families.flowgrad_families(sess, feeds, opt)["seconds"]
-    sess.close()
-    return {"step_ms": 1e3 * statistics.median(times), "losses": losses,
-            "families": {k: round(1e3 * v, 3) for k, v in fam.items() if v}}
+    return timed_step(config, dtype, steps)
 
 
 def main(argv=None) -> int:
