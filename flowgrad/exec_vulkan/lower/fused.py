@@ -35,7 +35,8 @@ MAX_RANK = 3
 # 580.159) it gives wrong values for x0 * x1 + x2 * x3 then tanh or sigmoid (tanh's series
 # branch taken far from 0, sigmoid as 1 - itself: a branch decided by the wrong value), which put
 # an LSTM's gradients off by up to 14%; running a vector's elements one at a time did not
-# change that. tests/test_vector_kernels.py's chain of four inputs is the check
+# change that, and the bit tests in fg_math.glsl's FG_VECTORS build have not yet run there.
+# tests/test_vector_kernels.py's chain of four inputs is the check
 VECTOR_MAPS = False
 
 
