@@ -86,7 +86,7 @@ def run(old: Path, config: dict, dtype: str, rounds: int, steps: int) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["one"]:
+    if argv[:1] == ["one"]:   # run's child process: one tree's step, as a line of JSON
         _, tree, config, dtype, steps = argv
         print(json.dumps(one(Path(tree), json.loads(config), dtype, int(steps))))
         return 0
