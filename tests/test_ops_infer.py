@@ -14,17 +14,18 @@ from hypothesis import strategies as st
 from flowgrad.errors import FlowError
 from flowgrad.dtypes import NUMPY_DTYPE
 from flowgrad.graph import TensorType
-from flowgrad.ops import BUILTIN, OPS, OpTypeError, doc, get_op
+from flowgrad import op_table
+from flowgrad.ops import BUILTIN, OPS, OpTypeError, get_op
 
 from tests import op_samples, scan_samples
 
 def test_the_docs_op_table_is_generated_from_the_records():
-    """docs/language.md's op table is the records' (rewrite: python -m flowgrad.ops.doc)."""
-    assert doc.main(["--check"]) == 0, "docs/language.md's op table is stale: run `python -m flowgrad.ops.doc`"
+    """docs/language.md's op table is the records' (rewrite: python -m flowgrad.op_table)."""
+    assert op_table.main(["--check"]) == 0, "docs/language.md's op table is stale: run `python -m flowgrad.op_table`"
 
 
 def test_the_docs_op_table_shows_every_builtin_op_once():
-    table = doc.op_table()
+    table = op_table.op_table()
     assert [line.split("`")[1] for line in table.splitlines()[2:]] == list(BUILTIN)
     assert "| `attention` | `(q, k, v, heads, causal=false, mask=none, key_padding_mask=none)` |" in table
     assert "| `gelu` | `(x, approximate=\"none\")` |" in table
@@ -45,7 +46,7 @@ def test_every_builtin_op_names_its_pytorch_counterpart_and_has_a_twin():
     assert {get_op(n).torch.partition(".")[0] for n in named} <= {"torch", "F"}
     # an op built from others (clamp) never reaches a graph, so it needs no twin of its own
     assert [n for n in BUILTIN if get_op(n).decompose is None and rule_for(n) is None] == []
-    table = doc.op_table()
+    table = op_table.op_table()
     assert "| `conv2d` |" in table and "| `F.conv2d` |" in table and "| `torch.abs` |" in table
 
 

@@ -1,7 +1,7 @@
 """The op table of docs/language.md, written from the op records.
 
-    python -m flowgrad.ops.doc           # rewrite the table in docs/language.md
-    python -m flowgrad.ops.doc --check   # exit 1 if the doc's table is stale"""
+    python -m flowgrad.op_table           # rewrite the table in docs/language.md
+    python -m flowgrad.op_table --check   # exit 1 if the doc's table is stale"""
 from __future__ import annotations
 
 import sys
@@ -9,9 +9,10 @@ from pathlib import Path
 
 from flowgrad.ops import BUILTIN, get_op
 from flowgrad.ops.registry import REQUIRED, Op
+from flowgrad.torch_twin import counterpart  # imports no torch
 
-DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "language.md"
-BEGIN = "<!-- op table: generated from the op records by `python -m flowgrad.ops.doc`; do not edit -->"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "language.md"
+BEGIN = "<!-- op table: generated from the op records by `python -m flowgrad.op_table`; do not edit -->"
 END = "<!-- end of op table -->"
 
 
@@ -42,8 +43,6 @@ def signature(op: Op) -> str:
 
 
 def op_table() -> str:
-    from flowgrad.torch_twin import counterpart  # imports no torch
-
     rows = ["| op | signature | meaning | PyTorch |", "|---|---|---|---|"]
     for name in BUILTIN:
         op = get_op(name)
@@ -67,7 +66,7 @@ def main(argv=None) -> int:
     fresh = render(text)
     if check:
         if fresh != text:
-            print(f"{DOC}: the op table is stale (run `python -m flowgrad.ops.doc`)", file=sys.stderr)
+            print(f"{DOC}: the op table is stale (run `python -m flowgrad.op_table`)", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(fresh)
