@@ -94,9 +94,9 @@ float fg_phi(float x) {
 #define FG_NONNEGATIVE(x) ((floatBitsToUint(x) & 0x80000000u) == 0u)   // NaN: either way
 #define FG_SMALL(a) (floatBitsToUint(a) < 0x3E000000u)   // 0 <= a < 0.125; NaN: false
 #else
-#define FG_NEGATIVE(x) x < 0.0
-#define FG_NONNEGATIVE(x) x >= 0.0
-#define FG_SMALL(a) a < 0.125
+#define FG_NEGATIVE(x) ((x) < 0.0)
+#define FG_NONNEGATIVE(x) ((x) >= 0.0)
+#define FG_SMALL(a) ((a) < 0.125)
 #endif
 
 float fg_tanh(float x) {
