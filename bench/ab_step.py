@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -70,9 +69,8 @@ def run(old: Path, config: dict, dtype: str, rounds: int, steps: int) -> None:
     results: dict = {name: [] for name in trees}
     for rnd in range(1, rounds + 1):
         for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
             res = subprocess.run([sys.executable, __file__, "one", str(tree), json.dumps(config), dtype, str(steps)],
-                                 cwd=tree, env=env, capture_output=True, text=True)
+                                 cwd=tree, capture_output=True, text=True)
             if res.returncode != 0:
                 print(f"[{name} {rnd}] failed:\n{res.stderr.strip()[-2000:]}", flush=True)
                 continue
