@@ -284,7 +284,11 @@ def test_a_bf16_scan_on_vulkan_closures_runs_its_cell_in_bf16(vk_device):
     feeds = {k: v.astype(np.float32) for k, v in feeds_for(model.graph, seed=5).items()}
     want, got = numpy.step(feeds), closures.step(feeds)
     assert closures.runner.executor.kernels.on_numpy == set()
-    assert abs(got.loss - want.loss) <= 2e-2 * abs(want.loss), (got.loss, want.loss)
+    # the loss's three sums cancel (4.0 + 2.4 - 4.4 at this seed), so bf16's rounding is measured
+    # against the terms' magnitudes, not the small total: an H100 lands 4 bf16 steps from numpy
+    ys, h, c = (want.outputs[k] for k in ("ys", "h", "c"))
+    terms = float(np.abs(ys * ys).sum() + np.abs(h * c).sum() + np.abs(c).sum())
+    assert abs(got.loss - want.loss) <= 1e-2 * terms, (got.loss, want.loss, terms)
     for name, value in want.grads.items():
         scale = max(float(np.abs(value).max()), 1e-6)
         assert np.abs(got.grads[name] - value).max() <= 6e-2 * scale, name
