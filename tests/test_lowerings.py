@@ -245,11 +245,44 @@ def test_a_reduction_in_chunks_is_one_dispatch(vk_device, shape, axes, reduce):
         map_reduce(s.rec, M.COPY, [s.upload(x)], out, space=shape, reduce_axes=axes, scale=0.5, reduce=reduce)
         (d,) = [c for c in s.rec.commands if hasattr(c, "shader")]
         chunks = np.frombuffer(d.push, np.uint32)[4]
-        assert d.shader == "map_reduce" and chunks > 1 and d.views[5] == out, chunks
+        assert d.shader == "map_reduce" and chunks > 1 and d.views[3] == out and d.views[5].dtype == "f32", chunks
         s.download(out)
         (got,) = s.run()
     want = 0.5 * (x.max(axis=axes) if reduce == "max" else x.sum(axis=axes))
     close(got, want, "f32", f"{reduce} over {axes} of {shape}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_a_reduction_in_16_bit_chunks_rounds_once(vk_device, dtype):
+    """A long reduction cut into chunks keeps its pieces in f32, whatever it stores: 8192 ones
+    sum to 8192 in f16 (where an f16 running sum stops at 2048), a column of 3001 values is
+    rounded once (f16 pieces put it 0.13 off), a NaN anywhere in a column is that column's max,
+    and two inputs are multiplied before a row's sum."""
+    from flowgrad.dtypes import as_dtype
+    from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(16)
+    nan = uniform(rng, (1999, 40))
+    nan[1234, 5] = np.nan
+    cases = [(M.COPY, [np.ones((8192, 40))], (0,), "sum"), (M.COPY, [uniform(rng, (3001, 72))], (0,), "sum"),
+             (M.COPY, [nan], (0,), "max"), (M.MUL, [uniform(rng, (24, 5003)), uniform(rng, (24, 5003))], (1,), "sum")]
+    for op, ins, axes, reduce in cases:
+        ins = [np.asarray(as_dtype(x, dtype), np.float64) for x in ins]     # the values as stored
+        want = np.max(ins[0], axis=axes) if reduce == "max" else np.prod(ins, axis=0).sum(axis=axes)
+        with OneShot(vk_device) as s:
+            out = s.empty(want.shape, dtype)
+            map_reduce(s.rec, op, [s.upload(x, dtype) for x in ins], out, space=ins[0].shape, reduce_axes=axes,
+                       reduce=reduce)
+            (d,) = [c for c in s.rec.commands if hasattr(c, "shader")]
+            assert np.frombuffer(d.push, np.uint32)[4] > 1, "not cut into chunks"
+            s.download(out)
+            (got,) = s.run()
+        got = np.asarray(got, np.float64)
+        # one rounding of the f32 total to the output's dtype (bf16 keeps 8 bits, f16 11)
+        tol = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}[dtype] * np.maximum(np.abs(want), 1.0)
+        assert np.isnan(got).tolist() == np.isnan(want).tolist()
+        assert np.all(np.abs(got - want)[~np.isnan(want)] <= tol[~np.isnan(want)]), (reduce, axes)
 
 
 def test_sum_to_shape(vk_device):

@@ -144,15 +144,14 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     lanes = segment_lanes(R, n_out, interleaved)
     chunks = reduce_chunks(R, n_out, lanes)
     if chunks == 1:
-        counts, z = rec.stand_in("i32"), rec.stand_in(out.dtype)
-    else:   # out takes the pieces, which the last chunk of each output to finish reduces into z
-        pieces = rec.scratch((chunks, n_out), out.dtype)
-        counts, z, out = rec.counters(n_out), out, pieces
+        counts, pieces = rec.stand_in("i32"), rec.stand_in("f32")
+    else:   # the last chunk of each output to finish reduces its pieces into out
+        counts, pieces = rec.counters(n_out), rec.scratch((chunks, n_out), "f32")
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
             | len(ins) << 22)
     push = [n_out * chunks, R, lanes, code, chunks, float(scale), float(param), *axis_words(dims, MAX_RANK, 3)]
-    bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, z]
+    bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, pieces]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
 

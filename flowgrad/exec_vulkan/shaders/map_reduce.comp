@@ -10,9 +10,10 @@
 // A workgroup is cut into segments of S lanes (S = 1: one output per thread,
 // plain elementwise; S = 256: one output per workgroup, a long reduction;
 // see segment_reduce.glsl for the lane layout bit).
-// A reduction cut into chunks (below) writes its pieces to y, and the last
-// chunk of each output to finish (a per-output counter, 0 at the start)
-// reduces that output's pieces, in chunk order, into z: the whole reduction
+// A reduction cut into chunks (below) writes its pieces (in f32, whatever T
+// is: a chunked 16-bit sum rounds once, as an unchunked one does), and the
+// last chunk of each output to finish (a per-output counter, 0 at the start)
+// reduces that output's pieces, in chunk order, into y: the whole reduction
 // in one dispatch, its result independent of arrival order.
 #include "common.glsl"
 
@@ -26,11 +27,9 @@ layout(std430, set = 0, binding = 0) readonly buffer In0 { T x0[]; };
 layout(std430, set = 0, binding = 1) readonly buffer In1 { T x1[]; };
 layout(std430, set = 0, binding = 2) readonly buffer In2 { T x2[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { T y[]; };
-// the pieces, through coherent stores and loads: another workgroup reduces them
-layout(std430, set = 0, binding = 3) coherent writeonly buffer PiecesW { T pieces_w[]; };
-layout(std430, set = 0, binding = 3) coherent readonly buffer Pieces { T pieces[]; };
 layout(std430, set = 0, binding = 4) coherent buffer Counts { uint counts[]; };   // one per output
-layout(std430, set = 0, binding = 5) writeonly buffer Z { T z[]; };
+// the pieces, through coherent stores and loads: another workgroup reduces them
+layout(std430, set = 0, binding = 5) coherent buffer Pieces { float pieces[]; };
 
 layout(push_constant) uniform Push {
     uint n_out;     // outputs written: kept elements x chunks
@@ -39,8 +38,8 @@ layout(push_constant) uniform Push {
     uint code;      // map op | reduce op << 8 | interleaved lanes << 12 | rank << 13 | redmask << 16
                     // | inputs bound << 22
     uint chunks;    // the reduced range is cut in this many pieces, each summed
-                    // to its own output, chunk-major (y[c * n_kept + o]), then
-                    // reduced into z
+                    // to its own slot, chunk-major (pieces[c * n_kept + o]), then
+                    // reduced into y
     float scale;    // applied to each output
     float param;    // the map op's scalar (pow's exponent)
     uint shape[6];
@@ -120,17 +119,16 @@ void main() {
             if (pc.chunks == 1u) {
                 y[slot_out] = STORE(acc * pc.scale);
             } else {
-                pieces_w[slot_out] = STORE(acc);
+                pieces[slot_out] = acc;
                 memoryBarrierBuffer();
                 uint o = slot_out % n_kept;
                 if (atomicAdd(counts[o], 1u) == pc.chunks - 1u) {
                     memoryBarrierBuffer();
                     float total = identity;
                     for (uint c = 0u; c < pc.chunks; ++c) {
-                        float v = LOAD(pieces[c * n_kept + o]);
-                        total = fold(rop, total, v);
+                        total = fold(rop, total, pieces[c * n_kept + o]);
                     }
-                    z[o] = STORE(total * pc.scale);
+                    y[o] = STORE(total * pc.scale);
                 }
             }
         }
