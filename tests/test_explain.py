@@ -201,11 +201,12 @@ def generic_gpu(name="Generic GPU"):
     return DeviceInfo(0, name, "discrete", 8 << 30, True, False)
 
 
-def chain_kernel() -> str:
-    """The kernel a contiguous pointwise chain runs on (lower/fused.py's VECTOR_MAPS)."""
+def chain_kernel(family: str = "default", dtype: str = "f32") -> str:
+    """The kernel a contiguous pointwise chain runs on (lower/fused.py's VECTOR_MAPS, SCALAR_MAPS)."""
     from flowgrad.exec_vulkan.lower import fused
 
-    return "fused_map_vec" if fused.VECTOR_MAPS else "fused_map"
+    vectors = fused.VECTOR_MAPS and dtype not in fused.SCALAR_MAPS.get(family, ())
+    return "fused_map_vec" if vectors else "fused_map"
 
 
 def test_node_kernels_are_listed_in_dispatch_order():
@@ -230,7 +231,7 @@ def test_dispatch_count_follows_the_planned_devices_kernels():
 
     generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(generic_gpu("NVIDIA H100 80GB HBM3"), "mlp")
     h = {n.label: n.id for n in nvidia.graph.nodes}["h"]
-    assert chain_kernel() in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
+    assert chain_kernel("nvidia") in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
     ours, theirs = graph_plan_dict(nvidia.graph, nvidia), graph_plan_dict(generic.graph, generic)
     assert ours["dispatches_forward"] == theirs["dispatches_forward"] + 1
 

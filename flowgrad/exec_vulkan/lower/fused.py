@@ -22,6 +22,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant, vector_width
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
+from flowgrad.exec_vulkan.lower.matmul_kernels import device_family, store_takes_activation
 from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
@@ -31,13 +32,15 @@ MAX_PARAMS = 8
 MAX_RANK = 3
 # fused_map_vec (fused_map.glsl with FG_VECTORS): a chain whose inputs are all read at the
 # element's own index moves 16-byte vectors. GPT-2's mixed step on an H100: its GELU passes (in
-# the products family) 0.8 ms less (bench/vector_kernels.py). Off: on that H100 (driver
-# 580.159) it gives wrong values for x0 * x1 + x2 * x3 then tanh or sigmoid (tanh's series
-# branch taken far from 0, sigmoid as 1 - itself: a branch decided by the wrong value), which put
-# an LSTM's gradients off by up to 14%; running a vector's elements one at a time did not
-# change that, and the bit tests in fg_math.glsl's FG_VECTORS build have not yet run there.
-# tests/test_vector_kernels.py's chain of four inputs is the check
-VECTOR_MAPS = False
+# the products family) 0.8 ms less (bench/vector_kernels.py).
+VECTOR_MAPS = True
+# The dtypes whose chains keep fused_map on a device family. On an H100 (driver 580.159) the f32
+# build gives wrong values for x0 * x1 + x2 * x3 then tanh or sigmoid (tanh's series branch taken
+# far from 0, sigmoid as 1 - itself: a branch decided by the wrong value), which put an LSTM's
+# gradients off by up to 14%; running a vector's elements one at a time and testing the branches'
+# signs as bits did not change that, while the f16 and bf16 builds compute the same chains right
+# (tests/test_vector_kernels.py's chain of four inputs is the check).
+SCALAR_MAPS = {"nvidia": frozenset({"f32"})}
 
 
 class TooLarge(DeviceError):
@@ -127,7 +130,8 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
     push = [n, *axis_words(dims, MAX_RANK, MAX_INPUTS, fill=1), *padded(prog.params, MAX_PARAMS, 0.0)]
-    vw = vector_width(rec, dtype) if VECTOR_MAPS else None
+    vectors = VECTOR_MAPS and dtype not in SCALAR_MAPS.get(device_family(rec.caps), ())
+    vw = vector_width(rec, dtype) if vectors else None
     if vw and len(dims) == 1 and all(s == 1 for s in dims[0][2]):   # every input read at the element's index
         rec.dispatch("fused_map_vec", bufs, push, groups_1d(-(-n // vw)), variant(dtype), spec=(meta, *prog_words))
     else:
@@ -204,7 +208,6 @@ def _sum_parts(steps, ins, form, pre):
 
 def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
-    from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps, shape = node.attrs["steps"], tuple(out.shape)
     pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.scratch(shape, out.dtype)
