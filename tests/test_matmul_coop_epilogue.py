@@ -184,7 +184,7 @@ def test_a_decoder_in_mixed_takes_its_epilogues_in_the_cooperative_gemm(vk_devic
         if form_of(fused.plan, grp).act is None or takes:
             assert rest == [], (gemm, spec, rest)
         else:   # a device whose store declines activations: one pass for it after the GEMM
-            assert spec[0] == 0 and [s for s, _, _ in rest] == ["fused_map"], (gemm, spec, rest)
+            assert spec[0] == 0 and [s for s, _, _ in rest] in (["fused_map"], ["fused_map_vec"]), (gemm, spec, rest)
     close(f_loss, p_loss, 2e-3)
     for k in p_grads:
         assert np.any(f_grads[k] != 0), k
