@@ -87,9 +87,10 @@ float fg_phi(float x) {
 }
 
 #ifdef FG_VECTORS
-// fused_map_vec reads the sign and the size these functions branch on as bits: on NVIDIA's
-// driver 580.159 its float compares gave results as if decided by another value than their
-// operand (x0 * x1 + x2 * x3 then tanh or sigmoid). The same results, but tanh(-0) = -0.
+// fused_map_vec reads the sign and the size these functions branch on as bits, the form its
+// f16 and bf16 builds were checked in on NVIDIA's driver 580.159 (whose f32 build computes
+// x0 * x1 + x2 * x3 then tanh or sigmoid wrongly with float compares and bits alike, and is
+// not used there). The same results, but tanh(-0) = -0.
 #define FG_NEGATIVE(x) ((floatBitsToUint(x) & 0x80000000u) != 0u)
 #define FG_NONNEGATIVE(x) ((floatBitsToUint(x) & 0x80000000u) == 0u)   // NaN: either way
 #define FG_SMALL(a) (floatBitsToUint(a) < 0x3E000000u)   // 0 <= a < 0.125; NaN: false
