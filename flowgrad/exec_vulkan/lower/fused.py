@@ -22,7 +22,7 @@ from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
 from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, padded, variant, vector_width
 from flowgrad.exec_vulkan.lower.map_reduce import M, broadcast_strides
-from flowgrad.exec_vulkan.lower.matmul_kernels import device_family, store_takes_activation
+from flowgrad.exec_vulkan.lower.matmul_kernels import device_family
 from flowgrad.exec_vulkan.lowering import FLOATS, LOWERINGS, Lowering, register_lowering
 
 MAX_INPUTS = 4      # fused_map.comp's input bindings (registers 0..3)
@@ -208,6 +208,7 @@ def _sum_parts(steps, ins, form, pre):
 
 def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
+    from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
 
     steps, shape = node.attrs["steps"], tuple(out.shape)
     pre = None if form.act is None else ins[-1] if node.attrs.get("pre_out") else rec.scratch(shape, out.dtype)
