@@ -6,10 +6,12 @@ its first three losses, which a change that keeps values leaves equal. Two steps
 machine may have no git:
 
     python bench/ab_step.py pack REV DIR                                # here: REV's flowgrad/ and bench/ into DIR
-    python bench/ab_step.py run DIR [--dtype mixed] [--rounds 2] [--steps 8] [--set k=v ...]   # on the GPU
+    python bench/ab_step.py run DIR [DIR ...] [--dtype mixed] [--rounds 2] [--steps 8] [--set k=v ...]   # on the GPU
 
-`run` times DIR's tree as "old" and this checkout's as "new". A benchmark: nothing asserts its
-numbers (bench/MATMUL_NOTES.md says why a kernel is judged in the step and not alone)."""
+`run` times DIR's tree as "old" and this checkout's as "new"; with several DIRs, each is timed
+in its turn (named by its folder), the first as the baseline every other tree's ratio is over.
+A benchmark: nothing asserts its numbers (bench/MATMUL_NOTES.md says why a kernel is judged in
+the step and not alone)."""
 from __future__ import annotations
 
 import argparse
@@ -64,8 +66,11 @@ def timed_step(config: dict, dtype: str, steps: int) -> dict:
             "families": {k: round(1e3 * v, 3) for k, v in fam.items() if v}}
 
 
-def run(old: Path, config: dict, dtype: str, rounds: int, steps: int) -> None:
-    trees = {"old": old.resolve(), "new": ROOT}
+def run(olds: list[Path], config: dict, dtype: str, rounds: int, steps: int) -> None:
+    trees = {"old": olds[0].resolve()} if len(olds) == 1 else {d.resolve().name: d.resolve() for d in olds}
+    if len(trees) != len(olds) or "new" in trees:
+        raise SystemExit("give each tree a folder of its own name (not 'new')")
+    trees["new"] = ROOT
     results: dict = {name: [] for name in trees}
     for rnd in range(1, rounds + 1):
         for name, tree in trees.items():
@@ -79,7 +84,9 @@ def run(old: Path, config: dict, dtype: str, rounds: int, steps: int) -> None:
             print(f"[{name} {rnd}] step {r['step_ms']:.3f} ms, losses {r['losses']}, {r['families']}", flush=True)
     if all(results.values()):
         med = {name: statistics.median(r["step_ms"] for r in rs) for name, rs in results.items()}
-        print(f"median step: old {med['old']:.3f} ms, new {med['new']:.3f} ms, new / old {med['new'] / med['old']:.4f}")
+        base = next(iter(med))
+        print("median step: " + ", ".join(f"{name} {ms:.3f} ms ({ms / med[base]:.4f})" for name, ms in med.items())
+              + f"; the ratios over {base}")
 
 
 def main(argv=None) -> int:
@@ -94,7 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("rev")
     p.add_argument("dir", type=Path)
     r = sub.add_parser("run")
-    r.add_argument("dir", type=Path)
+    r.add_argument("dirs", type=Path, nargs="+", metavar="dir")
     r.add_argument("--dtype", default="mixed")
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--steps", type=int, default=8)
@@ -107,7 +114,7 @@ def main(argv=None) -> int:
     from flowgrad.bench.gpt2 import GPT2
     from flowgrad.dsl.config import parse_sets
 
-    run(a.dir, {**GPT2, **parse_sets(a.set)}, a.dtype, a.rounds, a.steps)
+    run(a.dirs, {**GPT2, **parse_sets(a.set)}, a.dtype, a.rounds, a.steps)
     return 0
 
 
