@@ -7,8 +7,8 @@ into its GEMMs, chains and sums.
 
     python bench/step_kernels.py [--dtype mixed] [--steps 5] [--top 40] [--set k=v ...] [--json F]
 
-Prints the time by shader (calls, ms a step, share), then the longest dispatches with their
-node, direction and grid, and beside the sum of the commands timed alone the step's own time
+Prints the time by shader (calls, ms a step, share), the GEMMs' rate, then the longest
+dispatches with their node, direction, grid and, for a GEMM, its TFLOP/s, and beside the sum of the commands timed alone the step's own time
 (the median of --steps, its commands free to overlap where no hazard orders them). A benchmark: nothing asserts its numbers."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import statistics
+import struct
 import sys
 import time
 import types
@@ -44,12 +45,26 @@ def dispatch_times(sess, feeds, optimizer, steps: int) -> list[dict]:
         label = label or (None, None)
         rows.append({"shader": c.shader if isinstance(c, Dispatch) else type(c).__name__.lower(),
                      "variant": getattr(c, "variant", None), "groups": getattr(c, "groups", None),
-                     "node": label[0], "direction": label[1], "ms": 1e3 * statistics.median(times)})
+                     "node": label[0], "direction": label[1], "ms": 1e3 * statistics.median(times),
+                     "flop": product_flop(c)})
     return rows
+
+
+def product_flop(c) -> int | None:
+    """2 M N K nz of a GEMM dispatch (its push constants begin M, N, K, ... with nz ninth: the
+    products of a batch, split-K's chunks counted as products K deep), else None."""
+    if not getattr(c, "shader", "").startswith("matmul"):
+        return None
+    m, n, k, *_, nz = struct.unpack_from("<9I", c.push)
+    return 2 * m * n * k * nz
 
 
 def kernel(row: dict) -> str:
     return row["shader"] + (f" [{row['variant']}]" if row["variant"] else "")
+
+
+def tflops(row: dict) -> str:
+    return f"{row['flop'] / row['ms'] / 1e9:.1f}" if row["flop"] and row["ms"] else ""
 
 
 def report(rows: list[dict], top: int, step_ms: float) -> list[str]:
@@ -65,8 +80,13 @@ def report(rows: list[dict], top: int, step_ms: float) -> list[str]:
              f"{step_ms:.3f} ms (side by side: {step_ms - total:+.3f} ms)", "",
              f"{'shader':<48}{'calls':>6}{'ms':>10}{'share':>8}"]
     lines += [f"{k:<48}{n:>6}{ms:>10.3f}{ms / total:>8.1%}" for k, (n, ms) in sorted(by.items(), key=lambda kv: -kv[1][1])]
-    lines += ["", f"the {top} longest:", f"{'ms':>8}  {'shader':<40}{'groups':<18}node, direction"]
-    lines += [f"{r['ms']:>8.3f}  {kernel(r):<40}{str(r['groups']):<18}{r['node']}, {r['direction']}"
+    gemms = [r for r in rows if r["flop"]]
+    if gemms:
+        ms, flop = sum(r["ms"] for r in gemms), sum(r["flop"] for r in gemms)
+        lines += ["", f"GEMMs: {len(gemms)} dispatches, {ms:.3f} ms, {flop / 1e9:.1f} GFLOP, "
+                      f"{flop / ms / 1e9:.1f} TFLOP/s"]
+    lines += ["", f"the {top} longest:", f"{'ms':>8}  {'TFLOP/s':>8}  {'shader':<40}{'groups':<18}node, direction"]
+    lines += [f"{r['ms']:>8.3f}  {tflops(r):>8}  {kernel(r):<40}{str(r['groups']):<18}{r['node']}, {r['direction']}"
               for r in sorted(rows, key=lambda r: -r["ms"])[:top]]
     return lines
 
