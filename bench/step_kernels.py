@@ -7,9 +7,10 @@ into its GEMMs, chains and sums.
 
     python bench/step_kernels.py [--dtype mixed] [--steps 5] [--top 40] [--set k=v ...] [--json F]
 
-Prints the time by shader (calls, ms a step, share), the GEMMs' rate, then the longest
-dispatches with their node, direction, grid and, for a GEMM, its TFLOP/s, and beside the sum of the commands timed alone the step's own time
-(the median of --steps, its commands free to overlap where no hazard orders them). A benchmark: nothing asserts its numbers."""
+Prints the sum of the commands timed alone beside the step's own time (the median of --steps,
+its commands free to overlap where no hazard orders them), the time by shader (calls, ms a
+step, share), the GEMMs' rate, then the longest dispatches with their node, direction, grid and,
+for a GEMM, its TFLOP/s. A benchmark: nothing asserts its numbers."""
 from __future__ import annotations
 
 import argparse
