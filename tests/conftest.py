@@ -1,7 +1,8 @@
 """Test groups by what they need: no device, numpy, Vulkan.
 
 Vulkan tests take the `vk_device` fixture (directly or through another
-fixture), which marks them `vulkan` (`-m vulkan` / `-m "not vulkan"`). Without a device they skip on a
+fixture) or a parameter naming a Vulkan path ("vulkan...", "graph"), which
+marks them `vulkan` (`-m vulkan` / `-m "not vulkan"`). Without a device they skip on a
 developer's machine, and FAIL when CI=true: CI installs lavapipe, so a missing
 device there is a broken set-up, not a reason to pass.
 
@@ -60,9 +61,20 @@ def env_with_path(first) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))}
 
 
+def names_vulkan(value) -> bool:
+    """Whether a test's parameter picks a Vulkan path: "vulkan", "vulkan:N", "vulkan-graph",
+    "graph" (which only Vulkan runs), or a tuple holding one."""
+    if isinstance(value, str):
+        return value == "graph" or value.startswith("vulkan")
+    return isinstance(value, tuple) and any(names_vulkan(v) for v in value)
+
+
 def pytest_collection_modifyitems(items):
+    # a test whose fixture reaches vk_device only at run time (request.getfixturevalue, for its
+    # Vulkan parameters) is marked by those parameters, so that `-m vulkan` on a GPU runs it too
     for item in items:
-        if "vk_device" in getattr(item, "fixturenames", ()):
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "vk_device" in getattr(item, "fixturenames", ()) or any(map(names_vulkan, params.values())):
             item.add_marker(pytest.mark.vulkan)
 
 

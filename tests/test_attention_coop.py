@@ -56,10 +56,10 @@ def coop(vk_device, monkeypatch, request):
 
 
 @pytest.fixture(scope="module")
-def kernels(request):
+def kernels(vk_device):
     from flowgrad.exec_vulkan import VulkanKernels
 
-    return VulkanKernels(request.getfixturevalue("vk_device"))
+    return VulkanKernels(vk_device)
 
 
 def kernel_of(shader: str) -> str:

@@ -24,10 +24,10 @@ TOL = {np.float32: 1e-4, np.float16: 1e-2}
 
 
 @pytest.fixture(scope="module")
-def kernels(request):
+def kernels(vk_device):
     from flowgrad.exec_vulkan import VulkanKernels
 
-    return VulkanKernels(request.getfixturevalue("vk_device"))
+    return VulkanKernels(vk_device)
 
 
 def node_of(ins, attrs):
