@@ -201,12 +201,12 @@ def generic_gpu(name="Generic GPU"):
     return DeviceInfo(0, name, "discrete", 8 << 30, True, False)
 
 
-def chain_kernel(family: str = "default", dtype: str = "f32") -> str:
-    """The kernel a contiguous pointwise chain runs on (lower/fused.py's VECTOR_MAPS, SCALAR_MAPS)."""
+def chain_kernel(info=None, dtype: str = "f32") -> str:
+    """The kernel a contiguous pointwise chain runs on, on the device `info` (a generic GPU if None)."""
+    from flowgrad.exec_vulkan.discovery import DeviceCaps
     from flowgrad.exec_vulkan.lower import fused
 
-    vectors = fused.VECTOR_MAPS and dtype not in fused.SCALAR_MAPS.get(family, ())
-    return "fused_map_vec" if vectors else "fused_map"
+    return "fused_map_vec" if fused.vector_maps(DeviceCaps.of(info or generic_gpu()), dtype) else "fused_map"
 
 
 def test_node_kernels_are_listed_in_dispatch_order():
@@ -229,9 +229,10 @@ def test_dispatch_count_follows_the_planned_devices_kernels():
     as a pass of its own after the product (as the node's kernels say)."""
     from flowgrad.explain import graph_plan_dict
 
-    generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(generic_gpu("NVIDIA H100 80GB HBM3"), "mlp")
+    h100 = generic_gpu("NVIDIA H100 80GB HBM3")
+    generic, nvidia = planned_for(generic_gpu(), "mlp"), planned_for(h100, "mlp")
     h = {n.label: n.id for n in nvidia.graph.nodes}["h"]
-    assert chain_kernel("nvidia") in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
+    assert chain_kernel(h100) in nvidia.kernels[h]["forward"] and "fused_map" not in generic.kernels[h]["forward"]
     ours, theirs = graph_plan_dict(nvidia.graph, nvidia), graph_plan_dict(generic.graph, generic)
     assert ours["dispatches_forward"] == theirs["dispatches_forward"] + 1
 

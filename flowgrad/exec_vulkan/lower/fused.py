@@ -43,6 +43,11 @@ VECTOR_MAPS = True
 SCALAR_MAPS = {"nvidia": frozenset({"f32"})}
 
 
+def vector_maps(caps, dtype: str) -> bool:
+    """Whether a chain of `dtype` may run on fused_map_vec on this device (VECTOR_MAPS, SCALAR_MAPS)."""
+    return VECTOR_MAPS and dtype not in SCALAR_MAPS.get(device_family(caps), ())
+
+
 class TooLarge(DeviceError):
     """The chain does not fit fused_map.comp's program (the planner then
     fuses less of it)."""
@@ -130,8 +135,7 @@ def run_program(rec, prog: Program, sources: dict, outs, space) -> None:
     bufs = ins + [rec.stand_in(dtype) for _ in range(MAX_INPUTS - len(ins))]
     bufs += list(outs) + [rec.stand_in(dtype) for _ in range(MAX_OUTPUTS - len(outs))]
     push = [n, *axis_words(dims, MAX_RANK, MAX_INPUTS, fill=1), *padded(prog.params, MAX_PARAMS, 0.0)]
-    vectors = VECTOR_MAPS and dtype not in SCALAR_MAPS.get(device_family(rec.caps), ())
-    vw = vector_width(rec, dtype) if vectors else None
+    vw = vector_width(rec, dtype) if vector_maps(rec.caps, dtype) else None
     if vw and len(dims) == 1 and all(s == 1 for s in dims[0][2]):   # every input read at the element's index
         rec.dispatch("fused_map_vec", bufs, push, groups_1d(-(-n // vw)), variant(dtype), spec=(meta, *prog_words))
     else:
