@@ -19,13 +19,14 @@ import json
 import statistics
 import struct
 import sys
-import time
 import types
 from pathlib import Path
 
 import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ab_step import median_step_ms  # noqa: E402
 
 
 def dispatch_times(sess, feeds, optimizer, steps: int) -> list[dict]:
@@ -109,12 +110,8 @@ def main(argv=None) -> int:
     sess = load(MODEL, {**GPT2, **parse_sets(a.set)}).compile(device="vulkan", dtype=a.dtype, backward="graph")
     feeds, _ = bench_feeds(sess.graph)
     opt = Adam(lr=LR)
-    times = []
-    for i in range(3 + a.steps):
-        t = time.perf_counter()
-        sess.step(feeds, grads=False, optimizer=opt, outputs=())
-        times.append(time.perf_counter() - t)
-    step_ms = 1e3 * statistics.median(times[3:])
+    median_step_ms(sess, feeds, opt, 3)   # warm-up
+    step_ms = median_step_ms(sess, feeds, opt, a.steps)
     rows = dispatch_times(sess, feeds, opt, a.steps)
     sess.close()
     print("\n".join(report(rows, a.top, step_ms)))
