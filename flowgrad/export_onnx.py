@@ -283,7 +283,7 @@ CONVERTERS |= {
 GRADIENT_OPS = ("attention_grad", "layernorm_grad", "rmsnorm_grad", "batchnorm_grad", "groupnorm_grad",
                 "cross_entropy_grad", "nll_loss_grad", "conv_input_grad", "conv_weight_grad", "maxpool2d_grad",
                 "maxpool2d_pick", "avgpool2d_grad", "adaptive_avgpool2d_grad", "topk_grad", "topk_pick",
-                "softmax_grad", "log_softmax_grad")
+                "softmax_grad", "log_softmax_grad", "gelu_grad")
 REFUSED = {
     "randn_like": "draws flowgrad's own noise, which an ONNX model would draw otherwise",
     **{op: "computes a gradient (grad() put it in the model); ONNX has no counterpart of its kernel"

@@ -299,6 +299,7 @@ LOWER = {
     "clamp_min": lambda torch, node, ins, at: torch.clamp(ins[0], min=at["min"]),
     "clamp_max": lambda torch, node, ins, at: torch.clamp(ins[0], max=at["max"]),
     "gelu": lambda torch, node, ins, at: torch.nn.functional.gelu(ins[0], approximate=at["approximate"]),
+    "gelu_grad": lambda torch, node, ins, at: torch.ops.aten.gelu_backward(torch.ones_like(ins[0]), ins[0]),
     "softplus": _f("softplus", "beta", "threshold"),
     "leaky_relu": _f("leaky_relu", "negative_slope"),
     "elu": _f("elu", "alpha"),
@@ -398,6 +399,7 @@ COUNTERPART = {
     "cast": "Tensor.to(dtype)", "attention": "F.scaled_dot_product_attention",
     "embedding_grad": "Tensor.index_add", "topk_grad": "Tensor.scatter", "topk_pick": "torch.gather",
     "softmax_grad": "torch._softmax_backward_data", "log_softmax_grad": "torch._log_softmax_backward_data",
+    "gelu_grad": "torch.ops.aten.gelu_backward",
     "conv_input_grad": "torch.nn.grad.conv2d_input", "conv_weight_grad": "torch.nn.grad.conv2d_weight",
     **{f"{n}_grad": f"torch.autograd.grad(F.{t})" for n, t in (
         ("maxpool2d", "max_pool2d"), ("avgpool2d", "avg_pool2d"), ("adaptive_avgpool2d", "adaptive_avg_pool2d"))},

@@ -77,7 +77,7 @@ def test_pointwise_chains_of_the_decoder_are_fused():
     # residual products with their adds there (one with the bias too); and gelu's gradient, one chain
     assert ops.count(("matmul", "add", "gelu")) == 6 and ops.count(("matmul", "add")) == 12
     assert ops.count(("matmul", "add", "add")) == 6
-    assert ops.count(("div", "erf", "add", "mul", "mul", "mul", "exp", "mul", "div", "add", "mul")) == 6
+    assert ops.count(("gelu_grad", "mul")) == 6
     assert len(ops) == 30
     check_graph(plan.exec_graph)
     assert plan.exec_graph.params == graph.params and plan.exec_graph.outputs == graph.outputs
@@ -89,7 +89,7 @@ def test_gpt_small_dispatch_counts_fused_and_not():
     # gradient sums added apart)
     unfused = count_dispatches(graph, make_plan(graph, None, fusion=False))
     fused = count_dispatches(graph, make_plan(graph, None))
-    assert (unfused["forward"], unfused["backward"]) == (96, 244)
+    assert (unfused["forward"], unfused["backward"]) == (96, 190)
     # (the embedding's backward: one radix pass over the ids, a count and a scatter, and the sum)
     assert (fused["forward"], fused["backward"]) == (48, 104)
     # Adam over 65 params: 7 per dispatch; mixed adds the f16 casts of the params (forward) and of

@@ -158,8 +158,7 @@ def _gelu_grad(g, x, y, at):
     if at["approximate"] == "tanh":
         t = e.op("tanh", _GELU_C * (x + 0.044715 * (x * x * x)))
         return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * (x * x)))
-    cdf = 0.5 * (1.0 + e.op("erf", x / math.sqrt(2.0)))
-    return g * (cdf + x * e.op("exp", -0.5 * (x * x)) / math.sqrt(2.0 * math.pi))
+    return g * e.op("gelu_grad", x)
 
 
 def _gelu_check(at):
@@ -169,6 +168,21 @@ def _gelu_check(at):
 
 gelu = unary("gelu", _gelu, _gelu_grad, "x * Phi(x), exact (erf) unless approximate=\"tanh\"",
               extra_args=(Arg("approximate", "attr", "none", (str,)),), check=_gelu_check)
+
+
+def _gelu_grad_value(x, at):
+    return 0.5 * (1.0 + erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * (x * x)) / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_grad_grad(g, x, y, at):
+    # d/dx (Phi(x) + x phi(x)) = phi(x) (2 - x^2)
+    return g * (x.e.op("exp", -0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi)) * (2.0 - x * x))
+
+
+# exact gelu's derivative as one op: its backward is one map op (rounded once, as PyTorch's
+# gelu_backward computes it) where the ten ops of its formula were each rounded to a 16-bit dtype
+gelu_grad = unary("gelu_grad", _gelu_grad_value, _gelu_grad_grad, "d gelu(x) / dx: Phi(x) + x phi(x) (exact gelu)",
+                  samples=[Sample((((2, 3), "normal"),))])
 
 
 def _pow(x, p):

@@ -17,7 +17,7 @@ from flowgrad.exec_vulkan.lowering import ALL_DTYPES, FLOATS, Lowering, Pointwis
 M.declare(EXP=6, LOG=7, SQRT=8, TANH=9, SIGMOID=10, RELU=11, GELU=12, GELU_TANH=13, SILU=14, POW=15,
           ABS=33, MAXIMUM=35, MINIMUM=36,
           WHERE=39,                       # x0 = cond, x1 = a, x2 = b
-          CLAMP_MIN=42, CLAMP_MAX=44, SIN=49, COS=50, SOFTSIGN=53)
+          CLAMP_MIN=42, CLAMP_MAX=44, SIN=49, COS=50, SOFTSIGN=53, GELU_GRAD=61)
 
 
 def _map(op, param: str | None = None, activation=False, adds=False) -> Lowering:
@@ -60,7 +60,7 @@ def _cast_forward(rec, node, ins, out):
 ACTIVATIONS = ("tanh", "sigmoid", "relu", "silu")
 register_lowerings({name: _map(getattr(M, name.upper()), activation=name in ACTIVATIONS, adds=name == "add")
                     for name in ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", *ACTIVATIONS, "abs", "sin",
-                                 "cos", "maximum", "minimum", "where", "softsign")}
+                                 "cos", "maximum", "minimum", "where", "softsign", "gelu_grad")}
                    | {"clamp_min": _map(M.CLAMP_MIN, "min"), "clamp_max": _map(M.CLAMP_MAX, "max"),
                       "gelu": _map(lambda attrs: M.GELU_TANH if attrs["approximate"] == "tanh" else M.GELU,
                                    activation=True),

@@ -18,6 +18,7 @@ float map_apply(uint op, float a, float b, float c, float param) {
     case M_RELU: return fg_relu(a);
     case M_GELU: return fg_gelu(a);
     case M_GELU_TANH: return fg_gelu_tanh(a);
+    case M_GELU_GRAD: return fg_gelu_grad(a);
     case M_SILU: return fg_silu(a);
     case M_POW: return fg_pow(a, param);
     case M_SQDIFF: { float d = a - b; return d * d; }

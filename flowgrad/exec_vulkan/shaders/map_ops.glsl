@@ -36,3 +36,4 @@
 #define M_GE 58u
 #define M_ERF 59u
 #define M_PARAM 60u
+#define M_GELU_GRAD 61u
