@@ -124,7 +124,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         words = () if tile.coop else (epi.bits() if epi else 0, 0, 0, 0, 0, 0)
         spec = (epi.spec() if epi is not None else ()) if tile.coop else g.spec(tile, epi)
         rec.dispatch(g.shader(tile), [a.view, b.view, c.view, *extras], g.push(tile) + words,
-                     _groups(tile, m, n, nz), _variant(choice, dtype), spec=spec)
+                     _groups(tile, m, n, nz), _variant(choice, dtype), spec=spec, alone=tile.coop)
     if epi is not None:
         epi.applied = True
     return True
@@ -245,7 +245,8 @@ def _split_k(rec, g: _Gemm, choice, epilogue=None):
     c, m, n = g.c, g.m, g.n
     parts, part, _ = _split_parts(rec, g, choice)
     rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_epilogue_views(rec, None, parts.dtype)],
-                 part.push(choice.tile), _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype))
+                 part.push(choice.tile), _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype),
+                 alone=True)
     if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
         epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
         if epilogue.applied:
