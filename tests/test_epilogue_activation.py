@@ -89,9 +89,9 @@ def dispatches():
     from flowgrad.exec_vulkan.recorder import Recorder
     seen, real = [], Recorder.dispatch
 
-    def dispatch(self, shader, bufs, push=(), groups=(1, 1, 1), variant=None, spec=()):
+    def dispatch(self, shader, bufs, push=(), groups=(1, 1, 1), variant=None, spec=(), **kw):
         seen.append((self.label, shader, tuple(groups), tuple(spec)))
-        return real(self, shader, bufs, push, groups, variant, spec)
+        return real(self, shader, bufs, push, groups, variant, spec, **kw)
 
     Recorder.dispatch = dispatch
     try:
