@@ -94,6 +94,21 @@ def test_barriers_only_where_a_command_depends_on_an_earlier_one():
     assert count_barriers(rec.commands) == 1
 
 
+def test_a_product_that_fills_the_gpu_alone_waits_for_the_earlier_ones():
+    """Dispatch.alone (the tensor-core GEMMs): such a dispatch waits for an earlier one though no
+    hazard orders them, and only for those: other dispatches still run beside either."""
+    rec = Recorder(None)
+    a, b, c, d, e = (_fake(8) for _ in range(5))
+    rec.dispatch("accumulate", [a, e], push=[8], alone=True)   # a += e
+    rec.dispatch("accumulate", [b, e], push=[8])               # independent, not alone: beside it
+    assert count_barriers(rec.commands) == 0
+    rec.dispatch("accumulate", [c, e], push=[8], alone=True)   # independent, but alone: waits
+    assert count_barriers(rec.commands) == 1
+    rec.dispatch("accumulate", [d, c], push=[8])               # reads c: the hazard's barrier...
+    rec.dispatch("accumulate", [b, e], push=[8], alone=True)   # ... waited for c's product too
+    assert count_barriers(rec.commands) == 2
+
+
 def test_sections_in_a_row_take_scratch_that_shares_no_bytes():
     """Two nodes' sections, each writing scratch of its own and otherwise
     independent: no barrier between them (scratch released and taken again
