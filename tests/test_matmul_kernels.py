@@ -197,6 +197,35 @@ def test_f16_storage(vk_device):
         check(vk_device, sa, sb, "f16", shader=mk.F16_TILE)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_16_bit_split_product_rounds_its_sum_once(vk_device, dtype):
+    """The 16-bit tile split along K in two: its partials (each near +-190, their sum under 16)
+    are f32, and the last chunk rounds their sum once, so the result is within a 16-bit ulp (of
+    1 at least) of the float64 product; partials stored in f16 would each be up to 1/16 off."""
+    from flowgrad.dtypes import as_dtype
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    if not vk_device.info.f16:
+        pytest.skip(f"{vk_device.info.name} has no 16-bit storage")
+    m, n, k = 16, 16, 1024
+    rng = np.random.default_rng(4)
+    a = np.asarray(as_dtype(rng.uniform(0.5, 1.0, (m, k)), dtype), np.float64)
+    half = np.asarray(as_dtype(rng.uniform(0.0, 1.0, (k // 2, n)), dtype), np.float64)
+    b = np.concatenate([half, -half])
+    with OneShot(vk_device) as s, mk.forced(mk.F16_TILE, 2):
+        cv = s.empty((m, n), dtype)
+        assert linalg.gemm(s.rec, linalg.Operand(s.upload(a, dtype), k, 1, ()),
+                           linalg.Operand(s.upload(b, dtype), n, 1, ()), linalg.Operand(cv, n, 1, ()), m, n, k, (), ())
+        (d,) = [c for c in s.rec.commands if hasattr(c, "shader")]
+        s.download(cv)
+        (got,) = s.run()
+    assert d.shader == mk.F16_TILE and d.groups[2] == 2, (d.shader, d.groups)   # one dispatch, two chunks
+    exact = a @ b
+    assert np.abs(exact).max() < 16 and (a[:, :k // 2] @ half).min() > 100   # large partials, a small sum
+    ulp = {"f16": 2.0 ** -10, "bf16": 2.0 ** -7}[dtype] * np.maximum(np.abs(exact), 1.0)
+    assert np.all(np.abs(np.asarray(got, np.float64) - exact) <= ulp)
+
+
 def test_default_selection_is_checked_too(vk_device):
     check(vk_device, (2, 33, 40), (40, 24))
 

@@ -213,23 +213,23 @@ def _groups(tile, m, n, nz):
     return (math.ceil(n / tile.bn), math.ceil(m / tile.bm), min(nz, MAX_GROUPS))
 
 
-def _split_parts(rec, g: _Gemm, choice):
-    """(the partials' scratch [nz * chunks, m, n], the GEMM that writes them:
-    batch z is K-chunk z % chunks of product z // chunks, the chunks' count)."""
+def _split_parts(rec, g: _Gemm, choice, dtype=None):
+    """(the partials' scratch [nz * chunks, m, n] of `dtype` (C's by default), the GEMM that
+    writes them: batch z is K-chunk z % chunks of product z // chunks, the chunks' count)."""
     a, c, m, n, k = g.a, g.c, g.m, g.n, g.k
     step = max(16, choice.tile.bk)
     kc = math.ceil(k / choice.chunks / step) * step
     chunks = math.ceil(k / kc)
-    parts = rec.scratch((g.nz * chunks, m, n), c.view.dtype)
+    parts = rec.scratch((g.nz * chunks, m, n), dtype or c.view.dtype)
     return parts, attrs.evolve(g, c=Operand(parts, n, 1, ()), k=kc, nz=g.nz * chunks, za=kc * a.cs,
                                zb=kc * g.b.rs, zc=m * n, klimit=k, pza=g.za, pzb=g.zb), chunks
 
 
 def _split_k_fixup(rec, g: _Gemm, choice, epi):
     """Split-K on a tiled kernel, one dispatch: each chunk stores its partial
-    and the last chunk of each output tile sums them into C (matmul_tiled.glsl's
-    fixup), with the epilogue's adds."""
-    parts, part, chunks = _split_parts(rec, g, choice)
+    (in f32) and the last chunk of each output tile sums them into C
+    (matmul_tiled.glsl's fixup), with the epilogue's adds."""
+    parts, part, chunks = _split_parts(rec, g, choice, "f32")
     groups = _groups(choice.tile, g.m, g.n, part.nz)
     counts = rec.counters(groups[0] * groups[1] * g.nz)
     c = g.c.view

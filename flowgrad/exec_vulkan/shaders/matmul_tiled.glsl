@@ -63,11 +63,28 @@ layout(std430, set = 0, binding = 3) readonly buffer BufR4 { T4 res4[]; };
 layout(std430, set = 0, binding = 4) readonly buffer BufBias { T bias[]; };
 layout(std430, set = 0, binding = 4) readonly buffer BufBias4 { T4 bias4[]; };
 // split-K's partials go to C through coherent stores (the fixup reads them
-// back from other workgroups); the plain store stays a plain one
-layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { T parts_w[]; };
-layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { T4 parts_w4[]; };
-layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { T parts[]; };
-layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { T4 parts4[]; };
+// back from other workgroups); the plain store stays a plain one. They are f32
+// in the 16-bit builds too (the host binds f32 scratch there), so a 16-bit sum
+// is rounded once, into D (the f32 build keeps T's spelling: its SPIR-V as before)
+#if defined(F16) || defined(BF16)
+#define PART float
+#define PART4 vec4
+#define PSTORE(x) (x)
+#define PSTORE4(x) (x)
+#define PLOAD(x) (x)
+#define PLOAD4(x) (x)
+#else
+#define PART T
+#define PART4 T4
+#define PSTORE(x) STORE(x)
+#define PSTORE4(x) STORE4(x)
+#define PLOAD(x) LOAD(x)
+#define PLOAD4(x) LOAD4(x)
+#endif
+layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW { PART parts_w[]; };
+layout(std430, set = 0, binding = 2) coherent writeonly buffer BufPartsW4 { PART4 parts_w4[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts { PART parts[]; };
+layout(std430, set = 0, binding = 2) coherent readonly buffer BufParts4 { PART4 parts4[]; };
 layout(std430, set = 0, binding = 5) coherent buffer Counts { uint counts[]; };   // one per output tile
 layout(std430, set = 0, binding = 6) writeonly buffer BufD { T d[]; };           // D(m, n) = d[m*sdm + n]
 layout(std430, set = 0, binding = 6) writeonly buffer BufD4 { T4 d4[]; };
@@ -156,12 +173,12 @@ vec4 epilogue(uint at, uint n, vec4 v, bool vec) {
     if (p.fixup == 0u && EPILOGUE) v = epilogue(c_at(z, m, n), n, v, vec)
 void store_c(uint z, uint m, uint n, float v) {
     uint at = c_at(z, m, n);
-    if (p.fixup != 0u) parts_w[at] = STORE(v);
+    if (p.fixup != 0u) parts_w[at] = PSTORE(v);
     else c[at] = STORE(v);
 }
 void store_c4(uint z, uint m, uint n, vec4 v) {
     uint at = c_at(z, m, n);
-    if (p.fixup != 0u) parts_w4[at / 4u] = STORE4(v);
+    if (p.fixup != 0u) parts_w4[at / 4u] = PSTORE4(v);
     else c4[at / 4u] = STORE4(v);
 }
 
@@ -200,15 +217,15 @@ void fixup(uint z, uint m0, uint n0) {
         if (v4) {
             uint z = 0u;
             for (; z + 4u <= p.fixup; z += 4u) {
-                vec4 a0 = LOAD4(parts4[(at + z * p.zc) / 4u]), a1 = LOAD4(parts4[(at + (z + 1u) * p.zc) / 4u]);
-                vec4 a2 = LOAD4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = LOAD4(parts4[(at + (z + 3u) * p.zc) / 4u]);
+                vec4 a0 = PLOAD4(parts4[(at + z * p.zc) / 4u]), a1 = PLOAD4(parts4[(at + (z + 1u) * p.zc) / 4u]);
+                vec4 a2 = PLOAD4(parts4[(at + (z + 2u) * p.zc) / 4u]), a3 = PLOAD4(parts4[(at + (z + 3u) * p.zc) / 4u]);
                 v = (((v + a0) + a1) + a2) + a3;
             }
-            for (; z < p.fixup; ++z) v += LOAD4(parts4[(at + z * p.zc) / 4u]);
+            for (; z < p.fixup; ++z) v += PLOAD4(parts4[(at + z * p.zc) / 4u]);
         } else {
             [[unroll]] for (uint q = 0u; q < 4u; ++q)
                 if (n + q < p.N)
-                    for (uint z = 0u; z < p.fixup; ++z) v[q] += LOAD(parts[at + q + z * p.zc]);
+                    for (uint z = 0u; z < p.fixup; ++z) v[q] += PLOAD(parts[at + q + z * p.zc]);
         }
         if (EPILOGUE) v = epilogue(o, n, v, v4);
         if (v4) {
