@@ -230,7 +230,8 @@ def test_attention_grads_land_in_their_windows_of_one_packed_buffer(vk_device):
     assert np.all(got[~written] == sentinel), "a gradient was written outside its view"
 
 
-@pytest.mark.parametrize("shape, axes, reduce", [((6000, 24), (0,), "sum"), ((3, 40000), (1,), "sum"),
+# (6000, 23): 23 columns are no whole 16-byte vectors, which col_sum.comp takes
+@pytest.mark.parametrize("shape, axes, reduce", [((6000, 23), (0,), "sum"), ((3, 40000), (1,), "sum"),
                                                  ((5000, 7), (0,), "max"), ((2, 3000, 5), (0, 1), "sum")])
 def test_a_reduction_in_chunks_is_one_dispatch(vk_device, shape, axes, reduce):
     """A long reduction into few outputs is cut into chunks whose pieces the
@@ -265,7 +266,8 @@ def test_a_reduction_in_16_bit_chunks_rounds_once(vk_device, dtype):
     rng = np.random.default_rng(16)
     nan = uniform(rng, (1999, 40))
     nan[1234, 5] = np.nan
-    cases = [(M.COPY, [np.ones((8192, 40))], (0,), "sum"), (M.COPY, [uniform(rng, (3001, 72))], (0,), "sum"),
+    # column counts no 16-byte vectors hold, so that map_reduce takes the column sums (col_sum.comp's below)
+    cases = [(M.COPY, [np.ones((8192, 41))], (0,), "sum"), (M.COPY, [uniform(rng, (3001, 73))], (0,), "sum"),
              (M.COPY, [nan], (0,), "max"), (M.MUL, [uniform(rng, (24, 5003)), uniform(rng, (24, 5003))], (1,), "sum")]
     for op, ins, axes, reduce in cases:
         ins = [np.asarray(as_dtype(x, dtype), np.float64) for x in ins]     # the values as stored
@@ -283,6 +285,41 @@ def test_a_reduction_in_16_bit_chunks_rounds_once(vk_device, dtype):
         tol = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}[dtype] * np.maximum(np.abs(want), 1.0)
         assert np.isnan(got).tolist() == np.isnan(want).tolist()
         assert np.all(np.abs(got - want)[~np.isnan(want)] <= tol[~np.isnan(want)]), (reduce, axes)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_column_sums_move_in_vectors_and_round_once(vk_device, dtype):
+    """A sum over the rows of a contiguous [R, N] tensor whose rows are whole 16-byte vectors (a
+    bias gradient) runs on col_sum.comp, in chunks of rows where R is long: 8192 ones sum to 8192
+    (an f16 running sum stops at 2048), a long column is rounded once, a NaN or an inf reaches its
+    column's sum, the scale applies, and odd row counts, short ones and many strips come out as
+    numpy's float64 sums."""
+    from flowgrad.dtypes import as_dtype
+    from flowgrad.exec_vulkan.lower.map_reduce import M, map_reduce
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    rng = np.random.default_rng(17)
+    edges = uniform(rng, (1999, 40))
+    edges[1234, 5], edges[3, 17], edges[7, 30], edges[9, 30] = np.nan, np.inf, np.inf, -np.inf
+    cases = [(np.ones((8192, 40)), 1.0, True), (uniform(rng, (3001, 72)), 0.5, True), (edges, 1.0, True),
+             (uniform(rng, (2, 16)), 1.0, False), (uniform(rng, (7, 8 * 32 * 9 + 8)), 2.0, False)]
+    for x, scale, chunked in cases:
+        x = np.asarray(as_dtype(x, dtype), np.float64)     # the values as stored
+        with np.errstate(invalid="ignore"):
+            want = scale * x.sum(axis=0)
+        with OneShot(vk_device) as s:
+            out = s.empty(want.shape, dtype)
+            map_reduce(s.rec, M.COPY, [s.upload(x, dtype)], out, space=x.shape, reduce_axes=(0,), scale=scale)
+            (d,) = [c for c in s.rec.commands if hasattr(c, "shader")]
+            assert d.shader == "col_sum" and (np.frombuffer(d.push, np.uint32)[2] > 1) == chunked, x.shape
+            s.download(out)
+            (got,) = s.run()
+        got = np.asarray(got, np.float64)
+        tol = {"f32": 1e-5, "f16": 1e-3, "bf16": 8e-3}[dtype] * np.maximum(np.abs(want), 1.0)
+        finite = np.isfinite(want)
+        assert np.isnan(got).tolist() == np.isnan(want).tolist(), x.shape
+        assert np.all(got[~finite & ~np.isnan(want)] == want[~finite & ~np.isnan(want)]), x.shape
+        assert np.all(np.abs(got[finite] - want[finite]) <= tol[finite]), x.shape
 
 
 def test_sum_to_shape(vk_device):

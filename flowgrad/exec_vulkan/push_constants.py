@@ -38,6 +38,7 @@ SPECS_TEXT = {
     "adam": "n: u32",
     **dict.fromkeys(("adam_multi", "adam_multi_vec"), "n: u32[7], first: u32[8]"),
     "axpy": "n: u32, a: f32",
+    "col_sum": "R: u32, nv: u32, chunks: u32, rows: u32, scale: f32",
     "cast": "n: u32, dir: u32",
     "cast_f16": "n: u32, dir: u32",
     **dict.fromkeys(("cast_f16_multi", "cast_f16_multi_vec"), "dir: u32, n: u32[15], first: u32[16]"),

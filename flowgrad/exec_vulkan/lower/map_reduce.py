@@ -15,7 +15,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import groups_1d
-from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, variant
+from flowgrad.exec_vulkan.lower.generic import axis_words, collapse, variant, vector_width
 
 WG = 256            # map_reduce.comp's local size
 MAX_RANK = 6        # its push block holds 6 axes
@@ -138,6 +138,8 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     if n_out == 0:
         return
     R = total // n_out
+    if op is M.COPY and reduce == "sum" and column_sums(rec, ins, out, dims, R, scale):
+        return
     # innermost axis kept: neighbouring outputs are neighbours in memory, so
     # interleave the lanes (coalesced column sums, e.g. a bias gradient)
     interleaved = bool(dims) and not dims[-1][1]
@@ -154,6 +156,35 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     bufs = list(ins) + [rec.stand_in(out.dtype) for _ in range(3 - len(ins))] + [out, counts, pieces]
     rec.dispatch("map_reduce", bufs, push=push, groups=(segment_groups(n_out * chunks, lanes), 1, 1),
                  variant=variant(out.dtype))
+
+
+# col_sum.comp's workgroup: CX column vectors by RL row lanes
+CX, RL = 32, 8
+
+
+def column_sums(rec, ins, out, dims, R: int, scale: float) -> bool:
+    """Record out = scale * the sum over the rows of ins[0], a contiguous [R, N]
+    tensor whose rows are whole 16-byte vectors, on col_sum.comp, and return
+    True; else record nothing and return False (map_reduce takes it)."""
+    vw = vector_width(rec, out.dtype)
+    if (len(ins) != 1 or R < 2 or not vw or len(dims) != 2 or not dims[0][1] or dims[1][1]
+            or dims[1][2] != [1] or dims[0][2] != [dims[1][0]] or dims[1][0] % vw):
+        return False
+    n = dims[1][0]
+    strips = -(-n // (vw * CX))
+    if strips > rec.max_groups[0]:
+        return False
+    # enough workgroups for a large GPU, each row lane taking 8 or more rows
+    chunks = max(1, min(-(-BUSY_THREADS // (strips * CX * RL)), R // (8 * RL), MAX_CHUNKS))
+    rows = -(-R // chunks)
+    chunks = -(-R // rows)
+    if chunks == 1:
+        counts, pieces = rec.stand_in("i32"), rec.stand_in("f32")
+    else:
+        counts, pieces = rec.counters(strips), rec.scratch((chunks, n), "f32")
+    rec.dispatch("col_sum", [ins[0], out, counts, pieces], push=[R, n // vw, chunks, rows, float(scale)],
+                 groups=(strips, chunks, 1), variant=variant(out.dtype))
+    return True
 
 
 def mean_of(rec, op: MapOp, ins, out) -> None:
