@@ -231,7 +231,7 @@ def check_conv(device, name, shapes, attrs, dtype, shader=None, chunks=None, see
         assert split > 1 and (split - 1) * kc < k_full <= split * kc, (split, kc, k_full)
     if split > 1:   # the partials summed right after, in the weight gradient's section
         at = next(k for k, c in enumerate(cmds) if c.shader.startswith("conv_") and mode_of(c) == 2)
-        assert cmds[at + 1].shader == "map_reduce" and cmds[at + 1].label == cmds[at].label, shaders
+        assert cmds[at + 1].shader in ("map_reduce", "col_sum") and cmds[at + 1].label == cmds[at].label, shaders
     assert modes[0][18] == 1 and modes[1][18] == 1   # forward and input gradient never split
     op = get_op(name)
     wide = [a.astype(np.float64) for a in ins]
@@ -374,15 +374,15 @@ def test_graph_and_closures_agree_on_a_split_weight_gradient(vk_device, dtype):
     closures = model.compile(device="vulkan", dtype=dtype, backward="closures", **kw)
     assert graph.last_path == "graph" and closures.last_path.startswith("closures"), closures.last_path
     # the kernels: f16 (mixed) on cooperative matrices where offered; c1's weight gradient
-    # (K = 4 * 16 * 16 = 1024) splits K and sums the partials (map_reduce; c1 has no bias),
-    # h's (K = 4 * 7 * 7 = 196) does not, and its bias gradient is a map_reduce
+    # (K = 4 * 16 * 16 = 1024) splits K and sums the partials (col_sum; c1 has no bias),
+    # h's (K = 4 * 7 * 7 = 196) does not, and its bias gradient is a sum too
     coop = dtype == "mixed" and getattr(vk_device.info, "coopmat_f16", False)
     planned = conv_kernels(graph)
     assert sorted(planned) == ["c1", "h"], planned
     for name, ks in planned.items():
         convs = {k for k in ks["forward"] + ks["backward"] if k.startswith("conv_")}
         assert convs == {conv_lowering.DEFAULT_COOP} if coop else (len(convs) == 1 and "conv_coop" not in convs), (name, ks)
-    assert "map_reduce" in planned["c1"]["backward"], planned
+    assert "col_sum" in planned["c1"]["backward"], planned
     feeds = feeds_for(graph.graph)
     got, want = graph.step(feeds), closures.step(feeds)
     assert "conv2d" not in closures.runner.executor.kernels.on_numpy

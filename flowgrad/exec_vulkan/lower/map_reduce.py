@@ -6,7 +6,8 @@ every axis reduction:
 over a logical index space (the broadcast output shape, or the shape being
 reduced). Each input is read through its own strides in that space, 0 on an
 axis it is broadcast along, so numpy broadcasting, sum-to-shape and fused
-`g * b` gradients are one dispatch each."""
+`g * b` gradients are one dispatch each. The column sums of a contiguous
+matrix (a bias gradient) go to col_sum.comp, which reads 16-byte vectors."""
 from __future__ import annotations
 
 import math
