@@ -34,7 +34,7 @@ layout(push_constant) uniform Push {
 } pc;
 
 shared float sums[RL][CX * VW];
-shared bool last;
+shared uint last;   // 1: this workgroup is its strip's last chunk to finish
 
 void add(inout float acc[VW], VT v) {
     [[unroll]] for (uint e = 0u; e < VW; ++e) acc[e] += vel(v, e);
@@ -76,9 +76,9 @@ void main() {
         pieces[chunk * n + strip0 + c] = sums[0][c];
     memoryBarrierBuffer();
     barrier();
-    if (gl_LocalInvocationIndex == 0u) last = atomicAdd(counts[gl_WorkGroupID.x], 1u) == pc.chunks - 1u;
+    if (gl_LocalInvocationIndex == 0u) last = atomicAdd(counts[gl_WorkGroupID.x], 1u) == pc.chunks - 1u ? 1u : 0u;
     barrier();
-    if (!last) return;
+    if (last == 0u) return;
     memoryBarrierBuffer();
     for (uint c = gl_LocalInvocationIndex; c < CX * VW && strip0 + c < n; c += CX * RL) {
         float total = 0.0;
