@@ -59,7 +59,7 @@ void main() {
     [[unroll]] for (uint e = 0u; e < VW; ++e) sums[ly][lx * VW + e] = acc[e];
     barrier();
 
-    // the strip's CX * VW columns, a thread each (and more where VW * CX > RL * CX)
+    // the strip's CX * VW columns, a thread each
     uint strip0 = gl_WorkGroupID.x * CX * VW;
     for (uint c = gl_LocalInvocationIndex; c < CX * VW; c += CX * RL) {
         float s = 0.0;
