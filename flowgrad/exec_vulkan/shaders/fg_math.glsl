@@ -126,7 +126,7 @@ float fg_relu(float x) { return (x > 0.0 || isnan(x)) ? x : 0.0; }   // NaN stay
 float fg_gelu(float x) { return x * fg_phi(x); }
 
 // d gelu / dx = Phi(x) + x phi(x)
-float fg_gelu_grad(float x) { return fg_phi(x) + x * exp(-0.5 * x * x) * 0.39894228040143268; }
+float fg_gelu_grad(float x) { return fg_phi(x) + x * exp(-0.5 * x * x) * FG_INV_SQRT_2PI; }
 
 float fg_gelu_tanh(float x) {
     float u = FG_SQRT_2_OVER_PI * (x + FG_GELU_C * x * x * x);
