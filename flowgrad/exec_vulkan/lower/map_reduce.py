@@ -116,6 +116,15 @@ def broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[in
     return strides
 
 
+def _chunk_buffers(rec, chunks: int, counters: int, n: int) -> tuple:
+    """(counts, pieces) of a sum cut into `chunks`: `counters` words, 0 at the start, and f32
+    pieces [chunks, n], which the last chunk to finish (by its counter) adds up in chunk order;
+    with one chunk, stand-ins the kernel never touches."""
+    if chunks == 1:
+        return rec.stand_in("i32"), rec.stand_in("f32")
+    return rec.counters(counters), rec.scratch((chunks, n), "f32")
+
+
 def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None,
                scale: float = 1.0, param: float = 0.0, reduce: str = "sum") -> None:
     """Record `out = scale * reduce(op(ins...))`.
@@ -146,10 +155,7 @@ def map_reduce(rec, op: MapOp, ins, out, space=None, reduce_axes=(), shapes=None
     interleaved = bool(dims) and not dims[-1][1]
     lanes = segment_lanes(R, n_out, interleaved)
     chunks = reduce_chunks(R, n_out, lanes)
-    if chunks == 1:
-        counts, pieces = rec.stand_in("i32"), rec.stand_in("f32")
-    else:   # the last chunk of each output to finish reduces its pieces into out
-        counts, pieces = rec.counters(n_out), rec.scratch((chunks, n_out), "f32")
+    counts, pieces = _chunk_buffers(rec, chunks, n_out, n_out)
     redmask = sum(1 << d for d, (_, red, _) in enumerate(dims) if red)
     code = (int(op) | REDUCE_OPS[reduce] << 8 | interleaved << 12 | len(dims) << 13 | redmask << 16
             | len(ins) << 22)
@@ -179,10 +185,7 @@ def column_sums(rec, ins, out, dims, R: int, scale: float) -> bool:
     chunks = max(1, min(-(-BUSY_THREADS // (strips * CX * RL)), R // (8 * RL), MAX_CHUNKS))
     rows = -(-R // chunks)
     chunks = -(-R // rows)
-    if chunks == 1:
-        counts, pieces = rec.stand_in("i32"), rec.stand_in("f32")
-    else:
-        counts, pieces = rec.counters(strips), rec.scratch((chunks, n), "f32")
+    counts, pieces = _chunk_buffers(rec, chunks, strips, n)
     rec.dispatch("col_sum", [ins[0], out, counts, pieces], push=[R, n // vw, chunks, rows, float(scale)],
                  groups=(strips, chunks, 1), variant=variant(out.dtype))
     return True
