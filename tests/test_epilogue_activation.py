@@ -367,33 +367,6 @@ minimize loss
     return node, ex.nodes[node.inputs[-1]], ins
 
 
-def test_split_k_partials_summed_with_the_activation_on_vulkan(vk_device):
-    """The pass that sums split-K's partials for the cooperative-matrix kernels (Epilogue.sum_parts):
-    the partials summed, the adds, h into the kept view, act(h) into the output."""
-    from flowgrad.exec_vulkan.lower.fused import _form, _sum_parts
-    from flowgrad.exec_vulkan.oneshot import OneShot
-    from flowgrad.ops import get_op
-
-    node, _pre, ins = _act_chain()
-    m, n = node.shape
-    # two partials: with the residual and the bias, the four inputs fused_map takes
-    parts = np.random.default_rng(3).normal(0, 1, (2, m, n)).astype(np.float32)
-    with OneShot(vk_device) as s:
-        views = [s.upload(x) for x in ins]
-        pv, pre, out = s.upload(parts), s.empty((m, n), "f32"), s.empty((m, n), "f32")
-        form = _form(node, views, out)
-        assert _sum_parts(node.attrs["steps"], views, form, pre)(s.rec, pv, out)
-        assert [c.shader for c in s.rec.commands if hasattr(c, "shader")] == ["fused_map"]
-        s.download(pre), s.download(out)
-        got_pre, got = s.run()
-    steps = node.attrs["steps"]
-    product = parts[0] + parts[1]
-    # the adds read the product as value len(ins), where it is appended here
-    want_pre = get_op("fused").forward(list(ins) + [product], {"steps": steps[1:-1]})
-    np.testing.assert_allclose(got_pre, want_pre, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(got, get_op("gelu").forward([want_pre], steps[-1][2]), rtol=1e-5, atol=1e-6)
-
-
 def test_the_gemm_stores_h_for_the_activations_gradient_on_vulkan(vk_device):
     """The chain's one GEMM stores gelu(h) and h itself into the node standing for h (its last
     input), which the backward's gelu derivative reads; that node records nothing of its own."""

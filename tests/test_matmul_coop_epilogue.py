@@ -157,6 +157,35 @@ def test_the_store_agrees_with_the_unfused_passes(vk_device, adds, act):
             assert ulps(fused, unfused, size) <= 1.0
 
 
+def test_split_k_partials_are_summed_in_f32_and_rounded_once(vk_device):
+    """A product split along K in two: its partials (each near +-190, their sum under 16) are
+    stored in f32 (the _p32 build), summed, then rounded once to f16, so the result is within an
+    f16 ulp (of 1 at least) of the float64 product; partials stored in f16 would each be up to
+    1/16 off. The GEMM leaves its epilogue to the caller, which runs it after the sum."""
+    from flowgrad.exec_vulkan.oneshot import OneShot
+
+    m, n, k = 16, 16, 1024
+    rng = np.random.default_rng(4)
+    a = rng.uniform(0.5, 1.0, (m, k)).astype(np.float16)
+    half = rng.uniform(0.0, 1.0, (k // 2, n))
+    b = np.concatenate([half, -half]).astype(np.float16)
+    bias = rng.uniform(-1, 1, n).astype(np.float16)
+    for shader in coop_shaders(vk_device):
+        with OneShot(vk_device) as s, mk.forced(shader, 2), dispatches() as seen:
+            av, bv, biv, cv = s.upload(a), s.upload(b), s.upload(bias), s.empty((m, n), "f16")
+            epi = linalg.Epilogue(None, biv)
+            assert linalg.gemm(s.rec, linalg.Operand(av, k, 1, ()), linalg.Operand(bv, n, 1, ()),
+                               linalg.Operand(cv, n, 1, ()), m, n, k, (), (), epi)
+            s.download(cv)
+            (got,) = s.run()
+        build = {**mk.COOPS, **mk.CM2S}[shader].shader_for(False, False, parts_f32=True)
+        assert seen[0][1] == build and not epi.applied, seen
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        assert np.abs(exact).max() < 16 and (a[:, :k // 2].astype(np.float64) @ half).min() > 100   # large partials
+        want = exact.astype(np.float16)
+        assert ulps(got, want, np.maximum(np.abs(exact), 1.0)) <= 1.0, shader
+
+
 def test_a_decoder_in_mixed_takes_its_epilogues_in_the_cooperative_gemm(vk_device):
     """tiny_gpt under dtype="mixed" with every GEMM on the cooperative-matrix build: each product
     chain of the forward (a @ wo + x, gelu(. @ w1 + b1), . @ w2 + b2 + x) is that one GEMM with

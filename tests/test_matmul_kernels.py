@@ -60,7 +60,7 @@ def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0, dispatc
     gemms = [s for s in shaders if s.startswith("matmul_")]
     if shader is not None:
         tile = {**mk.TILES, **mk.COOPS, **mk.CM2S}[shader]
-        builds = {tile.shader_for(a, b) for a in (False, True) for b in (False, True)}
+        builds = {tile.shader_for(a, b, p) for a in (False, True) for b in (False, True) for p in (False, tile.coop)}
         assert gemms and set(gemms) <= builds, shaders
     for name, x, y in zip(("out", "da", "db"), got, want):
         assert x.shape == y.shape and np.isfinite(x).all(), name

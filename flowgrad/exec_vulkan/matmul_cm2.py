@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from flowgrad.exec_vulkan.matmul_coop import with_parts
+
 BODY = "matmul_cm2.glsl"
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
@@ -51,13 +53,13 @@ def bf16_name(tile: str) -> str:
 
 def builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} for scripts/build_shaders.py (f16)."""
-    return {t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS}
+    return with_parts({t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS})
 
 
 def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} of the bf16 builds."""
-    return {f"{bf16_name(t.name)}_{lay}": (BODY, {**t.defines(lay), "BF16": 1})
-            for t in TILES.values() for lay in LAYOUTS}
+    return with_parts({f"{bf16_name(t.name)}_{lay}": (BODY, {**t.defines(lay), "BF16": 1})
+                       for t in TILES.values() for lay in LAYOUTS})
 
 
 def shader_names() -> list[str]:

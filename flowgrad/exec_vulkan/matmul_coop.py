@@ -29,9 +29,19 @@ def defines(tile: str, layout: str) -> dict[str, int]:
     return {**TILES[tile], "FIXED_A_KFAST": int(layout[0] == "n"), "FIXED_B_NFAST": int(layout[1] == "n")}
 
 
+def parts_name(stem: str) -> str:
+    """The build of `stem` that stores split-K's partials in f32 (PARTS_F32)."""
+    return f"{stem}_p32"
+
+
+def with_parts(table: dict) -> dict:
+    """`table`'s builds and each one's f32-partials build."""
+    return table | {parts_name(stem): (body, {**d, "PARTS_F32": 1}) for stem, (body, d) in table.items()}
+
+
 def builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} for scripts/build_shaders.py."""
-    return {f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS}
+    return with_parts({f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS})
 
 
 # the tiles with bf16 builds: FR 16, what NVIDIA's bf16 products take (no device offers bf16
@@ -45,7 +55,8 @@ def bf16_name(tile: str) -> str:
 
 def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} of the bf16 builds."""
-    return {f"{bf16_name(tile)}_{lay}": (BF16_BODY, defines(tile, lay)) for tile in BF16_TILES for lay in LAYOUTS}
+    return with_parts({f"{bf16_name(tile)}_{lay}": (BF16_BODY, defines(tile, lay))
+                       for tile in BF16_TILES for lay in LAYOUTS})
 
 
 def shader_names() -> list[str]:

@@ -53,7 +53,7 @@ SPECS_TEXT = {
                   "shape: u32[6], st0: u32[6], st1: u32[6], st2: u32[6]",
     **{name: MATMUL + ", epi: u32, fixup: u32, sdm: u32, pza: u32, pzb: u32, pzd: u32"
        for name in ("matmul_128x128_k8", "matmul_128x128_k16", "matmul_64x64_k16")},
-    "matmul_coop": MATMUL,
+    **dict.fromkeys(("matmul_coop", "matmul_coop_p32"), MATMUL),
     **{name: MATMUL for name in (*matmul_cm2.shader_names(), *matmul_coop.shader_names())},
     **dict.fromkeys(("norm", "norm_sg", "norm_vec"),
                     "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32"),

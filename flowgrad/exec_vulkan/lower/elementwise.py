@@ -38,8 +38,11 @@ def _map(op, param: str | None = None, activation=False, adds=False) -> Lowering
 
 
 def _cast_forward(rec, node, ins, out):
+    cast(rec, ins[0], out)
+
+
+def cast(rec, x, out):
     """out = x converted to out's dtype (same shape)."""
-    (x,) = ins
     n = math.prod(x.shape)
     if x.dtype == out.dtype:
         rec.copy(x, out)

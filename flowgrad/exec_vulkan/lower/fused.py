@@ -186,30 +186,6 @@ def epilogue_form(steps, in_shapes, out_shape) -> EpilogueForm | None:
                         list(roles) == ["bias", "residual"], act)
 
 
-def _sum_parts(steps, ins, form, pre):
-    """Epilogue.sum_parts for this chain: the partials summed in order, then
-    the chain's adds and activation (its input into `pre`), as one fused_map
-    program (when it has the inputs)."""
-    def record(rec, parts, c):
-        chunks, (m, n) = parts.shape[0], c.shape
-        extra = [k for k in (form.residual, form.bias) if k is not None]
-        if chunks + len(extra) > MAX_INPUTS:
-            return False
-        srcs = [parts.view(z * m * n, (m, n)) for z in range(chunks)]
-        srcs += [ins[k].reshape((m, n)) if k == form.residual else ins[k] for k in extra]
-        where = {k: chunks + j for j, k in enumerate(extra)}
-        # partial 0 + partial 1 + ..., then the chain's own steps on that sum
-        chain = [("add", (0, 1), {})] + [("add", (len(srcs) + z - 2, z), {}) for z in range(2, chunks)]
-        for op_name, refs, at in steps[1:]:
-            value = len(srcs) + len(chain) - 1
-            chain.append((op_name, tuple(where.get(r, value) for r in refs), at))
-        outs = [c] if pre is None else [pre.reshape((m, n)), c]
-        prog = forward_program(tuple(chain), len(srcs), pre=pre is not None)
-        run_program(rec, prog, {("x", k): v for k, v in enumerate(srcs)}, outs, (m, n))
-        return True
-    return record
-
-
 def _epilogue_forward(rec, node, ins, out, form):
     from flowgrad.exec_vulkan.lower.linalg import Epilogue
     from flowgrad.exec_vulkan.lower.matmul_kernels import store_takes_activation
@@ -221,9 +197,8 @@ def _epilogue_forward(rec, node, ins, out, form):
     dst, stored = (pre, attrs.evolve(form, act=None)) if apart else (out, form)
     act = 0 if stored.act is None else int(pointwise_of(form.act[0], form.act[2]).op)
     epi = Epilogue(None if form.residual is None else ins[form.residual],
-                   None if form.bias is None else ins[form.bias], form.bias_first,
-                   sum_parts=_sum_parts(steps[:-1] if apart else steps, ins, stored, None if apart else pre),
-                   act=act, pre=None if apart else pre)
+                   None if form.bias is None else ins[form.bias], form.bias_first, act=act,
+                   pre=None if apart else pre)
     op_name, refs, at = steps[0]
     product = attrs.evolve(node, op=op_name, inputs=tuple(node.inputs[r] for r in refs), attrs=at)
     LOWERINGS[op_name].forward(rec, product, [ins[r] for r in refs], dst, epilogue=epi)

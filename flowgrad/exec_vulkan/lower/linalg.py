@@ -19,6 +19,7 @@ import attrs
 
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
+from flowgrad.exec_vulkan.lower.elementwise import cast
 from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, variant
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, sum_to_shape
@@ -54,17 +55,13 @@ class Epilogue:
     EPI_ACT): adds `residual` laid out as C and `bias` over C's columns,
     in the order `bias_first` says, then, where `act` (a map op id) is set,
     stores that sum in `pre` and its activation in C. `applied` is set when
-    the GEMM did all of it (a batched GEMM, or split-K's partials where
-    sum_parts cannot, does not: the caller does it after)."""
+    the GEMM did all of it (a batched GEMM, or a cooperative-matrix GEMM split
+    along K, does not: the caller does it after)."""
 
     residual: object = None
     bias: object = None
     bias_first: bool = False
     applied: bool = False
-    # sum_parts(rec, parts, c) -> bool: records C = the sum of split-K's
-    # partials [chunks, m, n] with the epilogue, in one pass, where it can
-    # (for the kernels whose split-K sums in a later pass)
-    sum_parts: object = None
     act: int = 0
     pre: object = None
 
@@ -171,9 +168,9 @@ class _Gemm:
         """Each operand has a unit-stride dim (matmul_cm2 reads A along k or m, B along n or k, writes C's rows)."""
         return 1 in (self.a.rs, self.a.cs) and 1 in (self.b.rs, self.b.cs) and self.c.cs == 1
 
-    def shader(self, tile) -> str:
+    def shader(self, tile, parts_f32: bool = False) -> str:
         # A read along m when its unit stride is m's; B read along k when its unit stride is k's
-        return tile.shader_for(self.a.cs != 1, self.b.cs != 1)
+        return tile.shader_for(self.a.cs != 1, self.b.cs != 1, parts_f32)
 
     def push(self, tile=None) -> tuple:
         a, b, c = self.a, self.b, self.c
@@ -240,18 +237,15 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
 
 def _split_k(rec, g: _Gemm, choice, epilogue=None):
     """C = sum over K-chunks of the chunk products (cooperative-matrix kernels):
-    partials into scratch, then one sum (with the epilogue's adds, when its
-    sum_parts can)."""
+    partials in f32 into scratch, summed, then rounded once to C's dtype (the
+    caller applies an epilogue after)."""
     c, m, n = g.c, g.m, g.n
-    parts, part, _ = _split_parts(rec, g, choice)
-    rec.dispatch(part.shader(choice.tile), [g.a.view, g.b.view, parts, *_epilogue_views(rec, None, parts.dtype)],
-                 part.push(choice.tile), _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype),
-                 alone=True)
-    if epilogue is not None and epilogue.sum_parts is not None and c.rs == n:
-        epilogue.applied = bool(epilogue.sum_parts(rec, parts, c.view.reshape((m, n))))
-        if epilogue.applied:
-            return
-    sum_to_shape(rec, parts, c.view.reshape((m, n)))
+    parts, part, _ = _split_parts(rec, g, choice, "f32")
+    rec.dispatch(part.shader(choice.tile, parts_f32=True), [g.a.view, g.b.view, parts], part.push(choice.tile),
+                 _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype), alone=True)
+    total = rec.scratch((m, n), "f32")
+    sum_to_shape(rec, parts, total)
+    cast(rec, total, c.view.reshape((m, n)))
 
 
 def _expanded(rec, view, shape2, full):

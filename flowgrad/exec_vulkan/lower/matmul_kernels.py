@@ -32,7 +32,7 @@ import attrs
 from flowgrad.dtypes import HALF_DTYPES
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
-from flowgrad.exec_vulkan import matmul_cm2
+from flowgrad.exec_vulkan import matmul_cm2, matmul_coop
 from flowgrad.exec_vulkan.lower.generic import holding
 
 
@@ -50,9 +50,11 @@ class Tile:
     fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
     layouts: bool = False       # one build per operand layout (matmul_cm2.py, matmul_coop.py)
 
-    def shader_for(self, a_mfast: bool, b_kfast: bool) -> str:
-        """The build to dispatch: cm2 tiles and the KHR coop tiles have one per operand layout."""
-        return f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.layouts else self.shader
+    def shader_for(self, a_mfast: bool, b_kfast: bool, parts_f32: bool = False) -> str:
+        """The build to dispatch: cm2 tiles and the KHR coop tiles have one per operand layout;
+        parts_f32 (cooperative-matrix tiles): the build storing split-K's partials in f32."""
+        name = f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.layouts else self.shader
+        return matmul_coop.parts_name(name) if parts_f32 else name
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured

@@ -36,7 +36,13 @@
 layout(local_size_x = NT) in;
 layout(std430, set = 0, binding = 0) readonly buffer BufA { H a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { H b[]; };
+// PARTS_F32: C holds split-K's partials in f32 (the builds named _p32), which their sum
+// rounds once; such a build has no epilogue (the caller applies it after the sum)
+#ifdef PARTS_F32
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { float c[]; };
+#else
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
+#endif
 #include "gemm_epilogue_buffers.glsl"
 #include "gemm_push.glsl"
 // amode: every stride and offset is a multiple of 8; bmode, cvec unused
@@ -99,6 +105,9 @@ ACC adds(ACC v, ACC16 r, uint n0) {
 // The epilogue and the store of the output tile at m0, n0 through C's tensor layout `lay` (the
 // residual shares C's layout; h, the pre-activation value, too). A macro, not a function: an
 // interior tile passes a plain layout and an edge tile a clamped one, which are different types
+#ifdef PARTS_F32
+#define FINISH(lay) coopMatStoreTensorNV(acc, c, cbase, sliceTensorLayoutNV(lay, m0, BM, n0, BN));
+#else
 #define FINISH(lay) { \
     ACC16 r = ACC16(0.0); \
     if ((EPI_ADDS & 1u) != 0u) coopMatLoadTensorNV(r, res, cbase, sliceTensorLayoutNV(lay, m0, BM, n0, BN)); \
@@ -108,6 +117,7 @@ ACC adds(ACC v, ACC16 r, uint n0) {
         coopMatPerElementNV(acc, acc, activation); \
     } \
     coopMatStoreTensorNV(ACC16(acc), c, cbase, sliceTensorLayoutNV(lay, m0, BM, n0, BN)); }
+#endif
 
 void main() {
     // grouped tile order: GROUP_M consecutive workgroups share one column band

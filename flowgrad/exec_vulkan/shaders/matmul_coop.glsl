@@ -91,7 +91,13 @@ layout(local_size_x = NT) in;
 #ifndef GEMM_OPERANDS
 layout(std430, set = 0, binding = 0) readonly buffer BufA { uvec4 a8[]; };
 layout(std430, set = 0, binding = 1) readonly buffer BufB { uvec4 b8[]; };
+// PARTS_F32: C holds split-K's partials in f32 (the builds named _p32), which their sum
+// rounds once; such a build has no epilogue (the caller applies it after the sum)
+#ifdef PARTS_F32
+layout(std430, set = 0, binding = 2) writeonly buffer BufC { float c[]; };
+#else
 layout(std430, set = 0, binding = 2) writeonly buffer BufC { H c[]; };
+#endif
 #include "gemm_epilogue_buffers.glsl"
 #include "gemm_push.glsl"
 layout(push_constant, std430) uniform Push { GEMM_PUSH } p;   // amode, bmode, cvec unused: vectors always
@@ -341,9 +347,13 @@ void main() {
                 uint n = n0 + (wn * FN + j) * FRU;
                 if (m < p.M && n < p.N) {
                     uint at = cbase + m * p.scm + n;
+#ifdef PARTS_F32
+                    STORE_FRAG(acc[i][j], c, at, p.scm);
+#else
                     if (EPI_ADDS != 0u || EPI_ACT != 0u) acc[i][j] = epilogue(acc[i][j], at, n);
                     FRAG_OUT h = FRAG_OUT(acc[i][j]);
                     STORE_FRAG(h, c, at, p.scm);
+#endif
                 }
             }
         }
