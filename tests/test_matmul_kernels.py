@@ -165,6 +165,32 @@ def test_a_few_deep_batched_products_split_k_in_one_dispatch():
     assert 3 * 16 < 16 * gemm.groups[2] <= mk.SPLIT_TARGET["nvidia"]
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_every_split_cooperative_build_takes_the_dispatch_of_its_partials(dtype):
+    """Each cooperative-matrix tile split along K dispatches its _p32 build with the bindings that
+    build declares (matmul_cm2's keep the epilogue's, unread; the KHR builds' compiler drops
+    them), recorded without a device for every tile and operand layout."""
+    from flowgrad.exec_vulkan.lower import linalg
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    def view(shape):
+        return BufView(FakeBuffer(2 * int(np.prod(shape))), 0, shape, dtype)
+
+    tiles = {**mk.COOPS, **mk.CM2S}
+    for shader, tile in sorted(tiles.items()):
+        if tile.bf16 != (dtype == "bf16"):
+            continue
+        for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+            rec = Recorder(None)   # no device: each tile taken on trust
+            m, n, k = 64, 48, 2048
+            a = linalg.Operand(view((k, m)), 1, m, ()) if ta else linalg.Operand(view((m, k)), k, 1, ())
+            b = linalg.Operand(view((n, k)), 1, k, ()) if tb else linalg.Operand(view((k, n)), n, 1, ())
+            with mk.forced(shader, 2):
+                assert linalg.gemm(rec, a, b, linalg.Operand(view((m, n)), n, 1, ()), m, n, k, (), ())
+            gemm = next(c for c in rec.commands if hasattr(c, "shader") and c.shader.startswith("matmul_"))
+            assert gemm.shader == tile.shader_for(ta, tb, parts_f32=True), (shader, gemm.shader)
+
+
 @pytest.mark.parametrize("shader", sorted(mk.TILES))
 @pytest.mark.parametrize("w", [8, 7])   # D's rows and product strides vector-aligned, and not
 def test_a_batch_of_split_products_sums_each_its_own_chunks(vk_device, shader, w):

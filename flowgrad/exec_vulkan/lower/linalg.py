@@ -24,6 +24,7 @@ from flowgrad.exec_vulkan.lower.generic import coalesce, strided_copy, strides, 
 from flowgrad.exec_vulkan.lower import matmul_kernels as kernels
 from flowgrad.exec_vulkan.lower.map_reduce import broadcast_strides, sum_to_shape
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
+from flowgrad.exec_vulkan.spirv import shader_info
 
 
 @attrs.frozen
@@ -241,8 +242,11 @@ def _split_k(rec, g: _Gemm, choice, epilogue=None):
     caller applies an epilogue after)."""
     c, m, n = g.c, g.m, g.n
     parts, part, _ = _split_parts(rec, g, choice, "f32")
-    rec.dispatch(part.shader(choice.tile, parts_f32=True), [g.a.view, g.b.view, parts], part.push(choice.tile),
-                 _groups(choice.tile, m, n, part.nz), _variant(choice, c.view.dtype), alone=True)
+    shader, build = part.shader(choice.tile, parts_f32=True), _variant(choice, c.view.dtype)
+    # the epilogue's bindings, unread: the compiler keeps them in some builds (matmul_cm2's) and not in others
+    unread = _epilogue_views(rec, None, parts.dtype)[:shader_info(shader, build).bindings - 3]
+    rec.dispatch(shader, [g.a.view, g.b.view, parts, *unread], part.push(choice.tile),
+                 _groups(choice.tile, m, n, part.nz), build, alone=True)
     total = rec.scratch((m, n), "f32")
     sum_to_shape(rec, parts, total)
     cast(rec, total, c.view.reshape((m, n)))
