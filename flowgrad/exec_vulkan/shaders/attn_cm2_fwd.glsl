@@ -95,7 +95,7 @@ void main() {
                 LOAD_IDS(cid, ColIds);
                 [[unroll]] for (uint n = 0u; n < NB; ++n) {
                     FRAG_C x = s[f * NB + n];
-                    for (uint e = 0u; e < uint(x.length()); ++e) {
+                    [[unroll]] for (uint e = 0u; e < uint(x.length()); ++e) {
                         x[e] = LOG2E * masked(x[e] * p.scale, b, h, rf0 + uint(rid[e]), j0 + n * FR + uint(cid[e]));
                         top[e] = max(top[e], x[e]);
                     }
@@ -104,13 +104,13 @@ void main() {
             } else {
                 [[unroll]] for (uint n = 0u; n < NB; ++n) {
                     FRAG_C x = s[f * NB + n] * scale2;
-                    for (uint e = 0u; e < uint(x.length()); ++e) top[e] = max(top[e], x[e]);
+                    [[unroll]] for (uint e = 0u; e < uint(x.length()); ++e) top[e] = max(top[e], x[e]);
                     s[f * NB + n] = x;
                 }
             }
             FRAG_C mtile, mold = m[f], mnew, shift, corr;
             coopMatReduceNV(mtile, top, gl_CooperativeMatrixReduceRowNV, max_of);
-            for (uint e = 0u; e < uint(mnew.length()); ++e) {
+            [[unroll]] for (uint e = 0u; e < uint(mnew.length()); ++e) {
                 mnew[e] = max(mold[e], mtile[e]);
                 // while every score so far is -inf, shift by 0 so exp2() gives 0, not NaN
                 shift[e] = mnew[e] == NEG_INF ? 0.0 : mnew[e];
@@ -121,7 +121,7 @@ void main() {
             [[unroll]] for (uint d = 0u; d < ND; ++d) acc[f * ND + d] = acc[f * ND + d] * corr;
             [[unroll]] for (uint n = 0u; n < NB; ++n) {
                 FRAG_C x = s[f * NB + n];
-                for (uint e = 0u; e < uint(x.length()); ++e) x[e] = exp2(x[e] - shift[e]);
+                [[unroll]] for (uint e = 0u; e < uint(x.length()); ++e) x[e] = exp2(x[e] - shift[e]);
                 lf += x;
                 s[f * NB + n] = x;
             }
@@ -144,7 +144,7 @@ void main() {
     [[unroll]] for (uint f = 0u; f < RF; ++f) {
         FRAG_C lsum, mf = m[f], inv;
         coopMatReduceNV(lsum, l[f], gl_CooperativeMatrixReduceRowNV, sum_of);
-        for (uint e = 0u; e < uint(lsum.length()); ++e) {
+        [[unroll]] for (uint e = 0u; e < uint(lsum.length()); ++e) {
             float ls = lsum[e];
             uint row = r0 + f * FR + uint(rid[e]);
             if (uint(cid[e]) == 0u && row < p.sq) {   // one element per row saves the row's statistics

@@ -94,19 +94,19 @@ void main() {
             if (p.mask_mode != 0u || i0 + BC > p.sq || (p.causal != 0u && i0 + 1u < j0 + (sg + 1u) * FR)) {
                 FRAG_C rid;
                 LOAD_IDS(rid, RowIds);
-                for (uint e = 0u; e < uint(s.length()); ++e)
+                [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e)
                     s[e] = LOG2E * masked(s[e] * p.scale, b, h, i0 + n * FR + uint(cid[e]), j0 + sg * FR + uint(rid[e]));
             } else {
                 s = s * scale2;
             }
-            for (uint e = 0u; e < uint(s.length()); ++e) {
+            [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint c = n * FR + uint(cid[e]);
                 float pij = exp2((s[e] - Ms[c]) - LLs[c]);
                 s[e] = pij;
                 dp[e] = pij * (dp[e] - Ds[c]);
             }
 #else
-            for (uint e = 0u; e < uint(s.length()); ++e) {
+            [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint c = n * FR + uint(cid[e]);
                 float pij = exp(masked(s[e] * p.scale, b, h, i0 + c, j0 + sg * FR + uint(rid[e])) - Ms[c] - LLs[c]);
                 s[e] = pij;

@@ -53,7 +53,7 @@ void main() {
     {
         FRAG_C rid;
         LOAD_IDS(rid, RowIds);
-        for (uint e = 0u; e < uint(rid.length()); ++e) {
+        [[unroll]] for (uint e = 0u; e < uint(rid.length()); ++e) {
             uint own = sg * FR + uint(rid[e]);
             m2[e] = Mrow[own] * LOG2E;
             ll2[e] = LLrow[own] * LOG2E;
@@ -95,15 +95,15 @@ void main() {
                 FRAG_C rid, cid;
                 LOAD_IDS(rid, RowIds);
                 LOAD_IDS(cid, ColIds);
-                for (uint e = 0u; e < uint(s.length()); ++e)
+                [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e)
                     s[e] = LOG2E * masked(s[e] * p.scale, b, h, i0 + sg * FR + uint(rid[e]), j0 + n * FR + uint(cid[e]));
             } else {
                 s = s * scale2;
             }
-            for (uint e = 0u; e < uint(s.length()); ++e) s[e] = exp2((s[e] - m2[e]) - ll2[e]);
+            [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e) s[e] = exp2((s[e] - m2[e]) - ll2[e]);
             s = s * (dp - drow);
 #else
-            for (uint e = 0u; e < uint(s.length()); ++e) {
+            [[unroll]] for (uint e = 0u; e < uint(s.length()); ++e) {
                 uint own = sg * FR + uint(rid[e]);
                 float pij = exp(masked(s[e] * p.scale, b, h, i0 + own, j0 + n * FR + uint(cid[e])) - Mrow[own] - LLrow[own]);
                 s[e] = pij * (dp[e] - Drow[own]);
