@@ -112,7 +112,7 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
     if choice.chunks > 1 and choice.tile.coop:
-        _split_k(rec, g, choice, epilogue)   # it applies the epilogue where it can
+        _split_k(rec, g, choice)   # the epilogue stays unapplied: the caller runs it after the sum
         return True
     if choice.chunks > 1:
         _split_k_fixup(rec, g, choice, epi)
@@ -236,7 +236,7 @@ def _split_k_fixup(rec, g: _Gemm, choice, epi):
                  _variant(choice, c.dtype), spec=part.spec(choice.tile, epi))
 
 
-def _split_k(rec, g: _Gemm, choice, epilogue=None):
+def _split_k(rec, g: _Gemm, choice):
     """C = sum over K-chunks of the chunk products (cooperative-matrix kernels):
     partials in f32 into scratch, summed, then rounded once to C's dtype (the
     caller applies an epilogue after)."""
