@@ -318,3 +318,44 @@ def test_bf16_coop_gemm_against_float64(vk_device, shape):
         for name, x, w in zip(("out", "da", "db"), got, want):
             err = np.linalg.norm(x - w) / np.linalg.norm(w)
             assert err < 1e-2, f"{name} ({tile.shader}): relative error {err:.2e}"   # bf16 storage: 2**-9
+
+
+def test_bf16_gradients_stay_in_bf16_and_step_as_if_widened(vk_device, monkeypatch):
+    # the step keeps a param's gradient in bf16 (no cast back to f32, no f32 copy): the update
+    # reads it widened and the host reads it back as f32, so a training step and the gradients
+    # read back are exactly those of the step that casts each gradient to f32 first
+    from flowgrad.exec_vulkan import step_plan
+    from flowgrad.exec_vulkan.recorder import Recorder
+    from flowgrad.training.optim import Adam
+
+    dispatch, shaders = Recorder.dispatch, []   # (shader, push) of every dispatch recorded
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, views, push=(), *a, **k: (
+        shaders.append((shader, tuple(push))), dispatch(rec, shader, views, push, *a, **k))[1])
+
+    src, config = MODEL_CASES["tiny_gpt"]
+    model = fg.load(src, config)
+    feeds = feeds_for(model.graph)
+    results = {}
+    for narrow in (True, False):
+        if not narrow:
+            monkeypatch.setattr(step_plan, "_bf16_grads", lambda graph, seed, grads: grads)
+        shaders.clear()
+        sess = model.compile(device="vulkan", dtype="mixed", mixed="bf16", backward="graph", seed=0)
+        assert sess.last_path == "graph"
+        step = sess.plan.training
+        kinds = {step.graph.nodes[i].dtype for name, i in step.grads.items()}
+        assert kinds == ({"bf16"} if narrow else {"f32"}), kinds
+        opt = Adam(lr=1e-2)
+        losses = [sess.step(feeds, optimizer=opt).loss for _ in range(2)]
+        # no gradient cast back to f32 (cast_f16's direction 1) where they stay in bf16
+        back = sum(1 for shader, push in shaders if shader == "cast_f16" and push[1] == 1)
+        assert (back == 0) == narrow, back
+        assert ("adam_multi_bf16_grads" in {shader for shader, _ in shaders}) == narrow
+        results[narrow] = (losses, {k: v.copy() for k, v in sess.params.items()}, sess.step(feeds).grads)
+        sess.close()
+    (l1, p1, g1), (l0, p0, g0) = results[True], results[False]
+    assert l1 == l0
+    for k in p0:
+        np.testing.assert_array_equal(p1[k], p0[k], err_msg=k)
+        assert g1[k].dtype == np.float32
+        np.testing.assert_array_equal(g1[k], g0[k], err_msg=k)

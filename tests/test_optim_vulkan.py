@@ -15,8 +15,9 @@ pytestmark = pytest.mark.vulkan
 SHAPES = {"w": (37, 19), "b": (19,), "big": (MAX_GROUPS * 256 + 300,)}  # big: the grid-stride loop wraps
 
 
-def device_steps(device, opt, params, grads_per_step, dtype):
-    """Run the optimizer's recorded update on the device for each step's grads; returns params and state."""
+def device_steps(device, opt, params, grads_per_step, dtype, grad_dtype=None):
+    """Run the optimizer's recorded update on the device for each step's grads (stored in
+    grad_dtype, default the params' dtype); returns params and state."""
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.exec_vulkan.optim_records import update_record
 
@@ -25,7 +26,7 @@ def device_steps(device, opt, params, grads_per_step, dtype):
     for step, grads in enumerate(grads_per_step, start=1):
         with OneShot(device) as s:
             pv = {k: s.upload(v, dtype) for k, v in params.items()}
-            gv = {k: s.upload(v, dtype) for k, v in grads.items()}
+            gv = {k: s.upload(v, grad_dtype or dtype) for k, v in grads.items()}
             sv = {k: {n: s.upload(a, "f32") for n, a in st.items()} for k, st in state.items()}
             hv = s.upload(opt.hyper(step), "f32")
             update_record(opt)(s.rec, pv, gv, sv, hv)

@@ -4,7 +4,8 @@ float64 and the scalar kernels, taken only where a row is a whole number of vect
 pointwise chains over contiguous inputs (fused_map_vec, VECTOR_MAPS) and mixed precision's
 batched casts (cast_f16_multi_vec, VECTOR_CASTS), whole vectors and a tail, in a model's step
 against the scalar kernels'; and Adam's f32 update (adam_multi_vec, VECTOR_ADAM) against the
-scalar kernel's and numpy's."""
+scalar kernel's and numpy's, and with mixed precision's bf16 gradients (adam_multi_bf16_grads)
+against the same update of their values in f32."""
 from __future__ import annotations
 
 import numpy as np
@@ -312,3 +313,33 @@ def test_adam_in_vectors_and_tails(vk_device, monkeypatch, name, clip):
             scale = float(np.abs(host).max())
             np.testing.assert_allclose(vec, host, rtol=1e-5, atol=1e-6 * scale, err_msg=k)
             np.testing.assert_allclose(vec, plain, rtol=1e-6, atol=1e-6 * scale, err_msg=k)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_an_update_reads_bf16_gradients_as_their_values(vk_device, monkeypatch, name, clip):
+    # mixed precision in bf16 hands the update its gradients in bf16 beside f32 params: Adam reads
+    # them in its vector kernel, any other update after a cast to f32; either way the params and
+    # moments are exactly those of the same gradients' values given in f32
+    from test_optim_vulkan import device_steps
+
+    from flowgrad.training.optim import SGD, Adam, AdamW
+
+    shapes = {"w": (300, 7), "a": (7, 13), "c": (16,), "d": (3,)}
+    rng = np.random.default_rng(12)
+    params = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()}
+    grads = [{k: round_bf16(rng.normal(0, 0.1, s).astype(np.float32)) for k, s in shapes.items()} for _ in range(3)]
+    opt = lambda: {"adam": Adam, "adamw": AdamW, "sgd": SGD}[name](   # noqa: E731
+        lr=0.05, weight_decay=0.3, clip=clip, **({"momentum": 0.9} if name == "sgd" else {}))
+    shaders = recorded_shaders(monkeypatch)
+    narrow = device_steps(vk_device, opt(), params, grads, "f32", grad_dtype="bf16")
+    taken = list(shaders)
+    wide = device_steps(vk_device, opt(), params, grads, "f32")
+    if name == "sgd":
+        assert "cast_f16" in taken
+    else:
+        assert "adam_multi_bf16_grads" in taken and "cast_f16" not in taken, taken
+    for k in shapes:
+        np.testing.assert_array_equal(narrow[0][k], wide[0][k], err_msg=k)
+        for m, v in narrow[1][k].items():
+            np.testing.assert_array_equal(v, wide[1][k][m], err_msg=f"{k} {m}")

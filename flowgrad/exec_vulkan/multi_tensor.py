@@ -26,13 +26,13 @@ def fits(rec, bindings: int) -> bool:
     return not limit or bindings <= limit
 
 
-def batches(items: list, slots: int, view_of, largest_first: bool = True) -> list[list]:
-    """`items` in lists of at most `slots`, one dtype per list, largest
-    first (or in their order); view_of(item) is the item's BufView (its
-    shape and dtype)."""
+def batches(items: list, slots: int, view_of, largest_first: bool = True, part=None) -> list[list]:
+    """`items` in lists of at most `slots`, one dtype per list (and one
+    part(item), where given), largest first (or in their order); view_of(item)
+    is the item's BufView (its shape and dtype)."""
     by_dtype: dict = {}
     for t in items:
-        by_dtype.setdefault(view_of(t).dtype, []).append(t)
+        by_dtype.setdefault((view_of(t).dtype, part and part(t)), []).append(t)
     out = []
     for group in by_dtype.values():
         if largest_first:

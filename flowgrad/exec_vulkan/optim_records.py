@@ -30,18 +30,21 @@ def groups_for(n: int) -> int:
 class UpdateShaders:
     """shader(optimizer): the one-param update's shader; multi: the shader
     that updates up to `slots` params per dispatch, if there is one; multi_vec:
-    multi's build for f32 params in 16-byte vectors (VECTOR_ADAM), if there is one."""
+    multi's build for f32 params in 16-byte vectors (VECTOR_ADAM), if there is one;
+    bf16_grads: multi_vec's build reading bf16 gradients, if there is one (any
+    other update reads its gradients widened to its params' dtype first)."""
 
     shader: object
     multi: str | None = None
     slots: int = 0
     multi_vec: str | None = None
+    bf16_grads: str | None = None
 
 
 UPDATES = {
     "sgd": UpdateShaders(lambda opt: "sgd_momentum" if opt.STATE else "sgd"),
-    "adam": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec"),
-    "adamw": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec"),
+    "adam": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec", "adam_multi_bf16_grads"),
+    "adamw": UpdateShaders(lambda opt: "adam", "adam_multi", 7, "adam_multi_vec", "adam_multi_bf16_grads"),
 }
 
 
@@ -58,7 +61,22 @@ def update_record(optimizer):
     if own is None:
         return None
     return lambda rec, params, grads, state, hyper, skip=None: own(
-        rec, params, grads, state, hyper, *([] if skip is None else [skip]))
+        rec, params, widened(rec, params, grads), state, hyper, *([] if skip is None else [skip]))
+
+
+def widened(rec, params, grads, names=None) -> dict:
+    """grads, those of `names` (default all) whose dtype is not their param's
+    (mixed precision's bf16 gradients beside f32 params) cast to scratch of
+    the param's dtype, for an update that reads its params' dtype."""
+    from flowgrad.exec_vulkan.lower.elementwise import cast
+
+    out = dict(grads)
+    for name in grads if names is None else names:
+        p, g = params[name], grads[name]
+        if g.dtype != p.dtype:
+            out[name] = rec.scratch(g.shape, p.dtype)
+            cast(rec, g, out[name])
+    return out
 
 
 def record_update(opt, shaders: UpdateShaders, rec, params, grads, state, hyper, skip=None) -> None:
@@ -79,6 +97,7 @@ def record_update(opt, shaders: UpdateShaders, rec, params, grads, state, hyper,
             names = [name for name in params if opt.row(name) == k]
             _record_batched(opt, shaders, rec, {name: params[name] for name in names}, grads, state, row, scale)
         return
+    grads = widened(rec, params, grads)
     for name, p in params.items():
         n = math.prod(p.shape)
         bufs = [p, grads[name]] + [state[name][k] for k in opt.STATE] + [rows[opt.row(name)], scale]
@@ -103,17 +122,23 @@ def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> No
     from flowgrad.exec_vulkan.lower.generic import vector_width
     from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
 
-    for batch in batches(list(params), shaders.slots, lambda name: params[name]):
-        dtype = params[batch[0]].dtype
+    # a batch's params share a dtype and so do their gradients
+    for batch in batches(list(params), shaders.slots, lambda name: params[name],
+                         part=lambda name: grads[name].dtype):
+        dtype, narrow = params[batch[0]].dtype, grads[batch[0]].dtype != params[batch[0]].dtype
         shader, groups = shaders.multi, groups_for
         vw = vector_width(rec, dtype) if VECTOR_ADAM and shaders.multi_vec and dtype == "f32" else None
         if vw:   # each invocation a step of vw elements
             shader, groups = shaders.multi_vec, lambda n: groups_for(-(-n // vw))
+        if narrow and vw and shaders.bf16_grads and grads[batch[0]].dtype == "bf16":
+            shader = shaders.bf16_grads
+        elif narrow:
+            grads = widened(rec, params, grads, batch)
         bufs = [hyper, scale]
         for name in batch:
             bufs += [params[name], grads[name]] + [state[name][k] for k in opt.STATE]
         for _ in range(shaders.slots - len(batch)):
-            bufs += [rec.stand_in(dtype), rec.stand_in(dtype)]
+            bufs += [rec.stand_in(dtype), rec.stand_in(grads[batch[0]].dtype)]
             bufs += [rec.stand_in("f32") for _k in opt.STATE]
         n, first, total = slot_push([math.prod(params[name].shape) for name in batch], shaders.slots, groups)
         rec.dispatch(shader, bufs, push=(*n, *first), groups=(total, 1, 1),

@@ -36,7 +36,7 @@ CONV = ("N: u32, C: u32, H: u32, W: u32, O: u32, OH: u32, OW: u32, KH: u32, KW: 
 SPECS_TEXT = {
     "accumulate": "n: u32",
     "adam": "n: u32",
-    **dict.fromkeys(("adam_multi", "adam_multi_vec"), "n: u32[7], first: u32[8]"),
+    **dict.fromkeys(("adam_multi", "adam_multi_vec", "adam_multi_bf16_grads"), "n: u32[7], first: u32[8]"),
     "axpy": "n: u32, a: f32",
     "col_sum": "R: u32, nv: u32, chunks: u32, rows: u32, scale: f32",
     "cast": "n: u32, dir: u32",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowgrad.autodiff import backward_graph
+from flowgrad.autodiff import backward_graph, compact
 from flowgrad.errors import FlowError
 from flowgrad.exec_vulkan.fusion import Fusion, fuse, no_fusion, split_products
 from flowgrad.exec_vulkan.memory import MemoryPlan, plan_memory
@@ -48,13 +48,30 @@ def step_plan(graph: Graph, backward: bool = True, grad_inputs: bool = False, fu
             wrt |= {name: i for name, i in graph.inputs.items() if graph.nodes[i].dtype != "i32"}
         sg = backward_graph(graph, list(wrt.values()))
         graph, seed = sg.graph, sg.seed
-        grads = {name: sg.grads[i] for name, i in wrt.items()}
+        grads = _bf16_grads(graph, seed, {name: sg.grads[i] for name, i in wrt.items()})
     if memory_budget is None:
         fused, memory = _planned(graph, tuple(grads.values()), fusion)
     else:
         graph, grads, fused, memory, redone = _fit(graph, seed, grads, memory_budget, fusion)
     fused.splits = splits + fused.splits
     return StepPlan(fused.graph, fused, grads, seed, memory, redone)
+
+
+def _bf16_grads(graph: Graph, seed: int, grads: dict) -> dict:
+    """Mixed precision in bf16 casts each gradient back to f32 as its last
+    node; the gradients stay in bf16 instead, and what reads them widens
+    them (exactly): the optimizer's update as it loads them, the host as it
+    reads them back. The step then keeps no f32 copy of every gradient and
+    makes no pass to write one. (f16's gradients are unscaled in f32, so
+    theirs stay cast.)"""
+    narrow = {}
+    for name, i in grads.items():
+        node = graph.nodes[i]
+        src = graph.nodes[node.inputs[0]] if node.op == "cast" else None
+        narrow[name] = src.id if src is not None and src.dtype == "bf16" and node.dtype == "f32" else i
+    if narrow == grads:
+        return grads
+    return dict(zip(narrow, compact(graph, seed + 1, list(narrow.values()))))
 
 
 def _planned(graph: Graph, keep: tuple, fusion: bool, tight: bool = False):
