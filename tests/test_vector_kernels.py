@@ -343,3 +343,31 @@ def test_an_update_reads_bf16_gradients_as_their_values(vk_device, monkeypatch, 
         np.testing.assert_array_equal(narrow[0][k], wide[0][k], err_msg=k)
         for m, v in narrow[1][k].items():
             np.testing.assert_array_equal(v, wide[1][k][m], err_msg=f"{k} {m}")
+
+
+@pytest.mark.parametrize("limit", [None, 14])
+def test_batched_adam_gives_a_large_param_the_grid_it_needs(vk_device, monkeypatch, limit):
+    # a param of 1.1M elements (1075 workgroups of 256 vectors) gets them all beside small ones,
+    # not MAX_GROUPS; with the grid limit shrunk to 2 workgroups a slot, each invocation walks
+    # many vectors. Either way the update is the host's
+    from test_optim_vulkan import device_steps, host_steps
+
+    from flowgrad.exec_vulkan import optim_records
+    from flowgrad.exec_vulkan.recorder import Recorder
+    from flowgrad.training.optim import Adam
+
+    if limit:
+        monkeypatch.setattr(optim_records, "GRID_LIMIT", limit)
+    grids = []
+    dispatch = Recorder.dispatch
+    monkeypatch.setattr(Recorder, "dispatch", lambda rec, shader, bufs, push=(), groups=(1, 1, 1), *a, **k: (
+        grids.append((shader, groups[0])), dispatch(rec, shader, bufs, push, groups, *a, **k))[1])
+    shapes = {"w": (1100, 1000), "c": (16,), "d": (3,)}
+    rng = np.random.default_rng(5)
+    params = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()}
+    grads = [{k: rng.normal(0, 0.1, s).astype(np.float32) for k, s in shapes.items()} for _ in range(2)]
+    got = device_steps(vk_device, Adam(lr=0.05), params, grads, "f32")
+    want = host_steps(Adam(lr=0.05), params, grads)
+    assert grids[0] == ("adam_multi_vec", (2 + 1 + 1) if limit else (1075 + 1 + 1)), grids
+    for k in shapes:
+        np.testing.assert_allclose(got[0][k], want[0][k], rtol=1e-5, atol=1e-5, err_msg=k)

@@ -27,8 +27,8 @@ from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
 from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, depends, touched
 from flowgrad.exec_vulkan.lower import lowering_for
-from flowgrad.exec_vulkan.multi_tensor import merge_casts, record_unscale
-from flowgrad.exec_vulkan.optim_records import groups_for, update_record
+from flowgrad.exec_vulkan.multi_tensor import CAST_SLOTS, merge_casts, record_unscale
+from flowgrad.exec_vulkan.optim_records import groups_for, slot_groups_for, update_record
 from flowgrad.graph import Graph, fill_value
 from flowgrad.exec_vulkan.memory import MemoryPlan
 from flowgrad.exec_vulkan.step_plan import step_plan
@@ -100,7 +100,7 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     if optimizer_record is not None:
         with rec.section("optimizer", "optimizer"):
             optimizer_record(rec)
-    merge_casts(rec, groups_for)
+    merge_casts(rec, slot_groups_for(CAST_SLOTS))
     # a block's unscale as soon as its gradients are final, and with it their read-back
     hoist(rec.commands, scaling)
     place_after_last_writer(rec.commands, early, readback.GROUP_BYTES)
