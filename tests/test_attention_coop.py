@@ -31,12 +31,22 @@ def coop(vk_device, monkeypatch, request):
     forced onto cooperative matrices (skips where the device has no build):
     their VK_KHR_cooperative_matrix builds (khr), or where a kernel has one,
     its build with VK_NV_cooperative_matrix2's reductions and conversions (cm2)."""
+    yield from spied(vk_device, monkeypatch, request.param)
+
+
+@pytest.fixture
+def cm2(vk_device, monkeypatch):
+    """coop's cm2 build alone."""
+    yield from spied(vk_device, monkeypatch, "cm2")
+
+
+def spied(vk_device, monkeypatch, build):
     info = vk_device.info
     why = None
     if attn_low.coop_build(info, 8) is None:
         why = (f"{info.name} has no cooperative-matrix attention build (VK_KHR_cooperative_matrix f16 "
                f"sizes {info.coopmat_khr_sizes}, subgroup size {info.subgroup_size})")
-    elif request.param == "cm2" and not info.cm2_fragment_ops:
+    elif build == "cm2" and not info.cm2_fragment_ops:
         why = f"{info.name} lacks VK_NV_cooperative_matrix2's reductions and conversions"
     if why:
         if os.environ.get(COOP_ENV) == "1":
@@ -51,7 +61,7 @@ def coop(vk_device, monkeypatch, request):
         return dispatch(self, shader, *args, **kwargs)
 
     monkeypatch.setattr(Recorder, "dispatch", spy)
-    with attn_low.forced_coop(True), attn_low.forced_cm2(request.param == "cm2"):
+    with attn_low.forced_coop(True), attn_low.forced_cm2(build == "cm2"):
         yield shaders
 
 
@@ -126,13 +136,40 @@ def test_fully_masked_rows_give_zero_output_and_gradient(kernels, coop, kind, ca
     assert_masked_rows_zero(*coop_check(kernels, coop, ins, {"heads": 2, "causal": causal}), causal)
 
 
+@pytest.mark.parametrize("batch, sq, d, heads, causal, mask", [
+    (2, 70, 128, 2, True, None), (1, 200, 64, 1, False, None), (3, 37, 192, 3, True, None),
+    (2, 9, 128, 2, False, "additive"), (2, 40, 128, 2, True, "boolean")], ids=str)
+def test_the_wide_forward(kernels, cm2, monkeypatch, batch, sq, d, heads, causal, mask):
+    # the wide build's rows (RF row fragments a subgroup, 32-key tiles) past tile edges, with masks;
+    # the grid bound lowered so that these small grids take it
+    monkeypatch.setattr(attn_low, "WIDE_FWD_MIN_GROUPS", 1)
+    rng = np.random.default_rng(sq + d)
+    ins = qkv(rng, batch, sq, sq, d) + ([mask_of(rng, mask, (batch, heads, sq, sq))] if mask else [])
+    check(kernels, f16(ins), {"heads": heads, "causal": causal}, np.float16)
+    forwards = [s for s in cm2 if kernel_of(s).startswith("fwd")]
+    assert forwards and all(s.startswith("attn_cm2_fwd_wide_d64_") for s in forwards), cm2
+
+
+def test_the_wide_forward_takes_only_large_grids(vk_device, cm2):
+    from flowgrad.exec_vulkan.attention_builds import CM2_WIDE_FWD, WIDE_FWD_MIN_GROUPS, cm2_rows
+
+    info = vk_device.info
+    fr, sg, _maxd = attn_low.coop_build(info, 64, cm2=True)
+    rows = cm2_rows(fr, sg, 64, "fwd_wide")
+    planes = -(-WIDE_FWD_MIN_GROUPS // 4)   # 4 workgroups' rows in each
+    assert attn_low._wide_forward(info, fr, sg, 64, 4 * rows, planes) == ((fr, sg) in CM2_WIDE_FWD)
+    assert not attn_low._wide_forward(info, fr, sg, 64, 4 * rows - rows, planes)
+    assert not attn_low._wide_forward(info, fr, sg, 32, 1 << 20, 1 << 10)   # no wide build at that bound
+
+
 def test_the_builds_fit_shared_memory_and_exist():
-    from flowgrad.exec_vulkan.attention_builds import (COOP_SHARED_LIMIT, COOP_TILES, cm2_builds, cm2_rows,
-                                                       cm2_shared_bytes, coop_builds, coop_shared_bytes)
+    from flowgrad.exec_vulkan.attention_builds import (CM2_WIDE_FWD, COOP_SHARED_LIMIT, COOP_TILES, cm2_builds,
+                                                       cm2_rows, cm2_shared_bytes, coop_builds, coop_shared_bytes)
     from flowgrad.exec_vulkan.spirv import spv_path
 
     for builds, size in ((coop_builds(), coop_shared_bytes), (cm2_builds(), cm2_shared_bytes)):
-        assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values())
+        wide = sum(len(b) for b in CM2_WIDE_FWD.values()) if size is cm2_shared_bytes else 0
+        assert len(builds) == sum(len(b) * 3 for b in COOP_TILES.values()) + wide
         for stem, (_body, d) in builds.items():
             assert size(kernel_of(stem), d["MAXD"], d["FR"], d["NSG"], d["BC"]) <= COOP_SHARED_LIMIT
             assert spv_path(stem).exists()
@@ -232,9 +269,10 @@ def bf16_attention(device, ins, attrs, together: bool):
     return got[0], [got[1][a:b].reshape(x.shape) for a, b, x in zip(sizes, sizes[1:], (q, k, v))], g, shaders
 
 
-def bf16_check(coop_bf16, ins, attrs):
+def bf16_check(coop_bf16, ins, attrs, forward="fwd"):
     """bf16 attention (both recordings) against float64 numpy of the same bf16 values, after
-    asserting that every kernel with a cooperative-matrix build ran its bf16 one (khr or cm2)."""
+    asserting that every kernel with a cooperative-matrix build ran its bf16 one (khr or cm2),
+    the forward the build `forward` (fwd or fwd_wide)."""
     from flowgrad.dtypes import round_bf16
     from tests.test_attention_vulkan import ATT
 
@@ -246,7 +284,7 @@ def bf16_check(coop_bf16, ins, attrs):
     for together in (True, False):
         out, grads, g, shaders = bf16_attention(device, ins, attrs, together)
         coop = [s for s in shaders if "_fr" in s]
-        assert {kernel_of(s) for s in coop} == {"fwd", "bwd_dq", "bwd_dkdv"}, shaders
+        assert {kernel_of(s) for s in coop} == {forward, "bwd_dq", "bwd_dkdv"}, shaders
         assert all(s.endswith("_bf16") and s.startswith("attn_cm2_") == (build == "cm2") for s in coop), shaders
         assert all(s.startswith("attn_bwd_stats") for s in shaders if "_fr" not in s), shaders
         want = ATT.vjp(g.astype(np.float64), wide, ref, attrs)
@@ -274,6 +312,14 @@ def test_bf16_sequence_lengths(coop_bf16, batch, sq, sk, d, heads, causal):
     bf16_check(coop_bf16, qkv(np.random.default_rng(sq * 7 + sk), batch, sq, sk, d), {"heads": heads, "causal": causal})
 
 
+@pytest.mark.parametrize("coop_bf16", ["cm2"], indirect=True)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_wide_forward(coop_bf16, monkeypatch, causal):
+    monkeypatch.setattr(attn_low, "WIDE_FWD_MIN_GROUPS", 1)   # these small grids take it
+    ins = qkv(np.random.default_rng(129), 2, 129, 129, 128)
+    bf16_check(coop_bf16, ins, {"heads": 2, "causal": causal}, forward="fwd_wide")
+
+
 @pytest.mark.parametrize("kind", ["additive", "boolean"])
 def test_bf16_masks(coop_bf16, kind):
     rng = np.random.default_rng(5)
@@ -287,7 +333,8 @@ def test_bf16_fully_masked_rows_give_zero_output_and_gradient(coop_bf16, causal)
 
 
 def test_the_bf16_builds_exist_and_follow_the_device():
-    from flowgrad.exec_vulkan.attention_builds import BF16_SHAPES, COOP_TILES, bf16_builds, cm2_builds, coop_builds
+    from flowgrad.exec_vulkan.attention_builds import (BF16_SHAPES, CM2_WIDE_FWD, COOP_TILES, bf16_builds,
+                                                       cm2_builds, coop_builds)
     from flowgrad.exec_vulkan.discovery import DeviceInfo
     from flowgrad.exec_vulkan.spirv import spv_path
 
@@ -298,7 +345,7 @@ def test_the_bf16_builds_exist_and_follow_the_device():
         assert {k: v for k, v in defines.items() if k != "BF16"} == {k: v for k, v in f16[sibling][1].items()
                                                                       if k != "F16"}
         assert (defines["FR"], defines["SG"]) in BF16_SHAPES
-    assert len(bf16_builds()) == 2 * sum(len(COOP_TILES[s]) * 3 for s in BF16_SHAPES)
+    assert len(bf16_builds()) == sum(2 * len(COOP_TILES[s]) * 3 + len(CM2_WIDE_FWD.get(s, {})) for s in BF16_SHAPES)
 
     def dev(f16_sizes, bf16_sizes, lacks="", sg=32):
         return DeviceInfo(0, "d", "discrete", 1, True, True, coopmat_khr_sizes=f16_sizes, subgroup_size=sg,

@@ -56,6 +56,13 @@ COOP_TILES = {
 # head-width bound: its workgroup owns NSG * RF * FR rows (the backward passes' own
 # NSG * FR). Lavapipe's 2 keeps the RF > 1 path under test.
 CM2_FWD_RF = {(16, 32): {32: 1, 64: 1, 128: 1}, (8, 8): {32: 2, 64: 2, 128: 2}}
+# A second attn_cm2 forward for grids of many workgroups, per fragment shape and head-width
+# bound: (RF, BC). On an H100 two row fragments a subgroup with 32-key tiles ran GPT-2's forward
+# (b8 T1024 h12 causal) in 0.180 ms against 0.190 and b16 in 0.360 against 0.366, but b2 T1031 h8
+# in 0.061 against 0.042: it pays where the grid holds many workgroups (WIDE_FWD_MIN_GROUPS), and
+# loses where a few each walk a long row of key tiles. Lavapipe's build (RF 4) keeps it under test.
+CM2_WIDE_FWD = {(16, 32): {64: (2, 32)}, (8, 8): {64: (4, 32)}}
+WIDE_FWD_MIN_GROUPS = 512
 # The fragment shapes with bf16 builds: NVIDIA's 16x16x16 (no device offers 8x8x8 bf16 products)
 BF16_SHAPES = ((16, 32),)
 HALF_DEFINE = {"f16": "F16", "bf16": "BF16"}   # the define that selects the storage and fragment type
@@ -88,12 +95,15 @@ def cm2_shared_bytes(kernel: str, maxd: int, fr: int, nsg: int, bc: int) -> int:
     tiles = 2 * bc * (maxd // 8 + 1) * 16            # two staged tiles of head rows, f16
     ids = 2 * fr * fr * 4
     stage = nsg * fr * (fr + 8) * 2                   # each subgroup's output rows, f16
-    return tiles + ids + stage + {"fwd": 0, "bwd_dq": 3 * nsg * fr * 4, "bwd_dkdv": 3 * bc * 4}[kernel]
+    extra = {"fwd": 0, "fwd_wide": 0, "bwd_dq": 3 * nsg * fr * 4, "bwd_dkdv": 3 * bc * 4}
+    return tiles + ids + stage + extra[kernel]
 
 
 def cm2_rows(fr: int, sg: int, maxd: int, kernel: str) -> int:
-    """The rows one workgroup of an attn_cm2 build owns."""
-    return COOP_TILES[(fr, sg)][maxd][kernel][0] * (CM2_FWD_RF[(fr, sg)][maxd] if kernel == "fwd" else 1) * fr
+    """The rows one workgroup of an attn_cm2 build owns (kernel fwd_wide: the wide forward's)."""
+    nsg = COOP_TILES[(fr, sg)][maxd]["fwd" if kernel == "fwd_wide" else kernel][0]
+    rf = {"fwd": CM2_FWD_RF[(fr, sg)][maxd], "fwd_wide": CM2_WIDE_FWD.get((fr, sg), {}).get(maxd, (1,))[0]}
+    return nsg * rf.get(kernel, 1) * fr
 
 
 def scalar_name(kernel: str, maxd: int) -> str:
@@ -140,7 +150,7 @@ def coop_builds(half: str = "f16") -> dict[str, tuple[str, dict[str, int]]]:
 
 def cm2_builds(half: str = "f16") -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} of the cooperative-matrix-2 kernels in `half`,
-    one per cooperative-matrix build of a kernel in CM2_BODIES."""
+    one per cooperative-matrix build of a kernel in CM2_BODIES, and the wide forwards."""
     out = {}
     for (fr, sg), bounds in _shapes(half):
         for maxd, kernels in bounds.items():
@@ -152,6 +162,13 @@ def cm2_builds(half: str = "f16") -> dict[str, tuple[str, dict[str, int]]]:
                 if kernel == "fwd" and CM2_FWD_RF[(fr, sg)][maxd] > 1:
                     defines["RF"] = CM2_FWD_RF[(fr, sg)][maxd]
                 out[cm2_name(kernel, maxd, fr, sg, half)] = (body, defines)
+        for maxd, (rf, bc) in CM2_WIDE_FWD.get((fr, sg), {}).items():
+            nsg = bounds[maxd]["fwd"][0]
+            if cm2_shared_bytes("fwd_wide", maxd, fr, nsg, bc) > COOP_SHARED_LIMIT:
+                raise ValueError(f"attention tiles cm2 fwd_wide d{maxd} fr{fr} sg{sg} {(nsg, bc)} do not fit")
+            defines = {"MAXD": maxd, "FR": fr, "SG": sg, "NSG": nsg, "BC": bc, HALF_DEFINE[half]: 1, "CM2": 1,
+                       "RF": rf}
+            out[cm2_name("fwd_wide", maxd, fr, sg, half)] = (CM2_BODIES["fwd"], defines)
     return out
 
 

@@ -4,7 +4,8 @@ backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-widt
 matrices of a built fragment shape, their builds on cooperative matrices,
 and of those, where the device also offers VK_NV_cooperative_matrix2's
 reductions and conversions, the attn_cm2 builds (the softmax kept in the
-fragments). bf16 takes the same builds' bf16 siblings by the same rules,
+fragments; a forward over many workgroups, its wide build where there is one). bf16
+takes the same builds' bf16 siblings by the same rules,
 where the device offers bf16 cooperative matrices of their fragment shape.
 
 Causality is an index comparison inside the kernels, which also skip the
@@ -27,8 +28,9 @@ import math
 from flowgrad.errors import DeviceError
 from flowgrad.exec_vulkan.discovery import DeviceCaps
 from flowgrad.exec_vulkan.attention_builds import (
-    BF16_SHAPES, CM2_BODIES, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES, cm2_name, cm2_rows,
-    cm2_shared_bytes, coop_name, coop_shared_bytes, scalar_name, shader_builds, shared_bytes)
+    BF16_SHAPES, CM2_BODIES, CM2_WIDE_FWD, COOP_KERNELS, COOP_TILES, HEAD_BOUNDS, SHARED_LIMIT, TILES,
+    WIDE_FWD_MIN_GROUPS, cm2_name, cm2_rows, cm2_shared_bytes, coop_name, coop_shared_bytes, scalar_name,
+    shader_builds, shared_bytes)
 from flowgrad.exec_vulkan.limits import MAX_GROUPS
 from flowgrad.exec_vulkan.lower.generic import holding, variant
 from flowgrad.exec_vulkan.lowering import FLOATS, Lowering, register_lowerings
@@ -160,11 +162,23 @@ def _dispatch(rec, kernel, q, dh, bound, bufs, push, rows, heads, batch):
     else:
         fr, sg, maxd = coop
         if _uses_cm2(rec.caps, kernel):
+            if kernel == "fwd" and _wide_forward(rec.caps, fr, sg, maxd, rows, heads * batch):
+                kernel = "fwd_wide"
             shader, own = cm2_name(kernel, maxd, fr, sg, q.dtype), cm2_rows(fr, sg, maxd, kernel)
         else:
             shader, own = coop_name(kernel, maxd, fr, sg, q.dtype), COOP_TILES[(fr, sg)][maxd][kernel][0] * fr
         build = None
     rec.dispatch(shader, bufs, push, (math.ceil(rows / own), heads, batch), build)
+
+
+def _wide_forward(caps: DeviceCaps, fr: int, sg: int, maxd: int, rows: int, planes: int) -> bool:
+    """The attn_cm2 forward takes its wide build (CM2_WIDE_FWD) where it has one that fits
+    and its grid (`rows` query rows in each of `planes` heads and batches) is
+    WIDE_FWD_MIN_GROUPS workgroups or more."""
+    wide = CM2_WIDE_FWD.get((fr, sg), {}).get(maxd)
+    nsg = COOP_TILES[(fr, sg)][maxd]["fwd"][0]
+    return (wide is not None and cm2_shared_bytes("fwd_wide", maxd, fr, nsg, wide[1]) <= caps.shared_memory
+            and math.ceil(rows / cm2_rows(fr, sg, maxd, "fwd_wide")) * planes >= WIDE_FWD_MIN_GROUPS)
 
 
 def attention_forward(rec, node, ins, out):
