@@ -2,13 +2,15 @@
 """Flash attention (forward + backward) on the graph path beside PyTorch's
 scaled_dot_product_attention on the same GPU, in one process.
 
-    python bench/attention_bench.py [--steps 20] [--json OUT]
+    python bench/attention_bench.py [--steps 20] [--json OUT] [--gpt2] [--case B,T,H,DH,causal,dtype ...]
 
 Each case is one attention node trained alone (q, k, v params, loss =
 sum(attention * y)); our time is the attention node's forward and backward
 sections from GPU timestamps (medians), SDPA's is forward + backward of the
 same shapes timed with CUDA events (medians); each row names the kernels that
-ran ("f16 scalar": f16 storage kept off cooperative matrices). Also profiles gpt_small
+ran ("f16 scalar": f16 storage kept off cooperative matrices; "bf16": dtype="mixed" in
+bf16). --gpt2 times GPT-2 124M's attention alone (b8 T1024, 12 heads of width 64, bf16,
+causal); --case replaces the default cases. Unless either is given, also profiles gpt_small
 (tiny_gpt at d512 T256 h8 L6 batch 16 vocab 256): attention's share of the
 step, and `sess.step(feeds)` (gradients read back) against the same step
 with AdamW on the device and nothing read back but the loss."""
@@ -62,6 +64,7 @@ CASES = [  # batch, seq, heads, head width, causal, dtype ("f16 scalar": f16 sto
     (1, 1024, 8, 128, True, "f16"),
     (1, 1024, 16, 32, True, "f16"),
 ]
+GPT2 = (8, 1024, 12, 64, True, "bf16")   # GPT-2 124M's attention
 
 
 def ours(batch, seq, heads, dh, causal, dtype, steps):
@@ -69,8 +72,9 @@ def ours(batch, seq, heads, dh, causal, dtype, steps):
     text = ONE.format(t="f32", causal=str(causal).lower())
     model = fg.loads(text, {"batch": batch, "seq": seq, "d": heads * dh, "heads": heads}, file="attn_alone.flow")
     scalar = dtype == "f16 scalar"
+    how = {"dtype": "mixed", "mixed": "bf16"} if dtype == "bf16" else {"dtype": "f16" if scalar else dtype}
     with forced_coop(False) if scalar else contextlib.nullcontext():
-        sess = model.compile(device="vulkan", dtype="f16" if scalar else dtype, backward="graph")
+        sess = model.compile(device="vulkan", backward="graph", **how)
         feeds = feeds_for(sess.graph)
         sess.step(feeds)
         prof = sess.runner.profile(sess.check_feeds(feeds), steps=steps)
@@ -85,7 +89,7 @@ def sdpa(batch, seq, heads, dh, causal, dtype, steps):
     import torch
     import torch.nn.functional as F
 
-    dt = torch.float32 if dtype == "f32" else torch.float16
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16}.get(dtype, torch.float16)
     q, k, v = (torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
     g = torch.randn(batch, heads, seq, dh, device="cuda", dtype=dt)
 
@@ -159,14 +163,23 @@ def gpt_small(steps):
     return out
 
 
+def parse_case(text: str) -> tuple:
+    b, t, h, dh, causal, dtype = text.split(",")
+    return int(b), int(t), int(h), int(dh), bool(int(causal)), dtype
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--json", default=None)
     p.add_argument("--no-gpt", action="store_true")
+    p.add_argument("--gpt2", action="store_true", help="only GPT-2 124M's attention (no gpt_small either)")
+    p.add_argument("--case", action="append", default=None, type=parse_case,
+                   help="B,T,H,DH,causal,dtype (replaces the default cases), e.g. 8,1024,12,64,1,bf16")
     args = p.parse_args(argv)
+    cases = [GPT2] if args.gpt2 else args.case or CASES
     rows = []
-    for case in CASES:
+    for case in cases:
         f, b, dev, kernels = ours(*case, args.steps)
         try:
             sf, sb = sdpa(*case, args.steps)
@@ -181,7 +194,7 @@ def main(argv=None) -> int:
               f"ours {r['ours_fwd_ms']:.3f}+{r['ours_bwd_ms']:.3f} ms, sdpa {r['sdpa_fwd_ms']:.3f}+"
               f"{r['sdpa_bwd_ms']:.3f} ms, ours/sdpa {r['ratio']:.2f}x  ({', '.join(kernels)})", flush=True)
     result = {"attention": rows}
-    if not args.no_gpt:
+    if not (args.no_gpt or args.gpt2 or args.case):
         result["gpt_small"] = gpt_small(args.steps)
         print("gpt_small:", json.dumps(result["gpt_small"]), flush=True)
     if args.json:
