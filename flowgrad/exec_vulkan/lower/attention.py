@@ -4,9 +4,9 @@ backward attn_bwd_stats, attn_bwd_dq and attn_bwd_dkdv), one build per head-widt
 matrices of a built fragment shape, their builds on cooperative matrices,
 and of those, where the device also offers VK_NV_cooperative_matrix2's
 reductions and conversions, the attn_cm2 builds (the softmax kept in the
-fragments; a forward over many workgroups, its wide build where there is one). bf16
-takes the same builds' bf16 siblings by the same rules,
-where the device offers bf16 cooperative matrices of their fragment shape.
+fragments; a forward over many workgroups takes its wide build where there
+is one). bf16 takes the same builds' bf16 siblings by the same rules, where
+the device offers bf16 cooperative matrices of their fragment shape.
 
 Causality is an index comparison inside the kernels, which also skip the
 key (or query) tiles wholly past the diagonal; an explicit mask is the op's
