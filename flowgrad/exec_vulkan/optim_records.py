@@ -23,8 +23,8 @@ GRID_LIMIT = 65535    # Vulkan's least maxComputeWorkGroupCount[0]
 VECTOR_ADAM = True
 
 
-def groups_for(n: int) -> int:
-    return max(1, min(MAX_GROUPS, -(-n // GROUP)))
+def groups_for(n: int, cap: int = MAX_GROUPS) -> int:
+    return max(1, min(cap, -(-n // GROUP)))
 
 
 def slot_groups_for(slots: int):
@@ -32,8 +32,7 @@ def slot_groups_for(slots: int):
     workgroups as every slot can have within GRID_LIMIT, not MAX_GROUPS. GPT-2's 50304x768
     embedding table shares an Adam batch with smaller params: at 1024 workgroups each thread
     walked 37 vectors of it, now 4 (its optimizer family 1.44 -> 1.42 ms a step on an H100)."""
-    cap = GRID_LIMIT // slots
-    return lambda n: max(1, min(cap, -(-n // GROUP)))
+    return lambda n: groups_for(n, GRID_LIMIT // slots)
 
 
 @attrs.frozen
@@ -132,11 +131,11 @@ def _record_batched(opt, shaders, rec, params, grads, state, hyper, scale) -> No
     from flowgrad.exec_vulkan.lower.generic import vector_width
     from flowgrad.exec_vulkan.multi_tensor import batches, slot_push
 
+    slot_groups = slot_groups_for(shaders.slots)
     # a batch's params share a dtype and so do their gradients
     for batch in batches(list(params), shaders.slots, lambda name: params[name],
                          part=lambda name: grads[name].dtype):
         dtype, narrow = params[batch[0]].dtype, grads[batch[0]].dtype != params[batch[0]].dtype
-        slot_groups = slot_groups_for(shaders.slots)
         shader, groups = shaders.multi, slot_groups
         vw = vector_width(rec, dtype) if VECTOR_ADAM and shaders.multi_vec and dtype == "f32" else None
         if vw:   # each invocation a step of vw elements
