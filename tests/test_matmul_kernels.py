@@ -25,7 +25,7 @@ TOL = {"f32": 1e-4, "f16": 2e-2}
 NP = {"f32": np.float32, "f16": np.float16}
 
 
-def products(device, a, b, shader=None, chunks=None, seed=0):
+def products(device, a, b, shader=None, chunks=None, seed=0, stream=None):
     """(out, da, db, dispatches) for a @ b and its backward with a random g."""
     from flowgrad.exec_vulkan.lower import lowering_for
     from flowgrad.exec_vulkan.oneshot import OneShot
@@ -35,7 +35,7 @@ def products(device, a, b, shader=None, chunks=None, seed=0):
     # the gradients as a step records them: matmul_t nodes
     step, (ia, ib), y, seed_id, grads = gradient_graph("matmul", [TensorType(tuple(x.shape), dtype) for x in (a, b)], {})
     g = np.random.default_rng(seed).uniform(-1, 1, step.nodes[y].shape).astype(a.dtype)
-    with OneShot(device) as s, mk.forced(shader, chunks):
+    with OneShot(device) as s, mk.forced(shader, chunks, stream):
         values = {ia: s.upload(a), ib: s.upload(b), seed_id: s.upload(g)}
         for node in step.needed_for([y, *grads]):
             if node.id not in values:
@@ -50,22 +50,24 @@ def products(device, a, b, shader=None, chunks=None, seed=0):
     return got, [a64 @ b64, *want], dispatches
 
 
-def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0, dispatches=False):
-    """The shaders dispatched (with dispatches=True, the Dispatch commands)."""
+def check(device, sa, sb, dtype="f32", shader=None, chunks=None, seed=0, dispatches=False, stream=None):
+    """The shaders dispatched (with dispatches=True, the Dispatch commands); stream: as mk.forced's."""
     rng = np.random.default_rng(seed)
     a = rng.uniform(-1, 1, sa).astype(NP[dtype])
     b = rng.uniform(-1, 1, sb).astype(NP[dtype])
-    got, want, commands = products(device, a, b, shader, chunks, seed)
+    got, want, commands = products(device, a, b, shader, chunks, seed, stream)
     shaders = [c.shader for c in commands]
     gemms = [s for s in shaders if s.startswith("matmul_")]
     if shader is not None:
         tile = {**mk.TILES, **mk.COOPS, **mk.CM2S}[shader]
-        builds = {tile.shader_for(a, b, p) for a in (False, True) for b in (False, True) for p in (False, tile.coop)}
+        builds = {tile.shader_for(a, b, p, stream is not None) for a in (False, True) for b in (False, True)
+                  for p in (False, tile.coop)}
         assert gemms and set(gemms) <= builds, shaders
     for name, x, y in zip(("out", "da", "db"), got, want):
         assert x.shape == y.shape and np.isfinite(x).all(), name
         err = np.linalg.norm(x.astype(np.float64) - y) / max(np.linalg.norm(y), 1e-30)
-        assert err < TOL[dtype], f"{name} of {sa}@{sb} ({dtype}, {shader}, chunks {chunks}): relative error {err:.2e}"
+        assert err < TOL[dtype], (f"{name} of {sa}@{sb} ({dtype}, {shader}, chunks {chunks}, stream {stream}): "
+                                  f"relative error {err:.2e}")
     return commands if dispatches else shaders
 
 

@@ -85,9 +85,10 @@ def _spot_check(a, b, c, layout, rng, samples=256) -> float:
 
 
 def time_shape(device, dtype, shape, kernels=((None, None),), seed=0) -> list[dict]:
-    """Each (tile shader, split-K chunks) of `kernels` (None: what the
-    lowering picks) on one shape, operands uploaded once: TFLOP/s, the
-    kernel actually dispatched, and the spot-check error."""
+    """Each (tile shader, split-K chunks[, stream-K workgroups]) of `kernels`
+    (None: what the lowering picks; the third as matmul_kernels.forced's) on
+    one shape, operands uploaded once: TFLOP/s, the kernel actually
+    dispatched, and the spot-check error."""
     from flowgrad.exec_vulkan.oneshot import OneShot
 
     m, n, k, layout = shape
@@ -100,14 +101,14 @@ def time_shape(device, dtype, shape, kernels=((None, None),), seed=0) -> list[di
     with OneShot(device) as s:
         av, bv, cv = s.upload(a, dtype), s.upload(b, dtype), s.empty((m, n), dtype)
         s.run()
-        for shader, chunks in kernels:
-            row = _time_one(device, av, bv, cv, shape, shader, chunks)
+        for shader, chunks, *stream in kernels:
+            row = _time_one(device, av, bv, cv, shape, shader, chunks, *stream)
             row["err"] = _spot_check(a, b, row.pop("c"), layout, rng)
             rows.append(row)
     return rows
 
 
-def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
+def _time_one(device, av, bv, cv, shape, shader, chunks, stream=None) -> dict:
     from flowgrad.exec_vulkan.lower import matmul_kernels as mk
     from flowgrad.exec_vulkan.oneshot import OneShot
     from flowgrad.exec_vulkan.encoder import timed_submits
@@ -115,7 +116,7 @@ def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
     m, n, k, layout = shape
     flop = 2.0 * m * n * k
     reps = max(1, min(200, math.ceil(FLOP_PER_SUBMIT / flop)))
-    with mk.forced(shader, chunks):
+    with mk.forced(shader, chunks, stream):
         with OneShot(device) as s:             # pipeline build, one product to check
             _record(s.rec, av, bv, cv, m, n, k, layout, 1)
             used = sorted({x.shader for x in s.rec.commands if getattr(x, "shader", "").startswith("matmul")})
@@ -126,7 +127,7 @@ def _time_one(device, av, bv, cv, shape, shader, chunks) -> dict:
             s.rec.arena.materialize(device, device.pool)
             times = timed_submits(device, s.rec.commands, SUBMITS + 1, "timing a matmul")
     sec = statistics.median(times[1:]) / reps
-    asked = (shader or "auto") + (f" x{chunks}" if chunks else "")
+    asked = (shader or "auto") + (f" x{chunks}" if chunks else "") + (f" sk{stream or ''}" if stream is not None else "")
     return {"shape": shape, "asked": asked, "kernel": "+".join(used), "tflops": flop / sec / 1e12,
             "seconds": sec, "c": c}
 

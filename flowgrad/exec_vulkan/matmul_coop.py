@@ -39,9 +39,27 @@ def with_parts(table: dict) -> dict:
     return table | {parts_name(stem): (body, {**d, "PARTS_F32": 1}) for stem, (body, d) in table.items()}
 
 
+# The tiles with stream-K builds (STREAM_K: the grid's workgroups share the K steps of every
+# output tile evenly; the partials in f32, as PARTS_F32's): NVIDIA's weight-gradient tile and
+# lavapipe's, which the tests run
+STREAM_TILES = ("matmul_coop_khr_w128", "matmul_coop_khr_fr8")
+
+
+def stream_name(stem: str) -> str:
+    """The stream-K build of `stem` (a tile and layout)."""
+    return f"{stem}_sk"
+
+
+def with_streams(table: dict, tiles) -> dict:
+    """`table`'s builds and a stream-K build of each one of `tiles`."""
+    return table | {stream_name(stem): (body, {**d, "PARTS_F32": 1, "STREAM_K": 1})
+                    for stem, (body, d) in table.items() if stem.rsplit("_", 1)[0] in tiles}
+
+
 def builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} for scripts/build_shaders.py."""
-    return with_parts({f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS})
+    return with_streams(with_parts({f"{tile}_{lay}": (BODY, defines(tile, lay)) for tile in TILES for lay in LAYOUTS}),
+                        STREAM_TILES)
 
 
 # the tiles with bf16 builds: FR 16, what NVIDIA's bf16 products take (no device offers bf16
@@ -55,8 +73,9 @@ def bf16_name(tile: str) -> str:
 
 def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} of the bf16 builds."""
-    return with_parts({f"{bf16_name(tile)}_{lay}": (BF16_BODY, defines(tile, lay))
-                       for tile in BF16_TILES for lay in LAYOUTS})
+    return with_streams(with_parts({f"{bf16_name(tile)}_{lay}": (BF16_BODY, defines(tile, lay))
+                                    for tile in BF16_TILES for lay in LAYOUTS}),
+                        [bf16_name(t) for t in STREAM_TILES])
 
 
 def shader_names() -> list[str]:

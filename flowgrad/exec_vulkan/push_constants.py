@@ -58,6 +58,7 @@ SPECS_TEXT = {
     **dict.fromkeys(("norm", "norm_sg", "norm_vec"),
                     "items: u32, N: u32, D: u32, S: u32, mode: u32, eps: f32, chunks: u32, flags: u32"),
     "sgd": "n: u32",
+    "stream_sum": "M: u32, N: u32, nz: u32, bm: u32, bn: u32, steps: u32, groups: u32, scm: u32, zc: u32",
     "sgd_momentum": "n: u32",
     "softmax": "rows: u32, L: u32, inner: u32, S: u32, mode: u32",
     "strided_copy": "n: u32, rank: u32, src_off: u32, dst_off: u32, shape: u32[8], sstride: u32[8], "

@@ -106,11 +106,15 @@ def gemm(rec, a: Operand, b: Operand, c: Operand, m: int, n: int, k: int, full, 
     nz, za, zb, zc = (kd[0], kza[0], kzb[0], kzc[0]) if kd else (1, 0, 0, 0)
     nr, ra, rb = (rd[0], rza[0], rzb[0]) if rd else (1, 0, 0)
     g = _Gemm(a, b, c, m, n, k, nz, za, zb, zc, nr, ra, rb)
+    vector_c = c.cs == 1 and c.rs % 4 == 0 and zc % 4 == 0
     choice = kernels.choose(rec.caps, c.view.dtype, m, n, k, nz * nr, coop_aligned=g.coop_aligned(kernels.COOP_ALIGN),
-                            tensor_loads=g.unit_strided(), a_kfast=a.cs == 1, split_batch=nr == 1)
+                            tensor_loads=g.unit_strided(), a_kfast=a.cs == 1, split_batch=nr == 1, vector_c=vector_c)
     if math.ceil(n / choice.tile.bn) > MAX_GROUPS or math.ceil(m / choice.tile.bm) > MAX_GROUPS:
         raise DeviceError(f"matmul of {m}x{k} by {k}x{n} is too large for one dispatch")
     epi = epilogue if epilogue is not None and nz == 1 and c.cs == 1 and c.rs == n else None
+    if choice.stream:
+        _stream_k(rec, g, choice)   # the epilogue stays unapplied, as split-K's
+        return True
     if choice.chunks > 1 and choice.tile.coop:
         _split_k(rec, g, choice)   # the epilogue stays unapplied: the caller runs it after the sum
         return True
@@ -169,9 +173,9 @@ class _Gemm:
         """Each operand has a unit-stride dim (matmul_cm2 reads A along k or m, B along n or k, writes C's rows)."""
         return 1 in (self.a.rs, self.a.cs) and 1 in (self.b.rs, self.b.cs) and self.c.cs == 1
 
-    def shader(self, tile, parts_f32: bool = False) -> str:
+    def shader(self, tile, parts_f32: bool = False, stream: bool = False) -> str:
         # A read along m when its unit stride is m's; B read along k when its unit stride is k's
-        return tile.shader_for(self.a.cs != 1, self.b.cs != 1, parts_f32)
+        return tile.shader_for(self.a.cs != 1, self.b.cs != 1, parts_f32, stream)
 
     def push(self, tile=None) -> tuple:
         a, b, c = self.a, self.b, self.c
@@ -250,6 +254,23 @@ def _split_k(rec, g: _Gemm, choice):
     total = rec.scratch((m, n), "f32")
     sum_to_shape(rec, parts, total)
     cast(rec, total, c.view.reshape((m, n)))
+
+
+def _stream_k(rec, g: _Gemm, choice):
+    """C = the product by stream-K (matmul_coop.glsl's _sk builds): choice.stream workgroups
+    share the output tiles' K steps evenly, each piece's partial going in f32 to a slab of
+    scratch, and stream_sum adds each tile's slabs in order and rounds once into C."""
+    tile, groups, m, n = choice.tile, choice.stream, g.m, g.n
+    steps = math.ceil(g.k / tile.bk)
+    slabs = kernels.stream_slabs(g.nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), steps, groups)
+    parts = rec.scratch((slabs * g.nz, m, n), "f32")
+    part = attrs.evolve(g, c=Operand(parts, n, 1, ()), zc=m * n)
+    shader, build = g.shader(tile, stream=True), _variant(choice, g.c.view.dtype)
+    unread = _epilogue_views(rec, None, parts.dtype)[:shader_info(shader, build).bindings - 3]
+    rec.dispatch(shader, [g.a.view, g.b.view, parts, *unread], part.push(tile), (groups, 1, 1), build, alone=True)
+    c = g.c
+    rec.dispatch("stream_sum", [parts, c.view], [m, n, g.nz, tile.bm, tile.bn, steps, groups, c.rs, g.zc],
+                 rec.grid(g.nz * m * n // 4), variant(c.view.dtype))
 
 
 def _expanded(rec, view, shape2, full):

@@ -50,11 +50,19 @@ class Tile:
     fixed_layout: bool = False  # each pipeline specialized to its product's operand layout (LAYOUT)
     layouts: bool = False       # one build per operand layout (matmul_cm2.py, matmul_coop.py)
 
-    def shader_for(self, a_mfast: bool, b_kfast: bool, parts_f32: bool = False) -> str:
+    def shader_for(self, a_mfast: bool, b_kfast: bool, parts_f32: bool = False, stream: bool = False) -> str:
         """The build to dispatch: cm2 tiles and the KHR coop tiles have one per operand layout;
-        parts_f32 (cooperative-matrix tiles): the build storing split-K's partials in f32."""
+        parts_f32 (cooperative-matrix tiles): the build storing split-K's partials in f32;
+        stream: the tile's stream-K build."""
         name = f"{self.shader}_{'nt'[a_mfast]}{'nt'[b_kfast]}" if self.layouts else self.shader
+        if stream:
+            return matmul_coop.stream_name(name)
         return matmul_coop.parts_name(name) if parts_f32 else name
+
+    @property
+    def streams(self) -> bool:
+        """The tile has stream-K builds (matmul_coop.STREAM_TILES)."""
+        return self.shader.removesuffix("_bf16") in matmul_coop.STREAM_TILES
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
@@ -160,6 +168,12 @@ MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple 
 # matmul_cm2 splits only deep products: measured on the H200, its f16 partials and their sum cost
 # more than the extra workgroups gain at K <= 1536 (4096,512,512: 27 TFLOP/s split in two, 65 unsplit)
 CM2_MIN_CHUNK = 1024
+# Stream-K (matmul_coop.glsl's _sk builds) for deep products whose grid of output tiles is under one
+# wave (GPT-2's weight gradients: 36-144 tiles of 128x128 on 264 workgroup slots): a wave of
+# workgroups shares all the tiles' K steps evenly. Off until it is timed on a GPU against the
+# tiles it would replace (bench/matmul_f16_candidates.py, "@sk").
+STREAM_K = {"default": False, "nvidia": False}
+STREAM_MIN_K = 2048
 
 
 @attrs.frozen
@@ -167,15 +181,17 @@ class Choice:
     tile: Tile
     chunks: int = 1     # split-K chunks (1: no split)
     klass: str = ""
+    stream: int = 0     # stream-K's workgroups (0: none)
 
 
 _FORCED: contextvars.ContextVar = contextvars.ContextVar("matmul_forced", default=None)
 
 
-def forced(shader: str | None = None, chunks: int | None = None):
-    """Within the block every GEMM uses this tile shader and/or split count
-    (benchmarks and tests reach each variant this way)."""
-    return holding(_FORCED, (shader, chunks))
+def forced(shader: str | None = None, chunks: int | None = None, stream: int | None = None):
+    """Within the block every GEMM uses this tile shader and/or split count, or
+    stream-K on `stream` workgroups (0: as many as stream_groups gives; the
+    tile must have stream builds): benchmarks and tests reach each variant this way."""
+    return holding(_FORCED, (shader, chunks, stream))
 
 
 def device_family(caps: DeviceCaps) -> str:
@@ -311,12 +327,15 @@ def _check_forced(caps: DeviceCaps, tile: Tile, dtype: str, m: int, n: int, k: i
 
 
 def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_aligned: bool = False,
-           tensor_loads: bool = False, a_kfast: bool = False, split_batch: bool = False) -> Choice:
+           tensor_loads: bool = False, a_kfast: bool = False, split_batch: bool = False,
+           vector_c: bool = False) -> Choice:
     """The kernel for C[nz] (m x n) = A (m x k) @ B (k x n). Split-K when
     nz == 1, or with split_batch (nz separate products, not a summed batch)
     on the tiled kernels, which split each product of a batch in one dispatch.
     tensor_loads: the caller dispatches matmul_cm2 builds (Tile.shader_for);
-    a_kfast: A's unit stride is along k."""
+    a_kfast: A's unit stride is along k; vector_c: C's rows and products
+    start at multiples of 4 elements along unit-stride rows (stream-K's sum,
+    for separate products, stores 4 at a time)."""
     shader = forced_shader()
     klass = shape_class(m, n, k, nz)
     family = device_family(caps)
@@ -330,8 +349,9 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
         many = (klass in ("tall", "narrow") and k > COOP_MANY_MIN_K
                 and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES)
         w128 = coop_w128(dtype)
-        tile = w128 if many and w128 in coop_builds(caps, dtype) and coop_ok(caps, dtype, m, n, k, coop_aligned) \
-            else _wider(caps, cm2, m, n, nz if split_batch else 1)
+        streamed = split_batch and vector_c and _streamed(caps, w128, m, n, k, nz)
+        tile = w128 if (many or streamed) and w128 in coop_builds(caps, dtype) \
+            and coop_ok(caps, dtype, m, n, k, coop_aligned) else _wider(caps, cm2, m, n, nz if split_batch else 1)
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
         tile = coop_tile(caps, dtype)
     elif dtype in HALF_DTYPES:
@@ -339,20 +359,65 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
-    splits = nz == 1 or (split_batch and not tile.coop)
+    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop and not tile.cm2 else 0
+    if stream and not (split_batch and vector_c):
+        if (_FORCED.get() or (None, None, None))[2] is not None:
+            raise DeviceError("stream-K takes separate products whose output rows start at multiples of 4 "
+                              "elements, not this GEMM")
+        stream = 0
+    splits = not stream and (nz == 1 or (split_batch and not tile.coop))
     chunks = split_count(caps, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
-    return Choice(tile, chunks, klass)
+    return Choice(tile, chunks, klass, stream)
 
 
 def forced_shader() -> str | None:
     """The tile shader a `forced` block asks for (None outside one)."""
-    return (_FORCED.get() or (None, None))[0]
+    return (_FORCED.get() or (None, None, None))[0]
+
+
+def stream_groups(caps: DeviceCaps, m: int, n: int, tiles_m: int, tiles_n: int, nz: int, steps: int) -> int:
+    """Stream-K's workgroups for nz grids of tiles_m x tiles_n output tiles, `steps` K steps
+    each: the most, up to one wave (SPLIT_TARGET), under which the tiles that read one panel of
+    the larger operand (B's where n >= m: a column of tiles) take the same steps at the same
+    time, so that panel passes through L2 once, as in a grid of whole tiles. Tiles t and t' do
+    where (t - t') G is a multiple of the tile count; matmul_coop.glsl numbers them along rows
+    where n >= m, else along columns. 0: the grid fills a wave already, or no count fits."""
+    tiles, wave = nz * tiles_m * tiles_n, SPLIT_TARGET[device_family(caps)]
+    panel = tiles_n if n >= m else tiles_m
+    for g in range(wave, tiles, -1):
+        if panel % (tiles // math.gcd(tiles, g)) == 0 and tiles * steps * g < 2**32:
+            return g
+    return 0
+
+
+def stream_slabs(tiles: int, steps: int, groups: int) -> int:
+    """The most workgroups that share one tile's steps under stream-K (matmul_coop.glsl's
+    first_group): the f32 slabs its partials take."""
+    total = tiles * steps
+
+    def first(step: int) -> int:
+        return ((step + 1) * groups - 1) // total
+    return max(first(t * steps + steps - 1) - first(t * steps) + 1 for t in range(tiles))
+
+
+def _streamed(caps: DeviceCaps, tile: Tile, m: int, n: int, k: int, nz: int) -> int:
+    """Stream-K's workgroups for this product on `tile` (0: none): forced, or by STREAM_K's rule."""
+    want = (_FORCED.get() or (None, None, None))[2]
+    tiles_m, tiles_n, steps = math.ceil(m / tile.bm), math.ceil(n / tile.bn), math.ceil(k / tile.bk)
+    if want is not None:
+        if not tile.streams:
+            raise DeviceError(f"{tile.shader} has no stream-K build (those that do: "
+                              f"{', '.join(matmul_coop.STREAM_TILES)})")
+        return want or stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps) or SPLIT_TARGET[device_family(caps)]
+    if not (STREAM_K[device_family(caps)] and tile.streams and k >= STREAM_MIN_K):
+        return 0
+    return stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps)
 
 
 def split_count(caps: DeviceCaps, tile: Tile, tiles: int, k: int) -> int:
     """Split-K chunks for a grid of `tiles` output tiles, k deep: the forced
     count, else the most that keep the grid within SPLIT_TARGET (1: no split)."""
-    want = (_FORCED.get() or (None, None))[1]
+    want = (_FORCED.get() or (None, None, None))[1]
     if want is not None:
         return max(1, min(want, math.ceil(k / tile.bk)))
     return max(1, min(SPLIT_TARGET[device_family(caps)] // tiles, k // (CM2_MIN_CHUNK if tile.cm2 else MIN_CHUNK)))

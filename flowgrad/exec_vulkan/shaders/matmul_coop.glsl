@@ -260,6 +260,45 @@ FRAG_ACC epilogue(FRAG_ACC v, uint at, uint n) {
 }
 #endif
 
+// acc += the tile's product over K steps from abase, bbase (kend deep, `steps` steps of BK), the
+// tiles staged through shared memory: the text of main's loop, a macro so that the stream-K main
+// below runs the same one
+#define K_STEPS(abase, bbase, kend, steps) \
+            load_a(abase, m0, 0u, kend); \
+            load_b(bbase, n0, 0u, kend); \
+            store_tiles(0u); \
+            barrier(); \
+            for (uint s = 0u; s < steps; ++s) { \
+                uint cur = NBUF == 1 ? 0u : s & 1u; \
+                bool more = s + 1u < steps; \
+                if (more) { \
+                    load_a(abase, m0, (s + 1u) * BK, kend); \
+                    load_b(bbase, n0, (s + 1u) * BK, kend); \
+                } \
+                [[unroll]] for (uint kk = 0u; kk < BK; kk += FRU) { \
+                    FRAG_A fa[FM]; \
+                    FRAG_B fb[FN]; \
+                    [[unroll]] for (uint i = 0u; i < FM; ++i) { \
+                        uint row = (wm * FM + i) * FRU; \
+                        if (kfast) LOAD_ROWS(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW); \
+                        else LOAD_COLS(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW); \
+                    } \
+                    [[unroll]] for (uint j = 0u; j < FN; ++j) { \
+                        uint col = (wn * FN + j) * FRU; \
+                        if (nfast) LOAD_ROWS(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW); \
+                        else LOAD_COLS(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW); \
+                    } \
+                    [[unroll]] for (uint i = 0u; i < FM; ++i) \
+                        [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = MUL_ADD(fa[i], fb[j], acc[i][j]); \
+                } \
+                if (more) { \
+                    if (NBUF == 1) barrier(); \
+                    store_tiles(NBUF == 1 ? 0u : cur ^ 1u); \
+                } \
+                barrier(); \
+            }
+
+#ifndef STREAM_K
 void main() {
     uint warp = gl_LocalInvocationIndex / SGU;
     uint wm = warp / WGN, wn = warp % WGN;
@@ -285,39 +324,7 @@ void main() {
         for (uint r = 0u; r < GEMM_R; ++r) {
             uint abase = A_BASE(z, r);
             uint bbase = B_BASE(z, r);
-            load_a(abase, m0, 0u, kend);
-            load_b(bbase, n0, 0u, kend);
-            store_tiles(0u);
-            barrier();
-            for (uint s = 0u; s < steps; ++s) {
-                uint cur = NBUF == 1 ? 0u : s & 1u;
-                bool more = s + 1u < steps;
-                if (more) {
-                    load_a(abase, m0, (s + 1u) * BK, kend);
-                    load_b(bbase, n0, (s + 1u) * BK, kend);
-                }
-                [[unroll]] for (uint kk = 0u; kk < BK; kk += FRU) {
-                    FRAG_A fa[FM];
-                    FRAG_B fb[FN];
-                    [[unroll]] for (uint i = 0u; i < FM; ++i) {
-                        uint row = (wm * FM + i) * FRU;
-                        if (kfast) LOAD_ROWS(fa[i], As, cur * ASZ + row * KROW + kk / 8u, KROW);
-                        else LOAD_COLS(fa[i], As, cur * ASZ + kk * AROW + row / 8u, AROW);
-                    }
-                    [[unroll]] for (uint j = 0u; j < FN; ++j) {
-                        uint col = (wn * FN + j) * FRU;
-                        if (nfast) LOAD_ROWS(fb[j], Bs, cur * BSZ + kk * BROW + col / 8u, BROW);
-                        else LOAD_COLS(fb[j], Bs, cur * BSZ + col * KROW + kk / 8u, KROW);
-                    }
-                    [[unroll]] for (uint i = 0u; i < FM; ++i)
-                        [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = MUL_ADD(fa[i], fb[j], acc[i][j]);
-                }
-                if (more) {
-                    if (NBUF == 1) barrier();
-                    store_tiles(NBUF == 1 ? 0u : cur ^ 1u);
-                }
-                barrier();
-            }
+            K_STEPS(abase, bbase, kend, steps)
         }
 #ifdef GEMM_OPERANDS
         // Each fragment goes through this subgroup's FR x FR f32 slot of As (FR * FR / 4
@@ -360,3 +367,44 @@ void main() {
 #endif
     }
 }
+#else
+// Stream-K (the _sk builds, with PARTS_F32; one summed product, R = 1): the grid's G workgroups
+// share the product's steps evenly, U = tiles * T (T = ceil(K / BK) a tile), workgroup w taking
+// steps [w U / G, (w + 1) U / G): the end of one output tile and the start of the next, so a
+// grid of fewer tiles than the GPU holds still fills it. Each piece's partial goes in f32 to
+// slab s of C (slabs of nz * M * N; s: the piece's rank among its tile's), and stream_sum.comp
+// adds each tile's slabs in order. Tiles are numbered along rows where N >= M, else along
+// columns, batch outermost: the host picks G so that the tiles reading one panel of the larger
+// operand run the same steps at the same time (and keeps U * G under 2^32).
+uint first_group(uint step, uint total) {   // the workgroup whose steps hold `step`
+    return ((step + 1u) * gl_NumWorkGroups.x - 1u) / total;
+}
+
+void main() {
+    uint warp = gl_LocalInvocationIndex / SGU;
+    uint wm = warp / WGN, wn = warp % WGN;
+    bool kfast = KFAST_A, nfast = NFAST_B;
+    uint tiles_m = (p.M + BM - 1u) / BM, tiles_n = (p.N + BN - 1u) / BN, per = tiles_m * tiles_n;
+    uint T = (p.K + BK - 1u) / BK, total = p.nz * per * T, w = gl_WorkGroupID.x;
+    uint end = (w + 1u) * total / gl_NumWorkGroups.x;
+    for (uint u = w * total / gl_NumWorkGroups.x; u < end; ) {
+        uint t = u / T, s0 = u % T, s1 = min(T, s0 + end - u);
+        uint z = t / per, r = t % per;
+        uint m0 = (p.N >= p.M ? r / tiles_n : r % tiles_m) * BM;
+        uint n0 = (p.N >= p.M ? r % tiles_n : r / tiles_m) * BN;
+        uint k0 = s0 * BK, kend = min(p.K, s1 * BK) - k0, steps = s1 - s0;
+        FRAG_ACC acc[FM][FN];
+        [[unroll]] for (uint i = 0u; i < FM; ++i)
+            [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = FRAG_ACC(0.0);
+        uint abase = A_BASE(z, 0u) + k0 * p.sak, bbase = B_BASE(z, 0u) + k0 * p.sbk;
+        K_STEPS(abase, bbase, kend, steps)
+        uint cbase = p.offc + ((w - first_group(t * T, total)) * p.nz + z) * p.zc;
+        [[unroll]] for (uint i = 0u; i < FM; ++i)
+            [[unroll]] for (uint j = 0u; j < FN; ++j) {
+                uint m = m0 + (wm * FM + i) * FRU, n = n0 + (wn * FN + j) * FRU;
+                if (m < p.M && n < p.N) STORE_FRAG(acc[i][j], c, cbase + m * p.scm + n, p.scm);
+            }
+        u += steps;
+    }
+}
+#endif
