@@ -17,7 +17,8 @@ products with 768-wide outputs and the 8192-deep weight gradients, whose
 grids are few waves of workgroups), "tn" (those weight gradients) or
 M,N,K,layout;... KERNELS: comma-separated names ("auto": what the lowering
 picks; a shipped tile; a candidate; "cands": every candidate), each with
-"@C" to force C split-K chunks; default: the shipped ones and every candidate.
+"@C" to force C split-K chunks, "@sk" stream-K (matmul_coop_khr_w128 has it; "@skG" on G
+workgroups); default: the shipped ones and every candidate.
 `time` prints each kernel's TFLOP/s and share of cuBLAS per product (every
 product spot-checked against float64), the driver's register and spill
 counts, and a summary: share per product, kernels as columns. DIR with no candidates.json:
@@ -73,6 +74,9 @@ def build(candidates: Path, out: Path) -> None:
         for layout in LAYOUTS:
             defines = {**base, **c.get("defines", {}), **layout_defines(body, layout)}
             build_shaders.compile_one(source, [f"-D{k}={v}" for k, v in defines.items()], out / f"{name}_{layout}.spv")
+            # split-K's f32 partials (a forced count, "@C", dispatches this build)
+            build_shaders.compile_one(source, [f"-D{k}={v}" for k, v in {**defines, "PARTS_F32": 1}.items()],
+                                      out / f"{name}_{layout}_p32.spv")
         print(f"built {name}", flush=True)
     (out / "candidates.json").write_text(json.dumps(table, indent=1))
 
@@ -85,7 +89,7 @@ def register(folder: Path) -> dict:
 
     listing = folder / "candidates.json"
     table = json.loads(listing.read_text()) if listing.exists() else {}
-    builds = {f"{name}_{lay}" for name in table for lay in LAYOUTS}
+    builds = {f"{name}_{lay}{p}" for name in table for lay in LAYOUTS for p in ("", "_p32")}
     shipped = spirv.spv_path
     spirv.spv_path = lambda shader, variant=None: (folder / f"{shader}.spv" if shader in builds
                                                    else shipped(shader, variant))
@@ -110,15 +114,18 @@ def parse_shapes(text: str) -> list:
     return [parse_shape(s) for s in text.split(";")]
 
 
-def parse_kernels(text: str | None, table: dict) -> list[tuple[str, int | None]]:
-    """(kernel name, forced split-K chunks or None) per KERNELS entry."""
+def parse_kernels(text: str | None, table: dict) -> list[tuple[str, int | None, int | None]]:
+    """(kernel name, forced split-K chunks or None, stream-K workgroups or None) per KERNELS
+    entry: name, name@C (C chunks), name@sk (stream-K, the workgroups stream_groups gives) or
+    name@skG (G workgroups)."""
     if not text:
-        return [(name, None) for name in (*SHIPPED, *table)]
+        return [(name, None, None) for name in (*SHIPPED, *table)]
     out = []
     for entry in text.split(","):
-        name, _, chunks = entry.partition("@")
-        for nm in (table if name == "cands" else [name]):
-            out.append((nm, int(chunks) if chunks else None))
+        name, _, forced = entry.partition("@")
+        stream = int(forced[2:] or 0) if forced.startswith("sk") else None
+        chunks = int(forced) if forced and stream is None else None
+        out.extend((nm, chunks, stream) for nm in (table if name == "cands" else [name]))
     return out
 
 
@@ -130,12 +137,12 @@ def time_all(folder: Path, shapes: list, kernels: str | None = None) -> None:
     mb.FLOP_PER_SUBMIT = 2e10
     table = register(folder)
     runs = parse_kernels(kernels, table)
-    names = [f"{nm}@{c}" if c else nm for nm, c in runs]
+    names = [nm + (f"@{c}" if c else "") + ("" if st is None else f"@sk{st or ''}") for nm, c, st in runs]
     device = select_device("vulkan")
     info = device.info
     print(f"device: {info.name}, shared memory {info.shared_memory}, cm2 {info.cm2_invocations} "
           f"{info.cm2_granularity}", flush=True)
-    for name in dict.fromkeys(nm for nm, _ in runs if nm != "auto"):
+    for name in dict.fromkeys(nm for nm, *_ in runs if nm != "auto"):
         for lay in (LAYOUTS if name in table or "cm2" in name or "khr" in name else ("",)):
             shader = f"{name}_{lay}" if lay else name
             try:
@@ -147,9 +154,9 @@ def time_all(folder: Path, shapes: list, kernels: str | None = None) -> None:
     share = {}
     for shape in shapes:
         ref = mb.torch_tflops("f16", shape)
-        for name, (nm, chunks) in zip(names, runs):
+        for name, (nm, chunks, stream) in zip(names, runs):
             try:
-                (row,) = mb.time_shape(device, "f16", shape, [(None if nm == "auto" else nm, chunks)])
+                (row,) = mb.time_shape(device, "f16", shape, [(None if nm == "auto" else nm, chunks, stream)])
             except Exception as e:  # noqa: BLE001
                 print(f"{shape} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
