@@ -94,6 +94,31 @@ def test_a_batch_of_products_into_blocks_of_columns(vk_device):
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_every_stream_build_takes_the_dispatch_of_its_pieces(dtype):
+    """Each tile with stream-K builds, forced on a product of each operand layout, dispatches its
+    _sk build with the bindings that build declares, then stream_sum: recorded without a device,
+    so matmul_cm2's builds, which lavapipe cannot run, are checked too."""
+    from flowgrad.exec_vulkan.lower import linalg
+    from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Recorder
+
+    def view(shape):
+        return BufView(FakeBuffer(2 * int(np.prod(shape))), 0, shape, dtype)
+
+    tiles = [t for t in {**mk.COOPS, **mk.CM2S}.values() if t.streams and t.bf16 == (dtype == "bf16")]
+    assert len(tiles) == (2 if dtype == "bf16" else 3)
+    for tile in tiles:
+        for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+            rec = Recorder(None)
+            m, n, k = 256, 192, 4096
+            a = linalg.Operand(view((k, m)), 1, m, ()) if ta else linalg.Operand(view((m, k)), k, 1, ())
+            b = linalg.Operand(view((n, k)), 1, k, ()) if tb else linalg.Operand(view((k, n)), n, 1, ())
+            with mk.forced(tile.shader, stream=0):
+                assert linalg.gemm(rec, a, b, linalg.Operand(view((m, n)), n, 1, ()), m, n, k, (), ())
+            assert [c.shader for c in rec.commands if hasattr(c, "shader")] == \
+                [tile.shader_for(ta, tb, stream=True), "stream_sum"]
+
+
 def shares(tiles: int, steps: int, groups: int) -> list[list[tuple[int, int, int]]]:
     """Each workgroup's pieces (tile, first step, end step), as matmul_coop.glsl's stream main walks them."""
     total, out = tiles * steps, []

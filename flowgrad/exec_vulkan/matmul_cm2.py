@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowgrad.exec_vulkan.matmul_coop import with_parts
+from flowgrad.exec_vulkan.matmul_coop import with_parts, with_streams
 
 BODY = "matmul_cm2.glsl"
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -47,19 +47,25 @@ TILES = {t.name: t for t in (
 )}
 
 
+# the tile with stream-K builds (STREAM_K, gemm_stream.glsl), which benchmarks force; the lowering
+# streams on matmul_coop's tile so far
+STREAM_TILES = ("matmul_cm2_128x96_k64_w128_u2",)
+
+
 def bf16_name(tile: str) -> str:
     return f"{tile}_bf16"
 
 
 def builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} for scripts/build_shaders.py (f16)."""
-    return with_parts({t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS})
+    return with_streams(with_parts({t.shader(lay): (BODY, t.defines(lay)) for t in TILES.values() for lay in LAYOUTS}),
+                        STREAM_TILES)
 
 
 def bf16_builds() -> dict[str, tuple[str, dict[str, int]]]:
     """{spv stem: (glsl body, defines)} of the bf16 builds."""
-    return with_parts({f"{bf16_name(t.name)}_{lay}": (BODY, {**t.defines(lay), "BF16": 1})
-                       for t in TILES.values() for lay in LAYOUTS})
+    return with_streams(with_parts({f"{bf16_name(t.name)}_{lay}": (BODY, {**t.defines(lay), "BF16": 1})
+                                    for t in TILES.values() for lay in LAYOUTS}), [bf16_name(t) for t in STREAM_TILES])
 
 
 def shader_names() -> list[str]:

@@ -61,8 +61,8 @@ class Tile:
 
     @property
     def streams(self) -> bool:
-        """The tile has stream-K builds (matmul_coop.STREAM_TILES)."""
-        return self.shader.removesuffix("_bf16") in matmul_coop.STREAM_TILES
+        """The tile has stream-K builds (matmul_coop's and matmul_cm2's STREAM_TILES)."""
+        return self.shader.removesuffix("_bf16") in (*matmul_coop.STREAM_TILES, *matmul_cm2.STREAM_TILES)
 
 
 # The tiles the tables use. bench/MATMUL_NOTES.md lists the others measured
@@ -359,7 +359,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
-    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop and not tile.cm2 else 0
+    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop else 0
     if stream and not (split_batch and vector_c):
         if (_FORCED.get() or (None, None, None))[2] is not None:
             raise DeviceError("stream-K takes separate products whose output rows start at multiples of 4 "
@@ -407,9 +407,9 @@ def _streamed(caps: DeviceCaps, tile: Tile, m: int, n: int, k: int, nz: int) -> 
     if want is not None:
         if not tile.streams:
             raise DeviceError(f"{tile.shader} has no stream-K build (those that do: "
-                              f"{', '.join(matmul_coop.STREAM_TILES)})")
+                              f"{', '.join((*matmul_coop.STREAM_TILES, *matmul_cm2.STREAM_TILES))})")
         return want or stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps) or SPLIT_TARGET[device_family(caps)]
-    if not (STREAM_K[device_family(caps)] and tile.streams and k >= STREAM_MIN_K):
+    if not (STREAM_K[device_family(caps)] and tile.streams and not tile.cm2 and k >= STREAM_MIN_K):
         return 0
     return stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps)
 

@@ -119,6 +119,65 @@ ACC adds(ACC v, ACC16 r, uint n0) {
     coopMatStoreTensorNV(ACC16(acc), c, cbase, sliceTensorLayoutNV(lay, m0, BM, n0, BN)); }
 #endif
 
+// acc += the tile's product over kend of K from abase, bbase (main's loop, a macro so that the
+// stream-K main below runs the same one); UNROLL steps per iteration of the unclamped loop: their
+// loads can be issued ahead of the products
+#define K_STEPS(kend) \
+            uint k0 = 0u; \
+            if (fast) { \
+                tensorLayoutNV<2> la = createTensorLayoutNV(2); \
+                la = setTensorLayoutDimensionNV(la, A_DIMS(kend)); \
+                la = setTensorLayoutStrideNV(la, A_STRIDE & ~7u, 1); \
+                tensorLayoutNV<2> lb = createTensorLayoutNV(2); \
+                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend)); \
+                lb = setTensorLayoutStrideNV(lb, B_STRIDE & ~7u, 1); \
+                uint whole = kend / (UNROLL * BK) * (UNROLL * BK); \
+                for (; k0 < whole; k0 += UNROLL * BK) { \
+                    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) { \
+                        MATA ma; \
+                        MATB mb; \
+                        LOAD_A(ma, la, k0 + u * BK); \
+                        LOAD_B(mb, lb, k0 + u * BK); \
+                        acc = coopMatMulAdd(ma, mb, acc); \
+                    } \
+                } \
+            } \
+            if (k0 < kend) { \
+                tensorLayoutNV<2, CLAMP> la = createTensorLayoutNV(2, CLAMP); \
+                la = setTensorLayoutDimensionNV(la, A_DIMS(kend)); \
+                la = setTensorLayoutStrideNV(la, A_STRIDE, 1); \
+                la = setTensorLayoutClampValueNV(la, 0u); \
+                tensorLayoutNV<2, CLAMP> lb = createTensorLayoutNV(2, CLAMP); \
+                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend)); \
+                lb = setTensorLayoutStrideNV(lb, B_STRIDE, 1); \
+                lb = setTensorLayoutClampValueNV(lb, 0u); \
+                for (; k0 < kend; k0 += BK) { \
+                    MATA ma; \
+                    MATB mb; \
+                    LOAD_A(ma, la, k0); \
+                    LOAD_B(mb, lb, k0); \
+                    acc = coopMatMulAdd(ma, mb, acc); \
+                } \
+            }
+
+// the tile's epilogue and store at cbase (main's, a macro as K_STEPS is): interior tiles through a
+// plain layout (C's stride a multiple of 8, as the operands' are), edge tiles a clamped one (zeros
+// past C's edge for the residual's load; the stores drop what falls there)
+#define STORE_TILE \
+        if (fast) { \
+            tensorLayoutNV<2> lf = createTensorLayoutNV(2); \
+            lf = setTensorLayoutDimensionNV(lf, p.M, p.N); \
+            lf = setTensorLayoutStrideNV(lf, p.scm & ~7u, 1); \
+            FINISH(lf) \
+        } else { \
+            tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP); \
+            lc = setTensorLayoutDimensionNV(lc, p.M, p.N); \
+            lc = setTensorLayoutStrideNV(lc, p.scm, 1); \
+            lc = setTensorLayoutClampValueNV(lc, 0u); \
+            FINISH(lc) \
+        }
+
+#ifndef STREAM_K
 void main() {
     // grouped tile order: GROUP_M consecutive workgroups share one column band
     uint tiles_n = gl_NumWorkGroups.x, tiles_m = gl_NumWorkGroups.y;
@@ -135,56 +194,28 @@ void main() {
         for (uint r = 0u; r < p.R; ++r) {
             uint abase = p.offa + z * p.za + r * p.ra;
             uint bbase = p.offb + z * p.zb + r * p.rb;
-            uint k0 = 0u;
-            if (fast) {
-                tensorLayoutNV<2> la = createTensorLayoutNV(2);
-                la = setTensorLayoutDimensionNV(la, A_DIMS(kend));
-                la = setTensorLayoutStrideNV(la, A_STRIDE & ~7u, 1);
-                tensorLayoutNV<2> lb = createTensorLayoutNV(2);
-                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend));
-                lb = setTensorLayoutStrideNV(lb, B_STRIDE & ~7u, 1);
-                // UNROLL steps per iteration: their loads can be issued ahead of the products
-                uint whole = kend / (UNROLL * BK) * (UNROLL * BK);
-                for (; k0 < whole; k0 += UNROLL * BK) {
-                    [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-                        MATA ma;
-                        MATB mb;
-                        LOAD_A(ma, la, k0 + u * BK);
-                        LOAD_B(mb, lb, k0 + u * BK);
-                        acc = coopMatMulAdd(ma, mb, acc);
-                    }
-                }
-            }
-            if (k0 < kend) {
-                tensorLayoutNV<2, CLAMP> la = createTensorLayoutNV(2, CLAMP);
-                la = setTensorLayoutDimensionNV(la, A_DIMS(kend));
-                la = setTensorLayoutStrideNV(la, A_STRIDE, 1);
-                la = setTensorLayoutClampValueNV(la, 0u);
-                tensorLayoutNV<2, CLAMP> lb = createTensorLayoutNV(2, CLAMP);
-                lb = setTensorLayoutDimensionNV(lb, B_DIMS(kend));
-                lb = setTensorLayoutStrideNV(lb, B_STRIDE, 1);
-                lb = setTensorLayoutClampValueNV(lb, 0u);
-                for (; k0 < kend; k0 += BK) {
-                    MATA ma;
-                    MATB mb;
-                    LOAD_A(ma, la, k0);
-                    LOAD_B(mb, lb, k0);
-                    acc = coopMatMulAdd(ma, mb, acc);
-                }
-            }
+            K_STEPS(kend)
         }
         uint cbase = p.offc + z * p.zc;
-        if (fast) {   // C's stride a multiple of 8, as the operands' are
-            tensorLayoutNV<2> lf = createTensorLayoutNV(2);
-            lf = setTensorLayoutDimensionNV(lf, p.M, p.N);
-            lf = setTensorLayoutStrideNV(lf, p.scm & ~7u, 1);
-            FINISH(lf)
-        } else {   // zeros past C's edge for the residual's load; the stores drop what falls there
-            tensorLayoutNV<2, CLAMP> lc = createTensorLayoutNV(2, CLAMP);
-            lc = setTensorLayoutDimensionNV(lc, p.M, p.N);
-            lc = setTensorLayoutStrideNV(lc, p.scm, 1);
-            lc = setTensorLayoutClampValueNV(lc, 0u);
-            FINISH(lc)
-        }
+        STORE_TILE
     }
 }
+#else
+#include "gemm_stream.glsl"
+
+void main() {
+    tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
+    STREAM_RANGE(first, end)
+    for (uint u = first; u < end; ) {
+        Piece q = stream_piece(u, end);
+        uint m0 = q.m0, n0 = q.n0, kend = min(p.K - q.k0, q.steps * BK);
+        bool fast = p.amode != 0u && m0 + BM <= p.M && n0 + BN <= p.N;
+        ACC acc = ACC(0.0);
+        uint abase = p.offa + q.z * p.za + q.k0 * p.sak, bbase = p.offb + q.z * p.zb + q.k0 * p.sbk;
+        K_STEPS(kend)
+        uint cbase = q.cbase;
+        STORE_TILE
+        u += q.steps;
+    }
+}
+#endif

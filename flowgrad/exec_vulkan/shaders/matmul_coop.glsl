@@ -368,43 +368,27 @@ void main() {
     }
 }
 #else
-// Stream-K (the _sk builds, with PARTS_F32; one summed product, R = 1): the grid's G workgroups
-// share the product's steps evenly, U = tiles * T (T = ceil(K / BK) a tile), workgroup w taking
-// steps [w U / G, (w + 1) U / G): the end of one output tile and the start of the next, so a
-// grid of fewer tiles than the GPU holds still fills it. Each piece's partial goes in f32 to
-// slab s of C (slabs of nz * M * N; s: the piece's rank among its tile's), and stream_sum.comp
-// adds each tile's slabs in order. Tiles are numbered along rows where N >= M, else along
-// columns, batch outermost: the host picks G so that the tiles reading one panel of the larger
-// operand run the same steps at the same time (and keeps U * G under 2^32).
-uint first_group(uint step, uint total) {   // the workgroup whose steps hold `step`
-    return ((step + 1u) * gl_NumWorkGroups.x - 1u) / total;
-}
+#include "gemm_stream.glsl"
 
 void main() {
     uint warp = gl_LocalInvocationIndex / SGU;
     uint wm = warp / WGN, wn = warp % WGN;
     bool kfast = KFAST_A, nfast = NFAST_B;
-    uint tiles_m = (p.M + BM - 1u) / BM, tiles_n = (p.N + BN - 1u) / BN, per = tiles_m * tiles_n;
-    uint T = (p.K + BK - 1u) / BK, total = p.nz * per * T, w = gl_WorkGroupID.x;
-    uint end = (w + 1u) * total / gl_NumWorkGroups.x;
-    for (uint u = w * total / gl_NumWorkGroups.x; u < end; ) {
-        uint t = u / T, s0 = u % T, s1 = min(T, s0 + end - u);
-        uint z = t / per, r = t % per;
-        uint m0 = (p.N >= p.M ? r / tiles_n : r % tiles_m) * BM;
-        uint n0 = (p.N >= p.M ? r % tiles_n : r / tiles_m) * BN;
-        uint k0 = s0 * BK, kend = min(p.K, s1 * BK) - k0, steps = s1 - s0;
+    STREAM_RANGE(first, end)
+    for (uint u = first; u < end; ) {
+        Piece q = stream_piece(u, end);
+        uint m0 = q.m0, n0 = q.n0, kend = min(p.K - q.k0, q.steps * BK);
         FRAG_ACC acc[FM][FN];
         [[unroll]] for (uint i = 0u; i < FM; ++i)
             [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = FRAG_ACC(0.0);
-        uint abase = A_BASE(z, 0u) + k0 * p.sak, bbase = B_BASE(z, 0u) + k0 * p.sbk;
-        K_STEPS(abase, bbase, kend, steps)
-        uint cbase = p.offc + ((w - first_group(t * T, total)) * p.nz + z) * p.zc;
+        uint abase = A_BASE(q.z, 0u) + q.k0 * p.sak, bbase = B_BASE(q.z, 0u) + q.k0 * p.sbk;
+        K_STEPS(abase, bbase, kend, q.steps)
         [[unroll]] for (uint i = 0u; i < FM; ++i)
             [[unroll]] for (uint j = 0u; j < FN; ++j) {
                 uint m = m0 + (wm * FM + i) * FRU, n = n0 + (wn * FN + j) * FRU;
-                if (m < p.M && n < p.N) STORE_FRAG(acc[i][j], c, cbase + m * p.scm + n, p.scm);
+                if (m < p.M && n < p.N) STORE_FRAG(acc[i][j], c, q.cbase + m * p.scm + n, p.scm);
             }
-        u += steps;
+        u += q.steps;
     }
 }
 #endif

@@ -1,13 +1,12 @@
 // variants: f32 f16 bf16
 #version 450
-// The sum of a stream-K GEMM's pieces (matmul_coop.glsl's _sk builds): each output tile's
+// The sum of a stream-K GEMM's pieces (the _sk builds, gemm_stream.glsl): each output tile's
 // partial products lie in f32 in slabs 0, 1, ... of `parts` (slabs of nz * M * N), one per
 // workgroup that took some of the tile's K steps, in the order they took them; they are added
-// in that order and the sum rounded once into C (C(z, m, n) at z * zc + m * scm + n, both multiples
-// of 4; the slabs are contiguous). The tiles' numbering
-// and the workgroups' shares of the steps are the GEMM's: `groups` workgroups, `steps` steps a
-// tile of bm x bn, tiles along rows where N >= M, else along columns. Four columns an invocation
-// (N is a multiple of 16).
+// in that order and the sum rounded once into C (C(z, m, n) at z * zc + m * scm + n, both
+// multiples of 4). The tiles' numbering and the workgroups' shares of the steps are
+// gemm_stream.glsl's: `groups` workgroups, `steps` steps a tile of bm x bn. Four columns an
+// invocation (N is a multiple of 16).
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
