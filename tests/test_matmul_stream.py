@@ -23,7 +23,7 @@ H100 = DeviceCaps("NVIDIA H100 80GB HBM3")
 def stream_tiles(device) -> list[str]:
     """The stream-K tiles the device runs (f16), or skip (fail where it must have one)."""
     info = device.info
-    tiles = [t.shader for t in mk.coop_builds(info) if t.streams]
+    tiles = [t.shader for t in (*mk.coop_builds(info), *mk.cm2_builds(info)) if t.streams]
     if not tiles:
         why = f"{info.name} offers no cooperative matrices for the stream-K tiles"
         if os.environ.get(COOP_ENV) == "1" or (os.environ.get("CI") == "true" and "llvmpipe" not in info.name):
