@@ -1,4 +1,4 @@
-"""Stream-K GEMMs (matmul_coop.glsl's _sk builds and stream_sum.comp): the workgroups of one
+"""Stream-K GEMMs (the _sk builds of gemm_stream.glsl, and stream_sum.comp): the workgroups of one
 wave share every output tile's K steps evenly, each piece's partial in f32 in a slab of its
 own, and the sum adds a tile's slabs in order. On the device, products against float64 on the
 8x8x8 tile that Mesa 26's lavapipe runs (and every stream build the device offers); without
@@ -120,7 +120,7 @@ def test_every_stream_build_takes_the_dispatch_of_its_pieces(dtype):
 
 
 def shares(tiles: int, steps: int, groups: int) -> list[list[tuple[int, int, int]]]:
-    """Each workgroup's pieces (tile, first step, end step), as matmul_coop.glsl's stream main walks them."""
+    """Each workgroup's pieces (tile, first step, end step), as gemm_stream.glsl's stream_piece walks them."""
     total, out = tiles * steps, []
     for w in range(groups):
         u, end, pieces = w * total // groups, (w + 1) * total // groups, []

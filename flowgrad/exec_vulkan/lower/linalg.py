@@ -257,7 +257,7 @@ def _split_k(rec, g: _Gemm, choice):
 
 
 def _stream_k(rec, g: _Gemm, choice):
-    """C = the product by stream-K (matmul_coop.glsl's _sk builds): choice.stream workgroups
+    """C = the product by stream-K (the tile's _sk build, gemm_stream.glsl): choice.stream workgroups
     share the output tiles' K steps evenly, each piece's partial going in f32 to a slab of
     scratch, and stream_sum adds each tile's slabs in order and rounds once into C."""
     tile, groups, m, n = choice.tile, choice.stream, g.m, g.n

@@ -168,7 +168,7 @@ MIN_CHUNK = 256         # a split-K chunk is at least this deep (and a multiple 
 # matmul_cm2 splits only deep products: measured on the H200, its f16 partials and their sum cost
 # more than the extra workgroups gain at K <= 1536 (4096,512,512: 27 TFLOP/s split in two, 65 unsplit)
 CM2_MIN_CHUNK = 1024
-# Stream-K (matmul_coop.glsl's _sk builds) for deep products whose grid of output tiles is under one
+# Stream-K (the _sk builds, gemm_stream.glsl) for deep products whose grid of output tiles is under one
 # wave (GPT-2's weight gradients: 36-144 tiles of 128x128 on 264 workgroup slots): a wave of
 # workgroups shares all the tiles' K steps evenly. Off until it is timed on a GPU against the
 # tiles it would replace (bench/matmul_f16_candidates.py, "@sk").
@@ -380,7 +380,7 @@ def stream_groups(caps: DeviceCaps, m: int, n: int, tiles_m: int, tiles_n: int, 
     each: the most, up to one wave (SPLIT_TARGET), under which the tiles that read one panel of
     the larger operand (B's where n >= m: a column of tiles) take the same steps at the same
     time, so that panel passes through L2 once, as in a grid of whole tiles. Tiles t and t' do
-    where (t - t') G is a multiple of the tile count; matmul_coop.glsl numbers them along rows
+    where (t - t') G is a multiple of the tile count; gemm_stream.glsl numbers them along rows
     where n >= m, else along columns. 0: the grid fills a wave already, or no count fits."""
     tiles, wave = nz * tiles_m * tiles_n, SPLIT_TARGET[device_family(caps)]
     panel = tiles_n if n >= m else tiles_m
@@ -391,7 +391,7 @@ def stream_groups(caps: DeviceCaps, m: int, n: int, tiles_m: int, tiles_n: int, 
 
 
 def stream_slabs(tiles: int, steps: int, groups: int) -> int:
-    """The most workgroups that share one tile's steps under stream-K (matmul_coop.glsl's
+    """The most workgroups that share one tile's steps under stream-K (gemm_stream.glsl's
     first_group): the f32 slabs its partials take."""
     total = tiles * steps
 
