@@ -359,12 +359,9 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
-    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop else 0
-    if stream and not (split_batch and vector_c):
-        if (_FORCED.get() or (None, None, None))[2] is not None:
-            raise DeviceError("stream-K takes separate products whose output rows start at multiples of 4 "
-                              "elements, not this GEMM")
-        stream = 0
+    # stream-K takes separate products whose output rows start at multiples of 4 elements; a
+    # forced block streams those and leaves the others (a summed batch) as they were
+    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop and split_batch and vector_c else 0
     splits = not stream and (nz == 1 or (split_batch and not tile.coop))
     chunks = split_count(caps, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
     return Choice(tile, chunks, klass, stream)
@@ -384,7 +381,7 @@ def stream_groups(caps: DeviceCaps, m: int, n: int, tiles_m: int, tiles_n: int, 
     where n >= m, else along columns. 0: the grid fills a wave already, or no count fits."""
     tiles, wave = nz * tiles_m * tiles_n, SPLIT_TARGET[device_family(caps)]
     panel = tiles_n if n >= m else tiles_m
-    for g in range(wave, tiles, -1):
+    for g in range(min(wave, tiles * steps), tiles, -1):
         if panel % (tiles // math.gcd(tiles, g)) == 0 and tiles * steps * g < 2**32:
             return g
     return 0
@@ -401,14 +398,17 @@ def stream_slabs(tiles: int, steps: int, groups: int) -> int:
 
 
 def _streamed(caps: DeviceCaps, tile: Tile, m: int, n: int, k: int, nz: int) -> int:
-    """Stream-K's workgroups for this product on `tile` (0: none): forced, or by STREAM_K's rule."""
+    """Stream-K's workgroups for this product on `tile` (0: none): forced, or by STREAM_K's rule;
+    never more than the product's steps (gemm_stream.glsl ranks a tile's pieces by workgroup,
+    which holds where no workgroup's share is empty)."""
     want = (_FORCED.get() or (None, None, None))[2]
     tiles_m, tiles_n, steps = math.ceil(m / tile.bm), math.ceil(n / tile.bn), math.ceil(k / tile.bk)
     if want is not None:
         if not tile.streams:
             raise DeviceError(f"{tile.shader} has no stream-K build (those that do: "
                               f"{', '.join((*matmul_coop.STREAM_TILES, *matmul_cm2.STREAM_TILES))})")
-        return want or stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps) or SPLIT_TARGET[device_family(caps)]
+        want = want or stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps) or SPLIT_TARGET[device_family(caps)]
+        return min(want, nz * tiles_m * tiles_n * steps)
     if not (STREAM_K[device_family(caps)] and tile.streams and not tile.cm2 and k >= STREAM_MIN_K):
         return 0
     return stream_groups(caps, m, n, tiles_m, tiles_n, nz, steps)

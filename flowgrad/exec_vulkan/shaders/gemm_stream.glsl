@@ -6,7 +6,9 @@
 // piece's rank among its tile's), and stream_sum.comp adds each tile's slabs in order. Tiles are
 // numbered along rows where N >= M, else along columns, batch outermost: the host picks G so that
 // the tiles reading one panel of the larger operand take the same steps at the same time (and
-// keeps U * G under 2^32). The includer has declared the push block p (gemm_push.glsl's).
+// keeps U * G under 2^32, and G at most U: a piece's slab is its workgroup's distance from the
+// tile's first, which ranks it only where no workgroup's share is empty). The includer has
+// declared the push block p (gemm_push.glsl's).
 
 struct Piece {
     uint z, m0, n0;   // the tile
