@@ -340,6 +340,9 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     klass = shape_class(m, n, k, nz)
     family = device_family(caps)
     cm2 = _cm2_tile(caps, cm2_class(klass, m, n, k), dtype)
+    # stream-K takes separate products whose output rows start at multiples of 4 elements; a
+    # forced block streams those and leaves the others (a summed batch) as they were
+    streamable = split_batch and vector_c
     if shader is not None:
         tile = _tile(shader)
         if tile.cm2 and not tensor_loads:
@@ -349,7 +352,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
         many = (klass in ("tall", "narrow") and k > COOP_MANY_MIN_K
                 and math.ceil(m / 128) * math.ceil(n / 128) >= COOP_MANY_TILES)
         w128 = coop_w128(dtype)
-        streamed = split_batch and vector_c and _streamed(caps, w128, m, n, k, nz)
+        streamed = streamable and _streamed(caps, w128, m, n, k, nz)
         tile = w128 if (many or streamed) and w128 in coop_builds(caps, dtype) \
             and coop_ok(caps, dtype, m, n, k, coop_aligned) else _wider(caps, cm2, m, n, nz if split_batch else 1)
     elif coop_ok(caps, dtype, m, n, k, coop_aligned):
@@ -359,9 +362,7 @@ def choose(caps: DeviceCaps, dtype: str, m: int, n: int, k: int, nz: int, coop_a
     else:
         kfast = A_KFAST_TABLES.get(family, {}) if a_kfast and nz == 1 else {}
         tile = TILES[kfast.get(klass) or TABLES[family][klass]]
-    # stream-K takes separate products whose output rows start at multiples of 4 elements; a
-    # forced block streams those and leaves the others (a summed batch) as they were
-    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop and split_batch and vector_c else 0
+    stream = _streamed(caps, tile, m, n, k, nz) if tile.coop and streamable else 0
     splits = not stream and (nz == 1 or (split_batch and not tile.coop))
     chunks = split_count(caps, tile, nz * math.ceil(m / tile.bm) * math.ceil(n / tile.bn), k) if splits else 1
     return Choice(tile, chunks, klass, stream)
