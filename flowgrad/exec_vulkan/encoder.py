@@ -7,7 +7,7 @@ import time
 
 from flowgrad.exec_vulkan.device import PUSH_BYTES
 from flowgrad.exec_vulkan.instance import load_vulkan, vk_errors
-from flowgrad.exec_vulkan.recorder import ALL_STAGES, COMPUTE, TRANSFER, Dispatch, Fill, Hazards, Signal
+from flowgrad.exec_vulkan.recorder import ALL_STAGES, COMPUTE, TRANSFER, Dispatch, Fill, Hazards, Mark, Signal
 
 
 def _handle(buffer):
@@ -16,13 +16,15 @@ def _handle(buffer):
 
 class Encoding:
     """Vulkan objects an encoded command list holds (descriptor pool, query
-    pool); free() when its command buffer is no longer used."""
+    pool, the events of its marks); free() when its command buffer is no
+    longer used."""
 
     def __init__(self, device):
         self.device = device
         self.descriptor_pool = None
         self.query_pool = None
         self.query_labels: list = []   # labels of the intervals between timestamps
+        self.events: list = []
 
     def free(self) -> None:
         vk = load_vulkan()
@@ -34,6 +36,10 @@ class Encoding:
         if self.query_pool is not None:
             vk.vkDestroyQueryPool(self.device.handle, self.query_pool, None)
             self.query_pool = None
+        for event in self.events:
+            vk.vkDestroyEvent(self.device.handle, event, None)
+            self.device.objects["event"] -= 1
+        self.events.clear()
 
 
 def encode(device, cmd, commands, timestamps: bool = False) -> Encoding:
@@ -98,9 +104,9 @@ def _descriptor_sets(vk, device, dispatches, enc):
     return list(zip(pipelines, sets))
 
 
-def _barrier(vk, cmd, stages: int = ALL_STAGES, dst_host: bool = False):
-    """Later commands (or, with dst_host, the host) wait for the earlier
-    work of `stages` and see what it wrote."""
+def _scopes(vk, stages: int, dst_host: bool = False):
+    """(source stages, destination stages, memory barriers) of a wait for
+    the earlier work of `stages` whose writes later commands (or the host) see."""
     src, wrote = 0, 0
     if stages & COMPUTE:
         src |= vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
@@ -114,8 +120,29 @@ def _barrier(vk, cmd, stages: int = ALL_STAGES, dst_host: bool = False):
         dst = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
                   | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
-    barrier = [vk.VkMemoryBarrier(srcAccessMask=wrote, dstAccessMask=access)]
+    return src, dst, [vk.VkMemoryBarrier(srcAccessMask=wrote, dstAccessMask=access)]
+
+
+def _barrier(vk, cmd, stages: int = ALL_STAGES, dst_host: bool = False):
+    """Later commands (or, with dst_host, the host) wait for the earlier
+    work of `stages` and see what it wrote."""
+    src, dst, barrier = _scopes(vk, stages, dst_host)
     vk.vkCmdPipelineBarrier(cmd, src, dst, 0, 1, barrier, 0, None, 0, None)
+
+
+def _set_mark(vk, device, cmd, enc) -> None:
+    """An event the device sets once every earlier command is done."""
+    with vk_errors("creating a mark's event"):
+        enc.events.append(vk.vkCreateEvent(device.handle, vk.VkEventCreateInfo(), None))
+    device.objects["event"] += 1
+    vk.vkCmdSetEvent(cmd, enc.events[-1], _scopes(vk, ALL_STAGES)[0])
+
+
+def _wait_mark(vk, cmd, enc, stages: int) -> None:
+    """Later commands wait for the commands before the last mark (its set
+    event), not for those after it."""
+    _src, dst, barrier = _scopes(vk, stages)
+    vk.vkCmdWaitEvents(cmd, 1, [enc.events[-1]], _scopes(vk, ALL_STAGES)[0], dst, 1, barrier, 0, None, 0, None)
 
 
 def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
@@ -143,11 +170,16 @@ def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
             hazards.clear()
             vk.vkCmdWriteTimestamp(cmd, stage, enc.query_pool, starts[i])
         stages = hazards.wait_for(c)
-        if stages:
+        if stages and hazards.early:
+            _wait_mark(vk, cmd, enc, stages)
+        elif stages:
             _barrier(vk, cmd, stages)
-            hazards.clear(stages)
+        if stages:
+            hazards.clear(stages, hazards.early)
         hazards.note(c)
-        if isinstance(c, Dispatch):
+        if isinstance(c, Mark):
+            _set_mark(vk, device, cmd, enc)
+        elif isinstance(c, Dispatch):
             pipe, dset = next(bound)
             if pipe.handle is not pipeline:
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.handle)
@@ -169,6 +201,8 @@ def _encode(vk, device, cmd, commands, timestamps, enc, push_bytes):
         _barrier(vk, cmd)
         vk.vkCmdWriteTimestamp(cmd, stage, enc.query_pool, len(labels))
     _barrier(vk, cmd, dst_host=True)
+    for event in enc.events:   # unset for the next submission, once every wait on it is past
+        vk.vkCmdResetEvent(cmd, event, _scopes(vk, ALL_STAGES)[0])
     vk.vkEndCommandBuffer(cmd)
 
 

@@ -29,6 +29,9 @@ from flowgrad.graph import LEAF_OPS, Graph
 @attrs.frozen
 class Step:
     node: int   # a node of the step graph, run by its op's forward lowering
+    # a product whose value no node of the step reads (a weight's gradient), moved to just before
+    # the next product to run beside it (beside_next_product); what it reads stays alive past it
+    beside: bool = False
 
 
 @attrs.frozen
@@ -97,7 +100,27 @@ def plan_memory(graph: Graph, keep: tuple = (), tight: bool = False) -> MemoryPl
     offsets in arenas (close to the peak; for a memory budget) instead of
     sharing whole buffers between them."""
     nodes = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
-    return _Planner(graph, [Step(n.id) for n in nodes], keep, tight).run()
+    return _Planner(graph, beside_next_product(nodes), keep, tight).run()
+
+
+def beside_next_product(nodes) -> list[Step]:
+    """The step's schedule: `nodes` in order, except that a backward product
+    whose value no node of the step reads (a weight's gradient) moves to
+    just before the next product. The kernels that read the last product's
+    value (an activation's or a norm's backward) then come first, and the
+    moved product's thin grid can share the GPU with the next product
+    (a Mark before it, record_step) instead of holding it back."""
+    read = {i for n in nodes for i in n.inputs}
+    out, waiting = [], []
+    for n in nodes:
+        if _product(n):
+            out += [Step(w.id, beside=True) for w in waiting]
+            waiting = []
+            if n.grad_of is not None and n.id not in read:
+                waiting.append(n)
+                continue
+        out.append(Step(n.id))
+    return out + [Step(w.id) for w in waiting]
 
 
 def views(graph: Graph, forward) -> dict[int, tuple[int, int]]:
@@ -170,7 +193,7 @@ class _Planner:
         for t, step in enumerate(self.schedule):
             node = nodes[step.node]
             for i in node.inputs:
-                self.use(("val", i), t)
+                self.use(("val", i), _read_until(step, t))
             if node.id in self.view_of:
                 src, off = self.view_of[node.id]
                 self.place(("val", node.id), ("val", src), off)
@@ -200,7 +223,7 @@ class _Planner:
         last: dict[int, int] = {}
         for t, step in enumerate(self.schedule):
             for i in self.graph.nodes[step.node].inputs:
-                last[i] = t
+                last[i] = _read_until(step, t)
         for i in roots:
             last[i] = self.last
         return last
@@ -392,6 +415,24 @@ def _tightest_gap(placed, start, end, size) -> tuple[int, int | None]:
             best = (top, lo - top - size)
         top = max(top, hi)
     return best if best is not None else (top, None)
+
+
+def _read_until(step: Step, t: int) -> int:
+    """The last step during which step t's kernels may still read its
+    inputs: a product beside the next one runs on through the next step,
+    and no buffer it reads passes to that step's output or the one after."""
+    return t + 2 if step.beside else t
+
+
+def _product(node) -> bool:
+    """The node's kernel is a product (a GEMM, with any epilogue fused into it)."""
+    from flowgrad.exec_vulkan.lower import lowering_for
+
+    if node.op in LEAF_OPS:
+        return False
+    op = node.attrs["steps"][0][0] if node.op == "fused" and node.attrs["steps"] else node.op
+    low = lowering_for(op)
+    return low is not None and bool(low.epilogue)
 
 
 def _elementwise(node) -> bool:

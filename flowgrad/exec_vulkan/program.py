@@ -25,8 +25,10 @@ from flowgrad.exec_vulkan.readback import HostBlock, ReadyEvents, signal_groups
 from flowgrad.exec_vulkan.submit import Submission, submit_and_wait
 from flowgrad.exec_vulkan.upload import FeedWriter
 from flowgrad.exec_vulkan.index_checks import UNSET
-from flowgrad.exec_vulkan.recorder import BufView, FakeBuffer, Fill, Recorder, count_barriers, depends, touched
+from flowgrad.exec_vulkan.recorder import (BufView, Dispatch, FakeBuffer, Fill, Mark, Recorder, count_barriers, depends,
+                                           touched)
 from flowgrad.exec_vulkan.lower import lowering_for
+from flowgrad.exec_vulkan.lower.matmul_kernels import SPLIT_TARGET, device_family
 from flowgrad.exec_vulkan.multi_tensor import CAST_SLOTS, merge_casts, record_unscale
 from flowgrad.exec_vulkan.optim_records import groups_for, slot_groups_for, update_record
 from flowgrad.graph import Graph, fill_value
@@ -34,6 +36,10 @@ from flowgrad.exec_vulkan.memory import MemoryPlan
 from flowgrad.exec_vulkan.step_plan import step_plan
 
 INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag words
+
+# A weight gradient's product moved beside the next product (memory.beside_next_product) gets a
+# mark before it, so that the next product waits only for what came before the mark
+SPLIT_BARRIERS = True
 
 
 class StepIO:
@@ -80,7 +86,10 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
         of = node if node.grad_of is None else nodes[node.grad_of]
         direction = "forward" if of is node else "backward"
         with rec.section(of.label, direction, of.id), _lowering_errors(node, direction):
+            at = len(rec.commands)
             lowering_for(node.op).forward(rec, node, ins, view(("val", node.id)))
+            if step.beside and SPLIT_BARRIERS and _thin_product(rec, rec.commands[at:]):
+                rec.commands.insert(at, Mark(rec.label))
     scaling = []
     if scale_record is not None:
         at = len(rec.commands)
@@ -104,6 +113,15 @@ def record_step(rec: Recorder, graph: Graph, mem: MemoryPlan, view, io: StepIO, 
     # a block's unscale as soon as its gradients are final, and with it their read-back
     hoist(rec.commands, scaling)
     place_after_last_writer(rec.commands, early, readback.GROUP_BYTES)
+
+
+def _thin_product(rec: Recorder, commands: list) -> bool:
+    """`commands` are one tensor-core product whose grid leaves room on the
+    device (under a wave of workgroups): worth running beside the next one."""
+    if len(commands) != 1 or not isinstance(commands[0], Dispatch) or not commands[0].alone:
+        return False
+    x, y, z = commands[0].groups
+    return x * y * z < SPLIT_TARGET[device_family(rec.caps)]
 
 
 def hoist(commands: list, movers: list) -> None:
@@ -492,6 +510,8 @@ def count_dispatches(graph: Graph, plan=None, optimizer=None, grads: bool = True
     for c in rec.commands:
         direction = c.label[1] if c.label else "other"
         kind = type(c).__name__
+        if kind == "Mark":
+            continue
         if kind == "Dispatch":
             counts[direction] = counts.get(direction, 0) + 1
             if len(c.label) > 2:

@@ -29,7 +29,8 @@ from flowgrad.exec_vulkan.limits import ALIGN, DRY_MAX_GROUPS, align_up, grid
 from flowgrad.exec_vulkan.push_constants import push_spec
 from flowgrad.exec_vulkan.spirv import shader_info
 
-__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Recorder", "Signal", "count_barriers", "depends", "grid", "overlaps"]
+__all__ = ["Arena", "BufView", "Copy", "Dispatch", "FakeBuffer", "Fill", "Mark", "Recorder", "Signal", "count_barriers",
+           "depends", "grid", "overlaps"]
 
 
 @attrs.frozen
@@ -67,6 +68,16 @@ class Signal:
     for the host to read what they wrote while the rest runs."""
     events: object
     index: int
+    label: tuple | None
+
+
+@attrs.frozen
+class Mark:
+    """A point a later command may wait for without waiting for what comes
+    between (a split barrier: the device sets an event here, and a wait on
+    it covers only the commands before it). What follows a mark up to the
+    next wait runs beside whatever that wait lets start: a thin product
+    beside the next one."""
     label: tuple | None
 
 
@@ -177,6 +188,11 @@ class Recorder:
         for i, original, tmp in moved:
             if not info.readonly[i]:
                 self.copy(tmp, original)
+
+    def mark(self) -> None:
+        """What is recorded from here to the next wait holds back no later
+        command that does not touch its bytes (Mark)."""
+        self.commands.append(Mark(self.label))
 
     def fill_value(self, view: BufView, value: float) -> None:
         """Set every element of `view` (f32, f16 or i32) to `value`."""
@@ -301,7 +317,7 @@ class Recorder:
     def counts(self) -> dict:
         out = {"dispatches": 0, "fills": 0, "copies": 0}
         for c in self.commands:
-            if not isinstance(c, Signal):
+            if not isinstance(c, (Signal, Mark)):
                 out["dispatches" if isinstance(c, Dispatch) else "fills" if isinstance(c, Fill) else "copies"] += 1
         return out
 
@@ -323,7 +339,7 @@ def touched(cmd):
         return reads, writes
     if isinstance(cmd, Fill):
         return [], [(cmd.view.buffer, cmd.view.offset, cmd.view.offset + cmd.view.nbytes)]
-    if isinstance(cmd, Signal):
+    if isinstance(cmd, (Signal, Mark)):
         return [], []
     return ([(cmd.src.buffer, cmd.src.offset, cmd.src.offset + cmd.src.nbytes)],
             [(cmd.dst.buffer, cmd.dst.offset, cmd.dst.offset + cmd.dst.nbytes)])
@@ -353,54 +369,78 @@ def stage_of(cmd) -> int:
 
 
 class Hazards:
-    """Byte ranges read and written, each with its stage, that no barrier
-    has waited for yet."""
+    """Byte ranges read and written, each with its stage and epoch (the
+    number of marks before it), that no barrier has waited for yet. After a
+    Mark, a command whose hazards all lie before the mark may wait on the
+    mark's event alone (`early`), leaving what came after the mark running."""
 
     def __init__(self):
-        self.reads: dict[int, list] = {}    # id(buffer) -> [(lo, hi, stage)]
+        self.reads: dict[int, list] = {}    # id(buffer) -> [(lo, hi, stage, epoch)]
         self.writes: dict[int, list] = {}
-        self.alone_running = False   # a Dispatch.alone since the last compute barrier
+        self.alone: set[int] = set()   # epochs of the Dispatch.alone since the last compute barrier
+        self.epoch = 0
+        self.marked = False   # a mark since the last barrier that waited for everything
+        self.beside = False   # no wait since the mark: a product here runs beside the next one
+        self.early = False    # the last wait_for's hazards all lie before the mark
         self.barriers = 0
 
     @staticmethod
-    def _hit(table, ranges) -> int:
-        stages = 0
+    def _hit(table, ranges) -> tuple[int, int]:
+        """(stages, latest epoch) of the entries `ranges` touch."""
+        stages, epoch = 0, -1
         for buf, lo, hi in ranges:
-            for a, b, stage in table.get(id(buf), ()):
+            for a, b, stage, e in table.get(id(buf), ()):
                 if a < hi and lo < b:
                     stages |= stage
-        return stages
+                    epoch = max(epoch, e)
+        return stages, epoch
 
     def wait_for(self, cmd) -> int:
-        """The stages whose earlier accesses `cmd` must wait for (0: none)."""
+        """The stages whose earlier accesses `cmd` must wait for (0: none);
+        `early` says whether the last mark's event covers them."""
         reads, writes = touched(cmd)
-        stages = self._hit(self.writes, reads) | self._hit(self.writes, writes) | self._hit(self.reads, writes)
+        hits = [self._hit(self.writes, reads), self._hit(self.writes, writes), self._hit(self.reads, writes)]
+        stages = hits[0][0] | hits[1][0] | hits[2][0]
+        latest = max(e for _s, e in hits)
         # Two tensor-core products side by side (a layer's dX and dW, both reading dY) contend
         # for the GPU that each fills alone: one after the other made GPT-2's mixed step 2.6%
         # faster on an H100. Other kernels stay free to overlap (ordering every f32 product
-        # cost its step 3.4%)
-        if isinstance(cmd, Dispatch) and cmd.alone and self.alone_running:
+        # cost its step 3.4%). A product between a mark and the next wait is one put there
+        # to run beside the next product, and holds none back (note)
+        if isinstance(cmd, Dispatch) and cmd.alone and self.alone:
             stages |= COMPUTE
+            latest = max(latest, *self.alone)
+        self.early = bool(stages) and self.marked and latest < self.epoch
         return stages
 
     def note(self, cmd) -> None:
+        if isinstance(cmd, Mark):
+            self.epoch += 1
+            self.marked = self.beside = True
+            return
         reads, writes = touched(cmd)
         stage = stage_of(cmd)
-        self.alone_running = self.alone_running or (isinstance(cmd, Dispatch) and cmd.alone)
+        if isinstance(cmd, Dispatch) and cmd.alone and not self.beside:
+            self.alone.add(self.epoch)
         for table, ranges in ((self.reads, reads), (self.writes, writes)):
             for buf, lo, hi in ranges:
-                table.setdefault(id(buf), []).append((lo, hi, stage))
+                table.setdefault(id(buf), []).append((lo, hi, stage, self.epoch))
 
-    def clear(self, stages: int = ALL_STAGES) -> None:
-        """A barrier waited for every earlier access in `stages`."""
+    def clear(self, stages: int = ALL_STAGES, early: bool = False) -> None:
+        """A barrier waited for every earlier access in `stages`; early: a
+        wait on the last mark's event, for the accesses before the mark."""
+        before = self.epoch if early else self.epoch + 1
         for table in (self.reads, self.writes):
             for key in list(table):
-                kept = [e for e in table[key] if not e[2] & stages]
+                kept = [e for e in table[key] if not (e[2] & stages and e[3] < before)]
                 if kept:
                     table[key] = kept
                 else:
                     del table[key]
-        self.alone_running = self.alone_running and not stages & COMPUTE
+        if stages & COMPUTE:
+            self.alone = {e for e in self.alone if e >= before}
+        self.marked = self.marked and early
+        self.beside = False
         self.barriers += 1
 
 
@@ -409,7 +449,7 @@ def count_barriers(commands) -> int:
     for cmd in commands:
         stages = h.wait_for(cmd)
         if stages:
-            h.clear(stages)
+            h.clear(stages, h.early)
         h.note(cmd)
     return h.barriers
 
