@@ -66,10 +66,12 @@ def test_a_product_after_a_mark_holds_back_no_later_product_and_one_after_the_wa
                                     (COMPUTE, False)]
 
 
-def test_weight_gradients_move_beside_the_next_product_keeping_what_they_read():
+def test_weight_gradients_move_beside_the_next_product_keeping_what_they_read(monkeypatch):
+    from flowgrad.exec_vulkan import memory
     from flowgrad.exec_vulkan.memory import _product
     from flowgrad.exec_vulkan.step_plan import step_plan
 
+    monkeypatch.setattr(memory, "BESIDE_PRODUCTS", True)
     graph = gpt(layers=2).build("f32")
     step = step_plan(graph, True)
     g, mem = step.graph, step.memory
@@ -125,6 +127,11 @@ def coop_tile(device) -> str | None:
 
 
 def _step(device_kind, monkeypatch, split: bool, tile: str | None):
+    """Three steps on the graph path, with weight gradients beside the next product (split) or
+    where the backward put them: (losses, the last step's gradients, marks, tensor-core products)."""
+    from flowgrad.exec_vulkan import memory
+
+    monkeypatch.setattr(memory, "BESIDE_PRODUCTS", split)
     monkeypatch.setattr(program, "SPLIT_BARRIERS", split)
     recorded = []
     record = program.record_step

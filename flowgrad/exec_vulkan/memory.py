@@ -26,6 +26,10 @@ from flowgrad.exec_vulkan.limits import align_up
 from flowgrad.graph import LEAF_OPS, Graph
 
 
+# Weight gradients' products move to run beside the next product (beside_next_product)
+BESIDE_PRODUCTS = True
+
+
 @attrs.frozen
 class Step:
     node: int   # a node of the step graph, run by its op's forward lowering
@@ -100,7 +104,8 @@ def plan_memory(graph: Graph, keep: tuple = (), tight: bool = False) -> MemoryPl
     offsets in arenas (close to the peak; for a memory budget) instead of
     sharing whole buffers between them."""
     nodes = [n for n in graph.needed_for(graph.roots() + list(keep)) if n.op not in LEAF_OPS]
-    return _Planner(graph, beside_next_product(nodes), keep, tight).run()
+    schedule = beside_next_product(nodes) if BESIDE_PRODUCTS else [Step(n.id) for n in nodes]
+    return _Planner(graph, schedule, keep, tight).run()
 
 
 def beside_next_product(nodes) -> list[Step]:
