@@ -27,7 +27,7 @@ from flowgrad.graph import LEAF_OPS, Graph
 
 
 # Weight gradients' products move to run beside the next product (beside_next_product)
-BESIDE_PRODUCTS = True
+BESIDE_PRODUCTS = False
 
 
 @attrs.frozen

@@ -39,7 +39,7 @@ INDEX_FLAGS = "@index-flags"   # the read-back name of the index kernels' flag w
 
 # A weight gradient's product moved beside the next product (memory.beside_next_product) gets a
 # mark before it, so that the next product waits only for what came before the mark
-SPLIT_BARRIERS = True
+SPLIT_BARRIERS = False
 
 
 class StepIO:
