@@ -41,7 +41,7 @@ def test_a_command_that_needs_only_work_before_a_mark_waits_for_its_event_alone(
     rec = Recorder(None)
     a, b, c, e = _fake(8), _fake(8), _fake(8), _fake(8)
     rec.dispatch("accumulate", [a, b], push=[8])   # a += b
-    rec.mark()
+    rec.commands.append(Mark(None))
     rec.dispatch("accumulate", [c, b], push=[8])   # c += b: after the mark
     rec.dispatch("accumulate", [e, a], push=[8])   # needs a: the mark's event covers it
     rec.dispatch("accumulate", [e, c], push=[8])   # needs c, after the mark: a whole barrier
@@ -55,7 +55,7 @@ def test_a_product_after_a_mark_holds_back_no_later_product_and_one_after_the_wa
     a, b, c, d, e = _fake(8), _fake(8), _fake(8), _fake(8), _fake(8)
     rec.dispatch("accumulate", [a, b], push=[8])   # a product (dX)
     rec.dispatch("accumulate", [c, a], push=[8])   # what reads it (an activation's backward)
-    rec.mark()
+    rec.commands.append(Mark(None))
     rec.dispatch("accumulate", [d, b], push=[8])   # a product nothing reads (dW), beside the next
     rec.dispatch("accumulate", [e, c], push=[8])   # the next product
     rec.dispatch("accumulate", [a, b], push=[8])   # a product after it
@@ -102,7 +102,7 @@ def test_marks_set_events_and_a_wait_on_one_sees_the_work_before_it(vk_device):
         x.write(np.full(64, v, np.float32))
     rec = Recorder(dev)
     rec.dispatch("accumulate", [a, b], push=[64])   # a = 3
-    rec.mark()
+    rec.commands.append(Mark(None))
     rec.dispatch("accumulate", [c, b], push=[64])   # c = 5
     rec.dispatch("accumulate", [e, a], push=[64])   # e = 3, by the mark's event
     rec.dispatch("accumulate", [e, c], push=[64])   # e = 8, by a barrier

@@ -189,11 +189,6 @@ class Recorder:
             if not info.readonly[i]:
                 self.copy(tmp, original)
 
-    def mark(self) -> None:
-        """What is recorded from here to the next wait holds back no later
-        command that does not touch its bytes (Mark)."""
-        self.commands.append(Mark(self.label))
-
     def fill_value(self, view: BufView, value: float) -> None:
         """Set every element of `view` (f32, f16 or i32) to `value`."""
         self.fill(view, fill_word(value, view.dtype))
