@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import numpy as np
 import pytest
 
@@ -33,10 +34,6 @@ def _waits(commands) -> list[tuple[int, bool]]:
     return out
 
 
-def _fields(cmd) -> dict:
-    return {a.name: getattr(cmd, a.name) for a in Dispatch.__attrs_attrs__}
-
-
 def test_a_command_that_needs_only_work_before_a_mark_waits_for_its_event_alone():
     rec = Recorder(None)
     a, b, c, e = _fake(8), _fake(8), _fake(8), _fake(8)
@@ -60,7 +57,7 @@ def test_a_product_after_a_mark_holds_back_no_later_product_and_one_after_the_wa
     rec.dispatch("accumulate", [e, c], push=[8])   # the next product
     rec.dispatch("accumulate", [a, b], push=[8])   # a product after it
     products = {0, 3, 4, 5}
-    rec.commands[:] = [Dispatch(**{**_fields(c), "alone": True}) if i in products else c
+    rec.commands[:] = [attrs.evolve(c, alone=True) if i in products else c
                        for i, c in enumerate(rec.commands)]
     assert _waits(rec.commands) == [(0, False), (COMPUTE, False), (0, False), (0, False), (COMPUTE, True),
                                     (COMPUTE, False)]
