@@ -54,7 +54,7 @@ torch_cpu() {
 
 COOP_TESTS="tests/test_attention_coop.py tests/test_mixed_precision.py tests/test_graph_path_attention.py
             tests/test_matmul_kernels.py::test_coop_kernel_when_offered tests/test_matmul_coop_epilogue.py
-            tests/test_matmul_stream.py"
+            tests/test_matmul_stream.py tests/test_split_barriers.py"
 
 names_tests() {  # whether pytest's arguments name tests (a file, a folder, -k, -m): then one pass runs just those
     local arg
