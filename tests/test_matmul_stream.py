@@ -136,10 +136,8 @@ def test_a_mixed_training_step_by_stream_k_agrees_with_whole_tiles(vk_device, mo
     whole tiles (split along K where the lowering would). Losses and gradients agree to f16's
     rounding. (Recorded with the shipped choice of workgroups, on lavapipe many of these small
     products get more workgroups than steps: the case the share must cap.)"""
-    from tests.test_mixed_precision import gpt
-
     from flowgrad.exec_vulkan.recorder import Recorder
-    from tests.test_mixed_precision import GPT
+    from tests.test_mixed_precision import GPT, gpt
 
     (shader, *_) = stream_tiles(vk_device)
     rng = np.random.default_rng(2)
