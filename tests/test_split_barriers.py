@@ -63,6 +63,26 @@ def test_a_product_after_a_mark_holds_back_no_later_product_and_one_after_the_wa
                                     (COMPUTE, False)]
 
 
+def test_a_command_hoisted_to_a_marked_product_goes_after_the_next_product_too():
+    """The unscale of a block's gradients reads the marked weight gradient: placed right after
+    it, it would stand (with its barrier) between the two products the mark lets overlap."""
+    rec = Recorder(None)
+    w, x, dx, y, g = _fake(8), _fake(8), _fake(8), _fake(8), _fake(8)
+    rec.commands.append(Mark(None))
+    rec.dispatch("accumulate", [w, x], push=[8])    # the weight's gradient, marked
+    rec.dispatch("accumulate", [dx, x], push=[8])   # the next product
+    rec.dispatch("accumulate", [y, dx], push=[8])   # what reads it
+    rec.dispatch("accumulate", [g, w], push=[8])    # the mover: reads the weight's gradient
+    rec.commands[1:3] = [attrs.evolve(c, alone=True) for c in rec.commands[1:3]]
+    mover = rec.commands[-1]
+    cmds = list(rec.commands)
+    program.hoist(cmds, [mover])
+    assert cmds.index(mover) == 3
+    cmds = rec.commands[1:]   # no mark: right after the product it reads
+    program.hoist(cmds, [mover])
+    assert cmds.index(mover) == 1
+
+
 def test_weight_gradients_move_beside_the_next_product_keeping_what_they_read(monkeypatch):
     from flowgrad.exec_vulkan import memory
     from flowgrad.exec_vulkan.memory import _product

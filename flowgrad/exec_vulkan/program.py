@@ -126,7 +126,8 @@ def _thin_product(rec: Recorder, commands: list) -> bool:
 
 def hoist(commands: list, movers: list) -> None:
     """Move each of `movers`, in order, to right after the nearest earlier
-    command it depends on: the earliest place where it computes the same."""
+    command it depends on: the earliest place where it computes the same
+    (but for a product run beside the next one, see _past_beside)."""
     for m in movers:
         at = next((i for i, c in enumerate(commands) if c is m), None)
         if at is None:
@@ -134,7 +135,18 @@ def hoist(commands: list, movers: list) -> None:
         to = at
         while to > 0 and not depends(m, commands[to - 1]):
             to -= 1
-        commands.insert(to, commands.pop(at))
+        commands.insert(_past_beside(commands, to, at), commands.pop(at))
+
+
+def _past_beside(commands: list, to: int, at: int) -> int:
+    """Where a mover that must follow commands[to - 1] goes: if that is a
+    product marked to run beside the next one, after the next one's first
+    dispatch too, else that next product would wait for the marked one
+    behind the mover's barrier."""
+    if to < 2 or not isinstance(commands[to - 2], Mark):
+        return to
+    nxt = next((j for j in range(to, at) if isinstance(commands[j], Dispatch) and commands[j].alone), None)
+    return to if nxt is None else nxt + 1
 
 
 def _by_final_write(views: list, commands: list) -> list:
