@@ -433,10 +433,9 @@ def _product(node) -> bool:
     """The node's kernel is a product (a GEMM, with any epilogue fused into it)."""
     from flowgrad.exec_vulkan.lower import lowering_for
 
-    if node.op in LEAF_OPS:
-        return False
-    op = node.attrs["steps"][0][0] if node.op == "fused" and node.attrs["steps"] else node.op
-    low = lowering_for(op)
+    if node.op == "fused":
+        return bool(node.attrs["steps"]) and bool(_product_first(node.attrs["steps"]))
+    low = lowering_for(node.op) if node.op not in LEAF_OPS else None
     return low is not None and bool(low.epilogue)
 
 
